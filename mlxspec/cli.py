@@ -1,0 +1,60 @@
+"""`mlxspec` command line: one sub-command per module in `mlxspec/commands/`.
+
+Each command module defines `register(subparsers)`, which adds its parser and sets
+`func` (called with the parsed args, returning an exit status). Modules import heavy
+dependencies inside `func`, so `mlxspec --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order shown in --help.
+COMMANDS = ["generate", "chat", "bench", "calibrate", "models", "pull"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlxspec",
+        description=(
+            "Lossless speculative decoding on MLX. A small draft (model or n-gram) proposes "
+            "tokens, the target verifies them in one pass; the output is exactly the target's."
+        ),
+    )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"mlxspec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"mlxspec.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"mlxspec.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    from .errors import MlxSpecError
+
+    try:
+        return int(args.func(args) or 0)
+    except MlxSpecError as e:
+        print(f"mlxspec {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

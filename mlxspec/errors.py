@@ -1,0 +1,29 @@
+"""Errors raised by mlxspec. Every message says what was wrong and what is allowed."""
+
+
+class MlxSpecError(Exception):
+    """Base class of every error mlxspec raises on purpose."""
+
+
+class InvalidArgumentError(MlxSpecError, ValueError):
+    """An argument is out of its allowed range or of the wrong kind."""
+
+
+class IncompatibleModelsError(MlxSpecError):
+    """Target and draft cannot be paired (vocabularies differ), or a model's cache cannot roll back."""
+
+
+class ModelNotFoundError(MlxSpecError):
+    """A model reference could not be resolved to usable weights."""
+
+
+class ContextLengthError(MlxSpecError):
+    """A prompt (plus generation) does not fit in the model's context and no window is set."""
+
+
+class NumericalError(MlxSpecError):
+    """A model produced NaN or infinite logits."""
+
+
+class CacheRollbackError(MlxSpecError):
+    """A KV cache was asked to roll back further than it keeps history for."""
