@@ -1,0 +1,274 @@
+"""KV caches that roll back in O(1), also after a sliding window has wrapped.
+
+Both kinds follow mlx-lm's duck-typed cache interface (`update_and_fetch`, `offset`,
+`make_mask`, `state`, `meta_state`, `trim`, `is_trimmable`, `nbytes`, `empty`, `size`),
+so unmodified mlx-lm model code runs on them.
+
+`WindowKVCache(window, keep, headroom)` gives each query at absolute position q exactly
+the keys mlx-lm's vanilla one-token decoding gives it: positions 0..keep-1 plus the
+`window - keep` most recent positions up to q. It stores them in a ring of
+`window - keep + headroom` slots behind `keep` fixed slots: the `headroom` extra slots
+keep the entries a rollback may need again (a rejected draft never overwrote them), and
+the attention mask, built from each slot's absolute position, hides whatever a query
+must not see (stale entries, entries outside the window). A multi-token chunk sees the
+same per-query window as single steps, unlike mlx-lm's `RotatingKVCache`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+from .errors import CacheRollbackError, IncompatibleModelsError, InvalidArgumentError
+
+__all__ = ["GrowingKVCache", "WindowKVCache", "make_cache", "rollback", "cache_nbytes"]
+
+
+class GrowingKVCache(KVCache):
+    """mlx-lm's growing cache: trimming just moves `offset` back (stale rows are sliced off)."""
+
+    max_rollback = None  # unlimited
+
+    def can_trim(self, n: int) -> bool:
+        return 0 <= n <= self.offset
+
+
+class WindowKVCache:
+    """Sliding-window cache with O(1) rollback of up to `headroom` tokens past the newest write.
+
+    Args:
+        window: keys visible to a query, its own included (mlx-lm's `max_size`).
+        keep: leading positions always visible (attention sinks; mlx-lm uses 4 for
+            `max_kv_size`, 0 for a model's own sliding-window layers).
+        headroom: extra ring slots; writes of up to `headroom` tokens go in place, and a
+            rollback may undo up to `headroom` tokens past the newest position written.
+    """
+
+    step = 256
+
+    def __init__(self, window: int, keep: int = 0, headroom: int = 16):
+        if not isinstance(window, int) or window <= keep or window < 1:
+            raise InvalidArgumentError(
+                f"[WindowKVCache] window must be an integer > keep ({keep}), got {window!r}"
+            )
+        if headroom < 1:
+            raise InvalidArgumentError(f"[WindowKVCache] headroom must be >= 1, got {headroom}")
+        self.window, self.keep, self.headroom = window, keep, headroom
+        self.ring = window - keep + headroom  # ring slots behind the `keep` fixed ones
+        self.capacity = keep + self.ring
+        self.keys = self.values = None
+        self.offset = 0  # tokens in the sequence (absolute position of the next token)
+        self._hi = -1  # newest position ever written (rolled-back entries stay until overwritten)
+        self._pos = np.full(0, -1, np.int64)  # absolute position held by each slot, -1 = empty
+        self._used = 0  # slots in use (prefix of the buffer)
+        self._pending = None  # layout computed by make_mask for the next write
+
+    # -- layout ---------------------------------------------------------------------------
+    def _slots(self, positions: np.ndarray) -> np.ndarray:
+        return np.where(positions < self.keep, positions, self.keep + (positions - self.keep) % self.ring)
+
+    def _layout(self, S: int):
+        """(slot positions seen by the chunk, slots written, positions written, in-place?)."""
+        start = self.offset
+        new_pos = np.arange(start, start + S, dtype=np.int64)
+        if S <= self.headroom:
+            pos = self._pos.copy()
+            slots = self._slots(new_pos)
+            need = int(slots.max()) + 1
+            if need > pos.size:
+                pos = np.concatenate([pos, np.full(need - pos.size, -1, np.int64)])
+            pos[slots] = new_pos
+            used = max(self._used, need)
+            return pos[:used], slots, new_pos, True
+        # A long chunk (prefill): attend over [old slots, new keys], then keep what fits.
+        old = self._pos[: self._used].copy()
+        old[old >= start] = -1  # rolled-back entries: the chunk rewrites those positions
+        return np.concatenate([old, new_pos]), None, new_pos, False
+
+    def _mask(self, pos: np.ndarray, S: int, window_size: Optional[int]):
+        window = min(self.window, window_size) if window_size else self.window
+        q = np.arange(self.offset, self.offset + S, dtype=np.int64)[:, None]
+        p = pos[None, :]
+        visible = (p >= 0) & (p <= q) & ((p < self.keep) | (p > q - (window - self.keep)))
+        return visible
+
+    def make_mask(self, N: int, window_size: Optional[int] = None, return_array: bool = False):
+        layout = self._layout(N)
+        self._pending = (self.offset, N, layout)
+        visible = self._mask(layout[0], N, window_size)
+        if N == 1 and not return_array and visible.all():
+            return None
+        return mx.array(visible)
+
+    # -- update ---------------------------------------------------------------------------
+    def _grow(self, need: int, like_k: mx.array, like_v: mx.array):
+        have = 0 if self.keys is None else self.keys.shape[2]
+        if need <= have:
+            return
+        size = min(self.capacity, ((need + self.step - 1) // self.step) * self.step)
+        B, H, _, Dk = like_k.shape
+        Dv = like_v.shape[3]
+        new_k = mx.zeros((B, H, size - have, Dk), like_k.dtype)
+        new_v = mx.zeros((B, H, size - have, Dv), like_v.dtype)
+        if self.keys is None:
+            self.keys, self.values = new_k, new_v
+        else:
+            self.keys = mx.concatenate([self.keys, new_k], axis=2)
+            self.values = mx.concatenate([self.values, new_v], axis=2)
+        self._pos = np.concatenate([self._pos, np.full(size - have, -1, np.int64)])
+
+    def _write(self, slots: np.ndarray, keys: mx.array, values: mx.array):
+        # Slots of consecutive positions form at most three contiguous runs (keep, ring, wrap).
+        i, n = 0, slots.size
+        while i < n:
+            j = i + 1
+            while j < n and slots[j] == slots[j - 1] + 1:
+                j += 1
+            a, b = int(slots[i]), int(slots[j - 1]) + 1
+            self.keys[..., a:b, :] = keys[..., i:j, :]
+            self.values[..., a:b, :] = values[..., i:j, :]
+            i = j
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        S = keys.shape[2]
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[:2] == (self.offset, S):
+            pos, slots, new_pos, in_place = pending[2]
+        else:
+            pos, slots, new_pos, in_place = self._layout(S)
+        if in_place:
+            self._grow(int(slots.max()) + 1, keys, values)
+            self._write(slots, keys, values)
+            self._pos[slots] = new_pos
+            self._used = pos.size
+            out = (self.keys[..., : self._used, :], self.values[..., : self._used, :])
+        else:
+            out_k = mx.concatenate([self.keys[..., : self._used, :], keys], axis=2) if self._used else keys
+            out_v = mx.concatenate([self.values[..., : self._used, :], values], axis=2) if self._used else values
+            # Store what later queries can still need: positions < keep and the last `ring`.
+            keep_mask = (new_pos < self.keep) | (new_pos >= new_pos[-1] + 1 - self.ring)
+            idx = np.nonzero(keep_mask)[0]
+            slots = self._slots(new_pos[idx])
+            self._grow(int(slots.max()) + 1, keys, values)
+            order = np.argsort(slots, kind="stable")
+            idx, slots = idx[order], slots[order]
+            self._write_gather(slots, idx, keys, values)
+            self._pos[slots] = new_pos[idx]
+            self._used = max(self._used, int(slots.max()) + 1)
+            out = (out_k, out_v)
+        self.offset += S
+        self._hi = max(self._hi, self.offset - 1)
+        return out
+
+    def _write_gather(self, slots: np.ndarray, idx: np.ndarray, keys: mx.array, values: mx.array):
+        # Runs where both slot and source index are consecutive become slice copies.
+        i, n = 0, slots.size
+        while i < n:
+            j = i + 1
+            while j < n and slots[j] == slots[j - 1] + 1 and idx[j] == idx[j - 1] + 1:
+                j += 1
+            a, b, s = int(slots[i]), int(slots[j - 1]) + 1, int(idx[i])
+            self.keys[..., a:b, :] = keys[..., s : s + (b - a), :]
+            self.values[..., a:b, :] = values[..., s : s + (b - a), :]
+            i = j
+
+    # -- rollback -------------------------------------------------------------------------
+    @property
+    def max_rollback(self) -> int:
+        return self.headroom
+
+    def can_trim(self, n: int) -> bool:
+        """True when the keys the next query would need after trimming n are still stored."""
+        if n < 0 or n > self.offset:
+            return False
+        new = self.offset - n
+        oldest_needed = new - (self.window - self.keep) + 1  # the next query's oldest ring key
+        oldest_stored = self._hi - self.ring + 1
+        return oldest_needed <= self.keep or oldest_needed >= oldest_stored
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, n)
+        if not self.can_trim(n):
+            raise CacheRollbackError(
+                f"[WindowKVCache] cannot roll back {n} tokens: the window needs entries already "
+                f"overwritten (at most {self.headroom} tokens past the newest write can be undone)"
+            )
+        self.offset -= n
+        self._pending = None
+        return n
+
+    # -- mlx-lm interface -----------------------------------------------------------------
+    def size(self) -> int:
+        return min(self.offset, self.window)
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+    @property
+    def state(self):
+        if self.keys is None:
+            return []
+        return self.keys, self.values
+
+    @state.setter
+    def state(self, v):
+        self.keys, self.values = v
+
+    @property
+    def meta_state(self):
+        return tuple(map(str, (self.window, self.keep, self.headroom, self.offset, self._hi, self._used)))
+
+    def positions(self) -> np.ndarray:
+        """Absolute position held by each used slot (-1 empty): for tests and debugging."""
+        return self._pos[: self._used].copy()
+
+
+def make_cache(model, *, max_kv_size: Optional[int] = None, headroom: int = 16) -> List[Any]:
+    """Per-layer rollback-capable caches following the model's own `make_cache()` choice.
+
+    A layer's `KVCache` becomes a `GrowingKVCache` (or a `WindowKVCache(max_kv_size, keep=4)`
+    when `max_kv_size` is set, like mlx-lm's vanilla decoding); a layer's own
+    `RotatingKVCache(max_size=W, keep=K)` becomes `WindowKVCache(W, K)`. Any other kind
+    (recurrent/SSM state, chunked attention) cannot roll back: IncompatibleModelsError.
+    """
+    if max_kv_size is not None and (isinstance(max_kv_size, bool) or not isinstance(max_kv_size, int) or max_kv_size < 5):
+        raise InvalidArgumentError(f"max_kv_size must be an integer >= 5 (4 tokens are always kept), got {max_kv_size!r}")
+    base = model.make_cache() if hasattr(model, "make_cache") else [KVCache() for _ in model.layers]
+    out = []
+    for i, c in enumerate(base):
+        if type(c) is KVCache:
+            out.append(WindowKVCache(max_kv_size, 4, headroom) if max_kv_size else GrowingKVCache())
+        elif type(c) is RotatingKVCache:
+            out.append(WindowKVCache(c.max_size, c.keep, headroom))
+        else:
+            raise IncompatibleModelsError(
+                f"layer {i} of {type(model).__module__.split('.')[-1]} uses a {type(c).__name__}, which "
+                f"cannot roll back rejected draft tokens; speculative decoding supports attention "
+                f"layers with KVCache or RotatingKVCache only"
+            )
+    return out
+
+
+def rollback(caches: List[Any], n: int) -> None:
+    """Undo the last n tokens in every layer's cache (checks all layers first: all or nothing)."""
+    if n <= 0:
+        return
+    for c in caches:
+        if not c.can_trim(n):
+            raise CacheRollbackError(f"cannot roll back {n} tokens in a {type(c).__name__}")
+    for c in caches:
+        c.trim(n)
+
+
+def cache_nbytes(caches: List[Any]) -> int:
+    return sum(c.nbytes for c in caches)

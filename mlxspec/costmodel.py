@@ -1,0 +1,119 @@
+"""Pick the draft length k from measured costs and acceptance.
+
+With per-token acceptance probability a, a round that drafts k tokens yields on average
+    E(k) = (1 - a^(k+1)) / (1 - a)          tokens (accepted drafts + the target's own)
+and costs
+    T(k) = k * c + V(k + 1)                  seconds,
+where c is the drafter's seconds per token and V(j) the target's seconds for one pass
+over j tokens (verification and host read included). k = 0 is plain decoding (E = 1,
+T = V(1)). Each round takes the k in [0, k_max] with the highest E(k) / T(k), so
+speculation falls back to plain decoding wherever it cannot pay.
+
+All three quantities are measured while the engine runs: V(j) and c as exponential
+moving averages, a from a decayed count of accepts and first rejections (a round with
+n accepted out of k shows n successes and, if n < k, one failure). Until a length j has
+been timed, V(j) is interpolated from the timed ones (or a calibration curve).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+
+class CostModel:
+    def __init__(self, *, k_max: int = 12, prior_ratios: Optional[Dict[int, float]] = None,
+                 prior_slope: float = 0.5, ema: float = 0.25, decay: float = 0.92,
+                 draft_is_free: bool = False):
+        self.k_max = k_max
+        self.prior_ratios = dict(prior_ratios or {})  # V(j)/V(1), e.g. from `mlxspec calibrate`
+        self.prior_slope = prior_slope  # V(j)/V(1) = 1 + slope*(j-1) when nothing better is known
+        self.ema, self.decay = ema, decay
+        self.draft_is_free = draft_is_free
+        self.v: Dict[int, float] = {}  # j -> seconds of a target pass over j tokens
+        self.c: Optional[float] = None  # drafter seconds per drafted token
+        self.successes, self.failures = 1.0, 1.0  # Beta(1, 1) prior on a
+        self.rounds_since_draft = 0
+
+    # -- observations -----------------------------------------------------------------------
+    def observe_verify(self, j: int, seconds: float) -> None:
+        old = self.v.get(j)
+        self.v[j] = seconds if old is None else old + self.ema * (seconds - old)
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens <= 0:
+            return
+        per = seconds / n_tokens
+        self.c = per if self.c is None else self.c + self.ema * (per - self.c)
+
+    def observe_acceptance(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.successes = self.decay * self.successes + accepted
+        self.failures = self.decay * self.failures + (1.0 if accepted < drafted else 0.0)
+
+    # -- estimates ----------------------------------------------------------------------------
+    @property
+    def alpha(self) -> float:
+        return self.successes / (self.successes + self.failures)
+
+    def verify_seconds(self, j: int) -> Optional[float]:
+        """Measured or interpolated V(j); None before any pass was timed."""
+        if j in self.v:
+            return self.v[j]
+        if not self.v:
+            return None
+        known = sorted(self.v)
+        lo = max((x for x in known if x < j), default=None)
+        hi = min((x for x in known if x > j), default=None)
+        if lo is not None and hi is not None:
+            t = (j - lo) / (hi - lo)
+            return self.v[lo] + t * (self.v[hi] - self.v[lo])
+        base = lo if lo is not None else hi
+        ratio = lambda x: self.prior_ratios.get(x, 1.0 + self.prior_slope * (x - 1))  # noqa: E731
+        if lo is not None and len(known) >= 2:
+            a, b = known[-2], known[-1]
+            slope = max(0.0, (self.v[b] - self.v[a]) / (b - a))
+            return self.v[b] + slope * (j - b)
+        return self.v[base] * ratio(j) / ratio(base)
+
+    def expected_tokens(self, k: int) -> float:
+        a = min(self.alpha, 0.999)
+        return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+    def speed(self, k: int) -> Optional[float]:
+        """Expected tokens per second when drafting k (None if unknown)."""
+        v = self.verify_seconds(k + 1)
+        if v is None:
+            return None
+        c = 0.0 if self.draft_is_free else (self.c if self.c is not None else 0.1 * (self.verify_seconds(1) or v))
+        return self.expected_tokens(k) / (k * c + v)
+
+    def choose(self, k_cap: Optional[int] = None) -> int:
+        """The draft length with the best expected speed, in [0, min(k_max, k_cap)]."""
+        k_top = self.k_max if k_cap is None else max(0, min(self.k_max, k_cap))
+        if k_top == 0:
+            return 0
+        if 1 not in self.v:
+            return 0  # time one plain step first: it is the unit everything is judged against
+        best_k, best = 0, self.speed(0)
+        for k in range(1, k_top + 1):
+            s = self.speed(k)
+            if s is not None and s > best * 1.0001:
+                best_k, best = k, s
+        if best_k == 0:
+            # Re-test now and then: acceptance drifts with the text (a model drafter costs a
+            # step to probe; a free drafter is probed by the engine's shadow check instead).
+            self.rounds_since_draft += 1
+            if not self.draft_is_free and self.rounds_since_draft >= 16:
+                self.rounds_since_draft = 0
+                return 1
+        else:
+            self.rounds_since_draft = 0
+        return best_k
+
+    def summary(self) -> dict:
+        return {
+            "alpha": round(self.alpha, 4),
+            "draft_seconds_per_token": self.c,
+            "verify_seconds": {j: self.v[j] for j in sorted(self.v)},
+        }

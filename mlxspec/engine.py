@@ -1,0 +1,294 @@
+"""The one generation loop, for vanilla and speculative decoding alike.
+
+A round: the drafter proposes k tokens (k from the cost model, or fixed); the target runs
+once over [last committed token] + drafts; verification decides on the device how many
+drafts stand and the next token; one host read; the target cache rolls back the rejected
+drafts. Vanilla decoding is the same loop with a drafter that proposes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, Iterator, List, Optional
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .cache import WindowKVCache
+from .costmodel import CostModel
+from .drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter
+from .errors import IncompatibleModelsError, InvalidArgumentError, NumericalError
+from .prompts import MAX_DRAFT, check_max_tokens, check_num_draft, check_seed, check_stop, encode_prompt
+from .sampling import SamplingParams, probabilities
+from .sequence import Sequence
+from .stats import GenerationResult, GenerationStats, TokenEvent
+from .text import TextAssembler
+from .verify import verify_greedy, verify_with_uniforms
+
+DRAFTERS = ("model", "ngram", "none")
+
+
+def weights_bytes(model) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def logit_width(model) -> int:
+    args = getattr(model, "args", None)
+    v = getattr(args, "vocab_size", None)
+    if isinstance(v, int) and v > 0:
+        return v
+    return int(model(mx.array([[0]], dtype=mx.uint32)).shape[-1])
+
+
+def context_length(model) -> Optional[int]:
+    args = getattr(model, "args", None)
+    n = getattr(args, "max_position_embeddings", None)
+    return n if isinstance(n, int) and n > 0 else None
+
+
+class Engine:
+    """Target model (+ optional draft model) with rollback caches, ready to generate.
+
+    Args:
+        target_model: a loaded mlx-lm model.
+        tokenizer: its tokenizer (mlx-lm TokenizerWrapper-like); None if prompts are token ids.
+        draft_model: an optional small mlx-lm model sharing the target's tokenizer.
+        draft_tokenizer: the draft's tokenizer, checked against the target's when both are given.
+        drafter: "model" (default with a draft model), "ngram" (default without), or "none".
+        max_kv_size: sliding window for full-attention layers (first 4 tokens kept), like mlx-lm.
+        num_draft: fixed draft length, or None/"auto" to let the cost model choose per round.
+        draft_min_confidence: a model draft stops after a token whose draft probability is below this.
+    """
+
+    def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None,
+                 drafter=None, max_kv_size=None, num_draft=None, draft_min_confidence: float = 0.2,
+                 prefill_step: int = 512, cost_prior: Optional[Dict[int, float]] = None):
+        if drafter is None:
+            drafter = "model" if draft_model is not None else "ngram"
+        if drafter not in DRAFTERS:
+            raise InvalidArgumentError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
+        if drafter == "model" and draft_model is None:
+            raise InvalidArgumentError("drafter='model' needs a draft_model; use drafter='ngram' to draft without one")
+        self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
+        self.draft_tokenizer = draft_tokenizer
+        self.max_kv_size = max_kv_size
+        self.num_draft = check_num_draft(num_draft)
+        self.vocab_size = logit_width(target_model)
+        if draft_model is not None:
+            self._check_pair(draft_model, tokenizer, draft_tokenizer)
+        headroom = MAX_DRAFT + 1
+        self.target = Sequence(target_model, max_kv_size=max_kv_size, headroom=headroom, prefill_step=prefill_step)
+        self.context = None if any(isinstance(c, WindowKVCache) for c in self.target.caches) and max_kv_size else context_length(target_model)
+        self.drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
+        if draft_model is not None:
+            self.drafters["model"] = ModelDrafter(draft_model, target_vocab=self.vocab_size, max_kv_size=max_kv_size,
+                                                  headroom=headroom, min_confidence=draft_min_confidence)
+        self.default_drafter = drafter
+        on_gpu = mx.metal.is_available() and mx.default_device() == mx.gpu
+        slope = 0.1 if on_gpu else 0.5
+        self.costs = {name: CostModel(prior_ratios=cost_prior, prior_slope=slope, draft_is_free=not d.uses_model)
+                      for name, d in self.drafters.items()}
+        self.target_weights_bytes = weights_bytes(target_model)
+        self.draft_weights_bytes = weights_bytes(draft_model) if draft_model is not None else 0
+        self.last_stats: Optional[GenerationStats] = None
+
+    def _check_pair(self, draft_model, tokenizer, draft_tokenizer):
+        if tokenizer is not None and draft_tokenizer is not None:
+            from .compat import check_tokenizers
+
+            check_tokenizers(tokenizer, draft_tokenizer)
+            return
+        dv = logit_width(draft_model)
+        if dv != self.vocab_size:
+            raise IncompatibleModelsError(
+                f"the draft's logits have width {dv} but the target's have {self.vocab_size}; without both "
+                f"tokenizers to compare, draft and target must have the same vocabulary size")
+
+    def fork(self) -> "Engine":
+        """A second engine over the same weights with its own caches and statistics."""
+        twin = Engine.__new__(Engine)
+        twin.__dict__.update(self.__dict__)
+        twin.target = Sequence(self.target_model, max_kv_size=self.max_kv_size, headroom=self.target.headroom,
+                               prefill_step=self.target.prefill_step)
+        twin.drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
+        if "model" in self.drafters:
+            d = self.drafters["model"]
+            twin.drafters["model"] = ModelDrafter(d.model, target_vocab=self.vocab_size, max_kv_size=self.max_kv_size,
+                                                  headroom=self.target.headroom, min_confidence=d.min_confidence)
+        twin.costs = {n: CostModel(prior_ratios=c.prior_ratios, prior_slope=c.prior_slope, draft_is_free=c.draft_is_free)
+                      for n, c in self.costs.items()}
+        twin.last_stats = None
+        return twin
+
+    def reset(self) -> None:
+        """Drop every cache (the next request prefills from scratch); learned costs are kept."""
+        self.target.reset()
+        for d in self.drafters.values():
+            d.reset()
+
+    # -- public API ---------------------------------------------------------------------------
+    def generate(self, prompt, **kwargs) -> GenerationResult:
+        """Generate to completion; same keywords as `stream`. Returns tokens, text, finish_reason, stats."""
+        tokens, pieces, from_draft = [], [], []
+        reason = "length"
+        stats = None
+        for ev in self.stream(prompt, **kwargs):
+            tokens.append(ev.token)
+            pieces.append(ev.text)
+            from_draft.append(ev.from_draft)
+            stats = ev.stats
+            reason = ev.finish_reason or reason
+        return GenerationResult(tokens, "".join(pieces), reason, stats or self.last_stats, from_draft)
+
+    def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
+               num_draft=None, stop=None, drafter: Optional[str] = None) -> Iterator[TokenEvent]:
+        """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
+
+        Args:
+            prompt: str (used as is), list of token ids, or chat messages (chat template applied).
+            max_tokens: at most this many tokens (default 256).
+            temperature, top_p, top_k, min_p: sampling (default greedy); applied to target and draft alike.
+            seed: makes sampling reproducible; None uses MLX's global random state.
+            speculative: False decodes plainly (drafter "none").
+            num_draft: fixed draft length, or None/"auto" for the engine's setting (cost model by default).
+            stop: a string or list of strings; the text is cut before the first one found.
+            drafter: override the engine's default drafter for this request.
+        """
+        params = SamplingParams(temperature, top_p, top_k, min_p)
+        max_tokens = check_max_tokens(max_tokens)
+        k_fixed = check_num_draft(num_draft) if num_draft is not None else self.num_draft
+        stop = check_stop(stop)
+        seed = check_seed(seed)
+        name = "none" if not speculative else (drafter or self.default_drafter)
+        if name not in self.drafters:
+            allowed = ", ".join(self.drafters)
+            raise InvalidArgumentError(f"drafter {name!r} is not available on this engine; allowed: {allowed}")
+        ids = encode_prompt(prompt, self.tokenizer, self.vocab_size)
+        if self.context is not None and len(ids) >= self.context:
+            from .errors import ContextLengthError
+
+            raise ContextLengthError(
+                f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
+                f"or set max_kv_size to decode with a sliding window")
+        return self._run(ids, params, max_tokens, seed, name, k_fixed, stop)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def _run(self, ids: List[int], params: SamplingParams, max_tokens: int, seed: Optional[int],
+             name: str, k_fixed: Optional[int], stop: List[str]) -> Iterator[TokenEvent]:
+        drafter, cost = self.drafters[name], self.costs[name]
+        stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
+                                target_weights_bytes=self.target_weights_bytes,
+                                draft_weights_bytes=self.draft_weights_bytes if name == "model" else 0)
+        self.last_stats = stats
+        eos = set(getattr(self.tokenizer, "eos_token_ids", None) or []) if self.tokenizer is not None else set()
+        text = TextAssembler(self.tokenizer, stop)
+        key = mx.random.key(seed) if seed is not None else None
+        mx.reset_peak_memory()
+
+        t0 = time.perf_counter()
+        todo = self.target.sync(ids)
+        self.target.prefill(todo[:-1])
+        if isinstance(drafter, ModelDrafter):
+            drafter.prefill(ids)
+        stats.prefilled_tokens = len(todo)
+        stats.prompt_seconds = time.perf_counter() - t0
+
+        history = list(ids)
+        generated = 0
+        t_start = time.perf_counter()
+        try:
+            while True:
+                room = max_tokens - generated
+                if self.context is not None:
+                    room = min(room, self.context - len(history))
+                k_cap = min(room - 1, MAX_DRAFT)
+                k = min(k_fixed, k_cap) if k_fixed is not None else cost.choose(k_cap)
+                if key is not None:
+                    key, k_draft, k_verify = mx.random.split(key, 3)
+                else:
+                    k_draft = k_verify = None
+
+                t_d = time.perf_counter()
+                draft = drafter.propose(history, k, params, k_draft) if k > 0 else Draft([])
+                shadow = None
+                if k == 0 and not drafter.uses_model and name != "none" and k_fixed is None:
+                    probe = drafter.propose(history, 1, params, None).tokens  # free: probe acceptance
+                    shadow = probe[0] if probe else None
+                t_draft = time.perf_counter() - t_d
+                kd = len(draft.tokens)
+
+                t_v = time.perf_counter()
+                feed = self.target.sync(history)
+                logits = self.target.forward(feed + draft.tokens)[-(kd + 1):]
+                out = self._verify(logits, draft, params, k_verify, shadow)
+                vals = out.tolist()
+                t_verify = time.perf_counter() - t_v
+                if not vals[2]:
+                    self.reset()
+                    raise NumericalError(
+                        "the target produced NaN or infinite logits; generation stopped (the engine's caches "
+                        "were cleared and it can serve the next request)")
+                n, nxt = int(vals[0]), int(vals[1])
+                self.target.rollback(kd - n)
+
+                cost.observe_verify(kd + 1, t_verify)
+                if kd:
+                    cost.observe_draft(kd, t_draft)
+                    cost.observe_acceptance(kd, n)
+                elif shadow is not None:
+                    cost.successes = cost.decay * cost.successes + vals[3]
+                    cost.failures = cost.decay * cost.failures + (1.0 - vals[3])
+                stats.record_round(kd, n)
+                stats.draft_seconds += t_draft
+                stats.verify_seconds += t_verify
+
+                new = draft.tokens[:n] + [nxt]
+                for i, tok in enumerate(new):
+                    history.append(tok)
+                    generated += 1
+                    stats.tokens = generated
+                    stats.seconds = time.perf_counter() - t_start
+                    finish = None
+                    if tok in eos:
+                        piece, finish = text.add(None)[0] + text.flush(), "stop"
+                    else:
+                        piece, stopped = text.add(tok)
+                        if stopped:
+                            finish = "stop"
+                        elif generated >= max_tokens or (self.context is not None and len(history) >= self.context):
+                            piece, finish = piece + text.flush(), "length"
+                    if finish:
+                        self._finish(stats, name)
+                    yield TokenEvent(tok, piece, i < n, stats.rounds - 1, kd, stats, finish)
+                    if finish:
+                        return
+        finally:
+            self._finish(stats, name)
+
+    def _verify(self, logits: mx.array, draft: Draft, params: SamplingParams, key, shadow) -> mx.array:
+        """[n_accepted, next_token, all_finite, shadow acceptance] on the device (one read)."""
+        kd = len(draft.tokens)
+        logits = logits.astype(mx.float32)
+        finite = mx.all(mx.isfinite(logits)).astype(mx.float32)
+        drafts = mx.array(draft.tokens, dtype=mx.int32)
+        if params.greedy:
+            target_tokens = mx.argmax(logits, axis=-1).astype(mx.int32)
+            res = verify_greedy(target_tokens, drafts)
+            shadow_p = (target_tokens[0] == shadow).astype(mx.float32) if shadow is not None else mx.array(0.0)
+        else:
+            p = probabilities(logits, params)
+            if draft.probs is not None:
+                q = draft.probs
+            else:  # deterministic drafter: its distribution is one-hot at each proposal
+                q = (mx.arange(p.shape[-1])[None, :] == drafts[:, None]).astype(mx.float32)
+            u = mx.random.uniform(shape=(kd + 1,), key=key)
+            res = verify_with_uniforms(p, q, drafts, u)
+            shadow_p = p[0, shadow] if shadow is not None else mx.array(0.0)
+        return mx.concatenate([res.astype(mx.float32), finite[None], shadow_p[None].astype(mx.float32)])
+
+    def _finish(self, stats: GenerationStats, name: str) -> None:
+        stats.peak_memory_bytes = int(mx.get_peak_memory())
+        stats.target_kv_bytes = self.target.kv_bytes
+        if name == "model":
+            stats.draft_kv_bytes = self.drafters["model"].seq.kv_bytes

@@ -1,0 +1,88 @@
+"""Prompt -> token ids, and the checks every request goes through before any work starts."""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+from .errors import InvalidArgumentError
+
+MAX_DRAFT = 32  # largest draft length a request may ask for (caches keep this much rollback room)
+
+
+def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
+    """str (used as is), list[int], or a list of chat messages {"role", "content"} -> ids."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidArgumentError("prompt is empty: give a non-empty string, token-id list or message list")
+        if tokenizer is None:
+            raise InvalidArgumentError("a text prompt needs a tokenizer; this engine has none (pass token ids)")
+        bos = getattr(tokenizer, "bos_token", None)
+        ids = tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+    elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+        if tokenizer is None:
+            raise InvalidArgumentError("chat messages need a tokenizer with a chat template; this engine has none")
+        for i, m in enumerate(prompt):
+            if "role" not in m or "content" not in m:
+                raise InvalidArgumentError(f"message {i} must have 'role' and 'content' keys, got {sorted(m)}")
+        text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    elif isinstance(prompt, (list, tuple)):
+        if not prompt:
+            raise InvalidArgumentError("prompt is empty: give a non-empty string, token-id list or message list")
+        ids = list(prompt)
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int):
+                try:
+                    t = int(t)  # numpy / mlx integer scalars
+                except (TypeError, ValueError):
+                    raise InvalidArgumentError(f"prompt token {i} is {t!r}; token ids must be integers") from None
+                ids[i] = t
+    else:
+        raise InvalidArgumentError(
+            f"prompt must be a str, a list of token ids or a list of chat messages, got {type(prompt).__name__}")
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise InvalidArgumentError("prompt encodes to no tokens: give a longer prompt")
+    bad = next((t for t in ids if t < 0 or t >= vocab_size), None)
+    if bad is not None:
+        raise InvalidArgumentError(f"token id {bad} is outside the vocabulary: ids must be in [0, {vocab_size})")
+    return ids
+
+
+def check_max_tokens(max_tokens) -> int:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidArgumentError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+    return max_tokens
+
+
+def check_num_draft(num_draft) -> Optional[int]:
+    """None or "auto" -> None (cost model); else an int in [0, MAX_DRAFT]."""
+    if num_draft is None or num_draft == "auto":
+        return None
+    if isinstance(num_draft, bool) or not isinstance(num_draft, int) or not 0 <= num_draft <= MAX_DRAFT:
+        raise InvalidArgumentError(
+            f"num_draft must be 'auto', None or an integer in [0, {MAX_DRAFT}], got {num_draft!r}")
+    return num_draft
+
+
+def check_stop(stop) -> List[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise InvalidArgumentError(f"stop must be a string or a list of strings, got {stop!r}")
+    return [s for s in stop if s]
+
+
+def check_seed(seed) -> Optional[int]:
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InvalidArgumentError(f"seed must be None or an integer >= 0, got {seed!r}")
+    return seed
+
+
+def is_finite_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

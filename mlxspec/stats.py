@@ -1,0 +1,108 @@
+"""Per-generation statistics and the records the generation loop yields."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0  # tokens in the prompt
+    prefilled_tokens: int = 0  # of which actually processed (the rest reused from the last turn)
+    prompt_seconds: float = 0.0  # prompt processing time, target and draft
+    tokens: int = 0  # generated tokens (EOS included when it ended the generation)
+    seconds: float = 0.0  # generation time after the prompt
+    rounds: int = 0  # target passes after the prompt (one per round)
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens accepted
+    draft_seconds: float = 0.0  # time spent drafting
+    verify_seconds: float = 0.0  # time spent in target passes and verification
+    accept_histogram: dict = field(default_factory=dict)  # accepted-per-round -> rounds (drafting rounds only)
+    k_histogram: dict = field(default_factory=dict)  # draft length per round -> rounds (0 = plain step)
+    peak_memory_bytes: int = 0  # mx.get_peak_memory() over the generation
+    target_weights_bytes: int = 0
+    draft_weights_bytes: int = 0
+    target_kv_bytes: int = 0
+    draft_kv_bytes: int = 0
+    drafter: str = "none"
+    temperature: float = 0.0
+    kernels: str = "reference"  # which verification path ran: "metal" or "reference"
+    last_k: int = 0  # draft length of the latest round (live display)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        return self.tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prefilled_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    def record_round(self, k: int, n_accepted: int) -> None:
+        self.rounds += 1
+        self.last_k = k
+        self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
+        if k:
+            self.drafted += k
+            self.accepted += n_accepted
+            self.accept_histogram[n_accepted] = self.accept_histogram.get(n_accepted, 0) + 1
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["accept_histogram"] = {str(k): v for k, v in sorted(self.accept_histogram.items())}
+        d["k_histogram"] = {str(k): v for k, v in sorted(self.k_histogram.items())}
+        d.update(tokens_per_second=self.tokens_per_second, acceptance_rate=self.acceptance_rate,
+                 tokens_per_target_pass=self.tokens_per_target_pass,
+                 prompt_tokens_per_second=self.prompt_tokens_per_second)
+        return d
+
+    # Mapping-style access, so `stats["tokens_per_second"]` works like `stats.tokens_per_second`.
+    def __getitem__(self, key: str):
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.keys()
+
+    def keys(self) -> List[str]:
+        return list(self.as_dict().keys())
+
+    def summary_line(self) -> str:
+        return (f"{self.tokens} tokens, {self.tokens_per_second:.1f} tok/s, acceptance "
+                f"{self.acceptance_rate:.0%}, {self.tokens_per_target_pass:.2f} tokens/target pass, "
+                f"peak memory {self.peak_memory_bytes / 2**20:.0f} MiB")
+
+
+@dataclass
+class TokenEvent:
+    """One generated token, as `Engine.stream` yields it."""
+
+    token: int
+    text: str  # new text this token made printable ('' while held back)
+    from_draft: bool  # True when an accepted draft token (the target only confirmed it)
+    round: int  # index of the round (target pass) that produced it
+    draft_len: int  # draft length of that round
+    stats: GenerationStats  # live statistics (final once finish_reason is set)
+    finish_reason: Optional[str] = None  # "stop" | "length" on the last event
+
+
+@dataclass
+class GenerationResult:
+    tokens: List[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    stats: GenerationStats
+    from_draft: List[bool] = field(default_factory=list)
+
+    def __repr__(self) -> str:  # the stats object is long; keep reprs readable
+        return f"GenerationResult(tokens={len(self.tokens)}, finish_reason={self.finish_reason!r}, text={self.text[:60]!r})"

@@ -1,0 +1,58 @@
+"""Incremental detokenisation with stop strings.
+
+Text is emitted only once it is final: an incomplete UTF-8 sequence at the end (decoded
+as U+FFFD) and any tail that could still grow into a stop string are held back. When a
+stop string appears, the text is cut right before it.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+
+class TextAssembler:
+    def __init__(self, tokenizer, stop: Optional[Sequence[str]] = None):
+        self.tokenizer = tokenizer
+        self.stop = [s for s in (stop or []) if s]
+        self.tokens: List[int] = []
+        self.text = ""  # decoded so far (possibly with a held-back tail)
+        self.emitted = 0  # characters of self.text already handed out
+
+    def _held(self, text: str) -> int:
+        """How many trailing characters must wait."""
+        hold = 0
+        if text.endswith("\ufffd"):
+            hold = len(text) - len(text.rstrip("\ufffd"))
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:n]):
+                    hold = max(hold, n)
+                    break
+        return hold
+
+    def add(self, token: Optional[int]) -> Tuple[str, bool]:
+        """Add a token (None = add nothing); returns (new final text, stopped)."""
+        if self.tokenizer is None:
+            return "", False
+        if token is not None:
+            self.tokens.append(token)
+            self.text = self.tokenizer.decode(self.tokens)
+        if self.stop:
+            search_from = max(0, self.emitted - max(len(s) for s in self.stop))
+            hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]
+            if hits:
+                cut = min(hits)
+                piece = self.text[self.emitted : cut] if cut > self.emitted else ""
+                self.text = self.text[:cut]
+                self.emitted = len(self.text)
+                return piece, True
+        end = len(self.text) - self._held(self.text)
+        piece = self.text[self.emitted : end] if end > self.emitted else ""
+        self.emitted = max(self.emitted, end)
+        return piece, False
+
+    def flush(self) -> str:
+        """Release whatever was held back (the generation ended without a stop string)."""
+        piece = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return piece
