@@ -196,7 +196,7 @@ class Engine:
 
         history = list(ids)
         generated = 0
-        t_start = time.perf_counter()
+        t_resume = time.perf_counter()
         try:
             while True:
                 room = max_tokens - generated
@@ -248,7 +248,10 @@ class Engine:
                     history.append(tok)
                     generated += 1
                     stats.tokens = generated
-                    stats.seconds = time.perf_counter() - t_start
+                    # Only time spent inside the loop counts: a consumer that pauses between
+                    # tokens (a UI racing two engines, a slow printer) does not dilute tokens/s.
+                    now = time.perf_counter()
+                    stats.seconds += now - t_resume
                     finish = None
                     if tok in eos:
                         piece, finish = text.add(None)[0] + text.flush(), "stop"
@@ -261,6 +264,7 @@ class Engine:
                     if finish:
                         self._finish(stats, name)
                     yield TokenEvent(tok, piece, i < n, stats.rounds - 1, kd, stats, finish)
+                    t_resume = time.perf_counter()
                     if finish:
                         return
         finally:
