@@ -1,0 +1,135 @@
+"""Property tests of the rollback caches against a plain Python model of the token history.
+
+Each written key/value encodes (token, position), so a stale or misplaced entry shows up.
+After every write, the keys each query can see (cache output filtered by its own mask)
+must be exactly those the window rule gives: positions 0..keep-1 plus the
+`window - keep` most recent up to the query (every position for the growing cache).
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from mlxspec.cache import GrowingKVCache, WindowKVCache, make_cache
+from mlxspec.errors import CacheRollbackError, IncompatibleModelsError, InvalidArgumentError
+
+import tiny
+
+
+def encode(tok, pos):
+    return float(tok * 10_000 + pos)
+
+
+def visible_sets(cache, start, tokens):
+    """Write tokens at start.. and return, per query, the set of encoded keys it sees."""
+    S = len(tokens)
+    mask = cache.make_mask(S, return_array=False, window_size=None)  # as mlx-lm models call it
+    kv = mx.array([encode(t, start + i) for i, t in enumerate(tokens)], dtype=mx.float32).reshape(1, 1, S, 1)
+    keys, values = cache.update_and_fetch(kv, kv + 0.5)
+    keys = np.array(keys).reshape(-1)
+    values = np.array(values).reshape(-1)
+    assert np.array_equal(values, keys + 0.5)
+    L = keys.size
+    if mask is None:
+        m = np.ones((S, L), bool)
+    elif isinstance(mask, str):  # "causal": the last S keys are the new queries
+        m = np.tril(np.ones((S, L), bool), k=L - S)
+    else:
+        m = np.broadcast_to(np.array(mask), (S, L))
+    return [set(keys[m[i]].tolist()) for i in range(S)]
+
+
+def expected(history, q, window, keep):
+    pos = range(q + 1) if window is None else [p for p in range(q + 1) if p < keep or p > q - (window - keep)]
+    return {encode(history[p], p) for p in pos}
+
+
+class CacheMachine(RuleBasedStateMachine):
+    @initialize(kind=st.sampled_from(["grow", "window4", "window0"]), window=st.integers(5, 24),
+                headroom=st.integers(1, 9))
+    def setup(self, kind, window, headroom):
+        if kind == "grow":
+            self.cache, self.window, self.keep = GrowingKVCache(), None, 0
+        else:
+            self.keep = 4 if kind == "window4" else 0
+            self.cache, self.window = WindowKVCache(window, self.keep, headroom), window
+        self.headroom = headroom
+        self.history = []  # tokens at positions 0..offset-1
+        self.hi = -1  # newest position ever written
+
+    @rule(tokens=st.lists(st.integers(1, 50), min_size=1, max_size=10))
+    def append(self, tokens):
+        start = len(self.history)
+        seen = visible_sets(self.cache, start, tokens)
+        self.history.extend(tokens)
+        self.hi = max(self.hi, len(self.history) - 1)
+        for i, s in enumerate(seen):
+            assert s == expected(self.history, start + i, self.window, self.keep), f"query {start + i}"
+
+    @rule(n=st.integers(20, 70), tok=st.integers(1, 50))
+    def prefill(self, n, tok):
+        self.append([tok + (i % 7) for i in range(n)])
+
+    @precondition(lambda self: len(self.history) > 0)
+    @rule(data=st.data())
+    def rollback(self, data):
+        limit = len(self.history)
+        if self.window is not None:  # the documented guarantee: up to `headroom` past the newest write
+            limit = min(limit, len(self.history) - (self.hi - self.headroom))
+        if limit <= 0:
+            return
+        n = data.draw(st.integers(1, limit))
+        assert self.cache.can_trim(n)
+        assert self.cache.trim(n) == n
+        del self.history[-n:]
+
+    @invariant()
+    def offset_matches(self):
+        if hasattr(self, "cache"):
+            assert self.cache.offset == len(self.history)
+
+
+TestCacheMachine = CacheMachine.TestCase
+TestCacheMachine.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+
+
+def test_window_cache_refuses_rollback_it_cannot_honour():
+    c = WindowKVCache(8, 4, headroom=2)
+    for i in range(30):
+        visible_sets(c, i, [i + 1])
+    c.trim(2)
+    assert c.can_trim(1)  # the next query (27) needs 24..26: still in the ring
+    assert not c.can_trim(2)  # the query at 26 would need 23, already overwritten
+    with pytest.raises(CacheRollbackError):
+        c.trim(2)
+    assert c.offset == 28  # nothing changed
+
+
+def test_make_cache_follows_model_choice():
+    g = tiny.make_gemma3(sliding_window=6)
+    caches = make_cache(g)
+    kinds = [(type(c).__name__, getattr(c, "window", None), getattr(c, "keep", None)) for c in caches]
+    assert kinds == [("WindowKVCache", 6, 0), ("GrowingKVCache", None, None)] * 2
+    caches = make_cache(g, max_kv_size=32)
+    assert [(c.window, c.keep) for c in caches] == [(6, 0), (32, 4)] * 2
+
+
+def test_make_cache_rejects_recurrent_layers():
+    from mlx_lm.models.cache import ArraysCache
+
+    class Recurrent:
+        layers = [0, 1]
+
+        def make_cache(self):
+            return [ArraysCache(2), ArraysCache(2)]
+
+    with pytest.raises(IncompatibleModelsError, match="ArraysCache"):
+        make_cache(Recurrent())
+
+
+def test_bad_window():
+    with pytest.raises(InvalidArgumentError, match="max_kv_size"):
+        make_cache(tiny.make_llama(), max_kv_size=3)

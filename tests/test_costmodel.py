@@ -1,0 +1,54 @@
+"""The cost model picks k = argmax E(k) / T(k), falling back to plain decoding."""
+
+import pytest
+
+from mlxspec.costmodel import CostModel
+
+
+def trained(v, c, alpha, rounds=200, free=False):
+    m = CostModel(k_max=8, draft_is_free=free)
+    for j, s in v.items():
+        m.observe_verify(j, s)
+    m.observe_draft(1, c)
+    for _ in range(rounds):  # a rounds of 4 drafts with ~alpha acceptance
+        m.observe_acceptance(10, round(10 * alpha) if alpha < 1 else 10)
+    return m
+
+
+def test_expected_tokens_formula():
+    m = CostModel()
+    m.successes, m.failures = 3.0, 1.0  # alpha = 0.75
+    assert m.expected_tokens(0) == pytest.approx(1.0)
+    assert m.expected_tokens(3) == pytest.approx((1 - 0.75 ** 4) / 0.25)
+
+
+def test_plain_decoding_when_verification_is_expensive():
+    # CPU-like: verify cost grows linearly (quantized matmul), decent acceptance.
+    m = trained({j: 0.1 * j for j in range(1, 10)}, 0.01, 0.6)
+    assert m.choose() == 0
+
+
+def test_long_drafts_when_verification_is_flat():
+    # GPU-like: verifying 9 tokens costs about one step; a cheap, accurate draft.
+    m = trained({j: 0.1 + 0.002 * j for j in range(1, 10)}, 0.005, 0.9)
+    assert m.choose() >= 5
+
+
+def test_choice_is_the_argmax_of_expected_speed():
+    m = trained({j: 0.1 + 0.03 * (j - 1) for j in range(1, 10)}, 0.01, 0.7)
+    k = m.choose()
+    speeds = [m.speed(i) for i in range(9)]
+    assert speeds[k] == max(speeds)
+    assert m.choose(k_cap=1) in (0, 1)
+
+
+def test_unmeasured_lengths_are_interpolated_and_extrapolated():
+    m = CostModel()
+    m.observe_verify(1, 1.0)
+    m.observe_verify(3, 2.0)
+    assert m.verify_seconds(2) == pytest.approx(1.5)
+    assert m.verify_seconds(5) == pytest.approx(3.0)
+
+
+def test_first_round_times_a_plain_step():
+    assert CostModel().choose() == 0

@@ -1,0 +1,35 @@
+"""Drafters in isolation."""
+
+from mlxspec.drafters import NgramDrafter
+from mlxspec.sampling import SamplingParams
+
+G = SamplingParams()
+
+
+def test_ngram_takes_most_recent_occurrence_of_longest_suffix():
+    d = NgramDrafter()
+    h = [1, 2, 3, 4, 9, 9, 2, 3, 5, 6, 7, 1, 2, 3]
+    # Longest suffix with an earlier occurrence: [1, 2, 3] at 0 -> continues with 4.
+    assert d.propose(h, 3, G, None).tokens == [4, 9, 9]
+    # Only [2, 3] recurs (most recently at 6) -> continues with 5.
+    assert d.propose([8, 2, 3, 5, 6, 0, 2, 3], 2, G, None).tokens == [5, 6]
+
+
+def test_ngram_falls_back_to_shorter_ngrams_and_to_nothing():
+    d = NgramDrafter()
+    assert d.propose([1, 2, 3, 4, 5, 3], 2, G, None).tokens == [4, 5]
+    assert d.propose([1, 2, 3, 4], 2, G, None).tokens == []  # nothing repeats
+
+
+def test_ngram_index_extends_and_rebuilds():
+    d = NgramDrafter()
+    h = [1, 2, 3, 1]
+    assert d.propose(h, 2, G, None).tokens == [2, 3]
+    h += [2]
+    assert d.propose(h, 2, G, None).tokens == [3, 1]
+    assert d.propose([7, 8, 7], 1, G, None).tokens == [8]  # a new history, not an extension
+
+
+def test_ngram_draft_is_capped_by_history():
+    d = NgramDrafter()
+    assert d.propose([4, 4, 4], 5, G, None).tokens == [4]

@@ -1,0 +1,207 @@
+"""The generation loop: greedy equivalence with mlx-lm, stops, interrupted streams, reuse."""
+
+import itertools
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import RotatingKVCache
+
+import tiny
+from mlxspec import Engine
+
+PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 11, 12]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.make_llama(1)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny.make_llama(2, layers=1, hidden=32)
+
+
+def reference(model, prompt, n, prompt_cache=None):
+    """mlx-lm's vanilla greedy decoding: tokens and the log-probs it saw at each step."""
+    toks, lps = [], []
+    for tok, lp in itertools.islice(generate_step(mx.array(prompt), model, max_tokens=n, prompt_cache=prompt_cache), n):
+        toks.append(int(tok))
+        lps.append(lp)
+    return toks, lps
+
+
+def assert_same_greedy(got, ref, ref_logprobs):
+    """Equal, or first divergence is a numerical near-tie (log-probs within 1e-3)."""
+    for i, (a, b) in enumerate(zip(got, ref)):
+        if a != b:
+            gap = abs(float(ref_logprobs[i][a]) - float(ref_logprobs[i][b]))
+            assert gap < 1e-3, f"diverged at {i}: got {a}, mlx-lm {b} (log-prob gap {gap:.2e})"
+            return
+    assert len(got) == len(ref)
+
+
+@pytest.mark.parametrize("drafter,num_draft", [("model", None), ("model", 1), ("model", 4), ("ngram", None),
+                                               ("ngram", 3), ("none", None)])
+def test_greedy_matches_mlx_lm(target, draft, drafter, num_draft):
+    ref, lps = reference(target, PROMPT, 48)
+    e = Engine(target, None, draft, drafter=drafter, num_draft=num_draft)
+    r = e.generate(PROMPT, max_tokens=48)
+    assert_same_greedy(r.tokens, ref, lps)
+    assert r.finish_reason == "length"
+    assert r.stats.tokens == 48
+
+
+def test_model_as_its_own_draft_accepts_everything(target):
+    e = Engine(target, None, target, num_draft=4, draft_min_confidence=0.0)
+    r = e.generate(PROMPT, max_tokens=40)
+    assert r.stats.drafted > 0 and r.stats.accepted == r.stats.drafted
+    assert r.stats.tokens_per_target_pass == pytest.approx(5.0)
+    assert sum(r.from_draft) == r.stats.accepted
+
+
+@pytest.mark.parametrize("W", [16, 37])
+@pytest.mark.parametrize("self_draft", [True, False])
+def test_sliding_window_matches_mlx_lm(target, draft, W, self_draft):
+    """max_kv_size=W: the same tokens as mlx-lm's vanilla RotatingKVCache(W, keep=4), long after wrapping."""
+    ref, lps = reference(target, PROMPT, 120, [RotatingKVCache(max_size=W, keep=4) for _ in target.layers])
+    e = Engine(target, None, target if self_draft else draft, max_kv_size=W, num_draft=5, draft_min_confidence=0.0)
+    r = e.generate(PROMPT, max_tokens=120)
+    assert_same_greedy(r.tokens, ref, lps)
+    if self_draft:
+        assert r.stats.accepted == r.stats.drafted > 0
+
+
+def test_gemma3_sliding_layers_match_mlx_lm():
+    g = tiny.make_gemma3(3, sliding_window=8)
+    prompt = PROMPT[:6]
+    ref, lps = reference(g, prompt, 60)
+    for drafter, d in (("model", g), ("ngram", None)):
+        e = Engine(g, None, d, drafter=drafter, num_draft=4, draft_min_confidence=0.0)
+        r = e.generate(prompt, max_tokens=60)
+        assert_same_greedy(r.tokens, ref, lps)
+        if drafter == "model":
+            assert r.stats.accepted == r.stats.drafted > 0
+
+
+def test_ngram_drafts_on_repetitive_text(target):
+    # A prompt that repeats itself: the n-gram drafter finds continuations, output stays exact.
+    prompt = list(range(20, 40)) * 3 + list(range(20, 25))
+    ref, lps = reference(target, prompt, 40)
+    e = Engine(target, drafter="ngram", num_draft=4)
+    r = e.generate(prompt, max_tokens=40)
+    assert_same_greedy(r.tokens, ref, lps)
+    assert r.stats.drafted > 0
+
+
+def test_max_tokens_inside_a_draft_run(target):
+    e = Engine(target, None, target, num_draft=8, draft_min_confidence=0.0)
+    for n in (1, 3, 5, 9, 10):
+        r = e.generate(PROMPT, max_tokens=n)
+        assert len(r.tokens) == n and r.finish_reason == "length"
+        assert r.tokens == reference(target, PROMPT, n)[0]
+
+
+class EosTokenizer:
+    """The tiny tokenizer with a chosen EOS id."""
+
+    def __init__(self, base, eos):
+        self._base, self.eos_token_ids = base, {eos}
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+
+def test_eos_inside_a_draft_run(target):
+    ref, _ = reference(target, PROMPT, 30)
+    eos = ref[6]
+    first = ref.index(eos)
+    tok = EosTokenizer(tiny.make_tokenizer(), eos)
+    e = Engine(target, tok, target, num_draft=8, draft_min_confidence=0.0)
+    r = e.generate(PROMPT, max_tokens=30)
+    assert r.tokens == ref[: first + 1] and r.finish_reason == "stop"
+    assert r.stats.drafted > 0
+
+
+def test_stop_string_inside_a_draft_run(target):
+    tok = tiny.make_tokenizer()
+    prompt = "The quick brown fox"
+    vanilla = Engine(target, tok).generate(prompt, max_tokens=40, speculative=False)
+    text = vanilla.text
+    assert len(text) > 12
+    stop = text[8:11]
+    cut = text.find(stop)
+    e = Engine(target, tok, target, num_draft=6, draft_min_confidence=0.0)
+    events = list(e.stream(prompt, max_tokens=40, stop=[stop, "never-appears"]))
+    streamed = "".join(ev.text for ev in events)
+    assert streamed == text[:cut]
+    assert events[-1].finish_reason == "stop"
+    assert e.generate(prompt, max_tokens=40, stop=stop).text == text[:cut]
+
+
+def test_streamed_text_equals_decoded_tokens(target):
+    tok = tiny.make_tokenizer()
+    e = Engine(target, tok, drafter="ngram")
+    events = list(e.stream("héllo wörld 🙂 " * 3, max_tokens=40))
+    assert "".join(ev.text for ev in events) == tok.decode([ev.token for ev in events])
+
+
+def test_closed_stream_leaves_engine_like_new(target, draft):
+    fresh = Engine(target, None, draft, num_draft=3).generate(PROMPT, max_tokens=30).tokens
+    e = Engine(target, None, draft, num_draft=3)
+    for stop_after in (1, 2, 5, 11):
+        gen = e.stream(PROMPT + [stop_after + 40], max_tokens=30)
+        for _ in range(stop_after):
+            next(gen)
+        gen.close()
+        assert e.generate(PROMPT, max_tokens=30).tokens == fresh
+
+
+def test_interrupted_consumer_leaves_engine_like_new(target, draft):
+    fresh = Engine(target, None, draft, num_draft=3).generate(PROMPT, max_tokens=20).tokens
+    e = Engine(target, None, draft, num_draft=3)
+    with pytest.raises(KeyboardInterrupt):
+        for i, _ in enumerate(e.stream(list(range(30, 50)), max_tokens=30)):
+            if i == 4:
+                raise KeyboardInterrupt
+    assert e.generate(PROMPT, max_tokens=20).tokens == fresh
+
+
+def test_multi_turn_prefills_only_new_tokens(target, draft):
+    e = Engine(target, None, draft, num_draft=2)
+    first = e.generate(PROMPT, max_tokens=12)
+    turn2 = PROMPT + first.tokens + [13, 14, 15]
+    r = e.generate(turn2, max_tokens=12)
+    assert r.stats.prompt_tokens == len(turn2)
+    assert r.stats.prefilled_tokens <= 5  # the new tokens (+ the last turn's final token)
+    assert r.tokens == Engine(target, None, draft, num_draft=2).generate(turn2, max_tokens=12).tokens
+
+
+def test_multi_turn_with_window_after_wrap(target, draft):
+    e = Engine(target, None, draft, num_draft=3, max_kv_size=20)
+    first = e.generate(PROMPT, max_tokens=40)
+    turn2 = PROMPT + first.tokens + [13, 14]
+    ref_engine = Engine(target, None, draft, num_draft=3, max_kv_size=20)
+    assert e.generate(turn2, max_tokens=15).tokens == ref_engine.generate(turn2, max_tokens=15).tokens
+
+
+def test_seeded_sampling_is_reproducible(target, draft):
+    e = Engine(target, None, draft, num_draft=3)
+    a = e.generate(PROMPT, max_tokens=25, temperature=0.8, top_p=0.9, seed=7).tokens
+    b = e.generate(PROMPT, max_tokens=25, temperature=0.8, top_p=0.9, seed=7).tokens
+    c = e.generate(PROMPT, max_tokens=25, temperature=0.8, top_p=0.9, seed=8).tokens
+    assert a == b and a != c
+
+
+def test_stats_fields(target, draft):
+    r = Engine(target, None, draft, num_draft=2).generate(PROMPT, max_tokens=16)
+    for key in ("tokens", "seconds", "tokens_per_second", "prompt_tokens", "rounds", "drafted", "accepted",
+                "acceptance_rate", "tokens_per_target_pass", "peak_memory_bytes"):
+        assert key in r.stats and r.stats[key] == getattr(r.stats, key)
+    s = r.stats
+    assert s.tokens == 16 and s.prompt_tokens == len(PROMPT) and s.rounds == sum(s.k_histogram.values())
+    assert s.accepted == sum(n * c for n, c in s.accept_histogram.items())
+    assert 0 <= s.acceptance_rate <= 1 and s.tokens_per_target_pass == pytest.approx(16 / s.rounds)
+    assert s.peak_memory_bytes > 0 and s.target_weights_bytes > s.draft_weights_bytes > 0
+    assert s.tokens_per_second > 0

@@ -1,0 +1,133 @@
+"""Every bad input gets a clear error naming the value and what is allowed; nothing is left half-done."""
+
+import math
+
+import mlx.core as mx
+import pytest
+
+import tiny
+from mlxspec import Engine
+from mlxspec.errors import (
+    ContextLengthError,
+    IncompatibleModelsError,
+    InvalidArgumentError,
+    MlxSpecError,
+    NumericalError,
+)
+
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(tiny.make_llama(1), tiny.make_tokenizer(), tiny.make_llama(2, layers=1))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": -3}, "max_tokens"),
+    ({"max_tokens": 2.5}, "max_tokens"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": math.nan}, "temperature"),
+    ({"temperature": math.inf}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"min_p": 1.0}, "min_p"),
+    ({"min_p": -0.2}, "min_p"),
+    ({"num_draft": -1}, "num_draft"),
+    ({"num_draft": 10_000}, "num_draft"),
+    ({"num_draft": "many"}, "num_draft"),
+    ({"seed": -5}, "seed"),
+    ({"stop": 5}, "stop"),
+    ({"drafter": "tree"}, "drafter"),
+])
+def test_bad_generation_arguments(engine, kwargs, match):
+    with pytest.raises(InvalidArgumentError, match=match) as info:
+        engine.stream(PROMPT, **kwargs)  # raised at call time, before any work
+    assert isinstance(info.value, ValueError) and isinstance(info.value, MlxSpecError)
+
+
+@pytest.mark.parametrize("prompt,match", [
+    ("", "empty"),
+    ([], "empty"),
+    ([5, 99_999], "outside the vocabulary"),
+    ([5, -1], "outside the vocabulary"),
+    ([5, "x"], "integers"),
+    ([{"role": "user"}], "content"),
+    (3.14, "prompt must be"),
+])
+def test_bad_prompts(engine, prompt, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        engine.generate(prompt, max_tokens=2)
+
+
+def test_text_prompt_without_tokenizer():
+    e = Engine(tiny.make_llama(1))
+    with pytest.raises(InvalidArgumentError, match="tokenizer"):
+        e.generate("hello")
+
+
+def test_engine_construction_errors():
+    t = tiny.make_llama(1)
+    with pytest.raises(InvalidArgumentError, match="drafter"):
+        Engine(t, drafter="medusa")
+    with pytest.raises(InvalidArgumentError, match="draft_model"):
+        Engine(t, drafter="model")
+    with pytest.raises(InvalidArgumentError, match="num_draft"):
+        Engine(t, num_draft=-2)
+    with pytest.raises(InvalidArgumentError, match="max_kv_size"):
+        Engine(t, max_kv_size=2)
+
+
+@pytest.mark.parametrize("width", [tiny.VOCAB - 1, tiny.VOCAB + 64])
+def test_draft_with_other_vocabulary_width_is_incompatible(width):
+    with pytest.raises(IncompatibleModelsError, match="width"):
+        Engine(tiny.make_llama(1), None, tiny.make_llama(2, vocab_size=width))
+
+
+def test_prompt_longer_than_context():
+    t = tiny.make_llama(1)
+    t.args.max_position_embeddings = 16
+    e = Engine(t)
+    with pytest.raises(ContextLengthError, match="16"):
+        e.generate(list(range(5, 25)))
+    # With a sliding window the same prompt is fine.
+    assert len(Engine(t, max_kv_size=8).generate(list(range(5, 25)), max_tokens=3).tokens) == 3
+    # Generation stops at the context's end with finish_reason "length".
+    r = e.generate(list(range(5, 15)), max_tokens=50)
+    assert r.finish_reason == "length" and len(r.tokens) == 6
+
+
+class Poisoned:
+    """A model wrapper that returns NaN logits while `on` is set."""
+
+    def __init__(self, model):
+        self.model, self.on = model, False
+        self.args, self.layers = model.args, model.layers
+
+    def make_cache(self):
+        return self.model.make_cache()
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def __call__(self, x, cache=None):
+        out = self.model(x, cache=cache)
+        return out * mx.nan if self.on else out
+
+
+def test_nan_logits_raise_and_engine_recovers():
+    t = tiny.make_llama(1)
+    fresh = Engine(t, None, t, num_draft=3).generate(PROMPT, max_tokens=10).tokens
+    p = Poisoned(t)
+    e = Engine(p, None, t, num_draft=3)
+    gen = e.stream(PROMPT, max_tokens=10)
+    first = next(gen)
+    p.on = True
+    with pytest.raises(NumericalError, match="NaN"):
+        for _ in gen:
+            pass
+    p.on = False
+    assert first.token == fresh[0]
+    assert e.generate(PROMPT, max_tokens=10).tokens == fresh
