@@ -16,10 +16,16 @@ import argparse
 import sys
 import time
 
+from pathlib import Path
+
 import mlx.core as mx
 import numpy as np
 
-from mlxspec.kernels import compare, softmax, verify
+try:
+    import mlxspec  # noqa: F401  (installed)
+except ImportError:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mlxspec.kernels import compare, softmax, verify  # noqa: E402
 
 
 def _time(fn, repeats: int) -> float:
