@@ -148,7 +148,8 @@ _LOCK = threading.Lock()
 def compile_library(code: str) -> ctypes.CDLL:
     """Compile a translation unit (prelude included by path) once per content hash."""
     prelude = PRELUDE.read_text()
-    digest = hashlib.sha256((prelude + "\0" + code).encode()).hexdigest()[:24]
+    flags = os.environ.get("MLXSPEC_EMULATOR_CXXFLAGS", "")
+    digest = hashlib.sha256((prelude + "\0" + flags + "\0" + code).encode()).hexdigest()[:24]
     with _LOCK:
         if digest in _LIBS:
             return _LIBS[digest]
@@ -159,6 +160,7 @@ def compile_library(code: str) -> ctypes.CDLL:
             tmp = out.with_suffix(f".{os.getpid()}.tmp.so")
             cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
                    "-fno-fast-math", "-Wno-attributes", "-Wno-unused-variable", "-Wno-unknown-pragmas",
+                   *os.environ.get("MLXSPEC_EMULATOR_CXXFLAGS", "").split(),
                    f"-I{PRELUDE.parent}", str(cpp), "-o", str(tmp)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:

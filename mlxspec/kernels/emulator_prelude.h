@@ -23,7 +23,9 @@
 #include <vector>
 #include <sys/mman.h>
 #include <unistd.h>
-#if !defined(__x86_64__)
+#if defined(__x86_64__) && !defined(MLXEMU_UCONTEXT)
+#define MLXEMU_ASM_SWITCH 1
+#else
 #include <ucontext.h>
 #endif
 
@@ -131,7 +133,7 @@ namespace mlxemu {
 struct Fiber;
 void fiber_main();
 
-#if defined(__x86_64__)
+#if defined(MLXEMU_ASM_SWITCH)
 extern "C" void mlxemu_switch(void** save_sp, void* load_sp);
 asm(R"(
 .text
@@ -197,7 +199,7 @@ struct Fiber {
   bool done = false;
   Barrier* waiting = nullptr;
   uint64_t wait_generation = 0;
-#if !defined(__x86_64__)
+#if !defined(MLXEMU_ASM_SWITCH)
   ucontext_t ctx;
 #endif
 };
@@ -211,7 +213,7 @@ struct Group {
   std::string error;
   Fiber* current = nullptr;
   void* sched_sp = nullptr;
-#if !defined(__x86_64__)
+#if !defined(MLXEMU_ASM_SWITCH)
   ucontext_t sched_ctx;
 #endif
 };
@@ -221,7 +223,7 @@ inline thread_local Group* g_group = nullptr;
 inline void switch_to_scheduler() {
   Group* g = g_group;
   Fiber* f = g->current;
-#if defined(__x86_64__)
+#if defined(MLXEMU_ASM_SWITCH)
   mlxemu_switch(&f->sp, g->sched_sp);
 #else
   swapcontext(&f->ctx, &g->sched_ctx);
@@ -231,7 +233,7 @@ inline void switch_to_scheduler() {
 inline void switch_to(Fiber* f) {
   Group* g = g_group;
   g->current = f;
-#if defined(__x86_64__)
+#if defined(MLXEMU_ASM_SWITCH)
   mlxemu_switch(&g->sched_sp, f->sp);
 #else
   swapcontext(&g->sched_ctx, &f->ctx);
@@ -272,14 +274,14 @@ inline void fiber_main() {
   for (;;) switch_to_scheduler();
 }
 
-#if !defined(__x86_64__)
+#if !defined(MLXEMU_ASM_SWITCH)
 inline void fiber_entry_ucontext() { fiber_main(); }
 #endif
 
 inline void prepare(Fiber& f) {
   f.done = false;
   f.waiting = nullptr;
-#if defined(__x86_64__)
+#if defined(MLXEMU_ASM_SWITCH)
   uintptr_t top = (uintptr_t(f.stack) + kStackBytes) & ~uintptr_t(15);
   uint64_t* sp = reinterpret_cast<uint64_t*>(top);
   *--sp = 0;                                        // fake return address of fiber_main
