@@ -19,11 +19,11 @@ from .costmodel import CostModel
 from .drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import IncompatibleModelsError, InvalidArgumentError, NumericalError
 from .prompts import MAX_DRAFT, check_max_tokens, check_num_draft, check_seed, check_stop, encode_prompt
-from .sampling import SamplingParams, probabilities
+from . import kernels
+from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
 from .text import TextAssembler
-from .verify import verify_greedy, verify_with_uniforms
 
 DRAFTERS = ("model", "ngram", "none")
 
@@ -178,6 +178,7 @@ class Engine:
              name: str, k_fixed: Optional[int], stop: List[str]) -> Iterator[TokenEvent]:
         drafter, cost = self.drafters[name], self.costs[name]
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
+                                kernels=kernels.backend_name(),
                                 target_weights_bytes=self.target_weights_bytes,
                                 draft_weights_bytes=self.draft_weights_bytes if name == "model" else 0)
         self.last_stats = stats
@@ -278,16 +279,16 @@ class Engine:
         drafts = mx.array(draft.tokens, dtype=mx.int32)
         if params.greedy:
             target_tokens = mx.argmax(logits, axis=-1).astype(mx.int32)
-            res = verify_greedy(target_tokens, drafts)
+            res = kernels.verify_greedy(target_tokens, drafts)
             shadow_p = (target_tokens[0] == shadow).astype(mx.float32) if shadow is not None else mx.array(0.0)
         else:
-            p = probabilities(logits, params)
+            p = kernels.probabilities(logits, params)
             if draft.probs is not None:
                 q = draft.probs
             else:  # deterministic drafter: its distribution is one-hot at each proposal
                 q = (mx.arange(p.shape[-1])[None, :] == drafts[:, None]).astype(mx.float32)
             u = mx.random.uniform(shape=(kd + 1,), key=key)
-            res = verify_with_uniforms(p, q, drafts, u)
+            res = kernels.verify_with_uniforms(p, q, drafts, u)
             shadow_p = p[0, shadow] if shadow is not None else mx.array(0.0)
         return mx.concatenate([res.astype(mx.float32), finite[None], shadow_p[None].astype(mx.float32)])
 

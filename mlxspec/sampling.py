@@ -44,6 +44,22 @@ def validate(temperature, top_p, top_k, min_p) -> None:
         raise InvalidArgumentError(f"min_p must be in [0, 1) (0 disables it), got {min_p!r}")
 
 
+def cumsum_precise(x: mx.array, block: int = 256) -> mx.array:
+    """Cumulative sum over the last axis, in blocks: float32 error ~(block + V/block) ulp, not ~V ulp.
+
+    A plain float32 cumsum over 150k entries drifts by ~1e-3, enough to bias sampling.
+    """
+    V = x.shape[-1]
+    if V <= block:
+        return mx.cumsum(x, axis=-1)
+    pad = -V % block
+    xb = mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)]).reshape(*x.shape[:-1], -1, block)
+    inner = mx.cumsum(xb, axis=-1)
+    totals = inner[..., -1]
+    offsets = mx.cumsum(totals, axis=-1) - totals
+    return (inner + offsets[..., None]).reshape(*x.shape[:-1], -1)[..., :V]
+
+
 def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
     """Rows of logits (..., V) -> float32 probabilities (..., V) after all processing."""
     logits = logits.astype(mx.float32)
@@ -57,7 +73,7 @@ def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
         keep = probs >= kth
     if params.top_p < 1.0:
         s = mx.sort(probs, axis=-1)[..., ::-1]  # descending
-        before = mx.cumsum(s, axis=-1) - s  # mass strictly before each sorted entry
+        before = cumsum_precise(s) - s  # mass strictly before each sorted entry
         # Value of the entry at which the mass first reaches top_p: the smallest kept value.
         cut = mx.min(mx.where(before < params.top_p, s, mx.inf), axis=-1, keepdims=True)
         k2 = probs >= cut

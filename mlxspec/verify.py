@@ -18,6 +18,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .errors import InvalidArgumentError
+from .sampling import cumsum_precise
 
 
 def sample_inverse_cdf(weights: mx.array, u: mx.array) -> mx.array:
@@ -26,7 +27,7 @@ def sample_inverse_cdf(weights: mx.array, u: mx.array) -> mx.array:
     The first index whose cumulative weight exceeds u * total; never an index in a
     zero-mass tail (rounding could otherwise land there).
     """
-    cdf = mx.cumsum(weights, axis=-1)
+    cdf = cumsum_precise(weights)
     total = cdf[-1]
     idx = mx.sum(cdf <= u * total).astype(mx.int32)
     V = weights.shape[-1]

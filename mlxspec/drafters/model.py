@@ -6,7 +6,8 @@ from typing import List, Optional
 
 import mlx.core as mx
 
-from ..sampling import SamplingParams, probabilities
+from .. import kernels
+from ..sampling import SamplingParams
 from ..sequence import Sequence
 from .base import Draft
 
@@ -60,7 +61,7 @@ class ModelDrafter:
                 tok = mx.argmax(logits)
                 top = mx.max(mx.softmax(logits, precise=True)) if self.min_confidence > 0 else mx.array(1.0)
             else:
-                q = probabilities(logits, params)
+                q = kernels.probabilities(logits, params)
                 tok = mx.random.categorical(mx.log(q), key=None if subkeys is None else subkeys[i])
                 top = mx.max(q)
                 rows.append(q)
