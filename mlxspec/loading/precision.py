@@ -46,9 +46,36 @@ def apply_dtype(model, dtype: str | None):
     choice = resolve_dtype(dtype)
     if choice == "quantized":
         return choice
-    from mlx_lm.utils import dequantize_model
-
-    dequantize_model(model)
+    dequantize(model, getattr(mx, choice))
     model.set_dtype(getattr(mx, choice))
     mx.eval(model.parameters())
     return choice
+
+
+def dequantize(model, dtype) -> None:
+    """Replace QuantizedLinear / QuantizedEmbedding by Linear / Embedding, in place.
+
+    The product scale * q + bias is formed in float32 and rounded once to `dtype`
+    (float16 scales would otherwise round it to float16 first).
+    """
+    import mlx.nn as nn
+    from mlx.utils import tree_unflatten
+
+    replaced = []
+    for name, m in model.named_modules():
+        if not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            continue
+        biases = m.get("biases")
+        w = mx.dequantize(m.weight, m.scales.astype(mx.float32),
+                          None if biases is None else biases.astype(mx.float32),
+                          group_size=m.group_size, bits=m.bits, mode=m.mode).astype(dtype)
+        if isinstance(m, nn.QuantizedEmbedding):
+            new = nn.Embedding(*w.shape)
+        else:
+            new = nn.Linear(w.shape[1], w.shape[0], bias="bias" in m)
+            if "bias" in m:
+                new.bias = m.bias
+        new.weight = w
+        replaced.append((name, new))
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
