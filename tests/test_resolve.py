@@ -169,3 +169,21 @@ def test_dequantize_replaces_quantized_layers():
     np.testing.assert_allclose(np.array(model(ids)), before, rtol=1e-3, atol=1e-3)
     apply_dtype(model, "bfloat16")
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == mx.bfloat16
+
+
+def test_auto_precision_per_backend_and_memory(monkeypatch):
+    from mlxspec.loading import precision
+    from tiny import make_llama
+
+    from mlx.utils import tree_flatten
+
+    float_bytes = sum(v.size * 4 for _, v in tree_flatten(make_llama(seed=4).parameters()))
+    model = make_llama(seed=4)
+    nn.quantize(model, group_size=32, bits=4)
+    assert precision.dequantized_bytes(model, 4) == float_bytes
+    monkeypatch.setattr(precision, "backend", lambda: "metal")
+    assert precision.auto_dtype(model) == "quantized"
+    monkeypatch.setattr(precision, "backend", lambda: "cpu")
+    assert precision.auto_dtype(model) == "bfloat16"
+    monkeypatch.setattr(precision, "physical_memory", lambda: 1000)  # too big to dequantize
+    assert precision.auto_dtype(model) == "quantized"

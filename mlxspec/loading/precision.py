@@ -1,7 +1,8 @@
 """Weights precision at load time: keep quantized, or dequantize to a float dtype.
 
 `dtype` values:
-  None / "auto"  the backend's default, DEFAULTS below;
+  None / "auto"  the backend's default, DEFAULTS below (on the CPU, models whose float
+                 weights would exceed a quarter of RAM stay quantized);
   "quantized"    keep the weights as stored (quantized layers stay quantized);
   "bfloat16", "float16", "float32"
                  dequantize every quantized layer (`mx.dequantize`, QuantizedLinear ->
@@ -21,11 +22,53 @@ from ..errors import InvalidArgumentError
 
 DTYPES = ("auto", "quantized", "bfloat16", "float16", "float32")
 DEFAULTS = {"metal": "quantized", "cpu": "bfloat16"}
+AUTO_MEMORY_FRACTION = 0.25  # "auto" dequantizes only models whose float weights fit in this share of RAM
 
 
 def backend() -> str:
     """"metal" when MLX runs on a Metal GPU, else "cpu"."""
     return "metal" if mx.metal.is_available() else "cpu"
+
+
+def auto_dtype(model) -> str:
+    """The backend's default for `model`; on the CPU, stay quantized when float weights
+    would take more than AUTO_MEMORY_FRACTION of physical memory."""
+    choice = DEFAULTS[backend()]
+    if choice != "quantized" and dequantized_bytes(model, 2) > AUTO_MEMORY_FRACTION * physical_memory():
+        return "quantized"
+    return choice
+
+
+def dequantized_bytes(model, itemsize: int) -> int:
+    """Bytes of the model's parameters if every weight were a float of `itemsize` bytes."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    total = 0
+    for _, m in model.named_modules():
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            total += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits * itemsize
+    quantized = ("weight", "scales", "biases")
+    for name, v in tree_flatten(model.parameters()):
+        if not (name.endswith(quantized) and _owner_is_quantized(model, name)):
+            total += v.size * itemsize
+    return total
+
+
+def _owner_is_quantized(model, name: str) -> bool:
+    import mlx.nn as nn
+
+    owner = model
+    for part in name.split(".")[:-1]:
+        owner = owner[int(part)] if isinstance(owner, list) else owner[part]
+    return isinstance(owner, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+
+
+def physical_memory() -> int:
+    """Bytes of RAM (unified memory on Apple Silicon)."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def resolve_dtype(dtype: str | None) -> str:
@@ -43,7 +86,7 @@ def resolve_dtype(dtype: str | None) -> str:
 
 def apply_dtype(model, dtype: str | None):
     """Set `model`'s precision in place (see the module docstring); returns the concrete choice."""
-    choice = resolve_dtype(dtype)
+    choice = auto_dtype(model) if dtype in (None, "auto") else resolve_dtype(dtype)
     if choice == "quantized":
         return choice
     dequantize(model, getattr(mx, choice))
