@@ -101,6 +101,7 @@ def test_generate_streams_text_then_one_stats_line(fake_engine, tiny_gguf_path, 
                  "--temperature", "0.5", "--seed", "3", "--num-draft", "4", "Capital?"]) == 0
     out, err = capsys.readouterr()
     assert out == "Paris\n"
+    assert "target " in err and "MiB" in err and "draft ngram" in err  # what was loaded, before the text
     assert "4.0 tok/s" in err and "acceptance 50%" in err and "2.00 tokens/target pass" in err and "1 MiB" in err
 
 

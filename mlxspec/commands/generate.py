@@ -72,8 +72,10 @@ def run(args) -> int:
     if args.json:
         result = engine.generate(prompt, **options)
         print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
-                          "stats": dict(result.stats), "pair": engine.pair_name}))
+                          "stats": dict(result.stats), "pair": engine.pair_name,
+                          "target": _describe(engine.target_info), "draft": _describe(engine.draft_info)}))
         return 0
+    print(load_line(engine, args.drafter or args.draft), file=sys.stderr, flush=True)
     stats = _stream(engine, prompt, options)
     print(file=sys.stdout, flush=True)
     if stats:
@@ -98,6 +100,28 @@ def _stream(engine, prompt, options):
         if candidate:
             return candidate
     return None
+
+
+def _describe(info):
+    if info is None:
+        return None
+    return {"ref": info.ref, "weights_bytes": info.weights_bytes, "dtype": info.dtype, "stored": info.quantization}
+
+
+def load_line(engine, drafter=None) -> str:
+    """One line on what was loaded: references, precision and weights sizes."""
+    def one(info):
+        return f"{info.ref} ({info.weights_bytes / 2**20:.0f} MiB {info.dtype}, stored {info.quantization})"
+
+    if engine.draft_info:
+        draft = one(engine.draft_info)
+    else:
+        from ..loading.registry import get_pair
+
+        pair = get_pair(engine.pair_name) if engine.pair_name else None
+        draft = drafter or (pair.draft if pair else "none (the engine's default drafter)")
+    prefix = f"pair {engine.pair_name}: " if engine.pair_name else ""
+    return f"{prefix}target {one(engine.target_info)}; draft {draft}"
 
 
 def stats_line(stats) -> str:
