@@ -94,11 +94,13 @@ def test_reference_detects_a_missing_qk_unpermute(tiny, monkeypatch):
     assert np.abs(got - ref).max() > 1e-2 * np.abs(ref).max()
 
 
-def test_untied_output_head(tmp_path):
+def test_untied_head_and_llama3_rope_freqs(tmp_path):
     path = tmp_path / "untied.gguf"
-    trained = write_tiny_gguf(path, tied=False, types={"token_embd": "Q4_1", "ffn_down": "Q8_0"}, seed=3)
+    trained = write_tiny_gguf(path, tied=False, types={"token_embd": "Q4_1", "ffn_down": "Q8_0"}, seed=3,
+                              rope_freqs=True)
     model, _, _ = load_model(path, dtype="float32")
     assert not model.args.tie_word_embeddings
+    assert isinstance(model.model.layers[0].self_attn.rope, gguf_loader.FreqsRoPE)
     ids = trained.encode("hello world").ids
     ref = reference_logits(path, ids)
     got = np.array(model(mx.array([ids])))[0]

@@ -51,10 +51,12 @@ def train_bpe(pre: str = "default", vocab_size: int = 330):
     return tok
 
 
-def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama"):
+def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
+                    rope_freqs=False):
     """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes.
 
-    `types` overrides DEFAULT_TYPES per role; `extra` adds `{name: (uint8 bytes array, ggml type name)}`.
+    `types` overrides DEFAULT_TYPES per role; `extra` adds `{name: (uint8 bytes array, ggml type name)}`;
+    `rope_freqs` adds llama 3's per-pair RoPE period factors (`rope_freqs.weight`).
     """
     import json
 
@@ -118,6 +120,8 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     add("output_norm.weight", None, 1.0 + 0.1 * rand(HIDDEN, scale=1.0))
     if not tied:
         add("output.weight", "token_embd", rand(len(tokens), HIDDEN))
+    if rope_freqs:
+        add("rope_freqs.weight", None, np.linspace(1.0, 8.0, HEAD_DIM // 2))
     for name, (raw, type_name) in (extra or {}).items():
         w.add_tensor(name, raw, raw_dtype=T[type_name])
     w.write_header_to_file()
@@ -154,7 +158,7 @@ def reference_logits(path, tokens) -> np.ndarray:
     n = len(tokens)
     x = W["token_embd.weight"][np.asarray(tokens)]
     pos = np.arange(n)[:, None]
-    inv = THETA ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
+    inv = THETA ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM) / W.get("rope_freqs.weight", 1.0)
     cos, sin = np.cos(pos * inv), np.sin(pos * inv)  # (n, hd/2)
 
     def norm(v, w):
