@@ -1,5 +1,5 @@
+import os
 import sys
-from pathlib import Path
 
-# Test helpers (tiny.py, tiny_gguf.py) import as top-level modules.
-sys.path.insert(0, str(Path(__file__).parent))
+# tests/tiny.py is imported as `tiny` by the tests.
+sys.path.insert(0, os.path.dirname(__file__))
