@@ -1,0 +1,140 @@
+"""`mlxspec generate PROMPT`: stream one answer with speculative decoding, then one stats line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text for one prompt with speculative decoding",
+        description=(
+            "Generate an answer to PROMPT. A draft (a small model or an n-gram drafter) proposes "
+            "tokens and the target verifies them in one pass, so the output is exactly what the "
+            "target alone would produce (greedy) or sample. Text streams to stdout; one stats line "
+            "(tokens/s, acceptance, tokens per target pass, peak memory) goes to stderr. Without "
+            "--pair or --target the offline 'demo' pair is used."
+        ),
+        epilog="examples:\n  mlxspec generate 'What is the capital of France?'\n"
+               "  mlxspec generate --pair qwen2.5-7b --temperature 0.7 --seed 1 'Write a haiku'\n"
+               "  mlxspec generate --target model.gguf --drafter ngram --json 'Hello'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("prompt", metavar="PROMPT", help="the user message ('-' reads it from stdin)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--pair", metavar="NAME", help="a pair from `mlxspec models` (default: demo)")
+    src.add_argument("--target", metavar="REF", help="target model: folder, .gguf file or Hugging Face repo id")
+    p.add_argument("--draft", metavar="REF", help="draft model reference, or 'ngram' / 'none' (overrides the pair's)")
+    p.add_argument("--drafter", choices=["ngram", "model", "none"],
+                   help="how to draft: an n-gram drafter, the draft model, or no speculation "
+                        "(default: the draft model if there is one, else the pair's drafter)")
+    p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens to generate at most (default: 256)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus threshold in (0, 1]; 1 disables (default: 1)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens; 0 disables (default: 0)")
+    p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P x the top probability; 0 disables (default: 0)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none)")
+    p.add_argument("--num-draft", type=_num_draft, default=None, metavar="auto|N",
+                   help="tokens drafted per round: 'auto' (the cost model picks) or a number >= 1 (default: the engine's)")
+    p.add_argument("--max-kv-size", type=int, default=None, metavar="W",
+                   help="keep at most W tokens of KV (a sliding window); default: unbounded")
+    p.add_argument("--dtype", choices=["auto", "quantized", "bfloat16", "float16", "float32"], default=None,
+                   help="weights precision: keep quantized or dequantize (default: auto, per device)")
+    p.add_argument("--no-chat-template", action="store_true", help="send PROMPT as raw text, without the chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
+    p.set_defaults(func=run)
+
+
+def _num_draft(value: str):
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {value!r}")
+    return n
+
+
+def run(args) -> int:
+    from ..loading import load
+
+    prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    engine = load(args.target or args.pair or "demo", args.draft, dtype=args.dtype, drafter=args.drafter,
+                  max_kv_size=args.max_kv_size, num_draft=args.num_draft)
+    prompt = prompt_text if args.no_chat_template else [{"role": "user", "content": prompt_text}]
+    options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                   top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft)
+    if args.json:
+        result = engine.generate(prompt, **options)
+        print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
+                          "stats": dict(result.stats), "pair": engine.pair_name,
+                          "target": _describe(engine.target_info), "draft": _describe(engine.draft_info)}))
+        return 0
+    print(load_line(engine, args.drafter or args.draft), file=sys.stderr, flush=True)
+    stats = _stream(engine, prompt, options)
+    print(file=sys.stdout, flush=True)
+    if stats:
+        print(stats_line(stats), file=sys.stderr)
+    return 0
+
+
+def _stream(engine, prompt, options):
+    """Print events' text as it comes; return the stats (the generator's return value, the
+    last event's `.stats`, or `engine.last_stats`, whichever the engine provides)."""
+    events = engine.stream(prompt, **options)
+    last = None
+    while True:
+        try:
+            last = next(events)
+        except StopIteration as stop:
+            returned = stop.value
+            break
+        print(last.text, end="", flush=True)
+    for candidate in (getattr(returned, "stats", returned), getattr(last, "stats", None),
+                      getattr(engine, "last_stats", None)):
+        if candidate:
+            return candidate
+    return None
+
+
+def _describe(info):
+    if info is None:
+        return None
+    return {"ref": info.ref, "weights_bytes": info.weights_bytes, "dtype": info.dtype, "stored": info.quantization}
+
+
+def load_line(engine, drafter=None) -> str:
+    """One line on what was loaded: references, precision and weights sizes."""
+    def one(info):
+        return f"{info.ref} ({info.weights_bytes / 2**20:.0f} MiB {info.dtype}, stored {info.quantization})"
+
+    if engine.draft_info:
+        draft = one(engine.draft_info)
+    else:
+        from ..loading.registry import get_pair
+
+        pair = get_pair(engine.pair_name) if engine.pair_name else None
+        draft = drafter or (pair.draft if pair else "none (the engine's default drafter)")
+    prefix = f"pair {engine.pair_name}: " if engine.pair_name else ""
+    return f"{prefix}target {one(engine.target_info)}; draft {draft}"
+
+
+def stats_line(stats) -> str:
+    """One line: tokens, tokens/s, acceptance, tokens per target pass, peak memory."""
+    def get(key, default=0.0):
+        try:
+            return stats[key] or default
+        except (KeyError, TypeError):
+            return getattr(stats, key, default) or default
+
+    return (
+        f"{int(get('tokens'))} tokens in {get('seconds'):.2f} s, {get('tokens_per_second'):.1f} tok/s, "
+        f"acceptance {100 * get('acceptance_rate'):.0f}% ({int(get('accepted'))}/{int(get('drafted'))}), "
+        f"{get('tokens_per_target_pass'):.2f} tokens/target pass, "
+        f"peak memory {get('peak_memory_bytes') / 2**20:.0f} MiB"
+    )

@@ -1,0 +1,58 @@
+"""`mlxspec models`: the curated pairs of models.toml, their sizes and whether they are cached."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "models",
+        help="list the curated target/draft pairs and which are cached",
+        description=(
+            "List the target/draft pairs of models.toml: approximate weights sizes, the target's "
+            "context and sliding window, the quantization, and whether the weights are already in "
+            "the local cache (no network is used). Use a NAME with `mlxspec generate --pair NAME` "
+            "or fetch it with `mlxspec pull NAME`."
+        ),
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object per pair instead of a table")
+    p.set_defaults(func=run)
+
+
+def is_cached(ref: str) -> bool:
+    """True when `ref` (a demo/model reference, or 'ngram'/'none') needs no download."""
+    from ..errors import MlxSpecError
+    from ..loading.registry import WEIGHTLESS_DRAFTERS
+    from ..loading.resolve import resolve_model
+
+    if ref in WEIGHTLESS_DRAFTERS:
+        return True
+    try:
+        resolve_model(ref, download=False)
+        return True
+    except MlxSpecError:
+        return False
+
+
+def run(args) -> int:
+    from ..loading.registry import pairs
+
+    rows = []
+    for p in pairs().values():
+        cached = is_cached(p.target) and is_cached(p.draft)
+        rows.append({**p.__dict__, "cached": cached})
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    head = ("NAME", "TARGET", "DRAFT", "SIZE GB", "CONTEXT", "WINDOW", "CACHED")
+    table = [head] + [
+        (r["name"], r["target"], r["draft"], f"{r['target_gb']:g} + {r['draft_gb']:g}", str(r["context"]),
+         str(r["window"] or "-"), "yes" if r["cached"] else "no")
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0

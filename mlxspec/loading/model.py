@@ -1,0 +1,121 @@
+"""Load one model and its tokenizer from a reference: `load_model(ref) -> (model, tokenizer, info)`."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from ..errors import MlxSpecError
+from .precision import apply_dtype
+from .resolve import Resolved, resolve_model
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    ref: str  # the reference as given
+    source: str  # "demo", "local" or "hub"
+    format: str  # "gguf" or "mlx"
+    path: str  # the file or folder loaded
+    quantization: str  # how the weights are stored, e.g. "GGUF Q4_1 (token_embd Q8_0)"
+    dtype: str  # precision applied at load: "quantized", "bfloat16", ...
+    weights_bytes: int  # bytes of the parameters in memory after load
+    vocab_size: int | None  # logit width
+    context_length: int | None  # trained context, tokens
+    kv_bytes_per_token: int | None  # KV cache bytes one token costs (all layers), as loaded
+
+
+def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = True):
+    """Resolve `ref` (see `mlxspec.loading.resolve`) and load model + tokenizer.
+
+    Args:
+        ref: a pair name (its target), "demo:<name>", a folder, a .gguf file or a repo id.
+        dtype: None/"auto", "quantized", "bfloat16", "float16" or "float32"
+            (see `mlxspec.loading.precision`). Default: None (the backend's default).
+        download: fetch what is not cached. Default: True.
+
+    Returns:
+        `(model, tokenizer, info)`: an mlx-lm model, an mlx-lm `TokenizerWrapper`, a `ModelInfo`.
+
+    Raises:
+        ModelNotFoundError, MlxSpecError, IncompatibleModelsError, InvalidArgumentError.
+    """
+    res = resolve_model(ref, download=download)
+    if res.format == "gguf":
+        model, tokenizer, quant, context = _load_gguf(res)
+    else:
+        model, tokenizer, quant, context = _load_mlx(res)
+    applied = apply_dtype(model, dtype)
+    info = ModelInfo(
+        ref=str(ref), source=res.source, format=res.format, path=str(res.path), quantization=quant,
+        dtype=applied, weights_bytes=weights_bytes(model), vocab_size=logit_width(model),
+        context_length=context, kv_bytes_per_token=_kv_bytes_per_token(model),
+    )
+    return model, tokenizer, info
+
+
+def _load_gguf(res: Resolved):
+    from .gguf import load_gguf_model
+    from .gguf_tokenizer import tokenizer_from_gguf
+
+    model, metadata, types = load_gguf_model(res.path)
+    tokenizer = tokenizer_from_gguf(metadata)
+    matrices = {n: t for n, t in types.items() if not n.endswith("norm.weight")}
+    main = Counter(matrices.values()).most_common(1)[0][0] if matrices else "?"
+    roles = {re.sub(r"^blk\.\d+\.", "", n.removesuffix(".weight")): t for n, t in matrices.items() if t != main}
+    odd = ", ".join(f"{r} {t}" for r, t in roles.items())
+    return model, tokenizer, f"GGUF {main}" + (f" ({odd})" if odd else ""), model.args.max_position_embeddings
+
+
+def _load_mlx(res: Resolved):
+    from mlx_lm.utils import load_model as mlx_load_model
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        model, config = mlx_load_model(res.path)
+        tokenizer = load_tokenizer(res.path, eos_token_ids=config.get("eos_token_id"))
+    except (RuntimeError, ValueError, KeyError, OSError, json.JSONDecodeError) as e:
+        raise MlxSpecError(f"cannot load the model in {res.path}: {type(e).__name__}: {e}") from e
+    q = config.get("quantization")
+    if q:
+        quant = f"MLX {q.get('bits')}-bit, group {q.get('group_size')}"
+    else:
+        quant = str(config.get("torch_dtype") or config.get("dtype") or "float")
+    text = config.get("text_config") or {}
+    context = config.get("max_position_embeddings") or text.get("max_position_embeddings")
+    return model, tokenizer, quant, context
+
+
+def weights_bytes(model) -> int:
+    """Bytes held by the model's parameters (packed weights, scales and biases included)."""
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def logit_width(model) -> int | None:
+    """The model's vocabulary (logit) width from its args, or None when unknown."""
+    args = getattr(model, "args", None)
+    width = getattr(args, "vocab_size", None)
+    if width is None:
+        text = getattr(args, "text_config", None) or {}
+        width = text.get("vocab_size") if isinstance(text, dict) else getattr(text, "vocab_size", None)
+    return int(width) if width else None
+
+
+def _kv_bytes_per_token(model) -> int | None:
+    # Estimate from the args of a standard decoder; None for layouts it cannot see.
+    args = getattr(model, "args", None)
+    layers = getattr(args, "num_hidden_layers", None)
+    heads = getattr(args, "num_attention_heads", None)
+    kv = getattr(args, "num_key_value_heads", None) or heads
+    if not (layers and heads and kv):
+        return None
+    head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
+    # Activations (hence K and V) take the widest float dtype among the parameters.
+    size = max((v.dtype.size for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating)),
+               default=2)
+    return int(2 * layers * kv * head_dim * size)

@@ -1,0 +1,124 @@
+"""Weights precision at load time: keep quantized, or dequantize to a float dtype.
+
+`dtype` values:
+  None / "auto"  the backend's default, DEFAULTS below (on the CPU, models whose float
+                 weights would exceed a quarter of RAM stay quantized);
+  "quantized"    keep the weights as stored (quantized layers stay quantized);
+  "bfloat16", "float16", "float32"
+                 dequantize every quantized layer (`mx.dequantize`, QuantizedLinear ->
+                 Linear, QuantizedEmbedding -> Embedding) and cast all float parameters.
+
+Defaults come from `scripts/measure_precision.py` (figures in `mlxspec/loading/README.md`):
+on Metal, quantized (memory bandwidth bound, fewer bytes win); on the CPU backend,
+bfloat16 -- verifying 5 tokens costs ~1.2x one token there, against ~4x when quantized,
+and cheap multi-token passes are what speculative decoding needs.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..errors import InvalidArgumentError
+
+DTYPES = ("auto", "quantized", "bfloat16", "float16", "float32")
+DEFAULTS = {"metal": "quantized", "cpu": "bfloat16"}
+AUTO_MEMORY_FRACTION = 0.25  # "auto" dequantizes only models whose float weights fit in this share of RAM
+
+
+def backend() -> str:
+    """"metal" when MLX runs on a Metal GPU, else "cpu"."""
+    return "metal" if mx.metal.is_available() else "cpu"
+
+
+def auto_dtype(model) -> str:
+    """The backend's default for `model`; on the CPU, stay quantized when float weights
+    would take more than AUTO_MEMORY_FRACTION of physical memory."""
+    choice = DEFAULTS[backend()]
+    if choice != "quantized" and dequantized_bytes(model, 2) > AUTO_MEMORY_FRACTION * physical_memory():
+        return "quantized"
+    return choice
+
+
+def dequantized_bytes(model, itemsize: int) -> int:
+    """Bytes of the model's parameters if every weight were a float of `itemsize` bytes."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    total = 0
+    for _, m in model.named_modules():
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            total += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits * itemsize
+    quantized = ("weight", "scales", "biases")
+    for name, v in tree_flatten(model.parameters()):
+        if not (name.endswith(quantized) and _owner_is_quantized(model, name)):
+            total += v.size * itemsize
+    return total
+
+
+def _owner_is_quantized(model, name: str) -> bool:
+    import mlx.nn as nn
+
+    owner = model
+    for part in name.split(".")[:-1]:
+        owner = owner[int(part)] if isinstance(owner, list) else owner[part]
+    return isinstance(owner, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+
+
+def physical_memory() -> int:
+    """Bytes of RAM (unified memory on Apple Silicon)."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resolve_dtype(dtype: str | None) -> str:
+    """The concrete choice for `dtype` (None / "auto" -> this backend's default).
+
+    Raises:
+        InvalidArgumentError: `dtype` is not one of DTYPES.
+    """
+    if dtype is None or dtype == "auto":
+        return DEFAULTS[backend()]
+    if dtype not in DTYPES:
+        raise InvalidArgumentError(f"[load] dtype must be one of {DTYPES} or None, got {dtype!r}")
+    return dtype
+
+
+def apply_dtype(model, dtype: str | None):
+    """Set `model`'s precision in place (see the module docstring); returns the concrete choice."""
+    choice = auto_dtype(model) if dtype in (None, "auto") else resolve_dtype(dtype)
+    if choice == "quantized":
+        return choice
+    dequantize(model, getattr(mx, choice))
+    model.set_dtype(getattr(mx, choice))
+    mx.eval(model.parameters())
+    return choice
+
+
+def dequantize(model, dtype) -> None:
+    """Replace QuantizedLinear / QuantizedEmbedding by Linear / Embedding, in place.
+
+    The product scale * q + bias is formed in float32 and rounded once to `dtype`
+    (float16 scales would otherwise round it to float16 first).
+    """
+    import mlx.nn as nn
+    from mlx.utils import tree_unflatten
+
+    replaced = []
+    for name, m in model.named_modules():
+        if not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            continue
+        biases = m.get("biases")
+        w = mx.dequantize(m.weight, m.scales.astype(mx.float32),
+                          None if biases is None else biases.astype(mx.float32),
+                          group_size=m.group_size, bits=m.bits, mode=m.mode).astype(dtype)
+        if isinstance(m, nn.QuantizedEmbedding):
+            new = nn.Embedding(*w.shape)
+        else:
+            new = nn.Linear(w.shape[1], w.shape[0], bias="bias" in m)
+            if "bias" in m:
+                new.bias = m.bias
+        new.weight = w
+        replaced.append((name, new))
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))

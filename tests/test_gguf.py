@@ -1,0 +1,163 @@
+"""The GGUF loader against an independent NumPy reference (gguf's reader and dequantizer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxspec.errors import IncompatibleModelsError, MlxSpecError
+from mlxspec.loading import gguf as gguf_loader
+from mlxspec.loading import load_model
+from mlxspec.loading.gguf_header import read_tensor_table
+
+from tiny_gguf import reference_logits, reference_weights, write_tiny_gguf
+
+TEXTS = [
+    "def hello(name):\n    return f'hello {name}'\n",
+    "Ünïcödé, 日本語, naïve café",
+    "emoji 🤖🎉 and a flag 🇫🇷",
+    "  leading spaces,\ttabs\t\tand\n\n\nnewlines   ",
+    "Numbers 12345 and 2024-01-01.",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    trained = write_tiny_gguf(path)
+    return path, trained
+
+
+def test_tensor_table_matches_gguf_reader(tiny):
+    import gguf
+
+    path, _ = tiny
+    ours = {t.name: (t.type_name, t.shape) for t in read_tensor_table(path)}
+    theirs = {t.name: (t.tensor_type.name, tuple(int(d) for d in t.shape)) for t in gguf.GGUFReader(str(path)).tensors}
+    assert ours == theirs
+    assert {"Q8_0", "Q4_0", "Q4_1", "F16", "F32"} <= {t for t, _ in ours.values()}
+
+
+def test_dequantized_tensors_match_gguf_dequantize(tiny):
+    path, _ = tiny
+    tensors, _, types = gguf_loader.read_gguf(path)
+    ref = reference_weights(path)
+    for name, kind in types.items():
+        base = name.removesuffix(".weight")
+        if kind.startswith("Q"):
+            w = tensors[name]
+            # float32 scales/biases: the stored values exactly, without float16 rounding of the product
+            scales, biases = tensors[base + ".scales"].astype(mx.float32), tensors[base + ".biases"].astype(mx.float32)
+            bits = w.shape[-1] // scales.shape[-1]
+            assert bits == (8 if kind == "Q8_0" else 4), name
+            got = mx.dequantize(w, scales, biases, group_size=32, bits=bits)
+        else:
+            got = tensors[name]
+        np.testing.assert_allclose(np.array(got.astype(mx.float32)), ref[name], rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_layers_stay_quantized_with_their_own_bits(tiny):
+    model, _, info = load_model(tiny[0], dtype="quantized")
+    layer = model.model.layers[0]
+    assert isinstance(model.model.embed_tokens, nn.QuantizedEmbedding) and model.model.embed_tokens.bits == 8
+    assert isinstance(layer.self_attn.q_proj, nn.QuantizedLinear) and layer.self_attn.q_proj.bits == 4
+    assert layer.self_attn.o_proj.bits == 8
+    assert isinstance(layer.self_attn.v_proj, nn.Linear) and layer.self_attn.v_proj.weight.dtype == mx.float16
+    assert info.quantization.startswith("GGUF ") and "token_embd Q8_0" in info.quantization
+    assert info.format == "gguf" and info.vocab_size == 330 and info.weights_bytes > 0
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("quantized", 2e-3)])
+def test_logits_match_numpy_reference(tiny, dtype, tol):
+    path, trained = tiny
+    ids = trained.encode("def hello(name): 12345 🤖").ids
+    model, _, _ = load_model(path, dtype=dtype)
+    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
+    ref = reference_logits(path, ids)
+    scale = np.abs(ref).max()
+    assert np.abs(got - ref).max() <= tol * scale
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_reference_detects_a_missing_qk_unpermute(tiny, monkeypatch):
+    # The logits test can fail: skipping the Q/K row un-permutation breaks the match.
+    path, trained = tiny
+    monkeypatch.setattr(gguf_loader, "_unpermute_qk", lambda weights, args: None)
+    ids = trained.encode("def hello(name): 12345").ids
+    model, _, _ = load_model(path, dtype="float32")
+    got = np.array(model(mx.array([ids])))[0]
+    ref = reference_logits(path, ids)
+    assert np.abs(got - ref).max() > 1e-2 * np.abs(ref).max()
+
+
+def test_untied_head_and_llama3_rope_freqs(tmp_path):
+    path = tmp_path / "untied.gguf"
+    trained = write_tiny_gguf(path, tied=False, types={"token_embd": "Q4_1", "ffn_down": "Q8_0"}, seed=3,
+                              rope_freqs=True)
+    model, _, _ = load_model(path, dtype="float32")
+    assert not model.args.tie_word_embeddings
+    assert isinstance(model.model.layers[0].self_attn.rope, gguf_loader.FreqsRoPE)
+    ids = trained.encode("hello world").ids
+    ref = reference_logits(path, ids)
+    got = np.array(model(mx.array([ids])))[0]
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("pre", ["default", "smollm"])
+def test_tokenizer_matches_the_trained_tokenizer_and_round_trips(tmp_path, pre):
+    path = tmp_path / f"{pre}.gguf"
+    trained = write_tiny_gguf(path, pre=pre)
+    _, tok, _ = load_model(path, dtype="quantized")
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert ids == trained.encode(text).ids, text
+        assert tok.decode(ids) == text
+        detok = tok.detokenizer
+        detok.reset()
+        for i in ids:
+            detok.add_token(i)
+        detok.finalize()
+        assert detok.text == (text[1:] if text.startswith(" ") else text)  # mlx-lm drops one leading space
+    if pre == "smollm":
+        assert len(tok.encode("12345", add_special_tokens=False)) == 5  # each digit alone
+
+
+def test_tokenizer_special_tokens_and_chat_template(tiny):
+    _, tok, _ = load_model(tiny[0], dtype="quantized")
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.encode("<|im_start|>user<|im_end|>", add_special_tokens=False)[-1] == im_end
+    assert tok.eos_token_id == im_end and im_end in tok.eos_token_ids
+    assert tok.bos_token_id == tok.convert_tokens_to_ids("<|im_start|>")
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)) == text
+
+
+def test_unsupported_tensor_type_is_named(tmp_path):
+    import gguf
+
+    raw = np.zeros((4, gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_K][1]), dtype=np.uint8)
+    path = tmp_path / "k.gguf"
+    write_tiny_gguf(path, extra={"blk.0.extra.weight": (raw, "Q4_K")})
+    with pytest.raises(MlxSpecError, match=r"Q4_K.*blk\.0\.extra\.weight.*supported types"):
+        load_model(path)
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    path = tmp_path / "gpt2.gguf"
+    write_tiny_gguf(path, arch="gpt2")
+    with pytest.raises(IncompatibleModelsError, match="'gpt2' is not supported"):
+        load_model(path)
+
+
+def test_truncated_gguf_names_the_file(tiny, tmp_path):
+    data = tiny[0].read_bytes()
+    for cut in (len(data) // 2, 200):
+        bad = tmp_path / f"cut{cut}.gguf"
+        bad.write_bytes(data[:cut])
+        with pytest.raises(MlxSpecError, match=str(bad)):
+            load_model(bad)

