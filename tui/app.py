@@ -23,7 +23,7 @@ from .info import PairInfo, describe
 from .messages import EngineReady, LoadFailed, StatsUpdated, TokensAdded, TurnFinished
 from .screens import ErrorScreen, LoadingScreen
 from .widgets import AnswerPane, ChatHistory, PairHeader
-from .worker import TurnRequest, release_thread_streams, run_turn
+from .worker import TurnRequest, on_own_thread, run_turn
 
 
 class ChatApp(App):
@@ -79,13 +79,11 @@ class ChatApp(App):
     @work(thread=True, exclusive=True, group="load")
     def _load(self) -> None:
         try:
-            engine = self._loader()
+            engine = on_own_thread(_load_evaluated, self._loader)
         except Exception as e:  # shown on the error screen, not as a traceback
             self.post_message(LoadFailed(_readable(e)))
         else:
             self.post_message(EngineReady(engine))
-        finally:
-            release_thread_streams()
 
     def on_engine_ready(self, message: EngineReady) -> None:
         engine = message.engine
@@ -132,10 +130,7 @@ class ChatApp(App):
 
     @work(thread=True, exclusive=True, group="generate")
     def _generate(self, request: TurnRequest, cancel: threading.Event) -> None:
-        try:
-            run_turn(request, self.engines, cancel, self.post_message)
-        finally:
-            release_thread_streams()
+        on_own_thread(run_turn, request, self.engines, cancel, self.post_message)
 
     async def on_tokens_added(self, message: TokensAdded) -> None:
         await self.pane(message.side).add(message.pieces)
@@ -210,6 +205,17 @@ class ChatApp(App):
 
     def notice(self, text: str, *, error: bool = False) -> None:
         self.query_one(ChatHistory).add_notice(text, error=error)
+
+
+def _load_evaluated(loader):
+    """Load, then evaluate the weights on this thread (lazy arrays must not outlive its streams)."""
+    import mlx.core as mx
+
+    engine = loader()
+    mx.eval(engine.target_model.parameters())
+    if engine.draft_model is not None:
+        mx.eval(engine.draft_model.parameters())
+    return engine
 
 
 def _readable(e: Exception) -> str:

@@ -53,12 +53,12 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
     if name == "/help":
         return Outcome(settings, HELP)
     if name == "/temp":
-        t = _number(name, arg, float, "a number >= 0, e.g. /temp 0.7")
+        t = _number(name, arg, float, "a number >= 0")
         if not math.isfinite(t) or t < 0:
             raise CommandError(f"/temp needs a number >= 0, got {arg!r}")
         return Outcome(replace(settings, temperature=t), f"temperature set to {t:g}" + (" (greedy)" if t == 0 else ""))
     if name == "/maxtokens":
-        n = _number(name, arg, int, "an integer >= 1, e.g. /maxtokens 512")
+        n = _number(name, arg, int, "an integer >= 1")
         if n < 1:
             raise CommandError(f"/maxtokens needs an integer >= 1, got {arg!r}")
         return Outcome(replace(settings, max_tokens=n), f"answers limited to {n} tokens")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, TypeVar
 
 from .conversation import SIDES, SPEC, VANILLA, Answer, Turn
 from .messages import StatsUpdated, TokensAdded, TurnFinished
 from .race import race
 from .stats_view import StatsView
 
+T = TypeVar("T")
 FLUSH_SECONDS = 1 / 20  # post pane updates at most this often (the UI re-renders on each)
 
 
@@ -74,11 +75,35 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
     return turn
 
 
-def release_thread_streams() -> None:
-    """Free the MLX streams this thread created. Call it as a worker thread ends: MLX keeps
-    per-thread streams, and left behind they can abort the process when it exits."""
+
+def on_own_thread(fn: Callable[..., T], *args) -> T:
+    """Run fn(*args) on a new thread that frees its MLX streams as it ends; return its result.
+
+    MLX keeps streams per thread and, left behind, they can abort the process at exit; the fix
+    is `mx.clear_streams()` as the thread ends. Textual's thread workers run on a pooled
+    executor whose threads outlive the job, so the model work gets a thread of its own.
+    """
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as e:  # re-raised on the calling thread
+            box["error"] = e
+        finally:
+            _clear_streams()
+
+    t = threading.Thread(target=target, name="mlxspec-model", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def _clear_streams() -> None:
     import mlx.core as mx
 
-    clear = getattr(mx, "clear_streams", None)
+    clear = getattr(mx, "clear_streams", None)  # MLX >= 0.30
     if clear is not None:
         clear()
