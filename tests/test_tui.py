@@ -258,3 +258,22 @@ def test_chat_command_options():
     args = build_parser().parse_args(["chat", "--pair", "demo", "--target", "x"])
     with pytest.raises(SystemExit):
         args.func(args)
+
+
+@async_test
+async def test_after_a_stopped_turn_a_difference_is_explained_not_flagged():
+    app = make_app(tiny_engine(), max_tokens=100_000)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "long", wait=False)
+        while not (app.pane(SPEC).text and app.pane(VANILLA).text):
+            await asyncio.sleep(0.02)
+        await pilot.press("escape")
+        await wait_idle(app, pilot, timeout=10)
+        stopped = app.conversation.turns[-1]
+        diverged = stopped.answers[SPEC].text != stopped.answers[VANILLA].text
+        await send(app, pilot, "/maxtokens 6")
+        await send(app, pilot, "next")
+        turn = app.conversation.turns[-1]
+        assert turn.same_history is not diverged
+        if not turn.identical:
+            assert "as expected" in verdict(app) and "DIFFER" not in verdict(app)

@@ -27,6 +27,7 @@ class Turn:
     answers: Dict[str, Answer]
     temperature: float = 0.0
     stopped: bool = False  # Esc stopped it; the partial answers stay
+    same_history: bool = True  # both sides started from the same messages (not so after a stopped turn)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -53,6 +54,8 @@ class Turn:
             same = f"sampled at T={self.temperature:g}: outputs are not expected to match"
         elif self.identical:
             same = "greedy outputs identical" + (" so far" if self.stopped else "")
+        elif not self.same_history:
+            same = "outputs differ, as expected: the two conversations already differed (an earlier stopped turn)"
         else:
             same = f"greedy outputs DIFFER from character {first_difference(self.answers[SPEC].text, self.answers[VANILLA].text)}"
         return f"{head} · {same}" + (" · stopped" if self.stopped else "")

@@ -70,7 +70,8 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
     flush()
     for a in answers.values():
         a.stats = a.stats if isinstance(a.stats, StatsView) else StatsView.of(a.stats)
-    turn = Turn(request.user, answers, temperature=request.temperature, stopped=cancel.is_set())
+    turn = Turn(request.user, answers, temperature=request.temperature, stopped=cancel.is_set(),
+                same_history=request.messages[SPEC] == request.messages[VANILLA])
     post(TurnFinished(turn, error))
     return turn
 

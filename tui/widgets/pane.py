@@ -13,7 +13,7 @@ from ..stats_view import StatsView
 
 DRAFT_STYLE = "bold green"  # accepted draft tokens: the target only confirmed them
 TARGET_STYLE = "yellow"  # tokens the target produced itself
-LEGEND = Text.assemble(("■ accepted draft", DRAFT_STYLE), "  ", ("■ target", TARGET_STYLE), "  (Ctrl-T: colours/Markdown)")
+LEGEND = Text.assemble(("■ accepted draft", DRAFT_STYLE), "  ", ("■ target", TARGET_STYLE))
 
 
 class AnswerPane(Vertical):
@@ -35,7 +35,6 @@ class AnswerPane(Vertical):
         yield Static("— tok/s", classes="stats")
 
     def on_mount(self) -> None:
-        self.query_one(".body", VerticalScroll).anchor()
         self._show_mode()
 
     @property
@@ -43,11 +42,15 @@ class AnswerPane(Vertical):
         return "".join(t for t, _ in self.pieces)
 
     async def add(self, pieces) -> None:
+        body = self.query_one(".body", VerticalScroll)
+        follow = body.is_vertical_scroll_end  # keep following the answer unless the user scrolled up
         self.pieces.extend(pieces)
         if self.colour:
             self.query_one(".coloured", Static).update(self._coloured())
         else:
             await self.query_one(Markdown).append("".join(t for t, _ in pieces))
+        if follow:
+            body.scroll_end(animate=False)
 
     async def reset(self) -> None:
         self.pieces = []
