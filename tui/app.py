@@ -72,6 +72,12 @@ class ChatApp(App):
             self.push_screen(LoadingScreen(self.loading_label))
             self._load()
 
+    def check_action(self, action: str, parameters) -> Optional[bool]:
+        """Chat keys only mean something once the engines are ready (not on the loading/error screens)."""
+        if action in ("stop", "toggle_colour", "clear"):
+            return bool(self.engines) and not isinstance(self.screen, (LoadingScreen, ErrorScreen))
+        return True
+
     def pane(self, side: str) -> AnswerPane:
         return self.query_one(f"#{side}", AnswerPane)
 
@@ -92,6 +98,7 @@ class ChatApp(App):
         self.query_one(PairHeader).set_info(self.info)
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
+        self.refresh_bindings()
         prompt = self.query_one("#prompt", Input)
         prompt.disabled = False
         prompt.focus()
@@ -148,7 +155,8 @@ class ChatApp(App):
         history = self.query_one(ChatHistory)
         if message.error:
             history.add_notice(f"generation failed: {message.error}", error=True)
-        if any(a.from_draft for a in turn.answers.values()) or not message.error:
+        produced = any(a.from_draft for a in turn.answers.values())  # one flag per generated token
+        if produced or not message.error:
             self.conversation.turns.append(turn)  # partial answers stay in the conversation
             history.add_turn(turn)
             self.query_one("#verdict", Static).update(Text(turn.verdict()))

@@ -24,7 +24,7 @@ class LoadingScreen(Screen):
 
 
 class ErrorScreen(Screen):
-    BINDINGS = [Binding("q,escape", "app.quit", "Quit")]
+    BINDINGS = [Binding("q,escape", "quit", "Quit")]
 
     def __init__(self, detail: str):
         super().__init__()
@@ -37,3 +37,6 @@ class ErrorScreen(Screen):
             yield Static("Check the model names (mlxspec models lists them) and try again. Press q to quit.",
                          classes="hint")
         yield Footer()
+
+    def action_quit(self) -> None:
+        self.app.exit(return_code=1)  # the command failed

@@ -33,13 +33,15 @@ def run(args) -> int:
     if args.draft and not args.target:
         args._parser.error("--draft needs --target")
     ref = args.target or args.pair or "demo"
-    label = f"{ref} + {args.draft}" if args.draft else ref
+    label = (f"{ref} + {args.draft}" if args.draft else ref) if args.target else f"the {ref} pair"
 
     def loader():
+        from mlxspec.errors import MlxSpecError
+
         try:
             from mlxspec.loading import load
         except ImportError as e:
-            raise RuntimeError(f"model loading is not available in this install ({e})") from None
+            raise MlxSpecError(f"model loading is not available in this install ({e})") from None
         return load(ref, args.draft, dtype=args.dtype, drafter=args.drafter, max_kv_size=args.max_kv_size,
                     num_draft=args.num_draft)
 
@@ -49,7 +51,7 @@ def run(args) -> int:
                    max_tokens=args.max_tokens, num_draft=args.num_draft, drafter=args.drafter,
                    system=args.system, colour=args.colour)
     app.run()
-    return 0
+    return app.return_code or 0
 
 
 def _num_draft(s: str):
