@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, TypeVar
 
@@ -53,18 +54,14 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
             VANILLA: engines[VANILLA].stream(request.messages[VANILLA], speculative=False, **common),
         }
         last_flush = time.perf_counter()
-        for side, events in race(streams, cancel=cancel, sequential=request.sequential):
-            a = answers[side]
-            for ev in events:
-                a.text += ev.text
-                a.from_draft.append(ev.from_draft)
-                a.finish_reason = ev.finish_reason or a.finish_reason
-                a.stats = ev.stats  # live object; frozen below
-                pending[side].append((ev.text, ev.from_draft))
-            latest[side] = events[-1].stats
-            if time.perf_counter() - last_flush >= FLUSH_SECONDS:
-                flush()
-                last_flush = time.perf_counter()
+        slices = closing(race(streams, cancel=cancel, sequential=request.sequential))  # closes the streams
+        with slices as racing:
+            for side, events in racing:
+                _record(answers[side], pending[side], events)
+                latest[side] = events[-1].stats
+                if time.perf_counter() - last_flush >= FLUSH_SECONDS:
+                    flush()
+                    last_flush = time.perf_counter()
     except Exception as e:  # an engine error ends the turn with a readable line, not a crash
         error = f"{type(e).__name__}: {e}"
     flush()
@@ -75,6 +72,14 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
     post(TurnFinished(turn, error))
     return turn
 
+
+def _record(a: Answer, pending: list, events) -> None:
+    for ev in events:
+        a.text += ev.text
+        a.from_draft.append(ev.from_draft)
+        a.finish_reason = ev.finish_reason or a.finish_reason
+        a.stats = ev.stats  # the live object; frozen into a StatsView when the turn ends
+        pending.append((ev.text, ev.from_draft))
 
 
 def on_own_thread(fn: Callable[..., T], *args) -> T:
