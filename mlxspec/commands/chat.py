@@ -1,0 +1,88 @@
+"""`mlxspec chat`: a terminal chat that races speculative and vanilla decoding side by side."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "chat", help="chat TUI racing speculative against vanilla decoding",
+        description="Type a message; the same target answers twice, side by side, once speculative and once "
+                    "vanilla, with live tokens/s, acceptance and a speedup verdict. Defaults to the demo pair.")
+    p.add_argument("--pair", metavar="NAME", help="a named pair (default: demo)")
+    p.add_argument("--target", metavar="REF", help="target model (instead of --pair)")
+    p.add_argument("--draft", metavar="REF", help="draft model for --target")
+    p.add_argument("--drafter", choices=["model", "ngram"], help="who drafts (default: the draft model if any, else ngram)")
+    p.add_argument("--num-draft", metavar="auto|N", type=_num_draft, default=None,
+                   help="draft length: auto (cost model, default) or a fixed N")
+    p.add_argument("--dtype", help="weights dtype, e.g. float16 or bfloat16 (default: the pair's)")
+    p.add_argument("--temperature", type=_non_negative, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--max-tokens", type=_positive, default=256, metavar="N", help="answer length limit (default 256)")
+    p.add_argument("--max-kv-size", type=_positive, default=None, metavar="W", help="sliding KV window (default: none)")
+    p.add_argument("--system", default="", metavar="TEXT", help="system prompt")
+    p.add_argument("--sequential", action="store_true",
+                   help="run speculative to the end, then vanilla (default: interleave so both panes fill together)")
+    p.add_argument("--no-colour", dest="colour", action="store_false", help="start with Markdown, not token colours")
+    p.set_defaults(func=run, _parser=p)
+
+
+def run(args) -> int:
+    if args.pair and (args.target or args.draft):
+        args._parser.error("give either --pair NAME or --target REF [--draft REF], not both")
+    if args.draft and not args.target:
+        args._parser.error("--draft needs --target")
+    ref = args.target or args.pair or "demo"
+    label = (f"{ref} + {args.draft}" if args.draft else ref) if args.target else f"the {ref} pair"
+
+    def loader():
+        from mlxspec.errors import MlxSpecError
+
+        try:
+            from mlxspec.loading import load
+        except ImportError as e:
+            raise MlxSpecError(f"model loading is not available in this install ({e})") from None
+        return load(ref, args.draft, dtype=args.dtype, drafter=args.drafter, max_kv_size=args.max_kv_size,
+                    num_draft=args.num_draft)
+
+    from tui import make_app
+
+    app = make_app(loader=loader, loading_label=label, sequential=args.sequential, temperature=args.temperature,
+                   max_tokens=args.max_tokens, num_draft=args.num_draft, drafter=args.drafter,
+                   system=args.system, colour=args.colour)
+    app.run()
+    return app.return_code or 0
+
+
+def _num_draft(s: str):
+    from mlxspec.prompts import MAX_DRAFT
+
+    if s == "auto":
+        return None
+    try:
+        n = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer in 0..{MAX_DRAFT}, got {s!r}") from None
+    if not 0 <= n <= MAX_DRAFT:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer in 0..{MAX_DRAFT}, got {s!r}")
+    return n
+
+
+def _non_negative(s: str) -> float:
+    try:
+        x = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
+    return x
+
+
+def _positive(s: str) -> int:
+    try:
+        n = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {s!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {s!r}")
+    return n

@@ -1,0 +1,279 @@
+"""The chat TUI driven through the Pilot, on tiny random models."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+from textual.widgets import Markdown, Static
+
+from tests.tui_helpers import async_test, send, tiny_engine, wait_idle
+from tui import make_app
+from tui.conversation import SPEC, VANILLA
+from tui.screens import ErrorScreen
+from tui.widgets import ChatHistory
+from tui.widgets.pane import DRAFT_STYLE, TARGET_STYLE
+
+RATE = re.compile(r"\d+(\.\d+)? tok/s")
+SIZE = (120, 40)
+
+
+def stats_line(app, side) -> str:
+    return str(app.pane(side).query_one(".stats", Static).render())
+
+
+def history_text(app) -> str:
+    return "\n".join(str(s.render()) for s in app.query_one(ChatHistory).query(Static))
+
+
+def verdict(app) -> str:
+    return str(app.query_one("#verdict", Static).render())
+
+
+@async_test
+async def test_a_message_fills_both_panes_with_rates_and_a_verdict():
+    app = make_app(tiny_engine(), max_tokens=24)
+    async with app.run_test(size=SIZE) as pilot:
+        assert not RATE.search(stats_line(app, SPEC))  # nothing measured yet
+        await send(app, pilot, "hello")
+        spec, van = app.pane(SPEC), app.pane(VANILLA)
+        assert spec.text and van.text
+        assert spec.text == van.text  # greedy: speculative decoding is lossless
+        for side in (SPEC, VANILLA):
+            assert RATE.search(stats_line(app, side)), stats_line(app, side)
+        assert "accepted" in stats_line(app, SPEC) and "tok/pass" in stats_line(app, SPEC)
+        assert "accepted" not in stats_line(app, VANILLA)
+        assert re.search(r"speedup \d+\.\d\d×", verdict(app)) and "identical" in verdict(app)
+        (turn,) = app.conversation.turns
+        assert turn.answers[SPEC].stats.tokens == turn.answers[VANILLA].stats.tokens == 24
+        assert "hello" in history_text(app) and "speedup" in history_text(app)
+
+
+@async_test
+async def test_multi_turn_prefills_only_new_tokens_on_both_sides():
+    app = make_app(tiny_engine(), max_tokens=8)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "first message")
+        await send(app, pilot, "second")
+        first, second = app.conversation.turns
+        for side in (SPEC, VANILLA):
+            s = second.answers[side].stats
+            assert s.prompt_tokens > first.answers[side].stats.prompt_tokens
+            assert s.prefilled_tokens < s.prompt_tokens / 2, (side, s)
+        msgs = app.conversation.messages(SPEC, "third")
+        assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant", "user"]
+
+
+@async_test
+async def test_escape_stops_a_long_generation_and_the_next_message_works():
+    app = make_app(tiny_engine(), max_tokens=100_000)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "go on forever", wait=False)
+        for _ in range(500):  # until both panes show something
+            await asyncio.sleep(0.02)
+            if app.pane(SPEC).text and app.pane(VANILLA).text:
+                break
+        assert app.busy
+        await pilot.press("escape")
+        await wait_idle(app, pilot, timeout=10)
+        (turn,) = app.conversation.turns
+        assert turn.stopped and "stopped" in verdict(app)
+        assert 0 < turn.answers[SPEC].stats.tokens < 4000
+        assert app.pane(SPEC).text  # the partial answer stays on screen
+        await send(app, pilot, "/maxtokens 6")
+        await send(app, pilot, "and now?")
+        assert len(app.conversation.turns) == 2
+        last = app.conversation.turns[-1]
+        assert not last.stopped and last.answers[VANILLA].finish_reason == "length"
+        assert last.answers[SPEC].text == last.answers[VANILLA].text
+
+
+@async_test
+async def test_ctrl_c_stops_too():
+    app = make_app(tiny_engine(), max_tokens=100_000)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "long", wait=False)
+        await asyncio.sleep(0.3)
+        await pilot.press("ctrl+c")
+        await wait_idle(app, pilot, timeout=10)
+        assert app.conversation.turns[-1].stopped
+        assert app.is_running
+
+
+@async_test
+async def test_slash_commands_change_settings_and_bad_ones_explain():
+    app = make_app(tiny_engine(), max_tokens=8)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "/temp 0.7")
+        assert app.settings.temperature == 0.7
+        for bad in ("/temp warm", "/temp -1", "/draft 99", "/draft x", "/drafter foo", "/maxtokens 0", "/nope"):
+            await send(app, pilot, bad)
+        assert app.settings.temperature == 0.7 and app.settings.num_draft is None
+        text = history_text(app)
+        assert "/temp needs a number >= 0, got 'warm'" in text
+        assert "/draft needs auto or an integer in 0..32, got '99'" in text
+        assert "/drafter needs ngram or model, got 'foo'" in text
+        assert "unknown command '/nope'" in text
+        await send(app, pilot, "/temp 0")
+        await send(app, pilot, "/draft 2")
+        await send(app, pilot, "/drafter ngram")
+        await send(app, pilot, "/maxtokens 12")
+        await send(app, pilot, "/system be brief")
+        assert (app.settings.num_draft, app.settings.drafter, app.settings.max_tokens) == (2, "ngram", 12)
+        assert app.conversation.system == "be brief"
+        await send(app, pilot, "hello")
+        spec = app.conversation.turns[-1].answers[SPEC].stats
+        assert spec.drafter == "ngram" and spec.tokens == 12 and spec.last_k <= 2
+        await send(app, pilot, "/draft auto")
+        await send(app, pilot, "/drafter model")
+        assert app.settings.num_draft is None and app.settings.drafter == "model"
+        await send(app, pilot, "/help")
+        assert "/maxtokens N" in history_text(app)
+
+
+@async_test
+async def test_drafter_model_without_a_draft_model_is_refused():
+    app = make_app(tiny_engine(draft=False), max_tokens=8)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "/drafter model")
+        assert app.settings.drafter is None
+        assert "this pair has no draft model" in history_text(app)
+
+
+@async_test
+async def test_save_writes_json_and_markdown(tmp_path):
+    app = make_app(tiny_engine(), max_tokens=10)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "/system you are terse")
+        await send(app, pilot, "what is MLX?")
+        await send(app, pilot, f"/save {tmp_path / 'chat'}")
+    data = json.loads((tmp_path / "chat.json").read_text())
+    (turn,) = data["turns"]
+    assert data["system"] == "you are terse" and turn["user"] == "what is MLX?"
+    for side in (SPEC, VANILLA):
+        assert turn[side]["text"] and turn[side]["stats"]["tokens"] == 10
+        assert turn[side]["stats"]["tokens_per_second"] > 0
+    assert turn["identical"] is True and turn["speedup"] > 0
+    md = (tmp_path / "chat.md").read_text()
+    assert "what is MLX?" in md and "### Speculative" in md and "### Vanilla" in md and "tok/s" in md
+
+
+@async_test
+async def test_save_to_an_unwritable_place_says_so(tmp_path):
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, f"/save {tmp_path / 'missing' / 'dir' / 'chat'}")
+        assert "could not write" in history_text(app) and app.is_running
+
+
+@async_test
+async def test_clear_forgets_the_conversation_and_resets_the_caches():
+    app = make_app(tiny_engine(), max_tokens=6)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "one")
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert app.conversation.turns == [] and app.pane(SPEC).text == ""
+        await send(app, pilot, "one")
+        for side in (SPEC, VANILLA):
+            s = app.conversation.turns[0].answers[side].stats
+            assert s.prefilled_tokens == s.prompt_tokens  # nothing reused after the reset
+
+
+@async_test
+async def test_colour_toggle_switches_between_token_spans_and_markdown():
+    app = make_app(tiny_engine(), max_tokens=24)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "hello")
+        pane = app.pane(SPEC)
+        coloured, markdown = pane.query_one(".coloured", Static), pane.query_one(Markdown)
+        assert coloured.display and not markdown.display
+        styles = {str(span.style) for span in pane._coloured().spans}
+        drafted = app.conversation.turns[0].answers[SPEC].from_draft
+        assert (DRAFT_STYLE in styles) == any(drafted) and TARGET_STYLE in styles
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert markdown.display and not coloured.display
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert coloured.display
+
+
+@async_test
+async def test_sequential_mode_fills_both_panes():
+    app = make_app(tiny_engine(), max_tokens=16, sequential=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "hello")
+        assert app.pane(SPEC).text == app.pane(VANILLA).text != ""
+        assert "identical" in verdict(app)
+
+
+@async_test
+async def test_loading_in_a_worker_then_chatting():
+    engine = tiny_engine()
+    app = make_app(loader=lambda: engine, max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if app.engines:
+                break
+        await pilot.pause()
+        assert app.engines[SPEC] is engine and app.engines[VANILLA] is not engine
+        await send(app, pilot, "hi")
+        assert app.pane(VANILLA).text
+
+
+@async_test
+async def test_a_failed_load_shows_a_readable_error_screen():
+    def loader():
+        raise FileNotFoundError("no such model: 'nope/missing'")
+
+    app = make_app(loader=loader)
+    async with app.run_test(size=SIZE) as pilot:
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if isinstance(app.screen, ErrorScreen):
+                break
+        assert isinstance(app.screen, ErrorScreen)
+        detail = str(app.screen.query_one("#error-detail", Static).render())
+        assert "no such model: 'nope/missing'" in detail and "Traceback" not in detail
+        await pilot.press("q")
+    assert app.return_code == 1  # mlxspec chat exits with it
+
+
+def test_chat_command_options():
+    from mlxspec.cli import build_parser
+
+    args = build_parser().parse_args(["chat", "--target", "t", "--draft", "d", "--temperature", "0.5",
+                                      "--max-tokens", "9", "--max-kv-size", "512", "--sequential", "--num-draft", "3"])
+    assert (args.target, args.draft, args.temperature, args.max_tokens, args.max_kv_size, args.sequential,
+            args.num_draft) == ("t", "d", 0.5, 9, 512, True, 3)
+    args = build_parser().parse_args(["chat"])
+    assert args.pair is None and args.num_draft is None and args.temperature == 0.0
+    for bad in (["--temperature", "-1"], ["--max-tokens", "0"], ["--num-draft", "99"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["chat", *bad])
+    args = build_parser().parse_args(["chat", "--pair", "demo", "--target", "x"])
+    with pytest.raises(SystemExit):
+        args.func(args)
+
+
+@async_test
+async def test_after_a_stopped_turn_a_difference_is_explained_not_flagged():
+    app = make_app(tiny_engine(), max_tokens=100_000)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "long", wait=False)
+        while not (app.pane(SPEC).text and app.pane(VANILLA).text):
+            await asyncio.sleep(0.02)
+        await pilot.press("escape")
+        await wait_idle(app, pilot, timeout=10)
+        stopped = app.conversation.turns[-1]
+        diverged = stopped.answers[SPEC].text != stopped.answers[VANILLA].text
+        await send(app, pilot, "/maxtokens 6")
+        await send(app, pilot, "next")
+        turn = app.conversation.turns[-1]
+        assert turn.same_history is not diverged
+        if not turn.identical:
+            assert "as expected" in verdict(app) and "DIFFER" not in verdict(app)

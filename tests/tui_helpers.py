@@ -1,0 +1,48 @@
+"""Shared helpers for the chat TUI tests: tiny engines and waiting for a turn to end."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+from mlxspec.engine import Engine
+from tests.tiny import make_llama, make_tokenizer
+
+_MODELS = {}
+
+
+def tiny_engine(draft: bool = True, **kwargs) -> Engine:
+    """A fresh engine (own caches) over tiny random models built once per session."""
+    if not _MODELS:
+        _MODELS.update(tokenizer=make_tokenizer(), target=make_llama(0), draft=make_llama(1, layers=1))
+    m = _MODELS
+    return Engine(m["target"], m["tokenizer"], m["draft"] if draft else None, **kwargs)
+
+
+async def wait_idle(app, pilot, timeout: float = 30.0) -> None:
+    """Wait until the current turn has finished and its messages are handled."""
+    deadline = time.monotonic() + timeout
+    await pilot.pause()
+    while app.busy:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the turn did not finish within {timeout} s")
+        await asyncio.sleep(0.02)
+    await pilot.pause()
+
+
+async def send(app, pilot, text: str, *, wait: bool = True) -> None:
+    app.query_one("#prompt").value = text
+    await pilot.press("enter")
+    if wait:
+        await wait_idle(app, pilot)
+
+
+def async_test(fn):
+    """Run an async test with asyncio.run (no pytest async plugin needed)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        asyncio.run(fn(*args, **kwargs))
+
+    return run

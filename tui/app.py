@@ -1,0 +1,248 @@
+"""`mlxspec chat`: type a message, watch the same target answer twice, speculative and vanilla.
+
+The UI thread never runs a model. A thread worker loads the engines, another runs each turn
+(see worker.py / race.py); both only post messages, and widgets change in the handlers below.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict
+from typing import Callable, Optional
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import Footer, Input, Static
+
+from .commands import CommandError, Settings, run_command
+from .conversation import SPEC, VANILLA, Conversation
+from .info import PairInfo, describe
+from .messages import EngineReady, LoadFailed, StatsUpdated, TokensAdded, TurnFinished
+from .screens import ErrorScreen, LoadingScreen
+from .widgets import AnswerPane, ChatHistory, PairHeader
+from .worker import TurnRequest, on_own_thread, run_turn
+
+
+class ChatApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "mlxspec chat"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+c", "stop", "Stop", show=False, priority=True),
+        Binding("ctrl+t", "toggle_colour", "Colours", priority=True),
+        Binding("ctrl+l", "clear", "Clear", priority=True),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, engine=None, *, vanilla_engine=None, loader: Optional[Callable[[], object]] = None,
+                 loading_label: str = "the models", sequential: bool = False, settings: Settings = Settings(),
+                 colour: bool = True, info: Optional[PairInfo] = None, seed: Optional[int] = None):
+        super().__init__()
+        if engine is None and loader is None:
+            raise ValueError("[ChatApp] give an engine or a loader")
+        self._engine, self._vanilla, self._loader = engine, vanilla_engine, loader
+        self.loading_label = loading_label
+        self.sequential, self.settings, self.colour, self.info, self.seed = sequential, settings, colour, info, seed
+        self.engines: dict = {}
+        self.conversation = Conversation(settings.system)
+        self.cancel = threading.Event()
+        self.busy = False
+
+    # -- layout ---------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield PairHeader(self.info)
+        history = ChatHistory()
+        history.border_title = "Chat"
+        yield history
+        with Horizontal(id="race"):
+            yield AnswerPane("Speculative", speculative=True, colour=self.colour, id="speculative")
+            yield AnswerPane("Vanilla", speculative=False, id="vanilla")
+        yield Static("", id="verdict")
+        yield Input(placeholder="Type a message and press Enter · /help for commands", id="prompt")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self._engine is not None:
+            self.post_message(EngineReady(self._engine, self._vanilla))
+        else:
+            self.query_one("#prompt", Input).disabled = True
+            self.push_screen(LoadingScreen(self.loading_label))
+            self._load()
+
+    def check_action(self, action: str, parameters) -> Optional[bool]:
+        """Chat keys only mean something once the engines are ready (not on the loading/error screens)."""
+        if action in ("stop", "toggle_colour", "clear"):
+            return bool(self.engines) and not isinstance(self.screen, (LoadingScreen, ErrorScreen))
+        return True
+
+    def pane(self, side: str) -> AnswerPane:
+        return self.query_one(f"#{side}", AnswerPane)
+
+    # -- loading --------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="load")
+    def _load(self) -> None:
+        try:
+            engine = on_own_thread(_load_evaluated, self._loader)
+        except Exception as e:  # shown on the error screen, not as a traceback
+            self.post_message(LoadFailed(_readable(e)))
+        else:
+            self.post_message(EngineReady(engine))
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        engine = message.engine
+        self.engines = {SPEC: engine, VANILLA: message.vanilla_engine or engine.fork()}
+        self.info = self.info or describe(engine)
+        self.query_one(PairHeader).set_info(self.info)
+        if isinstance(self.screen, LoadingScreen):
+            self.pop_screen()
+        self.refresh_bindings()
+        prompt = self.query_one("#prompt", Input)
+        prompt.disabled = False
+        prompt.focus()
+
+    def on_load_failed(self, message: LoadFailed) -> None:
+        self.switch_screen(ErrorScreen(message.detail)) if isinstance(self.screen, LoadingScreen) \
+            else self.push_screen(ErrorScreen(message.detail))
+
+    # -- sending --------------------------------------------------------------------------
+    @on(Input.Submitted, "#prompt")
+    async def send(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text:
+            return
+        event.input.clear()
+        if text.startswith("/"):
+            await self.command(text)
+        elif self.busy:
+            self.notice("still answering: press Esc to stop it first", error=True)
+        else:
+            await self.start_turn(text)
+
+    async def start_turn(self, text: str) -> None:
+        self.query_one(ChatHistory).add_user(text)
+        for side in (SPEC, VANILLA):
+            await self.pane(side).reset()
+        self.query_one("#verdict", Static).update("")
+        s = self.settings
+        request = TurnRequest(
+            user=text, messages={side: self.conversation.messages(side, text) for side in (SPEC, VANILLA)},
+            temperature=s.temperature, max_tokens=s.max_tokens, num_draft=s.num_draft, drafter=s.drafter,
+            sequential=self.sequential, seed=self.seed)
+        self.cancel = threading.Event()
+        self.busy = True
+        self._generate(request, self.cancel)
+
+    @work(thread=True, exclusive=True, group="generate")
+    def _generate(self, request: TurnRequest, cancel: threading.Event) -> None:
+        on_own_thread(run_turn, request, self.engines, cancel, self.post_message)
+
+    async def on_tokens_added(self, message: TokensAdded) -> None:
+        await self.pane(message.side).add(message.pieces)
+
+    def on_stats_updated(self, message: StatsUpdated) -> None:
+        self.pane(message.side).set_stats(message.stats)
+        self.query_one(PairHeader).set_stats(message.side, message.stats)
+
+    def on_turn_finished(self, message: TurnFinished) -> None:
+        self.busy = False
+        turn = message.turn
+        for side, answer in turn.answers.items():
+            self.pane(side).set_stats(answer.stats)
+            self.query_one(PairHeader).set_stats(side, answer.stats)
+        history = self.query_one(ChatHistory)
+        if message.error:
+            history.add_notice(f"generation failed: {message.error}", error=True)
+        produced = any(a.from_draft for a in turn.answers.values())  # one flag per generated token
+        if produced or not message.error:
+            self.conversation.turns.append(turn)  # partial answers stay in the conversation
+            history.add_turn(turn)
+            self.query_one("#verdict", Static).update(Text(turn.verdict()))
+
+    # -- actions --------------------------------------------------------------------------
+    def action_stop(self) -> None:
+        if self.busy:
+            self.cancel.set()  # the worker checks it after every step and closes both streams
+
+    async def action_toggle_colour(self) -> None:
+        self.colour = not self.colour
+        await self.pane(SPEC).set_colour(self.colour)
+
+    async def action_clear(self) -> None:
+        if self.busy:
+            self.notice("stop the answer first (Esc), then clear", error=True)
+            return
+        self.conversation.clear()
+        for engine in self.engines.values():
+            engine.reset()
+        self.query_one(ChatHistory).clear()
+        for side in (SPEC, VANILLA):
+            await self.pane(side).reset()
+        self.query_one("#verdict", Static).update("")
+        self.notice("conversation cleared")
+
+    # -- slash commands -------------------------------------------------------------------
+    async def command(self, line: str) -> None:
+        drafters = list(self.engines[SPEC].drafters) if self.engines else []
+        try:
+            outcome = run_command(line, self.settings, drafters=drafters)
+        except CommandError as e:
+            self.notice(str(e), error=True)
+            return
+        self.settings = outcome.settings
+        self.conversation.system = outcome.settings.system
+        if outcome.reply:
+            self.notice(outcome.reply)
+        if outcome.action == "clear":
+            await self.action_clear()
+        elif outcome.action == "save":
+            self.save(outcome.argument)
+
+    def save(self, path: str) -> None:
+        info = self.info
+        try:
+            js, md = self.conversation.save(path, settings=self.settings.as_dict(),
+                                            pair=asdict(info) if info else None,
+                                            pair_line=info.line() if info else "")
+        except OSError as e:
+            self.notice(f"/save {path}: could not write ({e.strerror or e})", error=True)
+            return
+        self.notice(f"saved {js} and {md}")
+
+    def notice(self, text: str, *, error: bool = False) -> None:
+        self.query_one(ChatHistory).add_notice(text, error=error)
+
+
+def _load_evaluated(loader):
+    """Load, then evaluate the weights on this thread (lazy arrays must not outlive its streams)."""
+    import mlx.core as mx
+
+    engine = loader()
+    mx.eval(engine.target_model.parameters())
+    if engine.draft_model is not None:
+        mx.eval(engine.draft_model.parameters())
+    return engine
+
+
+def _readable(e: Exception) -> str:
+    from mlxspec.errors import MlxSpecError
+
+    return str(e) if isinstance(e, MlxSpecError) else f"{type(e).__name__}: {e}"
+
+
+def make_app(engine=None, *, vanilla_engine=None, sequential: bool = False, temperature: float = 0.0,
+             max_tokens: int = 256, num_draft=None, drafter: Optional[str] = None, system: str = "",
+             colour: bool = True, loader: Optional[Callable[[], object]] = None, loading_label: str = "the models",
+             info: Optional[PairInfo] = None, seed: Optional[int] = None) -> ChatApp:
+    """Build the chat app around `engine` (speculative side) and `vanilla_engine` (default: engine.fork()).
+
+    Pass `loader` instead of `engine` to load in a worker behind a loading screen. `num_draft`:
+    None or "auto" lets the cost model choose; `info` overrides what the header says about the pair.
+    """
+    settings = Settings(temperature=temperature, max_tokens=max_tokens,
+                        num_draft=None if num_draft in (None, "auto") else int(num_draft),
+                        drafter=drafter, system=system)
+    return ChatApp(engine, vanilla_engine=vanilla_engine, loader=loader, loading_label=loading_label,
+                   sequential=sequential, settings=settings, colour=colour, info=info, seed=seed)

@@ -1,0 +1,95 @@
+"""Slash commands: parse a line, change the settings, or say what is wrong in plain words."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Optional, Sequence
+
+from mlxspec.prompts import MAX_DRAFT
+
+HELP = """\
+/temp T          sampling temperature (0 = greedy, the default)
+/draft auto|N    draft length: auto (cost model) or a fixed N in 0..32
+/drafter NAME    who drafts on the speculative side: ngram or model
+/maxtokens N     answer length limit
+/system TEXT     system prompt for the next turns (/system alone clears it)
+/save PATH       write the conversation and its stats to PATH.json and PATH.md
+/clear           forget the conversation (also Ctrl-L)
+/help            this list
+Keys: Enter send · Esc or Ctrl-C stop · Ctrl-T token colours · Ctrl-L clear · Ctrl-Q quit"""
+
+
+class CommandError(ValueError):
+    """A slash command with a bad name or argument; the message is shown in the chat."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    temperature: float = 0.0
+    max_tokens: int = 256
+    num_draft: Optional[int] = None  # None: auto (the engine's cost model)
+    drafter: Optional[str] = None  # None: the engine's default
+    system: str = ""
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["num_draft"] = "auto" if self.num_draft is None else self.num_draft
+        return d
+
+
+@dataclass(frozen=True)
+class Outcome:
+    settings: Settings
+    reply: str  # shown in the chat
+    action: Optional[str] = None  # "save" | "clear" | None
+    argument: str = ""
+
+
+def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Outcome:
+    """Apply one slash command. `drafters` are the drafter names the speculative engine has."""
+    name, _, arg = line.strip().partition(" ")
+    name, arg = name.lower(), arg.strip()
+    if name == "/help":
+        return Outcome(settings, HELP)
+    if name == "/temp":
+        t = _number(name, arg, float, "a number >= 0")
+        if not math.isfinite(t) or t < 0:
+            raise CommandError(f"/temp needs a number >= 0, got {arg!r}")
+        return Outcome(replace(settings, temperature=t), f"temperature set to {t:g}" + (" (greedy)" if t == 0 else ""))
+    if name == "/maxtokens":
+        n = _number(name, arg, int, "an integer >= 1")
+        if n < 1:
+            raise CommandError(f"/maxtokens needs an integer >= 1, got {arg!r}")
+        return Outcome(replace(settings, max_tokens=n), f"answers limited to {n} tokens")
+    if name == "/draft":
+        if arg.lower() == "auto":
+            return Outcome(replace(settings, num_draft=None), "draft length: auto (cost model)")
+        n = _number(name, arg, int, f"auto or an integer in 0..{MAX_DRAFT}")
+        if not 0 <= n <= MAX_DRAFT:
+            raise CommandError(f"/draft needs auto or an integer in 0..{MAX_DRAFT}, got {arg!r}")
+        return Outcome(replace(settings, num_draft=n), f"draft length fixed at {n}")
+    if name == "/drafter":
+        allowed = [d for d in ("ngram", "model") if d in drafters]
+        if arg not in ("ngram", "model"):
+            raise CommandError(f"/drafter needs ngram or model, got {arg!r}")
+        if arg not in drafters:
+            raise CommandError(f"/drafter {arg}: this pair has no draft model; available: {', '.join(allowed)}")
+        return Outcome(replace(settings, drafter=arg), f"drafter set to {arg}")
+    if name == "/system":
+        return Outcome(replace(settings, system=arg), f"system prompt set to {arg!r}" if arg else "system prompt cleared")
+    if name == "/save":
+        if not arg:
+            raise CommandError("/save needs a path, e.g. /save chat (writes chat.json and chat.md)")
+        return Outcome(settings, "", action="save", argument=arg)
+    if name == "/clear":
+        return Outcome(settings, "conversation cleared", action="clear")
+    raise CommandError(f"unknown command {name!r}; type /help for the list")
+
+
+def _number(name: str, arg: str, kind, expected: str):
+    try:
+        return kind(arg)
+    except ValueError:
+        raise CommandError(f"{name} needs {expected}, got {arg!r}") from None
+

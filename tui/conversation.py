@@ -1,0 +1,127 @@
+"""The conversation both sides hold: one user message per turn, two answers, and the verdict."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from .stats_view import StatsView
+
+SPEC, VANILLA = "speculative", "vanilla"
+SIDES = (SPEC, VANILLA)
+
+
+@dataclass
+class Answer:
+    text: str = ""
+    from_draft: List[bool] = field(default_factory=list)  # per token
+    finish_reason: Optional[str] = None  # "stop" | "length" | None when stopped or failed
+    stats: StatsView = field(default_factory=StatsView)
+
+
+@dataclass
+class Turn:
+    user: str
+    answers: Dict[str, Answer]
+    temperature: float = 0.0
+    stopped: bool = False  # Esc stopped it; the partial answers stay
+    same_history: bool = True  # both sides started from the same messages (not so after a stopped turn)
+
+    @property
+    def speedup(self) -> Optional[float]:
+        """Speculative tok/s ÷ vanilla tok/s, or None when either side has no rate yet."""
+        s, v = self.answers[SPEC].stats.tokens_per_second, self.answers[VANILLA].stats.tokens_per_second
+        return s / v if s > 0 and v > 0 else None
+
+    @property
+    def identical(self) -> bool:
+        """Greedy outputs match (when stopped early: the shorter one is a prefix of the other)."""
+        a, b = self.answers[SPEC].text, self.answers[VANILLA].text
+        if self.stopped:
+            n = min(len(a), len(b))
+            return a[:n] == b[:n]
+        return a == b
+
+    def verdict(self) -> str:
+        """One line: the speedup and whether the two greedy outputs agree."""
+        s, v = self.answers[SPEC].stats, self.answers[VANILLA].stats
+        sp = self.speedup
+        head = (f"speedup {sp:.2f}× ({s.tokens_per_second:.1f} vs {v.tokens_per_second:.1f} tok/s)"
+                if sp is not None else "speedup n/a (a side produced no tokens)")
+        if self.temperature > 0:
+            same = f"sampled at T={self.temperature:g}: outputs are not expected to match"
+        elif self.identical:
+            same = "greedy outputs identical" + (" so far" if self.stopped else "")
+        elif not self.same_history:
+            same = "outputs differ, as expected: the two conversations already differed (an earlier stopped turn)"
+        else:
+            same = f"greedy outputs DIFFER from character {first_difference(self.answers[SPEC].text, self.answers[VANILLA].text)}"
+        return f"{head} · {same}" + (" · stopped" if self.stopped else "")
+
+
+def first_difference(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+class Conversation:
+    """System prompt + finished turns; each side sees its own answers in its message list."""
+
+    def __init__(self, system: str = ""):
+        self.system = system
+        self.turns: List[Turn] = []
+
+    def messages(self, side: str, next_user: Optional[str] = None) -> List[dict]:
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        for t in self.turns:
+            msgs.append({"role": "user", "content": t.user})
+            msgs.append({"role": "assistant", "content": t.answers[side].text})
+        if next_user is not None:
+            msgs.append({"role": "user", "content": next_user})
+        return msgs
+
+    def clear(self) -> None:
+        self.turns.clear()
+
+    # -- saving ---------------------------------------------------------------------------
+    def as_dict(self, settings: Optional[dict] = None, pair: Optional[dict] = None) -> dict:
+        return {
+            "pair": pair or {},
+            "settings": settings or {},
+            "system": self.system,
+            "turns": [
+                {"user": t.user, "temperature": t.temperature, "stopped": t.stopped,
+                 "speedup": t.speedup, "identical": t.identical, "verdict": t.verdict(),
+                 **{side: {"text": a.text, "finish_reason": a.finish_reason,
+                           "from_draft": a.from_draft, "stats": a.stats.as_dict()}
+                    for side, a in t.answers.items()}}
+                for t in self.turns
+            ],
+        }
+
+    def to_markdown(self, pair_line: str = "") -> str:
+        out = ["# mlxspec chat", ""]
+        if pair_line:
+            out += [pair_line, ""]
+        if self.system:
+            out += [f"**System:** {self.system}", ""]
+        for i, t in enumerate(self.turns, 1):
+            out += [f"## Turn {i}", "", f"**You:** {t.user}", ""]
+            for side in SIDES:
+                a = t.answers[side]
+                out += [f"### {side.capitalize()}", "", a.text or "_(empty)_", "",
+                        f"_{a.stats.line(side == SPEC)}_", ""]
+            out += [f"**Verdict:** {t.verdict()}", ""]
+        return "\n".join(out)
+
+    def save(self, path: str, *, settings: Optional[dict] = None, pair: Optional[dict] = None,
+             pair_line: str = "") -> Tuple[Path, Path]:
+        """Write PATH.json and PATH.md (a trailing .json or .md on PATH is dropped). Returns both paths."""
+        base = Path(path).expanduser()
+        if base.suffix in (".json", ".md"):
+            base = base.with_suffix("")
+        js, md = base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
+        js.write_text(json.dumps(self.as_dict(settings, pair), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        md.write_text(self.to_markdown(pair_line) + "\n", encoding="utf-8")
+        return js, md

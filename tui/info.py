@@ -1,0 +1,69 @@
+"""What the header says about the pair: names, drafter, precision, device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PairInfo:
+    name: str  # pair name, e.g. "demo", or "custom"
+    target: str
+    draft: str  # draft model name, or "ngram drafter"
+    precision: str
+    device: str
+    target_weights_bytes: int = 0
+    draft_weights_bytes: int = 0
+
+    def line(self) -> str:
+        return f"{self.name}: {self.target} ← {self.draft} · {self.precision} · {self.device}"
+
+
+def describe(engine, *, name: str = None) -> PairInfo:
+    """Read what `mlxspec.load` attached (pair_name, target_info, draft_info) or fall back to the models."""
+    target = _label(getattr(engine, "target_info", None)) or _model_label(engine.target_model)
+    if engine.draft_model is not None and engine.default_drafter == "model":
+        draft = _label(getattr(engine, "draft_info", None)) or _model_label(engine.draft_model)
+    else:
+        draft = f"{engine.default_drafter} drafter"
+    return PairInfo(
+        name=name or getattr(engine, "pair_name", None) or "custom",
+        target=target, draft=draft, precision=_precision(engine.target_model), device=_device(),
+        target_weights_bytes=engine.target_weights_bytes, draft_weights_bytes=engine.draft_weights_bytes,
+    )
+
+
+def _label(info) -> str:
+    if info is None:
+        return ""
+    if isinstance(info, dict):
+        return str(info.get("name") or info.get("ref") or info.get("repo") or "")
+    for attr in ("name", "ref", "repo"):
+        if getattr(info, attr, None):
+            return str(getattr(info, attr))
+    return str(info)
+
+
+def _model_label(model) -> str:
+    args = getattr(model, "args", None)
+    kind = getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+    layers = getattr(args, "num_hidden_layers", None)
+    hidden = getattr(args, "hidden_size", None)
+    return f"{kind} {layers}L×{hidden}" if layers and hidden else str(kind)
+
+
+def _precision(model) -> str:
+    bits = next((m.bits for _, m in model.named_modules() if hasattr(m, "bits")), None)
+    if bits:
+        return f"{bits}-bit"
+    from mlx.utils import tree_flatten
+
+    params = tree_flatten(model.parameters())
+    return str(params[0][1].dtype).rsplit(".", 1)[-1] if params else "?"
+
+
+def _device() -> str:
+    import mlx.core as mx
+
+    d = mx.default_device()
+    return "Metal GPU" if d == mx.gpu and mx.metal.is_available() else "CPU"

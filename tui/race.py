@@ -1,0 +1,66 @@
+"""Race two token streams on one thread, so they never compete for the device.
+
+Interleaved mode: one speculative round (its events run up to the round's target token,
+the only one with from_draft=False), then vanilla steps until vanilla's compute time
+catches up with speculative's, and so on. Both panes fill together while each side's
+tokens/s counts only its own compute time. Sequential mode: speculative to the end, then
+vanilla. The cancel event is checked after every step; the generators are always closed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Dict, Iterator, List, Tuple
+
+from .conversation import SPEC, VANILLA
+
+
+class _Side:
+    def __init__(self, gen):
+        self.gen = gen
+        self.spent = 0.0  # seconds inside next(), prompt processing included
+        self.done = False
+
+    def step(self):
+        """The next event, or None when the stream is exhausted."""
+        t = time.perf_counter()
+        try:
+            ev = next(self.gen)
+        except StopIteration:
+            self.done = True
+            return None
+        finally:
+            self.spent += time.perf_counter() - t
+        if ev.finish_reason:
+            self.done = True
+        return ev
+
+
+def race(streams: Dict[str, Iterator], *, cancel: threading.Event,
+         sequential: bool = False) -> Iterator[Tuple[str, List]]:
+    """Yield (side, events) slices from `streams[SPEC]` and `streams[VANILLA]` until both end or `cancel` is set."""
+    spec, van = _Side(streams[SPEC]), _Side(streams[VANILLA])
+    try:
+        while not (spec.done and van.done) and not cancel.is_set():
+            if not spec.done:
+                batch = []
+                while not spec.done and not cancel.is_set():
+                    ev = spec.step()
+                    if ev is None:
+                        break
+                    batch.append(ev)
+                    if not ev.from_draft:  # a round ends with the one token the target chose itself
+                        break
+                if batch:
+                    yield SPEC, batch
+                if sequential:
+                    continue
+            # vanilla steps until its compute time catches up (all of them once speculative is done)
+            while not van.done and not cancel.is_set() and (spec.done or van.spent < spec.spent):
+                ev = van.step()
+                if ev is not None:
+                    yield VANILLA, [ev]
+    finally:
+        for gen in streams.values():
+            gen.close()  # the engines stay consistent and usable

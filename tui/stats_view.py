@@ -1,0 +1,53 @@
+"""A frozen copy of the engine's live statistics, safe to hand from the worker to the UI."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class StatsView:
+    tokens: int = 0
+    tokens_per_second: float = 0.0  # own compute time only (see GenerationStats)
+    acceptance_rate: float = 0.0
+    tokens_per_target_pass: float = 0.0
+    last_k: int = 0  # draft length of the latest round
+    drafted: int = 0
+    prompt_tokens: int = 0
+    prefilled_tokens: int = 0  # prompt tokens actually processed (the rest came from the cache)
+    seconds: float = 0.0
+    peak_memory_bytes: int = 0
+    target_kv_bytes: int = 0
+    draft_kv_bytes: int = 0
+    drafter: str = "none"
+
+    @classmethod
+    def of(cls, stats) -> "StatsView":
+        """Copy a `mlxspec.stats.GenerationStats` (or None -> zeros)."""
+        if stats is None:
+            return cls()
+        return cls(tokens=stats.tokens, tokens_per_second=stats.tokens_per_second,
+                   acceptance_rate=stats.acceptance_rate, tokens_per_target_pass=stats.tokens_per_target_pass,
+                   last_k=stats.last_k, drafted=stats.drafted, prompt_tokens=stats.prompt_tokens,
+                   prefilled_tokens=stats.prefilled_tokens, seconds=stats.seconds,
+                   peak_memory_bytes=stats.peak_memory_bytes, target_kv_bytes=stats.target_kv_bytes,
+                   draft_kv_bytes=stats.draft_kv_bytes, drafter=stats.drafter)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self, speculative: bool) -> str:
+        """The pane's live line: `NN.N tok/s`, plus draft figures on the speculative side."""
+        s = f"{self.tokens_per_second:.1f} tok/s · {self.tokens} tokens"
+        if speculative:
+            s += (f" · accepted {self.acceptance_rate:.0%} · {self.tokens_per_target_pass:.2f} tok/pass"
+                  f" · draft {self.last_k}")
+        return s
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

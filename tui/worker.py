@@ -1,0 +1,115 @@
+"""What the generation worker thread does: run one turn, post messages. Never touches widgets."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, TypeVar
+
+from .conversation import SIDES, SPEC, VANILLA, Answer, Turn
+from .messages import StatsUpdated, TokensAdded, TurnFinished
+from .race import race
+from .stats_view import StatsView
+
+T = TypeVar("T")
+FLUSH_SECONDS = 1 / 20  # post pane updates at most this often (the UI re-renders on each)
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    user: str
+    messages: Dict[str, List[dict]]  # per side: the full message list, ending with the user message
+    temperature: float = 0.0
+    max_tokens: int = 256
+    num_draft: Optional[int] = None  # None: the cost model chooses
+    drafter: Optional[str] = None  # None: the engine's default
+    sequential: bool = False
+    seed: Optional[int] = None
+
+
+def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading.Event,
+             post: Callable[[object], object]) -> Turn:
+    """Stream both sides, post TokensAdded/StatsUpdated as they go and one TurnFinished at the end."""
+    answers = {side: Answer() for side in SIDES}
+    pending: Dict[str, list] = {side: [] for side in SIDES}
+    latest: Dict[str, object] = {}
+    error = None
+
+    def flush():
+        for side in SIDES:
+            if pending[side]:
+                post(TokensAdded(side, tuple(pending[side])))
+                pending[side] = []
+        for side, stats in latest.items():
+            post(StatsUpdated(side, StatsView.of(stats)))
+        latest.clear()
+
+    try:
+        common = dict(max_tokens=request.max_tokens, temperature=request.temperature, seed=request.seed)
+        streams = {
+            SPEC: engines[SPEC].stream(request.messages[SPEC], speculative=True, num_draft=request.num_draft,
+                                       drafter=request.drafter, **common),
+            VANILLA: engines[VANILLA].stream(request.messages[VANILLA], speculative=False, **common),
+        }
+        last_flush = time.perf_counter()
+        slices = closing(race(streams, cancel=cancel, sequential=request.sequential))  # closes the streams
+        with slices as racing:
+            for side, events in racing:
+                _record(answers[side], pending[side], events)
+                latest[side] = events[-1].stats
+                if time.perf_counter() - last_flush >= FLUSH_SECONDS:
+                    flush()
+                    last_flush = time.perf_counter()
+    except Exception as e:  # an engine error ends the turn with a readable line, not a crash
+        error = f"{type(e).__name__}: {e}"
+    flush()
+    for a in answers.values():
+        a.stats = a.stats if isinstance(a.stats, StatsView) else StatsView.of(a.stats)
+    turn = Turn(request.user, answers, temperature=request.temperature, stopped=cancel.is_set(),
+                same_history=request.messages[SPEC] == request.messages[VANILLA])
+    post(TurnFinished(turn, error))
+    return turn
+
+
+def _record(a: Answer, pending: list, events) -> None:
+    for ev in events:
+        a.text += ev.text
+        a.from_draft.append(ev.from_draft)
+        a.finish_reason = ev.finish_reason or a.finish_reason
+        a.stats = ev.stats  # the live object; frozen into a StatsView when the turn ends
+        pending.append((ev.text, ev.from_draft))
+
+
+def on_own_thread(fn: Callable[..., T], *args) -> T:
+    """Run fn(*args) on a new thread that frees its MLX streams as it ends; return its result.
+
+    MLX keeps streams per thread and, left behind, they can abort the process at exit; the fix
+    is `mx.clear_streams()` as the thread ends. Textual's thread workers run on a pooled
+    executor whose threads outlive the job, so the model work gets a thread of its own.
+    """
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as e:  # re-raised on the calling thread
+            box["error"] = e
+        finally:
+            _clear_streams()
+
+    t = threading.Thread(target=target, name="mlxspec-model", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def _clear_streams() -> None:
+    import mlx.core as mx
+
+    clear = getattr(mx, "clear_streams", None)  # MLX >= 0.30
+    if clear is not None:
+        clear()
