@@ -125,7 +125,7 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
         drafters: drafter names. Default: the engine's default drafter.
         seed: the same seed for every run. Default 0.
         peer: run mlx-lm's speculative decoding when the engine has a draft model. Default True.
-        warmup: one untimed short pass of every setting first. Default True.
+        warmup: one untimed short pass of every setting at every temperature first. Default True.
         on_run: called with each record as it completes (progress bars).
         on_mismatch: called with a record whose greedy output differs from vanilla beyond a near-tie.
     """
@@ -139,9 +139,10 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer)
     encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
 
-    if warmup:
-        for s in settings:
-            _run_one(engine, s, prompts[0], encoded[0], min(WARMUP_TOKENS, max_tokens), temps[0], seed)
+    if warmup:  # every setting at every temperature: samplers and kernels compile on first use
+        for t in temps:
+            for s in settings:
+                _run_one(engine, s, prompts[0], encoded[0], min(WARMUP_TOKENS, max_tokens), t, seed)
 
     runs: List[RunRecord] = []
     for p, ids in zip(prompts, encoded):
