@@ -12,6 +12,7 @@ File: `$MLXSPEC_HOME/calibration.json` (default home: `platformdirs.user_cache_d
     {"format": 1, "models": {<model key>: {"ratios": {"1": 1.0, "2": ...}, "seconds": {...},
                                            "draft_cost": {"ngram": ..., "model": ...}, ...}}}
 keyed by `model_key(model)`: class, layers, hidden size, vocab, weights bytes, dtypes, backend.
+MLX is imported inside the functions, so `mlxspec --help` stays fast.
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ import statistics
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
-
-import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from .device import backend, device_name
 from .errors import InvalidArgumentError, MlxSpecError
@@ -51,6 +49,8 @@ def calibration_path() -> Path:
 
 def model_key(model) -> str:
     """Identifies a model as loaded on this backend, e.g. "llama.Model/L30/H576/V49152/B103M.../float16/cpu"."""
+    from mlx.utils import tree_flatten
+
     from .engine import logit_width, weights_bytes
 
     args = getattr(model, "args", None)
@@ -80,6 +80,8 @@ def measure_verify_seconds(model, *, max_j: int = MAX_J, prefix: int = PREFIX, r
         repeats: timed passes per j (median kept). Default 7.
         warmup: untimed rounds over every j first. Default 2.
     """
+    import mlx.core as mx
+
     from .prompts import MAX_DRAFT
     from .sequence import Sequence
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import platform
 
-import mlx.core as mx
-
 
 def backend() -> str:
     """"gpu" when MLX runs on Metal, else "cpu"."""
+    import mlx.core as mx
+
     return "gpu" if mx.metal.is_available() and mx.default_device() == mx.gpu else "cpu"
 
 
 def device_name() -> str:
     """The chip's name as MLX reports it (e.g. "Apple M2 Pro"), else the platform's machine type."""
+    import mlx.core as mx
+
     info_fn = getattr(mx, "device_info", None)
     if info_fn is None and mx.metal.is_available():
         info_fn = mx.metal.device_info

@@ -93,6 +93,12 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path, caps
     assert "pip install matplotlib" in capsys.readouterr().err
 
 
-def test_bad_lists_are_rejected(capsys):
-    assert cli.main(["bench", "--num-draft", "auto,x"]) == 1
-    assert "--num-draft: 'x' is not valid" in capsys.readouterr().err
+@pytest.mark.parametrize("argv, words", [
+    (["--num-draft", "auto,x"], "--num-draft: 'x' is not valid"),
+    (["--temperature", "0,-1"], "--temperature: '-1' is not valid"),
+    (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+])
+def test_bad_options_are_rejected_before_loading(monkeypatch, capsys, argv, words):
+    monkeypatch.setattr(modelargs, "load_engine", lambda *a, **k: pytest.fail("must fail before loading"))
+    assert cli.main(["bench", *argv]) == 1
+    assert words in capsys.readouterr().err

@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     add_model_args(p)
     p.add_argument("--prompts", metavar="FILE.jsonl", help="your own suite: one JSON object per line with "
                    "'prompt' and optional 'id', 'category' (default: the builtin suite)")
-    p.add_argument("--full", action="store_true", help="every prompt of the suite (default: 8, all categories)")
+    p.add_argument("--full", action="store_true", help="all 24 builtin prompts (default: 8 covering every category; a --prompts file always runs in full)")
     p.add_argument("--limit", type=int, default=None, help="run only the first N selected prompts")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=f"tokens per run (default {DEFAULT_MAX_TOKENS})")
     p.add_argument("--temperature", default="0", help="a value or comma list, e.g. 0,0.7 (default 0)")
@@ -48,6 +48,13 @@ def parse_list(text: str, what: str, convert) -> list:
     return out
 
 
+def _temperature(x: str) -> float:
+    t = float(x)
+    if not t >= 0:  # also rejects nan
+        raise ValueError(x)
+    return t
+
+
 def _num_draft(x: str):
     if x == "auto":
         return "auto"
@@ -62,7 +69,9 @@ def run(args) -> int:
 
     from ..bench.prompts import builtin_suite, load_prompts, select
 
-    temps = parse_list(args.temperature, "temperature", float)
+    if args.max_tokens < 1:
+        raise InvalidArgumentError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    temps = parse_list(args.temperature, "temperature", _temperature)
     ks = parse_list(args.num_draft, "num-draft", _num_draft)
     drafters = parse_list(args.drafter, "drafter", str) if args.drafter else None
     suite = load_prompts(args.prompts) if args.prompts else builtin_suite()  # fail before loading models
