@@ -1,0 +1,9 @@
+"""`mlxspec bench`: does speculation pay on this machine with this pair?
+
+    prompts.py  the builtin suite and users' JSONL files
+    runner.py   interleaved runs of vanilla, speculative settings and the mlx-lm peer
+    peer.py     mlx-lm's speculative decoding, timed like the engine
+    neartie.py  greedy output check (a differing output is a bug unless it is a near-tie)
+    summary.py  medians and pairwise speedups, overall, per category, per draft length
+    report.py   terminal tables, JSON and CSV; plot.py the optional PNG
+"""

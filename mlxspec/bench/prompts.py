@@ -1,0 +1,109 @@
+"""The bench's prompt suite: the builtin one shipped with mlxspec, or a user's JSONL file.
+
+Each line of a suite file is a JSON object with `prompt` (a non-empty string) and optional
+`id` and `category` strings. The builtin suite (`prompts.jsonl` beside this module) has
+four prompts in each of six categories; two of them are input-grounded (the answer
+repeats much of the prompt), which is where n-gram drafting pays:
+
+    chat           chat / question answering
+    code           code generation
+    code-edit      the prompt holds code and asks for an edited version
+    summarization  a passage of ~200 words to summarise
+    math           reasoning with numbers
+    creative       writing
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import List, Optional
+
+from ..errors import InvalidArgumentError
+
+CATEGORIES = ("chat", "code", "code-edit", "summarization", "math", "creative")
+SHORT_PER_CATEGORY = 8  # prompts in the default (short) suite, spread over the categories
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    category: str
+    prompt: str
+
+    def messages(self) -> list:
+        """The prompt as one user chat message, so the model's chat template applies."""
+        return [{"role": "user", "content": self.prompt}]
+
+
+def builtin_suite() -> List[BenchPrompt]:
+    """All builtin prompts (24, four per category), in file order."""
+    text = resources.files(__package__).joinpath("prompts.jsonl").read_text(encoding="utf-8")
+    return parse_suite(text, source="builtin prompts.jsonl")
+
+
+def load_prompts(path) -> List[BenchPrompt]:
+    """Read a user's JSONL suite; raises InvalidArgumentError naming the first bad line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InvalidArgumentError(f"[bench] cannot read prompts file {str(p)!r}: {e.strerror or e}") from None
+    return parse_suite(text, source=str(p))
+
+
+def parse_suite(text: str, *, source: str = "<prompts>") -> List[BenchPrompt]:
+    """Parse JSONL text; blank lines are skipped. Missing ids become `<source stem>-<line>`."""
+    out: List[BenchPrompt] = []
+    seen = set()
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{source}, line {lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InvalidArgumentError(f"[bench] {where}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+        if not isinstance(obj, dict):
+            raise InvalidArgumentError(f"[bench] {where}: expected a JSON object with a 'prompt' key, got {type(obj).__name__}")
+        prompt = obj.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InvalidArgumentError(f"[bench] {where}: 'prompt' must be a non-empty string, got {prompt!r}")
+        for key in ("id", "category"):
+            if key in obj and not isinstance(obj[key], str):
+                raise InvalidArgumentError(f"[bench] {where}: {key!r} must be a string, got {obj[key]!r}")
+        pid = obj.get("id") or f"line-{lineno}"
+        if pid in seen:
+            raise InvalidArgumentError(f"[bench] {where}: duplicate id {pid!r}; ids must be unique")
+        seen.add(pid)
+        out.append(BenchPrompt(pid, obj.get("category") or "other", prompt))
+    if not out:
+        raise InvalidArgumentError(f"[bench] {source}: no prompts found; give one JSON object per line")
+    return out
+
+
+def stratified(prompts: List[BenchPrompt], n: int = SHORT_PER_CATEGORY) -> List[BenchPrompt]:
+    """Up to n prompts taken round-robin over categories (first-seen order), so all are covered."""
+    groups: dict = {}
+    for p in prompts:
+        groups.setdefault(p.category, []).append(p)
+    out: List[BenchPrompt] = []
+    depth = 0
+    while len(out) < min(n, len(prompts)):
+        for items in groups.values():
+            if depth < len(items) and len(out) < n:
+                out.append(items[depth])
+        depth += 1
+    return out
+
+
+def select(prompts: List[BenchPrompt], *, full: bool, limit: Optional[int]) -> List[BenchPrompt]:
+    """The prompts a bench runs: the short stratified subset unless `full`, then the first `limit`."""
+    chosen = list(prompts) if full else stratified(prompts)
+    if limit is not None:
+        if limit < 1:
+            raise InvalidArgumentError(f"[bench] --limit must be >= 1, got {limit}")
+        chosen = chosen[:limit]
+    return chosen

@@ -1,0 +1,162 @@
+"""Bench output: the JSON document, the CSV of runs, and the terminal tables.
+
+JSON keys (read by tools outside mlxspec; only add keys, never rename):
+    mlxspec_version, device{backend,name,os}, pair{name,target,draft,drafters},
+    settings{max_tokens,temperature,num_draft,seed}, runs[...], summary{speedup_vs_vanilla,
+    speedup_vs_mlx_lm, by_category{<cat>{speedup_vs_vanilla}}, mismatches}
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from typing import Optional
+
+from .. import __version__
+from ..device import describe as describe_device
+from .peer import PEER_NUM_DRAFT
+from .runner import BenchResult, RunRecord, Setting
+from .summary import label, setting_of, summarize
+
+
+def pair_info(engine, drafters) -> dict:
+    """{"name", "target", "draft", "drafters"} from a loaded engine (loader attributes if present)."""
+    t_info, d_info = getattr(engine, "target_info", None), getattr(engine, "draft_info", None)
+    target = getattr(t_info, "ref", None) or type(engine.target_model).__module__.rsplit(".", 1)[-1]
+    draft = None
+    if engine.draft_model is not None:
+        draft = getattr(d_info, "ref", None) or type(engine.draft_model).__module__.rsplit(".", 1)[-1]
+    return {"name": getattr(engine, "pair_name", None), "target": target, "draft": draft, "drafters": list(drafters)}
+
+
+def to_json(result: BenchResult, *, pair: dict, curve: Optional[dict] = None, prompts_source: str = "builtin") -> dict:
+    """The full bench document (see the module docstring for the fixed keys)."""
+    nums = list(dict.fromkeys(s.num_draft for s in result.settings if s.mode == "speculative"))
+    return {
+        "mlxspec_version": __version__,
+        "device": describe_device(),
+        "pair": pair,
+        "settings": {
+            "max_tokens": result.max_tokens, "temperature": result.temperatures[0],
+            "temperatures": list(result.temperatures), "num_draft": nums, "seed": result.seed,
+            "prompts": prompts_source, "prompt_count": len({r.prompt_id for r in result.runs}),
+            "peer_num_draft": PEER_NUM_DRAFT if any(s.mode == "mlx-lm" for s in result.settings) else None,
+            "timing": "tokens generated / seconds after prompt processing (same for every mode)",
+        },
+        "curve": curve,
+        "runs": [r.as_dict() for r in result.runs],
+        "summary": summarize(result),
+    }
+
+
+def write_json(doc: dict, path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+
+
+CSV_COLUMNS = list(RunRecord.__dataclass_fields__)[:-1]  # every field but output_tokens
+
+
+def write_csv(result: BenchResult, path) -> None:
+    """One row per run; histogram and mismatch columns hold JSON."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for r in result.runs:
+            d = r.as_dict()
+            for k in ("accept_histogram", "k_histogram", "mismatch"):
+                d[k] = json.dumps(d[k]) if d[k] is not None else ""
+            w.writerow(d)
+
+
+# -- terminal ------------------------------------------------------------------------------------
+def _x(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _f(v: Optional[float], fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def print_report(doc: dict, console) -> None:
+    """Headline, per-setting table, by-k table, per-category table and the V(j) curve."""
+    from rich.table import Table
+
+    s = doc["summary"]
+    rows = s["settings"]
+    many_t = len(doc["settings"]["temperatures"]) > 1
+
+    t = Table(title="Settings (medians over prompts; speedups pair by pair)")
+    for col in ("setting", *(("temp",) if many_t else ()), "tok/s", "vs vanilla", "vs mlx-lm", "accept",
+                "tok/pass", "prefill s", "peak MiB", "mismatch"):
+        t.add_column(col, justify="left" if col == "setting" else "right", no_wrap=col == "setting")
+    for r in rows:
+        t.add_row(r["label"], *((f"{r['temperature']:g}",) if many_t else ()), _f(r["tokens_per_second"]),
+                  _x(r["speedup_vs_vanilla"]), _x(r["speedup_vs_mlx_lm"]), _f(r["acceptance_rate"], "{:.0%}"),
+                  _f(r["tokens_per_target_pass"], "{:.2f}"), _f(r["prompt_seconds"], "{:.3f}"),
+                  f"{r['peak_memory_bytes'] / 2**20:.0f}",
+                  f"[red]{r['mismatches']}[/red]" if r["mismatches"] else "0")
+    console.print(t)
+
+    spec = [r for r in rows if r["mode"] != "vanilla"]
+    if spec:
+        k = Table(title="Acceptance and speedup by draft length k")
+        for col in ("drafter", "k", *(("temp",) if many_t else ()), "accept", "tok/pass", "vs vanilla",
+                    "vs mlx-lm", "chosen k (rounds)", "accepted per round (rounds)"):
+            k.add_column(col, justify="left" if col == "drafter" else "right", no_wrap=col == "drafter")
+        for r in spec:
+            k.add_row("mlx-lm" if r["mode"] == "mlx-lm" else r["drafter"], r["num_draft"],
+                      *((f"{r['temperature']:g}",) if many_t else ()), _f(r["acceptance_rate"], "{:.0%}"),
+                      _f(r["tokens_per_target_pass"], "{:.2f}"), _x(r["speedup_vs_vanilla"]),
+                      _x(r["speedup_vs_mlx_lm"]), _hist(r["k_histogram"]), _hist(r["accept_histogram"]))
+        console.print(k)
+
+    d = s["default_setting"]
+    shown = ["vanilla", label_of(d), f"mlx-lm k={doc['settings']['peer_num_draft']}"]
+    c = Table(title=f"By category (temperature {d['temperature']:g}; speedups of {label_of(d)})")
+    labels = [x for x in shown if s["by_category"] and x in next(iter(s["by_category"].values()))["tokens_per_second"]]
+    for col in ("category", *(f"{x} tok/s" for x in labels), "vs vanilla", "vs mlx-lm"):
+        c.add_column(col, justify="left" if col == "category" else "right", no_wrap=col == "category")
+    for cat, e in s["by_category"].items():
+        c.add_row(cat, *(_f(e["tokens_per_second"][x]) for x in labels), _x(e["speedup_vs_vanilla"]),
+                  _x(e["speedup_vs_mlx_lm"]))
+    console.print(c)
+
+    curve = doc.get("curve")
+    if curve and curve.get("ratios"):
+        pts = "  ".join(f"{j}:{r:.2f}" for j, r in sorted(curve["ratios"].items(), key=lambda kv: int(kv[0])))
+        console.print(f"verify cost V(j)/V(1) ({curve['source']}): {pts}")
+    else:
+        console.print("verify cost V(j)/V(1): none (the cost model's default slope)")
+
+    head = (f"[bold]{label_of(d)}: {_x(s['speedup_vs_vanilla'])} vanilla"
+            + (f", {_x(s['speedup_vs_mlx_lm'])} mlx-lm" if s["speedup_vs_mlx_lm"] is not None else "")
+            + f"[/bold] (median of per-prompt ratios, {doc['settings']['prompt_count']} prompts, "
+            f"{doc['settings']['max_tokens']} tokens, {doc['device']['backend']} {doc['device']['name']})")
+    console.print(head)
+    if s["mismatches"]:
+        console.print(f"[bold red]{s['mismatches']} greedy output(s) differ from vanilla beyond a near-tie: "
+                      "a faster but different output is a bug, not a result.[/bold red]")
+    else:
+        console.print(f"greedy outputs: all match vanilla ({s['near_ties']} near-tie divergence(s) excused)"
+                      if doc["settings"]["temperature"] == 0 else "outputs not compared (temperature > 0)")
+
+
+def label_of(d: dict) -> str:
+    """Display label of the summary's default_setting {"drafter", "num_draft", ...}."""
+    return label(Setting("speculative", d["drafter"], d["num_draft"]))
+
+
+def _hist(h: dict) -> str:
+    return " ".join(f"{k}:{v}" for k, v in h.items()) or "-"
+
+
+def mismatch_line(r: RunRecord) -> str:
+    """The loud one-line report of a greedy mismatch (rich markup)."""
+    m = r.mismatch or {}
+    gap = m.get("logprob_gap")
+    return (f"[bold red]MISMATCH[/bold red] [red]{r.prompt_id} {label(setting_of(r))}: token {m.get('position')} is "
+            f"{m.get('text')!r} where vanilla has {m.get('vanilla_text')!r}"
+            + (f" (log-prob gap {gap:.4f}, not a near-tie)" if gap is not None else " (outputs end differently)")
+            + "[/red]")

@@ -1,0 +1,204 @@
+"""Interleaved bench runs: every mode on a prompt, then the next prompt.
+
+For each prompt and temperature the order is: vanilla (the engine with speculative=False),
+each speculative setting (drafter x draft length), then the mlx-lm peer when the engine
+has a draft model. Interleaving makes slow machine drift (thermals, other load) hit all
+modes alike. Before each run the engine's caches are dropped (`engine.reset()`), so no
+mode reuses another's prompt cache; the cost model's learned state is kept, as a user
+would have it. One untimed warm-up pass of every setting comes first.
+
+All modes are timed the same way: tokens generated / seconds after prompt processing
+(the engine's own `GenerationStats.seconds`; the peer is prefilled to the same point).
+At temperature 0 each non-vanilla output is checked against vanilla (see `neartie`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+from ..errors import InvalidArgumentError
+from ..prompts import check_num_draft, encode_prompt
+from .neartie import GreedyCheck, check_greedy
+from .peer import PEER_NUM_DRAFT, run_peer
+from .prompts import BenchPrompt
+
+WARMUP_TOKENS = 8  # tokens generated per setting in the untimed warm-up
+
+
+@dataclass(frozen=True)
+class Setting:
+    mode: str  # "vanilla" | "speculative" | "mlx-lm"
+    drafter: Optional[str]  # None for vanilla; "model" for the peer
+    num_draft: str  # "auto" or a number as a string; "0" for vanilla
+
+
+@dataclass
+class RunRecord:
+    """One timed generation. The first block of fields is the bench JSON's run schema."""
+
+    prompt_id: str
+    category: str
+    mode: str
+    drafter: Optional[str]
+    num_draft: str
+    prompt_tokens: int
+    prompt_seconds: float
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+    rounds: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float
+    tokens_per_target_pass: float
+    peak_memory_bytes: int
+    matches_vanilla: Optional[bool]  # None when not greedy (or for vanilla itself: True)
+    # -- extras ---------------------------------------------------------------------------------
+    order: int = 0  # execution index within the bench (0, 1, 2, ...)
+    temperature: float = 0.0
+    accept_histogram: dict = field(default_factory=dict)  # accepted per drafting round -> rounds
+    k_histogram: dict = field(default_factory=dict)  # draft length per round -> rounds
+    mismatch: Optional[dict] = None  # first divergence vs vanilla (GreedyCheck fields) when outputs differ
+    mlx_lm_generation_tps: Optional[float] = None  # the peer's own figure, for reference
+    output_tokens: List[int] = field(default_factory=list, repr=False)  # not written to JSON
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("output_tokens")
+        return d
+
+
+@dataclass
+class BenchResult:
+    runs: List[RunRecord]
+    settings: List[Setting]
+    temperatures: List[float]
+    max_tokens: int
+    seed: int
+    default_setting: Setting  # the one summarised as `speedup_vs_vanilla`
+
+
+def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts: Sequence = ("auto",),
+                 peer: bool = True) -> List[Setting]:
+    """Vanilla, then drafter x num_draft speculative settings, then the peer (if a draft model exists)."""
+    drafters = list(drafters) if drafters else [engine.default_drafter]
+    for d in drafters:
+        if d not in engine.drafters or d == "none":
+            allowed = ", ".join(n for n in engine.drafters if n != "none")
+            hint = " (the pair has no draft model)" if d == "model" else ""
+            raise InvalidArgumentError(f"[bench] drafter {d!r} is not available{hint}; allowed: {allowed}")
+    ks = []
+    for k in num_drafts:
+        k = int(k) if isinstance(k, str) and k.isdigit() else k
+        check_num_draft(k)
+        ks.append("auto" if k in (None, "auto") else str(k))
+    out = [Setting("vanilla", None, "0")]
+    out += [Setting("speculative", d, k) for d in drafters for k in ks]
+    if peer and engine.draft_model is not None:
+        out.append(Setting("mlx-lm", "model", str(PEER_NUM_DRAFT)))
+    return out
+
+
+def default_setting(engine, settings: List[Setting]) -> Setting:
+    """The engine's default drafter (else the first one) at auto k (else the first k)."""
+    spec = [s for s in settings if s.mode == "speculative"]
+    if not spec:
+        return settings[0]
+    drafter = engine.default_drafter if any(s.drafter == engine.default_drafter for s in spec) else spec[0].drafter
+    mine = [s for s in spec if s.drafter == drafter]
+    return next((s for s in mine if s.num_draft == "auto"), mine[0])
+
+
+def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, temperatures: Sequence[float] = (0.0,),
+              num_drafts: Sequence = ("auto",), drafters: Optional[Sequence[str]] = None, seed: int = 0,
+              peer: bool = True, warmup: bool = True, on_run: Optional[Callable[[RunRecord], None]] = None,
+              on_mismatch: Optional[Callable[[RunRecord], None]] = None) -> BenchResult:
+    """Run every setting on every prompt, interleaved, and return the records in execution order.
+
+    Args:
+        engine: an `mlxspec.Engine` (with a tokenizer; a draft model enables the mlx-lm peer).
+        prompts: the suite (`mlxspec.bench.prompts`).
+        max_tokens: tokens per generation. Default 64.
+        temperatures: each is a full pass over the settings. Default (0.0,).
+        num_drafts: draft lengths ("auto" or ints). Default ("auto",).
+        drafters: drafter names. Default: the engine's default drafter.
+        seed: the same seed for every run. Default 0.
+        peer: run mlx-lm's speculative decoding when the engine has a draft model. Default True.
+        warmup: one untimed short pass of every setting at every temperature first. Default True.
+        on_run: called with each record as it completes (progress bars).
+        on_mismatch: called with a record whose greedy output differs from vanilla beyond a near-tie.
+    """
+    if not prompts:
+        raise InvalidArgumentError("[bench] no prompts to run")
+    if engine.tokenizer is None:
+        raise InvalidArgumentError("[bench] the engine needs a tokenizer (prompts are chat messages)")
+    temps = [float(t) for t in temperatures]
+    if not temps or any(t < 0 for t in temps):
+        raise InvalidArgumentError(f"[bench] temperatures must be >= 0, got {list(temperatures)}")
+    settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer)
+    encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
+
+    if warmup:  # every setting at every temperature: samplers and kernels compile on first use
+        for t in temps:
+            for s in settings:
+                _run_one(engine, s, prompts[0], encoded[0], min(WARMUP_TOKENS, max_tokens), t, seed)
+
+    runs: List[RunRecord] = []
+    for p, ids in zip(prompts, encoded):
+        for t in temps:
+            vanilla: Optional[RunRecord] = None
+            for s in settings:
+                rec = _run_one(engine, s, p, ids, max_tokens, t, seed)
+                rec.order = len(runs)
+                if s.mode == "vanilla":
+                    vanilla = rec
+                    rec.matches_vanilla = True if t == 0 else None
+                elif t == 0 and vanilla is not None:
+                    check = check_greedy(engine.target_model, ids, vanilla.output_tokens, rec.output_tokens)
+                    rec.matches_vanilla = check.ok
+                    if not check.identical:
+                        rec.mismatch = _mismatch_dict(check, engine.tokenizer)
+                    if not check.ok and on_mismatch is not None:
+                        on_mismatch(rec)
+                runs.append(rec)
+                if on_run is not None:
+                    on_run(rec)
+    return BenchResult(runs, settings, temps, max_tokens, seed, default_setting(engine, settings))
+
+
+def _run_one(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int, temperature: float,
+             seed: int) -> RunRecord:
+    engine.reset()  # cold prompt cache for every run; the cost model keeps what it learned
+    if s.mode == "mlx-lm":
+        r = run_peer(engine.target_model, engine.draft_model, engine.tokenizer, ids, max_tokens=max_tokens,
+                     temperature=temperature, seed=seed, num_draft=int(s.num_draft))
+        n = len(r.tokens)
+        return RunRecord(
+            p.id, p.category, s.mode, s.drafter, s.num_draft, r.prompt_tokens, r.prompt_seconds, n, r.seconds,
+            r.tokens_per_second, r.rounds, r.drafted, r.accepted, r.accepted / r.drafted if r.drafted else 0.0,
+            n / r.rounds if r.rounds else 0.0, r.peak_memory_bytes, None, temperature=temperature,
+            accept_histogram=_str_keys(r.accept_histogram), k_histogram=_str_keys(r.k_histogram),
+            mlx_lm_generation_tps=r.reported_tps, output_tokens=r.tokens)
+    res = engine.generate(ids, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                          speculative=s.mode == "speculative", drafter=s.drafter,
+                          num_draft="auto" if s.num_draft == "auto" else int(s.num_draft))
+    st = res.stats
+    return RunRecord(
+        p.id, p.category, s.mode, s.drafter, s.num_draft, st.prompt_tokens, st.prompt_seconds, st.tokens, st.seconds,
+        st.tokens_per_second, st.rounds, st.drafted, st.accepted, st.acceptance_rate, st.tokens_per_target_pass,
+        st.peak_memory_bytes, None, temperature=temperature, accept_histogram=_str_keys(st.accept_histogram),
+        k_histogram=_str_keys(st.k_histogram), output_tokens=list(res.tokens))
+
+
+def _str_keys(h: dict) -> dict:
+    return {str(k): v for k, v in sorted(h.items())}
+
+
+def _mismatch_dict(check: GreedyCheck, tokenizer) -> dict:
+    def show(t):
+        return None if t is None else tokenizer.decode([t])
+
+    return {"position": check.position, "vanilla_token": check.expected, "token": check.got,
+            "vanilla_text": show(check.expected), "text": show(check.got),
+            "logprob_gap": check.logprob_gap, "near_tie": check.near_tie}

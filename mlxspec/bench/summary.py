@@ -1,0 +1,115 @@
+"""Medians and speedups from bench records.
+
+Speedups are computed pair by pair: a speculative run's tokens/s divided by the vanilla
+(or mlx-lm) run's on the same prompt at the same temperature, then the median over
+prompts. That cancels per-prompt differences (length, EOS) that a ratio of medians keeps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from .runner import BenchResult, RunRecord, Setting
+
+
+def median(xs: Iterable[float]) -> Optional[float]:
+    xs = list(xs)
+    return statistics.median(xs) if xs else None
+
+
+def setting_of(r: RunRecord) -> Setting:
+    return Setting(r.mode, r.drafter, r.num_draft)
+
+
+def label(s: Setting) -> str:
+    """Short display name: "vanilla", "ngram k=auto", "mlx-lm k=3"."""
+    if s.mode == "vanilla":
+        return "vanilla"
+    if s.mode == "mlx-lm":
+        return f"mlx-lm k={s.num_draft}"
+    return f"{s.drafter} k={s.num_draft}"
+
+
+def _by_key(runs: List[RunRecord], mode: str) -> Dict[Tuple[str, float], RunRecord]:
+    return {(r.prompt_id, r.temperature): r for r in runs if r.mode == mode}
+
+
+def ratios(result: BenchResult, s: Setting, baseline_mode: str, *, category: Optional[str] = None,
+           temperature: Optional[float] = None) -> List[float]:
+    """Per-prompt tokens/s ratios of setting `s` over the baseline mode's run on the same prompt."""
+    base = _by_key(result.runs, baseline_mode)
+    out = []
+    for r in result.runs:
+        if setting_of(r) != s or (category is not None and r.category != category):
+            continue
+        if temperature is not None and r.temperature != temperature:
+            continue
+        b = base.get((r.prompt_id, r.temperature))
+        if b is not None and b.tokens_per_second > 0:
+            out.append(r.tokens_per_second / b.tokens_per_second)
+    return out
+
+
+def setting_rows(result: BenchResult) -> List[dict]:
+    """One row per (setting, temperature): medians of every figure and the pairwise speedups."""
+    has_peer = any(r.mode == "mlx-lm" for r in result.runs)
+    rows = []
+    for t in result.temperatures:
+        for s in result.settings:
+            runs = [r for r in result.runs if setting_of(r) == s and r.temperature == t]
+            if not runs:
+                continue
+            k_hist: Dict[str, int] = {}
+            acc_hist: Dict[str, int] = {}
+            for r in runs:
+                for k, v in r.k_histogram.items():
+                    k_hist[k] = k_hist.get(k, 0) + v
+                for k, v in r.accept_histogram.items():
+                    acc_hist[k] = acc_hist.get(k, 0) + v
+            vs_peer = median(ratios(result, s, "mlx-lm", temperature=t)) if has_peer and s.mode != "mlx-lm" else None
+            rows.append({
+                "mode": s.mode, "drafter": s.drafter, "num_draft": s.num_draft, "temperature": t, "label": label(s),
+                "runs": len(runs),
+                "tokens_per_second": median(r.tokens_per_second for r in runs),
+                "prompt_seconds": median(r.prompt_seconds for r in runs),
+                "acceptance_rate": median(r.acceptance_rate for r in runs) if s.mode != "vanilla" else None,
+                "tokens_per_target_pass": median(r.tokens_per_target_pass for r in runs),
+                "peak_memory_bytes": max(r.peak_memory_bytes for r in runs),
+                "speedup_vs_vanilla": median(ratios(result, s, "vanilla", temperature=t)) if s.mode != "vanilla" else None,
+                "speedup_vs_mlx_lm": vs_peer,
+                "k_histogram": dict(sorted(k_hist.items(), key=lambda kv: int(kv[0]))),
+                "accept_histogram": dict(sorted(acc_hist.items(), key=lambda kv: int(kv[0]))),
+                "mismatches": sum(1 for r in runs if r.matches_vanilla is False),
+            })
+    return rows
+
+
+def summarize(result: BenchResult) -> dict:
+    """The JSON `summary`: default-setting speedups overall and per category, mismatches, and tables."""
+    s, t0 = result.default_setting, result.temperatures[0]
+    has_peer = any(r.mode == "mlx-lm" for r in result.runs)
+
+    def speedups(category=None) -> dict:
+        return {
+            "speedup_vs_vanilla": median(ratios(result, s, "vanilla", category=category, temperature=t0)),
+            "speedup_vs_mlx_lm": median(ratios(result, s, "mlx-lm", category=category, temperature=t0)) if has_peer else None,
+        }
+
+    categories = list(dict.fromkeys(r.category for r in result.runs))
+    by_category = {}
+    for c in categories:
+        entry = speedups(c)
+        entry["tokens_per_second"] = {
+            label(x): median(r.tokens_per_second for r in result.runs
+                             if r.category == c and setting_of(r) == x and r.temperature == t0)
+            for x in result.settings}
+        by_category[c] = entry
+    return {
+        **speedups(),
+        "by_category": by_category,
+        "mismatches": sum(1 for r in result.runs if r.matches_vanilla is False),
+        "near_ties": sum(1 for r in result.runs if r.mismatch and r.mismatch.get("near_tie")),
+        "default_setting": {"drafter": s.drafter, "num_draft": s.num_draft, "temperature": t0},
+        "settings": setting_rows(result),
+    }

@@ -1,0 +1,218 @@
+"""This device's verify-cost curve V(j), measured once and kept in the mlxspec cache.
+
+V(j) is the time of one target pass over j tokens (forward, argmax, host read) after a
+short KV prefix; the cost model needs its shape, V(j)/V(1), to judge how long a draft can
+be before verifying it costs more than it saves. On a GPU the curve is flat for small j
+(memory-bound), on a CPU it grows almost linearly. Each j is timed `repeats` times in
+round-robin order (so drift hits all j alike) and the median kept.
+
+The drafters' cost per drafted token, relative to one target step, is measured too.
+
+File: `$MLXSPEC_HOME/calibration.json` (default home: `platformdirs.user_cache_dir("mlxspec")`),
+    {"format": 1, "models": {<model key>: {"ratios": {"1": 1.0, "2": ...}, "seconds": {...},
+                                           "draft_cost": {"ngram": ..., "model": ...}, ...}}}
+keyed by `model_key(model)`: class, layers, hidden size, vocab, weights bytes, dtypes, backend.
+MLX is imported inside the functions, so `mlxspec --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .device import backend, device_name
+from .errors import InvalidArgumentError, MlxSpecError
+
+FORMAT = 1
+MAX_J = 16  # longest pass timed (tokens)
+PREFIX = 32  # KV prefix before the timed passes (tokens)
+REPEATS = 7  # timings per j (median kept)
+
+
+def cache_home() -> Path:
+    """`$MLXSPEC_HOME` if set, else the platform's user cache dir for mlxspec."""
+    home = os.environ.get("MLXSPEC_HOME")
+    if home:
+        return Path(home)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("mlxspec"))
+
+
+def calibration_path() -> Path:
+    return cache_home() / "calibration.json"
+
+
+def model_key(model) -> str:
+    """Identifies a model as loaded on this backend, e.g. "llama.Model/L30/H576/V49152/B103M.../float16/cpu"."""
+    from mlx.utils import tree_flatten
+
+    from .engine import logit_width, weights_bytes
+
+    args = getattr(model, "args", None)
+    layers = len(getattr(model, "layers", []) or [])
+    hidden = getattr(args, "hidden_size", None)
+    dtypes = sorted({str(v.dtype).replace("mlx.core.", "") for _, v in tree_flatten(model.parameters())})
+    cls = f"{type(model).__module__.rsplit('.', 1)[-1]}.{type(model).__name__}"
+    return f"{cls}/L{layers}/H{hidden}/V{logit_width(model)}/B{weights_bytes(model)}/{'+'.join(dtypes)}/{backend()}"
+
+
+# -- measuring -------------------------------------------------------------------------------------
+def _prefix_ids(model, n: int) -> List[int]:
+    from .engine import logit_width
+
+    v = logit_width(model)
+    return [(17 + 31 * i) % v for i in range(n)]  # deterministic, spread over the vocabulary
+
+
+def measure_verify_seconds(model, *, max_j: int = MAX_J, prefix: int = PREFIX, repeats: int = REPEATS,
+                           warmup: int = 2) -> Dict[int, float]:
+    """Median seconds of a pass over j = 1..max_j tokens after `prefix` cached tokens.
+
+    Args:
+        model: an mlx-lm model (the target).
+        max_j: longest pass. Default 16.
+        prefix: KV tokens in the cache before each pass. Default 32.
+        repeats: timed passes per j (median kept). Default 7.
+        warmup: untimed rounds over every j first. Default 2.
+    """
+    import mlx.core as mx
+
+    from .prompts import MAX_DRAFT
+    from .sequence import Sequence
+
+    if max_j < 1 or repeats < 1 or prefix < 1:
+        raise InvalidArgumentError(f"[calibrate] max_j, repeats and prefix must be >= 1, got {max_j}, {repeats}, {prefix}")
+    seq = Sequence(model, max_kv_size=None, headroom=max(MAX_DRAFT, max_j) + 1)
+    ids = _prefix_ids(model, prefix + max_j)
+    seq.prefill(ids[:prefix])
+    times: Dict[int, List[float]] = {j: [] for j in range(1, max_j + 1)}
+    for rep in range(warmup + repeats):
+        for j in range(1, max_j + 1):
+            t0 = time.perf_counter()
+            logits = seq.forward(ids[prefix:prefix + j])
+            mx.argmax(logits, axis=-1).tolist()  # the engine's verify ends in one host read too
+            dt = time.perf_counter() - t0
+            seq.rollback(j)
+            if rep >= warmup:
+                times[j].append(dt)
+    return {j: statistics.median(ts) for j, ts in times.items()}
+
+
+def measure_ngram_seconds(*, history: int = 512, k: int = 8, repeats: int = 50) -> float:
+    """Median seconds per drafted token of the n-gram drafter on a self-repeating history."""
+    from .drafters import NgramDrafter
+    from .sampling import SamplingParams
+
+    base = [(7 * i) % 97 for i in range(history // 2)]
+    hist = base + base
+    d = NgramDrafter()
+    params = SamplingParams(0.0, 1.0, 0, 0.0)
+    d.propose(hist, k, params, None)  # builds the index once, as the engine's first round does
+    times = []
+    for i in range(repeats):
+        hist.append(base[i % len(base)])
+        t0 = time.perf_counter()
+        n = len(d.propose(hist, k, params, None).tokens)
+        times.append((time.perf_counter() - t0) / max(1, n))
+    return statistics.median(times)
+
+
+def calibrate(target_model, draft_model=None, *, max_j: int = MAX_J, prefix: int = PREFIX,
+              repeats: int = REPEATS) -> dict:
+    """Measure V(j) for the target and the drafters' per-token cost; returns the entry `save` stores."""
+    seconds = measure_verify_seconds(target_model, max_j=max_j, prefix=prefix, repeats=repeats)
+    v1 = seconds[1]
+    draft_cost = {"ngram": measure_ngram_seconds() / v1}
+    if draft_model is not None:
+        d = measure_verify_seconds(draft_model, max_j=1, prefix=prefix, repeats=repeats)
+        draft_cost["model"] = d[1] / v1
+    return {
+        "key": model_key(target_model),
+        "backend": backend(),
+        "device": device_name(),
+        "ratios": {str(j): s / v1 for j, s in seconds.items()},
+        "seconds": {str(j): s for j, s in seconds.items()},
+        "draft_cost": draft_cost,  # seconds per drafted token / seconds of one target step
+        "draft_key": model_key(draft_model) if draft_model is not None else None,
+        "prefix": prefix,
+        "repeats": repeats,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+# -- the file -------------------------------------------------------------------------------------
+def read_file(path: Optional[Path] = None) -> dict:
+    """The calibration document; an empty one when the file does not exist."""
+    path = Path(path) if path else calibration_path()
+    if not path.exists():
+        return {"format": FORMAT, "models": {}}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise MlxSpecError(f"[calibrate] cannot read {path}: {e}; delete it and run `mlxspec calibrate` again") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
+        raise MlxSpecError(f"[calibrate] {path} is not a calibration file (no 'models' object); delete it and recalibrate")
+    return doc
+
+
+def save(entry: dict, path: Optional[Path] = None) -> Path:
+    """Store `entry` (from `calibrate`) under its key, keeping other models' entries. Returns the path."""
+    path = Path(path) if path else calibration_path()
+    doc = read_file(path)
+    doc["format"] = FORMAT
+    doc["models"][entry["key"]] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)  # atomic: a crash never leaves half a file
+    return path
+
+
+def load_entry(model, path: Optional[Path] = None) -> Optional[dict]:
+    """The saved entry for this model on this backend, or None (no file, no entry, unreadable file)."""
+    try:
+        doc = read_file(path)
+    except MlxSpecError:
+        return None
+    return doc["models"].get(model_key(model))
+
+
+def load_prior(model, path: Optional[Path] = None) -> Optional[Dict[int, float]]:
+    """Saved V(j)/V(1) ratios for `model` on this backend ({1: 1.0, 2: ..., 16: ...}), or None.
+
+    Pass the result as `Engine(..., cost_prior=load_prior(target_model))`.
+    """
+    entry = load_entry(model, path)
+    if not entry or not isinstance(entry.get("ratios"), dict):
+        return None
+    try:
+        return {int(j): float(r) for j, r in entry["ratios"].items()}
+    except (TypeError, ValueError):
+        return None
+
+
+def curve_for(engine, *, measure: bool = True, repeats: int = 3) -> tuple:
+    """(ratios, source) for the engine's target; source is "calibration file", "measured on the fly" or "none".
+
+    Uses the saved curve when there is one, else (if `measure`) a quick measurement (`repeats`
+    timings per j, default 3), else nothing (the cost model's default slope).
+    """
+    prior = load_prior(engine.target_model)
+    if prior:
+        return prior, "calibration file"
+    if not measure:
+        return None, "none"
+    secs = measure_verify_seconds(engine.target_model, repeats=repeats, warmup=1)
+    return {j: s / secs[1] for j, s in secs.items()}, "measured on the fly"
+
+
+def apply_prior(engine, ratios: Optional[Dict[int, float]]) -> None:
+    """Give every cost model of `engine` these V(j)/V(1) ratios (what `Engine(cost_prior=...)` does)."""
+    if ratios:
+        for cost in engine.costs.values():
+            cost.prior_ratios = dict(ratios)

@@ -1,0 +1,53 @@
+"""`mlxspec calibrate`: measure this device's verify-cost curve V(j) and save it in the mlxspec cache."""
+
+from __future__ import annotations
+
+from .modelargs import add_model_args
+
+
+def register(subparsers) -> None:
+    from ..calibration import MAX_J, PREFIX, REPEATS
+
+    p = subparsers.add_parser("calibrate", help="measure the target's verify-cost curve on this device",
+                              description=__doc__)
+    add_model_args(p)
+    p.add_argument("--max-j", type=int, default=MAX_J, help=f"longest pass timed, tokens (default {MAX_J})")
+    p.add_argument("--prefix", type=int, default=PREFIX, help=f"KV tokens before each pass (default {PREFIX})")
+    p.add_argument("--repeats", type=int, default=REPEATS, help=f"timings per length, median kept (default {REPEATS})")
+    p.add_argument("--no-save", action="store_true", help="print the curve without saving it")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    from . import modelargs
+
+    err = Console(stderr=True)
+    with err.status("loading models"):
+        engine = modelargs.load_engine(args)
+    return calibrate_engine(engine, args, out=Console(), err=err)
+
+
+def calibrate_engine(engine, args, *, out, err) -> int:
+    from rich.table import Table
+
+    from ..calibration import calibrate, save
+
+    with err.status("timing target passes"):
+        entry = calibrate(engine.target_model, engine.draft_model, max_j=args.max_j, prefix=args.prefix,
+                          repeats=args.repeats)
+    t = Table(title=f"Verify cost on {entry['backend']} {entry['device']} ({entry['key']})")
+    for col in ("j", "seconds", "V(j)/V(1)", "per token"):
+        t.add_column(col, justify="right")
+    for j, s in entry["seconds"].items():
+        r = entry["ratios"][j]
+        t.add_row(j, f"{s * 1e3:.2f} ms", f"{r:.2f}", f"{r / int(j):.2f}")
+    out.print(t)
+    for name, c in entry["draft_cost"].items():
+        out.print(f"drafter {name}: {c:.3f} target steps per drafted token")
+    if args.no_save:
+        return 0
+    path = save(entry)
+    err.print(f"saved to {path}")
+    return 0

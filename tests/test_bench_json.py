@@ -1,0 +1,104 @@
+"""`mlxspec bench --json/--csv/--plot` end to end on tiny models (the loader is replaced by a tiny engine)."""
+
+import csv
+import json
+import sys
+
+import pytest
+from bench_helpers import tiny_engine
+
+from mlxspec import cli
+from mlxspec.commands import modelargs
+
+TOP = {"mlxspec_version", "device", "pair", "settings", "runs", "summary"}
+RUN_TYPES = {
+    "prompt_id": str, "category": str, "mode": str, "drafter": (str, type(None)), "num_draft": str,
+    "prompt_tokens": int, "prompt_seconds": float, "tokens": int, "seconds": float, "tokens_per_second": float,
+    "rounds": int, "drafted": int, "accepted": int, "acceptance_rate": float, "tokens_per_target_pass": float,
+    "peak_memory_bytes": int, "matches_vanilla": (bool, type(None)),
+}
+
+
+@pytest.fixture(scope="module")
+def bench_json(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MLXSPEC_HOME", str(tmp / "home"))
+    eng = tiny_engine()
+    mp.setattr(modelargs, "load_engine", lambda args, **kw: eng)
+    out = tmp / "b.json"
+    code = cli.main(["bench", "--limit", "2", "--max-tokens", "5", "--num-draft", "auto,2",
+                     "--drafter", "model,ngram", "--json", str(out), "--csv", str(tmp / "b.csv")])
+    mp.undo()
+    return code, json.loads(out.read_text()), tmp / "b.csv"
+
+
+def test_exit_status_and_top_level_keys(bench_json):
+    code, doc, _ = bench_json
+    assert code == 0
+    assert TOP <= set(doc)
+    assert isinstance(doc["mlxspec_version"], str)
+    assert set(doc["device"]) >= {"backend", "name", "os"} and doc["device"]["backend"] in ("cpu", "gpu")
+    assert set(doc["pair"]) >= {"name", "target", "draft", "drafters"}
+    assert doc["pair"]["drafters"] == ["model", "ngram"] and isinstance(doc["pair"]["draft"], str)
+
+
+def test_settings_keys_and_types(bench_json):
+    s = bench_json[1]["settings"]
+    assert s["max_tokens"] == 5 and isinstance(s["max_tokens"], int)
+    assert s["temperature"] == 0.0 and isinstance(s["temperature"], float)
+    assert s["num_draft"] == ["auto", "2"]
+    assert s["seed"] == 0
+
+
+def test_run_keys_and_types(bench_json):
+    runs = bench_json[1]["runs"]
+    assert len(runs) == 2 * 6  # 2 prompts x (vanilla + 4 speculative + peer)
+    for r in runs:
+        for key, typ in RUN_TYPES.items():
+            assert key in r, key
+            assert isinstance(r[key], typ), (key, r[key])
+        assert r["mode"] in ("vanilla", "speculative", "mlx-lm")
+    assert {r["drafter"] for r in runs if r["mode"] == "vanilla"} == {None}
+    assert {r["drafter"] for r in runs if r["mode"] == "mlx-lm"} == {"model"}
+
+
+def test_summary_keys_and_types(bench_json):
+    s = bench_json[1]["summary"]
+    assert isinstance(s["speedup_vs_vanilla"], float)
+    assert isinstance(s["speedup_vs_mlx_lm"], float)  # the pair has a draft model, so the peer ran
+    assert isinstance(s["mismatches"], int) and s["mismatches"] == 0
+    for cat, entry in s["by_category"].items():
+        assert isinstance(cat, str) and isinstance(entry["speedup_vs_vanilla"], float)
+
+
+def test_curve_is_reported(bench_json):
+    curve = bench_json[1]["curve"]
+    assert curve["source"] == "measured on the fly"  # MLXSPEC_HOME was empty
+    assert curve["ratios"]["1"] == pytest.approx(1.0) and len(curve["ratios"]) == 16
+
+
+def test_csv_has_one_row_per_run(bench_json):
+    _, doc, path = bench_json
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == len(doc["runs"])
+    assert [r["mode"] for r in rows] == [r["mode"] for r in doc["runs"]]
+    assert json.loads(rows[1]["k_histogram"]) == doc["runs"][1]["k_histogram"]
+
+
+def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    monkeypatch.setattr(modelargs, "load_engine", lambda *a, **k: pytest.fail("must fail before loading"))
+    assert cli.main(["bench", "--plot", str(tmp_path / "p.png")]) == 1
+    assert "pip install matplotlib" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--num-draft", "auto,x"], "--num-draft: 'x' is not valid"),
+    (["--temperature", "0,-1"], "--temperature: '-1' is not valid"),
+    (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+])
+def test_bad_options_are_rejected_before_loading(monkeypatch, capsys, argv, words):
+    monkeypatch.setattr(modelargs, "load_engine", lambda *a, **k: pytest.fail("must fail before loading"))
+    assert cli.main(["bench", *argv]) == 1
+    assert words in capsys.readouterr().err

@@ -1,0 +1,89 @@
+"""The builtin suite and the validation of users' --prompts files."""
+
+import json
+
+import pytest
+
+from mlxspec.bench.prompts import CATEGORIES, builtin_suite, load_prompts, parse_suite, select, stratified
+from mlxspec.errors import InvalidArgumentError
+
+
+def test_builtin_suite_covers_six_categories_with_unique_ids():
+    suite = builtin_suite()
+    assert len(suite) >= 24
+    assert len({p.id for p in suite}) == len(suite)
+    for cat in CATEGORIES:
+        assert sum(p.category == cat for p in suite) >= 4, cat
+    assert {p.category for p in suite} == set(CATEGORIES)
+
+
+def test_input_grounded_prompts_carry_their_input():
+    suite = builtin_suite()
+    for p in suite:
+        if p.category == "summarization":
+            passage = p.prompt.split("\n\n", 1)[1]
+            assert 150 <= len(passage.split()) <= 250, (p.id, len(passage.split()))
+        if p.category == "code-edit":
+            assert "```" in p.prompt, p.id
+
+
+def test_short_suite_is_stratified_over_all_categories():
+    short = select(builtin_suite(), full=False, limit=None)
+    assert len(short) == 8
+    assert {p.category for p in short} == set(CATEGORIES)
+    assert select(builtin_suite(), full=True, limit=None) == builtin_suite()
+    assert len(select(builtin_suite(), full=True, limit=3)) == 3
+
+
+def test_stratified_takes_round_robin():
+    ps = parse_suite("\n".join(json.dumps({"prompt": f"q{i}", "category": c}) for i, c in enumerate("aaabbc")))
+    assert [p.prompt for p in stratified(ps, 4)] == ["q0", "q3", "q5", "q1"]
+
+
+def test_prompts_are_chat_messages():
+    p = builtin_suite()[0]
+    assert p.messages() == [{"role": "user", "content": p.prompt}]
+
+
+def test_user_file_defaults_and_blank_lines(tmp_path):
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"prompt": "one"}\n\n{"prompt": "two", "id": "b", "category": "code"}\n')
+    ps = load_prompts(f)
+    assert [(p.id, p.category, p.prompt) for p in ps] == [("line-1", "other", "one"), ("b", "code", "two")]
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ('{"prompt": "ok"}\nnot json\n', 2, "not valid JSON"),
+    ('{"prompt": "ok"}\n{"id": "x"}\n', 2, "'prompt' must be a non-empty string"),
+    ('["a list"]\n', 1, "expected a JSON object"),
+    ('{"prompt": "a", "category": 3}\n', 1, "'category' must be a string"),
+    ('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n', 2, "duplicate id"),
+])
+def test_bad_lines_are_named(tmp_path, text, line, words):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(text)
+    with pytest.raises(InvalidArgumentError, match=f"line {line}: .*{words}"):
+        load_prompts(f)
+
+
+def test_empty_and_missing_files(tmp_path):
+    f = tmp_path / "empty.jsonl"
+    f.write_text("\n\n")
+    with pytest.raises(InvalidArgumentError, match="no prompts"):
+        load_prompts(f)
+    with pytest.raises(InvalidArgumentError, match="cannot read"):
+        load_prompts(tmp_path / "missing.jsonl")
+
+
+def test_cli_rejects_a_bad_file_before_loading_models(tmp_path, monkeypatch, capsys):
+    from mlxspec import cli
+    from mlxspec.commands import modelargs
+
+    def no_load(*a, **k):
+        raise AssertionError("models must not load when the prompts file is bad")
+
+    monkeypatch.setattr(modelargs, "load_engine", no_load)
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"prompt": "fine"}\n{"prompt": ""}\n')
+    assert cli.main(["bench", "--prompts", str(f)]) == 1
+    assert "line 2" in capsys.readouterr().err

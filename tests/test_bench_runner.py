@@ -1,0 +1,112 @@
+"""The interleaved runner end to end on tiny models (with a draft model, so the mlx-lm peer runs)."""
+
+import pytest
+from bench_helpers import PROMPTS, tiny_engine
+
+from mlxspec.bench import runner as runner_mod
+from mlxspec.bench.peer import rounds_from_flags
+from mlxspec.bench.runner import Setting, run_bench, settings_for
+from mlxspec.bench.summary import summarize
+from mlxspec.errors import InvalidArgumentError
+
+MAX = 6
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return tiny_engine()
+
+
+@pytest.fixture(scope="module")
+def result(engine):
+    return run_bench(engine, PROMPTS, max_tokens=MAX, num_drafts=["auto", 2], drafters=["model", "ngram"])
+
+
+def test_runs_are_interleaved_prompt_by_prompt(result):
+    expected = [("vanilla", None, "0"), ("speculative", "model", "auto"), ("speculative", "model", "2"),
+                ("speculative", "ngram", "auto"), ("speculative", "ngram", "2"), ("mlx-lm", "model", "3")]
+    order = [(r.prompt_id, r.mode, r.drafter, r.num_draft) for r in sorted(result.runs, key=lambda r: r.order)]
+    assert order == [(p.id, *e) for p in PROMPTS for e in expected]
+    assert [r.order for r in result.runs] == list(range(len(result.runs)))
+
+
+def test_every_run_is_complete_and_greedy_outputs_match(result):
+    for r in result.runs:
+        assert r.tokens == MAX or r.output_tokens[-1] in (2,), r  # 2 = <|im_end|> (EOS) in the tiny tokenizer
+        assert r.seconds > 0 and r.tokens_per_second == pytest.approx(r.tokens / r.seconds)
+        assert r.matches_vanilla is True and r.mismatch is None
+        assert r.prompt_tokens > 0 and r.peak_memory_bytes > 0
+    vanilla = [r for r in result.runs if r.mode == "vanilla"]
+    assert all(r.drafted == 0 and r.rounds == r.tokens for r in vanilla)
+    peer = [r for r in result.runs if r.mode == "mlx-lm"]
+    assert all(r.drafted > 0 and r.mlx_lm_generation_tps for r in peer)
+
+
+def test_each_run_starts_cold_but_cost_models_keep_learning(monkeypatch):
+    eng = tiny_engine()
+    resets = []
+    real = eng.reset
+    monkeypatch.setattr(eng, "reset", lambda: (resets.append(1), real()))
+    costs_before = dict(eng.costs)
+    res = run_bench(eng, PROMPTS[:1], max_tokens=MAX, warmup=False)
+    assert len(resets) == len(res.runs)
+    assert eng.costs == costs_before  # the same objects: learned state is kept across runs
+    assert eng.costs["model"].v  # and they observed verify passes
+
+
+def test_sampling_runs_are_not_compared(engine):
+    res = run_bench(engine, PROMPTS[:1], max_tokens=4, temperatures=[0.0, 0.7], warmup=False)
+    assert [r.temperature for r in res.runs] == [0.0] * 3 + [0.7] * 3
+    assert [r.matches_vanilla for r in res.runs if r.temperature == 0.7] == [None, None, None]
+
+
+def test_a_wrong_output_is_counted_and_reported(engine, monkeypatch):
+    real = runner_mod.run_peer
+
+    def wrong_peer(*a, **k):
+        r = real(*a, **k)
+        r.tokens = [(t + 1) % engine.vocab_size for t in r.tokens]  # a different argmax from token 0
+        return r
+
+    monkeypatch.setattr(runner_mod, "run_peer", wrong_peer)
+    loud = []
+    res = run_bench(engine, PROMPTS[:1], max_tokens=MAX, warmup=False, on_mismatch=loud.append)
+    peer = [r for r in res.runs if r.mode == "mlx-lm"]
+    assert len(loud) == 1 and loud[0] is peer[0]
+    assert peer[0].matches_vanilla is False and peer[0].mismatch["position"] == 0
+    assert not peer[0].mismatch["near_tie"] and peer[0].mismatch["logprob_gap"] > 1e-3
+    assert summarize(res)["mismatches"] == 1
+
+
+def test_no_peer_without_a_draft_model_and_bad_drafters_rejected():
+    eng = tiny_engine(draft=False)
+    assert settings_for(eng) == [Setting("vanilla", None, "0"), Setting("speculative", "ngram", "auto")]
+    with pytest.raises(InvalidArgumentError, match="no draft model"):
+        settings_for(eng, drafters=["model"])
+    with pytest.raises(InvalidArgumentError, match="num_draft"):
+        settings_for(eng, num_drafts=[99])
+
+
+def test_summary_speedups_are_pairwise_medians(result):
+    s = summarize(result)
+    van = {r.prompt_id: r.tokens_per_second for r in result.runs if r.mode == "vanilla"}
+    spec = {r.prompt_id: r.tokens_per_second for r in result.runs
+            if r.mode == "speculative" and r.drafter == "model" and r.num_draft == "auto"}
+    ratios = sorted(spec[p] / van[p] for p in van)
+    assert s["speedup_vs_vanilla"] == pytest.approx(sum(ratios) / 2)  # median of two
+    assert s["default_setting"] == {"drafter": "model", "num_draft": "auto", "temperature": 0.0}
+    assert set(s["by_category"]) == {"chat", "code-edit"}
+    chat = [r for r in result.runs if r.category == "chat"]
+    assert s["by_category"]["chat"]["speedup_vs_vanilla"] == pytest.approx(spec["p-chat"] / van["p-chat"])
+    assert s["speedup_vs_mlx_lm"] is not None and chat
+
+
+@pytest.mark.parametrize("flags, k, max_tokens, expected", [
+    ([True, True, True, False], 3, 64, (1, 3, 3)),  # all accepted + bonus
+    ([True, False, False, True, False], 3, 64, (3, 9, 2)),
+    ([True, True, False, True], 3, 4, (2, 4, 3)),  # second round cut by max_tokens: drafts min(3, 4 - 3) = 1
+])
+def test_peer_rounds_from_flags(flags, k, max_tokens, expected):
+    rounds, drafted, accepted, acc_h, k_h = rounds_from_flags(flags, k, max_tokens)
+    assert (rounds, drafted, accepted) == expected
+    assert sum(k_h.values()) == rounds
