@@ -196,6 +196,17 @@ def load_prior(model, path: Optional[Path] = None) -> Optional[Dict[int, float]]
         return None
 
 
+def priors_for(target_model, draft_model=None) -> tuple:
+    """(V(j)/V(1) ratios or None, the draft model's cost per token / one target step or None)."""
+    entry = load_entry(target_model) or {}
+    ratios = load_prior(target_model)
+    draft_ratio = None
+    if draft_model is not None and entry.get("draft_key") == model_key(draft_model):
+        value = (entry.get("draft_cost") or {}).get("model")
+        draft_ratio = float(value) if isinstance(value, (int, float)) else None
+    return ratios, draft_ratio
+
+
 def curve_for(engine, *, measure: bool = True, repeats: int = 3) -> tuple:
     """(ratios, source) for the engine's target; source is "calibration file", "measured on the fly" or "none".
 

@@ -23,12 +23,13 @@ from typing import Dict, Optional
 class CostModel:
     def __init__(self, *, k_max: int = 12, prior_ratios: Optional[Dict[int, float]] = None,
                  prior_slope: float = 0.5, ema: float = 0.25, decay: float = 0.92,
-                 draft_is_free: bool = False):
+                 draft_is_free: bool = False, prior_draft_ratio: Optional[float] = None):
         self.k_max = k_max
         self.prior_ratios = dict(prior_ratios or {})  # V(j)/V(1), e.g. from `mlxspec calibrate`
         self.prior_slope = prior_slope  # V(j)/V(1) = 1 + slope*(j-1) when nothing better is known
         self.ema, self.decay = ema, decay
         self.draft_is_free = draft_is_free
+        self.prior_draft_ratio = prior_draft_ratio  # drafter seconds per token / V(1), until measured
         self.v: Dict[int, float] = {}  # j -> seconds of a target pass over j tokens
         self.c: Optional[float] = None  # drafter seconds per drafted token
         self.successes, self.failures = 1.0, 1.0  # Beta(1, 1) prior on a
@@ -63,18 +64,22 @@ class CostModel:
         if not self.v:
             return None
         known = sorted(self.v)
+        if j in self.prior_ratios:  # scale the calibrated curve from the nearest timed length
+            m = min(known, key=lambda x: abs(x - j))
+            if m in self.prior_ratios:
+                return self.v[m] * self.prior_ratios[j] / self.prior_ratios[m]
         lo = max((x for x in known if x < j), default=None)
         hi = min((x for x in known if x > j), default=None)
-        if lo is not None and hi is not None:
+        ratio = lambda x: 1.0 + self.prior_slope * (x - 1)  # noqa: E731
+        if lo is None:  # shorter than every timed length
+            return self.v[hi] * ratio(j) / ratio(hi)
+        if hi is not None:
             t = (j - lo) / (hi - lo)
             return self.v[lo] + t * (self.v[hi] - self.v[lo])
-        base = lo if lo is not None else hi
-        ratio = lambda x: self.prior_ratios.get(x, 1.0 + self.prior_slope * (x - 1))  # noqa: E731
-        if lo is not None and len(known) >= 2:
+        if len(known) >= 2:  # longer than every timed length: continue the last slope
             a, b = known[-2], known[-1]
-            slope = max(0.0, (self.v[b] - self.v[a]) / (b - a))
-            return self.v[b] + slope * (j - b)
-        return self.v[base] * ratio(j) / ratio(base)
+            return self.v[b] + max(0.0, (self.v[b] - self.v[a]) / (b - a)) * (j - b)
+        return self.v[lo] * ratio(j) / ratio(lo)
 
     def expected_tokens(self, k: int) -> float:
         a = min(self.alpha, 0.999)
@@ -85,7 +90,12 @@ class CostModel:
         v = self.verify_seconds(k + 1)
         if v is None:
             return None
-        c = 0.0 if self.draft_is_free else (self.c if self.c is not None else 0.1 * (self.verify_seconds(1) or v))
+        if self.draft_is_free:
+            c = 0.0
+        elif self.c is not None:
+            c = self.c
+        else:  # not timed yet: the calibrated ratio, else a guess of a tenth of a target step
+            c = (self.prior_draft_ratio or 0.1) * (self.verify_seconds(1) or v)
         return self.expected_tokens(k) / (k * c + v)
 
     def choose(self, k_cap: Optional[int] = None) -> int:

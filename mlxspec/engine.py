@@ -57,7 +57,13 @@ class Engine:
         drafter: "model" (default with a draft model), "ngram" (default without), or "none".
         max_kv_size: sliding window for full-attention layers (first 4 tokens kept), like mlx-lm.
         num_draft: fixed draft length, or None/"auto" to let the cost model choose per round.
-        draft_min_confidence: a model draft stops after a token whose draft probability is below this.
+        draft_min_confidence: with an adaptive k, a model draft stops after a token whose draft
+            probability is below this (default 0.2).
+        cost_prior: V(j)/V(1) ratios to start the cost model from; default: the curve saved by
+            `mlxspec calibrate` for this model on this device, if any.
+
+    The engine is not thread-safe; one thread at a time may use it. MLX keeps per-thread
+    streams: a thread that used the engine and ends should call `mx.clear_streams()`.
     """
 
     def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None,
@@ -82,11 +88,18 @@ class Engine:
         self.drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft_model is not None:
             self.drafters["model"] = ModelDrafter(draft_model, target_vocab=self.vocab_size, max_kv_size=max_kv_size,
-                                                  headroom=headroom, min_confidence=draft_min_confidence)
+                                                  headroom=headroom)
+        self.draft_min_confidence = draft_min_confidence
         self.default_drafter = drafter
         on_gpu = mx.metal.is_available() and mx.default_device() == mx.gpu
         slope = 0.1 if on_gpu else 0.5
-        self.costs = {name: CostModel(prior_ratios=cost_prior, prior_slope=slope, draft_is_free=not d.uses_model)
+        prior_draft = None
+        if cost_prior is None:
+            from .calibration import priors_for
+
+            cost_prior, prior_draft = priors_for(target_model, draft_model)
+        self.costs = {name: CostModel(prior_ratios=cost_prior, prior_slope=slope, draft_is_free=not d.uses_model,
+                                      prior_draft_ratio=prior_draft if d.uses_model else None)
                       for name, d in self.drafters.items()}
         self.target_weights_bytes = weights_bytes(target_model)
         self.draft_weights_bytes = weights_bytes(draft_model) if draft_model is not None else 0
@@ -114,8 +127,9 @@ class Engine:
         if "model" in self.drafters:
             d = self.drafters["model"]
             twin.drafters["model"] = ModelDrafter(d.model, target_vocab=self.vocab_size, max_kv_size=self.max_kv_size,
-                                                  headroom=self.target.headroom, min_confidence=d.min_confidence)
-        twin.costs = {n: CostModel(prior_ratios=c.prior_ratios, prior_slope=c.prior_slope, draft_is_free=c.draft_is_free)
+                                                  headroom=self.target.headroom)
+        twin.costs = {n: CostModel(prior_ratios=c.prior_ratios, prior_slope=c.prior_slope, draft_is_free=c.draft_is_free,
+                                   prior_draft_ratio=c.prior_draft_ratio)
                       for n, c in self.costs.items()}
         twin.last_stats = None
         return twin
@@ -211,7 +225,9 @@ class Engine:
                     k_draft = k_verify = None
 
                 t_d = time.perf_counter()
-                draft = drafter.propose(history, k, params, k_draft) if k > 0 else Draft([])
+                # A fixed k is honoured exactly; an adaptive one also stops where the draft is unsure.
+                confidence = self.draft_min_confidence if k_fixed is None else 0.0
+                draft = drafter.propose(history, k, params, k_draft, min_confidence=confidence) if k > 0 else Draft([])
                 shadow = None
                 if k == 0 and not drafter.uses_model and name != "none" and k_fixed is None:
                     probe = drafter.propose(history, 1, params, None).tokens  # free: probe acceptance

@@ -52,3 +52,21 @@ def test_unmeasured_lengths_are_interpolated_and_extrapolated():
 
 def test_first_round_times_a_plain_step():
     assert CostModel().choose() == 0
+
+
+def test_calibrated_curve_is_scaled_from_the_nearest_timed_length():
+    m = CostModel(prior_ratios={1: 1.0, 2: 1.1, 3: 1.2, 4: 3.0, 5: 3.1})
+    m.observe_verify(1, 0.2)
+    assert m.verify_seconds(4) == pytest.approx(0.6)
+    m.observe_verify(3, 0.3)  # slower than the curve said: lengths near 3 follow the measurement
+    assert m.verify_seconds(4) == pytest.approx(0.3 * 3.0 / 1.2)
+
+
+def test_calibrated_draft_cost_is_used_until_measured():
+    m = CostModel(draft_is_free=False, prior_draft_ratio=0.5)
+    m.observe_verify(1, 1.0)
+    m.observe_verify(2, 1.0)
+    m.successes, m.failures = 9.0, 1.0
+    assert m.speed(1) == pytest.approx(m.expected_tokens(1) / (0.5 + 1.0))
+    m.observe_draft(1, 0.1)
+    assert m.speed(1) == pytest.approx(m.expected_tokens(1) / (0.1 + 1.0))

@@ -26,8 +26,10 @@ class Drafter(Protocol):
     name: str  # "model", "ngram", "none"
     uses_model: bool  # True when proposing costs forward passes (the cost model measures it)
 
-    def propose(self, history: List[int], k: int, params: SamplingParams, key: Optional[mx.array]) -> Draft:
-        """Up to k tokens continuing `history` (prompt + committed output)."""
+    def propose(self, history: List[int], k: int, params: SamplingParams, key: Optional[mx.array], *,
+                min_confidence: float = 0.0) -> Draft:
+        """Up to k tokens continuing `history` (prompt + committed output); a drafter that knows its
+        confidence may stop after a token it gives less than `min_confidence`."""
         ...
 
     def reset(self) -> None:
@@ -41,7 +43,7 @@ class NoDrafter:
     name = "none"
     uses_model = False
 
-    def propose(self, history, k, params, key) -> Draft:
+    def propose(self, history, k, params, key, *, min_confidence=0.0) -> Draft:
         return Draft([])
 
     def reset(self) -> None:

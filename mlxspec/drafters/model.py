@@ -17,18 +17,17 @@ class ModelDrafter:
 
     Its cache is synced to the committed history at each `propose` (rolling back the
     rejected drafts; after a fully accepted round the last draft token, never fed, is fed
-    then). Drafting stops early when the draft's top probability falls below
-    `min_confidence`: a token it is unsure of is likely rejected and costs a verify slot.
+    then). Drafting stops early after a token whose draft probability is below
+    `min_confidence` (the engine asks for that when it picks k itself): a token the draft
+    is unsure of is likely rejected, and every drafted token costs a verify slot.
     """
 
     name = "model"
     uses_model = True
 
-    def __init__(self, model, *, target_vocab: int, max_kv_size: Optional[int], headroom: int,
-                 min_confidence: float = 0.0):
+    def __init__(self, model, *, target_vocab: int, max_kv_size: Optional[int], headroom: int):
         self.model = model
         self.target_vocab = target_vocab
-        self.min_confidence = min_confidence
         self.seq = Sequence(model, max_kv_size=max_kv_size, headroom=headroom)
 
     def reset(self) -> None:
@@ -49,7 +48,7 @@ class ModelDrafter:
             return mx.concatenate([logits, pad], axis=-1)
         return logits
 
-    def propose(self, history, k, params: SamplingParams, key) -> Draft:
+    def propose(self, history, k, params: SamplingParams, key, *, min_confidence: float = 0.0) -> Draft:
         if k <= 0:
             return Draft([])
         feed = self.seq.sync(history)
@@ -59,7 +58,7 @@ class ModelDrafter:
             logits = self._fit(self.seq.forward(feed)[-1].astype(mx.float32))
             if params.greedy:
                 tok = mx.argmax(logits)
-                top = mx.max(mx.softmax(logits, precise=True)) if self.min_confidence > 0 else mx.array(1.0)
+                top = mx.max(mx.softmax(logits, precise=True)) if min_confidence > 0 else mx.array(1.0)
             else:
                 q = kernels.probabilities(logits, params)
                 tok = mx.random.categorical(mx.log(q), key=None if subkeys is None else subkeys[i])
@@ -68,7 +67,7 @@ class ModelDrafter:
             mx.eval(tok, top)
             t = int(tok.item())
             tokens.append(t)
-            if i < k - 1 and float(top.item()) < self.min_confidence:
+            if i < k - 1 and float(top.item()) < min_confidence:
                 break
             feed = [t]
         probs = mx.stack(rows) if rows else None

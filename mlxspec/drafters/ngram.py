@@ -39,7 +39,7 @@ class NgramDrafter:
                     self._index[tuple(history[end - n : end])] = end
         self._indexed = max(self._indexed, end_limit)
 
-    def propose(self, history, k, params, key) -> Draft:
+    def propose(self, history, k, params, key, *, min_confidence=0.0) -> Draft:
         if k <= 0 or len(history) < 2:
             return Draft([])
         self._extend(history)
