@@ -13,6 +13,10 @@ All three quantities are measured while the engine runs: V(j) and c as exponenti
 moving averages, a from a decayed count of accepts and first rejections (a round with
 n accepted out of k shows n successes and, if n < k, one failure). Until a length j has
 been timed, V(j) is interpolated from the timed ones (or a calibration curve).
+
+Acceptance is kept per *kind* of proposal: a drafter may label its drafts (the n-gram
+drafter labels them by match length, since a 3-token match is far more reliable than a
+1-token one), and a free drafter proposes first so the engine picks k for that kind.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class CostModel:
         self.prior_draft_ratio = prior_draft_ratio  # drafter seconds per token / V(1), until measured
         self.v: Dict[int, float] = {}  # j -> seconds of a target pass over j tokens
         self.c: Optional[float] = None  # drafter seconds per drafted token
-        self.successes, self.failures = 1.0, 1.0  # Beta(1, 1) prior on a
+        self.counts: Dict[str, list] = {}  # kind -> [successes, failures], Beta(1, 1) prior
         self.rounds_since_draft = 0
 
     # -- observations -----------------------------------------------------------------------
@@ -46,16 +50,22 @@ class CostModel:
         per = seconds / n_tokens
         self.c = per if self.c is None else self.c + self.ema * (per - self.c)
 
-    def observe_acceptance(self, drafted: int, accepted: int) -> None:
+    def observe_acceptance(self, drafted: int, accepted: float, kind: str = "") -> None:
+        """A round's outcome; `accepted` may be fractional (an expected value, e.g. a shadow probe)."""
         if drafted <= 0:
             return
-        self.successes = self.decay * self.successes + accepted
-        self.failures = self.decay * self.failures + (1.0 if accepted < drafted else 0.0)
+        c = self.counts.setdefault(kind, [1.0, 1.0])
+        c[0] = self.decay * c[0] + accepted
+        c[1] = self.decay * c[1] + min(1.0, drafted - accepted)
 
     # -- estimates ----------------------------------------------------------------------------
+    def alpha_of(self, kind: str = "") -> float:
+        s, f = self.counts.get(kind, (1.0, 1.0))
+        return s / (s + f)
+
     @property
     def alpha(self) -> float:
-        return self.successes / (self.successes + self.failures)
+        return self.alpha_of("")
 
     def verify_seconds(self, j: int) -> Optional[float]:
         """Measured or interpolated V(j); None before any pass was timed."""
@@ -81,11 +91,11 @@ class CostModel:
             return self.v[b] + max(0.0, (self.v[b] - self.v[a]) / (b - a)) * (j - b)
         return self.v[lo] * ratio(j) / ratio(lo)
 
-    def expected_tokens(self, k: int) -> float:
-        a = min(self.alpha, 0.999)
+    def expected_tokens(self, k: int, kind: str = "") -> float:
+        a = min(self.alpha_of(kind), 0.999)
         return (1.0 - a ** (k + 1)) / (1.0 - a)
 
-    def speed(self, k: int) -> Optional[float]:
+    def speed(self, k: int, kind: str = "") -> Optional[float]:
         """Expected tokens per second when drafting k (None if unknown)."""
         v = self.verify_seconds(k + 1)
         if v is None:
@@ -96,9 +106,9 @@ class CostModel:
             c = self.c
         else:  # not timed yet: the calibrated ratio, else a guess of a tenth of a target step
             c = (self.prior_draft_ratio or 0.1) * (self.verify_seconds(1) or v)
-        return self.expected_tokens(k) / (k * c + v)
+        return self.expected_tokens(k, kind) / (k * c + v)
 
-    def choose(self, k_cap: Optional[int] = None) -> int:
+    def choose(self, k_cap: Optional[int] = None, kind: str = "") -> int:
         """The draft length with the best expected speed, in [0, min(k_max, k_cap)]."""
         k_top = self.k_max if k_cap is None else max(0, min(self.k_max, k_cap))
         if k_top == 0:
@@ -107,7 +117,7 @@ class CostModel:
             return 0  # time one plain step first: it is the unit everything is judged against
         best_k, best = 0, self.speed(0)
         for k in range(1, k_top + 1):
-            s = self.speed(k)
+            s = self.speed(k, kind)
             if s is not None and s > best * 1.0001:
                 best_k, best = k, s
         if best_k == 0:
@@ -123,7 +133,7 @@ class CostModel:
 
     def summary(self) -> dict:
         return {
-            "alpha": round(self.alpha, 4),
+            "alpha": {kind: round(self.alpha_of(kind), 4) for kind in sorted(self.counts)},
             "draft_seconds_per_token": self.c,
             "verify_seconds": {j: self.v[j] for j in sorted(self.v)},
         }

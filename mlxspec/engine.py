@@ -218,20 +218,30 @@ class Engine:
                 if self.context is not None:
                     room = min(room, self.context - len(history))
                 k_cap = min(room - 1, MAX_DRAFT)
-                k = min(k_fixed, k_cap) if k_fixed is not None else cost.choose(k_cap)
                 if key is not None:
                     key, k_draft, k_verify = mx.random.split(key, 3)
                 else:
                     k_draft = k_verify = None
 
                 t_d = time.perf_counter()
-                # A fixed k is honoured exactly; an adaptive one also stops where the draft is unsure.
-                confidence = self.draft_min_confidence if k_fixed is None else 0.0
-                draft = drafter.propose(history, k, params, k_draft, min_confidence=confidence) if k > 0 else Draft([])
                 shadow = None
-                if k == 0 and not drafter.uses_model and name != "none" and k_fixed is None:
-                    probe = drafter.propose(history, 1, params, None).tokens  # free: probe acceptance
-                    shadow = probe[0] if probe else None
+                if name == "none" or k_cap <= 0:
+                    draft = Draft([])
+                elif k_fixed is not None:
+                    draft = drafter.propose(history, min(k_fixed, k_cap), params, k_draft)
+                elif drafter.uses_model:
+                    # A model drafter costs time per token: choose k first; it also stops where it is unsure.
+                    k = cost.choose(k_cap)
+                    draft = drafter.propose(history, k, params, k_draft,
+                                            min_confidence=self.draft_min_confidence) if k else Draft([])
+                else:
+                    # A free drafter proposes first; k is then chosen for that proposal's kind. When
+                    # drafting does not pay, its first token still probes acceptance (shadow).
+                    proposal = drafter.propose(history, k_cap, params, k_draft)
+                    k = cost.choose(len(proposal.tokens), kind=proposal.kind) if proposal.tokens else 0
+                    draft = Draft(proposal.tokens[:k], None, proposal.kind)
+                    if proposal.tokens and not k:
+                        shadow = proposal.tokens[0]
                 t_draft = time.perf_counter() - t_d
                 kd = len(draft.tokens)
 
@@ -252,10 +262,9 @@ class Engine:
                 cost.observe_verify(kd + 1, t_verify)
                 if kd:
                     cost.observe_draft(kd, t_draft)
-                    cost.observe_acceptance(kd, n)
+                    cost.observe_acceptance(kd, n, draft.kind)
                 elif shadow is not None:
-                    cost.successes = cost.decay * cost.successes + vals[3]
-                    cost.failures = cost.decay * cost.failures + (1.0 - vals[3])
+                    cost.observe_acceptance(1, vals[3], draft.kind)
                 stats.record_round(kd, n)
                 stats.draft_seconds += t_draft
                 stats.verify_seconds += t_verify

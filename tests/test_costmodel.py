@@ -17,7 +17,7 @@ def trained(v, c, alpha, rounds=200, free=False):
 
 def test_expected_tokens_formula():
     m = CostModel()
-    m.successes, m.failures = 3.0, 1.0  # alpha = 0.75
+    m.counts[""] = [3.0, 1.0]  # alpha = 0.75
     assert m.expected_tokens(0) == pytest.approx(1.0)
     assert m.expected_tokens(3) == pytest.approx((1 - 0.75 ** 4) / 0.25)
 
@@ -66,7 +66,16 @@ def test_calibrated_draft_cost_is_used_until_measured():
     m = CostModel(draft_is_free=False, prior_draft_ratio=0.5)
     m.observe_verify(1, 1.0)
     m.observe_verify(2, 1.0)
-    m.successes, m.failures = 9.0, 1.0
+    m.counts[""] = [9.0, 1.0]
     assert m.speed(1) == pytest.approx(m.expected_tokens(1) / (0.5 + 1.0))
     m.observe_draft(1, 0.1)
     assert m.speed(1) == pytest.approx(m.expected_tokens(1) / (0.1 + 1.0))
+
+
+def test_acceptance_is_kept_per_kind():
+    m = trained({j: 0.1 + 0.02 * (j - 1) for j in range(1, 10)}, 0.0, 0.5, free=True)
+    for _ in range(50):
+        m.observe_acceptance(4, 4, kind="n3")
+        m.observe_acceptance(4, 0, kind="n1")
+    assert m.alpha_of("n3") > 0.9 > 0.1 > m.alpha_of("n1")
+    assert m.choose(8, kind="n3") > m.choose(8, kind="n1") == 0

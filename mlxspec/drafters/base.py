@@ -20,6 +20,7 @@ from ..sampling import SamplingParams
 class Draft:
     tokens: List[int]  # proposed continuation, length <= k (may be empty)
     probs: Optional[mx.array] = None  # (len, V) processed probabilities they were sampled from; None = deterministic (one-hot)
+    kind: str = ""  # label of the proposal's reliability class (acceptance is estimated per kind)
 
 
 class Drafter(Protocol):

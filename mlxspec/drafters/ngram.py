@@ -48,5 +48,5 @@ class NgramDrafter:
                 continue
             end = self._index.get(tuple(history[-n:]))
             if end is not None:
-                return Draft(list(history[end : end + k]))
+                return Draft(list(history[end : end + k]), kind=f"n{n}")
         return Draft([])
