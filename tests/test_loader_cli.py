@@ -123,13 +123,15 @@ def test_generate_passes_a_chat_message_and_the_options(fake_engine, tiny_gguf_p
     assert options["top_k"] == 7 and options["min_p"] == 0.1 and options["max_tokens"] == 256
 
 
-def test_num_draft_must_be_auto_or_positive(capsys):
+def test_num_draft_must_be_auto_or_in_range(capsys):
     parser = build_parser()
-    assert parser.parse_args(["generate", "--num-draft", "auto", "x"]).num_draft == "auto"
+    assert parser.parse_args(["generate", "--num-draft", "auto", "x"]).num_draft is None
     assert parser.parse_args(["generate", "--num-draft", "3", "x"]).num_draft == 3
-    with pytest.raises(SystemExit):
-        parser.parse_args(["generate", "--num-draft", "0", "x"])
-    assert "must be 'auto' or an integer >= 1" in capsys.readouterr().err
+    assert parser.parse_args(["generate", "--num-draft", "0", "x"]).num_draft == 0  # plain decoding
+    for bad in ("33", "-1", "many"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["generate", "--num-draft", bad, "x"])
+        assert "expected 'auto' or an integer in 0..32" in capsys.readouterr().err
 
 
 def test_pair_and_target_are_exclusive(capsys):

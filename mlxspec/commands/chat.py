@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .argtypes import non_negative, num_draft, positive
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -14,12 +16,12 @@ def register(subparsers) -> None:
     p.add_argument("--target", metavar="REF", help="target model (instead of --pair)")
     p.add_argument("--draft", metavar="REF", help="draft model for --target")
     p.add_argument("--drafter", choices=["model", "ngram"], help="who drafts (default: the draft model if any, else ngram)")
-    p.add_argument("--num-draft", metavar="auto|N", type=_num_draft, default=None,
+    p.add_argument("--num-draft", metavar="auto|N", type=num_draft, default=None,
                    help="draft length: auto (cost model, default) or a fixed N")
     p.add_argument("--dtype", help="weights dtype, e.g. float16 or bfloat16 (default: the pair's)")
-    p.add_argument("--temperature", type=_non_negative, default=0.0, metavar="T", help="0 = greedy (default)")
-    p.add_argument("--max-tokens", type=_positive, default=256, metavar="N", help="answer length limit (default 256)")
-    p.add_argument("--max-kv-size", type=_positive, default=None, metavar="W", help="sliding KV window (default: none)")
+    p.add_argument("--temperature", type=non_negative, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="answer length limit (default 256)")
+    p.add_argument("--max-kv-size", type=positive, default=None, metavar="W", help="sliding KV window (default: none)")
     p.add_argument("--system", default="", metavar="TEXT", help="system prompt")
     p.add_argument("--sequential", action="store_true",
                    help="run speculative to the end, then vanilla (default: interleave so both panes fill together)")
@@ -52,37 +54,3 @@ def run(args) -> int:
                    system=args.system, colour=args.colour)
     app.run()
     return app.return_code or 0
-
-
-def _num_draft(s: str):
-    from mlxspec.prompts import MAX_DRAFT
-
-    if s == "auto":
-        return None
-    try:
-        n = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or an integer in 0..{MAX_DRAFT}, got {s!r}") from None
-    if not 0 <= n <= MAX_DRAFT:
-        raise argparse.ArgumentTypeError(f"expected auto or an integer in 0..{MAX_DRAFT}, got {s!r}")
-    return n
-
-
-def _non_negative(s: str) -> float:
-    try:
-        x = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
-    if not x >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
-    return x
-
-
-def _positive(s: str) -> int:
-    try:
-        n = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {s!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {s!r}")
-    return n

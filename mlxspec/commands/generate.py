@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from .argtypes import num_draft
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -37,7 +39,7 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens; 0 disables (default: 0)")
     p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P x the top probability; 0 disables (default: 0)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none)")
-    p.add_argument("--num-draft", type=_num_draft, default=None, metavar="auto|N",
+    p.add_argument("--num-draft", type=num_draft, default=None, metavar="auto|N",
                    help="tokens drafted per round: 'auto' (the cost model picks) or a number >= 1 (default: the engine's)")
     p.add_argument("--max-kv-size", type=int, default=None, metavar="W",
                    help="keep at most W tokens of KV (a sliding window); default: unbounded")
@@ -46,18 +48,6 @@ def register(subparsers) -> None:
     p.add_argument("--no-chat-template", action="store_true", help="send PROMPT as raw text, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
     p.set_defaults(func=run)
-
-
-def _num_draft(value: str):
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {value!r}")
-    return n
 
 
 def run(args) -> int:
