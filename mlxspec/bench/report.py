@@ -160,3 +160,11 @@ def mismatch_line(r: RunRecord) -> str:
             f"{m.get('text')!r} where vanilla has {m.get('vanilla_text')!r}"
             + (f" (log-prob gap {gap:.4f}, not a near-tie)" if gap is not None else " (outputs end differently)")
             + "[/red]")
+
+
+def report_console():
+    """stdout console; piped output (not a terminal) gets 140 columns so tables are not cut."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=140)

@@ -67,6 +67,7 @@ def _num_draft(x: str):
 def run(args) -> int:
     from rich.console import Console
 
+    from ..bench.report import report_console
     from ..bench.prompts import builtin_suite, load_prompts, select
 
     if args.max_tokens < 1:
@@ -88,7 +89,7 @@ def run(args) -> int:
     with err.status("loading models"):
         engine = modelargs.load_engine(args)
     code = bench_engine(engine, prompts, args, temps=temps, ks=ks, drafters=drafters, err=err,
-                        out=Console(), prompts_source=args.prompts or "builtin")
+                        out=report_console(), prompts_source=args.prompts or "builtin")
     return code
 
 

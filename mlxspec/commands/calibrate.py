@@ -21,12 +21,13 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from rich.console import Console
 
+    from ..bench.report import report_console
     from . import modelargs
 
     err = Console(stderr=True)
     with err.status("loading models"):
         engine = modelargs.load_engine(args)
-    return calibrate_engine(engine, args, out=Console(), err=err)
+    return calibrate_engine(engine, args, out=report_console(), err=err)
 
 
 def calibrate_engine(engine, args, *, out, err) -> int:
