@@ -26,7 +26,7 @@ from typing import Dict, Optional
 
 class CostModel:
     def __init__(self, *, k_max: int = 12, prior_ratios: Optional[Dict[int, float]] = None,
-                 prior_slope: float = 0.5, ema: float = 0.25, decay: float = 0.92,
+                 prior_slope: float = 0.5, ema: float = 0.25, decay: float = 0.85,
                  draft_is_free: bool = False, prior_draft_ratio: Optional[float] = None):
         self.k_max = k_max
         self.prior_ratios = dict(prior_ratios or {})  # V(j)/V(1), e.g. from `mlxspec calibrate`
@@ -57,6 +57,13 @@ class CostModel:
         c = self.counts.setdefault(kind, [1.0, 1.0])
         c[0] = self.decay * c[0] + accepted
         c[1] = self.decay * c[1] + min(1.0, drafted - accepted)
+
+    def new_request(self, keep: float = 0.25) -> None:
+        """A new prompt may be a different kind of text: keep the acceptance estimates but
+        weaken them, so this request's own rounds soon outweigh the last one's."""
+        for c in self.counts.values():
+            c[0] = 1.0 + keep * (c[0] - 1.0)
+            c[1] = 1.0 + keep * (c[1] - 1.0)
 
     # -- estimates ----------------------------------------------------------------------------
     def alpha_of(self, kind: str = "") -> float:

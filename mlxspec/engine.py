@@ -209,6 +209,7 @@ class Engine:
         stats.prefilled_tokens = len(todo)
         stats.prompt_seconds = time.perf_counter() - t0
 
+        cost.new_request()
         history = list(ids)
         generated = 0
         t_resume = time.perf_counter()

@@ -79,3 +79,15 @@ def test_acceptance_is_kept_per_kind():
         m.observe_acceptance(4, 0, kind="n1")
     assert m.alpha_of("n3") > 0.9 > 0.1 > m.alpha_of("n1")
     assert m.choose(8, kind="n3") > m.choose(8, kind="n1") == 0
+
+
+def test_new_request_weakens_but_keeps_acceptance_estimates():
+    m = CostModel()
+    for _ in range(40):
+        m.observe_acceptance(4, 4, kind="n3")
+    before = m.alpha_of("n3")
+    m.new_request()
+    assert 0.5 < m.alpha_of("n3") < before
+    for _ in range(4):  # a few failing rounds now move the estimate a lot
+        m.observe_acceptance(2, 0, kind="n3")
+    assert m.alpha_of("n3") < 0.6
