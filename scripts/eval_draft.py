@@ -11,7 +11,10 @@ T = 0.7: at every position of that path both models' distributions p (target) an
 were computed in the right context; per position it reports, exactly (no sampling noise),
     rejection sampling   E_{x~q}[min(1, p(x)/q(x))] = sum_x min(p, q)
     token matching       P(x_p == x_q), x_p ~ p, x_q ~ q independent = sum_x p * q
-Step time: one token after a prefix, median of many, for each model.
+Step time: one token after a prefix, median of many, for each model; the draft both as
+shipped (quantized) and dequantized to bf16 (MLX's CPU backend has slow quantized kernels).
+--dequantize-draft runs the acceptance part with the dequantized draft: the same weights,
+only faster where quantized matmuls are slow.
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 DRAFT = ROOT / "mlxspec" / "data" / "smollm2-draft"
 
 
-def load_pair(gguf):
-    """(bf16 target from the GGUF, shipped draft, the draft's tokenizer)."""
+def load_pair(gguf, draft_dir):
+    """(bf16 target from the GGUF, the draft, the draft's tokenizer)."""
     from mlx_lm import load
     from smollm2_mlx import load_target
 
-    draft, tokenizer = load(str(DRAFT))
+    draft, tokenizer = load(str(draft_dir))
     return load_target(gguf), draft, tokenizer
 
 
@@ -101,6 +104,7 @@ def step_time(model, prefix, reps: int) -> float:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", help="target GGUF (default: the demo GGUF in the mlxspec cache)")
+    p.add_argument("--draft", default=str(DRAFT), help="draft folder (default: the shipped one)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed used by train_draft.py")
     p.add_argument("--held-out", type=int, default=32, help="held-out prompts in train_draft.py")
     p.add_argument("--prompts", type=int, default=32, help="held-out prompts to decode")
@@ -108,8 +112,12 @@ def main(argv=None):
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--reps", type=int, default=30, help="timed steps per model")
+    p.add_argument("--dequantize-draft", action="store_true", help="acceptance with the dequantized draft")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
+    from mlx_lm import load
+    from mlx_lm.utils import dequantize_model
+
     mx.random.seed(args.seed)
     if args.gguf is None:
         from smollm2_mlx import find_demo_gguf
@@ -117,7 +125,10 @@ def main(argv=None):
         args.gguf = find_demo_gguf()
         if args.gguf is None:
             sys.exit("no demo GGUF found: pass --gguf")
-    target, draft, tok = load_pair(args.gguf)
+    target, draft_shipped, tok = load_pair(args.gguf, args.draft)
+    draft_bf16 = dequantize_model(load(args.draft)[0])
+    draft_bf16.set_dtype(mx.bfloat16)
+    draft = draft_bf16 if args.dequantize_draft else draft_shipped
     eos = tok.eos_token_id
     _, held = split(make_prompts(args.held_out, args.seed), args.held_out)
     acc = drf = 0
@@ -139,11 +150,14 @@ def main(argv=None):
     prefix = tok.encode(tok.apply_chat_template([{"role": "user", "content": held[0]["prompt"]}],
                                                 add_generation_prompt=True, tokenize=False), add_special_tokens=False)
     t_target = step_time(target, prefix, args.reps)
-    t_draft = step_time(draft, prefix, args.reps * 3)
+    t_draft = step_time(draft_shipped, prefix, args.reps * 3)
+    t_draft_bf16 = step_time(draft_bf16, prefix, args.reps * 3)
     res = {
-        "prompts": len(per_prompt), "k": args.k, "rounds": len(rounds), "drafted": drf,
+        "prompts": len(per_prompt), "max_tokens": args.max_tokens, "k": args.k,
+        "draft_for_acceptance": "dequantized bf16" if args.dequantize_draft else "as shipped", "rounds": len(rounds), "drafted": drf,
         "acceptance": acc / drf, "tokens_per_target_pass": sum(rounds) / len(rounds),
         "target_step_ms": 1e3 * t_target, "draft_step_ms": 1e3 * t_draft, "draft_over_target": t_draft / t_target,
+        "draft_bf16_step_ms": 1e3 * t_draft_bf16, "draft_bf16_over_target": t_draft_bf16 / t_target,
         "temperature": args.temperature, "positions": len(rej),
         "acceptance_rejection_sampling": sum(rej) / len(rej), "acceptance_token_matching": sum(match) / len(match),
         "per_kind": {},

@@ -125,7 +125,7 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_
     return rows
 
 
-def stage_generate(args, work: Path, prompts: dict) -> None:
+def stage_generate(args, work: Path, prompts: dict) -> list:
     """Answers for every train prompt (even index greedy, odd T=temperature) and greedy ones for held-out."""
     import torch
 
@@ -172,14 +172,13 @@ def stage_generate(args, work: Path, prompts: dict) -> None:
         made += sum(len(r[0]) for r in rows)
         el = time.time() - t0
         log(f"generate {n + 1}/{len(batches)} {name}: {made} answer tokens in {el:.0f}s ({made / el:.1f} tok/s)")
+    return [gen_dir / f"{b[0]}.npz" for b in batches]
 
 
-def load_generated(work: Path):
-    """{'train': [...], 'held_out': [...]} of dicts prompt/answer/topid/toplp/temp."""
+def load_generated(paths):
+    """{'train': [...], 'held_out': [...]} of dicts prompt/answer/topid/toplp/temp from these shards."""
     data = {"train": [], "held_out": []}
-    for path in sorted((work / "gen").glob("*.npz")):
-        if path.name.endswith(".tmp.npz"):
-            continue
+    for path in paths:
         z = np.load(path)
         for k in range(len([f for f in z.files if f.endswith("_meta")])):
             sp, idx, temp = z[f"{k}_meta"]
@@ -298,14 +297,14 @@ def evaluate(model, exs, batch: int):
     return tot_loss / max(n, 1), agree / max(n, 1)
 
 
-def stage_train(args, work: Path) -> None:
+def stage_train(args, work: Path, shards: list) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     final = work / "draft_final.pt"
     if final.exists():
         return
-    data = load_generated(work)
+    data = load_generated(shards)
     train_ex = examples(data["train"], args.max_len)
     val_ex = examples(data["held_out"], args.max_len)
     ntok = sum(len(e[2]) for e in train_ex)
@@ -317,6 +316,9 @@ def stage_train(args, work: Path) -> None:
     with torch.no_grad():
         emb = pca_embedding(target_embedding(Path(args.gguf)), args.hidden)
         model.model.embed_tokens.weight.copy_(torch.from_numpy(emb))
+        # The residual stream starts as the input embedding, so a unit final norm makes the tied
+        # head predict the input token again, confidently; start near uniform instead.
+        model.model.norm.weight.fill_(0.1)
     nparams = sum(p.numel() for p in model.parameters())
     log(f"draft: {args.layers} layers, hidden {args.hidden}, {nparams / 1e6:.2f}M parameters")
 
@@ -403,7 +405,10 @@ def stage_export(args, work: Path) -> None:
     tc_path = out / "tokenizer_config.json"
     tc = json.loads(tc_path.read_text())
     tc["chat_template"] = tok.chat_template
-    tc.pop("gguf_file", None)
+    tc["model_max_length"] = cfg["max_position_embeddings"]
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"  # a class every transformers version knows
+    for key in ("gguf_file", "is_local", "local_files_only", "backend"):
+        tc.pop(key, None)
     tc_path.write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n")
     (out / "chat_template.jinja").unlink(missing_ok=True)
     specials = {"bos_token": tok.bos_token, "eos_token": tok.eos_token, "unk_token": tok.unk_token,
@@ -426,7 +431,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--stop-after", choices=["prompts", "generate", "train", "export"], default="export")
     # data
-    p.add_argument("--prompts", type=int, default=480, help="train prompts (half answered greedily, half at T)")
+    p.add_argument("--prompts", type=int, default=384, help="train prompts (half answered greedily, half at T)")
     p.add_argument("--held-out", type=int, default=32)
     p.add_argument("--max-new", type=int, default=128, help="answer tokens per prompt at most")
     p.add_argument("--temperature", type=float, default=0.7)
@@ -439,7 +444,7 @@ def parse_args(argv=None):
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--intermediate", type=int, default=768)
     # training
-    p.add_argument("--epochs", type=float, default=4.0)
+    p.add_argument("--epochs", type=float, default=6.0)
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--max-len", type=int, default=320, help="prompt + answer tokens per training sequence")
@@ -461,11 +466,11 @@ def main(argv=None):
     prompts = stage_prompts(args, work)
     if args.stop_after == "prompts":
         return
-    stage_generate(args, work, prompts)
+    shards = stage_generate(args, work, prompts)
     log(f"generate done ({time.time() - t0:.0f}s so far)")
     if args.stop_after == "generate":
         return
-    stage_train(args, work)
+    stage_train(args, work, shards)
     log(f"train done ({time.time() - t0:.0f}s so far)")
     if args.stop_after == "train":
         return
