@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -32,14 +30,11 @@ FLOOR = 0.8
 
 
 def demo_gguf():
-    home = os.environ.get("MLXSPEC_HOME")
-    if not home:
-        platformdirs = pytest.importorskip("platformdirs")
-        home = platformdirs.user_cache_dir("mlxspec")
-    hits = sorted(glob.glob(os.path.join(home, "models", "smollm2-135m-instruct", "*.gguf")))
-    if not hits:
+    from mlxspec.loading import demo
+
+    if not demo.is_cached():
         pytest.skip("the demo GGUF is not in the mlxspec cache (run `mlxspec pull demo`)")
-    return Path(hits[0])
+    return demo.gguf_path()
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +83,10 @@ def test_tokenizer_matches_the_gguf(draft):
 @pytest.mark.slow
 def test_greedy_acceptance_stays_above_the_floor(draft):
     demo_gguf()
-    try:
-        import mlxspec
-        from mlxspec.engine import Engine
+    import mlxspec
 
-        demo = mlxspec.load("demo")
-    except ImportError as e:
-        pytest.skip(f"mlxspec's loader is not available: {e}")
-    model, tok = draft
-    engine = Engine(demo.target_model, demo.tokenizer, model, draft_tokenizer=tok, num_draft=4)
+    engine = mlxspec.load("demo", drafter="model", num_draft=4)
+    assert engine.draft_info.source == "builtin"
     accepted = drafted = 0
     for prompt in PROMPTS:
         stats = engine.generate([{"role": "user", "content": prompt}], max_tokens=64).stats

@@ -50,7 +50,8 @@ def test_root_models_toml_is_the_packaged_copy():
 
 def test_registry_has_the_curated_pairs():
     p = pairs()
-    assert p["demo"].target.startswith(demo.PREFIX) and p["demo"].draft == "ngram"
+    assert p["demo"].target.startswith(demo.PREFIX) and p["demo"].draft == "builtin:smollm2-draft"
+    assert p["demo"].drafter == "ngram"
     for name in ("qwen2.5-7b", "qwen2.5-32b", "qwen2.5-coder-7b", "qwen2.5-coder-32b", "llama3.1-8b", "llama3.3-70b"):
         assert p[name].target.startswith("mlx-community/") and p[name].draft.startswith("mlx-community/")
         assert p[name].quantization and p[name].target_gb > p[name].draft_gb > 0

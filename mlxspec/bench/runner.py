@@ -82,7 +82,9 @@ class BenchResult:
 def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts: Sequence = ("auto",),
                  peer: bool = True) -> List[Setting]:
     """Vanilla, then drafter x num_draft speculative settings, then the peer (if a draft model exists)."""
-    drafters = list(drafters) if drafters else [engine.default_drafter]
+    if not drafters:  # the engine's default drafter, and the draft model too when there is one
+        drafters = [engine.default_drafter] + (["model"] if "model" in engine.drafters else [])
+        drafters = list(dict.fromkeys(d for d in drafters if d != "none")) or ["none"]
     for d in drafters:
         if d not in engine.drafters or d == "none":
             allowed = ", ".join(n for n in engine.drafters if n != "none")

@@ -59,7 +59,9 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             "[load] drafter='model' needs a draft model: pass draft=<model reference> or a pair whose draft is a model"
         )
     if drafter in ("ngram", "none"):
-        draft_ref = None  # the draft model would go unused
+        draft_ref = None  # asked for explicitly: the draft model would go unused
+    if drafter is None and pair and pair.drafter:
+        drafter = pair.drafter  # the pair's default; its draft model stays loaded and selectable
 
     target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download)
     draft_model = draft_tokenizer = draft_info = None

@@ -8,7 +8,7 @@ behave alike.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,6 +36,7 @@ class Pair:
     context: int  # the target's trained context, tokens
     window: int  # sliding-window span, tokens (0 = none)
     quantization: str  # storage of target / draft weights
+    drafter: str = ""  # optional default drafter ("ngram", "model"); "" = the draft model if there is one
 
     @property
     def draft_is_model(self) -> bool:
@@ -61,7 +62,8 @@ def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
     out: dict[str, Pair] = {}
     for i, entry in enumerate(data.get("pair", [])):
         where = f"{path}: [[pair]] #{i + 1} ({entry.get('name', 'unnamed')!r})"
-        missing = sorted(set(known) - set(entry))
+        optional = {f.name for f in fields(Pair) if f.default is not MISSING}
+        missing = sorted(set(known) - set(entry) - optional)
         unknown = sorted(set(entry) - set(known))
         if missing or unknown:
             raise MlxSpecError(
