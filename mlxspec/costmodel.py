@@ -6,8 +6,9 @@ and costs
     T(k) = k * c + V(k + 1)                  seconds,
 where c is the drafter's seconds per token and V(j) the target's seconds for one pass
 over j tokens (verification and host read included). k = 0 is plain decoding (E = 1,
-T = V(1)). Each round takes the k in [0, k_max] with the highest E(k) / T(k), so
-speculation falls back to plain decoding wherever it cannot pay.
+T = V(1)). Each round takes the k in [0, k_max] with the highest E(k) / T(k) (drafting must beat
+plain decoding by a 5% margin), so speculation falls back to plain decoding wherever it
+cannot pay.
 
 All three quantities are measured while the engine runs: V(j) and c as exponential
 moving averages, a from a decayed count of accepts and first rejections (a round with
@@ -38,6 +39,8 @@ class CostModel:
         self.c: Optional[float] = None  # drafter seconds per drafted token
         self.counts: Dict[str, list] = {}  # kind -> [successes, failures], Beta(1, 1) prior
         self.rounds_since_draft = 0
+        self.probe_every = 16  # plain rounds between probes of a model drafter (doubles while probes fail)
+        self.margin = 1.05  # drafting must beat plain decoding by this factor: estimates are noisy
 
     # -- observations -----------------------------------------------------------------------
     def observe_verify(self, j: int, seconds: float) -> None:
@@ -122,21 +125,24 @@ class CostModel:
             return 0
         if 1 not in self.v:
             return 0  # time one plain step first: it is the unit everything is judged against
-        best_k, best = 0, self.speed(0)
+        plain = self.speed(0)
+        best_k, best = 0, plain * self.margin
         for k in range(1, k_top + 1):
             s = self.speed(k, kind)
-            if s is not None and s > best * 1.0001:
+            if s is not None and s > best:
                 best_k, best = k, s
-        if best_k == 0:
-            # Re-test now and then: acceptance drifts with the text (a model drafter costs a
-            # step to probe; a free drafter is probed by the engine's shadow check instead).
-            self.rounds_since_draft += 1
-            if not self.draft_is_free and self.rounds_since_draft >= 16:
-                self.rounds_since_draft = 0
-                return 1
-        else:
+        if best_k:
+            self.rounds_since_draft, self.probe_every = 0, 16
+            return best_k
+        # Re-test now and then: acceptance drifts with the text. A model drafter costs a step to
+        # probe, so probes back off while they keep failing; a free drafter is probed for free
+        # by the engine's shadow check instead.
+        self.rounds_since_draft += 1
+        if not self.draft_is_free and self.rounds_since_draft >= self.probe_every:
             self.rounds_since_draft = 0
-        return best_k
+            self.probe_every = min(2 * self.probe_every, 128)
+            return 1
+        return 0
 
     def summary(self) -> dict:
         return {

@@ -91,3 +91,18 @@ def test_new_request_weakens_but_keeps_acceptance_estimates():
     for _ in range(4):  # a few failing rounds now move the estimate a lot
         m.observe_acceptance(2, 0, kind="n3")
     assert m.alpha_of("n3") < 0.6
+
+
+def test_model_drafter_probes_back_off_while_they_fail():
+    m = trained({j: 0.1 * j for j in range(1, 10)}, 0.05, 0.1)
+    probes = [i for i in range(400) if m.choose(8) == 1]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes and gaps == sorted(gaps) and gaps[-1] == 128
+
+
+def test_drafting_needs_a_margin_over_plain_decoding():
+    m = CostModel(draft_is_free=True)
+    m.observe_verify(1, 1.0)
+    m.observe_verify(2, 1.0)
+    m.counts[""] = [3.0, 97.0]  # a = 0.03: one draft would win only 3%, inside the 5% margin
+    assert m.choose(1) == 0
