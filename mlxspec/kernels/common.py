@@ -4,6 +4,19 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+# Every kernel body starts with these: its thread's place in the group and in its SIMD-group,
+# and the 32-entry scratch the reductions below use.
+THREAD_IDS = r"""
+  threadgroup float sf[32];
+  threadgroup int si[32];
+
+  const int tid = int(thread_index_in_threadgroup);
+  const int ntg = int(threads_per_threadgroup.x);
+  const uint sg = simdgroup_index_in_threadgroup;
+  const uint lane = thread_index_in_simdgroup;
+  const uint nsg = simdgroups_per_threadgroup;
+"""
+
 # Threadgroup-wide reductions. Every thread of the group gets the result; `scratch` holds
 # one partial per SIMD-group (32 entries) and is free again when the helper returns.
 # Called with uniform control flow by every thread of the group.

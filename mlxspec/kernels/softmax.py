@@ -20,23 +20,16 @@ import mlx.core as mx
 
 from ..sampling import SamplingParams
 from ..sampling import probabilities as probabilities_reference
-from .common import REDUCE_HEADER, make_kernel
+from .common import REDUCE_HEADER, THREAD_IDS, make_kernel
 
 __all__ = ["SPEC", "probabilities_reference", "probabilities_metal", "launch"]
 
-SOURCE = r"""
+SOURCE = THREAD_IDS + r"""
   constexpr int P = 15;  // probes per search pass: 4 bits of the threshold per pass
-  threadgroup float sf[32];
-  threadgroup int si[32];
   threadgroup float pmass[P * 32];
   threadgroup uint pcount[P * 32];
 
   const uint row = threadgroup_position_in_grid.y;
-  const int tid = int(thread_index_in_threadgroup);
-  const int ntg = int(threads_per_threadgroup.x);
-  const uint sg = simdgroup_index_in_threadgroup;
-  const uint lane = thread_index_in_simdgroup;
-  const uint nsg = simdgroups_per_threadgroup;
   const int V = logits_shape[1];
   const device T* x = logits + size_t(row) * V;
   device float* y = out + size_t(row) * V;

@@ -24,20 +24,12 @@ import mlx.core as mx
 
 from ..verify import verify_greedy as verify_greedy_reference
 from ..verify import verify_with_uniforms as verify_with_uniforms_reference
-from .common import REDUCE_HEADER, make_kernel
+from .common import REDUCE_HEADER, THREAD_IDS, make_kernel
 
 __all__ = ["SAMPLE_SPEC", "GREEDY_SPEC", "verify_with_uniforms_reference", "verify_greedy_rows_reference",
            "launch_sample", "launch_greedy"]
 
-SAMPLE_SOURCE = r"""
-  threadgroup float sf[32];
-  threadgroup int si[32];
-
-  const int tid = int(thread_index_in_threadgroup);
-  const int ntg = int(threads_per_threadgroup.x);
-  const uint sg = simdgroup_index_in_threadgroup;
-  const uint lane = thread_index_in_simdgroup;
-  const uint nsg = simdgroups_per_threadgroup;
+SAMPLE_SOURCE = THREAD_IDS + r"""
   const int V = target_shape[1];
 
   // 1. Acceptance of each draft token, in order; n = first rejection.
@@ -108,15 +100,7 @@ SAMPLE_SOURCE = r"""
   }
 """
 
-GREEDY_SOURCE = r"""
-  threadgroup float sf[32];
-  threadgroup int si[32];
-
-  const int tid = int(thread_index_in_threadgroup);
-  const int ntg = int(threads_per_threadgroup.x);
-  const uint sg = simdgroup_index_in_threadgroup;
-  const uint lane = thread_index_in_simdgroup;
-  const uint nsg = simdgroups_per_threadgroup;
+GREEDY_SOURCE = THREAD_IDS + r"""
   const int V = target_shape[1];
 
   int n = K;
