@@ -51,7 +51,7 @@ def model_key(model) -> str:
     """Identifies a model as loaded on this backend, e.g. "llama.Model/L30/H576/V49152/B103M.../float16/cpu"."""
     from mlx.utils import tree_flatten
 
-    from .engine import logit_width, weights_bytes
+    from .modelmeta import logit_width, weights_bytes
 
     args = getattr(model, "args", None)
     layers = len(getattr(model, "layers", []) or [])
@@ -63,7 +63,7 @@ def model_key(model) -> str:
 
 # -- measuring -------------------------------------------------------------------------------------
 def _prefix_ids(model, n: int) -> List[int]:
-    from .engine import logit_width
+    from .modelmeta import logit_width
 
     v = logit_width(model)
     return [(17 + 31 * i) % v for i in range(n)]  # deterministic, spread over the vocabulary

@@ -12,10 +12,10 @@ import time
 from typing import Dict, Iterator, List, Optional
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from .cache import WindowKVCache
 from .costmodel import CostModel
+from .modelmeta import context_length, logit_width, weights_bytes
 from .drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import IncompatibleModelsError, InvalidArgumentError, NumericalError
 from .prompts import MAX_DRAFT, check_max_tokens, check_num_draft, check_seed, check_stop, encode_prompt
@@ -26,24 +26,6 @@ from .stats import GenerationResult, GenerationStats, TokenEvent
 from .text import TextAssembler
 
 DRAFTERS = ("model", "ngram", "none")
-
-
-def weights_bytes(model) -> int:
-    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-
-
-def logit_width(model) -> int:
-    args = getattr(model, "args", None)
-    v = getattr(args, "vocab_size", None)
-    if isinstance(v, int) and v > 0:
-        return v
-    return int(model(mx.array([[0]], dtype=mx.uint32)).shape[-1])
-
-
-def context_length(model) -> Optional[int]:
-    args = getattr(model, "args", None)
-    n = getattr(args, "max_position_embeddings", None)
-    return n if isinstance(n, int) and n > 0 else None
 
 
 class Engine:

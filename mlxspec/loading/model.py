@@ -12,6 +12,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..errors import MlxSpecError
+from ..modelmeta import declared_vocab, weights_bytes
 from .precision import apply_dtype
 from .resolve import Resolved, resolve_model
 
@@ -53,7 +54,7 @@ def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = Tr
     applied = apply_dtype(model, dtype)
     info = ModelInfo(
         ref=str(ref), source=res.source, format=res.format, path=str(res.path), quantization=quant,
-        dtype=applied, weights_bytes=weights_bytes(model), vocab_size=logit_width(model),
+        dtype=applied, weights_bytes=weights_bytes(model), vocab_size=declared_vocab(model),
         context_length=context, kv_bytes_per_token=_kv_bytes_per_token(model),
     )
     return model, tokenizer, info
@@ -89,21 +90,6 @@ def _load_mlx(res: Resolved):
     text = config.get("text_config") or {}
     context = config.get("max_position_embeddings") or text.get("max_position_embeddings")
     return model, tokenizer, quant, context
-
-
-def weights_bytes(model) -> int:
-    """Bytes held by the model's parameters (packed weights, scales and biases included)."""
-    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-
-
-def logit_width(model) -> int | None:
-    """The model's vocabulary (logit) width from its args, or None when unknown."""
-    args = getattr(model, "args", None)
-    width = getattr(args, "vocab_size", None)
-    if width is None:
-        text = getattr(args, "text_config", None) or {}
-        width = text.get("vocab_size") if isinstance(text, dict) else getattr(text, "vocab_size", None)
-    return int(width) if width else None
 
 
 def _kv_bytes_per_token(model) -> int | None:
