@@ -225,5 +225,4 @@ def curve_for(engine, *, measure: bool = True, repeats: int = 3) -> tuple:
 def apply_prior(engine, ratios: Optional[Dict[int, float]]) -> None:
     """Give every cost model of `engine` these V(j)/V(1) ratios (what `Engine(cost_prior=...)` does)."""
     if ratios:
-        for cost in engine.costs.values():
-            cost.prior_ratios = dict(ratios)
+        engine.set_cost_prior(ratios)

@@ -64,28 +64,21 @@ class Engine:
         self.vocab_size = logit_width(target_model)
         if draft_model is not None:
             self._check_pair(draft_model, tokenizer, draft_tokenizer)
-        headroom = MAX_DRAFT + 1
-        self.target = Sequence(target_model, max_kv_size=max_kv_size, headroom=headroom, prefill_step=prefill_step)
-        self.context = None if any(isinstance(c, WindowKVCache) for c in self.target.caches) and max_kv_size else context_length(target_model)
-        self.drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
-        if draft_model is not None:
-            self.drafters["model"] = ModelDrafter(draft_model, target_vocab=self.vocab_size, max_kv_size=max_kv_size,
-                                                  headroom=headroom)
+        self.prefill_step = prefill_step
         self.draft_min_confidence = draft_min_confidence
         self.default_drafter = drafter
         on_gpu = mx.metal.is_available() and mx.default_device() == mx.gpu
-        slope = 0.1 if on_gpu else 0.5
-        prior_draft = None
+        self._prior_slope = 0.1 if on_gpu else 0.5
+        self._prior_draft = None
         if cost_prior is None:
             from .calibration import priors_for
 
-            cost_prior, prior_draft = priors_for(target_model, draft_model)
-        self.costs = {name: CostModel(prior_ratios=cost_prior, prior_slope=slope, draft_is_free=not d.uses_model,
-                                      prior_draft_ratio=prior_draft if d.uses_model else None)
-                      for name, d in self.drafters.items()}
+            cost_prior, self._prior_draft = priors_for(target_model, draft_model)
+        self._cost_prior = cost_prior
+        self._new_state()
+        self.context = None if any(isinstance(c, WindowKVCache) for c in self.target.caches) and max_kv_size else context_length(target_model)
         self.target_weights_bytes = weights_bytes(target_model)
         self.draft_weights_bytes = weights_bytes(draft_model) if draft_model is not None else 0
-        self.last_stats: Optional[GenerationStats] = None
 
     def _check_pair(self, draft_model, tokenizer, draft_tokenizer):
         if tokenizer is not None and draft_tokenizer is not None:
@@ -99,21 +92,32 @@ class Engine:
                 f"the draft's logits have width {dv} but the target's have {self.vocab_size}; without both "
                 f"tokenizers to compare, draft and target must have the same vocabulary size")
 
+    def _new_state(self) -> None:
+        """Caches, drafters and cost models: what a fork does not share with its original."""
+        headroom = MAX_DRAFT + 1
+        self.target = Sequence(self.target_model, max_kv_size=self.max_kv_size, headroom=headroom,
+                               prefill_step=self.prefill_step)
+        self.drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
+        if self.draft_model is not None:
+            self.drafters["model"] = ModelDrafter(self.draft_model, target_vocab=self.vocab_size,
+                                                  max_kv_size=self.max_kv_size, headroom=headroom)
+        self.costs = {name: CostModel(prior_ratios=self._cost_prior, prior_slope=self._prior_slope,
+                                      draft_is_free=not d.uses_model,
+                                      prior_draft_ratio=self._prior_draft if d.uses_model else None)
+                      for name, d in self.drafters.items()}
+        self.last_stats: Optional[GenerationStats] = None
+
+    def set_cost_prior(self, ratios: Optional[Dict[int, float]]) -> None:
+        """Start every cost model (and future forks) from these V(j)/V(1) ratios."""
+        self._cost_prior = dict(ratios) if ratios else None
+        for cost in self.costs.values():
+            cost.prior_ratios = dict(ratios or {})
+
     def fork(self) -> "Engine":
         """A second engine over the same weights with its own caches and statistics."""
         twin = Engine.__new__(Engine)
         twin.__dict__.update(self.__dict__)
-        twin.target = Sequence(self.target_model, max_kv_size=self.max_kv_size, headroom=self.target.headroom,
-                               prefill_step=self.target.prefill_step)
-        twin.drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
-        if "model" in self.drafters:
-            d = self.drafters["model"]
-            twin.drafters["model"] = ModelDrafter(d.model, target_vocab=self.vocab_size, max_kv_size=self.max_kv_size,
-                                                  headroom=self.target.headroom)
-        twin.costs = {n: CostModel(prior_ratios=c.prior_ratios, prior_slope=c.prior_slope, draft_is_free=c.draft_is_free,
-                                   prior_draft_ratio=c.prior_draft_ratio)
-                      for n, c in self.costs.items()}
-        twin.last_stats = None
+        twin._new_state()
         return twin
 
     def reset(self) -> None:

@@ -205,3 +205,14 @@ def test_stats_fields(target, draft):
     assert 0 <= s.acceptance_rate <= 1 and s.tokens_per_target_pass == pytest.approx(16 / s.rounds)
     assert s.peak_memory_bytes > 0 and s.target_weights_bytes > s.draft_weights_bytes > 0
     assert s.tokens_per_second > 0
+
+
+def test_fork_shares_weights_not_state(target, draft):
+    e = Engine(target, None, draft, num_draft=2)
+    e.set_cost_prior({1: 1.0, 2: 1.1})
+    e.generate(PROMPT, max_tokens=8)
+    twin = e.fork()
+    assert twin.target_model is e.target_model and twin.target is not e.target
+    assert twin.drafters["model"].model is draft and twin.drafters["model"].seq is not e.drafters["model"].seq
+    assert twin.target.tokens == [] and twin.costs["model"].prior_ratios == {1: 1.0, 2: 1.1}
+    assert twin.generate(PROMPT, max_tokens=8).tokens == e.generate(PROMPT, max_tokens=8).tokens
