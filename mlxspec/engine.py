@@ -17,7 +17,7 @@ from .cache import WindowKVCache
 from .costmodel import CostModel
 from .modelmeta import context_length, logit_width, weights_bytes
 from .drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter
-from .errors import IncompatibleModelsError, InvalidArgumentError, NumericalError
+from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError, NumericalError
 from .prompts import MAX_DRAFT, check_max_tokens, check_num_draft, check_seed, check_stop, encode_prompt
 from . import kernels
 from .sampling import SamplingParams
@@ -166,8 +166,6 @@ class Engine:
             raise InvalidArgumentError(f"drafter {name!r} is not available on this engine; allowed: {allowed}")
         ids = encode_prompt(prompt, self.tokenizer, self.vocab_size)
         if self.context is not None and len(ids) >= self.context:
-            from .errors import ContextLengthError
-
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
                 f"or set max_kv_size to decode with a sliding window")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import List, Optional
 
 from .errors import InvalidArgumentError
@@ -83,6 +82,3 @@ def check_seed(seed) -> Optional[int]:
         raise InvalidArgumentError(f"seed must be None or an integer >= 0, got {seed!r}")
     return seed
 
-
-def is_finite_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -34,10 +34,13 @@ class Sequence:
         """Make the caches hold a prefix of `tokens`; return the tokens still to feed (at least 1)."""
         if self._dirty:
             self.reset()
-        common = 0
         limit = min(len(self.tokens), len(tokens) - 1)  # always leave one token to feed
-        while common < limit and self.tokens[common] == tokens[common]:
-            common += 1
+        if self.tokens == tokens[: len(self.tokens)]:  # the usual case each round: one C-level compare
+            common = limit
+        else:
+            common = 0
+            while common < limit and self.tokens[common] == tokens[common]:
+                common += 1
         excess = len(self.tokens) - common
         if excess:
             if all(c.can_trim(excess) for c in self.caches):

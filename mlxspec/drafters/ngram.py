@@ -30,7 +30,8 @@ class NgramDrafter:
         n_old = len(self._hist)
         if history[:n_old] != self._hist:
             self.reset()
-        self._hist = list(history)
+            n_old = 0
+        self._hist.extend(history[n_old:])  # only the new tokens: this runs every round
         # Index n-grams ending strictly before the last token: the tail itself must not match itself.
         end_limit = len(history) - 1
         for end in range(self._indexed + 1, end_limit + 1):
