@@ -8,7 +8,10 @@ Exits with status 1 when a greedy output differs from vanilla beyond a near-tie 
 
 from __future__ import annotations
 
+import argparse
+
 from ..errors import InvalidArgumentError
+from . import argtypes
 from .modelargs import add_model_args
 
 DEFAULT_MAX_TOKENS = 64
@@ -43,25 +46,9 @@ def parse_list(text: str, what: str, convert) -> list:
     for x in items:
         try:
             out.append(convert(x))
-        except ValueError:
+        except (ValueError, argparse.ArgumentTypeError):
             raise InvalidArgumentError(f"--{what}: {x!r} is not valid") from None
     return out
-
-
-def _temperature(x: str) -> float:
-    t = float(x)
-    if not t >= 0:  # also rejects nan
-        raise ValueError(x)
-    return t
-
-
-def _num_draft(x: str):
-    if x == "auto":
-        return "auto"
-    k = int(x)
-    if k < 0:
-        raise ValueError(x)
-    return k
 
 
 def run(args) -> int:
@@ -72,8 +59,8 @@ def run(args) -> int:
 
     if args.max_tokens < 1:
         raise InvalidArgumentError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    temps = parse_list(args.temperature, "temperature", _temperature)
-    ks = parse_list(args.num_draft, "num-draft", _num_draft)
+    temps = parse_list(args.temperature, "temperature", argtypes.non_negative)
+    ks = parse_list(args.num_draft, "num-draft", argtypes.num_draft)
     drafters = parse_list(args.drafter, "drafter", str) if args.drafter else None
     suite = load_prompts(args.prompts) if args.prompts else builtin_suite()  # fail before loading models
     prompts = select(suite, full=args.full or bool(args.prompts), limit=args.limit)
