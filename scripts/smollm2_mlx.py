@@ -7,8 +7,7 @@ which `_unpermute` undoes (the inverse of convert_hf_to_gguf's `permute`).
 
 from __future__ import annotations
 
-import glob
-import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -22,16 +21,13 @@ NAMES = {
 
 
 def find_demo_gguf() -> Optional[Path]:
-    """The demo GGUF in the mlxspec cache (MLXSPEC_HOME, else the platform cache dir), or None."""
-    home = os.environ.get("MLXSPEC_HOME")
-    if not home:
-        try:
-            import platformdirs
-        except ImportError:
-            return None
-        home = platformdirs.user_cache_dir("mlxspec")
-    hits = sorted(glob.glob(os.path.join(home, "models", "smollm2-135m-instruct", "*.gguf")))
-    return Path(hits[0]) if hits else None
+    """The demo GGUF in the mlxspec cache (where `mlxspec pull demo` puts it), or None."""
+    root = Path(__file__).resolve().parent.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from mlxspec.loading import demo
+
+    return demo.gguf_path() if demo.is_cached() else None
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
