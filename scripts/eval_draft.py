@@ -1,6 +1,6 @@
 """Measure the shipped draft against the demo target with MLX.
 
-    python scripts/eval_draft.py [--gguf PATH] [--prompts 32] [--max-tokens 64] [--k 4]
+    python scripts/eval_draft.py [--gguf PATH] [--suite held-out|bench] [--prompts 32] [--max-tokens 64] [--k 4]
 
 Greedy: runs real greedy speculative decoding on held-out chat prompts (the draft proposes k
 tokens, the target verifies them in one pass, the caches roll back), so the target's
@@ -107,7 +107,10 @@ def main(argv=None):
     p.add_argument("--draft", default=str(DRAFT), help="draft folder (default: the shipped one)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed used by train_draft.py")
     p.add_argument("--held-out", type=int, default=32, help="held-out prompts in train_draft.py")
-    p.add_argument("--prompts", type=int, default=32, help="held-out prompts to decode")
+    p.add_argument("--suite", choices=["held-out", "bench"], default="held-out",
+                   help="held-out: train_draft.py's held-out prompts; bench: mlxspec bench's builtin suite "
+                        "(hand-written, never in the training data), kind = its category")
+    p.add_argument("--prompts", type=int, default=32, help="prompts of the suite to decode")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--temperature", type=float, default=0.7)
@@ -130,7 +133,13 @@ def main(argv=None):
     draft_bf16.set_dtype(mx.bfloat16)
     draft = draft_bf16 if args.dequantize_draft else draft_shipped
     eos = tok.eos_token_id
-    _, held = split(make_prompts(args.held_out, args.seed), args.held_out)
+    if args.suite == "bench":
+        sys.path.insert(0, str(ROOT))
+        from mlxspec.bench.prompts import builtin_suite
+
+        held = [{"kind": bp.category, "prompt": bp.prompt} for bp in builtin_suite()]
+    else:
+        _, held = split(make_prompts(args.held_out, args.seed), args.held_out)
     acc = drf = 0
     rounds, rej, match, per_prompt = [], [], [], []
     t0 = time.time()
@@ -153,7 +162,7 @@ def main(argv=None):
     t_draft = step_time(draft_shipped, prefix, args.reps * 3)
     t_draft_bf16 = step_time(draft_bf16, prefix, args.reps * 3)
     res = {
-        "prompts": len(per_prompt), "max_tokens": args.max_tokens, "k": args.k,
+        "suite": args.suite, "prompts": len(per_prompt), "max_tokens": args.max_tokens, "k": args.k,
         "draft_for_acceptance": "dequantized bf16" if args.dequantize_draft else "as shipped", "rounds": len(rounds), "drafted": drf,
         "acceptance": acc / drf, "tokens_per_target_pass": sum(rounds) / len(rounds),
         "target_step_ms": 1e3 * t_target, "draft_step_ms": 1e3 * t_draft, "draft_over_target": t_draft / t_target,
