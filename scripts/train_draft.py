@@ -431,7 +431,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--stop-after", choices=["prompts", "generate", "train", "export"], default="export")
     # data
-    p.add_argument("--prompts", type=int, default=576, help="train prompts (half answered greedily, half at T)")
+    p.add_argument("--prompts", type=int, default=4032, help="train prompts (half answered greedily, half at T)")
     p.add_argument("--held-out", type=int, default=32)
     p.add_argument("--max-new", type=int, default=128, help="answer tokens per prompt at most")
     p.add_argument("--temperature", type=float, default=0.7)
@@ -444,7 +444,7 @@ def parse_args(argv=None):
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--intermediate", type=int, default=768)
     # training
-    p.add_argument("--epochs", type=float, default=10.0)
+    p.add_argument("--epochs", type=float, default=6.0)
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--max-len", type=int, default=320, help="prompt + answer tokens per training sequence")

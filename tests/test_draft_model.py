@@ -22,10 +22,11 @@ PROMPTS = [
     "Give me three interesting facts about the immune system. Keep it short.",
     "Write a short Python program that computes the greatest common divisor of two numbers, with comments.",
 ]
-# Greedy acceptance at k = 4 on held-out prompts, measured by scripts/eval_draft.py (model
-# card). The engine may stop a draft early on low confidence, which only raises its rate, so
-# 0.8x the fixed-k figure is a floor that catches a broken or swapped draft.
-MEASURED_ACCEPTANCE = 0.105  # 8 held-out prompts, 48 tokens, k = 4
+# Greedy acceptance of the engine at k = 4 on exactly these three prompts, 64 tokens each
+# (102 accepted of 333 drafted when the draft was trained; the model card has the wider
+# figures). The run is greedy and deterministic; 0.8x leaves room for other backends' float
+# differences and still fails the previous, weaker draft (about 0.1).
+MEASURED_ACCEPTANCE = 0.306
 FLOOR = 0.8
 
 
