@@ -60,6 +60,11 @@ METAL_FUNC int tg_argmax(float v, int i, int none, threadgroup float* fs, thread
 """
 
 
+def threadgroup_size(V: int) -> int:
+    """Threads per row of V entries: ~8 entries per thread, a multiple of 32, at most 1024."""
+    return min(1024, max(32, -(-V // 8 + 31) // 32 * 32))
+
+
 def make_kernel(spec: dict):
     """`mx.fast.metal_kernel(**spec)` once at import; None where there is no Metal."""
     if not mx.metal.is_available():

@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from ..sampling import SamplingParams
 from ..sampling import probabilities as probabilities_reference
-from .common import REDUCE_HEADER, THREAD_IDS, make_kernel
+from .common import REDUCE_HEADER, THREAD_IDS, make_kernel, threadgroup_size
 
 __all__ = ["SPEC", "probabilities_reference", "probabilities_metal", "launch"]
 
@@ -186,11 +186,6 @@ SPEC = dict(
 )
 
 _kernel = make_kernel(SPEC)
-
-
-def threadgroup_size(V: int) -> int:
-    """Threads per row: ~8 entries per thread, a multiple of 32, at most 1024."""
-    return min(1024, max(32, -(-V // 8 + 31) // 32 * 32))
 
 
 def launch(kernel, logits: mx.array, params: SamplingParams) -> mx.array:

@@ -24,7 +24,7 @@ import mlx.core as mx
 
 from ..verify import verify_greedy as verify_greedy_reference
 from ..verify import verify_with_uniforms as verify_with_uniforms_reference
-from .common import REDUCE_HEADER, THREAD_IDS, make_kernel
+from .common import REDUCE_HEADER, THREAD_IDS, make_kernel, threadgroup_size
 
 __all__ = ["SAMPLE_SPEC", "GREEDY_SPEC", "verify_with_uniforms_reference", "verify_greedy_rows_reference",
            "launch_sample", "launch_greedy"]
@@ -146,13 +146,6 @@ GREEDY_SPEC = dict(
 _sample_kernel = make_kernel(SAMPLE_SPEC)
 _greedy_kernel = make_kernel(GREEDY_SPEC)
 
-THREADS = 1024
-
-
-def _threads(V: int) -> int:
-    return min(THREADS, max(32, -(-V // 8 + 31) // 32 * 32))
-
-
 def launch_sample(kernel, target_probs: mx.array, draft_probs: mx.array, draft_tokens: mx.array,
                   uniforms: mx.array) -> mx.array:
     """Run the sampling kernel (Metal or emulated). Shapes as `verify_with_uniforms`."""
@@ -161,7 +154,7 @@ def launch_sample(kernel, target_probs: mx.array, draft_probs: mx.array, draft_t
     if k == 0:  # no draft rows: pass a one-row placeholder the kernel never reads
         draft_probs = mx.zeros((1, V), mx.float32)
         draft_tokens = mx.zeros((1,), mx.int32)
-    tg = _threads(V)
+    tg = threadgroup_size(V)
     (out,) = kernel(
         inputs=[target_probs.astype(mx.float32), draft_probs.astype(mx.float32),
                 draft_tokens.astype(mx.int32), uniforms.astype(mx.float32)],
@@ -181,7 +174,7 @@ def launch_greedy(kernel, target_rows: mx.array, draft_tokens: mx.array) -> mx.a
         target_rows = target_rows.astype(mx.float32)
     if k == 0:
         draft_tokens = mx.zeros((1,), mx.int32)
-    tg = _threads(target_rows.shape[-1])
+    tg = threadgroup_size(target_rows.shape[-1])
     (out,) = kernel(
         inputs=[target_rows, draft_tokens.astype(mx.int32)],
         template=[("T", target_rows.dtype), ("K", k)],
