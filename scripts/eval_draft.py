@@ -28,10 +28,12 @@ from pathlib import Path
 
 import mlx.core as mx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_prompts import make_prompts, split  # noqa: E402
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
+from draft_prompts import make_prompts, split  # noqa: E402
+from mlxspec.bench.prompts import builtin_suite  # noqa: E402
+from mlxspec.loading import demo  # noqa: E402
+
 DRAFT = ROOT / "mlxspec" / "data" / "smollm2-draft"
 
 
@@ -123,20 +125,15 @@ def main(argv=None):
 
     mx.random.seed(args.seed)
     if args.gguf is None:
-        from smollm2_mlx import find_demo_gguf
-
-        args.gguf = find_demo_gguf()
-        if args.gguf is None:
-            sys.exit("no demo GGUF found: pass --gguf")
+        if not demo.is_cached():
+            sys.exit("no demo GGUF in the mlxspec cache: run `mlxspec pull demo` or pass --gguf")
+        args.gguf = demo.gguf_path()
     target, draft_shipped, tok = load_pair(args.gguf, args.draft)
     draft_bf16 = dequantize_model(load(args.draft)[0])
     draft_bf16.set_dtype(mx.bfloat16)
     draft = draft_bf16 if args.dequantize_draft else draft_shipped
     eos = tok.eos_token_id
     if args.suite == "bench":
-        sys.path.insert(0, str(ROOT))
-        from mlxspec.bench.prompts import builtin_suite
-
         held = [{"kind": bp.category, "prompt": bp.prompt} for bp in builtin_suite()]
     else:
         _, held = split(make_prompts(args.held_out, args.seed), args.held_out)

@@ -7,9 +7,6 @@ which `_unpermute` undoes (the inverse of convert_hf_to_gguf's `permute`).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -18,16 +15,6 @@ NAMES = {
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
 }
-
-
-def find_demo_gguf() -> Optional[Path]:
-    """The demo GGUF in the mlxspec cache (where `mlxspec pull demo` puts it), or None."""
-    root = Path(__file__).resolve().parent.parent
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    from mlxspec.loading import demo
-
-    return demo.gguf_path() if demo.is_cached() else None
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
