@@ -24,13 +24,11 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from .errors import CacheRollbackError, IncompatibleModelsError, InvalidArgumentError
 
-__all__ = ["GrowingKVCache", "WindowKVCache", "make_cache", "rollback", "cache_nbytes"]
+__all__ = ["GrowingKVCache", "WindowKVCache", "make_cache"]
 
 
 class GrowingKVCache(KVCache):
     """mlx-lm's growing cache: trimming just moves `offset` back (stale rows are sliced off)."""
-
-    max_rollback = None  # unlimited
 
     def can_trim(self, n: int) -> bool:
         return 0 <= n <= self.offset
@@ -120,18 +118,6 @@ class WindowKVCache:
             self.values = mx.concatenate([self.values, new_v], axis=2)
         self._pos = np.concatenate([self._pos, np.full(size - have, -1, np.int64)])
 
-    def _write(self, slots: np.ndarray, keys: mx.array, values: mx.array):
-        # Slots of consecutive positions form at most three contiguous runs (keep, ring, wrap).
-        i, n = 0, slots.size
-        while i < n:
-            j = i + 1
-            while j < n and slots[j] == slots[j - 1] + 1:
-                j += 1
-            a, b = int(slots[i]), int(slots[j - 1]) + 1
-            self.keys[..., a:b, :] = keys[..., i:j, :]
-            self.values[..., a:b, :] = values[..., i:j, :]
-            i = j
-
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         S = keys.shape[2]
         pending, self._pending = self._pending, None
@@ -141,7 +127,8 @@ class WindowKVCache:
             pos, slots, new_pos, in_place = self._layout(S)
         if in_place:
             self._grow(int(slots.max()) + 1, keys, values)
-            self._write(slots, keys, values)
+            # Slots of consecutive positions form at most three runs (keep, ring, wrap).
+            self._write_gather(slots, np.arange(slots.size), keys, values)
             self._pos[slots] = new_pos
             self._used = pos.size
             out = (self.keys[..., : self._used, :], self.values[..., : self._used, :])
@@ -176,10 +163,6 @@ class WindowKVCache:
             i = j
 
     # -- rollback -------------------------------------------------------------------------
-    @property
-    def max_rollback(self) -> int:
-        return self.headroom
-
     def can_trim(self, n: int) -> bool:
         """True when the keys the next query would need after trimming n are still stored."""
         if n < 0 or n > self.offset:
@@ -228,11 +211,6 @@ class WindowKVCache:
     def meta_state(self):
         return tuple(map(str, (self.window, self.keep, self.headroom, self.offset, self._hi, self._used)))
 
-    def positions(self) -> np.ndarray:
-        """Absolute position held by each used slot (-1 empty): for tests and debugging."""
-        return self._pos[: self._used].copy()
-
-
 def make_cache(model, *, max_kv_size: Optional[int] = None, headroom: int = 16) -> List[Any]:
     """Per-layer rollback-capable caches following the model's own `make_cache()` choice.
 
@@ -258,17 +236,3 @@ def make_cache(model, *, max_kv_size: Optional[int] = None, headroom: int = 16) 
             )
     return out
 
-
-def rollback(caches: List[Any], n: int) -> None:
-    """Undo the last n tokens in every layer's cache (checks all layers first: all or nothing)."""
-    if n <= 0:
-        return
-    for c in caches:
-        if not c.can_trim(n):
-            raise CacheRollbackError(f"cannot roll back {n} tokens in a {type(c).__name__}")
-    for c in caches:
-        c.trim(n)
-
-
-def cache_nbytes(caches: List[Any]) -> int:
-    return sum(c.nbytes for c in caches)
