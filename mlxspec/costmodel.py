@@ -73,10 +73,6 @@ class CostModel:
         s, f = self.counts.get(kind, (1.0, 1.0))
         return s / (s + f)
 
-    @property
-    def alpha(self) -> float:
-        return self.alpha_of("")
-
     def verify_seconds(self, j: int) -> Optional[float]:
         """Measured or interpolated V(j); None before any pass was timed."""
         if j in self.v:
@@ -143,10 +139,3 @@ class CostModel:
             self.probe_every = min(2 * self.probe_every, 128)
             return 1
         return 0
-
-    def summary(self) -> dict:
-        return {
-            "alpha": {kind: round(self.alpha_of(kind), 4) for kind in sorted(self.counts)},
-            "draft_seconds_per_token": self.c,
-            "verify_seconds": {j: self.v[j] for j in sorted(self.v)},
-        }
