@@ -14,6 +14,7 @@ class TextAssembler:
     def __init__(self, tokenizer, stop: Optional[Sequence[str]] = None):
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
+        self._longest_stop = max(map(len, self.stop), default=0)
         self.tokens: List[int] = []
         self.text = ""  # decoded so far (possibly with a held-back tail)
         self.emitted = 0  # characters of self.text already handed out
@@ -38,7 +39,7 @@ class TextAssembler:
             self.tokens.append(token)
             self.text = self.tokenizer.decode(self.tokens)
         if self.stop:
-            search_from = max(0, self.emitted - max(len(s) for s in self.stop))
+            search_from = max(0, self.emitted - self._longest_stop)
             hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]
             if hits:
                 cut = min(hits)
