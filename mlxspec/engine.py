@@ -16,7 +16,8 @@ import mlx.core as mx
 from .cache import WindowKVCache
 from .costmodel import CostModel
 from .modelmeta import context_length, logit_width, weights_bytes
-from .drafters import Draft, ModelDrafter, NgramDrafter, NoDrafter
+from .device import backend
+from .drafters import DRAFTERS, Draft, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError, NumericalError
 from .prompts import MAX_DRAFT, check_max_tokens, check_num_draft, check_seed, check_stop, encode_prompt
 from . import kernels
@@ -25,7 +26,6 @@ from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
 from .text import TextAssembler
 
-DRAFTERS = ("model", "ngram", "none")
 
 
 class Engine:
@@ -67,8 +67,7 @@ class Engine:
         self.prefill_step = prefill_step
         self.draft_min_confidence = draft_min_confidence
         self.default_drafter = drafter
-        on_gpu = mx.metal.is_available() and mx.default_device() == mx.gpu
-        self._prior_slope = 0.1 if on_gpu else 0.5
+        self._prior_slope = 0.1 if backend() == "gpu" else 0.5
         self._prior_draft = None
         if cost_prior is None:
             from .calibration import priors_for

@@ -4,4 +4,6 @@ from .base import Draft, Drafter, NoDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 
-__all__ = ["Draft", "Drafter", "NoDrafter", "ModelDrafter", "NgramDrafter"]
+DRAFTERS = ("model", "ngram", "none")  # the names Engine and load accept
+
+__all__ = ["DRAFTERS", "Draft", "Drafter", "NoDrafter", "ModelDrafter", "NgramDrafter"]

@@ -7,13 +7,13 @@ import warnings
 
 import mlx.core as mx
 
+from ..drafters import DRAFTERS
 from ..errors import InvalidArgumentError
 from .model import load_model
 from .registry import WEIGHTLESS_DRAFTERS
 from .resolve import resolve_pair
 
 log = logging.getLogger("mlxspec.loading")
-DRAFTERS = ("ngram", "model", "none")
 KV_TOKENS_FOR_WARNING = 4096  # tokens of KV counted in the memory check when max_kv_size is None
 
 
