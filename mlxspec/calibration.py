@@ -18,7 +18,6 @@ MLX is imported inside the functions, so `mlxspec --help` stays fast.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -33,18 +32,10 @@ PREFIX = 32  # KV prefix before the timed passes (tokens)
 REPEATS = 7  # timings per j (median kept)
 
 
-def cache_home() -> Path:
-    """`$MLXSPEC_HOME` if set, else the platform's user cache dir for mlxspec."""
-    home = os.environ.get("MLXSPEC_HOME")
-    if home:
-        return Path(home)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("mlxspec"))
-
-
 def calibration_path() -> Path:
-    return cache_home() / "calibration.json"
+    from .loading.demo import cache_dir  # the one cache folder (MLXSPEC_HOME), imported lazily
+
+    return cache_dir() / "calibration.json"
 
 
 def model_key(model) -> str:
@@ -187,7 +178,11 @@ def load_prior(model, path: Optional[Path] = None) -> Optional[Dict[int, float]]
 
     Pass the result as `Engine(..., cost_prior=load_prior(target_model))`.
     """
-    entry = load_entry(model, path)
+    return _ratios(load_entry(model, path))
+
+
+def _ratios(entry: Optional[dict]) -> Optional[Dict[int, float]]:
+    """An entry's V(j)/V(1) ratios, or None when it has none (or they do not parse)."""
     if not entry or not isinstance(entry.get("ratios"), dict):
         return None
     try:
@@ -199,7 +194,7 @@ def load_prior(model, path: Optional[Path] = None) -> Optional[Dict[int, float]]
 def priors_for(target_model, draft_model=None) -> tuple:
     """(V(j)/V(1) ratios or None, the draft model's cost per token / one target step or None)."""
     entry = load_entry(target_model) or {}
-    ratios = load_prior(target_model)
+    ratios = _ratios(entry)
     draft_ratio = None
     if draft_model is not None and entry.get("draft_key") == model_key(draft_model):
         value = (entry.get("draft_cost") or {}).get("model")
