@@ -160,7 +160,7 @@ def compile_library(code: str) -> ctypes.CDLL:
             tmp = out.with_suffix(f".{os.getpid()}.tmp.so")
             cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
                    "-fno-fast-math", "-Wno-attributes", "-Wno-unused-variable", "-Wno-unknown-pragmas",
-                   *os.environ.get("MLXSPEC_EMULATOR_CXXFLAGS", "").split(),
+                   *flags.split(),
                    f"-I{PRELUDE.parent}", str(cpp), "-o", str(tmp)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
@@ -278,8 +278,3 @@ class EmulatedKernel:
         if lib.mlxemu_run(buf, g, tg, err, len(err)) != 0:
             raise RuntimeError(f"[emulator] kernel {self.name}: {err.value.decode()}")
         return [_from_numpy(o, d) for o, d in zip(outs, output_dtypes)]
-
-
-def emulated_metal_kernel(**kwargs) -> EmulatedKernel:
-    """Same keyword arguments as `mx.fast.metal_kernel`."""
-    return EmulatedKernel(**kwargs)
