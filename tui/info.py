@@ -63,7 +63,6 @@ def _precision(model) -> str:
 
 
 def _device() -> str:
-    import mlx.core as mx
+    from mlxspec.device import backend
 
-    d = mx.default_device()
-    return "Metal GPU" if d == mx.gpu and mx.metal.is_available() else "CPU"
+    return "Metal GPU" if backend() == "gpu" else "CPU"

@@ -50,4 +50,3 @@ def format_bytes(n: int) -> str:
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n} B"
