@@ -21,13 +21,12 @@ class Sequence:
         self.max_kv_size = max_kv_size
         self.headroom = headroom
         self.prefill_step = prefill_step
-        self.caches = make_cache(model, max_kv_size=max_kv_size, headroom=headroom)
-        self.tokens: List[int] = []
-        self._dirty = False
+        self.reset()
 
     def reset(self) -> None:
+        """Fresh caches, no tokens."""
         self.caches = make_cache(self.model, max_kv_size=self.max_kv_size, headroom=self.headroom)
-        self.tokens = []
+        self.tokens: List[int] = []
         self._dirty = False
 
     def sync(self, tokens: List[int]) -> List[int]:
