@@ -59,10 +59,10 @@ def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise MlxSpecError(f"cannot read the pair registry {path}: {e}") from e
     known = {f.name: f.type for f in fields(Pair)}
+    optional = {f.name for f in fields(Pair) if f.default is not MISSING}
     out: dict[str, Pair] = {}
     for i, entry in enumerate(data.get("pair", [])):
         where = f"{path}: [[pair]] #{i + 1} ({entry.get('name', 'unnamed')!r})"
-        optional = {f.name for f in fields(Pair) if f.default is not MISSING}
         missing = sorted(set(known) - set(entry) - optional)
         unknown = sorted(set(entry) - set(known))
         if missing or unknown:
