@@ -123,9 +123,7 @@ class ChatApp(App):
 
     async def start_turn(self, text: str) -> None:
         self.query_one(ChatHistory).add_user(text)
-        for side in (SPEC, VANILLA):
-            await self.pane(side).reset()
-        self.query_one("#verdict", Static).update("")
+        await self._clear_race()
         s = self.settings
         request = TurnRequest(
             user=text, messages={side: self.conversation.messages(side, text) for side in (SPEC, VANILLA)},
@@ -143,15 +141,23 @@ class ChatApp(App):
         await self.pane(message.side).add(message.pieces)
 
     def on_stats_updated(self, message: StatsUpdated) -> None:
-        self.pane(message.side).set_stats(message.stats)
-        self.query_one(PairHeader).set_stats(message.side, message.stats)
+        self._show_stats(message.side, message.stats)
+
+    def _show_stats(self, side: str, stats) -> None:
+        self.pane(side).set_stats(stats)
+        self.query_one(PairHeader).set_stats(side, stats)
+
+    async def _clear_race(self) -> None:
+        """Empty both panes and the verdict line."""
+        for side in (SPEC, VANILLA):
+            await self.pane(side).reset()
+        self.query_one("#verdict", Static).update("")
 
     def on_turn_finished(self, message: TurnFinished) -> None:
         self.busy = False
         turn = message.turn
         for side, answer in turn.answers.items():
-            self.pane(side).set_stats(answer.stats)
-            self.query_one(PairHeader).set_stats(side, answer.stats)
+            self._show_stats(side, answer.stats)
         history = self.query_one(ChatHistory)
         if message.error:
             history.add_notice(f"generation failed: {message.error}", error=True)
@@ -178,9 +184,7 @@ class ChatApp(App):
         for engine in self.engines.values():
             engine.reset()
         self.query_one(ChatHistory).clear()
-        for side in (SPEC, VANILLA):
-            await self.pane(side).reset()
-        self.query_one("#verdict", Static).update("")
+        await self._clear_race()
         self.notice("conversation cleared")
 
     # -- slash commands -------------------------------------------------------------------
