@@ -4,29 +4,45 @@ Keeping the token list beside the caches is what makes every path safe: a new re
 syncs to its tokens by rolling back to the common prefix (or rebuilding when the window
 no longer holds it), and a forward pass interrupted half-way marks the caches dirty so
 the next sync rebuilds them instead of reading half-written layers.
+
+A pipelined loop feeds a token before its value is on the host (a lazy `mx.array`): its
+place in `tokens` holds None until `settle` writes the value. None never equals a real
+token, so a sync before settling rolls the unsettled tokens back rather than trusting them.
+
+With `keep_hidden=True` every pass also keeps the backbone's final hidden states (the
+features a feature-level drafter reads), computed in the same pass as the logits.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Sequence as Seq, Tuple, Union
 
 import mlx.core as mx
 
 from .cache import make_cache
 
+Tokens = Union[Seq[int], mx.array]
+
 
 class Sequence:
-    def __init__(self, model, *, max_kv_size: Optional[int], headroom: int, prefill_step: int = 512):
+    def __init__(self, model, *, max_kv_size: Optional[int], headroom: int, prefill_step: int = 512,
+                 keep_hidden: bool = False):
         self.model = model
         self.max_kv_size = max_kv_size
         self.headroom = headroom
         self.prefill_step = prefill_step
+        self.keep_hidden = keep_hidden
+        if keep_hidden:
+            from .backbone import split_model
+
+            self._backbone, self._head = split_model(model)
         self.reset()
 
     def reset(self) -> None:
         """Fresh caches, no tokens."""
         self.caches = make_cache(self.model, max_kv_size=self.max_kv_size, headroom=self.headroom)
-        self.tokens: List[int] = []
+        self.tokens: List[Optional[int]] = []
+        self._hidden: List[Tuple[int, mx.array]] = []  # (first position, (n, H) rows), in order
         self._dirty = False
 
     def sync(self, tokens: List[int]) -> List[int]:
@@ -34,7 +50,7 @@ class Sequence:
         if self._dirty:
             self.reset()
         limit = min(len(self.tokens), len(tokens) - 1)  # always leave one token to feed
-        if self.tokens == tokens[: len(self.tokens)]:  # the usual case each round: one C-level compare
+        if self.tokens == tokens[: len(self.tokens)]:  # the usual case: one C-level compare
             common = limit
         else:
             common = 0
@@ -49,21 +65,40 @@ class Sequence:
                 common = 0
         return list(tokens[common:])
 
-    def forward(self, tokens: List[int]) -> mx.array:
-        """Feed tokens; returns the logits of every fed position (S, V), not yet evaluated."""
+    def _run(self, ids: mx.array) -> mx.array:
+        """One pass over ids (S,) at the current position -> logits (S, V); keeps hidden rows if asked."""
+        if not self.keep_hidden:
+            return self.model(ids[None], cache=self.caches)[0]
+        h = self._backbone(ids[None], self.caches)[0]  # (S, H)
+        self._hidden.append((len(self.tokens), h))
+        return self._head(h)
+
+    def forward(self, tokens: Tokens) -> mx.array:
+        """Feed tokens (ints, or a lazy int array whose values `settle` fills in later); returns the
+        logits of every fed position (S, V), not yet evaluated."""
+        lazy = isinstance(tokens, mx.array)
+        ids = tokens.astype(mx.uint32) if lazy else mx.array(tokens, dtype=mx.uint32)
         self._dirty = True  # until the caches and self.tokens agree again
-        logits = self.model(mx.array(tokens, dtype=mx.uint32)[None], cache=self.caches)[0]
-        self.tokens.extend(tokens)
+        logits = self._run(ids)
+        self.tokens.extend([None] * ids.shape[0] if lazy else tokens)
         self._dirty = False
         return logits
+
+    def settle(self, start: int, values: Seq[int]) -> None:
+        """Write the values of lazily fed tokens at positions start, start+1, ..."""
+        self.tokens[start : start + len(values)] = values
 
     def prefill(self, tokens: List[int]) -> None:
         """Feed tokens in chunks, evaluating each (no logits kept)."""
         for i in range(0, len(tokens), self.prefill_step):
             chunk = tokens[i : i + self.prefill_step]
             self._dirty = True
-            self.model(mx.array(chunk, dtype=mx.uint32)[None], cache=self.caches)
-            mx.eval([c.state for c in self.caches])
+            if self.keep_hidden:
+                self._run(mx.array(chunk, dtype=mx.uint32))
+                mx.eval([c.state for c in self.caches], self._hidden[-1][1])
+            else:
+                self.model(mx.array(chunk, dtype=mx.uint32)[None], cache=self.caches)
+                mx.eval([c.state for c in self.caches])
             self.tokens.extend(chunk)
             self._dirty = False
 
@@ -73,6 +108,50 @@ class Sequence:
         for c in self.caches:
             c.trim(n)
         del self.tokens[-n:]
+        if self._hidden:
+            self._trim_hidden(len(self.tokens))
+
+    # -- hidden states (keep_hidden=True) ---------------------------------------------------------
+    def _trim_hidden(self, end: int) -> None:
+        kept = []
+        for start, rows in self._hidden:
+            if start < end:
+                kept.append((start, rows if start + rows.shape[0] <= end else rows[: end - start]))
+        self._hidden = kept
+
+    def hidden_since(self, pos: int) -> mx.array:
+        """Final hidden states of positions pos .. len(tokens)-1, shape (n, H) (lazy).
+
+        Raises:
+            ValueError: the sequence does not keep hidden states, or rows before `pos` were
+                released with `release_hidden`.
+        """
+        if not self.keep_hidden:
+            raise ValueError("this Sequence was built with keep_hidden=False")
+        end = len(self.tokens)
+        parts = []
+        for start, rows in self._hidden:
+            stop = start + rows.shape[0]
+            if stop <= pos:
+                continue
+            if start > pos and not parts:
+                raise ValueError(f"hidden states before position {start} were released; asked from {pos}")
+            parts.append(rows[max(0, pos - start):])
+        if not parts:
+            if pos >= end:
+                return mx.zeros((0, self._hidden[-1][1].shape[-1] if self._hidden else 0))
+            raise ValueError(f"no hidden states kept from position {pos}")
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+
+    def release_hidden(self, before: int) -> None:
+        """Forget hidden rows of positions < before (a drafter has consumed them)."""
+        kept = []
+        for start, rows in self._hidden:
+            stop = start + rows.shape[0]
+            if stop <= before:
+                continue
+            kept.append((before, rows[before - start:]) if start < before else (start, rows))
+        self._hidden = kept
 
     @property
     def kv_bytes(self) -> int:
