@@ -1,19 +1,34 @@
-"""Which device MLX computes on, as the bench and the calibration record it."""
+"""Which device MLX computes on: the one answer every module asks (precision defaults, cost
+priors, calibration keys, reports). Low-level on purpose: it imports nothing of mlxspec."""
 
 from __future__ import annotations
 
 import platform
 
+BACKENDS = ("metal", "cuda", "cpu")
+
 
 def backend() -> str:
-    """"gpu" when MLX runs on Metal, else "cpu"."""
+    """"metal" (Apple GPU), "cuda" (MLX's CUDA backend on an NVIDIA GPU) or "cpu", for the default device."""
     import mlx.core as mx
 
-    return "gpu" if mx.metal.is_available() and mx.default_device() == mx.gpu else "cpu"
+    if mx.default_device().type != mx.gpu:
+        return "cpu"
+    if mx.metal.is_available():
+        return "metal"
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def is_gpu() -> bool:
+    """True on Metal and CUDA: the device runs asynchronously and small passes are launch-bound."""
+    return backend() != "cpu"
 
 
 def device_name() -> str:
-    """The chip's name as MLX reports it (e.g. "Apple M2 Pro"), else the platform's machine type."""
+    """The chip's name as MLX reports it (e.g. "Apple M2 Pro", "NVIDIA H100 80GB HBM3"), else the machine type."""
     import mlx.core as mx
 
     info_fn = getattr(mx, "device_info", None)

@@ -20,7 +20,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxspec.loading import load_model
-from mlxspec.loading.precision import backend
+from mlxspec.device import backend
 
 
 class Bench:

@@ -42,8 +42,8 @@ def test_entries_are_per_model_and_backend(home, monkeypatch):
     cal.save(cal.calibrate(a, max_j=2, prefix=4, repeats=1))
     cal.save(cal.calibrate(b, max_j=3, prefix=4, repeats=1))
     assert len(cal.load_prior(a)) == 2 and len(cal.load_prior(b)) == 3  # saving b kept a
-    monkeypatch.setattr(cal, "backend", lambda: "gpu")
-    assert cal.model_key(a).endswith("/gpu") and cal.load_prior(a) is None
+    monkeypatch.setattr(cal, "backend", lambda: "metal")
+    assert cal.model_key(a).endswith("/metal") and cal.load_prior(a) is None
 
 
 def test_a_corrupt_file_is_no_prior_but_a_clear_error_to_save(home):
@@ -59,7 +59,7 @@ def test_bench_uses_the_saved_curve(home):
     ratios, source = cal.curve_for(eng)
     assert source == "calibration file" and set(ratios) == {1, 2, 3}
     cal.apply_prior(eng, ratios)
-    assert all(c.prior_ratios == ratios for c in eng.costs.values())
+    assert eng.curve.prior_ratios == ratios
 
 
 def test_cli_prints_and_saves(home, monkeypatch, capsys):

@@ -65,4 +65,4 @@ def _precision(model) -> str:
 def _device() -> str:
     from mlxspec.device import backend
 
-    return "Metal GPU" if backend() == "gpu" else "CPU"
+    return {"metal": "Metal GPU", "cuda": "CUDA GPU"}.get(backend(), "CPU")

@@ -9,25 +9,22 @@
                  Linear, QuantizedEmbedding -> Embedding) and cast all float parameters.
 
 Defaults come from `scripts/measure_precision.py` (figures in `mlxspec/loading/README.md`):
-on Metal, quantized (memory bandwidth bound, fewer bytes win); on the CPU backend,
-bfloat16 -- verifying 5 tokens costs ~1.2x one token there, against ~4x when quantized,
-and cheap multi-token passes are what speculative decoding needs.
+on a GPU (Metal, or MLX's CUDA backend), quantized (memory bandwidth bound, fewer bytes
+win, and the quantized matmul has a many-rows kernel for verify passes); on the CPU
+backend, bfloat16 -- verifying 5 tokens costs ~1.2x one token there, against ~4x when
+quantized, and cheap multi-token passes are what speculative decoding needs.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
+from ..device import backend
 from ..errors import InvalidArgumentError
 
 DTYPES = ("auto", "quantized", "bfloat16", "float16", "float32")
-DEFAULTS = {"metal": "quantized", "cpu": "bfloat16"}
+DEFAULTS = {"metal": "quantized", "cuda": "quantized", "cpu": "bfloat16"}
 AUTO_MEMORY_FRACTION = 0.25  # "auto" dequantizes only models whose float weights fit in this share of RAM
-
-
-def backend() -> str:
-    """"metal" when MLX runs on a Metal GPU, else "cpu"."""
-    return "metal" if mx.metal.is_available() else "cpu"
 
 
 def auto_dtype(model) -> str:
