@@ -5,6 +5,12 @@ like with like. Order: temperature, then top-k, top-p and min-p, each a threshol
 temperature-scaled probabilities, then renormalisation. Ties at a threshold are kept
 (a threshold is a value, not a rank), which a one-pass GPU kernel can reproduce exactly.
 Temperature 0 is greedy: a one-hot row at the argmax (the first index on ties).
+
+Randomness is keyed by position: the uniform that decides the token at absolute position
+o is a hash of (seed, o, stream), so a seeded generation draws the same number for the
+same position whatever rounds the positions fell in. Plain decoding and deterministic
+drafts (checked by sampling the target and comparing) then give the very same tokens, and
+a seeded run does not depend on which draft lengths the cost model picked.
 """
 
 from __future__ import annotations
@@ -42,6 +48,48 @@ def validate(temperature, top_p, top_k, min_p) -> None:
         raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 disables it), got {top_k!r}")
     if not isinstance(min_p, (int, float)) or math.isnan(min_p) or not (0.0 <= min_p < 1.0):
         raise InvalidArgumentError(f"min_p must be in [0, 1) (0 disables it), got {min_p!r}")
+
+
+# Streams of position-keyed uniforms (one independent stream per use).
+SAMPLE, ACCEPT, DRAFT = 0, 1, 2
+
+
+def _fmix32(h: mx.array) -> mx.array:
+    # MurmurHash3's finaliser: full avalanche on uint32 (arithmetic wraps modulo 2^32).
+    h = h ^ (h >> 16)
+    h = h * mx.array(0x85EBCA6B, dtype=mx.uint32)
+    h = h ^ (h >> 13)
+    h = h * mx.array(0xC2B2AE35, dtype=mx.uint32)
+    return h ^ (h >> 16)
+
+
+def position_uniforms(seed: int, positions, stream: int = SAMPLE) -> mx.array:
+    """Uniforms in [0, 1) (float32, 24 random bits), one per absolute position, keyed by (seed, stream).
+
+    Args:
+        seed: any integer >= 0 (64 bits are used).
+        positions: an int array or list of absolute positions.
+        stream: which independent stream (SAMPLE, ACCEPT, DRAFT).
+    """
+    pos = mx.array(positions, dtype=mx.uint32) if not isinstance(positions, mx.array) else positions.astype(mx.uint32)
+    lo, hi = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+    h = _fmix32(pos * mx.array(0x9E3779B9, dtype=mx.uint32) + mx.array(lo ^ (stream * 0x632BE5AB & 0xFFFFFFFF), dtype=mx.uint32))
+    h = _fmix32(h ^ mx.array(hi ^ 0x27D4EB2F, dtype=mx.uint32))
+    return (h >> 8).astype(mx.float32) * (1.0 / (1 << 24))
+
+
+def sample_rows(probs: mx.array, u: mx.array) -> mx.array:
+    """One index per row of `probs` (..., V) by inverse CDF with uniforms `u` (...): int32 (...).
+
+    The first index whose cumulative mass exceeds u * total; never an index in a zero-mass
+    tail (rounding could otherwise land there).
+    """
+    cdf = cumsum_precise(probs)
+    total = cdf[..., -1:]
+    idx = mx.sum(cdf <= u[..., None] * total, axis=-1).astype(mx.int32)
+    V = probs.shape[-1]
+    last_nonzero = (V - 1) - mx.argmax((probs > 0)[..., ::-1], axis=-1).astype(mx.int32)
+    return mx.minimum(idx, last_nonzero)
 
 
 def cumsum_precise(x: mx.array, block: int = 256) -> mx.array:

@@ -18,21 +18,10 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .errors import InvalidArgumentError
-from .sampling import cumsum_precise
+from .sampling import sample_rows
 
-
-def sample_inverse_cdf(weights: mx.array, u: mx.array) -> mx.array:
-    """Index drawn from unnormalised non-negative `weights` (V,) with a uniform `u` in [0, 1).
-
-    The first index whose cumulative weight exceeds u * total; never an index in a
-    zero-mass tail (rounding could otherwise land there).
-    """
-    cdf = cumsum_precise(weights)
-    total = cdf[-1]
-    idx = mx.sum(cdf <= u * total).astype(mx.int32)
-    V = weights.shape[-1]
-    last_nonzero = (V - 1) - mx.argmax((weights > 0)[::-1]).astype(mx.int32)
-    return mx.minimum(idx, last_nonzero)
+# Index drawn from unnormalised non-negative weights (V,) with a uniform u in [0, 1).
+sample_inverse_cdf = sample_rows
 
 
 def verify_with_uniforms(target_probs: mx.array, draft_probs: mx.array, draft_tokens: mx.array,
