@@ -4,57 +4,206 @@ With per-token acceptance probability a, a round that drafts k tokens yields on 
     E(k) = (1 - a^(k+1)) / (1 - a)          tokens (accepted drafts + the target's own)
 and costs
     T(k) = k * c + V(k + 1)                  seconds,
-where c is the drafter's seconds per token and V(j) the target's seconds for one pass
-over j tokens (verification and host read included). k = 0 is plain decoding (E = 1,
-T = V(1)). Each round takes the k in [0, k_max] with the highest E(k) / T(k) (drafting must beat
-plain decoding by a 5% margin), so speculation falls back to plain decoding wherever it
-cannot pay.
+where c is the drafter's seconds per token and V(j) the wall time of a round whose target
+pass is over j tokens (host work, device time and the one host read). Plain decoding
+keeps the next step in flight while the host reads the last one, so it costs P <= V(1)
+per token. Each round takes the k in [0, k_max] with the highest E(k) / T(k), k = 0
+meaning plain decoding at 1 / P; drafting must beat that by a 5% margin.
 
-All three quantities are measured while the engine runs: V(j) and c as exponential
-moving averages, a from a decayed count of accepts and first rejections (a round with
-n accepted out of k shows n successes and, if n < k, one failure). Until a length j has
-been timed, V(j) is interpolated from the timed ones (or a calibration curve).
+Costs are robust estimates (`Estimate`): the median of the last few samples (their
+minimum while there are fewer than three), and a sample several times the estimate is
+held back as a stall (first-use compilation, a preempted thread) unless it repeats. A
+length never timed is interpolated from the timed ones (or a calibration curve). Lengths
+whose estimate is old or only interpolated are re-timed now and then when they could
+beat the current choice, so neither a stall nor a stale number can lock drafting out.
 
-Acceptance is kept per *kind* of proposal: a drafter may label its drafts (the n-gram
-drafter labels them by match length, since a 3-token match is far more reliable than a
-1-token one), and a free drafter proposes first so the engine picks k for that kind.
+The target's curve (`TargetCurve`) is one per engine, shared by every drafter; acceptance
+and draft cost (`CostModel`) are per drafter. Acceptance is kept per *kind* of proposal:
+the n-gram drafter labels drafts by match length (a 3-token match is far more reliable than
+a 1-token one), and a free drafter proposes first so the engine picks k for that kind.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from typing import Dict, Optional
+
+STALL = 4.0  # a sample this many times the estimate is a stall (until it repeats)
+STALE_ROUNDS = 256  # an estimate older than this many rounds is re-timed when it could pay
+EXPLORE_EVERY = 32  # rounds between re-timings
+
+
+class Estimate:
+    """A robust running duration: median of the last `n` samples, minimum while fewer than 3."""
+
+    def __init__(self, n: int = 9):
+        self.samples: deque = deque(maxlen=n)
+        self.held: list = []  # consecutive samples held back as stalls
+        self.when = -1  # round of the latest accepted sample
+        self._value: Optional[float] = None  # cached; None = recompute
+
+    def add(self, seconds: float, now: int = 0) -> bool:
+        """Record a sample; returns False when it was held back as a stall."""
+        est = self.value()
+        if est is not None and seconds > STALL * est:
+            if len(self.held) < 2:
+                self.held.append(seconds)
+                return False
+            # The third in a row is no stall but a new regime: forget the old one.
+            self.samples.clear()
+            self.samples.extend(self.held)
+        self.held = []
+        self.samples.append(seconds)
+        self.when = now
+        self._value = None
+        return True
+
+    def value(self) -> Optional[float]:
+        if self._value is None and self.samples:
+            xs = sorted(self.samples)
+            self._value = xs[0] if len(xs) < 3 else statistics.median(xs)
+        return self._value
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+class TargetCurve:
+    """The target's costs on this device: V(j) for rounds of j fed tokens, and the pipelined step P."""
+
+    def __init__(self, *, prior_ratios: Optional[Dict[int, float]] = None, prior_slope: float = 0.5):
+        self._interp: Dict[int, Optional[float]] = {}
+        self.prior_ratios = prior_ratios  # V(j)/V(1), e.g. from `mlxspec calibrate`
+        self.prior_slope = prior_slope  # V(j)/V(1) = 1 + slope*(j-1) when nothing better is known
+        self.v: Dict[int, Estimate] = {}
+        self.plain = Estimate()
+        self.now = 0  # rounds observed (the clock of `Estimate.when`)
+        self._known: Optional[Dict[int, float]] = None  # cache of measured(); None = recompute
+        self._anchor: Optional[float] = None  # the plain step time the cached guesses were made with
+
+    @property
+    def prior_ratios(self) -> Dict[int, float]:
+        return self._prior
+
+    @prior_ratios.setter
+    def prior_ratios(self, ratios: Optional[Dict[int, float]]) -> None:
+        self._prior = dict(ratios or {})
+        self._interp = {}  # cache of verify_seconds() for unmeasured lengths
+
+    def observe(self, j: int, seconds: float, *, trusted: bool = False) -> None:
+        """A round (not pipelined) whose target pass fed j tokens took `seconds`; `trusted` for
+        timings known to be free of first-use compilation (warm-up's)."""
+        self.now += 1
+        e = self.v.get(j)
+        if e is None:
+            e = self.v[j] = Estimate()
+        if not len(e) and not trusted:  # a first sample is judged against what the other lengths predict
+            guess = self.verify_seconds(j)
+            if guess is not None and seconds > STALL * guess and len(e.held) < 2:
+                e.held.append(seconds)
+                return
+        if e.add(seconds, self.now):
+            self._known, self._interp = None, {}
+
+    def observe_plain(self, seconds: float) -> None:
+        """A pipelined plain step took `seconds` (the period between two reads)."""
+        self.now += 1
+        self.plain.add(seconds, self.now)
+
+    def measured(self) -> Dict[int, float]:
+        """{j: V(j)} for the lengths timed so far."""
+        if self._known is None:
+            self._known = {j: e.value() for j, e in sorted(self.v.items()) if len(e)}
+        return self._known
+
+    def age(self, j: int) -> Optional[int]:
+        """Rounds since V(j) was last timed; None when never."""
+        e = self.v.get(j)
+        return None if e is None or not len(e) else self.now - e.when
+
+    def plain_seconds(self) -> Optional[float]:
+        """Seconds per token of plain decoding: the pipelined step, else a round of 1."""
+        p = self.plain.value()
+        v1 = self.verify_seconds(1)
+        return p if p is not None and (v1 is None or p <= v1) else v1
+
+    def verify_seconds(self, j: int) -> Optional[float]:
+        """Measured or interpolated V(j); None before any round was timed.
+
+        Unmeasured lengths are interpolated from the measured ones, with the pipelined plain
+        step standing in for V(1) when it is cheaper: it is the pass without the host's
+        bubble, so the guess is optimistic by one bubble and the first round at that length,
+        which includes it, then measures it.
+        """
+        known = self.measured()
+        if j in known:
+            return known[j]
+        p = self.plain.value()
+        if p is not None and (self._anchor is None or abs(p - self._anchor) > 0.1 * self._anchor):
+            self._anchor, self._interp = p, {}  # refresh the cached guesses when the step time moved
+        if j not in self._interp:
+            if self._anchor is not None and self._anchor < known.get(1, float("inf")):
+                known = {**known, 1: self._anchor}
+            self._interp[j] = self._interpolate(j, known)
+        return self._interp[j]
+
+    def _interpolate(self, j: int, known: Dict[int, float]) -> Optional[float]:
+        if not known:
+            return None
+        if j in self.prior_ratios:  # scale the calibrated curve from the nearest timed length
+            m = min(known, key=lambda x: abs(x - j))
+            if m in self.prior_ratios:
+                return known[m] * self.prior_ratios[j] / self.prior_ratios[m]
+        lo = max((x for x in known if x < j), default=None)
+        hi = min((x for x in known if x > j), default=None)
+        ratio = lambda x: 1.0 + self.prior_slope * (x - 1)  # noqa: E731
+        if lo is None:  # shorter than every timed length
+            return known[hi] * ratio(j) / ratio(hi)
+        if hi is not None:
+            t = (j - lo) / (hi - lo)
+            return known[lo] + t * (known[hi] - known[lo])
+        xs = sorted(known)
+        if len(xs) >= 2:  # longer than every timed length: continue the last slope
+            a, b = xs[-2], xs[-1]
+            return known[b] + max(0.0, (known[b] - known[a]) / (b - a)) * (j - b)
+        return known[lo] * ratio(j) / ratio(lo)
 
 
 class CostModel:
-    def __init__(self, *, k_max: int = 12, prior_ratios: Optional[Dict[int, float]] = None,
-                 prior_slope: float = 0.5, ema: float = 0.25, decay: float = 0.85,
-                 draft_is_free: bool = False, prior_draft_ratio: Optional[float] = None):
+    """One drafter's acceptance and cost, choosing k against the engine's shared `TargetCurve`."""
+
+    def __init__(self, curve: Optional[TargetCurve] = None, *, k_max: int = 15, decay: float = 0.85,
+                 draft_is_free: bool = False, prior_draft_ratio: Optional[float] = None, margin: float = 1.05):
+        self.curve = curve if curve is not None else TargetCurve()
         self.k_max = k_max
-        self.prior_ratios = dict(prior_ratios or {})  # V(j)/V(1), e.g. from `mlxspec calibrate`
-        self.prior_slope = prior_slope  # V(j)/V(1) = 1 + slope*(j-1) when nothing better is known
-        self.ema, self.decay = ema, decay
+        self.decay = decay
         self.draft_is_free = draft_is_free
-        self.prior_draft_ratio = prior_draft_ratio  # drafter seconds per token / V(1), until measured
-        self.v: Dict[int, float] = {}  # j -> seconds of a target pass over j tokens
-        self.c: Optional[float] = None  # drafter seconds per drafted token
+        self.prior_draft_ratio = prior_draft_ratio  # drafter seconds per token / plain step, until measured
+        self.c = Estimate()  # drafter seconds per drafted token
         self.counts: Dict[str, list] = {}  # kind -> [successes, failures], Beta(1, 1) prior
+        self.margin = margin  # drafting must beat plain decoding by this factor: estimates are noisy
         self.rounds_since_draft = 0
         self.probe_every = 16  # plain rounds between probes of a model drafter (doubles while probes fail)
-        self.margin = 1.05  # drafting must beat plain decoding by this factor: estimates are noisy
+        self.rounds_since_explore = 0
 
     # -- observations -----------------------------------------------------------------------
-    def observe_verify(self, j: int, seconds: float) -> None:
-        old = self.v.get(j)
-        self.v[j] = seconds if old is None else old + self.ema * (seconds - old)
+    def observe_round(self, k: int, seconds: float) -> None:
+        """A round that drafted k tokens (k = 0: a plain step, not pipelined) took `seconds`, drafting included."""
+        if k and not self.draft_is_free:
+            v = self.curve.verify_seconds(k + 1)
+            if v is not None:
+                self.c.add(max(0.0, (seconds - v) / k), self.curve.now)
+            return
+        self.curve.observe(k + 1, seconds)
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens <= 0:
-            return
-        per = seconds / n_tokens
-        self.c = per if self.c is None else self.c + self.ema * (per - self.c)
+        """Drafting n tokens took `seconds` on its own (warm-up measures it so)."""
+        if n_tokens > 0:
+            self.c.add(seconds / n_tokens, self.curve.now)
 
     def observe_acceptance(self, drafted: int, accepted: float, kind: str = "") -> None:
-        """A round's outcome; `accepted` may be fractional (an expected value, e.g. a shadow probe)."""
+        """A round's outcome; `accepted` may be fractional (an expected value)."""
         if drafted <= 0:
             return
         c = self.counts.setdefault(kind, [1.0, 1.0])
@@ -73,69 +222,79 @@ class CostModel:
         s, f = self.counts.get(kind, (1.0, 1.0))
         return s / (s + f)
 
-    def verify_seconds(self, j: int) -> Optional[float]:
-        """Measured or interpolated V(j); None before any pass was timed."""
-        if j in self.v:
-            return self.v[j]
-        if not self.v:
-            return None
-        known = sorted(self.v)
-        if j in self.prior_ratios:  # scale the calibrated curve from the nearest timed length
-            m = min(known, key=lambda x: abs(x - j))
-            if m in self.prior_ratios:
-                return self.v[m] * self.prior_ratios[j] / self.prior_ratios[m]
-        lo = max((x for x in known if x < j), default=None)
-        hi = min((x for x in known if x > j), default=None)
-        ratio = lambda x: 1.0 + self.prior_slope * (x - 1)  # noqa: E731
-        if lo is None:  # shorter than every timed length
-            return self.v[hi] * ratio(j) / ratio(hi)
-        if hi is not None:
-            t = (j - lo) / (hi - lo)
-            return self.v[lo] + t * (self.v[hi] - self.v[lo])
-        if len(known) >= 2:  # longer than every timed length: continue the last slope
-            a, b = known[-2], known[-1]
-            return self.v[b] + max(0.0, (self.v[b] - self.v[a]) / (b - a)) * (j - b)
-        return self.v[lo] * ratio(j) / ratio(lo)
-
     def expected_tokens(self, k: int, kind: str = "") -> float:
         a = min(self.alpha_of(kind), 0.999)
         return (1.0 - a ** (k + 1)) / (1.0 - a)
 
-    def speed(self, k: int, kind: str = "") -> Optional[float]:
+    def draft_seconds(self) -> float:
+        """Seconds per drafted token (0 for a free drafter)."""
+        if self.draft_is_free:
+            return 0.0
+        c = self.c.value()
+        if c is not None:
+            return c
+        step = self.curve.plain_seconds() or 0.0
+        return (self.prior_draft_ratio or 0.1) * step  # not timed yet: calibrated ratio, else a tenth
+
+    def speed(self, k: int, kind: str = "", *, verify_scale: float = 1.0) -> Optional[float]:
         """Expected tokens per second when drafting k (None if unknown)."""
-        v = self.verify_seconds(k + 1)
+        if k == 0:
+            p = self.curve.plain_seconds()
+            return None if p is None else 1.0 / p
+        v = self.curve.verify_seconds(k + 1)
         if v is None:
             return None
-        if self.draft_is_free:
-            c = 0.0
-        elif self.c is not None:
-            c = self.c
-        else:  # not timed yet: the calibrated ratio, else a guess of a tenth of a target step
-            c = (self.prior_draft_ratio or 0.1) * (self.verify_seconds(1) or v)
-        return self.expected_tokens(k, kind) / (k * c + v)
+        return self.expected_tokens(k, kind) / (k * self.draft_seconds() + v * verify_scale)
 
     def choose(self, k_cap: Optional[int] = None, kind: str = "") -> int:
         """The draft length with the best expected speed, in [0, min(k_max, k_cap)]."""
         k_top = self.k_max if k_cap is None else max(0, min(self.k_max, k_cap))
         if k_top == 0:
             return 0
-        if 1 not in self.v:
-            return 0  # time one plain step first: it is the unit everything is judged against
         plain = self.speed(0)
+        if plain is None:
+            return 0  # time one plain step first: it is the unit everything is judged against
         best_k, best = 0, plain * self.margin
+        a = min(self.alpha_of(kind), 0.999)
+        c = self.draft_seconds()
+        a_pow = a  # a^(k+1), built up as k grows: this runs every round
         for k in range(1, k_top + 1):
-            s = self.speed(k, kind)
-            if s is not None and s > best:
+            a_pow *= a
+            v = self.curve.verify_seconds(k + 1)
+            if v is None:
+                break
+            s = (1.0 - a_pow) / (1.0 - a) / (k * c + v)
+            if s > best:
                 best_k, best = k, s
-        if best_k:
-            self.rounds_since_draft, self.probe_every = 0, 16
-            return best_k
+        self.rounds_since_explore += 1
+        if best_k or self.draft_is_free:
+            k = self._explore(k_top, kind, max(best, plain * self.margin)) or best_k
+            if k:
+                self.rounds_since_draft, self.probe_every = 0, 16
+            return k
         # Re-test now and then: acceptance drifts with the text. A model drafter costs a step to
         # probe, so probes back off while they keep failing; a free drafter is probed for free
         # by the engine's shadow check instead.
         self.rounds_since_draft += 1
-        if not self.draft_is_free and self.rounds_since_draft >= self.probe_every:
+        if self.rounds_since_draft >= self.probe_every:
             self.rounds_since_draft = 0
             self.probe_every = min(2 * self.probe_every, 128)
             return 1
         return 0
+
+    def _explore(self, k_top: int, kind: str, best: float) -> int:
+        """A length whose V is only interpolated or stale and that could beat `best` if its
+        pass were a quarter cheaper than estimated; at most one every EXPLORE_EVERY rounds."""
+        if self.rounds_since_explore < EXPLORE_EVERY:
+            return 0
+        pick, pick_speed = 0, best
+        for k in range(1, k_top + 1):
+            age = self.curve.age(k + 1)
+            if age is not None and age < STALE_ROUNDS:
+                continue
+            s = self.speed(k, kind, verify_scale=0.75)
+            if s is not None and s > pick_speed:
+                pick, pick_speed = k, s
+        if pick:
+            self.rounds_since_explore = 0
+        return pick
