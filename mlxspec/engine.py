@@ -1,31 +1,32 @@
-"""The one generation loop, for vanilla and speculative decoding alike.
+"""`Engine`: a target (+ a drafter) with rollback caches, ready to generate.
 
-A round: the drafter proposes k tokens (k from the cost model, or fixed); the target runs
-once over [last committed token] + drafts; verification decides on the device how many
-drafts stand and the next token; one host read; the target cache rolls back the rejected
-drafts. Vanilla decoding is the same loop with a drafter that proposes nothing.
+The engine owns the state (caches, drafters, the cost model) and checks every request's
+arguments before any work; `mlxspec.loop` is the one generation loop that runs a request,
+plain or speculative. `warmup()` runs every shape once so no timed run pays first-use
+compilation (see `mlxspec.warmup`).
 """
 
 from __future__ import annotations
 
-import time
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterable, Iterator, Optional
 
 import mlx.core as mx
 
-from .cache import WindowKVCache
-from .costmodel import CostModel
-from .modelmeta import context_length, logit_width, weights_bytes
-from .device import backend
-from .drafters import DRAFTERS, Draft, ModelDrafter, NgramDrafter, NoDrafter
-from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError, NumericalError
-from .prompts import MAX_DRAFT, check_max_tokens, check_num_draft, check_seed, check_stop, encode_prompt
 from . import kernels
+from .cache import WindowKVCache
+from .costmodel import CostModel, TargetCurve
+from .device import backend
+from .drafters import DRAFTERS, ModelDrafter, NgramDrafter, NoDrafter
+from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
+from .loop import generate
+from .modelmeta import context_length, logit_width, weights_bytes
+from .prompts import MAX_DRAFT, check_max_tokens, check_num_draft, check_seed, check_stop, encode_prompt
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
-from .text import TextAssembler
 
+# V(j)/V(1) = 1 + slope * (j - 1) until measured: GPUs verify several tokens for about the price of one.
+PRIOR_SLOPE = {"metal": 0.1, "cuda": 0.1, "cpu": 0.5}
 
 
 class Engine:
@@ -39,18 +40,16 @@ class Engine:
         drafter: "model" (default with a draft model), "ngram" (default without), or "none".
         max_kv_size: sliding window for full-attention layers (first 4 tokens kept), like mlx-lm.
         num_draft: fixed draft length, or None/"auto" to let the cost model choose per round.
-        draft_min_confidence: with an adaptive k, a model draft stops after a token whose draft
-            probability is below this (default 0.2).
         cost_prior: V(j)/V(1) ratios to start the cost model from; default: the curve saved by
             `mlxspec calibrate` for this model on this device, if any.
 
     The engine is not thread-safe; one thread at a time may use it. MLX keeps per-thread
     streams: a thread that used the engine and ends should call `mx.clear_streams()`.
+    On a GPU call `warmup()` once before timing anything (the first pass of each shape compiles).
     """
 
     def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None,
-                 drafter=None, max_kv_size=None, num_draft=None, draft_min_confidence: float = 0.2,
-                 prefill_step: int = 512, cost_prior: Optional[Dict[int, float]] = None):
+                 drafter=None, max_kv_size=None, num_draft=None, prefill_step: int = 512, cost_prior: Optional[Dict[int, float]] = None):
         if drafter is None:
             drafter = "model" if draft_model is not None else "ngram"
         if drafter not in DRAFTERS:
@@ -65,9 +64,8 @@ class Engine:
         if draft_model is not None:
             self._check_pair(draft_model, tokenizer, draft_tokenizer)
         self.prefill_step = prefill_step
-        self.draft_min_confidence = draft_min_confidence
         self.default_drafter = drafter
-        self._prior_slope = 0.1 if backend() == "gpu" else 0.5
+        self._prior_slope = PRIOR_SLOPE[backend()]
         self._prior_draft = None
         if cost_prior is None:
             from .calibration import priors_for
@@ -100,17 +98,36 @@ class Engine:
         if self.draft_model is not None:
             self.drafters["model"] = ModelDrafter(self.draft_model, target_vocab=self.vocab_size,
                                                   max_kv_size=self.max_kv_size, headroom=headroom)
-        self.costs = {name: CostModel(prior_ratios=self._cost_prior, prior_slope=self._prior_slope,
-                                      draft_is_free=not d.uses_model,
+        self.curve = TargetCurve(prior_ratios=self._cost_prior, prior_slope=self._prior_slope)
+        self.costs = {name: CostModel(self.curve, draft_is_free=not d.uses_model,
                                       prior_draft_ratio=self._prior_draft if d.uses_model else None)
                       for name, d in self.drafters.items()}
         self.last_stats: Optional[GenerationStats] = None
 
     def set_cost_prior(self, ratios: Optional[Dict[int, float]]) -> None:
-        """Start every cost model (and future forks) from these V(j)/V(1) ratios."""
+        """Start the cost model (and future forks) from these V(j)/V(1) ratios."""
         self._cost_prior = dict(ratios) if ratios else None
-        for cost in self.costs.values():
-            cost.prior_ratios = dict(ratios or {})
+        self.curve.prior_ratios = dict(ratios or {})
+
+    def warmup(self, *, temperatures: Iterable[float] = (0.0,), max_j: Optional[int] = None) -> Dict:
+        """Run every shape the engine may use once, so no later run pays first-use compilation.
+
+        Target passes of 1..max_j tokens (greedy, and sampled at each of `temperatures`),
+        pipelined plain steps and every model drafter's catch-up and draft steps run on a
+        short synthetic prefix; their timings seed the cost model. Caches are left empty.
+        Call it once after loading, before timing anything (bench and chat do).
+
+        Args:
+            temperatures: sampling settings to warm as well. Default (0.0,).
+            max_j: longest target pass, tokens. Default 16 on a GPU, 8 on the CPU.
+
+        Returns:
+            {"seconds": time spent, "curve": {j: seconds of a pass over j tokens}, "plain": seconds per
+            pipelined plain step}.
+        """
+        from .warmup import warm_up
+
+        return warm_up(self, max_j=max_j, temperatures=temperatures)
 
     def fork(self) -> "Engine":
         """A second engine over the same weights with its own caches and statistics."""
@@ -168,140 +185,14 @@ class Engine:
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
                 f"or set max_kv_size to decode with a sliding window")
-        return self._run(ids, params, max_tokens, seed, name, k_fixed, stop)
-
-    # -- the loop -------------------------------------------------------------------------------
-    def _run(self, ids: List[int], params: SamplingParams, max_tokens: int, seed: Optional[int],
-             name: str, k_fixed: Optional[int], stop: List[str]) -> Iterator[TokenEvent]:
-        drafter, cost = self.drafters[name], self.costs[name]
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
-                                kernels=kernels.backend_name(),
-                                target_weights_bytes=self.target_weights_bytes,
+                                kernels=kernels.backend_name(), target_weights_bytes=self.target_weights_bytes,
                                 draft_weights_bytes=self.draft_weights_bytes if name == "model" else 0)
-        self.last_stats = stats
-        eos = set(getattr(self.tokenizer, "eos_token_ids", None) or []) if self.tokenizer is not None else set()
-        text = TextAssembler(self.tokenizer, stop)
-        key = mx.random.key(seed) if seed is not None else None
-        mx.reset_peak_memory()
+        return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
+                        stop=stop, stats=stats)
 
-        t0 = time.perf_counter()
-        todo = self.target.sync(ids)
-        self.target.prefill(todo[:-1])
-        if isinstance(drafter, ModelDrafter):
-            drafter.prefill(ids)
-        stats.prefilled_tokens = len(todo)
-        stats.prompt_seconds = time.perf_counter() - t0
-
-        cost.new_request()
-        history = list(ids)
-        generated = 0
-        t_resume = time.perf_counter()
-        try:
-            while True:
-                room = max_tokens - generated
-                if self.context is not None:
-                    room = min(room, self.context - len(history))
-                k_cap = min(room - 1, MAX_DRAFT)
-                if key is not None:
-                    key, k_draft, k_verify = mx.random.split(key, 3)
-                else:
-                    k_draft = k_verify = None
-
-                t_d = time.perf_counter()
-                shadow = None
-                if name == "none" or k_cap <= 0:
-                    draft = Draft([])
-                elif k_fixed is not None:
-                    draft = drafter.propose(history, min(k_fixed, k_cap), params, k_draft)
-                elif drafter.uses_model:
-                    # A model drafter costs time per token: choose k first; it also stops where it is unsure.
-                    k = cost.choose(k_cap)
-                    draft = drafter.propose(history, k, params, k_draft,
-                                            min_confidence=self.draft_min_confidence) if k else Draft([])
-                else:
-                    # A free drafter proposes first; k is then chosen for that proposal's kind. When
-                    # drafting does not pay, its first token still probes acceptance (shadow).
-                    proposal = drafter.propose(history, k_cap, params, k_draft)
-                    k = cost.choose(len(proposal.tokens), kind=proposal.kind) if proposal.tokens else 0
-                    draft = Draft(proposal.tokens[:k], None, proposal.kind)
-                    if proposal.tokens and not k:
-                        shadow = proposal.tokens[0]
-                t_draft = time.perf_counter() - t_d
-                kd = len(draft.tokens)
-
-                t_v = time.perf_counter()
-                feed = self.target.sync(history)
-                logits = self.target.forward(feed + draft.tokens)[-(kd + 1):]
-                out = self._verify(logits, draft, params, k_verify, shadow)
-                vals = out.tolist()
-                t_verify = time.perf_counter() - t_v
-                if not vals[2]:
-                    self.reset()
-                    raise NumericalError(
-                        "the target produced NaN or infinite logits; generation stopped (the engine's caches "
-                        "were cleared and it can serve the next request)")
-                n, nxt = int(vals[0]), int(vals[1])
-                self.target.rollback(kd - n)
-
-                cost.observe_verify(kd + 1, t_verify)
-                if kd:
-                    cost.observe_draft(kd, t_draft)
-                    cost.observe_acceptance(kd, n, draft.kind)
-                elif shadow is not None:
-                    cost.observe_acceptance(1, vals[3], draft.kind)
-                stats.record_round(kd, n)
-                stats.draft_seconds += t_draft
-                stats.verify_seconds += t_verify
-
-                new = draft.tokens[:n] + [nxt]
-                for i, tok in enumerate(new):
-                    history.append(tok)
-                    generated += 1
-                    stats.tokens = generated
-                    # Only time spent inside the loop counts: a consumer that pauses between
-                    # tokens (a UI racing two engines, a slow printer) does not dilute tokens/s.
-                    now = time.perf_counter()
-                    stats.seconds += now - t_resume
-                    finish = None
-                    if tok in eos:
-                        piece, finish = text.add(None)[0] + text.flush(), "stop"
-                    else:
-                        piece, stopped = text.add(tok)
-                        if stopped:
-                            finish = "stop"
-                        elif generated >= max_tokens or (self.context is not None and len(history) >= self.context):
-                            piece, finish = piece + text.flush(), "length"
-                    if finish:
-                        self._finish(stats, name)
-                    yield TokenEvent(tok, piece, i < n, stats.rounds - 1, kd, stats, finish)
-                    t_resume = time.perf_counter()
-                    if finish:
-                        return
-        finally:
-            self._finish(stats, name)
-
-    def _verify(self, logits: mx.array, draft: Draft, params: SamplingParams, key, shadow) -> mx.array:
-        """[n_accepted, next_token, all_finite, shadow acceptance] on the device (one read)."""
-        kd = len(draft.tokens)
-        logits = logits.astype(mx.float32)
-        finite = mx.all(mx.isfinite(logits)).astype(mx.float32)
-        drafts = mx.array(draft.tokens, dtype=mx.int32)
-        if params.greedy:
-            target_tokens = mx.argmax(logits, axis=-1).astype(mx.int32)
-            res = kernels.verify_greedy(target_tokens, drafts)
-            shadow_p = (target_tokens[0] == shadow).astype(mx.float32) if shadow is not None else mx.array(0.0)
-        else:
-            p = kernels.probabilities(logits, params)
-            if draft.probs is not None:
-                q = draft.probs
-            else:  # deterministic drafter: its distribution is one-hot at each proposal
-                q = (mx.arange(p.shape[-1])[None, :] == drafts[:, None]).astype(mx.float32)
-            u = mx.random.uniform(shape=(kd + 1,), key=key)
-            res = kernels.verify_with_uniforms(p, q, drafts, u)
-            shadow_p = p[0, shadow] if shadow is not None else mx.array(0.0)
-        return mx.concatenate([res.astype(mx.float32), finite[None], shadow_p[None].astype(mx.float32)])
-
-    def _finish(self, stats: GenerationStats, name: str) -> None:
+    def finish_stats(self, stats: GenerationStats, name: str) -> None:
+        """Memory figures of a finished (or abandoned) generation."""
         stats.peak_memory_bytes = int(mx.get_peak_memory())
         stats.target_kv_bytes = self.target.kv_bytes
         if name == "model":

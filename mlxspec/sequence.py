@@ -66,23 +66,26 @@ class Sequence:
         return list(tokens[common:])
 
     def _run(self, ids: mx.array) -> mx.array:
-        """One pass over ids (S,) at the current position -> logits (S, V); keeps hidden rows if asked."""
+        """One pass over ids (S,) at the current position -> logits (1, S, V); keeps hidden rows if asked."""
         if not self.keep_hidden:
-            return self.model(ids[None], cache=self.caches)[0]
-        h = self._backbone(ids[None], self.caches)[0]  # (S, H)
-        self._hidden.append((len(self.tokens), h))
+            return self.model(ids[None], cache=self.caches)
+        h = self._backbone(ids[None], self.caches)  # (1, S, H)
+        self._hidden.append((len(self.tokens), h[0]))
         return self._head(h)
 
-    def forward(self, tokens: Tokens) -> mx.array:
+    def forward(self, tokens: Tokens, *, batched: bool = False) -> mx.array:
         """Feed tokens (ints, or a lazy int array whose values `settle` fills in later); returns the
-        logits of every fed position (S, V), not yet evaluated."""
+        logits of every fed position, (S, V) or with `batched` (1, S, V), not yet evaluated."""
         lazy = isinstance(tokens, mx.array)
-        ids = tokens.astype(mx.uint32) if lazy else mx.array(tokens, dtype=mx.uint32)
+        if lazy:
+            ids = tokens if tokens.dtype == mx.uint32 else tokens.astype(mx.uint32)
+        else:
+            ids = mx.array(tokens, dtype=mx.uint32)
         self._dirty = True  # until the caches and self.tokens agree again
         logits = self._run(ids)
         self.tokens.extend([None] * ids.shape[0] if lazy else tokens)
         self._dirty = False
-        return logits
+        return logits if batched else logits[0]
 
     def settle(self, start: int, values: Seq[int]) -> None:
         """Write the values of lazily fed tokens at positions start, start+1, ..."""

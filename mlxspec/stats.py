@@ -16,8 +16,7 @@ class GenerationStats:
     rounds: int = 0  # target passes after the prompt (one per round)
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens accepted
-    draft_seconds: float = 0.0  # time spent drafting
-    verify_seconds: float = 0.0  # time spent in target passes and verification
+    wait_seconds: float = 0.0  # of `seconds`, time the host waited for the device (the rest is the loop's own)
     accept_histogram: dict = field(default_factory=dict)  # accepted-per-round -> rounds (drafting rounds only)
     k_histogram: dict = field(default_factory=dict)  # draft length per round -> rounds (0 = plain step)
     peak_memory_bytes: int = 0  # mx.get_peak_memory() over the generation
@@ -43,6 +42,11 @@ class GenerationStats:
         return self.tokens / self.rounds if self.rounds else 0.0
 
     @property
+    def host_seconds_per_round(self) -> float:
+        """Host time per target pass: what the loop itself costs while the device works or idles."""
+        return (self.seconds - self.wait_seconds) / self.rounds if self.rounds else 0.0
+
+    @property
     def prompt_tokens_per_second(self) -> float:
         return self.prefilled_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
 
@@ -61,7 +65,8 @@ class GenerationStats:
         d["k_histogram"] = {str(k): v for k, v in sorted(self.k_histogram.items())}
         d.update(tokens_per_second=self.tokens_per_second, acceptance_rate=self.acceptance_rate,
                  tokens_per_target_pass=self.tokens_per_target_pass,
-                 prompt_tokens_per_second=self.prompt_tokens_per_second)
+                 prompt_tokens_per_second=self.prompt_tokens_per_second,
+                 host_seconds_per_round=self.host_seconds_per_round)
         return d
 
     # Mapping-style access, so `stats["tokens_per_second"]` works like `stats.tokens_per_second`.

@@ -30,6 +30,7 @@ def test_ngram_index_extends_and_rebuilds():
     assert d.propose([7, 8, 7], 1, G, None).tokens == [8]  # a new history, not an extension
 
 
-def test_ngram_draft_is_capped_by_history():
+def test_ngram_draft_continues_a_cycle_past_the_end_of_the_history():
     d = NgramDrafter()
-    assert d.propose([4, 4, 4], 5, G, None).tokens == [4]
+    assert d.propose([4, 4, 4], 5, G, None).tokens == [4, 4, 4, 4, 4]
+    assert d.propose([9, 1, 2, 3, 1, 2, 3, 1, 2], 5, G, None).tokens == [3, 1, 2, 3, 1]

@@ -54,7 +54,7 @@ def test_greedy_matches_mlx_lm(target, draft, drafter, num_draft):
 
 
 def test_model_as_its_own_draft_accepts_everything(target):
-    e = Engine(target, None, target, num_draft=4, draft_min_confidence=0.0)
+    e = Engine(target, None, target, num_draft=4)
     r = e.generate(PROMPT, max_tokens=40)
     assert r.stats.drafted > 0 and r.stats.accepted == r.stats.drafted
     assert r.stats.tokens_per_target_pass == pytest.approx(5.0)
@@ -66,7 +66,7 @@ def test_model_as_its_own_draft_accepts_everything(target):
 def test_sliding_window_matches_mlx_lm(target, draft, W, self_draft):
     """max_kv_size=W: the same tokens as mlx-lm's vanilla RotatingKVCache(W, keep=4), long after wrapping."""
     ref, lps = reference(target, PROMPT, 120, [RotatingKVCache(max_size=W, keep=4) for _ in target.layers])
-    e = Engine(target, None, target if self_draft else draft, max_kv_size=W, num_draft=5, draft_min_confidence=0.0)
+    e = Engine(target, None, target if self_draft else draft, max_kv_size=W, num_draft=5)
     r = e.generate(PROMPT, max_tokens=120)
     assert_same_greedy(r.tokens, ref, lps)
     if self_draft:
@@ -78,7 +78,7 @@ def test_gemma3_sliding_layers_match_mlx_lm():
     prompt = PROMPT[:6]
     ref, lps = reference(g, prompt, 60)
     for drafter, d in (("model", g), ("ngram", None)):
-        e = Engine(g, None, d, drafter=drafter, num_draft=4, draft_min_confidence=0.0)
+        e = Engine(g, None, d, drafter=drafter, num_draft=4)
         r = e.generate(prompt, max_tokens=60)
         assert_same_greedy(r.tokens, ref, lps)
         if drafter == "model":
@@ -96,7 +96,7 @@ def test_ngram_drafts_on_repetitive_text(target):
 
 
 def test_max_tokens_inside_a_draft_run(target):
-    e = Engine(target, None, target, num_draft=8, draft_min_confidence=0.0)
+    e = Engine(target, None, target, num_draft=8)
     for n in (1, 3, 5, 9, 10):
         r = e.generate(PROMPT, max_tokens=n)
         assert len(r.tokens) == n and r.finish_reason == "length"
@@ -118,7 +118,7 @@ def test_eos_inside_a_draft_run(target):
     eos = ref[6]
     first = ref.index(eos)
     tok = EosTokenizer(tiny.make_tokenizer(), eos)
-    e = Engine(target, tok, target, num_draft=8, draft_min_confidence=0.0)
+    e = Engine(target, tok, target, num_draft=8)
     r = e.generate(PROMPT, max_tokens=30)
     assert r.tokens == ref[: first + 1] and r.finish_reason == "stop"
     assert r.stats.drafted > 0
@@ -132,7 +132,7 @@ def test_stop_string_inside_a_draft_run(target):
     assert len(text) > 12
     stop = text[8:11]
     cut = text.find(stop)
-    e = Engine(target, tok, target, num_draft=6, draft_min_confidence=0.0)
+    e = Engine(target, tok, target, num_draft=6)
     events = list(e.stream(prompt, max_tokens=40, stop=[stop, "never-appears"]))
     streamed = "".join(ev.text for ev in events)
     assert streamed == text[:cut]
@@ -214,5 +214,5 @@ def test_fork_shares_weights_not_state(target, draft):
     twin = e.fork()
     assert twin.target_model is e.target_model and twin.target is not e.target
     assert twin.drafters["model"].model is draft and twin.drafters["model"].seq is not e.drafters["model"].seq
-    assert twin.target.tokens == [] and twin.costs["model"].prior_ratios == {1: 1.0, 2: 1.1}
+    assert twin.target.tokens == [] and twin.curve.prior_ratios == {1: 1.0, 2: 1.1}
     assert twin.generate(PROMPT, max_tokens=8).tokens == e.generate(PROMPT, max_tokens=8).tokens

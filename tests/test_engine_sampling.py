@@ -33,7 +33,7 @@ def test_first_two_tokens_follow_the_target(params, drafter):
     target = tiny.make_llama(5, vocab_size=VOCAB, hidden=32)
     draft = tiny.make_llama(6, vocab_size=VOCAB, hidden=16, layers=1)
     joint = exact_joint(target, params)
-    e = Engine(target, None, draft, drafter=drafter, num_draft=2, draft_min_confidence=0.0)
+    e = Engine(target, None, draft, drafter=drafter, num_draft=2)
     counts = np.zeros((VOCAB, VOCAB))
     drafted = 0
     for seed in range(N):

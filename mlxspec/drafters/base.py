@@ -3,13 +3,18 @@
 A drafter only proposes; the engine verifies, commits, and tells nobody anything else:
 a drafter that needs state (a model's KV cache) syncs it to the history it is given at
 the next `propose`, so a rejected or abandoned round needs no callback. That keeps the
-interface small enough for tree or head-based drafters later.
+interface small enough for tree or head-based drafters.
+
+Drafts may stay on the device: `Draft.tokens` is a list of ints (a free drafter) or a lazy
+int array (a model drafter), which the engine reads together with the verification result.
+Randomness comes from `seed` through position-keyed uniforms (`mlxspec.sampling`), so a
+drafter never touches MLX's global random state.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Protocol
+from typing import List, Optional, Protocol, Union
 
 import mlx.core as mx
 
@@ -18,19 +23,21 @@ from ..sampling import SamplingParams
 
 @dataclass
 class Draft:
-    tokens: List[int]  # proposed continuation, length <= k (may be empty)
+    tokens: Union[List[int], mx.array]  # proposed continuation, length <= k (may be empty); ints or a lazy (k,) int array
     probs: Optional[mx.array] = None  # (len, V) processed probabilities they were sampled from; None = deterministic (one-hot)
     kind: str = ""  # label of the proposal's reliability class (acceptance is estimated per kind)
+
+    def __len__(self) -> int:
+        return len(self.tokens) if isinstance(self.tokens, list) else int(self.tokens.shape[0])
 
 
 class Drafter(Protocol):
     name: str  # "model", "ngram", "none"
     uses_model: bool  # True when proposing costs forward passes (the cost model measures it)
 
-    def propose(self, history: List[int], k: int, params: SamplingParams, key: Optional[mx.array], *,
-                min_confidence: float = 0.0) -> Draft:
-        """Up to k tokens continuing `history` (prompt + committed output); a drafter that knows its
-        confidence may stop after a token it gives less than `min_confidence`."""
+    def propose(self, history: List[int], k: int, params: SamplingParams, seed: int) -> Draft:
+        """Up to k tokens continuing `history` (prompt + committed output). The first proposed token is
+        for absolute position len(history); `seed` keys any sampling (see `mlxspec.sampling`)."""
         ...
 
     def reset(self) -> None:
@@ -44,7 +51,7 @@ class NoDrafter:
     name = "none"
     uses_model = False
 
-    def propose(self, history, k, params, key, *, min_confidence=0.0) -> Draft:
+    def propose(self, history, k, params, seed) -> Draft:
         return Draft([])
 
     def reset(self) -> None:

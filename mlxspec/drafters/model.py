@@ -7,19 +7,25 @@ from typing import List, Optional
 import mlx.core as mx
 
 from .. import kernels
-from ..sampling import SamplingParams
+from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
 from ..sequence import Sequence
 from .base import Draft
 
 
-class ModelDrafter:
-    """Samples k tokens autoregressively from a draft model.
+def power_of_two_chunks(n: int) -> List[int]:
+    """n as a sum of powers of two, largest first (37 -> [32, 4, 1])."""
+    return [1 << b for b in range(n.bit_length() - 1, -1, -1) if n >> b & 1]
 
-    Its cache is synced to the committed history at each `propose` (rolling back the
-    rejected drafts; after a fully accepted round the last draft token, never fed, is fed
-    then). Drafting stops early after a token whose draft probability is below
-    `min_confidence` (the engine asks for that when it picks k itself): a token the draft
-    is unsure of is likely rejected, and every drafted token costs a verify slot.
+
+class ModelDrafter:
+    """Drafts k tokens autoregressively from a draft model, entirely on the device.
+
+    Each draft token feeds the next step as a lazy array, so proposing k tokens needs no
+    host read: the engine reads the drafts together with the verification result. The
+    cache is synced to the committed history at each `propose`: the previous round's draft
+    values are settled from the (by then evaluated) draft array, rejected drafts roll back,
+    and tokens the draft has not seen (plain rounds in between) are fed in power-of-two
+    chunks, so catching up uses a handful of shapes that `Engine.warmup` compiles once.
     """
 
     name = "model"
@@ -29,14 +35,24 @@ class ModelDrafter:
         self.model = model
         self.target_vocab = target_vocab
         self.seq = Sequence(model, max_kv_size=max_kv_size, headroom=headroom)
+        self._drafted = None  # (first position, lazy (k-1,) tokens fed as drafts) of the last round
 
     def reset(self) -> None:
         self.seq.reset()
+        self._drafted = None
 
     def prefill(self, history: List[int]) -> None:
         """Bring the cache up to history[:-1] (prompt processing)."""
+        self._settle()
         todo = self.seq.sync(history)
         self.seq.prefill(todo[:-1])
+
+    def _settle(self) -> None:
+        if self._drafted is not None:
+            start, arr = self._drafted
+            self._drafted = None
+            if start + arr.shape[0] <= len(self.seq.tokens):
+                self.seq.settle(start, arr.tolist())
 
     def _fit(self, logits: mx.array) -> mx.array:
         # Draft and target may pad their embeddings differently: compare over the target's width.
@@ -48,27 +64,36 @@ class ModelDrafter:
             return mx.concatenate([logits, pad], axis=-1)
         return logits
 
-    def propose(self, history, k, params: SamplingParams, key, *, min_confidence: float = 0.0) -> Draft:
+    def catch_up(self, history: List[int]) -> mx.array:
+        """Feed what the cache lacks of `history`; returns the logits after its last token."""
+        self._settle()
+        feed = self.seq.sync(history)
+        i = 0
+        for n in power_of_two_chunks(len(feed)):
+            logits = self.seq.forward(feed[i : i + n])
+            i += n
+        return logits[-1]
+
+    def propose(self, history, k, params: SamplingParams, seed: int) -> Draft:
         if k <= 0:
             return Draft([])
-        feed = self.seq.sync(history)
+        logits = self.catch_up(history)
+        start = len(history)  # absolute position of the first draft token
+        u = None if params.greedy else position_uniforms(seed, mx.arange(start, start + k), DRAFT)
         tokens, rows = [], []
-        subkeys = None if key is None or params.greedy else mx.random.split(key, k)
         for i in range(k):
-            logits = self._fit(self.seq.forward(feed)[-1].astype(mx.float32))
+            if i:
+                logits = self.seq.forward(tokens[-1].reshape(1))[-1]
+            logits = self._fit(logits.astype(mx.float32))
             if params.greedy:
-                tok = mx.argmax(logits)
-                top = mx.max(mx.softmax(logits, precise=True)) if min_confidence > 0 else mx.array(1.0)
+                tok = mx.argmax(logits).astype(mx.int32)
             else:
                 q = kernels.probabilities(logits, params)
-                tok = mx.random.categorical(mx.log(q), key=None if subkeys is None else subkeys[i])
-                top = mx.max(q)
+                tok = sample_rows(q, u[i])
                 rows.append(q)
-            mx.eval(tok, top)
-            t = int(tok.item())
-            tokens.append(t)
-            if i < k - 1 and float(top.item()) < min_confidence:
-                break
-            feed = [t]
-        probs = mx.stack(rows) if rows else None
-        return Draft(tokens, probs)
+            mx.async_eval(tok)  # the device starts on this step while the host builds the next
+            tokens.append(tok)
+        drafts = mx.stack(tokens)
+        if k > 1:
+            self._drafted = (start, drafts[: k - 1])
+        return Draft(drafts, mx.stack(rows) if rows else None)

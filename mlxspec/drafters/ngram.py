@@ -8,7 +8,8 @@ from .base import Draft
 
 
 class NgramDrafter:
-    """Continuation of the most recent earlier occurrence of the last n tokens, n = max_n..1.
+    """Continuation of the most recent earlier occurrence of the last n tokens, n = max_n..1,
+    extended periodically where it reaches the end of the history.
 
     The index maps each n-gram to the end of its latest occurrence and is extended
     incrementally as the history grows (rebuilt when a new history does not extend it).
@@ -40,7 +41,7 @@ class NgramDrafter:
                     self._index[tuple(history[end - n : end])] = end
         self._indexed = max(self._indexed, end_limit)
 
-    def propose(self, history, k, params, key, *, min_confidence=0.0) -> Draft:
+    def propose(self, history, k, params=None, seed=0) -> Draft:
         if k <= 0 or len(history) < 2:
             return Draft([])
         self._extend(history)
@@ -49,5 +50,8 @@ class NgramDrafter:
                 continue
             end = self._index.get(tuple(history[-n:]))
             if end is not None:
-                return Draft(list(history[end : end + k]), kind=f"n{n}")
+                # What followed the match; past the end of the history the text repeats with
+                # period len - end (a loop, a table row), so the proposal continues the cycle.
+                period = len(history) - end
+                return Draft([history[end + i % period] for i in range(k)], kind=f"n{n}")
         return Draft([])

@@ -1,0 +1,202 @@
+"""The one generation loop, for plain and speculative decoding alike.
+
+Each iteration reads one pass (one host read), commits its tokens, enqueues the next pass,
+and only then does the work that can wait (detokenising, stop strings, events, stats):
+the device computes while the host does it. Plain steps go further, as mlx-lm's
+`generate_step` does: the next step is enqueued with the current step's token still on
+the device, before that token is read.
+
+Whether the next pass may be such a pipelined plain step is decided from what the host
+already knows, one token behind: a model drafter asks its cost model; a free drafter
+(n-gram) looks up a proposal on the history so far, whose first token is its guess of the
+token in flight. If drafting would pay, the loop reads first and drafts on the exact
+history (the one bubble a verify round cannot avoid); if not, the guess is checked when
+the token arrives, a free acceptance probe.
+
+A pass that the end of generation makes useless (EOS, a stop string, a closed stream) is
+rolled back from the caches, which therefore always hold exactly the committed tokens
+between requests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator, List, Optional
+
+import mlx.core as mx
+
+from .drafters import Draft
+from .errors import NumericalError
+from .prompts import MAX_DRAFT
+from .rounds import Pass, plain_step, read, verify_round
+from .sampling import SamplingParams
+from .stats import GenerationStats, TokenEvent
+from .text import TextAssembler
+
+
+def draw_seed() -> int:
+    """A seed from MLX's global random state (so `mx.random.seed` governs unseeded requests)."""
+    return int(mx.random.randint(0, 1 << 31, shape=()).item())
+
+
+def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
+             k_fixed: Optional[int], stop: List[str], stats: GenerationStats) -> Iterator[TokenEvent]:
+    target = engine.target
+    drafter, cost = engine.drafters[name], engine.costs[name]
+    eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
+    text = TextAssembler(engine.tokenizer, stop)
+    seed = draw_seed() if seed is None else seed
+    context = engine.context
+    clock = time.perf_counter
+    engine.last_stats = stats
+    mx.reset_peak_memory()
+
+    t0 = clock()
+    todo = target.sync(ids)
+    target.prefill(todo[:-1])
+    if hasattr(drafter, "prefill"):
+        drafter.prefill(ids)
+    stats.prefilled_tokens = len(todo)
+    stats.prompt_seconds = clock() - t0
+    cost.new_request()
+
+    hist = list(ids)
+    committed = 0  # tokens generated and committed (emitted or about to be)
+
+    def room() -> int:
+        r = max_tokens - committed
+        return r if context is None else min(r, context - len(hist))
+
+    def decide_early():
+        """Before reading a plain step: (chain a plain step?, guess of its token, a model drafter's k)."""
+        if name == "none" or k_fixed == 0:
+            return True, None, 0
+        if k_fixed is not None:
+            return False, None, 0
+        k_cap = min(room() - 2, MAX_DRAFT)
+        if drafter.uses_model:
+            k = cost.choose(k_cap)
+            return k == 0, None, k
+        proposal = drafter.propose(hist, k_cap + 1, params, seed)
+        if not len(proposal):
+            return True, None, 0
+        k = cost.choose(len(proposal) - 1, kind=proposal.kind) if len(proposal) > 1 else 0
+        return k == 0, ((proposal.tokens[0], proposal.kind) if k == 0 else None), 0
+
+    def enqueue(model_k: Optional[int] = None) -> Pass:
+        """The next pass, decided on the exact committed history."""
+        k_cap = min(room() - 1, MAX_DRAFT)
+        shadow = None
+        if name == "none" or k_cap <= 0:
+            draft = Draft([])
+        elif k_fixed is not None:
+            draft = drafter.propose(hist, min(k_fixed, k_cap), params, seed)
+        elif drafter.uses_model:
+            k = min(model_k, k_cap) if model_k else cost.choose(k_cap)
+            draft = drafter.propose(hist, k, params, seed) if k else Draft([])
+        else:
+            proposal = drafter.propose(hist, k_cap, params, seed)
+            k = cost.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
+            draft = Draft(proposal.tokens[:k], None, proposal.kind)
+            if len(proposal) and not k:
+                shadow = (proposal.tokens[0], proposal.kind)
+        if not len(draft):
+            p = plain_step(target, hist[-1], params, seed, len(hist))
+        else:
+            p = verify_round(target, hist[-1], draft, params, seed, len(hist))
+        p.shadow = shadow
+        return p
+
+    consumer = 0.0  # seconds spent outside the generator (the consumer's), excluded from every timing
+    t_read, consumer_at_read = clock(), 0.0
+    t_resume = t_read
+    pending: Optional[Pass] = enqueue()
+    try:
+        while True:
+            nxt = None
+            model_k = None
+            guess = pending.shadow  # a proposal's guess of the token pending will give
+            if pending.k == 0 and room() >= 2:
+                chain, early_guess, model_k = decide_early()
+                guess = early_guess or guess
+                if chain:
+                    nxt = plain_step(target, pending.token, params, seed, len(hist) + 1)
+                    nxt.pipelined = True
+
+            t_wait = clock()
+            new, n, finite, drafts = read(pending)
+            now = clock()
+            stats.wait_seconds += now - t_wait
+            if not finite:
+                pending = nxt = None
+                engine.reset()
+                raise NumericalError(
+                    "the target produced NaN or infinite logits; generation stopped (the engine's caches "
+                    "were cleared and it can serve the next request)")
+
+            # Commit: settle lazily fed tokens, drop rejected drafts, extend the history.
+            if pending.drafts is None:
+                target.settle(pending.start, [hist[-1], *drafts])
+            target.rollback(pending.k - n)
+            if nxt is not None:
+                target.settle(nxt.start, new)
+            hist.extend(new)
+            committed += len(new)
+
+            # Learn: the period between two reads, minus the consumer's time, is what this pass cost.
+            period = (now - t_read) - (consumer - consumer_at_read)
+            t_read, consumer_at_read = now, consumer
+            if name == "none":
+                pass  # plain decoding decides nothing: nothing to learn
+            elif pending.pipelined:
+                engine.curve.observe_plain(period)
+            else:
+                cost.observe_round(pending.k, period)
+            if pending.k:
+                cost.observe_acceptance(pending.k, n, pending.kind)
+            elif guess is not None:
+                cost.observe_acceptance(1, float(guess[0] == new[0]), guess[1])
+            stats.record_round(pending.k, n)
+            done = pending
+
+            # The end, known from the tokens alone: EOS, max_tokens, the context.
+            finish = None
+            cut = next((i for i, t in enumerate(new) if t in eos), None)
+            if cut is not None:
+                new, finish = new[: cut + 1], "stop"
+            elif room() <= 0:
+                finish = "length"
+            if finish:
+                if nxt is not None:
+                    target.rollback(nxt.fed)
+                pending = None
+            else:
+                pending = nxt if nxt is not None else enqueue(model_k)
+
+            # The work that can wait, while the device computes the next pass.
+            for i, tok in enumerate(new):
+                stats.tokens += 1
+                last = i == len(new) - 1
+                if tok in eos:
+                    piece, end = text.add(None)[0] + text.flush(), "stop"
+                else:
+                    piece, stopped = text.add(tok)
+                    end = "stop" if stopped else None
+                    if finish and last and not end:
+                        piece, end = piece + text.flush(), finish
+                if end and pending is not None:
+                    target.rollback(pending.fed)
+                    pending = None
+                t_yield = clock()
+                stats.seconds += t_yield - t_resume
+                if end:
+                    engine.finish_stats(stats, name)
+                yield TokenEvent(tok, piece, i < n, stats.rounds - 1, done.k, stats, end)
+                t_resume = clock()
+                consumer += t_resume - t_yield
+                if end:
+                    return
+    finally:
+        if pending is not None:  # abandoned mid-round: the in-flight pass never happened
+            target.rollback(pending.fed)
+        engine.finish_stats(stats, name)

@@ -1,0 +1,118 @@
+"""One target pass of the loop: what it feeds, what it decides on the device, and its one read.
+
+A pass feeds the last committed token plus k drafts (k = 0: a plain step) and leaves a
+few small arrays to read in one wait: the target's token for every fed row (greedy argmax
+or a position-keyed sample) and a finiteness flag; the drafts too when they were still
+on the device. The host then keeps the drafts that agree with the rows, a loop over at
+most 16 ints that is cheaper than the device ops it replaces. Sampled drafts (a model's
+q) are instead decided on the device by rejection sampling, which needs p and q. A plain step
+also exposes its next token as a lazy array, so the next step can be enqueued before this
+one is read: that is the pipelining `generate_step` does, and it hides the host's work.
+
+Randomness is position-keyed (`sampling.position_uniforms`): row i of a pass decides the
+token at absolute position `out_pos + i`. Deterministic drafts are checked by sampling
+the target row and comparing, which is lossless and gives plain decoding's own tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import mlx.core as mx
+
+from . import kernels
+from .drafters import Draft
+from .sampling import ACCEPT, SAMPLE, SamplingParams, position_uniforms, sample_rows
+
+
+@dataclass
+class Pass:
+    start: int  # position in the target's tokens of the first fed token
+    fed: int  # tokens fed: 1 + k
+    k: int  # drafts verified
+    out: tuple  # lazy results: (tokens, finite[, drafts]) -- see `read`
+    token: Optional[mx.array]  # plain step: the lazy next token (1,), the input of a pipelined successor
+    drafts: Optional[List[int]]  # drafts known on the host (None: read them from `out`)
+    kind: str = ""  # the proposal's kind (acceptance is estimated per kind)
+    pipelined: bool = False  # enqueued before its predecessor was read
+    shadow: Optional[tuple] = None  # (token, kind): a proposal's guess of this pass's first output token
+    decided: bool = False  # `out[0]` is [n_accepted, next] decided on the device, not the target's row tokens
+
+
+@mx.compile
+def _argmax_checked(logits: mx.array):
+    """(1, S, V) logits -> (argmax of every row (S,) uint32, all chosen logits finite (1,)).
+
+    argmax lands on a NaN or +inf if a row has one, so checking the chosen logits is the
+    finiteness check; compiled into one call because every op costs host time per round.
+    """
+    rows = logits[0]
+    t = mx.argmax(rows, axis=-1)
+    return t, mx.all(mx.isfinite(mx.take_along_axis(rows, t[:, None], axis=-1)), keepdims=True)[0]
+
+
+def _finite(rows: mx.array) -> mx.array:
+    # NaN or inf anywhere makes the sum non-finite: one reduction instead of an all(isfinite).
+    return mx.isfinite(mx.sum(rows, keepdims=True))[0]
+
+
+def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int) -> Pass:
+    """Feed one token (an int, or the lazy output of the previous step) and pick the next."""
+    start = len(target.tokens)
+    logits = target.forward(token if isinstance(token, mx.array) else [token], batched=True)
+    if params.greedy:
+        nxt, ok = _argmax_checked(logits)
+    else:
+        row = logits[0, -1]
+        p = kernels.probabilities(row, params)
+        nxt = sample_rows(p, position_uniforms(seed, mx.array([out_pos]), SAMPLE)).astype(mx.uint32)
+        ok = _finite(row)
+    mx.async_eval(nxt, ok)
+    return Pass(start, 1, 0, (nxt, ok), nxt, [])
+
+
+def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int) -> Pass:
+    """Feed [last] + drafts and pick the target's tokens for every row (or, for sampled drafts,
+    decide acceptance on the device); the host compares the rows with the drafts after the read."""
+    start = len(target.tokens)
+    k = len(draft)
+    on_host = isinstance(draft.tokens, list)
+    feed = [last, *draft.tokens] if on_host else mx.concatenate([mx.array([last], mx.uint32),
+                                                                 draft.tokens.astype(mx.uint32)])
+    logits = target.forward(feed, batched=True)  # (1, k+1, V)
+    decided = False
+    if params.greedy:
+        tokens, ok = _argmax_checked(logits)
+    else:
+        rows = logits[0]
+        positions = mx.arange(out_pos, out_pos + k + 1)
+        p = kernels.probabilities(rows, params)
+        ok = _finite(rows)
+        if draft.probs is None:  # deterministic drafts: sample the target's rows, keep the drafts that agree
+            tokens = sample_rows(p, position_uniforms(seed, positions, SAMPLE))
+        else:  # sampled drafts: Leviathan rejection sampling against the drafter's q, on the device
+            drafts = mx.array(draft.tokens, dtype=mx.int32) if on_host else draft.tokens
+            u = mx.concatenate([position_uniforms(seed, positions[:k], ACCEPT),
+                                position_uniforms(seed, positions[:1], SAMPLE)])
+            tokens, decided = kernels.verify_with_uniforms(p, draft.probs, drafts, u), True
+    out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
+    mx.async_eval(*out)
+    return Pass(start, k + 1, k, out, None, list(draft.tokens) if on_host else None, draft.kind, decided=decided)
+
+
+def read(p: Pass):
+    """(tokens the pass commits, accepted drafts, all finite, drafts) from one wait on the device."""
+    first = p.out[0].tolist()
+    finite = p.out[1].item()
+    if p.k == 0:
+        return first, 0, finite, []
+    drafts = p.drafts if p.drafts is not None else p.out[2].tolist()
+    if p.decided:
+        n, nxt = first
+    else:  # the target's token for every row: drafts stand while they agree with it
+        n = 0
+        while n < p.k and drafts[n] == first[n]:
+            n += 1
+        nxt = first[n]
+    return drafts[:n] + [nxt], n, finite, drafts

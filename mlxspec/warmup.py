@@ -1,0 +1,122 @@
+"""Engine warm-up: run every shape the loop may use once, and time the target's passes.
+
+On a GPU the first pass of each new shape compiles kernels (MLX's CUDA backend JIT-compiles
+them; Metal builds pipelines), which takes far longer than the pass itself. A timed run
+that pays for it measures the compiler, and a cost model that learns from it learns a
+stall. `warm_up` runs, on a short synthetic prefix: target passes of 1..max_j tokens
+(greedy and each sampling temperature asked for), pipelined plain steps, and for each
+model drafter its catch-up chunks and draft steps, then leaves the caches empty. The
+passes are timed after their first (compiling) run, and those timings seed the engine's
+cost model, so it starts from this device's real verify curve.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, Iterable, Optional
+
+from .device import is_gpu
+from .drafters import Draft, ModelDrafter
+from .modelmeta import logit_width
+from .rounds import plain_step, read, verify_round
+from .sampling import SamplingParams
+
+PREFIX = 32  # tokens of synthetic context before the timed passes
+CATCH_UP = (1, 2, 4, 8, 16, 32, 64, 128)  # a model drafter's catch-up chunk sizes (see ModelDrafter)
+PLAIN_STEPS = 12  # pipelined plain steps timed
+
+
+def default_max_j() -> int:
+    """16 on a GPU (verify passes are nearly flat there); 8 on the CPU, where they grow steeply."""
+    return 16 if is_gpu() else 8
+
+
+def warm_up(engine, *, max_j: Optional[int] = None, temperatures: Iterable[float] = (0.0,),
+            repeats: Optional[int] = None) -> Dict:
+    """Warm every shape and seed the cost model; returns {"seconds", "curve", "plain"}.
+
+    Args:
+        engine: the `Engine`.
+        max_j: longest target pass (tokens). Default: `default_max_j()`.
+        temperatures: sampling settings whose kernels to warm too. Default (0.0,) (greedy).
+        repeats: runs of each pass; all but the first are timed. Default 3 on a GPU, 2 on the CPU.
+    """
+    t0 = time.perf_counter()
+    max_j = max_j or default_max_j()
+    repeats = repeats or (3 if is_gpu() else 2)
+    engine.reset()
+    target = engine.target
+    V = logit_width(engine.target_model)
+    ids = [(17 + 31 * i) % V for i in range(PREFIX + max_j)]
+    target.prefill(ids[: PREFIX - 1])
+    last = ids[PREFIX - 1]
+    drafts = ids[PREFIX : PREFIX + max_j]
+    seed = 0
+    curve: Dict[int, float] = {}
+    for temp in dict.fromkeys(float(t) for t in temperatures):
+        params = SamplingParams(temperature=temp)
+        for rep in range(repeats):
+            for j in range(1, max_j + 1):
+                t = time.perf_counter()
+                if j == 1:
+                    p = plain_step(target, last, params, seed, PREFIX)
+                else:
+                    p = verify_round(target, last, Draft(drafts[: j - 1]), params, seed, PREFIX)
+                read(p)
+                dt = time.perf_counter() - t
+                target.rollback(p.fed)
+                if rep and temp == 0.0:
+                    engine.curve.observe(j, dt, trusted=True)
+                    curve[j] = min(dt, curve.get(j, dt))
+        plain = _time_plain_steps(engine, last, params, seed)
+        for name, drafter in engine.drafters.items():
+            if isinstance(drafter, ModelDrafter):
+                _warm_drafter(engine, name, drafter, ids, params, seed, max_j, timed=temp == 0.0)
+    engine.reset()
+    return {"seconds": time.perf_counter() - t0, "curve": curve, "plain": plain}
+
+
+def _time_plain_steps(engine, last: int, params: SamplingParams, seed: int) -> Optional[float]:
+    """Pipelined plain steps, as the loop runs them; returns the median period (seconds per token)."""
+    target = engine.target
+    start = len(target.tokens)
+    p = plain_step(target, last, params, seed, PREFIX)
+    periods = []
+    t_prev = time.perf_counter()
+    for i in range(PLAIN_STEPS):
+        q = plain_step(target, p.token, params, seed, PREFIX + i + 1)
+        new = read(p)[0]
+        target.settle(q.start, new)
+        now = time.perf_counter()
+        if i >= 2:  # the first periods include the chain's start
+            periods.append(now - t_prev)
+            if params.greedy:
+                engine.curve.observe_plain(now - t_prev)
+        t_prev = now
+        p = q
+    read(p)
+    target.rollback(len(target.tokens) - start)
+    periods.sort()
+    return periods[len(periods) // 2] if periods else None
+
+
+def _warm_drafter(engine, name: str, drafter: ModelDrafter, ids, params: SamplingParams, seed: int, max_j: int,
+                  *, timed: bool) -> None:
+    """Catch-up chunks and draft steps of a model drafter; times a drafted token."""
+    drafter.reset()
+    for n in CATCH_UP:
+        if n + 1 > len(ids):
+            break
+        drafter.reset()
+        drafter.catch_up(ids[: n + 1])
+    drafter.reset()
+    history = ids[:PREFIX]
+    k = max_j - 1
+    for rep in range(2):
+        t = time.perf_counter()
+        d = drafter.propose(history, k, params, seed)
+        d.tokens.tolist()
+        dt = time.perf_counter() - t
+        if rep and timed:
+            engine.costs[name].observe_draft(k, dt)
+    drafter.reset()

@@ -1,0 +1,70 @@
+"""The loop's cost model on a real engine: first-use stalls do not lock drafting out, warm-up seeds it."""
+
+import time
+
+import mlx.core as mx
+import pytest
+
+import tiny
+from mlxspec import Engine
+
+# The tiny llama's greedy text falls into a cycle quickly, which the n-gram drafter predicts.
+PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 11, 12]
+
+
+class StallingModel:
+    """An mlx-lm model whose first pass over each new input length stalls, as a GPU compiling kernels."""
+
+    def __init__(self, model, stall: float):
+        self.model, self.stall, self.seen = model, stall, set()
+
+    def __call__(self, inputs, cache=None, **kw):
+        out = self.model(inputs, cache=cache, **kw)
+        if inputs.shape[1] not in self.seen:
+            self.seen.add(inputs.shape[1])
+            mx.eval(out)
+            time.sleep(self.stall)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.make_llama(1)
+
+
+def drafting_tail(events, n=40):
+    """Share of the last n tokens that came from rounds that drafted."""
+    tail = events[-n:]
+    return sum(1 for ev in tail if ev.draft_len > 0) / len(tail)
+
+
+def test_drafting_resumes_after_first_use_stalls(target):
+    stalling = StallingModel(target, stall=0.25)  # ~100x a pass of this model
+    e = Engine(stalling, None, drafter="ngram")
+    first = list(e.stream(PROMPT, max_tokens=160))
+    assert len(stalling.seen) >= 3  # several lengths stalled on first use
+    assert drafting_tail(first) > 0.5
+    second = list(e.stream(PROMPT[::-1], max_tokens=160))  # a second pass in the same process
+    assert second[-1].stats.tokens_per_target_pass > 1.5 and drafting_tail(second) > 0.5
+    # Lossless all along.
+    plain = Engine(target, None).generate(PROMPT, max_tokens=160, speculative=False).tokens
+    assert [ev.token for ev in first] == plain
+
+
+def test_warmup_compiles_every_length_and_seeds_the_curve(target):
+    stalling = StallingModel(target, stall=0.05)
+    e = Engine(stalling, None, drafter="ngram")
+    info = e.warmup(max_j=6)
+    assert {1, 2, 3, 4, 5, 6} <= stalling.seen
+    assert set(info["curve"]) == {1, 2, 3, 4, 5, 6} and info["plain"] > 0
+    assert set(e.curve.measured()) == {1, 2, 3, 4, 5, 6}
+    assert all(s < 0.05 for s in e.curve.measured().values())  # the stalls were not timed
+    assert e.target.tokens == []  # nothing of the synthetic prefix is left
+    seen = set(stalling.seen)
+    t0 = time.perf_counter()
+    r = e.generate(PROMPT, max_tokens=60, num_draft=5)
+    assert stalling.seen - seen <= {len(PROMPT) - 1}  # no new shape but the prompt's prefill: no stall
+    assert r.tokens == Engine(target, None).generate(PROMPT, max_tokens=60, speculative=False).tokens
