@@ -2,6 +2,7 @@
 
     mlxspec bench                                   # demo pair, 8 prompts x 64 tokens
     mlxspec bench --full --num-draft auto,1,2,4,8 --drafter ngram,model --json out.json
+    mlxspec bench --synthetic qwen2.5-7b --synthetic-draft qwen2.5-0.5b   # no download: random 4-bit weights
 
 Exits with status 1 when a greedy output differs from vanilla beyond a near-tie (a bug).
 """
@@ -34,6 +35,17 @@ def register(subparsers) -> None:
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
     p.add_argument("--csv", metavar="PATH", help="write one row per run as CSV")
     p.add_argument("--plot", metavar="PATH.png", help="write charts (needs matplotlib)")
+    from ..bench.synthetic import SHAPES
+
+    shapes = ", ".join(SHAPES)
+    p.add_argument("--synthetic", metavar="SHAPE", help="measure the loop on a random-weight 4-bit model of this "
+                   f"shape instead of a pair, nothing downloaded: V(j) for j=1..16, host time per round, plain "
+                   f"decoding vs mlx-lm's generate_step, n-gram speculation (shapes: {shapes}). Acceptance on "
+                   "random weights means nothing: it compares loops, not drafts")
+    p.add_argument("--synthetic-draft", metavar="SHAPE", help="with --synthetic: a draft of this shape, to compare "
+                   "speculation at k=3 with mlx-lm's speculative decoding on the same draft, and the cost model's k")
+    p.add_argument("--repeats", type=argtypes.positive, default=5,
+                   help="with --synthetic: interleaved repetitions, medians reported (default 5)")
     p.set_defaults(func=run)
 
 
@@ -59,6 +71,8 @@ def run(args) -> int:
 
     if args.max_tokens < 1:
         raise InvalidArgumentError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if args.synthetic or args.synthetic_draft:
+        return run_synthetic(args)
     temps = parse_list(args.temperature, "temperature", argtypes.non_negative)
     ks = parse_list(args.num_draft, "num-draft", argtypes.num_draft)
     drafters = parse_list(args.drafter, "drafter", str) if args.drafter else None
@@ -78,6 +92,32 @@ def run(args) -> int:
     code = bench_engine(engine, prompts, args, temps=temps, ks=ks, drafters=drafters, err=err,
                         out=report_console(), prompts_source=args.prompts or "builtin")
     return code
+
+
+def run_synthetic(args) -> int:
+    """`--synthetic SHAPE [--synthetic-draft SHAPE]`: see `mlxspec.bench.loopbench`."""
+    from rich.console import Console
+
+    from ..bench.loopbench import print_synthetic, run_synthetic as measure
+    from ..bench.report import report_console, write_json
+    from ..bench.synthetic import check_shape
+
+    if not args.synthetic:
+        raise InvalidArgumentError("--synthetic-draft needs --synthetic SHAPE (the target's shape)")
+    if args.pair or args.target or args.draft:
+        raise InvalidArgumentError("--synthetic builds its own random models: drop --pair/--target/--draft")
+    check_shape(args.synthetic)
+    if args.synthetic_draft:
+        check_shape(args.synthetic_draft)
+    err = Console(stderr=True)
+    with err.status("synthetic bench") as status:
+        doc = measure(args.synthetic, args.synthetic_draft, max_tokens=args.max_tokens, repeats=args.repeats,
+                      progress=lambda label: status.update(label))
+    print_synthetic(doc, report_console())
+    if args.json:
+        write_json(doc, args.json)
+        err.print(f"wrote {args.json}")
+    return 0
 
 
 def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompts_source) -> int:

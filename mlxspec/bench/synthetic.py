@@ -1,0 +1,91 @@
+"""Random-weight models of named shapes, 4-bit like mlx-community's: measure without downloading.
+
+A synthetic model has a real architecture's exact tensor shapes (layers, widths, heads,
+vocabulary) and 4-bit affine-quantized weights (group size 64), so every pass costs what
+the real model's would, in time and memory. Its weights are random: its text is noise and
+any acceptance rate measured on it means nothing. Compare loop speed on it, not drafts.
+
+Weights are drawn directly in their packed form (random 32-bit words, scales sized so
+activations keep their scale through the layers), so a 7B shape builds in seconds and
+never materialises float weights.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..errors import InvalidArgumentError
+
+GROUP_SIZE, BITS = 64, 4
+
+# Configurations of the published models (their config.json), by the names users know.
+SHAPES: Dict[str, dict] = {
+    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, intermediate_size=18944,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=32768),
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, intermediate_size=8960,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=32768),
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, num_hidden_layers=24, intermediate_size=4864,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=32768),
+    "llama3-8b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
+                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+                      rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=8192),
+    "llama3.2-1b": dict(model_type="llama", hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
+                        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+                        rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=131072),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, num_hidden_layers=30, intermediate_size=1536,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0,
+                         rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=8192),
+}
+DRAFT_FOR = {"qwen2.5-7b": "qwen2.5-0.5b", "qwen2.5-1.5b": "qwen2.5-0.5b", "llama3-8b": "llama3.2-1b"}
+
+
+def check_shape(name: str) -> str:
+    if name not in SHAPES:
+        raise InvalidArgumentError(f"[bench] unknown synthetic shape {name!r}; known: {', '.join(SHAPES)}")
+    return name
+
+
+def build(name: str, *, vocab_size: Optional[int] = None, seed: int = 0, dtype=mx.bfloat16):
+    """A random 4-bit model of shape `name` (see SHAPES); `vocab_size` overrides the logit width
+    (a draft must match its target's). Parameters are evaluated before returning."""
+    from mlx_lm.models import llama, qwen2
+
+    cfg = dict(SHAPES[check_shape(name)])
+    if vocab_size is not None:
+        cfg["vocab_size"] = vocab_size
+    module = {"llama": llama, "qwen2": qwen2}[cfg["model_type"]]
+    model = module.Model(module.ModelArgs(**cfg))  # lazy: nothing is drawn yet
+    nn.quantize(model, group_size=GROUP_SIZE, bits=BITS)
+    key = mx.random.key(seed)
+    for _, m in model.named_modules():
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            key, k1 = mx.random.split(key)
+            fan_in = m.scales.shape[-1] * GROUP_SIZE
+            # Words of 8 random 4-bit values q in [0, 15]; w = s * q - 7.5 s is centred (a common
+            # offset would push every layer's output along one direction) with variance 21.25 s^2,
+            # so s = 1 / sqrt(21.25 fan_in) keeps a layer's output at its input's scale.
+            # Drawn as bytes: randint over 32-bit words leaves their low bits zero (float uniforms).
+            rows, words = m.weight.shape
+            m.weight = mx.random.randint(0, 256, (rows, 4 * words), dtype=mx.uint8, key=k1).view(mx.uint32)
+            s = (21.25 * fan_in) ** -0.5 if isinstance(m, nn.QuantizedLinear) else 1.0 / 8
+            m.scales = mx.full(m.scales.shape, s, dtype)
+            m.biases = mx.full(m.biases.shape, -7.5 * s, dtype)
+            if "bias" in m:
+                m.bias = mx.zeros(m.bias.shape, dtype)
+    for _, m in model.named_modules():
+        if isinstance(m, nn.RMSNorm):
+            m.weight = mx.ones(m.weight.shape, dtype)
+    mx.eval(model.parameters())
+    return model
+
+
+def describe(name: str) -> str:
+    c = SHAPES[check_shape(name)]
+    return (f"{name} ({c['model_type']}, {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
+            f"vocab {c['vocab_size']}, {BITS}-bit, random weights)")

@@ -1,0 +1,59 @@
+"""`mlxspec bench --synthetic`: random 4-bit models of named shapes, compared loop to loop."""
+
+import mlx.core as mx
+import pytest
+
+from mlxspec.bench import loopbench, synthetic
+from mlxspec.errors import InvalidArgumentError
+
+TINY = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256, rope_theta=10000.0, rms_norm_eps=1e-5,
+            tie_word_embeddings=False, max_position_embeddings=512)
+
+
+@pytest.fixture
+def tiny_shapes(monkeypatch):
+    monkeypatch.setitem(synthetic.SHAPES, "tiny-t", TINY)
+    monkeypatch.setitem(synthetic.SHAPES, "tiny-d", dict(TINY, num_hidden_layers=1, tie_word_embeddings=True))
+
+
+def test_build_has_the_shape_and_finite_varied_logits(tiny_shapes):
+    m = synthetic.build("tiny-t")
+    logits = m(mx.array([[1, 2, 3, 4]]))
+    assert logits.shape == (1, 4, TINY["vocab_size"])
+    assert bool(mx.isfinite(logits).all())
+    # activations keep their scale: logits neither vanish nor blow up through the layers
+    std = float(logits.astype(mx.float32).std())
+    assert 0.05 < std < 50, std
+    assert len({int(t) for t in mx.argmax(logits[0], axis=-1).tolist()}) > 1
+    # a draft built for this target has the target's vocabulary
+    d = synthetic.build("tiny-d", vocab_size=TINY["vocab_size"], seed=1)
+    assert d(mx.array([[1]])).shape[-1] == TINY["vocab_size"]
+
+
+def test_unknown_shape_names_the_known_ones():
+    with pytest.raises(InvalidArgumentError, match="qwen2.5-7b"):
+        synthetic.check_shape("gpt-5")
+
+
+def test_run_synthetic_reports_every_setting_and_ratio(tiny_shapes):
+    doc = loopbench.run_synthetic("tiny-t", "tiny-d", max_tokens=8, prompt_tokens=6, repeats=1)
+    names = set(doc["settings"])
+    assert {"engine plain", "mlx-lm generate_step", "engine ngram k=auto", "engine model k=3",
+            "mlx-lm speculative k=3", "engine model k=auto"} <= names
+    for name, row in doc["settings"].items():
+        assert row["tokens_per_second"] > 0, name
+    assert set(doc["ratios"]) >= {"engine plain / generate_step", "engine model k=3 / mlx-lm speculative k=3"}
+    assert all(v > 0 for v in doc["ratios"].values())
+    assert doc["curve_ms"] and all(v > 0 for v in doc["curve_ms"].values())
+    # greedy model drafts at a fixed k verify the same drafts as the peer: accepted fractions are real numbers
+    assert 0.0 <= doc["settings"]["engine model k=3"]["acceptance_rate"] <= 1.0
+
+
+def test_cli_rejects_synthetic_with_a_pair(tiny_shapes, capsys):
+    from mlxspec.cli import main
+
+    assert main(["bench", "--synthetic", "tiny-t", "--pair", "demo"]) != 0
+    assert "--synthetic builds its own" in capsys.readouterr().err
+    assert main(["bench", "--synthetic-draft", "tiny-d"]) != 0
+    assert "needs --synthetic" in capsys.readouterr().err
