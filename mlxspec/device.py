@@ -27,6 +27,12 @@ def is_gpu() -> bool:
     return backend() != "cpu"
 
 
+def float32_matmul_roundoff() -> float:
+    """Unit roundoff of a float32 matmul's inputs on this backend: MLX's CUDA backend multiplies
+    float32 in TF32 (10-bit mantissa, 2**-11), the others in full float32 (2**-24)."""
+    return 2.0 ** -11 if backend() == "cuda" else 2.0 ** -24
+
+
 def device_name() -> str:
     """The chip's name as MLX reports it (e.g. "Apple M2 Pro", "NVIDIA H100 80GB HBM3"), else the machine type."""
     import mlx.core as mx
