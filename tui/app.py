@@ -84,12 +84,20 @@ class ChatApp(App):
     # -- loading --------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="load")
     def _load(self) -> None:
+        temps = sorted({0.0, float(self.settings.temperature)})
         try:
-            engine = on_own_thread(_load_evaluated, self._loader)
+            engine = on_own_thread(_load_evaluated, self._loader, temps, self._loading_step)
         except Exception as e:  # shown on the error screen, not as a traceback
             self.post_message(LoadFailed(_readable(e)))
         else:
             self.post_message(EngineReady(engine))
+
+    def _loading_step(self, label: str) -> None:
+        """From the loader thread: say what loading is doing now."""
+        def show():
+            if isinstance(self.screen, LoadingScreen):
+                self.screen.set_step(label)
+        self.call_from_thread(show)
 
     def on_engine_ready(self, message: EngineReady) -> None:
         engine = message.engine
@@ -219,14 +227,18 @@ class ChatApp(App):
         self.query_one(ChatHistory).add_notice(text, error=error)
 
 
-def _load_evaluated(loader):
-    """Load, then evaluate the weights on this thread (lazy arrays must not outlive its streams)."""
+def _load_evaluated(loader, temperatures=(0.0,), step=lambda label: None):
+    """Load, evaluate the weights on this thread (lazy arrays must not outlive its streams), then
+    warm up: every pass length compiles here, behind the loading screen, not in the first turn,
+    and the cost model starts from this device's timings."""
     import mlx.core as mx
 
     engine = loader()
     mx.eval(engine.target_model.parameters())
     if engine.draft_model is not None:
         mx.eval(engine.draft_model.parameters())
+    step("Compiling and timing each pass length (once per load)…")
+    engine.warmup(temperatures=temperatures)
     return engine
 
 

@@ -5,6 +5,10 @@ the only one with from_draft=False), then vanilla steps until vanilla's compute 
 catches up with speculative's, and so on. Both panes fill together while each side's
 tokens/s counts only its own compute time. Sequential mode: speculative to the end, then
 vanilla. The cancel event is checked after every step; the generators are always closed.
+
+Each loop keeps its next pass in flight on the device while it yields (that is how it stays
+as fast as mlx-lm). At a switch the side that stops waits for that pass (`mx.synchronize`)
+on its own clock, so the other side's first step does not pay for it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,14 @@ class _Side:
             self.done = True
         return ev
 
+    def pause(self) -> None:
+        """Wait for this side's in-flight pass before the other side runs, on this side's clock."""
+        import mlx.core as mx
+
+        t = time.perf_counter()
+        mx.synchronize()
+        self.spent += time.perf_counter() - t
+
 
 def race(streams: Dict[str, Iterator], *, cancel: threading.Event,
          sequential: bool = False) -> Iterator[Tuple[str, List]]:
@@ -52,6 +64,8 @@ def race(streams: Dict[str, Iterator], *, cancel: threading.Event,
                     batch.append(ev)
                     if not ev.from_draft:  # a round ends with the one token the target chose itself
                         break
+                if not sequential:
+                    spec.pause()
                 if batch:
                     yield SPEC, batch
                 if sequential:
@@ -61,6 +75,8 @@ def race(streams: Dict[str, Iterator], *, cancel: threading.Event,
                 ev = van.step()
                 if ev is not None:
                     yield VANILLA, [ev]
+            if not spec.done:
+                van.pause()
     finally:
         for gen in streams.values():
             gen.close()  # the engines stay consistent and usable

@@ -19,8 +19,11 @@ class LoadingScreen(Screen):
         with Vertical(id="loading-box"):
             yield Static(Text(f"Loading {self.what}…", style="bold"), id="loading-label")
             yield LoadingIndicator()
-            yield Static("The first run may take a while; Ctrl-Q quits.", classes="hint")
+            yield Static("The first run may take a while; Ctrl-Q quits.", classes="hint", id="loading-step")
         yield Footer()
+
+    def set_step(self, label: str) -> None:
+        self.query_one("#loading-step", Static).update(f"{label} Ctrl-Q quits.")
 
 
 class ErrorScreen(Screen):
