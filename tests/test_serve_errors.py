@@ -49,6 +49,7 @@ CHAT_CASES = [
     ({"messages": HI, "max_completion_tokens": -5}, "max_completion_tokens", ">= 1"),
     ({"messages": HI, "seed": -1}, "seed", ">= 0"),
     ({"messages": HI, "seed": "abc"}, "seed", "integer"),
+    ({"messages": HI, "seed": 2**64}, "seed", "2**64"),
     ({"messages": HI, "stream": "yes"}, "stream", "true or false"),
     ({"messages": HI, "stream": True, "stream_options": []}, "stream_options", "object"),
     ({"messages": HI, "stop": 5}, "stop", "string or a list of strings"),
@@ -89,7 +90,7 @@ def test_bad_chat_fields_are_400_naming_the_field(server, body, param, says):
 @pytest.mark.parametrize("body,param", UNSUPPORTED)
 def test_unsupported_features_are_400_saying_so(server, body, param):
     err = assert_error(post(server[0], "/v1/chat/completions", body), 400, param=param, code="unsupported_parameter")
-    assert "not supported" in err["message"] or "must be" in err["message"]
+    assert "not supported" in err["message"]
 
 
 @pytest.mark.parametrize("body,param,says", [
@@ -100,7 +101,7 @@ def test_unsupported_features_are_400_saying_so(server, body, param):
     ({"prompt": "a", "logprobs": 1}, "logprobs", "not supported"),
     ({"prompt": "a", "echo": True}, "echo", "not supported"),
     ({"prompt": "a", "suffix": "b"}, "suffix", "not supported"),
-    ({"prompt": "a", "best_of": 3}, "best_of", "must be 1"),
+    ({"prompt": "a", "best_of": 3}, "best_of", "not supported"),
 ])
 def test_bad_completion_fields_are_400(server, body, param, says):
     assert_error(post(server[0], "/v1/completions", body), 400, param=param, says=says)
@@ -116,7 +117,8 @@ def test_token_ids_outside_the_vocabulary_are_400(server):
     (b"[1, 2]", "JSON object"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "NaN"),
     (b"\xff\xfe", "not valid JSON"),
-])
+    (b"[" * 20_000 + b"]" * 20_000, "too deeply"),
+], ids=["broken", "empty", "array", "NaN", "not-utf8", "deep"])
 def test_malformed_bodies_are_400(server, content, says):
     r = post(server[0], "/v1/chat/completions", content=content, headers={"content-type": "application/json"})
     assert_error(r, 400, code="invalid_json", says=says)

@@ -229,6 +229,8 @@ async def read_json(request: Request, limit: int) -> dict:
         data = json.loads(body, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise invalid(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise invalid("the request body nests JSON too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise invalid(f"the request body must be a JSON object, got a JSON {type(data).__name__}", code="invalid_json")
     return data

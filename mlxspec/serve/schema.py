@@ -21,6 +21,7 @@ from .options import ServeOptions
 
 ROLES = ("system", "user", "assistant")  # what a chat template renders; "developer" is read as "system"
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
+MAX_SEED = 2**64  # MLX's random keys take 64-bit seeds
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 
 
@@ -84,6 +85,8 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
         sampling[key] = value
     opts.update(sampling)
     opts["seed"] = _check(check_seed, body.get("seed"), "seed")
+    if opts["seed"] is not None and opts["seed"] >= MAX_SEED:
+        raise invalid(f"seed must be an integer in [0, 2**64), got {opts['seed']}", "seed")
     stop = _check(check_stop, body.get("stop"), "stop")
     if len(stop) > MAX_STOP:
         raise invalid(f"stop takes at most {MAX_STOP} strings, got {len(stop)}", "stop")
@@ -179,10 +182,11 @@ def _completion_prompt(prompt):
 def _refuse_unsupported(body: dict, *, chat: bool) -> None:
     n = body.get("n")
     if n is not None and n != 1 or isinstance(n, bool):
-        raise unsupported(f"n must be 1 (one choice per request), got {_show(n)}", "n")
+        raise unsupported(f"n other than 1 is not supported by this server (one choice per request), got {_show(n)}",
+                          "n")
     best_of = body.get("best_of")
     if best_of is not None and best_of != 1 or isinstance(best_of, bool):
-        raise unsupported(f"best_of must be 1, got {_show(best_of)}", "best_of")
+        raise unsupported(f"best_of other than 1 is not supported by this server, got {_show(best_of)}", "best_of")
     for key in ("tools", "functions"):
         if body.get(key):
             raise unsupported(f"{key}: tool and function calling are not supported by this server", key)
@@ -202,8 +206,8 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
         raise unsupported("logit_bias is not supported by this server", "logit_bias")
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise unsupported(f"response_format must be {{\"type\": \"text\"}}; JSON modes are not supported, "
-                          f"got {_show(fmt)}", "response_format")
+        raise unsupported(f"response_format other than {{\"type\": \"text\"}} is not supported by this server "
+                          f"(no JSON modes), got {_show(fmt)}", "response_format")
     if not chat and body.get("echo"):
         raise unsupported("echo is not supported by this server", "echo")
     if not chat and body.get("suffix"):
