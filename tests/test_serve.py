@@ -1,10 +1,12 @@
 """`mlxspec serve` through the official openai client: shapes, streaming, stops, seeds, multi-turn reuse."""
 
+import logging
+
 import httpx
 import pytest
 
 import tiny
-from serve_helpers import TIMEOUT, openai_client, running_server, sse_events, tiny_engine
+from serve_helpers import TIMEOUT, GatedEngine, openai_client, running_server, sse_events, tiny_engine
 
 pytest.importorskip("openai")
 
@@ -149,3 +151,28 @@ def test_models_and_health(client, server):
     assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["model"] == MODEL
     missing = httpx.get(f"{server[0]}/v1/models/other", timeout=TIMEOUT)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+class CallLog(GatedEngine):
+    """Records the engine calls the server makes, in order."""
+
+    calls: list
+
+    def warmup(self, **kw):
+        self.calls.append("warmup")
+        return self.engine.warmup(**kw)
+
+    def stream(self, prompt, **kw):
+        self.calls.append("stream")
+        return super().stream(prompt, **kw)
+
+
+def test_the_engine_warms_up_once_before_the_server_accepts_requests(caplog):
+    engine = CallLog(tiny_engine())
+    engine.calls = []
+    caplog.set_level(logging.INFO, logger="mlxspec.serve")
+    with running_server(engine) as (url, _):
+        assert engine.calls == ["warmup"]  # done by the time the port accepts connections
+        openai_client(url).chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    assert engine.calls == ["warmup", "stream"]
+    assert any(r.getMessage().startswith("engine warmed up in ") for r in caplog.records)

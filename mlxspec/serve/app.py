@@ -71,10 +71,8 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        t0 = time.perf_counter()
-        await asyncio.wrap_future(state.queue.start())
-        if state.queue.warmup_seconds is not None:
-            log.info("engine warmed up in %.1f s", time.perf_counter() - t0)
+        seconds = await asyncio.wrap_future(state.queue.start())  # before uvicorn accepts connections
+        log.info("engine warmed up in %.1f s", seconds)
         try:
             yield
         finally:

@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..device import clear_streams
+from ..device import clear_streams, is_gpu
 from ..errors import MlxSpecError
 from ..stats import GenerationStats, TokenEvent
 from .errors import APIError, shutting_down
@@ -110,13 +110,12 @@ class EngineQueue:
         self.limit = limit
         self.running: Optional[Job] = None
         self.closed = False  # shutting down: new jobs are refused (503)
-        self.warmup_seconds: Optional[float] = None
         self._jobs: "queue.Queue[Optional[Job]]" = queue.Queue()
         self._waiting: List[Job] = []
         self._lock = threading.Lock()  # job state changes: worker vs event loop
         self._thread: Optional[threading.Thread] = None
         self._mean_seconds = 2.0  # running mean of a job's duration, for Retry-After
-        self.ready: Future = Future()  # set once the worker has warmed the engine up
+        self.ready: Future = Future()  # the warm-up's seconds, once the worker has warmed the engine up
 
     @property
     def waiting(self) -> int:
@@ -215,13 +214,14 @@ class EngineQueue:
             clear_streams()
 
     def _warm_up(self) -> None:
-        warmup = getattr(self.engine, "warmup", None)
+        # Greedy and sampled verification compile different kernels on a GPU; on the CPU nothing
+        # compiles, and the greedy passes alone seed the cost model.
+        temperatures = (0.0, 1.0) if is_gpu() else (0.0,)
         try:
-            if warmup is not None:
-                t0 = time.perf_counter()
-                warmup()
-                self.warmup_seconds = time.perf_counter() - t0
-            self.ready.set_result(self.warmup_seconds)
+            log.info("warming the engine up (every pass shape once, so no request pays for compilation)")
+            t0 = time.perf_counter()
+            self.engine.warmup(temperatures=temperatures)
+            self.ready.set_result(time.perf_counter() - t0)
         except BaseException as e:
             self.ready.set_exception(e)
             raise
