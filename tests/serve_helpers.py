@@ -160,13 +160,16 @@ def poisonable_engine() -> Engine:
     return Engine(model, tiny.make_tokenizer())
 
 
-def sse_events(response) -> List[Optional[dict]]:
-    """The JSON bodies of an httpx streaming response's server-sent events; None stands for [DONE]."""
+def iter_sse(response) -> Iterator[Optional[dict]]:
+    """The JSON bodies of an httpx streaming response's server-sent events, as they come; None stands for [DONE]."""
     import json
 
-    out = []
     for line in response.iter_lines():
         if line.startswith("data: "):
             data = line[len("data: "):]
-            out.append(None if data == "[DONE]" else json.loads(data))
-    return out
+            yield None if data == "[DONE]" else json.loads(data)
+
+
+def sse_events(response) -> List[Optional[dict]]:
+    """All of `iter_sse(response)`."""
+    return list(iter_sse(response))

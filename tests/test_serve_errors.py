@@ -5,7 +5,7 @@ import json
 import httpx
 import pytest
 
-from serve_helpers import TIMEOUT, openai_client, poisonable_engine, running_server
+from serve_helpers import TIMEOUT, GatedEngine, iter_sse, openai_client, poisonable_engine, running_server
 
 HI = [{"role": "user", "content": "hi"}]
 LIMIT = 64 * 1024  # --max-body-size of the test server
@@ -164,6 +164,27 @@ def test_numerical_error_is_500_and_the_server_keeps_serving(server):
         engine.target_model.poisoned = False
     ok = post(url, "/v1/chat/completions", body)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] > 0
+
+
+def test_numerical_error_mid_stream_ends_it_with_an_error_event_and_the_next_request_is_clean():
+    engine = GatedEngine(poisonable_engine(), per_token_seconds=0.01)
+    body = {"messages": HI, "max_tokens": 500, "stream": True}
+    with running_server(engine) as (url, _):
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+            assert r.status_code == 200
+            events = []
+            for event in iter_sse(r):
+                events.append(event)
+                if event and event.get("choices") and event["choices"][0]["delta"].get("content"):
+                    engine.target_model.poisoned = True  # after the first text: the status is sent already
+        engine.target_model.poisoned = False
+        assert events[-1] is None  # data: [DONE]
+        err = events[-2]["error"]
+        assert err["code"] == "numerical_error" and err["type"] == "server_error" and "NaN" in err["message"]
+        assert len(events) < 100  # it stopped, far short of 500 tokens
+        after = openai_client(url).chat.completions.create(model="m", messages=HI, max_tokens=12)
+    fresh = poisonable_engine().generate(HI, max_tokens=12)
+    assert after.choices[0].message.content == fresh.text
 
 
 def test_the_server_still_answers_after_all_of_that(server):
