@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # Order shown in --help.
-COMMANDS = ["generate", "chat", "bench", "calibrate", "models", "pull"]
+COMMANDS = ["generate", "chat", "serve", "bench", "calibrate", "models", "pull"]
 
 
 def build_parser() -> argparse.ArgumentParser:

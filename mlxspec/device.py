@@ -33,6 +33,18 @@ def float32_matmul_roundoff() -> float:
     return 2.0 ** -11 if backend() == "cuda" else 2.0 ** -24
 
 
+def clear_streams() -> None:
+    """Free the calling thread's MLX streams; a thread that used MLX calls this as it ends.
+
+    MLX keeps streams per thread and, left behind, they can abort the process at exit.
+    """
+    import mlx.core as mx
+
+    clear = getattr(mx, "clear_streams", None)  # MLX >= 0.30
+    if clear is not None:
+        clear()
+
+
 def device_name() -> str:
     """The chip's name as MLX reports it (e.g. "Apple M2 Pro", "NVIDIA H100 80GB HBM3"), else the machine type."""
     import mlx.core as mx

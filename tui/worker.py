@@ -8,6 +8,8 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, TypeVar
 
+from mlxspec.device import clear_streams
+
 from .conversation import SIDES, SPEC, VANILLA, Answer, Turn
 from .messages import StatsUpdated, TokensAdded, TurnFinished
 from .race import race
@@ -97,7 +99,7 @@ def on_own_thread(fn: Callable[..., T], *args) -> T:
         except BaseException as e:  # re-raised on the calling thread
             box["error"] = e
         finally:
-            _clear_streams()
+            clear_streams()
 
     t = threading.Thread(target=target, name="mlxspec-model", daemon=True)
     t.start()
@@ -106,10 +108,3 @@ def on_own_thread(fn: Callable[..., T], *args) -> T:
         raise box["error"]
     return box.get("result")
 
-
-def _clear_streams() -> None:
-    import mlx.core as mx
-
-    clear = getattr(mx, "clear_streams", None)  # MLX >= 0.30
-    if clear is not None:
-        clear()

@@ -1,0 +1,81 @@
+"""`mlxspec serve`: an OpenAI-compatible HTTP server with speculative decoding.
+
+    mlxspec serve                                    # the demo pair on http://127.0.0.1:8080/v1
+    mlxspec serve --pair qwen2.5-coder-7b --api-key secret --host 0.0.0.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .argtypes import non_negative, num_draft, positive
+from .modelargs import add_model_args
+
+API_KEY_ENV = "MLXSPEC_API_KEY"
+
+
+def register(subparsers) -> None:
+    from ..serve.options import DEFAULT_MAX_BODY, ServeOptions
+
+    d = ServeOptions()
+    p = subparsers.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description=(
+            "Serve one target (+ draft) over the OpenAI API:\n"
+            "  POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health\n\n"
+            "Requests run one at a time on one engine, in arrival order; a conversation resent in full\n"
+            "reuses the caches of its previous turn (usage.prompt_tokens_details.cached_tokens). Each\n"
+            "answer carries an extra 'mlxspec' object with the speculation figures. A request may add\n"
+            "\"speculative\": false or \"num_draft\": N. Any 'model' name is answered by the loaded model."),
+        epilog=("examples:\n  mlxspec serve\n"
+                "  mlxspec serve --pair qwen2.5-coder-7b --drafter ngram --max-kv-size 8192\n"
+                "  mlxspec serve --host 0.0.0.0 --api-key \"$(openssl rand -hex 16)\"\n\n"
+                "then point any OpenAI client at http://127.0.0.1:8080/v1"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--drafter", choices=["ngram", "model", "none"], default=None,
+                   help="who drafts: the n-gram drafter, the draft model, or nobody (default: the pair's)")
+    p.add_argument("--num-draft", type=num_draft, default=None, metavar="auto|N",
+                   help="tokens drafted per round when a request gives no num_draft (default: auto, the cost "
+                        "model picks)")
+    p.add_argument("--host", default=d.host, help=f"address to bind (default: {d.host}; anything else should come "
+                   "with --api-key)")
+    p.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default: {d.port})")
+    p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
+                   help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} if set, else no key)")
+    p.add_argument("--queue", type=int, default=d.queue, metavar="N",
+                   help=f"requests that may wait while one generates; more get 429 with Retry-After "
+                        f"(default: {d.queue})")
+    p.add_argument("--max-tokens", type=positive, default=d.max_tokens, metavar="N",
+                   help=f"answer length for requests that set no max_tokens (default: {d.max_tokens})")
+    p.add_argument("--temperature", type=non_negative, default=d.temperature, metavar="T",
+                   help="temperature for requests that set none; 0 is greedy (default: 0; OpenAI's API "
+                        "defaults to 1)")
+    p.add_argument("--max-body-size", type=positive, default=DEFAULT_MAX_BODY, metavar="BYTES",
+                   help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY}, {DEFAULT_MAX_BODY >> 20} MiB)")
+    p.add_argument("--shutdown-grace", type=non_negative, default=d.shutdown_grace, metavar="S",
+                   help=f"after SIGINT/SIGTERM, seconds a running request may take to finish before it is "
+                        f"cancelled (default: {d.shutdown_grace:g})")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=d.log_level,
+                   help=f"server log detail (default: {d.log_level})")
+    p.set_defaults(func=run, _parser=p)
+
+
+def run(args) -> int:
+    import logging
+
+    from ..serve import ServeOptions, serve
+    from . import modelargs
+
+    if args.queue < 0:
+        args._parser.error(f"--queue must be an integer >= 0, got {args.queue}")
+    if not 0 <= args.port <= 65535:
+        args._parser.error(f"--port must be in 0..65535, got {args.port}")
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
+    engine = modelargs.load_engine(args, drafter=args.drafter, num_draft=args.num_draft)
+    options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key, queue=args.queue,
+                           max_tokens=args.max_tokens, temperature=args.temperature,
+                           max_body_size=args.max_body_size, shutdown_grace=args.shutdown_grace,
+                           log_level=args.log_level)
+    return serve(engine, options)

@@ -1,0 +1,27 @@
+"""`mlxspec serve`: an OpenAI-compatible HTTP server in front of one speculative engine.
+
+    app.py        Starlette routes, server-sent events, auth, body limits
+    schema.py     request bodies -> checked engine arguments (400s name the field)
+    responses.py  OpenAI response and chunk shapes, usage, the `mlxspec` figures
+    queue.py      one engine on one worker thread; ordered, bounded, cancellable jobs
+    errors.py     OpenAI error objects and the status of each engine error
+    options.py    ServeOptions, what the command line sets
+    server.py     uvicorn with a clean SIGINT/SIGTERM shutdown
+
+    from mlxspec.serve import ServeOptions, serve
+    serve(mlxspec.load("demo"), ServeOptions(port=8080))
+"""
+
+_LAZY = {"ServeOptions": "options", "make_app": "app", "build_server": "server", "serve": "server"}
+
+
+def __getattr__(name):
+    # Lazy, so `mlxspec --help` (which reads ServeOptions' defaults) does not import the web stack.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'mlxspec.serve' has no attribute {name!r}")
+
+
+__all__ = list(_LAZY)

@@ -1,0 +1,288 @@
+"""The Starlette app: OpenAI routes, server-sent events, auth, body limits, error shapes.
+
+    POST /v1/chat/completions   POST /v1/completions   GET /v1/models[/{id}]   GET /health
+
+Every request is answered on the event loop; the model runs on the queue's worker thread.
+A request is checked (schema.py), queued, and answered once its first tokens exist, so an
+error the engine finds before generating (a prompt past the context) is still a 400, not
+a broken stream. A client that goes away cancels its job, waiting or running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from typing import Callable, Optional
+
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from . import schema
+from .errors import APIError, from_engine, invalid
+from .options import ServeOptions
+from .queue import EngineQueue, Job
+from .responses import DONE, Shapes, sse
+
+log = logging.getLogger("mlxspec.serve")
+OPEN_PATHS = ("/health",)  # answered without the API key (load balancers and scripts probe it)
+ROUTES_HELP = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health"
+
+
+class ServerState:
+    """What the routes share: the engine's queue, the options, the name the model is served under."""
+
+    def __init__(self, engine, options: ServeOptions):
+        self.engine = engine
+        self.options = options
+        self.queue = EngineQueue(engine, limit=options.queue)
+        self.model_id = options.model_id or getattr(engine, "pair_name", None) or _target_ref(engine) or "mlxspec"
+        self.created = int(time.time())
+        self._other_names: set = set()
+
+    def model_card(self) -> dict:
+        engine = self.engine
+        draft = getattr(engine, "draft_info", None)
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "mlxspec",
+                "mlxspec": {"target": _target_ref(engine), "draft": getattr(draft, "ref", None),
+                            "drafter": getattr(engine, "default_drafter", None),
+                            "context": getattr(engine, "context", None),
+                            "max_kv_size": getattr(engine, "max_kv_size", None)}}
+
+    def note_model(self, name: Optional[str]) -> None:
+        """Any model name is served by the one loaded model; say so once per unknown name."""
+        if name and name != self.model_id and name not in self._other_names:
+            self._other_names.add(name)
+            log.info("a request named model %r; this server serves %r and answers with it", name, self.model_id)
+
+
+def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
+    """The ASGI app serving `engine`; its worker thread starts and stops with the app's lifespan."""
+    options = options or ServeOptions()
+    state = ServerState(engine, options)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        seconds = await asyncio.wrap_future(state.queue.start())  # before uvicorn accepts connections
+        log.info("engine warmed up in %.1f s", seconds)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.queue.stop)
+
+    routes = [
+        Route("/v1/chat/completions", _endpoint(schema.parse_chat), methods=["POST"]),
+        Route("/v1/completions", _endpoint(schema.parse_completion), methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    middleware = [Middleware(BearerAuth, key=options.api_key)] if options.api_key else []
+    handlers = {APIError: _api_error, HTTPException: _http_error, Exception: _internal_error}
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers, lifespan=lifespan)
+    app.state.mlxspec = state
+    return app
+
+
+# -- generation --------------------------------------------------------------------------------------
+def _endpoint(parse: Callable) -> Callable:
+    async def endpoint(request: Request) -> Response:
+        state: ServerState = request.app.state.mlxspec
+        req = parse(await read_json(request, state.options.max_body_size), state.options)
+        state.note_model(req.model)
+        job = state.queue.submit(req.prompt, req.options)
+        shapes = Shapes(req.kind, state.model_id)
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, state.queue, job))
+        streaming = False
+        try:
+            first = await _next(job, req.prompt_param)
+            if req.stream:
+                streaming = True
+                return EventStream(_events(job, shapes, first, req), on_close=lambda: state.queue.cancel(job))
+            pieces, finish = [], None
+            events = first
+            while events:
+                pieces.extend(ev.text for ev in events)
+                finish = events[-1].finish_reason or finish
+                events = await _next(job, req.prompt_param)
+            if job.stats is None or finish is None:  # cancelled: the client is gone, nobody reads this
+                return Response(status_code=499)
+            _log_done(shapes.id, job)
+            return JSONResponse(shapes.completion("".join(pieces), finish, job.stats))
+        finally:
+            watcher.cancel()  # a stream's disconnects are watched by StreamingResponse itself
+            if not streaming:
+                state.queue.cancel(job)  # no-op once done; frees the engine if this task was cancelled
+
+    return endpoint
+
+
+async def _next(job: Job, prompt_param: str):
+    try:
+        return await job.next_events()
+    except Exception as e:
+        raise from_engine(e, prompt_param) from e
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that call `on_close` however they end (done, failed, client gone, never started)."""
+
+    def __init__(self, content, *, on_close: Callable[[], None]):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest):
+    """The SSE body: role chunk (chat), text chunks, the finish chunk with figures, usage, [DONE]."""
+    usage = req.include_usage
+    try:
+        if shapes.chat:
+            yield sse(shapes.chunk(first=True, include_usage=usage))
+        events, finish = first, None
+        while events:
+            text = "".join(ev.text for ev in events)
+            finish = events[-1].finish_reason or finish
+            if text:
+                yield sse(shapes.chunk(text, include_usage=usage))
+            events = await _next(job, req.prompt_param)
+        if finish is None:  # cancelled without an error: the client is gone
+            return
+        yield sse(shapes.chunk(finish_reason=finish, stats=job.stats, include_usage=usage))
+        if usage:
+            yield sse(shapes.usage_chunk(job.stats))
+        _log_done(shapes.id, job)
+    except APIError as e:  # the engine failed (or the server is stopping) mid-stream
+        log.warning("%s: stream ended early: %s", shapes.id, e.message)
+        yield sse(e.body())
+    yield DONE
+
+
+async def _cancel_on_disconnect(request: Request, queue: EngineQueue, job: Job) -> None:
+    """Wait for the client to go away, then cancel its job (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            queue.cancel(job)
+            return
+
+
+def _log_done(request_id: str, job: Job) -> None:
+    s = job.stats
+    log.info("%s: %d prompt tokens (%d cached), %d tokens, %.1f tok/s, drafter %s, acceptance %.0f%%, "
+             "%.2f tokens/target pass", request_id, s.prompt_tokens, s.prompt_tokens - s.prefilled_tokens,
+             s.tokens, s.tokens_per_second, s.drafter, 100 * s.acceptance_rate, s.tokens_per_target_pass)
+
+
+# -- the other routes --------------------------------------------------------------------------------
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [request.app.state.mlxspec.model_card()]})
+
+
+async def get_model(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxspec
+    name = request.path_params["model_id"]
+    if name != state.model_id:
+        raise APIError(404, f"model {name!r} does not exist here; this server serves {state.model_id!r}",
+                       param="model", code="model_not_found")
+    return JSONResponse(state.model_card())
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxspec
+    q = state.queue
+    body = {"status": "shutting_down" if q.closed else "ok", "model": state.model_id,
+            "running": q.running is not None, "waiting": q.waiting, "queue": q.limit}
+    return JSONResponse(body, status_code=503 if q.closed else 200)
+
+
+# -- request bodies, auth, errors --------------------------------------------------------------------
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object; 413 past `limit` bytes (declared or streamed), 400 if not JSON."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit, f"declares {int(declared)} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit, f"is longer than {limit} bytes")
+    if not body.strip():
+        raise invalid("the request body is empty: send a JSON object", code="invalid_json")
+    try:
+        data = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise invalid(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise invalid("the request body nests JSON too deeply", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise invalid(f"the request body must be a JSON object, got a JSON {type(data).__name__}", code="invalid_json")
+    return data
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _too_large(limit: int, what: str) -> APIError:
+    return APIError(413, f"the request body {what}; this server accepts at most {limit} bytes "
+                    "(mlxspec serve --max-body-size)", code="request_too_large")
+
+
+class BearerAuth:
+    """ASGI middleware: every path but /health needs `Authorization: Bearer <key>`."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
+                error = APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
+                                 "with the key the server was started with (--api-key)",
+                                 code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _api_error(request: Request, exc: APIError) -> Response:
+    if exc.status >= 500:
+        log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        message = f"no route {request.url.path}; this server answers {ROUTES_HELP}"
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}; this server answers {ROUTES_HELP}"
+    else:
+        message = str(exc.detail)
+    return APIError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None,
+                    headers=dict(exc.headers or {})).response()
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    return APIError(500, f"internal server error ({type(exc).__name__}); the details are in the server's log",
+                    code="internal_error").response()
+
+
+def _target_ref(engine) -> Optional[str]:
+    info = getattr(engine, "target_info", None)
+    return getattr(info, "ref", None)

@@ -1,0 +1,68 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with an HTTP status.
+
+Everything the server refuses goes through `APIError`, so a client never sees a traceback.
+`from_engine` maps the engine's own errors (raised in the worker thread) onto statuses.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from starlette.responses import JSONResponse
+
+from ..errors import ContextLengthError, InvalidArgumentError, NumericalError
+
+# OpenAI's error `type` for each status the server answers with.
+TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+         500: "server_error", 503: "server_error"}
+
+
+class APIError(Exception):
+    """An answer other than 200: status, message (what was wrong and what is allowed), param, code."""
+
+    def __init__(self, status: int, message: str, *, param: Optional[str] = None, code: Optional[str] = None,
+                 headers: Optional[Dict[str, str]] = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        return TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def invalid(message: str, param: Optional[str] = None, code: str = "invalid_value") -> APIError:
+    """A 400: the request is well-formed HTTP but a field is wrong."""
+    return APIError(400, message, param=param, code=code)
+
+
+def unsupported(message: str, param: str) -> APIError:
+    """A 400 for an OpenAI feature this server does not implement (n > 1, tools, logprobs...)."""
+    return APIError(400, message, param=param, code="unsupported_parameter")
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry against another instance or once it restarts",
+                    code="shutting_down", headers={"Retry-After": "5"})
+
+
+def from_engine(exc: BaseException, prompt_param: str) -> APIError:
+    """The engine's exception -> the status a client should get (engine errors are never 4xx by accident)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ContextLengthError):
+        return APIError(400, f"{exc} (the server's window: mlxspec serve --max-kv-size W)", param=prompt_param,
+                        code="context_length_exceeded")
+    if isinstance(exc, InvalidArgumentError):
+        return invalid(str(exc))
+    if isinstance(exc, NumericalError):
+        return APIError(500, str(exc), code="numerical_error")
+    return APIError(500, f"the engine failed ({type(exc).__name__}: {exc}); the server keeps serving",
+                    code="engine_error")

@@ -1,0 +1,22 @@
+"""What `mlxspec serve` can be told: one dataclass the command line fills and the tests build."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+DEFAULT_MAX_BODY = 8 * 2**20  # bytes; a long conversation in JSON is well under this
+
+
+@dataclass
+class ServeOptions:
+    host: str = "127.0.0.1"  # loopback only; anything else should come with an api_key
+    port: int = 8080
+    api_key: Optional[str] = None  # when set, /v1/* needs "Authorization: Bearer <api_key>"
+    queue: int = 16  # requests that may wait while one generates; more get 429
+    max_tokens: int = 512  # for requests that give neither max_tokens nor max_completion_tokens
+    temperature: float = 0.0  # for requests that give none (0 = greedy; OpenAI's own default is 1)
+    max_body_size: int = DEFAULT_MAX_BODY  # larger request bodies get 413
+    shutdown_grace: float = 10.0  # seconds a running request may take to finish after SIGINT/SIGTERM
+    model_id: Optional[str] = None  # the name /v1/models lists; default: the pair's name or the target
+    log_level: str = "info"

@@ -1,0 +1,247 @@
+"""One engine, one worker thread, requests in arrival order, each cancellable.
+
+The engine is not thread-safe and MLX keeps per-thread streams, so every call into the
+engine (warm-up included) happens on one long-lived worker thread; the event loop only
+submits jobs and reads their events. A job's events cross threads through a deque: the
+worker appends, and wakes the loop only when the loop is not already due to look, so a
+speculative round that yields five tokens costs one wake-up, not five.
+
+A waiting job can be cancelled at once (it never reaches the engine); a running one is
+cancelled between two tokens: the worker closes the engine's generator, which leaves
+its caches consistent for the next job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import math
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from ..device import clear_streams, is_gpu
+from ..errors import MlxSpecError
+from ..stats import GenerationStats, TokenEvent
+from .errors import APIError, shutting_down
+
+log = logging.getLogger("mlxspec.serve")
+WAITING, RUNNING, DONE = "waiting", "running", "done"
+
+
+@dataclass
+class _End:
+    stats: Optional[GenerationStats] = None  # a copy, final
+    error: Optional[BaseException] = None
+
+
+class Job:
+    """One request's generation: its arguments, its events, and how to stop it."""
+
+    def __init__(self, prompt, options: Dict[str, Any], loop: asyncio.AbstractEventLoop):
+        self.prompt, self.options = prompt, options
+        self.state = WAITING
+        self.stats: Optional[GenerationStats] = None  # final statistics, once the job has ended
+        self._loop = loop
+        self._items: deque = deque()  # TokenEvents, then one _End; appended by the worker
+        self._wake = asyncio.Event()
+        self._notified = False
+        self._cancel = threading.Event()
+        self._cancel_error: Optional[APIError] = None
+        self._end: Optional[_End] = None
+
+    # -- worker side -----------------------------------------------------------------------------
+    def _put(self, item) -> None:
+        self._items.append(item)  # first, so a consumer that missed the wake-up still sees it
+        if not self._notified:
+            self._notified = True
+            try:
+                self._loop.call_soon_threadsafe(self._wake.set)
+            except RuntimeError:  # the event loop is closed (a forced quit): nobody is listening
+                pass
+
+    # -- event-loop side -------------------------------------------------------------------------
+    async def next_events(self) -> Optional[List[TokenEvent]]:
+        """The events produced since the last call (waits for one); None once the job has ended.
+
+        Raises the engine's exception (or the APIError the job was cancelled with) after the
+        events that came before it.
+        """
+        while True:
+            self._notified = False  # before draining: an append after this point wakes us again
+            events = []
+            while self._items:
+                item = self._items.popleft()
+                if isinstance(item, _End):
+                    self._end, self.stats = item, item.stats
+                else:
+                    events.append(item)
+            if events:
+                return events
+            if self._end is not None:
+                if self._end.error is not None:
+                    raise self._end.error
+                return None
+            await self._wake.wait()
+            self._wake.clear()
+
+    def _stop(self, error: Optional[APIError]) -> None:
+        """Ask the worker to stop this running job between two tokens (EngineQueue.cancel)."""
+        if not self._cancel.is_set() and self.state != DONE:
+            self._cancel_error = error
+            self._cancel.set()
+
+
+class EngineQueue:
+    """Runs jobs one at a time on the engine, in submission order, at most `limit` waiting.
+
+    Args:
+        engine: an mlxspec Engine (or anything with its `stream`, `reset` and `last_stats`).
+        limit: jobs that may wait while one runs; `submit` refuses more (429).
+    """
+
+    def __init__(self, engine, *, limit: int = 16):
+        self.engine = engine
+        self.limit = limit
+        self.running: Optional[Job] = None
+        self.closed = False  # shutting down: new jobs are refused (503)
+        self._jobs: "queue.Queue[Optional[Job]]" = queue.Queue()
+        self._waiting: List[Job] = []
+        self._lock = threading.Lock()  # job state changes: worker vs event loop
+        self._thread: Optional[threading.Thread] = None
+        self._mean_seconds = 2.0  # running mean of a job's duration, for Retry-After
+        self.ready: Future = Future()  # the warm-up's seconds, once the worker has warmed the engine up
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    # -- lifecycle (event-loop thread) ---------------------------------------------------------
+    def start(self) -> Future:
+        """Start the worker thread; it warms the engine up first. Returns `ready`."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="mlxspec-engine", daemon=True)
+            self._thread.start()
+        return self.ready
+
+    def submit(self, prompt, options: Dict[str, Any]) -> Job:
+        """Queue a generation; raises APIError 429 when `limit` jobs wait already, 503 when closed."""
+        if self.closed:
+            raise shutting_down()
+        with self._lock:
+            if len(self._waiting) >= self.limit:
+                retry = self.retry_after()
+                raise APIError(429, f"the server is busy: {len(self._waiting)} requests wait for the model already "
+                               f"(--queue {self.limit}); retry after about {retry} s", code="queue_full",
+                               headers={"Retry-After": str(retry)})
+            job = Job(prompt, options, asyncio.get_running_loop())
+            self._waiting.append(job)
+        self._jobs.put(job)
+        return job
+
+    def cancel(self, job: Job, error: Optional[APIError] = None) -> None:
+        """Stop `job`: a waiting one leaves the queue now (its slot frees at once), a running one
+        stops between two tokens; no-op once done. `error` is what its client gets (None when
+        the client is gone and nobody reads it)."""
+        with self._lock:
+            if job.state == WAITING:
+                self._waiting.remove(job)
+                job.state = DONE
+                job._put(_End(error=error))
+                return
+        job._stop(error)
+
+    def retry_after(self) -> int:
+        """Seconds until a slot is likely free: the jobs ahead times the mean job duration."""
+        return max(1, min(600, math.ceil(self._mean_seconds * (len(self._waiting) + 1))))
+
+    def shutdown(self, grace: float) -> None:
+        """Refuse new jobs, answer waiting ones 503, give the running one `grace` seconds to finish."""
+        if self.closed:
+            return
+        running = self._close()
+        if running is not None:
+            log.info("shutting down: the running request has %.0f s to finish", grace)
+            asyncio.get_running_loop().call_later(grace, self.cancel, running, shutting_down())
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel everything and end the worker thread (blocking; idempotent; any thread)."""
+        running = self._close()
+        if running is not None:
+            self.cancel(running, shutting_down())
+        if self._thread is not None and self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join(timeout)
+
+    def _close(self) -> Optional[Job]:
+        """Refuse new jobs and answer the waiting ones 503; returns the running job, if any."""
+        self.closed = True
+        for job in list(self._waiting):
+            self.cancel(job, shutting_down())
+        return self.running
+
+    # -- the worker thread -----------------------------------------------------------------------
+    def _work(self) -> None:
+        try:
+            self._warm_up()
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                with self._lock:
+                    if job.state != WAITING:
+                        continue  # cancelled while it waited
+                    self._waiting.remove(job)
+                    job.state = RUNNING
+                    self.running = job
+                t0 = time.perf_counter()
+                try:
+                    end = self._run(job)
+                except Exception as e:  # a bug here must not leave the client waiting forever
+                    log.exception("the worker failed on a request")
+                    end = _End(error=e)
+                self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (time.perf_counter() - t0)
+                with self._lock:
+                    job.state = DONE
+                    self.running = None
+                job._put(end)
+        finally:
+            clear_streams()
+
+    def _warm_up(self) -> None:
+        # Greedy and sampled verification compile different kernels on a GPU; on the CPU nothing
+        # compiles, and the greedy passes alone seed the cost model.
+        temperatures = (0.0, 1.0) if is_gpu() else (0.0,)
+        try:
+            log.info("warming the engine up (every pass shape once, so no request pays for compilation)")
+            t0 = time.perf_counter()
+            self.engine.warmup(temperatures=temperatures)
+            self.ready.set_result(time.perf_counter() - t0)
+        except BaseException as e:
+            self.ready.set_exception(e)
+            raise
+
+    def _run(self, job: Job) -> _End:
+        """Stream the job's generation into it; stop between tokens when cancelled."""
+        events = last = None
+        try:
+            events = self.engine.stream(job.prompt, **job.options)  # checks the arguments first
+            for last in events:
+                job._put(last)
+                if last.finish_reason or job._cancel.is_set():
+                    break
+        except Exception as e:
+            if not isinstance(e, MlxSpecError):  # an unforeseen failure: log it, start the next job clean
+                log.error("the engine failed on a request", exc_info=e)
+                self.engine.reset()
+            return _End(error=e)
+        finally:
+            if events is not None:
+                events.close()  # the engine's own cleanup: caches consistent for the next job
+        stats = copy.deepcopy(last.stats if last is not None else self.engine.last_stats)
+        return _End(stats, error=job._cancel_error if job._cancel.is_set() else None)

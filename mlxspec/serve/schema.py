@@ -1,0 +1,222 @@
+"""OpenAI request bodies -> a checked `GenerationRequest`, or a 400 naming the bad field.
+
+Only what can be checked without the model happens here (types, ranges, unsupported
+features); the engine checks the rest (the prompt's length against the context, token
+ids against the vocabulary) in the worker, before it generates anything. Fields the
+OpenAI API defines but that change nothing here (`user`, `metadata`, `store`...) are
+ignored; fields that would change the answer and are not implemented are refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from ..errors import InvalidArgumentError
+from ..prompts import check_max_tokens, check_num_draft, check_seed, check_stop
+from ..sampling import validate as validate_sampling
+from .errors import invalid, unsupported
+from .options import ServeOptions
+
+ROLES = ("system", "user", "assistant")  # what a chat template renders; "developer" is read as "system"
+MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
+MAX_SEED = 2**64  # MLX's random keys take 64-bit seeds
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+
+
+@dataclass
+class GenerationRequest:
+    kind: str  # "chat" or "completion"
+    prompt: Any  # chat messages, a string, or token ids: what Engine.stream takes
+    options: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of Engine.stream
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with `usage`
+    model: Optional[str] = None  # the name the client asked for
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.kind == "chat" else "prompt"
+
+
+def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> GenerationRequest:
+    """POST /v1/chat/completions body -> GenerationRequest; `defaults` fill the fields left out."""
+    _refuse_unsupported(body, chat=True)
+    return _common(body, "chat", _messages(body.get("messages")), defaults or ServeOptions())
+
+
+def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> GenerationRequest:
+    """POST /v1/completions body -> GenerationRequest."""
+    _refuse_unsupported(body, chat=False)
+    return _common(body, "completion", _completion_prompt(body.get("prompt")), defaults or ServeOptions())
+
+
+# -- shared fields ---------------------------------------------------------------------------------
+def _common(body: dict, kind: str, prompt, defaults: ServeOptions) -> GenerationRequest:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise invalid(f"model must be a string, got {_show(model)}", "model")
+    stream = _flag(body, "stream", False)
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise invalid(f"stream_options must be an object like {{\"include_usage\": true}}, got {_show(stream_options)}",
+                      "stream_options")
+    include_usage = _flag(stream_options or {}, "include_usage", False, "stream_options.include_usage")
+    return GenerationRequest(kind, prompt, _options(body, defaults), stream=stream, include_usage=include_usage,
+                             model=model)
+
+
+def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
+    """Engine.stream keywords, each checked by the engine's own rules so messages match the library's."""
+    limit = body.get("max_completion_tokens")
+    name = "max_completion_tokens"
+    if limit is None:
+        limit, name = body.get("max_tokens"), "max_tokens"
+    opts = {"max_tokens": _check(check_max_tokens, defaults.max_tokens if limit is None else limit, name)}
+    sampling = {}
+    for key, off in SAMPLING_DEFAULTS.items():
+        value = body.get(key)
+        if value is None:
+            value = defaults.temperature if key == "temperature" else off
+        if isinstance(value, bool):
+            raise invalid(f"{key} must be a number, got {_show(value)}", key)
+        # One field at a time (the others at their neutral value), so the error names its field.
+        _check(lambda v, key=key: validate_sampling(**dict(SAMPLING_DEFAULTS, **{key: v})), value, key)
+        sampling[key] = value
+    opts.update(sampling)
+    opts["seed"] = _check(check_seed, body.get("seed"), "seed")
+    if opts["seed"] is not None and opts["seed"] >= MAX_SEED:
+        raise invalid(f"seed must be an integer in [0, 2**64), got {opts['seed']}", "seed")
+    stop = _check(check_stop, body.get("stop"), "stop")
+    if len(stop) > MAX_STOP:
+        raise invalid(f"stop takes at most {MAX_STOP} strings, got {len(stop)}", "stop")
+    opts["stop"] = stop
+    opts["speculative"] = _flag(body, "speculative", True)
+    opts["num_draft"] = _check(check_num_draft, body.get("num_draft"), "num_draft")
+    return opts
+
+
+def _check(rule: Callable, value, param: str):
+    """Run one of the engine's argument checks; its InvalidArgumentError becomes a 400 naming `param`."""
+    try:
+        return rule(value)
+    except InvalidArgumentError as e:
+        message = str(e)
+        if not message.startswith(param):
+            message = f"{param}: {message}"
+        raise invalid(message, param) from None
+
+
+def _flag(body: dict, key: str, default: bool, param: Optional[str] = None) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(f"{param or key} must be true or false, got {_show(value)}", param or key)
+    return value
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+def _messages(messages) -> List[dict]:
+    if messages is None:
+        raise invalid("messages is required: a list of {\"role\", \"content\"} objects", "messages",
+                      code="missing_required_parameter")
+    if not isinstance(messages, list):
+        raise invalid(f"messages must be a list of {{\"role\", \"content\"}} objects, got {_show(messages)}",
+                      "messages")
+    if not messages:
+        raise invalid("messages is empty: give at least one message", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise invalid(f"{param} must be an object with 'role' and 'content', got {_show(m)}", param)
+        role = m.get("role")
+        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
+            raise unsupported(f"{param}: tool and function calls are not supported by this server", param)
+        if role == "developer":
+            role = "system"
+        if role not in ROLES:
+            raise invalid(f"{param}.role must be one of {', '.join(ROLES)} (or developer, read as system), "
+                          f"got {_show(role)}", f"{param}.role")
+        out.append({"role": role, "content": _content(m.get("content"), f"{param}.content")})
+    return out
+
+
+def _content(content, param: str) -> str:
+    """A string, or a list of {"type": "text", "text": ...} parts (joined with newlines)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise invalid(f"{param}[{j}] must be a text part {{\"type\": \"text\", \"text\": \"...\"}}; "
+                              f"only text is supported, got {_show(kind)}", f"{param}[{j}]")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise invalid(f"{param} must be a string or a list of text parts, got {_show(content)}", param)
+
+
+def _completion_prompt(prompt):
+    """A string, a one-string list, or a list of token ids (one prompt per request)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise invalid("prompt is empty: give a non-empty string", "prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise unsupported(f"prompt holds {len(prompt)} prompts; batches are not supported, send one prompt "
+                          "per request", "prompt")
+    if prompt is None:
+        raise invalid("prompt is required: a string or a list of token ids", "prompt",
+                      code="missing_required_parameter")
+    raise invalid(f"prompt must be a non-empty string or list of token ids, got {_show(prompt)}", "prompt")
+
+
+# -- what is refused -------------------------------------------------------------------------------
+def _refuse_unsupported(body: dict, *, chat: bool) -> None:
+    n = body.get("n")
+    if n is not None and n != 1 or isinstance(n, bool):
+        raise unsupported(f"n other than 1 is not supported by this server (one choice per request), got {_show(n)}",
+                          "n")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1 or isinstance(best_of, bool):
+        raise unsupported(f"best_of other than 1 is not supported by this server, got {_show(best_of)}", "best_of")
+    for key in ("tools", "functions"):
+        if body.get(key):
+            raise unsupported(f"{key}: tool and function calling are not supported by this server", key)
+    for key in ("tool_choice", "function_call"):
+        if body.get(key) not in (None, "none"):
+            raise unsupported(f"{key}: tool and function calling are not supported by this server", key)
+    logprobs = body.get("logprobs")
+    if (logprobs not in (None, False)) if chat else (logprobs is not None):
+        raise unsupported(f"logprobs are not supported by this server, got logprobs={_show(logprobs)}", "logprobs")
+    if body.get("top_logprobs") is not None:
+        raise unsupported("top_logprobs is not supported by this server (no logprobs)", "top_logprobs")
+    for key in ("presence_penalty", "frequency_penalty"):
+        value = body.get(key)
+        if value is not None and value != 0:
+            raise unsupported(f"{key} is not supported by this server (only 0), got {_show(value)}", key)
+    if body.get("logit_bias"):
+        raise unsupported("logit_bias is not supported by this server", "logit_bias")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise unsupported(f"response_format other than {{\"type\": \"text\"}} is not supported by this server "
+                          f"(no JSON modes), got {_show(fmt)}", "response_format")
+    if not chat and body.get("echo"):
+        raise unsupported("echo is not supported by this server", "echo")
+    if not chat and body.get("suffix"):
+        raise unsupported("suffix (fill in the middle) is not supported by this server", "suffix")
+
+
+def _show(value) -> str:
+    """A short rendering of a received value for error messages."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,104 @@
+"""Run the app under uvicorn: bind, serve, and stop cleanly on SIGINT/SIGTERM with exit status 0.
+
+On the first signal the server stops accepting connections, answers waiting requests 503,
+and gives the running one `shutdown_grace` seconds to finish before cancelling it (a
+stream then ends with an error event and `[DONE]`). A second SIGINT quits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import sys
+import threading
+from typing import Optional
+
+import uvicorn
+
+from .app import make_app
+from .options import ServeOptions
+
+log = logging.getLogger("mlxspec.serve")
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, plus: the first signal drains the engine's queue; signals are not re-raised.
+
+    (uvicorn re-raises a caught SIGINT/SIGTERM after shutting down, so the process would end
+    with 130 or by the signal; a server that stopped as asked exits 0.)
+    """
+
+    def __init__(self, config: uvicorn.Config, state):
+        super().__init__(config)
+        self.mlxspec = state
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+
+    async def startup(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets=sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig, frame) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)
+        if first:
+            self.drain()
+
+    def drain(self) -> None:
+        """Stop taking requests; the running one gets `shutdown_grace` seconds (thread-safe)."""
+        if self._loop is not None:
+            grace = self.mlxspec.options.shutdown_grace
+            self._loop.call_soon_threadsafe(self.mlxspec.queue.shutdown, grace)
+
+
+def build_server(engine, options: ServeOptions) -> Server:
+    """The app for `engine` inside a uvicorn server that is ready to `run()`."""
+    app = make_app(engine, options)
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level,
+                            lifespan="on", timeout_graceful_shutdown=options.shutdown_grace + 5)
+    return Server(config, app.state.mlxspec)
+
+
+def serve(engine, options: ServeOptions) -> int:
+    """Serve until SIGINT/SIGTERM; returns 0 once stopped."""
+    warning = bind_warning(options.host, options.api_key)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    server = build_server(engine, options)
+    try:
+        server.run()
+    finally:
+        server.mlxspec.queue.stop()  # after a forced quit, lifespan shutdown did not run
+    return 0 if server.started else 1
+
+
+def bind_warning(host: str, api_key: Optional[str]) -> Optional[str]:
+    """A warning when the server is reachable beyond this machine without an API key, else None."""
+    if api_key or _is_loopback(host):
+        return None
+    return (f"serving on {host} without --api-key: anyone who can reach this port can use the model; "
+            f"pass --api-key KEY (or bind 127.0.0.1)")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

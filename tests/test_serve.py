@@ -1,0 +1,178 @@
+"""`mlxspec serve` through the official openai client: shapes, streaming, stops, seeds, multi-turn reuse."""
+
+import logging
+
+import httpx
+import pytest
+
+import tiny
+from serve_helpers import TIMEOUT, GatedEngine, openai_client, running_server, sse_events, tiny_engine
+
+pytest.importorskip("openai")
+
+MODEL = "tiny-pair"
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = tiny_engine()
+    with running_server(engine, model_id=MODEL) as (url, srv):
+        yield url, engine
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai_client(server[0])
+
+
+def test_chat_completion_shape_usage_and_figures(client):
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12)
+    assert r.id.startswith("chatcmpl-") and r.object == "chat.completion" and r.model == MODEL and r.created > 0
+    (choice,) = r.choices
+    assert choice.index == 0 and choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    u = r.usage
+    assert u.prompt_tokens > 0 and 0 < u.completion_tokens <= 12
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+    assert 0 <= u.prompt_tokens_details.cached_tokens < u.prompt_tokens
+    figures = r.model_extra["mlxspec"]
+    assert figures["drafter"] == "ngram" and 0 <= figures["acceptance_rate"] <= 1
+    assert figures["tokens_per_target_pass"] >= 1 and figures["tokens_per_second"] > 0
+
+
+def test_streamed_chat_equals_the_whole_answer(client):
+    whole = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1 and all(c.object == "chat.completion.chunk" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finish, last = chunks[-2], chunks[-1]
+    assert finish.choices[0].finish_reason == whole.choices[0].finish_reason and finish.usage is None
+    assert finish.model_extra["mlxspec"]["tokens_per_second"] > 0
+    assert last.choices == [] and last.usage.completion_tokens == whole.usage.completion_tokens
+    assert last.model_extra["mlxspec"]["drafter"] == "ngram"
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_stream_without_include_usage_has_no_usage_and_ends_with_done(server):
+    url, _ = server
+    body = {"messages": HELLO, "max_tokens": 8, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r)
+    assert events[-1] is None  # data: [DONE]
+    assert all("usage" not in e for e in events[:-1])
+    assert events[-2]["choices"][0]["finish_reason"] in ("stop", "length") and "mlxspec" in events[-2]
+
+
+def test_completions_plain_and_streamed(client):
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10)
+    assert r.id.startswith("cmpl-") and r.object == "text_completion"
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens <= 10
+    chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+    ids = tiny.make_tokenizer().encode("Once upon a time")
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=10)
+    assert by_ids.choices[0].text == r.choices[0].text
+
+
+def test_server_text_equals_the_engine_on_its_own(client):
+    r = client.completions.create(model=MODEL, prompt="The river", max_tokens=20)
+    assert r.choices[0].text == tiny_engine().generate("The river", max_tokens=20).text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_cut_the_text(client, stream):
+    full = client.completions.create(model=MODEL, prompt="Stop here", max_tokens=24).choices[0].text
+    stop = next(full[i:i + 2] for i in range(3, len(full) - 2) if "\ufffd" not in full[i:i + 2])
+    kw = dict(model=MODEL, prompt="Stop here", max_tokens=24, stop=[stop, "never-appears"])
+    if stream:
+        chunks = list(client.completions.create(stream=True, **kw))
+        text, finish = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.completions.create(**kw).choices[0]
+        text, finish = choice.text, choice.finish_reason
+    assert text == full[: full.index(stop)] and finish == "stop"
+
+
+@pytest.mark.parametrize("extra", [{"speculative": False}, {"num_draft": 3}])
+def test_same_seed_same_sample(client, extra):
+    def sample(seed):
+        return client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=1.0,
+                                              seed=seed, extra_body=extra).choices[0].message.content
+
+    a, b, c = sample(7), sample(7), sample(8)
+    assert a == b and a != c
+
+
+def test_speculative_false_and_num_draft(client):
+    plain = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16,
+                                           extra_body={"speculative": False})
+    assert plain.model_extra["mlxspec"]["drafter"] == "none" and plain.model_extra["mlxspec"]["drafted"] == 0
+    fixed = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16, extra_body={"num_draft": 2})
+    assert fixed.choices[0].message.content == plain.choices[0].message.content  # greedy: lossless
+
+
+def test_max_completion_tokens_and_any_model_name(client):
+    r = client.chat.completions.create(model="gpt-4o", messages=HELLO, max_completion_tokens=3)
+    assert r.model == MODEL and r.usage.completion_tokens <= 3
+    assert r.choices[0].finish_reason == "length" or r.usage.completion_tokens < 3
+
+
+def test_multi_turn_prefills_only_the_new_turn(client):
+    turn1 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "How are you?"}]  # answer: clean ASCII
+    r1 = client.chat.completions.create(model=MODEL, messages=turn1, max_tokens=10)
+    answer = r1.choices[0].message.content
+    new_turn = {"role": "user", "content": "And then?"}
+    turn2 = turn1 + [{"role": "assistant", "content": answer}, new_turn]
+    r2 = client.chat.completions.create(model=MODEL, messages=turn2, max_tokens=10)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert cached >= r1.usage.prompt_tokens
+    # The byte tokenizer re-encodes valid text exactly: all of turn 1 (but the last generated token,
+    # never fed to the model) is reused, so only the new turn is prefilled.
+    tok = tiny.make_tokenizer()
+    prompt = lambda msgs: tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+                                     add_special_tokens=False)
+    assert "\ufffd" not in answer
+    assert r2.usage.prompt_tokens == len(prompt(turn2))
+    assert cached == r1.usage.prompt_tokens + r1.usage.completion_tokens - 1
+    assert r2.model_extra["mlxspec"]["prefilled_tokens"] == r2.usage.prompt_tokens - cached
+
+
+def test_models_and_health(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    r = httpx.get(f"{server[0]}/health", timeout=TIMEOUT)
+    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["model"] == MODEL
+    missing = httpx.get(f"{server[0]}/v1/models/other", timeout=TIMEOUT)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+class CallLog(GatedEngine):
+    """Records the engine calls the server makes, in order."""
+
+    calls: list
+
+    def warmup(self, **kw):
+        self.calls.append("warmup")
+        return self.engine.warmup(**kw)
+
+    def stream(self, prompt, **kw):
+        self.calls.append("stream")
+        return super().stream(prompt, **kw)
+
+
+def test_the_engine_warms_up_once_before_the_server_accepts_requests(caplog):
+    engine = CallLog(tiny_engine())
+    engine.calls = []
+    caplog.set_level(logging.INFO, logger="mlxspec.serve")
+    with running_server(engine) as (url, _):
+        assert engine.calls == ["warmup"]  # done by the time the port accepts connections
+        openai_client(url).chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    assert engine.calls == ["warmup", "stream"]
+    assert any(r.getMessage().startswith("engine warmed up in ") for r in caplog.records)

@@ -1,0 +1,78 @@
+"""`mlxspec serve` on the command line: flags, their defaults, and the warning for an open bind."""
+
+import types
+
+import pytest
+
+from mlxspec.cli import COMMANDS, main
+from mlxspec.serve import ServeOptions
+from mlxspec.serve import server as server_module
+from mlxspec.serve.server import bind_warning
+
+FLAGS = ["--pair", "--target", "--draft", "--drafter", "--host", "--port", "--api-key", "--max-kv-size", "--queue",
+         "--num-draft", "--max-tokens", "--temperature", "--max-body-size", "--shutdown-grace", "--dtype"]
+
+
+def test_help_explains_every_flag_with_its_default(capsys):
+    assert "serve" in COMMANDS
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    for flag in FLAGS:
+        assert flag in out
+    for default in ("127.0.0.1", "8080", "default: 16", "default: 512", "8388608"):
+        assert default in out
+    # Every option's help says what happens when it is left out.
+    options = out.split("options:")[1].split("examples:")[0]
+    entries = [e for e in options.split("\n  -") if e.strip() and not e.startswith("h, --help")]
+    assert len(entries) >= len(FLAGS)
+    for entry in entries:
+        assert "default" in entry, entry
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Run `mlxspec serve` without loading a model or binding: record what it would serve."""
+    calls = {}
+    from mlxspec.commands import modelargs
+
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: calls.setdefault("load", (args, kw)) and "engine")
+    monkeypatch.setattr(server_module, "serve", lambda engine, options: calls.setdefault("serve", options) and 0)
+    return calls
+
+
+def test_flags_reach_the_server_options(captured, monkeypatch):
+    monkeypatch.delenv("MLXSPEC_API_KEY", raising=False)
+    assert main(["serve", "--port", "9001", "--queue", "3", "--max-tokens", "64", "--temperature", "0.5",
+                 "--drafter", "none", "--num-draft", "4", "--shutdown-grace", "2"]) == 0
+    opts = captured["serve"]
+    assert (opts.host, opts.port, opts.queue, opts.max_tokens, opts.temperature, opts.api_key) == \
+           ("127.0.0.1", 9001, 3, 64, 0.5, None)
+    assert opts.shutdown_grace == 2
+    assert captured["load"][1] == {"drafter": "none", "num_draft": 4}
+
+
+def test_api_key_comes_from_the_environment_when_not_given(captured, monkeypatch):
+    monkeypatch.setenv("MLXSPEC_API_KEY", "from-env")
+    assert main(["serve"]) == 0 and captured["serve"].api_key == "from-env"
+
+
+@pytest.mark.parametrize("argv", [["--queue", "-1"], ["--port", "70000"], ["--max-tokens", "0"]])
+def test_bad_flags_fail_with_what_is_allowed(captured, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["serve", *argv])
+    assert e.value.code == 2 and argv[0] in capsys.readouterr().err
+
+
+def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, capsys):
+    assert "--api-key" in bind_warning("0.0.0.0", None)
+    assert "--api-key" in bind_warning("192.168.1.5", None)
+    assert bind_warning("0.0.0.0", "key") is None
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        assert bind_warning(host, None) is None
+    stub = types.SimpleNamespace(run=lambda: None, started=True,
+                                 mlxspec=types.SimpleNamespace(queue=types.SimpleNamespace(stop=lambda: None)))
+    monkeypatch.setattr(server_module, "build_server", lambda engine, options: stub)
+    assert server_module.serve("engine", ServeOptions(host="0.0.0.0")) == 0
+    assert "warning: serving on 0.0.0.0 without --api-key" in capsys.readouterr().err

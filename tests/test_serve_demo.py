@@ -1,0 +1,59 @@
+"""`mlxspec serve` as a user runs it: the real command on the demo pair, offline, the openai client, Ctrl-C."""
+
+import signal
+
+import httpx
+import pytest
+
+from mlxspec.loading import demo
+from serve_helpers import TIMEOUT, free_port, openai_client, server_process, stop_process
+
+pytestmark = [pytest.mark.demo,
+              pytest.mark.skipif(not demo.is_cached(), reason="demo GGUF not in the cache; run `mlxspec pull demo`")]
+
+QUESTION = [{"role": "user", "content": "Write a python function that adds two numbers."}]
+
+
+@pytest.fixture(scope="module")
+def demo_server():
+    port = free_port()
+    proc = server_process(["-m", "mlxspec", "serve", "--port", str(port), "--queue", "4"], port, timeout=180,
+                          HF_HUB_OFFLINE="1")
+    try:
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            stop_process(proc)
+
+
+def test_demo_pair_answers_the_openai_client_with_figures_and_reuses_the_conversation(demo_server):
+    url, _ = demo_server
+    client = openai_client(url)
+    assert [m.id for m in client.models.list().data] == ["demo"]
+    r1 = client.chat.completions.create(model="demo", messages=QUESTION, max_tokens=16)
+    assert "def " in r1.choices[0].message.content and r1.model == "demo"
+    figures = r1.model_extra["mlxspec"]
+    assert figures["drafter"] == "ngram" and figures["tokens_per_second"] > 0
+    assert figures["tokens_per_target_pass"] >= 1 and 0 <= figures["acceptance_rate"] <= 1
+
+    turn2 = QUESTION + [{"role": "assistant", "content": r1.choices[0].message.content},
+                        {"role": "user", "content": "Now make it subtract."}]
+    chunks = list(client.chat.completions.create(model="demo", messages=turn2, max_tokens=4, stream=True,
+                                                 stream_options={"include_usage": True}))
+    usage = chunks[-1].usage
+    # Turn 2 prefills only what is new: turn 1's prompt and answer come from the cache (all but the
+    # answer's last token, which the model generated but never read).
+    assert usage.prompt_tokens_details.cached_tokens == r1.usage.prompt_tokens + r1.usage.completion_tokens - 1
+    assert chunks[-1].model_extra["mlxspec"]["prefilled_tokens"] < usage.prompt_tokens / 2
+    assert chunks[-2].model_extra["mlxspec"]["drafter"] == "ngram"
+
+
+def test_demo_server_exits_0_on_ctrl_c(demo_server):
+    url, proc = demo_server
+    proc.send_signal(signal.SIGINT)
+    log = stop_process(proc)
+    assert proc.returncode == 0, log
+    assert "Traceback" not in log
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health", timeout=TIMEOUT)

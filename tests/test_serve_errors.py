@@ -1,0 +1,220 @@
+"""Bad input never crashes or hangs the server: every refusal is an OpenAI error object with a status."""
+
+import json
+
+import httpx
+import pytest
+
+from serve_helpers import TIMEOUT, GatedEngine, iter_sse, openai_client, poisonable_engine, running_server
+
+HI = [{"role": "user", "content": "hi"}]
+LIMIT = 64 * 1024  # --max-body-size of the test server
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = poisonable_engine()
+    with running_server(engine, model_id="tiny", max_body_size=LIMIT) as (url, _):
+        yield url, engine
+
+
+def post(url, path, body=None, *, content=None, headers=None):
+    return httpx.post(f"{url}{path}", json=body, content=content, headers=headers, timeout=TIMEOUT)
+
+
+def assert_error(r, status, *, param=None, code=None, says=None):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"] and "Traceback" not in err["message"]
+    assert err["type"] == ("server_error" if status >= 500 else "invalid_request_error")
+    if param is not None:
+        assert err["param"] == param
+    if code is not None:
+        assert err["code"] == code
+    if says is not None:
+        assert says in err["message"]
+    return err
+
+
+CHAT_CASES = [
+    ({"messages": HI, "temperature": "hot"}, "temperature", "finite number"),
+    ({"messages": HI, "temperature": -1}, "temperature", ">= 0"),
+    ({"messages": HI, "temperature": True}, "temperature", "number"),
+    ({"messages": HI, "top_p": 0}, "top_p", "(0, 1]"),
+    ({"messages": HI, "top_k": 1.5}, "top_k", "integer"),
+    ({"messages": HI, "min_p": 1}, "min_p", "[0, 1)"),
+    ({"messages": HI, "max_tokens": 0}, "max_tokens", ">= 1"),
+    ({"messages": HI, "max_tokens": "10"}, "max_tokens", "integer"),
+    ({"messages": HI, "max_completion_tokens": -5}, "max_completion_tokens", ">= 1"),
+    ({"messages": HI, "seed": -1}, "seed", ">= 0"),
+    ({"messages": HI, "seed": "abc"}, "seed", "integer"),
+    ({"messages": HI, "seed": 2**64}, "seed", "2**64"),
+    ({"messages": HI, "stream": "yes"}, "stream", "true or false"),
+    ({"messages": HI, "stream": True, "stream_options": []}, "stream_options", "object"),
+    ({"messages": HI, "stop": 5}, "stop", "string or a list of strings"),
+    ({"messages": HI, "stop": ["ok", 1]}, "stop", "string or a list of strings"),
+    ({"messages": HI, "stop": [str(i) for i in range(17)]}, "stop", "at most 16"),
+    ({"messages": HI, "speculative": "no"}, "speculative", "true or false"),
+    ({"messages": HI, "num_draft": 99}, "num_draft", "[0, 32]"),
+    ({"messages": HI, "model": 5}, "model", "string"),
+    ({}, "messages", "required"),
+    ({"messages": "hi"}, "messages", "list"),
+    ({"messages": []}, "messages", "empty"),
+    ({"messages": ["hi"]}, "messages[0]", "object"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "system, user, assistant"),
+    ({"messages": [{"content": "hi"}]}, "messages[0].role", "got None"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "string"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "string"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0]", "only text"),
+]
+UNSUPPORTED = [
+    ({"messages": HI, "n": 2}, "n"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": HI, "tool_choice": "auto"}, "tool_choice"),
+    ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "a"}]}, "messages[0]"),
+    ({"messages": HI, "logprobs": True}, "logprobs"),
+    ({"messages": HI, "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": HI, "presence_penalty": 0.5}, "presence_penalty"),
+    ({"messages": HI, "logit_bias": {"5": 1}}, "logit_bias"),
+    ({"messages": HI, "response_format": {"type": "json_object"}}, "response_format"),
+]
+
+
+@pytest.mark.parametrize("body,param,says", CHAT_CASES)
+def test_bad_chat_fields_are_400_naming_the_field(server, body, param, says):
+    assert_error(post(server[0], "/v1/chat/completions", body), 400, param=param, says=says)
+
+
+@pytest.mark.parametrize("body,param", UNSUPPORTED)
+def test_unsupported_features_are_400_saying_so(server, body, param):
+    err = assert_error(post(server[0], "/v1/chat/completions", body), 400, param=param, code="unsupported_parameter")
+    assert "not supported" in err["message"]
+
+
+@pytest.mark.parametrize("body,param,says", [
+    ({}, "prompt", "required"),
+    ({"prompt": ""}, "prompt", "empty"),
+    ({"prompt": ["a", "b"]}, "prompt", "batches are not supported"),
+    ({"prompt": {"text": "a"}}, "prompt", "string or list of token ids"),
+    ({"prompt": "a", "logprobs": 1}, "logprobs", "not supported"),
+    ({"prompt": "a", "echo": True}, "echo", "not supported"),
+    ({"prompt": "a", "suffix": "b"}, "suffix", "not supported"),
+    ({"prompt": "a", "best_of": 3}, "best_of", "not supported"),
+])
+def test_bad_completion_fields_are_400(server, body, param, says):
+    assert_error(post(server[0], "/v1/completions", body), 400, param=param, says=says)
+
+
+def test_token_ids_outside_the_vocabulary_are_400(server):
+    assert_error(post(server[0], "/v1/completions", {"prompt": [1, 2, 10**6]}), 400, says="outside the vocabulary")
+
+
+@pytest.mark.parametrize("content,says", [
+    (b"{not json", "not valid JSON"),
+    (b"", "empty"),
+    (b"[1, 2]", "JSON object"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "NaN"),
+    (b"\xff\xfe", "not valid JSON"),
+    (b"[" * 20_000 + b"]" * 20_000, "too deeply"),
+], ids=["broken", "empty", "array", "NaN", "not-utf8", "deep"])
+def test_malformed_bodies_are_400(server, content, says):
+    r = post(server[0], "/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+    assert_error(r, 400, code="invalid_json", says=says)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 5000}]}),
+    ("/v1/completions", {"prompt": "x" * 5000}),
+])
+def test_prompt_past_the_context_is_400(server, path, body):
+    assert_error(post(server[0], path, body), 400, code="context_length_exceeded", says="context is 4096")
+
+
+def test_oversized_body_is_413(server):
+    big = {"messages": [{"role": "user", "content": "x" * (2 * LIMIT)}]}
+    assert_error(post(server[0], "/v1/chat/completions", big), 413, code="request_too_large", says=str(LIMIT))
+
+    def chunked():  # no Content-Length: the limit holds while reading
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(2 * LIMIT // 1024):
+            yield b"x" * 1024
+        yield b'"}]}'
+
+    assert_error(post(server[0], "/v1/chat/completions", content=chunked()), 413, code="request_too_large")
+
+
+def test_unknown_route_and_wrong_method_are_openai_errors(server):
+    assert_error(httpx.get(f"{server[0]}/v1/nothing", timeout=TIMEOUT), 404, says="POST /v1/chat/completions")
+    r = httpx.get(f"{server[0]}/v1/chat/completions", timeout=TIMEOUT)
+    assert_error(r, 405, says="GET is not allowed")
+
+
+def test_numerical_error_is_500_and_the_server_keeps_serving(server):
+    url, engine = server
+    body = {"messages": HI, "max_tokens": 8}
+    engine.target_model.poisoned = True
+    try:
+        assert_error(post(url, "/v1/chat/completions", body), 500, code="numerical_error", says="NaN")
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True},
+                          timeout=TIMEOUT) as r:
+            assert r.status_code == 500  # it failed before its first token: a status, not a broken stream
+    finally:
+        engine.target_model.poisoned = False
+    ok = post(url, "/v1/chat/completions", body)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] > 0
+
+
+def test_numerical_error_mid_stream_ends_it_with_an_error_event_and_the_next_request_is_clean():
+    engine = GatedEngine(poisonable_engine(), per_token_seconds=0.01)
+    body = {"messages": HI, "max_tokens": 500, "stream": True}
+    with running_server(engine) as (url, _):
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+            assert r.status_code == 200
+            events = []
+            for event in iter_sse(r):
+                events.append(event)
+                if event and event.get("choices") and event["choices"][0]["delta"].get("content"):
+                    engine.target_model.poisoned = True  # after the first text: the status is sent already
+        engine.target_model.poisoned = False
+        assert events[-1] is None  # data: [DONE]
+        err = events[-2]["error"]
+        assert err["code"] == "numerical_error" and err["type"] == "server_error" and "NaN" in err["message"]
+        assert len(events) < 100  # it stopped, far short of 500 tokens
+        after = openai_client(url).chat.completions.create(model="m", messages=HI, max_tokens=12)
+    fresh = poisonable_engine().generate(HI, max_tokens=12)
+    assert after.choices[0].message.content == fresh.text
+
+
+def test_the_server_still_answers_after_all_of_that(server):
+    r = openai_client(server[0]).chat.completions.create(model="tiny", messages=HI, max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+# -- auth ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def keyed():
+    from serve_helpers import tiny_engine
+
+    with running_server(tiny_engine(), model_id="tiny", api_key="s3cret") as (url, _):
+        yield url
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"},
+                                     {"Authorization": "Basic s3cret"}])
+def test_without_the_key_is_401(keyed, headers):
+    r = post(keyed, "/v1/chat/completions", {"messages": HI, "max_tokens": 2}, headers=headers)
+    err = assert_error(r, 401, code="invalid_api_key", says="Authorization: Bearer")
+    assert "s3cret" not in json.dumps(err) and r.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(f"{keyed}/v1/models", headers=headers, timeout=TIMEOUT).status_code == 401
+
+
+def test_with_the_key_it_answers(keyed):
+    import openai
+
+    good = openai_client(keyed, api_key="s3cret")
+    assert good.chat.completions.create(model="tiny", messages=HI, max_tokens=2).choices
+    with pytest.raises(openai.AuthenticationError):
+        openai_client(keyed, api_key="nope").models.list()
+    assert httpx.get(f"{keyed}/health", timeout=TIMEOUT).status_code == 200  # probes need no key

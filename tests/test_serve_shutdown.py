@@ -1,0 +1,76 @@
+"""SIGINT/SIGTERM: stop accepting, finish (or, past the grace period, cancel) the running stream, exit 0."""
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from serve_helpers import TIMEOUT, free_port, server_process, stop_process, wait_until
+
+TESTS = Path(__file__).resolve().parent
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+
+def start(grace: float, per_token: float):
+    port = free_port()
+    proc = server_process([str(TESTS / "serve_tiny.py"), str(port), str(grace), str(per_token)], port)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def sse_events_from(lines):
+    """The data lines of an SSE stream; None stands for [DONE]."""
+    return [None if line == "data: [DONE]" else line for line in lines if line.startswith("data: ")]
+
+
+def refused(url) -> bool:
+    try:
+        httpx.get(f"{url}/health", timeout=1)
+        return False
+    except httpx.ConnectError:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_lets_the_running_stream_finish_then_exits_0(sig):
+    proc, url = start(grace=30, per_token=0.02)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 60, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+        lines = r.iter_lines()
+        next(lines)
+        proc.send_signal(sig)
+        wait_until(lambda: refused(url), "the server stops accepting connections")
+        events = sse_events_from(lines)
+    log = stop_process(proc)
+    assert proc.returncode == 0, log
+    assert events[-1] is None and ('"finish_reason":"length"' in events[-2] or '"finish_reason":"stop"' in events[-2])
+    assert "Traceback" not in log
+
+
+def test_past_the_grace_period_the_stream_is_cancelled_and_waiting_requests_get_503():
+    proc, url = start(grace=0.5, per_token=0.05)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "stream": True}
+    waiting = {}
+
+    def second():
+        waiting["r"] = httpx.post(f"{url}/v1/completions", json={"prompt": "next", "max_tokens": 4}, timeout=TIMEOUT)
+
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+        lines = r.iter_lines()
+        next(lines)
+        t = threading.Thread(target=second, daemon=True)
+        t.start()
+        time.sleep(0.3)  # the second request is queued behind the stream
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        events = sse_events_from(lines)
+        took = time.monotonic() - t0
+    t.join(TIMEOUT)
+    log = stop_process(proc)
+    assert proc.returncode == 0, log
+    assert events[-1] is None and '"code":"shutting_down"' in events[-2], events[-3:]
+    assert took < 10  # 1000 tokens at 50 ms would take 50 s
+    assert waiting["r"].status_code == 503 and waiting["r"].json()["error"]["code"] == "shutting_down"
