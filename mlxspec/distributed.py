@@ -196,10 +196,10 @@ class _Watchdog:
             time.sleep(tick)
             deadline = self._deadline
             if deadline is not None and time.monotonic() > deadline:
-                sys.stderr.write(
+                sys.__stderr__.write(
                     f"mlxspec: error: rank {self.rank} waited more than {self.timeout:.0f} s for the other ranks "
                     f"({self._what}); one of them died or hangs. Exiting (set {TIMEOUT_ENV} to wait longer).\n")
-                sys.stderr.flush()
+                sys.__stderr__.flush()
                 os._exit(EXIT_STATUS)
 
 
