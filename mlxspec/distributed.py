@@ -94,8 +94,7 @@ class Coordinator:
         if self.is_main:
             x[:n] = values
         x[n + self.rank] = check or 0
-        out = self._wait(lambda: mx.distributed.all_sum(mx.array(x, dtype=mx.int64), group=self.group,
-                                                        stream=mx.cpu).tolist(), "a decision")
+        out = self._wait(lambda: self._all_sum(x), "a decision")
         self.decisions += 1
         self.decision_seconds += time.perf_counter() - t
         checks = [c for c in out[n:] if c]
