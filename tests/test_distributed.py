@@ -77,7 +77,8 @@ def test_seeded_sampling_is_identical_on_every_rank(ranks, drafter):
 
 
 def test_close_on_rank_zero_ends_every_rank_and_keeps_caches_aligned(ranks):
-    assert ranks[0]["closed_after"] < ranks[1]["closed_after"]  # rank 1 read on until told
+    # Rank 1 reads on to the end of the pass it is in (then learns of the close): never fewer tokens.
+    assert ranks[0]["closed_after"] <= ranks[1]["closed_after"]
     for r in ranks:
         assert r["after_close"]["tokens"] == r["after_close_reference"]
     assert ranks[0]["after_close"] == ranks[1]["after_close"]
@@ -90,8 +91,12 @@ def test_differing_weights_and_diverging_drafts_raise_on_every_rank(ranks):
         assert "diverged" in r["diverged"]
 
 
-@pytest.mark.parametrize("scenario, message", [("die", "lost the other ranks"), ("hang", "waited more than")])
-def test_a_dead_or_hung_rank_ends_rank_zero_with_an_error(tmp_path, scenario, message):
+# mlx.launch stops the other ranks once one exits, sometimes before rank 0 has printed its own
+# error: the ring's report of the lost peer (which rank 0 turns into that error) also counts.
+@pytest.mark.parametrize("scenario, messages", [("die", ("lost the other ranks", "connection to a peer was lost")),
+                                                ("hang", ("waited more than",))])
+def test_a_dead_or_hung_rank_ends_rank_zero_with_an_error(tmp_path, scenario, messages):
     proc, seconds = _launch(tmp_path, scenario, env={"MLXSPEC_DISTRIBUTED_TIMEOUT": str(WATCHDOG_SECONDS)})
-    assert message in proc.stderr, proc.stderr[-3000:]
+    assert any(m in proc.stderr for m in messages), proc.stderr[-3000:]
+    assert not (tmp_path / "rank0.json").exists()
     assert seconds < LAUNCH_TIMEOUT
