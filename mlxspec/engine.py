@@ -4,10 +4,15 @@ The engine owns the state (caches, drafters, the cost model) and checks every re
 arguments before any work; `mlxspec.loop` is the one generation loop that runs a request,
 plain or speculative. `warmup()` runs every shape once so no timed run pays first-use
 compilation (see `mlxspec.warmup`).
+
+Given an `mx.distributed` group of several ranks, the target is taken as sharded over it
+(see `mlxspec.shard`): every rank runs the same requests, rank 0's (`stream` shares each
+request from rank 0), and rank 0 makes every decision (`mlxspec.distributed`).
 """
 
 from __future__ import annotations
 
+from dataclasses import astuple
 from typing import Dict, Iterable, Iterator, Optional
 
 import mlx.core as mx
@@ -16,9 +21,10 @@ from . import kernels
 from .cache import WindowKVCache
 from .costmodel import CostModel, TargetCurve
 from .device import backend
+from .distributed import Coordinator
 from .drafters import DRAFTERS, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
-from .loop import generate
+from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, weights_bytes
 from .prompts import MAX_DRAFT, check_max_tokens, check_num_draft, check_seed, check_stop, encode_prompt
 from .sampling import SamplingParams
@@ -42,6 +48,10 @@ class Engine:
         num_draft: fixed draft length, or None/"auto" to let the cost model choose per round.
         cost_prior: V(j)/V(1) ratios to start the cost model from; default: the curve saved by
             `mlxspec calibrate` for this model on this device, if any.
+        group: an `mx.distributed.Group` the target is sharded over (see `mlxspec.shard`), or
+            None (default, one process). With several ranks every rank must call the same
+            methods in the same order (or follow rank 0 with `follow()`); rank 0's requests
+            and decisions are used on all of them.
 
     The engine is not thread-safe; one thread at a time may use it. MLX keeps per-thread
     streams: a thread that used the engine and ends should call `mx.clear_streams()`.
@@ -49,7 +59,8 @@ class Engine:
     """
 
     def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None,
-                 drafter=None, max_kv_size=None, num_draft=None, prefill_step: int = 512, cost_prior: Optional[Dict[int, float]] = None):
+                 drafter=None, max_kv_size=None, num_draft=None, prefill_step: int = 512, cost_prior: Optional[Dict[int, float]] = None,
+                 group=None):
         if drafter is None:
             drafter = "model" if draft_model is not None else "ngram"
         if drafter not in DRAFTERS:
@@ -57,6 +68,7 @@ class Engine:
         if drafter == "model" and draft_model is None:
             raise InvalidArgumentError("drafter='model' needs a draft_model; use drafter='ngram' to draft without one")
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
+        self.coord = Coordinator(group)
         self.draft_tokenizer = draft_tokenizer
         self.max_kv_size = max_kv_size
         self.num_draft = check_num_draft(num_draft)
@@ -185,6 +197,38 @@ class Engine:
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
                 f"or set max_kv_size to decode with a sliding window")
+        request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
+                       k_fixed=k_fixed, stop=stop)
+        if self.coord.active:
+            if seed is None:  # one seed for every rank: the sampled tokens must agree
+                request["seed"] = draw_seed()
+            request["params"] = astuple(params)
+            return self._shared(request)
+        return self._run(**request)
+
+    def follow(self) -> int:
+        """Run rank 0's requests until it calls `release()` (ranks other than 0, e.g. behind a server).
+
+        Returns the number of requests run. Rank 0 calls `stream`/`generate` as usual.
+        """
+        count = 0
+        while (request := self.coord.share(None)) is not None:
+            for _ in self._run(**dict(request, params=SamplingParams(*request["params"]))):
+                pass
+            count += 1
+        return count
+
+    def release(self) -> None:
+        """Rank 0: end the other ranks' `follow()`. A no-op in a single process."""
+        if self.coord.active and self.coord.is_main:
+            self.coord.share(None)
+
+    def _shared(self, request: dict) -> Iterator[TokenEvent]:
+        # Lazily, like `generate`: the request is shared when iteration starts, on every rank alike.
+        request = self.coord.share(request)
+        yield from self._run(**dict(request, params=SamplingParams(*request["params"])))
+
+    def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop) -> Iterator[TokenEvent]:
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
                                 kernels=kernels.backend_name(), target_weights_bytes=self.target_weights_bytes,
                                 draft_weights_bytes=self.draft_weights_bytes if name == "model" else 0)

@@ -16,6 +16,12 @@ the token arrives, a free acceptance probe.
 A pass that the end of generation makes useless (EOS, a stop string, a closed stream) is
 rolled back from the caches, which therefore always hold exactly the committed tokens
 between requests.
+
+With the target sharded over several ranks (`engine.coord.active`), rank 0 decides for all
+after every read (`agree`, one small collective, see `mlxspec.distributed`): the next
+draft's length, or that it has ended the request (a stop string, a closed stream), which
+the other ranks then undo their last pass to match. The decision must wait for no pass in
+flight, so plain steps are not chained there.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Iterator, List, Optional
 
 import mlx.core as mx
 
+from .distributed import history_hash
 from .drafters import Draft
 from .errors import NumericalError
 from .prompts import MAX_DRAFT
@@ -39,6 +46,13 @@ def draw_seed() -> int:
     return int(mx.random.randint(0, 1 << 31, shape=()).item())
 
 
+def forget_drafts(engine) -> None:
+    """Reset the drafters: ranks that ended a request at different points fed them differently,
+    and drafts must stay identical on every rank."""
+    for d in engine.drafters.values():
+        d.reset()
+
+
 def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
              k_fixed: Optional[int], stop: List[str], stats: GenerationStats) -> Iterator[TokenEvent]:
     target = engine.target
@@ -47,13 +61,16 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     text = TextAssembler(engine.tokenizer, stop)
     seed = draw_seed() if seed is None else seed
     context = engine.context
+    coord = engine.coord
+    dist = coord.active
+    read_pass = coord.watched(read)
     clock = time.perf_counter
     engine.last_stats = stats
     mx.reset_peak_memory()
 
     t0 = clock()
     todo = target.sync(ids)
-    target.prefill(todo[:-1])
+    coord.watched(target.prefill)(todo[:-1])
     if hasattr(drafter, "prefill"):
         drafter.prefill(ids)
     stats.prefilled_tokens = len(todo)
@@ -62,6 +79,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
 
     hist = list(ids)
     committed = 0  # tokens generated and committed (emitted or about to be)
+    talking = dist  # other ranks run this request: an end they cannot see coming must be told
+    checked = [0, 0]  # (hash of hist[:upto], upto): every rank's history is compared at each decision
 
     def room() -> int:
         r = max_tokens - committed
@@ -83,23 +102,35 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         k = cost.choose(len(proposal) - 1, kind=proposal.kind) if len(proposal) > 1 else 0
         return k == 0, ((proposal.tokens[0], proposal.kind) if k == 0 else None), 0
 
-    def enqueue(model_k: Optional[int] = None) -> Pass:
-        """The next pass, decided on the exact committed history."""
+    def plan(model_k: Optional[int] = None) -> tuple:
+        """(k, proposal or None, shadow) of the next pass, decided on the exact committed history."""
         k_cap = min(room() - 1, MAX_DRAFT)
-        shadow = None
         if name == "none" or k_cap <= 0:
-            draft = Draft([])
-        elif k_fixed is not None:
-            draft = drafter.propose(hist, min(k_fixed, k_cap), params, seed)
-        elif drafter.uses_model:
-            k = min(model_k, k_cap) if model_k else cost.choose(k_cap)
-            draft = drafter.propose(hist, k, params, seed) if k else Draft([])
-        else:
-            proposal = drafter.propose(hist, k_cap, params, seed)
-            k = cost.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
+            return 0, None, None
+        if k_fixed is not None:
+            return min(k_fixed, k_cap), None, None
+        if drafter.uses_model:
+            return (min(model_k, k_cap) if model_k else cost.choose(k_cap)), None, None
+        proposal = drafter.propose(hist, k_cap, params, seed)
+        k = cost.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
+        return k, proposal, ((proposal.tokens[0], proposal.kind) if len(proposal) and not k else None)
+
+    def agree(step: tuple) -> Optional[tuple]:
+        """Rank 0's step on every rank, or None when rank 0 has ended the request."""
+        nonlocal talking
+        checked[:] = history_hash(hist[checked[1]:], checked[0]), len(hist)
+        stop, k = coord.decide([0, step[0]], check=checked[0])
+        if stop:
+            talking = False
+            return None
+        return (k, *step[1:])
+
+    def enqueue(step: tuple) -> Pass:
+        k, proposal, shadow = step
+        if proposal is not None:
             draft = Draft(proposal.tokens[:k], None, proposal.kind)
-            if len(proposal) and not k:
-                shadow = (proposal.tokens[0], proposal.kind)
+        else:  # a model drafts the same tokens on every rank: same history, same seed
+            draft = drafter.propose(hist, k, params, seed) if k else Draft([])
         if not len(draft):
             p = plain_step(target, hist[-1], params, seed, len(hist))
         else:
@@ -110,13 +141,14 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     consumer = 0.0  # seconds spent outside the generator (the consumer's), excluded from every timing
     t_read, consumer_at_read = clock(), 0.0
     t_resume = t_read
-    pending: Optional[Pass] = enqueue()
+    step = agree(plan()) if dist else plan()
+    pending: Optional[Pass] = enqueue(step) if step else None
     try:
-        while True:
+        while pending is not None:
             nxt = None
             model_k = None
             guess = pending.shadow  # a proposal's guess of the token pending will give
-            if pending.k == 0 and room() >= 2:
+            if pending.k == 0 and room() >= 2 and not dist:
                 chain, early_guess, model_k = decide_early()
                 guess = early_guess or guess
                 if chain:
@@ -124,7 +156,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                     nxt.pipelined = True
 
             t_wait = clock()
-            new, n, finite, drafts = read(pending)
+            new, n, finite, drafts = read_pass(pending)
             now = clock()
             stats.wait_seconds += now - t_wait
             if not finite:
@@ -158,6 +190,12 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 cost.observe_acceptance(1, float(guess[0] == new[0]), guess[1])
             stats.record_round(pending.k, n)
             done = pending
+            if dist:
+                step = agree(plan(model_k))
+                if step is None:  # rank 0 ended the request before this pass: undo it as rank 0 did
+                    target.rollback(len(new))
+                    forget_drafts(engine)
+                    return
 
             # The end, known from the tokens alone: EOS, max_tokens, the context.
             finish = None
@@ -167,11 +205,12 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             elif room() <= 0:
                 finish = "length"
             if finish:
+                talking = False  # every rank ends here: the tokens say so
                 if nxt is not None:
                     target.rollback(nxt.fed)
                 pending = None
             else:
-                pending = nxt if nxt is not None else enqueue(model_k)
+                pending = nxt if nxt is not None else enqueue(step if dist else plan(model_k))
 
             # The work that can wait, while the device computes the next pass.
             for i, tok in enumerate(new):
@@ -199,4 +238,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     finally:
         if pending is not None:  # abandoned mid-round: the in-flight pass never happened
             target.rollback(pending.fed)
+        if talking and not coord.broken:  # ended here (stop string, closed stream, error): tell the others
+            coord.decide([1, 0])
+            forget_drafts(engine)
         engine.finish_stats(stats, name)

@@ -13,7 +13,7 @@ import argparse
 
 from ..errors import InvalidArgumentError
 from . import argtypes
-from .modelargs import add_model_args
+from .modelargs import add_distributed_arg, add_model_args
 
 DEFAULT_MAX_TOKENS = 64
 
@@ -22,6 +22,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure whether speculation pays on this machine",
                               description=__doc__.split("\n\n")[0])
     add_model_args(p)
+    add_distributed_arg(p)
     p.add_argument("--prompts", metavar="FILE.jsonl", help="your own suite: one JSON object per line with "
                    "'prompt' and optional 'id', 'category' (default: the builtin suite)")
     p.add_argument("--full", action="store_true", help="all 24 builtin prompts (default: 8 covering every category; a --prompts file always runs in full)")
@@ -89,6 +90,10 @@ def run(args) -> int:
     err = Console(stderr=True)
     with err.status("loading models"):
         engine = modelargs.load_engine(args)
+    if modelargs.is_distributed(engine):
+        modelargs.quiet_unless_main(engine, args)
+        err = Console(stderr=True)  # rebound to the (possibly silenced) stderr
+        args.no_peer = True  # mlx-lm's loop decides on each rank alone: its passes would not line up
     code = bench_engine(engine, prompts, args, temps=temps, ks=ks, drafters=drafters, err=err,
                         out=report_console(), prompts_source=args.prompts or "builtin")
     return code
@@ -127,10 +132,12 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     from ..bench.report import mismatch_line, pair_info, print_report, to_json, write_csv, write_json
     from ..bench.runner import run_bench, settings_for
     from ..calibration import apply_prior, calibration_path, curve_for
+    from .modelargs import is_distributed
 
     settings = settings_for(engine, drafters=drafters, num_drafts=ks, peer=not args.no_peer)
     with err.status("verify-cost curve"):
-        ratios, source = curve_for(engine)
+        # Ranks must run the same passes: several ranks use a saved curve or none, never a per-rank measurement.
+        ratios, source = curve_for(engine, measure=not is_distributed(engine))
     apply_prior(engine, ratios)
     err.print(f"verify-cost curve: {source}" + (f" ({calibration_path()})" if source == "calibration file" else
                                                 " (run `mlxspec calibrate` to save a finer one)" if ratios else ""))

@@ -7,6 +7,7 @@ import json
 import sys
 
 from .argtypes import num_draft
+from .modelargs import add_distributed_arg, quiet_unless_main
 
 
 def register(subparsers) -> None:
@@ -47,15 +48,18 @@ def register(subparsers) -> None:
                    help="weights precision: keep quantized or dequantize (default: auto, per device)")
     p.add_argument("--no-chat-template", action="store_true", help="send PROMPT as raw text, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
+    add_distributed_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..loading import load
 
-    prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     engine = load(args.target or args.pair or "demo", args.draft, dtype=args.dtype, drafter=args.drafter,
-                  max_kv_size=args.max_kv_size, num_draft=args.num_draft)
+                  max_kv_size=args.max_kv_size, num_draft=args.num_draft, distributed=args.distributed)
+    main = quiet_unless_main(engine)
+    # The other ranks run rank 0's request (the engine shares it): they need no prompt of their own.
+    prompt_text = (sys.stdin.read() if args.prompt == "-" else args.prompt) if main else "."
     prompt = prompt_text if args.no_chat_template else [{"role": "user", "content": prompt_text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft)

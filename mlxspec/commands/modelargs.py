@@ -1,4 +1,4 @@
-"""Model-choosing options shared by `bench` and `calibrate` (not a command itself)."""
+"""Model-choosing options shared by the commands that load models (not a command itself)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,38 @@ def add_model_args(p) -> None:
     p.add_argument("--max-kv-size", type=int, default=None, metavar="W", help="KV window in tokens (default: unbounded)")
 
 
+def add_distributed_arg(p) -> None:
+    """`--distributed`: for `generate`, `bench` and `serve` (see `quiet_unless_main`)."""
+    p.add_argument("--distributed", action="store_true",
+                   help="shard the target over the ranks started by `mlx.launch` (e.g. `mlx.launch --hosts "
+                        "mac1,mac2 -- mlxspec ... --distributed`; `--backend ring -n 2` on one machine); "
+                        "every rank runs the command, only rank 0 prints or writes files")
+
+
+def is_distributed(engine) -> bool:
+    """The engine's target is sharded over several ranks."""
+    return bool(getattr(getattr(engine, "coord", None), "active", False))
+
+
+def quiet_unless_main(engine, args=None) -> bool:
+    """On ranks other than 0, silence stdout/stderr and drop output files; True on rank 0.
+
+    The other ranks run the same command in lockstep (every target pass is collective); their
+    output would repeat rank 0's. The watchdog and fatal errors still reach the real stderr.
+    """
+    coord = getattr(engine, "coord", None)
+    if coord is None or coord.is_main:
+        return True
+    import os
+    import sys
+
+    sys.stdout = sys.stderr = open(os.devnull, "w")
+    for name in ("json", "csv", "plot"):
+        if args is not None and getattr(args, name, None):
+            setattr(args, name, None)
+    return False
+
+
 def load_engine(args, **kw):
     """`mlxspec.load` for the parsed options; the loader is imported only here (it pulls in MLX)."""
     if args.pair and args.target:
@@ -23,4 +55,5 @@ def load_engine(args, **kw):
     import mlxspec
 
     ref = args.pair or args.target or DEFAULT_PAIR
+    kw.setdefault("distributed", getattr(args, "distributed", False))
     return mlxspec.load(ref, args.draft, dtype=args.dtype, max_kv_size=args.max_kv_size, **kw)

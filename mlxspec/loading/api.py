@@ -18,7 +18,7 @@ KV_TOKENS_FOR_WARNING = 4096  # tokens of KV counted in the memory check when ma
 
 
 def load(target: str, draft: str | None = None, *, dtype: str | None = None, drafter=None,
-         max_kv_size: int | None = None, num_draft=None, **kw):
+         max_kv_size: int | None = None, num_draft=None, distributed: bool = False, **kw):
     """Load a target (and a draft) and return a ready `mlxspec.engine.Engine`.
 
     Args:
@@ -32,6 +32,12 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             "none" when the draft says so; otherwise the engine drafts with the draft model).
         max_kv_size: KV window passed to the engine. Default: None (grow without bound).
         num_draft: passed to the engine ("auto", an int or None). Default: None.
+        distributed: join the `mx.distributed` group this process was launched in (`mlx.launch`)
+            and shard the target over it (tensor-parallel or pipeline, see `mlxspec.shard`); the
+            draft is loaded whole on every rank. Every rank must then make the same calls (or
+            follow rank 0 with `Engine.follow()`); only rank 0 should print or serve. In a
+            process not launched that way the group has one rank and nothing is sharded.
+            Default: False.
         **kw: `download` (bool, default True) -- fetch models that are not cached.
 
     Returns:
@@ -39,7 +45,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         `pair_name` (str or None).
 
     Raises:
-        ModelNotFoundError, IncompatibleModelsError, InvalidArgumentError, MlxSpecError.
+        ModelNotFoundError, IncompatibleModelsError, InvalidArgumentError, MlxSpecError
+        (DistributedError when the ranks' weights or tokenizers differ, or one failed to load).
     """
     from ..compat import check_tokenizers
 
@@ -63,17 +70,30 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     if drafter is None and pair and pair.drafter:
         drafter = pair.drafter  # the pair's default; its draft model stays loaded and selectable
 
-    target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download)
-    draft_model = draft_tokenizer = draft_info = None
-    if draft_ref is not None:
-        draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download)
+    group = None
+    if distributed:
+        from ..distributed import init_group
+
+        group = init_group()
+    if group is not None and group.size() > 1:
+        from .sharded import load_sharded
+
+        target_model, tokenizer, target_info, draft_model, draft_tokenizer, draft_info = load_sharded(
+            target_ref, draft_ref, group=group, dtype=dtype, download=download)
+    else:
+        group = None
+        target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download)
+        draft_model = draft_tokenizer = draft_info = None
+        if draft_ref is not None:
+            draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download)
+    if draft_model is not None:
         check_tokenizers(tokenizer, draft_tokenizer)
     _report_memory(target_info, draft_info, max_kv_size)
 
     from ..engine import Engine
 
     engine = Engine(target_model, tokenizer, draft_model, draft_tokenizer=draft_tokenizer, drafter=drafter,
-                    max_kv_size=max_kv_size, num_draft=num_draft)
+                    max_kv_size=max_kv_size, num_draft=num_draft, **({"group": group} if group else {}))
     engine.target_info = target_info
     engine.draft_info = draft_info
     engine.pair_name = pair.name if pair else None

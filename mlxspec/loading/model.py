@@ -29,9 +29,10 @@ class ModelInfo:
     vocab_size: int | None  # logit width
     context_length: int | None  # trained context, tokens
     kv_bytes_per_token: int | None  # KV cache bytes one token costs (all layers), as loaded
+    sharding: str = "none"  # how the model is split over distributed ranks (see mlxspec.shard)
 
 
-def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = True):
+def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = True, lazy: bool = False):
     """Resolve `ref` (see `mlxspec.loading.resolve`) and load model + tokenizer.
 
     Args:
@@ -39,6 +40,8 @@ def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = Tr
         dtype: None/"auto", "quantized", "bfloat16", "float16" or "float32"
             (see `mlxspec.loading.precision`). Default: None (the backend's default).
         download: fetch what is not cached. Default: True.
+        lazy: leave an MLX folder's weights unread until evaluated (so a shard reads only its
+            part). Default: False.
 
     Returns:
         `(model, tokenizer, info)`: an mlx-lm model, an mlx-lm `TokenizerWrapper`, a `ModelInfo`.
@@ -50,7 +53,7 @@ def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = Tr
     if res.format == "gguf":
         model, tokenizer, quant, context = _load_gguf(res)
     else:
-        model, tokenizer, quant, context = _load_mlx(res)
+        model, tokenizer, quant, context = _load_mlx(res, lazy=lazy)
     applied = apply_dtype(model, dtype)
     info = ModelInfo(
         ref=str(ref), source=res.source, format=res.format, path=str(res.path), quantization=quant,
@@ -73,12 +76,12 @@ def _load_gguf(res: Resolved):
     return model, tokenizer, f"GGUF {main}" + (f" ({odd})" if odd else ""), model.args.max_position_embeddings
 
 
-def _load_mlx(res: Resolved):
+def _load_mlx(res: Resolved, *, lazy: bool = False):
     from mlx_lm.utils import load_model as mlx_load_model
     from mlx_lm.utils import load_tokenizer
 
     try:
-        model, config = mlx_load_model(res.path)
+        model, config = mlx_load_model(res.path, lazy=lazy)
         tokenizer = load_tokenizer(res.path, eos_token_ids=config.get("eos_token_id"))
     except (RuntimeError, ValueError, KeyError, OSError, json.JSONDecodeError) as e:
         raise MlxSpecError(f"cannot load the model in {res.path}: {type(e).__name__}: {e}") from e

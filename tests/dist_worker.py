@@ -1,0 +1,146 @@
+"""One rank's side of tests/test_distributed.py, run under `mlx.launch --backend ring -n 2`.
+
+Every rank builds the same tiny models (fixed seeds), shards the target over the group,
+runs the same requests, and writes what it saw to OUT_DIR/rank<r>.json; the test compares
+the files. Rank 1 is made slow on purpose (its drafters sleep), so its own cost model
+would pick other draft lengths than rank 0's: only coordination keeps the passes aligned.
+
+    python tests/dist_worker.py OUT_DIR [scenario]
+
+Scenarios: "main" (default), "die" and "hang" (rank 1 exits, or stops responding, in the
+middle of a request; rank 0 must end with an error, not hang).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny import make_llama, make_tokenizer  # noqa: E402
+
+from mlxspec import Engine  # noqa: E402
+from mlxspec.distributed import Coordinator, DistributedError  # noqa: E402
+from mlxspec.loading.fingerprint import model_fingerprint  # noqa: E402
+from mlxspec.shard import shard_model  # noqa: E402
+
+SLOW_SECONDS = 0.004  # rank 1's extra host time per proposal
+PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"
+MAX_TOKENS = 24
+
+
+def varied(layers: int = 2):
+    """A tiny llama whose greedy output varies (random tiny models repeat one token): weaker
+    embeddings, stronger residual branches. With layers=1 it is the 2-layer one's first half
+    (same seed), a draft that agrees often but not always."""
+    model = make_llama(0, layers=layers)
+    for layer in model.model.layers:
+        layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * 8
+        layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * 8
+    model.model.embed_tokens.weight = model.model.embed_tokens.weight * 0.1
+    mx.eval(model.parameters())
+    return model
+
+
+def slow_down(engine, seconds: float) -> None:
+    """Make every proposal on this rank slower (uneven per-rank timings)."""
+    for d in engine.drafters.values():
+        propose = d.propose
+
+        def slow(*args, _propose=propose, **kwargs):
+            time.sleep(seconds)
+            return _propose(*args, **kwargs)
+
+        d.propose = slow
+
+
+def record(result) -> dict:
+    s = result.stats
+    return {"tokens": result.tokens, "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
+            "k_histogram": {str(k): v for k, v in sorted(s.k_histogram.items())}}
+
+
+def main(out_dir: Path, scenario: str) -> None:
+    group = mx.distributed.init()
+    rank = group.rank()
+    tok = make_tokenizer()
+    target = varied()
+    how = shard_model(target, group)
+    if scenario != "main":
+        engine = Engine(target, tok, group=group)
+    else:
+        draft = varied(layers=1)
+        reference = Engine(varied(), tok)  # unsharded, this process only
+        engine = Engine(target, tok, draft, draft_tokenizer=tok, group=group)
+    if rank == 1:
+        slow_down(engine, SLOW_SECONDS)
+    out = {"rank": rank, "size": group.size(), "sharding": how}
+
+    if scenario in ("die", "hang"):
+        events = engine.stream(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram")
+        for i, _ in enumerate(events):
+            if rank == 1 and i == 3:
+                if scenario == "die":
+                    os._exit(7)  # a rank that dies mid-request
+                time.sleep(3600)  # a rank that hangs mid-request
+        return
+
+    # Greedy, automatic k, both drafters: equal to the unsharded target, same decisions on every rank.
+    want = reference.generate(PROMPT, max_tokens=MAX_TOKENS, speculative=False).tokens
+    out["reference"] = want
+    for name in ("ngram", "model"):
+        out[f"greedy_{name}"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter=name))
+
+    # Seeded sampling: the same tokens on every rank (compared by the test).
+    for name in ("ngram", "model"):
+        out[f"sampled_{name}"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter=name,
+                                                        temperature=0.9, seed=11))
+
+    # Rank 0's consumer closes the stream early; rank 1 reads on. Both must end together and
+    # leave the same caches: the next request still equals the reference.
+    events = engine.stream(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram")
+    seen = 0
+    for _ in events:
+        seen += 1
+        if rank == 0 and seen == 5:
+            events.close()
+            break
+    out["closed_after"] = seen
+    out["after_close"] = record(engine.generate(PROMPT + "    ", max_tokens=MAX_TOKENS, drafter="model"))
+    out["after_close_reference"] = reference.generate(PROMPT + "    ", max_tokens=MAX_TOKENS,
+                                                      speculative=False).tokens
+
+    # Weights that differ between ranks are found at load (fingerprints), on every rank.
+    try:
+        Coordinator(group).agree({"target weights": model_fingerprint(make_llama(rank))})
+        out["agree_differing"] = "no error"
+    except DistributedError as e:
+        out["agree_differing"] = str(e)
+
+    # Drafts that differ between ranks (a broken replica) are caught by the history check.
+    if rank == 1:
+        ngram = engine.drafters["ngram"]
+        inner = ngram.propose
+
+        def wrong(history, k, params=None, seed=0):
+            d = inner(history, k, params, seed)
+            d.tokens = [(t + 1) % 200 + 3 for t in d.tokens]
+            return d
+
+        ngram.propose = wrong
+    try:
+        engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram", num_draft=4)
+        out["diverged"] = "no error"
+    except DistributedError as e:
+        out["diverged"] = str(e)
+    out["decisions"] = engine.coord.decisions
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "main")

@@ -1,0 +1,102 @@
+"""A target sharded over two local ranks (`mlx.launch --backend ring -n 2`), in CI.
+
+`dist_worker.py` runs on each rank; here we launch it (bounded by a timeout) and compare
+what the ranks saw: greedy output equal to the unsharded target with the n-gram and the
+model drafter under automatic k while rank 1 is deliberately slower, identical decisions
+(rounds, drafted, accepted, draft lengths) on every rank, identical seeded samples, an
+early close on rank 0 only, and errors (not hangs) for differing weights, diverging
+drafts, a dead rank and a hung rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).resolve().parent / "dist_worker.py"
+LAUNCH_TIMEOUT = 240  # seconds; a hang must fail the test, not stall CI
+WATCHDOG_SECONDS = 4
+
+
+def _launcher():
+    exe = Path(sys.executable).parent / "mlx.launch"
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("mlx.launch")
+    return [found] if found else None
+
+
+def _launch(out_dir: Path, scenario: str, *, env=None):
+    launcher = _launcher()
+    if launcher is None:
+        pytest.skip("mlx.launch is not installed")
+    cmd = [*launcher, "--backend", "ring", "-n", "2", "--", sys.executable, str(WORKER), str(out_dir), scenario]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
+                          env={**os.environ, **(env or {})})
+    return proc, time.perf_counter() - t
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    proc, _ = _launch(out, "main")
+    files = [out / f"rank{r}.json" for r in (0, 1)]
+    if not all(f.exists() for f in files):
+        pytest.fail(f"a rank wrote no results:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return [json.loads(f.read_text()) for f in files]
+
+
+def test_two_ranks_shard_the_target(ranks):
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["size"] == 2 and r["sharding"] == "tensor" for r in ranks)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_greedy_equals_unsharded_with_identical_decisions(ranks, drafter):
+    runs = [r[f"greedy_{drafter}"] for r in ranks]
+    for r, run in zip(ranks, runs):
+        assert run["tokens"] == r["reference"]
+    # Rank 1 is slower, so its own cost model would choose other lengths: the decisions are rank 0's.
+    assert runs[0] == runs[1]
+    assert runs[0]["drafted"] > 0  # speculation actually ran
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_seeded_sampling_is_identical_on_every_rank(ranks, drafter):
+    a, b = (r[f"sampled_{drafter}"] for r in ranks)
+    assert a == b
+    assert len(set(a["tokens"])) > 1
+
+
+def test_close_on_rank_zero_ends_every_rank_and_keeps_caches_aligned(ranks):
+    # Rank 1 reads on to the end of the pass it is in (then learns of the close): never fewer tokens.
+    assert ranks[0]["closed_after"] <= ranks[1]["closed_after"]
+    for r in ranks:
+        assert r["after_close"]["tokens"] == r["after_close_reference"]
+    assert ranks[0]["after_close"] == ranks[1]["after_close"]
+    assert ranks[0]["decisions"] == ranks[1]["decisions"]
+
+
+def test_differing_weights_and_diverging_drafts_raise_on_every_rank(ranks):
+    for r in ranks:
+        assert "target weights differ" in r["agree_differing"]
+        assert "diverged" in r["diverged"]
+
+
+# mlx.launch stops the other ranks once one exits, sometimes before rank 0 has printed its own
+# error: the ring's report of the lost peer (which rank 0 turns into that error) also counts.
+@pytest.mark.parametrize("scenario, messages", [("die", ("lost the other ranks", "connection to a peer was lost")),
+                                                ("hang", ("waited more than",))])
+def test_a_dead_or_hung_rank_ends_rank_zero_with_an_error(tmp_path, scenario, messages):
+    proc, seconds = _launch(tmp_path, scenario, env={"MLXSPEC_DISTRIBUTED_TIMEOUT": str(WATCHDOG_SECONDS)})
+    assert any(m in proc.stderr for m in messages), proc.stderr[-3000:]
+    assert not (tmp_path / "rank0.json").exists()
+    assert seconds < LAUNCH_TIMEOUT

@@ -1,0 +1,88 @@
+"""Sharding choices and the single-process paths of the distributed helpers (no launcher needed)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx.nn.layers.distributed import AllToShardedLinear, ShardedToAllLinear
+from tiny import make_gemma3, make_llama, make_tokenizer
+
+from mlxspec.distributed import Coordinator, history_hash
+from mlxspec.errors import IncompatibleModelsError
+from mlxspec.loading.fingerprint import files_fingerprint, model_fingerprint, tokenizer_fingerprint
+from mlxspec.shard import shard_model
+
+
+class FakeGroup:
+    """Enough of `mx.distributed.Group` to build sharded layers (no collective runs)."""
+
+    def __init__(self, size: int, rank: int = 0):
+        self._size, self._rank = size, rank
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+
+def test_divisible_heads_use_mlx_lm_tensor_parallelism():
+    model = make_llama(0, heads=4, kv_heads=2)
+    assert shard_model(model, FakeGroup(2)) == "tensor"
+    attn = model.model.layers[0].self_attn
+    assert isinstance(attn.q_proj, AllToShardedLinear) and attn.n_heads == 2
+
+
+def test_indivisible_heads_shard_only_the_mlps():
+    model = make_llama(0, hidden=72, heads=9, kv_heads=3)  # SmolLM2's head layout
+    assert shard_model(model, FakeGroup(2)) == "tensor-mlp"
+    layer = model.model.layers[0]
+    assert isinstance(layer.mlp.down_proj, ShardedToAllLinear)
+    assert layer.mlp.down_proj.weight.shape[-1] == layer.mlp.gate_proj.weight.shape[0] == 72
+    assert not isinstance(layer.self_attn.q_proj, AllToShardedLinear)
+
+
+def test_a_model_that_cannot_be_sharded_is_named():
+    model = make_gemma3(0)
+    if hasattr(model, "shard") or hasattr(model.model, "pipeline"):
+        pytest.skip("this mlx-lm shards gemma3_text")
+    with pytest.raises(IncompatibleModelsError, match="gemma3"):
+        shard_model(model, FakeGroup(2))
+
+
+def test_one_rank_shards_nothing():
+    model = make_llama(0)
+    before = model_fingerprint(model)
+    assert shard_model(model, FakeGroup(1)) == "none"
+    assert model_fingerprint(model) == before
+
+
+def test_single_process_coordinator_is_the_identity():
+    c = Coordinator(None)
+    assert not c.active and c.is_main
+    assert c.decide([0, 7], check=123) == [0, 7]
+    request = {"ids": [1, 2], "seed": 3}
+    assert c.share(request) is request
+    assert c.watched(len) is len
+    c.agree({"weights": 1})  # nothing to compare with
+    assert c.decisions == 0
+
+
+def test_history_hash_is_rolling_and_never_zero():
+    tokens = [5, 9, 9, 2, 0]
+    assert history_hash(tokens) == history_hash(tokens[2:], history_hash(tokens[:2]))
+    assert history_hash(tokens) != history_hash(tokens[::-1])
+    assert history_hash([]) != 0
+
+
+def test_fingerprints_tell_files_models_and_tokenizers_apart(tmp_path):
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    data = bytes(range(256)) * 4096
+    a.write_bytes(data)
+    b.write_bytes(data[:-1] + b"\x00")
+    assert files_fingerprint(a) == files_fingerprint(a)
+    assert files_fingerprint(a) != files_fingerprint(b)
+    assert model_fingerprint(make_llama(0)) == model_fingerprint(make_llama(0))
+    assert model_fingerprint(make_llama(0)) != model_fingerprint(make_llama(1))
+    assert tokenizer_fingerprint(make_tokenizer()) == tokenizer_fingerprint(make_tokenizer())
+    assert 0 <= files_fingerprint(a) < 2**62
