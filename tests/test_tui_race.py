@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
+import types
 
 from mlxspec.stats import GenerationStats, TokenEvent
 from tests.tui_helpers import tiny_engine
@@ -14,12 +14,25 @@ from tui.stats_view import StatsView
 from tui.worker import TurnRequest, run_turn
 
 
+class VirtualClock:
+    """The race's clock, advanced only by the fake streams' 'compute': no test depends on the machine's load."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+CLOCK = VirtualClock()
+
+
 def fake_stream(rounds, seconds_per_round, log):
     """Rounds of (accepted drafts + 1 target token), each taking seconds_per_round of 'compute'."""
     stats = GenerationStats()
     try:
         for r, n_accepted in enumerate(rounds):
-            time.sleep(seconds_per_round)
+            CLOCK.t += seconds_per_round
             for i in range(n_accepted + 1):
                 last = r == len(rounds) - 1 and i == n_accepted
                 yield TokenEvent(0, "x", i < n_accepted, r, n_accepted, stats, "length" if last else None)
@@ -27,7 +40,10 @@ def fake_stream(rounds, seconds_per_round, log):
         log.append("closed")
 
 
-def test_interleaving_alternates_rounds_with_vanilla_catch_up():
+def test_interleaving_alternates_rounds_with_vanilla_catch_up(monkeypatch):
+    import tui.race
+
+    monkeypatch.setattr(tui.race, "time", types.SimpleNamespace(perf_counter=CLOCK))
     log = []
     spec = fake_stream([3] * 6, 0.02, log)  # 6 rounds, 4 tokens each, 20 ms per round
     van = fake_stream([0] * 24, 0.01, log)  # 24 plain steps, 10 ms each
