@@ -3,8 +3,10 @@
 The engine is not thread-safe and MLX keeps per-thread streams, so every call into the
 engine (warm-up included) happens on one long-lived worker thread; the event loop only
 submits jobs and reads their events. A job's events cross threads through a deque: the
-worker appends, and wakes the loop only when the loop is not already due to look, so a
-speculative round that yields five tokens costs one wake-up, not five.
+worker appends, and wakes the loop only when the loop is not already due to look, and at
+most once per FLUSH_SECONDS (the end of a job wakes it at once). Every wake-up takes the
+GIL from the engine's host work, so a stream's text goes out in batches of a few tokens
+rather than one write per token; the first batch goes out as soon as it exists.
 
 A waiting job can be cancelled at once (it never reaches the engine); a running one is
 cancelled between two tokens: the worker closes the engine's generator, which leaves
@@ -32,6 +34,7 @@ from .errors import APIError, shutting_down
 
 log = logging.getLogger("mlxspec.serve")
 WAITING, RUNNING, DONE = "waiting", "running", "done"
+FLUSH_SECONDS = 0.02  # a job's events reach the event loop at most this often (50 batches/s), its end at once
 
 
 @dataclass
@@ -50,15 +53,19 @@ class Job:
         self._loop = loop
         self._items: deque = deque()  # TokenEvents, then one _End; appended by the worker
         self._wake = asyncio.Event()
-        self._notified = False
+        self._notified = False  # a wake-up is on its way to the loop (the worker sets it, the loop clears it)
+        self._flush_at = 0.0  # time.monotonic() before which the worker does not wake the loop for tokens
+        self._ending = False  # the worker has put the end: nothing waits for the window any more
         self._cancel = threading.Event()
         self._cancel_error: Optional[APIError] = None
         self._end: Optional[_End] = None
 
     # -- worker side -----------------------------------------------------------------------------
     def _put(self, item) -> None:
+        end = isinstance(item, _End)
+        self._ending = self._ending or end
         self._items.append(item)  # first, so a consumer that missed the wake-up still sees it
-        if not self._notified:
+        if end or (not self._notified and time.monotonic() >= self._flush_at):
             self._notified = True
             try:
                 self._loop.call_soon_threadsafe(self._wake.set)
@@ -69,10 +76,12 @@ class Job:
     async def next_events(self) -> Optional[List[TokenEvent]]:
         """The events produced since the last call (waits for one); None once the job has ended.
 
-        Raises the engine's exception (or the APIError the job was cancelled with) after the
-        events that came before it.
+        Returns at most once per FLUSH_SECONDS while the job runs. Raises the engine's exception
+        (or the APIError the job was cancelled with) after the events that came before it.
         """
         while True:
+            if not self._ending and time.monotonic() < self._flush_at:
+                await self._wait(self._flush_at)  # let tokens gather; an end (or a wake-up) cuts it short
             self._notified = False  # before draining: an append after this point wakes us again
             events = []
             while self._items:
@@ -82,13 +91,22 @@ class Job:
                 else:
                     events.append(item)
             if events:
+                self._flush_at = time.monotonic() + FLUSH_SECONDS
                 return events
             if self._end is not None:
                 if self._end.error is not None:
                     raise self._end.error
                 return None
-            await self._wake.wait()
-            self._wake.clear()
+            await self._wait(self._flush_at)
+
+    async def _wait(self, until: float) -> None:
+        """Wait for the worker's wake-up, and at most until `until` (a time.monotonic()) if that is ahead."""
+        delay = until - time.monotonic()
+        timer = self._loop.call_later(delay, self._wake.set) if delay > 0 else None
+        await self._wake.wait()
+        self._wake.clear()
+        if timer is not None:
+            timer.cancel()
 
     def _stop(self, error: Optional[APIError]) -> None:
         """Ask the worker to stop this running job between two tokens (EngineQueue.cancel)."""

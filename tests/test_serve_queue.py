@@ -1,0 +1,69 @@
+"""The queue's hand-over of events from the worker thread to the event loop: batched, in order, ends at once."""
+
+import asyncio
+import math
+import threading
+import time
+
+from mlxspec.serve import queue as q
+from mlxspec.stats import GenerationStats, TokenEvent
+
+
+def _event(i: int) -> TokenEvent:
+    return TokenEvent(i, str(i), False, i, 0, GenerationStats())
+
+
+async def _consume(job):
+    """Every batch next_events returns, with the time it came, until the job ends."""
+    batches = []
+    while (events := await job.next_events()) is not None:
+        batches.append((time.monotonic(), [ev.token for ev in events]))
+    return batches, time.monotonic()
+
+
+def _produce(job, n: int, period: float, hold: threading.Event = None) -> None:
+    for i in range(n):
+        job._put(_event(i))
+        time.sleep(period)
+    if hold is not None:
+        hold.wait()
+    job._put(q._End(stats=GenerationStats()))
+
+
+def test_events_arrive_in_order_batched_at_most_once_per_flush_interval():
+    async def main():
+        job = q.Job("p", {}, asyncio.get_running_loop())
+        t0 = time.monotonic()
+        worker = threading.Thread(target=_produce, args=(job, 200, 0.001))
+        worker.start()
+        batches, _ = await _consume(job)
+        worker.join()
+        return batches, time.monotonic() - t0
+
+    batches, elapsed = asyncio.run(main())
+    assert [t for _, tokens in batches for t in tokens] == list(range(200))
+    assert len(batches) <= math.ceil(elapsed / q.FLUSH_SECONDS) + 1
+    gaps = [b[0] - a[0] for a, b in zip(batches, batches[1:])]
+    # The last batch came with the end, which does not wait for the window; 0.9: timer resolution.
+    assert len(gaps) >= 2 and all(gap >= q.FLUSH_SECONDS * 0.9 for gap in gaps[:-1])
+
+
+def test_the_first_tokens_and_the_end_are_not_held_back(monkeypatch):
+    monkeypatch.setattr(q, "FLUSH_SECONDS", 30.0)  # a window no test would wait out
+
+    async def main():
+        job = q.Job("p", {}, asyncio.get_running_loop())
+        hold = threading.Event()
+        worker = threading.Thread(target=_produce, args=(job, 3, 0.0, hold))
+        worker.start()
+        first = await asyncio.wait_for(job.next_events(), 10)  # the first batch goes out at once
+        hold.set()
+        t_end = time.monotonic()
+        rest = await asyncio.wait_for(job.next_events(), 10)  # the end cuts the window short
+        done = await asyncio.wait_for(job.next_events(), 10)
+        worker.join()
+        return first, rest, done, time.monotonic() - t_end
+
+    first, rest, done, waited = asyncio.run(main())
+    assert [ev.token for ev in first + (rest or [])] == [0, 1, 2] and done is None
+    assert waited < 10
