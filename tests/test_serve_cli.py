@@ -76,3 +76,41 @@ def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, capsys):
     monkeypatch.setattr(server_module, "build_server", lambda engine, options: stub)
     assert server_module.serve("engine", ServeOptions(host="0.0.0.0")) == 0
     assert "warning: serving on 0.0.0.0 without --api-key" in capsys.readouterr().err
+
+
+class _Coord:
+    def __init__(self, is_main):
+        self.active, self.is_main = True, is_main
+
+
+class _ShardedEngine:
+    """A rank of a sharded target: records what the serve command asks of it."""
+
+    def __init__(self, is_main):
+        self.coord, self.calls = _Coord(is_main), []
+
+    def warmup(self, temperatures):
+        self.calls.append(("warmup", tuple(temperatures)))
+
+    def follow(self):
+        self.calls.append(("follow",))
+        return 0
+
+    def release(self):
+        self.calls.append(("release",))
+
+
+@pytest.mark.parametrize("is_main", [True, False])
+def test_distributed_ranks_other_than_0_follow_and_rank_0_serves_then_releases(monkeypatch, is_main):
+    from mlxspec.commands import modelargs
+
+    from mlxspec.serve.queue import warmup_temperatures
+
+    engine, served = _ShardedEngine(is_main), []
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: engine)
+    monkeypatch.setattr(server_module, "serve", lambda e, options: served.append(e) or 0)
+    assert main(["serve", "--distributed"]) == 0
+    if is_main:
+        assert served == [engine] and engine.calls == [("release",)]  # the server warms itself up
+    else:  # no HTTP: warm up with the server's passes, then run rank 0's requests
+        assert served == [] and engine.calls == [("warmup", warmup_temperatures()), ("follow",)]

@@ -21,7 +21,7 @@ def add_distributed_arg(p) -> None:
     p.add_argument("--distributed", action="store_true",
                    help="shard the target over the ranks started by `mlx.launch` (e.g. `mlx.launch --hosts "
                         "mac1,mac2 -- mlxspec ... --distributed`; `--backend ring -n 2` on one machine); "
-                        "every rank runs the command, only rank 0 prints or writes files")
+                        "every rank runs the command, only rank 0 prints or writes files (default: off, one process)")
 
 
 def is_distributed(engine) -> bool:

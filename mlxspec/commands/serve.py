@@ -10,7 +10,7 @@ import argparse
 import os
 
 from .argtypes import non_negative, num_draft, positive
-from .modelargs import add_model_args
+from .modelargs import add_distributed_arg, add_model_args, is_distributed
 
 API_KEY_ENV = "MLXSPEC_API_KEY"
 
@@ -57,6 +57,7 @@ def register(subparsers) -> None:
     p.add_argument("--shutdown-grace", type=non_negative, default=d.shutdown_grace, metavar="S",
                    help=f"after SIGINT/SIGTERM, seconds a running request may take to finish before it is "
                         f"cancelled (default: {d.shutdown_grace:g})")
+    add_distributed_arg(p)
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=d.log_level,
                    help=f"server log detail (default: {d.log_level})")
     p.set_defaults(func=run, _parser=p)
@@ -74,8 +75,19 @@ def run(args) -> int:
         args._parser.error(f"--port must be in 0..65535, got {args.port}")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
     engine = modelargs.load_engine(args, drafter=args.drafter, num_draft=args.num_draft)
+    if is_distributed(engine) and not engine.coord.is_main:
+        # Other ranks serve nothing: they warm up in step with rank 0, then run its requests.
+        from ..serve.queue import warmup_temperatures
+
+        engine.warmup(temperatures=warmup_temperatures())
+        engine.follow()
+        return 0
     options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key, queue=args.queue,
                            max_tokens=args.max_tokens, temperature=args.temperature,
                            max_body_size=args.max_body_size, shutdown_grace=args.shutdown_grace,
                            log_level=args.log_level)
-    return serve(engine, options)
+    try:
+        return serve(engine, options)
+    finally:
+        if is_distributed(engine):
+            engine.release()  # the other ranks' follow() ends

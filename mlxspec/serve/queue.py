@@ -37,6 +37,13 @@ WAITING, RUNNING, DONE = "waiting", "running", "done"
 FLUSH_SECONDS = 0.02  # a job's events reach the event loop at most this often (50 batches/s), its end at once
 
 
+def warmup_temperatures() -> tuple:
+    """Greedy and sampled verification compile different kernels on a GPU; on the CPU nothing
+    compiles, and the greedy passes alone seed the cost model. (Ranks following a sharded
+    server's rank 0 warm up with the same passes.)"""
+    return (0.0, 1.0) if is_gpu() else (0.0,)
+
+
 @dataclass
 class _End:
     stats: Optional[GenerationStats] = None  # a copy, final
@@ -232,9 +239,7 @@ class EngineQueue:
             clear_streams()
 
     def _warm_up(self) -> None:
-        # Greedy and sampled verification compile different kernels on a GPU; on the CPU nothing
-        # compiles, and the greedy passes alone seed the cost model.
-        temperatures = (0.0, 1.0) if is_gpu() else (0.0,)
+        temperatures = warmup_temperatures()
         try:
             log.info("warming the engine up (every pass shape once, so no request pays for compilation)")
             t0 = time.perf_counter()
