@@ -5,20 +5,28 @@ each speculative setting (drafter x draft length), then the mlx-lm peer when the
 has a draft model. Interleaving makes slow machine drift (thermals, other load) hit all
 modes alike. Before each run the engine's caches are dropped (`engine.reset()`), so no
 mode reuses another's prompt cache; the cost model's learned state is kept, as a user
-would have it. One untimed warm-up pass of every setting comes first.
+would have it.
+
+Warm-up comes first and is timed apart, so no first-use compilation lands in a timed run:
+`engine.warmup()` when the engine has one, then every setting (the mlx-lm peer included,
+at each of its verify lengths) once on the first prompt at every temperature.
 
 All modes are timed the same way: tokens generated / seconds after prompt processing
 (the engine's own `GenerationStats.seconds`; the peer is prefilled to the same point).
-At temperature 0 each non-vanilla output is checked against vanilla (see `neartie`).
+At temperature 0 each non-vanilla output is checked against vanilla (see `neartie`): a
+divergence is "rounding", "bug" or "unclassified", judged by a float32 reference pass
+outside the timing.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import InvalidArgumentError
 from ..prompts import check_num_draft, encode_prompt
+from ..reference import UNCLASSIFIED
 from .neartie import GreedyCheck, check_greedy
 from .peer import PEER_NUM_DRAFT, run_peer
 from .prompts import BenchPrompt
@@ -53,14 +61,16 @@ class RunRecord:
     acceptance_rate: float
     tokens_per_target_pass: float
     peak_memory_bytes: int
-    matches_vanilla: Optional[bool]  # None when not greedy (or for vanilla itself: True)
+    matches_vanilla: Optional[bool]  # True: identical or a rounding divergence; False: a bug; None: not
+    # compared (sampling) or unclassified (no float32 reference could run); vanilla itself: True
     # -- extras ---------------------------------------------------------------------------------
     order: int = 0  # execution index within the bench (0, 1, 2, ...)
     temperature: float = 0.0
     accept_histogram: dict = field(default_factory=dict)  # accepted per drafting round -> rounds
     k_histogram: dict = field(default_factory=dict)  # draft length per round -> rounds
-    mismatch: Optional[dict] = None  # first divergence vs vanilla (GreedyCheck fields) when outputs differ
+    mismatch: Optional[dict] = None  # first divergence vs vanilla (GreedyCheck fields + float32 evidence)
     mlx_lm_generation_tps: Optional[float] = None  # the peer's own figure, for reference
+    divergence: Optional[str] = None  # None (identical or not compared) | "rounding" | "bug" | "unclassified"
     output_tokens: List[int] = field(default_factory=list, repr=False)  # not written to JSON
 
     def as_dict(self) -> dict:
@@ -77,6 +87,8 @@ class BenchResult:
     max_tokens: int
     seed: int
     default_setting: Setting  # the one summarised as `speedup_vs_vanilla`
+    warmup_seconds: Dict[Tuple[Setting, float], float] = field(default_factory=dict)  # (setting, temperature)
+    engine_warmup_seconds: Optional[float] = None  # `engine.warmup()`, when the engine has one
 
 
 def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts: Sequence = ("auto",),
@@ -127,9 +139,11 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
         drafters: drafter names. Default: the engine's default drafter.
         seed: the same seed for every run. Default 0.
         peer: run mlx-lm's speculative decoding when the engine has a draft model. Default True.
-        warmup: one untimed short pass of every setting at every temperature first. Default True.
+        warmup: warm every setting at every temperature first, timed apart (`BenchResult.warmup_seconds`).
+            Default True.
         on_run: called with each record as it completes (progress bars).
-        on_mismatch: called with a record whose greedy output differs from vanilla beyond a near-tie.
+        on_mismatch: called with a record whose greedy output differs from vanilla other than by a
+            rounding divergence (`rec.divergence` is "bug" or "unclassified").
     """
     if not prompts:
         raise InvalidArgumentError("[bench] no prompts to run")
@@ -141,10 +155,17 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer)
     encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
 
-    if warmup:  # every setting at every temperature: samplers and kernels compile on first use
+    warm: Dict[Tuple[Setting, float], float] = {}
+    engine_warm = None
+    if warmup:  # kernels and samplers compile on first use: never inside a timed run
+        engine_warmup = getattr(engine, "warmup", None)  # every verify length once (engines that have it)
+        if engine_warmup is not None:
+            t0 = time.perf_counter()
+            engine_warmup()
+            engine_warm = time.perf_counter() - t0
         for t in temps:
             for s in settings:
-                _run_one(engine, s, prompts[0], encoded[0], min(WARMUP_TOKENS, max_tokens), t, seed)
+                warm[(s, t)] = _warm_up(engine, s, prompts[0], encoded[0], min(WARMUP_TOKENS, max_tokens), t, seed)
 
     runs: List[RunRecord] = []
     for p, ids in zip(prompts, encoded):
@@ -157,8 +178,10 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                     vanilla = rec
                     rec.matches_vanilla = True if t == 0 else None
                 elif t == 0 and vanilla is not None:
-                    check = check_greedy(engine.target_model, ids, vanilla.output_tokens, rec.output_tokens)
-                    rec.matches_vanilla = check.ok
+                    check = check_greedy(engine.target_model, ids, vanilla.output_tokens, rec.output_tokens,
+                                         max_kv_size=engine.max_kv_size)
+                    rec.divergence = check.divergence
+                    rec.matches_vanilla = None if rec.divergence == UNCLASSIFIED else check.ok
                     if not check.identical:
                         rec.mismatch = _mismatch_dict(check, engine.tokenizer)
                     if not check.ok and on_mismatch is not None:
@@ -166,7 +189,19 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                 runs.append(rec)
                 if on_run is not None:
                     on_run(rec)
-    return BenchResult(runs, settings, temps, max_tokens, seed, default_setting(engine, settings))
+    return BenchResult(runs, settings, temps, max_tokens, seed, default_setting(engine, settings), warm, engine_warm)
+
+
+def _warm_up(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int, temperature: float,
+             seed: int) -> float:
+    """Seconds to run setting `s` untimed: `max_tokens` tokens, and for the peer also one short run per
+    draft length below its own, so its every verify length (a round cut by max_tokens drafts fewer) has run."""
+    t0 = time.perf_counter()
+    _run_one(engine, s, p, ids, max_tokens, temperature, seed)
+    if s.mode == "mlx-lm":
+        for n in range(1, min(int(s.num_draft), max_tokens)):
+            _run_one(engine, s, p, ids, n, temperature, seed)
+    return time.perf_counter() - t0
 
 
 def _run_one(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int, temperature: float,
@@ -201,6 +236,8 @@ def _mismatch_dict(check: GreedyCheck, tokenizer) -> dict:
     def show(t):
         return None if t is None else tokenizer.decode([t])
 
+    evidence = check.judgement.as_dict() if check.judgement is not None else {
+        "divergence": check.divergence, "reason": "the outputs end differently"}
     return {"position": check.position, "vanilla_token": check.expected, "token": check.got,
             "vanilla_text": show(check.expected), "text": show(check.got),
-            "logprob_gap": check.logprob_gap, "near_tie": check.near_tie}
+            "logprob_gap": check.logprob_gap, "near_tie": check.near_tie, **evidence}
