@@ -148,6 +148,8 @@ def test_no_peer_without_a_draft_model_and_bad_drafters_rejected():
     assert settings_for(eng) == [Setting("vanilla", None, "0"), Setting("speculative", "ngram", "auto")]
     with pytest.raises(InvalidArgumentError, match="no draft model"):
         settings_for(eng, drafters=["model"])
+    windowed = Engine(eng.target_model, eng.tokenizer, tiny_engine().draft_model, max_kv_size=64)
+    assert [s.mode for s in settings_for(windowed)] == ["vanilla", "speculative"]  # mlx-lm cannot window
     with pytest.raises(InvalidArgumentError, match="num_draft"):
         settings_for(eng, num_drafts=[99])
 

@@ -93,7 +93,11 @@ class BenchResult:
 
 def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts: Sequence = ("auto",),
                  peer: bool = True) -> List[Setting]:
-    """Vanilla, then drafter x num_draft speculative settings, then the peer (if a draft model exists)."""
+    """Vanilla, then drafter x num_draft speculative settings, then the peer (if a draft model exists).
+
+    No peer with a KV window (`max_kv_size`): mlx-lm's speculative decoding cannot roll back a
+    wrapped window, and without one it would attend to what vanilla no longer sees.
+    """
     if not drafters:  # the engine's default drafter, and the draft model too when there is one
         drafters = [engine.default_drafter] + (["model"] if "model" in engine.drafters else [])
         drafters = list(dict.fromkeys(d for d in drafters if d != "none")) or ["none"]
@@ -109,7 +113,7 @@ def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts
         ks.append("auto" if k in (None, "auto") else str(k))
     out = [Setting("vanilla", None, "0")]
     out += [Setting("speculative", d, k) for d in drafters for k in ks]
-    if peer and engine.draft_model is not None:
+    if peer and engine.draft_model is not None and engine.max_kv_size is None:
         out.append(Setting("mlx-lm", "model", str(PEER_NUM_DRAFT)))
     return out
 

@@ -42,7 +42,8 @@ def register(subparsers) -> None:
     p.add_argument("--num-draft", default="auto", help="draft lengths, e.g. auto,1,2,4 (default auto)")
     p.add_argument("--drafter", default=None, help="drafters, e.g. ngram,model (default: the pair's)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every run (default 0)")
-    p.add_argument("--no-peer", action="store_true", help="skip mlx-lm's speculative decoding")
+    p.add_argument("--no-peer", action="store_true", help="skip mlx-lm's speculative decoding (always skipped "
+                   "with --max-kv-size: it cannot roll back a wrapped window)")
     p.add_argument("--check", action="store_true", help="exit with status 1 when a greedy output differs from "
                    "vanilla by a bug (a divergence float32 does not explain as rounding)")
     p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
