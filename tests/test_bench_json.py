@@ -10,10 +10,11 @@ from bench_helpers import tiny_engine
 
 from tiny import VOCAB, RoundingModel, accept_every_draft
 
-from mlxspec import cli, kernels
+from mlxspec import cli, loop
 from mlxspec.bench.prompts import builtin_suite, select
 from mlxspec.commands import modelargs
 from mlxspec.engine import Engine
+from mlxspec.warmup import default_max_j
 
 TOP = {"mlxspec_version", "device", "pair", "settings", "runs", "summary"}
 RUN_TYPES = {
@@ -83,9 +84,13 @@ def test_greedy_checks_and_warm_up_are_reported(bench_json):
     assert (s["bugs"], s["rounding_divergences"], s["unclassified"]) == (0, 0, 0)
     assert s["rounding_divergence_rate"] == 0.0 and doc["pair"]["working_dtype"] == "float32"
     assert all(r["divergence"] is None for r in doc["runs"])
-    assert isinstance(s["warmup_seconds"], float) and s["engine_warmup_seconds"] is None  # no Engine.warmup yet
+    assert s["engine_warmup_seconds"] > 0 and s["peer_warmup_seconds"] > 0
+    assert s["warmup_seconds"] == pytest.approx(s["engine_warmup_seconds"] + s["peer_warmup_seconds"])
     for row in s["settings"]:
-        assert row["warmup_seconds"] > 0 and row["bugs"] == row["mismatches"] == 0
+        assert row["bugs"] == row["mismatches"] == 0
+        mine = row["mode"] != "mlx-lm"
+        assert row["warmup"] == ("engine.warmup (shared)" if mine else "untimed runs")
+        assert row["warmup_seconds"] == s["engine_warmup_seconds" if mine else "peer_warmup_seconds"]
 
 
 def bench_exit(monkeypatch, tmp_path, engine, *argv):
@@ -95,7 +100,7 @@ def bench_exit(monkeypatch, tmp_path, engine, *argv):
 
 
 def test_check_fails_on_a_bug(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(kernels, "verify_greedy", accept_every_draft)  # a wrong verifier
+    monkeypatch.setattr(loop, "read", accept_every_draft)  # a wrong verifier
 
     def engine():  # a draft that never proposes the tiny target's argmax, and a verifier that takes it anyway
         base = tiny_engine()
@@ -121,8 +126,8 @@ def test_check_passes_rounding_divergences(monkeypatch, tmp_path, capsys):
 
 def test_curve_is_reported(bench_json):
     curve = bench_json[1]["curve"]
-    assert curve["source"] == "measured on the fly"  # MLXSPEC_HOME was empty
-    assert curve["ratios"]["1"] == pytest.approx(1.0) and len(curve["ratios"]) == 16
+    assert curve["source"] == "warm-up"  # the warm-up's own timings: the bench measures no curve of its own
+    assert curve["ratios"]["1"] == pytest.approx(1.0) and len(curve["ratios"]) == default_max_j()
 
 
 def test_csv_has_one_row_per_run(bench_json):

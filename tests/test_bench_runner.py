@@ -91,7 +91,7 @@ def rounding_engine(prompt=PROMPTS[0]):
     tok = make_tokenizer()
     ids = encode_prompt(prompt.messages(), tok, VOCAB)
     model = RoundingModel(len(ids) + 1, vocab=VOCAB)
-    return Engine(model, tok, model, num_draft=2, draft_min_confidence=0.0)
+    return Engine(model, tok, model, num_draft=2)
 
 
 def test_a_rounding_divergence_is_counted_not_reported_as_a_bug():
@@ -122,25 +122,33 @@ def test_an_unclassified_divergence_is_neither_a_match_nor_a_bug(monkeypatch):
     assert (s["mismatches"], s["bugs"], s["unclassified"]) == (0, 0, 1)
 
 
-def test_warm_up_covers_every_setting_and_every_peer_verify_length(monkeypatch):
+def test_warm_up_is_engine_warmup_for_mlxspec_and_untimed_runs_for_the_peer(monkeypatch):
     eng = tiny_engine()
     calls = []
-    eng.warmup = lambda: calls.append("engine")
-    real = runner_mod.run_peer
+    real_warmup, real_peer = eng.warmup, runner_mod.run_peer
+
+    def warmup(**kw):
+        calls.append(("engine", kw["temperatures"], kw["max_j"]))
+        return real_warmup(**kw)
 
     def peer(*a, **k):
-        calls.append(("peer", k["max_tokens"]))
-        return real(*a, **k)
+        calls.append(("peer", k["temperature"], k["max_tokens"]))
+        return real_peer(*a, **k)
 
+    eng.warmup = warmup
     monkeypatch.setattr(runner_mod, "run_peer", peer)
-    res = run_bench(eng, PROMPTS[:1], max_tokens=MAX, num_drafts=[2])
-    assert calls[0] == "engine" and res.engine_warmup_seconds is not None
-    assert calls[1:4] == [("peer", MAX), ("peer", 1), ("peer", 2)]  # warm-up: then k=3's shorter rounds
-    assert calls[4:] == [("peer", MAX)]  # the one timed run
-    assert set(res.warmup_seconds) == {(s, 0.0) for s in res.settings}
-    assert all(v > 0 for v in res.warmup_seconds.values())
+    monkeypatch.setattr(runner_mod, "default_max_j", lambda: 4)
+    res = run_bench(eng, PROMPTS[:1], max_tokens=MAX, num_drafts=["auto", 5], temperatures=[0, 0.5])
+    assert calls[0] == ("engine", [0.0, 0.5], 6)  # every verify length: k=5 needs passes of 6
+    warm = [("peer", t, n) for t in (0.0, 0.5) for n in (MAX, 1, 2)]  # then k=3's rounds cut short
+    assert calls[1:7] == warm and calls[7:] == [("peer", 0.0, MAX), ("peer", 0.5, MAX)]  # the timed runs
+    assert sorted(res.curve) == list(range(1, 7)) and all(v > 0 for v in res.curve.values())
+    assert set(res.peer_warmup_seconds) == {0.0, 0.5} and res.engine_warmup_seconds > 0
     rows = summarize(res)["settings"]
-    assert [r["warmup_seconds"] for r in rows] == [res.warmup_seconds[(s, 0.0)] for s in res.settings]
+    for r in rows:
+        mine = r["mode"] != "mlx-lm"
+        want = res.engine_warmup_seconds if mine else res.peer_warmup_seconds[r["temperature"]]
+        assert r["warmup_seconds"] == want
 
 
 def test_no_peer_without_a_draft_model_and_bad_drafters_rejected():

@@ -105,12 +105,12 @@ def rounding_turn(monkeypatch=None):
     model = RoundingModel(len(encode_prompt(messages, tok, VOCAB)) + 1, vocab=VOCAB)
     draft = model
     if monkeypatch is not None:  # a wrong verifier, accepting drafts that are never the argmax
-        from mlxspec import kernels
+        from mlxspec import loop
 
-        monkeypatch.setattr(kernels, "verify_greedy", accept_every_draft)
+        monkeypatch.setattr(loop, "read", accept_every_draft)
         draft = RoundingModel(255, vocab=VOCAB)
         draft.terms = mx.roll(model.terms, 1, axis=-1)  # always proposes the token after the target's argmax
-    engine = Engine(model, tok, draft, num_draft=2, draft_min_confidence=0.0)
+    engine = Engine(model, tok, draft, num_draft=2)
     req = TurnRequest("hi", {s: messages for s in (SPEC, VANILLA)}, max_tokens=6)
     return run_turn(req, {SPEC: engine, VANILLA: engine.fork()}, threading.Event(), lambda m: None)
 

@@ -97,10 +97,19 @@ class RoundingModel(nn.Module):
         return mx.broadcast_to(z[None], (B, S, z.shape[-1]))
 
 
-def accept_every_draft(target_tokens, draft_tokens):
-    """A deliberately wrong greedy verifier (for `mlxspec.kernels.verify_greedy`): every draft stands."""
-    k = draft_tokens.shape[0]
-    return mx.stack([mx.array(k, mx.int32), target_tokens[k].astype(mx.int32)])
+def accept_every_draft(p):
+    """A deliberately wrong greedy verifier (for `mlxspec.loop.read`): every draft stands.
+
+    Reads the pass as `mlxspec.rounds.read` does, then keeps all k drafts and takes the
+    target's token of row k as the next one, whatever rows 0..k-1 chose.
+    """
+    from mlxspec.rounds import read
+
+    tokens, n, finite, drafts = read(p)
+    if p.k == 0 or p.decided or n == p.k:
+        return tokens, n, finite, drafts
+    rows = p.out[0].tolist()  # the target's argmax for every fed row (already on the host)
+    return drafts + [rows[p.k]], p.k, finite, drafts
 
 
 def make_tokenizer():

@@ -8,8 +8,10 @@ Greedy checks (added): pair.working_dtype; per run `divergence` (null | "roundin
 "unclassified") and, when outputs differ, `mismatch` with the float32 evidence (float32_gap,
 logit_magnitude, rounding_bound, reason); summary{bugs, rounding_divergences, unclassified,
 rounding_divergence_rate} and the same counts per settings row. `mismatches` counts bugs only.
-Warm-up (added): summary.engine_warmup_seconds, summary.warmup_seconds (all settings) and
-`warmup_seconds` per settings row, none of it inside any timed run.
+Warm-up (added): summary.engine_warmup_seconds (one `engine.warmup()`, shared by vanilla and every
+speculative setting), summary.peer_warmup_seconds (mlx-lm's untimed runs), summary.warmup_seconds
+(both), and per settings row `warmup_seconds` with `warmup` ("engine.warmup (shared)" | "untimed
+runs"), none of it inside any timed run. The `curve` is the warm-up's V(j) (source "warm-up").
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ def print_report(doc: dict, console) -> None:
         t.add_row(r["label"], *((f"{r['temperature']:g}",) if many_t else ()), _f(r["tokens_per_second"]),
                   _x(r["speedup_vs_vanilla"]), _x(r["speedup_vs_mlx_lm"]), _f(r["acceptance_rate"], "{:.0%}"),
                   _f(r["tokens_per_target_pass"], "{:.2f}"), _f(r["prompt_seconds"], "{:.3f}"),
-                  _f(r.get("warmup_seconds"), "{:.2f}"), f"{r['peak_memory_bytes'] / 2**20:.0f}",
+                  _f(r.get("warmup_seconds"), "{:.2f}") + ("*" if (r.get("warmup") or "").startswith("engine") else ""),
+                  f"{r['peak_memory_bytes'] / 2**20:.0f}",
                   f"[red]{r['mismatches']}[/red]" if r["mismatches"] else "0", str(r.get("rounding_divergences", 0)))
     console.print(t)
 
@@ -143,10 +146,11 @@ def print_report(doc: dict, console) -> None:
             + f"[/bold] (median of per-prompt ratios, {doc['settings']['prompt_count']} prompts, "
             f"{doc['settings']['max_tokens']} tokens, {doc['device']['backend']} {doc['device']['name']})")
     console.print(head)
-    if s.get("engine_warmup_seconds") is not None or s.get("warmup_seconds") is not None:
-        console.print(f"warm-up (untimed, before any timed run): {_f(s.get('warmup_seconds'), '{:.1f}')} s over the "
-                      "settings (per setting in the table)" + (f", engine.warmup() {s['engine_warmup_seconds']:.1f} s"
-                                                               if s.get("engine_warmup_seconds") is not None else ""))
+    if s.get("engine_warmup_seconds") is not None:
+        console.print(f"warm-up (untimed, before any timed run): *engine.warmup() {s['engine_warmup_seconds']:.1f} s, "
+                      "shared by vanilla and every speculative setting"
+                      + (f"; mlx-lm's untimed runs {s['peer_warmup_seconds']:.1f} s"
+                         if s.get("peer_warmup_seconds") is not None else ""))
     if 0 not in doc["settings"]["temperatures"]:
         console.print("outputs not compared (temperature > 0)")
         return

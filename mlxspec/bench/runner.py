@@ -7,9 +7,12 @@ modes alike. Before each run the engine's caches are dropped (`engine.reset()`),
 mode reuses another's prompt cache; the cost model's learned state is kept, as a user
 would have it.
 
-Warm-up comes first and is timed apart, so no first-use compilation lands in a timed run:
-`engine.warmup()` when the engine has one, then every setting (the mlx-lm peer included,
-at each of its verify lengths) once on the first prompt at every temperature.
+Warm-up comes first and is timed apart, so no first-use compilation lands in a timed run.
+mlxspec's settings (vanilla and every drafter x k) are covered by one `engine.warmup()`:
+every verify length they can use, plain steps and model drafters, at every temperature; its
+timings also seed the cost model's V(j), so the bench measures no curve of its own. mlx-lm's
+peer is not the engine: it gets short untimed runs of its own on the first prompt at every
+temperature, one per verify length it can use.
 
 All modes are timed the same way: tokens generated / seconds after prompt processing
 (the engine's own `GenerationStats.seconds`; the peer is prefilled to the same point).
@@ -22,11 +25,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import InvalidArgumentError
 from ..prompts import check_num_draft, encode_prompt
 from ..reference import UNCLASSIFIED
+from ..warmup import default_max_j
 from .neartie import GreedyCheck, check_greedy
 from .peer import PEER_NUM_DRAFT, run_peer
 from .prompts import BenchPrompt
@@ -87,8 +91,15 @@ class BenchResult:
     max_tokens: int
     seed: int
     default_setting: Setting  # the one summarised as `speedup_vs_vanilla`
-    warmup_seconds: Dict[Tuple[Setting, float], float] = field(default_factory=dict)  # (setting, temperature)
-    engine_warmup_seconds: Optional[float] = None  # `engine.warmup()`, when the engine has one
+    peer_warmup_seconds: Dict[float, float] = field(default_factory=dict)  # temperature -> the peer's untimed runs
+    engine_warmup_seconds: Optional[float] = None  # `engine.warmup()`: covers every mlxspec setting
+    curve: Dict[int, float] = field(default_factory=dict)  # j -> seconds of a target pass, timed by the warm-up
+
+    def warmup_seconds(self, s: Setting, temperature: float) -> Optional[float]:
+        """Seconds of the warm-up that covered `s`: the peer's own runs, else the shared `engine.warmup()`."""
+        if s.mode == "mlx-lm":
+            return self.peer_warmup_seconds.get(temperature)
+        return self.engine_warmup_seconds
 
 
 def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts: Sequence = ("auto",),
@@ -143,8 +154,8 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
         drafters: drafter names. Default: the engine's default drafter.
         seed: the same seed for every run. Default 0.
         peer: run mlx-lm's speculative decoding when the engine has a draft model. Default True.
-        warmup: warm every setting at every temperature first, timed apart (`BenchResult.warmup_seconds`).
-            Default True.
+        warmup: `engine.warmup()` (every mlxspec setting, all temperatures) and the peer's untimed runs
+            first, timed apart (`BenchResult.warmup_seconds`). Default True.
         on_run: called with each record as it completes (progress bars).
         on_mismatch: called with a record whose greedy output differs from vanilla other than by a
             rounding divergence (`rec.divergence` is "bug" or "unclassified").
@@ -159,17 +170,18 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer)
     encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
 
-    warm: Dict[Tuple[Setting, float], float] = {}
-    engine_warm = None
+    peer_warm: Dict[float, float] = {}
+    engine_warm, curve = None, {}
     if warmup:  # kernels and samplers compile on first use: never inside a timed run
-        engine_warmup = getattr(engine, "warmup", None)  # every verify length once (engines that have it)
-        if engine_warmup is not None:
-            t0 = time.perf_counter()
-            engine_warmup()
-            engine_warm = time.perf_counter() - t0
-        for t in temps:
-            for s in settings:
-                warm[(s, t)] = _warm_up(engine, s, prompts[0], encoded[0], min(WARMUP_TOKENS, max_tokens), t, seed)
+        fixed = [int(s.num_draft) for s in settings if s.mode == "speculative" and s.num_draft != "auto"]
+        t0 = time.perf_counter()
+        info = engine.warmup(temperatures=temps, max_j=max([default_max_j()] + [k + 1 for k in fixed]))
+        engine_warm, curve = time.perf_counter() - t0, dict(info.get("curve") or {})
+        for s in settings:
+            if s.mode == "mlx-lm":
+                for t in temps:
+                    peer_warm[t] = _warm_up_peer(engine, s, prompts[0], encoded[0], min(WARMUP_TOKENS, max_tokens),
+                                                 t, seed)
 
     runs: List[RunRecord] = []
     for p, ids in zip(prompts, encoded):
@@ -193,18 +205,18 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                 runs.append(rec)
                 if on_run is not None:
                     on_run(rec)
-    return BenchResult(runs, settings, temps, max_tokens, seed, default_setting(engine, settings), warm, engine_warm)
+    return BenchResult(runs, settings, temps, max_tokens, seed, default_setting(engine, settings), peer_warm,
+                       engine_warm, curve)
 
 
-def _warm_up(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int, temperature: float,
-             seed: int) -> float:
-    """Seconds to run setting `s` untimed: `max_tokens` tokens, and for the peer also one short run per
-    draft length below its own, so its every verify length (a round cut by max_tokens drafts fewer) has run."""
+def _warm_up_peer(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int, temperature: float,
+                  seed: int) -> float:
+    """Seconds of the peer's untimed runs: `max_tokens` tokens, then one run per shorter draft length
+    (a round cut by max_tokens drafts fewer), so every verify length it can use has run once."""
     t0 = time.perf_counter()
     _run_one(engine, s, p, ids, max_tokens, temperature, seed)
-    if s.mode == "mlx-lm":
-        for n in range(1, min(int(s.num_draft), max_tokens)):
-            _run_one(engine, s, p, ids, n, temperature, seed)
+    for n in range(1, min(int(s.num_draft), max_tokens)):
+        _run_one(engine, s, p, ids, n, temperature, seed)
     return time.perf_counter() - t0
 
 

@@ -81,7 +81,9 @@ def setting_rows(result: BenchResult) -> List[dict]:
                 "k_histogram": dict(sorted(k_hist.items(), key=lambda kv: int(kv[0]))),
                 "accept_histogram": dict(sorted(acc_hist.items(), key=lambda kv: int(kv[0]))),
                 **divergence_counts(runs),
-                "warmup_seconds": result.warmup_seconds.get((s, t)),
+                "warmup_seconds": result.warmup_seconds(s, t),
+                "warmup": None if result.warmup_seconds(s, t) is None else
+                "untimed runs" if s.mode == "mlx-lm" else "engine.warmup (shared)",
             })
     return rows
 
@@ -132,7 +134,9 @@ def summarize(result: BenchResult) -> dict:
         "near_ties": sum(1 for r in result.runs if r.mismatch and r.mismatch.get("near_tie")),  # = rounding
         "rounding_divergence_rate": rounding_divergence_rate(result.runs),
         "engine_warmup_seconds": result.engine_warmup_seconds,
-        "warmup_seconds": sum(result.warmup_seconds.values()) if result.warmup_seconds else None,
+        "peer_warmup_seconds": sum(result.peer_warmup_seconds.values()) if result.peer_warmup_seconds else None,
+        "warmup_seconds": None if result.engine_warmup_seconds is None else
+        result.engine_warmup_seconds + sum(result.peer_warmup_seconds.values()),
         "default_setting": {"drafter": s.drafter, "num_draft": s.num_draft, "temperature": t0},
         "settings": setting_rows(result),
     }

@@ -143,11 +143,8 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     from ..calibration import apply_prior, calibration_path, curve_for
 
     settings = settings_for(engine, drafters=drafters, num_drafts=ks, peer=not args.no_peer)
-    with err.status("verify-cost curve"):
-        ratios, source = curve_for(engine)
+    ratios, source = curve_for(engine, measure=False)  # a saved curve, if any; the warm-up times V(j) anyway
     apply_prior(engine, ratios)
-    err.print(f"verify-cost curve: {source}" + (f" ({calibration_path()})" if source == "calibration file" else
-                                                " (run `mlxspec calibrate` to save a finer one)" if ratios else ""))
 
     total = len(prompts) * len(temps) * len(settings)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
@@ -162,6 +159,8 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
                            on_mismatch=lambda rec: err.print(mismatch_line(rec)))
 
     used = list(dict.fromkeys(s.drafter for s in result.settings if s.mode == "speculative"))
+    if result.curve:  # what the cost model started from: the warm-up's V(j), on this device, this run
+        ratios, source = {j: v / result.curve[1] for j, v in result.curve.items()}, "warm-up"
     curve = {"source": source, "path": str(calibration_path()) if source == "calibration file" else None, "ratios": {str(j): r for j, r in sorted(ratios.items())} if ratios else None}
     doc = to_json(result, pair=pair_info(engine, used), curve=curve, prompts_source=prompts_source)
     print_report(doc, out)
