@@ -15,6 +15,11 @@ bug, the first differing position is judged by the target run in float32
     otherwise                  bug
     no float32 copy fits       unclassified (never called rounding without evidence)
 
+Where float32 matmuls are themselves rounded (MLX's CUDA backend multiplies float32 in TF32,
+11 significant bits: `device.float32_matmul_roundoff`), the reference is only that precise:
+ROUNDING_ULPS ulps at TF32's precision are added to the bound (and for a float32 working
+dtype they replace NEAR_TIE_TOL when larger), so a float32 run there can round too.
+
 The working dtype is the least precise float dtype among the model's parameters: bfloat16
 or float16 for dequantized weights, and for quantized weights the dtype of their scales
 (their activations and embeddings round to it). ROUNDING_ULPS is measured, not guessed:
@@ -31,6 +36,7 @@ from typing import Iterator, List, Optional
 
 import mlx.core as mx
 
+from .device import float32_matmul_roundoff
 from .errors import MlxSpecError
 
 NEAR_TIE_TOL = 1e-3  # float32 working dtype: logit (= log-prob) gap below which two tokens tie
@@ -77,17 +83,25 @@ def dtype_name(dtype: mx.Dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
-def ulp(x: float, dtype: mx.Dtype) -> float:
-    """One unit in the last place of `dtype` at |x|: 2 ** (floor(log2 |x|) - (significand bits - 1))."""
+def ulp(x: float, dtype: mx.Dtype, *, bits: Optional[int] = None) -> float:
+    """One unit in the last place of `dtype` (or of `bits` significant bits) at |x|:
+    2 ** (floor(log2 |x|) - (significand bits - 1))."""
     _, e = math.frexp(max(abs(x), 1e-30))  # |x| = f * 2**e with f in [0.5, 1)
-    return math.ldexp(1.0, e - SIGNIFICAND_BITS[dtype])
+    return math.ldexp(1.0, e - (bits or SIGNIFICAND_BITS[dtype]))
+
+
+def reference_bits() -> int:
+    """Significant bits of the float32 reference's matmuls here: 24, or 11 where they run in TF32."""
+    return round(-math.log2(float32_matmul_roundoff()))
 
 
 def rounding_bound(dtype: mx.Dtype, magnitude: float) -> float:
-    """The largest float32 gap that rounding in `dtype` explains at logit `magnitude`."""
+    """The largest float32 gap that rounding in `dtype` (and in the reference) explains at logit `magnitude`."""
+    bits = reference_bits()
+    noise = ROUNDING_ULPS * ulp(magnitude, dtype, bits=bits) if bits < SIGNIFICAND_BITS[mx.float32] else 0.0
     if dtype == mx.float32:
-        return NEAR_TIE_TOL
-    return ROUNDING_ULPS * ulp(magnitude, dtype)
+        return max(NEAR_TIE_TOL, noise)
+    return ROUNDING_ULPS * ulp(magnitude, dtype) + noise
 
 
 def float32_extra_bytes(model) -> int:

@@ -6,7 +6,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import tiny
-from mlxspec import Engine, loop
+from mlxspec import Engine, loop, reference
 from mlxspec.bench.neartie import check_greedy
 from mlxspec.reference import (ROUNDING_ULPS, float32_weights, judge, rounding_bound, ulp, working_dtype)
 
@@ -30,6 +30,16 @@ def test_ulp_and_bound_follow_the_dtype():
     assert ulp(20.0, mx.float16) == 2 ** -6  # 11 bits
     assert rounding_bound(mx.bfloat16, 20.0) == ROUNDING_ULPS * 0.125
     assert rounding_bound(mx.float32, 20.0) == 1e-3  # float32 keeps the float-noise near-tie rule
+
+
+def test_a_tf32_reference_widens_the_bound_by_its_own_rounding(monkeypatch):
+    """MLX's CUDA backend multiplies float32 in TF32 (11 bits): the reference rounds, and so can float32 runs."""
+    monkeypatch.setattr(reference, "float32_matmul_roundoff", lambda: 2.0 ** -11)
+    tf32 = ulp(20.0, mx.float32, bits=11)
+    assert tf32 == ulp(20.0, mx.float16) == 2 ** -6  # TF32 and float16 share 11 significant bits
+    assert rounding_bound(mx.float32, 20.0) == ROUNDING_ULPS * tf32 > 1e-3
+    assert rounding_bound(mx.float32, 0.01) == 1e-3  # small logits: the float-noise rule still holds
+    assert rounding_bound(mx.bfloat16, 20.0) == ROUNDING_ULPS * (0.125 + tf32)
 
 
 def test_working_dtype_is_the_least_precise_float_parameter():
