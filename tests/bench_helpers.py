@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 from tiny import make_llama, make_tokenizer
 
 from mlxspec.bench.prompts import BenchPrompt
@@ -21,13 +22,15 @@ def tiny_engine(*, draft: bool = True) -> Engine:
     return Engine(target, make_tokenizer(), d)
 
 
-class FakeTarget:
+class FakeTarget(nn.Module):
     """A 'model' whose next-token logits are chosen by the test: logits[len(ids)] -> (V,) list.
 
     Positions not in the table get all-zero logits. Records every id sequence it was called on.
+    It has no parameters, so its working dtype is float32.
     """
 
     def __init__(self, vocab: int, table: dict):
+        super().__init__()
         self.vocab, self.table, self.calls = vocab, table, []
 
     def __call__(self, ids, cache=None):

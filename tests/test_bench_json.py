@@ -4,11 +4,17 @@ import csv
 import json
 import sys
 
+import mlx.core as mx
 import pytest
 from bench_helpers import tiny_engine
 
-from mlxspec import cli
+from tiny import VOCAB, RoundingModel, accept_every_draft
+
+from mlxspec import cli, loop
+from mlxspec.bench.prompts import builtin_suite, select
 from mlxspec.commands import modelargs
+from mlxspec.engine import Engine
+from mlxspec.warmup import default_max_j
 
 TOP = {"mlxspec_version", "device", "pair", "settings", "runs", "summary"}
 RUN_TYPES = {
@@ -72,10 +78,56 @@ def test_summary_keys_and_types(bench_json):
         assert isinstance(cat, str) and isinstance(entry["speedup_vs_vanilla"], float)
 
 
+def test_greedy_checks_and_warm_up_are_reported(bench_json):
+    doc = bench_json[1]
+    s = doc["summary"]
+    assert (s["bugs"], s["rounding_divergences"], s["unclassified"]) == (0, 0, 0)
+    assert s["rounding_divergence_rate"] == 0.0 and doc["pair"]["working_dtype"] == "float32"
+    assert all(r["divergence"] is None for r in doc["runs"])
+    assert s["engine_warmup_seconds"] > 0 and s["peer_warmup_seconds"] > 0
+    assert s["warmup_seconds"] == pytest.approx(s["engine_warmup_seconds"] + s["peer_warmup_seconds"])
+    for row in s["settings"]:
+        assert row["bugs"] == row["mismatches"] == 0
+        mine = row["mode"] != "mlx-lm"
+        assert row["warmup"] == ("engine.warmup (shared)" if mine else "untimed runs")
+        assert row["warmup_seconds"] == s["engine_warmup_seconds" if mine else "peer_warmup_seconds"]
+
+
+def bench_exit(monkeypatch, tmp_path, engine, *argv):
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: engine)
+    return cli.main(["bench", "--limit", "1", "--max-tokens", "6", "--num-draft", "2", "--no-peer", *argv])
+
+
+def test_check_fails_on_a_bug(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(loop, "read", accept_every_draft)  # a wrong verifier
+
+    def engine():  # a draft that never proposes the tiny target's argmax, and a verifier that takes it anyway
+        base = tiny_engine()
+        return Engine(base.target_model, base.tokenizer, RoundingModel(255, vocab=VOCAB, dtype=mx.float32))
+
+    assert bench_exit(monkeypatch, tmp_path, engine(), "--drafter", "model") == 0  # measured, not checked
+    assert bench_exit(monkeypatch, tmp_path, engine(), "--drafter", "model", "--check") == 1
+    out = capsys.readouterr()
+    assert "MISMATCH" in out.err and "a faster but different output is a bug" in out.out
+    assert "0 rounding divergence(s), 1 bug(s)" in out.out
+
+
+def test_check_passes_rounding_divergences(monkeypatch, tmp_path, capsys):
+    from test_bench_runner import rounding_engine
+
+    first = select(builtin_suite(), full=False, limit=1)[0]
+    assert bench_exit(monkeypatch, tmp_path, rounding_engine(first), "--drafter", "model", "--check") == 0
+    out = capsys.readouterr()
+    assert "MISMATCH" not in out.err and "bug, not a result" not in out.out
+    assert "1 rounding divergence(s)" in out.out and "0 bug(s)" in out.out
+    assert f"rounding: {first.id} model k=2 at token 2: float32 gap 0.0938 = 0.75 bfloat16 ulp" in out.out
+
+
 def test_curve_is_reported(bench_json):
     curve = bench_json[1]["curve"]
-    assert curve["source"] == "measured on the fly"  # MLXSPEC_HOME was empty
-    assert curve["ratios"]["1"] == pytest.approx(1.0) and len(curve["ratios"]) == 16
+    assert curve["source"] == "warm-up"  # the warm-up's own timings: the bench measures no curve of its own
+    assert curve["ratios"]["1"] == pytest.approx(1.0) and len(curve["ratios"]) == default_max_j()
 
 
 def test_csv_has_one_row_per_run(bench_json):

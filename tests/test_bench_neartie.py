@@ -32,10 +32,11 @@ def test_exact_tie_is_excused_and_judged_at_the_common_prefix():
     # Context = prompt + [4] (5 tokens): tokens 5 and 6 have equal logits there.
     fake = FakeTarget(V, {4: logits_with(t5=3.0, t6=3.0)})
     c = check_greedy(fake, PROMPT, [4, 5, 7], [4, 6, 1])
-    assert fake.calls == [PROMPT + [4]]
+    assert fake.calls == [PROMPT + [4]] * 2  # the working dtype's pass, then the float32 reference
     assert (c.position, c.expected, c.got) == (1, 5, 6)
     assert c.logprob_gap == pytest.approx(0.0, abs=1e-6)
-    assert c.near_tie and c.ok and not c.identical
+    assert c.near_tie and c.ok and not c.identical and c.divergence == "rounding"
+    assert c.judgement.working_dtype == "float32" and c.judgement.float32_gap == pytest.approx(0.0, abs=1e-6)
 
 
 def test_gap_just_under_the_tolerance_is_a_tie_and_just_over_is_not():
@@ -48,10 +49,10 @@ def test_gap_just_under_the_tolerance_is_a_tie_and_just_over_is_not():
 def test_big_gap_is_a_mismatch():
     fake = FakeTarget(V, {3: logits_with(t2=5.0, t3=1.0)})
     c = check_greedy(fake, PROMPT, [2, 2], [3, 3])
-    assert not c.ok and not c.near_tie
+    assert not c.ok and not c.near_tie and c.divergence == "bug"
     assert c.position == 0 and c.logprob_gap == pytest.approx(4.0, abs=1e-4)
 
 
 def test_an_output_that_ends_early_is_a_mismatch():
     c = check_greedy(FakeTarget(V, {}), PROMPT, [2, 3], [2])
-    assert not c.ok and c.position == 1 and c.got is None
+    assert not c.ok and c.position == 1 and c.got is None and c.divergence == "bug"

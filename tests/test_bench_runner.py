@@ -3,11 +3,16 @@
 import pytest
 from bench_helpers import PROMPTS, tiny_engine
 
+from tiny import VOCAB, RoundingModel, make_tokenizer
+
+from mlxspec import reference
 from mlxspec.bench import runner as runner_mod
 from mlxspec.bench.peer import rounds_from_flags
 from mlxspec.bench.runner import Setting, run_bench, settings_for
 from mlxspec.bench.summary import summarize
+from mlxspec.engine import Engine
 from mlxspec.errors import InvalidArgumentError
+from mlxspec.prompts import encode_prompt
 
 MAX = 6
 
@@ -75,7 +80,75 @@ def test_a_wrong_output_is_counted_and_reported(engine, monkeypatch):
     assert len(loud) == 1 and loud[0] is peer[0]
     assert peer[0].matches_vanilla is False and peer[0].mismatch["position"] == 0
     assert not peer[0].mismatch["near_tie"] and peer[0].mismatch["logprob_gap"] > 1e-3
-    assert summarize(res)["mismatches"] == 1
+    assert peer[0].divergence == peer[0].mismatch["divergence"] == "bug"
+    assert peer[0].mismatch["working_dtype"] == "float32" and peer[0].mismatch["float32_gap"] > 1e-3
+    s = summarize(res)
+    assert s["mismatches"] == s["bugs"] == 1 and s["rounding_divergences"] == 0
+
+
+def rounding_engine(prompt=PROMPTS[0]):
+    """A bfloat16 RoundingModel as target and draft whose tie lies at the third generated token of `prompt`."""
+    tok = make_tokenizer()
+    ids = encode_prompt(prompt.messages(), tok, VOCAB)
+    model = RoundingModel(len(ids) + 1, vocab=VOCAB)
+    return Engine(model, tok, model, num_draft=2)
+
+
+def test_a_rounding_divergence_is_counted_not_reported_as_a_bug():
+    loud = []
+    res = run_bench(rounding_engine(), PROMPTS[:1], max_tokens=MAX, num_drafts=[2], drafters=["model"],
+                    warmup=False, on_mismatch=loud.append)
+    spec = [r for r in res.runs if r.mode != "vanilla"]
+    assert [r.mode for r in spec] == ["speculative", "mlx-lm"]  # the peer's verify pass rounds alike
+    for r in spec:
+        assert r.divergence == "rounding" and r.matches_vanilla is True and r.mismatch["position"] == 2
+        assert r.mismatch["near_tie"] and r.mismatch["working_dtype"] == "bfloat16"
+        assert 0 < r.mismatch["float32_gap"] <= r.mismatch["rounding_bound"]
+    assert loud == []
+    s = summarize(res)
+    assert (s["mismatches"], s["bugs"], s["rounding_divergences"], s["near_ties"]) == (0, 0, 2, 2)
+    assert s["rounding_divergence_rate"] == pytest.approx(2 / 6)  # 3 tokens compared per run, up to the flip
+
+
+def test_an_unclassified_divergence_is_neither_a_match_nor_a_bug(monkeypatch):
+    monkeypatch.setattr(reference, "FLOAT32_MEMORY_SHARE", 0.0)  # no float32 copy fits
+    loud = []
+    res = run_bench(rounding_engine(), PROMPTS[:1], max_tokens=MAX, num_drafts=[2], drafters=["model"],
+                    peer=False, warmup=False, on_mismatch=loud.append)
+    (spec,) = [r for r in res.runs if r.mode == "speculative"]
+    assert spec.divergence == "unclassified" and spec.matches_vanilla is None and loud == [spec]
+    assert "no float32 reference" in spec.mismatch["reason"]
+    s = summarize(res)
+    assert (s["mismatches"], s["bugs"], s["unclassified"]) == (0, 0, 1)
+
+
+def test_warm_up_is_engine_warmup_for_mlxspec_and_untimed_runs_for_the_peer(monkeypatch):
+    eng = tiny_engine()
+    calls = []
+    real_warmup, real_peer = eng.warmup, runner_mod.run_peer
+
+    def warmup(**kw):
+        calls.append(("engine", kw["temperatures"], kw["max_j"]))
+        return real_warmup(**kw)
+
+    def peer(*a, **k):
+        calls.append(("peer", k["temperature"], k["max_tokens"]))
+        return real_peer(*a, **k)
+
+    eng.warmup = warmup
+    monkeypatch.setattr(runner_mod, "run_peer", peer)
+    monkeypatch.setattr(runner_mod, "default_max_j", lambda: 4)
+    res = run_bench(eng, PROMPTS[:1], max_tokens=MAX, num_drafts=["auto", 5], temperatures=[0, 0.5])
+    assert calls[0] == ("engine", [0.0, 0.5], 6)  # every verify length: k=5 needs passes of 6
+    warm = [("peer", t, n) for t in (0.0, 0.5) for n in (MAX, 1, 2)]  # then k=3's rounds cut short
+    assert calls[1:7] == warm and calls[7:] == [("peer", 0.0, MAX), ("peer", 0.5, MAX)]  # the timed runs
+    assert sorted(res.curve) == list(range(1, 7)) and all(v > 0 for v in res.curve.values())
+    assert set(res.peer_warmup_seconds) == {0.0, 0.5} and res.engine_warmup_seconds > 0
+    rows = summarize(res)["settings"]
+    for r in rows:
+        mine = r["mode"] != "mlx-lm"
+        want = res.engine_warmup_seconds if mine else res.peer_warmup_seconds[r["temperature"]]
+        assert r["warmup_seconds"] == want
 
 
 def test_no_peer_without_a_draft_model_and_bad_drafters_rejected():
@@ -83,6 +156,8 @@ def test_no_peer_without_a_draft_model_and_bad_drafters_rejected():
     assert settings_for(eng) == [Setting("vanilla", None, "0"), Setting("speculative", "ngram", "auto")]
     with pytest.raises(InvalidArgumentError, match="no draft model"):
         settings_for(eng, drafters=["model"])
+    windowed = Engine(eng.target_model, eng.tokenizer, tiny_engine().draft_model, max_kv_size=64)
+    assert [s.mode for s in settings_for(windowed)] == ["vanilla", "speculative"]  # mlx-lm cannot window
     with pytest.raises(InvalidArgumentError, match="num_draft"):
         settings_for(eng, num_drafts=[99])
 

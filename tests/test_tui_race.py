@@ -106,3 +106,50 @@ def test_stats_updates_for_the_same_side_merge():
     a, b, c = StatsUpdated(SPEC, StatsView(tokens=1)), StatsUpdated(SPEC, StatsView(tokens=2)), StatsUpdated(VANILLA, StatsView())
     assert a.can_replace(b) and not a.can_replace(c)
     assert not a.can_replace(TokensAdded(SPEC, ()))
+
+
+def rounding_turn(monkeypatch=None):
+    """One greedy turn on a bfloat16 RoundingModel whose near-tie lies at the third answer token."""
+    import mlx.core as mx
+
+    from mlxspec.engine import Engine
+    from mlxspec.prompts import encode_prompt
+    from tests.tiny import VOCAB, RoundingModel, accept_every_draft, make_tokenizer
+
+    tok = make_tokenizer()
+    messages = Conversation().messages(SPEC, "hi")
+    model = RoundingModel(len(encode_prompt(messages, tok, VOCAB)) + 1, vocab=VOCAB)
+    draft = model
+    if monkeypatch is not None:  # a wrong verifier, accepting drafts that are never the argmax
+        from mlxspec import loop
+
+        monkeypatch.setattr(loop, "read", accept_every_draft)
+        draft = RoundingModel(255, vocab=VOCAB)
+        draft.terms = mx.roll(model.terms, 1, axis=-1)  # always proposes the token after the target's argmax
+    engine = Engine(model, tok, draft, num_draft=2)
+    req = TurnRequest("hi", {s: messages for s in (SPEC, VANILLA)}, max_tokens=6)
+    return run_turn(req, {SPEC: engine, VANILLA: engine.fork()}, threading.Event(), lambda m: None)
+
+
+def test_a_rounding_divergence_reads_identical_up_to_rounding():
+    turn = rounding_turn()
+    assert turn.answers[SPEC].text != turn.answers[VANILLA].text and len(turn.answers[SPEC].tokens) == 6
+    d = turn.divergence
+    assert (d["divergence"], d["position"], d["tokens"]) == ("rounding", 2, 4)  # tokens 2..5 of the answer
+    assert "bfloat16 ulp" in d["reason"]
+    assert "greedy outputs identical up to rounding (4 tokens)" in turn.verdict() and "DIFFER" not in turn.verdict()
+    conversation = Conversation()
+    conversation.turns.append(turn)
+    assert conversation.as_dict()["turns"][0]["divergence"] == d  # /save keeps the classification
+
+
+def test_a_bug_still_reads_differ(monkeypatch):
+    turn = rounding_turn(monkeypatch)
+    assert turn.divergence["divergence"] == "bug" and "greedy outputs DIFFER from character" in turn.verdict()
+
+
+def test_an_unclassified_divergence_says_why():
+    turn = rounding_turn()
+    turn.divergence = {"divergence": "unclassified", "position": 2, "tokens": 4,
+                       "reason": "no float32 reference: a float32 copy of the weights needs 900 MiB"}
+    assert "differ from character" in turn.verdict() and "unclassified: no float32 reference" in turn.verdict()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models import gemma3_text, llama
+from mlx_lm.models.cache import KVCache
 
 # Byte-level tokenizer: ids 0..2 are special, 3..258 are the 256 bytes.
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -54,6 +58,62 @@ def _scale(model, dtype):
     # which is fine, but keep values finite and deterministic across platforms.
     model.set_dtype(dtype)
     mx.eval(model.parameters())
+
+
+class RoundingModel(nn.Module):
+    """A model whose two best logits at one known position are within one bfloat16 ulp.
+
+    Position p (of the token fed) predicts token `3 + p % 7` by a wide margin, except at
+    `tie_at`: there tokens A (= 6) and B (= 5) score 20 + 3/64 + 3/64 = 20.09375 and 20 in exact
+    arithmetic (float32). A one-row step adds the three terms in float32 and rounds once to the
+    parameter dtype (bfloat16: 20.125 > 20, A wins); a multi-row pass (prefill, verify) adds
+    them in the parameter dtype one at a time, as a reordered reduction would (20 + 0.046875
+    rounds back to 20 twice: a tie, and argmax takes B, the lower id). In float32 both orders
+    give 20.09375 and A wins everywhere. The KV cache only tracks positions.
+    """
+
+    A, B = 6, 5
+
+    def __init__(self, tie_at: int, *, vocab: int = 16, length: int = 256, dtype=mx.bfloat16):
+        super().__init__()
+        self.args = SimpleNamespace(vocab_size=vocab, max_position_embeddings=length)
+        base = mx.zeros((length, vocab)).at[mx.arange(length), 3 + mx.arange(length) % 7].add(10.0)
+        base[tie_at] = mx.zeros((vocab,)).at[mx.array([self.A, self.B])].add(20.0)
+        small = mx.zeros((length, vocab))
+        small[tie_at, self.A] = 3 / 64
+        self.terms = mx.stack([base, small, small], axis=1).astype(dtype)  # (length, 3, vocab)
+        self.layers = [None]
+
+    def make_cache(self):
+        return [KVCache()]
+
+    def __call__(self, inputs, cache=None):
+        B, S = inputs.shape
+        offset = cache[0].offset if cache else 0
+        if cache:
+            blank = mx.zeros((B, 1, S, 1), self.terms.dtype)
+            cache[0].update_and_fetch(blank, blank)
+        t = self.terms[offset + mx.arange(S)]  # (S, 3, V)
+        if S == 1:
+            z = (t[:, 0].astype(mx.float32) + t[:, 1] + t[:, 2]).astype(t.dtype)
+        else:
+            z = (t[:, 0] + t[:, 1]) + t[:, 2]
+        return mx.broadcast_to(z[None], (B, S, z.shape[-1]))
+
+
+def accept_every_draft(p):
+    """A deliberately wrong greedy verifier (for `mlxspec.loop.read`): every draft stands.
+
+    Reads the pass as `mlxspec.rounds.read` does, then keeps all k drafts and takes the
+    target's token of row k as the next one, whatever rows 0..k-1 chose.
+    """
+    from mlxspec.rounds import read
+
+    tokens, n, finite, drafts = read(p)
+    if p.k == 0 or p.decided or n == p.k:
+        return tokens, n, finite, drafts
+    rows = p.out[0].tolist()  # the target's argmax for every fed row (already on the host)
+    return drafts + [rows[p.k]], p.k, finite, drafts
 
 
 def make_tokenizer():

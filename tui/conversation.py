@@ -19,6 +19,7 @@ class Answer:
     from_draft: List[bool] = field(default_factory=list)  # per token
     finish_reason: Optional[str] = None  # "stop" | "length" | None when stopped or failed
     stats: StatsView = field(default_factory=StatsView)
+    tokens: List[int] = field(default_factory=list)  # the token ids, for the greedy check
 
 
 @dataclass
@@ -28,6 +29,10 @@ class Turn:
     temperature: float = 0.0
     stopped: bool = False  # Esc stopped it; the partial answers stay
     same_history: bool = True  # both sides started from the same messages (not so after a stopped turn)
+    # Greedy answers that differ, classified by the worker (`mlxspec.bench.neartie.check_greedy`):
+    # {"divergence": "rounding" | "bug" | "unclassified", "position": first differing token,
+    #  "tokens": speculative tokens from there on, "reason": the float32 evidence}; None otherwise.
+    divergence: Optional[dict] = None
 
     @property
     def speedup(self) -> Optional[float]:
@@ -45,7 +50,12 @@ class Turn:
         return a == b
 
     def verdict(self) -> str:
-        """One line: the speedup and whether the two greedy outputs agree."""
+        """One line: the speedup and whether the two greedy outputs agree.
+
+        Greedy outputs that differ only after a rounding divergence (float32 ranks the two tokens
+        within the working dtype's rounding) read "identical up to rounding (n tokens)", n being
+        the speculative answer's tokens from that divergence on.
+        """
         s, v = self.answers[SPEC].stats, self.answers[VANILLA].stats
         sp = self.speedup
         head = (f"speedup {sp:.2f}× ({s.tokens_per_second:.1f} vs {v.tokens_per_second:.1f} tok/s)"
@@ -56,8 +66,13 @@ class Turn:
             same = "greedy outputs identical" + (" so far" if self.stopped else "")
         elif not self.same_history:
             same = "outputs differ, as expected: the two conversations already differed (an earlier stopped turn)"
+        elif self.divergence and self.divergence["divergence"] == "rounding":
+            same = f"greedy outputs identical up to rounding ({self.divergence['tokens']} tokens)"
         else:
-            same = f"greedy outputs DIFFER from character {first_difference(self.answers[SPEC].text, self.answers[VANILLA].text)}"
+            at = first_difference(self.answers[SPEC].text, self.answers[VANILLA].text)
+            same = (f"greedy outputs differ from character {at} (unclassified: {self.divergence['reason']})"
+                    if self.divergence and self.divergence["divergence"] == "unclassified"
+                    else f"greedy outputs DIFFER from character {at}")
         return f"{head} · {same}" + (" · stopped" if self.stopped else "")
 
 
@@ -92,7 +107,7 @@ class Conversation:
             "system": self.system,
             "turns": [
                 {"user": t.user, "temperature": t.temperature, "stopped": t.stopped,
-                 "speedup": t.speedup, "identical": t.identical, "verdict": t.verdict(),
+                 "speedup": t.speedup, "identical": t.identical, "verdict": t.verdict(), "divergence": t.divergence,
                  **{side: {"text": a.text, "finish_reason": a.finish_reason,
                            "from_draft": a.from_draft, "stats": a.stats.as_dict()}
                     for side, a in t.answers.items()}}

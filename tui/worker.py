@@ -71,13 +71,39 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
         a.stats = a.stats if isinstance(a.stats, StatsView) else StatsView.of(a.stats)
     turn = Turn(request.user, answers, temperature=request.temperature, stopped=cancel.is_set(),
                 same_history=request.messages[SPEC] == request.messages[VANILLA])
+    if turn.temperature == 0 and turn.same_history and not turn.identical:
+        turn.divergence = classify(engines[SPEC], request.messages[SPEC], answers, stopped=turn.stopped)
     post(TurnFinished(turn, error))
     return turn
+
+
+def classify(engine, messages: List[dict], answers: Dict[str, Answer], *, stopped: bool) -> Optional[dict]:
+    """Classify where two greedy answers part (float32 reference pass; after the timing). None: they do not.
+
+    A stopped turn compares only as far as both sides got.
+    """
+    from mlxspec.bench.neartie import check_greedy
+    from mlxspec.prompts import encode_prompt
+
+    spec, van = answers[SPEC].tokens, answers[VANILLA].tokens
+    if stopped:
+        spec, van = spec[: len(van)], van[: len(spec)]
+    try:
+        ids = encode_prompt(messages, engine.tokenizer, engine.vocab_size)
+        check = check_greedy(engine.target_model, ids, van, spec, max_kv_size=engine.max_kv_size)
+    except Exception as e:  # a check that cannot run says so; it never fails the turn
+        return {"divergence": "unclassified", "position": None, "tokens": None, "reason": f"{type(e).__name__}: {e}"}
+    if check.identical:
+        return None
+    reason = check.judgement.reason if check.judgement is not None else "the outputs end differently"
+    return {"divergence": check.divergence, "position": check.position, "tokens": len(spec) - check.position,
+            "reason": reason}
 
 
 def _record(a: Answer, pending: list, events) -> None:
     for ev in events:
         a.text += ev.text
+        a.tokens.append(ev.token)
         a.from_draft.append(ev.from_draft)
         a.finish_reason = ev.finish_reason or a.finish_reason
         a.stats = ev.stats  # the live object; frozen into a StatsView when the turn ends

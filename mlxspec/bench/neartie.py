@@ -1,11 +1,12 @@
-"""Greedy output check: is a differing output a numerical near-tie or a bug?
+"""Greedy output check: is a differing output a rounding divergence or a bug?
 
-At temperature 0 speculative decoding must reproduce plain decoding token for token. Batched
-verification computes the same logits with a different reduction order, so where the
-target's top two tokens are within float noise the argmax may flip; after that the texts
-legitimately diverge. So only the first diverging position is judged: the target is run on
-prompt + the common prefix, and if its log-probs of the two candidate tokens differ by less
-than `tol` (default 1e-3) the difference is excused as a near-tie. Anything else is a bug.
+At temperature 0 speculative decoding must reproduce plain decoding token for token; where
+the target's two best tokens are within rounding of each other, the argmax may flip between
+a verify pass and a one-row step, and after that the texts legitimately part. So only the
+first diverging position is judged, by `mlxspec.reference.judge`: the target recomputes that
+position in float32 and the two candidates are compared there against the rounding the
+working dtype allows (float32: the old 1e-3 near-tie rule). The working-dtype log-prob gap
+is kept beside it as `logprob_gap`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
-NEAR_TIE_TOL = 1e-3  # log-prob gap below which two tokens count as tied
+from ..reference import BUG, NEAR_TIE_TOL, ROUNDING, Judgement, judge, next_token_logits
+
+__all__ = ["GreedyCheck", "NEAR_TIE_TOL", "check_greedy", "first_divergence", "next_token_logprobs"]
 
 
 @dataclass
@@ -24,13 +27,21 @@ class GreedyCheck:
     position: Optional[int] = None  # first index (in generated tokens) where they differ
     expected: Optional[int] = None  # the reference's token there (None: the reference ended)
     got: Optional[int] = None  # the candidate's token there (None: the candidate ended)
-    logprob_gap: Optional[float] = None  # |log p(expected) - log p(got)| under the target
-    near_tie: bool = False  # the difference is excused (gap < tol)
+    logprob_gap: Optional[float] = None  # |log p(expected) - log p(got)| under the target in its working dtype
+    near_tie: bool = False  # the difference is excused: a rounding divergence
+    judgement: Optional[Judgement] = None  # the float32 evidence (None when identical or one output ended)
+
+    @property
+    def divergence(self) -> Optional[str]:
+        """None (identical), "rounding", "bug" or "unclassified" (no float32 reference could run)."""
+        if self.identical:
+            return None
+        return self.judgement.kind if self.judgement is not None else BUG
 
     @property
     def ok(self) -> bool:
-        """True when the outputs agree or differ only after a near-tie."""
-        return self.identical or self.near_tie
+        """True when the outputs agree or differ only after a rounding divergence."""
+        return self.identical or self.divergence == ROUNDING
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
@@ -42,13 +53,13 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
 
 
 def next_token_logprobs(model, ids: List[int]) -> mx.array:
-    """Log-probabilities (float32, shape (V,)) of the token after `ids`, from a cache-free forward."""
-    logits = model(mx.array(ids, dtype=mx.uint32)[None])[0, -1].astype(mx.float32)
+    """Log-probabilities (float32, shape (V,)) of the token after `ids`, in the model's working dtype."""
+    logits = next_token_logits(model, list(ids))
     return logits - mx.logsumexp(logits)
 
 
 def check_greedy(model, prompt_ids: List[int], reference: Sequence[int], candidate: Sequence[int], *,
-                 tol: float = NEAR_TIE_TOL) -> GreedyCheck:
+                 max_kv_size: Optional[int] = None, max_extra_bytes: Optional[int] = None) -> GreedyCheck:
     """Compare a candidate's greedy output with the reference (vanilla) output.
 
     Args:
@@ -56,11 +67,12 @@ def check_greedy(model, prompt_ids: List[int], reference: Sequence[int], candida
         prompt_ids: the prompt's token ids, as both generations saw them.
         reference: the vanilla output tokens.
         candidate: the speculative (or peer) output tokens.
-        tol: log-prob gap under which the first difference is a near-tie. Default 1e-3.
+        max_kv_size: the engine's KV window, so the judged position sees what the engine saw. Default None.
+        max_extra_bytes: memory allowed for the float32 copy (`reference.float32_weights`). Default: its own.
 
     Returns:
-        A GreedyCheck; `.ok` is False for a difference that is not a near-tie (including one
-        output ending where the other goes on: that is never a float-noise effect).
+        A GreedyCheck; `.divergence` classifies a difference. One output ending where the other
+        goes on is a bug: with the same max_tokens that is never a rounding effect.
     """
     pos = first_divergence(reference, candidate)
     if pos is None:
@@ -69,6 +81,8 @@ def check_greedy(model, prompt_ids: List[int], reference: Sequence[int], candida
     got = candidate[pos] if pos < len(candidate) else None
     if exp is None or got is None:
         return GreedyCheck(False, pos, exp, got)
-    lp = next_token_logprobs(model, list(prompt_ids) + list(reference[:pos]))
-    gap = abs(float(lp[exp]) - float(lp[got]))
-    return GreedyCheck(False, pos, exp, got, gap, gap < tol)
+    context = list(prompt_ids) + list(reference[:pos])
+    z = next_token_logits(model, context, max_kv_size=max_kv_size)
+    gap = abs(float(z[exp]) - float(z[got]))  # log-softmax shifts both alike: the logit gap is the log-prob gap
+    j = judge(model, context, exp, got, max_kv_size=max_kv_size, max_extra_bytes=max_extra_bytes)
+    return GreedyCheck(False, pos, exp, got, gap, j.kind == ROUNDING, j)

@@ -4,6 +4,14 @@ JSON keys (read by tools outside mlxspec; only add keys, never rename):
     mlxspec_version, device{backend,name,os}, pair{name,target,draft,drafters},
     settings{max_tokens,temperature,num_draft,seed}, runs[...], summary{speedup_vs_vanilla,
     speedup_vs_mlx_lm, by_category{<cat>{speedup_vs_vanilla}}, mismatches}
+Greedy checks (added): pair.working_dtype; per run `divergence` (null | "rounding" | "bug" |
+"unclassified") and, when outputs differ, `mismatch` with the float32 evidence (float32_gap,
+logit_magnitude, rounding_bound, reason); summary{bugs, rounding_divergences, unclassified,
+rounding_divergence_rate} and the same counts per settings row. `mismatches` counts bugs only.
+Warm-up (added): summary.engine_warmup_seconds (one `engine.warmup()`, shared by vanilla and every
+speculative setting), summary.peer_warmup_seconds (mlx-lm's untimed runs), summary.warmup_seconds
+(both), and per settings row `warmup_seconds` with `warmup` ("engine.warmup (shared)" | "untimed
+runs"), none of it inside any timed run. The `curve` is the warm-up's V(j) (source "warm-up").
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from typing import Optional
 
 from .. import __version__
 from ..device import describe as describe_device
+from ..reference import dtype_name, working_dtype
 from .peer import PEER_NUM_DRAFT
 from .runner import BenchResult, RunRecord, Setting
 from .summary import label, setting_of, summarize
@@ -26,7 +35,8 @@ def pair_info(engine, drafters) -> dict:
     draft = None
     if engine.draft_model is not None:
         draft = getattr(d_info, "ref", None) or type(engine.draft_model).__module__.rsplit(".", 1)[-1]
-    return {"name": getattr(engine, "pair_name", None), "target": target, "draft": draft, "drafters": list(drafters)}
+    return {"name": getattr(engine, "pair_name", None), "target": target, "draft": draft, "drafters": list(drafters),
+            "working_dtype": dtype_name(working_dtype(engine.target_model))}
 
 
 def to_json(result: BenchResult, *, pair: dict, curve: Optional[dict] = None, prompts_source: str = "builtin") -> dict:
@@ -89,14 +99,15 @@ def print_report(doc: dict, console) -> None:
 
     t = Table(title="Settings (medians over prompts; speedups pair by pair)")
     for col in ("setting", *(("temp",) if many_t else ()), "tok/s", "vs vanilla", "vs mlx-lm", "accept",
-                "tok/pass", "prefill s", "peak MiB", "mismatch"):
+                "tok/pass", "prefill s", "warm-up s", "peak MiB", "mismatch", "rounding"):
         t.add_column(col, justify="left" if col == "setting" else "right", no_wrap=col == "setting")
     for r in rows:
         t.add_row(r["label"], *((f"{r['temperature']:g}",) if many_t else ()), _f(r["tokens_per_second"]),
                   _x(r["speedup_vs_vanilla"]), _x(r["speedup_vs_mlx_lm"]), _f(r["acceptance_rate"], "{:.0%}"),
                   _f(r["tokens_per_target_pass"], "{:.2f}"), _f(r["prompt_seconds"], "{:.3f}"),
+                  _f(r.get("warmup_seconds"), "{:.2f}") + ("*" if (r.get("warmup") or "").startswith("engine") else ""),
                   f"{r['peak_memory_bytes'] / 2**20:.0f}",
-                  f"[red]{r['mismatches']}[/red]" if r["mismatches"] else "0")
+                  f"[red]{r['mismatches']}[/red]" if r["mismatches"] else "0", str(r.get("rounding_divergences", 0)))
     console.print(t)
 
     spec = [r for r in rows if r["mode"] != "vanilla"]
@@ -135,12 +146,45 @@ def print_report(doc: dict, console) -> None:
             + f"[/bold] (median of per-prompt ratios, {doc['settings']['prompt_count']} prompts, "
             f"{doc['settings']['max_tokens']} tokens, {doc['device']['backend']} {doc['device']['name']})")
     console.print(head)
+    if s.get("engine_warmup_seconds") is not None:
+        console.print(f"warm-up (untimed, before any timed run): *engine.warmup() {s['engine_warmup_seconds']:.1f} s, "
+                      "shared by vanilla and every speculative setting"
+                      + (f"; mlx-lm's untimed runs {s['peer_warmup_seconds']:.1f} s"
+                         if s.get("peer_warmup_seconds") is not None else ""))
+    if 0 not in doc["settings"]["temperatures"]:
+        console.print("outputs not compared (temperature > 0)")
+        return
     if s["mismatches"]:
         console.print(f"[bold red]{s['mismatches']} greedy output(s) differ from vanilla beyond a near-tie: "
                       "a faster but different output is a bug, not a result.[/bold red]")
-    else:
-        console.print(f"greedy outputs: all match vanilla ({s['near_ties']} near-tie divergence(s) excused)"
-                      if doc["settings"]["temperature"] == 0 else "outputs not compared (temperature > 0)")
+    console.print(greedy_line(doc))
+    for line in rounding_lines(doc):
+        console.print(line)
+
+
+def greedy_line(doc: dict) -> str:
+    """The counted line of greedy checks: identical, rounding divergences, bugs (and unclassified)."""
+    s = doc["summary"]
+    runs = [r for r in doc["runs"] if r["mode"] != "vanilla" and r["temperature"] == 0]
+    identical = sum(1 for r in runs if r["matches_vanilla"] is True and not r.get("divergence"))
+    dtype = doc["pair"].get("working_dtype") or "?"
+    rate = s.get("rounding_divergence_rate")
+    line = (f"greedy checks vs vanilla ({dtype}, float32 reference): {identical} identical, "
+            f"{s['rounding_divergences']} rounding divergence(s)"
+            + (f" ({rate * 1000:.2f} per 1000 tokens)" if rate else "") + f", {s['bugs']} bug(s)")
+    if s.get("unclassified"):
+        line += f", [yellow]{s['unclassified']} unclassified (no float32 reference; see --json)[/yellow]"
+    return line
+
+
+def rounding_lines(doc: dict, most: int = 10) -> list:
+    """One calm line per rounding divergence (the first `most`): where, and the float32 evidence."""
+    found = [r for r in doc["runs"] if r.get("divergence") == "rounding"]
+    lines = [f"[dim]  rounding: {r['prompt_id']} {label(Setting(r['mode'], r['drafter'], r['num_draft']))} at "
+             f"token {r['mismatch']['position']}: {r['mismatch']['reason']}[/dim]" for r in found[:most]]
+    if len(found) > most:
+        lines.append(f"[dim]  ... and {len(found) - most} more (--json has them all)[/dim]")
+    return lines
 
 
 def label_of(d: dict) -> str:
@@ -153,13 +197,16 @@ def _hist(h: dict) -> str:
 
 
 def mismatch_line(r: RunRecord) -> str:
-    """The loud one-line report of a greedy mismatch (rich markup)."""
+    """The one-line report of a greedy mismatch that is not rounding (rich markup): loud for a bug."""
     m = r.mismatch or {}
     gap = m.get("logprob_gap")
-    return (f"[bold red]MISMATCH[/bold red] [red]{r.prompt_id} {label(setting_of(r))}: token {m.get('position')} is "
-            f"{m.get('text')!r} where vanilla has {m.get('vanilla_text')!r}"
-            + (f" (log-prob gap {gap:.4f}, not a near-tie)" if gap is not None else " (outputs end differently)")
-            + "[/red]")
+    where = (f"{r.prompt_id} {label(setting_of(r))}: token {m.get('position')} is {m.get('text')!r} where "
+             f"vanilla has {m.get('vanilla_text')!r}")
+    if r.divergence == "unclassified":
+        return f"[yellow]UNCLASSIFIED {where} ({m.get('reason')})[/yellow]"
+    return (f"[bold red]MISMATCH[/bold red] [red]{where}"
+            + (f" (log-prob gap {gap:.4f}, not a near-tie: {m.get('reason')})" if gap is not None
+               else " (outputs end differently)") + "[/red]")
 
 
 def report_console():

@@ -5,20 +5,32 @@ each speculative setting (drafter x draft length), then the mlx-lm peer when the
 has a draft model. Interleaving makes slow machine drift (thermals, other load) hit all
 modes alike. Before each run the engine's caches are dropped (`engine.reset()`), so no
 mode reuses another's prompt cache; the cost model's learned state is kept, as a user
-would have it. One untimed warm-up pass of every setting comes first.
+would have it.
+
+Warm-up comes first and is timed apart, so no first-use compilation lands in a timed run.
+mlxspec's settings (vanilla and every drafter x k) are covered by one `engine.warmup()`:
+every verify length they can use, plain steps and model drafters, at every temperature; its
+timings also seed the cost model's V(j), so the bench measures no curve of its own. mlx-lm's
+peer is not the engine: it gets short untimed runs of its own on the first prompt at every
+temperature, one per verify length it can use.
 
 All modes are timed the same way: tokens generated / seconds after prompt processing
 (the engine's own `GenerationStats.seconds`; the peer is prefilled to the same point).
-At temperature 0 each non-vanilla output is checked against vanilla (see `neartie`).
+At temperature 0 each non-vanilla output is checked against vanilla (see `neartie`): a
+divergence is "rounding", "bug" or "unclassified", judged by a float32 reference pass
+outside the timing.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import InvalidArgumentError
 from ..prompts import check_num_draft, encode_prompt
+from ..reference import UNCLASSIFIED
+from ..warmup import default_max_j
 from .neartie import GreedyCheck, check_greedy
 from .peer import PEER_NUM_DRAFT, run_peer
 from .prompts import BenchPrompt
@@ -53,14 +65,16 @@ class RunRecord:
     acceptance_rate: float
     tokens_per_target_pass: float
     peak_memory_bytes: int
-    matches_vanilla: Optional[bool]  # None when not greedy (or for vanilla itself: True)
+    matches_vanilla: Optional[bool]  # True: identical or a rounding divergence; False: a bug; None: not
+    # compared (sampling) or unclassified (no float32 reference could run); vanilla itself: True
     # -- extras ---------------------------------------------------------------------------------
     order: int = 0  # execution index within the bench (0, 1, 2, ...)
     temperature: float = 0.0
     accept_histogram: dict = field(default_factory=dict)  # accepted per drafting round -> rounds
     k_histogram: dict = field(default_factory=dict)  # draft length per round -> rounds
-    mismatch: Optional[dict] = None  # first divergence vs vanilla (GreedyCheck fields) when outputs differ
+    mismatch: Optional[dict] = None  # first divergence vs vanilla (GreedyCheck fields + float32 evidence)
     mlx_lm_generation_tps: Optional[float] = None  # the peer's own figure, for reference
+    divergence: Optional[str] = None  # None (identical or not compared) | "rounding" | "bug" | "unclassified"
     output_tokens: List[int] = field(default_factory=list, repr=False)  # not written to JSON
 
     def as_dict(self) -> dict:
@@ -77,11 +91,24 @@ class BenchResult:
     max_tokens: int
     seed: int
     default_setting: Setting  # the one summarised as `speedup_vs_vanilla`
+    peer_warmup_seconds: Dict[float, float] = field(default_factory=dict)  # temperature -> the peer's untimed runs
+    engine_warmup_seconds: Optional[float] = None  # `engine.warmup()`: covers every mlxspec setting
+    curve: Dict[int, float] = field(default_factory=dict)  # j -> seconds of a target pass, timed by the warm-up
+
+    def warmup_seconds(self, s: Setting, temperature: float) -> Optional[float]:
+        """Seconds of the warm-up that covered `s`: the peer's own runs, else the shared `engine.warmup()`."""
+        if s.mode == "mlx-lm":
+            return self.peer_warmup_seconds.get(temperature)
+        return self.engine_warmup_seconds
 
 
 def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts: Sequence = ("auto",),
                  peer: bool = True) -> List[Setting]:
-    """Vanilla, then drafter x num_draft speculative settings, then the peer (if a draft model exists)."""
+    """Vanilla, then drafter x num_draft speculative settings, then the peer (if a draft model exists).
+
+    No peer with a KV window (`max_kv_size`): mlx-lm's speculative decoding cannot roll back a
+    wrapped window, and without one it would attend to what vanilla no longer sees.
+    """
     if not drafters:  # the engine's default drafter, and the draft model too when there is one
         drafters = [engine.default_drafter] + (["model"] if "model" in engine.drafters else [])
         drafters = list(dict.fromkeys(d for d in drafters if d != "none")) or ["none"]
@@ -97,7 +124,7 @@ def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts
         ks.append("auto" if k in (None, "auto") else str(k))
     out = [Setting("vanilla", None, "0")]
     out += [Setting("speculative", d, k) for d in drafters for k in ks]
-    if peer and engine.draft_model is not None:
+    if peer and engine.draft_model is not None and engine.max_kv_size is None:
         out.append(Setting("mlx-lm", "model", str(PEER_NUM_DRAFT)))
     return out
 
@@ -127,9 +154,11 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
         drafters: drafter names. Default: the engine's default drafter.
         seed: the same seed for every run. Default 0.
         peer: run mlx-lm's speculative decoding when the engine has a draft model. Default True.
-        warmup: one untimed short pass of every setting at every temperature first. Default True.
+        warmup: `engine.warmup()` (every mlxspec setting, all temperatures) and the peer's untimed runs
+            first, timed apart (`BenchResult.warmup_seconds`). Default True.
         on_run: called with each record as it completes (progress bars).
-        on_mismatch: called with a record whose greedy output differs from vanilla beyond a near-tie.
+        on_mismatch: called with a record whose greedy output differs from vanilla other than by a
+            rounding divergence (`rec.divergence` is "bug" or "unclassified").
     """
     if not prompts:
         raise InvalidArgumentError("[bench] no prompts to run")
@@ -141,10 +170,18 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer)
     encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
 
-    if warmup:  # every setting at every temperature: samplers and kernels compile on first use
-        for t in temps:
-            for s in settings:
-                _run_one(engine, s, prompts[0], encoded[0], min(WARMUP_TOKENS, max_tokens), t, seed)
+    peer_warm: Dict[float, float] = {}
+    engine_warm, curve = None, {}
+    if warmup:  # kernels and samplers compile on first use: never inside a timed run
+        fixed = [int(s.num_draft) for s in settings if s.mode == "speculative" and s.num_draft != "auto"]
+        t0 = time.perf_counter()
+        info = engine.warmup(temperatures=temps, max_j=max([default_max_j()] + [k + 1 for k in fixed]))
+        engine_warm, curve = time.perf_counter() - t0, dict(info.get("curve") or {})
+        for s in settings:
+            if s.mode == "mlx-lm":
+                for t in temps:
+                    peer_warm[t] = _warm_up_peer(engine, s, prompts[0], encoded[0], min(WARMUP_TOKENS, max_tokens),
+                                                 t, seed)
 
     runs: List[RunRecord] = []
     for p, ids in zip(prompts, encoded):
@@ -157,8 +194,10 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                     vanilla = rec
                     rec.matches_vanilla = True if t == 0 else None
                 elif t == 0 and vanilla is not None:
-                    check = check_greedy(engine.target_model, ids, vanilla.output_tokens, rec.output_tokens)
-                    rec.matches_vanilla = check.ok
+                    check = check_greedy(engine.target_model, ids, vanilla.output_tokens, rec.output_tokens,
+                                         max_kv_size=engine.max_kv_size)
+                    rec.divergence = check.divergence
+                    rec.matches_vanilla = None if rec.divergence == UNCLASSIFIED else check.ok
                     if not check.identical:
                         rec.mismatch = _mismatch_dict(check, engine.tokenizer)
                     if not check.ok and on_mismatch is not None:
@@ -166,7 +205,19 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                 runs.append(rec)
                 if on_run is not None:
                     on_run(rec)
-    return BenchResult(runs, settings, temps, max_tokens, seed, default_setting(engine, settings))
+    return BenchResult(runs, settings, temps, max_tokens, seed, default_setting(engine, settings), peer_warm,
+                       engine_warm, curve)
+
+
+def _warm_up_peer(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int, temperature: float,
+                  seed: int) -> float:
+    """Seconds of the peer's untimed runs: `max_tokens` tokens, then one run per shorter draft length
+    (a round cut by max_tokens drafts fewer), so every verify length it can use has run once."""
+    t0 = time.perf_counter()
+    _run_one(engine, s, p, ids, max_tokens, temperature, seed)
+    for n in range(1, min(int(s.num_draft), max_tokens)):
+        _run_one(engine, s, p, ids, n, temperature, seed)
+    return time.perf_counter() - t0
 
 
 def _run_one(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int, temperature: float,
@@ -201,6 +252,8 @@ def _mismatch_dict(check: GreedyCheck, tokenizer) -> dict:
     def show(t):
         return None if t is None else tokenizer.decode([t])
 
+    evidence = check.judgement.as_dict() if check.judgement is not None else {
+        "divergence": check.divergence, "reason": "the outputs end differently"}
     return {"position": check.position, "vanilla_token": check.expected, "token": check.got,
             "vanilla_text": show(check.expected), "text": show(check.got),
-            "logprob_gap": check.logprob_gap, "near_tie": check.near_tie}
+            "logprob_gap": check.logprob_gap, "near_tie": check.near_tie, **evidence}

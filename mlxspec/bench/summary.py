@@ -80,13 +80,35 @@ def setting_rows(result: BenchResult) -> List[dict]:
                 "speedup_vs_mlx_lm": vs_peer,
                 "k_histogram": dict(sorted(k_hist.items(), key=lambda kv: int(kv[0]))),
                 "accept_histogram": dict(sorted(acc_hist.items(), key=lambda kv: int(kv[0]))),
-                "mismatches": sum(1 for r in runs if r.matches_vanilla is False),
+                **divergence_counts(runs),
+                "warmup_seconds": result.warmup_seconds(s, t),
+                "warmup": None if result.warmup_seconds(s, t) is None else
+                "untimed runs" if s.mode == "mlx-lm" else "engine.warmup (shared)",
             })
     return rows
 
 
+def divergence_counts(runs: List[RunRecord]) -> dict:
+    """Greedy divergences from vanilla by kind; `mismatches` counts the bugs (what fails `--check`)."""
+    bugs = sum(1 for r in runs if r.divergence == "bug")
+    return {"mismatches": bugs, "bugs": bugs,
+            "rounding_divergences": sum(1 for r in runs if r.divergence == "rounding"),
+            "unclassified": sum(1 for r in runs if r.divergence == "unclassified")}
+
+
+def rounding_divergence_rate(runs: List[RunRecord]) -> Optional[float]:
+    """Rounding divergences per greedy token compared with vanilla, or None if nothing was compared.
+
+    A run counts its tokens up to and including its first divergence (after it nothing is
+    comparable), so this estimates the chance that a given token flips by rounding.
+    """
+    compared = [r for r in runs if r.mode != "vanilla" and r.matches_vanilla is not None]  # greedy, classified
+    tokens = sum(r.mismatch["position"] + 1 if r.mismatch else r.tokens for r in compared)
+    return sum(1 for r in compared if r.divergence == "rounding") / tokens if tokens else None
+
+
 def summarize(result: BenchResult) -> dict:
-    """The JSON `summary`: default-setting speedups overall and per category, mismatches, and tables."""
+    """The JSON `summary`: default-setting speedups overall and per category, divergences, and tables."""
     s, t0 = result.default_setting, result.temperatures[0]
     has_peer = any(r.mode == "mlx-lm" for r in result.runs)
 
@@ -108,8 +130,13 @@ def summarize(result: BenchResult) -> dict:
     return {
         **speedups(),
         "by_category": by_category,
-        "mismatches": sum(1 for r in result.runs if r.matches_vanilla is False),
-        "near_ties": sum(1 for r in result.runs if r.mismatch and r.mismatch.get("near_tie")),
+        **divergence_counts(result.runs),
+        "near_ties": sum(1 for r in result.runs if r.mismatch and r.mismatch.get("near_tie")),  # = rounding
+        "rounding_divergence_rate": rounding_divergence_rate(result.runs),
+        "engine_warmup_seconds": result.engine_warmup_seconds,
+        "peer_warmup_seconds": sum(result.peer_warmup_seconds.values()) if result.peer_warmup_seconds else None,
+        "warmup_seconds": None if result.engine_warmup_seconds is None else
+        result.engine_warmup_seconds + sum(result.peer_warmup_seconds.values()),
         "default_setting": {"drafter": s.drafter, "num_draft": s.num_draft, "temperature": t0},
         "settings": setting_rows(result),
     }
