@@ -28,7 +28,8 @@ import mlx.core as mx
 from .drafters import Draft
 from .errors import NumericalError
 from .prompts import MAX_DRAFT
-from .rounds import Pass, plain_step, read, verify_round
+from . import treeplan
+from .rounds import Pass, plain_step, read, tree_round, verify_round
 from .sampling import SamplingParams
 from .stats import GenerationStats, TokenEvent
 from .text import TextAssembler
@@ -40,7 +41,8 @@ def draw_seed() -> int:
 
 
 def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
-             k_fixed: Optional[int], stop: List[str], stats: GenerationStats) -> Iterator[TokenEvent]:
+             k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0) -> Iterator[TokenEvent]:
+    """`tree`: most nodes of a draft tree (0: chains only)."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -83,6 +85,19 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         k = cost.choose(len(proposal) - 1, kind=proposal.kind) if len(proposal) > 1 else 0
         return k == 0, ((proposal.tokens[0], proposal.kind) if k == 0 else None), 0
 
+    def free_draft(k_cap: int):
+        """A free drafter's draft for the exact history: a chain, or a tree pruned to what pays;
+        and, when nothing is drafted, its guess of the next token (a free acceptance probe)."""
+        if tree and hasattr(drafter, "propose_tree"):
+            proposal = drafter.propose_tree(hist, k_cap, k_cap + min(tree, MAX_DRAFT), params, seed)
+            draft = treeplan.plan(proposal, cost, min(tree, MAX_DRAFT))
+        else:
+            proposal = drafter.propose(hist, k_cap, params, seed)
+            k = cost.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
+            draft = Draft(proposal.tokens[:k], None, proposal.kind)
+        shadow = (proposal.tokens[0], proposal.kind) if len(proposal) and not len(draft) else None
+        return draft, shadow
+
     def enqueue(model_k: Optional[int] = None) -> Pass:
         """The next pass, decided on the exact committed history."""
         k_cap = min(room() - 1, MAX_DRAFT)
@@ -95,13 +110,11 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             k = min(model_k, k_cap) if model_k else cost.choose(k_cap)
             draft = drafter.propose(hist, k, params, seed) if k else Draft([])
         else:
-            proposal = drafter.propose(hist, k_cap, params, seed)
-            k = cost.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
-            draft = Draft(proposal.tokens[:k], None, proposal.kind)
-            if len(proposal) and not k:
-                shadow = (proposal.tokens[0], proposal.kind)
+            draft, shadow = free_draft(k_cap)
         if not len(draft):
             p = plain_step(target, hist[-1], params, seed, len(hist))
+        elif draft.parents is not None:
+            p = tree_round(target, hist[-1], draft, params, seed, len(hist))
         else:
             p = verify_round(target, hist[-1], draft, params, seed, len(hist))
         p.shadow = shadow
@@ -137,7 +150,10 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             # Commit: settle lazily fed tokens, drop rejected drafts, extend the history.
             if pending.drafts is None:
                 target.settle(pending.start, [hist[-1], *drafts])
-            target.rollback(pending.k - n)
+            if pending.parents is not None:
+                target.keep_path(pending.start, pending.path)
+            else:
+                target.rollback(pending.k - n)
             if nxt is not None:
                 target.settle(nxt.start, new)
             hist.extend(new)
@@ -152,11 +168,13 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 engine.curve.observe_plain(period)
             else:
                 cost.observe_round(pending.k, period)
-            if pending.k:
+            if pending.parents is not None:
+                treeplan.observe(cost, Draft(drafts, kind=pending.kind, parents=pending.parents), pending.path)
+            elif pending.k:
                 cost.observe_acceptance(pending.k, n, pending.kind)
             elif guess is not None:
                 cost.observe_acceptance(1, float(guess[0] == new[0]), guess[1])
-            stats.record_round(pending.k, n)
+            stats.record_round(pending.k, n, tree=pending.parents is not None)
             done = pending
 
             # The end, known from the tokens alone: EOS, max_tokens, the context.
