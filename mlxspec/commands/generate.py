@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .argtypes import num_draft
+from .argtypes import num_draft, tree
 
 
 def register(subparsers) -> None:
@@ -41,6 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none)")
     p.add_argument("--num-draft", type=num_draft, default=None, metavar="auto|N",
                    help="tokens drafted per round: 'auto' (the cost model picks) or a number >= 1 (default: the engine's)")
+    p.add_argument("--tree", type=tree, default=None, metavar="auto|off|N",
+                   help="draft trees: auto (default: the cost model sizes them), off (chains only), or a node cap")
     p.add_argument("--max-kv-size", type=int, default=None, metavar="W",
                    help="keep at most W tokens of KV (a sliding window); default: unbounded")
     p.add_argument("--dtype", choices=["auto", "quantized", "bfloat16", "float16", "float32"], default=None,
@@ -55,7 +57,7 @@ def run(args) -> int:
 
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     engine = load(args.target or args.pair or "demo", args.draft, dtype=args.dtype, drafter=args.drafter,
-                  max_kv_size=args.max_kv_size, num_draft=args.num_draft)
+                  max_kv_size=args.max_kv_size, num_draft=args.num_draft, tree=args.tree)
     prompt = prompt_text if args.no_chat_template else [{"role": "user", "content": prompt_text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft)
