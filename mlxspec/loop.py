@@ -70,7 +70,10 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         return r if context is None else min(r, context - len(hist))
 
     def decide_early():
-        """Before reading a plain step: (chain a plain step?, guess of its token, a model drafter's k)."""
+        """Before reading a plain step: (chain a plain step?, guess of its token, a model drafter's k).
+
+        Judged on the chain alone (a tree adds branches to it): when the chain would not pay, a
+        tree on a device where it could is not tried either, which keeps this early call cheap."""
         if name == "none" or k_fixed == 0:
             return True, None, 0
         if k_fixed is not None:
