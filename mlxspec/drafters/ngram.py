@@ -16,7 +16,8 @@ from .base import Draft
 
 SEP = -1  # between histories in the corpus: no n-gram or continuation crosses it
 MAX_CORPUS = 1 << 17  # tokens of earlier histories kept (the oldest are dropped past this)
-MAX_OCCURRENCES = 32  # most recent occurrences of a suffix merged into a tree
+MAX_OCCURRENCES = 16  # most recent occurrences of a suffix merged into a tree
+SIDE_DEPTH = 8  # levels of the other occurrences' continuations merged (the chain goes deeper)
 
 
 class NgramDrafter:
@@ -122,7 +123,7 @@ class NgramDrafter:
             if e == end:
                 continue
             node = trie
-            for i in range(depth):
+            for i in range(min(depth, SIDE_DEPTH)):
                 if e + i >= len(self._corpus) or self._corpus[e + i] == SEP:
                     break
                 tok = self._corpus[e + i]
