@@ -33,6 +33,19 @@ class GrowingKVCache(KVCache):
     def can_trim(self, n: int) -> bool:
         return 0 <= n <= self.offset
 
+    # -- trees (see mlxspec.tree) ---------------------------------------------------------
+    def key_positions(self, N: int) -> np.ndarray:
+        """Absolute position of each key column an N-token write will return."""
+        return np.arange(self.offset + N, dtype=np.int64)
+
+    def span(self, window_size: Optional[int]):
+        """(keys visible to a query or None for all, leading positions always visible)."""
+        return window_size, 0
+
+    def move(self, src: List[int], dst: List[int]) -> None:
+        """Copy the entries at positions `src` to positions `dst` (within what was written)."""
+        _copy_entries(self, np.asarray(src), np.asarray(dst))
+
 
 class WindowKVCache:
     """Sliding-window cache with O(1) rollback of up to `headroom` tokens past the newest write.
@@ -162,6 +175,20 @@ class WindowKVCache:
             self.values[..., a:b, :] = values[..., s : s + (b - a), :]
             i = j
 
+    # -- trees (see mlxspec.tree) ---------------------------------------------------------
+    def key_positions(self, N: int) -> np.ndarray:
+        """Absolute position held by each key column an N-token write will return (-1: empty)."""
+        return self._layout(N)[0]
+
+    def span(self, window_size: Optional[int]):
+        """(keys visible to a query, leading positions always visible)."""
+        return (min(self.window, window_size) if window_size else self.window), self.keep
+
+    def move(self, src: List[int], dst: List[int]) -> None:
+        """Copy the entries at positions `src` to positions `dst`, all among the newest written
+        (so within the ring's headroom: no live entry is overwritten)."""
+        _copy_entries(self, self._slots(np.asarray(src)), self._slots(np.asarray(dst)))
+
     # -- rollback -------------------------------------------------------------------------
     def can_trim(self, n: int) -> bool:
         """True when the keys the next query would need after trimming n are still stored."""
@@ -210,6 +237,24 @@ class WindowKVCache:
     @property
     def meta_state(self):
         return tuple(map(str, (self.window, self.keep, self.headroom, self.offset, self._hi, self._used)))
+
+def _copy_entries(cache, src: np.ndarray, dst: np.ndarray) -> None:
+    """keys/values[..., dst, :] = keys/values[..., src, :], gathered before any write; runs of
+    consecutive destinations become slice writes."""
+    if not src.size:
+        return
+    idx = mx.array(src.astype(np.int32))
+    k, v = mx.take(cache.keys, idx, axis=2), mx.take(cache.values, idx, axis=2)
+    i, n = 0, dst.size
+    while i < n:
+        j = i + 1
+        while j < n and dst[j] == dst[j - 1] + 1:
+            j += 1
+        a, b = int(dst[i]), int(dst[j - 1]) + 1
+        cache.keys[..., a:b, :] = k[..., i:j, :]
+        cache.values[..., a:b, :] = v[..., i:j, :]
+        i = j
+
 
 def make_cache(model, *, max_kv_size: Optional[int] = None, headroom: int = 16) -> List[Any]:
     """Per-layer rollback-capable caches following the model's own `make_cache()` choice.

@@ -27,11 +27,21 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 STALL = 4.0  # a sample this many times the estimate is a stall (until it repeats)
 STALE_ROUNDS = 256  # an estimate older than this many rounds is re-timed when it could pay
 EXPLORE_EVERY = 32  # rounds between re-timings
+
+
+def chain_reach(alpha: float, k: int) -> List[float]:
+    """Acceptance probability of each of k chained drafts: alpha, alpha^2, ... (alpha capped below 1)."""
+    a = min(alpha, 0.999)
+    out, r = [], 1.0
+    for _ in range(k):
+        r *= a
+        out.append(r)
+    return out
 
 
 class Estimate:
@@ -181,7 +191,8 @@ class CostModel:
         self.draft_is_free = draft_is_free
         self.prior_draft_ratio = prior_draft_ratio  # drafter seconds per token / plain step, until measured
         self.c = Estimate()  # drafter seconds per drafted token
-        self.counts: Dict[str, list] = {}  # kind -> [successes, failures], Beta(1, 1) prior
+        self.counts: Dict[str, list] = {}  # kind -> [successes, failures], from a Beta prior (1, 1 unless given)
+        self.priors: Dict[str, tuple] = {}  # kind -> its Beta prior, when not (1, 1)
         self.margin = margin  # drafting must beat plain decoding by this factor: estimates are noisy
         self.rounds_since_draft = 0
         self.probe_every = 16  # plain rounds between probes of a model drafter (doubles while probes fail)
@@ -202,24 +213,28 @@ class CostModel:
         if n_tokens > 0:
             self.c.add(seconds / n_tokens, self.curve.now)
 
-    def observe_acceptance(self, drafted: int, accepted: float, kind: str = "") -> None:
-        """A round's outcome; `accepted` may be fractional (an expected value)."""
+    def observe_acceptance(self, drafted: int, accepted: float, kind: str = "", *, prior=(1.0, 1.0)) -> None:
+        """A round's outcome; `accepted` may be fractional (an expected value). `prior`: the Beta
+        prior of a kind seen for the first time."""
         if drafted <= 0:
             return
-        c = self.counts.setdefault(kind, [1.0, 1.0])
+        if kind not in self.counts:
+            self.counts[kind], self.priors[kind] = list(prior), tuple(prior)
+        c = self.counts[kind]
         c[0] = self.decay * c[0] + accepted
         c[1] = self.decay * c[1] + min(1.0, drafted - accepted)
 
     def new_request(self, keep: float = 0.25) -> None:
         """A new prompt may be a different kind of text: keep the acceptance estimates but
         weaken them, so this request's own rounds soon outweigh the last one's."""
-        for c in self.counts.values():
-            c[0] = 1.0 + keep * (c[0] - 1.0)
-            c[1] = 1.0 + keep * (c[1] - 1.0)
+        for kind, c in self.counts.items():
+            s0, f0 = self.priors.get(kind, (1.0, 1.0))
+            c[0] = s0 + keep * (c[0] - s0)
+            c[1] = f0 + keep * (c[1] - f0)
 
     # -- estimates ----------------------------------------------------------------------------
-    def alpha_of(self, kind: str = "") -> float:
-        s, f = self.counts.get(kind, (1.0, 1.0))
+    def alpha_of(self, kind: str = "", *, prior=(1.0, 1.0)) -> float:
+        s, f = self.counts.get(kind, prior)
         return s / (s + f)
 
     def expected_tokens(self, k: int, kind: str = "") -> float:
@@ -249,29 +264,39 @@ class CostModel:
     def choose(self, k_cap: Optional[int] = None, kind: str = "") -> int:
         """The draft length with the best expected speed, in [0, min(k_max, k_cap)]."""
         k_top = self.k_max if k_cap is None else max(0, min(self.k_max, k_cap))
-        if k_top == 0:
+        return self.choose_nodes(chain_reach(self.alpha_of(kind), k_top))
+
+    def choose_nodes(self, reach: Sequence[float]) -> int:
+        """How many candidates to verify: a chain's drafts or a tree's nodes, best first.
+
+        `reach[i]` is the probability that candidate i is accepted; candidates come in the order
+        they would be added (for a tree, each after its parent), so every prefix is a valid
+        draft. A round over the first m yields 1 + sum(reach[:m]) tokens on average and costs
+        m * c + V(m + 1). Returns the m in [0, min(k_max, len(reach))] with the best speed.
+        """
+        m_top = min(self.k_max, len(reach))
+        if m_top == 0:
             return 0
         plain = self.speed(0)
         if plain is None:
             return 0  # time one plain step first: it is the unit everything is judged against
-        best_k, best = 0, plain * self.margin
-        a = min(self.alpha_of(kind), 0.999)
+        best_m, best = 0, plain * self.margin
         c = self.draft_seconds()
-        a_pow = a  # a^(k+1), built up as k grows: this runs every round
-        for k in range(1, k_top + 1):
-            a_pow *= a
-            v = self.curve.verify_seconds(k + 1)
+        tokens = 1.0
+        for m in range(1, m_top + 1):
+            tokens += reach[m - 1]
+            v = self.curve.verify_seconds(m + 1)
             if v is None:
                 break
-            s = (1.0 - a_pow) / (1.0 - a) / (k * c + v)
+            s = tokens / (m * c + v)
             if s > best:
-                best_k, best = k, s
+                best_m, best = m, s
         self.rounds_since_explore += 1
-        if best_k or self.draft_is_free:
-            k = self._explore(k_top, kind, max(best, plain * self.margin)) or best_k
-            if k:
+        if best_m or self.draft_is_free:
+            m = self._explore(reach[:m_top], max(best, plain * self.margin)) or best_m
+            if m:
                 self.rounds_since_draft, self.probe_every = 0, 16
-            return k
+            return m
         # Re-test now and then: acceptance drifts with the text. A model drafter costs a step to
         # probe, so probes back off while they keep failing; a free drafter is probed for free
         # by the engine's shadow check instead.
@@ -282,19 +307,21 @@ class CostModel:
             return 1
         return 0
 
-    def _explore(self, k_top: int, kind: str, best: float) -> int:
-        """A length whose V is only interpolated or stale and that could beat `best` if its
+    def _explore(self, reach: Sequence[float], best: float) -> int:
+        """A size whose V is only interpolated or stale and that could beat `best` if its
         pass were a quarter cheaper than estimated; at most one every EXPLORE_EVERY rounds."""
         if self.rounds_since_explore < EXPLORE_EVERY:
             return 0
         pick, pick_speed = 0, best
-        for k in range(1, k_top + 1):
-            age = self.curve.age(k + 1)
+        c = self.draft_seconds()
+        for m in range(1, len(reach) + 1):
+            age = self.curve.age(m + 1)
             if age is not None and age < STALE_ROUNDS:
                 continue
-            s = self.speed(k, kind, verify_scale=0.75)
+            v = self.curve.verify_seconds(m + 1)
+            s = None if v is None else (1.0 + sum(reach[:m])) / (m * c + 0.75 * v)
             if s is not None and s > pick_speed:
-                pick, pick_speed = k, s
+                pick, pick_speed = m, s
         if pick:
             self.rounds_since_explore = 0
         return pick

@@ -26,7 +26,7 @@ from .drafters import DRAFTERS, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, weights_bytes
-from .prompts import MAX_DRAFT, check_max_tokens, check_num_draft, check_seed, check_stop, encode_prompt
+from .prompts import MAX_DRAFT, check_max_tokens, check_num_draft, check_seed, check_stop, check_tree, encode_prompt
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
@@ -46,6 +46,8 @@ class Engine:
         drafter: "model" (default with a draft model), "ngram" (default without), or "none".
         max_kv_size: sliding window for full-attention layers (first 4 tokens kept), like mlx-lm.
         num_draft: fixed draft length, or None/"auto" to let the cost model choose per round.
+        tree: draft trees: None/"auto" (default: the cost model sizes them, a chain where branches
+            do not pay), "off" (chains only), or an int capping a tree's nodes.
         cost_prior: V(j)/V(1) ratios to start the cost model from; default: the curve saved by
             `mlxspec calibrate` for this model on this device, if any.
         group: an `mx.distributed.Group` the target is sharded over (see `mlxspec.shard`), or
@@ -59,8 +61,8 @@ class Engine:
     """
 
     def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None,
-                 drafter=None, max_kv_size=None, num_draft=None, prefill_step: int = 512, cost_prior: Optional[Dict[int, float]] = None,
-                 group=None):
+                 drafter=None, max_kv_size=None, num_draft=None, tree=None, prefill_step: int = 512,
+                 cost_prior: Optional[Dict[int, float]] = None, group=None):
         if drafter is None:
             drafter = "model" if draft_model is not None else "ngram"
         if drafter not in DRAFTERS:
@@ -72,6 +74,7 @@ class Engine:
         self.draft_tokenizer = draft_tokenizer
         self.max_kv_size = max_kv_size
         self.num_draft = check_num_draft(num_draft)
+        self.tree = check_tree(tree)
         self.vocab_size = logit_width(target_model)
         if draft_model is not None:
             self._check_pair(draft_model, tokenizer, draft_tokenizer)
@@ -170,7 +173,7 @@ class Engine:
 
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
-               num_draft=None, stop=None, drafter: Optional[str] = None) -> Iterator[TokenEvent]:
+               num_draft=None, stop=None, drafter: Optional[str] = None, tree=None) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -182,10 +185,13 @@ class Engine:
             num_draft: fixed draft length, or None/"auto" for the engine's setting (cost model by default).
             stop: a string or list of strings; the text is cut before the first one found.
             drafter: override the engine's default drafter for this request.
+            tree: None for the engine's setting (default "auto": the cost model sizes draft trees),
+                "auto", "off" (chains only), or an int capping a tree's nodes.
         """
         params = SamplingParams(temperature, top_p, top_k, min_p)
         max_tokens = check_max_tokens(max_tokens)
         k_fixed = check_num_draft(num_draft) if num_draft is not None else self.num_draft
+        tree = check_tree(tree) if tree is not None else self.tree
         stop = check_stop(stop)
         seed = check_seed(seed)
         name = "none" if not speculative else (drafter or self.default_drafter)
@@ -198,8 +204,11 @@ class Engine:
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
                 f"or set max_kv_size to decode with a sliding window")
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
-                       k_fixed=k_fixed, stop=stop)
+                       k_fixed=k_fixed, stop=stop, tree=tree)
         if self.coord.active:
+            # A tree's shape is pruned by each rank's own cost model; rank 0 broadcasts only a
+            # chain's length, so sharded targets verify chains.
+            request["tree"] = 0
             if seed is None:  # one seed for every rank: the sampled tokens must agree
                 request["seed"] = draw_seed()
             request["params"] = astuple(params)
@@ -228,12 +237,12 @@ class Engine:
         request = self.coord.share(request)
         yield from self._run(**dict(request, params=SamplingParams(*request["params"])))
 
-    def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop) -> Iterator[TokenEvent]:
+    def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree) -> Iterator[TokenEvent]:
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
                                 kernels=kernels.backend_name(), target_weights_bytes=self.target_weights_bytes,
                                 draft_weights_bytes=self.draft_weights_bytes if name == "model" else 0)
         return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
-                        stop=stop, stats=stats)
+                        stop=stop, stats=stats, tree=tree)
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

@@ -35,7 +35,8 @@ from .distributed import history_hash
 from .drafters import Draft
 from .errors import NumericalError
 from .prompts import MAX_DRAFT
-from .rounds import Pass, plain_step, read, verify_round
+from . import treeplan
+from .rounds import Pass, plain_step, read, tree_round, verify_round
 from .sampling import SamplingParams
 from .stats import GenerationStats, TokenEvent
 from .text import TextAssembler
@@ -54,7 +55,8 @@ def forget_drafts(engine) -> None:
 
 
 def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
-             k_fixed: Optional[int], stop: List[str], stats: GenerationStats) -> Iterator[TokenEvent]:
+             k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0) -> Iterator[TokenEvent]:
+    """`tree`: most nodes of a draft tree (0: chains only)."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -87,7 +89,10 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         return r if context is None else min(r, context - len(hist))
 
     def decide_early():
-        """Before reading a plain step: (chain a plain step?, guess of its token, a model drafter's k)."""
+        """Before reading a plain step: (chain a plain step?, guess of its token, a model drafter's k).
+
+        Judged on the chain alone (a tree adds branches to it): when the chain would not pay, a
+        tree on a device where it could is not tried either, which keeps this early call cheap."""
         if name == "none" or k_fixed == 0:
             return True, None, 0
         if k_fixed is not None:
@@ -103,7 +108,11 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         return k == 0, ((proposal.tokens[0], proposal.kind) if k == 0 else None), 0
 
     def plan(model_k: Optional[int] = None) -> tuple:
-        """(k, proposal or None, shadow) of the next pass, decided on the exact committed history."""
+        """(k, draft or None, shadow) of the next pass, decided on the exact committed history.
+
+        A free drafter's draft is a chain cut to what pays or, with trees on, a tree pruned to
+        what pays; `shadow` is its guess of the next token when nothing is drafted (a free
+        acceptance probe). k is the draft's length (a tree's node count)."""
         k_cap = min(room() - 1, MAX_DRAFT)
         if name == "none" or k_cap <= 0:
             return 0, None, None
@@ -111,9 +120,15 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             return min(k_fixed, k_cap), None, None
         if drafter.uses_model:
             return (min(model_k, k_cap) if model_k else cost.choose(k_cap)), None, None
-        proposal = drafter.propose(hist, k_cap, params, seed)
-        k = cost.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
-        return k, proposal, ((proposal.tokens[0], proposal.kind) if len(proposal) and not k else None)
+        if tree and hasattr(drafter, "propose_tree"):  # (never with several ranks: see Engine.stream)
+            proposal = drafter.propose_tree(hist, k_cap, k_cap + min(tree, MAX_DRAFT), params, seed)
+            draft = treeplan.plan(proposal, cost, min(tree, MAX_DRAFT))
+        else:
+            proposal = drafter.propose(hist, k_cap, params, seed)
+            k = cost.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
+            draft = Draft(proposal.tokens[:k], None, proposal.kind)
+        shadow = (proposal.tokens[0], proposal.kind) if len(proposal) and not len(draft) else None
+        return len(draft), draft, shadow
 
     def agree(step: tuple) -> Optional[tuple]:
         """Rank 0's step on every rank, or None when rank 0 has ended the request."""
@@ -126,13 +141,15 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         return (k, *step[1:])
 
     def enqueue(step: tuple) -> Pass:
-        k, proposal, shadow = step
-        if proposal is not None:
-            draft = Draft(proposal.tokens[:k], None, proposal.kind)
-        else:  # a model drafts the same tokens on every rank: same history, same seed
+        k, draft, shadow = step
+        if draft is None:  # a model (or a fixed k) drafts the same tokens on every rank: same history, same seed
             draft = drafter.propose(hist, k, params, seed) if k else Draft([])
+        elif len(draft) != k:  # rank 0's chain length (chains only with several ranks)
+            draft = Draft(draft.tokens[:k], None, draft.kind)
         if not len(draft):
             p = plain_step(target, hist[-1], params, seed, len(hist))
+        elif draft.parents is not None:
+            p = tree_round(target, hist[-1], draft, params, seed, len(hist))
         else:
             p = verify_round(target, hist[-1], draft, params, seed, len(hist))
         p.shadow = shadow
@@ -169,7 +186,10 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             # Commit: settle lazily fed tokens, drop rejected drafts, extend the history.
             if pending.drafts is None:
                 target.settle(pending.start, [hist[-1], *drafts])
-            target.rollback(pending.k - n)
+            if pending.parents is not None:
+                target.keep_path(pending.start, pending.path)
+            else:
+                target.rollback(pending.k - n)
             if nxt is not None:
                 target.settle(nxt.start, new)
             hist.extend(new)
@@ -184,11 +204,13 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 engine.curve.observe_plain(period)
             else:
                 cost.observe_round(pending.k, period)
-            if pending.k:
+            if pending.parents is not None:
+                treeplan.observe(cost, Draft(drafts, kind=pending.kind, parents=pending.parents), pending.path)
+            elif pending.k:
                 cost.observe_acceptance(pending.k, n, pending.kind)
             elif guess is not None:
                 cost.observe_acceptance(1, float(guess[0] == new[0]), guess[1])
-            stats.record_round(pending.k, n)
+            stats.record_round(pending.k, n, tree=pending.parents is not None)
             done = pending
             if dist:
                 step = agree(plan(model_k))

@@ -65,6 +65,19 @@ def check_num_draft(num_draft) -> Optional[int]:
     return num_draft
 
 
+def check_tree(tree) -> int:
+    """None or "auto" -> MAX_DRAFT (the cost model sizes trees up to it); "off" -> 0 (chains only);
+    an int in [1, MAX_DRAFT] caps a tree's nodes."""
+    if tree is None or tree == "auto":
+        return MAX_DRAFT
+    if tree == "off":
+        return 0
+    if isinstance(tree, bool) or not isinstance(tree, int) or not 1 <= tree <= MAX_DRAFT:
+        raise InvalidArgumentError(
+            f"tree must be 'auto', 'off', None or an integer in [1, {MAX_DRAFT}] (most nodes), got {tree!r}")
+    return tree
+
+
 def check_stop(stop) -> List[str]:
     if stop is None:
         return []

@@ -24,6 +24,7 @@ import mlx.core as mx
 from . import kernels
 from .drafters import Draft
 from .sampling import ACCEPT, SAMPLE, SamplingParams, position_uniforms, sample_rows
+from .verify import walk_tree
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Pass:
     pipelined: bool = False  # enqueued before its predecessor was read
     shadow: Optional[tuple] = None  # (token, kind): a proposal's guess of this pass's first output token
     decided: bool = False  # `out[0]` is [n_accepted, next] decided on the device, not the target's row tokens
+    parents: Optional[List[int]] = None  # a tree round: the drafts' parents (see mlxspec.tree); None = a chain
+    path: Optional[List[int]] = None  # a tree round, once read: the accepted nodes root-to-leaf
 
 
 @mx.compile
@@ -101,13 +104,39 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
     return Pass(start, k + 1, k, out, None, list(draft.tokens) if on_host else None, draft.kind, decided=decided)
 
 
+def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int) -> Pass:
+    """Feed [last] + a tree of deterministic drafts in one pass (mlxspec.tree) and pick the
+    target's token for every row; the host walks the tree along them after the read.
+
+    A sampled row uses the uniform of its position, out_pos + its depth: the walk meets each
+    position once, so the tokens are plain decoding's own (see `mlxspec.verify.walk_tree`)."""
+    from .tree import depths
+
+    start = len(target.tokens)
+    logits = target.forward_tree([last, *draft.tokens], draft.parents)  # (1, 1+N, V)
+    if params.greedy:
+        tokens, ok = _argmax_checked(logits)
+    else:
+        rows = logits[0]
+        positions = (out_pos + depths(draft.parents)).tolist()
+        tokens = sample_rows(kernels.probabilities(rows, params), position_uniforms(seed, positions, SAMPLE))
+        ok = _finite(rows)
+    mx.async_eval(tokens, ok)
+    return Pass(start, len(draft) + 1, len(draft), (tokens, ok), None, list(draft.tokens), draft.kind,
+                parents=list(draft.parents))
+
+
 def read(p: Pass):
-    """(tokens the pass commits, accepted drafts, all finite, drafts) from one wait on the device."""
+    """(tokens the pass commits, accepted drafts, all finite, drafts) from one wait on the device;
+    a tree round also sets `p.path`."""
     first = p.out[0].tolist()
     finite = p.out[1].item()
     if p.k == 0:
         return first, 0, finite, []
     drafts = p.drafts if p.drafts is not None else p.out[2].tolist()
+    if p.parents is not None:  # a tree: follow the target's tokens through it
+        p.path, nxt = walk_tree(first, drafts, p.parents)
+        return [drafts[i] for i in p.path] + [nxt], len(p.path), finite, drafts
     if p.decided:
         n, nxt = first
     else:  # the target's token for every row: drafts stand while they agree with it

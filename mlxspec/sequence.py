@@ -65,11 +65,12 @@ class Sequence:
                 common = 0
         return list(tokens[common:])
 
-    def _run(self, ids: mx.array) -> mx.array:
+    def _run(self, ids: mx.array, caches=None) -> mx.array:
         """One pass over ids (S,) at the current position -> logits (1, S, V); keeps hidden rows if asked."""
+        caches = self.caches if caches is None else caches
         if not self.keep_hidden:
-            return self.model(ids[None], cache=self.caches)
-        h = self._backbone(ids[None], self.caches)  # (1, S, H)
+            return self.model(ids[None], cache=caches)
+        h = self._backbone(ids[None], caches)  # (1, S, H)
         self._hidden.append((len(self.tokens), h[0]))
         return self._head(h)
 
@@ -86,6 +87,36 @@ class Sequence:
         self.tokens.extend([None] * ids.shape[0] if lazy else tokens)
         self._dirty = False
         return logits if batched else logits[0]
+
+    def forward_tree(self, tokens: Tokens, parents: Seq[int]) -> mx.array:
+        """Feed a token tree: tokens[0] is the root (the next token of the sequence), tokens[i+1]
+        node i, whose parent is node parents[i] (-1: the root). Returns logits (1, 1+N, V),
+        row r computed as a sequential pass along the path to row r would (see mlxspec.tree).
+        The caches hold all rows until `keep_path` keeps one path."""
+        from .tree_forward import ensure_token_rope, views
+
+        ensure_token_rope(self.model)
+        lazy = isinstance(tokens, mx.array)
+        ids = (tokens if tokens.dtype == mx.uint32 else tokens.astype(mx.uint32)) if lazy else mx.array(tokens, dtype=mx.uint32)
+        self._dirty = True
+        logits = self._run(ids, views(self.caches, parents))
+        self.tokens.extend([None] * ids.shape[0] if lazy else tokens)
+        self._dirty = False
+        return logits
+
+    def keep_path(self, start: int, path: Seq[int]) -> None:
+        """After `forward_tree` fed its root at `start`: keep the root and the nodes of `path`
+        (root-to-leaf) at start, start+1, ...; roll back every other node."""
+        from .tree import compact
+
+        fed = len(self.tokens) - start
+        compact(self.caches, start, fed, path)
+        kept = [self.tokens[start + 1 + i] for i in path]
+        del self.tokens[start + 1 :]
+        self.tokens.extend(kept)
+        if self._hidden and self._hidden[-1][0] == start:
+            rows = self._hidden[-1][1]
+            self._hidden[-1] = (start, rows[mx.array([0] + [1 + i for i in path])])
 
     def settle(self, start: int, values: Seq[int]) -> None:
         """Write the values of lazily fed tokens at positions start, start+1, ..."""

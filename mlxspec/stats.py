@@ -27,7 +27,10 @@ class GenerationStats:
     drafter: str = "none"
     temperature: float = 0.0
     kernels: str = "reference"  # which verification path ran: "metal" or "reference"
-    last_k: int = 0  # draft length of the latest round (live display)
+    last_k: int = 0  # draft length of the latest round (live display); a tree's node count
+    last_tree: bool = False  # the latest round verified a tree (branching), not a chain
+    tree_rounds: int = 0  # rounds that verified a tree
+    tree_histogram: dict = field(default_factory=dict)  # nodes per tree round -> rounds
 
     @property
     def tokens_per_second(self) -> float:
@@ -50,9 +53,12 @@ class GenerationStats:
     def prompt_tokens_per_second(self) -> float:
         return self.prefilled_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
 
-    def record_round(self, k: int, n_accepted: int) -> None:
+    def record_round(self, k: int, n_accepted: int, *, tree: bool = False) -> None:
         self.rounds += 1
-        self.last_k = k
+        self.last_k, self.last_tree = k, tree
+        if tree:
+            self.tree_rounds += 1
+            self.tree_histogram[k] = self.tree_histogram.get(k, 0) + 1
         self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
         if k:
             self.drafted += k
@@ -63,6 +69,7 @@ class GenerationStats:
         d = asdict(self)
         d["accept_histogram"] = {str(k): v for k, v in sorted(self.accept_histogram.items())}
         d["k_histogram"] = {str(k): v for k, v in sorted(self.k_histogram.items())}
+        d["tree_histogram"] = {str(k): v for k, v in sorted(self.tree_histogram.items())}
         d.update(tokens_per_second=self.tokens_per_second, acceptance_rate=self.acceptance_rate,
                  tokens_per_target_pass=self.tokens_per_target_pass,
                  prompt_tokens_per_second=self.prompt_tokens_per_second,

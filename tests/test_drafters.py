@@ -34,3 +34,25 @@ def test_ngram_draft_continues_a_cycle_past_the_end_of_the_history():
     d = NgramDrafter()
     assert d.propose([4, 4, 4], 5, G, None).tokens == [4, 4, 4, 4, 4]
     assert d.propose([9, 1, 2, 3, 1, 2, 3, 1, 2], 5, G, None).tokens == [3, 1, 2, 3, 1]
+
+
+def test_ngram_tree_merges_every_occurrence_chain_first():
+    d = NgramDrafter()
+    h = [5, 6, 7, 8, 9, 5, 6, 7, 11, 12, 5, 6, 7, 8, 13, 5, 6, 7]
+    t = d.propose_tree(h, 3, 10)
+    chain = d.propose(h, 3, G, None).tokens
+    assert t.tokens[:3] == chain == [8, 13, 5] and t.parents[:3] == [-1, 0, 1]
+    # The other occurrences continue 8 9 5 and 11 12 5: a branch under the chain's first node
+    # and one at the root, each seen once among the two other occurrences.
+    branches = {(t.parents[i], t.tokens[i]): t.scores[i] for i in range(3, len(t))}
+    assert branches[(-1, 11)] == 0.5 and branches[(0, 9)] == 1.0
+    assert all(p < i for i, p in enumerate(t.parents))
+
+
+def test_ngram_tree_keeps_earlier_histories():
+    d = NgramDrafter()
+    d.propose([1, 2, 3, 4, 1, 2], 2, G, None)
+    new = [9, 1, 2]  # a new history (not an extension): no chain, but the old one still branches
+    assert d.propose(new, 2, G, None).tokens == []
+    t = d.propose_tree(new, 2, 4)
+    assert t.tokens[:2] == [3, 4] and t.kind == "a2"

@@ -42,13 +42,14 @@ def pair_info(engine, drafters) -> dict:
 def to_json(result: BenchResult, *, pair: dict, curve: Optional[dict] = None, prompts_source: str = "builtin") -> dict:
     """The full bench document (see the module docstring for the fixed keys)."""
     nums = list(dict.fromkeys(s.num_draft for s in result.settings if s.mode == "speculative"))
+    trees = list(dict.fromkeys(s.tree for s in result.settings if s.mode == "speculative"))
     return {
         "mlxspec_version": __version__,
         "device": describe_device(),
         "pair": pair,
         "settings": {
             "max_tokens": result.max_tokens, "temperature": result.temperatures[0],
-            "temperatures": list(result.temperatures), "num_draft": nums, "seed": result.seed,
+            "temperatures": list(result.temperatures), "num_draft": nums, "tree": trees, "seed": result.seed,
             "prompts": prompts_source, "prompt_count": len({r.prompt_id for r in result.runs}),
             "peer_num_draft": PEER_NUM_DRAFT if any(s.mode == "mlx-lm" for s in result.settings) else None,
             "timing": "tokens generated / seconds after prompt processing (same for every mode)",
@@ -124,14 +125,18 @@ def print_report(doc: dict, console) -> None:
         console.print(k)
 
     d = s["default_setting"]
-    shown = ["vanilla", label_of(d), f"mlx-lm k={doc['settings']['peer_num_draft']}"]
+    chain = label(Setting("speculative", d["drafter"], d["num_draft"], "off"))
+    shown = ["vanilla", label_of(d), chain, f"mlx-lm k={doc['settings']['peer_num_draft']}"]
     c = Table(title=f"By category (temperature {d['temperature']:g}; speedups of {label_of(d)})")
-    labels = [x for x in shown if s["by_category"] and x in next(iter(s["by_category"].values()))["tokens_per_second"]]
-    for col in ("category", *(f"{x} tok/s" for x in labels), "vs vanilla", "vs mlx-lm"):
+    labels = [x for x in dict.fromkeys(shown)
+              if s["by_category"] and x in next(iter(s["by_category"].values()))["tokens_per_second"]]
+    vs_chain = s.get("speedup_vs_chain") is not None
+    for col in ("category", *(f"{x} tok/s" for x in labels), "vs vanilla", *(("vs chain",) if vs_chain else ()),
+                "vs mlx-lm"):
         c.add_column(col, justify="left" if col == "category" else "right", no_wrap=col == "category")
     for cat, e in s["by_category"].items():
         c.add_row(cat, *(_f(e["tokens_per_second"][x]) for x in labels), _x(e["speedup_vs_vanilla"]),
-                  _x(e["speedup_vs_mlx_lm"]))
+                  *((_x(e["speedup_vs_chain"]),) if vs_chain else ()), _x(e["speedup_vs_mlx_lm"]))
     console.print(c)
 
     curve = doc.get("curve")
@@ -142,6 +147,7 @@ def print_report(doc: dict, console) -> None:
         console.print("verify cost V(j)/V(1): none (the cost model's default slope)")
 
     head = (f"[bold]{label_of(d)}: {_x(s['speedup_vs_vanilla'])} vanilla"
+            + (f", {_x(s['speedup_vs_chain'])} chain" if s.get("speedup_vs_chain") is not None else "")
             + (f", {_x(s['speedup_vs_mlx_lm'])} mlx-lm" if s["speedup_vs_mlx_lm"] is not None else "")
             + f"[/bold] (median of per-prompt ratios, {doc['settings']['prompt_count']} prompts, "
             f"{doc['settings']['max_tokens']} tokens, {doc['device']['backend']} {doc['device']['name']})")
@@ -189,7 +195,7 @@ def rounding_lines(doc: dict, most: int = 10) -> list:
 
 def label_of(d: dict) -> str:
     """Display label of the summary's default_setting {"drafter", "num_draft", ...}."""
-    return label(Setting("speculative", d["drafter"], d["num_draft"]))
+    return label(Setting("speculative", d["drafter"], d["num_draft"], d.get("tree", "auto")))
 
 
 def _hist(h: dict) -> str:

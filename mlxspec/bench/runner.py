@@ -1,7 +1,7 @@
 """Interleaved bench runs: every mode on a prompt, then the next prompt.
 
 For each prompt and temperature the order is: vanilla (the engine with speculative=False),
-each speculative setting (drafter x draft length), then the mlx-lm peer when the engine
+each speculative setting (drafter x draft length x tree setting), then the mlx-lm peer when the engine
 has a draft model. Interleaving makes slow machine drift (thermals, other load) hit all
 modes alike. Before each run the engine's caches are dropped (`engine.reset()`), so no
 mode reuses another's prompt cache; the cost model's learned state is kept, as a user
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import InvalidArgumentError
-from ..prompts import check_num_draft, encode_prompt
+from ..prompts import check_num_draft, check_tree, encode_prompt
 from ..reference import UNCLASSIFIED
 from ..warmup import default_max_j
 from .neartie import GreedyCheck, check_greedy
@@ -43,6 +43,7 @@ class Setting:
     mode: str  # "vanilla" | "speculative" | "mlx-lm"
     drafter: Optional[str]  # None for vanilla; "model" for the peer
     num_draft: str  # "auto" or a number as a string; "0" for vanilla
+    tree: str = "auto"  # "auto", "off" (chains only) or a node cap as a string (see Engine.stream)
 
 
 @dataclass
@@ -75,6 +76,8 @@ class RunRecord:
     mismatch: Optional[dict] = None  # first divergence vs vanilla (GreedyCheck fields + float32 evidence)
     mlx_lm_generation_tps: Optional[float] = None  # the peer's own figure, for reference
     divergence: Optional[str] = None  # None (identical or not compared) | "rounding" | "bug" | "unclassified"
+    tree: str = "auto"  # the setting's tree option
+    tree_rounds: int = 0  # rounds that verified a tree (branching), not a chain
     output_tokens: List[int] = field(default_factory=list, repr=False)  # not written to JSON
 
     def as_dict(self) -> dict:
@@ -103,8 +106,10 @@ class BenchResult:
 
 
 def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts: Sequence = ("auto",),
-                 peer: bool = True) -> List[Setting]:
-    """Vanilla, then drafter x num_draft speculative settings, then the peer (if a draft model exists).
+                 peer: bool = True, trees: Sequence = ("auto",)) -> List[Setting]:
+    """Vanilla, then drafter x num_draft x tree speculative settings, then the peer (if a draft model
+    exists). A drafter that cannot propose trees runs only the first tree setting (the others
+    would repeat it).
 
     No peer with a KV window (`max_kv_size`): mlx-lm's speculative decoding cannot roll back a
     wrapped window, and without one it would attend to what vanilla no longer sees.
@@ -122,26 +127,34 @@ def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts
         k = int(k) if isinstance(k, str) and k.isdigit() else k
         check_num_draft(k)
         ks.append("auto" if k in (None, "auto") else str(k))
+    tree_opts = []
+    for t in trees:
+        t = int(t) if isinstance(t, str) and t.isdigit() else t
+        check_tree(t)
+        tree_opts.append("auto" if t is None else str(t))
     out = [Setting("vanilla", None, "0")]
-    out += [Setting("speculative", d, k) for d in drafters for k in ks]
+    out += [Setting("speculative", d, k, t) for d in drafters for k in ks
+            for t in (tree_opts if hasattr(engine.drafters[d], "propose_tree") else tree_opts[:1])]
     if peer and engine.draft_model is not None and engine.max_kv_size is None:
         out.append(Setting("mlx-lm", "model", str(PEER_NUM_DRAFT)))
     return out
 
 
 def default_setting(engine, settings: List[Setting]) -> Setting:
-    """The engine's default drafter (else the first one) at auto k (else the first k)."""
+    """The engine's default drafter (else the first one) at auto k (else the first k), trees auto
+    (else the first tree setting)."""
     spec = [s for s in settings if s.mode == "speculative"]
     if not spec:
         return settings[0]
     drafter = engine.default_drafter if any(s.drafter == engine.default_drafter for s in spec) else spec[0].drafter
     mine = [s for s in spec if s.drafter == drafter]
-    return next((s for s in mine if s.num_draft == "auto"), mine[0])
+    mine = [s for s in mine if s.num_draft == "auto"] or mine
+    return next((s for s in mine if s.tree == "auto"), mine[0])
 
 
 def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, temperatures: Sequence[float] = (0.0,),
               num_drafts: Sequence = ("auto",), drafters: Optional[Sequence[str]] = None, seed: int = 0,
-              peer: bool = True, warmup: bool = True, on_run: Optional[Callable[[RunRecord], None]] = None,
+              peer: bool = True, warmup: bool = True, trees: Sequence = ("auto",), on_run: Optional[Callable[[RunRecord], None]] = None,
               on_mismatch: Optional[Callable[[RunRecord], None]] = None) -> BenchResult:
     """Run every setting on every prompt, interleaved, and return the records in execution order.
 
@@ -156,6 +169,7 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
         peer: run mlx-lm's speculative decoding when the engine has a draft model. Default True.
         warmup: `engine.warmup()` (every mlxspec setting, all temperatures) and the peer's untimed runs
             first, timed apart (`BenchResult.warmup_seconds`). Default True.
+        trees: tree settings ("auto", "off", or node caps). Default ("auto",).
         on_run: called with each record as it completes (progress bars).
         on_mismatch: called with a record whose greedy output differs from vanilla other than by a
             rounding divergence (`rec.divergence` is "bug" or "unclassified").
@@ -167,7 +181,7 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     temps = [float(t) for t in temperatures]
     if not temps or any(t < 0 for t in temps):
         raise InvalidArgumentError(f"[bench] temperatures must be >= 0, got {list(temperatures)}")
-    settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer)
+    settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer, trees=trees)
     encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
 
     peer_warm: Dict[float, float] = {}
@@ -235,13 +249,15 @@ def _run_one(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int
             mlx_lm_generation_tps=r.reported_tps, output_tokens=r.tokens)
     res = engine.generate(ids, max_tokens=max_tokens, temperature=temperature, seed=seed,
                           speculative=s.mode == "speculative", drafter=s.drafter,
-                          num_draft="auto" if s.num_draft == "auto" else int(s.num_draft))
+                          num_draft="auto" if s.num_draft == "auto" else int(s.num_draft),
+                          tree=s.tree if s.tree in ("auto", "off") else int(s.tree))
     st = res.stats
     return RunRecord(
         p.id, p.category, s.mode, s.drafter, s.num_draft, st.prompt_tokens, st.prompt_seconds, st.tokens, st.seconds,
         st.tokens_per_second, st.rounds, st.drafted, st.accepted, st.acceptance_rate, st.tokens_per_target_pass,
         st.peak_memory_bytes, None, temperature=temperature, accept_histogram=_str_keys(st.accept_histogram),
-        k_histogram=_str_keys(st.k_histogram), output_tokens=list(res.tokens))
+        k_histogram=_str_keys(st.k_histogram), tree=s.tree, tree_rounds=st.tree_rounds,
+        output_tokens=list(res.tokens))
 
 
 def _str_keys(h: dict) -> dict:

@@ -19,16 +19,38 @@ def median(xs: Iterable[float]) -> Optional[float]:
 
 
 def setting_of(r: RunRecord) -> Setting:
-    return Setting(r.mode, r.drafter, r.num_draft)
+    return Setting(r.mode, r.drafter, r.num_draft, r.tree)
 
 
 def label(s: Setting) -> str:
-    """Short display name: "vanilla", "ngram k=auto", "mlx-lm k=3"."""
+    """Short display name: "vanilla", "ngram k=auto", "ngram k=auto tree=off", "mlx-lm k=3"."""
     if s.mode == "vanilla":
         return "vanilla"
     if s.mode == "mlx-lm":
         return f"mlx-lm k={s.num_draft}"
-    return f"{s.drafter} k={s.num_draft}"
+    return f"{s.drafter} k={s.num_draft}" + ("" if s.tree == "auto" else f" tree={s.tree}")
+
+
+def chain_of(result: BenchResult, s: Setting) -> Optional[Setting]:
+    """The chains-only twin of a tree setting, when the bench ran it."""
+    twin = Setting(s.mode, s.drafter, s.num_draft, "off")
+    return twin if s.tree != "off" and twin in result.settings else None
+
+
+def pair_ratios(result: BenchResult, s: Setting, base: Setting, *, category: Optional[str] = None,
+                temperature: Optional[float] = None) -> List[float]:
+    """Per-prompt tokens/s ratios of setting `s` over setting `base` on the same prompt."""
+    ref = {(r.prompt_id, r.temperature): r for r in result.runs if setting_of(r) == base}
+    out = []
+    for r in result.runs:
+        if setting_of(r) != s or (category is not None and r.category != category):
+            continue
+        if temperature is not None and r.temperature != temperature:
+            continue
+        b = ref.get((r.prompt_id, r.temperature))
+        if b is not None and b.tokens_per_second > 0:
+            out.append(r.tokens_per_second / b.tokens_per_second)
+    return out
 
 
 def _by_key(runs: List[RunRecord], mode: str) -> Dict[Tuple[str, float], RunRecord]:
@@ -68,8 +90,10 @@ def setting_rows(result: BenchResult) -> List[dict]:
                 for k, v in r.accept_histogram.items():
                     acc_hist[k] = acc_hist.get(k, 0) + v
             vs_peer = median(ratios(result, s, "mlx-lm", temperature=t)) if has_peer and s.mode != "mlx-lm" else None
+            chain = chain_of(result, s)
             rows.append({
-                "mode": s.mode, "drafter": s.drafter, "num_draft": s.num_draft, "temperature": t, "label": label(s),
+                "mode": s.mode, "drafter": s.drafter, "num_draft": s.num_draft, "tree": s.tree, "temperature": t,
+                "label": label(s),
                 "runs": len(runs),
                 "tokens_per_second": median(r.tokens_per_second for r in runs),
                 "prompt_seconds": median(r.prompt_seconds for r in runs),
@@ -78,6 +102,8 @@ def setting_rows(result: BenchResult) -> List[dict]:
                 "peak_memory_bytes": max(r.peak_memory_bytes for r in runs),
                 "speedup_vs_vanilla": median(ratios(result, s, "vanilla", temperature=t)) if s.mode != "vanilla" else None,
                 "speedup_vs_mlx_lm": vs_peer,
+                "speedup_vs_chain": median(pair_ratios(result, s, chain, temperature=t)) if chain else None,
+                "tree_rounds": sum(r.tree_rounds for r in runs),
                 "k_histogram": dict(sorted(k_hist.items(), key=lambda kv: int(kv[0]))),
                 "accept_histogram": dict(sorted(acc_hist.items(), key=lambda kv: int(kv[0]))),
                 **divergence_counts(runs),
@@ -112,10 +138,13 @@ def summarize(result: BenchResult) -> dict:
     s, t0 = result.default_setting, result.temperatures[0]
     has_peer = any(r.mode == "mlx-lm" for r in result.runs)
 
+    chain = chain_of(result, s)
+
     def speedups(category=None) -> dict:
         return {
             "speedup_vs_vanilla": median(ratios(result, s, "vanilla", category=category, temperature=t0)),
             "speedup_vs_mlx_lm": median(ratios(result, s, "mlx-lm", category=category, temperature=t0)) if has_peer else None,
+            "speedup_vs_chain": median(pair_ratios(result, s, chain, category=category, temperature=t0)) if chain else None,
         }
 
     categories = list(dict.fromkeys(r.category for r in result.runs))
@@ -137,6 +166,7 @@ def summarize(result: BenchResult) -> dict:
         "peer_warmup_seconds": sum(result.peer_warmup_seconds.values()) if result.peer_warmup_seconds else None,
         "warmup_seconds": None if result.engine_warmup_seconds is None else
         result.engine_warmup_seconds + sum(result.peer_warmup_seconds.values()),
-        "default_setting": {"drafter": s.drafter, "num_draft": s.num_draft, "temperature": t0},
+        "default_setting": {"drafter": s.drafter, "num_draft": s.num_draft, "temperature": t0,
+                            **({"tree": s.tree} if s.tree != "auto" else {})},
         "settings": setting_rows(result),
     }

@@ -38,3 +38,18 @@ def positive(s: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {s!r}")
     return n
+
+
+def tree(s: str):
+    """'auto' or 'off' as given, else a node cap: an integer in [1, MAX_DRAFT]."""
+    from mlxspec.prompts import MAX_DRAFT
+
+    if s in ("auto", "off"):
+        return s
+    try:
+        n = int(s)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_DRAFT:
+        raise argparse.ArgumentTypeError(f"expected 'auto', 'off' or an integer in 1..{MAX_DRAFT}, got {s!r}")
+    return n

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .argtypes import num_draft
+from .argtypes import num_draft, tree
 from .modelargs import add_distributed_arg, quiet_unless_main
 
 
@@ -42,6 +42,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none)")
     p.add_argument("--num-draft", type=num_draft, default=None, metavar="auto|N",
                    help="tokens drafted per round: 'auto' (the cost model picks) or a number >= 1 (default: the engine's)")
+    p.add_argument("--tree", type=tree, default=None, metavar="auto|off|N",
+                   help="draft trees: auto (default: the cost model sizes them), off (chains only), or a node cap")
     p.add_argument("--max-kv-size", type=int, default=None, metavar="W",
                    help="keep at most W tokens of KV (a sliding window); default: unbounded")
     p.add_argument("--dtype", choices=["auto", "quantized", "bfloat16", "float16", "float32"], default=None,
@@ -56,7 +58,8 @@ def run(args) -> int:
     from ..loading import load
 
     engine = load(args.target or args.pair or "demo", args.draft, dtype=args.dtype, drafter=args.drafter,
-                  max_kv_size=args.max_kv_size, num_draft=args.num_draft, distributed=args.distributed)
+                  max_kv_size=args.max_kv_size, num_draft=args.num_draft, tree=args.tree,
+                  distributed=args.distributed)
     main = quiet_unless_main(engine)
     # The other ranks run rank 0's request (the engine shares it): they need no prompt of their own.
     prompt_text = (sys.stdin.read() if args.prompt == "-" else args.prompt) if main else "."

@@ -5,6 +5,13 @@ a drafter that needs state (a model's KV cache) syncs it to the history it is gi
 the next `propose`, so a rejected or abandoned round needs no callback. That keeps the
 interface small enough for tree or head-based drafters.
 
+A draft is a chain or a tree (`parents`: the one-branch tree is the chain). Trees come from
+an optional `propose_tree(history, depth, size, params, seed)`: nodes depth-first, the
+drafter's best chain first (so the usual outcome needs no cache moves), and a score per node
+(its drafter's confidence given its parent) that the engine uses to prune the tree. A model
+or feature-head drafter grows one EAGLE-2-style: expand the top candidates where its own
+probability is low.
+
 Drafts may stay on the device: `Draft.tokens` is a list of ints (a free drafter) or a lazy
 int array (a model drafter), which the engine reads together with the verification result.
 Randomness comes from `seed` through position-keyed uniforms (`mlxspec.sampling`), so a
@@ -26,6 +33,8 @@ class Draft:
     tokens: Union[List[int], mx.array]  # proposed continuation, length <= k (may be empty); ints or a lazy (k,) int array
     probs: Optional[mx.array] = None  # (len, V) processed probabilities they were sampled from; None = deterministic (one-hot)
     kind: str = ""  # label of the proposal's reliability class (acceptance is estimated per kind)
+    parents: Optional[List[int]] = None  # a tree: parents[i] is node i's parent (-1: the root); None = a chain
+    scores: Optional[List[float]] = None  # a tree: each node's drafter confidence given its parent, in [0, 1]
 
     def __len__(self) -> int:
         return len(self.tokens) if isinstance(self.tokens, list) else int(self.tokens.shape[0])

@@ -1,18 +1,32 @@
-"""Prompt-lookup drafting: no model, proposes what followed the last time the context's tail occurred."""
+"""Prompt-lookup drafting: no model, proposes what followed the context's tail where it occurred before.
+
+A chain continues the most recent earlier occurrence of the last n tokens (n = max_n..1) in
+the current history, extended periodically where it reaches the end of the history. A tree
+(SuffixDecoding-style) merges the continuations of *every* occurrence of that suffix, in
+the history and in earlier histories (previous requests, earlier turns that a re-rendered
+chat template no longer extends), into a trie: the chain is its first branch and the other
+branches come with their frequencies, how many occurrences continued that way.
+"""
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .base import Draft
 
+SEP = -1  # between histories in the corpus: no n-gram or continuation crosses it
+MAX_CORPUS = 1 << 17  # tokens of earlier histories kept (the oldest are dropped past this)
+MAX_OCCURRENCES = 16  # most recent occurrences of a suffix merged into a tree
+SIDE_DEPTH = 8  # levels of the other occurrences' continuations merged (the chain goes deeper)
+
 
 class NgramDrafter:
-    """Continuation of the most recent earlier occurrence of the last n tokens, n = max_n..1,
-    extended periodically where it reaches the end of the history.
+    """Chains and trees from earlier occurrences of the history's last n tokens.
 
-    The index maps each n-gram to the end of its latest occurrence and is extended
-    incrementally as the history grows (rebuilt when a new history does not extend it).
+    The index maps each n-gram to the ends of its occurrences (oldest first) in a corpus of
+    earlier histories followed by the current one; it is extended incrementally as the
+    history grows. A history that does not extend the current one starts a new one (the old
+    stays in the corpus for trees).
     """
 
     name = "ngram"
@@ -23,35 +37,141 @@ class NgramDrafter:
         self.reset()
 
     def reset(self) -> None:
-        self._hist: List[int] = []
-        self._index: Dict[Tuple[int, ...], int] = {}
-        self._indexed = 0  # n-grams ending at positions < _indexed are in the index
+        self._corpus: List[int] = []  # earlier histories, each followed by SEP, then the current one
+        self._base = 0  # where the current history starts in the corpus
+        self._index: Dict[Tuple[int, ...], List[int]] = {}
+        self._indexed = 0  # n-grams ending at corpus positions < _indexed are in the index
 
     def _extend(self, history: List[int]) -> None:
-        n_old = len(self._hist)
-        if history[:n_old] != self._hist:
-            self.reset()
+        n_old = len(self._corpus) - self._base
+        if history[:n_old] != self._corpus[self._base :]:
+            if len(self._corpus) + len(history) > MAX_CORPUS:
+                self.reset()
+            else:  # keep the old history for trees; the new one starts after a separator
+                self._corpus.append(SEP)
+                self._indexed = len(self._corpus)
+                self._base = len(self._corpus)
             n_old = 0
-        self._hist.extend(history[n_old:])  # only the new tokens: this runs every round
+        self._corpus.extend(history[n_old:])  # only the new tokens: this runs every round
         # Index n-grams ending strictly before the last token: the tail itself must not match itself.
-        end_limit = len(history) - 1
-        for end in range(self._indexed + 1, end_limit + 1):
+        end_limit = len(self._corpus) - 1
+        c = self._corpus
+        for end in range(max(self._indexed + 1, self._base + 1), end_limit + 1):
             for n in range(self.min_n, self.max_n + 1):
-                if end - n >= 0:
-                    self._index[tuple(history[end - n : end])] = end
+                if end - n >= self._base:
+                    self._index.setdefault(tuple(c[end - n : end]), []).append(end)
         self._indexed = max(self._indexed, end_limit)
+
+    def _match(self, history) -> Optional[Tuple[int, int, bool]]:
+        """(n, end of the latest occurrence, in the current history?) for the longest suffix seen before."""
+        archived = None
+        for n in range(self.max_n, self.min_n - 1, -1):
+            if len(history) < n + 1:
+                continue
+            ends = self._index.get(tuple(history[-n:]))
+            if ends:
+                if ends[-1] >= self._base:
+                    return n, ends[-1], True
+                archived = archived or (n, ends[-1], False)
+        return archived
 
     def propose(self, history, k, params=None, seed=0) -> Draft:
         if k <= 0 or len(history) < 2:
             return Draft([])
         self._extend(history)
-        for n in range(self.max_n, self.min_n - 1, -1):
-            if len(history) < n + 1:
+        m = self._match(history)
+        if m is None or not m[2]:
+            return Draft([])
+        n, end, _ = m
+        return Draft(self._chain(end, k), kind=f"n{n}")
+
+    def _chain(self, end: int, k: int) -> List[int]:
+        # What followed the match; past the end of the history the text repeats with period
+        # len - end (a loop, a table row), so the proposal continues the cycle.
+        c, stop = self._corpus, len(self._corpus)
+        period = stop - end
+        if end >= self._base:
+            return [c[end + i % period] for i in range(k)]
+        out = []
+        for i in range(k):  # an earlier history: its continuation up to its end
+            if end + i >= stop or c[end + i] == SEP:
+                break
+            out.append(c[end + i])
+        return out
+
+    def propose_tree(self, history, depth: int, size: int, params=None, seed=0) -> Draft:
+        """A tree of at most `size` nodes and `depth` levels, depth-first with the chain first.
+
+        Its first branch is what `propose` would give (a chain of `depth`), or the latest
+        continuation in an earlier history when the current one has no match. The other
+        branches are the continuations of other occurrences, the most frequent first; each
+        node's score is the fraction of the occurrences below its parent that continue
+        through it (`Draft.scores`). Kind: "n{n}" (or "a{n}" for an earlier history only).
+        """
+        if depth <= 0 or size <= 0 or len(history) < 2:
+            return Draft([])
+        self._extend(history)
+        m = self._match(history)
+        if m is None:
+            return Draft([])
+        n, end, current = m
+        chain = self._chain(end, depth)
+        ends = self._index[tuple(history[-n:])][-MAX_OCCURRENCES:]
+        # A trie of continuations: node -> {token: child}, with how many occurrences pass through.
+        trie = {"count": 0, "kids": {}}
+        for e in ends:
+            if e == end:
                 continue
-            end = self._index.get(tuple(history[-n:]))
-            if end is not None:
-                # What followed the match; past the end of the history the text repeats with
-                # period len - end (a loop, a table row), so the proposal continues the cycle.
-                period = len(history) - end
-                return Draft([history[end + i % period] for i in range(k)], kind=f"n{n}")
-        return Draft([])
+            node = trie
+            for i in range(min(depth, SIDE_DEPTH)):
+                if e + i >= len(self._corpus) or self._corpus[e + i] == SEP:
+                    break
+                tok = self._corpus[e + i]
+                node = node["kids"].setdefault(tok, {"count": 0, "kids": {}})
+                node["count"] += 1
+        return _flatten(chain, trie, size, kind=("n" if current else "a") + str(n))
+
+
+def _flatten(chain: List[int], trie: dict, size: int, *, kind: str) -> Draft:
+    """The chain, then the trie's other branches best-first by frequency, emitted depth-first."""
+    tokens, parents, scores = list(chain), list(range(-1, len(chain) - 1)), [1.0] * len(chain)
+    # Walk the trie along the chain: at chain node d the trie's other kids are side branches.
+    frontier = []  # (share of all occurrences, share under its parent, parent index, trie node, token)
+    everyone = sum(k["count"] for k in trie["kids"].values()) or 1
+    node, parent = trie, -1
+    for d in range(len(chain) + 1):
+        total = sum(k["count"] for k in node["kids"].values()) or 1
+        for tok, kid in node["kids"].items():
+            if d < len(chain) and tok == chain[d]:
+                continue
+            frontier.append((kid["count"] / everyone, kid["count"] / total, parent, kid, tok))
+        if d == len(chain) or chain[d] not in node["kids"]:
+            break
+        node, parent = node["kids"][chain[d]], d
+    while frontier and len(tokens) < size:
+        frontier.sort(key=lambda f: f[0])
+        _, cond, par, kid, tok = frontier.pop()
+        tokens.append(tok)
+        parents.append(par)
+        scores.append(cond)
+        i = len(tokens) - 1
+        total = sum(k["count"] for k in kid["kids"].values()) or 1
+        for t, k in kid["kids"].items():
+            frontier.append((k["count"] / everyone, k["count"] / total, i, k, t))
+    return _depth_first(Draft(tokens[:size], kind=kind, parents=parents[:size], scores=scores[:size]))
+
+
+def _depth_first(d: Draft) -> Draft:
+    """Reorder nodes depth-first, children in their original order (the chain stays first)."""
+    kids: Dict[int, List[int]] = {}
+    for i, p in enumerate(d.parents):
+        kids.setdefault(p, []).append(i)
+    order, stack = [], list(reversed(kids.get(-1, [])))
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack.extend(reversed(kids.get(i, [])))
+    new = {old: j for j, old in enumerate(order)}
+    return Draft([d.tokens[i] for i in order], kind=d.kind,
+                 parents=[new[d.parents[i]] if d.parents[i] >= 0 else -1 for i in order],
+                 scores=[d.scores[i] for i in order])

@@ -18,7 +18,7 @@ KV_TOKENS_FOR_WARNING = 4096  # tokens of KV counted in the memory check when ma
 
 
 def load(target: str, draft: str | None = None, *, dtype: str | None = None, drafter=None,
-         max_kv_size: int | None = None, num_draft=None, distributed: bool = False, **kw):
+         max_kv_size: int | None = None, num_draft=None, tree=None, distributed: bool = False, **kw):
     """Load a target (and a draft) and return a ready `mlxspec.engine.Engine`.
 
     Args:
@@ -32,6 +32,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             "none" when the draft says so; otherwise the engine drafts with the draft model).
         max_kv_size: KV window passed to the engine. Default: None (grow without bound).
         num_draft: passed to the engine ("auto", an int or None). Default: None.
+        tree: draft trees, "auto" (default), "off" or a node cap (see `Engine`).
         distributed: join the `mx.distributed` group this process was launched in (`mlx.launch`)
             and shard the target over it (tensor-parallel or pipeline, see `mlxspec.shard`); the
             draft is loaded whole on every rank. Every rank must then make the same calls (or
@@ -93,7 +94,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     from ..engine import Engine
 
     engine = Engine(target_model, tokenizer, draft_model, draft_tokenizer=draft_tokenizer, drafter=drafter,
-                    max_kv_size=max_kv_size, num_draft=num_draft, **({"group": group} if group else {}))
+                    max_kv_size=max_kv_size, num_draft=num_draft, **({"group": group} if group else {}),
+                    **({"tree": tree} if tree is not None else {}))
     engine.target_info = target_info
     engine.draft_info = draft_info
     engine.pair_name = pair.name if pair else None

@@ -1,0 +1,107 @@
+"""How much of a proposed tree to verify, and what a verified tree teaches the cost model.
+
+Each node's acceptance probability ("reach") is estimated from per-kind rates the cost model
+learns: a node that is its parent's first child (a chain step) is accepted with probability
+alpha times its drafter score; a later sibling only when the first child failed and a side
+branch then matched, with a separately learned rate beta, shared by the side siblings in
+proportion to their scores. The chain's estimates are exactly the chain's own (alpha^d), so
+a tree only adds nodes whose expected tokens pay for the longer pass: on a device where V(j)
+grows steeply the plan stays a chain (or plain decoding).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import List
+
+from .costmodel import CostModel
+from .drafters import Draft
+
+SIDE_PRIOR = (1.0, 3.0)  # Beta prior of beta: a side branch matches a quarter of the time until measured
+
+
+def side_kind(kind: str) -> str:
+    return kind + "/side"
+
+
+def reach(draft: Draft, cost: CostModel) -> List[float]:
+    """Estimated acceptance probability of every node of a tree draft (parents before children)."""
+    alpha = min(cost.alpha_of(draft.kind), 0.999)
+    beta = cost.alpha_of(side_kind(draft.kind), prior=SIDE_PRIOR)
+    scores = draft.scores or [1.0] * len(draft)
+    first = {}  # parent -> its first child
+    out = []
+    for i, par in enumerate(draft.parents):
+        base = 1.0 if par < 0 else out[par]
+        if first.setdefault(par, i) == i:
+            out.append(base * alpha * scores[i])
+        else:
+            out.append(base * (1.0 - alpha) * beta * scores[i])
+    return out
+
+
+def plan(draft: Draft, cost: CostModel, cap: int) -> Draft:
+    """The best part of a tree draft to verify (at most `cap` nodes): a tree, a chain, or empty."""
+    if not len(draft) or cap <= 0:
+        return Draft([], kind=draft.kind)
+    if draft.parents is None:
+        return Draft(draft.tokens[: cost.choose(min(cap, len(draft)), kind=draft.kind)], kind=draft.kind)
+    r = reach(draft, cost)
+    order = best_first(draft.parents, r)[:cap]
+    m = cost.choose_nodes([r[i] for i in order])
+    return subtree(draft, sorted(order[:m]))
+
+
+def best_first(parents: List[int], r: List[float]) -> List[int]:
+    """Nodes by decreasing reach, each after its parent and its earlier siblings, so that every
+    prefix is a tree in which a first child stays a first child."""
+    kids = {}
+    for i, par in enumerate(parents):
+        kids.setdefault(par, []).append(i)
+    nxt_sibling = {}
+    for sibs in kids.values():
+        for a, b in zip(sibs, sibs[1:]):
+            nxt_sibling[a] = b
+    ready = [(-r[kids[-1][0]], kids[-1][0])] if -1 in kids else []
+    order = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for j in (kids.get(i, [None])[0], nxt_sibling.get(i)):
+            if j is not None:
+                heapq.heappush(ready, (-r[j], j))
+    return order
+
+
+def subtree(draft: Draft, keep: List[int]) -> Draft:
+    """The nodes `keep` (ascending, closed under parents) as a draft; a chain when it has no branch."""
+    new = {old: j for j, old in enumerate(keep)}
+    parents = [new[draft.parents[i]] if draft.parents[i] >= 0 else -1 for i in keep]
+    tokens = [draft.tokens[i] for i in keep]
+    if parents == list(range(-1, len(keep) - 1)):
+        return Draft(tokens, kind=draft.kind)
+    scores = [draft.scores[i] for i in keep] if draft.scores else None
+    return Draft(tokens, kind=draft.kind, parents=parents, scores=scores)
+
+
+def observe(cost: CostModel, draft: Draft, path: List[int]) -> None:
+    """Learn alpha and beta from the walk through a verified tree (`path`: accepted nodes)."""
+    kids = {}
+    for i, par in enumerate(draft.parents):
+        kids.setdefault(par, []).append(i)
+    a_ok = a_fail = 0
+    at = -1
+    for step in range(len(path) + 1):
+        children = kids.get(at, [])
+        nxt = path[step] if step < len(path) else None
+        if children:
+            if nxt == children[0]:
+                a_ok += 1
+            else:
+                a_fail += 1
+                if len(children) > 1:
+                    cost.observe_acceptance(1, float(nxt is not None), side_kind(draft.kind), prior=SIDE_PRIOR)
+        if nxt is None:
+            break
+        at = nxt
+    cost.observe_acceptance(a_ok + a_fail, a_ok, draft.kind)

@@ -1,0 +1,58 @@
+"""Sizing a draft tree: chains where V(j) grows steeply, branches where passes are flat."""
+
+import pytest
+
+from mlxspec import treeplan
+from mlxspec.costmodel import CostModel, TargetCurve
+from mlxspec.drafters import Draft
+
+# A chain of 6 with a frequent branch at the root and one under the first node.
+TREE = Draft([1, 2, 3, 4, 5, 6, 7, 8, 9], kind="n3", parents=[-1, 0, 1, 2, 3, 4, -1, 6, 0],
+             scores=[1.0] * 6 + [0.9, 1.0, 0.8])
+
+
+def model(slope: float, alpha_obs=(6, 2), side_obs=(6, 2)) -> CostModel:
+    curve = TargetCurve(prior_slope=slope)
+    for _ in range(3):
+        curve.observe(1, 1.0, trusted=True)
+        curve.observe_plain(1.0)
+    m = CostModel(curve, draft_is_free=True)
+    for _ in range(8):
+        m.observe_acceptance(alpha_obs[0] + alpha_obs[1], alpha_obs[0], "n3")
+        for s in range(side_obs[0]):
+            m.observe_acceptance(1, 1.0, "n3/side", prior=treeplan.SIDE_PRIOR)
+        for s in range(side_obs[1]):
+            m.observe_acceptance(1, 0.0, "n3/side", prior=treeplan.SIDE_PRIOR)
+    return m
+
+
+def test_steep_curve_keeps_a_chain_or_nothing():
+    d = treeplan.plan(TREE, model(0.5), 15)
+    assert d.parents is None  # a chain (possibly empty)
+
+
+def test_flat_curve_verifies_branches():
+    d = treeplan.plan(TREE, model(0.02), 15)
+    assert d.parents is not None and len(d) > 6
+
+
+def test_best_first_keeps_parents_and_earlier_siblings_first():
+    r = treeplan.reach(TREE, model(0.02))
+    order = treeplan.best_first(TREE.parents, r)
+    assert sorted(order) == list(range(len(TREE)))
+    for pos, i in enumerate(order):
+        par = TREE.parents[i]
+        assert par < 0 or order.index(par) < pos
+        sibs = [j for j, p in enumerate(TREE.parents) if p == par]
+        assert all(order.index(s) < pos for s in sibs if s < i)
+
+
+def test_observe_learns_alpha_and_side_rates():
+    m = CostModel(TargetCurve(), draft_is_free=True)
+    a0, b0 = m.alpha_of("n3"), m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR)
+    for _ in range(10):
+        treeplan.observe(m, TREE, [6])  # the chain failed at once, the root's branch matched, then failed
+    assert m.alpha_of("n3") < a0 and m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR) > b0
+    # A cold side rate starts pessimistic and a new request pulls it back there, not to 1/2.
+    m.new_request(keep=0.0)
+    assert m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR) == pytest.approx(b0)
