@@ -15,8 +15,19 @@ at that logit magnitude (bfloat16/float16: a few ulps; float32: 1e-3); "bug" oth
 loud line; rounding divergences are counted. With --check the exit status is 1 when there
 is a bug (rounding divergences never fail it); without it, 0.
 
-Every setting, mlx-lm's speculation included, is warmed up once before the timed runs
-(first-use compilation is never timed); the warm-up time is reported per setting.
+What "identical" means, per precision: with float32 weights speculative greedy output is
+plain decoding's, token for token. With bfloat16, float16 or quantized weights it is
+identical up to rounding: a verify pass over k+1 rows sums in another order than one-row
+steps, so where the two best logits are within a few ulps the argmax may flip and the texts
+part from there (demo pair on a CPU in bfloat16: 0 flips in 2,304 greedy tokens compared;
+the rate depends on the device, and the bench counts them). Those are the "rounding" divergences counted
+here, never bugs. (MLX's CUDA backend multiplies float32 in TF32, so there float32 rounds too.)
+
+Warm-up, before any timed run: one `engine.warmup()` covers vanilla and every speculative
+setting (every verify length, plain steps, model drafters, at each temperature; its timings
+seed the cost model), and mlx-lm's speculation runs untimed on the first prompt at each of
+its verify lengths, so first-use compilation is never timed. Warm-up seconds are reported
+per setting ("warm-up s", JSON `warmup_seconds`), apart from the timed runs.
 """
 
 from __future__ import annotations
