@@ -126,7 +126,9 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         else:
             proposal = drafter.propose(hist, k_cap, params, seed)
             k = cost.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
-            draft = Draft(proposal.tokens[:k], None, proposal.kind)
+            # the whole proposal travels with k: with several ranks, rank 0's k may be longer
+            shadow = (proposal.tokens[0], proposal.kind) if len(proposal) and not k else None
+            return k, proposal, shadow
         shadow = (proposal.tokens[0], proposal.kind) if len(proposal) and not len(draft) else None
         return len(draft), draft, shadow
 
@@ -144,7 +146,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         k, draft, shadow = step
         if draft is None:  # a model (or a fixed k) drafts the same tokens on every rank: same history, same seed
             draft = drafter.propose(hist, k, params, seed) if k else Draft([])
-        elif len(draft) != k:  # rank 0's chain length (chains only with several ranks)
+        elif draft.parents is None and len(draft) != k:  # a chain proposal, cut to (rank 0's) k
             draft = Draft(draft.tokens[:k], None, draft.kind)
         if not len(draft):
             p = plain_step(target, hist[-1], params, seed, len(hist))
