@@ -30,9 +30,11 @@ def register(subparsers) -> None:
     src.add_argument("--pair", metavar="NAME", help="a pair from `mlxspec models` (default: demo)")
     src.add_argument("--target", metavar="REF", help="target model: folder, .gguf file or Hugging Face repo id")
     p.add_argument("--draft", metavar="REF", help="draft model reference, or 'ngram' / 'none' (overrides the pair's)")
-    p.add_argument("--drafter", choices=["ngram", "model", "none"],
-                   help="how to draft: an n-gram drafter, the draft model, or no speculation "
-                        "(default: the draft model if there is one, else the pair's drafter)")
+    p.add_argument("--drafter", choices=["ngram", "model", "eagle", "none"],
+                   help="how to draft: an n-gram drafter, the draft model, an EAGLE head over the target's "
+                        "features, or no speculation (default: the draft model if there is one, else the pair's drafter)")
+    p.add_argument("--head", metavar="REF", help="EAGLE head folder (or builtin:NAME) trained for the target "
+                                                 "(default: the pair's head, if it names one)")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens to generate at most (default: 256)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus threshold in (0, 1]; 1 disables (default: 1)")
@@ -55,7 +57,7 @@ def run(args) -> int:
 
     prompt_text = sys.stdin.read() if args.prompt == "-" else args.prompt
     engine = load(args.target or args.pair or "demo", args.draft, dtype=args.dtype, drafter=args.drafter,
-                  max_kv_size=args.max_kv_size, num_draft=args.num_draft)
+                  max_kv_size=args.max_kv_size, num_draft=args.num_draft, head=args.head)
     prompt = prompt_text if args.no_chat_template else [{"role": "user", "content": prompt_text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft)

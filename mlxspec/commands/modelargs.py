@@ -14,6 +14,7 @@ def add_model_args(p) -> None:
     p.add_argument("--dtype", choices=["auto", "quantized", "bfloat16", "float16", "float32"], default=None,
                    help="precision of both models (default: the backend's default)")
     p.add_argument("--max-kv-size", type=int, default=None, help="KV window in tokens (default: unbounded)")
+    p.add_argument("--head", default=None, help="EAGLE head folder or builtin:NAME for the target (default: the pair's)")
 
 
 def load_engine(args, **kw):
@@ -23,4 +24,5 @@ def load_engine(args, **kw):
     import mlxspec
 
     ref = args.pair or args.target or DEFAULT_PAIR
-    return mlxspec.load(ref, args.draft, dtype=args.dtype, max_kv_size=args.max_kv_size, **kw)
+    return mlxspec.load(ref, args.draft, dtype=args.dtype, max_kv_size=args.max_kv_size,
+                        head=getattr(args, "head", None), **kw)
