@@ -22,7 +22,7 @@ from .cache import WindowKVCache
 from .costmodel import CostModel, TargetCurve
 from .device import backend
 from .distributed import Coordinator
-from .drafters import DRAFTERS, ModelDrafter, NgramDrafter, NoDrafter
+from .drafters import DRAFTERS, EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, weights_bytes
@@ -43,7 +43,10 @@ class Engine:
         tokenizer: its tokenizer (mlx-lm TokenizerWrapper-like); None if prompts are token ids.
         draft_model: an optional small mlx-lm model sharing the target's tokenizer.
         draft_tokenizer: the draft's tokenizer, checked against the target's when both are given.
-        drafter: "model" (default with a draft model), "ngram" (default without), or "none".
+        drafter: "model" (default with a draft model), "eagle" (needs `eagle_head`), "ngram" (default
+            without a draft model), or "none".
+        eagle_head: an EAGLE head folder trained for this target (see `mlxspec.drafters.eagle`);
+            with it the target's passes keep their hidden states and `drafter="eagle"` is available.
         max_kv_size: sliding window for full-attention layers (first 4 tokens kept), like mlx-lm.
         num_draft: fixed draft length, or None/"auto" to let the cost model choose per round.
         tree: draft trees: None/"auto" (default: the cost model sizes them, a chain where branches
@@ -62,15 +65,22 @@ class Engine:
 
     def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None,
                  drafter=None, max_kv_size=None, num_draft=None, tree=None, prefill_step: int = 512,
-                 cost_prior: Optional[Dict[int, float]] = None, group=None):
+                 cost_prior: Optional[Dict[int, float]] = None, group=None, eagle_head=None):
         if drafter is None:
             drafter = "model" if draft_model is not None else "ngram"
         if drafter not in DRAFTERS:
             raise InvalidArgumentError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
         if drafter == "model" and draft_model is None:
             raise InvalidArgumentError("drafter='model' needs a draft_model; use drafter='ngram' to draft without one")
+        if drafter == "eagle" and eagle_head is None:
+            raise InvalidArgumentError("drafter='eagle' needs eagle_head (a head folder trained for this target)")
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.coord = Coordinator(group)
+        self.eagle = None  # (head, draft ids, config); only then do target passes keep hidden states
+        if eagle_head is not None:
+            from .drafters.eagle import load_head
+
+            self.eagle = load_head(eagle_head, target_model)
         self.draft_tokenizer = draft_tokenizer
         self.max_kv_size = max_kv_size
         self.num_draft = check_num_draft(num_draft)
@@ -91,6 +101,7 @@ class Engine:
         self.context = None if any(isinstance(c, WindowKVCache) for c in self.target.caches) and max_kv_size else context_length(target_model)
         self.target_weights_bytes = weights_bytes(target_model)
         self.draft_weights_bytes = weights_bytes(draft_model) if draft_model is not None else 0
+        self.eagle_weights_bytes = weights_bytes(self.eagle[0]) if self.eagle is not None else 0
 
     def _check_pair(self, draft_model, tokenizer, draft_tokenizer):
         if tokenizer is not None and draft_tokenizer is not None:
@@ -108,14 +119,18 @@ class Engine:
         """Caches, drafters and cost models: what a fork does not share with its original."""
         headroom = MAX_DRAFT + 1
         self.target = Sequence(self.target_model, max_kv_size=self.max_kv_size, headroom=headroom,
-                               prefill_step=self.prefill_step)
+                               prefill_step=self.prefill_step, keep_hidden=self.eagle is not None)
         self.drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if self.draft_model is not None:
             self.drafters["model"] = ModelDrafter(self.draft_model, target_vocab=self.vocab_size,
                                                   max_kv_size=self.max_kv_size, headroom=headroom)
+        if self.eagle is not None:
+            head, draft_ids, _ = self.eagle
+            self.drafters["eagle"] = EagleDrafter(head, draft_ids, self.target, max_kv_size=self.max_kv_size,
+                                                  headroom=headroom, prefill_step=self.prefill_step)
         self.curve = TargetCurve(prior_ratios=self._cost_prior, prior_slope=self._prior_slope)
         self.costs = {name: CostModel(self.curve, draft_is_free=not d.uses_model,
-                                      prior_draft_ratio=self._prior_draft if d.uses_model else None)
+                                      prior_draft_ratio=self._prior_draft if name == "model" else None)
                       for name, d in self.drafters.items()}
         self.last_stats: Optional[GenerationStats] = None
 
@@ -240,7 +255,8 @@ class Engine:
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree) -> Iterator[TokenEvent]:
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
                                 kernels=kernels.backend_name(), target_weights_bytes=self.target_weights_bytes,
-                                draft_weights_bytes=self.draft_weights_bytes if name == "model" else 0)
+                                draft_weights_bytes={"model": self.draft_weights_bytes,
+                                                     "eagle": self.eagle_weights_bytes}.get(name, 0))
         return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
                         stop=stop, stats=stats, tree=tree)
 
@@ -250,3 +266,5 @@ class Engine:
         stats.target_kv_bytes = self.target.kv_bytes
         if name == "model":
             stats.draft_kv_bytes = self.drafters["model"].seq.kv_bytes
+        elif name == "eagle":
+            stats.draft_kv_bytes = self.drafters["eagle"].kv_bytes

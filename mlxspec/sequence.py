@@ -147,11 +147,13 @@ class Sequence:
 
     # -- hidden states (keep_hidden=True) ---------------------------------------------------------
     def _trim_hidden(self, end: int) -> None:
-        kept = []
-        for start, rows in self._hidden:
-            if start < end:
-                kept.append((start, rows if start + rows.shape[0] <= end else rows[: end - start]))
-        self._hidden = kept
+        # Chunks are contiguous and in order: drop or cut them from the end (O(chunks removed)).
+        h = self._hidden
+        while h and h[-1][0] >= end:
+            h.pop()
+        if h and h[-1][0] + h[-1][1].shape[0] > end:
+            start, rows = h[-1]
+            h[-1] = (start, rows[: end - start])
 
     def hidden_since(self, pos: int) -> mx.array:
         """Final hidden states of positions pos .. len(tokens)-1, shape (n, H) (lazy).
@@ -164,18 +166,21 @@ class Sequence:
             raise ValueError("this Sequence was built with keep_hidden=False")
         end = len(self.tokens)
         parts = []
-        for start, rows in self._hidden:
-            stop = start + rows.shape[0]
-            if stop <= pos:
-                continue
-            if start > pos and not parts:
-                raise ValueError(f"hidden states before position {start} were released; asked from {pos}")
+        first = None  # first position the kept chunks reach back to
+        for start, rows in reversed(self._hidden):  # from the newest: a drafter asks for recent rows
+            if start + rows.shape[0] <= pos:
+                break
             parts.append(rows[max(0, pos - start):])
+            first = start
+            if start <= pos:
+                break
+        if first is not None and first > pos:
+            raise ValueError(f"hidden states before position {first} were released; asked from {pos}")
         if not parts:
             if pos >= end:
                 return mx.zeros((0, self._hidden[-1][1].shape[-1] if self._hidden else 0))
             raise ValueError(f"no hidden states kept from position {pos}")
-        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts[::-1], axis=0)
 
     def release_hidden(self, before: int) -> None:
         """Forget hidden rows of positions < before (a drafter has consumed them)."""

@@ -16,7 +16,7 @@ import time
 from typing import Dict, Iterable, Optional
 
 from .device import is_gpu
-from .drafters import Draft, ModelDrafter
+from .drafters import Draft, EagleDrafter, ModelDrafter
 from .modelmeta import logit_width
 from .rounds import plain_step, read, verify_round
 from .sampling import SamplingParams
@@ -72,6 +72,8 @@ def warm_up(engine, *, max_j: Optional[int] = None, temperatures: Iterable[float
         for name, drafter in engine.drafters.items():
             if isinstance(drafter, ModelDrafter):
                 _warm_drafter(engine, name, drafter, ids, params, seed, max_j, timed=temp == 0.0)
+            elif isinstance(drafter, EagleDrafter):
+                _warm_eagle(engine, name, drafter, ids, params, seed, max_j, timed=temp == 0.0)
     engine.reset()
     return {"seconds": time.perf_counter() - t0, "curve": curve, "plain": plain}
 
@@ -110,6 +112,28 @@ def _warm_drafter(engine, name: str, drafter: ModelDrafter, ids, params: Samplin
         drafter.reset()
         drafter.catch_up(ids[: n + 1])
     drafter.reset()
+    history = ids[:PREFIX]
+    k = max_j - 1
+    for rep in range(2):
+        t = time.perf_counter()
+        d = drafter.propose(history, k, params, seed)
+        d.tokens.tolist()
+        dt = time.perf_counter() - t
+        if rep and timed:
+            engine.costs[name].observe_draft(k, dt)
+    drafter.reset()
+
+
+def _warm_eagle(engine, name: str, drafter: EagleDrafter, ids, params: SamplingParams, seed: int, max_j: int,
+                *, timed: bool) -> None:
+    """An EAGLE head's catch-up chunks (on the target's real features of the prefix) and draft steps."""
+    drafter.reset()
+    fed = 0
+    for n in CATCH_UP:  # consecutive chunks over the target's features of the prefix
+        if fed + n > PREFIX - 1:
+            break
+        drafter._feed(ids, fed + n)
+        fed += n
     history = ids[:PREFIX]
     k = max_j - 1
     for rep in range(2):

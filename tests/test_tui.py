@@ -114,7 +114,7 @@ async def test_slash_commands_change_settings_and_bad_ones_explain():
         text = history_text(app)
         assert "/temp needs a number >= 0, got 'warm'" in text
         assert "/draft needs auto or an integer in 0..32, got '99'" in text
-        assert "/drafter needs ngram or model, got 'foo'" in text
+        assert "/drafter needs ngram, model or eagle, got 'foo'" in text
         assert "unknown command '/nope'" in text
         await send(app, pilot, "/temp 0")
         await send(app, pilot, "/draft 2")
@@ -140,6 +140,9 @@ async def test_drafter_model_without_a_draft_model_is_refused():
         await send(app, pilot, "/drafter model")
         assert app.settings.drafter is None
         assert "this pair has no draft model" in history_text(app)
+        await send(app, pilot, "/drafter eagle")
+        assert app.settings.drafter is None
+        assert "this pair has no EAGLE head" in history_text(app)
 
 
 @async_test

@@ -152,3 +152,35 @@ def _bytes_to_unicode():
 
 
 _BYTE_OF = _bytes_to_unicode()
+
+
+def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool = False, name: str = "tiny"):
+    """Write an EAGLE head folder for `target` (a llama from make_llama) and return its path.
+
+    copy=True builds the head from a one-layer target's own layer and norm with fc = [I | 0]:
+    it then recomputes the target's next feature from the next token (all it lacks is the key
+    of position 0), so it drafts what the target would say.
+    """
+    from mlx_lm.models.llama import ModelArgs
+
+    from mlxspec.drafters.eagle import EagleHead, save_head
+
+    a = target.args
+    args = ModelArgs(model_type="llama", hidden_size=a.hidden_size, num_hidden_layers=1,
+                     intermediate_size=a.intermediate_size, num_attention_heads=a.num_attention_heads,
+                     num_key_value_heads=a.num_key_value_heads, rms_norm_eps=a.rms_norm_eps,
+                     vocab_size=a.vocab_size, head_dim=a.hidden_size // a.num_attention_heads,
+                     rope_theta=a.rope_theta, max_position_embeddings=a.max_position_embeddings)
+    mx.random.seed(seed)
+    head = EagleHead(args)
+    if copy:
+        assert len(target.model.layers) == 1, "copy=True needs a one-layer target"
+        H = a.hidden_size
+        head.layers[0].update(target.model.layers[0].parameters())
+        head.norm.update(target.model.norm.parameters())
+        head.fc.weight = mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1)
+        head.fc.bias = mx.zeros((H,))
+    head.set_dtype(mx.float32)
+    save_head(path, head, None if draft_ids is None else mx.array(draft_ids), target, name=name,
+              dtype=mx.float32)
+    return path

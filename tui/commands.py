@@ -11,7 +11,7 @@ from mlxspec.prompts import MAX_DRAFT
 HELP = """\
 /temp T          sampling temperature (0 = greedy, the default)
 /draft auto|N    draft length: auto (cost model) or a fixed N in 0..32
-/drafter NAME    who drafts on the speculative side: ngram or model
+/drafter NAME    who drafts on the speculative side: ngram, model or eagle
 /maxtokens N     answer length limit
 /system TEXT     system prompt for the next turns (/system alone clears it)
 /save PATH       write the conversation and its stats to PATH.json and PATH.md
@@ -70,11 +70,12 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
             raise CommandError(f"/draft needs auto or an integer in 0..{MAX_DRAFT}, got {arg!r}")
         return Outcome(replace(settings, num_draft=n), f"draft length fixed at {n}")
     if name == "/drafter":
-        allowed = [d for d in ("ngram", "model") if d in drafters]
-        if arg not in ("ngram", "model"):
-            raise CommandError(f"/drafter needs ngram or model, got {arg!r}")
+        allowed = [d for d in ("ngram", "model", "eagle") if d in drafters]
+        if arg not in ("ngram", "model", "eagle"):
+            raise CommandError(f"/drafter needs ngram, model or eagle, got {arg!r}")
         if arg not in drafters:
-            raise CommandError(f"/drafter {arg}: this pair has no draft model; available: {', '.join(allowed)}")
+            missing = "EAGLE head" if arg == "eagle" else "draft model"
+            raise CommandError(f"/drafter {arg}: this pair has no {missing}; available: {', '.join(allowed)}")
         return Outcome(replace(settings, drafter=arg), f"drafter set to {arg}")
     if name == "/system":
         return Outcome(replace(settings, system=arg), f"system prompt set to {arg!r}" if arg else "system prompt cleared")

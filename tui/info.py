@@ -24,6 +24,8 @@ def describe(engine, *, name: str = None) -> PairInfo:
     target = _label(getattr(engine, "target_info", None)) or _model_label(engine.target_model)
     if engine.draft_model is not None and engine.default_drafter == "model":
         draft = _label(getattr(engine, "draft_info", None)) or _model_label(engine.draft_model)
+    elif engine.default_drafter == "eagle":
+        draft = "EAGLE head"
     else:
         draft = f"{engine.default_drafter} drafter"
     return PairInfo(

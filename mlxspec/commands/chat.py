@@ -15,7 +15,9 @@ def register(subparsers) -> None:
     p.add_argument("--pair", metavar="NAME", help="a named pair (default: demo)")
     p.add_argument("--target", metavar="REF", help="target model (instead of --pair)")
     p.add_argument("--draft", metavar="REF", help="draft model for --target")
-    p.add_argument("--drafter", choices=["model", "ngram"], help="who drafts (default: the draft model if any, else ngram)")
+    p.add_argument("--drafter", choices=["model", "eagle", "ngram"],
+                   help="who drafts (default: the draft model if any, else ngram); eagle needs a head")
+    p.add_argument("--head", metavar="REF", help="EAGLE head folder (or builtin:NAME) for the target (default: the pair's)")
     p.add_argument("--num-draft", metavar="auto|N", type=num_draft, default=None,
                    help="draft length: auto (cost model, default) or a fixed N")
     p.add_argument("--dtype", help="weights dtype, e.g. float16 or bfloat16 (default: the pair's)")
@@ -45,7 +47,7 @@ def run(args) -> int:
         except ImportError as e:
             raise MlxSpecError(f"model loading is not available in this install ({e})") from None
         return load(ref, args.draft, dtype=args.dtype, drafter=args.drafter, max_kv_size=args.max_kv_size,
-                    num_draft=args.num_draft)
+                    num_draft=args.num_draft, head=args.head)
 
     from tui import make_app
 

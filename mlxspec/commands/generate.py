@@ -31,9 +31,11 @@ def register(subparsers) -> None:
     src.add_argument("--pair", metavar="NAME", help="a pair from `mlxspec models` (default: demo)")
     src.add_argument("--target", metavar="REF", help="target model: folder, .gguf file or Hugging Face repo id")
     p.add_argument("--draft", metavar="REF", help="draft model reference, or 'ngram' / 'none' (overrides the pair's)")
-    p.add_argument("--drafter", choices=["ngram", "model", "none"],
-                   help="how to draft: an n-gram drafter, the draft model, or no speculation "
-                        "(default: the draft model if there is one, else the pair's drafter)")
+    p.add_argument("--drafter", choices=["ngram", "model", "eagle", "none"],
+                   help="how to draft: an n-gram drafter, the draft model, an EAGLE head over the target's "
+                        "features, or no speculation (default: the draft model if there is one, else the pair's drafter)")
+    p.add_argument("--head", metavar="REF", help="EAGLE head folder (or builtin:NAME) trained for the target "
+                                                 "(default: the pair's head, if it names one)")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens to generate at most (default: 256)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus threshold in (0, 1]; 1 disables (default: 1)")
@@ -58,7 +60,7 @@ def run(args) -> int:
     from ..loading import load
 
     engine = load(args.target or args.pair or "demo", args.draft, dtype=args.dtype, drafter=args.drafter,
-                  max_kv_size=args.max_kv_size, num_draft=args.num_draft, tree=args.tree,
+                  max_kv_size=args.max_kv_size, num_draft=args.num_draft, tree=args.tree, head=args.head,
                   distributed=args.distributed)
     main = quiet_unless_main(engine)
     # The other ranks run rank 0's request (the engine shares it): they need no prompt of their own.

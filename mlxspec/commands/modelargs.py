@@ -14,6 +14,7 @@ def add_model_args(p) -> None:
     p.add_argument("--dtype", choices=["auto", "quantized", "bfloat16", "float16", "float32"], default=None,
                    help="precision of both models (default: the backend's default)")
     p.add_argument("--max-kv-size", type=int, default=None, metavar="W", help="KV window in tokens (default: unbounded)")
+    p.add_argument("--head", default=None, help="EAGLE head folder or builtin:NAME for the target (default: the pair's)")
 
 
 def add_distributed_arg(p) -> None:
@@ -56,4 +57,5 @@ def load_engine(args, **kw):
 
     ref = args.pair or args.target or DEFAULT_PAIR
     kw.setdefault("distributed", getattr(args, "distributed", False))
-    return mlxspec.load(ref, args.draft, dtype=args.dtype, max_kv_size=args.max_kv_size, **kw)
+    return mlxspec.load(ref, args.draft, dtype=args.dtype, max_kv_size=args.max_kv_size,
+                        head=getattr(args, "head", None), **kw)

@@ -11,14 +11,15 @@ from ..drafters import DRAFTERS
 from ..errors import InvalidArgumentError
 from .model import load_model
 from .registry import WEIGHTLESS_DRAFTERS
-from .resolve import resolve_pair
+from .resolve import resolve_model, resolve_pair
 
 log = logging.getLogger("mlxspec.loading")
 KV_TOKENS_FOR_WARNING = 4096  # tokens of KV counted in the memory check when max_kv_size is None
 
 
 def load(target: str, draft: str | None = None, *, dtype: str | None = None, drafter=None,
-         max_kv_size: int | None = None, num_draft=None, tree=None, distributed: bool = False, **kw):
+         max_kv_size: int | None = None, num_draft=None, tree=None, head: str | None = None, distributed: bool = False,
+         **kw):
     """Load a target (and a draft) and return a ready `mlxspec.engine.Engine`.
 
     Args:
@@ -28,8 +29,11 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             pair's draft when `target` is a pair name, else no draft model).
         dtype: precision of both models: None/"auto", "quantized", "bfloat16", "float16",
             "float32". Default: None (the backend's default, see `mlxspec.loading.precision`).
-        drafter: "ngram", "model", "none", a drafter object, or None. Default: None ("ngram" or
-            "none" when the draft says so; otherwise the engine drafts with the draft model).
+        drafter: "ngram", "model", "eagle", "none", a drafter object, or None. Default: None ("ngram"
+            or "none" when the draft says so; otherwise the engine drafts with the draft model).
+        head: an EAGLE head ("builtin:<name>" or a folder) trained for the target. Default: None
+            (the pair's head when `target` names a pair that has one). Not loaded when `drafter`
+            is "ngram" or "none": the target's passes then keep no hidden states.
         max_kv_size: KV window passed to the engine. Default: None (grow without bound).
         num_draft: passed to the engine ("auto", an int or None). Default: None.
         tree: draft trees, "auto" (default), "off" or a node cap (see `Engine`).
@@ -66,8 +70,12 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         raise InvalidArgumentError(
             "[load] drafter='model' needs a draft model: pass draft=<model reference> or a pair whose draft is a model"
         )
+    head_ref = head if head is not None else (pair.head if pair and pair.head else None)
+    if drafter == "eagle" and head_ref is None:
+        raise InvalidArgumentError(
+            "[load] drafter='eagle' needs a head: pass head=<folder or builtin:name> or a pair that names one")
     if drafter in ("ngram", "none"):
-        draft_ref = None  # asked for explicitly: the draft model would go unused
+        draft_ref = head_ref = None  # asked for explicitly: the draft model and head would go unused
     if drafter is None and pair and pair.drafter:
         drafter = pair.drafter  # the pair's default; its draft model stays loaded and selectable
 
@@ -90,12 +98,13 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     if draft_model is not None:
         check_tokenizers(tokenizer, draft_tokenizer)
     _report_memory(target_info, draft_info, max_kv_size)
+    head_path = resolve_model(head_ref, download=download).path if head_ref is not None else None
 
     from ..engine import Engine
 
     engine = Engine(target_model, tokenizer, draft_model, draft_tokenizer=draft_tokenizer, drafter=drafter,
                     max_kv_size=max_kv_size, num_draft=num_draft, **({"group": group} if group else {}),
-                    **({"tree": tree} if tree is not None else {}))
+                    **({"tree": tree} if tree is not None else {}), eagle_head=head_path)
     engine.target_info = target_info
     engine.draft_info = draft_info
     engine.pair_name = pair.name if pair else None

@@ -37,6 +37,7 @@ class Pair:
     window: int  # sliding-window span, tokens (0 = none)
     quantization: str  # storage of target / draft weights
     drafter: str = ""  # optional default drafter ("ngram", "model"); "" = the draft model if there is one
+    head: str = ""  # optional EAGLE head ("builtin:<name>" or a folder) trained for the target
 
     @property
     def draft_is_model(self) -> bool:

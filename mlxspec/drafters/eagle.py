@@ -1,0 +1,330 @@
+"""Feature-level drafting (EAGLE, Li et al. 2024): a one-layer head reads the target's own hidden states.
+
+The head continues the target's last hidden state instead of re-deriving it from tokens:
+entry j of its sequence is `fc(concat(embed(x[j+1]), f[j]))`, where f[j] is the target's
+final hidden state at position j (after the final norm, what `backbone.split_model` returns)
+and x[j+1] the token that followed; one llama decoder layer with its own KV cache and a
+norm turn it into a prediction of f[j+1], whose logits come from the target's own output
+embedding restricted to a draft vocabulary (the target's most frequent tokens; tokens
+outside it are never proposed). Drafting k tokens runs the head k times, each step on the
+feature the previous step predicted.
+
+Entries before the last committed token use the target's real features (read from the
+target's `Sequence(keep_hidden=True)`); entries made while drafting hold predicted
+features, so the next `propose` rolls them back and feeds the real ones instead.
+Greedy drafts are the head's argmax; sampled drafts come with their q, so the verify
+round's rejection rule keeps the output distribution the target's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.llama import ModelArgs, TransformerBlock
+
+from .. import kernels
+from ..cache import make_cache
+from ..errors import IncompatibleModelsError, ModelNotFoundError
+from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
+from .base import Draft
+from .model import power_of_two_chunks
+
+FINGERPRINT_ROWS = 64  # embedding rows whose norms identify a target (spread over the vocabulary)
+FINGERPRINT_RTOL = 0.03  # 4-bit quantization moves a row's norm by well under 1 %; another model by far more
+
+
+class EagleHead(nn.Module):
+    """fc(concat(embedding, feature)) -> one llama decoder layer -> RMSNorm: the next feature.
+
+    Args:
+        args: the decoder layer's llama `ModelArgs` (hidden size = the target's).
+    """
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        H = args.hidden_size
+        self.fc = nn.Linear(2 * H, H)
+        self.layers = [TransformerBlock(args)]  # a list, so `cache.make_cache` builds one cache per layer
+        self.norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
+
+    def __call__(self, embeds: mx.array, features: mx.array, cache=None, mask=None) -> mx.array:
+        """(B, S, H) embeddings of x[j+1] and (B, S, H) features f[j] -> (B, S, H) predicted f[j+1].
+
+        `mask` defaults to the cache's causal mask; a tree drafter passes its own.
+        """
+        x = self.fc(mx.concatenate([embeds, features], axis=-1))  # (B, S, H)
+        c = cache[0] if cache else None
+        if mask is None:
+            mask = create_attention_mask(x, c)
+        return self.norm(self.layers[0](x, mask, cache=c))
+
+
+# -- the target's identity ----------------------------------------------------------------------
+
+def embedding_fingerprint(target_model) -> List[float]:
+    """Norms of FINGERPRINT_ROWS embedding rows spread over the vocabulary (float32, any precision)."""
+    emb = target_model.model.embed_tokens
+    V = _vocab(target_model)
+    ids = mx.array([(i * V) // FINGERPRINT_ROWS for i in range(FINGERPRINT_ROWS)], dtype=mx.uint32)
+    rows = emb(ids).astype(mx.float32)  # dequantized rows whatever the storage
+    return [round(float(v), 5) for v in mx.sqrt(mx.sum(rows * rows, axis=-1)).tolist()]
+
+
+def _vocab(target_model) -> int:
+    return int(target_model.model.embed_tokens.weight.shape[0])
+
+
+def _hidden(target_model) -> int:
+    from ..backbone import hidden_size
+
+    return hidden_size(target_model)
+
+
+# -- files --------------------------------------------------------------------------------------
+
+LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "rms_norm_eps", "rope_theta", "max_position_embeddings")
+
+
+def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model, *, name: str = "",
+              dtype=mx.float16, extra: Optional[dict] = None) -> None:
+    """Write a head folder: config.json (layer shape, the target's identity) + model.safetensors.
+
+    Args:
+        path: the folder (created).
+        head, draft_ids: the head and its draft vocabulary (None: the target's whole vocabulary).
+        target_model: the target it was trained for (its vocabulary, hidden size, fingerprint are recorded).
+        name: the target's name, for error messages. dtype: weights' storage. Default float16.
+        extra: more config keys (training facts).
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.astype(dtype) for k, v in tree_flatten(head.parameters())}
+    if draft_ids is not None:
+        weights["draft_ids"] = draft_ids.astype(mx.int32)
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    cfg = {"model_type": "eagle_head",
+           "layer": {k: getattr(head.args, k) for k in LAYER_FIELDS},
+           "draft_vocab_size": None if draft_ids is None else int(draft_ids.shape[0]),
+           "target": {"name": name, "vocab_size": _vocab(target_model), "hidden_size": _hidden(target_model),
+                      "embedding_fingerprint": embedding_fingerprint(target_model)},
+           **(extra or {})}
+    (path / "config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+def load_head(path, target_model) -> Tuple[EagleHead, Optional[mx.array], dict]:
+    """Load a head folder (config.json + model.safetensors) trained for `target_model`.
+
+    Returns (head in the target's float dtype, draft vocabulary ids (N,) int32 or None for the
+    full vocabulary, config).
+
+    Raises:
+        ModelNotFoundError: the folder or one of its files is missing or unreadable.
+        IncompatibleModelsError: the head was trained for another target (vocabulary size,
+            hidden size or embedding fingerprint differ) or its weights have the wrong shapes.
+    """
+    path = Path(path)
+    cfg_path, w_path = path / "config.json", path / "model.safetensors"
+    for f in (cfg_path, w_path):
+        if not f.is_file():
+            raise ModelNotFoundError(f"[eagle] {f} is missing; a head folder holds config.json and model.safetensors")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        weights = mx.load(str(w_path))
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ModelNotFoundError(f"[eagle] cannot read the head in {path}: {e}") from e
+    if cfg.get("model_type") != "eagle_head":
+        raise ModelNotFoundError(f"[eagle] {cfg_path} has model_type {cfg.get('model_type')!r}, expected 'eagle_head'")
+    _check_target(cfg.get("target", {}), target_model, path)
+    layer = cfg["layer"]
+    args = ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=_vocab(target_model), **layer)
+    head = EagleHead(args)
+    draft_ids = weights.pop("draft_ids", None)
+    want = dict(tree_flatten(head.parameters()))
+    missing = sorted(set(want) - set(weights))
+    extra = sorted(set(weights) - set(want))
+    wrong = sorted(f"{k}: {tuple(weights[k].shape)} != {tuple(v.shape)}" for k, v in want.items()
+                   if k in weights and weights[k].shape != v.shape)
+    if missing or extra or wrong:
+        raise IncompatibleModelsError(
+            f"[eagle] the weights in {w_path} do not fit the head its config describes: missing {missing[:4]}, "
+            f"unexpected {extra[:4]}, wrong shapes {wrong[:4]}")
+    if draft_ids is not None and (draft_ids.ndim != 1 or int(mx.max(draft_ids).item()) >= _vocab(target_model)):
+        raise IncompatibleModelsError(
+            f"[eagle] draft_ids in {w_path} must be a 1-D list of ids below the target's vocabulary "
+            f"({_vocab(target_model)}), got shape {tuple(draft_ids.shape)}")
+    head.load_weights(list(weights.items()))
+    dtype = target_model.model.norm.weight.dtype  # the engine's float precision
+    head.set_dtype(dtype)
+    mx.eval(head.parameters())
+    return head, (draft_ids.astype(mx.int32) if draft_ids is not None else None), cfg
+
+
+def _check_target(t: dict, target_model, path: Path) -> None:
+    """IncompatibleModelsError naming what differs between the head's recorded target and this one."""
+    diffs = []
+    V, H = _vocab(target_model), _hidden(target_model)
+    if t.get("vocab_size") != V:
+        diffs.append(f"vocabulary size {t.get('vocab_size')} vs the target's {V}")
+    if t.get("hidden_size") != H:
+        diffs.append(f"hidden size {t.get('hidden_size')} vs the target's {H}")
+    if not diffs:
+        want = t.get("embedding_fingerprint") or []
+        have = embedding_fingerprint(target_model)
+        bad = [i for i, (a, b) in enumerate(zip(want, have)) if abs(a - b) > FINGERPRINT_RTOL * max(abs(a), 1e-6)]
+        if len(want) != len(have) or bad:
+            diffs.append(f"embedding fingerprint ({len(bad) if want else 'no'} of {len(have)} row norms differ "
+                         f"by more than {FINGERPRINT_RTOL:.0%})")
+    if diffs:
+        name = t.get("name", "another model")
+        raise IncompatibleModelsError(f"[eagle] the head in {path} was trained for {name}, not this target: "
+                                      + "; ".join(diffs))
+
+
+# -- the drafter --------------------------------------------------------------------------------
+
+class EagleDrafter:
+    """Drafts k tokens with an EAGLE head over the target's features, on the device.
+
+    Args:
+        head, draft_ids: from `load_head`.
+        target: the engine's target `Sequence`, built with keep_hidden=True.
+        max_kv_size, headroom: the head's cache, like the target's (a window wraps the same way).
+    """
+
+    name = "eagle"
+    uses_model = True
+
+    def __init__(self, head: EagleHead, draft_ids: Optional[mx.array], target, *, max_kv_size: Optional[int],
+                 headroom: int, prefill_step: int = 512):
+        if not target.keep_hidden:
+            raise ValueError("[eagle] the target Sequence must keep hidden states (keep_hidden=True)")
+        self.head, self.draft_ids, self.target = head, draft_ids, target
+        self.embed = target.model.model.embed_tokens
+        ids = draft_ids if draft_ids is not None else mx.arange(_vocab(target.model))
+        self.out_weight = self.embed(ids.astype(mx.uint32))  # (N, H): the target's tied output rows
+        mx.eval(self.out_weight)
+        self.vocab = _vocab(target.model)
+        self.max_kv_size, self.headroom, self.prefill_step = max_kv_size, headroom, prefill_step
+        self.reset()
+
+    def reset(self) -> None:
+        self.caches = make_cache(self.head, max_kv_size=self.max_kv_size, headroom=self.headroom)
+        self.covered: List[int] = []  # x[0..m]: the tokens whose m real entries the cache holds
+        self.drafted = 0  # entries after them made while drafting (predicted features)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(c.nbytes for c in self.caches)
+
+    # -- one head step on rows: the building block (trees reuse it) ------------------------------
+    def head_step(self, tokens: mx.array, features: mx.array, mask=None) -> mx.array:
+        """Feed (B, S) tokens x[j+1] with (B, S, H) features f[j]; returns (B, S, H) predicted f[j+1]."""
+        return self.head(self.embed(tokens.astype(mx.uint32)), features, self.caches, mask)
+
+    def logits(self, features: mx.array) -> mx.array:
+        """(..., H) features -> (..., N) logits over the draft vocabulary."""
+        return features @ self.out_weight.T
+
+    # -- keeping the cache on the committed history ---------------------------------------------
+    @property
+    def entries(self) -> int:
+        return max(len(self.covered) - 1, 0)
+
+    def _trim(self, n: int) -> None:
+        if n <= 0:
+            return
+        if all(c.can_trim(n) for c in self.caches):
+            for c in self.caches:
+                c.trim(n)
+        else:
+            self.caches = make_cache(self.head, max_kv_size=self.max_kv_size, headroom=self.headroom)
+            self.covered = []
+
+    def _sync(self, history: List[int]) -> int:
+        """Roll back drafted and stale entries; returns how many real entries to keep (leaving >= 1 to feed)."""
+        self._trim(self.drafted)
+        self.drafted = 0
+        limit = min(len(self.covered), len(history) - 1)  # entries need x[j+1]: at most len - 1 of them
+        common = 0
+        if self.covered[:limit] == history[:limit]:
+            common = limit
+        else:
+            while common < limit and self.covered[common] == history[common]:
+                common += 1
+        keep = max(min(common - 1, len(history) - 2), 0)  # feed at least the last entry again
+        self._trim(self.entries - keep)
+        if self.covered:
+            self.covered = self.covered[: keep + 1] if keep else []
+        return self.entries
+
+    def _feed(self, history: List[int], upto: int, *, chunked: bool = False) -> Optional[mx.array]:
+        """Feed real entries self.entries .. upto-1; returns the last predicted feature (1, H).
+
+        Power-of-two chunks (few shapes to compile); `chunked` (prompts) first evaluates
+        prefill_step-sized chunks one by one."""
+        start = self.entries
+        if upto <= start:
+            return None
+        feats = self.target.hidden_since(start)[: upto - start]  # (n, H): f[start .. upto-1]
+        toks = mx.array(history[start + 1 : upto + 1], dtype=mx.uint32)
+        out, i = None, 0
+        sizes = [self.prefill_step] * ((upto - start) // self.prefill_step) if chunked else []
+        sizes += power_of_two_chunks((upto - start) - sum(sizes))
+        for n in sizes:
+            out = self.head_step(toks[None, i : i + n], feats[None, i : i + n])
+            if chunked:
+                mx.eval([c.state for c in self.caches])
+            i += n
+        # The target's features stay with it (its rollbacks drop them): a later request that shares
+        # a prefix rolls the head back to it and needs them again, without re-running the target.
+        self.covered = list(history[: upto + 1])
+        return out[0, -1:]
+
+    def prefill(self, history: List[int]) -> None:
+        """Bring the cache up to the prompt, all but its last entry (the first `propose` feeds that)."""
+        self._sync(history)
+        self._feed(history, len(history) - 2, chunked=True)
+
+    # -- drafting -------------------------------------------------------------------------------
+    def propose(self, history, k, params: SamplingParams, seed: int) -> Draft:
+        if k <= 0 or len(history) < 2:
+            return Draft([])
+        self._sync(history)
+        h = self._feed(history, len(history) - 1)  # (1, H): predicted f[n-1], n = len(history)
+        start = len(history)  # absolute position of the first draft token
+        u = None if params.greedy else position_uniforms(seed, mx.arange(start, start + k), DRAFT)
+        tokens, rows = [], []
+        for i in range(k):
+            if i:
+                h = self.head_step(tokens[-1].reshape(1, 1), h[None])[0]
+            logits = self.logits(h[0]).astype(mx.float32)  # (N,)
+            if params.greedy:
+                local = mx.argmax(logits)
+                tok = local if self.draft_ids is None else mx.take(self.draft_ids, local)
+            else:
+                q = kernels.probabilities(self._full(logits), params)  # (V,): zero outside the draft vocabulary
+                tok = sample_rows(q, u[i])
+                rows.append(q)
+            tok = tok.astype(mx.int32)
+            mx.async_eval(tok)  # the device starts on this step while the host builds the next
+            tokens.append(tok)
+        self.drafted = k - 1
+        return Draft(mx.stack(tokens), mx.stack(rows) if rows else None)
+
+    def _full(self, logits: mx.array) -> mx.array:
+        """Draft-vocabulary logits (..., N) -> target-vocabulary logits (..., V), -inf outside."""
+        if self.draft_ids is None:
+            return logits
+        full = mx.full((*logits.shape[:-1], self.vocab), -mx.inf, dtype=logits.dtype)
+        ids = mx.broadcast_to(self.draft_ids, logits.shape)
+        return mx.put_along_axis(full, ids, logits, axis=-1)

@@ -1,0 +1,149 @@
+"""Measure the shipped EAGLE head against the demo target, through mlxspec's own engine.
+
+    python scripts/eval_eagle.py [--suite held-out|bench] [--prompts 32] [--max-tokens 64] [--k 4]
+
+Greedy: the engine decodes each chat-formatted prompt with `drafter="eagle"` and a fixed
+draft length k, so every round is real (the head drafts on its own predicted features, the
+target verifies, both caches roll back):
+    acceptance       = accepted / drafted
+    tokens per pass  = generated tokens / target passes
+T = 0.7, exact: along each greedy output, one target pass gives p at every position and one
+head pass over the target's real features gives the head's first-step q there;
+    sum_x min(p, q)  = the probability that rejection sampling accepts a first draft token.
+T = 0.7, sampled: the engine decodes at T = 0.7 with the same k; accepted / drafted there
+includes the later, harder draft steps.
+Step times (median, one token after a prompt, the engine's precision): a target step, and a
+head step (embedding + fc + decoder layer + norm + draft-vocabulary logits + argmax).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
+from draft_prompts import make_prompts, split  # noqa: E402
+from mlxspec.bench.prompts import builtin_suite  # noqa: E402
+from mlxspec.loading import demo  # noqa: E402
+from mlxspec.sampling import SamplingParams, probabilities  # noqa: E402
+
+HEAD = ROOT / "mlxspec" / "data" / "smollm2-eagle"
+
+
+def first_step_overlap(engine, ids, out, temperature: float):
+    """sum_x min(p, q) at every output position, q = the head's first draft step on real features."""
+    seq = ids + out
+    engine.reset()
+    target, drafter = engine.target, engine.drafters["eagle"]
+    logits = target.forward(seq[:-1])  # (n-1, V): row t predicts seq[t+1]
+    drafter.reset()
+    feats = target.hidden_since(0)  # (n-1, H)
+    h = drafter.head_step(mx.array(seq[1:], dtype=mx.uint32)[None], feats[None])[0]  # row j predicts f[j+1]
+    params = SamplingParams(temperature)
+    start = len(ids) - 1  # row of the first output token
+    p = probabilities(logits[start:], params)  # rows predicting out[0..]
+    # The head's row j-1 predicts f[j], whose logits predict seq[j+1]: align with target row j.
+    q = probabilities(drafter._full(drafter.logits(h[start - 1 : -1]).astype(mx.float32)), params)
+    engine.reset()
+    return mx.sum(mx.minimum(p, q), axis=-1).tolist()
+
+
+def step_times(engine, ids, reps: int):
+    """(target step, head step) medians in seconds, one token after `ids`."""
+    target, drafter = engine.target, engine.drafters["eagle"]
+    engine.reset()
+    target.prefill(ids[:-1])
+    drafter.prefill(ids)
+    tt, th = [], []
+    for i in range(reps + 2):
+        t0 = time.perf_counter()
+        mx.eval(target.forward([ids[-1]]))
+        tt.append(time.perf_counter() - t0)
+        target.rollback(1)
+        d = drafter.propose(ids, 1, SamplingParams(), 0)
+        mx.eval(d.tokens)
+        f = mx.zeros((1, 1, drafter.out_weight.shape[1]), dtype=drafter.out_weight.dtype)
+        t0 = time.perf_counter()
+        h = drafter.head_step(d.tokens.reshape(1, 1), f)
+        mx.eval(mx.argmax(drafter.logits(h[0, 0])))
+        th.append(time.perf_counter() - t0)
+        drafter._trim(1)
+    engine.reset()
+    return statistics.median(tt[2:]), statistics.median(th[2:])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gguf", help="target GGUF (default: the demo GGUF in the mlxspec cache)")
+    p.add_argument("--head", default=str(HEAD), help="head folder (default: the shipped one)")
+    p.add_argument("--seed", type=int, default=0, help="prompt seed used by the training scripts")
+    p.add_argument("--held-out", type=int, default=32, help="held-out prompts in the training scripts")
+    p.add_argument("--suite", choices=["held-out", "bench"], default="held-out",
+                   help="held-out: the training scripts' held-out prompts; bench: mlxspec bench's builtin suite")
+    p.add_argument("--prompts", type=int, default=32, help="prompts of the suite to decode")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--reps", type=int, default=20, help="timed steps")
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+    import mlxspec
+
+    gguf = args.gguf or str(demo.gguf_path())
+    engine = mlxspec.load(gguf, "none", drafter="eagle", head=args.head, download=False)
+    tok = engine.tokenizer
+    if args.suite == "bench":
+        suite = [{"kind": bp.category, "prompt": bp.prompt} for bp in builtin_suite()]
+    else:
+        _, suite = split(make_prompts(args.held_out, args.seed), args.held_out)
+    engine.warmup(temperatures=(0.0, args.temperature))
+    rows, overlap = [], []
+    t0 = time.time()
+    for i, ex in enumerate(suite[: args.prompts]):
+        msgs = [{"role": "user", "content": ex["prompt"]}]
+        ids = tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+                         add_special_tokens=False)
+        g = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle")
+        s = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle",
+                            temperature=args.temperature, seed=i)
+        ov = first_step_overlap(engine, ids, g.tokens, args.temperature)
+        overlap += ov
+        rows.append({"kind": ex["kind"], "drafted": g.stats.drafted, "accepted": g.stats.accepted,
+                     "tokens": g.stats.tokens, "passes": g.stats.rounds, "t_drafted": s.stats.drafted,
+                     "t_accepted": s.stats.accepted, "overlap": sum(ov) / len(ov)})
+        print(f"[{i + 1}/{args.prompts}] {ex['kind']:13s} greedy acceptance {g.stats.accepted / max(g.stats.drafted, 1):.2f}"
+              f" tokens/pass {g.stats.tokens / g.stats.rounds:.2f}; T={args.temperature} sampled "
+              f"{s.stats.accepted / max(s.stats.drafted, 1):.2f}, sum min(p,q) {sum(ov) / len(ov):.2f} "
+              f"({time.time() - t0:.0f}s)", flush=True)
+    msgs = [{"role": "user", "content": suite[0]["prompt"]}]
+    ids = tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+    t_target, t_head = step_times(engine, ids, args.reps)
+
+    def total(key):
+        return sum(r[key] for r in rows)
+
+    res = {"suite": args.suite, "prompts": len(rows), "max_tokens": args.max_tokens, "k": args.k,
+           "acceptance": total("accepted") / total("drafted"), "drafted": total("drafted"),
+           "tokens_per_target_pass": total("tokens") / total("passes"),
+           "temperature": args.temperature, "sampled_acceptance": total("t_accepted") / max(total("t_drafted"), 1),
+           "first_step_sum_min_pq": sum(overlap) / len(overlap), "positions": len(overlap),
+           "target_step_ms": 1e3 * t_target, "head_step_ms": 1e3 * t_head, "head_over_target": t_head / t_target,
+           "per_kind": {}}
+    for kind in sorted({r["kind"] for r in rows}):
+        rs = [r for r in rows if r["kind"] == kind]
+        res["per_kind"][kind] = {"acceptance": sum(r["accepted"] for r in rs) / max(sum(r["drafted"] for r in rs), 1),
+                                 "tokens_per_pass": sum(r["tokens"] for r in rs) / sum(r["passes"] for r in rs)}
+    print(json.dumps(res, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

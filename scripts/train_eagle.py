@@ -1,0 +1,531 @@
+"""Train an EAGLE head (mlxspec/drafters/eagle.py) for the demo target by self-distillation (CPU, offline).
+
+    python scripts/train_eagle.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --work WORKDIR --seed 0
+
+Stages (each cached under --work, so a rerun skips what is finished; a stopped train stage
+resumes from its last checkpoint):
+  1. prompts    train_draft.py's offline templated prompts (the first --held-out held out)
+  2. generate   the target's own answers (held-out greedy; train batches alternately greedy and
+                at T=0.7), keeping the final hidden states the generation computes anyway
+                (after the final norm: what `backbone.split_model` gives the engine), float16
+  3. vocab      the draft vocabulary: the --draft-vocab most frequent tokens of the data
+  4. train      fc(concat(embed(x[j+1]), f[j])) -> decoder layer -> norm, trained on smooth-L1
+                to f[j+1] plus cross-entropy to the target's distribution of x[j+2] (within the
+                draft vocabulary); inputs get noise, and unrolled steps feed the head its own
+                predicted features with the attention a drafting step has (EAGLE's robustness
+                to drafting on its own output)
+  5. export     float16 MLX weights + config.json with the target's identity
+
+PyTorch is used only here (never by mlxspec at run time); threads are capped at --threads.
+The target runs in PyTorch, dequantized by transformers with its weights rounded to bfloat16
+(the engine's CPU precision), because MLX's CPU backend is far slower here; see the model card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_draft  # noqa: E402
+from train_draft import load_generated, log  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- stage 2: answers + features
+
+def load_target(gguf: Path):
+    """(tokenizer, fp32 torch model with weights rounded to bfloat16, the engine's CPU precision)."""
+    import torch
+
+    tok, model = train_draft.load_target(gguf)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return tok, model
+
+
+def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen, eos: int, pad: int):
+    """Batched generation (left padding, KV cache) that keeps the final hidden states it computes.
+
+    Returns per row (prompt + answer ids (T,) int32, features (T-1, H) float16): the features
+    of every fed position, after the target's final norm (the last answer token is never fed).
+    """
+    import torch
+    from transformers import DynamicCache
+
+    B = len(prompts_ids)
+    L = max(len(p) for p in prompts_ids)
+    ids = torch.full((B, L), pad, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    for i, p in enumerate(prompts_ids):
+        ids[i, L - len(p):] = torch.tensor(p)
+        mask[i, L - len(p):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    done = torch.zeros(B, dtype=torch.bool)
+    toks, steps = [], []
+    with torch.inference_mode():
+        h = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                        use_cache=True).last_hidden_state  # (B, L, H)
+        first = h
+        last = h[:, -1]
+        for _ in range(max_new):
+            logits = model.lm_head(last).float()  # (B, V)
+            if temperature > 0:
+                nxt = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=gen).squeeze(1)
+            else:
+                nxt = logits.argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+            toks.append(nxt)
+            done = done | (nxt == eos)
+            if bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1)
+            pos = pos[:, -1:] + 1
+            last = model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
+                               use_cache=True).last_hidden_state[:, -1]
+            steps.append(last)
+    toks = torch.stack(toks, 1).numpy()
+    steps = torch.stack(steps, 1) if steps else first[:, :0]  # (B, S, H): features of answer tokens 0..S-1
+    rows = []
+    for i, p in enumerate(prompts_ids):
+        n = len(toks[i])
+        stop = np.nonzero(toks[i] == eos)[0]
+        if len(stop):
+            n = int(stop[0]) + 1  # keep <|im_end|>: the head must predict the end too
+        seq = np.concatenate([np.asarray(p), toks[i, :n]]).astype(np.int32)
+        feats = torch.cat([first[i, L - len(p):], steps[i, : n - 1]]).to(torch.float16).numpy()
+        rows.append((seq, feats))
+    return rows
+
+
+def stage_generate(args, work: Path, prompts: dict) -> list:
+    """Answer shards: held-out prompts greedily, then train prompts alternately greedy and at T."""
+    import torch
+
+    out_dir = work / "eagle-gen"
+    out_dir.mkdir(exist_ok=True)
+    batches = [("held_out-000", 0.0, [("held_out", i) for i in range(len(prompts["held_out"]))])]
+    train = list(range(len(prompts["train"])))
+    for b in range(0, len(train), args.gen_batch):  # batch b: greedy when b is even, else at T
+        temp = 0.0 if (b // args.gen_batch) % 2 == 0 else args.temperature
+        batches.append((f"train-{b // args.gen_batch:03d}", temp, [("train", i) for i in train[b:b + args.gen_batch]]))
+    tok = model = None
+    t0, made = time.time(), 0
+    paths = []
+    for n, (name, temp, jobs) in enumerate(batches):
+        path = out_dir / f"{name}.npz"
+        paths.append(path)
+        if path.exists():
+            continue
+        if args.finished_only:
+            paths.pop()
+            continue
+        if model is None:
+            log("loading the target (dequantizing the GGUF, weights rounded to bfloat16)")
+            tok, model = load_target(Path(args.gguf))
+        ids = [train_draft.chat_ids(tok, prompts[sp][i]["prompt"]) for sp, i in jobs]
+        gen = torch.Generator().manual_seed(args.seed * 100003 + n)
+        eos = tok.eos_token_id
+        rows = generate_batch(model, ids, max_new=args.max_new, temperature=temp, gen=gen, eos=eos,
+                              pad=tok.pad_token_id if tok.pad_token_id is not None else eos)
+        np.savez(path.with_suffix(".tmp.npz"), ids=np.concatenate([r[0][:-1] for r in rows]),
+                 feats=np.concatenate([r[1] for r in rows]), lens=np.array([len(r[0]) - 1 for r in rows], np.int32),
+                 plens=np.array([len(p) for p in ids], np.int32), temp=np.float32(temp))
+        os.replace(path.with_suffix(".tmp.npz"), path)
+        made += sum(len(r[0]) - len(p) for r, p in zip(rows, ids))
+        el = time.time() - t0
+        log(f"generate {n + 1}/{len(batches)} {name} (T={temp:g}): {made} answer tokens in {el:.0f}s "
+            f"({made / el:.1f} tok/s)")
+    return paths
+
+
+def load_features(shards: list):
+    """Train and held-out [(ids (L,), features (L, H) float16, prompt length)]; f[j] belongs to ids[j]."""
+    train, held = [], []
+    for shard in shards:
+        z = np.load(shard)
+        ids, feats, lens, plens = z["ids"], z["feats"], z["lens"], z["plens"]
+        o = 0
+        for n, p in zip(lens, plens):
+            (held if shard.name.startswith("held_out") else train).append((ids[o:o + n], feats[o:o + n], int(p)))
+            o += n
+    return train, held
+
+
+# ---------------------------------------------------------------- stage 3: vocab
+
+def stage_vocab(args, work: Path, train) -> np.ndarray:
+    """The --draft-vocab most frequent tokens of the training answers (ids ascending)."""
+    path = work / f"vocab-{args.draft_vocab}.npy"
+    if path.exists():
+        return np.load(path)
+    counts = np.zeros(target_config(Path(args.gguf))["vocab_size"], np.int64)
+    for ids, _, p in train:
+        np.add.at(counts, ids[p:], 1)
+    top = np.sort(np.argsort(-counts, kind="stable")[: args.draft_vocab]).astype(np.int32)
+    np.save(path, top)
+    log(f"draft vocabulary: {len(top)} tokens cover {counts[top].sum() / counts.sum():.4f} of answer tokens")
+    return top
+
+
+# ---------------------------------------------------------------- stage 4: train
+
+def rope(x, pos, theta: float):
+    """Non-interleaved rotary embedding (mlx-lm's nn.RoPE traditional=False): x (B, h, L, d), pos (L,)."""
+    import torch
+
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    ang = pos.float()[:, None] * inv[None]  # (L, d/2)
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def make_head(cfg: dict):
+    """The head as PyTorch modules named like mlx-lm's llama block (so export is a rename-free copy)."""
+    import torch
+    from torch import nn
+
+    H, I = cfg["hidden_size"], cfg["intermediate_size"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(H))
+
+        def forward(self, x):
+            return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg["rms_norm_eps"])
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2 * H, H)
+            blk = nn.Module()
+            blk.self_attn = nn.Module()
+            for n, (i, o) in {"q_proj": (H, nh * hd), "k_proj": (H, nkv * hd), "v_proj": (H, nkv * hd),
+                              "o_proj": (nh * hd, H)}.items():
+                setattr(blk.self_attn, n, nn.Linear(i, o, bias=False))
+            blk.mlp = nn.Module()
+            for n, (i, o) in {"gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}.items():
+                setattr(blk.mlp, n, nn.Linear(i, o, bias=False))
+            blk.input_layernorm, blk.post_attention_layernorm = RMSNorm(), RMSNorm()
+            self.layers = nn.ModuleList([blk])
+            self.norm = RMSNorm()
+
+        def qkv(self, x, pos):
+            a = self.layers[0].self_attn
+            B, L, _ = x.shape
+            q = a.q_proj(x).view(B, L, nh, hd).transpose(1, 2)
+            k = a.k_proj(x).view(B, L, nkv, hd).transpose(1, 2)
+            v = a.v_proj(x).view(B, L, nkv, hd).transpose(1, 2)
+            return rope(q, pos, cfg["rope_theta"]), rope(k, pos, cfg["rope_theta"]), v
+
+        def step(self, emb, feat, pos, past=None, mask=None):
+            """One pass over (B, L) entries; keys/values of `past` passes are visible through `mask`.
+
+            Returns (predicted features (B, L, H), this pass's (k, v))."""
+            blk = self.layers[0]
+            x = self.fc(torch.cat([emb, feat], dim=-1))
+            q, k, v = self.qkv(blk.input_layernorm(x), pos)
+            ks = torch.cat([p[0] for p in past] + [k], dim=2) if past else k
+            vs = torch.cat([p[1] for p in past] + [v], dim=2) if past else v
+            rep = nh // nkv
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q, ks.repeat_interleave(rep, 1), vs.repeat_interleave(rep, 1), attn_mask=mask)
+            B, _, L, _ = o.shape
+            x = x + blk.self_attn.o_proj(o.transpose(1, 2).reshape(B, L, nh * hd))
+            m = blk.mlp
+            h = blk.post_attention_layernorm(x)
+            x = x + m.down_proj(torch.nn.functional.silu(m.gate_proj(h)) * m.up_proj(h))
+            return self.norm(x), (k, v)
+
+    return Head()
+
+
+def head_config(args, target_cfg) -> dict:
+    return {"hidden_size": target_cfg["hidden_size"], "intermediate_size": args.intermediate,
+            "num_attention_heads": target_cfg["num_attention_heads"],
+            "num_key_value_heads": target_cfg["num_key_value_heads"],
+            "head_dim": target_cfg["hidden_size"] // target_cfg["num_attention_heads"],
+            "rms_norm_eps": target_cfg["rms_norm_eps"], "rope_theta": target_cfg["rope_theta"],
+            "max_position_embeddings": target_cfg["max_position_embeddings"]}
+
+
+def target_config(gguf: Path) -> dict:
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    out = {k: getattr(c, k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                      "rms_norm_eps", "max_position_embeddings", "vocab_size", "intermediate_size")}
+    rope = getattr(c, "rope_parameters", None) or {}  # newer transformers keep rope_theta there
+    out["rope_theta"] = float(rope.get("rope_theta") or getattr(c, "rope_theta"))
+    return out
+
+
+def batch_tensors(batch, noise: float, gen):
+    """Right-padded (B, L-1) entries: tokens x[j+1], features f[j], targets f[j+1], loss mask."""
+    import torch
+
+    B, L = len(batch), max(len(b[0]) for b in batch) - 1
+    H = batch[0][1].shape[1]
+    tok = torch.zeros((B, L), dtype=torch.long)
+    feat = torch.zeros((B, L, H))
+    tgt = torch.zeros((B, L, H))
+    mask = torch.zeros((B, L), dtype=torch.bool)
+    for i, (ids, f, p) in enumerate(batch):
+        n = len(ids) - 1
+        tok[i, :n] = torch.from_numpy(ids[1:].astype(np.int64))
+        ff = torch.from_numpy(f.astype(np.float32))
+        feat[i, :n], tgt[i, :n] = ff[:-1], ff[1:]
+        # Every entry trains: the answer's, and the prompt's (more of the target's own mapping from
+        # features to next tokens; the data is small on a shared CPU).
+        mask[i, :n] = True
+    if noise:
+        scale = feat.pow(2).mean().sqrt()
+        feat = feat + (torch.rand(feat.shape, generator=gen) - 0.5) * 2 * noise * scale
+    return tok, feat, tgt, mask
+
+
+def losses(head, emb, w_draft, batch, args, gen, *, train: bool):
+    """(loss, per-step top-1 agreement with the target's argmax, positions) for one batch."""
+    import torch
+    import torch.nn.functional as F
+
+    tok, feat, tgt, mask = batch_tensors(batch, args.noise if train else 0.0, gen)
+    L = tok.shape[1]
+    pos = torch.arange(L)
+    e = emb[tok]  # (B, L, H)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    with torch.no_grad():
+        p_t = torch.softmax(tgt[mask] @ w_draft.T, dim=-1)  # the target's next-token law, draft vocabulary
+        top_t = p_t.argmax(-1)
+    total, agree = 0.0, []
+    past, pred = [], None
+    for s in range(args.unroll):
+        if s == 0:
+            f_in, m = feat, causal
+        else:  # entry j now reads the feature the previous step predicted for position j
+            f_in = torch.cat([feat[:, :1], pred[:, :-1]], dim=1).detach()
+            # As drafting step s+1 sees them: real entries up to j-s, then the entry that step
+            # t (1..s) made at j-(s-t), the last being this one.
+            vis = [torch.ones(L, L, dtype=torch.bool).tril(-s)]
+            for t in range(1, s + 1):
+                vis.append(torch.eye(L, dtype=torch.bool).roll(-(s - t), dims=1).tril())
+            m = torch.cat(vis, dim=1)
+        pred, kv = head.step(e, f_in, pos, past, m)
+        past.append(kv)
+        logq = F.log_softmax(pred[mask] @ w_draft.T, dim=-1)
+        reg = F.smooth_l1_loss(pred[mask], tgt[mask])
+        ce = -(p_t * logq).sum(-1).mean()
+        total = total + (reg + args.ce_weight * ce) * (args.unroll_weight ** s)
+        agree.append((logq.argmax(-1) == top_t).float().sum().item())
+    return total, agree, int(mask.sum())
+
+
+def stage_train(args, work: Path, train, held, vocab) -> Path:
+    import torch
+
+    final = work / "head_final.pt"
+    if final.exists():
+        return final
+    ckpt = work / "head_ckpt.pt"
+    gguf = Path(args.gguf)
+    tcfg = target_config(gguf)
+    cfg = head_config(args, tcfg)
+    torch.manual_seed(args.seed)
+    head = make_head(cfg)
+    emb_np = train_draft.target_embedding(gguf)
+    emb = torch.from_numpy(emb_np).to(torch.bfloat16).float()  # the engine's precision
+    w_draft = emb[torch.from_numpy(vocab.astype(np.int64))]  # (N, H): the target's tied output rows
+    with torch.no_grad():  # start from the target's last layer and final norm: the same feature space
+        _, target = load_target(gguf)
+        last = {k: v for k, v in target.model.layers[-1].state_dict().items() if "rotary" not in k}
+        mine = head.layers[0].state_dict()
+        if set(last) == set(mine) and all(last[k].shape == mine[k].shape for k in mine):
+            head.layers[0].load_state_dict(last)
+        else:  # another family's block (biases, other widths): start from random weights
+            log("the target's last layer does not fit the head's block; initialising it randomly")
+        head.norm.weight.copy_(target.model.norm.weight)
+        del target
+    nparams = sum(p.numel() for p in head.parameters())
+    ntok = sum(len(t[0]) - 1 for t in train)
+    log(f"head: {nparams / 1e6:.2f}M parameters; {len(train)} sequences, {ntok} entries; "
+        f"held out {len(held)}")
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    rng = random.Random(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    steps_per_epoch = math.ceil(len(train) / args.batch)
+    total = max(1, int(args.epochs * steps_per_epoch))
+    warm = max(1, total // 30)
+    step, elapsed, history = 0, 0.0, []
+    epoch_state, in_epoch = rng.getstate(), 0  # the current epoch's shuffle replays from this on resume
+    if ckpt.exists():
+        ck = torch.load(ckpt, weights_only=False)
+        head.load_state_dict(ck["head"])
+        opt.load_state_dict(ck["opt"])
+        step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
+        epoch_state, in_epoch = ck["epoch_state"], ck["in_epoch"]
+        gen.set_state(ck["gen"])
+        log(f"resumed at step {step}/{total}")
+    t0 = time.time() - elapsed
+    run = [0.0, [0.0] * args.unroll, 0]
+    while step < total:
+        rng.setstate(epoch_state)
+        order = list(range(len(train)))
+        rng.shuffle(order)
+        win = args.batch * 16  # sort by length within windows: little padding, still shuffled
+        batches = []
+        for w in range(0, len(order), win):
+            chunk = sorted(order[w:w + win], key=lambda i: len(train[i][0]))
+            batches += [chunk[b:b + args.batch] for b in range(0, len(chunk), args.batch)]
+        rng.shuffle(batches)
+        for b in batches[in_epoch:]:
+            if step >= total:
+                break
+            f = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / (total - warm)))
+            for g in opt.param_groups:
+                g["lr"] = args.lr * max(f, 0.02)
+            loss, agree, n = losses(head, emb, w_draft, [train[i] for i in b], args, gen, train=True)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+            opt.step()
+            step += 1
+            in_epoch += 1
+            run[0] += loss.item() * n
+            run[1] = [a + x for a, x in zip(run[1], agree)]
+            run[2] += n
+            if step % 20 == 0 or step == total:
+                el = time.time() - t0
+                tops = " ".join(f"{a / run[2]:.3f}" for a in run[1])
+                log(f"step {step}/{total} loss {run[0] / run[2]:.4f} top-1 per step {tops} "
+                    f"eta {el / step * (total - step) / 60:.1f} min")
+                run = [0.0, [0.0] * args.unroll, 0]
+            if step % args.ckpt_every == 0 or step == total:
+                vl, va = evaluate(head, emb, w_draft, held, args)
+                history.append({"step": step, "held_loss": vl, "held_top1": va})
+                log(f"held-out after step {step}: loss {vl:.4f}, top-1 per step {' '.join(f'{a:.3f}' for a in va)}")
+                torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step,
+                            "elapsed": time.time() - t0, "history": history, "epoch_state": epoch_state,
+                            "in_epoch": in_epoch, "gen": gen.get_state()}, ckpt.with_suffix(".tmp"))
+                os.replace(ckpt.with_suffix(".tmp"), ckpt)
+        epoch_state, in_epoch = rng.getstate(), 0
+    torch.save({"cfg": cfg, "head": head.state_dict(), "train_seconds": time.time() - t0, "steps": total,
+                "sequences": len(train), "entries": ntok, "history": history}, final)
+    return final
+
+
+def evaluate(head, emb, w_draft, held, args):
+    import torch
+
+    head.eval()
+    tot, agree, n = 0.0, [0.0] * args.unroll, 0
+    with torch.no_grad():
+        for b in range(0, len(held), args.batch):
+            loss, a, k = losses(head, emb, w_draft, held[b:b + args.batch], args, None, train=False)
+            tot += loss.item() * k
+            agree = [x + y for x, y in zip(agree, a)]
+            n += k
+    head.train()
+    return tot / max(n, 1), [a / max(n, 1) for a in agree]
+
+
+# ---------------------------------------------------------------- stage 5: export
+
+def stage_export(args, work: Path, vocab) -> None:
+    import mlx.core as mx
+    import torch
+    from mlx_lm.models.llama import ModelArgs
+
+    from mlxspec.drafters.eagle import EagleHead, load_head, save_head
+    from mlxspec.loading.model import load_model
+
+    ck = torch.load(work / "head_final.pt", weights_only=False)
+    target, _, _ = load_model(str(args.gguf), download=False)  # mlxspec's own loading path
+    head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=len(vocab), **ck["cfg"]))
+    head.load_weights([(k, mx.array(v.float().numpy())) for k, v in ck["head"].items()], strict=True)
+    extra = {"training": {"script": "scripts/train_eagle.py", "seed": args.seed,
+                          "train_minutes": round(ck["train_seconds"] / 60, 1), "steps": ck["steps"],
+                          "sequences": ck["sequences"], "entries": ck["entries"],
+                          "held_out": ck["history"][-1] if ck["history"] else None}}
+    out = Path(args.out)
+    save_head(out, head, mx.array(vocab), target, name=Path(args.gguf).stem, extra=extra)
+    load_head(out, target)  # the shipped folder must load against the target it was made for
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    log(f"exported {out}: {size / 1e6:.1f} MB; training took {ck['train_seconds'] / 60:.1f} min")
+
+
+# ---------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gguf", required=True, help="the target's GGUF (SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--work", required=True, help="work dir for cached stages (shared with train_draft.py)")
+    p.add_argument("--out", default=str(ROOT / "mlxspec/data/smollm2-eagle"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--stop-after", choices=["generate", "train", "export"], default="export")
+    # data (train_draft.py's generate stage)
+    p.add_argument("--prompts", type=int, default=4032, help="train prompts (half answered greedily, half at T)")
+    p.add_argument("--held-out", type=int, default=32)
+    p.add_argument("--max-new", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--gen-batch", type=int, default=48)
+    p.add_argument("--finished-only", action="store_true",
+                   help="train on the shards a (maybe still running) generate stage has finished; generate nothing")
+    # head
+    p.add_argument("--draft-vocab", type=int, default=4096)
+    p.add_argument("--intermediate", type=int, default=1536)
+    # training
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--batch", type=int, default=8, help="sequences per step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--noise", type=float, default=0.1, help="uniform input-feature noise, fraction of feature RMS")
+    p.add_argument("--unroll", type=int, default=2, help="drafting steps simulated per entry (1 = teacher forcing only)")
+    p.add_argument("--unroll-weight", type=float, default=0.8)
+    p.add_argument("--ce-weight", type=float, default=0.1)
+    p.add_argument("--ckpt-every", type=int, default=100)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    prompts = train_draft.stage_prompts(args, work)
+    shards = stage_generate(args, work, prompts)
+    log(f"generate done: {len(shards)} shards ({time.time() - t0:.0f}s so far)")
+    if args.stop_after == "generate":
+        return
+    train, held = load_features(shards)
+    vocab = stage_vocab(args, work, train)
+    stage_train(args, work, train, held, vocab)
+    log(f"train done ({time.time() - t0:.0f}s so far)")
+    if args.stop_after == "train":
+        return
+    stage_export(args, work, vocab)
+    log(f"export done: {args.out} ({time.time() - t0:.0f}s in all)")
+
+
+if __name__ == "__main__":
+    main()

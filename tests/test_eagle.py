@@ -1,0 +1,185 @@
+"""EAGLE head drafter: cache rollback, lossless greedy and sampled decoding, loading errors."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import RotatingKVCache
+
+import tiny
+from mlxspec import Engine
+from mlxspec.drafters.eagle import EagleDrafter, load_head
+from mlxspec.errors import IncompatibleModelsError, InvalidArgumentError, ModelNotFoundError
+from mlxspec.sampling import SamplingParams
+from mlxspec.sequence import Sequence
+from test_engine import assert_same_greedy, reference
+from test_engine_sampling import N, PROMPT as SAMPLING_PROMPT, VOCAB as SAMPLING_VOCAB, exact_joint
+
+PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 11, 12]
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.make_llama(1, layers=1)
+
+
+@pytest.fixture(scope="module")
+def copy_head(target, tmp_path_factory):
+    return tiny.make_eagle_head(target, tmp_path_factory.mktemp("copy"), copy=True)
+
+
+@pytest.fixture(scope="module")
+def random_head(target, tmp_path_factory):
+    # A reduced draft vocabulary: every third id (tokens outside it are never proposed).
+    return tiny.make_eagle_head(target, tmp_path_factory.mktemp("rand"), seed=3,
+                                draft_ids=list(range(0, tiny.VOCAB, 3)))
+
+
+def drafter_for(target, head_dir, max_kv_size=None):
+    seq = Sequence(target, max_kv_size=max_kv_size, headroom=17, keep_hidden=True)
+    head, ids, _ = load_head(head_dir, target)
+    return seq, EagleDrafter(head, ids, seq, max_kv_size=max_kv_size, headroom=17)
+
+
+def head_outputs(drafter, history, k):
+    """Draft tokens and the head's logits for the first draft token (to compare caches numerically)."""
+    d = drafter.propose(history, k, GREEDY, 0)
+    drafter._sync(history)
+    h = drafter._feed(history, len(history) - 1)
+    return d.tokens.tolist(), drafter.logits(h[0]).astype(mx.float32)
+
+
+@pytest.mark.parametrize("max_kv_size", [None, 12])
+def test_head_cache_rolls_back_to_what_a_fresh_head_computes(target, random_head, max_kv_size):
+    """Rounds of drafting with partial acceptance leave the head's cache as a fresh head builds it,
+    also once the window (12 positions) has wrapped several times."""
+    seq, drafter = drafter_for(target, random_head, max_kv_size)
+    history = list(PROMPT)
+    seq.prefill(history[:-1])
+    drafter.prefill(history)
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        k = int(rng.integers(1, 6))
+        drafter.propose(history, k, GREEDY, 0)
+        new = [int(t) for t in rng.integers(3, tiny.VOCAB, size=int(rng.integers(1, k + 2)))]
+        seq.forward([history[-1], *new[:-1]])  # the target's verify pass commits them
+        history += new
+    got_tokens, got_logits = head_outputs(drafter, history, 4)
+    seq2, fresh = drafter_for(target, random_head, max_kv_size)
+    seq2.prefill(history[:-1])
+    want_tokens, want_logits = head_outputs(fresh, history, 4)
+    assert got_tokens == want_tokens
+    assert mx.allclose(got_logits, want_logits, atol=1e-4, rtol=1e-4).item()
+
+
+@pytest.mark.parametrize("num_draft", [None, 1, 4])
+def test_greedy_matches_plain_decoding(target, random_head, num_draft):
+    ref, lps = reference(target, PROMPT, 40)
+    e = Engine(target, None, eagle_head=random_head, drafter="eagle", num_draft=num_draft)
+    r = e.generate(PROMPT, max_tokens=40)
+    assert_same_greedy(r.tokens, ref, lps)
+    assert r.stats.drafter == "eagle"
+
+
+@pytest.mark.parametrize("W", [16, 37])
+def test_greedy_with_a_window_matches_mlx_lm(target, copy_head, W):
+    ref, lps = reference(target, PROMPT, 100, [RotatingKVCache(max_size=W, keep=4) for _ in target.layers])
+    e = Engine(target, None, eagle_head=copy_head, drafter="eagle", max_kv_size=W, num_draft=4)
+    r = e.generate(PROMPT, max_tokens=100)
+    assert_same_greedy(r.tokens, ref, lps)
+    assert r.stats.accepted > r.stats.drafted / 2  # the copy head drafts what the target says
+
+
+def test_a_head_that_copies_the_target_is_accepted(target, copy_head):
+    e = Engine(target, None, eagle_head=copy_head, drafter="eagle", num_draft=4)
+    e.generate(PROMPT, max_tokens=8)  # a second request shares the prompt: rows come from the target's cache
+    r = e.generate(PROMPT, max_tokens=60)
+    # It lacks only the key of position 0: nearly every draft matches the target's argmax.
+    assert r.stats.accepted >= 0.9 * r.stats.drafted > 0
+    plain = e.generate(PROMPT, max_tokens=60, speculative=False)
+    assert r.tokens == plain.tokens
+
+
+def test_sampling_follows_the_target(tmp_path):
+    """The first two sampled tokens follow the target's exact law with the head's q, which is zero
+    outside its reduced vocabulary (the target's odd ids)."""
+    params = SamplingParams(0.9, top_p=0.95)
+    t = tiny.make_llama(5, vocab_size=SAMPLING_VOCAB, hidden=32, layers=1)
+    head = tiny.make_eagle_head(t, tmp_path, seed=7, draft_ids=list(range(1, SAMPLING_VOCAB, 2)))
+    joint = exact_joint(t, params)
+    e = Engine(t, None, eagle_head=head, drafter="eagle", num_draft=2)
+    counts = np.zeros((SAMPLING_VOCAB, SAMPLING_VOCAB))
+    drafted = 0
+    for seed in range(N):
+        r = e.generate(SAMPLING_PROMPT, max_tokens=2, temperature=params.temperature, top_p=params.top_p, seed=seed)
+        counts[r.tokens[0], r.tokens[1]] += 1
+        drafted += r.stats.drafted
+    assert drafted > 0
+    emp = counts / N
+    tv = 0.5 * np.abs(emp - joint).sum()
+    tol = 4 * 0.5 * np.sqrt(joint * (1 - joint) / N).sum()
+    assert tv <= tol, f"TV {tv:.4f} > {tol:.4f}"
+
+
+def test_sampled_drafts_carry_q_and_stay_in_the_draft_vocabulary(target, random_head):
+    seq, drafter = drafter_for(target, random_head)
+    seq.prefill(PROMPT[:-1])
+    d = drafter.propose(PROMPT, 5, SamplingParams(1.0), 3)
+    toks = d.tokens.tolist()
+    assert d.probs.shape == (5, tiny.VOCAB)
+    assert all(t % 3 == 0 for t in toks)  # draft_ids = every third id
+    q = np.array(d.probs)
+    assert np.allclose(q.sum(-1), 1, atol=1e-5) and (q[:, 1::3] == 0).all()
+    assert all(q[i, t] > 0 for i, t in enumerate(toks))
+
+
+def test_warmup_runs_the_head(target, random_head):
+    e = Engine(target, None, eagle_head=random_head, drafter="eagle")
+    e.warmup()
+    assert e.costs["eagle"].c.value() > 0  # the head's per-token cost is measured, not a prior
+    assert e.target.tokens == [] and e.drafters["eagle"].entries == 0
+    r = e.generate(PROMPT, max_tokens=20)
+    assert r.stats.tokens == 20
+
+
+def test_plain_engines_keep_no_hidden_states(target, random_head):
+    assert not Engine(target).target.keep_hidden
+    assert Engine(target, eagle_head=random_head).target.keep_hidden
+
+
+# -- loading --------------------------------------------------------------------------------------
+
+def test_drafter_eagle_needs_a_head(target):
+    with pytest.raises(InvalidArgumentError, match="eagle_head"):
+        Engine(target, drafter="eagle")
+
+
+def test_missing_files(target, random_head, tmp_path):
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        load_head(tmp_path, target)
+    (tmp_path / "config.json").write_text((random_head / "config.json").read_text())
+    with pytest.raises(ModelNotFoundError, match="model.safetensors"):
+        load_head(tmp_path, target)
+
+
+def test_a_head_for_another_target_is_refused(random_head, tmp_path):
+    same_shape = tiny.make_llama(9, layers=1)  # same vocabulary and width, other weights
+    with pytest.raises(IncompatibleModelsError, match="fingerprint"):
+        load_head(random_head, same_shape)
+    wider = tiny.make_llama(1, layers=1, hidden=32)
+    with pytest.raises(IncompatibleModelsError, match="hidden size 64 vs the target's 32"):
+        load_head(random_head, wider)
+    bigger_vocab = tiny.make_llama(1, layers=1, vocab_size=tiny.VOCAB + 7)
+    with pytest.raises(IncompatibleModelsError, match=f"vocabulary size {tiny.VOCAB} vs the target's {tiny.VOCAB + 7}"):
+        load_head(random_head, bigger_vocab)
+
+
+def test_wrong_shapes_are_named(target, random_head, tmp_path):
+    cfg = json.loads((random_head / "config.json").read_text())
+    cfg["layer"]["intermediate_size"] *= 2
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes((random_head / "model.safetensors").read_bytes())
+    with pytest.raises(IncompatibleModelsError, match="gate_proj.weight"):
+        load_head(tmp_path, target)
