@@ -76,19 +76,19 @@ def test_head_cache_rolls_back_to_what_a_fresh_head_computes(target, random_head
 
 @pytest.mark.parametrize("num_draft", [None, 1, 4])
 def test_greedy_matches_plain_decoding(target, random_head, num_draft):
-    ref, lps = reference(target, PROMPT, 40)
+    ref = reference(target, PROMPT, 40)
     e = Engine(target, None, eagle_head=random_head, drafter="eagle", num_draft=num_draft)
     r = e.generate(PROMPT, max_tokens=40)
-    assert_same_greedy(r.tokens, ref, lps)
+    assert_same_greedy(target, PROMPT, r.tokens, ref)
     assert r.stats.drafter == "eagle"
 
 
 @pytest.mark.parametrize("W", [16, 37])
 def test_greedy_with_a_window_matches_mlx_lm(target, copy_head, W):
-    ref, lps = reference(target, PROMPT, 100, [RotatingKVCache(max_size=W, keep=4) for _ in target.layers])
+    ref = reference(target, PROMPT, 100, [RotatingKVCache(max_size=W, keep=4) for _ in target.layers])
     e = Engine(target, None, eagle_head=copy_head, drafter="eagle", max_kv_size=W, num_draft=4)
     r = e.generate(PROMPT, max_tokens=100)
-    assert_same_greedy(r.tokens, ref, lps)
+    assert_same_greedy(target, PROMPT, r.tokens, ref, max_kv_size=W)
     assert r.stats.accepted > r.stats.drafted / 2  # the copy head drafts what the target says
 
 

@@ -78,6 +78,8 @@ def test_load_with_a_weightless_drafter(fake_engine, tiny_gguf_path):
     with pytest.raises(InvalidArgumentError, match="drafter='model' needs a draft model"):
         load(str(tiny_gguf_path), drafter="model")
     with pytest.raises(InvalidArgumentError, match="drafter must be one of"):
+        load(str(tiny_gguf_path), drafter="medusa")
+    with pytest.raises(InvalidArgumentError, match="drafter='eagle' needs a head"):
         load(str(tiny_gguf_path), drafter="eagle")
 
 

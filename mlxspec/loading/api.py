@@ -104,7 +104,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
 
     engine = Engine(target_model, tokenizer, draft_model, draft_tokenizer=draft_tokenizer, drafter=drafter,
                     max_kv_size=max_kv_size, num_draft=num_draft, **({"group": group} if group else {}),
-                    **({"tree": tree} if tree is not None else {}), eagle_head=head_path)
+                    **({"tree": tree} if tree is not None else {}),
+                    **({"eagle_head": head_path} if head_path is not None else {}))
     engine.target_info = target_info
     engine.draft_info = draft_info
     engine.pair_name = pair.name if pair else None
