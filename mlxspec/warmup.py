@@ -112,12 +112,15 @@ def _warm_drafter(engine, name: str, drafter: ModelDrafter, ids, params: Samplin
         drafter.reset()
         drafter.catch_up(ids[: n + 1])
     drafter.reset()
-    history = ids[:PREFIX]
+    _time_drafts(engine, name, drafter, ids, params, seed, max_j, timed=timed)
+
+
+def _time_drafts(engine, name: str, drafter, ids, params: SamplingParams, seed: int, max_j: int, *, timed: bool):
+    """Draft max_j - 1 tokens twice (the first compiles); the second times a drafted token."""
     k = max_j - 1
     for rep in range(2):
         t = time.perf_counter()
-        d = drafter.propose(history, k, params, seed)
-        d.tokens.tolist()
+        drafter.propose(ids[:PREFIX], k, params, seed).tokens.tolist()
         dt = time.perf_counter() - t
         if rep and timed:
             engine.costs[name].observe_draft(k, dt)
@@ -134,13 +137,4 @@ def _warm_eagle(engine, name: str, drafter: EagleDrafter, ids, params: SamplingP
             break
         drafter._feed(ids, fed + n)
         fed += n
-    history = ids[:PREFIX]
-    k = max_j - 1
-    for rep in range(2):
-        t = time.perf_counter()
-        d = drafter.propose(history, k, params, seed)
-        d.tokens.tolist()
-        dt = time.perf_counter() - t
-        if rep and timed:
-            engine.costs[name].observe_draft(k, dt)
-    drafter.reset()
+    _time_drafts(engine, name, drafter, ids, params, seed, max_j, timed=timed)

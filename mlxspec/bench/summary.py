@@ -41,6 +41,11 @@ def pair_ratios(result: BenchResult, s: Setting, base: Setting, *, category: Opt
                 temperature: Optional[float] = None) -> List[float]:
     """Per-prompt tokens/s ratios of setting `s` over setting `base` on the same prompt."""
     ref = {(r.prompt_id, r.temperature): r for r in result.runs if setting_of(r) == base}
+    return _ratios_over(result, s, ref, category, temperature)
+
+
+def _ratios_over(result: BenchResult, s: Setting, ref: Dict[Tuple[str, float], RunRecord],
+                 category: Optional[str], temperature: Optional[float]) -> List[float]:
     out = []
     for r in result.runs:
         if setting_of(r) != s or (category is not None and r.category != category):
@@ -60,17 +65,7 @@ def _by_key(runs: List[RunRecord], mode: str) -> Dict[Tuple[str, float], RunReco
 def ratios(result: BenchResult, s: Setting, baseline_mode: str, *, category: Optional[str] = None,
            temperature: Optional[float] = None) -> List[float]:
     """Per-prompt tokens/s ratios of setting `s` over the baseline mode's run on the same prompt."""
-    base = _by_key(result.runs, baseline_mode)
-    out = []
-    for r in result.runs:
-        if setting_of(r) != s or (category is not None and r.category != category):
-            continue
-        if temperature is not None and r.temperature != temperature:
-            continue
-        b = base.get((r.prompt_id, r.temperature))
-        if b is not None and b.tokens_per_second > 0:
-            out.append(r.tokens_per_second / b.tokens_per_second)
-    return out
+    return _ratios_over(result, s, _by_key(result.runs, baseline_mode), category, temperature)
 
 
 def setting_rows(result: BenchResult) -> List[dict]:
