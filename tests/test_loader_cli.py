@@ -24,9 +24,10 @@ class FakeEngine:
     """Records how `load` builds it; streams two events and returns stats like the engine will."""
 
     def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None, drafter=None,
-                 max_kv_size=None, num_draft=None):
+                 max_kv_size=None, num_draft=None, eagle_head=None):
         self.args = dict(target_model=target_model, tokenizer=tokenizer, draft_model=draft_model,
-                         draft_tokenizer=draft_tokenizer, drafter=drafter, max_kv_size=max_kv_size, num_draft=num_draft)
+                         draft_tokenizer=draft_tokenizer, drafter=drafter, max_kv_size=max_kv_size, num_draft=num_draft,
+                         eagle_head=eagle_head)
         self.calls = []
 
     def stream(self, prompt, **options):
