@@ -32,13 +32,18 @@ def exact_joint(model, params):
 def test_first_two_tokens_follow_the_target(params, drafter):
     target = tiny.make_llama(5, vocab_size=VOCAB, hidden=32)
     draft = tiny.make_llama(6, vocab_size=VOCAB, hidden=16, layers=1)
+    assert_first_two_follow_the_target(Engine(target, None, draft, drafter=drafter, num_draft=2), target, params)
+
+
+def assert_first_two_follow_the_target(engine, target, params):
+    """N seeded runs of 2 tokens from PROMPT: their empirical joint law is the target's, within 4x
+    the expected total variation of N draws; and the runs did draft."""
     joint = exact_joint(target, params)
-    e = Engine(target, None, draft, drafter=drafter, num_draft=2)
     counts = np.zeros((VOCAB, VOCAB))
     drafted = 0
     for seed in range(N):
-        r = e.generate(PROMPT, max_tokens=2, temperature=params.temperature, top_p=params.top_p,
-                       top_k=params.top_k, min_p=params.min_p, seed=seed)
+        r = engine.generate(PROMPT, max_tokens=2, temperature=params.temperature, top_p=params.top_p,
+                            top_k=params.top_k, min_p=params.min_p, seed=seed)
         counts[r.tokens[0], r.tokens[1]] += 1
         drafted += r.stats.drafted
     assert drafted > 0
