@@ -7,27 +7,16 @@ from pathlib import Path
 
 import pytest
 
+# PROMPTS: the training scripts' held-out prompts (scripts/draft_prompts.py, seed 0: never trained on).
+from test_draft_model import PROMPTS, demo_gguf
+
 HEAD = Path(__file__).resolve().parent.parent / "mlxspec" / "data" / "smollm2-eagle"
-# Held-out prompts of the training scripts (scripts/draft_prompts.py, seed 0: never trained on).
-PROMPTS = [
-    "How would you teach volunteering to a beginner? Use bullet points.",
-    "Give me three interesting facts about the immune system. Keep it short.",
-    "Write a short Python program that computes the greatest common divisor of two numbers, with comments.",
-]
 # Greedy acceptance of the engine at k = 4 on exactly these prompts, 48 tokens each, measured
 # when the head was trained (60 of 322; the model card has the wider figures). Greedy decoding is
 # deterministic; 0.8x leaves room for other backends' float differences and still fails an
 # untrained head (near 0).
 MEASURED_ACCEPTANCE = 0.186
 FLOOR = 0.8
-
-
-def demo_gguf():
-    from mlxspec.loading import demo
-
-    if not demo.is_cached():
-        pytest.skip("the demo GGUF is not in the mlxspec cache (run `mlxspec pull demo`)")
-    return demo.gguf_path()
 
 
 def test_folder_is_small_and_names_its_target():
