@@ -452,8 +452,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def start(args):
+    """Threads capped, seeds set, the work folder made: (work folder, start time). Shared with train_eagle.py."""
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
 
@@ -462,7 +462,12 @@ def main(argv=None):
     random.seed(args.seed)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+    return work, time.time()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    work, t0 = start(args)
     prompts = stage_prompts(args, work)
     if args.stop_after == "prompts":
         return

@@ -24,7 +24,6 @@ The target runs in PyTorch, dequantized by transformers with its weights rounded
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
@@ -36,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_draft  # noqa: E402
-from train_draft import load_generated, log  # noqa: E402
+from train_draft import log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -503,15 +502,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    import torch
-
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+    work, t0 = train_draft.start(args)
     prompts = train_draft.stage_prompts(args, work)
     shards = stage_generate(args, work, prompts)
     log(f"generate done: {len(shards)} shards ({time.time() - t0:.0f}s so far)")
