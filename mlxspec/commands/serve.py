@@ -16,6 +16,7 @@ API_KEY_ENV = "MLXSPEC_API_KEY"
 
 
 def register(subparsers) -> None:
+    from ..drafters import DRAFTERS
     from ..serve.options import DEFAULT_MAX_BODY, ServeOptions
 
     d = ServeOptions()
@@ -34,8 +35,9 @@ def register(subparsers) -> None:
                 "then point any OpenAI client at http://127.0.0.1:8080/v1"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
-    p.add_argument("--drafter", choices=["ngram", "model", "none"], default=None,
-                   help="who drafts: the n-gram drafter, the draft model, or nobody (default: the pair's)")
+    p.add_argument("--drafter", choices=DRAFTERS, default=None,
+                   help="who drafts: the draft model, the EAGLE head (--head or the pair's), the n-gram drafter, "
+                        "or nobody (default: the pair's)")
     p.add_argument("--num-draft", type=num_draft, default=None, metavar="auto|N",
                    help="tokens drafted per round when a request gives no num_draft (default: auto, the cost "
                         "model picks)")
