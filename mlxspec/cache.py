@@ -195,9 +195,11 @@ class WindowKVCache:
         if n < 0 or n > self.offset:
             return False
         new = self.offset - n
-        oldest_needed = new - (self.window - self.keep) + 1  # the next query's oldest ring key
+        if new <= self.keep:
+            return True  # the next query needs only the fixed `keep` slots, never overwritten
+        oldest_needed = max(new - (self.window - self.keep) + 1, self.keep)  # the next query's oldest ring key
         oldest_stored = self._hi - self.ring + 1
-        return oldest_needed <= self.keep or oldest_needed >= oldest_stored
+        return oldest_needed >= oldest_stored
 
     def is_trimmable(self) -> bool:
         return True

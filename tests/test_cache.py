@@ -86,6 +86,15 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.cache.trim(n) == n
         del self.history[-n:]
 
+    @precondition(lambda self: len(self.history) > 0)
+    @rule(data=st.data())
+    def rollback_if_allowed(self, data):
+        # Any rollback the cache accepts must leave it right: the next append checks every query.
+        n = data.draw(st.integers(1, len(self.history)))
+        if self.cache.can_trim(n):
+            self.cache.trim(n)
+            del self.history[-n:]
+
     @invariant()
     def offset_matches(self):
         if hasattr(self, "cache"):
@@ -106,6 +115,16 @@ def test_window_cache_refuses_rollback_it_cannot_honour():
     with pytest.raises(CacheRollbackError):
         c.trim(2)
     assert c.offset == 28  # nothing changed
+
+
+def test_window_cache_refuses_a_long_rollback_into_overwritten_positions():
+    # Back to position 15 after 71 writes: the query at 15 needs 4..14, long overwritten (a
+    # second request sharing a short prefix must refill, not read the ring's newer entries).
+    c = WindowKVCache(16, 4, headroom=33)
+    for i in range(71):
+        visible_sets(c, i, [i + 1])
+    assert not c.can_trim(56)
+    assert c.can_trim(67)  # back to 4: only the fixed slots are needed
 
 
 def test_make_cache_follows_model_choice():
