@@ -199,12 +199,15 @@ class CostModel:
         self.rounds_since_explore = 0
 
     # -- observations -----------------------------------------------------------------------
-    def observe_round(self, k: int, seconds: float) -> None:
-        """A round that drafted k tokens (k = 0: a plain step, not pipelined) took `seconds`, drafting included."""
+    def observe_round(self, k: int, seconds: float, drafted: Optional[int] = None) -> None:
+        """A round that verified k drafts (k = 0: a plain step, not pipelined) took `seconds`,
+        drafting included; `drafted`: the drafter's steps when fewer than k (a tree's side leaves
+        cost no steps)."""
         if k and not self.draft_is_free:
             v = self.curve.verify_seconds(k + 1)
+            steps = drafted or k
             if v is not None:
-                self.c.add(max(0.0, (seconds - v) / k), self.curve.now)
+                self.c.add(max(0.0, (seconds - v) / steps), self.curve.now)
             return
         self.curve.observe(k + 1, seconds)
 
@@ -306,6 +309,25 @@ class CostModel:
             self.probe_every = min(2 * self.probe_every, 128)
             return 1
         return 0
+
+    def choose_widening(self, k: int, tokens: float, reach: Sequence[float]) -> int:
+        """How many extra candidates (best first) to verify beside k drafted ones that yield
+        `tokens` per round on average: rows that cost no drafting, only a longer pass. Returns
+        the m in [0, len(reach)] with the best expected speed (passes longer than the warm-up
+        timed are estimated from the curve's slope)."""
+        fixed = k * self.draft_seconds()
+        v = self.curve.verify_seconds(k + 1)
+        if v is None:
+            return 0
+        best_m, best = 0, tokens / (fixed + v)
+        for m in range(1, len(reach) + 1):
+            v = self.curve.verify_seconds(k + m + 1)
+            if v is None:
+                break
+            tokens += reach[m - 1]
+            if tokens / (fixed + v) > best:
+                best_m, best = m, tokens / (fixed + v)
+        return best_m
 
     def _explore(self, reach: Sequence[float], best: float) -> int:
         """A size whose V is only interpolated or stale and that could beat `best` if its

@@ -80,6 +80,10 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     cost.new_request()
 
     hist = list(ids)
+    # A model drafter's tree: its greedy chain plus runners-up (`drafters.sidetree`). Sampled rounds
+    # keep its chain with q, whose rejection rule accepts more than deterministic candidates.
+    model_trees = (bool(tree) and drafter.uses_model and params.greedy and k_fixed is None
+                   and hasattr(drafter, "propose_tree"))
     committed = 0  # tokens generated and committed (emitted or about to be)
     talking = dist  # other ranks run this request: an end they cannot see coming must be told
     checked = [0, 0]  # (hash of hist[:upto], upto): every rank's history is compared at each decision
@@ -144,7 +148,11 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
 
     def enqueue(step: tuple) -> Pass:
         k, draft, shadow = step
-        if draft is None:  # a model (or a fixed k) drafts the same tokens on every rank: same history, same seed
+        drafted = None
+        if draft is None and k and model_trees:  # greedy: the chain plus the side leaves that pay
+            proposal = drafter.propose_tree(hist, k, k + min(tree, MAX_DRAFT), params, seed)
+            draft, drafted = treeplan.widen(proposal, cost, min(tree, MAX_DRAFT)), k
+        elif draft is None:  # a model (or a fixed k) drafts the same tokens on every rank: same history, same seed
             draft = drafter.propose(hist, k, params, seed) if k else Draft([])
         elif draft.parents is None and len(draft) != k:  # a chain proposal, cut to (rank 0's) k
             draft = Draft(draft.tokens[:k], None, draft.kind)
@@ -155,6 +163,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         else:
             p = verify_round(target, hist[-1], draft, params, seed, len(hist))
         p.shadow = shadow
+        p.drafted = drafted
         return p
 
     consumer = 0.0  # seconds spent outside the generator (the consumer's), excluded from every timing
@@ -205,7 +214,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             elif pending.pipelined:
                 engine.curve.observe_plain(period)
             else:
-                cost.observe_round(pending.k, period)
+                cost.observe_round(pending.k, period, pending.drafted)
             if pending.parents is not None:
                 treeplan.observe(cost, Draft(drafts, kind=pending.kind, parents=pending.parents), pending.path)
             elif pending.k:

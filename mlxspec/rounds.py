@@ -41,6 +41,7 @@ class Pass:
     decided: bool = False  # `out[0]` is [n_accepted, next] decided on the device, not the target's row tokens
     parents: Optional[List[int]] = None  # a tree round: the drafts' parents (see mlxspec.tree); None = a chain
     path: Optional[List[int]] = None  # a tree round, once read: the accepted nodes root-to-leaf
+    drafted: Optional[int] = None  # a model drafter's steps, when fewer than k (a tree's side leaves)
 
 
 @mx.compile

@@ -52,6 +52,22 @@ def plan(draft: Draft, cost: CostModel, cap: int) -> Draft:
     return subtree(draft, sorted(order[:m]))
 
 
+def widen(draft: Draft, cost: CostModel, cap: int) -> Draft:
+    """A model drafter's tree (`drafters.sidetree`): its chain, already drafted at the length the
+    cost model chose, plus the side leaves whose rows pay for a longer pass (best reach first;
+    at most `cap` nodes in all, so a chain at the cost model's longest still gets leaves where
+    rows are cheap). The chain alone when none pay."""
+    if draft.parents is None:
+        return draft
+    k = 0
+    while k < len(draft) and draft.parents[k] == k - 1:
+        k += 1
+    r = reach(draft, cost)
+    sides = sorted(range(k, len(draft)), key=lambda i: -r[i])[: max(cap - k, 0)]
+    m = cost.choose_widening(k, 1.0 + sum(r[:k]), [r[i] for i in sides])
+    return subtree(draft, list(range(k)) + sorted(sides[:m]))
+
+
 def best_first(parents: List[int], r: List[float]) -> List[int]:
     """Nodes by decreasing reach, each after its parent and its earlier siblings, so that every
     prefix is a tree in which a first child stays a first child."""

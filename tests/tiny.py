@@ -154,12 +154,14 @@ def _bytes_to_unicode():
 _BYTE_OF = _bytes_to_unicode()
 
 
-def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool = False, name: str = "tiny"):
+def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool = False, name: str = "tiny",
+                    noise: float = 0.0):
     """Write an EAGLE head folder for `target` (a llama from make_llama) and return its path.
 
     copy=True builds the head from a one-layer target's own layer and norm with fc = [I | 0]:
     it then recomputes the target's next feature from the next token (all it lacks is the key
-    of position 0), so it drafts what the target would say.
+    of position 0), so it drafts what the target would say. `noise` adds Gaussian noise of that
+    scale to fc: a head that is often right and, where it is not, has the right token close.
     """
     from mlx_lm.models.llama import ModelArgs
 
@@ -180,6 +182,8 @@ def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool =
         head.norm.update(target.model.norm.parameters())
         head.fc.weight = mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1)
         head.fc.bias = mx.zeros((H,))
+        if noise:
+            head.fc.weight = head.fc.weight + noise * mx.random.normal(head.fc.weight.shape)
     head.set_dtype(mx.float32)
     save_head(path, head, None if draft_ids is None else mx.array(draft_ids), target, name=name,
               dtype=mx.float32)

@@ -9,8 +9,8 @@ A draft is a chain or a tree (`parents`: the one-branch tree is the chain). Tree
 an optional `propose_tree(history, depth, size, params, seed)`: nodes depth-first, the
 drafter's best chain first (so the usual outcome needs no cache moves), and a score per node
 (its drafter's confidence given its parent) that the engine uses to prune the tree. A model
-or feature-head drafter grows one EAGLE-2-style: expand the top candidates where its own
-probability is low.
+or feature-head drafter's tree is its greedy chain plus its runners-up at each step as side
+leaves, ranked EAGLE-2-style by its own probability of reaching them (`sidetree`).
 
 Drafts may stay on the device: `Draft.tokens` is a list of ints (a free drafter) or a lazy
 int array (a model drafter), which the engine reads together with the verification result.
@@ -21,7 +21,7 @@ drafter never touches MLX's global random state.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Protocol, Union
+from typing import Dict, List, Optional, Protocol, Union
 
 import mlx.core as mx
 
@@ -65,3 +65,20 @@ class NoDrafter:
 
     def reset(self) -> None:
         pass
+
+
+def depth_first(d: Draft) -> Draft:
+    """A tree draft's nodes reordered depth-first, children in their original order (so the
+    chain, each node's first child, stays first: the usual outcome moves no cache entries)."""
+    kids: Dict[int, List[int]] = {}
+    for i, p in enumerate(d.parents):
+        kids.setdefault(p, []).append(i)
+    order, stack = [], list(reversed(kids.get(-1, [])))
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack.extend(reversed(kids.get(i, [])))
+    new = {old: j for j, old in enumerate(order)}
+    return Draft([d.tokens[i] for i in order], kind=d.kind,
+                 parents=[new[d.parents[i]] if d.parents[i] >= 0 else -1 for i in order],
+                 scores=[d.scores[i] for i in order])

@@ -34,6 +34,7 @@ from ..errors import IncompatibleModelsError, ModelNotFoundError
 from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
 from .base import Draft
 from .model import power_of_two_chunks
+from .sidetree import read_tree, runners_up
 
 FINGERPRINT_ROWS = 64  # embedding rows whose norms identify a target (spread over the vocabulary)
 FINGERPRINT_RTOL = 0.03  # 4-bit quantization moves a row's norm by well under 1 %; another model by far more
@@ -297,13 +298,21 @@ class EagleDrafter:
 
     # -- drafting -------------------------------------------------------------------------------
     def propose(self, history, k, params: SamplingParams, seed: int) -> Draft:
+        return self._draft(history, k, params, seed)
+
+    def propose_tree(self, history, depth, size, params: SamplingParams, seed: int) -> Draft:
+        """The greedy chain of `depth` tokens plus side leaves from the head's runners-up, at
+        most `size` nodes (`sidetree`); deterministic candidates, read on the host."""
+        return self._draft(history, depth, SamplingParams(temperature=0.0), seed, size=size)
+
+    def _draft(self, history, k, params: SamplingParams, seed: int, size: int = 0) -> Draft:
         if k <= 0 or len(history) < 2:
             return Draft([])
         self._sync(history)
         h = self._feed(history, len(history) - 1)  # (1, H): predicted f[n-1], n = len(history)
         start = len(history)  # absolute position of the first draft token
         u = None if params.greedy else position_uniforms(seed, mx.arange(start, start + k), DRAFT)
-        tokens, rows = [], []
+        tokens, rows, side = [], [], []
         for i in range(k):
             if i:
                 h = self.head_step(tokens[-1].reshape(1, 1), h[None])[0]
@@ -311,6 +320,8 @@ class EagleDrafter:
             if params.greedy:
                 local = mx.argmax(logits)
                 tok = local if self.draft_ids is None else mx.take(self.draft_ids, local)
+                if size:
+                    side.append(runners_up(logits))
             else:
                 q = kernels.probabilities(self._full(logits), params)  # (V,): zero outside the draft vocabulary
                 tok = sample_rows(q, u[i])
@@ -319,6 +330,8 @@ class EagleDrafter:
             mx.async_eval(tok)  # the device starts on this step while the host builds the next
             tokens.append(tok)
         self.drafted = k - 1
+        if size:
+            return read_tree(tokens, side, size, ids_map=self.draft_ids)
         return Draft(mx.stack(tokens), mx.stack(rows) if rows else None)
 
     def _full(self, logits: mx.array) -> mx.array:

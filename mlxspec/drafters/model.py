@@ -10,6 +10,7 @@ from .. import kernels
 from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
 from ..sequence import Sequence
 from .base import Draft
+from .sidetree import read_tree, runners_up
 
 
 def power_of_two_chunks(n: int) -> List[int]:
@@ -75,18 +76,30 @@ class ModelDrafter:
         return logits[-1]
 
     def propose(self, history, k, params: SamplingParams, seed: int) -> Draft:
+        return self._draft(history, k, params, seed)
+
+    def propose_tree(self, history, depth, size, params: SamplingParams, seed: int) -> Draft:
+        """The greedy chain of `depth` tokens plus side leaves, at most `size` nodes (`sidetree`).
+        Deterministic candidates (the engine uses trees from a model at temperature 0); the host
+        reads the draft, since the tree's shape depends on it."""
+        return self._draft(history, depth, SamplingParams(temperature=0.0), seed, size=size)
+
+    def _draft(self, history, k, params: SamplingParams, seed: int, size: int = 0) -> Draft:
+        """k tokens drafted on the device; with `size`, also a tree of them and their runners-up."""
         if k <= 0:
             return Draft([])
         logits = self.catch_up(history)
         start = len(history)  # absolute position of the first draft token
         u = None if params.greedy else position_uniforms(seed, mx.arange(start, start + k), DRAFT)
-        tokens, rows = [], []
+        tokens, rows, side = [], [], []
         for i in range(k):
             if i:
                 logits = self.seq.forward(tokens[-1].reshape(1))[-1]
             logits = self._fit(logits.astype(mx.float32))
             if params.greedy:
                 tok = mx.argmax(logits).astype(mx.int32)
+                if size:
+                    side.append(runners_up(logits))
             else:
                 q = kernels.probabilities(logits, params)
                 tok = sample_rows(q, u[i])
@@ -96,4 +109,6 @@ class ModelDrafter:
         drafts = mx.stack(tokens)
         if k > 1:
             self._drafted = (start, drafts[: k - 1])
+        if size:
+            return read_tree(tokens, side, size)
         return Draft(drafts, mx.stack(rows) if rows else None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from .base import Draft
+from .base import Draft, depth_first
 
 SEP = -1  # between histories in the corpus: no n-gram or continuation crosses it
 MAX_CORPUS = 1 << 17  # tokens of earlier histories kept (the oldest are dropped past this)
@@ -158,20 +158,4 @@ def _flatten(chain: List[int], trie: dict, size: int, *, kind: str) -> Draft:
         total = sum(k["count"] for k in kid["kids"].values()) or 1
         for t, k in kid["kids"].items():
             frontier.append((k["count"] / everyone, k["count"] / total, i, k, t))
-    return _depth_first(Draft(tokens[:size], kind=kind, parents=parents[:size], scores=scores[:size]))
-
-
-def _depth_first(d: Draft) -> Draft:
-    """Reorder nodes depth-first, children in their original order (the chain stays first)."""
-    kids: Dict[int, List[int]] = {}
-    for i, p in enumerate(d.parents):
-        kids.setdefault(p, []).append(i)
-    order, stack = [], list(reversed(kids.get(-1, [])))
-    while stack:
-        i = stack.pop()
-        order.append(i)
-        stack.extend(reversed(kids.get(i, [])))
-    new = {old: j for j, old in enumerate(order)}
-    return Draft([d.tokens[i] for i in order], kind=d.kind,
-                 parents=[new[d.parents[i]] if d.parents[i] >= 0 else -1 for i in order],
-                 scores=[d.scores[i] for i in order])
+    return depth_first(Draft(tokens[:size], kind=kind, parents=parents[:size], scores=scores[:size]))

@@ -1,0 +1,73 @@
+"""Side leaves for a model drafter's chain: the tree a model or feature head grows for free.
+
+A model drafter computes a whole distribution at every chain step. Where its top token is
+unsure, its runners-up are the likeliest other tokens there, so each becomes a leaf beside
+that step (a child of the step's parent). Leaves are ranked as EAGLE-2 ranks its nodes, by
+the drafter's own probability of the path to them: the product of the chain's probabilities
+above the leaf times the leaf's own. They cost no drafting, only rows of the verify pass;
+`treeplan.widen` keeps those that pay for their rows on this device.
+
+Leaves only: a side token's own continuation would need drafter steps over a tree-masked
+cache, and the first wrong chain step is where a side branch pays most.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import mlx.core as mx
+
+from .base import Draft, depth_first
+
+RUNNERS_UP = 4  # side candidates read per chain step
+MIN_P = 1e-3  # a candidate the drafter gives less than this is not worth a row
+
+
+def runners_up(logits: mx.array, m: int = RUNNERS_UP) -> Tuple[mx.array, mx.array]:
+    """(N,) float32 logits -> the m+1 likeliest ids (m+1,) and their probabilities, best first (lazy)."""
+    probs = mx.softmax(logits, axis=-1)
+    m = min(m, probs.shape[-1] - 1)
+    ids = mx.argpartition(-probs, kth=m)[: m + 1]
+    p = probs[ids]
+    order = mx.argsort(-p)
+    return ids[order], p[order]
+
+
+def grow(chain: Sequence[int], candidates: Sequence[Tuple[Sequence[int], Sequence[float]]], size: int,
+         kind: str = "") -> Draft:
+    """The chain plus at most size - len(chain) side leaves, depth-first with the chain first.
+
+    Args:
+        chain: the drafter's greedy tokens, one per step.
+        candidates: per step, (ids, probabilities) of its likeliest tokens (`runners_up`, read).
+        size: most nodes in all.
+    Each leaf's score is its share of what the step's chain token left, p / (1 - p_chain):
+    `treeplan.reach` multiplies it by the learned rate at which a side branch matches.
+    """
+    k = len(chain)
+    sides = []  # (drafter's probability of the path to the leaf, depth, token, score)
+    reach = 1.0
+    for d, (ids, ps) in enumerate(candidates[:k]):
+        p_chain = next((p for t, p in zip(ids, ps) if t == chain[d]), 0.0)
+        rest = max(1.0 - p_chain, 1e-6)
+        sides += [(reach * p, d, t, min(p / rest, 1.0)) for t, p in zip(ids, ps) if t != chain[d] and p >= MIN_P]
+        reach *= p_chain
+    sides.sort(key=lambda s: -s[0])
+    tokens, parents, scores = list(chain), list(range(-1, k - 1)), [1.0] * k
+    for _, d, t, score in sides[: max(size - k, 0)]:
+        tokens.append(t)
+        parents.append(d - 1)
+        scores.append(score)
+    return depth_first(Draft(tokens, kind=kind, parents=parents, scores=scores))
+
+
+def read_tree(tokens: List[mx.array], candidates: List[Tuple[mx.array, mx.array]], size: int,
+              ids_map=None) -> Draft:
+    """One wait for a chain drafted on the device and its steps' runners-up, then `grow`.
+    `ids_map` maps the candidates' ids to the target's (a reduced draft vocabulary)."""
+    if ids_map is not None:
+        candidates = [(mx.take(ids_map, i), p) for i, p in candidates]
+    mx.eval(tokens, candidates)
+    chain = [int(t.item()) for t in tokens]
+    read = [(i.tolist(), p.astype(mx.float32).tolist()) for i, p in candidates]
+    return grow(chain, read, size)

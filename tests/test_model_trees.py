@@ -1,0 +1,162 @@
+"""Trees from model drafters: the greedy chain plus runners-up as side leaves (drafters.sidetree).
+
+Unit tests of the tree's shape and sizing, then the engine with a draft model and with an
+EAGLE head on a flat target curve (a device where rows are nearly free, so side leaves pay):
+greedy output equals plain decoding, also with a window that wraps, and side leaves are
+accepted (the cache compaction moved entries) in those runs.
+"""
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import RotatingKVCache
+
+import tiny
+from mlxspec import Engine, treeplan
+from mlxspec.costmodel import CostModel, TargetCurve
+from mlxspec.drafters.sidetree import MIN_P, grow, runners_up
+from mlxspec.sequence import Sequence
+from test_engine import assert_same_greedy, reference
+from test_engine_trees import flat_curve
+
+PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 11, 12]
+
+
+def cands(*steps):
+    return [([t for t, _ in s], [p for _, p in s]) for s in steps]
+
+
+def test_grow_puts_the_chain_first_and_ranks_leaves_by_path_probability():
+    # Step 0 is sure (0.9), step 1 unsure (0.4): 30's path probability 0.9 * 0.3 = 0.27 beats
+    # 20's 0.06 and 40's 0.9 * 0.4 * 0.1 = 0.036; 21 is under MIN_P.
+    steps = cands([(1, 0.9), (20, 0.06), (21, MIN_P / 2)], [(2, 0.4), (30, 0.3), (31, 0.2)],
+                  [(3, 0.4), (40, 0.1)])
+    d = grow([1, 2, 3], steps, size=5)
+    assert d.tokens[:3] == [1, 2, 3] and d.parents[:3] == [-1, 0, 1]
+    side = {t: (par, s) for t, par, s in zip(d.tokens[3:], d.parents[3:], d.scores[3:])}
+    assert set(side) == {30, 31}  # the two best leaves; 20 (0.06) and 40 (0.036) lose to 31 (0.18)
+    assert side[30][0] == 0 and side[30][1] == pytest.approx(0.3 / 0.6)  # beside step 1: child of node 0
+    everything = grow([1, 2, 3], steps, size=50)
+    assert 21 not in everything.tokens and len(everything) == 3 + 4
+    assert everything.parents[everything.tokens.index(20)] == -1  # beside step 0: a child of the root
+
+
+def test_grow_depth_first_keeps_every_parent_before_its_children():
+    d = grow([1, 2, 3], cands([(1, 0.5), (9, 0.5)], [(2, 0.5), (8, 0.5)], [(3, 0.5), (7, 0.5)]), size=6)
+    assert all(p < i for i, p in enumerate(d.parents))
+    assert d.tokens[:3] == [1, 2, 3]
+
+
+def test_runners_up_are_the_top_ids_best_first():
+    logits = mx.array([0.0, 3.0, 1.0, 2.0, -1.0])
+    ids, p = runners_up(logits, m=2)
+    assert ids.tolist() == [1, 3, 2]
+    assert p.tolist() == pytest.approx(mx.softmax(logits)[mx.array([1, 3, 2])].tolist())
+
+
+def sized(slope: float) -> CostModel:
+    curve = TargetCurve(prior_slope=slope)
+    for _ in range(3):
+        curve.observe(1, 1.0, trusted=True)
+        curve.observe_plain(1.0)
+    m = CostModel(curve)
+    m.observe_draft(4, 0.2)
+    for _ in range(8):
+        m.observe_acceptance(4, 2)
+    return m
+
+
+def test_widen_keeps_the_chain_and_adds_leaves_only_where_rows_are_cheap():
+    d = grow([1, 2, 3, 4], cands([(1, 0.5), (9, 0.4)], [(2, 0.5), (8, 0.4)], [(3, 0.5)], [(4, 0.5)]), size=8)
+    flat = treeplan.widen(d, sized(0.01), 15)
+    assert flat.tokens[:4] == [1, 2, 3, 4] and len(flat) == 6 and flat.parents is not None
+    steep = treeplan.widen(d, sized(1.0), 15)
+    assert steep.tokens == [1, 2, 3, 4] and steep.parents is None
+    assert len(treeplan.widen(d, sized(0.01), 5)) == 5  # the cap counts every node
+
+
+def test_a_tree_rounds_drafting_cost_counts_drafter_steps_not_leaves():
+    m = sized(0.0)  # V(j) = 1 s for every j
+    m.c = type(m.c)()
+    m.observe_round(8, 1.0 + 4 * 0.05, drafted=4)  # 4 steps and 4 free leaves
+    assert m.draft_seconds() == pytest.approx(0.05)
+
+
+# -- the engine --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.make_llama(1, layers=1, tie_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    # The target with a noisy output head: often right, and where it is not, the target's token
+    # is often among its runners-up (a random model would agree with it nowhere).
+    d = tiny.make_llama(1, layers=1, tie_embeddings=False)
+    mx.random.seed(5)
+    w = d.lm_head.weight
+    d.lm_head.weight = w + 0.6 * mx.std(w) * mx.random.normal(w.shape)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tied():
+    return tiny.make_llama(1, layers=1)  # the head's logits use the target's tied embedding
+
+
+@pytest.fixture(scope="module")
+def head(tied, tmp_path_factory):
+    # The target's own layer with a noisy fc: right often enough, with the target's token close.
+    return tiny.make_eagle_head(tied, tmp_path_factory.mktemp("head"), seed=4, copy=True, noise=0.05)
+
+
+@pytest.fixture
+def paths(monkeypatch):
+    """Every accepted tree path, as the target's cache compaction saw it."""
+    seen = []
+    keep = Sequence.keep_path
+
+    def spy(self, start, path):
+        seen.append(list(path))
+        return keep(self, start, path)
+
+    monkeypatch.setattr(Sequence, "keep_path", spy)
+    return seen
+
+
+def through_a_side_leaf(seen):
+    # Depth-first with the chain first: a path off the chain is not 0, 1, 2, ...
+    return any(p != list(range(len(p))) for p in seen)
+
+
+@pytest.mark.parametrize("max_kv", [None, 16])
+def test_model_drafter_trees_equal_plain_decoding(target, draft, paths, max_kv):
+    cache = None if max_kv is None else [RotatingKVCache(max_size=max_kv, keep=4) for _ in target.layers]
+    ref = reference(target, PROMPT, 60, cache)
+    e = flat_curve(Engine(target, None, draft, drafter="model", max_kv_size=max_kv))
+    r = e.generate(PROMPT, max_tokens=60)
+    assert r.stats.tree_rounds > 0, "no tree was verified"
+    assert through_a_side_leaf(paths), "no side leaf was accepted"
+    assert_same_greedy(target, PROMPT, r.tokens, ref, max_kv_size=max_kv)
+    again = e.generate(PROMPT + r.tokens[:5], max_tokens=30)  # the compacted caches serve a second turn
+    assert again.tokens == Engine(target, drafter="none", max_kv_size=max_kv).generate(
+        PROMPT + r.tokens[:5], max_tokens=30).tokens
+
+
+@pytest.mark.parametrize("max_kv", [None, 16])
+def test_eagle_trees_equal_plain_decoding(tied, head, paths, max_kv):
+    plain = Engine(tied, drafter="none", max_kv_size=max_kv).generate(PROMPT, max_tokens=60)
+    e = flat_curve(Engine(tied, None, eagle_head=head, drafter="eagle", max_kv_size=max_kv))
+    r = e.generate(PROMPT, max_tokens=60)
+    assert r.stats.tree_rounds > 0
+    assert through_a_side_leaf(paths)
+    assert r.tokens == plain.tokens
+    assert e.generate(PROMPT, max_tokens=60, tree="off").tokens == plain.tokens
+
+
+def test_sampled_rounds_keep_the_chain_with_q(target, draft):
+    e = flat_curve(Engine(target, None, draft, drafter="model"))
+    r = e.generate(PROMPT, max_tokens=30, temperature=0.8, seed=1)
+    assert r.stats.tree_rounds == 0 and r.stats.drafted > 0
+    off = flat_curve(Engine(target, None, draft, drafter="model")).generate(PROMPT, max_tokens=30, tree="off")
+    assert off.stats.tree_rounds == 0
