@@ -149,7 +149,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     def enqueue(step: tuple) -> Pass:
         k, draft, shadow = step
         drafted = None
-        if draft is None and k and model_trees:  # greedy: the chain plus the side leaves that pay
+        if draft is None and k and model_trees and treeplan.could_widen(cost, k, min(tree, MAX_DRAFT)):
+            # greedy: the chain plus the side leaves that pay (the host reads the drafts)
             proposal = drafter.propose_tree(hist, k, k + min(tree, MAX_DRAFT), params, seed)
             draft, drafted = treeplan.widen(proposal, cost, min(tree, MAX_DRAFT)), k
         elif draft is None:  # a model (or a fixed k) drafts the same tokens on every rank: same history, same seed

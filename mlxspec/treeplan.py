@@ -16,6 +16,7 @@ from typing import List
 
 from .costmodel import CostModel
 from .drafters import Draft
+from .drafters.sidetree import RUNNERS_UP
 
 SIDE_PRIOR = (1.0, 3.0)  # Beta prior of beta: a side branch matches a quarter of the time until measured
 
@@ -66,6 +67,16 @@ def widen(draft: Draft, cost: CostModel, cap: int) -> Draft:
     sides = sorted(range(k, len(draft)), key=lambda i: -r[i])[: max(cap - k, 0)]
     m = cost.choose_widening(k, 1.0 + sum(r[:k]), [r[i] for i in sides])
     return subtree(draft, list(range(k)) + sorted(sides[:m]))
+
+
+def could_widen(cost: CostModel, k: int, cap: int, kind: str = "") -> bool:
+    """Whether side leaves could pay beside a chain of k even at best (every leaf as likely as a
+    side branch at the root ever is). Otherwise the model drafter keeps its chain on the device,
+    unread, and the round is enqueued without waiting for the drafts."""
+    alpha = min(cost.alpha_of(kind), 0.999)
+    best = (1.0 - alpha) * cost.alpha_of(side_kind(kind), prior=SIDE_PRIOR)
+    n = min(cap - k, RUNNERS_UP * k)
+    return n > 0 and cost.choose_widening(k, cost.expected_tokens(k, kind), [best] * n) > 0
 
 
 def best_first(parents: List[int], r: List[float]) -> List[int]:

@@ -74,6 +74,12 @@ def test_widen_keeps_the_chain_and_adds_leaves_only_where_rows_are_cheap():
     assert len(treeplan.widen(d, sized(0.01), 5)) == 5  # the cap counts every node
 
 
+def test_a_chain_stays_unread_where_no_leaf_could_pay():
+    assert treeplan.could_widen(sized(0.01), 4, 15)
+    assert not treeplan.could_widen(sized(1.0), 4, 15)
+    assert not treeplan.could_widen(sized(0.01), 15, 15)  # no node left for a leaf
+
+
 def test_a_tree_rounds_drafting_cost_counts_drafter_steps_not_leaves():
     m = sized(0.0)  # V(j) = 1 s for every j
     m.c = type(m.c)()
