@@ -191,12 +191,12 @@ def test_trees_and_chains_side_by_side(engine):
     res = run_bench(engine, PROMPTS[:2], max_tokens=MAX, drafters=["model", "ngram"], trees=["auto", "off"],
                     peer=False, warmup=False)
     spec = [s for s in res.settings if s.mode == "speculative"]
-    # The model drafter proposes chains only: one setting; the n-gram drafter runs both.
-    assert spec == [Setting("speculative", "model", "auto", "auto"), Setting("speculative", "ngram", "auto", "auto"),
-                    Setting("speculative", "ngram", "auto", "off")]
+    # Both drafters propose trees (the model's: its chain plus side leaves), so each runs both.
+    assert spec == [Setting("speculative", d, "auto", t) for d in ("model", "ngram") for t in ("auto", "off")]
     assert all(r.tree_rounds == 0 for r in res.runs if r.tree == "off")
     assert all(r.matches_vanilla for r in res.runs)
     rows = {r["label"]: r for r in summarize(res)["settings"]}
     assert rows["ngram k=auto"]["speedup_vs_chain"] > 0 and rows["ngram k=auto tree=off"]["speedup_vs_chain"] is None
+    assert rows["model k=auto"]["speedup_vs_chain"] > 0
     with pytest.raises(InvalidArgumentError):
         settings_for(engine, trees=["wide"])
