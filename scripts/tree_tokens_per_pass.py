@@ -1,0 +1,68 @@
+"""Tokens per target pass, chain vs tree, as if rows of a pass were free (a GPU's flat V(j)).
+
+    python scripts/tree_tokens_per_pass.py [--drafter eagle] [--chain 4] [--caps 8,16] [--prompts 6]
+
+On a CPU the cost model rightly keeps chains (a pass over 9 rows costs ~4x one), so
+`mlxspec bench --tree auto,off` cannot show what trees would do on a GPU. This script makes
+the target curve flat (every pass costs the same) and the chain a fixed length, then decodes
+the held-out training prompts greedily with trees off and with each node cap. Tokens per
+target pass depend only on the drafts and the target's tokens, not on the device, so they
+carry over; multiply by V(chain + 1) / V(nodes + 1) measured on the device for its speedup.
+Greedy output is checked against plain decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
+from draft_prompts import make_prompts, split  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pair", default="demo", help="models.toml pair (default: demo)")
+    p.add_argument("--drafter", default="eagle", choices=["eagle", "model", "ngram"], help="default: eagle")
+    p.add_argument("--chain", type=int, default=4, help="longest chain (default 4)")
+    p.add_argument("--caps", default="8,16", help="tree node caps to compare with chains (default 8,16)")
+    p.add_argument("--prompts", type=int, default=6, help="held-out prompts (default 6)")
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+    import mlxspec
+
+    engine = mlxspec.load(args.pair, drafter=args.drafter)
+    engine.curve.verify_seconds = lambda j: 1.0  # flat: every node pays for its row
+    engine.curve.plain_seconds = lambda: 1.0
+    engine.costs[args.drafter].k_max = args.chain
+    tok = engine.tokenizer
+    _, suite = split(make_prompts(32, 0), 32)
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": ex["prompt"]}],
+                                                  add_generation_prompt=True, tokenize=False),
+                          add_special_tokens=False) for ex in suite[: args.prompts]]
+    plain = [engine.generate(ids, max_tokens=args.max_tokens, speculative=False).tokens for ids in prompts]
+    out = {}
+    for tree in ["off", *[int(c) for c in args.caps.split(",")]]:
+        tokens = passes = nodes = trees = same = 0
+        for ids, ref in zip(prompts, plain):
+            r = engine.generate(ids, max_tokens=args.max_tokens, tree=tree)
+            s = r.stats
+            tokens, passes, nodes, trees = tokens + s.tokens, passes + s.rounds, nodes + s.drafted, trees + s.tree_rounds
+            same += r.tokens == ref
+        out[str(tree)] = {"tokens_per_pass": tokens / passes, "nodes_per_pass": nodes / passes,
+                          "tree_rounds": trees, "passes": passes, "identical": f"{same}/{len(prompts)}"}
+        row = out[str(tree)]
+        print(f"tree={tree!s:4s} tokens/pass {row['tokens_per_pass']:.2f}  nodes/pass {row['nodes_per_pass']:.1f}  "
+              f"tree rounds {trees}/{passes}  greedy identical {row['identical']}"
+              + (f"  ({row['tokens_per_pass'] / out['off']['tokens_per_pass']:.2f}x the chain's)" if tree != "off" else ""),
+              flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"drafter": args.drafter, "chain": args.chain, **out}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
