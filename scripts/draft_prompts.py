@@ -3,7 +3,8 @@
 Prompts come from templates x topics x styles: questions, how-tos, code requests,
 summaries of passages written here, stories, math word problems and editing requests.
 `make_prompts(n, seed)` is deterministic; `split(prompts, held_out)` cuts a held-out set
-by prompt, so no held-out prompt (or its answer) is ever trained on.
+by prompt, so no held-out prompt (or its answer) is ever trained on. `eval_suite` and
+`chat_ids` are what the training and evaluation scripts decode.
 """
 
 from __future__ import annotations
@@ -163,3 +164,19 @@ def split(prompts: List[Dict[str, str]], held_out: int) -> Tuple[list, list]:
     the held-out set (and every earlier train prompt) unchanged.
     """
     return prompts[held_out:], prompts[:held_out]
+
+
+def eval_suite(name: str, held_out: int = 32, seed: int = 0) -> List[Dict[str, str]]:
+    """"held-out": the training scripts' held-out prompts; "bench": mlxspec bench's builtin
+    suite (hand-written, never in the training data), kind = its category."""
+    if name == "bench":
+        from mlxspec.bench.prompts import builtin_suite
+
+        return [{"kind": bp.category, "prompt": bp.prompt} for bp in builtin_suite()]
+    return split(make_prompts(held_out, seed), held_out)[1]
+
+
+def chat_ids(tok, prompt: str) -> list:
+    """The ids the engine feeds the target for a one-message chat (any tokenizer with a chat template)."""
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    return tok.encode(text, add_special_tokens=False)

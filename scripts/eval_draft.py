@@ -30,8 +30,7 @@ import mlx.core as mx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
-from draft_prompts import make_prompts, split  # noqa: E402
-from mlxspec.bench.prompts import builtin_suite  # noqa: E402
+from draft_prompts import chat_ids, eval_suite  # noqa: E402
 from mlxspec.loading import demo  # noqa: E402
 
 DRAFT = ROOT / "mlxspec" / "data" / "smollm2-draft"
@@ -133,17 +132,12 @@ def main(argv=None):
     draft_bf16.set_dtype(mx.bfloat16)
     draft = draft_bf16 if args.dequantize_draft else draft_shipped
     eos = tok.eos_token_id
-    if args.suite == "bench":
-        held = [{"kind": bp.category, "prompt": bp.prompt} for bp in builtin_suite()]
-    else:
-        _, held = split(make_prompts(args.held_out, args.seed), args.held_out)
+    held = eval_suite(args.suite, args.held_out, args.seed)
     acc = drf = 0
     rounds, rej, match, per_prompt = [], [], [], []
     t0 = time.time()
     for i, ex in enumerate(held[: args.prompts]):
-        text = tok.apply_chat_template([{"role": "user", "content": ex["prompt"]}], add_generation_prompt=True,
-                                       tokenize=False)
-        ids = tok.encode(text, add_special_tokens=False)
+        ids = chat_ids(tok, ex["prompt"])
         out, a, d, r, m = speculative_greedy(target, draft, ids, k=args.k, max_tokens=args.max_tokens, eos=eos,
                                              temperature=args.temperature)
         acc, drf = acc + sum(a), drf + sum(d)
@@ -153,8 +147,7 @@ def main(argv=None):
         per_prompt.append({"kind": ex["kind"], "acceptance": sum(a) / sum(d), "tokens": len(out)})
         print(f"[{i + 1}/{args.prompts}] {ex['kind']:8s} acceptance {sum(a) / sum(d):.2f} "
               f"running {acc / drf:.3f} ({time.time() - t0:.0f}s)", flush=True)
-    prefix = tok.encode(tok.apply_chat_template([{"role": "user", "content": held[0]["prompt"]}],
-                                                add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+    prefix = chat_ids(tok, held[0]["prompt"])
     t_target = step_time(target, prefix, args.reps)
     t_draft = step_time(draft_shipped, prefix, args.reps * 3)
     t_draft_bf16 = step_time(draft_bf16, prefix, args.reps * 3)

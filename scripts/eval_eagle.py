@@ -29,8 +29,7 @@ import mlx.core as mx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
-from draft_prompts import make_prompts, split  # noqa: E402
-from mlxspec.bench.prompts import builtin_suite  # noqa: E402
+from draft_prompts import chat_ids, eval_suite  # noqa: E402
 from mlxspec.loading import demo  # noqa: E402
 from mlxspec.sampling import SamplingParams, probabilities  # noqa: E402
 
@@ -99,17 +98,12 @@ def main(argv=None):
     gguf = args.gguf or str(demo.gguf_path())
     engine = mlxspec.load(gguf, "none", drafter="eagle", head=args.head, download=False)
     tok = engine.tokenizer
-    if args.suite == "bench":
-        suite = [{"kind": bp.category, "prompt": bp.prompt} for bp in builtin_suite()]
-    else:
-        _, suite = split(make_prompts(args.held_out, args.seed), args.held_out)
+    suite = eval_suite(args.suite, args.held_out, args.seed)
     engine.warmup(temperatures=(0.0, args.temperature))
     rows, overlap = [], []
     t0 = time.time()
     for i, ex in enumerate(suite[: args.prompts]):
-        msgs = [{"role": "user", "content": ex["prompt"]}]
-        ids = tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
-                         add_special_tokens=False)
+        ids = chat_ids(tok, ex["prompt"])
         g = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle")
         s = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle",
                             temperature=args.temperature, seed=i)
@@ -122,8 +116,7 @@ def main(argv=None):
               f" tokens/pass {g.stats.tokens / g.stats.rounds:.2f}; T={args.temperature} sampled "
               f"{s.stats.accepted / max(s.stats.drafted, 1):.2f}, sum min(p,q) {sum(ov) / len(ov):.2f} "
               f"({time.time() - t0:.0f}s)", flush=True)
-    msgs = [{"role": "user", "content": suite[0]["prompt"]}]
-    ids = tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+    ids = chat_ids(tok, suite[0]["prompt"])
     t_target, t_head = step_times(engine, ids, args.reps)
 
     def total(key):

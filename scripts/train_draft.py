@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_prompts import make_prompts, split  # noqa: E402
+from draft_prompts import chat_ids, make_prompts, split  # noqa: E402
 
 EOS = 2  # <|im_end|>
 PAD = 2
@@ -48,10 +48,18 @@ def load_target(gguf: Path):
     return tok, model.eval()
 
 
-def chat_ids(tok, prompt: str) -> list:
-    """The ids the engine feeds the target for a one-message chat."""
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-    return tok.encode(text, add_special_tokens=False)
+def left_padded(prompts_ids, pad: int):
+    """A batch of prompts, left-padded: (ids (B, L), attention mask (B, L), position ids (B, L))."""
+    import torch
+
+    B = len(prompts_ids)
+    L = max(len(p) for p in prompts_ids)
+    ids = torch.full((B, L), pad, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    for i, p in enumerate(prompts_ids):
+        ids[i, L - len(p):] = torch.tensor(p)
+        mask[i, L - len(p):] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 # ---------------------------------------------------------------- stage 1: prompts
@@ -80,13 +88,7 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_
     from transformers import DynamicCache
 
     B = len(prompts_ids)
-    L = max(len(p) for p in prompts_ids)
-    ids = torch.full((B, L), PAD, dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.long)
-    for i, p in enumerate(prompts_ids):
-        ids[i, L - len(p):] = torch.tensor(p)
-        mask[i, L - len(p):] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, pos = left_padded(prompts_ids, PAD)
     cache = DynamicCache()
     done = torch.zeros(B, dtype=torch.bool)
     out_tok, out_ids, out_lp = [], [], []

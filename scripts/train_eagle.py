@@ -63,13 +63,8 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
     from transformers import DynamicCache
 
     B = len(prompts_ids)
-    L = max(len(p) for p in prompts_ids)
-    ids = torch.full((B, L), pad, dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.long)
-    for i, p in enumerate(prompts_ids):
-        ids[i, L - len(p):] = torch.tensor(p)
-        mask[i, L - len(p):] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, pos = train_draft.left_padded(prompts_ids, pad)
+    L = ids.shape[1]
     cache = DynamicCache()
     done = torch.zeros(B, dtype=torch.bool)
     toks, steps = [], []

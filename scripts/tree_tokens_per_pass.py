@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
-from draft_prompts import make_prompts, split  # noqa: E402
+from draft_prompts import chat_ids, eval_suite  # noqa: E402
 
 
 def main(argv=None):
@@ -40,10 +40,7 @@ def main(argv=None):
     engine.curve.plain_seconds = lambda: 1.0
     engine.costs[args.drafter].k_max = args.chain
     tok = engine.tokenizer
-    _, suite = split(make_prompts(32, 0), 32)
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": ex["prompt"]}],
-                                                  add_generation_prompt=True, tokenize=False),
-                          add_special_tokens=False) for ex in suite[: args.prompts]]
+    prompts = [chat_ids(tok, ex["prompt"]) for ex in eval_suite("held-out")[: args.prompts]]
     plain = [engine.generate(ids, max_tokens=args.max_tokens, speculative=False).tokens for ids in prompts]
     out = {}
     for tree in ["off", *[int(c) for c in args.caps.split(",")]]:
