@@ -32,6 +32,10 @@ def refused(url) -> bool:
         return False
     except httpx.ConnectError:
         return True
+    except (httpx.ReadError, httpx.RemoteProtocolError):
+        # The kernel queued the connection just before the listening socket closed: it is reset
+        # unanswered, which is not being served either (a crash still fails the exit-code check).
+        return True
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
