@@ -48,6 +48,21 @@ def split_model(model, *, check: bool = True) -> Tuple[Callable, Callable]:
     return backbone, head
 
 
+def output_rows(model, ids: mx.array) -> mx.array:
+    """The output head's rows for token `ids` (N,), dequantized: (N, H), so `hidden @ rows.T` are
+    those tokens' logits. The head is `lm_head` where the model has one (untied embeddings, as in
+    Llama 3 8B or Qwen2.5 7B), else the tied input embedding."""
+    ids = ids.astype(mx.uint32)
+    head = model.lm_head if "lm_head" in model else None
+    if head is None:
+        return model.model.embed_tokens(ids)  # nn.Embedding or QuantizedEmbedding: dequantized rows
+    if "scales" in head:  # QuantizedLinear: dequantize only the rows asked for
+        biases = head["biases"][ids] if "biases" in head else None
+        return mx.dequantize(head.weight[ids], head.scales[ids], biases, group_size=head.group_size,
+                             bits=head.bits, mode=getattr(head, "mode", "affine"))
+    return head.weight[ids]
+
+
 def hidden_size(model) -> int:
     """Width of the backbone's hidden states."""
     args = getattr(model, "args", None)

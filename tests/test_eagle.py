@@ -102,6 +102,38 @@ def test_a_head_that_copies_the_target_is_accepted(target, copy_head):
     assert r.tokens == plain.tokens
 
 
+@pytest.mark.parametrize("tied,quantized", [(True, False), (False, False), (False, True)])
+def test_output_rows_are_the_output_heads_rows(tied, quantized):
+    """hidden @ output_rows(ids).T are exactly those ids' logits, whether the head is the tied
+    embedding, an untied lm_head, or a quantized one."""
+    import mlx.nn as nn
+
+    from mlxspec.backbone import output_rows, split_model
+
+    m = tiny.make_llama(2, layers=1, tie_embeddings=tied)
+    if quantized:
+        nn.quantize(m, group_size=32, bits=4)
+    backbone, head = split_model(m)
+    h = backbone(mx.array([PROMPT]))[0]  # (S, H)
+    ids = mx.array(list(range(1, tiny.VOCAB, 5)))
+    want = head(h)[:, ids]
+    got = h @ output_rows(m, ids).T
+    # The same products summed in another order: float32 roundoff on logits of size ~|want|.
+    assert mx.allclose(got, want, atol=1e-4 * float(mx.abs(want).max()), rtol=0).item()
+
+
+def test_an_untied_target_drafts_through_its_lm_head(tmp_path):
+    """A copy head drafts what an untied target says only if its logits go through lm_head
+    (the input embedding would score other tokens)."""
+    t = tiny.make_llama(1, layers=1, tie_embeddings=False)
+    e = Engine(t, None, eagle_head=tiny.make_eagle_head(t, tmp_path, copy=True), drafter="eagle", num_draft=4)
+    r = e.generate(PROMPT, max_tokens=60)
+    # Seeds 1-3 and two prompts: 0.6-0.87 accepted through lm_head, 0.0-0.33 through the embedding
+    # (without the key of position 0 an untied target's text is less repetitive than a tied one's).
+    assert r.stats.accepted >= 0.5 * r.stats.drafted > 0
+    assert r.tokens == e.generate(PROMPT, max_tokens=60, speculative=False).tokens
+
+
 def test_sampling_follows_the_target(tmp_path):
     """The first two sampled tokens follow the target's exact law with the head's q, which is zero
     outside its reduced vocabulary (the target's odd ids)."""

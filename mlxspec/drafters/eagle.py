@@ -5,9 +5,9 @@ entry j of its sequence is `fc(concat(embed(x[j+1]), f[j]))`, where f[j] is the 
 final hidden state at position j (after the final norm, what `backbone.split_model` returns)
 and x[j+1] the token that followed; one llama decoder layer with its own KV cache and a
 norm turn it into a prediction of f[j+1], whose logits come from the target's own output
-embedding restricted to a draft vocabulary (the target's most frequent tokens; tokens
-outside it are never proposed). Drafting k tokens runs the head k times, each step on the
-feature the previous step predicted.
+head (`lm_head`, or the tied embedding) restricted to a draft vocabulary (the target's most
+frequent tokens; tokens outside it are never proposed). Drafting k tokens runs the head
+k times, each step on the feature the previous step predicted.
 
 Entries before the last committed token use the target's real features (read from the
 target's `Sequence(keep_hidden=True)`); entries made while drafting hold predicted
@@ -29,6 +29,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.llama import ModelArgs, TransformerBlock
 
 from .. import kernels
+from ..backbone import output_rows
 from ..cache import make_cache
 from ..errors import IncompatibleModelsError, ModelNotFoundError
 from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
@@ -212,7 +213,7 @@ class EagleDrafter:
         self.head, self.draft_ids, self.target = head, draft_ids, target
         self.embed = target.model.model.embed_tokens
         ids = draft_ids if draft_ids is not None else mx.arange(_vocab(target.model))
-        self.out_weight = self.embed(ids.astype(mx.uint32))  # (N, H): the target's tied output rows
+        self.out_weight = output_rows(target.model, ids)  # (N, H): the target's own output rows
         mx.eval(self.out_weight)
         self.vocab = _vocab(target.model)
         self.max_kv_size, self.headroom, self.prefill_step = max_kv_size, headroom, prefill_step
