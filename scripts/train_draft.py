@@ -208,12 +208,17 @@ def draft_config(args) -> dict:
     }
 
 
-def target_embedding(gguf: Path) -> np.ndarray:
-    """The target's token embedding (49152, 576), dequantized straight from the GGUF."""
+def target_embedding(gguf: Path, *, output: bool = False) -> np.ndarray:
+    """The target's token embedding (V, H), dequantized straight from the GGUF.
+
+    output=True: the output head's weights instead, `output.weight` where the GGUF has one
+    (untied embeddings), else the same tied embedding."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    t = next(t for t in GGUFReader(gguf).tensors if t.name == "token_embd.weight")
+    tensors = {t.name: t for t in GGUFReader(gguf).tensors}
+    t = tensors.get("output.weight") if output else None
+    t = t if t is not None else tensors["token_embd.weight"]
     return dequantize(t.data, t.tensor_type).astype(np.float32)
 
 

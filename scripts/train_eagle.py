@@ -9,11 +9,14 @@ resumes from its last checkpoint):
                 at T=0.7), keeping the final hidden states the generation computes anyway
                 (after the final norm: what `backbone.split_model` gives the engine), float16
   3. vocab      the draft vocabulary: the --draft-vocab most frequent tokens of the data
+                (cached per data size: appended shards give a new one)
   4. train      fc(concat(embed(x[j+1]), f[j])) -> decoder layer -> norm, trained on smooth-L1
                 to f[j+1] plus cross-entropy to the target's distribution of x[j+2] (within the
-                draft vocabulary); inputs get noise, and unrolled steps feed the head its own
-                predicted features with the attention a drafting step has (EAGLE's robustness
-                to drafting on its own output)
+                draft vocabulary) on the entries that predict answer tokens (--loss-on); inputs
+                get noise, and unrolled steps feed the head its own predicted features with the
+                attention a drafting step has (EAGLE's robustness to drafting on its own output).
+                Checkpoints are named by the data size and settings, so a rerun resumes the
+                same run and never reuses a head trained on other data.
   5. export     float16 MLX weights + config.json with the target's identity
 
 PyTorch is used only here (never by mlxspec at run time); threads are capped at --threads.
@@ -24,6 +27,8 @@ The target runs in PyTorch, dequantized by transformers with its weights rounded
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import os
 import random
@@ -161,7 +166,7 @@ def load_features(shards: list):
 
 def stage_vocab(args, work: Path, train) -> np.ndarray:
     """The --draft-vocab most frequent tokens of the training answers (ids ascending)."""
-    path = work / f"vocab-{args.draft_vocab}.npy"
+    path = work / f"vocab-{args.draft_vocab}-n{len(train)}.npy"  # more answers, a new vocabulary
     if path.exists():
         return np.load(path)
     counts = np.zeros(target_config(Path(args.gguf))["vocab_size"], np.int64)
@@ -269,8 +274,11 @@ def target_config(gguf: Path) -> dict:
     return out
 
 
-def batch_tensors(batch, noise: float, gen):
-    """Right-padded (B, L-1) entries: tokens x[j+1], features f[j], targets f[j+1], loss mask."""
+def batch_tensors(batch, noise: float, gen, answers_only: bool = True):
+    """Right-padded (B, L-1) entries: tokens x[j+1], features f[j], targets f[j+1], loss mask.
+
+    `answers_only`: the loss (and the agreement figures) cover only the entries that predict
+    answer tokens, the ones the engine drafts; prompt entries are still fed, as context."""
     import torch
 
     B, L = len(batch), max(len(b[0]) for b in batch) - 1
@@ -284,9 +292,9 @@ def batch_tensors(batch, noise: float, gen):
         tok[i, :n] = torch.from_numpy(ids[1:].astype(np.int64))
         ff = torch.from_numpy(f.astype(np.float32))
         feat[i, :n], tgt[i, :n] = ff[:-1], ff[1:]
-        # Every entry trains: the answer's, and the prompt's (more of the target's own mapping from
-        # features to next tokens; the data is small on a shared CPU).
-        mask[i, :n] = True
+        # Entry j predicts x[j+2]; the answer starts at x[p]. With answers_only off, prompt entries
+        # train too (more of the target's feature-to-token mapping, but not the text it drafts).
+        mask[i, max(p - 2, 0) if answers_only else 0:n] = True
     if noise:
         scale = feat.pow(2).mean().sqrt()
         feat = feat + (torch.rand(feat.shape, generator=gen) - 0.5) * 2 * noise * scale
@@ -298,7 +306,7 @@ def losses(head, emb, w_draft, batch, args, gen, *, train: bool):
     import torch
     import torch.nn.functional as F
 
-    tok, feat, tgt, mask = batch_tensors(batch, args.noise if train else 0.0, gen)
+    tok, feat, tgt, mask = batch_tensors(batch, args.noise if train else 0.0, gen, args.loss_on == "answers")
     L = tok.shape[1]
     pos = torch.arange(L)
     e = emb[tok]  # (B, L, H)
@@ -329,21 +337,32 @@ def losses(head, emb, w_draft, batch, args, gen, *, train: bool):
     return total, agree, int(mask.sum())
 
 
+def run_tag(args, train) -> str:
+    """Names a training run's files by its data and settings: resuming continues the same run,
+    and new shards or other settings start a new one instead of reusing a stale head."""
+    keys = ("draft_vocab", "intermediate", "epochs", "batch", "lr", "noise", "unroll", "unroll_weight",
+            "ce_weight", "loss_on", "seed")
+    settings = json.dumps([len(train)] + [getattr(args, k) for k in keys])
+    return f"n{len(train)}-" + hashlib.sha1(settings.encode()).hexdigest()[:8]
+
+
 def stage_train(args, work: Path, train, held, vocab) -> Path:
     import torch
 
-    final = work / "head_final.pt"
+    tag = run_tag(args, train)
+    final = work / f"head_final-{tag}.pt"
     if final.exists():
         return final
-    ckpt = work / "head_ckpt.pt"
+    ckpt = work / f"head_ckpt-{tag}.pt"
     gguf = Path(args.gguf)
     tcfg = target_config(gguf)
     cfg = head_config(args, tcfg)
     torch.manual_seed(args.seed)
     head = make_head(cfg)
-    emb_np = train_draft.target_embedding(gguf)
-    emb = torch.from_numpy(emb_np).to(torch.bfloat16).float()  # the engine's precision
-    w_draft = emb[torch.from_numpy(vocab.astype(np.int64))]  # (N, H): the target's tied output rows
+    emb = torch.from_numpy(train_draft.target_embedding(gguf)).to(torch.bfloat16).float()  # the engine's precision
+    out = torch.from_numpy(train_draft.target_embedding(gguf, output=True)).to(torch.bfloat16).float()
+    w_draft = out[torch.from_numpy(vocab.astype(np.int64))]  # (N, H): the target's output rows (lm_head or tied)
+    del out
     with torch.no_grad():  # start from the target's last layer and final norm: the same feature space
         _, target = load_target(gguf)
         last = {k: v for k, v in target.model.layers[-1].state_dict().items() if "rotary" not in k}
@@ -439,7 +458,7 @@ def evaluate(head, emb, w_draft, held, args):
 
 # ---------------------------------------------------------------- stage 5: export
 
-def stage_export(args, work: Path, vocab) -> None:
+def stage_export(args, final: Path, vocab) -> None:
     import mlx.core as mx
     import torch
     from mlx_lm.models.llama import ModelArgs
@@ -447,7 +466,7 @@ def stage_export(args, work: Path, vocab) -> None:
     from mlxspec.drafters.eagle import EagleHead, load_head, save_head
     from mlxspec.loading.model import load_model
 
-    ck = torch.load(work / "head_final.pt", weights_only=False)
+    ck = torch.load(final, weights_only=False)
     target, _, _ = load_model(str(args.gguf), download=False)  # mlxspec's own loading path
     head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=len(vocab), **ck["cfg"]))
     head.load_weights([(k, mx.array(v.float().numpy())) for k, v in ck["head"].items()], strict=True)
@@ -490,7 +509,9 @@ def parse_args(argv=None):
     p.add_argument("--noise", type=float, default=0.1, help="uniform input-feature noise, fraction of feature RMS")
     p.add_argument("--unroll", type=int, default=2, help="drafting steps simulated per entry (1 = teacher forcing only)")
     p.add_argument("--unroll-weight", type=float, default=0.8)
-    p.add_argument("--ce-weight", type=float, default=0.1)
+    p.add_argument("--ce-weight", type=float, default=0.3)
+    p.add_argument("--loss-on", choices=["answers", "all"], default="answers",
+                   help="entries the loss covers: those predicting answer tokens (what the engine drafts), or all")
     p.add_argument("--ckpt-every", type=int, default=100)
     return p.parse_args(argv)
 
@@ -505,11 +526,11 @@ def main(argv=None):
         return
     train, held = load_features(shards)
     vocab = stage_vocab(args, work, train)
-    stage_train(args, work, train, held, vocab)
+    final = stage_train(args, work, train, held, vocab)
     log(f"train done ({time.time() - t0:.0f}s so far)")
     if args.stop_after == "train":
         return
-    stage_export(args, work, vocab)
+    stage_export(args, final, vocab)
     log(f"export done: {args.out} ({time.time() - t0:.0f}s in all)")
 
 
