@@ -80,6 +80,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     cost.new_request()
 
     hist = list(ids)
+    tree = min(tree, MAX_DRAFT)  # most nodes a tree round verifies
     # A model drafter's tree: its greedy chain plus runners-up (`drafters.sidetree`). Sampled rounds
     # keep its chain with q, whose rejection rule accepts more than deterministic candidates.
     model_trees = (bool(tree) and drafter.uses_model and params.greedy and k_fixed is None
@@ -125,8 +126,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         if drafter.uses_model:
             return (min(model_k, k_cap) if model_k else cost.choose(k_cap)), None, None
         if tree and hasattr(drafter, "propose_tree"):  # (never with several ranks: see Engine.stream)
-            proposal = drafter.propose_tree(hist, k_cap, k_cap + min(tree, MAX_DRAFT), params, seed)
-            draft = treeplan.plan(proposal, cost, min(tree, MAX_DRAFT))
+            proposal = drafter.propose_tree(hist, k_cap, k_cap + tree, params, seed)
+            draft = treeplan.plan(proposal, cost, tree)
         else:
             proposal = drafter.propose(hist, k_cap, params, seed)
             k = cost.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
@@ -149,10 +150,10 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     def enqueue(step: tuple) -> Pass:
         k, draft, shadow = step
         drafted = None
-        if draft is None and k and model_trees and treeplan.could_widen(cost, k, min(tree, MAX_DRAFT)):
+        if draft is None and k and model_trees and treeplan.could_widen(cost, k, tree):
             # greedy: the chain plus the side leaves that pay (the host reads the drafts)
-            proposal = drafter.propose_tree(hist, k, k + min(tree, MAX_DRAFT), params, seed)
-            draft, drafted = treeplan.widen(proposal, cost, min(tree, MAX_DRAFT)), k
+            proposal = drafter.propose_tree(hist, k, k + tree, params, seed)
+            draft, drafted = treeplan.widen(proposal, cost, tree), k
         elif draft is None:  # a model (or a fixed k) drafts the same tokens on every rank: same history, same seed
             draft = drafter.propose(hist, k, params, seed) if k else Draft([])
         elif draft.parents is None and len(draft) != k:  # a chain proposal, cut to (rank 0's) k
