@@ -40,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_draft  # noqa: E402
+from draft_prompts import chat_ids  # noqa: E402
 from train_draft import log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,7 +134,7 @@ def stage_generate(args, work: Path, prompts: dict) -> list:
         if model is None:
             log("loading the target (dequantizing the GGUF, weights rounded to bfloat16)")
             tok, model = load_target(Path(args.gguf))
-        ids = [train_draft.chat_ids(tok, prompts[sp][i]["prompt"]) for sp, i in jobs]
+        ids = [chat_ids(tok, prompts[sp][i]["prompt"]) for sp, i in jobs]
         gen = torch.Generator().manual_seed(args.seed * 100003 + n)
         eos = tok.eos_token_id
         rows = generate_batch(model, ids, max_new=args.max_new, temperature=temp, gen=gen, eos=eos,
