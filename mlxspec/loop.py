@@ -229,6 +229,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 step = agree(plan(model_k))
                 if step is None:  # rank 0 ended the request before this pass: undo it as rank 0 did
                     target.rollback(len(new))
+                    pending = None  # undone here; `finally` must not roll it back a second time
                     forget_drafts(engine)
                     return
 

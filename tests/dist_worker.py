@@ -111,6 +111,10 @@ def main(out_dir: Path, scenario: str) -> None:
             events.close()
             break
     out["closed_after"] = seen
+    # What the target's caches hold now, on each rank (the next request only realigns them by
+    # chance: when its prompt leaves the committed text before the shorter rank's end).
+    out["cached_after_close"] = {"tokens": list(engine.target.tokens),
+                                 "offsets": [c.offset for c in engine.target.caches]}
     out["after_close"] = record(engine.generate(PROMPT + "    ", max_tokens=MAX_TOKENS, drafter="model"))
     out["after_close_reference"] = reference.generate(PROMPT + "    ", max_tokens=MAX_TOKENS,
                                                       speculative=False).tokens

@@ -79,6 +79,11 @@ def test_seeded_sampling_is_identical_on_every_rank(ranks, drafter):
 def test_close_on_rank_zero_ends_every_rank_and_keeps_caches_aligned(ranks):
     # Rank 1 reads on to the end of the pass it is in (then learns of the close): never fewer tokens.
     assert ranks[0]["closed_after"] <= ranks[1]["closed_after"]
+    # The same committed tokens in every rank's caches (a rank that rolled a pass back twice
+    # would prefill a longer prompt next time: collectives of other shapes, a divergence).
+    held = [r["cached_after_close"] for r in ranks]
+    assert held[0] == held[1]
+    assert held[0]["offsets"] == [len(held[0]["tokens"])] * len(held[0]["offsets"])
     for r in ranks:
         assert r["after_close"]["tokens"] == r["after_close_reference"]
     assert ranks[0]["after_close"] == ranks[1]["after_close"]
