@@ -1,0 +1,117 @@
+"""TextAssembler: the streamed pieces are exactly what decoding the whole output gives, and
+each token decodes a short window, not the whole output."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mlxspec.text import TextAssembler
+from tiny import make_tokenizer
+
+SPECIALS = 3  # make_tokenizer's special tokens come first; then one token per byte
+
+
+class WholeDecode:
+    """The reference semantics: decode everything after every token (what TextAssembler did)."""
+
+    def __init__(self, tokenizer, stop):
+        self.tokenizer, self.stop = tokenizer, [s for s in stop if s]
+        self.tokens, self.text, self.emitted = [], "", 0
+
+    def add(self, token):
+        self.tokens.append(token)
+        self.text = self.tokenizer.decode(self.tokens)
+        if self.stop:
+            hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
+            if hits:
+                cut = min(hits)
+                piece = self.text[self.emitted:cut] if cut > self.emitted else ""
+                self.emitted = cut
+                return piece, True
+        hold = len(self.text) - len(self.text.rstrip("\ufffd"))
+        for s in self.stop:
+            hold = max([hold] + [n for n in range(1, min(len(s), len(self.text) + 1)) if self.text.endswith(s[:n])])
+        end = len(self.text) - hold
+        piece = self.text[self.emitted:end] if end > self.emitted else ""
+        self.emitted = max(self.emitted, end)
+        return piece, False
+
+
+class Counting:
+    """A tokenizer wrapper that counts the tokens it is asked to decode."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.decoded = tokenizer, 0
+
+    def decode(self, ids):
+        self.decoded += len(ids)
+        return self.tokenizer.decode(ids)
+
+
+def byte_tokens(text: str):
+    return [SPECIALS + b for b in text.encode()]
+
+
+def run(assembler, tokens):
+    pieces, stopped = [], False
+    for t in tokens:
+        piece, stopped = assembler.add(t)
+        pieces.append(piece)
+        if stopped:
+            break
+    return pieces, stopped
+
+
+ALPHABET = ["a", "b", " ", "\n", "é", "ß", "日", "本", "🤖", "👩\u200d💻", "🇫🇷", ".", "!"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pieces_equal_whole_decoding_with_multibyte_characters_and_stops(seed):
+    rng = random.Random(seed)
+    tok = make_tokenizer()
+    text = "".join(rng.choice(ALPHABET) for _ in range(rng.randrange(5, 80)))
+    stop = [] if seed % 4 == 0 else ["".join(rng.choice(ALPHABET) for _ in range(rng.randrange(1, 4)))
+                                     for _ in range(rng.randrange(1, 3))]
+    ids = byte_tokens(text)
+    got, got_stop = run(TextAssembler(tok, stop), ids)
+    want, want_stop = run(WholeDecode(tok, stop), ids)
+    assert got == want and got_stop == want_stop
+    if not got_stop:
+        a = TextAssembler(tok, stop)
+        streamed = "".join(a.add(t)[0] for t in ids) + a.flush()
+        assert streamed == text
+    assert not any("\ufffd" in p for p in got)  # a split character is held back, never emitted
+
+
+def test_metaspace_decoder_strips_the_leading_space_once():
+    """SentencePiece-style vocabularies mark spaces with U+2581 and the decoder drops the first
+    one: a window that starts mid-text must not lose the space before a word."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["▁Hello", "▁world", ",", "▁how", "▁are", "▁you", "?", "▁fine", "."]
+    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    raw.decoder = decoders.Metaspace()
+    tok = TokenizerWrapper(PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>"))
+    rng = random.Random(0)
+    ids = [rng.randrange(1, len(vocab)) for _ in range(200)]
+    got, _ = run(TextAssembler(tok, []), ids)
+    want, _ = run(WholeDecode(tok, []), ids)
+    assert got == want
+    assert "".join(got) == tok.decode(ids)
+
+
+def test_each_token_decodes_a_window_not_the_whole_output():
+    """Decoded tokens grow linearly with the output (they grew quadratically: 2 million here)."""
+    tok = Counting(make_tokenizer())
+    ids = byte_tokens("日本語 and 🤖 " * 100)  # 2,000 tokens, many of them inside a character
+    a = TextAssembler(tok, ["<stop>"])
+    for t in ids:
+        a.add(t)
+    assert a.text == tok.tokenizer.decode(ids)
+    assert tok.decoded <= 8 * len(ids)
