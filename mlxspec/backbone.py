@@ -10,11 +10,14 @@ Models whose `__call__` does more than that (logit soft-capping, scaled heads) a
 
 from __future__ import annotations
 
-from typing import Callable, Tuple
+import threading
+from typing import Callable, Sequence as Seq, Tuple
 
 import mlx.core as mx
 
 from .errors import IncompatibleModelsError
+
+TAP_EPS = 1e-5  # tapped layer outputs are RMS-normalised (no weight) with this epsilon, here and in training
 
 
 def split_model(model, *, check: bool = True) -> Tuple[Callable, Callable]:
@@ -46,6 +49,56 @@ def split_model(model, *, check: bool = True) -> Tuple[Callable, Callable]:
                 f"[backbone] {name}'s logits are not its backbone's hidden states through a linear head "
                 "(soft-capping or scaling in __call__); feature-level drafting needs a plain head")
     return backbone, head
+
+
+def tapped(model, layers: Seq[int]) -> Callable:
+    """`backbone(tokens (1, S), cache) -> (hidden (1, S, H), taps (1, S, len(layers) * H))`: the
+    final hidden states and the outputs of the backbone's blocks `layers` (0-based), each
+    RMS-normalised without a weight (their scales differ by orders of magnitude) and
+    concatenated: the features an EAGLE-3-style head reads, from the same pass.
+
+    The blocks record their outputs through a subclass of their own class (the same
+    parameters, names and cache; a call outside `run` leaves one array behind, nothing else).
+
+    Raises:
+        IncompatibleModelsError: a layer index is outside the backbone.
+    """
+    backbone, _ = split_model(model, check=False)
+    blocks = getattr(backbone, "layers", None)
+    n = len(blocks) if blocks is not None else 0
+    bad = [i for i in layers if not 0 <= i < n]
+    if bad or not layers:
+        raise IncompatibleModelsError(f"[backbone] feature layers {list(layers)} do not fit a backbone of {n} blocks "
+                                      f"(allowed: distinct indices 0..{n - 1})")
+    taps = [blocks[i] for i in layers]
+    for block in taps:
+        _tap(block)
+
+    def run(tokens: mx.array, cache=None):
+        h = backbone(tokens, cache)
+        me = threading.get_ident()
+        parts = [_LAST.pop((me, id(b))) for b in taps]
+        return h, mx.concatenate([mx.fast.rms_norm(x, None, TAP_EPS) for x in parts], axis=-1)
+
+    return run
+
+
+_LAST: dict = {}  # (thread, block) -> that block's latest output: engines sharing a model, or threads, never mix
+
+
+def _tap(block) -> None:
+    cls = type(block)
+    if getattr(cls, "_mlxspec_tap", False):
+        return
+
+    def __call__(self, *args, **kwargs):
+        out = super(sub, self).__call__(*args, **kwargs)
+        _LAST[(threading.get_ident(), id(self))] = out
+        return out
+
+    sub = type(cls.__name__, (cls,), {"__call__": __call__, "_mlxspec_tap": True,
+                                      "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    block.__class__ = sub
 
 
 def output_rows(model, ids: mx.array) -> mx.array:

@@ -119,7 +119,8 @@ class Engine:
         """Caches, drafters and cost models: what a fork does not share with its original."""
         headroom = MAX_DRAFT + 1
         self.target = Sequence(self.target_model, max_kv_size=self.max_kv_size, headroom=headroom,
-                               prefill_step=self.prefill_step, keep_hidden=self.eagle is not None)
+                               prefill_step=self.prefill_step, keep_hidden=self.eagle is not None,
+                               hidden_layers=tuple(self.eagle[2].get("feature_layers") or ()) if self.eagle else ())
         self.drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if self.draft_model is not None:
             self.drafters["model"] = ModelDrafter(self.draft_model, target_vocab=self.vocab_size,

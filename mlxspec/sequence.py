@@ -10,7 +10,8 @@ place in `tokens` holds None until `settle` writes the value. None never equals 
 token, so a sync before settling rolls the unsettled tokens back rather than trusting them.
 
 With `keep_hidden=True` every pass also keeps the backbone's final hidden states (the
-features a feature-level drafter reads), computed in the same pass as the logits.
+features a feature-level drafter reads), computed in the same pass as the logits; with
+`hidden_layers` it keeps the outputs of those blocks instead (`backbone.tapped`).
 """
 
 from __future__ import annotations
@@ -26,16 +27,17 @@ Tokens = Union[Seq[int], mx.array]
 
 class Sequence:
     def __init__(self, model, *, max_kv_size: Optional[int], headroom: int, prefill_step: int = 512,
-                 keep_hidden: bool = False):
+                 keep_hidden: bool = False, hidden_layers: Seq[int] = ()):
         self.model = model
         self.max_kv_size = max_kv_size
         self.headroom = headroom
         self.prefill_step = prefill_step
         self.keep_hidden = keep_hidden
         if keep_hidden:
-            from .backbone import split_model
+            from .backbone import split_model, tapped
 
             self._backbone, self._head = split_model(model)
+            self._taps = tapped(model, hidden_layers) if hidden_layers else None
         self.reset()
 
     def reset(self) -> None:
@@ -70,8 +72,11 @@ class Sequence:
         caches = self.caches if caches is None else caches
         if not self.keep_hidden:
             return self.model(ids[None], cache=caches)
-        h = self._backbone(ids[None], caches)  # (1, S, H)
-        self._hidden.append((len(self.tokens), h[0]))
+        if self._taps is None:
+            h = kept = self._backbone(ids[None], caches)  # (1, S, H)
+        else:
+            h, kept = self._taps(ids[None], caches)  # (1, S, H), (1, S, layers * H)
+        self._hidden.append((len(self.tokens), kept[0]))
         return self._head(h)
 
     def forward(self, tokens: Tokens, *, batched: bool = False) -> mx.array:
@@ -156,7 +161,8 @@ class Sequence:
             h[-1] = (start, rows[: end - start])
 
     def hidden_since(self, pos: int) -> mx.array:
-        """Final hidden states of positions pos .. len(tokens)-1, shape (n, H) (lazy).
+        """Kept hidden states of positions pos .. len(tokens)-1, shape (n, H), or (n, layers * H)
+        with `hidden_layers` (lazy).
 
         Raises:
             ValueError: the sequence does not keep hidden states, or rows before `pos` were

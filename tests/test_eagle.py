@@ -37,9 +37,22 @@ def random_head(target, tmp_path_factory):
                                 draft_ids=list(range(0, tiny.VOCAB, 3)))
 
 
+@pytest.fixture(scope="module")
+def deep_target():
+    return tiny.make_llama(2, layers=3)
+
+
+@pytest.fixture(scope="module")
+def layered_head(deep_target, tmp_path_factory):
+    # EAGLE-3-style: reads the outputs of the target's three layers.
+    return tiny.make_eagle_head(deep_target, tmp_path_factory.mktemp("layered"), seed=4, feature_layers=[0, 1, 2],
+                                draft_ids=list(range(0, tiny.VOCAB, 2)))
+
+
 def drafter_for(target, head_dir, max_kv_size=None):
-    seq = Sequence(target, max_kv_size=max_kv_size, headroom=17, keep_hidden=True)
-    head, ids, _ = load_head(head_dir, target)
+    head, ids, cfg = load_head(head_dir, target)
+    seq = Sequence(target, max_kv_size=max_kv_size, headroom=17, keep_hidden=True,
+                   hidden_layers=cfg.get("feature_layers") or ())
     return seq, EagleDrafter(head, ids, seq, max_kv_size=max_kv_size, headroom=17)
 
 
@@ -52,9 +65,13 @@ def head_outputs(drafter, history, k):
 
 
 @pytest.mark.parametrize("max_kv_size", [None, 12])
-def test_head_cache_rolls_back_to_what_a_fresh_head_computes(target, random_head, max_kv_size):
+@pytest.mark.parametrize("kind", ["final", "layered"])
+def test_head_cache_rolls_back_to_what_a_fresh_head_computes(request, kind, max_kv_size):
     """Rounds of drafting with partial acceptance leave the head's cache as a fresh head builds it,
     also once the window (12 positions) has wrapped several times."""
+    target, random_head = ((request.getfixturevalue("target"), request.getfixturevalue("random_head"))
+                           if kind == "final" else
+                           (request.getfixturevalue("deep_target"), request.getfixturevalue("layered_head")))
     seq, drafter = drafter_for(target, random_head, max_kv_size)
     history = list(PROMPT)
     seq.prefill(history[:-1])
@@ -203,3 +220,65 @@ def test_wrong_shapes_are_named(target, random_head, tmp_path):
     (tmp_path / "model.safetensors").write_bytes((random_head / "model.safetensors").read_bytes())
     with pytest.raises(IncompatibleModelsError, match="gate_proj.weight"):
         load_head(tmp_path, target)
+
+
+# -- EAGLE-3-style heads: the outputs of several target layers -----------------------------------
+
+def test_tapped_layers_are_the_blocks_outputs(deep_target):
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.base import create_attention_mask
+
+    from mlxspec.backbone import TAP_EPS, split_model, tapped
+
+    x = mx.array([PROMPT])
+    names = [k for k, _ in tree_flatten(deep_target.parameters())]
+    before = deep_target(x)
+    run = tapped(deep_target, [0, 2])
+    h, taps = run(x, None)
+    m = deep_target.model
+    y, outs = m.embed_tokens(x), []
+    mask = create_attention_mask(y, None)
+    for layer in m.layers:
+        y = layer(y, mask, cache=None)
+        outs.append(y)
+    want = mx.concatenate([mx.fast.rms_norm(outs[i], None, TAP_EPS) for i in (0, 2)], axis=-1)
+    assert taps.shape == (1, len(PROMPT), 2 * deep_target.args.hidden_size)
+    assert mx.allclose(taps, want, atol=1e-5).item()
+    assert mx.array_equal(split_model(deep_target)[1](h), before).item()
+    # Tapping changes nothing else: the same logits and parameter names.
+    assert mx.array_equal(deep_target(x), before).item()
+    assert [k for k, _ in tree_flatten(deep_target.parameters())] == names
+
+
+@pytest.mark.parametrize("num_draft,window", [(None, None), (4, None), (4, 16)])
+def test_layered_head_greedy_matches_plain_decoding(deep_target, layered_head, num_draft, window):
+    caches = None if window is None else [RotatingKVCache(max_size=window, keep=4) for _ in deep_target.layers]
+    ref = reference(deep_target, PROMPT, 60, caches)
+    e = Engine(deep_target, None, eagle_head=layered_head, drafter="eagle", num_draft=num_draft, max_kv_size=window)
+    r = e.generate(PROMPT, max_tokens=60)
+    assert_same_greedy(deep_target, PROMPT, r.tokens, ref, max_kv_size=window)
+    assert r.stats.drafter == "eagle" and (num_draft is None or r.stats.drafted > 0)
+    assert e.target.hidden_since(0).shape[-1] == 3 * deep_target.args.hidden_size
+
+
+def test_layered_head_sampling_follows_the_target(tmp_path):
+    params = SamplingParams(0.9, top_p=0.95)
+    t = tiny.make_llama(5, vocab_size=SAMPLING_VOCAB, hidden=32, layers=2)
+    head = tiny.make_eagle_head(t, tmp_path, seed=7, feature_layers=[1, 0], draft_ids=list(range(1, SAMPLING_VOCAB, 2)))
+    assert_first_two_follow_the_target(Engine(t, None, eagle_head=head, drafter="eagle", num_draft=2), t, params)
+
+
+def test_feature_layers_that_do_not_fit_are_refused(deep_target, layered_head, random_head, tmp_path):
+    cfg = json.loads((layered_head / "config.json").read_text())
+    cfg["feature_layers"] = [0, 5]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes((layered_head / "model.safetensors").read_bytes())
+    with pytest.raises(IncompatibleModelsError, match=r"\[0, 5\].*3 layers.*0\.\.2"):
+        load_head(tmp_path, deep_target)
+    # A config that names layers over weights that have no fc_layers: the missing weights are named.
+    cfg = json.loads((random_head / "config.json").read_text())
+    cfg["feature_layers"] = [0]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes((random_head / "model.safetensors").read_bytes())
+    with pytest.raises(IncompatibleModelsError, match="fc_layers"):
+        load_head(tmp_path, tiny.make_llama(1, layers=1))

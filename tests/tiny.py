@@ -155,13 +155,14 @@ _BYTE_OF = _bytes_to_unicode()
 
 
 def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool = False, name: str = "tiny",
-                    noise: float = 0.0):
+                    noise: float = 0.0, feature_layers=()):
     """Write an EAGLE head folder for `target` (a llama from make_llama) and return its path.
 
     copy=True builds the head from a one-layer target's own layer and norm with fc = [I | 0]:
     it then recomputes the target's next feature from the next token (all it lacks is the key
     of position 0), so it drafts what the target would say. `noise` adds Gaussian noise of that
     scale to fc: a head that is often right and, where it is not, has the right token close.
+    `feature_layers`: an EAGLE-3-style head reading those layers' outputs (random weights).
     """
     from mlx_lm.models.llama import ModelArgs
 
@@ -174,7 +175,7 @@ def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool =
                      vocab_size=a.vocab_size, head_dim=a.hidden_size // a.num_attention_heads,
                      rope_theta=a.rope_theta, max_position_embeddings=a.max_position_embeddings)
     mx.random.seed(seed)
-    head = EagleHead(args)
+    head = EagleHead(args, taps=len(feature_layers))
     if copy:
         assert len(target.model.layers) == 1, "copy=True needs a one-layer target"
         H = a.hidden_size
@@ -186,5 +187,5 @@ def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool =
             head.fc.weight = head.fc.weight + noise * mx.random.normal(head.fc.weight.shape)
     head.set_dtype(mx.float32)
     save_head(path, head, None if draft_ids is None else mx.array(draft_ids), target, name=name,
-              dtype=mx.float32)
+              dtype=mx.float32, feature_layers=feature_layers)
     return path

@@ -9,6 +9,11 @@ head (`lm_head`, or the tied embedding) restricted to a draft vocabulary (the ta
 frequent tokens; tokens outside it are never proposed). Drafting k tokens runs the head
 k times, each step on the feature the previous step predicted.
 
+An EAGLE-3-style head reads the outputs of a few of the target's layers instead (a low, a
+middle and a high one, `feature_layers` in its config, `backbone.tapped`): `fc_layers` turns
+them into the feature of a real entry, while drafted entries still read the head's own
+prediction. The target then keeps those outputs instead of its final hidden states.
+
 Entries before the last committed token use the target's real features (read from the
 target's `Sequence(keep_hidden=True)`); entries made while drafting hold predicted
 features, so the next `propose` rolls them back and feeds the real ones instead.
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -46,13 +51,18 @@ class EagleHead(nn.Module):
 
     Args:
         args: the decoder layer's llama `ModelArgs` (hidden size = the target's).
+        taps: how many target layers' outputs a real entry's feature is made of (0: the
+            target's final hidden state itself).
     """
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, taps: int = 0):
         super().__init__()
         self.args = args
+        self.taps = taps
         H = args.hidden_size
         self.fc = nn.Linear(2 * H, H)
+        if taps:
+            self.fc_layers = nn.Linear(taps * H, H)
         self.layers = [TransformerBlock(args)]  # a list, so `cache.make_cache` builds one cache per layer
         self.norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
 
@@ -66,6 +76,11 @@ class EagleHead(nn.Module):
         if mask is None:
             mask = create_attention_mask(x, c)
         return self.norm(self.layers[0](x, mask, cache=c))
+
+    def lift(self, kept: mx.array) -> mx.array:
+        """What the target kept for a position (its final hidden state, or its tapped layers'
+        outputs) -> the feature a real entry reads."""
+        return self.fc_layers(kept) if self.taps else kept
 
 
 # -- the target's identity ----------------------------------------------------------------------
@@ -96,7 +111,7 @@ LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_
 
 
 def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model, *, name: str = "",
-              dtype=mx.float16, extra: Optional[dict] = None) -> None:
+              dtype=mx.float16, extra: Optional[dict] = None, feature_layers: Sequence[int] = ()) -> None:
     """Write a head folder: config.json (layer shape, the target's identity) + model.safetensors.
 
     Args:
@@ -105,7 +120,11 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
         target_model: the target it was trained for (its vocabulary, hidden size, fingerprint are recorded).
         name: the target's name, for error messages. dtype: weights' storage. Default float16.
         extra: more config keys (training facts).
+        feature_layers: the target layers (0-based) whose outputs the head reads, one per
+            `head.taps`; empty: the final hidden state.
     """
+    if len(feature_layers) != head.taps:
+        raise ValueError(f"the head reads {head.taps} layers' outputs but feature_layers names {len(feature_layers)}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     weights = {k: v.astype(dtype) for k, v in tree_flatten(head.parameters())}
@@ -114,6 +133,7 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     cfg = {"model_type": "eagle_head",
            "layer": {k: getattr(head.args, k) for k in LAYER_FIELDS},
+           "feature_layers": [int(i) for i in feature_layers],
            "draft_vocab_size": None if draft_ids is None else int(draft_ids.shape[0]),
            "target": {"name": name, "vocab_size": _vocab(target_model), "hidden_size": _hidden(target_model),
                       "embedding_fingerprint": embedding_fingerprint(target_model)},
@@ -149,7 +169,14 @@ def load_head(path, target_model) -> Tuple[EagleHead, Optional[mx.array], dict]:
     _check_target(cfg.get("target", {}), target_model, path)
     layer = cfg["layer"]
     args = ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=_vocab(target_model), **layer)
-    head = EagleHead(args)
+    taps = cfg.get("feature_layers") or []
+    n = len(target_model.model.layers)
+    if (not isinstance(taps, list) or not all(isinstance(i, int) and 0 <= i < n for i in taps)
+            or len(set(taps)) != len(taps)):
+        raise IncompatibleModelsError(
+            f"[eagle] feature_layers {taps!r} in {cfg_path} do not fit the target's {n} layers "
+            f"(allowed: distinct indices 0..{n - 1}, or [] for its final hidden state)")
+    head = EagleHead(args, taps=len(taps))
     draft_ids = weights.pop("draft_ids", None)
     want = dict(tree_flatten(head.parameters()))
     missing = sorted(set(want) - set(weights))
@@ -277,7 +304,7 @@ class EagleDrafter:
         start = self.entries
         if upto <= start:
             return None
-        feats = self.target.hidden_since(start)[: upto - start]  # (n, H): f[start .. upto-1]
+        feats = self.head.lift(self.target.hidden_since(start)[: upto - start])  # (n, H): f[start .. upto-1]
         toks = mx.array(history[start + 1 : upto + 1], dtype=mx.uint32)
         out, i = None, 0
         sizes = [self.prefill_step] * ((upto - start) // self.prefill_step) if chunked else []
