@@ -6,17 +6,21 @@ Stages (each cached under --work, so a rerun skips what is finished; a stopped t
 resumes from its last checkpoint):
   1. prompts    train_draft.py's offline templated prompts (the first --held-out held out)
   2. generate   the target's own answers (held-out greedy; train batches alternately greedy and
-                at T=0.7), keeping the final hidden states the generation computes anyway
-                (after the final norm: what `backbone.split_model` gives the engine), float16
+                at T=0.7), keeping the hidden states the generation computes anyway, float16:
+                the final ones (after the final norm: what `backbone.split_model` gives the
+                engine) and the outputs of the --feature-layers (`backbone.tapped`)
+  2b. layers    the --feature-layers' outputs for shards generated without them (one pass over
+                their cached answers, about 360 entries/s on 2 threads)
   3. vocab      the draft vocabulary: the --draft-vocab most frequent tokens of the data
                 (cached per data size: appended shards give a new one)
   4. train      fc(concat(embed(x[j+1]), f[j])) -> decoder layer -> norm, trained on smooth-L1
                 to f[j+1] plus cross-entropy to the target's distribution of x[j+2] (within the
-                draft vocabulary) on the entries that predict answer tokens (--loss-on); inputs
-                get noise, and unrolled steps feed the head its own predicted features with the
-                attention a drafting step has (EAGLE's robustness to drafting on its own output).
-                Checkpoints are named by the data size and settings, so a rerun resumes the
-                same run and never reuses a head trained on other data.
+                draft vocabulary) on the entries that predict answer tokens (--loss-on); with
+                feature layers (EAGLE-3), a real entry's f[j] is fc_layers(their outputs at j).
+                Inputs get noise, and unrolled steps feed the head its own predicted features
+                with the attention a drafting step has (EAGLE's robustness to drafting on its
+                own output). Checkpoints are named by the data size and settings, so a rerun
+                resumes the same run and never reuses a head trained on other data.
   5. export     float16 MLX weights + config.json with the target's identity
 
 PyTorch is used only here (never by mlxspec at run time); threads are capped at --threads.
@@ -59,11 +63,14 @@ def load_target(gguf: Path):
     return tok, model
 
 
-def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen, eos: int, pad: int):
-    """Batched generation (left padding, KV cache) that keeps the final hidden states it computes.
+def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen, eos: int, pad: int,
+                   layers=()):
+    """Batched generation (left padding, KV cache) that keeps the hidden states it computes.
 
-    Returns per row (prompt + answer ids (T,) int32, features (T-1, H) float16): the features
-    of every fed position, after the target's final norm (the last answer token is never fed).
+    Returns per row (prompt + answer ids (T,) int32, features (T-1, H) float16, layer features
+    (T-1, len(layers) * H) float16 or None): the features of every fed position, after the
+    target's final norm, and the outputs of `layers` (`tap_rows`); the last answer token is
+    never fed.
     """
     import torch
     from transformers import DynamicCache
@@ -73,10 +80,14 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
     L = ids.shape[1]
     cache = DynamicCache()
     done = torch.zeros(B, dtype=torch.bool)
-    toks, steps = [], []
+    toks, steps, tapped = [], [], []
+
+    def run(**kw):
+        out = model.model(past_key_values=cache, use_cache=True, output_hidden_states=bool(layers), **kw)
+        return out.last_hidden_state, (tap_rows(out.hidden_states, layers) if layers else None)
+
     with torch.inference_mode():
-        h = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                        use_cache=True).last_hidden_state  # (B, L, H)
+        h, first_tap = run(input_ids=ids, attention_mask=mask, position_ids=pos)  # (B, L, H)
         first = h
         last = h[:, -1]
         for _ in range(max_new):
@@ -92,11 +103,14 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
                 break
             mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1)
             pos = pos[:, -1:] + 1
-            last = model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
-                               use_cache=True).last_hidden_state[:, -1]
+            h, tap = run(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos)
+            last = h[:, -1]
             steps.append(last)
+            tapped.append(tap)
     toks = torch.stack(toks, 1).numpy()
     steps = torch.stack(steps, 1) if steps else first[:, :0]  # (B, S, H): features of answer tokens 0..S-1
+    if layers:
+        tapped = torch.cat(tapped, 1) if tapped else first_tap[:, :0]
     rows = []
     for i, p in enumerate(prompts_ids):
         n = len(toks[i])
@@ -105,11 +119,77 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
             n = int(stop[0]) + 1  # keep <|im_end|>: the head must predict the end too
         seq = np.concatenate([np.asarray(p), toks[i, :n]]).astype(np.int32)
         feats = torch.cat([first[i, L - len(p):], steps[i, : n - 1]]).to(torch.float16).numpy()
-        rows.append((seq, feats))
+        multi = (torch.cat([first_tap[i, L - len(p):], tapped[i, : n - 1]]).to(torch.float16).numpy()
+                 if layers else None)
+        rows.append((seq, feats, multi))
     return rows
 
 
-def stage_generate(args, work: Path, prompts: dict) -> list:
+def feature_layers(spec: str, num_layers: int) -> list:
+    """The target layers (0-based) whose outputs the head reads: "final" (none: the final hidden
+    state alone, EAGLE-1), "auto" (EAGLE-3's low, middle and high layer), or a comma list."""
+    if spec == "final":
+        return []
+    if spec == "auto":
+        return [2, num_layers // 2 - 1, num_layers - 4]
+    layers = [int(x) for x in spec.split(",")]
+    if any(not 0 <= i < num_layers for i in layers) or len(set(layers)) != len(layers):
+        raise SystemExit(f"--feature-layers {spec}: distinct layer indices in 0..{num_layers - 1}, "
+                         f"or 'auto' or 'final'")
+    return layers
+
+
+def tap_rows(hidden_states, layers):
+    """transformers' hidden_states (embeddings, then each layer's output) -> the outputs of
+    `layers`, each RMS-normalised without a weight (mlxspec.backbone.TAP_EPS), concatenated."""
+    import torch
+
+    from mlxspec.backbone import TAP_EPS
+
+    parts = [hidden_states[i + 1].float() for i in layers]
+    return torch.cat([x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + TAP_EPS) for x in parts], dim=-1)
+
+
+def layers_path(shard: Path, layers) -> Path:
+    return shard.with_name(shard.stem + "-L" + "-".join(map(str, layers)) + ".npy")
+
+
+def stage_layers(args, shards: list, layers) -> None:
+    """The layer features of answer shards generated without them: one pass over each shard's
+    cached prompt + answer ids (what the generate stage computes alongside, for new shards)."""
+    import torch
+
+    todo = [s for s in shards if not layers_path(s, layers).exists()]
+    if not todo:
+        return
+    _, model = load_target(Path(args.gguf))
+    t0, done = time.time(), 0
+    for n, shard in enumerate(todo):
+        z = np.load(shard)
+        ids, lens = z["ids"], z["lens"]
+        out, o = [], 0
+        with torch.inference_mode():
+            for b in range(0, len(lens), 16):  # right-padded rows: causal, so padding changes nothing before it
+                chunk = lens[b:b + 16]
+                x = torch.zeros((len(chunk), int(chunk.max())), dtype=torch.long)
+                m = torch.zeros_like(x)
+                starts = o + np.concatenate([[0], np.cumsum(chunk)[:-1]])
+                for i, (st, ln) in enumerate(zip(starts, chunk)):
+                    x[i, :ln] = torch.from_numpy(ids[st:st + ln].astype(np.int64))
+                    m[i, :ln] = 1
+                o += int(chunk.sum())
+                rows = tap_rows(model.model(input_ids=x, attention_mask=m, output_hidden_states=True).hidden_states,
+                                layers)
+                out += [rows[i, :ln].to(torch.float16).numpy() for i, ln in enumerate(chunk)]
+        tmp = layers_path(shard, layers).with_suffix(".tmp.npy")
+        np.save(tmp, np.concatenate(out))
+        os.replace(tmp, layers_path(shard, layers))
+        done += int(lens.sum())
+        el = time.time() - t0
+        log(f"layers {n + 1}/{len(todo)} {shard.name}: {done} entries in {el:.0f}s ({done / el:.0f}/s)")
+
+
+def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
     """Answer shards: held-out prompts greedily, then train prompts alternately greedy and at T."""
     import torch
 
@@ -138,7 +218,10 @@ def stage_generate(args, work: Path, prompts: dict) -> list:
         gen = torch.Generator().manual_seed(args.seed * 100003 + n)
         eos = tok.eos_token_id
         rows = generate_batch(model, ids, max_new=args.max_new, temperature=temp, gen=gen, eos=eos,
-                              pad=tok.pad_token_id if tok.pad_token_id is not None else eos)
+                              pad=tok.pad_token_id if tok.pad_token_id is not None else eos, layers=layers)
+        if layers:  # first, so a shard never exists without its layer features
+            np.save(layers_path(path, layers).with_suffix(".tmp.npy"), np.concatenate([r[2] for r in rows]))
+            os.replace(layers_path(path, layers).with_suffix(".tmp.npy"), layers_path(path, layers))
         np.savez(path.with_suffix(".tmp.npz"), ids=np.concatenate([r[0][:-1] for r in rows]),
                  feats=np.concatenate([r[1] for r in rows]), lens=np.array([len(r[0]) - 1 for r in rows], np.int32),
                  plens=np.array([len(p) for p in ids], np.int32), temp=np.float32(temp))
@@ -150,15 +233,18 @@ def stage_generate(args, work: Path, prompts: dict) -> list:
     return paths
 
 
-def load_features(shards: list):
-    """Train and held-out [(ids (L,), features (L, H) float16, prompt length)]; f[j] belongs to ids[j]."""
+def load_features(shards: list, layers=()):
+    """Train and held-out [(ids (L,), features (L, H) float16, prompt length, layer features
+    (L, len(layers) * H) float16 or None)]; f[j] belongs to ids[j]."""
     train, held = [], []
     for shard in shards:
         z = np.load(shard)
         ids, feats, lens, plens = z["ids"], z["feats"], z["lens"], z["plens"]
+        multi = np.load(layers_path(shard, layers)) if layers else None
         o = 0
         for n, p in zip(lens, plens):
-            (held if shard.name.startswith("held_out") else train).append((ids[o:o + n], feats[o:o + n], int(p)))
+            m = multi[o:o + n] if layers else None
+            (held if shard.name.startswith("held_out") else train).append((ids[o:o + n], feats[o:o + n], int(p), m))
             o += n
     return train, held
 
@@ -171,7 +257,7 @@ def stage_vocab(args, work: Path, train) -> np.ndarray:
     if path.exists():
         return np.load(path)
     counts = np.zeros(target_config(Path(args.gguf))["vocab_size"], np.int64)
-    for ids, _, p in train:
+    for ids, _, p, _ in train:
         np.add.at(counts, ids[p:], 1)
     top = np.sort(np.argsort(-counts, kind="stable")[: args.draft_vocab]).astype(np.int32)
     np.save(path, top)
@@ -213,6 +299,8 @@ def make_head(cfg: dict):
         def __init__(self):
             super().__init__()
             self.fc = nn.Linear(2 * H, H)
+            if cfg.get("feature_layers"):  # the tapped layers' outputs -> one feature (EAGLE-3)
+                self.fc_layers = nn.Linear(len(cfg["feature_layers"]) * H, H)
             blk = nn.Module()
             blk.self_attn = nn.Module()
             for n, (i, o) in {"q_proj": (H, nh * hd), "k_proj": (H, nkv * hd), "v_proj": (H, nkv * hd),
@@ -256,7 +344,8 @@ def make_head(cfg: dict):
 
 
 def head_config(args, target_cfg) -> dict:
-    return {"hidden_size": target_cfg["hidden_size"], "intermediate_size": args.intermediate,
+    return {"feature_layers": list(getattr(args, "layers", None) or []),
+            "hidden_size": target_cfg["hidden_size"], "intermediate_size": args.intermediate,
             "num_attention_heads": target_cfg["num_attention_heads"],
             "num_key_value_heads": target_cfg["num_key_value_heads"],
             "head_dim": target_cfg["hidden_size"] // target_cfg["num_attention_heads"],
@@ -269,30 +358,33 @@ def target_config(gguf: Path) -> dict:
 
     c = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     out = {k: getattr(c, k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
-                                      "rms_norm_eps", "max_position_embeddings", "vocab_size", "intermediate_size")}
+                                      "rms_norm_eps", "max_position_embeddings", "vocab_size", "intermediate_size",
+                                      "num_hidden_layers")}
     rope = getattr(c, "rope_parameters", None) or {}  # newer transformers keep rope_theta there
     out["rope_theta"] = float(rope.get("rope_theta") or getattr(c, "rope_theta"))
     return out
 
 
 def batch_tensors(batch, noise: float, gen, answers_only: bool = True):
-    """Right-padded (B, L-1) entries: tokens x[j+1], features f[j], targets f[j+1], loss mask.
+    """Right-padded (B, L-1) entries: tokens x[j+1], input features, targets f[j+1], loss mask.
 
+    The input features are f[j], or with tapped layers their outputs at j (B, L-1, taps * H).
     `answers_only`: the loss (and the agreement figures) cover only the entries that predict
     answer tokens, the ones the engine drafts; prompt entries are still fed, as context."""
     import torch
 
     B, L = len(batch), max(len(b[0]) for b in batch) - 1
     H = batch[0][1].shape[1]
+    taps = batch[0][3] is not None
     tok = torch.zeros((B, L), dtype=torch.long)
-    feat = torch.zeros((B, L, H))
+    feat = torch.zeros((B, L, batch[0][3].shape[1] if taps else H))
     tgt = torch.zeros((B, L, H))
     mask = torch.zeros((B, L), dtype=torch.bool)
-    for i, (ids, f, p) in enumerate(batch):
+    for i, (ids, f, p, m) in enumerate(batch):
         n = len(ids) - 1
         tok[i, :n] = torch.from_numpy(ids[1:].astype(np.int64))
         ff = torch.from_numpy(f.astype(np.float32))
-        feat[i, :n], tgt[i, :n] = ff[:-1], ff[1:]
+        feat[i, :n], tgt[i, :n] = torch.from_numpy(m[:-1].astype(np.float32)) if taps else ff[:-1], ff[1:]
         # Entry j predicts x[j+2]; the answer starts at x[p]. With answers_only off, prompt entries
         # train too (more of the target's feature-to-token mapping, but not the text it drafts).
         mask[i, max(p - 2, 0) if answers_only else 0:n] = True
@@ -308,6 +400,8 @@ def losses(head, emb, w_draft, batch, args, gen, *, train: bool):
     import torch.nn.functional as F
 
     tok, feat, tgt, mask = batch_tensors(batch, args.noise if train else 0.0, gen, args.loss_on == "answers")
+    if hasattr(head, "fc_layers"):  # real entries read the tapped layers; drafted ones the head's own output
+        feat = head.fc_layers(feat)
     L = tok.shape[1]
     pos = torch.arange(L)
     e = emb[tok]  # (B, L, H)
@@ -343,7 +437,8 @@ def run_tag(args, train) -> str:
     and new shards or other settings start a new one instead of reusing a stale head."""
     keys = ("draft_vocab", "intermediate", "epochs", "batch", "lr", "noise", "unroll", "unroll_weight",
             "ce_weight", "loss_on", "seed")
-    settings = json.dumps([len(train)] + [getattr(args, k) for k in keys])
+    settings = json.dumps([len(train)] + [getattr(args, k) for k in keys]
+                          + ([args.layers] if getattr(args, "layers", None) else []))
     return f"n{len(train)}-" + hashlib.sha1(settings.encode()).hexdigest()[:8]
 
 
@@ -469,14 +564,17 @@ def stage_export(args, final: Path, vocab) -> None:
 
     ck = torch.load(final, weights_only=False)
     target, _, _ = load_model(str(args.gguf), download=False)  # mlxspec's own loading path
-    head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=len(vocab), **ck["cfg"]))
+    cfg = dict(ck["cfg"])
+    layers = cfg.pop("feature_layers", [])
+    head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=len(vocab), **cfg),
+                     taps=len(layers))
     head.load_weights([(k, mx.array(v.float().numpy())) for k, v in ck["head"].items()], strict=True)
     extra = {"training": {"script": "scripts/train_eagle.py", "seed": args.seed,
                           "train_minutes": round(ck["train_seconds"] / 60, 1), "steps": ck["steps"],
                           "sequences": ck["sequences"], "entries": ck["entries"],
                           "held_out": ck["history"][-1] if ck["history"] else None}}
     out = Path(args.out)
-    save_head(out, head, mx.array(vocab), target, name=Path(args.gguf).stem, extra=extra)
+    save_head(out, head, mx.array(vocab), target, name=Path(args.gguf).stem, extra=extra, feature_layers=layers)
     load_head(out, target)  # the shipped folder must load against the target it was made for
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     log(f"exported {out}: {size / 1e6:.1f} MB; training took {ck['train_seconds'] / 60:.1f} min")
@@ -491,7 +589,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default=str(ROOT / "mlxspec/data/smollm2-eagle"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--stop-after", choices=["generate", "train", "export"], default="export")
+    p.add_argument("--stop-after", choices=["generate", "layers", "train", "export"], default="export")
     # data (train_draft.py's generate stage)
     p.add_argument("--prompts", type=int, default=4032, help="train prompts (half answered greedily, half at T)")
     p.add_argument("--held-out", type=int, default=32)
@@ -503,6 +601,10 @@ def parse_args(argv=None):
     # head
     p.add_argument("--draft-vocab", type=int, default=4096)
     p.add_argument("--intermediate", type=int, default=1536)
+    p.add_argument("--feature-layers", default="final",
+                   help="what the head reads for a committed position: 'final' (the target's final hidden state, "
+                        "EAGLE-1; the shipped demo head), 'auto' (the outputs of EAGLE-3's low, middle and high "
+                        "layer: 2, n/2-1, n-4 of n), or a comma list of layers")
     # training
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
@@ -521,11 +623,18 @@ def main(argv=None):
     args = parse_args(argv)
     work, t0 = train_draft.start(args)
     prompts = train_draft.stage_prompts(args, work)
-    shards = stage_generate(args, work, prompts)
+    layers = feature_layers(args.feature_layers, target_config(Path(args.gguf))["num_hidden_layers"])
+    shards = stage_generate(args, work, prompts, layers)
     log(f"generate done: {len(shards)} shards ({time.time() - t0:.0f}s so far)")
     if args.stop_after == "generate":
         return
-    train, held = load_features(shards)
+    if layers:
+        stage_layers(args, shards, layers)
+        log(f"layers done: the outputs of target layers {layers} ({time.time() - t0:.0f}s so far)")
+    if args.stop_after == "layers":
+        return
+    args.layers = layers
+    train, held = load_features(shards, layers)
     vocab = stage_vocab(args, work, train)
     final = stage_train(args, work, train, held, vocab)
     log(f"train done ({time.time() - t0:.0f}s so far)")
