@@ -6,6 +6,7 @@ with tied embeddings, `model.model.embed_tokens.as_linear`. Feature-level drafte
 hidden states; splitting the call lets a verify pass return them without a second pass.
 Models whose `__call__` does more than that (logit soft-capping, scaled heads) are refused:
 `split_model` checks on one token that backbone + head reproduce the model's own logits.
+`tapped` also returns the outputs of chosen blocks from the same pass (EAGLE-3's features).
 """
 
 from __future__ import annotations
@@ -61,13 +62,13 @@ def tapped(model, layers: Seq[int]) -> Callable:
     parameters, names and cache; a call outside `run` leaves one array behind, nothing else).
 
     Raises:
-        IncompatibleModelsError: a layer index is outside the backbone.
+        IncompatibleModelsError: no layers, a repeated one, or one outside the backbone.
     """
     backbone, _ = split_model(model, check=False)
     blocks = getattr(backbone, "layers", None)
     n = len(blocks) if blocks is not None else 0
     bad = [i for i in layers if not 0 <= i < n]
-    if bad or not layers:
+    if bad or not layers or len(set(layers)) != len(layers):
         raise IncompatibleModelsError(f"[backbone] feature layers {list(layers)} do not fit a backbone of {n} blocks "
                                       f"(allowed: distinct indices 0..{n - 1})")
     taps = [blocks[i] for i in layers]

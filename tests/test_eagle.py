@@ -245,6 +245,9 @@ def test_tapped_layers_are_the_blocks_outputs(deep_target):
     assert taps.shape == (1, len(PROMPT), 2 * deep_target.args.hidden_size)
     assert mx.allclose(taps, want, atol=1e-5).item()
     assert mx.array_equal(split_model(deep_target)[1](h), before).item()
+    for bad in ([], [0, 0], [3]):
+        with pytest.raises(IncompatibleModelsError, match="distinct indices 0..2"):
+            tapped(deep_target, bad)
     # Tapping changes nothing else: the same logits and parameter names.
     assert mx.array_equal(deep_target(x), before).item()
     assert [k for k, _ in tree_flatten(deep_target.parameters())] == names
