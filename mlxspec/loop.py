@@ -207,29 +207,30 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 target.settle(nxt.start, new)
             hist.extend(new)
             committed += len(new)
+            # Read and committed: from here on only the chained plain step (if any) is in flight,
+            # which is all `finally` may roll back, whatever ends the request.
+            done, pending = pending, nxt
 
             # Learn: the period between two reads, minus the consumer's time, is what this pass cost.
             period = (now - t_read) - (consumer - consumer_at_read)
             t_read, consumer_at_read = now, consumer
             if name == "none":
                 pass  # plain decoding decides nothing: nothing to learn
-            elif pending.pipelined:
+            elif done.pipelined:
                 engine.curve.observe_plain(period)
             else:
-                cost.observe_round(pending.k, period, pending.drafted)
-            if pending.parents is not None:
-                treeplan.observe(cost, Draft(drafts, kind=pending.kind, parents=pending.parents), pending.path)
-            elif pending.k:
-                cost.observe_acceptance(pending.k, n, pending.kind)
+                cost.observe_round(done.k, period, done.drafted)
+            if done.parents is not None:
+                treeplan.observe(cost, Draft(drafts, kind=done.kind, parents=done.parents), done.path)
+            elif done.k:
+                cost.observe_acceptance(done.k, n, done.kind)
             elif guess is not None:
                 cost.observe_acceptance(1, float(guess[0] == new[0]), guess[1])
-            stats.record_round(pending.k, n, tree=pending.parents is not None)
-            done = pending
+            stats.record_round(done.k, n, tree=done.parents is not None)
             if dist:
                 step = agree(plan(model_k))
                 if step is None:  # rank 0 ended the request before this pass: undo it as rank 0 did
                     target.rollback(len(new))
-                    pending = None  # undone here; `finally` must not roll it back a second time
                     forget_drafts(engine)
                     return
 
