@@ -344,7 +344,7 @@ def make_head(cfg: dict):
 
 
 def head_config(args, target_cfg) -> dict:
-    return {"feature_layers": list(getattr(args, "layers", None) or []),
+    return {"feature_layers": list(args.layers),
             "hidden_size": target_cfg["hidden_size"], "intermediate_size": args.intermediate,
             "num_attention_heads": target_cfg["num_attention_heads"],
             "num_key_value_heads": target_cfg["num_key_value_heads"],
@@ -438,7 +438,7 @@ def run_tag(args, train) -> str:
     keys = ("draft_vocab", "intermediate", "epochs", "batch", "lr", "noise", "unroll", "unroll_weight",
             "ce_weight", "loss_on", "seed")
     settings = json.dumps([len(train)] + [getattr(args, k) for k in keys]
-                          + ([args.layers] if getattr(args, "layers", None) else []))
+                          + ([args.layers] if args.layers else []))
     return f"n{len(train)}-" + hashlib.sha1(settings.encode()).hexdigest()[:8]
 
 
@@ -623,7 +623,8 @@ def main(argv=None):
     args = parse_args(argv)
     work, t0 = train_draft.start(args)
     prompts = train_draft.stage_prompts(args, work)
-    layers = feature_layers(args.feature_layers, target_config(Path(args.gguf))["num_hidden_layers"])
+    # --feature-layers resolved against the target once; the train stage reads args.layers
+    layers = args.layers = feature_layers(args.feature_layers, target_config(Path(args.gguf))["num_hidden_layers"])
     shards = stage_generate(args, work, prompts, layers)
     log(f"generate done: {len(shards)} shards ({time.time() - t0:.0f}s so far)")
     if args.stop_after == "generate":
@@ -633,7 +634,6 @@ def main(argv=None):
         log(f"layers done: the outputs of target layers {layers} ({time.time() - t0:.0f}s so far)")
     if args.stop_after == "layers":
         return
-    args.layers = layers
     train, held = load_features(shards, layers)
     vocab = stage_vocab(args, work, train)
     final = stage_train(args, work, train, held, vocab)
