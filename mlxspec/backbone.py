@@ -52,6 +52,14 @@ def split_model(model, *, check: bool = True) -> Tuple[Callable, Callable]:
     return backbone, head
 
 
+def layers_fit(layers, n: int) -> bool:
+    """Whether `layers` are distinct block indices of a backbone of `n` blocks: the one rule for
+    feature layers, applied where a list enters (the training CLI, a head's config, `tapped`)."""
+    return (isinstance(layers, (list, tuple))
+            and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in layers)
+            and len(set(layers)) == len(layers))
+
+
 def tapped(model, layers: Seq[int]) -> Callable:
     """`backbone(tokens (1, S), cache) -> (hidden (1, S, H), taps (1, S, len(layers) * H))`: the
     final hidden states and the outputs of the backbone's blocks `layers` (0-based), each
@@ -59,7 +67,8 @@ def tapped(model, layers: Seq[int]) -> Callable:
     concatenated: the features an EAGLE-3-style head reads, from the same pass.
 
     The blocks record their outputs through a subclass of their own class (the same
-    parameters, names and cache; a call outside `run` leaves one array behind, nothing else).
+    parameters, names and cache), and only inside `run`, in a per-thread record: a shared
+    model called elsewhere (the chat's vanilla side) keeps nothing.
 
     Raises:
         IncompatibleModelsError: no layers, a repeated one, or one outside the backbone.
@@ -67,8 +76,7 @@ def tapped(model, layers: Seq[int]) -> Callable:
     backbone, _ = split_model(model, check=False)
     blocks = getattr(backbone, "layers", None)
     n = len(blocks) if blocks is not None else 0
-    bad = [i for i in layers if not 0 <= i < n]
-    if bad or not layers or len(set(layers)) != len(layers):
+    if not layers or not layers_fit(list(layers), n):
         raise IncompatibleModelsError(f"[backbone] feature layers {list(layers)} do not fit a backbone of {n} blocks "
                                       f"(allowed: distinct indices 0..{n - 1})")
     taps = [blocks[i] for i in layers]
@@ -76,15 +84,18 @@ def tapped(model, layers: Seq[int]) -> Callable:
         _tap(block)
 
     def run(tokens: mx.array, cache=None):
-        h = backbone(tokens, cache)
-        me = threading.get_ident()
-        parts = [_LAST.pop((me, id(b))) for b in taps]
+        _RECORD.out = outs = {}
+        try:
+            h = backbone(tokens, cache)
+        finally:
+            _RECORD.out = None
+        parts = [outs[id(b)] for b in taps]
         return h, mx.concatenate([mx.fast.rms_norm(x, None, TAP_EPS) for x in parts], axis=-1)
 
     return run
 
 
-_LAST: dict = {}  # (thread, block) -> that block's latest output: engines sharing a model, or threads, never mix
+_RECORD = threading.local()  # .out: {id(block): output} while this thread is inside a tapped run, else None
 
 
 def _tap(block) -> None:
@@ -94,7 +105,9 @@ def _tap(block) -> None:
 
     def __call__(self, *args, **kwargs):
         out = super(sub, self).__call__(*args, **kwargs)
-        _LAST[(threading.get_ident(), id(self))] = out
+        record = getattr(_RECORD, "out", None)
+        if record is not None:
+            record[id(self)] = out
         return out
 
     sub = type(cls.__name__, (cls,), {"__call__": __call__, "_mlxspec_tap": True,

@@ -132,8 +132,13 @@ def feature_layers(spec: str, num_layers: int) -> list:
         return []
     if spec == "auto":
         return [2, num_layers // 2 - 1, num_layers - 4]
-    layers = [int(x) for x in spec.split(",")]
-    if any(not 0 <= i < num_layers for i in layers) or len(set(layers)) != len(layers):
+    from mlxspec.backbone import layers_fit
+
+    try:
+        layers = [int(x) for x in spec.split(",")]
+    except ValueError:
+        layers = None
+    if not layers_fit(layers, num_layers):
         raise SystemExit(f"--feature-layers {spec}: distinct layer indices in 0..{num_layers - 1}, "
                          f"or 'auto' or 'final'")
     return layers

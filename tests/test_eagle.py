@@ -248,9 +248,13 @@ def test_tapped_layers_are_the_blocks_outputs(deep_target):
     for bad in ([], [0, 0], [3]):
         with pytest.raises(IncompatibleModelsError, match="distinct indices 0..2"):
             tapped(deep_target, bad)
-    # Tapping changes nothing else: the same logits and parameter names.
+    # Tapping changes nothing else: the same logits and parameter names, and a call outside
+    # `run` (the chat's vanilla side sharing the target) records nothing.
+    import mlxspec.backbone as bb
+
     assert mx.array_equal(deep_target(x), before).item()
     assert [k for k, _ in tree_flatten(deep_target.parameters())] == names
+    assert getattr(bb._RECORD, "out", None) is None
 
 
 @pytest.mark.parametrize("num_draft,window", [(None, None), (4, None), (4, 16)])

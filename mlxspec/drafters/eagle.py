@@ -34,7 +34,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.llama import ModelArgs, TransformerBlock
 
 from .. import kernels
-from ..backbone import output_rows
+from ..backbone import layers_fit, output_rows
 from ..cache import make_cache
 from ..errors import IncompatibleModelsError, ModelNotFoundError
 from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
@@ -171,8 +171,7 @@ def load_head(path, target_model) -> Tuple[EagleHead, Optional[mx.array], dict]:
     args = ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=_vocab(target_model), **layer)
     taps = cfg.get("feature_layers") or []
     n = len(target_model.model.layers)
-    if (not isinstance(taps, list) or not all(isinstance(i, int) and 0 <= i < n for i in taps)
-            or len(set(taps)) != len(taps)):
+    if not isinstance(taps, list) or not layers_fit(taps, n):
         raise IncompatibleModelsError(
             f"[eagle] feature_layers {taps!r} in {cfg_path} do not fit the target's {n} layers "
             f"(allowed: distinct indices 0..{n - 1}, or [] for its final hidden state)")
