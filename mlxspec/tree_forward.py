@@ -6,8 +6,8 @@ from `cache.make_mask` (through `create_attention_mask`) and the RoPE offset fro
 tree's ancestor mask (`mlxspec.tree.mask`) and whose offset is one position per fed row
 (its depth), so the model's own projections, norms, RoPE variant and attention run as
 they are. `mx.fast.rope` accepts one offset per batch entry but not per row, so the first
-tree pass wraps each attention's `rope` once in `TokenRope`, which moves the rows into the
-batch axis when it is given one offset per row and otherwise is the original module.
+tree pass gives each attention's `rope` a subclass of its own class that moves the rows into
+the batch axis when it is given one offset per row and otherwise is the original module.
 """
 
 from __future__ import annotations
@@ -21,33 +21,44 @@ import numpy as np
 from . import tree
 
 
-class TokenRope(nn.Module):
-    """A RoPE module that also accepts one offset per row of a (1, H, L, D) input."""
+def _rows_call(call, x, offset, kwargs):
+    """`call` (a RoPE module's own __call__) on a (1, H, L, D) input with one offset per row."""
+    rows = mx.swapaxes(x, 0, -2)  # (L, H, 1, D): each row its own batch entry
+    try:
+        out = call(rows, offset=offset, **kwargs)
+    except (TypeError, ValueError):  # a variant that does arithmetic on the offset: one offset per call
+        pos = np.asarray(offset).tolist()
+        out = mx.concatenate([call(rows[i : i + 1], offset=int(p), **kwargs) for i, p in enumerate(pos)])
+    return mx.swapaxes(out, 0, -2)
 
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
+
+def _token_rope_class(cls):
+    """A subclass of RoPE class `cls` that also accepts one offset per row; with a scalar or
+    per-batch offset it is `cls` itself. A subclass, not a wrapper: the model's parameter
+    names, and so saving or reloading its weights, stay as they were."""
+    if getattr(cls, "_mlxspec_token_rope", False):
+        return cls
 
     def __call__(self, x, offset=0, **kwargs):
-        if not (isinstance(offset, mx.array) and offset.ndim == 1 and x.shape[0] == 1 and x.shape[-2] > 1):
-            return self.inner(x, offset=offset, **kwargs)
-        rows = mx.swapaxes(x, 0, -2)  # (L, H, 1, D): each row its own batch entry
-        try:
-            out = self.inner(rows, offset=offset, **kwargs)
-        except (TypeError, ValueError):  # a variant that does arithmetic on the offset: one offset per call
-            pos = np.asarray(offset).tolist()
-            out = mx.concatenate([self.inner(rows[i : i + 1], offset=int(p), **kwargs) for i, p in enumerate(pos)])
-        return mx.swapaxes(out, 0, -2)
+        call = super(sub, self).__call__
+        if isinstance(offset, mx.array) and offset.ndim == 1 and x.shape[0] == 1 and x.shape[-2] > 1:
+            return _rows_call(call, x, offset, kwargs)
+        return call(x, offset=offset, **kwargs)
+
+    sub = type(cls.__name__, (cls,), {"__call__": __call__, "_mlxspec_token_rope": True,
+                                      "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return sub
 
 
 def ensure_token_rope(model) -> None:
-    """Wrap every `rope` submodule of `model` in a `TokenRope`, once (a no-op for scalar offsets)."""
+    """Let every `rope` submodule of `model` take one offset per row, once (its class becomes
+    `_token_rope_class` of its class; a no-op for scalar offsets)."""
     if getattr(model, "_token_rope", False):
         return
-    owners = [m for _, m in model.named_modules() if isinstance(m.get("rope"), nn.Module)
-              and not isinstance(m.get("rope"), TokenRope)]
-    for m in owners:
-        m.rope = TokenRope(m["rope"])
+    for _, m in model.named_modules():
+        rope = m.get("rope")
+        if isinstance(rope, nn.Module):
+            rope.__class__ = _token_rope_class(type(rope))
     model._token_rope = True
 
 

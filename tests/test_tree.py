@@ -110,3 +110,23 @@ def test_compaction_against_a_python_history(config):
 def test_moves_only_for_paths_off_the_first_branch():
     assert tree.moves([0, 1, 2]) == ([], [])
     assert tree.moves([4, 5]) == ([5, 6], [1, 2])
+
+
+def test_a_tree_pass_leaves_parameter_names_and_plain_passes_alone():
+    """Per-row RoPE offsets come from a subclass of each rope's own class, not a wrapper: the
+    module and parameter trees (what quantizing, adapters or reloading weights walk) keep their
+    names, each rope is still an instance of its class, and plain passes give the same logits."""
+    from mlx.utils import tree_flatten
+
+    model = tiny.make_llama(7)
+    x = mx.array([[5, 9, 2, 7]])
+    names, before = [k for k, _ in tree_flatten(model.parameters())], model(x)
+    modules = [(k, type(m)) for k, m in model.named_modules()]
+    seq = Sequence(model, max_kv_size=None, headroom=16)
+    seq.prefill([3, 4, 5])
+    seq.forward_tree([6, 7, 8, 9], [-1, 0, 0])
+    assert [k for k, _ in tree_flatten(model.parameters())] == names
+    assert [k for k, _ in model.named_modules()] == [k for k, _ in modules]
+    assert all(isinstance(m, cls) for (_, cls), (_, m) in zip(modules, model.named_modules()))
+    assert mx.array_equal(model(x), before).item()
+    model.load_weights(list(tree_flatten(model.parameters())))  # the names still load
