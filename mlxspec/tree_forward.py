@@ -34,10 +34,12 @@ def _rows_call(call, x, offset, kwargs):
 
 def _token_rope_class(cls):
     """A subclass of RoPE class `cls` that also accepts one offset per row; with a scalar or
-    per-batch offset it is `cls` itself. A subclass, not a wrapper: the model's parameter
-    names, and so saving or reloading its weights, stay as they were."""
+    per-batch offset it is `cls` itself. A subclass, not a wrapper: the model's module names
+    (what quantizing and adapters walk) and isinstance checks stay as they were. One per class."""
     if getattr(cls, "_mlxspec_token_rope", False):
         return cls
+    if cls in _TOKEN_ROPE:
+        return _TOKEN_ROPE[cls]
 
     def __call__(self, x, offset=0, **kwargs):
         call = super(sub, self).__call__
@@ -47,7 +49,11 @@ def _token_rope_class(cls):
 
     sub = type(cls.__name__, (cls,), {"__call__": __call__, "_mlxspec_token_rope": True,
                                       "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    _TOKEN_ROPE[cls] = sub
     return sub
+
+
+_TOKEN_ROPE: dict = {}  # RoPE class -> its per-row subclass
 
 
 def ensure_token_rope(model) -> None:
