@@ -159,6 +159,14 @@ def layers_path(shard: Path, layers) -> Path:
     return shard.with_name(shard.stem + "-L" + "-".join(map(str, layers)) + ".npy")
 
 
+def save_layers(shard: Path, layers, rows: np.ndarray) -> None:
+    """Write a shard's layer features atomically: a stopped run never leaves half a file."""
+    path = layers_path(shard, layers)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, rows)
+    os.replace(tmp, path)
+
+
 def stage_layers(args, shards: list, layers) -> None:
     """The layer features of answer shards generated without them: one pass over each shard's
     cached prompt + answer ids (what the generate stage computes alongside, for new shards)."""
@@ -186,9 +194,7 @@ def stage_layers(args, shards: list, layers) -> None:
                 rows = tap_rows(model.model(input_ids=x, attention_mask=m, output_hidden_states=True).hidden_states,
                                 layers)
                 out += [rows[i, :ln].to(torch.float16).numpy() for i, ln in enumerate(chunk)]
-        tmp = layers_path(shard, layers).with_suffix(".tmp.npy")
-        np.save(tmp, np.concatenate(out))
-        os.replace(tmp, layers_path(shard, layers))
+        save_layers(shard, layers, np.concatenate(out))
         done += int(lens.sum())
         el = time.time() - t0
         log(f"layers {n + 1}/{len(todo)} {shard.name}: {done} entries in {el:.0f}s ({done / el:.0f}/s)")
@@ -225,8 +231,7 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
         rows = generate_batch(model, ids, max_new=args.max_new, temperature=temp, gen=gen, eos=eos,
                               pad=tok.pad_token_id if tok.pad_token_id is not None else eos, layers=layers)
         if layers:  # first, so a shard never exists without its layer features
-            np.save(layers_path(path, layers).with_suffix(".tmp.npy"), np.concatenate([r[2] for r in rows]))
-            os.replace(layers_path(path, layers).with_suffix(".tmp.npy"), layers_path(path, layers))
+            save_layers(path, layers, np.concatenate([r[2] for r in rows]))
         np.savez(path.with_suffix(".tmp.npz"), ids=np.concatenate([r[0][:-1] for r in rows]),
                  feats=np.concatenate([r[1] for r in rows]), lens=np.array([len(r[0]) - 1 for r in rows], np.int32),
                  plens=np.array([len(p) for p in ids], np.int32), temp=np.float32(temp))
