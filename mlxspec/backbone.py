@@ -17,6 +17,7 @@ from typing import Callable, Sequence as Seq, Tuple
 import mlx.core as mx
 
 from .errors import IncompatibleModelsError
+from .retype import override_call
 
 TAP_EPS = 1e-5  # tapped layer outputs are RMS-normalised (no weight) with this epsilon, here and in training
 
@@ -98,21 +99,16 @@ def tapped(model, layers: Seq[int]) -> Callable:
 _RECORD = threading.local()  # .out: {id(block): output} while this thread is inside a tapped run, else None
 
 
+def _record(block, call, *args, **kwargs):
+    out = call(*args, **kwargs)
+    record = getattr(_RECORD, "out", None)
+    if record is not None:
+        record[id(block)] = out
+    return out
+
+
 def _tap(block) -> None:
-    cls = type(block)
-    if getattr(cls, "_mlxspec_tap", False):
-        return
-
-    def __call__(self, *args, **kwargs):
-        out = super(sub, self).__call__(*args, **kwargs)
-        record = getattr(_RECORD, "out", None)
-        if record is not None:
-            record[id(self)] = out
-        return out
-
-    sub = type(cls.__name__, (cls,), {"__call__": __call__, "_mlxspec_tap": True,
-                                      "__module__": cls.__module__, "__qualname__": cls.__qualname__})
-    block.__class__ = sub
+    override_call(block, _record, "_mlxspec_tap")
 
 
 def output_rows(model, ids: mx.array) -> mx.array:

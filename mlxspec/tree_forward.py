@@ -19,6 +19,7 @@ import mlx.nn as nn
 import numpy as np
 
 from . import tree
+from .retype import override_call
 
 
 def _rows_call(call, x, offset, kwargs):
@@ -32,39 +33,23 @@ def _rows_call(call, x, offset, kwargs):
     return mx.swapaxes(out, 0, -2)
 
 
-def _token_rope_class(cls):
-    """A subclass of RoPE class `cls` that also accepts one offset per row; with a scalar or
-    per-batch offset it is `cls` itself. A subclass, not a wrapper: the model's module names
-    (what quantizing and adapters walk) and isinstance checks stay as they were. One per class."""
-    if getattr(cls, "_mlxspec_token_rope", False):
-        return cls
-    if cls in _TOKEN_ROPE:
-        return _TOKEN_ROPE[cls]
-
-    def __call__(self, x, offset=0, **kwargs):
-        call = super(sub, self).__call__
-        if isinstance(offset, mx.array) and offset.ndim == 1 and x.shape[0] == 1 and x.shape[-2] > 1:
-            return _rows_call(call, x, offset, kwargs)
-        return call(x, offset=offset, **kwargs)
-
-    sub = type(cls.__name__, (cls,), {"__call__": __call__, "_mlxspec_token_rope": True,
-                                      "__module__": cls.__module__, "__qualname__": cls.__qualname__})
-    _TOKEN_ROPE[cls] = sub
-    return sub
-
-
-_TOKEN_ROPE: dict = {}  # RoPE class -> its per-row subclass
+def _per_row(rope, call, x, offset=0, **kwargs):
+    """A RoPE module's call that also accepts one offset per row; otherwise the module's own."""
+    if isinstance(offset, mx.array) and offset.ndim == 1 and x.shape[0] == 1 and x.shape[-2] > 1:
+        return _rows_call(call, x, offset, kwargs)
+    return call(x, offset=offset, **kwargs)
 
 
 def ensure_token_rope(model) -> None:
-    """Let every `rope` submodule of `model` take one offset per row, once (its class becomes
-    `_token_rope_class` of its class; a no-op for scalar offsets)."""
+    """Let every `rope` submodule of `model` take one offset per row, once (`_per_row`, through
+    a subclass of its own class: module names and isinstance checks stay; a no-op for scalar
+    offsets)."""
     if getattr(model, "_token_rope", False):
         return
     for _, m in model.named_modules():
         rope = m.get("rope")
         if isinstance(rope, nn.Module):
-            rope.__class__ = _token_rope_class(type(rope))
+            override_call(rope, _per_row, "_mlxspec_token_rope")
     model._token_rope = True
 
 
