@@ -3,8 +3,9 @@
 Prompts come from templates x topics x styles: questions, how-tos, code requests,
 summaries of passages written here, stories, math word problems and editing requests.
 `make_prompts(n, seed)` is deterministic; `split(prompts, held_out)` cuts a held-out set
-by prompt, so no held-out prompt (or its answer) is ever trained on. `eval_suite` and
-`chat_ids` are what the training and evaluation scripts decode.
+by prompt, so no held-out prompt (or its answer) is ever trained on. `read_prompt_file` adds
+a user's own prompts (JSONL). `eval_suite` and `chat_ids` are what the training and
+evaluation scripts decode.
 """
 
 from __future__ import annotations
@@ -176,7 +177,51 @@ def eval_suite(name: str, held_out: int = 32, seed: int = 0) -> List[Dict[str, s
     return split(make_prompts(held_out, seed), held_out)[1]
 
 
-def chat_ids(tok, prompt: str) -> list:
-    """The ids the engine feeds the target for a one-message chat (any tokenizer with a chat template)."""
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+def read_prompt_file(path) -> List[Dict]:
+    """Prompts from a JSONL file, one object per line, in mlx-lm's data formats: {"prompt": str}
+    (a "completion" is ignored: the target writes its own answer) or {"messages": [{"role",
+    "content"}, ...]} (a chat: everything up to its last user message is the prompt). An optional
+    "kind" names the line's category; it defaults to "file". Blank lines are skipped."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"--prompt-file {path}: no such file")
+    out, allowed = [], 'each line must be a JSON object with "prompt" (a string) or "messages" (a chat)'
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--prompt-file {path}, line {n}: not JSON ({e.msg}); {allowed}")
+        prompt = obj.get("prompt") if isinstance(obj, dict) else None
+        if isinstance(obj, dict) and "messages" in obj:
+            prompt = _chat_prompt(obj["messages"], f"--prompt-file {path}, line {n}")
+        if not (isinstance(prompt, list) or (isinstance(prompt, str) and prompt.strip())):
+            raise SystemExit(f"--prompt-file {path}, line {n}: {allowed}")
+        out.append({"kind": str(obj.get("kind", "file")), "prompt": prompt})
+    if not out:
+        raise SystemExit(f"--prompt-file {path}: no prompts in it; {allowed}")
+    return out
+
+
+def _chat_prompt(messages, where: str) -> list:
+    """The messages up to and including the last user message."""
+    roles = ("system", "user", "assistant")
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and m.get("role") in roles and isinstance(m.get("content"), str) for m in messages):
+        raise SystemExit(f'{where}: "messages" must be a list of {{"role", "content"}} with role one of {roles}')
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if not users:
+        raise SystemExit(f'{where}: "messages" has no user message to answer')
+    return [{"role": m["role"], "content": m["content"]} for m in messages[: users[-1] + 1]]
+
+
+def chat_ids(tok, prompt) -> list:
+    """The ids the engine feeds the target for a chat (any tokenizer with a chat template): a
+    string is one user message, a list is the messages themselves."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tok.encode(text, add_special_tokens=False)

@@ -4,7 +4,9 @@
 
 Stages (each cached under --work, so a rerun skips what is finished; a stopped train stage
 resumes from its last checkpoint):
-  1. prompts    train_draft.py's offline templated prompts (the first --held-out held out)
+  1. prompts    train_draft.py's offline templated prompts (the first --held-out held out), plus
+                every --prompt-file's prompts (JSONL, mlx-lm's "prompt" or "messages" format:
+                your own chats, or scripts/code_prompts.py's), all trained on
   2. generate   the target's own answers (held-out greedy; train batches alternately greedy and
                 at T=0.7), keeping the hidden states the generation computes anyway, float16:
                 the final ones (after the final norm: what `backbone.split_model` gives the
@@ -44,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_draft  # noqa: E402
-from draft_prompts import chat_ids  # noqa: E402
+from draft_prompts import chat_ids, read_prompt_file  # noqa: E402
 from train_draft import log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,6 +127,17 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
     return rows
 
 
+def prompt_files(paths) -> dict:
+    """{"file-<content digest>": prompts} per --prompt-file, read (and checked) before any work."""
+    out = {}
+    for path in paths:
+        prompts = read_prompt_file(path)
+        key = "file-" + hashlib.sha1(Path(path).read_bytes()).hexdigest()[:10]
+        out[key] = prompts
+        log(f"prompt file {path}: {len(out[key])} prompts ({key})")
+    return out
+
+
 def feature_layers(spec: str, num_layers: int) -> list:
     """The target layers (0-based) whose outputs the head reads: "final" (none: the final hidden
     state alone, EAGLE-1), "auto" (EAGLE-3's low, middle and high layer), or a comma list."""
@@ -201,7 +214,8 @@ def stage_layers(args, shards: list, layers) -> None:
 
 
 def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
-    """Answer shards: held-out prompts greedily, then train prompts alternately greedy and at T."""
+    """Answer shards: held-out prompts greedily, then train prompts alternately greedy and at T,
+    then each prompt file's (shards named by the file's content, so an edited file gets new ones)."""
     import torch
 
     out_dir = work / "eagle-gen"
@@ -211,6 +225,11 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
     for b in range(0, len(train), args.gen_batch):  # batch b: greedy when b is even, else at T
         temp = 0.0 if (b // args.gen_batch) % 2 == 0 else args.temperature
         batches.append((f"train-{b // args.gen_batch:03d}", temp, [("train", i) for i in train[b:b + args.gen_batch]]))
+    for key in sorted(k for k in prompts if k.startswith("file-")):
+        for b in range(0, len(prompts[key]), args.gen_batch):
+            temp = 0.0 if (b // args.gen_batch) % 2 == 0 else args.temperature
+            batches.append((f"{key}-{b // args.gen_batch:03d}", temp,
+                            [(key, i) for i in range(b, min(b + args.gen_batch, len(prompts[key])))]))
     tok = model = None
     t0, made = time.time(), 0
     paths = []
@@ -601,7 +620,12 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--stop-after", choices=["generate", "layers", "train", "export"], default="export")
     # data (train_draft.py's generate stage)
-    p.add_argument("--prompts", type=int, default=4032, help="train prompts (half answered greedily, half at T)")
+    p.add_argument("--prompts", type=int, default=4032,
+                   help="templated train prompts (half answered greedily, half at T); 0 for none")
+    p.add_argument("--prompt-file", action="append", default=[], metavar="JSONL",
+                   help='more train prompts, one JSON object per line: {"prompt": ...} or {"messages": '
+                        '[...]} (mlx-lm\'s formats; a chat is answered after its last user message). '
+                        "Varied prompts like your users' help more than more templated ones. Repeatable")
     p.add_argument("--held-out", type=int, default=32)
     p.add_argument("--max-new", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.7)
@@ -633,6 +657,7 @@ def main(argv=None):
     args = parse_args(argv)
     work, t0 = train_draft.start(args)
     prompts = train_draft.stage_prompts(args, work)
+    prompts.update(prompt_files(args.prompt_file))
     # --feature-layers resolved against the target once; the train stage reads args.layers
     layers = args.layers = feature_layers(args.feature_layers, target_config(Path(args.gguf))["num_hidden_layers"])
     shards = stage_generate(args, work, prompts, layers)
