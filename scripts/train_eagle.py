@@ -23,6 +23,8 @@ resumes from its last checkpoint):
                 with the attention a drafting step has (EAGLE's robustness to drafting on its
                 own output). Checkpoints are named by the data size and settings, so a rerun
                 resumes the same run and never reuses a head trained on other data.
+                With --init HEAD the run continues an exported head instead (its shape and
+                draft vocabulary), e.g. the shipped one on your own --prompt-file.
   5. export     float16 MLX weights + config.json with the target's identity
 
 PyTorch is used only here (never by mlxspec at run time); threads are capped at --threads.
@@ -281,7 +283,10 @@ def load_features(shards: list, layers=()):
 # ---------------------------------------------------------------- stage 3: vocab
 
 def stage_vocab(args, work: Path, train) -> np.ndarray:
-    """The --draft-vocab most frequent tokens of the training answers (ids ascending)."""
+    """The --draft-vocab most frequent tokens of the training answers (ids ascending); the
+    --init head's own vocabulary when continuing one (its logits rows are those tokens)."""
+    if getattr(args, "init_head", None):
+        return args.init_head["vocab"]
     path = work / f"vocab-{args.draft_vocab}-n{len(train)}.npy"  # more answers, a new vocabulary
     if path.exists():
         return np.load(path)
@@ -373,6 +378,9 @@ def make_head(cfg: dict):
 
 
 def head_config(args, target_cfg) -> dict:
+    init = getattr(args, "init_head", None)
+    if init:  # the continued head's shape
+        return {"feature_layers": list(init["feature_layers"]), **init["layer"]}
     return {"feature_layers": list(args.layers),
             "hidden_size": target_cfg["hidden_size"], "intermediate_size": args.intermediate,
             "num_attention_heads": target_cfg["num_attention_heads"],
@@ -380,6 +388,33 @@ def head_config(args, target_cfg) -> dict:
             "head_dim": target_cfg["hidden_size"] // target_cfg["num_attention_heads"],
             "rms_norm_eps": target_cfg["rms_norm_eps"], "rope_theta": target_cfg["rope_theta"],
             "max_position_embeddings": target_cfg["max_position_embeddings"]}
+
+
+def init_head(ref: str, gguf: Path, out: Path) -> dict:
+    """An exported head to continue training from (--init): its layer shape, feature layers,
+    draft vocabulary and weights (float32 numpy, named like make_head's), and its weights'
+    digest. mlxspec's own loader checks that it belongs to this target; it must not be the
+    folder this run exports to (--out)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mlxspec.drafters.eagle import load_head
+    from mlxspec.loading.model import load_model
+    from mlxspec.loading.resolve import resolve_model
+
+    folder = resolve_model(ref, download=False).path
+    if folder.resolve() == out.expanduser().resolve():
+        raise SystemExit(f"--init and --out are the same folder ({folder}): export would overwrite the head this "
+                         "run continues (and a rerun would continue the new one); pass another --out")
+    target, _, _ = load_model(str(gguf), download=False)
+    head, ids, cfg = load_head(folder, target)  # wrong target or shapes: IncompatibleModelsError
+    if ids is None:
+        raise SystemExit(f"--init {ref}: the head drafts over the full vocabulary; training needs a draft "
+                         "vocabulary (a head this script exported has one)")
+    weights = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(head.parameters())}
+    digest = hashlib.sha1((folder / "model.safetensors").read_bytes()).hexdigest()[:10]
+    return {"folder": folder, "layer": cfg["layer"], "feature_layers": list(cfg.get("feature_layers") or []),
+            "vocab": np.array(ids).astype(np.int32), "weights": weights, "digest": digest}
 
 
 def target_config(gguf: Path) -> dict:
@@ -466,9 +501,26 @@ def run_tag(args, train) -> str:
     and new shards or other settings start a new one instead of reusing a stale head."""
     keys = ("draft_vocab", "intermediate", "epochs", "batch", "lr", "noise", "unroll", "unroll_weight",
             "ce_weight", "loss_on", "seed")
+    init = getattr(args, "init_head", None)  # continuing another head is another run
     settings = json.dumps([len(train)] + [getattr(args, k) for k in keys]
-                          + ([args.layers] if args.layers else []))
+                          + ([args.layers] if args.layers else []) + ([init["digest"]] if init else []))
     return f"n{len(train)}-" + hashlib.sha1(settings.encode()).hexdigest()[:8]
+
+
+def init_from_target(head, gguf: Path) -> None:
+    """Start the head from the target's last layer and final norm: the same feature space."""
+    import torch
+
+    with torch.no_grad():
+        _, target = load_target(gguf)
+        last = {k: v for k, v in target.model.layers[-1].state_dict().items() if "rotary" not in k}
+        mine = head.layers[0].state_dict()
+        if set(last) == set(mine) and all(last[k].shape == mine[k].shape for k in mine):
+            head.layers[0].load_state_dict(last)
+        else:  # another family's block (biases, other widths): start from random weights
+            log("the target's last layer does not fit the head's block; initialising it randomly")
+        head.norm.weight.copy_(target.model.norm.weight)
+        del target
 
 
 def stage_train(args, work: Path, train, held, vocab) -> Path:
@@ -488,16 +540,13 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
     out = torch.from_numpy(train_draft.target_embedding(gguf, output=True)).to(torch.bfloat16).float()
     w_draft = out[torch.from_numpy(vocab.astype(np.int64))]  # (N, H): the target's output rows (lm_head or tied)
     del out
-    with torch.no_grad():  # start from the target's last layer and final norm: the same feature space
-        _, target = load_target(gguf)
-        last = {k: v for k, v in target.model.layers[-1].state_dict().items() if "rotary" not in k}
-        mine = head.layers[0].state_dict()
-        if set(last) == set(mine) and all(last[k].shape == mine[k].shape for k in mine):
-            head.layers[0].load_state_dict(last)
-        else:  # another family's block (biases, other widths): start from random weights
-            log("the target's last layer does not fit the head's block; initialising it randomly")
-        head.norm.weight.copy_(target.model.norm.weight)
-        del target
+    init = getattr(args, "init_head", None)
+    if init:  # continue the --init head (its shape and vocabulary are this run's)
+        with torch.no_grad():
+            head.load_state_dict({k: torch.from_numpy(v) for k, v in init["weights"].items()}, strict=True)
+        log(f"continuing {init['folder']} (weights {init['digest']})")
+    else:
+        init_from_target(head, gguf)
     nparams = sum(p.numel() for p in head.parameters())
     ntok = sum(len(t[0]) - 1 for t in train)
     log(f"head: {nparams / 1e6:.2f}M parameters; {len(train)} sequences, {ntok} entries; "
@@ -562,7 +611,8 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
                 os.replace(ckpt.with_suffix(".tmp"), ckpt)
         epoch_state, in_epoch = rng.getstate(), 0
     torch.save({"cfg": cfg, "head": head.state_dict(), "train_seconds": time.time() - t0, "steps": total,
-                "sequences": len(train), "entries": ntok, "history": history}, final)
+                "sequences": len(train), "entries": ntok, "history": history,
+                "init": f"{args.init} (weights {init['digest']})" if init else None}, final)
     return final
 
 
@@ -601,7 +651,8 @@ def stage_export(args, final: Path, vocab) -> None:
     extra = {"training": {"script": "scripts/train_eagle.py", "seed": args.seed,
                           "train_minutes": round(ck["train_seconds"] / 60, 1), "steps": ck["steps"],
                           "sequences": ck["sequences"], "entries": ck["entries"],
-                          "held_out": ck["history"][-1] if ck["history"] else None}}
+                          "held_out": ck["history"][-1] if ck["history"] else None,
+                          **({"init": ck["init"]} if ck.get("init") else {})}}
     out = Path(args.out)
     save_head(out, head, mx.array(vocab), target, name=Path(args.gguf).stem, extra=extra, feature_layers=layers)
     load_head(out, target)  # the shipped folder must load against the target it was made for
@@ -650,6 +701,11 @@ def parse_args(argv=None):
     p.add_argument("--loss-on", choices=["answers", "all"], default="answers",
                    help="entries the loss covers: those predicting answer tokens (what the engine drafts), or all")
     p.add_argument("--ckpt-every", type=int, default=100)
+    p.add_argument("--init", metavar="HEAD",
+                   help="continue training this exported head (a folder or builtin:NAME, e.g. builtin:smollm2-eagle) "
+                        "instead of starting from the target's last layer: its shape, feature layers and draft "
+                        "vocabulary replace --intermediate, --feature-layers and --draft-vocab. Adapting the shipped "
+                        "head to your --prompt-file takes minutes; use a lower --lr (e.g. 3e-4)")
     return p.parse_args(argv)
 
 
@@ -658,6 +714,9 @@ def main(argv=None):
     work, t0 = train_draft.start(args)
     prompts = train_draft.stage_prompts(args, work)
     prompts.update(prompt_files(args.prompt_file))
+    args.init_head = init_head(args.init, Path(args.gguf), Path(args.out)) if args.init else None
+    if args.init_head:  # the continued head reads what it was trained on
+        args.feature_layers = ",".join(map(str, args.init_head["feature_layers"])) or "final"
     # --feature-layers resolved against the target once; the train stage reads args.layers
     layers = args.layers = feature_layers(args.feature_layers, target_config(Path(args.gguf))["num_hidden_layers"])
     shards = stage_generate(args, work, prompts, layers)

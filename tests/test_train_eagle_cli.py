@@ -35,3 +35,48 @@ def test_run_tags_follow_data_and_settings():
     others = {train_eagle.run_tag(_args(unroll=4), train), train_eagle.run_tag(_args(layers=[2, 14, 26]), train),
               train_eagle.run_tag(_args(lr=3e-3), train), train_eagle.run_tag(_args(), train[:9])}
     assert tag not in others and len(others) == 4
+
+
+def test_continuing_a_head_is_its_own_run():
+    train = [None] * 10
+    a = train_eagle.run_tag(_args(init_head={"digest": "aaaaaaaaaa"}), train)
+    b = train_eagle.run_tag(_args(init_head={"digest": "bbbbbbbbbb"}), train)
+    assert len({a, b, train_eagle.run_tag(_args(), train)}) == 3
+    assert a == train_eagle.run_tag(_args(init_head={"digest": "aaaaaaaaaa"}), train)  # and resumes
+
+
+def test_a_continued_head_keeps_its_shape_and_vocabulary():
+    import numpy as np
+
+    layer = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256}
+    init = {"layer": layer, "feature_layers": [1, 2], "vocab": np.array([3, 5, 8], np.int32)}
+    args = _args(init_head=init, intermediate=1536, draft_vocab=4096, layers=[1, 2])
+    assert train_eagle.head_config(args, target_cfg=None) == {"feature_layers": [1, 2], **layer}
+    assert train_eagle.stage_vocab(args, work=None, train=None) is init["vocab"]  # no new vocabulary
+
+
+@pytest.mark.demo
+def test_init_reads_the_shipped_head_for_the_demo_target(tmp_path):
+    import numpy as np
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mlxspec.drafters.eagle import load_head
+    from mlxspec.loading import demo
+    from mlxspec.loading.model import load_model
+    from mlxspec.loading.resolve import BUILTIN_DIR
+
+    if not demo.is_cached():
+        pytest.skip("the demo GGUF is not cached (mlxspec pull demo)")
+    gguf = demo.gguf_path()
+    init = train_eagle.init_head("builtin:smollm2-eagle", gguf, tmp_path / "out")
+    target, _, _ = load_model(str(gguf), download=False)
+    head, ids, cfg = load_head(BUILTIN_DIR / "smollm2-eagle", target)
+    assert init["layer"] == cfg["layer"] and init["feature_layers"] == []
+    assert np.array_equal(init["vocab"], np.array(ids))
+    want = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(head.parameters())}
+    assert set(init["weights"]) == set(want)
+    assert all(np.array_equal(init["weights"][k], want[k]) for k in want)
+    with pytest.raises(SystemExit, match="--init and --out are the same folder"):
+        train_eagle.init_head("builtin:smollm2-eagle", gguf, BUILTIN_DIR / "smollm2-eagle")
