@@ -17,6 +17,7 @@ PyTorch is used only here (never by mlxspec at run time); threads are capped at 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -304,12 +305,27 @@ def evaluate(model, exs, batch: int):
     return tot_loss / max(n, 1), agree / max(n, 1)
 
 
+TRAIN_KEYS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "epochs", "batch", "lr", "max_len", "seed")
+
+
+def run_tag(args, shards: list) -> str:
+    """Names a training run by its answer shards and settings, so that more prompts or other
+    settings train a new draft instead of exporting a stale one, and a rerun reuses its own."""
+    settings = json.dumps([sorted(Path(s).name for s in shards)] + [getattr(args, k) for k in TRAIN_KEYS])
+    return f"s{len(shards)}-" + hashlib.sha1(settings.encode()).hexdigest()[:8]
+
+
+def final_path(args, work: Path, shards: list) -> Path:
+    return work / f"draft_final-{run_tag(args, shards)}.pt"
+
+
 def stage_train(args, work: Path, shards: list) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    final = work / "draft_final.pt"
+    final = final_path(args, work, shards)
     if final.exists():
+        log(f"reusing {final.name} (same answers and settings)")
         return
     data = load_generated(shards)
     train_ex = examples(data["train"], args.max_len)
@@ -376,7 +392,7 @@ def stage_train(args, work: Path, shards: list) -> None:
 
 # ---------------------------------------------------------------- stage 4: export
 
-def stage_export(args, work: Path) -> None:
+def stage_export(args, work: Path, shards: list) -> None:
     """Write the mlx-lm folder: quantized weights, config, the GGUF's tokenizer and chat template."""
     import mlx.core as mx
     import mlx.nn as nn
@@ -385,7 +401,7 @@ def stage_export(args, work: Path) -> None:
     from mlx_lm.utils import save_config, save_model
     from transformers import AutoTokenizer
 
-    ck = torch.load(work / "draft_final.pt", weights_only=False)
+    ck = torch.load(final_path(args, work, shards), weights_only=False)
     cfg = dict(ck["config"])
     cfg.pop("architectures", None)
     model = llama.Model(llama.ModelArgs.from_dict(cfg))
@@ -486,7 +502,7 @@ def main(argv=None):
     log(f"train done ({time.time() - t0:.0f}s so far)")
     if args.stop_after == "train":
         return
-    stage_export(args, work)
+    stage_export(args, work, shards)
     log(f"export done: {args.out} ({time.time() - t0:.0f}s in all)")
 
 
