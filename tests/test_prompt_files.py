@@ -1,6 +1,7 @@
 """The training scripts' prompt sources beyond the templates: --prompt-file (mlx-lm's JSONL
-formats, checked line by line with errors that say what is allowed) and scripts/code_prompts.py
-(prompts built from the standard library; no torch needed)."""
+formats, checked line by line with errors that say what is allowed), scripts/code_prompts.py
+(prompts built from the standard library) and scripts/chat_prompts.py's asking and cleaning
+(the target writing chat prompts; its generation needs torch, these parts do not)."""
 import json
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import chat_prompts  # noqa: E402
 import code_prompts  # noqa: E402
 import train_eagle  # noqa: E402
 from draft_prompts import chat_ids, read_prompt_file  # noqa: E402
@@ -92,3 +94,31 @@ def test_code_prompts_are_distinct_seeded_and_well_formed(tmp_path):
     out = tmp_path / "c.jsonl"
     code_prompts.main(["--n", "12", "--seed", "1", "--out", str(out)])
     assert read_prompt_file(out) == code_prompts.make_code_prompts(12, seed=1)  # round trip through --prompt-file
+
+
+def test_chat_meta_prompts_cover_the_grid_before_repeating():
+    grid = len(chat_prompts.INTENTS) * (len(chat_prompts.EVERYDAY) + len(chat_prompts.TOPICS))
+    a = chat_prompts.meta_prompts(grid + 5, seed=0)
+    assert a == chat_prompts.meta_prompts(grid + 5, seed=0) and a != chat_prompts.meta_prompts(grid + 5, seed=1)
+    assert len({m[2] for m in a[:grid]}) == grid  # every (intent, topic) once, then repeats (sampling differs)
+    assert a[grid:] == a[:5]
+    for intent, topic, meta in a[:50]:
+        assert intent.format(t=topic) in meta and "{t}" not in meta
+
+
+def test_chat_prompt_cleaning():
+    clean = chat_prompts.clean
+    # labels and wrappers go; the user's message stays
+    assert clean("User: What is a good name for a puppy?", True) == "What is a good name for a puppy?"
+    assert clean('Sure, here\'s a message:\n\n"Hey AI, can you help me plan a garden?"', True) \
+        == "Hey AI, can you help me plan a garden?"
+    assert clean('A user might send: "Which bread is easiest to bake at home?', False) \
+        == "Which bread is easiest to bake at home?"
+    assert clean('"Give me three ideas for a rainy weekend."', True) == "Give me three ideas for a rainy weekend."
+    # stopped by the length limit: whole sentences only, or nothing
+    assert clean("Tell me about knitting. I want to start with a scarf and", False) == "Tell me about knitting."
+    assert clean("Tell me about knitting and scarves and wool and", False) is None
+    # too short, too few words, too long
+    assert clean("Hi there", True) is None
+    assert clean("Supercalifragilisticexpialidocious!!", True) is None
+    assert clean("Why? " * 200, True) is None
