@@ -4,8 +4,8 @@ Prompts come from templates x topics x styles: questions, how-tos, code requests
 summaries of passages written here, stories, math word problems and editing requests.
 `make_prompts(n, seed)` is deterministic; `split(prompts, held_out)` cuts a held-out set
 by prompt, so no held-out prompt (or its answer) is ever trained on. `read_prompt_file` adds
-a user's own prompts (JSONL). `eval_suite` and `chat_ids` are what the training and
-evaluation scripts decode.
+a user's own prompts (JSONL), `prompt_files` keys several by content. `eval_suite` and
+`chat_ids` are what the training and evaluation scripts decode.
 """
 
 from __future__ import annotations
@@ -205,6 +205,21 @@ def read_prompt_file(path) -> List[Dict]:
     if not out:
         raise SystemExit(f"--prompt-file {path}: no prompts in it; {allowed}")
     return out
+
+
+PROMPT_FILE_HELP = ('more train prompts, one JSON object per line: {"prompt": ...} or {"messages": [...]} '
+                    "(mlx-lm's formats; a chat is answered after its last user message). Varied prompts "
+                    "like your users' help more than more templated ones. Repeatable")
+
+
+def prompt_files(paths) -> Dict[str, List[Dict]]:
+    """{"file-<content digest>": prompts} per --prompt-file, all read (and checked) before any
+    work starts; answer shards are named by the key, so an edited file gets new ones."""
+    import hashlib
+    from pathlib import Path
+
+    return {"file-" + hashlib.sha1(Path(path).read_bytes()).hexdigest()[:10]: read_prompt_file(path)
+            for path in paths}
 
 
 def _chat_prompt(messages, where: str) -> list:

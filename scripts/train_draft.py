@@ -3,7 +3,8 @@
     python scripts/train_draft.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --work WORKDIR --seed 0
 
 Stages (each cached under --work, so a rerun skips what is finished):
-  1. prompts   instruction prompts from templates (scripts/draft_prompts.py), split by prompt
+  1. prompts   instruction prompts from templates (scripts/draft_prompts.py), split by prompt,
+               plus every --prompt-file's (JSONL, as train_eagle.py reads them), all trained on
   2. generate  the target's own answers to the chat-formatted prompts, greedy and T=0.7,
                batched with left padding and a KV cache; each answer position keeps the
                target's top-k log-probabilities (the soft labels)
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_prompts import chat_ids, make_prompts, split  # noqa: E402
+from draft_prompts import PROMPT_FILE_HELP, chat_ids, make_prompts, prompt_files, split  # noqa: E402
 
 EOS = 2  # <|im_end|>
 PAD = 2
@@ -75,6 +76,16 @@ def stage_prompts(args, work: Path) -> dict:
     path.write_text(json.dumps(data, indent=1))
     log(f"prompts: {len(train)} train, {len(held)} held out")
     return data
+
+
+def logged_prompt_files(paths) -> dict:
+    """draft_prompts.prompt_files, saying what each file gave."""
+    files = {}
+    for path in paths or []:
+        (key, prompts), = prompt_files([path]).items()
+        files[key] = prompts
+        log(f"prompt file {path}: {len(prompts)} prompts ({key})")
+    return files
 
 
 # ---------------------------------------------------------------- stage 2: generate
@@ -128,32 +139,43 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_
     return rows
 
 
-def stage_generate(args, work: Path, prompts: dict) -> list:
-    """Answers for every train prompt (even index greedy, odd T=temperature) and greedy ones for held-out."""
-    import torch
-
-    gen_dir = work / "gen"
-    gen_dir.mkdir(exist_ok=True)
-    jobs = []  # (split, prompt index, temperature)
-    for i, _ in enumerate(prompts["train"]):
-        jobs.append(("train", i, 0.0 if i % 2 == 0 else args.temperature))
-    for i, _ in enumerate(prompts["held_out"]):
-        jobs.append(("held_out", i, 0.0))
-    tok, model = None, None
+def plan_batches(args, prompts: dict) -> list:
+    """(shard name, temperature, [(split, prompt index, temperature)]) per generate batch: held-out
+    prompts greedily, train prompts alternately greedy (even index) and at T, then each prompt
+    file's the same way (shards named by the file's content)."""
+    jobs = [("train", i, 0.0 if i % 2 == 0 else args.temperature) for i in range(len(prompts["train"]))]
+    jobs += [("held_out", i, 0.0) for i in range(len(prompts["held_out"]))]
+    files = sorted(k for k in prompts if k.startswith("file-"))
+    for key in files:
+        jobs += [(key, i, 0.0 if i % 2 == 0 else args.temperature) for i in range(len(prompts[key]))]
     # Batches in prompt order within each (split, temperature) group, so a larger --prompts
     # only appends batches: the finished ones stay valid.
     groups = {}
     for j in jobs:
         groups.setdefault((j[0], j[2]), []).append(j)
     batches = []
-    for (sp, temp), js in sorted(groups.items(), key=lambda kv: (kv[0][0] != "held_out", kv[0][1])):
+    for (sp, temp), js in sorted(groups.items(), key=lambda kv: (kv[0][0] != "held_out", kv[0][0], kv[0][1])):
         for b in range(0, len(js), args.gen_batch):
             batches.append((f"{sp}-t{temp:g}-{b // args.gen_batch:03d}", temp, js[b:b + args.gen_batch]))
-    # Interleave greedy and sampled batches so a stopped run has both kinds.
-    held = [b for b in batches if b[0].startswith("held_out")]
-    greedy = [b for b in batches if b[0].startswith("train") and b[1] == 0]
-    sampled = [b for b in batches if b[0].startswith("train") and b[1] > 0]
-    batches = held + [b for pair in zip(greedy, sampled) for b in pair] + greedy[len(sampled):] + sampled[len(greedy):]
+
+    def interleaved(prefix):  # greedy and sampled batches alternate, so a stopped run has both kinds
+        greedy = [b for b in batches if b[0].startswith(prefix) and b[1] == 0]
+        sampled = [b for b in batches if b[0].startswith(prefix) and b[1] > 0]
+        return [b for pair in zip(greedy, sampled) for b in pair] + greedy[len(sampled):] + sampled[len(greedy):]
+
+    # files last: adding one appends batches after the finished ones
+    return ([b for b in batches if b[0].startswith("held_out")] + interleaved("train-")
+            + [b for key in files for b in interleaved(key + "-")])
+
+
+def stage_generate(args, work: Path, prompts: dict) -> list:
+    """Answer shards for `plan_batches`' batches (finished ones are kept)."""
+    import torch
+
+    gen_dir = work / "gen"
+    gen_dir.mkdir(exist_ok=True)
+    batches = plan_batches(args, prompts)
+    tok, model = None, None
     t0, made = time.time(), 0
     for n, (name, temp, js) in enumerate(batches):
         path = gen_dir / f"{name}.npz"
@@ -169,7 +191,7 @@ def stage_generate(args, work: Path, prompts: dict) -> list:
         for k, (j, p, (ans, tid, tlp)) in enumerate(zip(js, ids, rows)):
             out[f"{k}_prompt"] = np.asarray(p, np.int32)
             out[f"{k}_answer"], out[f"{k}_topid"], out[f"{k}_toplp"] = ans, tid, tlp
-            out[f"{k}_meta"] = np.asarray([0 if j[0] == "train" else 1, j[1], int(temp * 1000)], np.int32)
+            out[f"{k}_meta"] = np.asarray([1 if j[0] == "held_out" else 0, j[1], int(temp * 1000)], np.int32)
         np.savez(path.with_suffix(".tmp.npz"), **out)
         os.replace(path.with_suffix(".tmp.npz"), path)
         made += sum(len(r[0]) for r in rows)
@@ -455,6 +477,7 @@ def parse_args(argv=None):
     p.add_argument("--stop-after", choices=["prompts", "generate", "train", "export"], default="export")
     # data
     p.add_argument("--prompts", type=int, default=4032, help="train prompts (half answered greedily, half at T)")
+    p.add_argument("--prompt-file", action="append", default=[], metavar="JSONL", help=PROMPT_FILE_HELP)
     p.add_argument("--held-out", type=int, default=32)
     p.add_argument("--max-new", type=int, default=128, help="answer tokens per prompt at most")
     p.add_argument("--temperature", type=float, default=0.7)
@@ -492,6 +515,7 @@ def main(argv=None):
     args = parse_args(argv)
     work, t0 = start(args)
     prompts = stage_prompts(args, work)
+    prompts.update(logged_prompt_files(args.prompt_file))
     if args.stop_after == "prompts":
         return
     shards = stage_generate(args, work, prompts)

@@ -48,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_draft  # noqa: E402
-from draft_prompts import chat_ids, read_prompt_file  # noqa: E402
+from draft_prompts import PROMPT_FILE_HELP, chat_ids  # noqa: E402
 from train_draft import log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,17 +127,6 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
                  if layers else None)
         rows.append((seq, feats, multi))
     return rows
-
-
-def prompt_files(paths) -> dict:
-    """{"file-<content digest>": prompts} per --prompt-file, read (and checked) before any work."""
-    out = {}
-    for path in paths:
-        prompts = read_prompt_file(path)
-        key = "file-" + hashlib.sha1(Path(path).read_bytes()).hexdigest()[:10]
-        out[key] = prompts
-        log(f"prompt file {path}: {len(out[key])} prompts ({key})")
-    return out
 
 
 def feature_layers(spec: str, num_layers: int) -> list:
@@ -673,10 +662,7 @@ def parse_args(argv=None):
     # data (train_draft.py's generate stage)
     p.add_argument("--prompts", type=int, default=4032,
                    help="templated train prompts (half answered greedily, half at T); 0 for none")
-    p.add_argument("--prompt-file", action="append", default=[], metavar="JSONL",
-                   help='more train prompts, one JSON object per line: {"prompt": ...} or {"messages": '
-                        '[...]} (mlx-lm\'s formats; a chat is answered after its last user message). '
-                        "Varied prompts like your users' help more than more templated ones. Repeatable")
+    p.add_argument("--prompt-file", action="append", default=[], metavar="JSONL", help=PROMPT_FILE_HELP)
     p.add_argument("--held-out", type=int, default=32)
     p.add_argument("--max-new", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.7)
@@ -715,7 +701,7 @@ def main(argv=None):
     args = parse_args(argv)
     work, t0 = train_draft.start(args)
     prompts = train_draft.stage_prompts(args, work)
-    prompts.update(prompt_files(args.prompt_file))
+    prompts.update(train_draft.logged_prompt_files(args.prompt_file))
     args.init_head = init_head(args.init, Path(args.gguf), Path(args.out)) if args.init else None
     if args.init_head:  # the continued head reads what it was trained on
         args.feature_layers = ",".join(map(str, args.init_head["feature_layers"])) or "final"

@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import chat_prompts  # noqa: E402
 import code_prompts  # noqa: E402
+import draft_prompts  # noqa: E402
 import train_eagle  # noqa: E402
 from draft_prompts import chat_ids, read_prompt_file  # noqa: E402
 
@@ -60,7 +61,7 @@ def test_prompt_files_are_keyed_by_content(tmp_path):
     a = _write(tmp_path, [{"prompt": "one"}], "a.jsonl")
     b = _write(tmp_path, [{"prompt": "one"}], "b.jsonl")
     c = _write(tmp_path, [{"prompt": "two"}], "c.jsonl")
-    ka, kb, kc = (list(train_eagle.prompt_files([p]))[0] for p in (a, b, c))
+    ka, kb, kc = (list(draft_prompts.prompt_files([p]))[0] for p in (a, b, c))
     assert ka == kb != kc  # the same prompts reuse their answers; edited ones get new shards
     assert ka.startswith("file-")
 

@@ -1,6 +1,8 @@
-"""scripts/train_draft.py's run tags (no torch needed): the trained draft is cached under a name
+"""scripts/train_draft.py without torch: its run tags (the trained draft is cached under a name
 made from its answer shards and settings, so more prompts or another setting never export a
-stale draft, and a rerun with the same ones reuses its own."""
+stale draft, and a rerun with the same ones reuses its own) and its generate plan with
+--prompt-file (every prompt answered once, files after the templates, shards named by content)."""
+import json
 import sys
 from pathlib import Path
 
@@ -28,3 +30,32 @@ def test_more_answers_or_other_settings_start_a_new_run():
     others = [_tag(shards=more), _tag(shards=SHARDS[1:]), _tag(lr=1e-3), _tag(epochs=2.0), _tag(layers=3),
               _tag(hidden=320), _tag(seed=1), _tag(max_len=256)]
     assert len(set(others)) == len(others) and _tag() not in others
+
+
+def _prompts(n_train, n_held, files=()):
+    out = {"train": [{"prompt": f"t{i}"} for i in range(n_train)],
+           "held_out": [{"prompt": f"h{i}"} for i in range(n_held)]}
+    out.update(files)
+    return out
+
+
+def test_generate_plan_answers_every_prompt_once_files_last(tmp_path):
+    f = tmp_path / "mine.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"mine {i}"}) + "\n" for i in range(7)))
+    args = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--prompt-file", str(f), "--gen-batch", "3"])
+    files = train_draft.logged_prompt_files(args.prompt_file)
+    (key,) = files
+    plain = train_draft.plan_batches(args, _prompts(10, 2))
+    planned = train_draft.plan_batches(args, _prompts(10, 2, files))
+    assert planned[:len(plain)] == plain  # a file appends batches: the templates' shards and seeds stay
+    names = [b[0] for b in planned]
+    assert names[0] == "held_out-t0-000" and len(set(names)) == len(names)
+    extra = planned[len(plain):]
+    assert all(b[0].startswith(key + "-t") for b in extra)
+    jobs = [j for b in planned for j in b[2]]
+    want = {("train", i) for i in range(10)} | {("held_out", i) for i in range(2)} | {(key, i) for i in range(7)}
+    assert sorted((j[0], j[1]) for j in jobs) == sorted(want)  # each prompt exactly once
+    for j in jobs:  # held-out greedy; the rest alternate greedy and T by index
+        assert j[2] == (0.0 if j[0] == "held_out" or j[1] % 2 == 0 else args.temperature)
+    assert all(j[2] == b[1] for b in planned for j in b[2])  # one temperature per batch
+    assert [b[1] for b in extra[:2]] == [0.0, args.temperature]  # interleaved, so a stopped run has both
