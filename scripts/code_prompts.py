@@ -56,9 +56,11 @@ def stdlib_files() -> list:
 
 @functools.lru_cache(maxsize=1)
 def harvest(files: tuple, max_lines: int = 30):
-    """(functions [(source, local names)], docstrings [text]) of the files that parse."""
+    """(functions [(code, local names, where)], docstrings [(text, where)]) of the files that parse;
+    where = "path/in/stdlib.py:name", what a prompt records as its "source"."""
     funcs, docs = [], []
     for path in files:
+        rel = path.relative_to(sysconfig.get_paths()["stdlib"]).as_posix() if path.is_absolute() else str(path)
         try:
             src = path.read_text(encoding="utf-8")
             tree = ast.parse(src)
@@ -69,7 +71,7 @@ def harvest(files: tuple, max_lines: int = 30):
             if isinstance(node, (ast.FunctionDef, ast.Module, ast.ClassDef)):
                 doc = ast.get_docstring(node)
                 if doc and 300 <= len(doc) <= 1500 and ">>>" not in doc:
-                    docs.append(doc)
+                    docs.append((doc, f"{rel}:{getattr(node, 'name', '<module>')}"))
             if isinstance(node, ast.FunctionDef) and 5 <= node.end_lineno - node.lineno + 1 <= max_lines:
                 if node.col_offset:  # methods lose their class; keep top-level functions
                     continue
@@ -79,12 +81,14 @@ def harvest(files: tuple, max_lines: int = 30):
                 seg = b"".join(body[:-1] + [body[-1][:node.end_col_offset]]).decode("utf-8")
                 names = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)
                                 and isinstance(n.ctx, ast.Store) and len(n.id) > 1})
-                funcs.append((seg, names))
+                funcs.append((seg, names, f"{rel}:{node.name}"))
     return funcs, docs
 
 
 def make_code_prompts(n: int, seed: int) -> list:
-    """n distinct {"kind", "prompt"} from the standard library, the same for the same (n, seed, Python)."""
+    """n distinct {"kind", "prompt", "source"} from the standard library, the same for the same (n, seed,
+    Python); "source" names the function or docstring ("path.py:name"), so `split_prompts.py --by source`
+    can hold out prompts whose code no training prompt shows."""
     funcs, docs = harvest(tuple(stdlib_files()))
     if not funcs or not docs:
         raise SystemExit("no standard-library sources found to build prompts from")
@@ -94,9 +98,11 @@ def make_code_prompts(n: int, seed: int) -> list:
     while len(out) < n and limit:
         limit -= 1
         if rng.random() < 0.25:
-            kind, text = "summarization", f"{rng.choice(SUMMARY)}\n\n{rng.choice(docs)}"
+            ask = rng.choice(SUMMARY)
+            doc, where = rng.choice(docs)
+            kind, text = "summarization", f"{ask}\n\n{doc}"
         else:
-            code, names = rng.choice(funcs)
+            code, names, where = rng.choice(funcs)
             kind, ask = rng.choice(EDIT)
             if "{old}" in ask:
                 if not names:
@@ -106,7 +112,7 @@ def make_code_prompts(n: int, seed: int) -> list:
             text = f"{ask}\n\n```python\n{code}\n```"
         if text not in seen:
             seen.add(text)
-            out.append({"kind": kind, "prompt": text})
+            out.append({"kind": kind, "prompt": text, "source": where})
     return out
 
 

@@ -167,9 +167,17 @@ def split(prompts: List[Dict[str, str]], held_out: int) -> Tuple[list, list]:
     return prompts[held_out:], prompts[:held_out]
 
 
-def eval_suite(name: str, held_out: int = 32, seed: int = 0) -> List[Dict[str, str]]:
+SUITE_HELP = ("held-out: the training scripts' held-out templated prompts; bench: mlxspec bench's builtin suite "
+              "(hand-written, never in the training data), kind = its category; or a JSONL prompt file "
+              "(--prompt-file's formats: keep it out of the training data), kind = its \"kind\"")
+
+
+def eval_suite(name: str, held_out: int = 32, seed: int = 0) -> List[Dict]:
     """"held-out": the training scripts' held-out prompts; "bench": mlxspec bench's builtin
-    suite (hand-written, never in the training data), kind = its category."""
+    suite (hand-written, never in the training data), kind = its category; anything else is a
+    JSONL prompt file (`read_prompt_file`), e.g. prompts of your own users held out of training."""
+    if name not in ("held-out", "bench"):
+        return read_prompt_file(name, "--suite")
     if name == "bench":
         from mlxspec.bench.prompts import builtin_suite
 
@@ -177,17 +185,18 @@ def eval_suite(name: str, held_out: int = 32, seed: int = 0) -> List[Dict[str, s
     return split(make_prompts(held_out, seed), held_out)[1]
 
 
-def read_prompt_file(path) -> List[Dict]:
+def read_prompt_file(path, flag: str = "--prompt-file") -> List[Dict]:
     """Prompts from a JSONL file, one object per line, in mlx-lm's data formats: {"prompt": str}
     (a "completion" is ignored: the target writes its own answer) or {"messages": [{"role",
     "content"}, ...]} (a chat: everything up to its last user message is the prompt). An optional
-    "kind" names the line's category; it defaults to "file". Blank lines are skipped."""
+    "kind" names the line's category; it defaults to "file". Blank lines are skipped. Errors
+    name `flag`, the option the path came from."""
     import json
     from pathlib import Path
 
     path = Path(path)
     if not path.is_file():
-        raise SystemExit(f"--prompt-file {path}: no such file")
+        raise SystemExit(f"{flag} {path}: no such file")
     out, allowed = [], 'each line must be a JSON object with "prompt" (a string) or "messages" (a chat)'
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -195,15 +204,15 @@ def read_prompt_file(path) -> List[Dict]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise SystemExit(f"--prompt-file {path}, line {n}: not JSON ({e.msg}); {allowed}")
+            raise SystemExit(f"{flag} {path}, line {n}: not JSON ({e.msg}); {allowed}")
         prompt = obj.get("prompt") if isinstance(obj, dict) else None
         if isinstance(obj, dict) and "messages" in obj:
-            prompt = _chat_prompt(obj["messages"], f"--prompt-file {path}, line {n}")
+            prompt = _chat_prompt(obj["messages"], f"{flag} {path}, line {n}")
         if not (isinstance(prompt, list) or (isinstance(prompt, str) and prompt.strip())):
-            raise SystemExit(f"--prompt-file {path}, line {n}: {allowed}")
+            raise SystemExit(f"{flag} {path}, line {n}: {allowed}")
         out.append({"kind": str(obj.get("kind", "file")), "prompt": prompt})
     if not out:
-        raise SystemExit(f"--prompt-file {path}: no prompts in it; {allowed}")
+        raise SystemExit(f"{flag} {path}: no prompts in it; {allowed}")
     return out
 
 

@@ -1,6 +1,6 @@
 """Measure the shipped draft against the demo target with MLX.
 
-    python scripts/eval_draft.py [--gguf PATH] [--suite held-out|bench] [--prompts 32] [--max-tokens 64] [--k 4]
+    python scripts/eval_draft.py [--gguf PATH] [--suite held-out|bench|FILE.jsonl] [--prompts 32] [--max-tokens 64] [--k 4]
 
 Greedy: runs real greedy speculative decoding on held-out chat prompts (the draft proposes k
 tokens, the target verifies them in one pass, the caches roll back), so the target's
@@ -30,7 +30,7 @@ import mlx.core as mx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
-from draft_prompts import chat_ids, eval_suite  # noqa: E402
+from draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
 from mlxspec.loading import demo  # noqa: E402
 
 DRAFT = ROOT / "mlxspec" / "data" / "smollm2-draft"
@@ -108,9 +108,7 @@ def main(argv=None):
     p.add_argument("--draft", default=str(DRAFT), help="draft folder (default: the shipped one)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed used by train_draft.py")
     p.add_argument("--held-out", type=int, default=32, help="held-out prompts in train_draft.py")
-    p.add_argument("--suite", choices=["held-out", "bench"], default="held-out",
-                   help="held-out: train_draft.py's held-out prompts; bench: mlxspec bench's builtin suite "
-                        "(hand-written, never in the training data), kind = its category")
+    p.add_argument("--suite", default="held-out", metavar="held-out|bench|FILE.jsonl", help=SUITE_HELP)
     p.add_argument("--prompts", type=int, default=32, help="prompts of the suite to decode")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--k", type=int, default=4)

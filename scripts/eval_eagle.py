@@ -1,6 +1,6 @@
 """Measure the shipped EAGLE head against the demo target, through mlxspec's own engine.
 
-    python scripts/eval_eagle.py [--suite held-out|bench] [--prompts 32] [--max-tokens 64] [--k 4]
+    python scripts/eval_eagle.py [--suite held-out|bench|FILE.jsonl] [--prompts 32] [--max-tokens 64] [--k 4]
 
 Greedy: the engine decodes each chat-formatted prompt with `drafter="eagle"` and a fixed
 draft length k, so every round is real (the head drafts on its own predicted features, the
@@ -29,7 +29,7 @@ import mlx.core as mx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
-from draft_prompts import chat_ids, eval_suite  # noqa: E402
+from draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
 from mlxspec.loading import demo  # noqa: E402
 from mlxspec.sampling import SamplingParams, probabilities  # noqa: E402
 
@@ -84,8 +84,7 @@ def main(argv=None):
     p.add_argument("--head", default=str(HEAD), help="head folder (default: the shipped one)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed used by the training scripts")
     p.add_argument("--held-out", type=int, default=32, help="held-out prompts in the training scripts")
-    p.add_argument("--suite", choices=["held-out", "bench"], default="held-out",
-                   help="held-out: the training scripts' held-out prompts; bench: mlxspec bench's builtin suite")
+    p.add_argument("--suite", default="held-out", metavar="held-out|bench|FILE.jsonl", help=SUITE_HELP)
     p.add_argument("--prompts", type=int, default=32, help="prompts of the suite to decode")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--k", type=int, default=4)

@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import chat_prompts  # noqa: E402
 import code_prompts  # noqa: E402
+import split_prompts  # noqa: E402
 import draft_prompts  # noqa: E402
 import train_eagle  # noqa: E402
 from draft_prompts import chat_ids, read_prompt_file  # noqa: E402
@@ -94,7 +95,13 @@ def test_code_prompts_are_distinct_seeded_and_well_formed(tmp_path):
         assert "{old}" not in x["prompt"] and "{new}" not in x["prompt"]
     out = tmp_path / "c.jsonl"
     code_prompts.main(["--n", "12", "--seed", "1", "--out", str(out)])
-    assert read_prompt_file(out) == code_prompts.make_code_prompts(12, seed=1)  # round trip through --prompt-file
+    # round trip through --prompt-file (which keeps kind and prompt; "source" is for split_prompts.py)
+    assert read_prompt_file(out) == [{"kind": x["kind"], "prompt": x["prompt"]}
+                                     for x in code_prompts.make_code_prompts(12, seed=1)]
+    for x in a:  # the source names the function or docstring the prompt shows
+        name = x["source"].rsplit(":", 1)[1]
+        assert x["source"].split(":")[0].endswith(".py")
+        assert x["kind"] == "summarization" or f"def {name}(" in x["prompt"]
 
 
 def test_chat_meta_prompts_cover_the_grid_before_repeating():
@@ -123,3 +130,45 @@ def test_chat_prompt_cleaning():
     assert clean("Hi there", True) is None
     assert clean("Supercalifragilisticexpialidocious!!", True) is None
     assert clean("Why? " * 200, True) is None
+
+
+def test_an_eval_suite_can_be_a_prompt_file(tmp_path):
+    path = _write(tmp_path, [{"prompt": "Held out, never trained on.", "kind": "chat-self"}])
+    assert draft_prompts.eval_suite(str(path)) == [{"kind": "chat-self", "prompt": "Held out, never trained on."}]
+    assert draft_prompts.eval_suite("bench")[0]["kind"] == "chat"  # the names still mean the builtin suites
+    with pytest.raises(SystemExit, match=r"^--suite .*absent\.jsonl: no such file"):
+        draft_prompts.eval_suite(str(tmp_path / "absent.jsonl"))
+
+
+def test_split_holds_out_whole_values():
+    lines = [{"prompt": f"p{i}", "topic": f"t{i % 10}"} for i in range(60)]
+    train, held = split_prompts.split(lines, 4, "topic", seed=1)
+    assert (train, held) == split_prompts.split(lines, 4, "topic", seed=1)
+    assert len(held) == 4 and len({x["topic"] for x in held}) == 4
+    assert not {x["topic"] for x in train} & {x["topic"] for x in held}  # no held-out topic is trained on
+    assert len(train) == 60 - 4 * 6  # every line of a held-out topic left the train file
+    by_line_train, by_line_held = split_prompts.split(lines, 5, None, seed=1)
+    assert len(by_line_held) == 5 and len(by_line_train) == 55
+    assert not {x["prompt"] for x in by_line_train} & {x["prompt"] for x in by_line_held}
+
+
+@pytest.mark.parametrize("n,by,match", [
+    (0, "topic", "--held-out 0: must be at least 1 and below the 3 distinct 'topic' values"),
+    (3, "topic", "--held-out 3: must be at least 1"),
+    (1, "source", "--by source: line 1 has no 'source' field"),
+])
+def test_split_refuses_what_cannot_be_held_out(n, by, match):
+    lines = [{"prompt": "a", "topic": "x"}, {"prompt": "b", "topic": "y"}, {"prompt": "c", "topic": "z"}]
+    with pytest.raises(SystemExit, match=match):
+        split_prompts.split(lines, n, by)
+
+
+def test_split_cli_writes_both_files(tmp_path):
+    src = tmp_path / "code.jsonl"
+    code_prompts.main(["--n", "40", "--seed", "2", "--out", str(src)])
+    train, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    split_prompts.main([str(src), "--held-out", "6", "--by", "source", "--train", str(train), "--eval", str(held)])
+    t, h = read_prompt_file(train), draft_prompts.eval_suite(str(held))
+    assert len(h) == 6 and len(t) <= 34
+    codes = lambda rows: {r["prompt"].split("\n\n", 1)[1] for r in rows}  # the code or documentation shown
+    assert not codes(t) & codes(h)
