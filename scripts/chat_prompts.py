@@ -18,7 +18,6 @@ not whether the request made sense. Same GGUF, seed and PyTorch version: the sam
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import sys
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_prompts import TOPICS, chat_ids  # noqa: E402
+from draft_prompts import TOPICS, chat_ids, write_jsonl  # noqa: E402
 
 INTENTS = [
     "asking for practical advice about {t}",
@@ -146,9 +145,7 @@ def main(argv=None):
     if not out:
         raise SystemExit("the target wrote no usable message; try a higher --temperature or --max-new")
     dest = Path(args.out)
-    tmp = dest.with_name(dest.name + ".tmp")
-    tmp.write_text("".join(json.dumps(x) + "\n" for x in out), encoding="utf-8")
-    tmp.replace(dest)
+    write_jsonl(dest, out)
     print(f"{len(out)} of {len(metas)} messages kept -> {dest}")
 
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
-import json
 import random
 import sys
 import sysconfig
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from draft_prompts import write_jsonl  # noqa: E402
 
 EDIT = [  # (kind, request): the function follows in a fenced block
     ("code-edit", "Add type hints to every parameter and the return value of this function. "
@@ -59,8 +61,9 @@ def harvest(files: tuple, max_lines: int = 30):
     """(functions [(code, local names, where)], docstrings [(text, where)]) of the files that parse;
     where = "path/in/stdlib.py:name", what a prompt records as its "source"."""
     funcs, docs = [], []
+    root = Path(sysconfig.get_paths()["stdlib"])
     for path in files:
-        rel = path.relative_to(sysconfig.get_paths()["stdlib"]).as_posix() if path.is_absolute() else str(path)
+        rel = path.relative_to(root).as_posix()
         try:
             src = path.read_text(encoding="utf-8")
             tree = ast.parse(src)
@@ -126,9 +129,7 @@ def main(argv=None):
         p.error("--n must be at least 1")
     prompts = make_code_prompts(args.n, args.seed)
     out = Path(args.out)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(x) + "\n" for x in prompts), encoding="utf-8")
-    tmp.replace(out)
+    write_jsonl(out, prompts)
     kinds = {k: sum(x["kind"] == k for x in prompts) for k in sorted({x["kind"] for x in prompts})}
     print(f"{len(prompts)} prompts from Python {sys.version.split()[0]}'s standard library -> {out} "
           f"({', '.join(f'{k} {v}' for k, v in kinds.items())})")

@@ -216,6 +216,17 @@ def read_prompt_file(path, flag: str = "--prompt-file") -> List[Dict]:
     return out
 
 
+def write_jsonl(path, rows) -> None:
+    """Write rows as JSONL atomically: a stopped script never leaves half a prompt file."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(x) + "\n" for x in rows), encoding="utf-8")
+    tmp.replace(path)
+
+
 PROMPT_FILE_HELP = ('more train prompts, one JSON object per line: {"prompt": ...} or {"messages": [...]} '
                     "(mlx-lm's formats; a chat is answered after its last user message). Varied prompts "
                     "like your users' help more than more templated ones. Repeatable")

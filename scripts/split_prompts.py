@@ -17,36 +17,32 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from draft_prompts import write_jsonl  # noqa: E402
 
 
 def split(lines: list, held_out: int, by: str = None, seed: int = 0):
     """(train, held out) of parsed JSON lines: `held_out` distinct values of `by` (each line its own
     value when None), one line of each held out; lines sharing a held-out value are in neither."""
-    key = (lambda i: i) if by is None else (lambda i: json.dumps(lines[i].get(by)))
     if by is not None:
         missing = [n for n, x in enumerate(lines, 1) if by not in x]
         if missing:
             raise SystemExit(f"--by {by}: line {missing[0]} has no {by!r} field ({len(missing)} lines lack it)")
-    values = sorted({key(i) for i in range(len(lines))})
+    keys = list(range(len(lines))) if by is None else [json.dumps(x[by]) for x in lines]
+    values = sorted(set(keys))
     if not 0 < held_out < len(values):
         raise SystemExit(f"--held-out {held_out}: must be at least 1 and below the {len(values)} distinct "
                          f"{'lines' if by is None else repr(by) + ' values'} of the file")
-    rng = random.Random(seed)
-    chosen = set(rng.sample(values, held_out))
+    chosen = set(random.Random(seed).sample(values, held_out))
     first = {}
-    for i in range(len(lines)):
-        if key(i) in chosen:
-            first.setdefault(key(i), i)
-    held = sorted(first.values())
-    train = [lines[i] for i in range(len(lines)) if key(i) not in chosen]
-    return train, [lines[i] for i in held]
-
-
-def write_jsonl(path: Path, rows: list) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(x) + "\n" for x in rows), encoding="utf-8")
-    tmp.replace(path)
+    for i, k in enumerate(keys):
+        if k in chosen:
+            first.setdefault(k, i)
+    train = [x for x, k in zip(lines, keys) if k not in chosen]
+    return train, [lines[i] for i in sorted(first.values())]
 
 
 def main(argv=None):
