@@ -26,7 +26,7 @@ from .drafters import DRAFTERS, EagleDrafter, ModelDrafter, NgramDrafter, NoDraf
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, weights_bytes
-from .prompts import MAX_DRAFT, check_max_tokens, check_num_draft, check_seed, check_stop, check_tree, encode_prompt
+from .prompts import MAX_DRAFT, check_lookup, check_max_tokens, check_num_draft, check_seed, check_stop, check_tree, encode_prompt
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
@@ -51,6 +51,10 @@ class Engine:
         num_draft: fixed draft length, or None/"auto" to let the cost model choose per round.
         tree: draft trees: None/"auto" (default: the cost model sizes them, a chain where branches
             do not pay), "off" (chains only), or an int capping a tree's nodes.
+        lookup: a model drafter ("model", "eagle") may hand a round to prompt lookup (the n-gram
+            drafter) where the cost models expect that to be faster, e.g. where the answer
+            copies the prompt (default True; False: the model drafts every round it drafts).
+            Never with a fixed num_draft or several ranks.
         cost_prior: V(j)/V(1) ratios to start the cost model from; default: the curve saved by
             `mlxspec calibrate` for this model on this device, if any.
         group: an `mx.distributed.Group` the target is sharded over (see `mlxspec.shard`), or
@@ -65,7 +69,7 @@ class Engine:
 
     def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None,
                  drafter=None, max_kv_size=None, num_draft=None, tree=None, prefill_step: int = 512,
-                 cost_prior: Optional[Dict[int, float]] = None, group=None, eagle_head=None):
+                 cost_prior: Optional[Dict[int, float]] = None, group=None, eagle_head=None, lookup: bool = True):
         if drafter is None:
             drafter = "model" if draft_model is not None else "ngram"
         if drafter not in DRAFTERS:
@@ -85,6 +89,7 @@ class Engine:
         self.max_kv_size = max_kv_size
         self.num_draft = check_num_draft(num_draft)
         self.tree = check_tree(tree)
+        self.lookup = check_lookup(lookup)
         self.vocab_size = logit_width(target_model)
         if draft_model is not None:
             self._check_pair(draft_model, tokenizer, draft_tokenizer)
@@ -189,7 +194,8 @@ class Engine:
 
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
-               num_draft=None, stop=None, drafter: Optional[str] = None, tree=None) -> Iterator[TokenEvent]:
+               num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
+               lookup: Optional[bool] = None) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -203,11 +209,14 @@ class Engine:
             drafter: override the engine's default drafter for this request.
             tree: None for the engine's setting (default "auto": the cost model sizes draft trees),
                 "auto", "off" (chains only), or an int capping a tree's nodes.
+            lookup: None for the engine's setting (default True); whether a model drafter's
+                rounds may draft by prompt lookup instead (see `Engine`).
         """
         params = SamplingParams(temperature, top_p, top_k, min_p)
         max_tokens = check_max_tokens(max_tokens)
         k_fixed = check_num_draft(num_draft) if num_draft is not None else self.num_draft
         tree = check_tree(tree) if tree is not None else self.tree
+        lookup = check_lookup(lookup) if lookup is not None else self.lookup
         stop = check_stop(stop)
         seed = check_seed(seed)
         name = "none" if not speculative else (drafter or self.default_drafter)
@@ -220,7 +229,7 @@ class Engine:
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
                 f"or set max_kv_size to decode with a sliding window")
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
-                       k_fixed=k_fixed, stop=stop, tree=tree)
+                       k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup)
         if self.coord.active:
             # A tree's shape is pruned by each rank's own cost model; rank 0 broadcasts only a
             # chain's length, so sharded targets verify chains.
@@ -253,13 +262,13 @@ class Engine:
         request = self.coord.share(request)
         yield from self._run(**dict(request, params=SamplingParams(*request["params"])))
 
-    def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree) -> Iterator[TokenEvent]:
+    def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False) -> Iterator[TokenEvent]:
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
                                 kernels=kernels.backend_name(), target_weights_bytes=self.target_weights_bytes,
                                 draft_weights_bytes={"model": self.draft_weights_bytes,
                                                      "eagle": self.eagle_weights_bytes}.get(name, 0))
         return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
-                        stop=stop, stats=stats, tree=tree)
+                        stop=stop, stats=stats, tree=tree, lookup=lookup)
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

@@ -13,6 +13,13 @@ token in flight. If drafting would pay, the loop reads first and drafts on the e
 history (the one bubble a verify round cannot avoid); if not, the guess is checked when
 the token arrives, a free acceptance probe.
 
+A model drafter (a draft model, a feature head) has a free companion, prompt lookup (the
+n-gram drafter): where the text repeats itself (code edits, quotes, lists) a lookup drafts
+better than a small model and costs no drafting. Each round both are judged by their own
+cost models and the faster expected one drafts; each pass then teaches its own drafter's
+model. Which one drafts depends only on the history and past rounds, so greedy output and
+the sampled distribution stay the target's.
+
 A pass that the end of generation makes useless (EOS, a stop string, a closed stream) is
 rolled back from the caches, which therefore always hold exactly the committed tokens
 between requests.
@@ -35,6 +42,8 @@ from .distributed import history_hash
 from .drafters import Draft
 from .errors import NumericalError
 from .prompts import MAX_DRAFT
+
+LOOKUP = "ngram"  # a model drafter's free companion
 from . import treeplan
 from .rounds import Pass, plain_step, read, tree_round, verify_round
 from .sampling import SamplingParams
@@ -55,8 +64,10 @@ def forget_drafts(engine) -> None:
 
 
 def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
-             k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0) -> Iterator[TokenEvent]:
-    """`tree`: most nodes of a draft tree (0: chains only)."""
+             k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0,
+             lookup: bool = False) -> Iterator[TokenEvent]:
+    """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
+    may draft by prompt lookup instead where that is expected to be faster."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -66,6 +77,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     coord = engine.coord
     dist = coord.active
     read_pass = coord.watched(read)
+    # Not with several ranks: each rank's cost models would pick differently.
+    companion = LOOKUP if lookup and drafter.uses_model and k_fixed is None and not dist else None
     clock = time.perf_counter
     engine.last_stats = stats
     mx.reset_peak_memory()
@@ -97,45 +110,72 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         """Before reading a plain step: (chain a plain step?, guess of its token, a model drafter's k).
 
         Judged on the chain alone (a tree adds branches to it): when the chain would not pay, a
-        tree on a device where it could is not tried either, which keeps this early call cheap."""
+        tree on a device where it could is not tried either, which keeps this early call cheap.
+        A guess is (token, kind, the drafter that made it)."""
         if name == "none" or k_fixed == 0:
-            return True, None, 0
+            return True, None, None
         if k_fixed is not None:
-            return False, None, 0
+            return False, None, None
         k_cap = min(room() - 2, MAX_DRAFT)
+        src = name
         if drafter.uses_model:
             k = cost.choose(k_cap)
-            return k == 0, None, k
-        proposal = drafter.propose(hist, k_cap + 1, params, seed)
+            if k or companion is None:
+                return k == 0, None, k
+            src = companion  # the model would not draft: would a lookup?
+        proposal = engine.drafters[src].propose(hist, k_cap + 1, params, seed)
+        model_k = 0 if src != name else None
         if not len(proposal):
-            return True, None, 0
-        k = cost.choose(len(proposal) - 1, kind=proposal.kind) if len(proposal) > 1 else 0
-        return k == 0, ((proposal.tokens[0], proposal.kind) if k == 0 else None), 0
+            return True, None, model_k
+        k = engine.costs[src].choose(len(proposal) - 1, kind=proposal.kind) if len(proposal) > 1 else 0
+        return k == 0, ((proposal.tokens[0], proposal.kind, src) if k == 0 else None), model_k
+
+    def free_plan(src: str, k_cap: int) -> tuple:
+        """A free drafter's next pass on the exact history: a chain cut to what pays (the whole
+        proposal travels with k: with several ranks, rank 0's k may be longer) or, with trees
+        on, a tree pruned to what pays; its first token is the shadow guess when nothing is
+        drafted (a free acceptance probe)."""
+        d, c = engine.drafters[src], engine.costs[src]
+        if tree and hasattr(d, "propose_tree"):  # (never with several ranks: see Engine.stream)
+            proposal = d.propose_tree(hist, k_cap, k_cap + tree, params, seed)
+            draft = treeplan.plan(proposal, c, tree)
+            k = len(draft)
+        else:
+            draft = proposal = d.propose(hist, k_cap, params, seed)
+            k = c.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
+        shadow = (proposal.tokens[0], proposal.kind, src) if len(proposal) and not k else None
+        return k, draft, shadow, src
 
     def plan(model_k: Optional[int] = None) -> tuple:
-        """(k, draft or None, shadow) of the next pass, decided on the exact committed history.
-
-        A free drafter's draft is a chain cut to what pays or, with trees on, a tree pruned to
-        what pays; `shadow` is its guess of the next token when nothing is drafted (a free
-        acceptance probe). k is the draft's length (a tree's node count)."""
+        """(k, draft or None, shadow, source drafter) of the next pass, decided on the exact
+        committed history. k is the draft's length (a tree's node count); a model drafter's
+        draft is made when the pass is enqueued (None here); `model_k`: its k, already chosen."""
         k_cap = min(room() - 1, MAX_DRAFT)
         if name == "none" or k_cap <= 0:
-            return 0, None, None
+            return 0, None, None, name
         if k_fixed is not None:
-            return min(k_fixed, k_cap), None, None
-        if drafter.uses_model:
-            return (min(model_k, k_cap) if model_k else cost.choose(k_cap)), None, None
-        if tree and hasattr(drafter, "propose_tree"):  # (never with several ranks: see Engine.stream)
-            proposal = drafter.propose_tree(hist, k_cap, k_cap + tree, params, seed)
-            draft = treeplan.plan(proposal, cost, tree)
-        else:
-            proposal = drafter.propose(hist, k_cap, params, seed)
-            k = cost.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
-            # the whole proposal travels with k: with several ranks, rank 0's k may be longer
-            shadow = (proposal.tokens[0], proposal.kind) if len(proposal) and not k else None
-            return k, proposal, shadow
-        shadow = (proposal.tokens[0], proposal.kind) if len(proposal) and not len(draft) else None
-        return len(draft), draft, shadow
+            return min(k_fixed, k_cap), None, None, name
+        if not drafter.uses_model:
+            return free_plan(name, k_cap)
+        k = min(model_k, k_cap) if model_k is not None else cost.choose(k_cap)
+        if companion is None:
+            return k, None, None, name
+        free = free_plan(companion, k_cap)
+        if free[0] and (not k or free_speed(free) > (cost.speed(k) or 0.0)):
+            return free
+        # Its first token still teaches the lookup's model beside the model's round (a free
+        # probe): a companion that stopped learning once it lost could never win again.
+        probe = free[2] or ((free[1].tokens[0], free[1].kind, companion) if free[0] else None)
+        return k, None, probe, name
+
+    def free_speed(step: tuple) -> float:
+        """Expected tokens per second of a free drafter's planned pass (0 when unknown)."""
+        k, draft, _, src = step
+        c = engine.costs[src]
+        if draft.parents is None:
+            return c.speed(k, draft.kind) or 0.0
+        v = c.curve.verify_seconds(k + 1)
+        return (1.0 + sum(treeplan.reach(draft, c))) / v if v else 0.0
 
     def agree(step: tuple) -> Optional[tuple]:
         """Rank 0's step on every rank, or None when rank 0 has ended the request."""
@@ -148,7 +188,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         return (k, *step[1:])
 
     def enqueue(step: tuple) -> Pass:
-        k, draft, shadow = step
+        k, draft, shadow, src = step
         drafted = None
         if draft is None and k and model_trees and treeplan.could_widen(cost, k, tree):
             # greedy: the chain plus the side leaves that pay (the host reads the drafts)
@@ -164,8 +204,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             p = tree_round(target, hist[-1], draft, params, seed, len(hist))
         else:
             p = verify_round(target, hist[-1], draft, params, seed, len(hist))
-        p.shadow = shadow
-        p.drafted = drafted
+        p.shadow, p.drafted, p.src = shadow, drafted, src
         return p
 
     consumer = 0.0  # seconds spent outside the generator (the consumer's), excluded from every timing
@@ -211,22 +250,24 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             # which is all `finally` may roll back, whatever ends the request.
             done, pending = pending, nxt
 
-            # Learn: the period between two reads, minus the consumer's time, is what this pass cost.
+            # Learn: the period between two reads, minus the consumer's time, is what this pass cost;
+            # it teaches the cost model of the drafter that made the pass (or the guess).
             period = (now - t_read) - (consumer - consumer_at_read)
             t_read, consumer_at_read = now, consumer
+            made = engine.costs[done.src or name]
             if name == "none":
                 pass  # plain decoding decides nothing: nothing to learn
             elif done.pipelined:
                 engine.curve.observe_plain(period)
             else:
-                cost.observe_round(done.k, period, done.drafted)
+                made.observe_round(done.k, period, done.drafted)
             if done.parents is not None:
-                treeplan.observe(cost, Draft(drafts, kind=done.kind, parents=done.parents), done.path)
+                treeplan.observe(made, Draft(drafts, kind=done.kind, parents=done.parents), done.path)
             elif done.k:
-                cost.observe_acceptance(done.k, n, done.kind)
-            elif guess is not None:
-                cost.observe_acceptance(1, float(guess[0] == new[0]), guess[1])
-            stats.record_round(done.k, n, tree=done.parents is not None)
+                made.observe_acceptance(done.k, n, done.kind)
+            if guess is not None and (not done.k or guess[2] != done.src):
+                engine.costs[guess[2]].observe_acceptance(1, float(guess[0] == new[0]), guess[1])
+            stats.record_round(done.k, n, tree=done.parents is not None, lookup=done.src not in ("", name))
             if dist:
                 step = agree(plan(model_k))
                 if step is None:  # rank 0 ended the request before this pass: undo it as rank 0 did

@@ -78,6 +78,12 @@ def check_tree(tree) -> int:
     return tree
 
 
+def check_lookup(lookup) -> bool:
+    if not isinstance(lookup, bool):
+        raise InvalidArgumentError(f"lookup must be True or False, got {lookup!r}")
+    return lookup
+
+
 def check_stop(stop) -> List[str]:
     if stop is None:
         return []

@@ -29,8 +29,12 @@ class GenerationStats:
     kernels: str = "reference"  # which verification path ran: "metal" or "reference"
     last_k: int = 0  # draft length of the latest round (live display); a tree's node count
     last_tree: bool = False  # the latest round verified a tree (branching), not a chain
+    last_lookup: bool = False  # the latest round was drafted by a model drafter's lookup companion
     tree_rounds: int = 0  # rounds that verified a tree
     tree_histogram: dict = field(default_factory=dict)  # nodes per tree round -> rounds
+    lookup_rounds: int = 0  # a model drafter's rounds drafted by prompt lookup instead (in rounds)
+    lookup_drafted: int = 0  # of `drafted`, tokens those rounds proposed
+    lookup_accepted: int = 0  # of `accepted`, tokens of those rounds accepted
 
     @property
     def tokens_per_second(self) -> float:
@@ -53,9 +57,13 @@ class GenerationStats:
     def prompt_tokens_per_second(self) -> float:
         return self.prefilled_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
 
-    def record_round(self, k: int, n_accepted: int, *, tree: bool = False) -> None:
+    def record_round(self, k: int, n_accepted: int, *, tree: bool = False, lookup: bool = False) -> None:
         self.rounds += 1
-        self.last_k, self.last_tree = k, tree
+        if lookup:
+            self.lookup_rounds += 1
+            self.lookup_drafted += k
+            self.lookup_accepted += n_accepted
+        self.last_k, self.last_tree, self.last_lookup = k, tree, lookup
         if tree:
             self.tree_rounds += 1
             self.tree_histogram[k] = self.tree_histogram.get(k, 0) + 1

@@ -149,6 +149,7 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path, caps
     (["--num-draft", "auto,x"], "--num-draft: 'x' is not valid"),
     (["--temperature", "0,-1"], "--temperature: '-1' is not valid"),
     (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+    (["--lookup", "on,maybe"], "--lookup: 'maybe' is not valid"),
 ])
 def test_bad_options_are_rejected_before_loading(monkeypatch, capsys, argv, words):
     monkeypatch.setattr(modelargs, "load_engine", lambda *a, **k: pytest.fail("must fail before loading"))

@@ -200,3 +200,20 @@ def test_trees_and_chains_side_by_side(engine):
     assert rows["model k=auto"]["speedup_vs_chain"] > 0
     with pytest.raises(InvalidArgumentError):
         settings_for(engine, trees=["wide"])
+
+
+def test_a_model_drafter_with_and_without_its_lookup_companion(engine):
+    res = run_bench(engine, PROMPTS[:2], max_tokens=MAX, drafters=["model", "ngram"], lookups=["on", "off"],
+                    peer=False, warmup=False)
+    spec = [s for s in res.settings if s.mode == "speculative"]
+    # The free n-gram drafter has no companion: it runs once.
+    assert spec == [Setting("speculative", "model", "auto", "auto", "on"),
+                    Setting("speculative", "model", "auto", "auto", "off"),
+                    Setting("speculative", "ngram", "auto", "auto", "on")]
+    assert all(r.lookup_rounds == 0 for r in res.runs if r.lookup == "off")
+    assert all(r.matches_vanilla for r in res.runs)
+    rows = {r["label"]: r for r in summarize(res)["settings"]}
+    assert set(rows) == {"vanilla", "model k=auto", "model k=auto lookup=off", "ngram k=auto"}
+    assert rows["model k=auto lookup=off"]["lookup"] == "off" and rows["model k=auto lookup=off"]["lookup_rounds"] == 0
+    with pytest.raises(InvalidArgumentError, match="lookup must be 'on' or 'off'"):
+        settings_for(engine, lookups=["maybe"])

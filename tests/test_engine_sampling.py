@@ -18,9 +18,9 @@ PROMPT = [3, 7, 1, 3, 7]  # the tail [3, 7] recurs: the n-gram drafter proposes 
 N = 1500
 
 
-def exact_joint(model, params):
-    first = np.array(probabilities(model(mx.array([PROMPT]))[0, -1], params), dtype=np.float64)
-    batch = mx.array([PROMPT + [t] for t in range(VOCAB)])
+def exact_joint(model, params, prompt=PROMPT):
+    first = np.array(probabilities(model(mx.array([prompt]))[0, -1], params), dtype=np.float64)
+    batch = mx.array([prompt + [t] for t in range(VOCAB)])
     second = np.array(probabilities(model(batch)[:, -1], params), dtype=np.float64)
     return first[:, None] * second  # (t1, t2)
 

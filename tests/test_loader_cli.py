@@ -137,6 +137,15 @@ def test_num_draft_must_be_auto_or_in_range(capsys):
         assert "expected 'auto' or an integer in 0..32" in capsys.readouterr().err
 
 
+def test_lookup_is_on_or_off(capsys):
+    parser = build_parser()
+    assert parser.parse_args(["generate", "x"]).lookup is None  # the engine's setting
+    assert parser.parse_args(["generate", "--lookup", "off", "x"]).lookup == "off"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "--lookup", "no", "x"])
+    assert "expected 'on' or 'off'" in capsys.readouterr().err
+
+
 def test_pair_and_target_are_exclusive(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "--pair", "demo", "--target", "x.gguf", "hi"])

@@ -13,6 +13,7 @@ class StatsView:
     tokens_per_target_pass: float = 0.0
     last_k: int = 0  # draft length of the latest round (a tree's node count)
     last_tree: bool = False  # the latest round verified a tree
+    last_lookup: bool = False  # the latest round was drafted by prompt lookup (a model drafter's companion)
     drafted: int = 0
     prompt_tokens: int = 0
     prefilled_tokens: int = 0  # prompt tokens actually processed (the rest came from the cache)
@@ -29,7 +30,8 @@ class StatsView:
             return cls()
         return cls(tokens=stats.tokens, tokens_per_second=stats.tokens_per_second,
                    acceptance_rate=stats.acceptance_rate, tokens_per_target_pass=stats.tokens_per_target_pass,
-                   last_k=stats.last_k, last_tree=stats.last_tree, drafted=stats.drafted, prompt_tokens=stats.prompt_tokens,
+                   last_k=stats.last_k, last_tree=stats.last_tree,
+                   last_lookup=getattr(stats, "last_lookup", False), drafted=stats.drafted, prompt_tokens=stats.prompt_tokens,
                    prefilled_tokens=stats.prefilled_tokens, seconds=stats.seconds,
                    peak_memory_bytes=stats.peak_memory_bytes, target_kv_bytes=stats.target_kv_bytes,
                    draft_kv_bytes=stats.draft_kv_bytes, drafter=stats.drafter)
@@ -42,7 +44,7 @@ class StatsView:
         s = f"{self.tokens_per_second:.1f} tok/s · {self.tokens} tokens"
         if speculative:
             s += (f" · accepted {self.acceptance_rate:.0%} · {self.tokens_per_target_pass:.2f} tok/pass"
-                  f" · {'tree' if self.last_tree else 'draft'} {self.last_k}")
+                  f" · {'lookup ' if self.last_lookup else ''}{'tree' if self.last_tree else 'draft'} {self.last_k}")
         return s
 
 

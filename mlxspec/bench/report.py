@@ -43,13 +43,15 @@ def to_json(result: BenchResult, *, pair: dict, curve: Optional[dict] = None, pr
     """The full bench document (see the module docstring for the fixed keys)."""
     nums = list(dict.fromkeys(s.num_draft for s in result.settings if s.mode == "speculative"))
     trees = list(dict.fromkeys(s.tree for s in result.settings if s.mode == "speculative"))
+    lookups = list(dict.fromkeys(s.lookup for s in result.settings if s.mode == "speculative"))
     return {
         "mlxspec_version": __version__,
         "device": describe_device(),
         "pair": pair,
         "settings": {
             "max_tokens": result.max_tokens, "temperature": result.temperatures[0],
-            "temperatures": list(result.temperatures), "num_draft": nums, "tree": trees, "seed": result.seed,
+            "temperatures": list(result.temperatures), "num_draft": nums, "tree": trees, "lookup": lookups,
+            "seed": result.seed,
             "prompts": prompts_source, "prompt_count": len({r.prompt_id for r in result.runs}),
             "peer_num_draft": PEER_NUM_DRAFT if any(s.mode == "mlx-lm" for s in result.settings) else None,
             "timing": "tokens generated / seconds after prompt processing (same for every mode)",
@@ -114,18 +116,23 @@ def print_report(doc: dict, console) -> None:
     spec = [r for r in rows if r["mode"] != "vanilla"]
     if spec:
         k = Table(title="Acceptance and speedup by draft length k")
+        lookups = any(r.get("lookup_rounds") for r in spec)  # a model drafter handed rounds to prompt lookup
         for col in ("drafter", "k", *(("temp",) if many_t else ()), "accept", "tok/pass", "vs vanilla",
-                    "vs mlx-lm", "chosen k (rounds)", "accepted per round (rounds)"):
+                    "vs mlx-lm", *(("lookup rounds (accept)",) if lookups else ()), "chosen k (rounds)",
+                    "accepted per round (rounds)"):
             k.add_column(col, justify="left" if col == "drafter" else "right", no_wrap=col == "drafter")
         for r in spec:
-            k.add_row("mlx-lm" if r["mode"] == "mlx-lm" else r["drafter"], r["num_draft"],
+            name = "mlx-lm" if r["mode"] == "mlx-lm" else r["drafter"] + (" lookup=off" if r.get("lookup") == "off" else "")
+            lk = (f"{r['lookup_rounds']} ({_f(r['lookup_acceptance'], '{:.0%}')})" if r.get("lookup_rounds") else "-",)
+            k.add_row(name, r["num_draft"],
                       *((f"{r['temperature']:g}",) if many_t else ()), _f(r["acceptance_rate"], "{:.0%}"),
                       _f(r["tokens_per_target_pass"], "{:.2f}"), _x(r["speedup_vs_vanilla"]),
-                      _x(r["speedup_vs_mlx_lm"]), _hist(r["k_histogram"]), _hist(r["accept_histogram"]))
+                      _x(r["speedup_vs_mlx_lm"]), *(lk if lookups else ()), _hist(r["k_histogram"]),
+                      _hist(r["accept_histogram"]))
         console.print(k)
 
     d = s["default_setting"]
-    chain = label(Setting("speculative", d["drafter"], d["num_draft"], "off"))
+    chain = label(Setting("speculative", d["drafter"], d["num_draft"], "off", d.get("lookup", "on")))
     shown = ["vanilla", label_of(d), chain, f"mlx-lm k={doc['settings']['peer_num_draft']}"]
     c = Table(title=f"By category (temperature {d['temperature']:g}; speedups of {label_of(d)})")
     labels = [x for x in dict.fromkeys(shown)
@@ -195,7 +202,7 @@ def rounding_lines(doc: dict, most: int = 10) -> list:
 
 def label_of(d: dict) -> str:
     """Display label of the summary's default_setting {"drafter", "num_draft", ...}."""
-    return label(Setting("speculative", d["drafter"], d["num_draft"], d.get("tree", "auto")))
+    return label(Setting("speculative", d["drafter"], d["num_draft"], d.get("tree", "auto"), d.get("lookup", "on")))
 
 
 def _hist(h: dict) -> str:

@@ -44,6 +44,7 @@ class Setting:
     drafter: Optional[str]  # None for vanilla; "model" for the peer
     num_draft: str  # "auto" or a number as a string; "0" for vanilla
     tree: str = "auto"  # "auto", "off" (chains only) or a node cap as a string (see Engine.stream)
+    lookup: str = "on"  # a model drafter's lookup companion: "on" or "off" (see Engine)
 
 
 @dataclass
@@ -78,6 +79,10 @@ class RunRecord:
     divergence: Optional[str] = None  # None (identical or not compared) | "rounding" | "bug" | "unclassified"
     tree: str = "auto"  # the setting's tree option
     tree_rounds: int = 0  # rounds that verified a tree (branching), not a chain
+    lookup: str = "on"  # the setting's lookup option
+    lookup_rounds: int = 0  # a model drafter's rounds drafted by prompt lookup instead
+    lookup_drafted: int = 0  # of drafted, by those rounds
+    lookup_accepted: int = 0  # of accepted, from those rounds
     output_tokens: List[int] = field(default_factory=list, repr=False)  # not written to JSON
 
     def as_dict(self) -> dict:
@@ -106,14 +111,17 @@ class BenchResult:
 
 
 def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts: Sequence = ("auto",),
-                 peer: bool = True, trees: Sequence = ("auto",)) -> List[Setting]:
-    """Vanilla, then drafter x num_draft x tree speculative settings, then the peer (if a draft model
-    exists). A drafter that cannot propose trees runs only the first tree setting (the others
-    would repeat it).
+                 peer: bool = True, trees: Sequence = ("auto",), lookups: Sequence = ("on",)) -> List[Setting]:
+    """Vanilla, then drafter x num_draft x tree x lookup speculative settings, then the peer (if a
+    draft model exists). A drafter that cannot propose trees runs only the first tree setting, and
+    one that is free (n-gram) only lookup "on" (the others would repeat it).
 
     No peer with a KV window (`max_kv_size`): mlx-lm's speculative decoding cannot roll back a
     wrapped window, and without one it would attend to what vanilla no longer sees.
     """
+    for v in lookups:
+        if v not in ("on", "off"):
+            raise InvalidArgumentError(f"[bench] lookup must be 'on' or 'off', got {v!r}")
     if not drafters:  # the engine's default drafter, and the draft model too when there is one
         drafters = [engine.default_drafter] + (["model"] if "model" in engine.drafters else [])
         drafters = list(dict.fromkeys(d for d in drafters if d != "none")) or ["none"]
@@ -133,8 +141,9 @@ def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts
         check_tree(t)
         tree_opts.append("auto" if t is None else str(t))
     out = [Setting("vanilla", None, "0")]
-    out += [Setting("speculative", d, k, t) for d in drafters for k in ks
-            for t in (tree_opts if hasattr(engine.drafters[d], "propose_tree") else tree_opts[:1])]
+    out += [Setting("speculative", d, k, t, lk) for d in drafters for k in ks
+            for t in (tree_opts if hasattr(engine.drafters[d], "propose_tree") else tree_opts[:1])
+            for lk in (list(dict.fromkeys(lookups)) if engine.drafters[d].uses_model else ["on"])]
     if peer and engine.draft_model is not None and engine.max_kv_size is None:
         out.append(Setting("mlx-lm", "model", str(PEER_NUM_DRAFT)))
     return out
@@ -149,13 +158,14 @@ def default_setting(engine, settings: List[Setting]) -> Setting:
     drafter = engine.default_drafter if any(s.drafter == engine.default_drafter for s in spec) else spec[0].drafter
     mine = [s for s in spec if s.drafter == drafter]
     mine = [s for s in mine if s.num_draft == "auto"] or mine
-    return next((s for s in mine if s.tree == "auto"), mine[0])
+    mine = [s for s in mine if s.tree == "auto"] or mine
+    return next((s for s in mine if s.lookup == "on"), mine[0])
 
 
 def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, temperatures: Sequence[float] = (0.0,),
               num_drafts: Sequence = ("auto",), drafters: Optional[Sequence[str]] = None, seed: int = 0,
-              peer: bool = True, warmup: bool = True, trees: Sequence = ("auto",), on_run: Optional[Callable[[RunRecord], None]] = None,
-              on_mismatch: Optional[Callable[[RunRecord], None]] = None) -> BenchResult:
+              peer: bool = True, warmup: bool = True, trees: Sequence = ("auto",), lookups: Sequence = ("on",),
+              on_run: Optional[Callable[[RunRecord], None]] = None, on_mismatch: Optional[Callable[[RunRecord], None]] = None) -> BenchResult:
     """Run every setting on every prompt, interleaved, and return the records in execution order.
 
     Args:
@@ -170,6 +180,7 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
         warmup: `engine.warmup()` (every mlxspec setting, all temperatures) and the peer's untimed runs
             first, timed apart (`BenchResult.warmup_seconds`). Default True.
         trees: tree settings ("auto", "off", or node caps). Default ("auto",).
+        lookups: a model drafter's lookup companion, "on" and/or "off". Default ("on",).
         on_run: called with each record as it completes (progress bars).
         on_mismatch: called with a record whose greedy output differs from vanilla other than by a
             rounding divergence (`rec.divergence` is "bug" or "unclassified").
@@ -181,7 +192,8 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     temps = [float(t) for t in temperatures]
     if not temps or any(t < 0 for t in temps):
         raise InvalidArgumentError(f"[bench] temperatures must be >= 0, got {list(temperatures)}")
-    settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer, trees=trees)
+    settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer, trees=trees,
+                            lookups=lookups)
     encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
 
     peer_warm: Dict[float, float] = {}
@@ -250,13 +262,14 @@ def _run_one(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int
     res = engine.generate(ids, max_tokens=max_tokens, temperature=temperature, seed=seed,
                           speculative=s.mode == "speculative", drafter=s.drafter,
                           num_draft="auto" if s.num_draft == "auto" else int(s.num_draft),
-                          tree=s.tree if s.tree in ("auto", "off") else int(s.tree))
+                          tree=s.tree if s.tree in ("auto", "off") else int(s.tree), lookup=s.lookup == "on")
     st = res.stats
     return RunRecord(
         p.id, p.category, s.mode, s.drafter, s.num_draft, st.prompt_tokens, st.prompt_seconds, st.tokens, st.seconds,
         st.tokens_per_second, st.rounds, st.drafted, st.accepted, st.acceptance_rate, st.tokens_per_target_pass,
         st.peak_memory_bytes, None, temperature=temperature, accept_histogram=_str_keys(st.accept_histogram),
-        k_histogram=_str_keys(st.k_histogram), tree=s.tree, tree_rounds=st.tree_rounds,
+        k_histogram=_str_keys(st.k_histogram), tree=s.tree, tree_rounds=st.tree_rounds, lookup=s.lookup,
+        lookup_rounds=st.lookup_rounds, lookup_drafted=st.lookup_drafted, lookup_accepted=st.lookup_accepted,
         output_tokens=list(res.tokens))
 
 

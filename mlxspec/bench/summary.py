@@ -19,21 +19,23 @@ def median(xs: Iterable[float]) -> Optional[float]:
 
 
 def setting_of(r: RunRecord) -> Setting:
-    return Setting(r.mode, r.drafter, r.num_draft, r.tree)
+    return Setting(r.mode, r.drafter, r.num_draft, r.tree, r.lookup)
 
 
 def label(s: Setting) -> str:
-    """Short display name: "vanilla", "ngram k=auto", "ngram k=auto tree=off", "mlx-lm k=3"."""
+    """Short display name: "vanilla", "ngram k=auto", "ngram k=auto tree=off", "eagle k=auto lookup=off",
+    "mlx-lm k=3"."""
     if s.mode == "vanilla":
         return "vanilla"
     if s.mode == "mlx-lm":
         return f"mlx-lm k={s.num_draft}"
-    return f"{s.drafter} k={s.num_draft}" + ("" if s.tree == "auto" else f" tree={s.tree}")
+    return (f"{s.drafter} k={s.num_draft}" + ("" if s.tree == "auto" else f" tree={s.tree}")
+            + ("" if s.lookup == "on" else f" lookup={s.lookup}"))
 
 
 def chain_of(result: BenchResult, s: Setting) -> Optional[Setting]:
     """The chains-only twin of a tree setting, when the bench ran it."""
-    twin = Setting(s.mode, s.drafter, s.num_draft, "off")
+    twin = Setting(s.mode, s.drafter, s.num_draft, "off", s.lookup)
     return twin if s.tree != "off" and twin in result.settings else None
 
 
@@ -99,6 +101,10 @@ def setting_rows(result: BenchResult) -> List[dict]:
                 "speedup_vs_mlx_lm": vs_peer,
                 "speedup_vs_chain": median(pair_ratios(result, s, chain, temperature=t)) if chain else None,
                 "tree_rounds": sum(r.tree_rounds for r in runs),
+                "lookup": s.lookup,
+                "lookup_rounds": sum(r.lookup_rounds for r in runs),
+                "lookup_acceptance": (sum(r.lookup_accepted for r in runs) / sum(r.lookup_drafted for r in runs)
+                                      if any(r.lookup_drafted for r in runs) else None),
                 "k_histogram": dict(sorted(k_hist.items(), key=lambda kv: int(kv[0]))),
                 "accept_histogram": dict(sorted(acc_hist.items(), key=lambda kv: int(kv[0]))),
                 **divergence_counts(runs),
@@ -162,6 +168,7 @@ def summarize(result: BenchResult) -> dict:
         "warmup_seconds": None if result.engine_warmup_seconds is None else
         result.engine_warmup_seconds + sum(result.peer_warmup_seconds.values()),
         "default_setting": {"drafter": s.drafter, "num_draft": s.num_draft, "temperature": t0,
-                            **({"tree": s.tree} if s.tree != "auto" else {})},
+                            **({"tree": s.tree} if s.tree != "auto" else {}),
+                            **({"lookup": s.lookup} if s.lookup != "on" else {})},
         "settings": setting_rows(result),
     }

@@ -53,3 +53,9 @@ def tree(s: str):
     if not 1 <= n <= MAX_DRAFT:
         raise argparse.ArgumentTypeError(f"expected 'auto', 'off' or an integer in 1..{MAX_DRAFT}, got {s!r}")
     return n
+
+
+def on_off(s: str) -> str:
+    if s not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected 'on' or 'off', got {s!r}")
+    return s

@@ -5,6 +5,7 @@
     mlxspec bench --check                           # exit 1 if a greedy output shows a bug
     mlxspec bench --synthetic qwen2.5-7b --synthetic-draft qwen2.5-0.5b   # no download: random 4-bit weights
     mlxspec bench --drafter ngram --tree auto,off   # draft trees vs chains side by side
+    mlxspec bench --drafter eagle --lookup on,off   # the head with and without its lookup companion
 
 Greedy checks: at temperature 0 every output is compared with vanilla's. At the first
 differing token the target recomputes that position in float32 (outside the timing) and
@@ -56,6 +57,9 @@ def register(subparsers) -> None:
     p.add_argument("--drafter", default=None, help="drafters, e.g. ngram,model (default: the pair's)")
     p.add_argument("--tree", default="auto", help="draft trees: auto (the cost model sizes them), off "
                    "(chains only) or a node cap; a comma list compares them, e.g. auto,off (default auto)")
+    p.add_argument("--lookup", default="on", help="a model drafter's (model, eagle) lookup companion: on (rounds "
+                   "where prompt lookup is expected to draft faster go to it) or off (the model drafts alone); "
+                   "a comma list compares them, e.g. on,off (default on)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every run (default 0)")
     p.add_argument("--no-peer", action="store_true", help="skip mlx-lm's speculative decoding (always skipped "
                    "with --max-kv-size: it cannot roll back a wrapped window)")
@@ -105,6 +109,7 @@ def run(args) -> int:
     temps = parse_list(args.temperature, "temperature", argtypes.non_negative)
     ks = parse_list(args.num_draft, "num-draft", argtypes.num_draft)
     trees = parse_list(args.tree, "tree", argtypes.tree)
+    lookups = parse_list(args.lookup, "lookup", argtypes.on_off)
     drafters = parse_list(args.drafter, "drafter", str) if args.drafter else None
     suite = load_prompts(args.prompts) if args.prompts else builtin_suite()  # fail before loading models
     prompts = select(suite, full=args.full or bool(args.prompts), limit=args.limit)
@@ -123,7 +128,7 @@ def run(args) -> int:
         modelargs.quiet_unless_main(engine, args)
         err = Console(stderr=True)  # rebound to the (possibly silenced) stderr
         args.no_peer = True  # mlx-lm's loop decides on each rank alone: its passes would not line up
-    code = bench_engine(engine, prompts, args, temps=temps, ks=ks, drafters=drafters, trees=trees, err=err,
+    code = bench_engine(engine, prompts, args, temps=temps, ks=ks, drafters=drafters, trees=trees, lookups=lookups, err=err,
                         out=report_console(), prompts_source=args.prompts or "builtin")
     return code
 
@@ -154,7 +159,8 @@ def run_synthetic(args) -> int:
     return 0
 
 
-def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompts_source, trees=("auto",)) -> int:
+def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompts_source, trees=("auto",),
+                 lookups=("on",)) -> int:
     """Everything after loading: curve, interleaved runs with a progress bar, report and files."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -162,7 +168,8 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     from ..bench.runner import run_bench, settings_for
     from ..calibration import apply_prior, calibration_path, curve_for
 
-    settings = settings_for(engine, drafters=drafters, num_drafts=ks, peer=not args.no_peer, trees=trees)
+    settings = settings_for(engine, drafters=drafters, num_drafts=ks, peer=not args.no_peer, trees=trees,
+                            lookups=lookups)
     ratios, source = curve_for(engine, measure=False)  # a saved curve, if any; the warm-up times V(j) anyway
     apply_prior(engine, ratios)
 
@@ -175,7 +182,8 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
             bar.update(task, advance=1, description=f"{rec.prompt_id} {rec.mode}")
 
         result = run_bench(engine, prompts, max_tokens=args.max_tokens, temperatures=temps, num_drafts=ks,
-                           drafters=drafters, seed=args.seed, peer=not args.no_peer, trees=trees, on_run=on_run,
+                           drafters=drafters, seed=args.seed, peer=not args.no_peer, trees=trees, lookups=lookups,
+                           on_run=on_run,
                            on_mismatch=lambda rec: err.print(mismatch_line(rec)))
 
     used = list(dict.fromkeys(s.drafter for s in result.settings if s.mode == "speculative"))

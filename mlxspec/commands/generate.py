@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .argtypes import num_draft, tree
+from .argtypes import num_draft, on_off, tree
 from .modelargs import add_distributed_arg, quiet_unless_main
 
 
@@ -46,6 +46,9 @@ def register(subparsers) -> None:
                    help="tokens drafted per round: 'auto' (the cost model picks) or a number >= 1 (default: the engine's)")
     p.add_argument("--tree", type=tree, default=None, metavar="auto|off|N",
                    help="draft trees: auto (default: the cost model sizes them), off (chains only), or a node cap")
+    p.add_argument("--lookup", type=on_off, default=None, metavar="on|off",
+                   help="with --drafter model or eagle: on (default) hands the rounds where prompt lookup is "
+                        "expected to draft faster (text the answer repeats) to it; off: the model drafts alone")
     p.add_argument("--max-kv-size", type=int, default=None, metavar="W",
                    help="keep at most W tokens of KV (a sliding window); default: unbounded")
     p.add_argument("--dtype", choices=["auto", "quantized", "bfloat16", "float16", "float32"], default=None,
@@ -68,6 +71,8 @@ def run(args) -> int:
     prompt = prompt_text if args.no_chat_template else [{"role": "user", "content": prompt_text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft)
+    if args.lookup is not None:
+        options["lookup"] = args.lookup == "on"
     if args.json:
         result = engine.generate(prompt, **options)
         print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
@@ -135,5 +140,7 @@ def stats_line(stats) -> str:
         f"{int(get('tokens'))} tokens in {get('seconds'):.2f} s, {get('tokens_per_second'):.1f} tok/s, "
         f"acceptance {100 * get('acceptance_rate'):.0f}% ({int(get('accepted'))}/{int(get('drafted'))}), "
         f"{get('tokens_per_target_pass'):.2f} tokens/target pass, "
-        f"peak memory {get('peak_memory_bytes') / 2**20:.0f} MiB"
+        + (f"{int(get('lookup_rounds'))} rounds by lookup ({int(get('lookup_accepted'))}/{int(get('lookup_drafted'))}), "
+           if get('lookup_rounds') else "")
+        + f"peak memory {get('peak_memory_bytes') / 2**20:.0f} MiB"
     )
