@@ -12,6 +12,9 @@ head pass over the target's real features gives the head's first-step q there;
     sum_x min(p, q)  = the probability that rejection sampling accepts a first draft token.
 T = 0.7, sampled: the engine decodes at T = 0.7 with the same k; accepted / drafted there
 includes the later, harder draft steps.
+Greedy first step, teacher-forced, from the same head pass: how often the head's top token
+(top 5) is the target's, how many of the target's tokens its draft vocabulary holds, and how
+often its top token would be right with the target's whole vocabulary instead.
 Step times (median, one token after a prompt, the engine's precision): a target step, and a
 head step (embedding + fc + decoder layer + norm + draft-vocabulary logits + argmax).
 """
@@ -36,8 +39,9 @@ from mlxspec.sampling import SamplingParams, probabilities  # noqa: E402
 HEAD = ROOT / "mlxspec" / "data" / "smollm2-eagle"
 
 
-def first_step_overlap(engine, ids, out, temperature: float):
-    """sum_x min(p, q) at every output position, q = the head's first draft step on real features."""
+def first_step_overlap(engine, ids, out, temperature: float, agreement: dict = None):
+    """sum_x min(p, q) at every output position, q = the head's first draft step on real features.
+    `agreement`: counts of greedy first-step agreement are added to it (see the module docstring)."""
     seq = ids + out
     engine.reset()
     target, drafter = engine.target, engine.drafters["eagle"]
@@ -49,9 +53,30 @@ def first_step_overlap(engine, ids, out, temperature: float):
     start = len(ids) - 1  # row of the first output token
     p = probabilities(logits[start:], params)  # rows predicting out[0..]
     # The head's row j-1 predicts f[j], whose logits predict seq[j+1]: align with target row j.
-    q = probabilities(drafter._full(drafter.logits(h[start - 1 : -1]).astype(mx.float32)), params)
+    rows = h[start - 1 : -1]
+    q = probabilities(drafter._full(drafter.logits(rows).astype(mx.float32)), params)
+    if agreement is not None:
+        count_agreement(agreement, drafter, rows, out)
     engine.reset()
     return mx.sum(mx.minimum(p, q), axis=-1).tolist()
+
+
+def count_agreement(agg: dict, drafter, rows, out) -> None:
+    """Row i of `rows` predicts out[i] (the first, out[0], follows the prompt: skipped)."""
+    from mlxspec.backbone import output_rows
+
+    local = drafter.logits(rows[1:]).astype(mx.float32)
+    top5 = mx.argsort(-local, axis=-1)[:, :5]
+    if drafter.draft_ids is not None:
+        top5 = mx.take(drafter.draft_ids, top5)
+    full = mx.argmax(rows[1:] @ output_rows(drafter.target.model, mx.arange(drafter.vocab)).T, axis=-1)
+    vocab = set(drafter.draft_ids.tolist()) if drafter.draft_ids is not None else None
+    for t, five, f in zip(out[1:], top5.tolist(), full.tolist()):
+        agg["positions"] = agg.get("positions", 0) + 1
+        agg["top1"] = agg.get("top1", 0) + (five[0] == t)
+        agg["top5"] = agg.get("top5", 0) + (t in five)
+        agg["in_vocab"] = agg.get("in_vocab", 0) + (vocab is None or t in vocab)
+        agg["top1_full"] = agg.get("top1_full", 0) + (f == t)
 
 
 def step_times(engine, ids, reps: int):
@@ -99,18 +124,21 @@ def main(argv=None):
     tok = engine.tokenizer
     suite = eval_suite(args.suite, args.held_out, args.seed)
     engine.warmup(temperatures=(0.0, args.temperature))
-    rows, overlap = [], []
+    rows, overlap, agreement = [], [], {}
     t0 = time.time()
     for i, ex in enumerate(suite[: args.prompts]):
         ids = chat_ids(tok, ex["prompt"])
         g = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle")
         s = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle",
                             temperature=args.temperature, seed=i)
-        ov = first_step_overlap(engine, ids, g.tokens, args.temperature)
+        kind_agreement = {}
+        ov = first_step_overlap(engine, ids, g.tokens, args.temperature, kind_agreement)
+        for key, v in kind_agreement.items():
+            agreement[key] = agreement.get(key, 0) + v
         overlap += ov
         rows.append({"kind": ex["kind"], "drafted": g.stats.drafted, "accepted": g.stats.accepted,
                      "tokens": g.stats.tokens, "passes": g.stats.rounds, "t_drafted": s.stats.drafted,
-                     "t_accepted": s.stats.accepted, "overlap": sum(ov) / len(ov)})
+                     "t_accepted": s.stats.accepted, "overlap": sum(ov) / len(ov), **kind_agreement})
         print(f"[{i + 1}/{args.prompts}] {ex['kind']:13s} greedy acceptance {g.stats.accepted / max(g.stats.drafted, 1):.2f}"
               f" tokens/pass {g.stats.tokens / g.stats.rounds:.2f}; T={args.temperature} sampled "
               f"{s.stats.accepted / max(s.stats.drafted, 1):.2f}, sum min(p,q) {sum(ov) / len(ov):.2f} "
@@ -126,12 +154,19 @@ def main(argv=None):
            "tokens_per_target_pass": total("tokens") / total("passes"),
            "temperature": args.temperature, "sampled_acceptance": total("t_accepted") / max(total("t_drafted"), 1),
            "first_step_sum_min_pq": sum(overlap) / len(overlap), "positions": len(overlap),
+           "first_step_top1": agreement["top1"] / agreement["positions"],
+           "first_step_top5": agreement["top5"] / agreement["positions"],
+           "draft_vocab_coverage": agreement["in_vocab"] / agreement["positions"],
+           "first_step_top1_full_vocab": agreement["top1_full"] / agreement["positions"],
            "target_step_ms": 1e3 * t_target, "head_step_ms": 1e3 * t_head, "head_over_target": t_head / t_target,
            "per_kind": {}}
     for kind in sorted({r["kind"] for r in rows}):
         rs = [r for r in rows if r["kind"] == kind]
+        n = max(sum(r.get("positions", 0) for r in rs), 1)
         res["per_kind"][kind] = {"acceptance": sum(r["accepted"] for r in rs) / max(sum(r["drafted"] for r in rs), 1),
-                                 "tokens_per_pass": sum(r["tokens"] for r in rs) / sum(r["passes"] for r in rs)}
+                                 "tokens_per_pass": sum(r["tokens"] for r in rs) / sum(r["passes"] for r in rs),
+                                 "first_step_top1": sum(r.get("top1", 0) for r in rs) / n,
+                                 "draft_vocab_coverage": sum(r.get("in_vocab", 0) for r in rs) / n}
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
