@@ -42,13 +42,13 @@ from .distributed import history_hash
 from .drafters import Draft
 from .errors import NumericalError
 from .prompts import MAX_DRAFT
-
-LOOKUP = "ngram"  # a model drafter's free companion
 from . import treeplan
 from .rounds import Pass, plain_step, read, tree_round, verify_round
 from .sampling import SamplingParams
 from .stats import GenerationStats, TokenEvent
 from .text import TextAssembler
+
+LOOKUP = "ngram"  # a model drafter's free companion
 
 
 def draw_seed() -> int:

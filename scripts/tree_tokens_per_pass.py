@@ -1,11 +1,13 @@
 """Tokens per target pass, chain vs tree, as if rows of a pass were free (a GPU's flat V(j)).
 
     python scripts/tree_tokens_per_pass.py [--drafter eagle] [--chain 4] [--caps 8,16] [--prompts 6]
+    python scripts/tree_tokens_per_pass.py --suite bench --prompts 24 --caps 8 --lookup on,off
 
 On a CPU the cost model rightly keeps chains (a pass over 9 rows costs ~4x one), so
 `mlxspec bench --tree auto,off` cannot show what trees would do on a GPU. This script makes
 the target curve flat (every pass costs the same) and the chain a fixed length, then decodes
-the held-out training prompts greedily with trees off and with each node cap. Tokens per
+the held-out training prompts (or --suite) greedily with trees off and with each node cap,
+and with a model drafter's lookup companion on and/or off (`--lookup`). Tokens per
 target pass depend only on the drafts and the target's tokens, not on the device, so they
 carry over; multiply by V(chain + 1) / V(nodes + 1) measured on the device for its speedup.
 Greedy output is checked against plain decoding.
@@ -20,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
-from draft_prompts import chat_ids, eval_suite  # noqa: E402
+from draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
 
 
 def main(argv=None):
@@ -29,7 +31,9 @@ def main(argv=None):
     p.add_argument("--drafter", default="eagle", choices=["eagle", "model", "ngram"], help="default: eagle")
     p.add_argument("--chain", type=int, default=4, help="longest chain (default 4)")
     p.add_argument("--caps", default="8,16", help="tree node caps to compare with chains (default 8,16)")
-    p.add_argument("--prompts", type=int, default=6, help="held-out prompts (default 6)")
+    p.add_argument("--prompts", type=int, default=6, help="prompts of the suite (default 6)")
+    p.add_argument("--suite", default="held-out", metavar="held-out|bench|FILE.jsonl", help=SUITE_HELP)
+    p.add_argument("--lookup", default="on", help="lookup companion: on, off, or on,off to compare (default on)")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
@@ -38,25 +42,34 @@ def main(argv=None):
     engine = mlxspec.load(args.pair, drafter=args.drafter)
     engine.curve.verify_seconds = lambda j: 1.0  # flat: every node pays for its row
     engine.curve.plain_seconds = lambda: 1.0
-    engine.costs[args.drafter].k_max = args.chain
+    engine.costs[args.drafter].k_max = engine.costs["ngram"].k_max = args.chain
+    lookups = [x.strip() for x in args.lookup.split(",")]
+    if not lookups or any(x not in ("on", "off") for x in lookups):
+        p.error(f"--lookup: expected on, off or on,off, got {args.lookup!r}")
     tok = engine.tokenizer
-    prompts = [chat_ids(tok, ex["prompt"]) for ex in eval_suite("held-out")[: args.prompts]]
+    prompts = [chat_ids(tok, ex["prompt"]) for ex in eval_suite(args.suite)[: args.prompts]]
     plain = [engine.generate(ids, max_tokens=args.max_tokens, speculative=False).tokens for ids in prompts]
     out = {}
-    for tree in ["off", *[int(c) for c in args.caps.split(",")]]:
-        tokens = passes = nodes = trees = same = 0
-        for ids, ref in zip(prompts, plain):
-            r = engine.generate(ids, max_tokens=args.max_tokens, tree=tree)
-            s = r.stats
-            tokens, passes, nodes, trees = tokens + s.tokens, passes + s.rounds, nodes + s.drafted, trees + s.tree_rounds
-            same += r.tokens == ref
-        out[str(tree)] = {"tokens_per_pass": tokens / passes, "nodes_per_pass": nodes / passes,
-                          "tree_rounds": trees, "passes": passes, "identical": f"{same}/{len(prompts)}"}
-        row = out[str(tree)]
-        print(f"tree={tree!s:4s} tokens/pass {row['tokens_per_pass']:.2f}  nodes/pass {row['nodes_per_pass']:.1f}  "
-              f"tree rounds {trees}/{passes}  greedy identical {row['identical']}"
-              + (f"  ({row['tokens_per_pass'] / out['off']['tokens_per_pass']:.2f}x the chain's)" if tree != "off" else ""),
-              flush=True)
+    for lk in lookups:
+        # keys: the tree setting ("off", "8"), with "/lookup=on|off" when both are compared
+        tag = "" if len(lookups) == 1 else f"/lookup={lk}"
+        for tree in ["off", *[int(c) for c in args.caps.split(",")]]:
+            tokens = passes = nodes = trees = same = by_lookup = 0
+            for ids, ref in zip(prompts, plain):
+                r = engine.generate(ids, max_tokens=args.max_tokens, tree=tree, lookup=lk == "on")
+                s = r.stats
+                tokens, passes, nodes, trees = tokens + s.tokens, passes + s.rounds, nodes + s.drafted, trees + s.tree_rounds
+                by_lookup += s.lookup_rounds
+                same += r.tokens == ref
+            out[f"{tree}{tag}"] = row = {"tokens_per_pass": tokens / passes, "nodes_per_pass": nodes / passes,
+                                         "tree_rounds": trees, "lookup_rounds": by_lookup, "passes": passes,
+                                         "identical": f"{same}/{len(prompts)}"}
+            chain = out[f"off{tag}"]
+            print(f"tree={tree!s:4s} lookup={lk:3s} tokens/pass {row['tokens_per_pass']:.2f}  nodes/pass "
+                  f"{row['nodes_per_pass']:.1f}  tree rounds {trees}/{passes}  lookup rounds {by_lookup}  greedy "
+                  f"identical {row['identical']}"
+                  + (f"  ({row['tokens_per_pass'] / chain['tokens_per_pass']:.2f}x the chain's)" if tree != "off" else ""),
+                  flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"drafter": args.drafter, "chain": args.chain, **out}, indent=1) + "\n")
 
