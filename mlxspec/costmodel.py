@@ -196,6 +196,7 @@ class CostModel:
         self.margin = margin  # drafting must beat plain decoding by this factor: estimates are noisy
         self.rounds_since_draft = 0
         self.probe_every = 16  # plain rounds between probes of a model drafter (doubles while probes fail)
+        self.probing = False  # the last `choose` returned a probe (1), not a length expected to pay
         self.rounds_since_explore = 0
 
     # -- observations -----------------------------------------------------------------------
@@ -277,6 +278,7 @@ class CostModel:
         draft. A round over the first m yields 1 + sum(reach[:m]) tokens on average and costs
         m * c + V(m + 1). Returns the m in [0, min(k_max, len(reach))] with the best speed.
         """
+        self.probing = False
         m_top = min(self.k_max, len(reach))
         if m_top == 0:
             return 0
@@ -307,6 +309,7 @@ class CostModel:
         if self.rounds_since_draft >= self.probe_every:
             self.rounds_since_draft = 0
             self.probe_every = min(2 * self.probe_every, 128)
+            self.probing = True
             return 1
         return 0
 

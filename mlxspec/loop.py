@@ -117,18 +117,31 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         if k_fixed is not None:
             return False, None, None
         k_cap = min(room() - 2, MAX_DRAFT)
-        src = name
+        src, probe = name, None
         if drafter.uses_model:
             k = cost.choose(k_cap)
+            if k and cost.probing:
+                probe = model_guess(hist)
+                k = 0 if probe is not None else k
             if k or companion is None:
-                return k == 0, None, k
+                return k == 0, probe, k
             src = companion  # the model would not draft: would a lookup?
         proposal = engine.drafters[src].propose(hist, k_cap + 1, params, seed)
         model_k = 0 if src != name else None
         if not len(proposal):
-            return True, None, model_k
+            return True, probe, model_k
         k = engine.costs[src].choose(len(proposal) - 1, kind=proposal.kind) if len(proposal) > 1 else 0
-        return k == 0, ((proposal.tokens[0], proposal.kind, src) if k == 0 else None), model_k
+        return k == 0, probe or ((proposal.tokens[0], proposal.kind, src) if k == 0 else None), model_k
+
+    def model_guess(history) -> Optional[tuple]:
+        """A greedy model drafter's probe without verify rows: its first draft token, a guess of
+        the token the next pass gives, checked when that arrives (what a k = 1 round would learn,
+        for one drafting step). Sampled rounds keep k = 1 probes: there acceptance is
+        sum min(p, q), which one sampled token cannot tell."""
+        if not params.greedy:
+            return None
+        d = drafter.propose(history, 1, params, seed)
+        return (d.tokens[0], "", name) if len(d) else None
 
     def free_plan(src: str, k_cap: int) -> tuple:
         """A free drafter's next pass on the exact history: a chain cut to what pays (the whole
@@ -158,14 +171,18 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         if not drafter.uses_model:
             return free_plan(name, k_cap)
         k = min(model_k, k_cap) if model_k is not None else cost.choose(k_cap)
+        guess = None
+        if k and cost.probing and model_k is None:
+            guess = model_guess(hist)
+            k = 0 if guess is not None else k
         if companion is None:
-            return k, None, None, name
+            return k, None, guess, name
         free = free_plan(companion, k_cap)
         if free[0] and (not k or free_speed(free) > (cost.speed(k) or 0.0)):
             return free
         # Its first token still teaches the lookup's model beside the model's round (a free
         # probe): a companion that stopped learning once it lost could never win again.
-        probe = free[2] or ((free[1].tokens[0], free[1].kind, companion) if free[0] else None)
+        probe = guess or free[2] or ((free[1].tokens[0], free[1].kind, companion) if free[0] else None)
         return k, None, probe, name
 
     def free_speed(step: tuple) -> float:
@@ -266,7 +283,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             elif done.k:
                 made.observe_acceptance(done.k, n, done.kind)
             if guess is not None and (not done.k or guess[2] != done.src):
-                engine.costs[guess[2]].observe_acceptance(1, float(guess[0] == new[0]), guess[1])
+                engine.costs[guess[2]].observe_acceptance(1, float(int(guess[0]) == new[0]), guess[1])
             stats.record_round(done.k, n, tree=done.parents is not None, lookup=done.src not in ("", name))
             if dist:
                 step = agree(plan(model_k))

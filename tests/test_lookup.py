@@ -44,6 +44,18 @@ def timed(monkeypatch, clock):
     return clock
 
 
+@pytest.fixture
+def steep(monkeypatch, clock):
+    real = loop.read
+
+    def read(p):
+        clock.t += 2e-3 * p.fed  # every row costs a whole step: drafting cannot pay
+        return real(p)
+
+    monkeypatch.setattr(loop, "read", read)
+    return clock
+
+
 def engine_for(kind, target, head, **kw):
     if kind == "eagle":
         return Engine(target, None, eagle_head=head, drafter="eagle", **kw)
@@ -81,6 +93,24 @@ def test_fixed_draft_length_means_the_model_drafts_every_round(target, weak_head
     e = engine_for("eagle", target, weak_head)
     r = e.generate(PROMPT, max_tokens=60, num_draft=3)
     assert r.stats.lookup_rounds == 0 and r.stats.drafted > 0
+
+
+@pytest.mark.parametrize("kind", ["eagle", "model"])
+def test_greedy_probes_of_a_model_that_does_not_pay_verify_nothing(kind, target, weak_head, steep):
+    """Where drafting cannot pay, a model drafter is still re-tested now and then: greedy, its
+    first draft token is checked against the token the next plain step gives (no verify rows);
+    sampled, a k = 1 round (one sampled token cannot tell sum min(p, q))."""
+    e = engine_for(kind, target, weak_head)
+    plain = e.generate(PROMPT, max_tokens=200, speculative=False).tokens
+    r = e.generate(PROMPT, max_tokens=200, lookup=False)
+    assert r.tokens == plain
+    # No probe verified rows. (One real round may: V(2) is the prior's guess until timed, 1.5x
+    # V(1), and a draft model whose guesses hold up can look worth it until then.)
+    assert r.stats.drafted <= 1 and r.stats.rounds >= 199
+    s, f = e.costs[kind].counts[""]  # ...yet probes were checked: the Beta(1, 1) prior moved
+    assert (s, f) != (1.0, 1.0)
+    sampled = e.generate(PROMPT, max_tokens=200, lookup=False, temperature=0.8, seed=0)
+    assert 0 < sampled.stats.drafted == sampled.stats.k_histogram.get(1, 0)
 
 
 def test_lookup_must_be_a_bool(target, weak_head):
