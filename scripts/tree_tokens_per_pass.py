@@ -56,6 +56,9 @@ def main(argv=None):
         for tree in ["off", *[int(c) for c in args.caps.split(",")]]:
             tokens = passes = nodes = trees = same = by_lookup = 0
             for ids, ref in zip(prompts, plain):
+                # Fresh caches and drafters: n-gram trees also copy earlier histories, and an earlier
+                # run of the same prompt would hand them its answer.
+                engine.reset()
                 r = engine.generate(ids, max_tokens=args.max_tokens, tree=tree, lookup=lk == "on")
                 s = r.stats
                 tokens, passes, nodes, trees = tokens + s.tokens, passes + s.rounds, nodes + s.drafted, trees + s.tree_rounds
