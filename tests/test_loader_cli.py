@@ -24,10 +24,10 @@ class FakeEngine:
     """Records how `load` builds it; streams two events and returns stats like the engine will."""
 
     def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None, drafter=None,
-                 max_kv_size=None, num_draft=None, eagle_head=None):
+                 max_kv_size=None, num_draft=None, eagle_head=None, **more):
         self.args = dict(target_model=target_model, tokenizer=tokenizer, draft_model=draft_model,
                          draft_tokenizer=draft_tokenizer, drafter=drafter, max_kv_size=max_kv_size, num_draft=num_draft,
-                         eagle_head=eagle_head)
+                         eagle_head=eagle_head, **more)
         self.calls = []
 
     def stream(self, prompt, **options):
@@ -67,7 +67,8 @@ def test_load_builds_the_engine_with_target_and_draft(fake_engine, tiny_gguf_pat
     a = engine.args
     assert a["draft_model"] is not None and a["draft_tokenizer"] is not None and a["drafter"] is None
     assert a["tokenizer"].eos_token_id == a["draft_tokenizer"].eos_token_id
-    assert (a["max_kv_size"], a["num_draft"]) == (64, "auto")
+    assert (a["max_kv_size"], a["num_draft"]) == (64, "auto") and "lookup" not in a  # the engine's default
+    assert load(str(tiny_gguf_path), str(tiny_gguf_path), lookup=False).args["lookup"] is False
     assert engine.target_info.dtype == "float32" and engine.draft_info.format == "gguf" and engine.pair_name is None
 
 

@@ -262,7 +262,8 @@ def _run_one(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int
     res = engine.generate(ids, max_tokens=max_tokens, temperature=temperature, seed=seed,
                           speculative=s.mode == "speculative", drafter=s.drafter,
                           num_draft="auto" if s.num_draft == "auto" else int(s.num_draft),
-                          tree=s.tree if s.tree in ("auto", "off") else int(s.tree), lookup=s.lookup == "on")
+                          tree=s.tree if s.tree in ("auto", "off") else int(s.tree),
+                          **({"lookup": False} if s.lookup == "off" else {}))  # on: the engine's default
     st = res.stats
     return RunRecord(
         p.id, p.category, s.mode, s.drafter, s.num_draft, st.prompt_tokens, st.prompt_seconds, st.tokens, st.seconds,

@@ -19,7 +19,7 @@ KV_TOKENS_FOR_WARNING = 4096  # tokens of KV counted in the memory check when ma
 
 def load(target: str, draft: str | None = None, *, dtype: str | None = None, drafter=None,
          max_kv_size: int | None = None, num_draft=None, tree=None, head: str | None = None, distributed: bool = False,
-         **kw):
+         lookup: bool | None = None, **kw):
     """Load a target (and a draft) and return a ready `mlxspec.engine.Engine`.
 
     Args:
@@ -37,6 +37,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         max_kv_size: KV window passed to the engine. Default: None (grow without bound).
         num_draft: passed to the engine ("auto", an int or None). Default: None.
         tree: draft trees, "auto" (default), "off" or a node cap (see `Engine`).
+        lookup: whether a model drafter may hand rounds to prompt lookup (see `Engine`). Default:
+            None (the engine's default, True).
         distributed: join the `mx.distributed` group this process was launched in (`mlx.launch`)
             and shard the target over it (tensor-parallel or pipeline, see `mlxspec.shard`); the
             draft is loaded whole on every rank. Every rank must then make the same calls (or
@@ -105,6 +107,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     engine = Engine(target_model, tokenizer, draft_model, draft_tokenizer=draft_tokenizer, drafter=drafter,
                     max_kv_size=max_kv_size, num_draft=num_draft, **({"group": group} if group else {}),
                     **({"tree": tree} if tree is not None else {}),
+                    **({"lookup": lookup} if lookup is not None else {}),
                     **({"eagle_head": head_path} if head_path is not None else {}))
     engine.target_info = target_info
     engine.draft_info = draft_info
