@@ -263,7 +263,7 @@ def _run_one(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int
                           speculative=s.mode == "speculative", drafter=s.drafter,
                           num_draft="auto" if s.num_draft == "auto" else int(s.num_draft),
                           tree=s.tree if s.tree in ("auto", "off") else int(s.tree),
-                          **({"lookup": False} if s.lookup == "off" else {}))  # on: the engine's default
+                          **({"lookup": s.lookup == "on"} if (s.lookup == "on") != getattr(engine, "lookup", True) else {}))
     st = res.stats
     return RunRecord(
         p.id, p.category, s.mode, s.drafter, s.num_draft, st.prompt_tokens, st.prompt_seconds, st.tokens, st.seconds,
