@@ -239,7 +239,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 guess = early_guess or guess
                 if chain:
                     nxt = plain_step(target, pending.token, params, seed, len(hist) + 1)
-                    nxt.pipelined = True
+                    nxt.pipelined, nxt.src = True, name
 
             t_wait = clock()
             new, n, finite, drafts = read_pass(pending)
@@ -271,7 +271,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             # it teaches the cost model of the drafter that made the pass (or the guess).
             period = (now - t_read) - (consumer - consumer_at_read)
             t_read, consumer_at_read = now, consumer
-            made = engine.costs[done.src or name]
+            made = engine.costs[done.src]
             if name == "none":
                 pass  # plain decoding decides nothing: nothing to learn
             elif done.pipelined:
@@ -284,7 +284,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 made.observe_acceptance(done.k, n, done.kind)
             if guess is not None and (not done.k or guess[2] != done.src):
                 engine.costs[guess[2]].observe_acceptance(1, float(int(guess[0]) == new[0]), guess[1])
-            stats.record_round(done.k, n, tree=done.parents is not None, lookup=done.src not in ("", name))
+            stats.record_round(done.k, n, tree=done.parents is not None, lookup=done.src != name)
             if dist:
                 step = agree(plan(model_k))
                 if step is None:  # rank 0 ended the request before this pass: undo it as rank 0 did

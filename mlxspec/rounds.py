@@ -42,7 +42,7 @@ class Pass:
     parents: Optional[List[int]] = None  # a tree round: the drafts' parents (see mlxspec.tree); None = a chain
     path: Optional[List[int]] = None  # a tree round, once read: the accepted nodes root-to-leaf
     drafted: Optional[int] = None  # a model drafter's steps, when fewer than k (a tree's side leaves)
-    src: str = ""  # the drafter that made the draft (a model drafter's lookup companion, or itself)
+    src: str = ""  # the drafter whose pass this is (the loop sets it: a model drafter's lookup companion, or itself)
 
 
 @mx.compile

@@ -259,11 +259,12 @@ def _run_one(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int
             n / r.rounds if r.rounds else 0.0, r.peak_memory_bytes, None, temperature=temperature,
             accept_histogram=_str_keys(r.accept_histogram), k_histogram=_str_keys(r.k_histogram),
             mlx_lm_generation_tps=r.reported_tps, output_tokens=r.tokens)
+    lookup = s.lookup == "on"  # passed on only where the engine's own setting differs
     res = engine.generate(ids, max_tokens=max_tokens, temperature=temperature, seed=seed,
                           speculative=s.mode == "speculative", drafter=s.drafter,
                           num_draft="auto" if s.num_draft == "auto" else int(s.num_draft),
                           tree=s.tree if s.tree in ("auto", "off") else int(s.tree),
-                          **({"lookup": s.lookup == "on"} if (s.lookup == "on") != getattr(engine, "lookup", True) else {}))
+                          **({"lookup": lookup} if lookup != getattr(engine, "lookup", True) else {}))
     st = res.stats
     return RunRecord(
         p.id, p.category, s.mode, s.drafter, s.num_draft, st.prompt_tokens, st.prompt_seconds, st.tokens, st.seconds,
