@@ -39,9 +39,9 @@ from mlxspec.sampling import SamplingParams, probabilities  # noqa: E402
 HEAD = ROOT / "mlxspec" / "data" / "smollm2-eagle"
 
 
-def first_step_overlap(engine, ids, out, temperature: float, agreement: dict = None):
+def first_step_overlap(engine, ids, out, temperature: float, count=None):
     """sum_x min(p, q) at every output position, q = the head's first draft step on real features.
-    `agreement`: counts of greedy first-step agreement are added to it (see the module docstring)."""
+    `count`: called with the head's rows, row i predicting out[i] (greedy agreement, `Agreement`)."""
     seq = ids + out
     engine.reset()
     target, drafter = engine.target, engine.drafters["eagle"]
@@ -55,28 +55,38 @@ def first_step_overlap(engine, ids, out, temperature: float, agreement: dict = N
     # The head's row j-1 predicts f[j], whose logits predict seq[j+1]: align with target row j.
     rows = h[start - 1 : -1]
     q = probabilities(drafter._full(drafter.logits(rows).astype(mx.float32)), params)
-    if agreement is not None:
-        count_agreement(agreement, drafter, rows, out)
+    if count is not None:
+        count(rows)
     engine.reset()
     return mx.sum(mx.minimum(p, q), axis=-1).tolist()
 
 
-def count_agreement(agg: dict, drafter, rows, out) -> None:
-    """Row i of `rows` predicts out[i] (the first, out[0], follows the prompt: skipped)."""
-    from mlxspec.backbone import output_rows
+class Agreement:
+    """Greedy first-step agreement along outputs: the target's whole output matrix and the draft
+    vocabulary are read once, then each prompt's head rows are counted."""
 
-    local = drafter.logits(rows[1:]).astype(mx.float32)
-    top5 = mx.argsort(-local, axis=-1)[:, :5]
-    if drafter.draft_ids is not None:
-        top5 = mx.take(drafter.draft_ids, top5)
-    full = mx.argmax(rows[1:] @ output_rows(drafter.target.model, mx.arange(drafter.vocab)).T, axis=-1)
-    vocab = set(drafter.draft_ids.tolist()) if drafter.draft_ids is not None else None
-    for t, five, f in zip(out[1:], top5.tolist(), full.tolist()):
-        agg["positions"] = agg.get("positions", 0) + 1
-        agg["top1"] = agg.get("top1", 0) + (five[0] == t)
-        agg["top5"] = agg.get("top5", 0) + (t in five)
-        agg["in_vocab"] = agg.get("in_vocab", 0) + (vocab is None or t in vocab)
-        agg["top1_full"] = agg.get("top1_full", 0) + (f == t)
+    def __init__(self, drafter):
+        from mlxspec.backbone import output_rows
+
+        self.drafter = drafter
+        self.whole = output_rows(drafter.target.model, mx.arange(drafter.vocab))
+        self.vocab = set(drafter.draft_ids.tolist()) if drafter.draft_ids is not None else None
+
+    def count(self, rows, out) -> dict:
+        """Row i of `rows` predicts out[i] (the first, out[0], follows the prompt: skipped)."""
+        d = self.drafter
+        top5 = mx.argsort(-d.logits(rows[1:]).astype(mx.float32), axis=-1)[:, :5]
+        if d.draft_ids is not None:
+            top5 = mx.take(d.draft_ids, top5)
+        full = mx.argmax(rows[1:] @ self.whole.T, axis=-1)
+        c = dict.fromkeys(("positions", "top1", "top5", "in_vocab", "top1_full"), 0)
+        for t, five, f in zip(out[1:], top5.tolist(), full.tolist()):
+            c["positions"] += 1
+            c["top1"] += five[0] == t
+            c["top5"] += t in five
+            c["in_vocab"] += self.vocab is None or t in self.vocab
+            c["top1_full"] += f == t
+        return c
 
 
 def step_times(engine, ids, reps: int):
@@ -124,21 +134,21 @@ def main(argv=None):
     tok = engine.tokenizer
     suite = eval_suite(args.suite, args.held_out, args.seed)
     engine.warmup(temperatures=(0.0, args.temperature))
-    rows, overlap, agreement = [], [], {}
+    rows, overlap = [], []
+    agreement = Agreement(engine.drafters["eagle"])
     t0 = time.time()
     for i, ex in enumerate(suite[: args.prompts]):
         ids = chat_ids(tok, ex["prompt"])
         g = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle")
         s = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle",
                             temperature=args.temperature, seed=i)
-        kind_agreement = {}
-        ov = first_step_overlap(engine, ids, g.tokens, args.temperature, kind_agreement)
-        for key, v in kind_agreement.items():
-            agreement[key] = agreement.get(key, 0) + v
+        counts = {}
+        ov = first_step_overlap(engine, ids, g.tokens, args.temperature,
+                                lambda r: counts.update(agreement.count(r, g.tokens)))
         overlap += ov
         rows.append({"kind": ex["kind"], "drafted": g.stats.drafted, "accepted": g.stats.accepted,
                      "tokens": g.stats.tokens, "passes": g.stats.rounds, "t_drafted": s.stats.drafted,
-                     "t_accepted": s.stats.accepted, "overlap": sum(ov) / len(ov), **kind_agreement})
+                     "t_accepted": s.stats.accepted, "overlap": sum(ov) / len(ov), **counts})
         print(f"[{i + 1}/{args.prompts}] {ex['kind']:13s} greedy acceptance {g.stats.accepted / max(g.stats.drafted, 1):.2f}"
               f" tokens/pass {g.stats.tokens / g.stats.rounds:.2f}; T={args.temperature} sampled "
               f"{s.stats.accepted / max(s.stats.drafted, 1):.2f}, sum min(p,q) {sum(ov) / len(ov):.2f} "
@@ -154,19 +164,19 @@ def main(argv=None):
            "tokens_per_target_pass": total("tokens") / total("passes"),
            "temperature": args.temperature, "sampled_acceptance": total("t_accepted") / max(total("t_drafted"), 1),
            "first_step_sum_min_pq": sum(overlap) / len(overlap), "positions": len(overlap),
-           "first_step_top1": agreement["top1"] / agreement["positions"],
-           "first_step_top5": agreement["top5"] / agreement["positions"],
-           "draft_vocab_coverage": agreement["in_vocab"] / agreement["positions"],
-           "first_step_top1_full_vocab": agreement["top1_full"] / agreement["positions"],
+           "first_step_top1": total("top1") / total("positions"),
+           "first_step_top5": total("top5") / total("positions"),
+           "draft_vocab_coverage": total("in_vocab") / total("positions"),
+           "first_step_top1_full_vocab": total("top1_full") / total("positions"),
            "target_step_ms": 1e3 * t_target, "head_step_ms": 1e3 * t_head, "head_over_target": t_head / t_target,
            "per_kind": {}}
     for kind in sorted({r["kind"] for r in rows}):
         rs = [r for r in rows if r["kind"] == kind]
-        n = max(sum(r.get("positions", 0) for r in rs), 1)
+        n = max(sum(r["positions"] for r in rs), 1)
         res["per_kind"][kind] = {"acceptance": sum(r["accepted"] for r in rs) / max(sum(r["drafted"] for r in rs), 1),
                                  "tokens_per_pass": sum(r["tokens"] for r in rs) / sum(r["passes"] for r in rs),
-                                 "first_step_top1": sum(r.get("top1", 0) for r in rs) / n,
-                                 "draft_vocab_coverage": sum(r.get("in_vocab", 0) for r in rs) / n}
+                                 "first_step_top1": sum(r["top1"] for r in rs) / n,
+                                 "draft_vocab_coverage": sum(r["in_vocab"] for r in rs) / n}
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
