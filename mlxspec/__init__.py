@@ -16,6 +16,9 @@ from .errors import (  # noqa: E402
     ModelNotFoundError,
     NumericalError,
 )
+from . import blas as _blas  # noqa: E402
+
+_blas.adopt()  # before anything imports mlx.core: MLX binds its BLAS then (see blas.py)
 
 
 def __getattr__(name):

@@ -1,5 +1,5 @@
 """Which device MLX computes on: the one answer every module asks (precision defaults, cost
-priors, calibration keys, reports). Low-level on purpose: it imports nothing of mlxspec."""
+priors, calibration keys, reports). Low-level on purpose: it imports nothing of mlxspec but `blas`."""
 
 from __future__ import annotations
 
@@ -60,5 +60,8 @@ def device_name() -> str:
 
 
 def describe() -> dict:
-    """{"backend", "name", "os"} for reports."""
-    return {"backend": backend(), "name": device_name(), "os": platform.platform(terse=True)}
+    """{"backend", "name", "os", "blas"} for reports; "blas" names what MLX's CPU matmuls run on."""
+    from . import blas
+
+    return {"backend": backend(), "name": device_name(), "os": platform.platform(terse=True),
+            "blas": blas.info()["name"]}

@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one, see mlxspec/blas.py)
 import mlx.core as mx
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,6 +16,7 @@ import argparse
 import statistics
 import time
 
+import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one, see mlxspec/blas.py)
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 
+import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one, see mlxspec/blas.py)
 import mlx.core as mx
 
 from mlxspec.bench.prompts import builtin_suite, stratified

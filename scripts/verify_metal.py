@@ -18,6 +18,7 @@ import time
 
 from pathlib import Path
 
+import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one, see mlxspec/blas.py)
 import mlx.core as mx
 import numpy as np
 

@@ -1,3 +1,4 @@
+import mlxspec  # noqa: F401  (first, as the CLI does: it picks MLX's CPU BLAS before mlx.core binds one)
 import os
 import sys
 

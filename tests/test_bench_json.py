@@ -44,7 +44,7 @@ def test_exit_status_and_top_level_keys(bench_json):
     assert code == 0
     assert TOP <= set(doc)
     assert isinstance(doc["mlxspec_version"], str)
-    assert set(doc["device"]) >= {"backend", "name", "os"} and doc["device"]["backend"] in ("cpu", "metal", "cuda")
+    assert set(doc["device"]) >= {"backend", "name", "os", "blas"} and doc["device"]["backend"] in ("cpu", "metal", "cuda")
     assert set(doc["pair"]) >= {"name", "target", "draft", "drafters"}
     assert doc["pair"]["drafters"] == ["model", "ngram"] and isinstance(doc["pair"]["draft"], str)
 

@@ -153,7 +153,7 @@ def test_offline_and_not_cached_says_what_to_run(monkeypatch, tmp_path):
 # --- precision ----------------------------------------------------------------------------
 
 def test_dtype_choices():
-    assert resolve_dtype(None) in ("quantized", "bfloat16") and resolve_dtype("auto") == resolve_dtype(None)
+    assert resolve_dtype(None) in ("quantized", "bfloat16", "float32") and resolve_dtype("auto") == resolve_dtype(None)
     with pytest.raises(InvalidArgumentError, match=r"dtype must be one of .*got 'int8'"):
         resolve_dtype("int8")
 
@@ -188,6 +188,11 @@ def test_auto_precision_per_backend_and_memory(monkeypatch):
     monkeypatch.setattr(precision, "backend", lambda: "metal")
     assert precision.auto_dtype(model) == "quantized"
     monkeypatch.setattr(precision, "backend", lambda: "cpu")
+    monkeypatch.setattr(precision.blas, "fast", lambda: False)  # MLX's reference BLAS
+    assert precision.auto_dtype(model) == "bfloat16"
+    monkeypatch.setattr(precision.blas, "fast", lambda: True)  # an optimised BLAS was loaded
+    assert precision.auto_dtype(model) == "float32"
+    monkeypatch.setattr(precision, "physical_memory", lambda: 3 * float_bytes)  # float32 > 1/4, bfloat16 fits
     assert precision.auto_dtype(model) == "bfloat16"
     monkeypatch.setattr(precision, "physical_memory", lambda: 1000)  # too big to dequantize
     assert precision.auto_dtype(model) == "quantized"

@@ -65,6 +65,10 @@ def _precision(model) -> str:
 
 
 def _device() -> str:
+    from mlxspec import blas
     from mlxspec.device import backend
 
-    return {"metal": "Metal GPU", "cuda": "CUDA GPU"}.get(backend(), "CPU")
+    gpu = {"metal": "Metal GPU", "cuda": "CUDA GPU"}.get(backend())
+    # On the CPU the BLAS decides the speed (the reference BLAS is several times slower): say which.
+    return gpu or {"openblas": "CPU, OpenBLAS", "blis": "CPU, BLIS", "reference": "CPU, reference BLAS"}.get(
+        blas.info()["name"], "CPU")

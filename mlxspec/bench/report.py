@@ -28,6 +28,18 @@ from .runner import BenchResult, RunRecord, Setting
 from .summary import label, setting_of, summarize
 
 
+def device_line(device: dict) -> str:
+    """"cpu AMD EPYC, OpenBLAS": the backend, the chip and, on the CPU, the BLAS its float32 matmuls use."""
+    text = f"{device['backend']} {device['name']}"
+    if device["backend"] == "cpu" and device.get("blas"):
+        text += f", {BLAS_NAMES.get(device['blas'], device['blas'])}"
+    return text
+
+
+BLAS_NAMES = {"openblas": "OpenBLAS", "blis": "BLIS", "reference": "reference BLAS", "accelerate": "Accelerate",
+              "custom": "MLXSPEC_BLAS", "mlx": "MLX's BLAS"}
+
+
 def pair_info(engine, drafters) -> dict:
     """{"name", "target", "draft", "drafters"} from a loaded engine (loader attributes if present)."""
     t_info, d_info = getattr(engine, "target_info", None), getattr(engine, "draft_info", None)
@@ -157,7 +169,7 @@ def print_report(doc: dict, console) -> None:
             + (f", {_x(s['speedup_vs_chain'])} chain" if s.get("speedup_vs_chain") is not None else "")
             + (f", {_x(s['speedup_vs_mlx_lm'])} mlx-lm" if s["speedup_vs_mlx_lm"] is not None else "")
             + f"[/bold] (median of per-prompt ratios, {doc['settings']['prompt_count']} prompts, "
-            f"{doc['settings']['max_tokens']} tokens, {doc['device']['backend']} {doc['device']['name']})")
+            f"{doc['settings']['max_tokens']} tokens, {device_line(doc['device'])})")
     console.print(head)
     if s.get("engine_warmup_seconds") is not None:
         console.print(f"warm-up (untimed, before any timed run): *engine.warmup() {s['engine_warmup_seconds']:.1f} s, "

@@ -11,14 +11,18 @@
 Defaults come from `scripts/measure_precision.py` (figures in `mlxspec/loading/README.md`):
 on a GPU (Metal, or MLX's CUDA backend), quantized (memory bandwidth bound, fewer bytes
 win, and the quantized matmul has a many-rows kernel for verify passes); on the CPU
-backend, bfloat16 -- verifying 5 tokens costs ~1.2x one token there, against ~4x when
-quantized, and cheap multi-token passes are what speculative decoding needs.
+backend, float32 when mlxspec loaded an optimised BLAS for MLX (`mlxspec.blas`: one token
+1.8x and five tokens 2.8x faster than bfloat16, verifying 5 tokens ~1.7x one), else
+bfloat16 -- with MLX's bundled reference BLAS verifying 5 tokens costs ~2.1-2.7x one token
+in bfloat16 against ~4x quantized or float32, and cheap multi-token passes are what
+speculative decoding needs.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
+from .. import blas
 from ..device import backend
 from ..errors import InvalidArgumentError
 
@@ -27,11 +31,21 @@ DEFAULTS = {"metal": "quantized", "cuda": "quantized", "cpu": "bfloat16"}
 AUTO_MEMORY_FRACTION = 0.25  # "auto" dequantizes only models whose float weights fit in this share of RAM
 
 
+def default_dtype() -> str:
+    """This backend's default precision, before any memory check."""
+    if backend() == "cpu" and blas.fast():
+        return "float32"
+    return DEFAULTS[backend()]
+
+
 def auto_dtype(model) -> str:
-    """The backend's default for `model`; on the CPU, stay quantized when float weights
-    would take more than AUTO_MEMORY_FRACTION of physical memory."""
-    choice = DEFAULTS[backend()]
-    if choice != "quantized" and dequantized_bytes(model, 2) > AUTO_MEMORY_FRACTION * physical_memory():
+    """The backend's default for `model`; on the CPU, fall back from float32 to bfloat16, then to
+    quantized, while the float weights would take more than AUTO_MEMORY_FRACTION of physical memory."""
+    choice = default_dtype()
+    budget = AUTO_MEMORY_FRACTION * physical_memory()
+    if choice == "float32" and dequantized_bytes(model, 4) > budget:
+        choice = "bfloat16"
+    if choice != "quantized" and dequantized_bytes(model, 2) > budget:
         return "quantized"
     return choice
 
@@ -75,7 +89,7 @@ def resolve_dtype(dtype: str | None) -> str:
         InvalidArgumentError: `dtype` is not one of DTYPES.
     """
     if dtype is None or dtype == "auto":
-        return DEFAULTS[backend()]
+        return default_dtype()
     if dtype not in DTYPES:
         raise InvalidArgumentError(f"[load] dtype must be one of {DTYPES} or None, got {dtype!r}")
     return dtype
