@@ -11,7 +11,8 @@ The drafters' cost per drafted token, relative to one target step, is measured t
 File: `$MLXSPEC_HOME/calibration.json` (default home: `platformdirs.user_cache_dir("mlxspec")`),
     {"format": 1, "models": {<model key>: {"ratios": {"1": 1.0, "2": ...}, "seconds": {...},
                                            "draft_cost": {"ngram": ..., "model": ...}, ...}}}
-keyed by `model_key(model)`: class, layers, hidden size, vocab, weights bytes, dtypes, backend.
+keyed by `model_key(model)`: class, layers, hidden size, vocab, weights bytes, dtypes, backend
+(and on the CPU the BLAS).
 MLX is imported inside the functions, so `mlxspec --help` stays fast.
 """
 
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from . import blas
 from .device import backend, device_name
 from .errors import InvalidArgumentError, MlxSpecError
 
@@ -39,7 +41,8 @@ def calibration_path() -> Path:
 
 
 def model_key(model) -> str:
-    """Identifies a model as loaded on this backend, e.g. "llama.Model/L30/H576/V49152/B103M.../float16/cpu"."""
+    """Identifies a model as loaded on this backend, e.g. "llama.Model/L30/H576/V49152/B103M.../float32/cpu+openblas"
+    (on the CPU the BLAS MLX's matmuls use is part of it)."""
     from mlx.utils import tree_flatten
 
     from .modelmeta import logit_width, weights_bytes
@@ -49,7 +52,10 @@ def model_key(model) -> str:
     hidden = getattr(args, "hidden_size", None)
     dtypes = sorted({str(v.dtype).replace("mlx.core.", "") for _, v in tree_flatten(model.parameters())})
     cls = f"{type(model).__module__.rsplit('.', 1)[-1]}.{type(model).__name__}"
-    return f"{cls}/L{layers}/H{hidden}/V{logit_width(model)}/B{weights_bytes(model)}/{'+'.join(dtypes)}/{backend()}"
+    where = backend()
+    if where == "cpu":  # the BLAS sets the CPU's curve (mlxspec.blas): a curve is not carried across
+        where += "+" + blas.info()["name"]
+    return f"{cls}/L{layers}/H{hidden}/V{logit_width(model)}/B{weights_bytes(model)}/{'+'.join(dtypes)}/{where}"
 
 
 # -- measuring -------------------------------------------------------------------------------------

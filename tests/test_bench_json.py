@@ -155,3 +155,18 @@ def test_bad_options_are_rejected_before_loading(monkeypatch, capsys, argv, word
     monkeypatch.setattr(modelargs, "load_engine", lambda *a, **k: pytest.fail("must fail before loading"))
     assert cli.main(["bench", *argv]) == 1
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("blas, hint", [("reference", True), ("openblas", False)])
+def test_report_names_the_blas_and_says_how_to_get_a_faster_one(bench_json, blas, hint):
+    from rich.console import Console
+
+    from mlxspec.bench.report import print_report
+
+    doc = json.loads(json.dumps(bench_json[1]))
+    doc["device"].update(backend="cpu", blas=blas)
+    console = Console(record=True, width=300)
+    print_report(doc, console)
+    text = console.export_text()
+    assert ("reference BLAS" if blas == "reference" else "OpenBLAS") in text
+    assert ("apt install libopenblas0" in text) == hint

@@ -44,6 +44,10 @@ def test_entries_are_per_model_and_backend(home, monkeypatch):
     assert len(cal.load_prior(a)) == 2 and len(cal.load_prior(b)) == 3  # saving b kept a
     monkeypatch.setattr(cal, "backend", lambda: "metal")
     assert cal.model_key(a).endswith("/metal") and cal.load_prior(a) is None
+    monkeypatch.setattr(cal, "backend", lambda: "cpu")
+    assert len(cal.load_prior(a)) == 2  # this BLAS's curve
+    monkeypatch.setattr(cal.blas, "info", lambda: {"name": "some-other-blas", "path": None, "note": ""})
+    assert cal.model_key(a).endswith("/cpu+some-other-blas") and cal.load_prior(a) is None
 
 
 def test_a_corrupt_file_is_no_prior_but_a_clear_error_to_save(home):

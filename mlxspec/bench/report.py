@@ -171,6 +171,10 @@ def print_report(doc: dict, console) -> None:
             + f"[/bold] (median of per-prompt ratios, {doc['settings']['prompt_count']} prompts, "
             f"{doc['settings']['max_tokens']} tokens, {device_line(doc['device'])})")
     console.print(head)
+    if doc["device"]["backend"] == "cpu" and doc["device"].get("blas") == "reference":
+        console.print("[yellow]MLX's bundled reference BLAS ran the CPU's matmuls: with a system OpenBLAS "
+                      "(e.g. `apt install libopenblas0`) mlxspec uses it and float32, about 2x faster and "
+                      "with cheaper verify passes (README, \"Linux CPUs\")[/yellow]")
     if s.get("engine_warmup_seconds") is not None:
         console.print(f"warm-up (untimed, before any timed run): *engine.warmup() {s['engine_warmup_seconds']:.1f} s, "
                       "shared by vanilla and every speculative setting"
