@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,10 @@ def test_root_models_toml_is_the_packaged_copy():
 def test_registry_has_the_curated_pairs():
     p = pairs()
     assert p["demo"].target.startswith(demo.PREFIX) and p["demo"].draft == "builtin:smollm2-draft"
-    assert p["demo"].drafter == "ngram"
+    # the demo's default drafter is per backend: whichever the bench measured faster there
+    assert (p["demo"].drafter_on("cpu"), p["demo"].drafter_on("metal"), p["demo"].drafter_on("cuda")) == (
+        "eagle", "ngram", "ngram")
+    assert p["qwen2.5-7b"].drafter_on("cpu") == ""  # none named: the draft model
     for name in ("qwen2.5-7b", "qwen2.5-32b", "qwen2.5-coder-7b", "qwen2.5-coder-32b", "llama3.1-8b", "llama3.3-70b"):
         assert p[name].target.startswith("mlx-community/") and p[name].draft.startswith("mlx-community/")
         assert p[name].quantization and p[name].target_gb > p[name].draft_gb > 0
@@ -70,6 +74,11 @@ def test_registry_errors_name_the_entry(tmp_path):
     bad.write_text(good.replace("context = 8192", 'context = "long"'))
     with pytest.raises(MlxSpecError, match="'context' must be int"):
         load_pairs(bad)
+    for table in ('{ tpu = "ngram" }', '{ cpu = 3 }'):
+        bad.write_text(re.sub(r"\ndrafter = .*\n", f"\ndrafter = {table}\n", good))
+        with pytest.raises(MlxSpecError, match=r"'drafter' must be a string or a table of strings keyed by "
+                                               r"backend \(metal, cuda, cpu\)"):
+            load_pairs(bad)
 
 
 # --- resolution order -------------------------------------------------------------------

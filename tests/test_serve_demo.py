@@ -5,12 +5,15 @@ import signal
 import httpx
 import pytest
 
+from mlxspec.device import backend
 from mlxspec.loading import demo
+from mlxspec.loading.registry import pairs
 from serve_helpers import TIMEOUT, free_port, openai_client, server_process, stop_process
 
 pytestmark = [pytest.mark.demo,
               pytest.mark.skipif(not demo.is_cached(), reason="demo GGUF not in the cache; run `mlxspec pull demo`")]
 
+DEFAULT = pairs()["demo"].drafter_on(backend())  # the demo's default drafter on this backend
 QUESTION = [{"role": "user", "content": "Write a python function that adds two numbers."}]
 
 
@@ -34,7 +37,7 @@ def test_demo_pair_answers_the_openai_client_with_figures_and_reuses_the_convers
     r1 = client.chat.completions.create(model="demo", messages=QUESTION, max_tokens=16)
     assert "def " in r1.choices[0].message.content and r1.model == "demo"
     figures = r1.model_extra["mlxspec"]
-    assert figures["drafter"] == "ngram" and figures["tokens_per_second"] > 0
+    assert figures["drafter"] == DEFAULT and figures["tokens_per_second"] > 0
     assert figures["tokens_per_target_pass"] >= 1 and 0 <= figures["acceptance_rate"] <= 1
 
     turn2 = QUESTION + [{"role": "assistant", "content": r1.choices[0].message.content},
@@ -46,7 +49,7 @@ def test_demo_pair_answers_the_openai_client_with_figures_and_reuses_the_convers
     # answer's last token, which the model generated but never read).
     assert usage.prompt_tokens_details.cached_tokens == r1.usage.prompt_tokens + r1.usage.completion_tokens - 1
     assert chunks[-1].model_extra["mlxspec"]["prefilled_tokens"] < usage.prompt_tokens / 2
-    assert chunks[-2].model_extra["mlxspec"]["drafter"] == "ngram"
+    assert chunks[-2].model_extra["mlxspec"]["drafter"] == DEFAULT
 
 
 def test_demo_server_exits_0_on_ctrl_c(demo_server):

@@ -7,6 +7,7 @@ import warnings
 
 import mlx.core as mx
 
+from ..device import backend
 from ..drafters import DRAFTERS
 from ..errors import InvalidArgumentError
 from .model import load_model
@@ -30,7 +31,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         dtype: precision of both models: None/"auto", "quantized", "bfloat16", "float16",
             "float32". Default: None (the backend's default, see `mlxspec.loading.precision`).
         drafter: "ngram", "model", "eagle", "none", a drafter object, or None. Default: None ("ngram"
-            or "none" when the draft says so; otherwise the engine drafts with the draft model).
+            or "none" when the draft says so; else the pair's default on this backend, `drafter` in
+            models.toml; otherwise the engine drafts with the draft model).
         head: an EAGLE head ("builtin:<name>" or a folder) trained for the target. Default: None
             (the pair's head when `target` names a pair that has one). Not loaded when `drafter`
             is "ngram" or "none": the target's passes then keep no hidden states.
@@ -78,8 +80,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             "[load] drafter='eagle' needs a head: pass head=<folder or builtin:name> or a pair that names one")
     if drafter in ("ngram", "none"):
         draft_ref = head_ref = None  # asked for explicitly: the draft model and head would go unused
-    if drafter is None and pair and pair.drafter:
-        drafter = pair.drafter  # the pair's default; its draft model stays loaded and selectable
+    pair_default = pair.drafter_on(backend()) if drafter is None and pair else ""
 
     group = None
     if distributed:
@@ -97,6 +98,9 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         draft_model = draft_tokenizer = draft_info = None
         if draft_ref is not None:
             draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download)
+    if pair_default:  # the pair's default here; its draft model stays loaded and selectable
+        # A head drafting over several ranks was never measured: those keep the n-gram drafter.
+        drafter = "ngram" if pair_default == "eagle" and group is not None else pair_default
     if draft_model is not None:
         check_tokenizers(tokenizer, draft_tokenizer)
     _report_memory(target_info, draft_info, max_kv_size)

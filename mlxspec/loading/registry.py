@@ -17,6 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
+from ..device import BACKENDS
 from ..errors import MlxSpecError
 
 PACKAGED = Path(__file__).resolve().parent.parent / "models.toml"
@@ -36,12 +37,20 @@ class Pair:
     context: int  # the target's trained context, tokens
     window: int  # sliding-window span, tokens (0 = none)
     quantization: str  # storage of target / draft weights
-    drafter: str = ""  # optional default drafter ("ngram", "model"); "" = the draft model if there is one
+    # optional default drafter ("ngram", "model", "eagle"), or one per backend ({cpu = "eagle",
+    # metal = "ngram", cuda = "ngram"}: whichever the bench measured faster there); "" = the draft model
+    drafter: str = ""
     head: str = ""  # optional EAGLE head ("builtin:<name>" or a folder) trained for the target
 
     @property
     def draft_is_model(self) -> bool:
         return self.draft not in WEIGHTLESS_DRAFTERS
+
+    def drafter_on(self, backend: str) -> str:
+        """The default drafter on `backend` ("cpu", "metal", "cuda"); "" = the draft model."""
+        if isinstance(self.drafter, dict):
+            return self.drafter.get(backend, "")
+        return self.drafter
 
 
 def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
@@ -72,6 +81,11 @@ def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
                 f"allowed fields are {sorted(known)}"
             )
         for key, value in entry.items():
+            if key == "drafter" and isinstance(value, dict):
+                if not set(value) <= set(BACKENDS) or not all(isinstance(v, str) for v in value.values()):
+                    raise MlxSpecError(f"{where}: field 'drafter' must be a string or a table of strings keyed by "
+                                       f"backend ({', '.join(BACKENDS)}), got {value!r}")
+                continue
             want = {"str": str, "int": int, "float": (int, float)}[known[key]]
             if not isinstance(value, want) or isinstance(value, bool):
                 raise MlxSpecError(f"{where}: field {key!r} must be {known[key]}, got {value!r}")
