@@ -9,7 +9,7 @@ from mlxspec import reference
 from mlxspec.bench import runner as runner_mod
 from mlxspec.bench.peer import rounds_from_flags
 from mlxspec.bench.runner import Setting, run_bench, settings_for
-from mlxspec.bench.summary import summarize
+from mlxspec.bench.summary import setting_of, summarize
 from mlxspec.engine import Engine
 from mlxspec.errors import InvalidArgumentError
 from mlxspec.prompts import encode_prompt
@@ -47,15 +47,24 @@ def test_every_run_is_complete_and_greedy_outputs_match(result):
     assert all(r.drafted > 0 and r.mlx_lm_generation_tps for r in peer)
 
 
-def test_each_run_starts_cold_but_cost_models_keep_learning(monkeypatch):
+def test_each_run_starts_cold_and_each_setting_learns_in_its_own_cost_models(monkeypatch):
     eng = tiny_engine()
     resets = []
     real = eng.reset
     monkeypatch.setattr(eng, "reset", lambda: (resets.append(1), real()))
-    costs_before = dict(eng.costs)
-    res = run_bench(eng, PROMPTS[:1], max_tokens=MAX, warmup=False)
+    start = eng.costs
+    used = {}  # setting -> the cost models its runs learnt into
+    res = run_bench(eng, PROMPTS[:2], max_tokens=MAX, warmup=False, drafters=["model"], lookups=["on", "off"],
+                    on_run=lambda rec: used.setdefault(setting_of(rec), []).append(eng.costs))
     assert len(resets) == len(res.runs)
-    assert eng.costs == costs_before  # the same objects: learned state is kept across runs
+    for runs in used.values():  # one setting keeps learning across prompts in the same cost models
+        assert len(runs) == 2 and runs[0] is runs[1]
+    on, off = (used[Setting("speculative", "model", "auto", "auto", v)][0] for v in ("on", "off"))
+    assert on is not off and on["model"] is not off["model"]  # settings of one drafter do not teach each other
+    # The lookup companion learnt in the lookup=on setting's models only, not in the engine's own.
+    assert on["ngram"].counts and not off["ngram"].counts and not start["ngram"].counts
+    assert all(c.curve is eng.curve for costs in (on, off, start) for c in costs.values())  # one device curve
+    assert eng.costs is start  # the engine gets its own back
     assert eng.curve.measured()  # and the shared curve observed target passes
 
 

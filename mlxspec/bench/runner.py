@@ -4,8 +4,9 @@ For each prompt and temperature the order is: vanilla (the engine with speculati
 each speculative setting (drafter x draft length x tree setting), then the mlx-lm peer when the engine
 has a draft model. Interleaving makes slow machine drift (thermals, other load) hit all
 modes alike. Before each run the engine's caches are dropped (`engine.reset()`), so no
-mode reuses another's prompt cache; the cost model's learned state is kept, as a user
-would have it.
+mode reuses another's prompt cache. Each setting (and temperature) learns in cost models of
+its own, kept from prompt to prompt as a user of that setting would have them, so two settings
+of one drafter never teach each other; the device's verify-cost curve is shared.
 
 Warm-up comes first and is timed apart, so no first-use compilation lands in a timed run.
 mlxspec's settings (vanilla and every drafter x k) are covered by one `engine.warmup()`:
@@ -23,6 +24,7 @@ outside the timing.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
@@ -209,11 +211,16 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                     peer_warm[t] = _warm_up_peer(engine, s, prompts[0], encoded[0], min(WARMUP_TOKENS, max_tokens),
                                                  t, seed)
 
+    # Each setting learns into cost models of its own (the warm-up's timings to start from), so
+    # two settings of one drafter (lookup on/off, trees auto/off) do not teach each other and
+    # the one that runs second starts from nothing the first learnt. The device curve is shared.
+    start, own = engine.costs, {}
     runs: List[RunRecord] = []
     for p, ids in zip(prompts, encoded):
         for t in temps:
             vanilla: Optional[RunRecord] = None
             for s in settings:
+                engine.costs = own.setdefault((s, t), copy.deepcopy(start, {id(engine.curve): engine.curve}))
                 rec = _run_one(engine, s, p, ids, max_tokens, t, seed)
                 rec.order = len(runs)
                 if s.mode == "vanilla":
@@ -231,6 +238,7 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                 runs.append(rec)
                 if on_run is not None:
                     on_run(rec)
+    engine.costs = start
     return BenchResult(runs, settings, temps, max_tokens, seed, default_setting(engine, settings), peer_warm,
                        engine_warm, curve)
 
