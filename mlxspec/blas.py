@@ -21,7 +21,7 @@ Low-level on purpose: it imports nothing of mlxspec but `errors`, and never `mlx
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import glob
 import importlib.util
 import os
@@ -48,15 +48,34 @@ def bundled_reference() -> str | None:
 
 
 def find(name: str) -> str | None:
-    """A loadable path for library `name` ("openblas", "blis"), or None."""
-    hit = ctypes.util.find_library(name)
-    if hit:
-        return hit
+    """A loadable path for library `name` ("openblas", "blis"), or None: the dynamic linker's cache
+    first, then the usual folders. (Not ctypes.util.find_library: a miss there runs a compiler,
+    tens of milliseconds on every `import mlxspec` of a machine without the library.)"""
+    for line in _ldconfig():
+        soname, _, path = line.partition(" => ")
+        if soname.strip().split(" ")[0].startswith(f"lib{name}.so") and path:
+            return path.strip()
     for d in _FALLBACK_DIRS:
         found = sorted(glob.glob(os.path.join(d, f"lib{name}.so*")))
         if found:
             return found[0]
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _ldconfig() -> tuple:
+    """Lines of `ldconfig -p` (the linker's cache), or () where there is none."""
+    import subprocess
+
+    for exe in ("/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"):
+        try:
+            out = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=5,
+                                 env={"LC_ALL": "C", "LANG": "C"})
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.returncode == 0:
+            return tuple(out.stdout.splitlines()[1:])
+    return ()
 
 
 def _load(path: str):

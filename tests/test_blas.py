@@ -93,3 +93,16 @@ def test_too_late_when_mlx_came_first():
     assert f"MLXSPEC_BLAS={path!r} ignored: mlx.core was imported before mlxspec" in p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["info"]["name"] == "reference" and not out["fast"]
+
+
+def test_find_reads_the_linkers_cache_then_the_usual_folders(monkeypatch, tmp_path):
+    from mlxspec import blas
+
+    cache = ("\tlibopenblasp-r0.3.21.so (libc6,x86-64) => /elsewhere/libopenblasp-r0.3.21.so",
+             "\tlibopenblas.so.0 (libc6,x86-64) => /cache/libopenblas.so.0")
+    monkeypatch.setattr(blas, "_ldconfig", lambda: cache)
+    monkeypatch.setattr(blas, "_FALLBACK_DIRS", (str(tmp_path),))
+    assert blas.find("openblas") == "/cache/libopenblas.so.0"
+    assert blas.find("blis") is None
+    (tmp_path / "libblis.so.4").write_bytes(b"")
+    assert blas.find("blis") == str(tmp_path / "libblis.so.4")
