@@ -32,7 +32,7 @@ from .errors import InvalidArgumentError
 
 ENV = "MLXSPEC_BLAS"
 CANDIDATES = ("openblas", "blis")  # fastest first; each must export cblas_sgemm
-_FALLBACK_DIRS = ("/usr/lib/*-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/opt/homebrew/opt/openblas/lib")
+_FALLBACK_DIRS = ("/usr/lib/*-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/home/linuxbrew/.linuxbrew/lib")
 
 _state: dict = {}  # set once by adopt(): {"name", "path", "note"}
 
