@@ -94,22 +94,24 @@ def adopt() -> dict:
     Raises:
         InvalidArgumentError: MLXSPEC_BLAS names a library that cannot be loaded or has no cblas_sgemm.
     """
-    if _state:
-        return info()
-    request = os.environ.get(ENV, "auto").strip() or "auto"
+    if not _state:
+        _state.update(_decide(os.environ.get(ENV, "auto").strip() or "auto"))
+    return info()
+
+
+def _decide(request: str) -> dict:
+    """{"name", "path", "note"} for the MLXSPEC_BLAS value `request`, loading a library where one is chosen."""
     if sys.platform == "darwin":
-        _state.update(name="accelerate", path=None, note="MLX links Apple's Accelerate")
-        return info()
+        return dict(name="accelerate", path=None, note="MLX links Apple's Accelerate")
     reference = bundled_reference()
+    mlx_own = "reference" if reference else "mlx"
     if request == "off":
-        _state.update(name="reference" if reference else "mlx", path=reference, note=f"{ENV}=off")
-        return info()
+        return dict(name=mlx_own, path=reference, note=f"{ENV}=off")
     if "mlx.core" in sys.modules:
         note = "mlx.core was imported before mlxspec, so MLX keeps the BLAS it bound then"
         if request != "auto":
-            warnings.warn(f"{ENV}={request!r} ignored: {note}; import mlxspec first", stacklevel=3)
-        _state.update(name="reference" if reference else "mlx", path=reference, note=note)
-        return info()
+            warnings.warn(f"{ENV}={request!r} ignored: {note}; import mlxspec first", stacklevel=4)
+        return dict(name=mlx_own, path=reference, note=note)
     if request != "auto":
         try:
             _load(request)
@@ -118,11 +120,9 @@ def adopt() -> dict:
                 f"{ENV}={request!r} cannot be used: {e}. Allowed: 'auto' (a system OpenBLAS or BLIS if "
                 f"installed), 'off' (MLX's own BLAS), or the path of a shared library exporting cblas_sgemm"
             ) from None
-        _state.update(name="custom", path=request, note=f"{ENV}={request}")
-        return info()
+        return dict(name="custom", path=request, note=f"{ENV}={request}")
     if reference is None:  # MLX was built against some other BLAS: leave it be
-        _state.update(name="mlx", path=None, note="MLX's own BLAS (not the bundled reference)")
-        return info()
+        return dict(name="mlx", path=None, note="MLX's own BLAS (not the bundled reference)")
     for name in CANDIDATES:
         path = find(name)
         if path is None:
@@ -131,11 +131,9 @@ def adopt() -> dict:
             _load(path)
         except (OSError, ValueError):
             continue
-        _state.update(name=name, path=path, note="loaded in place of MLX's bundled reference BLAS")
-        return info()
-    _state.update(name="reference", path=reference,
-                  note="MLX's bundled reference BLAS; install OpenBLAS (e.g. `apt install libopenblas0`) for faster CPU matmuls")
-    return info()
+        return dict(name=name, path=path, note="loaded in place of MLX's bundled reference BLAS")
+    return dict(name="reference", path=reference,
+                note="MLX's bundled reference BLAS; install OpenBLAS (e.g. `apt install libopenblas0`) for faster CPU matmuls")
 
 
 def info() -> dict:
@@ -152,3 +150,12 @@ def fast() -> bool:
     MLXSPEC_BLAS), so float32 is the faster CPU precision; False for the reference BLAS and for
     anything unmeasured."""
     return info()["name"] in ("openblas", "blis", "custom")
+
+
+LABELS = {"openblas": "OpenBLAS", "blis": "BLIS", "reference": "reference BLAS", "accelerate": "Accelerate",
+          "custom": "MLXSPEC_BLAS", "mlx": "MLX's BLAS"}
+
+
+def label(name: str) -> str:
+    """How reports write a BLAS `name` from `info()` ("openblas" -> "OpenBLAS")."""
+    return LABELS.get(name, name)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import platform
 
+from . import blas
+
 BACKENDS = ("metal", "cuda", "cpu")
 
 
@@ -61,7 +63,5 @@ def device_name() -> str:
 
 def describe() -> dict:
     """{"backend", "name", "os", "blas"} for reports; "blas" names what MLX's CPU matmuls run on."""
-    from . import blas
-
     return {"backend": backend(), "name": device_name(), "os": platform.platform(terse=True),
             "blas": blas.info()["name"]}

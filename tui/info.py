@@ -69,6 +69,8 @@ def _device() -> str:
     from mlxspec.device import backend
 
     gpu = {"metal": "Metal GPU", "cuda": "CUDA GPU"}.get(backend())
+    if gpu:
+        return gpu
     # On the CPU the BLAS decides the speed (the reference BLAS is several times slower): say which.
-    return gpu or {"openblas": "CPU, OpenBLAS", "blis": "CPU, BLIS", "reference": "CPU, reference BLAS"}.get(
-        blas.info()["name"], "CPU")
+    name = blas.info()["name"]
+    return f"CPU, {blas.label(name)}" if name in ("openblas", "blis", "reference") else "CPU"

@@ -20,7 +20,7 @@ import csv
 import json
 from typing import Optional
 
-from .. import __version__
+from .. import __version__, blas
 from ..device import describe as describe_device
 from ..reference import dtype_name, working_dtype
 from .peer import PEER_NUM_DRAFT
@@ -32,12 +32,8 @@ def device_line(device: dict) -> str:
     """"cpu AMD EPYC, OpenBLAS": the backend, the chip and, on the CPU, the BLAS its float32 matmuls use."""
     text = f"{device['backend']} {device['name']}"
     if device["backend"] == "cpu" and device.get("blas"):
-        text += f", {BLAS_NAMES.get(device['blas'], device['blas'])}"
+        text += f", {blas.label(device['blas'])}"
     return text
-
-
-BLAS_NAMES = {"openblas": "OpenBLAS", "blis": "BLIS", "reference": "reference BLAS", "accelerate": "Accelerate",
-              "custom": "MLXSPEC_BLAS", "mlx": "MLX's BLAS"}
 
 
 def pair_info(engine, drafters) -> dict:
