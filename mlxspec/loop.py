@@ -119,10 +119,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         k_cap = min(room() - 2, MAX_DRAFT)
         src, probe = name, None
         if drafter.uses_model:
-            k = cost.choose(k_cap)
-            if k and cost.probing:
-                probe = model_guess(hist)
-                k = 0 if probe is not None else k
+            k, probe = probe_instead(cost.choose(k_cap))
             if k or companion is None:
                 return k == 0, probe, k
             src = companion  # the model would not draft: would a lookup?
@@ -133,15 +130,16 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         k = engine.costs[src].choose(len(proposal) - 1, kind=proposal.kind) if len(proposal) > 1 else 0
         return k == 0, probe or ((proposal.tokens[0], proposal.kind, src) if k == 0 else None), model_k
 
-    def model_guess(history) -> Optional[tuple]:
-        """A greedy model drafter's probe without verify rows: its first draft token, a guess of
-        the token the next pass gives, checked when that arrives (what a k = 1 round would learn,
-        for one drafting step). Sampled rounds keep k = 1 probes: there acceptance is
-        sum min(p, q), which one sampled token cannot tell."""
-        if not params.greedy:
-            return None
-        d = drafter.propose(history, 1, params, seed)
-        return (d.tokens[0], "", name) if len(d) else None
+    def probe_instead(k: int) -> tuple:
+        """(k, guess) for a model drafter's chosen k. When the cost model only wants a probe and
+        decoding is greedy, the probe verifies nothing: the drafter's first token is a guess of
+        the token the next pass gives, checked when that arrives (what a k = 1 round would
+        learn, for one drafting step), and k becomes 0. Sampled rounds keep k = 1 probes: there
+        acceptance is sum min(p, q), which one sampled token cannot tell."""
+        if not (k and cost.probing and params.greedy):
+            return k, None
+        d = drafter.propose(hist, 1, params, seed)
+        return (0, (d.tokens[0], "", name)) if len(d) else (k, None)
 
     def free_plan(src: str, k_cap: int) -> tuple:
         """A free drafter's next pass on the exact history: a chain cut to what pays (the whole
@@ -170,11 +168,10 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             return min(k_fixed, k_cap), None, None, name
         if not drafter.uses_model:
             return free_plan(name, k_cap)
-        k = min(model_k, k_cap) if model_k is not None else cost.choose(k_cap)
-        guess = None
-        if k and cost.probing and model_k is None:
-            guess = model_guess(hist)
-            k = 0 if guess is not None else k
+        if model_k is not None:  # decided before the last read (`decide_early`)
+            k, guess = min(model_k, k_cap), None
+        else:
+            k, guess = probe_instead(cost.choose(k_cap))
         if companion is None:
             return k, None, guess, name
         free = free_plan(companion, k_cap)

@@ -38,14 +38,18 @@ def main(argv=None):
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     import mlxspec
+    from mlxspec.commands.argtypes import on_off
+    from mlxspec.commands.bench import parse_list
+    from mlxspec.errors import InvalidArgumentError
 
+    try:
+        lookups = parse_list(args.lookup, "lookup", on_off)  # as `mlxspec bench --lookup` reads it
+    except InvalidArgumentError as e:
+        p.error(str(e))
     engine = mlxspec.load(args.pair, drafter=args.drafter)
     engine.curve.verify_seconds = lambda j: 1.0  # flat: every node pays for its row
     engine.curve.plain_seconds = lambda: 1.0
     engine.costs[args.drafter].k_max = engine.costs["ngram"].k_max = args.chain
-    lookups = [x.strip() for x in args.lookup.split(",")]
-    if not lookups or any(x not in ("on", "off") for x in lookups):
-        p.error(f"--lookup: expected on, off or on,off, got {args.lookup!r}")
     tok = engine.tokenizer
     prompts = [chat_ids(tok, ex["prompt"]) for ex in eval_suite(args.suite)[: args.prompts]]
     plain = [engine.generate(ids, max_tokens=args.max_tokens, speculative=False).tokens for ids in prompts]

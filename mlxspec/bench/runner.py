@@ -220,7 +220,9 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
         for t in temps:
             vanilla: Optional[RunRecord] = None
             for s in settings:
-                engine.costs = own.setdefault((s, t), copy.deepcopy(start, {id(engine.curve): engine.curve}))
+                if (s, t) not in own:
+                    own[s, t] = copy.deepcopy(start, {id(engine.curve): engine.curve})
+                engine.costs = own[s, t]
                 rec = _run_one(engine, s, p, ids, max_tokens, t, seed)
                 rec.order = len(runs)
                 if s.mode == "vanilla":
