@@ -91,6 +91,29 @@ async def test_escape_stops_a_long_generation_and_the_next_message_works():
 
 
 @async_test
+async def test_a_turn_is_busy_from_enter_not_only_once_the_panes_are_cleared():
+    # Clearing the panes awaits the event loop; a key (Esc, a second Enter) or a caller that
+    # waits for the turn must already see it as under way, or it would read the previous turn.
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        seen = []
+        clear = app._clear_race
+
+        async def slow_clear():
+            seen.append(app.busy)
+            await asyncio.sleep(0.2)
+            await clear()
+
+        app._clear_race = slow_clear
+        app.query_one("#prompt").value = "hello"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert seen == [True]
+        await wait_idle(app, pilot)
+        assert len(app.conversation.turns) == 1
+
+
+@async_test
 async def test_ctrl_c_stops_too():
     app = make_app(tiny_engine(), max_tokens=100_000)
     async with app.run_test(size=SIZE) as pilot:

@@ -130,6 +130,9 @@ class ChatApp(App):
             await self.start_turn(text)
 
     async def start_turn(self, text: str) -> None:
+        # busy before the first await: clearing the panes yields to the event loop, and a key
+        # or a test that looks in between must already see this turn as under way
+        self.busy, self.cancel = True, threading.Event()
         self.query_one(ChatHistory).add_user(text)
         await self._clear_race()
         s = self.settings
@@ -137,8 +140,6 @@ class ChatApp(App):
             user=text, messages={side: self.conversation.messages(side, text) for side in (SPEC, VANILLA)},
             temperature=s.temperature, max_tokens=s.max_tokens, num_draft=s.num_draft, drafter=s.drafter,
             sequential=self.sequential, seed=self.seed)
-        self.cancel = threading.Event()
-        self.busy = True
         self._generate(request, self.cancel)
 
     @work(thread=True, exclusive=True, group="generate")
