@@ -16,6 +16,8 @@ held back as a stall (first-use compilation, a preempted thread) unless it repea
 length never timed is interpolated from the timed ones (or a calibration curve). Lengths
 whose estimate is old or only interpolated are re-timed now and then when they could
 beat the current choice, so neither a stall nor a stale number can lock drafting out.
+A model drafter's round teaches its draft cost (the round less V(k + 1)); a round that beat
+V(k + 1) alone shows that V too high, and corrects it instead.
 
 The target's curve (`TargetCurve`) is one per engine, shared by every drafter; acceptance
 and draft cost (`CostModel`) are per drafter. Acceptance is kept per *kind* of proposal:
@@ -207,8 +209,16 @@ class CostModel:
         if k and not self.draft_is_free:
             v = self.curve.verify_seconds(k + 1)
             steps = drafted or k
-            if v is not None:
-                self.c.add(max(0.0, (seconds - v) / steps), self.curve.now)
+            if v is None:
+                return
+            if seconds >= v:
+                self.c.add((seconds - v) / steps, self.curve.now)
+            else:
+                # The whole round, drafting included, beat the curve's V(k + 1) alone: that V is
+                # too high (a warm-up outlier, or the machine got faster). Only rounds of this
+                # drafter time this length when nothing else drafts, so it must be corrected
+                # here, or the length would look too dear to be chosen again and never re-timed.
+                self.curve.observe(k + 1, max(seconds - steps * (self.c.value() or 0.0), 0.0))
             return
         self.curve.observe(k + 1, seconds)
 

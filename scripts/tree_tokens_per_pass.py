@@ -49,6 +49,8 @@ def main(argv=None):
     engine = mlxspec.load(args.pair, drafter=args.drafter)
     engine.curve.verify_seconds = lambda j: 1.0  # flat: every node pays for its row
     engine.curve.plain_seconds = lambda: 1.0
+    for cost in engine.costs.values():  # and drafting free: the figures depend only on the drafts
+        cost.observe_draft(1, 0.0)
     engine.costs[args.drafter].k_max = engine.costs["ngram"].k_max = args.chain
     tok = engine.tokenizer
     prompts = [chat_ids(tok, ex["prompt"]) for ex in eval_suite(args.suite)[: args.prompts]]

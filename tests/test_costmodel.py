@@ -110,6 +110,26 @@ def test_a_model_drafters_round_time_teaches_its_draft_cost():
     assert curve.measured() == {1: 1.0, 5: 1.0}  # and the target's curve is not polluted
 
 
+def test_a_model_round_faster_than_the_curves_pass_corrects_the_curve():
+    # Warm-up timed V(2) during an outlier (1.5 s against a true 1.0 s). Only this model
+    # drafter's rounds time that length, and they used to teach only its draft cost (clamped at
+    # 0), so V(2) stayed 1.5 and k = 1 looked dearer than it is for good.
+    curve = TargetCurve()
+    for _ in range(3):
+        curve.observe(1, 1.0, trusted=True)
+        curve.observe_plain(1.0)
+    curve.observe(2, 1.5, trusted=True)
+    m = CostModel(curve)
+    m.observe_draft(1, 0.05)
+    m.counts[""] = [6.0, 4.0]  # alpha = 0.6: a round of 1 yields 1.6 tokens
+    assert m.choose(1) == 0  # 1.6 / 1.55 does not beat plain by the 5 % margin
+    for _ in range(6):
+        m.observe_round(1, 1.1)  # a whole round: 0.05 of drafting + 1.05 of pass
+    assert curve.verify_seconds(2) == pytest.approx(1.05)
+    assert m.draft_seconds() == pytest.approx(0.05)
+    assert m.choose(1) == 1  # 1.6 / 1.1: drafting pays, and is chosen
+
+
 def test_acceptance_is_kept_per_kind():
     m = trained({j: 0.1 + 0.02 * (j - 1) for j in range(1, 10)}, 0.0, 0.5, free=True)
     for _ in range(50):
