@@ -218,7 +218,10 @@ class CostModel:
                 # too high (a warm-up outlier, or the machine got faster). Only rounds of this
                 # drafter time this length when nothing else drafts, so it must be corrected
                 # here, or the length would look too dear to be chosen again and never re-timed.
-                self.curve.observe(k + 1, max(seconds - steps * (self.c.value() or 0.0), 0.0))
+                # Never below a plain step: a draft cost that absorbed other work must not make
+                # a pass look free.
+                floor = self.curve.plain.value() or 0.0
+                self.curve.observe(k + 1, max(seconds - steps * (self.c.value() or 0.0), floor))
             return
         self.curve.observe(k + 1, seconds)
 

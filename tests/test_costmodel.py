@@ -128,6 +128,11 @@ def test_a_model_round_faster_than_the_curves_pass_corrects_the_curve():
     assert curve.verify_seconds(2) == pytest.approx(1.05)
     assert m.draft_seconds() == pytest.approx(0.05)
     assert m.choose(1) == 1  # 1.6 / 1.1: drafting pays, and is chosen
+    m.c = type(m.c)()
+    m.observe_draft(1, 0.9)  # a draft cost that absorbed other work: V(3) is not taken as ~0
+    for _ in range(3):
+        m.observe_round(2, 1.05)
+    assert curve.verify_seconds(3) >= curve.plain_seconds() == 1.0
 
 
 def test_acceptance_is_kept_per_kind():
