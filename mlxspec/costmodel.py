@@ -118,6 +118,12 @@ class TargetCurve:
         if e.add(seconds, self.now):
             self._known, self._interp = None, {}
 
+    def touch(self, j: int) -> None:
+        """V(j) was confirmed, not re-timed (a model drafter's round was no faster than it)."""
+        e = self.v.get(j)
+        if e is not None and len(e):
+            e.when = self.now
+
     def observe_plain(self, seconds: float) -> None:
         """A pipelined plain step took `seconds` (the period between two reads)."""
         self.now += 1
@@ -213,6 +219,7 @@ class CostModel:
                 return
             if seconds >= v:
                 self.c.add((seconds - v) / steps, self.curve.now)
+                self.curve.touch(k + 1)  # V(k + 1) is not too high: no need to re-time it soon
             else:
                 # The whole round, drafting included, beat the curve's V(k + 1) alone: that V is
                 # too high (a warm-up outlier, or the machine got faster). Only rounds of this
@@ -310,8 +317,12 @@ class CostModel:
             if s > best:
                 best_m, best = m, s
         self.rounds_since_explore += 1
-        if best_m or self.draft_is_free:
-            m = self._explore(reach[:m_top], max(best, plain * self.margin)) or best_m
+        # A model drafter that does not draft re-times stale lengths too: one that warm-up timed
+        # too high is timed by nobody else when no free drafter drafts it. (Not lengths never
+        # timed: its rounds teach its draft cost, so they would stay untimed and be retried.)
+        idle = not (best_m or self.draft_is_free)
+        m = self._explore(reach[:m_top], max(best, plain * self.margin), stale_only=idle) or best_m
+        if m or self.draft_is_free:
             if m:
                 self.rounds_since_draft, self.probe_every = 0, 16
             return m
@@ -345,16 +356,16 @@ class CostModel:
                 best_m, best = m, tokens / (fixed + v)
         return best_m
 
-    def _explore(self, reach: Sequence[float], best: float) -> int:
-        """A size whose V is only interpolated or stale and that could beat `best` if its
-        pass were a quarter cheaper than estimated; at most one every EXPLORE_EVERY rounds."""
+    def _explore(self, reach: Sequence[float], best: float, stale_only: bool = False) -> int:
+        """A size whose V is only interpolated (unless `stale_only`) or stale and that could beat
+        `best` if its pass were a quarter cheaper than estimated; at most one every EXPLORE_EVERY rounds."""
         if self.rounds_since_explore < EXPLORE_EVERY:
             return 0
         pick, pick_speed = 0, best
         c = self.draft_seconds()
         for m in range(1, len(reach) + 1):
             age = self.curve.age(m + 1)
-            if age is not None and age < STALE_ROUNDS:
+            if (age is None and stale_only) or (age is not None and age < STALE_ROUNDS):
                 continue
             v = self.curve.verify_seconds(m + 1)
             s = None if v is None else (1.0 + sum(reach[:m])) / (m * c + 0.75 * v)

@@ -135,6 +135,31 @@ def test_a_model_round_faster_than_the_curves_pass_corrects_the_curve():
     assert curve.verify_seconds(3) >= curve.plain_seconds() == 1.0
 
 
+def test_a_model_drafter_that_stopped_drafting_re_times_a_stale_length():
+    # As above, but nothing drafts: the model never chooses k = 1, so only exploration can time
+    # V(2) again. (Probes would not: greedy ones become free guesses that time nothing.)
+    curve = TargetCurve()
+    for _ in range(3):
+        curve.observe(1, 1.0, trusted=True)
+        curve.observe_plain(1.0)
+    curve.observe(2, 1.5, trusted=True)
+    m = CostModel(curve)
+    m.observe_draft(1, 0.05)
+    m.counts[""] = [6.0, 4.0]
+    explored = None
+    for i in range(400):
+        if m.choose(1) == 1 and not m.probing:
+            explored = i
+            break
+        curve.observe_plain(1.0)  # a plain step instead
+    assert explored is not None and explored >= STALE_ROUNDS - 10  # only once V(2) is stale
+    m.observe_round(1, 1.1)
+    assert curve.verify_seconds(2) == pytest.approx(1.05)
+    assert m.choose(1) == 1 and not m.probing  # now it pays on the measured V(2)
+    m.observe_round(1, 1.2)  # a slower round confirms V(2) is not too high: no re-timing soon
+    assert curve.age(2) == 0
+
+
 def test_acceptance_is_kept_per_kind():
     m = trained({j: 0.1 + 0.02 * (j - 1) for j in range(1, 10)}, 0.0, 0.5, free=True)
     for _ in range(50):
