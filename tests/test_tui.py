@@ -84,10 +84,14 @@ async def test_escape_stops_a_long_generation_and_the_next_message_works():
         assert app.pane(SPEC).text  # the partial answer stays on screen
         await send(app, pilot, "/maxtokens 6")
         await send(app, pilot, "and now?")
-        assert len(app.conversation.turns) == 2
+        assert len(app.conversation.turns) == 2, history_text(app)
         last = app.conversation.turns[-1]
-        assert not last.stopped and last.answers[VANILLA].finish_reason == "length"
-        assert last.answers[SPEC].text == last.answers[VANILLA].text
+        assert not last.stopped and last.answers[VANILLA].finish_reason in ("length", "stop")
+        assert 0 < last.answers[VANILLA].stats.tokens <= 6
+        # Each side continues its own partial answer, and the stop cut the two at different
+        # points (whenever Esc landed): only equal histories must give equal greedy answers.
+        if last.same_history:
+            assert last.answers[SPEC].text == last.answers[VANILLA].text
 
 
 @async_test

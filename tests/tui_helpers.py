@@ -31,9 +31,20 @@ async def wait_idle(app, pilot, timeout: float = 30.0) -> None:
     await pilot.pause()
 
 
-async def send(app, pilot, text: str, *, wait: bool = True) -> None:
-    app.query_one("#prompt").value = text
+async def send(app, pilot, text: str, *, wait: bool = True, timeout: float = 10.0) -> None:
+    """Type `text` and press Enter; with `wait`, until its turn (if any) has finished.
+
+    The Submitted message reaches the app's handler a few message hops after the key, and a
+    pause does not always cover them: the handler clears the prompt first (and a message's turn
+    is busy from then on), so wait for that before waiting for the turn."""
+    prompt = app.query_one("#prompt")
+    prompt.value = text
     await pilot.press("enter")
+    deadline = time.monotonic() + timeout
+    while prompt.value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{text!r} was not submitted within {timeout} s")
+        await asyncio.sleep(0.01)
     if wait:
         await wait_idle(app, pilot)
 
