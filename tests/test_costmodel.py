@@ -110,10 +110,9 @@ def test_a_model_drafters_round_time_teaches_its_draft_cost():
     assert curve.measured() == {1: 1.0, 5: 1.0}  # and the target's curve is not polluted
 
 
-def test_a_model_round_faster_than_the_curves_pass_corrects_the_curve():
-    # Warm-up timed V(2) during an outlier (1.5 s against a true 1.0 s). Only this model
-    # drafter's rounds time that length, and they used to teach only its draft cost (clamped at
-    # 0), so V(2) stayed 1.5 and k = 1 looked dearer than it is for good.
+def outlier_at_v2():
+    """Warm-up timed V(2) during an outlier (1.5 s against a true 1.05 s); a model drafter with
+    alpha = 0.6 (a round of 1 yields 1.6 tokens) and 0.05 s per drafted token."""
     curve = TargetCurve()
     for _ in range(3):
         curve.observe(1, 1.0, trusted=True)
@@ -121,7 +120,14 @@ def test_a_model_round_faster_than_the_curves_pass_corrects_the_curve():
     curve.observe(2, 1.5, trusted=True)
     m = CostModel(curve)
     m.observe_draft(1, 0.05)
-    m.counts[""] = [6.0, 4.0]  # alpha = 0.6: a round of 1 yields 1.6 tokens
+    m.counts[""] = [6.0, 4.0]
+    return curve, m
+
+
+def test_a_model_round_faster_than_the_curves_pass_corrects_the_curve():
+    # Only this model drafter's rounds time V(2), and they used to teach only its draft cost
+    # (clamped at 0), so V(2) stayed 1.5 and k = 1 looked dearer than it is for good.
+    curve, m = outlier_at_v2()
     assert m.choose(1) == 0  # 1.6 / 1.55 does not beat plain by the 5 % margin
     for _ in range(6):
         m.observe_round(1, 1.1)  # a whole round: 0.05 of drafting + 1.05 of pass
@@ -138,14 +144,7 @@ def test_a_model_round_faster_than_the_curves_pass_corrects_the_curve():
 def test_a_model_drafter_that_stopped_drafting_re_times_a_stale_length():
     # As above, but nothing drafts: the model never chooses k = 1, so only exploration can time
     # V(2) again. (Probes would not: greedy ones become free guesses that time nothing.)
-    curve = TargetCurve()
-    for _ in range(3):
-        curve.observe(1, 1.0, trusted=True)
-        curve.observe_plain(1.0)
-    curve.observe(2, 1.5, trusted=True)
-    m = CostModel(curve)
-    m.observe_draft(1, 0.05)
-    m.counts[""] = [6.0, 4.0]
+    curve, m = outlier_at_v2()
     explored = None
     for i in range(400):
         if m.choose(1) == 1 and not m.probing:
