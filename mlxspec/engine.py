@@ -178,6 +178,22 @@ class Engine:
         for d in self.drafters.values():
             d.reset()
 
+    def materialize(self) -> None:
+        """Evaluate every array the engine keeps between requests (caches, kept features, a model
+        drafter's last drafts). A lazy array belongs to the streams of the thread that built it;
+        a thread that ends frees them (`clear_streams`), and the next request, on another
+        thread, could then not evaluate it ("There is no Stream ... in current thread")."""
+        from mlx.utils import tree_flatten
+
+        state = [self.target.caches, self.target._hidden]
+        for d in self.drafters.values():
+            seq = getattr(d, "seq", None)
+            state += [getattr(d, "caches", None), getattr(d, "_drafted", None),
+                      seq.caches if seq is not None else None, seq._hidden if seq is not None else None]
+        arrays = [v for _, v in tree_flatten([[c.state for c in x] if _is_caches(x) else x for x in state])
+                  if isinstance(v, mx.array)]
+        mx.eval(arrays)
+
     # -- public API ---------------------------------------------------------------------------
     def generate(self, prompt, **kwargs) -> GenerationResult:
         """Generate to completion; same keywords as `stream`. Returns tokens, text, finish_reason, stats."""
@@ -278,3 +294,7 @@ class Engine:
             stats.draft_kv_bytes = self.drafters["model"].seq.kv_bytes
         elif name == "eagle":
             stats.draft_kv_bytes = self.drafters["eagle"].kv_bytes
+
+
+def _is_caches(x) -> bool:
+    return isinstance(x, list) and bool(x) and all(hasattr(c, "state") for c in x)

@@ -211,3 +211,45 @@ def test_fork_shares_weights_not_state(target, draft):
     assert twin.drafters["model"].model is draft and twin.drafters["model"].seq is not e.drafters["model"].seq
     assert twin.target.tokens == [] and twin.curve.prior_ratios == {1: 1.0, 2: 1.1}
     assert twin.generate(PROMPT, max_tokens=8).tokens == e.generate(PROMPT, max_tokens=8).tokens
+
+
+def test_materialize_lets_another_thread_use_what_an_ended_thread_left_lazy():
+    # The chat runs each turn on a thread of its own and frees its MLX streams as it ends; a
+    # stopped turn can leave cache entries unevaluated, which the next turn could not evaluate.
+    import threading
+
+    from mlxspec.device import clear_streams
+    from tests.tui_helpers import tiny_engine
+
+    def run_on_thread(fn):
+        box = {}
+
+        def target():
+            try:
+                box["out"] = fn()
+            except Exception as e:
+                box["error"] = e
+            finally:
+                clear_streams()
+
+        t = threading.Thread(target=target)
+        t.start()
+        t.join()
+        return box
+
+    ids = [1, 2, 3, 4, 5, 6, 7, 8]
+    for fix in (False, True):
+        e = tiny_engine()
+
+        def leave_lazy():
+            e.target.sync(ids)
+            e.target.forward(ids[:-1])  # nothing evaluates these cache entries
+            if fix:
+                e.materialize()
+
+        run_on_thread(leave_lazy)
+        after = run_on_thread(lambda: e.generate(ids, max_tokens=4).tokens)
+        if fix:
+            assert after.get("out") == tiny_engine().generate(ids, max_tokens=4).tokens
+        else:  # the failure materialize prevents (if MLX ever stops binding arrays to threads, drop this)
+            assert "no Stream" in str(after.get("error")), after

@@ -303,6 +303,7 @@ async def test_after_a_stopped_turn_a_difference_is_explained_not_flagged():
         diverged = stopped.answers[SPEC].text != stopped.answers[VANILLA].text
         await send(app, pilot, "/maxtokens 6")
         await send(app, pilot, "next")
+        assert len(app.conversation.turns) == 2, history_text(app)
         turn = app.conversation.turns[-1]
         assert turn.same_history is not diverged
         if not turn.identical:

@@ -66,6 +66,14 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
                     last_flush = time.perf_counter()
     except Exception as e:  # an engine error ends the turn with a readable line, not a crash
         error = f"{type(e).__name__}: {e}"
+    # This thread's streams are freed when it ends, and the next turn runs on another: nothing
+    # the engines keep may still be lazy then (a stopped turn can leave its last pass so).
+    for engine in {id(e): e for e in engines.values()}.values():
+        try:
+            engine.materialize()
+        except Exception as e:
+            error = error or f"{type(e).__name__}: {e}"
+            engine.reset()
     flush()
     for a in answers.values():
         a.stats = a.stats if isinstance(a.stats, StatsView) else StatsView.of(a.stats)
