@@ -185,14 +185,8 @@ class Engine:
         thread, could then not evaluate it ("There is no Stream ... in current thread")."""
         from mlx.utils import tree_flatten
 
-        state = [self.target.caches, self.target._hidden]
-        for d in self.drafters.values():
-            seq = getattr(d, "seq", None)
-            state += [getattr(d, "caches", None), getattr(d, "_drafted", None),
-                      seq.caches if seq is not None else None, seq._hidden if seq is not None else None]
-        arrays = [v for _, v in tree_flatten([[c.state for c in x] if _is_caches(x) else x for x in state])
-                  if isinstance(v, mx.array)]
-        mx.eval(arrays)
+        kept = [self.target.arrays()] + [d.arrays() for d in self.drafters.values() if hasattr(d, "arrays")]
+        mx.eval([v for _, v in tree_flatten(kept) if isinstance(v, mx.array)])
 
     # -- public API ---------------------------------------------------------------------------
     def generate(self, prompt, **kwargs) -> GenerationResult:
@@ -294,7 +288,3 @@ class Engine:
             stats.draft_kv_bytes = self.drafters["model"].seq.kv_bytes
         elif name == "eagle":
             stats.draft_kv_bytes = self.drafters["eagle"].kv_bytes
-
-
-def _is_caches(x) -> bool:
-    return isinstance(x, list) and bool(x) and all(hasattr(c, "state") for c in x)

@@ -47,6 +47,10 @@ class Sequence:
         self._hidden: List[Tuple[int, mx.array]] = []  # (first position, (n, H) rows), in order
         self._dirty = False
 
+    def arrays(self) -> list:
+        """What it keeps between passes (cache states, kept features), for `Engine.materialize`."""
+        return [[c.state for c in self.caches], self._hidden]
+
     def sync(self, tokens: List[int]) -> List[int]:
         """Make the caches hold a prefix of `tokens`; return the tokens still to feed (at least 1)."""
         if self._dirty:

@@ -250,6 +250,10 @@ class EagleDrafter:
         self.covered: List[int] = []  # x[0..m]: the tokens whose m real entries the cache holds
         self.drafted = 0  # entries after them made while drafting (predicted features)
 
+    def arrays(self) -> list:
+        """What it keeps between rounds, for `Engine.materialize` (its features stay with the target)."""
+        return [c.state for c in self.caches]
+
     @property
     def kv_bytes(self) -> int:
         return sum(c.nbytes for c in self.caches)

@@ -42,6 +42,10 @@ class ModelDrafter:
         self.seq.reset()
         self._drafted = None
 
+    def arrays(self) -> list:
+        """What it keeps between rounds, for `Engine.materialize`."""
+        return [self.seq.arrays(), self._drafted]
+
     def prefill(self, history: List[int]) -> None:
         """Bring the cache up to history[:-1] (prompt processing)."""
         self._settle()
