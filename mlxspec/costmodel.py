@@ -17,7 +17,8 @@ length never timed is interpolated from the timed ones (or a calibration curve).
 whose estimate is old or only interpolated are re-timed now and then when they could
 beat the current choice, so neither a stall nor a stale number can lock drafting out.
 A model drafter's round teaches its draft cost (the round less V(k + 1)); a round that beat
-V(k + 1) alone shows that V too high, and corrects it instead.
+V(k + 1) alone shows that V too high, and corrects it instead; a round at a length never
+timed times V(k + 1) (the round less the draft cost's estimate).
 
 The target's curve (`TargetCurve`) is one per engine, shared by every drafter; acceptance
 and draft cost (`CostModel`) are per drafter. Acceptance is kept per *kind* of proposal:
@@ -107,6 +108,8 @@ class TargetCurve:
         """A round (not pipelined) whose target pass fed j tokens took `seconds`; `trusted` for
         timings known to be free of first-use compilation (warm-up's)."""
         self.now += 1
+        if seconds <= 0:
+            return
         e = self.v.get(j)
         if e is None:
             e = self.v[j] = Estimate()
@@ -127,6 +130,8 @@ class TargetCurve:
     def observe_plain(self, seconds: float) -> None:
         """A pipelined plain step took `seconds` (the period between two reads)."""
         self.now += 1
+        if seconds <= 0:  # hidden behind a slow consumer (its time is not the pass's): no timing
+            return
         self.plain.add(seconds, self.now)
 
     def measured(self) -> Dict[int, float]:
@@ -169,6 +174,8 @@ class TargetCurve:
     def _interpolate(self, j: int, known: Dict[int, float]) -> Optional[float]:
         if not known:
             return None
+        if j in known:  # V(1), when the plain step stands in for it
+            return known[j]
         if j in self.prior_ratios:  # scale the calibrated curve from the nearest timed length
             m = min(known, key=lambda x: abs(x - j))
             if m in self.prior_ratios:
@@ -217,7 +224,12 @@ class CostModel:
             steps = drafted or k
             if v is None:
                 return
-            if seconds >= v:
+            if self.curve.age(k + 1) is None:
+                # V(k + 1) is only a guess (interpolated, or the prior's): this round is its first
+                # timing, less the drafting's current estimate. Teaching the draft cost instead
+                # would leave the length untimed, its guess never corrected.
+                self.curve.observe(k + 1, max(seconds - steps * self.draft_seconds(), self.curve.plain.value() or 0.0))
+            elif seconds >= v:
                 self.c.add((seconds - v) / steps, self.curve.now)
                 self.curve.touch(k + 1)  # V(k + 1) is not too high: no need to re-time it soon
             else:
@@ -317,11 +329,10 @@ class CostModel:
             if s > best:
                 best_m, best = m, s
         self.rounds_since_explore += 1
-        # A model drafter that does not draft re-times stale lengths too: one that warm-up timed
-        # too high is timed by nobody else when no free drafter drafts it. (Not lengths never
-        # timed: its rounds teach its draft cost, so they would stay untimed and be retried.)
-        idle = not (best_m or self.draft_is_free)
-        m = self._explore(reach[:m_top], max(best, plain * self.margin), stale_only=idle) or best_m
+        # A model drafter that does not draft explores too: a length that warm-up timed too high,
+        # or that only a too-steep prior priced (no warm-up), is timed by nobody else when no
+        # free drafter drafts it.
+        m = self._explore(reach[:m_top], max(best, plain * self.margin)) or best_m
         if m or self.draft_is_free:
             if m:
                 self.rounds_since_draft, self.probe_every = 0, 16
@@ -356,16 +367,16 @@ class CostModel:
                 best_m, best = m, tokens / (fixed + v)
         return best_m
 
-    def _explore(self, reach: Sequence[float], best: float, stale_only: bool = False) -> int:
-        """A size whose V is only interpolated (unless `stale_only`) or stale and that could beat
-        `best` if its pass were a quarter cheaper than estimated; at most one every EXPLORE_EVERY rounds."""
+    def _explore(self, reach: Sequence[float], best: float) -> int:
+        """A size whose V is only interpolated or stale and that could beat `best` if its pass
+        were a quarter cheaper than estimated; at most one every EXPLORE_EVERY rounds."""
         if self.rounds_since_explore < EXPLORE_EVERY:
             return 0
         pick, pick_speed = 0, best
         c = self.draft_seconds()
         for m in range(1, len(reach) + 1):
             age = self.curve.age(m + 1)
-            if (age is None and stale_only) or (age is not None and age < STALE_ROUNDS):
+            if age is not None and age < STALE_ROUNDS:
                 continue
             v = self.curve.verify_seconds(m + 1)
             s = None if v is None else (1.0 + sum(reach[:m])) / (m * c + 0.75 * v)

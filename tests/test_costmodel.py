@@ -159,6 +159,56 @@ def test_a_model_drafter_that_stopped_drafting_re_times_a_stale_length():
     assert curve.age(2) == 0
 
 
+def test_a_model_drafter_times_a_length_only_a_too_steep_prior_priced():
+    # No warm-up (a one-off `mlxspec generate`): only the prior prices V(2), at 1.9x a step
+    # (slope 0.9) where it really costs 1.2x. Probes that hold up (alpha = 0.7) make k = 1 worth
+    # a try at a quarter off the guess; its round times V(2) instead of teaching the draft cost,
+    # and drafting then pays. It used to wait for a free drafter to time V(2), for good.
+    curve = TargetCurve(prior_slope=0.9)
+    m = CostModel(curve)
+    m.counts[""] = [7.0, 3.0]
+    true_v2, c = 1.2, 0.05
+    chosen = []
+    for _ in range(3 * EXPLORE_EVERY):
+        k = m.choose(1)
+        chosen.append(k if not m.probing else 0)
+        if k and not m.probing:
+            m.observe_round(1, true_v2 + c)
+        else:
+            curve.observe_plain(1.0)
+    assert curve.age(2) is not None  # timed by the model's own round
+    assert curve.verify_seconds(2) + m.draft_seconds() == pytest.approx(true_v2 + c)
+    first = chosen.index(1)
+    assert first < 2 * EXPLORE_EVERY and all(chosen[first:]), chosen  # and then it drafts every round
+
+
+def test_a_model_round_at_a_length_priced_too_low_times_the_length_not_the_draft_cost():
+    # The opposite error: a prior that prices V(2) at one step where it costs 1.5. Taking the
+    # round less that guess as drafting cost (0.55 per token, 11x the truth) would price every
+    # longer draft far too high, and V(2) would stay a guess.
+    curve = TargetCurve(prior_slope=0.0)
+    curve.observe(1, 1.0)
+    curve.observe_plain(1.0)
+    m = CostModel(curve)
+    m.counts[""] = [7.0, 3.0]
+    assert m.choose(1) == 1  # 1.7 tokens for 1.1 s, as far as the prior knows
+    for _ in range(3):
+        m.observe_round(1, 1.5 + 0.05)
+    assert curve.age(2) is not None and curve.verify_seconds(2) == pytest.approx(1.45)
+    assert m.draft_seconds() == pytest.approx(0.1)  # the a-tenth-of-a-step guess, then the round's excess
+    assert m.choose(1) == 1  # 1.7 / 1.55 still pays
+
+
+def test_a_period_of_zero_times_nothing():
+    # A pipelined step hidden behind a slow consumer (whose time is not counted) reads as 0 s.
+    curve = TargetCurve()
+    curve.observe_plain(1.0)
+    curve.observe_plain(0.0)
+    curve.observe(2, 0.0)
+    assert curve.plain_seconds() == 1.0 and curve.age(2) is None
+    assert CostModel(curve).speed(0) == 1.0
+
+
 def test_acceptance_is_kept_per_kind():
     m = trained({j: 0.1 + 0.02 * (j - 1) for j in range(1, 10)}, 0.0, 0.5, free=True)
     for _ in range(50):

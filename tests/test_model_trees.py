@@ -82,6 +82,7 @@ def test_a_chain_stays_unread_where_no_leaf_could_pay():
 
 def test_a_tree_rounds_drafting_cost_counts_drafter_steps_not_leaves():
     m = sized(0.0)  # V(j) = 1 s for every j
+    m.curve.observe(9, 1.0, trusted=True)  # timed: a round at a length never timed would time it instead
     m.c = type(m.c)()
     m.observe_round(8, 1.0 + 4 * 0.05, drafted=4)  # 4 steps and 4 free leaves
     assert m.draft_seconds() == pytest.approx(0.05)
