@@ -17,7 +17,7 @@ from typing import Dict, Iterable, Iterator, Optional
 
 import mlx.core as mx
 
-from . import kernels
+from . import blas, kernels
 from .cache import WindowKVCache
 from .costmodel import CostModel, TargetCurve
 from .device import backend
@@ -25,14 +25,31 @@ from .distributed import Coordinator
 from .drafters import DRAFTERS, EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
 from .loop import draw_seed, generate
-from .modelmeta import context_length, logit_width, weights_bytes
+from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
 from .prompts import MAX_DRAFT, check_lookup, check_max_tokens, check_num_draft, check_seed, check_stop, check_tree, encode_prompt
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
 
-# V(j)/V(1) = 1 + slope * (j - 1) until measured: GPUs verify several tokens for about the price of one.
+# V(j)/V(1) = 1 + slope * (j - 1) until measured (and no calibration file says otherwise): GPUs verify
+# several tokens for about the price of one; a CPU's price depends on what its matmuls run on.
+# Measured on 2 x86 cores, demo target, warm-up curves against the pipelined plain step (the
+# interpolation's anchor): float32 on OpenBLAS V(2) = 1.2x (1.5x at 5 tokens), bfloat16 1.5x,
+# quantized 1.9x. A slope too steep is worse than one too shallow: it can keep drafting from
+# ever being tried, while a first round at an optimistic guess times the real V.
 PRIOR_SLOPE = {"metal": 0.1, "cuda": 0.1, "cpu": 0.5}
+CPU_PRIOR_SLOPE = {"float32": 0.2, "bfloat16": 0.5, "float16": 0.5, "quantized": 0.9}
+
+
+def prior_slope(target_model) -> float:
+    """The cost model's V(j)/V(1) slope for this target on this device, before anything is timed."""
+    kind = backend()
+    if kind != "cpu":
+        return PRIOR_SLOPE[kind]
+    precision = matmul_precision(target_model)
+    if precision == "float32" and not blas.fast():
+        return CPU_PRIOR_SLOPE["quantized"]  # the reference BLAS: k rows cost nearly k single rows
+    return CPU_PRIOR_SLOPE.get(precision, PRIOR_SLOPE["cpu"])
 
 
 class Engine:
@@ -95,7 +112,7 @@ class Engine:
             self._check_pair(draft_model, tokenizer, draft_tokenizer)
         self.prefill_step = prefill_step
         self.default_drafter = drafter
-        self._prior_slope = PRIOR_SLOPE[backend()]
+        self._prior_slope = prior_slope(target_model)
         self._prior_draft = None
         if cost_prior is None:
             from .calibration import priors_for

@@ -32,3 +32,14 @@ def context_length(model) -> Optional[int]:
     """The trained context its args declare, or None."""
     n = getattr(getattr(model, "args", None), "max_position_embeddings", None)
     return n if isinstance(n, int) and n > 0 else None
+
+
+def matmul_precision(model) -> str:
+    """What its weights multiply in: "quantized" when any are (their `scales`), else the float
+    dtype of its weights ("float32", "bfloat16", "float16")."""
+    params = tree_flatten(model.parameters())
+    if any(name.endswith(".scales") for name, _ in params):
+        return "quantized"
+    dtype = next((v.dtype for name, v in params if name.endswith("weight") and mx.issubdtype(v.dtype, mx.floating)),
+                 mx.float32)
+    return str(dtype).split(".")[-1]

@@ -93,3 +93,28 @@ def test_warmup_compiles_every_length_and_seeds_the_curve(target, clock):
     r = e.generate(PROMPT, max_tokens=60, num_draft=5)
     assert stalling.seen - seen <= {len(PROMPT) - 1}  # no new shape but the prompt's prefill: no stall
     assert r.tokens == Engine(target, None).generate(PROMPT, max_tokens=60, speculative=False).tokens
+
+
+def test_the_cost_prior_follows_what_the_device_multiplies_in(monkeypatch):
+    """Before anything is timed, V(j)/V(1) is guessed per device and precision: on a CPU, float32
+    on a fast BLAS verifies a few rows for little more than one; the reference BLAS and 4-bit
+    weights cost nearly a row each. (A guess too steep kept the head from ever drafting in a
+    one-off `mlxspec generate` on a CPU.)"""
+    import mlx.nn as nn
+
+    from mlxspec import engine as engine_mod
+
+    f32 = tiny.make_llama(1, layers=1)
+    bf16 = tiny.make_llama(1, layers=1, dtype=mx.bfloat16)
+    q4 = tiny.make_llama(1, layers=1)
+    nn.quantize(q4, group_size=32, bits=4)
+    monkeypatch.setattr(engine_mod, "backend", lambda: "cpu")
+    monkeypatch.setattr(engine_mod.blas, "fast", lambda: True)
+    slopes = [engine_mod.prior_slope(m) for m in (f32, bf16, q4)]
+    assert slopes == [0.2, 0.5, 0.9]
+    assert Engine(f32, None).curve.prior_slope == 0.2
+    monkeypatch.setattr(engine_mod.blas, "fast", lambda: False)  # MLX's reference BLAS
+    assert engine_mod.prior_slope(f32) == 0.9
+    for gpu in ("metal", "cuda"):
+        monkeypatch.setattr(engine_mod, "backend", lambda gpu=gpu: gpu)
+        assert [engine_mod.prior_slope(m) for m in (f32, bf16, q4)] == [0.1] * 3
