@@ -206,6 +206,7 @@ class CostModel:
         self.draft_is_free = draft_is_free
         self.prior_draft_ratio = prior_draft_ratio  # drafter seconds per token / plain step, until measured
         self.c = Estimate()  # drafter seconds per drafted token
+        self.round_seconds: Dict[tuple, Estimate] = {}  # (k, drafter steps) -> this drafter's whole rounds
         self.counts: Dict[str, list] = {}  # kind -> [successes, failures], from a Beta prior (1, 1 unless given)
         self.priors: Dict[str, tuple] = {}  # kind -> its Beta prior, when not (1, 1)
         self.margin = margin  # drafting must beat plain decoding by this factor: estimates are noisy
@@ -229,18 +230,26 @@ class CostModel:
                 # timing, less the drafting's current estimate. Teaching the draft cost instead
                 # would leave the length untimed, its guess never corrected.
                 self.curve.observe(k + 1, max(seconds - steps * self.draft_seconds(), self.curve.plain.value() or 0.0))
-            elif seconds >= v:
-                self.c.add((seconds - v) / steps, self.curve.now)
+                return
+            # Judge the typical round of this shape, not this one: a single round's noise would
+            # go to the draft cost when slow and to V when fast, and the two would drift apart
+            # (V down, c up, so long drafts would look dearer than they are).
+            typical = self.round_seconds.setdefault((k, steps), Estimate())
+            if not typical.add(seconds, self.curve.now):
+                return  # held back as a stall
+            t = typical.value()
+            if t >= v:
+                self.c.add((t - v) / steps, self.curve.now)
                 self.curve.touch(k + 1)  # V(k + 1) is not too high: no need to re-time it soon
             else:
-                # The whole round, drafting included, beat the curve's V(k + 1) alone: that V is
-                # too high (a warm-up outlier, or the machine got faster). Only rounds of this
+                # The typical round, drafting included, beats the curve's V(k + 1) alone: that V
+                # is too high (a warm-up outlier, or the machine got faster). Only rounds of this
                 # drafter time this length when nothing else drafts, so it must be corrected
                 # here, or the length would look too dear to be chosen again and never re-timed.
                 # Never below a plain step: a draft cost that absorbed other work must not make
                 # a pass look free.
                 floor = self.curve.plain.value() or 0.0
-                self.curve.observe(k + 1, max(seconds - steps * (self.c.value() or 0.0), floor))
+                self.curve.observe(k + 1, max(t - steps * (self.c.value() or 0.0), floor))
             return
         self.curve.observe(k + 1, seconds)
 

@@ -141,6 +141,23 @@ def test_a_model_round_faster_than_the_curves_pass_corrects_the_curve():
     assert curve.verify_seconds(3) >= curve.plain_seconds() == 1.0
 
 
+def test_noisy_rounds_neither_inflate_the_draft_cost_nor_lower_v():
+    # Rounds of a true 1.05 s (1.0 of pass, 0.05 of drafting) that a busy machine spreads by
+    # +-0.2 s. Judging each round alone sent the slow ones' excess to the draft cost and the fast
+    # ones to V: V(2) sank to 0.8 and the draft cost rose to make up for it, so longer drafts,
+    # which pay that cost per token, looked dearer than they are.
+    curve = TargetCurve()
+    for j, v in ((1, 0.9), (2, 1.0), (5, 1.2)):
+        for _ in range(3):
+            curve.observe(j, v, trusted=True)
+    m = CostModel(curve)
+    m.observe_draft(1, 0.05)
+    for i in range(30):
+        m.observe_round(1, 1.05 + (0.2, 0.0, -0.2)[i % 3])
+    assert m.draft_seconds() == pytest.approx(0.05, abs=0.02)
+    assert curve.verify_seconds(2) == pytest.approx(1.0, abs=0.02)
+
+
 def test_a_model_drafter_that_stopped_drafting_re_times_a_stale_length():
     # As above, but nothing drafts: the model never chooses k = 1, so only exploration can time
     # V(2) again. (Probes would not: greedy ones become free guesses that time nothing.)
