@@ -223,6 +223,11 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
 
     consumer = 0.0  # seconds spent outside the generator (the consumer's), excluded from every timing
     t_read, consumer_at_read = clock(), 0.0
+    # Seconds spent enqueuing the chained step before the pending one was read: the chained step's
+    # cost. (MLX's CPU backend runs one evaluation at a time, so enqueuing a step waits for the
+    # pass in flight; without this, a plain round would be timed as two passes and the last
+    # chained step before a round as none.)
+    carried = 0.0
     t_resume = t_read
     step = agree(plan()) if dist else plan()
     pending: Optional[Pass] = enqueue(step) if step else None
@@ -230,13 +235,16 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         while pending is not None:
             nxt = None
             model_k = None
+            chained = 0.0
             guess = pending.shadow  # a proposal's guess of the token pending will give
             if pending.k == 0 and room() >= 2 and not dist:
                 chain, early_guess, model_k = decide_early()
                 guess = early_guess or guess
                 if chain:
+                    t_chain = clock()
                     nxt = plain_step(target, pending.token, params, seed, len(hist) + 1)
                     nxt.pipelined, nxt.src = True, name
+                    chained = clock() - t_chain
 
             t_wait = clock()
             new, n, finite, drafts = read_pass(pending)
@@ -266,8 +274,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
 
             # Learn: the period between two reads, minus the consumer's time, is what this pass cost;
             # it teaches the cost model of the drafter that made the pass (or the guess).
-            period = (now - t_read) - (consumer - consumer_at_read)
-            t_read, consumer_at_read = now, consumer
+            period = (now - t_read) - (consumer - consumer_at_read) - chained + carried
+            t_read, consumer_at_read, carried = now, consumer, chained
             made = engine.costs[done.src]
             if name == "none":
                 pass  # plain decoding decides nothing: nothing to learn

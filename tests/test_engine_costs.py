@@ -118,3 +118,33 @@ def test_the_cost_prior_follows_what_the_device_multiplies_in(monkeypatch):
     for gpu in ("metal", "cuda"):
         monkeypatch.setattr(engine_mod, "backend", lambda gpu=gpu: gpu)
         assert [engine_mod.prior_slope(m) for m in (f32, bf16, q4)] == [0.1] * 3
+
+
+def test_a_step_is_timed_alone_when_the_next_was_enqueued_before_it_was_read(target, clock, monkeypatch):
+    """MLX's CPU backend evaluates one graph at a time: enqueuing a chained plain step waits for
+    the pass in flight. Here each pass costs its virtual time when enqueued, as there. The wait
+    belongs to the chained step: a plain round (V(1)) must be timed as one pass, not two, and
+    no pipelined step as none."""
+    from mlxspec.costmodel import TargetCurve
+
+    seen = {"v1": [], "plain": []}
+    observe, observe_plain = TargetCurve.observe, TargetCurve.observe_plain
+
+    def spy(self, j, seconds, **kw):
+        if j == 1 and not kw.get("trusted"):
+            seen["v1"].append(seconds)
+        return observe(self, j, seconds, **kw)
+
+    def spy_plain(self, seconds):
+        seen["plain"].append(seconds)
+        return observe_plain(self, seconds)
+
+    monkeypatch.setattr(TargetCurve, "observe", spy)
+    monkeypatch.setattr(TargetCurve, "observe_plain", spy_plain)
+    one = 2e-3 + 1e-4  # a pass over one token
+    e = Engine(StallingModel(target, clock, stall=0.0), None, drafter="ngram")
+    rounds = e.generate(PROMPT, max_tokens=120).stats.k_histogram
+    assert rounds.get(0, 0) and len(rounds) > 1, rounds  # plain steps and drafted rounds, interleaved
+    assert seen["v1"] and seen["plain"]
+    assert all(s == pytest.approx(one) for s in seen["v1"]), seen["v1"]
+    assert all(s == pytest.approx(one) for s in seen["plain"]), seen["plain"]
