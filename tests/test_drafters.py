@@ -56,3 +56,17 @@ def test_ngram_tree_keeps_earlier_histories():
     assert d.propose(new, 2, G, None).tokens == []
     t = d.propose_tree(new, 2, 4)
     assert t.tokens[:2] == [3, 4] and t.kind == "a2"
+
+
+def test_ngram_labels_a_longest_match_by_how_far_it_extends_back():
+    d = NgramDrafter()
+    copied = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    # The tail matches 3, 5 and 10 tokens of an earlier occurrence (a phrase, a clause, a copy).
+    assert d.propose([1, 7, 8, 9, 2, 5, 8, 9], 1, G, None).kind == "n2"
+    assert d.propose([7, 2, 3, 4, 20, 9, 2, 3, 4], 1, G, None).kind == "n3"
+    assert d.propose([5, 6, 1, 2, 3, 4, 20, 9, 5, 6, 1, 2, 3, 4], 1, G, None).kind == "n4"
+    h = [*copied, 20, 21, *copied]
+    assert d.propose(h, 2, G, None).kind == "n8" and d.propose(h, 2, G, None).tokens == [20, 21]
+    assert d.propose_tree(h, 2, 4).kind == "n8"
+    # In an earlier history only: the same labels, "a" for archived.
+    assert d.propose_tree([30, *copied[-9:]], 1, 2).kind == "a8"
