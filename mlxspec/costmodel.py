@@ -16,9 +16,10 @@ held back as a stall (first-use compilation, a preempted thread) unless it repea
 length never timed is interpolated from the timed ones (or a calibration curve). Lengths
 whose estimate is old or only interpolated are re-timed now and then when they could
 beat the current choice, so neither a stall nor a stale number can lock drafting out.
-A model drafter's round teaches its draft cost (the round less V(k + 1)); a round that beat
-V(k + 1) alone shows that V too high, and corrects it instead; a round at a length never
-timed times V(k + 1) (the round less the draft cost's estimate).
+A model drafter's rounds teach its draft cost (the typical round of that shape, the median
+of the recent ones, less V(k + 1)); a typical round that beats V(k + 1) alone shows that V
+too high, and corrects it instead; a round at a length never timed times V(k + 1) (the
+round less the draft cost's estimate).
 
 The target's curve (`TargetCurve`) is one per engine, shared by every drafter; acceptance
 and draft cost (`CostModel`) are per drafter. Acceptance is kept per *kind* of proposal:
