@@ -25,8 +25,15 @@ def app():
     return make_app(tiny_engine(), info=INFO)
 
 
+async def steady_cursor(pilot):
+    """The prompt's cursor blinks every 0.5 s: a slow run would snapshot it off. Keep it on."""
+    pilot.app.query_one("#prompt").cursor_blink = False
+    await pilot.pause()
+
+
 async def inject_answer(pilot):
     """What the worker would post for one turn, with fixed numbers."""
+    await steady_cursor(pilot)
     a = pilot.app
     a.query_one("#prompt").value = ""
     a.query_one("ChatHistory").add_user("What is speculative decoding?")
@@ -43,7 +50,7 @@ async def inject_answer(pilot):
 
 
 def test_start_screen(snap_compare):
-    assert snap_compare(app(), terminal_size=SIZE)
+    assert snap_compare(app(), terminal_size=SIZE, run_before=steady_cursor)
 
 
 def test_after_an_answer_coloured(snap_compare):
