@@ -226,11 +226,14 @@ class CostModel:
             steps = drafted or k
             if v is None:
                 return
+            # V is never taken below a plain step: a draft cost that absorbed other work must not
+            # make a pass look free.
+            floor = self.curve.plain.value() or 0.0
             if self.curve.age(k + 1) is None:
                 # V(k + 1) is only a guess (interpolated, or the prior's): this round is its first
                 # timing, less the drafting's current estimate. Teaching the draft cost instead
                 # would leave the length untimed, its guess never corrected.
-                self.curve.observe(k + 1, max(seconds - steps * self.draft_seconds(), self.curve.plain.value() or 0.0))
+                self.curve.observe(k + 1, max(seconds - steps * self.draft_seconds(), floor))
                 return
             # Judge the typical round of this shape, not this one: a single round's noise would
             # go to the draft cost when slow and to V when fast, and the two would drift apart
@@ -247,9 +250,6 @@ class CostModel:
                 # is too high (a warm-up outlier, or the machine got faster). Only rounds of this
                 # drafter time this length when nothing else drafts, so it must be corrected
                 # here, or the length would look too dear to be chosen again and never re-timed.
-                # Never below a plain step: a draft cost that absorbed other work must not make
-                # a pass look free.
-                floor = self.curve.plain.value() or 0.0
                 self.curve.observe(k + 1, max(t - steps * (self.c.value() or 0.0), floor))
             return
         self.curve.observe(k + 1, seconds)
