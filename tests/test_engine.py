@@ -214,28 +214,11 @@ def test_fork_shares_weights_not_state(target, draft):
 
 
 def test_materialize_lets_another_thread_use_what_an_ended_thread_left_lazy():
-    # The chat runs each turn on a thread of its own and frees its MLX streams as it ends; a
-    # stopped turn can leave cache entries unevaluated, which the next turn could not evaluate.
-    import threading
-
-    from mlxspec.device import clear_streams
+    # The chat runs each turn on a thread of its own (`on_own_thread`) that frees its MLX streams
+    # as it ends; a stopped turn can leave cache entries unevaluated, which the next turn could
+    # not evaluate.
     from tests.tui_helpers import tiny_engine
-
-    def run_on_thread(fn):
-        box = {}
-
-        def target():
-            try:
-                box["out"] = fn()
-            except Exception as e:
-                box["error"] = e
-            finally:
-                clear_streams()
-
-        t = threading.Thread(target=target)
-        t.start()
-        t.join()
-        return box
+    from tui.worker import on_own_thread
 
     ids = [1, 2, 3, 4, 5, 6, 7, 8]
     for fix in (False, True):
@@ -247,9 +230,10 @@ def test_materialize_lets_another_thread_use_what_an_ended_thread_left_lazy():
             if fix:
                 e.materialize()
 
-        run_on_thread(leave_lazy)
-        after = run_on_thread(lambda: e.generate(ids, max_tokens=4).tokens)
+        on_own_thread(leave_lazy)
         if fix:
-            assert after.get("out") == tiny_engine().generate(ids, max_tokens=4).tokens
+            assert on_own_thread(lambda: e.generate(ids, max_tokens=4).tokens) == \
+                tiny_engine().generate(ids, max_tokens=4).tokens
         else:  # the failure materialize prevents (if MLX ever stops binding arrays to threads, drop this)
-            assert "no Stream" in str(after.get("error")), after
+            with pytest.raises(Exception, match="no Stream"):
+                on_own_thread(lambda: e.generate(ids, max_tokens=4).tokens)

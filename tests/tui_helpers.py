@@ -20,14 +20,19 @@ def tiny_engine(draft: bool = True, **kwargs) -> Engine:
     return Engine(m["target"], m["tokenizer"], m["draft"] if draft else None, **kwargs)
 
 
+async def until(done, timeout: float, failure: str, step: float) -> None:
+    """Poll `done()` every `step` seconds; AssertionError(failure) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(failure)
+        await asyncio.sleep(step)
+
+
 async def wait_idle(app, pilot, timeout: float = 30.0) -> None:
     """Wait until the current turn has finished and its messages are handled."""
-    deadline = time.monotonic() + timeout
     await pilot.pause()
-    while app.busy:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the turn did not finish within {timeout} s")
-        await asyncio.sleep(0.02)
+    await until(lambda: not app.busy, timeout, f"the turn did not finish within {timeout} s", 0.02)
     await pilot.pause()
 
 
@@ -40,11 +45,7 @@ async def send(app, pilot, text: str, *, wait: bool = True, timeout: float = 10.
     prompt = app.query_one("#prompt")
     prompt.value = text
     await pilot.press("enter")
-    deadline = time.monotonic() + timeout
-    while prompt.value:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{text!r} was not submitted within {timeout} s")
-        await asyncio.sleep(0.01)
+    await until(lambda: not prompt.value, timeout, f"{text!r} was not submitted within {timeout} s", 0.01)
     if wait:
         await wait_idle(app, pilot)
 
