@@ -19,7 +19,10 @@ beat the current choice, so neither a stall nor a stale number can lock drafting
 A model drafter's rounds teach its draft cost (the typical round of that shape, the median
 of the recent ones, less V(k + 1)); a typical round that beats V(k + 1) alone shows that V
 too high, and corrects it instead; a round at a length never timed times V(k + 1) (the
-round less the draft cost's estimate).
+round less the draft cost's estimate). A round whose drafts were read on the host before
+its pass (a model drafter's tree: `treeplan.widen`) also pays that read, during which the
+device idles; it teaches its own cost, `read_seconds`, not c, and side leaves are added only
+where they pay for it.
 
 The target's curve (`TargetCurve`) is one per engine, shared by every drafter; acceptance
 and draft cost (`CostModel`) are per drafter. Acceptance is kept per *kind* of proposal:
@@ -207,7 +210,8 @@ class CostModel:
         self.draft_is_free = draft_is_free
         self.prior_draft_ratio = prior_draft_ratio  # drafter seconds per token / plain step, until measured
         self.c = Estimate()  # drafter seconds per drafted token
-        self.round_seconds: Dict[tuple, Estimate] = {}  # (k, drafter steps) -> this drafter's whole rounds
+        self.round_seconds: Dict[tuple, Estimate] = {}  # (k, drafter steps, read) -> this drafter's whole rounds
+        self.read = Estimate()  # what reading the drafts on the host before the pass adds to a round
         self.counts: Dict[str, list] = {}  # kind -> [successes, failures], from a Beta prior (1, 1 unless given)
         self.priors: Dict[str, tuple] = {}  # kind -> its Beta prior, when not (1, 1)
         self.margin = margin  # drafting must beat plain decoding by this factor: estimates are noisy
@@ -219,10 +223,11 @@ class CostModel:
     # -- observations -----------------------------------------------------------------------
     def observe_round(self, k: int, seconds: float, drafted: Optional[int] = None) -> None:
         """A round that verified k drafts (k = 0: a plain step, not pipelined) took `seconds`,
-        drafting included; `drafted`: the drafter's steps when fewer than k (a tree's side leaves
-        cost no steps)."""
+        drafting included. `drafted`: given when the drafts were read on the host before the
+        pass (a model drafter's tree), the drafter's steps (a tree's side leaves cost none)."""
         if k and not self.draft_is_free:
             v = self.curve.verify_seconds(k + 1)
+            read = drafted is not None
             steps = drafted or k
             if v is None:
                 return
@@ -233,16 +238,24 @@ class CostModel:
                 # V(k + 1) is only a guess (interpolated, or the prior's): this round is its first
                 # timing, less the drafting's current estimate. Teaching the draft cost instead
                 # would leave the length untimed, its guess never corrected.
-                self.curve.observe(k + 1, max(seconds - steps * self.draft_seconds(), floor))
+                extra = steps * self.draft_seconds() + (self.read_seconds() if read else 0.0)
+                self.curve.observe(k + 1, max(seconds - extra, floor))
                 return
             # Judge the typical round of this shape, not this one: a single round's noise would
             # go to the draft cost when slow and to V when fast, and the two would drift apart
             # (V down, c up, so long drafts would look dearer than they are).
-            typical = self.round_seconds.setdefault((k, steps), Estimate())
+            typical = self.round_seconds.setdefault((k, steps, read), Estimate())
             if not typical.add(seconds, self.curve.now):
                 return  # held back as a stall
             t = typical.value()
-            if t >= v:
+            c = self.c.value() or 0.0
+            if read:
+                # The steps cost what chain rounds teach; the rest is the read and what waited for it
+                # (the device idles while the host reads the drafts and builds the pass), which would
+                # make every chain look dear if it went to c.
+                self.read.add(max(t - v - steps * self.draft_seconds(), 0.0), self.curve.now)
+                self.curve.touch(k + 1)
+            elif t >= v:
                 self.c.add((t - v) / steps, self.curve.now)
                 self.curve.touch(k + 1)  # V(k + 1) is not too high: no need to re-time it soon
             else:
@@ -250,7 +263,7 @@ class CostModel:
                 # is too high (a warm-up outlier, or the machine got faster). Only rounds of this
                 # drafter time this length when nothing else drafts, so it must be corrected
                 # here, or the length would look too dear to be chosen again and never re-timed.
-                self.curve.observe(k + 1, max(t - steps * (self.c.value() or 0.0), floor))
+                self.curve.observe(k + 1, max(t - steps * c, floor))
             return
         self.curve.observe(k + 1, seconds)
 
@@ -296,6 +309,11 @@ class CostModel:
             return c
         step = self.curve.plain_seconds() or 0.0
         return (self.prior_draft_ratio or 0.1) * step  # not timed yet: calibrated ratio, else a tenth
+
+    def read_seconds(self) -> float:
+        """What reading a model drafter's drafts on the host before the pass adds to a round
+        (0 until a read round has been timed: the first one then times it)."""
+        return self.read.value() or 0.0
 
     def speed(self, k: int, kind: str = "", *, verify_scale: float = 1.0) -> Optional[float]:
         """Expected tokens per second when drafting k (None if unknown)."""
@@ -358,9 +376,10 @@ class CostModel:
             return 1
         return 0
 
-    def choose_widening(self, k: int, tokens: float, reach: Sequence[float]) -> int:
+    def choose_widening(self, k: int, tokens: float, reach: Sequence[float], read: float = 0.0) -> int:
         """How many extra candidates (best first) to verify beside k drafted ones that yield
-        `tokens` per round on average: rows that cost no drafting, only a longer pass. Returns
+        `tokens` per round on average: rows that cost no drafting, only a longer pass, and
+        `read` seconds more for any (reading the drafts first; 0 once they are read). Returns
         the m in [0, len(reach)] with the best expected speed (passes longer than the warm-up
         timed are estimated from the curve's slope)."""
         fixed = k * self.draft_seconds()
@@ -373,8 +392,8 @@ class CostModel:
             if v is None:
                 break
             tokens += reach[m - 1]
-            if tokens / (fixed + v) > best:
-                best_m, best = m, tokens / (fixed + v)
+            if tokens / (fixed + read + v) > best:
+                best_m, best = m, tokens / (fixed + read + v)
         return best_m
 
     def _explore(self, reach: Sequence[float], best: float) -> int:

@@ -71,12 +71,14 @@ def widen(draft: Draft, cost: CostModel, cap: int) -> Draft:
 
 def could_widen(cost: CostModel, k: int, cap: int, kind: str = "") -> bool:
     """Whether side leaves could pay beside a chain of k even at best (every leaf as likely as a
-    side branch at the root ever is). Otherwise the model drafter keeps its chain on the device,
-    unread, and the round is enqueued without waiting for the drafts."""
+    side branch at the root ever is), reading the drafts on the host included. Otherwise the
+    model drafter keeps its chain on the device, unread, and the round is enqueued without
+    waiting for the drafts."""
     alpha = min(cost.alpha_of(kind), 0.999)
     best = (1.0 - alpha) * cost.alpha_of(side_kind(kind), prior=SIDE_PRIOR)
     n = min(cap - k, RUNNERS_UP * k)
-    return n > 0 and cost.choose_widening(k, cost.expected_tokens(k, kind), [best] * n) > 0
+    return n > 0 and cost.choose_widening(k, cost.expected_tokens(k, kind), [best] * n,
+                                          read=cost.read_seconds()) > 0
 
 
 def best_first(parents: List[int], r: List[float]) -> List[int]:

@@ -81,11 +81,28 @@ def test_a_chain_stays_unread_where_no_leaf_could_pay():
 
 
 def test_a_tree_rounds_drafting_cost_counts_drafter_steps_not_leaves():
-    m = sized(0.0)  # V(j) = 1 s for every j
+    m = sized(0.0)  # V(j) = 1 s for every j; drafting 0.05 s a step (sized's warm-up)
     m.curve.observe(9, 1.0, trusted=True)  # timed: a round at a length never timed would time it instead
-    m.c = type(m.c)()
     m.observe_round(8, 1.0 + 4 * 0.05, drafted=4)  # 4 steps and 4 free leaves
     assert m.draft_seconds() == pytest.approx(0.05)
+    assert m.read_seconds() == pytest.approx(0.0)
+
+
+def test_reading_a_trees_drafts_is_its_own_cost_not_the_draft_cost():
+    # Chain rounds have taught c = 0.05; tree rounds also wait 1 s for the drafts to be read.
+    m = sized(0.0)
+    m.curve.observe(9, 1.0, trusted=True)
+    m.curve.observe(5, 1.0, trusted=True)
+    for _ in range(5):
+        m.observe_round(4, 1.0 + 4 * 0.05)
+        m.observe_round(8, 1.0 + 4 * 0.05 + 1.0, drafted=4)
+    assert m.draft_seconds() == pytest.approx(0.05)  # the old rule made it (0.2 + 1.0) / 4 = 0.3
+    assert m.read_seconds() == pytest.approx(1.0)
+    # Rows are free here, but the read is not. Half of every draft is accepted: a chain of 4
+    # yields 1.94 tokens in 1.2 s; 11 side leaves at best 0.125 each add 1.375 tokens, for 1 s.
+    assert not treeplan.could_widen(m, 4, 15)
+    m.read = type(m.read)()
+    assert treeplan.could_widen(m, 4, 15)  # the same rows with nothing to read: leaves pay
 
 
 # -- the engine --------------------------------------------------------------------------------
