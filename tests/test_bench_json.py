@@ -170,3 +170,17 @@ def test_report_names_the_blas_and_says_how_to_get_a_faster_one(bench_json, blas
     text = console.export_text()
     assert ("reference BLAS" if blas == "reference" else "OpenBLAS") in text
     assert ("apt install libopenblas0" in text) == hint
+
+
+def test_repeats_are_passes_over_the_prompts(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
+    eng = tiny_engine()
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: eng)
+    out = tmp_path / "r.json"
+    assert cli.main(["bench", "--limit", "2", "--max-tokens", "4", "--drafter", "ngram", "--no-peer",
+                     "--repeats", "2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["repeats"] == 2
+    assert [(r["repeat"], r["mode"]) for r in doc["runs"]] == [(rep, m) for rep in (0, 1) for _ in range(2)
+                                                               for m in ("vanilla", "speculative")]
+    assert "2 prompts x 2 passes" in capsys.readouterr().out

@@ -226,3 +226,26 @@ def test_a_model_drafter_with_and_without_its_lookup_companion(engine):
     assert rows["model k=auto lookup=off"]["lookup"] == "off" and rows["model k=auto lookup=off"]["lookup_rounds"] == 0
     with pytest.raises(InvalidArgumentError, match="lookup must be 'on' or 'off'"):
         settings_for(engine, lookups=["maybe"])
+
+
+def test_repeats_pass_over_the_suite_again_and_pair_runs_within_a_pass(engine):
+    res = run_bench(engine, PROMPTS, max_tokens=MAX, drafters=["ngram"], peer=False, warmup=False, repeats=2)
+    order = [(r.repeat, r.prompt_id, r.mode) for r in res.runs]
+    assert order == [(rep, p.id, m) for rep in (0, 1) for p in PROMPTS for m in ("vanilla", "speculative")]
+    assert all(r.matches_vanilla for r in res.runs)
+    # Pretend the machine slowed down during pass 1: both of its runs are 3x slower. Paired
+    # within their pass, each ratio is unchanged; paired across passes they would be 3x or 1/3x.
+    for r in res.runs:
+        if r.repeat == 1:
+            r.seconds *= 3
+            r.tokens_per_second /= 3
+    van = {(r.repeat, r.prompt_id): r.tokens_per_second for r in res.runs if r.mode == "vanilla"}
+    want = sorted(r.tokens_per_second / van[r.repeat, r.prompt_id] for r in res.runs if r.mode == "speculative")
+    s = summarize(res)
+    assert len(want) == 2 * len(PROMPTS)
+    assert s["speedup_vs_vanilla"] == pytest.approx((want[1] + want[2]) / 2)  # the median of all four pairs
+    chat = sorted(r.tokens_per_second / van[r.repeat, r.prompt_id] for r in res.runs
+                  if r.mode == "speculative" and r.category == "chat")
+    assert s["by_category"]["chat"]["speedup_vs_vanilla"] == pytest.approx(sum(chat) / 2)
+    with pytest.raises(InvalidArgumentError, match="repeats"):
+        run_bench(engine, PROMPTS, max_tokens=MAX, repeats=0)

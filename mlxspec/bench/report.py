@@ -61,6 +61,7 @@ def to_json(result: BenchResult, *, pair: dict, curve: Optional[dict] = None, pr
             "temperatures": list(result.temperatures), "num_draft": nums, "tree": trees, "lookup": lookups,
             "seed": result.seed,
             "prompts": prompts_source, "prompt_count": len({r.prompt_id for r in result.runs}),
+            "repeats": 1 + max((r.repeat for r in result.runs), default=0),
             "peer_num_draft": PEER_NUM_DRAFT if any(s.mode == "mlx-lm" for s in result.settings) else None,
             "timing": "tokens generated / seconds after prompt processing (same for every mode)",
         },
@@ -164,7 +165,8 @@ def print_report(doc: dict, console) -> None:
     head = (f"[bold]{label_of(d)}: {_x(s['speedup_vs_vanilla'])} vanilla"
             + (f", {_x(s['speedup_vs_chain'])} chain" if s.get("speedup_vs_chain") is not None else "")
             + (f", {_x(s['speedup_vs_mlx_lm'])} mlx-lm" if s["speedup_vs_mlx_lm"] is not None else "")
-            + f"[/bold] (median of per-prompt ratios, {doc['settings']['prompt_count']} prompts, "
+            + f"[/bold] (median of per-prompt ratios, {doc['settings']['prompt_count']} prompts"
+            + (f" x {doc['settings']['repeats']} passes" if doc['settings'].get('repeats', 1) > 1 else "") + ", "
             f"{doc['settings']['max_tokens']} tokens, {device_line(doc['device'])})")
     console.print(head)
     if doc["device"]["backend"] == "cpu" and doc["device"].get("blas") == "reference":

@@ -73,6 +73,7 @@ class RunRecord:
     # compared (sampling) or unclassified (no float32 reference could run); vanilla itself: True
     # -- extras ---------------------------------------------------------------------------------
     order: int = 0  # execution index within the bench (0, 1, 2, ...)
+    repeat: int = 0  # which pass over the prompts (`run_bench(repeats=...)`); runs pair within one
     temperature: float = 0.0
     accept_histogram: dict = field(default_factory=dict)  # accepted per drafting round -> rounds
     k_histogram: dict = field(default_factory=dict)  # draft length per round -> rounds
@@ -167,7 +168,8 @@ def default_setting(engine, settings: List[Setting]) -> Setting:
 def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, temperatures: Sequence[float] = (0.0,),
               num_drafts: Sequence = ("auto",), drafters: Optional[Sequence[str]] = None, seed: int = 0,
               peer: bool = True, warmup: bool = True, trees: Sequence = ("auto",), lookups: Sequence = ("on",),
-              on_run: Optional[Callable[[RunRecord], None]] = None, on_mismatch: Optional[Callable[[RunRecord], None]] = None) -> BenchResult:
+              on_run: Optional[Callable[[RunRecord], None]] = None, on_mismatch: Optional[Callable[[RunRecord], None]] = None,
+              repeats: int = 1) -> BenchResult:
     """Run every setting on every prompt, interleaved, and return the records in execution order.
 
     Args:
@@ -186,11 +188,15 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
         on_run: called with each record as it completes (progress bars).
         on_mismatch: called with a record whose greedy output differs from vanilla other than by a
             rounding divergence (`rec.divergence` is "bug" or "unclassified").
+        repeats: passes over the whole suite, each run paired with the vanilla run of its own pass
+            (a machine's slow minute then moves one pair, not a category's median). Default 1.
     """
     if not prompts:
         raise InvalidArgumentError("[bench] no prompts to run")
     if engine.tokenizer is None:
         raise InvalidArgumentError("[bench] the engine needs a tokenizer (prompts are chat messages)")
+    if repeats < 1:
+        raise InvalidArgumentError(f"[bench] repeats must be >= 1, got {repeats}")
     temps = [float(t) for t in temperatures]
     if not temps or any(t < 0 for t in temps):
         raise InvalidArgumentError(f"[bench] temperatures must be >= 0, got {list(temperatures)}")
@@ -216,7 +222,8 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     # the one that runs second starts from nothing the first learnt. The device curve is shared.
     start, own = engine.costs, {}
     runs: List[RunRecord] = []
-    for p, ids in zip(prompts, encoded):
+    passes = [(rep, p, ids) for rep in range(repeats) for p, ids in zip(prompts, encoded)]
+    for rep, p, ids in passes:
         for t in temps:
             vanilla: Optional[RunRecord] = None
             for s in settings:
@@ -224,7 +231,7 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                     own[s, t] = copy.deepcopy(start, {id(engine.curve): engine.curve})
                 engine.costs = own[s, t]
                 rec = _run_one(engine, s, p, ids, max_tokens, t, seed)
-                rec.order = len(runs)
+                rec.order, rec.repeat = len(runs), rep
                 if s.mode == "vanilla":
                     vanilla = rec
                     rec.matches_vanilla = True if t == 0 else None

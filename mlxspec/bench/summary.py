@@ -1,14 +1,15 @@
 """Medians and speedups from bench records.
 
 Speedups are computed pair by pair: a speculative run's tokens/s divided by the vanilla
-(or mlx-lm) run's on the same prompt at the same temperature, then the median over
-prompts. That cancels per-prompt differences (length, EOS) that a ratio of medians keeps.
+(or mlx-lm) run's on the same prompt at the same temperature (and in the same pass over the
+suite, with repeats), then the median over prompts (and passes). That cancels per-prompt
+differences (length, EOS) that a ratio of medians keeps.
 """
 
 from __future__ import annotations
 
 import statistics
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional
 
 from .runner import BenchResult, RunRecord, Setting
 
@@ -42,11 +43,16 @@ def chain_of(result: BenchResult, s: Setting) -> Optional[Setting]:
 def pair_ratios(result: BenchResult, s: Setting, base: Setting, *, category: Optional[str] = None,
                 temperature: Optional[float] = None) -> List[float]:
     """Per-prompt tokens/s ratios of setting `s` over setting `base` on the same prompt."""
-    ref = {(r.prompt_id, r.temperature): r for r in result.runs if setting_of(r) == base}
+    ref = {_key(r): r for r in result.runs if setting_of(r) == base}
     return _ratios_over(result, s, ref, category, temperature)
 
 
-def _ratios_over(result: BenchResult, s: Setting, ref: Dict[Tuple[str, float], RunRecord],
+def _key(r: RunRecord) -> tuple:
+    """What pairs two runs: the same prompt, temperature and pass over the suite."""
+    return r.prompt_id, r.temperature, r.repeat
+
+
+def _ratios_over(result: BenchResult, s: Setting, ref: Dict[tuple, RunRecord],
                  category: Optional[str], temperature: Optional[float]) -> List[float]:
     out = []
     for r in result.runs:
@@ -54,14 +60,14 @@ def _ratios_over(result: BenchResult, s: Setting, ref: Dict[Tuple[str, float], R
             continue
         if temperature is not None and r.temperature != temperature:
             continue
-        b = ref.get((r.prompt_id, r.temperature))
+        b = ref.get(_key(r))
         if b is not None and b.tokens_per_second > 0:
             out.append(r.tokens_per_second / b.tokens_per_second)
     return out
 
 
-def _by_key(runs: List[RunRecord], mode: str) -> Dict[Tuple[str, float], RunRecord]:
-    return {(r.prompt_id, r.temperature): r for r in runs if r.mode == mode}
+def _by_key(runs: List[RunRecord], mode: str) -> Dict[tuple, RunRecord]:
+    return {_key(r): r for r in runs if r.mode == mode}
 
 
 def ratios(result: BenchResult, s: Setting, baseline_mode: str, *, category: Optional[str] = None,

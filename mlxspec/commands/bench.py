@@ -77,8 +77,11 @@ def register(subparsers) -> None:
                    "random weights means nothing: it compares loops, not drafts")
     p.add_argument("--synthetic-draft", metavar="SHAPE", help="with --synthetic: a draft of this shape, to compare "
                    "speculation at k=3 with mlx-lm's speculative decoding on the same draft, and the cost model's k")
-    p.add_argument("--repeats", type=argtypes.positive, default=5,
-                   help="with --synthetic: interleaved repetitions, medians reported (default 5)")
+    p.add_argument("--repeats", type=argtypes.positive, default=None,
+                   help="passes over the prompts, each speculative run paired with the vanilla run of its own "
+                   "pass and the medians taken over every pair: steadier per-category figures on a noisy "
+                   "machine, at N times the time (default 1); with --synthetic: interleaved repetitions "
+                   "(default 5)")
     p.set_defaults(func=run)
 
 
@@ -150,7 +153,7 @@ def run_synthetic(args) -> int:
         check_shape(args.synthetic_draft)
     err = Console(stderr=True)
     with err.status("synthetic bench") as status:
-        doc = measure(args.synthetic, args.synthetic_draft, max_tokens=args.max_tokens, repeats=args.repeats,
+        doc = measure(args.synthetic, args.synthetic_draft, max_tokens=args.max_tokens, repeats=args.repeats or 5,
                       progress=lambda label: status.update(label))
     print_synthetic(doc, report_console())
     if args.json:
@@ -173,17 +176,19 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     ratios, source = curve_for(engine, measure=False)  # a saved curve, if any; the warm-up times V(j) anyway
     apply_prior(engine, ratios)
 
-    total = len(prompts) * len(temps) * len(settings)
+    repeats = getattr(args, "repeats", None) or 1
+    total = repeats * len(prompts) * len(temps) * len(settings)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task("bench", total=total)
 
         def on_run(rec):
-            bar.update(task, advance=1, description=f"{rec.prompt_id} {rec.mode}")
+            bar.update(task, advance=1, description=f"{rec.prompt_id} {rec.mode}"
+                       + (f" (pass {rec.repeat + 1}/{repeats})" if repeats > 1 else ""))
 
         result = run_bench(engine, prompts, max_tokens=args.max_tokens, temperatures=temps, num_drafts=ks,
                            drafters=drafters, seed=args.seed, peer=not args.no_peer, trees=trees, lookups=lookups,
-                           on_run=on_run,
+                           on_run=on_run, repeats=repeats,
                            on_mismatch=lambda rec: err.print(mismatch_line(rec)))
 
     used = list(dict.fromkeys(s.drafter for s in result.settings if s.mode == "speculative"))
