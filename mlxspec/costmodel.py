@@ -311,9 +311,11 @@ class CostModel:
         return (self.prior_draft_ratio or 0.1) * step  # not timed yet: calibrated ratio, else a tenth
 
     def read_seconds(self) -> float:
-        """What reading a model drafter's drafts on the host before the pass adds to a round
-        (0 until a read round has been timed: the first one then times it)."""
-        return self.read.value() or 0.0
+        """What reading a model drafter's drafts on the host before the pass adds to a round.
+        0 until a read round has been timed, and again once that timing is STALE_ROUNDS old: a
+        read that once looked too dear would otherwise never be tried, so never re-timed."""
+        t = self.read.value()
+        return 0.0 if t is None or self.curve.now - self.read.when >= STALE_ROUNDS else t
 
     def speed(self, k: int, kind: str = "", *, verify_scale: float = 1.0) -> Optional[float]:
         """Expected tokens per second when drafting k (None if unknown)."""

@@ -12,7 +12,7 @@ from mlx_lm.models.cache import RotatingKVCache
 
 import tiny
 from mlxspec import Engine, treeplan
-from mlxspec.costmodel import CostModel, TargetCurve
+from mlxspec.costmodel import STALE_ROUNDS, CostModel, TargetCurve
 from mlxspec.drafters.sidetree import MIN_P, grow, runners_up
 from mlxspec.sequence import Sequence
 from test_engine import assert_same_greedy, reference
@@ -101,6 +101,11 @@ def test_reading_a_trees_drafts_is_its_own_cost_not_the_draft_cost():
     # Rows are free here, but the read is not. Half of every draft is accepted: a chain of 4
     # yields 1.94 tokens in 1.2 s; 11 side leaves at best 0.125 each add 1.375 tokens, for 1 s.
     assert not treeplan.could_widen(m, 4, 15)
+    for _ in range(STALE_ROUNDS):  # plain steps: the read is not timed again while leaves stay off...
+        m.curve.observe_plain(1.0)
+    assert treeplan.could_widen(m, 4, 15)  # ...until its timing is stale: the next tree round re-times it
+    m.observe_round(8, 1.0 + 4 * 0.05 + 1.0, drafted=4)  # still 1 s
+    assert m.read_seconds() == pytest.approx(1.0) and not treeplan.could_widen(m, 4, 15)
     m.read = type(m.read)()
     assert treeplan.could_widen(m, 4, 15)  # the same rows with nothing to read: leaves pay
 
