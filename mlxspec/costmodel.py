@@ -248,7 +248,6 @@ class CostModel:
             if not typical.add(seconds, self.curve.now):
                 return  # held back as a stall
             t = typical.value()
-            c = self.c.value() or 0.0
             if read:
                 # The steps cost what chain rounds teach; the rest is the read and what waited for it
                 # (the device idles while the host reads the drafts and builds the pass), which would
@@ -263,7 +262,7 @@ class CostModel:
                 # is too high (a warm-up outlier, or the machine got faster). Only rounds of this
                 # drafter time this length when nothing else drafts, so it must be corrected
                 # here, or the length would look too dear to be chosen again and never re-timed.
-                self.curve.observe(k + 1, max(t - steps * c, floor))
+                self.curve.observe(k + 1, max(t - steps * (self.c.value() or 0.0), floor))
             return
         self.curve.observe(k + 1, seconds)
 

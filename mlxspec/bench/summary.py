@@ -42,7 +42,7 @@ def chain_of(result: BenchResult, s: Setting) -> Optional[Setting]:
 
 def pair_ratios(result: BenchResult, s: Setting, base: Setting, *, category: Optional[str] = None,
                 temperature: Optional[float] = None) -> List[float]:
-    """Per-prompt tokens/s ratios of setting `s` over setting `base` on the same prompt."""
+    """Per-prompt tokens/s ratios of setting `s` over setting `base` on the same prompt (`_key`)."""
     ref = {_key(r): r for r in result.runs if setting_of(r) == base}
     return _ratios_over(result, s, ref, category, temperature)
 
@@ -72,7 +72,7 @@ def _by_key(runs: List[RunRecord], mode: str) -> Dict[tuple, RunRecord]:
 
 def ratios(result: BenchResult, s: Setting, baseline_mode: str, *, category: Optional[str] = None,
            temperature: Optional[float] = None) -> List[float]:
-    """Per-prompt tokens/s ratios of setting `s` over the baseline mode's run on the same prompt."""
+    """Per-prompt tokens/s ratios of setting `s` over the baseline mode's run on the same prompt (`_key`)."""
     return _ratios_over(result, s, _by_key(result.runs, baseline_mode), category, temperature)
 
 
