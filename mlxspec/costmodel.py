@@ -252,8 +252,13 @@ class CostModel:
                 # The steps cost what chain rounds teach; the rest is the read and what waited for it
                 # (the device idles while the host reads the drafts and builds the pass), which would
                 # make every chain look dear if it went to c.
-                self.read.add(max(t - v - steps * self.draft_seconds(), 0.0), self.curve.now)
-                self.curve.touch(k + 1)
+                work = steps * self.draft_seconds()
+                if t >= v + work:
+                    self.read.add(t - v - work, self.curve.now)
+                    self.curve.touch(k + 1)
+                else:  # the whole round beats V(k + 1) plus its steps: V is too high, as below
+                    self.read.add(0.0, self.curve.now)
+                    self.curve.observe(k + 1, max(t - work, floor))
             elif t >= v:
                 self.c.add((t - v) / steps, self.curve.now)
                 self.curve.touch(k + 1)  # V(k + 1) is not too high: no need to re-time it soon

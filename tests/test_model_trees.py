@@ -110,6 +110,22 @@ def test_reading_a_trees_drafts_is_its_own_cost_not_the_draft_cost():
     assert treeplan.could_widen(m, 4, 15)  # the same rows with nothing to read: leaves pay
 
 
+def test_a_tree_round_faster_than_the_curve_corrects_v():
+    # V(9) was timed high (an outlier: 3 plain steps); tree rounds of 9 rows from 4 head steps
+    # take 1.6 s, less than that V alone: V must come down (else 9 rows look dear for good and
+    # are never re-timed), and the read costs nothing.
+    m = sized(0.0)
+    m.curve.observe(9, 3.0, trusted=True)
+    m.curve.observe(5, 1.0, trusted=True)
+    for _ in range(5):
+        m.observe_round(4, 1.0 + 4 * 0.05)  # chains teach c = 0.05
+    for _ in range(5):
+        m.observe_round(8, 1.6, drafted=4)
+    assert m.read_seconds() == pytest.approx(0.0)
+    assert m.curve.verify_seconds(9) == pytest.approx(1.6 - 4 * 0.05)
+    assert m.draft_seconds() == pytest.approx(0.05)
+
+
 # -- the engine --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
