@@ -318,50 +318,54 @@ def make_head(cfg: dict):
         def forward(self, x):
             return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg["rms_norm_eps"])
 
+    def block():
+        blk = nn.Module()
+        blk.self_attn = nn.Module()
+        for n, (i, o) in {"q_proj": (H, nh * hd), "k_proj": (H, nkv * hd), "v_proj": (H, nkv * hd),
+                          "o_proj": (nh * hd, H)}.items():
+            setattr(blk.self_attn, n, nn.Linear(i, o, bias=False))
+        blk.mlp = nn.Module()
+        for n, (i, o) in {"gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}.items():
+            setattr(blk.mlp, n, nn.Linear(i, o, bias=False))
+        blk.input_layernorm, blk.post_attention_layernorm = RMSNorm(), RMSNorm()
+        return blk
+
+    def qkv(a, x, pos):
+        B, L, _ = x.shape
+        q = a.q_proj(x).view(B, L, nh, hd).transpose(1, 2)
+        k = a.k_proj(x).view(B, L, nkv, hd).transpose(1, 2)
+        v = a.v_proj(x).view(B, L, nkv, hd).transpose(1, 2)
+        return rope(q, pos, cfg["rope_theta"]), rope(k, pos, cfg["rope_theta"]), v
+
     class Head(nn.Module):
         def __init__(self):
             super().__init__()
             self.fc = nn.Linear(2 * H, H)
             if cfg.get("feature_layers"):  # the tapped layers' outputs -> one feature (EAGLE-3)
                 self.fc_layers = nn.Linear(len(cfg["feature_layers"]) * H, H)
-            blk = nn.Module()
-            blk.self_attn = nn.Module()
-            for n, (i, o) in {"q_proj": (H, nh * hd), "k_proj": (H, nkv * hd), "v_proj": (H, nkv * hd),
-                              "o_proj": (nh * hd, H)}.items():
-                setattr(blk.self_attn, n, nn.Linear(i, o, bias=False))
-            blk.mlp = nn.Module()
-            for n, (i, o) in {"gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}.items():
-                setattr(blk.mlp, n, nn.Linear(i, o, bias=False))
-            blk.input_layernorm, blk.post_attention_layernorm = RMSNorm(), RMSNorm()
-            self.layers = nn.ModuleList([blk])
+            self.layers = nn.ModuleList([block() for _ in range(cfg.get("num_layers", 1))])
             self.norm = RMSNorm()
-
-        def qkv(self, x, pos):
-            a = self.layers[0].self_attn
-            B, L, _ = x.shape
-            q = a.q_proj(x).view(B, L, nh, hd).transpose(1, 2)
-            k = a.k_proj(x).view(B, L, nkv, hd).transpose(1, 2)
-            v = a.v_proj(x).view(B, L, nkv, hd).transpose(1, 2)
-            return rope(q, pos, cfg["rope_theta"]), rope(k, pos, cfg["rope_theta"]), v
 
         def step(self, emb, feat, pos, past=None, mask=None):
             """One pass over (B, L) entries; keys/values of `past` passes are visible through `mask`.
 
-            Returns (predicted features (B, L, H), this pass's (k, v))."""
-            blk = self.layers[0]
+            Returns (predicted features (B, L, H), this pass's [(k, v) per layer])."""
             x = self.fc(torch.cat([emb, feat], dim=-1))
-            q, k, v = self.qkv(blk.input_layernorm(x), pos)
-            ks = torch.cat([p[0] for p in past] + [k], dim=2) if past else k
-            vs = torch.cat([p[1] for p in past] + [v], dim=2) if past else v
-            rep = nh // nkv
-            o = torch.nn.functional.scaled_dot_product_attention(
-                q, ks.repeat_interleave(rep, 1), vs.repeat_interleave(rep, 1), attn_mask=mask)
-            B, _, L, _ = o.shape
-            x = x + blk.self_attn.o_proj(o.transpose(1, 2).reshape(B, L, nh * hd))
-            m = blk.mlp
-            h = blk.post_attention_layernorm(x)
-            x = x + m.down_proj(torch.nn.functional.silu(m.gate_proj(h)) * m.up_proj(h))
-            return self.norm(x), (k, v)
+            kvs = []
+            for i, blk in enumerate(self.layers):
+                q, k, v = qkv(blk.self_attn, blk.input_layernorm(x), pos)
+                kvs.append((k, v))
+                ks = torch.cat([p[i][0] for p in past] + [k], dim=2) if past else k
+                vs = torch.cat([p[i][1] for p in past] + [v], dim=2) if past else v
+                rep = nh // nkv
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q, ks.repeat_interleave(rep, 1), vs.repeat_interleave(rep, 1), attn_mask=mask)
+                B, _, L, _ = o.shape
+                x = x + blk.self_attn.o_proj(o.transpose(1, 2).reshape(B, L, nh * hd))
+                m = blk.mlp
+                h = blk.post_attention_layernorm(x)
+                x = x + m.down_proj(torch.nn.functional.silu(m.gate_proj(h)) * m.up_proj(h))
+            return self.norm(x), kvs
 
     return Head()
 
@@ -369,8 +373,8 @@ def make_head(cfg: dict):
 def head_config(args, target_cfg) -> dict:
     init = getattr(args, "init_head", None)
     if init:  # the continued head's shape
-        return {"feature_layers": list(init["feature_layers"]), **init["layer"]}
-    return {"feature_layers": list(args.layers),
+        return {"feature_layers": list(init["feature_layers"]), "num_layers": init["num_layers"], **init["layer"]}
+    return {"feature_layers": list(args.layers), "num_layers": args.head_layers,
             "hidden_size": target_cfg["hidden_size"], "intermediate_size": args.intermediate,
             "num_attention_heads": target_cfg["num_attention_heads"],
             "num_key_value_heads": target_cfg["num_key_value_heads"],
@@ -403,6 +407,7 @@ def init_head(ref: str, gguf: Path, out: Path) -> dict:
     weights = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(head.parameters())}
     digest = hashlib.sha1((folder / "model.safetensors").read_bytes()).hexdigest()[:10]
     return {"folder": folder, "layer": cfg["layer"], "feature_layers": list(cfg.get("feature_layers") or []),
+            "num_layers": len(head.layers),
             "vocab": np.array(ids).astype(np.int32), "weights": weights, "digest": digest}
 
 
@@ -492,22 +497,26 @@ def run_tag(args, train) -> str:
             "ce_weight", "loss_on", "seed")
     init = getattr(args, "init_head", None)  # continuing another head is another run
     settings = json.dumps([len(train)] + [getattr(args, k) for k in keys]
-                          + ([args.layers] if args.layers else []) + ([init["digest"]] if init else []))
+                          + ([args.layers] if args.layers else []) + ([init["digest"]] if init else [])
+                          + ([f"L{args.head_layers}"] if args.head_layers != 1 else []))
     return f"n{len(train)}-" + hashlib.sha1(settings.encode()).hexdigest()[:8]
 
 
 def init_from_target(head, gguf: Path) -> None:
-    """Start the head from the target's last layer and final norm: the same feature space."""
+    """Start the head from the target's last layers (as many as it has) and final norm: the
+    same feature space."""
     import torch
 
     with torch.no_grad():
         _, target = load_target(gguf)
-        last = {k: v for k, v in target.model.layers[-1].state_dict().items() if "rotary" not in k}
-        mine = head.layers[0].state_dict()
-        if set(last) == set(mine) and all(last[k].shape == mine[k].shape for k in mine):
-            head.layers[0].load_state_dict(last)
-        else:  # another family's block (biases, other widths): start from random weights
-            log("the target's last layer does not fit the head's block; initialising it randomly")
+        for blk, theirs in zip(head.layers, target.model.layers[-len(head.layers):]):
+            last = {k: v for k, v in theirs.state_dict().items() if "rotary" not in k}
+            mine = blk.state_dict()
+            if set(last) == set(mine) and all(last[k].shape == mine[k].shape for k in mine):
+                blk.load_state_dict(last)
+            else:  # another family's block (biases, other widths): start from random weights
+                log("the target's last layers do not fit the head's blocks; initialising them randomly")
+                break
         head.norm.weight.copy_(target.model.norm.weight)
         del target
 
@@ -634,7 +643,8 @@ def stage_export(args, final: Path, vocab) -> None:
     target, _, _ = load_model(str(args.gguf), download=False)  # mlxspec's own loading path
     cfg = dict(ck["cfg"])
     layers = cfg.pop("feature_layers", [])
-    head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=len(vocab), **cfg),
+    depth = cfg.pop("num_layers", 1)
+    head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=depth, vocab_size=len(vocab), **cfg),
                      taps=len(layers))
     head.load_weights([(k, mx.array(v.float().numpy())) for k, v in ck["head"].items()], strict=True)
     extra = {"training": {"script": "scripts/train_eagle.py", "seed": args.seed,
@@ -672,6 +682,8 @@ def parse_args(argv=None):
     # head
     p.add_argument("--draft-vocab", type=int, default=4096)
     p.add_argument("--intermediate", type=int, default=1536)
+    p.add_argument("--head-layers", type=int, default=1,
+                   help="decoder layers in the head (EAGLE uses 1; each costs about one target layer per draft step)")
     p.add_argument("--feature-layers", default="final",
                    help="what the head reads for a committed position: 'final' (the target's final hidden state, "
                         "EAGLE-1; the shipped demo head), 'auto' (the outputs of EAGLE-3's low, middle and high "
@@ -699,6 +711,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.head_layers < 1:
+        raise SystemExit(f"--head-layers {args.head_layers}: a head needs at least one decoder layer")
     work, t0 = train_draft.start(args)
     prompts = train_draft.stage_prompts(args, work)
     prompts.update(train_draft.logged_prompt_files(args.prompt_file))

@@ -49,6 +49,12 @@ def layered_head(deep_target, tmp_path_factory):
                                 draft_ids=list(range(0, tiny.VOCAB, 2)))
 
 
+@pytest.fixture(scope="module")
+def two_layer_head(target, tmp_path_factory):
+    return tiny.make_eagle_head(target, tmp_path_factory.mktemp("two"), seed=5, num_layers=2,
+                                draft_ids=list(range(0, tiny.VOCAB, 3)))
+
+
 def drafter_for(target, head_dir, max_kv_size=None):
     head, ids, cfg = load_head(head_dir, target)
     seq = Sequence(target, max_kv_size=max_kv_size, headroom=17, keep_hidden=True,
@@ -65,13 +71,15 @@ def head_outputs(drafter, history, k):
 
 
 @pytest.mark.parametrize("max_kv_size", [None, 12])
-@pytest.mark.parametrize("kind", ["final", "layered"])
+@pytest.mark.parametrize("kind", ["final", "layered", "two_layer"])
 def test_head_cache_rolls_back_to_what_a_fresh_head_computes(request, kind, max_kv_size):
-    """Rounds of drafting with partial acceptance leave the head's cache as a fresh head builds it,
-    also once the window (12 positions) has wrapped several times."""
-    target, random_head = ((request.getfixturevalue("target"), request.getfixturevalue("random_head"))
-                           if kind == "final" else
-                           (request.getfixturevalue("deep_target"), request.getfixturevalue("layered_head")))
+    """Rounds of drafting with partial acceptance leave the head's cache (every layer's) as a
+    fresh head builds it, also once the window (12 positions) has wrapped several times."""
+    target, random_head = {
+        "final": lambda: (request.getfixturevalue("target"), request.getfixturevalue("random_head")),
+        "layered": lambda: (request.getfixturevalue("deep_target"), request.getfixturevalue("layered_head")),
+        "two_layer": lambda: (request.getfixturevalue("target"), request.getfixturevalue("two_layer_head")),
+    }[kind]()
     seq, drafter = drafter_for(target, random_head, max_kv_size)
     history = list(PROMPT)
     seq.prefill(history[:-1])
@@ -117,6 +125,55 @@ def test_a_head_that_copies_the_target_is_accepted(target, copy_head):
     assert r.stats.accepted >= 0.9 * r.stats.drafted > 0
     plain = e.generate(PROMPT, max_tokens=60, speculative=False)
     assert r.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("num_draft,window", [(None, None), (4, None), (4, 16)])
+def test_two_layer_head_greedy_matches_plain_decoding(target, two_layer_head, num_draft, window):
+    caches = None if window is None else [RotatingKVCache(max_size=window, keep=4) for _ in target.layers]
+    ref = reference(target, PROMPT, 60, caches)
+    e = Engine(target, None, eagle_head=two_layer_head, drafter="eagle", num_draft=num_draft, max_kv_size=window)
+    r = e.generate(PROMPT, max_tokens=60)
+    assert_same_greedy(target, PROMPT, r.tokens, ref, max_kv_size=window)
+    eagle = e.drafters["eagle"]
+    assert len(eagle.head.layers) == 2 and len(eagle.caches) == 2
+
+
+def test_a_two_layer_head_runs_its_layers_in_order(deep_target, tmp_path):
+    """Copying a two-layer target layer for layer drafts what it says; the same layers in the
+    wrong order (or one skipped) would not."""
+    two = tiny.make_llama(3, layers=2)
+    head = tiny.make_eagle_head(two, tmp_path / "copy", copy=True)
+    assert json.loads((head / "config.json").read_text())["num_layers"] == 2
+    e = Engine(two, None, eagle_head=head, drafter="eagle", num_draft=4)
+    e.generate(PROMPT, max_tokens=8)
+    r = e.generate(PROMPT, max_tokens=60)
+    assert r.stats.accepted >= 0.9 * r.stats.drafted > 0
+    h, _, _ = load_head(head, two)
+    h.layers = h.layers[::-1]
+    swapped = tmp_path / "swapped"
+    from mlxspec.drafters.eagle import save_head
+
+    save_head(swapped, h, None, two, dtype=mx.float32)
+    r2 = Engine(two, None, eagle_head=swapped, drafter="eagle", num_draft=4).generate(PROMPT, max_tokens=60)
+    assert r2.stats.accepted < 0.9 * r2.stats.drafted
+
+
+def test_num_layers_must_be_a_whole_number(target, two_layer_head, tmp_path):
+    cfg = json.loads((two_layer_head / "config.json").read_text())
+    (tmp_path / "model.safetensors").write_bytes((two_layer_head / "model.safetensors").read_bytes())
+    for bad in (0, 1.5, "2", True):
+        cfg["num_layers"] = bad
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(IncompatibleModelsError, match="num_layers"):
+            load_head(tmp_path, target)
+    cfg["num_layers"] = 1  # a config that says one layer over two layers' weights: the extra ones are named
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(IncompatibleModelsError, match=r"layers\.1\."):
+        load_head(tmp_path, target)
+    del cfg["num_layers"]  # heads written before num_layers existed have one layer
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(IncompatibleModelsError, match=r"layers\.1\."):
+        load_head(tmp_path, target)
 
 
 @pytest.mark.parametrize("tied,quantized", [(True, False), (False, False), (False, True)])

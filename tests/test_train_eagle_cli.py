@@ -24,7 +24,7 @@ def test_bad_feature_layers_say_what_is_allowed(spec):
 
 def _args(**kw):
     base = dict(draft_vocab=4096, intermediate=1536, epochs=3.5, batch=8, lr=1e-3, noise=0.1, unroll=2,
-                unroll_weight=0.8, ce_weight=0.3, loss_on="answers", seed=0, layers=[])
+                unroll_weight=0.8, ce_weight=0.3, loss_on="answers", seed=0, layers=[], head_layers=1)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -33,8 +33,9 @@ def test_run_tags_follow_data_and_settings():
     tag = train_eagle.run_tag(_args(), train)
     assert tag == train_eagle.run_tag(_args(), train)  # resuming finds the same files
     others = {train_eagle.run_tag(_args(unroll=4), train), train_eagle.run_tag(_args(layers=[2, 14, 26]), train),
-              train_eagle.run_tag(_args(lr=3e-3), train), train_eagle.run_tag(_args(), train[:9])}
-    assert tag not in others and len(others) == 4
+              train_eagle.run_tag(_args(lr=3e-3), train), train_eagle.run_tag(_args(), train[:9]),
+              train_eagle.run_tag(_args(head_layers=2), train)}
+    assert tag not in others and len(others) == 5
 
 
 def test_continuing_a_head_is_its_own_run():
@@ -50,9 +51,9 @@ def test_a_continued_head_keeps_its_shape_and_vocabulary():
 
     layer = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
              "head_dim": 16, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256}
-    init = {"layer": layer, "feature_layers": [1, 2], "vocab": np.array([3, 5, 8], np.int32)}
-    args = _args(init_head=init, intermediate=1536, draft_vocab=4096, layers=[1, 2])
-    assert train_eagle.head_config(args, target_cfg=None) == {"feature_layers": [1, 2], **layer}
+    init = {"layer": layer, "feature_layers": [1, 2], "num_layers": 2, "vocab": np.array([3, 5, 8], np.int32)}
+    args = _args(init_head=init, intermediate=1536, draft_vocab=4096, layers=[1, 2], head_layers=1)
+    assert train_eagle.head_config(args, target_cfg=None) == {"feature_layers": [1, 2], "num_layers": 2, **layer}
     assert train_eagle.stage_vocab(args, work=None, train=None) is init["vocab"]  # no new vocabulary
 
 
@@ -73,7 +74,7 @@ def test_init_reads_the_shipped_head_for_the_demo_target(tmp_path):
     init = train_eagle.init_head("builtin:smollm2-eagle", gguf, tmp_path / "out")
     target, _, _ = load_model(str(gguf), download=False)
     head, ids, cfg = load_head(BUILTIN_DIR / "smollm2-eagle", target)
-    assert init["layer"] == cfg["layer"] and init["feature_layers"] == []
+    assert init["layer"] == cfg["layer"] and init["feature_layers"] == [] and init["num_layers"] == 1
     assert np.array_equal(init["vocab"], np.array(ids))
     want = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(head.parameters())}
     assert set(init["weights"]) == set(want)

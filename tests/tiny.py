@@ -155,21 +155,24 @@ _BYTE_OF = _bytes_to_unicode()
 
 
 def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool = False, name: str = "tiny",
-                    noise: float = 0.0, feature_layers=()):
+                    noise: float = 0.0, feature_layers=(), num_layers: int = 1):
     """Write an EAGLE head folder for `target` (a llama from make_llama) and return its path.
 
-    copy=True builds the head from a one-layer target's own layer and norm with fc = [I | 0]:
-    it then recomputes the target's next feature from the next token (all it lacks is the key
-    of position 0), so it drafts what the target would say. `noise` adds Gaussian noise of that
+    copy=True builds the head from the target's own layers and norm with fc = [I | 0] (the head
+    then has as many layers as the target): it recomputes the target's next feature from the
+    next token (all it lacks is the key of position 0), so it drafts what the target would say. `noise` adds Gaussian noise of that
     scale to fc: a head that is often right and, where it is not, has the right token close.
     `feature_layers`: an EAGLE-3-style head reading those layers' outputs (random weights).
+    `num_layers`: decoder layers in the head (random weights unless copy).
     """
     from mlx_lm.models.llama import ModelArgs
 
     from mlxspec.drafters.eagle import EagleHead, save_head
 
     a = target.args
-    args = ModelArgs(model_type="llama", hidden_size=a.hidden_size, num_hidden_layers=1,
+    if copy:
+        num_layers = len(target.model.layers)
+    args = ModelArgs(model_type="llama", hidden_size=a.hidden_size, num_hidden_layers=num_layers,
                      intermediate_size=a.intermediate_size, num_attention_heads=a.num_attention_heads,
                      num_key_value_heads=a.num_key_value_heads, rms_norm_eps=a.rms_norm_eps,
                      vocab_size=a.vocab_size, head_dim=a.hidden_size // a.num_attention_heads,
@@ -177,9 +180,9 @@ def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool =
     mx.random.seed(seed)
     head = EagleHead(args, taps=len(feature_layers))
     if copy:
-        assert len(target.model.layers) == 1, "copy=True needs a one-layer target"
         H = a.hidden_size
-        head.layers[0].update(target.model.layers[0].parameters())
+        for mine, theirs in zip(head.layers, target.model.layers):
+            mine.update(theirs.parameters())
         head.norm.update(target.model.norm.parameters())
         head.fc.weight = mx.concatenate([mx.eye(H), mx.zeros((H, H))], axis=1)
         head.fc.bias = mx.zeros((H,))

@@ -1,10 +1,10 @@
-"""Feature-level drafting (EAGLE, Li et al. 2024): a one-layer head reads the target's own hidden states.
+"""Feature-level drafting (EAGLE, Li et al. 2024): a small head reads the target's own hidden states.
 
 The head continues the target's last hidden state instead of re-deriving it from tokens:
 entry j of its sequence is `fc(concat(embed(x[j+1]), f[j]))`, where f[j] is the target's
 final hidden state at position j (after the final norm, what `backbone.split_model` returns)
-and x[j+1] the token that followed; one llama decoder layer with its own KV cache and a
-norm turn it into a prediction of f[j+1], whose logits come from the target's own output
+and x[j+1] the token that followed; a llama decoder layer (EAGLE's one, or `num_layers` in
+the config) with its own KV cache and a norm turn it into a prediction of f[j+1], whose logits come from the target's own output
 head (`lm_head`, or the tied embedding) restricted to a draft vocabulary (the target's most
 frequent tokens; tokens outside it are never proposed). Drafting k tokens runs the head
 k times, each step on the feature the previous step predicted.
@@ -47,10 +47,11 @@ FINGERPRINT_RTOL = 0.03  # 4-bit quantization moves a row's norm by well under 1
 
 
 class EagleHead(nn.Module):
-    """fc(concat(embedding, feature)) -> one llama decoder layer -> RMSNorm: the next feature.
+    """fc(concat(embedding, feature)) -> llama decoder layer(s) -> RMSNorm: the next feature.
 
     Args:
-        args: the decoder layer's llama `ModelArgs` (hidden size = the target's).
+        args: the decoder layers' llama `ModelArgs` (hidden size = the target's;
+            `num_hidden_layers` of them, EAGLE's one by default).
         taps: how many target layers' outputs a real entry's feature is made of (0: the
             target's final hidden state itself).
     """
@@ -63,7 +64,8 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * H, H)
         if taps:
             self.fc_layers = nn.Linear(taps * H, H)
-        self.layers = [TransformerBlock(args)]  # a list, so `cache.make_cache` builds one cache per layer
+        # a list, so `cache.make_cache` builds one cache per layer
+        self.layers = [TransformerBlock(args) for _ in range(args.num_hidden_layers)]
         self.norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
 
     def __call__(self, embeds: mx.array, features: mx.array, cache=None, mask=None) -> mx.array:
@@ -72,10 +74,12 @@ class EagleHead(nn.Module):
         `mask` defaults to the cache's causal mask; a tree drafter passes its own.
         """
         x = self.fc(mx.concatenate([embeds, features], axis=-1))  # (B, S, H)
-        c = cache[0] if cache else None
+        cache = cache or [None] * len(self.layers)
         if mask is None:
-            mask = create_attention_mask(x, c)
-        return self.norm(self.layers[0](x, mask, cache=c))
+            mask = create_attention_mask(x, cache[0])
+        for layer, c in zip(self.layers, cache):
+            x = layer(x, mask, cache=c)
+        return self.norm(x)
 
     def lift(self, kept: mx.array) -> mx.array:
         """What the target kept for a position (its final hidden state, or its tapped layers'
@@ -133,6 +137,7 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     cfg = {"model_type": "eagle_head",
            "layer": {k: getattr(head.args, k) for k in LAYER_FIELDS},
+           "num_layers": len(head.layers),
            "feature_layers": [int(i) for i in feature_layers],
            "draft_vocab_size": None if draft_ids is None else int(draft_ids.shape[0]),
            "target": {"name": name, "vocab_size": _vocab(target_model), "hidden_size": _hidden(target_model),
@@ -168,7 +173,10 @@ def load_head(path, target_model) -> Tuple[EagleHead, Optional[mx.array], dict]:
         raise ModelNotFoundError(f"[eagle] {cfg_path} has model_type {cfg.get('model_type')!r}, expected 'eagle_head'")
     _check_target(cfg.get("target", {}), target_model, path)
     layer = cfg["layer"]
-    args = ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=_vocab(target_model), **layer)
+    depth = cfg.get("num_layers", 1)  # heads written before deeper ones existed have one layer
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        raise IncompatibleModelsError(f"[eagle] num_layers {depth!r} in {cfg_path} must be a whole number >= 1")
+    args = ModelArgs(model_type="llama", num_hidden_layers=depth, vocab_size=_vocab(target_model), **layer)
     taps = cfg.get("feature_layers") or []
     n = len(target_model.model.layers)
     if not isinstance(taps, list) or not layers_fit(taps, n):
