@@ -4,9 +4,9 @@ The head continues the target's last hidden state instead of re-deriving it from
 entry j of its sequence is `fc(concat(embed(x[j+1]), f[j]))`, where f[j] is the target's
 final hidden state at position j (after the final norm, what `backbone.split_model` returns)
 and x[j+1] the token that followed; a llama decoder layer (EAGLE's one, or `num_layers` in
-the config) with its own KV cache and a norm turn it into a prediction of f[j+1], whose logits come from the target's own output
-head (`lm_head`, or the tied embedding) restricted to a draft vocabulary (the target's most
-frequent tokens; tokens outside it are never proposed). Drafting k tokens runs the head
+the config) with its own KV cache and a norm turn it into a prediction of f[j+1], whose
+logits come from the target's own output head (`lm_head`, or the tied embedding) restricted
+to a draft vocabulary (the target's most frequent tokens; tokens outside it are never proposed). Drafting k tokens runs the head
 k times, each step on the feature the previous step predicted.
 
 An EAGLE-3-style head reads the outputs of a few of the target's layers instead (a low, a
