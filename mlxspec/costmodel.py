@@ -221,13 +221,15 @@ class CostModel:
         self.rounds_since_explore = 0
 
     # -- observations -----------------------------------------------------------------------
-    def observe_round(self, k: int, seconds: float, drafted: Optional[int] = None) -> None:
+    def observe_round(self, k: int, seconds: float, drafted: Optional[int] = None,
+                      read: Optional[bool] = None) -> None:
         """A round that verified k drafts (k = 0: a plain step, not pipelined) took `seconds`,
-        drafting included. `drafted`: given when the drafts were read on the host before the
-        pass (a model drafter's tree), the drafter's steps (a tree's side leaves cost none)."""
+        drafting included. `drafted`: the drafter's steps, when fewer than k (a tree's side
+        leaves cost none); `read`: the drafts were read on the host before the pass (a model
+        drafter's read tree; by default, whenever `drafted` is given)."""
         if k and not self.draft_is_free:
             v = self.curve.verify_seconds(k + 1)
-            read = drafted is not None
+            read = drafted is not None if read is None else read
             steps = drafted or k
             if v is None:
                 return

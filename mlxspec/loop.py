@@ -49,6 +49,9 @@ from .stats import GenerationStats, TokenEvent
 from .text import TextAssembler
 
 LOOKUP = "ngram"  # a model drafter's free companion
+# A model drafter's fixed-shape trees (`treeplan.static_leaves`) before its read ones; False keeps
+# read trees only (for side-by-side measurements).
+STATIC_TREES = True
 
 
 def draw_seed() -> int:
@@ -98,6 +101,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     # keep its chain with q, whose rejection rule accepts more than deterministic candidates.
     model_trees = (bool(tree) and drafter.uses_model and params.greedy and k_fixed is None
                    and hasattr(drafter, "propose_tree"))
+    static_trees = model_trees and STATIC_TREES and hasattr(drafter, "propose_static_tree")
     committed = 0  # tokens generated and committed (emitted or about to be)
     talking = dist  # other ranks run this request: an end they cannot see coming must be told
     checked = [0, 0]  # (hash of hist[:upto], upto): every rank's history is compared at each decision
@@ -203,12 +207,18 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
 
     def enqueue(step: tuple) -> Pass:
         k, draft, shadow, src = step
-        drafted = None
-        if draft is None and k and model_trees and treeplan.could_widen(cost, k, tree):
-            # greedy: the chain plus the side leaves that pay (the host reads the drafts)
-            proposal = drafter.propose_tree(hist, k, k + tree, params, seed)
-            draft, drafted = treeplan.widen(proposal, cost, tree), k
-        elif draft is None:  # a model (or a fixed k) drafts the same tokens on every rank: same history, same seed
+        drafted, read_first, static = None, False, False
+        if draft is None and k and model_trees:
+            # Greedy: the chain plus runners-up as side leaves, where their rows pay. First the
+            # fixed-shape tree, drafted and verified on the device like a chain; else the tree
+            # whose leaves are picked by probability, which the host must read first.
+            m = treeplan.static_leaves(cost, k, tree) if static_trees else 0
+            if m:
+                draft, drafted, static = drafter.propose_static_tree(hist, k, m, params, seed), k, True
+            elif treeplan.could_widen(cost, k, tree):
+                proposal = drafter.propose_tree(hist, k, k + tree, params, seed)
+                draft, drafted, read_first = treeplan.widen(proposal, cost, tree), k, True
+        if draft is None:  # a model (or a fixed k) drafts the same tokens on every rank: same history, same seed
             draft = drafter.propose(hist, k, params, seed) if k else Draft([])
         elif draft.parents is None and len(draft) != k:  # a chain proposal, cut to (rank 0's) k
             draft = Draft(draft.tokens[:k], None, draft.kind)
@@ -218,7 +228,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             p = tree_round(target, hist[-1], draft, params, seed, len(hist))
         else:
             p = verify_round(target, hist[-1], draft, params, seed, len(hist))
-        p.shadow, p.drafted, p.src = shadow, drafted, src
+        p.shadow, p.drafted, p.src, p.read_first, p.static = shadow, drafted, src, read_first, static
         return p
 
     consumer = 0.0  # seconds spent outside the generator (the consumer's), excluded from every timing
@@ -282,9 +292,9 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             elif done.pipelined:
                 engine.curve.observe_plain(period)
             else:
-                made.observe_round(done.k, period, done.drafted)
+                made.observe_round(done.k, period, done.drafted, read=done.read_first)
             if done.parents is not None:
-                treeplan.observe(made, Draft(drafts, kind=done.kind, parents=done.parents), done.path)
+                treeplan.observe(made, Draft(drafts, kind=done.kind, parents=done.parents), done.path, done.static)
             elif done.k:
                 made.observe_acceptance(done.k, n, done.kind)
             if guess is not None and (not done.k or guess[2] != done.src):

@@ -42,6 +42,8 @@ class Pass:
     parents: Optional[List[int]] = None  # a tree round: the drafts' parents (see mlxspec.tree); None = a chain
     path: Optional[List[int]] = None  # a tree round, once read: the accepted nodes root-to-leaf
     drafted: Optional[int] = None  # a model drafter's steps, when fewer than k (a tree's side leaves)
+    read_first: bool = False  # its drafts were read on the host before the pass (a model drafter's read tree)
+    static: bool = False  # a model drafter's fixed-shape tree (`sidetree.static_parents`), drafted on the device
     src: str = ""  # the drafter whose pass this is (the loop sets it: a model drafter's lookup companion, or itself)
 
 
@@ -115,7 +117,10 @@ def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: in
     from .tree import depths
 
     start = len(target.tokens)
-    logits = target.forward_tree([last, *draft.tokens], draft.parents)  # (1, 1+N, V)
+    on_host = isinstance(draft.tokens, list)  # else a fixed-shape tree still on the device (read with the pass)
+    feed = [last, *draft.tokens] if on_host else mx.concatenate([mx.array([last], mx.uint32),
+                                                                 draft.tokens.astype(mx.uint32)])
+    logits = target.forward_tree(feed, draft.parents)  # (1, 1+N, V)
     if params.greedy:
         tokens, ok = _argmax_checked(logits)
     else:
@@ -123,8 +128,9 @@ def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: in
         positions = (out_pos + depths(draft.parents)).tolist()
         tokens = sample_rows(kernels.probabilities(rows, params), position_uniforms(seed, positions, SAMPLE))
         ok = _finite(rows)
-    mx.async_eval(tokens, ok)
-    return Pass(start, len(draft) + 1, len(draft), (tokens, ok), None, list(draft.tokens), draft.kind,
+    out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
+    mx.async_eval(*out)
+    return Pass(start, len(draft) + 1, len(draft), out, None, list(draft.tokens) if on_host else None, draft.kind,
                 parents=list(draft.parents))
 
 

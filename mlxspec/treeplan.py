@@ -25,6 +25,12 @@ def side_kind(kind: str) -> str:
     return kind + "/side"
 
 
+def static_kind(kind: str) -> str:
+    """A fixed-shape tree's runner-up leaves (`sidetree.static_parents`) match at their own rate:
+    they are every step's second choice, not the leaves a read tree picks by probability."""
+    return kind + "/static"
+
+
 def reach(draft: Draft, cost: CostModel) -> List[float]:
     """Estimated acceptance probability of every node of a tree draft (parents before children)."""
     alpha = min(cost.alpha_of(draft.kind), 0.999)
@@ -81,6 +87,20 @@ def could_widen(cost: CostModel, k: int, cap: int, kind: str = "") -> bool:
                                           read=cost.read_seconds()) > 0
 
 
+def static_leaves(cost: CostModel, k: int, cap: int, kind: str = "") -> int:
+    """How many of a chain of k's first steps should carry their runner-up as a side leaf in a
+    fixed-shape tree (at most `cap` nodes in all); 0: the chain alone. Nothing is read, so the
+    leaves pay for their rows only. The leaf beside step d is tried when its parent was
+    accepted and step d was not, and then matches at the learned static rate."""
+    m = min(k, cap - k)
+    if m <= 0:
+        return 0
+    alpha = min(cost.alpha_of(kind), 0.999)
+    beta = cost.alpha_of(static_kind(kind), prior=SIDE_PRIOR)
+    reach = [alpha ** d * (1.0 - alpha) * beta for d in range(m)]
+    return cost.choose_widening(k, cost.expected_tokens(k, kind), reach)
+
+
 def best_first(parents: List[int], r: List[float]) -> List[int]:
     """Nodes by decreasing reach, each after its parent and its earlier siblings, so that every
     prefix is a tree in which a first child stays a first child."""
@@ -113,8 +133,10 @@ def subtree(draft: Draft, keep: List[int]) -> Draft:
     return Draft(tokens, kind=draft.kind, parents=parents, scores=scores)
 
 
-def observe(cost: CostModel, draft: Draft, path: List[int]) -> None:
-    """Learn alpha and beta from the walk through a verified tree (`path`: accepted nodes)."""
+def observe(cost: CostModel, draft: Draft, path: List[int], static: bool = False) -> None:
+    """Learn alpha and beta from the walk through a verified tree (`path`: accepted nodes);
+    `static`: a fixed-shape tree's (its side leaves' rate is learned apart, `static_kind`)."""
+    sides = static_kind(draft.kind) if static else side_kind(draft.kind)
     kids = {}
     for i, par in enumerate(draft.parents):
         kids.setdefault(par, []).append(i)
@@ -129,7 +151,7 @@ def observe(cost: CostModel, draft: Draft, path: List[int]) -> None:
             else:
                 a_fail += 1
                 if len(children) > 1:
-                    cost.observe_acceptance(1, float(nxt is not None), side_kind(draft.kind), prior=SIDE_PRIOR)
+                    cost.observe_acceptance(1, float(nxt is not None), sides, prior=SIDE_PRIOR)
         if nxt is None:
             break
         at = nxt

@@ -2,14 +2,16 @@
 
     python scripts/tree_tokens_per_pass.py [--drafter eagle] [--chain 4] [--caps 8,16] [--prompts 6]
     python scripts/tree_tokens_per_pass.py --suite bench --prompts 24 --caps 8 --lookup on,off
+    python scripts/tree_tokens_per_pass.py --prompts 12 --caps 8 --shapes static,read
 
 On a CPU the cost model rightly keeps chains (a pass over 9 rows costs ~4x one), so
 `mlxspec bench --tree auto,off` cannot show what trees would do on a GPU. This script makes
 the target curve flat (every pass costs the same) and the chain a fixed length, then decodes
 the held-out training prompts (or --suite) greedily with trees off and with each node cap,
-and with a model drafter's lookup companion on and/or off (`--lookup`). Tokens per
-target pass depend only on the drafts and the target's tokens, not on the device, so they
-carry over; multiply by V(chain + 1) / V(nodes + 1) measured on the device for its speedup.
+and with a model drafter's lookup companion on and/or off (`--lookup`), and its fixed-shape
+or read trees (`--shapes`). Tokens per target pass depend only on the drafts and the
+target's tokens, not on the device, so they carry over; multiply by V(chain + 1) / V(nodes + 1)
+measured on the device for its speedup.
 Greedy output is checked against plain decoding.
 """
 
@@ -34,6 +36,9 @@ def main(argv=None):
     p.add_argument("--prompts", type=int, default=6, help="prompts of the suite (default 6)")
     p.add_argument("--suite", default="held-out", metavar="held-out|bench|FILE.jsonl", help=SUITE_HELP)
     p.add_argument("--lookup", default="on", help="lookup companion: on, off, or on,off to compare (default on)")
+    p.add_argument("--shapes", default="static",
+                   help="a model drafter's trees: static (fixed-shape trees first, the engine's default), read "
+                        "(leaves picked by probability, read on the host), or static,read to compare")
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
@@ -46,6 +51,11 @@ def main(argv=None):
         lookups = parse_list(args.lookup, "lookup", on_off)  # as `mlxspec bench --lookup` reads it
     except InvalidArgumentError as e:
         p.error(str(e))
+    shapes = [x.strip() for x in args.shapes.split(",") if x.strip()]
+    if not shapes or set(shapes) - {"static", "read"}:
+        p.error(f"--shapes {args.shapes!r}: a comma list of static and read")
+    from mlxspec import loop
+
     engine = mlxspec.load(args.pair, drafter=args.drafter)
     engine.curve.verify_seconds = lambda j: 1.0  # flat: every node pays for its row
     engine.curve.plain_seconds = lambda: 1.0
@@ -59,7 +69,10 @@ def main(argv=None):
     for lk in lookups:
         # keys: the tree setting ("off", "8"), with "/lookup=on|off" when both are compared
         tag = "" if len(lookups) == 1 else f"/lookup={lk}"
-        for tree in ["off", *[int(c) for c in args.caps.split(",")]]:
+        runs = [("off", "")] + [(int(c), sh) for c in args.caps.split(",") for sh in shapes]
+        for tree, shape in runs:
+            loop.STATIC_TREES = shape != "read"
+            key = f"{tree}{'/' + shape if len(shapes) > 1 and shape else ''}{tag}"
             tokens = passes = nodes = trees = same = by_lookup = 0
             for ids, ref in zip(prompts, plain):
                 # Fresh caches and drafters: n-gram trees also copy earlier histories, and an earlier
@@ -70,11 +83,11 @@ def main(argv=None):
                 tokens, passes, nodes, trees = tokens + s.tokens, passes + s.rounds, nodes + s.drafted, trees + s.tree_rounds
                 by_lookup += s.lookup_rounds
                 same += r.tokens == ref
-            out[f"{tree}{tag}"] = row = {"tokens_per_pass": tokens / passes, "nodes_per_pass": nodes / passes,
+            out[key] = row = {"tokens_per_pass": tokens / passes, "nodes_per_pass": nodes / passes,
                                          "tree_rounds": trees, "lookup_rounds": by_lookup, "passes": passes,
                                          "identical": f"{same}/{len(prompts)}"}
             chain = out[f"off{tag}"]
-            print(f"tree={tree!s:4s} lookup={lk:3s} tokens/pass {row['tokens_per_pass']:.2f}  nodes/pass "
+            print(f"tree={tree!s:4s} {shape:6s} lookup={lk:3s} tokens/pass {row['tokens_per_pass']:.2f}  nodes/pass "
                   f"{row['nodes_per_pass']:.1f}  tree rounds {trees}/{passes}  lookup rounds {by_lookup}  greedy "
                   f"identical {row['identical']}"
                   + (f"  ({row['tokens_per_pass'] / chain['tokens_per_pass']:.2f}x the chain's)" if tree != "off" else ""),

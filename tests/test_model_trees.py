@@ -3,7 +3,8 @@
 Unit tests of the tree's shape and sizing, then the engine with a draft model and with an
 EAGLE head on a flat target curve (a device where rows are nearly free, so side leaves pay):
 greedy output equals plain decoding, also with a window that wraps, and side leaves are
-accepted (the cache compaction moved entries) in those runs.
+accepted (the cache compaction moved entries) in those runs; both for fixed-shape trees
+(drafted and verified on the device) and for trees the host reads to pick leaves.
 """
 
 import mlx.core as mx
@@ -11,9 +12,10 @@ import pytest
 from mlx_lm.models.cache import RotatingKVCache
 
 import tiny
-from mlxspec import Engine, treeplan
+from mlxspec import Engine, loop, treeplan
+from mlxspec.drafters import Draft
 from mlxspec.costmodel import STALE_ROUNDS, CostModel, TargetCurve
-from mlxspec.drafters.sidetree import MIN_P, grow, runners_up
+from mlxspec.drafters.sidetree import MIN_P, grow, runner_up, runners_up, static_parents
 from mlxspec.sequence import Sequence
 from test_engine import assert_same_greedy, reference
 from test_engine_trees import flat_curve
@@ -126,6 +128,47 @@ def test_a_tree_round_faster_than_the_curve_corrects_v():
     assert m.draft_seconds() == pytest.approx(0.05)
 
 
+def test_static_shape_and_runner_up():
+    assert static_parents(4, 2) == [-1, 0, 1, 2, -1, 0]  # leaves beside steps 0 and 1
+    assert static_parents(2, 5) == [-1, 0, -1, 0]  # at most one leaf per step
+    logits = mx.array([0.0, 3.0, 1.0, 2.0, -1.0])
+    assert runner_up(logits, mx.array(1)).item() == 3
+    tied = mx.array([0.0, 2.0, 2.0, 1.0])  # a tie: whichever of the two argmax picked, the other
+    assert {runner_up(tied, mx.array(1)).item(), runner_up(tied, mx.array(2)).item()} == {1, 2}
+
+
+def test_static_leaves_pay_for_rows_only():
+    m = sized(0.0)  # half of every draft accepted; rows free, nothing read
+    assert treeplan.static_leaves(m, 4, 8) == 4
+    assert treeplan.static_leaves(m, 4, 6) == 2  # at most 6 nodes
+    assert treeplan.static_leaves(m, 4, 4) == 0
+    m.read.add(10.0, m.curve.now)  # a read tree's read costs a static tree nothing
+    assert treeplan.static_leaves(m, 4, 8) == 4
+    dear = sized(0.5)  # each row costs half a step: a leaf worth at most 0.125 tokens does not pay
+    assert treeplan.static_leaves(dear, 4, 8) == 0
+
+
+def test_static_trees_learn_their_own_side_rate():
+    m = sized(0.05)  # each row costs a twentieth of a step
+    tree = Draft([1, 2, 9], parents=[-1, 0, -1])  # step 0 failed, its runner-up matched
+    for _ in range(20):
+        treeplan.observe(m, tree, [2], static=True)
+    assert m.alpha_of(treeplan.static_kind(""), prior=treeplan.SIDE_PRIOR) > 0.9
+    assert m.alpha_of(treeplan.side_kind(""), prior=treeplan.SIDE_PRIOR) == pytest.approx(0.25)
+    assert treeplan.static_leaves(m, 4, 8) > 0
+    for _ in range(40):
+        treeplan.observe(m, tree, [], static=True)  # now it never matches: no static leaves
+    assert treeplan.static_leaves(m, 4, 8) == 0
+
+
+def test_a_static_tree_round_teaches_the_draft_cost_not_the_read():
+    m = sized(0.0)
+    m.curve.observe(7, 1.0, trusted=True)
+    for _ in range(5):
+        m.observe_round(6, 1.0 + 4 * 0.1, drafted=4, read=False)
+    assert m.draft_seconds() == pytest.approx(0.1) and m.read_seconds() == 0.0
+
+
 # -- the engine --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -155,6 +198,32 @@ def head(tied, tmp_path_factory):
     return tiny.make_eagle_head(tied, tmp_path_factory.mktemp("head"), seed=4, copy=True, noise=0.05)
 
 
+@pytest.fixture(params=["static", "read"])
+def shape(request, monkeypatch):
+    """Which trees a model drafter grows: fixed-shape ones first (the default), or read ones only.
+    Returns the calls made to each proposer, to check the run used the trees it was meant to."""
+    from mlxspec.drafters.eagle import EagleDrafter
+    from mlxspec.drafters.model import ModelDrafter
+
+    monkeypatch.setattr(loop, "STATIC_TREES", request.param == "static")
+    calls = {"static": 0, "read": 0, "kind": request.param}
+    for cls in (EagleDrafter, ModelDrafter):
+        for name, key in (("propose_static_tree", "static"), ("propose_tree", "read")):
+            orig = getattr(cls, name)
+
+            def spy(self, *a, _orig=orig, _key=key, **kw):
+                calls[_key] += 1
+                return _orig(self, *a, **kw)
+
+            monkeypatch.setattr(cls, name, spy)
+    return calls
+
+
+def used_only(shape):
+    other = "read" if shape["kind"] == "static" else "static"
+    return shape[shape["kind"]] > 0 and shape[other] == 0
+
+
 @pytest.fixture
 def paths(monkeypatch):
     """Every accepted tree path, as the target's cache compaction saw it."""
@@ -175,13 +244,14 @@ def through_a_side_leaf(seen):
 
 
 @pytest.mark.parametrize("max_kv", [None, 16])
-def test_model_drafter_trees_equal_plain_decoding(target, draft, paths, max_kv):
+def test_model_drafter_trees_equal_plain_decoding(target, draft, paths, shape, max_kv):
     cache = None if max_kv is None else [RotatingKVCache(max_size=max_kv, keep=4) for _ in target.layers]
     ref = reference(target, PROMPT, 60, cache)
     e = flat_curve(Engine(target, None, draft, drafter="model", max_kv_size=max_kv))
     r = e.generate(PROMPT, max_tokens=60)
     assert r.stats.tree_rounds > 0, "no tree was verified"
     assert through_a_side_leaf(paths), "no side leaf was accepted"
+    assert used_only(shape), shape
     assert_same_greedy(target, PROMPT, r.tokens, ref, max_kv_size=max_kv)
     again = e.generate(PROMPT + r.tokens[:5], max_tokens=30)  # the compacted caches serve a second turn
     assert again.tokens == Engine(target, drafter="none", max_kv_size=max_kv).generate(
@@ -189,12 +259,13 @@ def test_model_drafter_trees_equal_plain_decoding(target, draft, paths, max_kv):
 
 
 @pytest.mark.parametrize("max_kv", [None, 16])
-def test_eagle_trees_equal_plain_decoding(tied, head, paths, max_kv):
+def test_eagle_trees_equal_plain_decoding(tied, head, paths, shape, max_kv):
     plain = Engine(tied, drafter="none", max_kv_size=max_kv).generate(PROMPT, max_tokens=60)
     e = flat_curve(Engine(tied, None, eagle_head=head, drafter="eagle", max_kv_size=max_kv))
     r = e.generate(PROMPT, max_tokens=60)
     assert r.stats.tree_rounds > 0
     assert through_a_side_leaf(paths)
+    assert used_only(shape), shape
     assert r.tokens == plain.tokens
     assert e.generate(PROMPT, max_tokens=60, tree="off").tokens == plain.tokens
 

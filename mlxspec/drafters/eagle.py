@@ -40,7 +40,7 @@ from ..errors import IncompatibleModelsError, ModelNotFoundError
 from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
 from .base import Draft
 from .model import power_of_two_chunks
-from .sidetree import read_tree, runners_up
+from .sidetree import read_tree, runner_up, runners_up, static_parents
 
 FINGERPRINT_ROWS = 64  # embedding rows whose norms identify a target (spread over the vocabulary)
 FINGERPRINT_RTOL = 0.03  # 4-bit quantization moves a row's norm by well under 1 %; another model by far more
@@ -344,7 +344,13 @@ class EagleDrafter:
         most `size` nodes (`sidetree`); deterministic candidates, read on the host."""
         return self._draft(history, depth, SamplingParams(temperature=0.0), seed, size=size)
 
-    def _draft(self, history, k, params: SamplingParams, seed: int, size: int = 0) -> Draft:
+    def propose_static_tree(self, history, depth, leaves, params: SamplingParams, seed: int) -> Draft:
+        """The greedy chain of `depth` tokens plus the runner-up of each of its first `leaves`
+        steps as side leaves (`sidetree.static_parents`): a fixed shape, so the tokens stay on
+        the device, unread, like a chain's."""
+        return self._draft(history, depth, SamplingParams(temperature=0.0), seed, static=leaves)
+
+    def _draft(self, history, k, params: SamplingParams, seed: int, size: int = 0, static: int = 0) -> Draft:
         if k <= 0 or len(history) < 2:
             return Draft([])
         self._sync(history)
@@ -361,6 +367,9 @@ class EagleDrafter:
                 tok = local if self.draft_ids is None else mx.take(self.draft_ids, local)
                 if size:
                     side.append(runners_up(logits))
+                elif i < static:
+                    other = runner_up(logits, local)
+                    side.append(other if self.draft_ids is None else mx.take(self.draft_ids, other))
             else:
                 q = kernels.probabilities(self._full(logits), params)  # (V,): zero outside the draft vocabulary
                 tok = sample_rows(q, u[i])
@@ -371,6 +380,9 @@ class EagleDrafter:
         self.drafted = k - 1
         if size:
             return read_tree(tokens, side, size, ids_map=self.draft_ids)
+        if side:  # the fixed-shape tree, still on the device
+            return Draft(mx.concatenate([mx.stack(tokens), mx.stack(side).astype(mx.int32)]),
+                         parents=static_parents(k, len(side)))
         return Draft(mx.stack(tokens), mx.stack(rows) if rows else None)
 
     def _full(self, logits: mx.array) -> mx.array:

@@ -10,7 +10,7 @@ from .. import kernels
 from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
 from ..sequence import Sequence
 from .base import Draft
-from .sidetree import read_tree, runners_up
+from .sidetree import read_tree, runner_up, runners_up, static_parents
 
 
 def power_of_two_chunks(n: int) -> List[int]:
@@ -88,8 +88,14 @@ class ModelDrafter:
         reads the draft, since the tree's shape depends on it."""
         return self._draft(history, depth, SamplingParams(temperature=0.0), seed, size=size)
 
-    def _draft(self, history, k, params: SamplingParams, seed: int, size: int = 0) -> Draft:
-        """k tokens drafted on the device; with `size`, also a tree of them and their runners-up."""
+    def propose_static_tree(self, history, depth, leaves, params: SamplingParams, seed: int) -> Draft:
+        """The greedy chain of `depth` tokens plus the runner-up of each of its first `leaves`
+        steps (`sidetree.static_parents`): a fixed shape, left on the device like a chain."""
+        return self._draft(history, depth, SamplingParams(temperature=0.0), seed, static=leaves)
+
+    def _draft(self, history, k, params: SamplingParams, seed: int, size: int = 0, static: int = 0) -> Draft:
+        """k tokens drafted on the device; with `size`, also a tree of them and their runners-up
+        (read); with `static`, the runners-up of the first `static` steps (left on the device)."""
         if k <= 0:
             return Draft([])
         logits = self.catch_up(history)
@@ -104,6 +110,8 @@ class ModelDrafter:
                 tok = mx.argmax(logits).astype(mx.int32)
                 if size:
                     side.append(runners_up(logits))
+                elif i < static:
+                    side.append(runner_up(logits, tok).astype(mx.int32))
             else:
                 q = kernels.probabilities(logits, params)
                 tok = sample_rows(q, u[i])
@@ -115,4 +123,6 @@ class ModelDrafter:
             self._drafted = (start, drafts[: k - 1])
         if size:
             return read_tree(tokens, side, size)
+        if side:
+            return Draft(mx.concatenate([drafts, mx.stack(side)]), parents=static_parents(k, len(side)))
         return Draft(drafts, mx.stack(rows) if rows else None)

@@ -9,6 +9,11 @@ above the leaf times the leaf's own. They cost no drafting, only rows of the ver
 
 Leaves only: a side token's own continuation would need drafter steps over a tree-masked
 cache, and the first wrong chain step is where a side branch pays most.
+
+Such a tree is read on the host before its pass (its shape depends on the probabilities), and
+the device waits meanwhile. A fixed-shape tree does not: the chain plus the runner-up of each
+of its first m steps (EAGLE-1's and Medusa's static trees), drafted and verified on the device
+like a chain (`static_parents`, `runner_up`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,17 @@ def runners_up(logits: mx.array, m: int = RUNNERS_UP) -> Tuple[mx.array, mx.arra
     p = probs[ids]
     order = mx.argsort(-p)
     return ids[order], p[order]
+
+
+def static_parents(k: int, m: int) -> List[int]:
+    """A chain of k nodes, then one leaf beside each of its first m steps (a child of that step's parent)."""
+    return list(range(-1, k - 1)) + [d - 1 for d in range(min(m, k))]
+
+
+def runner_up(logits: mx.array, top: mx.array) -> mx.array:
+    """The likeliest id other than `top` (the argmax of these (N,) logits), lazily."""
+    two = mx.argpartition(-logits, kth=1)[:2]
+    return mx.where(two[0] == top, two[1], two[0])
 
 
 def grow(chain: Sequence[int], candidates: Sequence[Tuple[Sequence[int], Sequence[float]]], size: int,
