@@ -35,6 +35,10 @@ class GenerationStats:
     lookup_rounds: int = 0  # a model drafter's rounds drafted by prompt lookup instead (in rounds)
     lookup_drafted: int = 0  # of `drafted`, tokens those rounds proposed
     lookup_accepted: int = 0  # of `accepted`, tokens of those rounds accepted
+    # The drafter's own chain rounds (no tree, no lookup) by draft position i (index i - 1): rounds
+    # whose i-th draft the target judged (every earlier one accepted), and those that accepted it.
+    step_reached: list = field(default_factory=list)
+    step_accepted: list = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
@@ -43,6 +47,21 @@ class GenerationStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def step_acceptance(self) -> List[float]:
+        """Per draft position i, the probability that its draft is accepted once the target judges
+        it (every earlier draft of the round accepted): EAGLE's n-alpha, n = i - 1."""
+        return [a / r for a, r in zip(self.step_accepted, self.step_reached)]
+
+    @property
+    def judged_acceptance(self) -> float:
+        """Of the drafter's own chain drafts the target judged, the fraction accepted: the
+        per-token acceptance (EAGLE's alpha). `acceptance_rate` also counts the drafts after a
+        rejection, which nobody judges; for a chain of k with per-token rate a, tokens per pass
+        are (1 - a^(k+1)) / (1 - a)."""
+        reached = sum(self.step_reached)
+        return sum(self.step_accepted) / reached if reached else 0.0
 
     @property
     def tokens_per_target_pass(self) -> float:
@@ -72,6 +91,15 @@ class GenerationStats:
             self.drafted += k
             self.accepted += n_accepted
             self.accept_histogram[n_accepted] = self.accept_histogram.get(n_accepted, 0) + 1
+        if k and not tree and not lookup:
+            judged = min(n_accepted + 1, k)
+            grow = judged - len(self.step_reached)
+            if grow > 0:
+                self.step_reached += [0] * grow
+                self.step_accepted += [0] * grow
+            for i in range(judged):
+                self.step_reached[i] += 1
+                self.step_accepted[i] += i < n_accepted
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -80,6 +108,7 @@ class GenerationStats:
         d["tree_histogram"] = {str(k): v for k, v in sorted(self.tree_histogram.items())}
         d.update(tokens_per_second=self.tokens_per_second, acceptance_rate=self.acceptance_rate,
                  tokens_per_target_pass=self.tokens_per_target_pass,
+                 step_acceptance=self.step_acceptance, judged_acceptance=self.judged_acceptance,
                  prompt_tokens_per_second=self.prompt_tokens_per_second,
                  host_seconds_per_round=self.host_seconds_per_round)
         return d

@@ -6,6 +6,8 @@ Greedy: the engine decodes each chat-formatted prompt with `drafter="eagle"` and
 draft length k, so every round is real (the head drafts on its own predicted features, the
 target verifies, both caches roll back):
     acceptance       = accepted / drafted
+    judged acceptance = accepted / drafts the target judged (those after a rejection are not):
+                       the per-token rate (EAGLE's alpha), also per draft step
     tokens per pass  = generated tokens / target passes
 T = 0.7, exact: along each greedy output, one target pass gives p at every position and one
 head pass over the target's real features gives the head's first-step q there;
@@ -60,6 +62,11 @@ def first_step_overlap(engine, ids, out, temperature: float, count=None):
         count(rows)
     engine.reset()
     return mx.sum(mx.minimum(p, q), axis=-1).tolist()
+
+
+def steps(counts: list, k: int) -> list:
+    """A stats list by draft step (as long as the longest round judged), padded to k."""
+    return list(counts) + [0] * (k - len(counts))
 
 
 class Agreement:
@@ -148,9 +155,11 @@ def main(argv=None):
                                 lambda r: counts.update(agreement.count(r, g.tokens)))
         overlap += ov
         rows.append({"kind": ex["kind"], "drafted": g.stats.drafted, "accepted": g.stats.accepted,
+                     "reached": steps(g.stats.step_reached, args.k), "step_acc": steps(g.stats.step_accepted, args.k),
                      "tokens": g.stats.tokens, "passes": g.stats.rounds, "t_drafted": s.stats.drafted,
                      "t_accepted": s.stats.accepted, "overlap": sum(ov) / len(ov), **counts})
         print(f"[{i + 1}/{args.prompts}] {ex['kind']:13s} greedy acceptance {g.stats.accepted / max(g.stats.drafted, 1):.2f}"
+              f" (judged {g.stats.judged_acceptance:.2f})"
               f" tokens/pass {g.stats.tokens / g.stats.rounds:.2f}; T={args.temperature} sampled "
               f"{s.stats.accepted / max(s.stats.drafted, 1):.2f}, sum min(p,q) {sum(ov) / len(ov):.2f} "
               f"({time.time() - t0:.0f}s)", flush=True)
@@ -160,8 +169,14 @@ def main(argv=None):
     def total(key):
         return sum(r[key] for r in rows)
 
+    def judged(rs):
+        reached = [sum(r["reached"][i] for r in rs) for i in range(args.k)]
+        acc = [sum(r["step_acc"][i] for r in rs) for i in range(args.k)]
+        return sum(acc) / max(sum(reached), 1), [a / max(n, 1) for a, n in zip(acc, reached)]
+
     res = {"suite": args.suite, "prompts": len(rows), "max_tokens": args.max_tokens, "k": args.k,
            "acceptance": total("accepted") / total("drafted"), "drafted": total("drafted"),
+           "judged_acceptance": judged(rows)[0], "step_acceptance": judged(rows)[1],
            "tokens_per_target_pass": total("tokens") / total("passes"),
            "temperature": args.temperature, "sampled_acceptance": total("t_accepted") / max(total("t_drafted"), 1),
            "first_step_sum_min_pq": sum(overlap) / len(overlap), "positions": len(overlap),
@@ -175,6 +190,7 @@ def main(argv=None):
         rs = [r for r in rows if r["kind"] == kind]
         n = max(sum(r["positions"] for r in rs), 1)
         res["per_kind"][kind] = {"acceptance": sum(r["accepted"] for r in rs) / max(sum(r["drafted"] for r in rs), 1),
+                                 "judged_acceptance": judged(rs)[0],
                                  "tokens_per_pass": sum(r["tokens"] for r in rs) / sum(r["passes"] for r in rs),
                                  "first_step_top1": sum(r["top1"] for r in rs) / n,
                                  "draft_vocab_coverage": sum(r["in_vocab"] for r in rs) / n}

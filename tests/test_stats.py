@@ -1,0 +1,50 @@
+"""Per-step acceptance in GenerationStats: which drafts the target judged, and which it accepted."""
+
+import pytest
+
+import tiny
+from mlxspec import Engine
+from mlxspec.stats import GenerationStats
+
+PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 11, 12]
+
+
+def test_step_counts_by_hand():
+    s = GenerationStats()
+    for k, n in [(4, 0), (4, 2), (4, 4), (2, 1)]:  # chain rounds of the drafter itself
+        s.record_round(k, n)
+    s.record_round(5, 3, tree=True)  # a tree's node count is no draft position: not counted
+    s.record_round(4, 4, lookup=True)  # another drafter's round: not counted
+    s.record_round(0, 0)  # a plain step
+    # A chain stops being judged at its first rejection: (4, 0) judged 1 draft, (4, 2) judged 3.
+    assert s.step_reached == [4, 3, 2, 1]
+    assert s.step_accepted == [3, 2, 1, 1]
+    assert s.step_acceptance == pytest.approx([3 / 4, 2 / 3, 1 / 2, 1.0])
+    assert s.judged_acceptance == pytest.approx(7 / 10)
+    # accepted / drafted counts every draft, the unjudged ones after a rejection too
+    assert s.acceptance_rate == pytest.approx((0 + 2 + 4 + 1 + 3 + 4) / (4 + 4 + 4 + 2 + 5 + 4))
+    d = s.as_dict()
+    assert d["step_acceptance"] == s.step_acceptance and d["judged_acceptance"] == s.judged_acceptance
+    assert GenerationStats().judged_acceptance == 0.0 and GenerationStats().step_acceptance == []
+
+
+def test_self_draft_judges_and_accepts_every_draft():
+    target = tiny.make_llama(1)
+    r = Engine(target, None, target, num_draft=4).generate(PROMPT, max_tokens=40).stats
+    assert r.judged_acceptance == 1.0 and r.step_acceptance == [1.0] * 4
+    assert sum(r.step_accepted) == r.accepted == r.drafted
+
+
+def test_engine_counts_agree_with_its_totals():
+    target, draft = tiny.make_llama(1), tiny.make_llama(2, layers=1, hidden=32)
+    s = Engine(target, None, draft, num_draft=3).generate(PROMPT, max_tokens=48).stats
+    assert s.drafted > 0 and s.tree_rounds == 0 and s.lookup_rounds == 0
+    assert sum(s.step_accepted) == s.accepted  # every accepted draft was judged
+    # the rounds that drafted judged position 1; each accepted draft at i < k brings its round to i + 1
+    assert s.step_reached[0] == sum(c for k, c in s.k_histogram.items() if k)
+    assert all(r >= a for r, a in zip(s.step_reached, s.step_accepted))
+    # a round reaches i + 1 only after accepting i; all do where every round drafted 3
+    full = set(k for k in s.k_histogram if k) == {3}
+    assert all((s.step_reached[i + 1] == s.step_accepted[i]) if full else (s.step_reached[i + 1] <= s.step_accepted[i])
+               for i in range(len(s.step_reached) - 1))
+    assert s.judged_acceptance >= s.acceptance_rate
