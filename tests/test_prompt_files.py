@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import chat_prompts  # noqa: E402
 import code_prompts  # noqa: E402
+import public_prompts  # noqa: E402
 import split_prompts  # noqa: E402
 import draft_prompts  # noqa: E402
 import train_eagle  # noqa: E402
@@ -172,3 +173,71 @@ def test_split_cli_writes_both_files(tmp_path):
     assert len(h) == 6 and len(t) <= 34
     codes = lambda rows: {r["prompt"].split("\n\n", 1)[1] for r in rows}  # the code or documentation shown
     assert not codes(t) & codes(h)
+
+
+def _public_sources(tmp_path):
+    """A miniature GSM8K split and GPTeacher checkout in their real formats."""
+    gsm_train = _write(tmp_path, [{"question": f"Tom has {i} apples. How many?", "answer": "#### 1"} for i in range(30)],
+                       "train.jsonl")
+    gsm_test = _write(tmp_path, [{"question": f"Ann has {i} pears. How many?", "answer": "#### 2"} for i in range(10)],
+                      "test.jsonl")
+    root = tmp_path / "gpteacher"
+    (root / "Codegen").mkdir(parents=True)
+    (root / "Roleplay").mkdir()
+    code = [{"instruction": f"Write a function number {i}.", "input": "x = 1" if i % 2 else "", "response": "..."}
+            for i in range(20)] + [{"instruction": "Write a function number 0.", "input": "", "response": "dup"}]
+    (root / "Codegen/codegen-instruct.json").write_text(json.dumps(code))
+    (root / "Roleplay/roleplay-simple-deduped-roleplay-instruct.json").write_text(
+        json.dumps([{"instruction": f"You are a pirate {i}.", "input": "", "response": "Arr"} for i in range(12)]))
+    _write(root, [{"instruction": f"Seed task {i}", "instances": [{"input": f"in {i}", "output": "o"}]}
+                  for i in range(8)], "seedprompts.jsonl")
+    return gsm_train, gsm_test, root
+
+
+def test_public_prompts_hold_out_per_kind(tmp_path):
+    gsm_train, gsm_test, root = _public_sources(tmp_path)
+    train, held = tmp_path / "t.jsonl", tmp_path / "h.jsonl"
+    argv = ["--gsm8k-train", str(gsm_train), "--gsm8k-test", str(gsm_test), "--gpteacher", str(root),
+            "--take", "math=25,code=100", "--held-out", "3", "--train", str(train), "--eval", str(held)]
+    public_prompts.main(argv)
+    t, h = read_prompt_file(train), draft_prompts.eval_suite(str(held))
+    kinds = lambda rows: {k: sum(r["kind"] == k for r in rows) for k in ("math", "code", "roleplay", "seed-task")}
+    assert kinds(h) == {"math": 3, "code": 3, "roleplay": 3, "seed-task": 3}
+    # math: 25 of the train split (its held-out prompts come from the test split); code: all 20
+    # distinct instructions but the 3 held out (the duplicate line is dropped); the rest: all but 3
+    assert kinds(t) == {"math": 25, "code": 17, "roleplay": 9, "seed-task": 5}
+    assert all("pears" in r["prompt"] for r in h if r["kind"] == "math")
+    assert not {r["prompt"] for r in t} & {r["prompt"] for r in h}
+    assert "Write a function number 1.\n\nx = 1" in {r["prompt"] for r in t + h}  # the input follows the instruction
+    assert "Seed task 0\n\nin 0" in {r["prompt"] for r in t + h}  # a seed task's first instance
+    lengths = [len(r["prompt"]) for r in t]
+    assert lengths == sorted(lengths)  # a generation batch pads to its longest prompt
+    first = (train.read_text(), held.read_text())
+    public_prompts.main(argv)
+    assert (train.read_text(), held.read_text()) == first  # same inputs, same seed: same files
+
+
+@pytest.mark.parametrize("argv,match", [
+    ([], "no source given"),
+    (["--gsm8k-test", "T"], "--gsm8k-test needs --gsm8k-train"),
+    (["--gsm8k-train", "absent.jsonl"], "--gsm8k-train: absent.jsonl is not a file"),
+    (["--gpteacher", "G", "--take", "poetry=3"], "--take 'poetry=3': expected KIND=N with KIND one of"),
+    (["--gpteacher", "G", "--held-out", "0"], "--held-out 0: must be at least 1"),
+])
+def test_public_prompts_refuse_bad_input(tmp_path, monkeypatch, argv, match):
+    _, _, root = _public_sources(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    argv = [str(root) if a == "G" else a for a in argv]
+    with pytest.raises(SystemExit, match=match):
+        public_prompts.main(argv + ["--train", "t.jsonl", "--eval", "h.jsonl"])
+    assert not (tmp_path / "t.jsonl").exists()  # nothing half-written
+
+
+def test_public_prompts_name_a_malformed_file(tmp_path):
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"answer": "no question"}\n')
+    with pytest.raises(SystemExit, match='every line needs a "question" string'):
+        public_prompts.gsm8k(bad, "--gsm8k-train")
+    bad.write_text("{oops\n")
+    with pytest.raises(SystemExit, match="neither a JSON array nor JSON lines"):
+        public_prompts.gsm8k(bad, "--gsm8k-train")
