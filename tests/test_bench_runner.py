@@ -185,6 +185,16 @@ def test_summary_speedups_are_pairwise_medians(result):
     assert s["speedup_vs_mlx_lm"] is not None and chat
 
 
+def test_summary_pools_the_per_token_acceptance(result):
+    rows = {(r["mode"], r["drafter"], r["num_draft"]): r for r in summarize(result)["settings"]}
+    fixed = [r for r in result.runs if r.mode == "speculative" and r.drafter == "model" and r.num_draft == "2"]
+    assert all(sum(r.step_accepted) == r.accepted for r in fixed)  # chains only: every accepted draft was judged
+    pooled = sum(r.accepted for r in fixed) / sum(sum(r.step_reached) for r in fixed)
+    assert rows[("speculative", "model", "2")]["judged_acceptance"] == pytest.approx(pooled)
+    assert rows[("vanilla", None, "0")]["judged_acceptance"] is None  # nothing drafted
+    assert rows[("mlx-lm", "model", "3")]["judged_acceptance"] is None  # the peer reports no positions
+
+
 @pytest.mark.parametrize("flags, k, max_tokens, expected", [
     ([True, True, True, False], 3, 64, (1, 3, 3)),  # all accepted + bonus
     ([True, False, False, True, False], 3, 64, (3, 9, 2)),

@@ -126,7 +126,7 @@ def print_report(doc: dict, console) -> None:
     if spec:
         k = Table(title="Acceptance and speedup by draft length k")
         lookups = any(r.get("lookup_rounds") for r in spec)  # a model drafter handed rounds to prompt lookup
-        for col in ("drafter", "k", *(("temp",) if many_t else ()), "accept", "tok/pass", "vs vanilla",
+        for col in ("drafter", "k", *(("temp",) if many_t else ()), "accept", "per token", "tok/pass", "vs vanilla",
                     "vs mlx-lm", *(("lookup rounds (accept)",) if lookups else ()), "chosen k (rounds)",
                     "accepted per round (rounds)"):
             k.add_column(col, justify="left" if col == "drafter" else "right", no_wrap=col == "drafter")
@@ -135,7 +135,8 @@ def print_report(doc: dict, console) -> None:
             lk = (f"{r['lookup_rounds']} ({_f(r['lookup_acceptance'], '{:.0%}')})" if r.get("lookup_rounds") else "-",)
             k.add_row(name, r["num_draft"],
                       *((f"{r['temperature']:g}",) if many_t else ()), _f(r["acceptance_rate"], "{:.0%}"),
-                      _f(r["tokens_per_target_pass"], "{:.2f}"), _x(r["speedup_vs_vanilla"]),
+                      _f(r.get("judged_acceptance"), "{:.0%}"), _f(r["tokens_per_target_pass"], "{:.2f}"),
+                      _x(r["speedup_vs_vanilla"]),
                       _x(r["speedup_vs_mlx_lm"]), *(lk if lookups else ()), _hist(r["k_histogram"]),
                       _hist(r["accept_histogram"]))
         console.print(k)

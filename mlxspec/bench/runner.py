@@ -86,6 +86,8 @@ class RunRecord:
     lookup_rounds: int = 0  # a model drafter's rounds drafted by prompt lookup instead
     lookup_drafted: int = 0  # of drafted, by those rounds
     lookup_accepted: int = 0  # of accepted, from those rounds
+    step_reached: List[int] = field(default_factory=list)  # the drafter's own chain drafts judged, by position
+    step_accepted: List[int] = field(default_factory=list)  # ... and accepted (GenerationStats.step_acceptance)
     output_tokens: List[int] = field(default_factory=list, repr=False)  # not written to JSON
 
     def as_dict(self) -> dict:
@@ -289,7 +291,7 @@ def _run_one(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int
         st.peak_memory_bytes, None, temperature=temperature, accept_histogram=_str_keys(st.accept_histogram),
         k_histogram=_str_keys(st.k_histogram), tree=s.tree, tree_rounds=st.tree_rounds, lookup=s.lookup,
         lookup_rounds=st.lookup_rounds, lookup_drafted=st.lookup_drafted, lookup_accepted=st.lookup_accepted,
-        output_tokens=list(res.tokens))
+        step_reached=list(st.step_reached), step_accepted=list(st.step_accepted), output_tokens=list(res.tokens))
 
 
 def _str_keys(h: dict) -> dict:

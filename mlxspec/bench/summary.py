@@ -102,6 +102,9 @@ def setting_rows(result: BenchResult) -> List[dict]:
                 "prompt_seconds": median(r.prompt_seconds for r in runs),
                 "acceptance_rate": median(r.acceptance_rate for r in runs) if s.mode != "vanilla" else None,
                 "tokens_per_target_pass": median(r.tokens_per_target_pass for r in runs),
+                # pooled over the runs: of the drafter's own chain drafts the target judged, those accepted
+                "judged_acceptance": (sum(map(sum, (r.step_accepted for r in runs))) / sum(map(sum, (r.step_reached for r in runs)))
+                                      if any(r.step_reached for r in runs) else None),
                 "peak_memory_bytes": max(r.peak_memory_bytes for r in runs),
                 "speedup_vs_vanilla": median(ratios(result, s, "vanilla", temperature=t)) if s.mode != "vanilla" else None,
                 "speedup_vs_mlx_lm": vs_peer,
