@@ -2,6 +2,7 @@
 forms, their errors, and run tags that keep other settings' heads apart (resuming must never
 continue a run trained with other settings)."""
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -79,5 +80,13 @@ def test_init_reads_the_shipped_head_for_the_demo_target(tmp_path):
     want = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(head.parameters())}
     assert set(init["weights"]) == set(want)
     assert all(np.array_equal(init["weights"][k], want[k]) for k in want)
+    # the lineage an export records names the reference, never a local folder's path
+    about = json.loads((BUILTIN_DIR / "smollm2-eagle" / "config.json").read_text())["training"]
+    assert init["lineage"] == {"head": "builtin:smollm2-eagle", "weights": init["digest"], "training": about}
+    copy = tmp_path / "my-head"
+    copy.mkdir()
+    for f in (BUILTIN_DIR / "smollm2-eagle").glob("*.*"):
+        (copy / f.name).write_bytes(f.read_bytes())
+    assert train_eagle.init_head(str(copy), gguf, tmp_path / "out")["lineage"]["head"] == "my-head"
     with pytest.raises(SystemExit, match="--init and --out are the same folder"):
         train_eagle.init_head("builtin:smollm2-eagle", gguf, BUILTIN_DIR / "smollm2-eagle")
