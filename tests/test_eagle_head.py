@@ -12,10 +12,11 @@ from test_draft_model import PROMPTS, demo_gguf
 
 HEAD = Path(__file__).resolve().parent.parent / "mlxspec" / "data" / "smollm2-eagle"
 # Greedy acceptance of the engine at k = 4 on exactly these prompts, 48 tokens each, measured
-# when the head was trained (81 of 244; the model card has the wider figures). Greedy decoding is
+# when the head was trained (72 of 276; the model card has the wider figures). Greedy decoding is
 # deterministic; 0.8x leaves room for other backends' float differences and still fails an
-# untrained head (near 0) and the previous, 3.5-epoch head (0.228 here).
-MEASURED_ACCEPTANCE = 0.332
+# untrained head (near 0). (The previous head, trained on templated prompts alone, scores 0.332
+# on these templated ones and less than this head on the bench suite and other held-out prompts.)
+MEASURED_ACCEPTANCE = 0.261
 FLOOR = 0.8
 
 
