@@ -408,7 +408,7 @@ def init_head(ref: str, gguf: Path, out: Path) -> dict:
     digest = hashlib.sha1((folder / "model.safetensors").read_bytes()).hexdigest()[:10]
     # What the exported config says it continued: the reference without a local folder's path
     # (a shared head should not carry it), its weights' digest, and that head's own training.
-    about = json.loads((folder / "config.json").read_text()).get("training")
+    about = cfg.get("training")
     name = ref if ref.startswith("builtin:") else folder.name
     lineage = {"head": name, "weights": digest, **({"training": about} if about else {})}
     return {"folder": folder, "lineage": lineage, "layer": cfg["layer"], "feature_layers": list(cfg.get("feature_layers") or []),

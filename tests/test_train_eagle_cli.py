@@ -3,6 +3,7 @@ forms, their errors, and run tags that keep other settings' heads apart (resumin
 continue a run trained with other settings)."""
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -83,10 +84,7 @@ def test_init_reads_the_shipped_head_for_the_demo_target(tmp_path):
     # the lineage an export records names the reference, never a local folder's path
     about = json.loads((BUILTIN_DIR / "smollm2-eagle" / "config.json").read_text())["training"]
     assert init["lineage"] == {"head": "builtin:smollm2-eagle", "weights": init["digest"], "training": about}
-    copy = tmp_path / "my-head"
-    copy.mkdir()
-    for f in (BUILTIN_DIR / "smollm2-eagle").glob("*.*"):
-        (copy / f.name).write_bytes(f.read_bytes())
+    copy = shutil.copytree(BUILTIN_DIR / "smollm2-eagle", tmp_path / "my-head")
     assert train_eagle.init_head(str(copy), gguf, tmp_path / "out")["lineage"]["head"] == "my-head"
     with pytest.raises(SystemExit, match="--init and --out are the same folder"):
         train_eagle.init_head("builtin:smollm2-eagle", gguf, BUILTIN_DIR / "smollm2-eagle")
