@@ -42,9 +42,13 @@ def bundled_reference() -> str | None:
     spec = importlib.util.find_spec("mlx")
     if spec is None or not spec.submodule_search_locations:
         return None
-    site = os.path.dirname(list(spec.submodule_search_locations)[0])
-    found = sorted(glob.glob(os.path.join(site, "mlx*.libs", "libblas*.so*")))
-    return found[0] if found else None
+    # `mlx` is a namespace package: a folder named mlx in the script's directory or the working
+    # one comes first in its path, so look beside every part of it, not only the first.
+    for part in spec.submodule_search_locations:
+        found = sorted(glob.glob(os.path.join(os.path.dirname(part), "mlx*.libs", "libblas*.so*")))
+        if found:
+            return found[0]
+    return None
 
 
 def find(name: str) -> str | None:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,19 @@ def test_find_reads_the_linkers_cache_then_the_usual_folders(monkeypatch, tmp_pa
     assert blas.find("blis") is None
     (tmp_path / "libblis.so.4").write_bytes(b"")
     assert blas.find("blis") == str(tmp_path / "libblis.so.4")
+
+
+def test_a_folder_named_mlx_beside_the_script_does_not_hide_the_bundled_blas(tmp_path):
+    """`mlx` is a namespace package, so an unrelated folder named mlx in the script's directory
+    comes first in its path; the reference BLAS must still be found (and replaced)."""
+    from mlxspec.blas import bundled_reference
+
+    if bundled_reference() is None:
+        pytest.skip("MLX does not bundle a BLAS here")
+    (tmp_path / "mlx").mkdir()
+    script = tmp_path / "probe.py"
+    script.write_text("import json, mlxspec.blas as b\nprint(json.dumps(b.bundled_reference()))\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == bundled_reference()
