@@ -1,0 +1,148 @@
+"""The MLX training objective (scripts/eagle_objective.py) computes what drafting computes: its
+unrolled steps, with their masks, equal the head run step by step through its KV cache, as the
+engine drafts; the loss and agreement counts follow their definitions."""
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.llama import ModelArgs
+
+from mlxspec.drafters.eagle import EagleHead
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import eagle_objective as obj  # noqa: E402
+
+H, L = 32, 9
+TOL = 1e-4  # float32 on every backend: the two paths differ only in summation order
+
+
+def _head(layers=1, taps=0, seed=0):
+    mx.random.seed(seed)
+    args = ModelArgs(model_type="llama", hidden_size=H, num_hidden_layers=layers, intermediate_size=48,
+                     num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=50,
+                     head_dim=8, rope_theta=10000.0, max_position_embeddings=64)
+    head = EagleHead(args, taps=taps)
+    head.set_dtype(mx.float32)
+    return head
+
+
+def _drafted(head, emb, feat, j, s):
+    """Entry j of step s, as drafting makes it: real entries 0..j-s-1 in the cache, then s+1 steps."""
+    cache = [KVCache() for _ in head.layers]
+    r = j - s  # the real entry whose output starts the chain
+    out = head(emb[:, : r + 1], feat[:, : r + 1], cache)[:, -1:]
+    for t in range(r + 1, j + 1):
+        out = head(emb[:, t : t + 1], out, cache)
+    return out[0, 0]
+
+
+@pytest.mark.parametrize("layers,taps", [(1, 0), (2, 0), (1, 3)])
+def test_unrolled_steps_equal_step_by_step_drafting(layers, taps):
+    head = _head(layers, taps)
+    mx.random.seed(1)
+    emb = mx.random.normal((1, L, H))
+    kept = mx.random.normal((1, L, taps * H if taps else H))
+    feat = head.lift(kept)
+    preds = obj.unrolled(head, emb, feat, 3)
+    for s in range(3):
+        for j in range(s, L):
+            want = _drafted(head, emb, feat, j, s)
+            assert mx.abs(preds[s][0, j] - want).max().item() < TOL, (s, j)
+
+
+def test_padding_after_a_sequence_changes_nothing_before_it():
+    head = _head(2)
+    mx.random.seed(2)
+    emb, feat = mx.random.normal((2, L, H)), mx.random.normal((2, L, H))
+    short = obj.unrolled(head, emb[:1, :5], feat[:1, :5], 2)
+    padded = obj.unrolled(head, emb, feat, 2)
+    for a, b in zip(short, padded):
+        assert mx.abs(a[0] - b[0, :5]).max().item() < TOL
+
+
+def test_masks_by_hand():
+    m = np.array(obj.unroll_mask(4, 1))
+    # step 1: entry j sees real entries 0..j-1 and itself (the second half's diagonal)
+    want = np.concatenate([np.tril(np.ones((4, 4)), -1), np.eye(4)], axis=1).astype(bool)
+    assert (m == want).all()
+    m2 = np.array(obj.unroll_mask(4, 2))
+    assert m2.shape == (4, 12)
+    assert m2[3].tolist() == [1, 1, 0, 0] + [0, 0, 1, 0] + [0, 0, 0, 1]  # real 0..1, step 1 at 2, itself
+    assert m2[0].tolist() == [0] * 8 + [1, 0, 0, 0]  # nothing real before it: only itself
+
+
+def test_loss_and_agreement_follow_their_definitions():
+    head = _head()
+    mx.random.seed(3)
+    B, N = 2, 11
+    emb, feat, tgt = mx.random.normal((B, L, H)), mx.random.normal((B, L, H)), mx.random.normal((B, L, H))
+    w = mx.random.normal((N, H))
+    weights = mx.array(np.array([[0] * 3 + [1] * 6, [1] * 5 + [0] * 4], np.float32))
+    total, agree = obj.loss(head, emb, feat, tgt, weights, w, steps=2, unroll_weight=0.5, ce_weight=0.3)
+    preds = obj.unrolled(head, emb, feat, 2)
+    sel = np.array(weights).astype(bool)
+    p_t = np.array(mx.softmax(tgt @ w.T, axis=-1))[sel]
+    want, counts = 0.0, []
+    for s, pred in enumerate(preds):
+        pr, tg = np.array(pred)[sel], np.array(tgt)[sel]
+        d = np.abs(pr - tg)
+        reg = np.where(d < 1, 0.5 * d * d, d - 0.5).mean()
+        logits = pr @ np.array(w).T
+        logq = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+        ce = -(p_t * logq).sum(-1).mean()
+        want += (reg + 0.3 * ce) * 0.5 ** s
+        counts.append(int((logq.argmax(-1) == p_t.argmax(-1)).sum()))
+    assert abs(total.item() - want) < 1e-4 * max(1.0, abs(want))
+    assert [int(a) for a in agree.tolist()] == counts
+
+
+def test_matches_the_pytorch_objective_on_the_same_weights_and_batch():
+    """scripts/train_eagle.py's PyTorch `losses` (how the demo head was trained) and this objective,
+    from the same head weights on the same padded batch: the same loss, the same agreement counts
+    and the same gradients (float32 both; they differ in summation order only)."""
+    torch = pytest.importorskip("torch")
+    import argparse
+
+    import tiny
+    import train_eagle
+    import train_eagle_mlx
+    from mlx.utils import tree_flatten
+
+    model = tiny.make_llama(3, tie_embeddings=False, hidden=H, heads=4, kv_heads=2)
+    head = _head(layers=1)
+    cfg = {"hidden_size": H, "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "num_layers": 1, "feature_layers": []}
+    theirs = train_eagle.make_head(cfg)
+    mine = {k: np.array(v) for k, v in tree_flatten(head.parameters())}
+    theirs.load_state_dict({k: torch.from_numpy(v) for k, v in mine.items()}, strict=True)
+    rng = np.random.default_rng(0)
+    batch = []
+    for n, p in ((12, 4), (7, 3), (10, 6)):
+        ids = rng.integers(0, tiny.VOCAB, n).astype(np.int32)
+        batch.append((ids, rng.normal(size=(n, H)).astype(np.float16), p, None))
+    vocab = np.sort(rng.choice(tiny.VOCAB, 40, replace=False)).astype(np.int32)
+    from mlxspec.backbone import output_rows
+
+    w = output_rows(model, mx.array(vocab)).astype(mx.float32)
+    args = argparse.Namespace(noise=0.0, loss_on="answers", unroll=2, unroll_weight=0.8, ce_weight=0.3)
+    emb_t = torch.from_numpy(np.array(model.model.embed_tokens.weight.astype(mx.float32)))
+    loss_t, agree_t, _ = train_eagle.losses(theirs, emb_t, torch.from_numpy(np.array(w)), batch, args, None,
+                                            train=False)
+    loss_t.backward()
+    emb, feat, tgt, wt = train_eagle_mlx.batch_arrays(batch, model, 0.0, None)
+
+    def f(emb, feat, tgt, wt):
+        return obj.loss(head, emb, feat, tgt, wt, w, steps=2, unroll_weight=0.8, ce_weight=0.3)
+
+    import mlx.nn as nn
+
+    (loss_m, agree_m), grads = nn.value_and_grad(head, f)(emb, feat, tgt, wt)
+    assert abs(loss_m.item() - loss_t.item()) < 1e-5 * max(1.0, abs(loss_t.item()))
+    assert [int(a) for a in agree_m.tolist()] == [int(a) for a in agree_t]
+    g_t = {k: p.grad.numpy() for k, p in theirs.named_parameters()}
+    for k, g in tree_flatten(grads):
+        scale = max(np.abs(g_t[k]).max(), 1e-6)
+        assert np.abs(np.array(g) - g_t[k]).max() < 1e-4 * scale, k
