@@ -123,7 +123,9 @@ def step_times(engine, ids, reps: int):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gguf", help="target GGUF (default: the demo GGUF in the mlxspec cache)")
+    p.add_argument("--target", "--gguf", dest="target", metavar="REF",
+                   help="the head's target: a GGUF, an MLX folder or a Hugging Face repo id already in the cache "
+                        "(default: the demo GGUF in the mlxspec cache)")
     p.add_argument("--head", default=str(HEAD), help="head folder (default: the shipped one)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed used by the training scripts")
     p.add_argument("--held-out", type=int, default=32, help="held-out prompts in the training scripts")
@@ -137,8 +139,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     import mlxspec
 
-    gguf = args.gguf or str(demo.gguf_path())
-    engine = mlxspec.load(gguf, "none", drafter="eagle", head=args.head, download=False)
+    target = args.target or str(demo.gguf_path())
+    engine = mlxspec.load(target, "none", drafter="eagle", head=args.head, download=False)
     tok = engine.tokenizer
     suite = eval_suite(args.suite, args.held_out, args.seed)
     engine.warmup(temperatures=(0.0, args.temperature))

@@ -1,6 +1,13 @@
-"""Train an EAGLE head (mlxspec/drafters/eagle.py) for the demo target by self-distillation (CPU, offline).
+"""Train an EAGLE head (mlxspec/drafters/eagle.py) for a target by self-distillation (offline).
 
+    python scripts/train_eagle.py --target REF --work WORKDIR --out my-head --prompt-file chats.jsonl
     python scripts/train_eagle.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --work WORKDIR --seed 0
+
+--target runs every stage in MLX on its default device (a Mac's GPU, an NVIDIA GPU through
+MLX's CUDA backend, or the CPU) for any target mlxspec loads: a Hugging Face repo id, an MLX
+folder (quantized or not) or a GGUF, of the llama, qwen2, mistral or gemma families (any whose
+logits are a linear head of its final hidden state). --gguf runs the target in PyTorch on the
+CPU instead, as the demo head was made (faster than MLX's CPU backend there).
 
 Stages (each cached under --work, so a rerun skips what is finished; a stopped train stage
 resumes from its last checkpoint):
@@ -27,9 +34,12 @@ resumes from its last checkpoint):
                 draft vocabulary), e.g. the shipped one on your own --prompt-file.
   5. export     float16 MLX weights + config.json with the target's identity
 
-PyTorch is used only here (never by mlxspec at run time); threads are capped at --threads.
+With --gguf, PyTorch is used (never by mlxspec at run time); threads are capped at --threads.
 The target runs in PyTorch, dequantized by transformers with its weights rounded to bfloat16
 (the engine's CPU precision), because MLX's CPU backend is far slower here; see the model card.
+With --target, the answers come from mlx-lm's batched generation and the features from one
+teacher-forced pass of the engine's own backbone split (scripts/train_eagle_mlx.py); the
+objective is the same (scripts/eagle_objective.py, checked against step-by-step drafting).
 """
 
 from __future__ import annotations
@@ -204,13 +214,9 @@ def stage_layers(args, shards: list, layers) -> None:
         log(f"layers {n + 1}/{len(todo)} {shard.name}: {done} entries in {el:.0f}s ({done / el:.0f}/s)")
 
 
-def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
-    """Answer shards: held-out prompts greedily, then train prompts alternately greedy and at T,
-    then each prompt file's (shards named by the file's content, so an edited file gets new ones)."""
-    import torch
-
-    out_dir = work / "eagle-gen"
-    out_dir.mkdir(exist_ok=True)
+def gen_batches(args, prompts: dict) -> list:
+    """[(shard name, temperature, [(split, index)])]: the held-out prompts greedily, then the
+    train prompts alternately greedy and at T, then each prompt file's, --gen-batch a shard."""
     batches = [("held_out-000", 0.0, [("held_out", i) for i in range(len(prompts["held_out"]))])]
     train = list(range(len(prompts["train"])))
     for b in range(0, len(train), args.gen_batch):  # batch b: greedy when b is even, else at T
@@ -221,6 +227,17 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
             temp = 0.0 if (b // args.gen_batch) % 2 == 0 else args.temperature
             batches.append((f"{key}-{b // args.gen_batch:03d}", temp,
                             [(key, i) for i in range(b, min(b + args.gen_batch, len(prompts[key])))]))
+    return batches
+
+
+def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
+    """Answer shards: held-out prompts greedily, then train prompts alternately greedy and at T,
+    then each prompt file's (shards named by the file's content, so an edited file gets new ones)."""
+    import torch
+
+    out_dir = work / "eagle-gen"
+    out_dir.mkdir(exist_ok=True)
+    batches = gen_batches(args, prompts)
     tok = model = None
     t0, made = time.time(), 0
     paths = []
@@ -279,7 +296,7 @@ def stage_vocab(args, work: Path, train) -> np.ndarray:
     path = work / f"vocab-{args.draft_vocab}-n{len(train)}.npy"  # more answers, a new vocabulary
     if path.exists():
         return np.load(path)
-    counts = np.zeros(target_config(Path(args.gguf))["vocab_size"], np.int64)
+    counts = np.zeros(args.vocab_size, np.int64)
     for ids, _, p, _ in train:
         np.add.at(counts, ids[p:], 1)
     top = np.sort(np.argsort(-counts, kind="stable")[: args.draft_vocab]).astype(np.int32)
@@ -378,12 +395,12 @@ def head_config(args, target_cfg) -> dict:
             "hidden_size": target_cfg["hidden_size"], "intermediate_size": args.intermediate,
             "num_attention_heads": target_cfg["num_attention_heads"],
             "num_key_value_heads": target_cfg["num_key_value_heads"],
-            "head_dim": target_cfg["hidden_size"] // target_cfg["num_attention_heads"],
+            "head_dim": target_cfg.get("head_dim") or target_cfg["hidden_size"] // target_cfg["num_attention_heads"],
             "rms_norm_eps": target_cfg["rms_norm_eps"], "rope_theta": target_cfg["rope_theta"],
             "max_position_embeddings": target_cfg["max_position_embeddings"]}
 
 
-def init_head(ref: str, gguf: Path, out: Path) -> dict:
+def init_head(ref: str, target_ref, out: Path) -> dict:
     """An exported head to continue training from (--init): its layer shape, feature layers,
     draft vocabulary and weights (float32 numpy, named like make_head's), and its weights'
     digest. mlxspec's own loader checks that it belongs to this target; it must not be the
@@ -399,7 +416,7 @@ def init_head(ref: str, gguf: Path, out: Path) -> dict:
     if folder.resolve() == out.expanduser().resolve():
         raise SystemExit(f"--init and --out are the same folder ({folder}): export would overwrite the head this "
                          "run continues (and a rerun would continue the new one); pass another --out")
-    target, _, _ = load_model(str(gguf), download=False)
+    target, _, _ = load_model(str(target_ref), download=False)
     head, ids, cfg = load_head(folder, target)  # wrong target or shapes: IncompatibleModelsError
     if ids is None:
         raise SystemExit(f"--init {ref}: the head drafts over the full vocabulary; training needs a draft "
@@ -668,11 +685,16 @@ def stage_export(args, final: Path, vocab) -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gguf", required=True, help="the target's GGUF (SmolLM2-135M-Instruct Q4_1)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--gguf", help="the target's GGUF, run by PyTorch on the CPU (how the demo head was made)")
+    which.add_argument("--target", metavar="REF",
+                       help="any target mlxspec loads (Hugging Face repo id, MLX folder, quantized or not, or GGUF), "
+                            "run by MLX on its default device: a Mac's GPU, an NVIDIA GPU or the CPU; no PyTorch")
     p.add_argument("--work", required=True, help="work dir for cached stages (shared with train_draft.py)")
-    p.add_argument("--out", default=str(ROOT / "mlxspec/data/smollm2-eagle"))
+    p.add_argument("--out", help="the head folder to write (default with --gguf: the shipped demo head's; "
+                                 "required with --target)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="PyTorch threads (--gguf only)")
     p.add_argument("--stop-after", choices=["generate", "layers", "train", "export"], default="export")
     # data (train_draft.py's generate stage)
     p.add_argument("--prompts", type=int, default=4032,
@@ -686,7 +708,7 @@ def parse_args(argv=None):
                    help="train on the shards a (maybe still running) generate stage has finished; generate nothing")
     # head
     p.add_argument("--draft-vocab", type=int, default=4096)
-    p.add_argument("--intermediate", type=int, default=1536)
+    p.add_argument("--intermediate", type=int, help="the head's MLP width (default: the target's)")
     p.add_argument("--head-layers", type=int, default=1,
                    help="decoder layers in the head (EAGLE uses 1; each costs about one target layer per draft step)")
     p.add_argument("--feature-layers", default="final",
@@ -712,13 +734,21 @@ def parse_args(argv=None):
                         "instead of starting from the target's last layer: its shape, feature layers and draft "
                         "vocabulary replace --intermediate, --feature-layers and --draft-vocab. Adapting the shipped "
                         "head to your --prompt-file takes minutes; use a lower --lr (e.g. 3e-4)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.head_layers < 1:
+        p.error(f"--head-layers {args.head_layers}: a head needs at least one decoder layer")
+    if args.target and not args.out:
+        p.error("--target needs --out: the folder to write its head to (the default is the demo head's)")
+    args.out = args.out or str(ROOT / "mlxspec/data/smollm2-eagle")
+    return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.head_layers < 1:
-        raise SystemExit(f"--head-layers {args.head_layers}: a head needs at least one decoder layer")
+    if args.target:
+        import train_eagle_mlx
+
+        return train_eagle_mlx.main(args)
     work, t0 = train_draft.start(args)
     prompts = train_draft.stage_prompts(args, work)
     prompts.update(train_draft.logged_prompt_files(args.prompt_file))
@@ -726,7 +756,9 @@ def main(argv=None):
     if args.init_head:  # the continued head reads what it was trained on
         args.feature_layers = ",".join(map(str, args.init_head["feature_layers"])) or "final"
     # --feature-layers resolved against the target once; the train stage reads args.layers
-    layers = args.layers = feature_layers(args.feature_layers, target_config(Path(args.gguf))["num_hidden_layers"])
+    tcfg = target_config(Path(args.gguf))
+    args.vocab_size, args.intermediate = tcfg["vocab_size"], args.intermediate or tcfg["intermediate_size"]
+    layers = args.layers = feature_layers(args.feature_layers, tcfg["num_hidden_layers"])
     shards = stage_generate(args, work, prompts, layers)
     log(f"generate done: {len(shards)} shards ({time.time() - t0:.0f}s so far)")
     if args.stop_after == "generate":

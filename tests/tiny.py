@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma3_text, llama
+from mlx_lm.models import gemma3_text, llama, qwen2
 from mlx_lm.models.cache import KVCache
 
 # Byte-level tokenizer: ids 0..2 are special, 3..258 are the 256 bytes.
@@ -35,6 +35,19 @@ def make_llama(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, laye
     mx.random.seed(seed)
     model = llama.Model(args)
     _scale(model, dtype)
+    return model
+
+
+def make_qwen2(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 2) -> qwen2.Model:
+    """A random qwen2 (attention biases, its own output head)."""
+    args = qwen2.ModelArgs(
+        model_type="qwen2", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=hidden * 2,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=vocab_size,
+        tie_word_embeddings=False, max_position_embeddings=4096,
+    )
+    mx.random.seed(seed)
+    model = qwen2.Model(args)
+    _scale(model, mx.float32)
     return model
 
 

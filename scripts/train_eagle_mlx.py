@@ -1,0 +1,410 @@
+"""train_eagle.py's stages on MLX, for any target mlxspec loads (`--target REF`).
+
+A Hugging Face repo id, an MLX folder (quantized or not) or a GGUF: the target answers the
+prompts through mlx-lm's batched generation and its hidden states come from one
+teacher-forced pass of mlxspec's own backbone split (what the engine's verify passes compute),
+so the head trains on the features it will read, in the precision the engine runs, on a
+Mac's GPU, an NVIDIA GPU (MLX's CUDA backend) or a CPU. No PyTorch. Shards, vocabulary, run
+tags and the export format are train_eagle.py's own; only the stages' insides differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one)
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+import eagle_objective as obj
+from draft_prompts import chat_ids
+from train_draft import log
+
+# Families whose decoder block is llama's (names, shapes and computation), so the head can
+# start from the target's last layer; qwen2's attention biases are left out. Others start random.
+LLAMA_BLOCKS = ("llama", "mistral", "qwen2")
+
+
+# ---------------------------------------------------------------- the target
+
+def load_target(ref: str):
+    """(model, tokenizer, name): mlxspec's own loading path, in the engine's precision."""
+    from mlxspec.backbone import split_model
+    from mlxspec.errors import MlxSpecError
+    from mlxspec.loading.model import load_model
+
+    try:
+        model, tok, _ = load_model(ref)
+        split_model(model)  # a head needs the final hidden states behind a plain linear head
+    except MlxSpecError as e:
+        raise SystemExit(f"--target {ref}: {e}") from None
+    return model, tok, Path(str(ref).rstrip("/")).name
+
+
+def target_config(model) -> dict:
+    """The fields train_eagle.py reads of a target, from an mlx-lm model's args."""
+    a = model.args
+    H, nh = a.hidden_size, a.num_attention_heads
+    return {"hidden_size": H, "num_attention_heads": nh,
+            "num_key_value_heads": getattr(a, "num_key_value_heads", None) or nh,
+            "head_dim": getattr(a, "head_dim", None) or H // nh,
+            "rms_norm_eps": float(getattr(a, "rms_norm_eps", 1e-6)),
+            "max_position_embeddings": int(getattr(a, "max_position_embeddings", None) or 8192),
+            "vocab_size": int(model.model.embed_tokens.weight.shape[0]),
+            "intermediate_size": a.intermediate_size, "num_hidden_layers": len(model.model.layers),
+            "rope_theta": float(getattr(a, "rope_theta", 10000.0)), "model_type": a.model_type}
+
+
+def gen_dir(work: Path, model) -> Path:
+    """Answer shards per target (its embedding's fingerprint), so two targets never share them."""
+    from mlxspec.drafters.eagle import embedding_fingerprint
+
+    key = hashlib.sha1(json.dumps(embedding_fingerprint(model)).encode()).hexdigest()[:8]
+    return work / f"eagle-gen-mlx-{key}"
+
+
+def prompt_ids(tok, prompt) -> list:
+    """The ids the engine feeds for a chat; a tokenizer without a chat template gets the text."""
+    if getattr(tok, "chat_template", None):
+        return chat_ids(tok, prompt)
+    text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+    return tok.encode(text)
+
+
+# ---------------------------------------------------------------- stage 2: answers + features
+
+def answer(model, tok, prompts: list, *, max_new: int, temperature: float, seed: int, batch: int) -> list:
+    """The target's answers (token lists, their end-of-sequence token included) by mlx-lm's
+    batched generation: greedy at temperature 0, else sampled at it."""
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_sampler
+
+    mx.random.seed(seed)
+    gen = BatchGenerator(model, max_tokens=max_new, stop_tokens=[[t] for t in tok.eos_token_ids],
+                         sampler=make_sampler(temp=temperature), completion_batch_size=batch,
+                         prefill_batch_size=min(batch, 8))
+    uids = gen.insert(prompts, [max_new] * len(prompts))
+    out = {u: [] for u in uids}
+    while responses := gen.next_generated():
+        for r in responses:
+            out[r.uid].append(int(r.token))
+    gen.close()
+    return [out[u] for u in uids]
+
+
+def features(model, seqs: list, layers=(), max_tokens: int = 4096) -> list:
+    """One teacher-forced pass per group of sequences: [(final hidden states (n, H) float16,
+    tapped layers' outputs (n, len(layers) * H) float16 or None)] per sequence."""
+    from mlxspec.backbone import split_model, tapped
+
+    run = tapped(model, layers) if layers else split_model(model)[0]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out = [None] * len(seqs)
+    i = 0
+    while i < len(order):
+        L = len(seqs[order[i]])
+        group = order[i: i + max(1, max_tokens // max(L, 1))]
+        L = max(len(seqs[g]) for g in group)  # right-padded: the causal mask keeps pads out of earlier rows
+        x = mx.array(np.array([seqs[g] + [0] * (L - len(seqs[g])) for g in group], np.int32))
+        h = run(x)
+        h, t = h if layers else (h, None)
+        h = h.astype(mx.float16)
+        t = t.astype(mx.float16) if t is not None else None
+        mx.eval(h, t) if t is not None else mx.eval(h)
+        for r, g in enumerate(group):
+            n = len(seqs[g])
+            out[g] = (np.array(h[r, :n]), np.array(t[r, :n]) if t is not None else None)
+        i += len(group)
+    return out
+
+
+def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> list:
+    """train_eagle.py's shards (same batches, names and format), made by the MLX target."""
+    from train_eagle import gen_batches, layers_path, save_layers
+
+    out_dir = gen_dir(work, model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0, made, paths = time.time(), 0, []
+    batches = gen_batches(args, prompts)
+    for n, (name, temp, jobs) in enumerate(batches):
+        path = out_dir / f"{name}.npz"
+        if path.exists():
+            if layers and not layers_path(path, layers).exists():  # answers kept, these layers not yet
+                z = np.load(path)
+                stored = np.split(z["ids"], np.cumsum(z["lens"])[:-1])
+                rows = features(model, [s.tolist() for s in stored], layers)
+                save_layers(path, layers, np.concatenate([r[1] for r in rows]))
+            paths.append(path)
+            continue
+        if args.finished_only:
+            continue
+        ids = [prompt_ids(tok, prompts[sp][i]["prompt"]) for sp, i in jobs]
+        answers = answer(model, tok, ids, max_new=args.max_new, temperature=temp,
+                         seed=args.seed * 100003 + n, batch=args.gen_batch)
+        seqs = [p + a for p, a in zip(ids, answers)]
+        rows = features(model, [s[:-1] for s in seqs], layers)  # the last token is never fed
+        if layers:  # first, so a shard never exists without its layer features
+            save_layers(path, layers, np.concatenate([r[1] for r in rows]))
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, ids=np.concatenate([np.array(s[:-1], np.int32) for s in seqs]),
+                 feats=np.concatenate([r[0] for r in rows]), lens=np.array([len(s) - 1 for s in seqs], np.int32),
+                 plens=np.array([len(p) for p in ids], np.int32), temp=np.float32(temp))
+        os.replace(tmp, path)
+        paths.append(path)
+        made += sum(len(a) for a in answers)
+        el = time.time() - t0
+        log(f"generate {n + 1}/{len(batches)} {name} (T={temp:g}): {made} answer tokens in {el:.0f}s "
+            f"({made / el:.1f} tok/s)")
+    return paths
+
+
+# ---------------------------------------------------------------- stage 4: train
+
+def float_block(block) -> dict:
+    """A block's parameters by name, quantized linears dequantized (float32)."""
+    flat = dict(tree_flatten(block.parameters()))
+    for name, m in block.named_modules():
+        if isinstance(m, nn.QuantizedLinear):
+            flat[f"{name}.weight"] = mx.dequantize(m.weight, m.scales, m.get("biases"), group_size=m.group_size,
+                                                   bits=m.bits, mode=getattr(m, "mode", "affine"))
+            flat.pop(f"{name}.scales"), flat.pop(f"{name}.biases", None)
+    return {k: v.astype(mx.float32) for k, v in flat.items()}
+
+
+def init_from_target(head, model) -> None:
+    """Start the head from the target's last layers and final norm where its blocks are llama's
+    (the same feature space); other families' heads start from random weights."""
+    family = model.args.model_type
+    if family not in LLAMA_BLOCKS:
+        log(f"{family} blocks are not llama's: the head's layers start from random weights")
+        return
+    for mine, theirs in zip(head.layers, model.model.layers[-len(head.layers):]):
+        have = float_block(theirs)
+        want = dict(tree_flatten(mine.parameters()))
+        mine.load_weights([(k, have[k]) for k, v in want.items() if k in have and have[k].shape == v.shape],
+                          strict=False)
+    head.norm.weight = model.model.norm.weight.astype(mx.float32)
+
+
+def make_head(cfg: dict, vocab_size: int):
+    from mlx_lm.models.llama import ModelArgs
+
+    from mlxspec.drafters.eagle import LAYER_FIELDS, EagleHead
+
+    layer = {k: cfg[k] for k in LAYER_FIELDS}
+    head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=cfg.get("num_layers", 1),
+                               vocab_size=vocab_size, **layer), taps=len(cfg.get("feature_layers") or []))
+    head.set_dtype(mx.float32)
+    return head
+
+
+def batch_arrays(batch, model, noise: float, key, answers_only: bool = True):
+    """Right-padded (B, L-1) entries as train_eagle.batch_tensors builds them: embeddings of
+    x[j+1], input features (noised), targets f[j+1], loss weights."""
+    B, L = len(batch), max(len(b[0]) for b in batch) - 1
+    H = batch[0][1].shape[1]
+    taps = batch[0][3] is not None
+    tok = np.zeros((B, L), np.int32)
+    feat = np.zeros((B, L, batch[0][3].shape[1] if taps else H), np.float32)
+    tgt = np.zeros((B, L, H), np.float32)
+    w = np.zeros((B, L), np.float32)
+    for i, (ids, f, p, m) in enumerate(batch):
+        n = len(ids) - 1
+        tok[i, :n] = ids[1:]
+        feat[i, :n] = (m if taps else f)[:-1]
+        tgt[i, :n] = f[1:]
+        w[i, max(p - 2, 0) if answers_only else 0:n] = 1.0  # entry j predicts x[j+2]; answers start at x[p]
+    feat = mx.array(feat)
+    if noise:
+        scale = mx.sqrt(mx.mean(feat * feat))
+        feat = feat + mx.random.uniform(-1.0, 1.0, feat.shape, key=key) * noise * scale
+    emb = model.model.embed_tokens(mx.array(tok)).astype(mx.float32)
+    return emb, feat, mx.array(tgt), mx.array(w)
+
+
+def batches_of(train, batch: int, rng: random.Random) -> list:
+    """One epoch's batches: shuffled, sorted by length within windows (little padding)."""
+    order = list(range(len(train)))
+    rng.shuffle(order)
+    win, out = batch * 16, []
+    for w in range(0, len(order), win):
+        chunk = sorted(order[w:w + win], key=lambda i: len(train[i][0]))
+        out += [chunk[b:b + batch] for b in range(0, len(chunk), batch)]
+    rng.shuffle(out)
+    return out
+
+
+def evaluate(head, model, w_draft, held, args):
+    tot, agree, n = 0.0, np.zeros(args.unroll), 0
+    for b in range(0, len(held), args.batch):
+        emb, feat, tgt, w = batch_arrays(held[b:b + args.batch], model, 0.0, None, args.loss_on == "answers")
+        loss, a = obj.loss(head, emb, feat, tgt, w, w_draft, steps=args.unroll,
+                           unroll_weight=args.unroll_weight, ce_weight=args.ce_weight)
+        k = w.sum().item()
+        tot += loss.item() * k
+        agree += np.array(a)
+        n += k
+    return tot / max(n, 1), [round(float(a) / max(n, 1), 4) for a in agree]
+
+
+def _save(path: Path, arrays: dict, meta: dict) -> None:
+    tmp = path.with_name(path.stem + ".tmp.safetensors")
+    mx.save_safetensors(str(tmp), arrays)
+    os.replace(tmp, path)
+    tmpj = path.with_suffix(".json.tmp")
+    tmpj.write_text(json.dumps(meta))
+    os.replace(tmpj, path.with_suffix(".json"))
+
+
+def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
+    """The head trained as train_eagle.stage_train trains it, in MLX; returns its final file."""
+    from mlxspec.backbone import output_rows
+    from train_eagle import run_tag
+
+    tag = run_tag(args, train) + "-mlx"
+    final, ckpt = work / f"head_final-{tag}.safetensors", work / f"head_ckpt-{tag}.safetensors"
+    if final.exists() and final.with_suffix(".json").exists():
+        return final
+    mx.random.seed(args.seed)
+    head = make_head(cfg, len(vocab))
+    init = getattr(args, "init_head", None)
+    if init:  # continue the --init head (its shape and vocabulary are this run's)
+        head.load_weights([(k, mx.array(v)) for k, v in init["weights"].items()], strict=True)
+        log(f"continuing {init['folder']} (weights {init['digest']})")
+    else:
+        init_from_target(head, model)
+    w_draft = output_rows(model, mx.array(vocab)).astype(mx.float32)  # (N, H)
+    nparams = sum(v.size for _, v in tree_flatten(head.parameters()))
+    log(f"head: {nparams / 1e6:.2f}M parameters; {len(train)} sequences, "
+        f"{sum(len(t[0]) - 1 for t in train)} entries; held out {len(held)}")
+    opt = optim.AdamW(learning_rate=args.lr, betas=[0.9, 0.95], weight_decay=0.0)
+    steps_per_epoch = math.ceil(len(train) / args.batch)
+    total = max(1, int(args.epochs * steps_per_epoch))
+    warm = max(1, total // 30)
+    step, elapsed, history, epoch, in_epoch = 0, 0.0, [], 0, 0
+    if ckpt.exists() and ckpt.with_suffix(".json").exists():
+        meta = json.loads(ckpt.with_suffix(".json").read_text())
+        saved = mx.load(str(ckpt))
+        head.load_weights([(k[5:], v) for k, v in saved.items() if k.startswith("head.")], strict=True)
+        opt.state = tree_unflatten([(k[4:], v) for k, v in saved.items() if k.startswith("opt.")])
+        step, elapsed, history, epoch, in_epoch = (meta[k] for k in ("step", "elapsed", "history", "epoch", "in_epoch"))
+        log(f"resumed at step {step}/{total}")
+    elif not history:
+        vl, va = evaluate(head, model, w_draft, held, args)
+        history.append({"step": 0, "held_loss": round(vl, 5), "held_top1": va})
+        log(f"held-out before training: loss {vl:.4f}, top-1 per step {' '.join(map(str, va))}")
+
+    def step_loss(emb, feat, tgt, w):
+        return obj.loss(head, emb, feat, tgt, w, w_draft, steps=args.unroll, unroll_weight=args.unroll_weight,
+                        ce_weight=args.ce_weight)
+
+    loss_and_grad = nn.value_and_grad(head, step_loss)
+    t0 = time.time() - elapsed
+    run = [0.0, np.zeros(args.unroll), 0.0]
+    while step < total:
+        order = batches_of(train, args.batch, random.Random(args.seed * 7919 + epoch))  # replayable on resume
+        for b in order[in_epoch:]:
+            if step >= total:
+                break
+            f = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / (total - warm)))
+            opt.learning_rate = args.lr * max(f, 0.02)
+            emb, feat, tgt, w = batch_arrays([train[i] for i in b], model, args.noise,
+                                             mx.random.key(args.seed * 1000003 + step), args.loss_on == "answers")
+            (loss, agree), grads = loss_and_grad(emb, feat, tgt, w)
+            grads, _ = optim.clip_grad_norm(grads, 0.5)
+            opt.update(head, grads)
+            mx.eval(head.parameters(), opt.state, loss, agree)
+            step += 1
+            in_epoch += 1
+            k = w.sum().item()
+            run = [run[0] + loss.item() * k, run[1] + np.array(agree), run[2] + k]
+            if step % 20 == 0 or step == total:
+                el = time.time() - t0
+                tops = " ".join(f"{a / max(run[2], 1):.3f}" for a in run[1])
+                log(f"step {step}/{total} loss {run[0] / max(run[2], 1):.4f} top-1 per step {tops} "
+                    f"eta {el / step * (total - step) / 60:.1f} min")
+                run = [0.0, np.zeros(args.unroll), 0.0]
+            if step % args.ckpt_every == 0 or step == total:
+                vl, va = evaluate(head, model, w_draft, held, args)
+                history.append({"step": step, "held_loss": round(vl, 5), "held_top1": va})
+                log(f"held-out after step {step}: loss {vl:.4f}, top-1 per step {' '.join(map(str, va))}")
+                arrays = {**{f"head.{k}": v for k, v in tree_flatten(head.parameters())},
+                          **{f"opt.{k}": v for k, v in tree_flatten(opt.state)}}
+                _save(ckpt, arrays, {"step": step, "elapsed": time.time() - t0, "history": history,
+                                     "epoch": epoch, "in_epoch": in_epoch})
+        epoch, in_epoch = epoch + 1, 0
+    _save(final, dict(tree_flatten(head.parameters())),
+          {"cfg": cfg, "train_seconds": time.time() - t0, "steps": total, "sequences": len(train),
+           "entries": sum(len(t[0]) - 1 for t in train), "history": history,
+           "init": init["lineage"] if init else None})
+    return final
+
+
+# ---------------------------------------------------------------- stage 5: export
+
+def stage_export(args, final: Path, vocab, model, name: str) -> None:
+    from mlxspec.device import backend
+    from mlxspec.drafters.eagle import load_head, save_head
+
+    meta = json.loads(final.with_suffix(".json").read_text())
+    cfg = meta["cfg"]
+    head = make_head(cfg, len(vocab))
+    head.load_weights(list(mx.load(str(final)).items()), strict=True)
+    extra = {"training": {"script": "scripts/train_eagle.py --target", "backend": backend(),
+                          "seed": args.seed, "train_minutes": round(meta["train_seconds"] / 60, 1),
+                          "steps": meta["steps"], "sequences": meta["sequences"], "entries": meta["entries"],
+                          "held_out": meta["history"][-1] if meta["history"] else None,
+                          **({"init": meta["init"]} if meta.get("init") else {})}}
+    out = Path(args.out)
+    save_head(out, head, mx.array(vocab), model, name=name, extra=extra,
+              feature_layers=cfg.get("feature_layers") or [])
+    load_head(out, model)  # the folder must load against the target it was made for
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    log(f"exported {out}: {size / 1e6:.1f} MB; training took {meta['train_seconds'] / 60:.1f} min")
+
+
+# ---------------------------------------------------------------- main
+
+def main(args) -> None:
+    """train_eagle.py's stages for --target (its parsed arguments)."""
+    import train_draft
+    from mlxspec.device import backend
+    from train_eagle import feature_layers, head_config, init_head, load_features, stage_vocab
+
+    random.seed(args.seed)
+    work, t0 = Path(args.work), time.time()
+    work.mkdir(parents=True, exist_ok=True)
+    prompts = train_draft.stage_prompts(args, work)
+    prompts.update(train_draft.logged_prompt_files(args.prompt_file))
+    log(f"loading {args.target} (MLX, {backend()})")
+    model, tok, name = load_target(args.target)
+    tcfg = target_config(model)
+    args.vocab_size, args.intermediate = tcfg["vocab_size"], args.intermediate or tcfg["intermediate_size"]
+    args.init_head = init_head(args.init, args.target, Path(args.out)) if args.init else None
+    if args.init_head:  # the continued head reads what it was trained on
+        args.feature_layers = ",".join(map(str, args.init_head["feature_layers"])) or "final"
+    layers = args.layers = feature_layers(args.feature_layers, tcfg["num_hidden_layers"])
+    shards = stage_generate(args, work, prompts, model, tok, layers)
+    log(f"generate done: {len(shards)} shards ({time.time() - t0:.0f}s so far)")
+    if args.stop_after in ("generate", "layers"):
+        return
+    train, held = load_features(shards, layers)
+    if not train or not held:
+        raise SystemExit(f"no {'train' if not train else 'held-out'} answers to train on: give prompts "
+                         "(--prompts N templated ones, --prompt-file FILE) and --held-out N >= 1")
+    vocab = stage_vocab(args, work, train)
+    final = stage_train(args, work, train, held, vocab, model, head_config(args, tcfg))
+    log(f"train done ({time.time() - t0:.0f}s so far)")
+    if args.stop_after == "train":
+        return
+    stage_export(args, final, vocab, model, name)
+    log(f"export done: {args.out} ({time.time() - t0:.0f}s in all)")

@@ -1,0 +1,187 @@
+"""scripts/train_eagle.py --target: every stage in MLX, for targets of several families (llama,
+quantized llama, qwen2 with attention biases, gemma3): it answers, keeps the target's features,
+trains (the held-out loss falls), exports a head that loads and drafts losslessly, resumes from
+its cached stages, and refuses bad input with a message that says what is allowed."""
+import json
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+import mlxspec
+import tiny
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import train_eagle  # noqa: E402
+import train_eagle_mlx  # noqa: E402
+
+PROMPTS = ["count to ten", "name three colours", "what is rain?", "say hello twice", "spell cat",
+           "list two fruits", "why is the sky blue?", "add 2 and 3", "a word that rhymes with moon",
+           "describe a cat", "what day follows monday?", "give me a number"]
+
+
+def _save(folder: Path, model, quantize: bool = False) -> Path:
+    from mlx_lm.utils import save_config, save_model
+
+    config = {k: v for k, v in vars(model.args).items() if v is not None}
+    if quantize:
+        nn.quantize(model, group_size=32, bits=4)
+        config["quantization"] = {"group_size": 32, "bits": 4}
+    save_model(folder, model)
+    save_config(config, folder / "config.json")
+    tiny.make_tokenizer().save_pretrained(str(folder))
+    return folder
+
+
+def _prompt_file(path: Path) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return path
+
+
+def _train(target, tmp_path, *extra, out="head"):
+    argv = ["--target", str(target), "--work", str(tmp_path / "work"), "--out", str(tmp_path / out),
+            "--prompts", "8", "--held-out", "4", "--prompt-file", str(_prompt_file(tmp_path / "p.jsonl")),
+            "--max-new", "16", "--gen-batch", "6", "--epochs", "4", "--batch", "4", "--ckpt-every", "8",
+            "--draft-vocab", "96", *extra]
+    train_eagle.main(argv)
+    return tmp_path / out
+
+
+FAMILIES = {
+    "llama": lambda: tiny.make_llama(4, tie_embeddings=False),
+    "llama 4-bit": lambda: tiny.make_llama(5, tie_embeddings=False, hidden=64),
+    "qwen2": lambda: tiny.make_qwen2(6),
+    "gemma3": lambda: tiny.make_gemma3(7, sliding_window=6),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_trains_a_head_that_loads_learns_and_drafts_losslessly(family, tmp_path):
+    target = _save(tmp_path / "target", FAMILIES[family](), quantize="4-bit" in family)
+    head = _train(target, tmp_path)
+    cfg = json.loads((head / "config.json").read_text())
+    assert cfg["model_type"] == "eagle_head" and cfg["draft_vocab_size"] <= 96
+    assert cfg["training"]["script"] == "scripts/train_eagle.py --target"
+    (final,) = (tmp_path / "work").glob("head_final-*-mlx.json")
+    history = json.loads(final.read_text())["history"]
+    assert history[0]["step"] == 0 and history[-1]["held_loss"] < 0.9 * history[0]["held_loss"]
+    spec = mlxspec.load(str(target), "none", drafter="eagle", head=str(head), num_draft=3)
+    plain = mlxspec.load(str(target), "none")
+    for prompt in ("tell me a story", "what is two plus two?"):
+        want = plain.generate(prompt, max_tokens=24, temperature=0.0, speculative=False)
+        got = spec.generate(prompt, max_tokens=24, temperature=0.0)
+        assert got.tokens == want.tokens
+        assert got.stats.drafted > got.stats.lookup_drafted  # the head itself drafted
+
+
+def test_a_llama_head_starts_from_the_targets_last_layer_and_other_families_do_not(tmp_path):
+    from mlx_lm.models.llama import ModelArgs
+
+    from mlxspec.drafters.eagle import EagleHead
+
+    def head_for(model):
+        a = train_eagle_mlx.target_config(model)
+        args = ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=a["vocab_size"],
+                         **{k: a[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                              "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta")})
+        head = EagleHead(args)
+        train_eagle_mlx.init_from_target(head, model)
+        return dict(tree_flatten(head.layers[0].parameters())), head
+
+    for quantize in (False, True):
+        model = tiny.make_llama(8, tie_embeddings=False)
+        if quantize:
+            nn.quantize(model, group_size=32, bits=4)
+        mine, head = head_for(model)
+        theirs = train_eagle_mlx.float_block(model.model.layers[-1])
+        assert set(mine) == set(theirs)
+        for k, v in mine.items():
+            assert mx.array_equal(v, theirs[k]).item(), k
+        assert mx.array_equal(head.norm.weight, model.model.norm.weight).item()
+    q = tiny.make_qwen2(9)
+    mine, _ = head_for(q)
+    last = dict(tree_flatten(q.model.layers[-1].parameters()))
+    assert mx.array_equal(mine["self_attn.q_proj.weight"], last["self_attn.q_proj.weight"]).item()
+    assert "self_attn.q_proj.bias" in last and "self_attn.q_proj.bias" not in mine  # biases left out
+    g = tiny.make_gemma3(10)
+    mine, head = head_for(g)
+    assert not mx.array_equal(mine["mlp.down_proj.weight"], g.model.layers[-1].mlp.down_proj.weight).item()
+
+
+def test_a_rerun_reuses_the_answers_and_adds_feature_layers_to_them(tmp_path):
+    target = _save(tmp_path / "target", tiny.make_llama(11, tie_embeddings=False, layers=3))
+    _train(target, tmp_path, "--stop-after", "generate")
+    (gen,) = (tmp_path / "work").glob("eagle-gen-mlx-*")
+    shards = sorted(gen.glob("*.npz"))
+    stamps = {p: p.stat().st_mtime_ns for p in shards}
+    assert len(shards) == 1 + 2 + 2  # held out, 8 templated in 2 shards of 6, 12 from the file in 2
+    z = np.load(shards[0])
+    assert z["feats"].shape == (z["lens"].sum(), 64) and z["feats"].dtype == np.float16
+    head = _train(target, tmp_path, "--feature-layers", "0,2")
+    assert {p: p.stat().st_mtime_ns for p in shards} == stamps  # answers kept, not regenerated
+    assert len(list(gen.glob("*-L0-2.npy"))) == len(shards)  # each got the layers' outputs
+    assert json.loads((head / "config.json").read_text())["feature_layers"] == [0, 2]
+    spec = mlxspec.load(str(target), "none", drafter="eagle", head=str(head))
+    plain = mlxspec.load(str(target), "none")
+    want = plain.generate("name a river", max_tokens=20, temperature=0.0, speculative=False)
+    assert spec.generate("name a river", max_tokens=20, temperature=0.0).tokens == want.tokens
+
+
+def test_features_are_the_engines_hidden_states(tmp_path):
+    """The teacher-forced pass over a padded group gives each sequence the hidden states the
+    backbone gives it alone (padding after a sequence does not reach it)."""
+    from mlxspec.backbone import split_model
+
+    model = tiny.make_llama(12, tie_embeddings=False)
+    seqs = [[5, 9, 14, 3], [7, 7, 8, 20, 31, 2, 40], [11]]
+    rows = train_eagle_mlx.features(model, seqs)
+    backbone, _ = split_model(model)
+    tol = 2 * np.finfo(np.float16).eps * 8  # stored as float16: relative rounding of values of a few units
+    for s, (f, t) in zip(seqs, rows):
+        alone = np.array(backbone(mx.array([s])).astype(mx.float32))[0]
+        assert t is None and f.shape == (len(s), 64)
+        assert np.abs(f.astype(np.float32) - alone).max() <= tol * max(1.0, np.abs(alone).max())
+
+
+def test_bad_input_says_what_is_allowed(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        train_eagle.parse_args(["--target", "x", "--work", str(tmp_path)])
+    assert "--target needs --out" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train_eagle.parse_args(["--work", str(tmp_path)])
+    assert "one of the arguments --gguf --target is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"--target .*nowhere"):
+        _train(tmp_path / "nowhere", tmp_path)
+    target = _save(tmp_path / "target", tiny.make_llama(13, tie_embeddings=False))
+    with pytest.raises(SystemExit, match=r"distinct layer indices in 0\.\.1"):
+        _train(target, tmp_path, "--feature-layers", "5")
+
+
+def test_a_stopped_training_resumes_to_the_same_head(tmp_path, monkeypatch):
+    """Stopped after a checkpoint, a rerun continues from it (weights, optimizer state, epoch
+    order, noise) and ends with the head an uninterrupted run makes."""
+    target = _save(tmp_path / "target", tiny.make_llama(14, tie_embeddings=False))
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    whole = _train(target, tmp_path / "a", out="whole")
+    real_log = train_eagle_mlx.log
+
+    def stop_after_16(msg):
+        real_log(msg)
+        if msg.startswith("held-out after step 16"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_eagle_mlx, "log", stop_after_16)
+    with pytest.raises(KeyboardInterrupt):
+        _train(target, tmp_path / "b", out="resumed")
+    monkeypatch.setattr(train_eagle_mlx, "log", real_log)
+    assert not list((tmp_path / "b" / "work").glob("head_final-*"))
+    resumed = _train(target, tmp_path / "b", out="resumed")
+    a, b = mx.load(str(whole / "model.safetensors")), mx.load(str(resumed / "model.safetensors"))
+    assert set(a) == set(b)
+    for k in a:
+        assert mx.array_equal(a[k], b[k]).item(), k
