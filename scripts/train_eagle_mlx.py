@@ -243,6 +243,12 @@ def batches_of(train, batch: int, rng: random.Random) -> list:
     return out
 
 
+def optimizer(lr: float):
+    """train_eagle.py's AdamW (0.9, 0.95, no weight decay); MLX's leaves out Adam's bias
+    correction unless asked, which shrinks the first steps' updates (about 0.45x at step 1)."""
+    return optim.AdamW(learning_rate=lr, betas=[0.9, 0.95], weight_decay=0.0, bias_correction=True)
+
+
 def evaluate(head, model, w_draft, held, args):
     tot, agree, n = 0.0, np.zeros(args.unroll), 0
     for b in range(0, len(held), args.batch):
@@ -286,7 +292,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     nparams = sum(v.size for _, v in tree_flatten(head.parameters()))
     log(f"head: {nparams / 1e6:.2f}M parameters; {len(train)} sequences, "
         f"{sum(len(t[0]) - 1 for t in train)} entries; held out {len(held)}")
-    opt = optim.AdamW(learning_rate=args.lr, betas=[0.9, 0.95], weight_decay=0.0)
+    opt = optimizer(args.lr)
     steps_per_epoch = math.ceil(len(train) / args.batch)
     total = max(1, int(args.epochs * steps_per_epoch))
     warm = max(1, total // 30)

@@ -146,3 +146,16 @@ def test_matches_the_pytorch_objective_on_the_same_weights_and_batch():
     for k, g in tree_flatten(grads):
         scale = max(np.abs(g_t[k]).max(), 1e-6)
         assert np.abs(np.array(g) - g_t[k]).max() < 1e-4 * scale, k
+    # and one optimiser step as each trainer takes it: clip to norm 0.5, then AdamW
+    import mlx.optimizers as optim
+
+    opt_t = torch.optim.AdamW(theirs.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.0)
+    torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.5)
+    opt_t.step()
+    opt_m = train_eagle_mlx.optimizer(1e-2)
+    grads, _ = optim.clip_grad_norm(grads, 0.5)
+    opt_m.update(head, grads)
+    after = {k: p.detach().numpy() for k, p in theirs.named_parameters()}
+    for k, v in tree_flatten(head.parameters()):
+        moved = np.abs(after[k] - mine[k]).max()
+        assert np.abs(np.array(v) - after[k]).max() < 1e-3 * max(moved, 1e-6), k
