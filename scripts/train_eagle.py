@@ -38,7 +38,7 @@ With --gguf, PyTorch is used (never by mlxspec at run time); threads are capped 
 The target runs in PyTorch, dequantized by transformers with its weights rounded to bfloat16
 (the engine's CPU precision), because MLX's CPU backend is far slower here; see the model card.
 With --target, the answers come from mlx-lm's batched generation and the features from one
-teacher-forced pass of the engine's own backbone split (scripts/train_eagle_mlx.py); the
+teacher-forced pass of the engine's own backbone split (scripts/train_eagle_mlx.py, eagle_mlx_data.py); the
 objective is the same (scripts/eagle_objective.py, checked against step-by-step drafting).
 """
 

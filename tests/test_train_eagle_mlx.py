@@ -17,6 +17,7 @@ import tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import train_eagle  # noqa: E402
+import eagle_mlx_data  # noqa: E402
 import train_eagle_mlx  # noqa: E402
 
 PROMPTS = ["count to ten", "name three colours", "what is rain?", "say hello twice", "spell cat",
@@ -84,7 +85,7 @@ def test_a_llama_head_starts_from_the_targets_last_layer_and_other_families_do_n
     from mlxspec.drafters.eagle import EagleHead
 
     def head_for(model):
-        a = train_eagle_mlx.target_config(model)
+        a = eagle_mlx_data.target_config(model)
         args = ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=a["vocab_size"],
                          **{k: a[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
                                               "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta")})
@@ -138,7 +139,7 @@ def test_features_are_the_engines_hidden_states(tmp_path):
 
     model = tiny.make_llama(12, tie_embeddings=False)
     seqs = [[5, 9, 14, 3], [7, 7, 8, 20, 31, 2, 40], [11]]
-    rows = train_eagle_mlx.features(model, seqs)
+    rows = eagle_mlx_data.features(model, seqs)
     backbone, _ = split_model(model)
     tol = 2 * np.finfo(np.float16).eps * 8  # stored as float16: relative rounding of values of a few units
     for s, (f, t) in zip(seqs, rows):

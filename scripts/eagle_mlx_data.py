@@ -1,0 +1,155 @@
+"""train_eagle.py --target's data stages in MLX: the target, its answers and its features.
+
+The target answers through mlx-lm's batched generation; its hidden states come from one
+teacher-forced pass of mlxspec's own backbone split (what the engine's verify passes
+compute), so a head trains on the features it will read, in the precision the engine runs.
+The shards are train_eagle.py's own (same batches, names and format).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one)
+import mlx.core as mx
+import numpy as np
+
+from draft_prompts import chat_ids
+from train_draft import log
+
+
+# ---------------------------------------------------------------- the target
+
+def load_target(ref: str):
+    """(model, tokenizer, name): mlxspec's own loading path, in the engine's precision."""
+    from mlxspec.backbone import split_model
+    from mlxspec.errors import MlxSpecError
+    from mlxspec.loading.model import load_model
+
+    try:
+        model, tok, _ = load_model(ref)
+        split_model(model)  # a head needs the final hidden states behind a plain linear head
+    except MlxSpecError as e:
+        raise SystemExit(f"--target {ref}: {e}") from None
+    return model, tok, Path(str(ref).rstrip("/")).name
+
+
+def target_config(model) -> dict:
+    """The fields train_eagle.py reads of a target, from an mlx-lm model's args."""
+    a = model.args
+    H, nh = a.hidden_size, a.num_attention_heads
+    return {"hidden_size": H, "num_attention_heads": nh,
+            "num_key_value_heads": getattr(a, "num_key_value_heads", None) or nh,
+            "head_dim": getattr(a, "head_dim", None) or H // nh,
+            "rms_norm_eps": float(getattr(a, "rms_norm_eps", 1e-6)),
+            "max_position_embeddings": int(getattr(a, "max_position_embeddings", None) or 8192),
+            "vocab_size": int(model.model.embed_tokens.weight.shape[0]),
+            "intermediate_size": a.intermediate_size, "num_hidden_layers": len(model.model.layers),
+            "rope_theta": float(getattr(a, "rope_theta", 10000.0)), "model_type": a.model_type}
+
+
+def gen_dir(work: Path, model) -> Path:
+    """Answer shards per target (its embedding's fingerprint), so two targets never share them."""
+    from mlxspec.drafters.eagle import embedding_fingerprint
+
+    key = hashlib.sha1(json.dumps(embedding_fingerprint(model)).encode()).hexdigest()[:8]
+    return work / f"eagle-gen-mlx-{key}"
+
+
+def prompt_ids(tok, prompt) -> list:
+    """The ids the engine feeds for a chat; a tokenizer without a chat template gets the text."""
+    if getattr(tok, "chat_template", None):
+        return chat_ids(tok, prompt)
+    text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+    return tok.encode(text)
+
+
+# ---------------------------------------------------------------- stage 2: answers + features
+
+def answer(model, tok, prompts: list, *, max_new: int, temperature: float, seed: int, batch: int) -> list:
+    """The target's answers (token lists, their end-of-sequence token included) by mlx-lm's
+    batched generation: greedy at temperature 0, else sampled at it."""
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_sampler
+
+    mx.random.seed(seed)
+    gen = BatchGenerator(model, max_tokens=max_new, stop_tokens=[[t] for t in tok.eos_token_ids],
+                         sampler=make_sampler(temp=temperature), completion_batch_size=batch,
+                         prefill_batch_size=min(batch, 8))
+    uids = gen.insert(prompts, [max_new] * len(prompts))
+    out = {u: [] for u in uids}
+    while responses := gen.next_generated():
+        for r in responses:
+            out[r.uid].append(int(r.token))
+    gen.close()
+    return [out[u] for u in uids]
+
+
+def features(model, seqs: list, layers=(), max_tokens: int = 4096) -> list:
+    """One teacher-forced pass per group of sequences: [(final hidden states (n, H) float16,
+    tapped layers' outputs (n, len(layers) * H) float16 or None)] per sequence."""
+    from mlxspec.backbone import split_model, tapped
+
+    run = tapped(model, layers) if layers else split_model(model)[0]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out = [None] * len(seqs)
+    i = 0
+    while i < len(order):
+        L = len(seqs[order[i]])
+        group = order[i: i + max(1, max_tokens // max(L, 1))]
+        L = max(len(seqs[g]) for g in group)  # right-padded: the causal mask keeps pads out of earlier rows
+        x = mx.array(np.array([seqs[g] + [0] * (L - len(seqs[g])) for g in group], np.int32))
+        h = run(x)
+        h, t = h if layers else (h, None)
+        h = h.astype(mx.float16)
+        t = t.astype(mx.float16) if t is not None else None
+        mx.eval(h, t) if t is not None else mx.eval(h)
+        for r, g in enumerate(group):
+            n = len(seqs[g])
+            out[g] = (np.array(h[r, :n]), np.array(t[r, :n]) if t is not None else None)
+        i += len(group)
+    return out
+
+
+def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> list:
+    """train_eagle.py's shards (same batches, names and format), made by the MLX target."""
+    from train_eagle import gen_batches, layers_path, save_layers
+
+    out_dir = gen_dir(work, model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0, made, paths = time.time(), 0, []
+    batches = gen_batches(args, prompts)
+    for n, (name, temp, jobs) in enumerate(batches):
+        path = out_dir / f"{name}.npz"
+        if path.exists():
+            if layers and not layers_path(path, layers).exists():  # answers kept, these layers not yet
+                z = np.load(path)
+                stored = np.split(z["ids"], np.cumsum(z["lens"])[:-1])
+                rows = features(model, [s.tolist() for s in stored], layers)
+                save_layers(path, layers, np.concatenate([r[1] for r in rows]))
+            paths.append(path)
+            continue
+        if args.finished_only:
+            continue
+        ids = [prompt_ids(tok, prompts[sp][i]["prompt"]) for sp, i in jobs]
+        answers = answer(model, tok, ids, max_new=args.max_new, temperature=temp,
+                         seed=args.seed * 100003 + n, batch=args.gen_batch)
+        seqs = [p + a for p, a in zip(ids, answers)]
+        rows = features(model, [s[:-1] for s in seqs], layers)  # the last token is never fed
+        if layers:  # first, so a shard never exists without its layer features
+            save_layers(path, layers, np.concatenate([r[1] for r in rows]))
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, ids=np.concatenate([np.array(s[:-1], np.int32) for s in seqs]),
+                 feats=np.concatenate([r[0] for r in rows]), lens=np.array([len(s) - 1 for s in seqs], np.int32),
+                 plens=np.array([len(p) for p in ids], np.int32), temp=np.float32(temp))
+        os.replace(tmp, path)
+        paths.append(path)
+        made += sum(len(a) for a in answers)
+        el = time.time() - t0
+        log(f"generate {n + 1}/{len(batches)} {name} (T={temp:g}): {made} answer tokens in {el:.0f}s "
+            f"({made / el:.1f} tok/s)")
+    return paths
