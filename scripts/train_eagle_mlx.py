@@ -36,11 +36,12 @@ LLAMA_BLOCKS = ("llama", "mistral", "qwen2")
 
 def float_block(block) -> dict:
     """A block's parameters by name, quantized linears dequantized (float32)."""
+    from mlxspec.loading.precision import dequantized_weight
+
     flat = dict(tree_flatten(block.parameters()))
     for name, m in block.named_modules():
         if isinstance(m, nn.QuantizedLinear):
-            flat[f"{name}.weight"] = mx.dequantize(m.weight, m.scales, m.get("biases"), group_size=m.group_size,
-                                                   bits=m.bits, mode=getattr(m, "mode", "affine"))
+            flat[f"{name}.weight"] = dequantized_weight(m)
             flat.pop(f"{name}.scales"), flat.pop(f"{name}.biases", None)
     return {k: v.astype(mx.float32) for k, v in flat.items()}
 

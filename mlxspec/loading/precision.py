@@ -119,10 +119,7 @@ def dequantize(model, dtype) -> None:
     for name, m in model.named_modules():
         if not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             continue
-        biases = m.get("biases")
-        w = mx.dequantize(m.weight, m.scales.astype(mx.float32),
-                          None if biases is None else biases.astype(mx.float32),
-                          group_size=m.group_size, bits=m.bits, mode=m.mode).astype(dtype)
+        w = dequantized_weight(m).astype(dtype)
         if isinstance(m, nn.QuantizedEmbedding):
             new = nn.Embedding(*w.shape)
         else:
@@ -133,3 +130,12 @@ def dequantize(model, dtype) -> None:
         replaced.append((name, new))
     if replaced:
         model.update_modules(tree_unflatten(replaced))
+
+
+def dequantized_weight(m) -> mx.array:
+    """A QuantizedLinear's or QuantizedEmbedding's weight in float32, scale * q + bias formed in
+    float32 (float16 scales would otherwise round it to float16 first)."""
+    biases = m.get("biases")
+    return mx.dequantize(m.weight, m.scales.astype(mx.float32),
+                         None if biases is None else biases.astype(mx.float32),
+                         group_size=m.group_size, bits=m.bits, mode=m.mode)
