@@ -445,33 +445,54 @@ def target_config(gguf: Path) -> dict:
     return out
 
 
-def batch_tensors(batch, noise: float, gen, answers_only: bool = True):
-    """Right-padded (B, L-1) entries: tokens x[j+1], input features, targets f[j+1], loss mask.
+def padded_batch(batch, answers_only: bool = True):
+    """Right-padded (B, L-1) numpy entries, for either trainer: tokens x[j+1] (int32), input
+    features, targets f[j+1] (float32), loss mask (bool).
 
     The input features are f[j], or with tapped layers their outputs at j (B, L-1, taps * H).
     `answers_only`: the loss (and the agreement figures) cover only the entries that predict
     answer tokens, the ones the engine drafts; prompt entries are still fed, as context."""
-    import torch
-
     B, L = len(batch), max(len(b[0]) for b in batch) - 1
     H = batch[0][1].shape[1]
     taps = batch[0][3] is not None
-    tok = torch.zeros((B, L), dtype=torch.long)
-    feat = torch.zeros((B, L, batch[0][3].shape[1] if taps else H))
-    tgt = torch.zeros((B, L, H))
-    mask = torch.zeros((B, L), dtype=torch.bool)
+    tok = np.zeros((B, L), np.int32)
+    feat = np.zeros((B, L, batch[0][3].shape[1] if taps else H), np.float32)
+    tgt = np.zeros((B, L, H), np.float32)
+    mask = np.zeros((B, L), bool)
     for i, (ids, f, p, m) in enumerate(batch):
         n = len(ids) - 1
-        tok[i, :n] = torch.from_numpy(ids[1:].astype(np.int64))
-        ff = torch.from_numpy(f.astype(np.float32))
-        feat[i, :n], tgt[i, :n] = torch.from_numpy(m[:-1].astype(np.float32)) if taps else ff[:-1], ff[1:]
+        tok[i, :n] = ids[1:]
+        feat[i, :n] = (m if taps else f)[:-1]
+        tgt[i, :n] = f[1:]
         # Entry j predicts x[j+2]; the answer starts at x[p]. With answers_only off, prompt entries
         # train too (more of the target's feature-to-token mapping, but not the text it drafts).
         mask[i, max(p - 2, 0) if answers_only else 0:n] = True
+    return tok, feat, tgt, mask
+
+
+def batch_tensors(batch, noise: float, gen, answers_only: bool = True):
+    """`padded_batch` as torch tensors (tokens int64), the input features noised."""
+    import torch
+
+    tok, feat, tgt, mask = (torch.from_numpy(a) for a in padded_batch(batch, answers_only))
+    tok = tok.long()
     if noise:
         scale = feat.pow(2).mean().sqrt()
         feat = feat + (torch.rand(feat.shape, generator=gen) - 0.5) * 2 * noise * scale
     return tok, feat, tgt, mask
+
+
+def epoch_batches(train, batch: int, rng: random.Random) -> list:
+    """One epoch's batches of indices into `train`: shuffled, sorted by length within windows of
+    16 batches (little padding, still shuffled), the batches shuffled again."""
+    order = list(range(len(train)))
+    rng.shuffle(order)
+    win, out = batch * 16, []
+    for w in range(0, len(order), win):
+        chunk = sorted(order[w:w + win], key=lambda i: len(train[i][0]))
+        out += [chunk[b:b + batch] for b in range(0, len(chunk), batch)]
+    rng.shuffle(out)
+    return out
 
 
 def losses(head, emb, w_draft, batch, args, gen, *, train: bool):
@@ -591,15 +612,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
     run = [0.0, [0.0] * args.unroll, 0]
     while step < total:
         rng.setstate(epoch_state)
-        order = list(range(len(train)))
-        rng.shuffle(order)
-        win = args.batch * 16  # sort by length within windows: little padding, still shuffled
-        batches = []
-        for w in range(0, len(order), win):
-            chunk = sorted(order[w:w + win], key=lambda i: len(train[i][0]))
-            batches += [chunk[b:b + args.batch] for b in range(0, len(chunk), args.batch)]
-        rng.shuffle(batches)
-        for b in batches[in_epoch:]:
+        for b in epoch_batches(train, args.batch, rng)[in_epoch:]:
             if step >= total:
                 break
             f = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / (total - warm)))

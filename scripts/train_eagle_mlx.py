@@ -74,39 +74,17 @@ def make_head(cfg: dict, vocab_size: int):
 
 
 def batch_arrays(batch, model, noise: float, key, answers_only: bool = True):
-    """Right-padded (B, L-1) entries as train_eagle.batch_tensors builds them: embeddings of
-    x[j+1], input features (noised), targets f[j+1], loss weights."""
-    B, L = len(batch), max(len(b[0]) for b in batch) - 1
-    H = batch[0][1].shape[1]
-    taps = batch[0][3] is not None
-    tok = np.zeros((B, L), np.int32)
-    feat = np.zeros((B, L, batch[0][3].shape[1] if taps else H), np.float32)
-    tgt = np.zeros((B, L, H), np.float32)
-    w = np.zeros((B, L), np.float32)
-    for i, (ids, f, p, m) in enumerate(batch):
-        n = len(ids) - 1
-        tok[i, :n] = ids[1:]
-        feat[i, :n] = (m if taps else f)[:-1]
-        tgt[i, :n] = f[1:]
-        w[i, max(p - 2, 0) if answers_only else 0:n] = 1.0  # entry j predicts x[j+2]; answers start at x[p]
+    """train_eagle.padded_batch as MLX arrays: embeddings of x[j+1], input features (noised),
+    targets f[j+1], loss weights (1.0 where the loss applies)."""
+    from train_eagle import padded_batch
+
+    tok, feat, tgt, mask = padded_batch(batch, answers_only)
     feat = mx.array(feat)
     if noise:
         scale = mx.sqrt(mx.mean(feat * feat))
         feat = feat + mx.random.uniform(-1.0, 1.0, feat.shape, key=key) * noise * scale
     emb = model.model.embed_tokens(mx.array(tok)).astype(mx.float32)
-    return emb, feat, mx.array(tgt), mx.array(w)
-
-
-def batches_of(train, batch: int, rng: random.Random) -> list:
-    """One epoch's batches: shuffled, sorted by length within windows (little padding)."""
-    order = list(range(len(train)))
-    rng.shuffle(order)
-    win, out = batch * 16, []
-    for w in range(0, len(order), win):
-        chunk = sorted(order[w:w + win], key=lambda i: len(train[i][0]))
-        out += [chunk[b:b + batch] for b in range(0, len(chunk), batch)]
-    rng.shuffle(out)
-    return out
+    return emb, feat, mx.array(tgt), mx.array(mask.astype(np.float32))
 
 
 def optimizer(lr: float):
@@ -140,7 +118,7 @@ def _save(path: Path, arrays: dict, meta: dict) -> None:
 def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     """The head trained as train_eagle.stage_train trains it, in MLX; returns its final file."""
     from mlxspec.backbone import output_rows
-    from train_eagle import run_tag
+    from train_eagle import epoch_batches, run_tag
 
     tag = run_tag(args, train) + "-mlx"
     final, ckpt = work / f"head_final-{tag}.safetensors", work / f"head_ckpt-{tag}.safetensors"
@@ -183,7 +161,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     t0 = time.time() - elapsed
     run = [0.0, np.zeros(args.unroll), 0.0]
     while step < total:
-        order = batches_of(train, args.batch, random.Random(args.seed * 7919 + epoch))  # replayable on resume
+        order = epoch_batches(train, args.batch, random.Random(args.seed * 7919 + epoch))  # replayable on resume
         for b in order[in_epoch:]:
             if step >= total:
                 break
