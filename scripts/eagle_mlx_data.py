@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -117,7 +116,7 @@ def features(model, seqs: list, layers=(), max_tokens: int = 4096) -> list:
 
 def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> list:
     """train_eagle.py's shards (same batches, names and format), made by the MLX target."""
-    from train_eagle import gen_batches, layers_path, save_layers
+    from train_eagle import gen_batches, layers_path, save_layers, save_shard
 
     out_dir = gen_dir(work, model)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,13 +139,7 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
                          seed=args.seed * 100003 + n, batch=args.gen_batch)
         seqs = [p + a for p, a in zip(ids, answers)]
         rows = features(model, [s[:-1] for s in seqs], layers)  # the last token is never fed
-        if layers:  # first, so a shard never exists without its layer features
-            save_layers(path, layers, np.concatenate([r[1] for r in rows]))
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, ids=np.concatenate([np.array(s[:-1], np.int32) for s in seqs]),
-                 feats=np.concatenate([r[0] for r in rows]), lens=np.array([len(s) - 1 for s in seqs], np.int32),
-                 plens=np.array([len(p) for p in ids], np.int32), temp=np.float32(temp))
-        os.replace(tmp, path)
+        save_shard(path, [(s, f, t) for s, (f, t) in zip(seqs, rows)], ids, temp, layers)
         paths.append(path)
         made += sum(len(a) for a in answers)
         el = time.time() - t0

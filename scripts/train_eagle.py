@@ -230,6 +230,19 @@ def gen_batches(args, prompts: dict) -> list:
     return batches
 
 
+def save_shard(path: Path, rows, prompts_ids, temp: float, layers=()) -> None:
+    """One answer shard, as `load_features` reads it: rows are (prompt + answer ids (T,), features
+    (T-1, H) float16, layer features (T-1, len(layers) * H) or None), the last id never fed. The
+    layers' file is written first and the shard atomically, so a shard never exists without them."""
+    if layers:
+        save_layers(path, layers, np.concatenate([r[2] for r in rows]))
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, ids=np.concatenate([np.asarray(r[0][:-1], np.int32) for r in rows]),
+             feats=np.concatenate([r[1] for r in rows]), lens=np.array([len(r[0]) - 1 for r in rows], np.int32),
+             plens=np.array([len(p) for p in prompts_ids], np.int32), temp=np.float32(temp))
+    os.replace(tmp, path)
+
+
 def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
     """Answer shards: held-out prompts greedily, then train prompts alternately greedy and at T,
     then each prompt file's (shards named by the file's content, so an edited file gets new ones)."""
@@ -257,12 +270,7 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
         eos = tok.eos_token_id
         rows = generate_batch(model, ids, max_new=args.max_new, temperature=temp, gen=gen, eos=eos,
                               pad=tok.pad_token_id if tok.pad_token_id is not None else eos, layers=layers)
-        if layers:  # first, so a shard never exists without its layer features
-            save_layers(path, layers, np.concatenate([r[2] for r in rows]))
-        np.savez(path.with_suffix(".tmp.npz"), ids=np.concatenate([r[0][:-1] for r in rows]),
-                 feats=np.concatenate([r[1] for r in rows]), lens=np.array([len(r[0]) - 1 for r in rows], np.int32),
-                 plens=np.array([len(p) for p in ids], np.int32), temp=np.float32(temp))
-        os.replace(path.with_suffix(".tmp.npz"), path)
+        save_shard(path, rows, ids, temp, layers)
         made += sum(len(r[0]) - len(p) for r, p in zip(rows, ids))
         el = time.time() - t0
         log(f"generate {n + 1}/{len(batches)} {name} (T={temp:g}): {made} answer tokens in {el:.0f}s "
