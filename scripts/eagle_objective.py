@@ -9,13 +9,16 @@ feature, and predicts f[j+1]:
            j-s+1 .. j, the last being itself (`unroll_mask`).
 Loss per step: smooth-L1(predicted f[j+1], f[j+1]) + ce_weight x cross-entropy to the target's
 own next-token distribution (softmax of f[j+1] @ W^T over the draft vocabulary), on the
-entries `weights` selects; step s is weighted unroll_weight**s.
+entries `weights` selects; step s is weighted unroll_weight**s. Entries before the loss's
+first one (a prompt) are context: step 0 computes only their keys and values, later steps
+nothing (`window_starts`), the same loss for about three quarters of the work.
 """
 
 from __future__ import annotations
 
 from typing import List, Tuple
 
+import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one)
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -23,43 +26,72 @@ import numpy as np
 
 def unroll_mask(L: int, s: int) -> mx.array:
     """(L, (s+1) L) boolean: which keys entry j of unrolled step s sees (step 0: causal)."""
+    return mx.array(step_mask(L, s, [0] * (s + 1)))
+
+
+def window_starts(first: int, steps: int) -> List[int]:
+    """The first entry each unrolled step computes when the loss starts at entry `first`.
+
+    Step s must cover its own loss entries, and the later steps read it: step s+1's entry j
+    reads step s's prediction at j-1, and step s' sees step t's entry at j-(s'-t). Entries
+    before these (a long prompt, fed as context) only lend step 0 their keys and values, so
+    their queries, MLP and later steps are never computed: the same loss for less work."""
+    return [max(0, first - (steps - 1 - s)) for s in range(steps)]
+
+
+def step_mask(L: int, s: int, starts: List[int]) -> np.ndarray:
+    """(L - starts[s], L + sum(L - starts[t] for t in 1..s)) boolean: which keys the entries
+    starts[s].. of step s see, among step 0's L entries and steps 1..s's windows (numpy, for
+    either trainer): the real entries up to j-s, then step t's entry at j-(s-t)."""
     vis = [np.tril(np.ones((L, L), dtype=bool), -s)]
-    for t in range(1, s + 1):  # step t's entry at j - (s - t)
-        vis.append(np.tril(np.roll(np.eye(L, dtype=bool), -(s - t), axis=1)))
-    return mx.array(np.concatenate(vis, axis=1))
+    for t in range(1, s + 1):
+        vis.append(np.tril(np.roll(np.eye(L, dtype=bool), -(s - t), axis=1))[:, starts[t]:])
+    return np.concatenate(vis, axis=1)[starts[s]:]
 
 
-def block_pass(blk, x: mx.array, past: List[Tuple[mx.array, mx.array]], mask: mx.array):
-    """One llama block over (B, L, H) entries at positions 0..L-1, also seeing earlier passes'
-    keys/values (`past`) through `mask`; returns (output, this pass's (keys, values))."""
+def block_pass(blk, x: mx.array, past: List[Tuple[mx.array, mx.array]], mask: mx.array,
+               offset: int = 0, start: int = 0):
+    """One llama block over (B, L, H) entries at positions offset.., also seeing earlier passes'
+    keys/values (`past`) through `mask`; returns (output of entries start.., this pass's (keys,
+    values) of all L). Entries before `start` only lend their keys and values."""
     a = blk.self_attn
     B, L, _ = x.shape
     h = blk.input_layernorm(x)
-    q = a.q_proj(h).reshape(B, L, a.n_heads, -1).transpose(0, 2, 1, 3)  # (B, nh, L, d)
+    q = a.q_proj(h[:, start:]).reshape(B, L - start, a.n_heads, -1).transpose(0, 2, 1, 3)  # (B, nh, L', d)
     k = a.k_proj(h).reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
     v = a.v_proj(h).reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    q, k = a.rope(q), a.rope(k)
+    q, k = a.rope(q, offset=offset + start), a.rope(k, offset=offset)
     ks = mx.concatenate([p[0] for p in past] + [k], axis=2) if past else k
     vs = mx.concatenate([p[1] for p in past] + [v], axis=2) if past else v
     o = mx.fast.scaled_dot_product_attention(q, ks, vs, scale=a.scale, mask=mask)
-    x = x + a.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+    x = x[:, start:] + a.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L - start, -1))
     return x + blk.mlp(blk.post_attention_layernorm(x)), (k, v)
 
 
-def unrolled(head, emb: mx.array, feat: mx.array, steps: int) -> List[mx.array]:
-    """Predicted features (B, L, H) of each step 0..steps-1 (`feat`: real features, already lifted)."""
+def unrolled(head, emb: mx.array, feat: mx.array, steps: int, first: int = 0) -> List[mx.array]:
+    """Predicted features of each step 0..steps-1 (`feat`: real features, already lifted): step
+    s's (B, L - starts[s], H) for entries starts[s].. (`window_starts(first, steps)`; all L
+    when `first` is 0)."""
     L = emb.shape[1]
+    starts = window_starts(first, steps)
     past, preds = [], []
-    for s in range(steps):
+    for s, w in enumerate(starts):
         if s == 0:
-            f_in = feat
-        else:  # entry j reads the feature the previous step predicted for position j
-            f_in = mx.concatenate([feat[:, :1], mx.stop_gradient(preds[-1][:, :-1])], axis=1)
-        x = head.fc(mx.concatenate([emb, f_in], axis=-1))
-        m = unroll_mask(L, s)
+            e_in, f_in = emb, feat
+        elif w == 0:  # entry j reads the feature the previous step predicted for position j
+            e_in, f_in = emb, mx.concatenate([feat[:, :1], mx.stop_gradient(preds[-1][:, :-1])], axis=1)
+        else:
+            prev = starts[s - 1]
+            e_in, f_in = emb[:, w:], mx.stop_gradient(preds[-1][:, w - 1 - prev: L - 1 - prev])
+        x = head.fc(mx.concatenate([e_in, f_in], axis=-1))
+        m = mx.array(step_mask(L, s, starts))
         kvs = []
         for i, blk in enumerate(head.layers):
-            x, kv = block_pass(blk, x, [p[i] for p in past], m)
+            # step 0 feeds every entry, as the keys and values of the context; its last layer
+            # computes only the window's queries (earlier layers' outputs are the next one's input)
+            start = w if s == 0 and i == len(head.layers) - 1 else 0
+            mi = m if s or start else mx.array(step_mask(L, 0, [0]))
+            x, kv = block_pass(blk, x, [p[i] for p in past], mi, w if s else 0, start)
             kvs.append(kv)
         past.append(kvs)
         preds.append(head.norm(x))
@@ -71,7 +103,14 @@ def smooth_l1(d: mx.array) -> mx.array:
     return mx.where(a < 1.0, 0.5 * d * d, a - 0.5)
 
 
-def loss(head, emb, feat, tgt, weights, w_draft, *, steps: int, unroll_weight: float, ce_weight: float):
+def first_loss_entry(weights: np.ndarray) -> int:
+    """The first column of a (B, L) loss mask where any row has loss (0 for none)."""
+    cols = np.flatnonzero(np.asarray(weights).any(0))
+    return int(cols[0]) if len(cols) else 0
+
+
+def loss(head, emb, feat, tgt, weights, w_draft, *, steps: int, unroll_weight: float, ce_weight: float,
+         first: int = 0):
     """(loss, per-step top-1 agreement counts (steps,)) for one padded batch.
 
     Args:
@@ -79,15 +118,20 @@ def loss(head, emb, feat, tgt, weights, w_draft, *, steps: int, unroll_weight: f
             hidden state f[j], or tapped layers' outputs, which `head.lift` projects).
         tgt: (B, L, H) f[j+1]. weights: (B, L) 1.0 where the loss applies, else 0.
         w_draft: (N, H) the target's output rows of the draft vocabulary.
+        first: no entry before it has loss (`first_loss_entry(weights)`): entries before the
+            steps' windows are computed only as context. 0 computes everything.
     """
+    starts = window_starts(first, steps)
+    tgt, weights = tgt[:, starts[0]:], weights[:, starts[0]:]
     p_t = mx.stop_gradient(mx.softmax(tgt @ w_draft.T, axis=-1))  # the target's next-token law
     top_t = mx.argmax(p_t, axis=-1)
     n = mx.maximum(weights.sum(), 1.0)
     total, agree = mx.array(0.0), []
-    for s, pred in enumerate(unrolled(head, emb, head.lift(feat), steps)):
+    for s, pred in enumerate(unrolled(head, emb, head.lift(feat), steps, first)):
+        d = starts[s] - starts[0]
         logq = nn.log_softmax(pred @ w_draft.T, axis=-1)
-        reg = (smooth_l1(pred - tgt).mean(-1) * weights).sum() / n
-        ce = (-(p_t * logq).sum(-1) * weights).sum() / n
+        reg = (smooth_l1(pred - tgt[:, d:]).mean(-1) * weights[:, d:]).sum() / n
+        ce = (-(p_t[:, d:] * logq).sum(-1) * weights[:, d:]).sum() / n
         total = total + (reg + ce_weight * ce) * unroll_weight ** s
-        agree.append(((mx.argmax(logq, axis=-1) == top_t) * weights).sum())
+        agree.append(((mx.argmax(logq, axis=-1) == top_t[:, d:]) * weights[:, d:]).sum())
     return total, mx.stack(agree)

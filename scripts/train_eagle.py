@@ -57,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import eagle_objective as obj  # noqa: E402
 import train_draft  # noqa: E402
 from draft_prompts import PROMPT_FILE_HELP, chat_ids  # noqa: E402
 from train_draft import log  # noqa: E402
@@ -355,12 +356,12 @@ def make_head(cfg: dict):
         blk.input_layernorm, blk.post_attention_layernorm = RMSNorm(), RMSNorm()
         return blk
 
-    def qkv(a, x, pos):
+    def qkv(a, x, pos, start):
         B, L, _ = x.shape
-        q = a.q_proj(x).view(B, L, nh, hd).transpose(1, 2)
+        q = a.q_proj(x[:, start:]).view(B, L - start, nh, hd).transpose(1, 2)
         k = a.k_proj(x).view(B, L, nkv, hd).transpose(1, 2)
         v = a.v_proj(x).view(B, L, nkv, hd).transpose(1, 2)
-        return rope(q, pos, cfg["rope_theta"]), rope(k, pos, cfg["rope_theta"]), v
+        return rope(q, pos[start:], cfg["rope_theta"]), rope(k, pos, cfg["rope_theta"]), v
 
     class Head(nn.Module):
         def __init__(self):
@@ -371,22 +372,27 @@ def make_head(cfg: dict):
             self.layers = nn.ModuleList([block() for _ in range(cfg.get("num_layers", 1))])
             self.norm = RMSNorm()
 
-        def step(self, emb, feat, pos, past=None, mask=None):
-            """One pass over (B, L) entries; keys/values of `past` passes are visible through `mask`.
+        def step(self, emb, feat, pos, past=None, mask=None, start=0):
+            """One pass over (B, L) entries at positions `pos`; keys/values of `past` passes are
+            visible through `mask`. The last layer computes only entries start.. (`mask`'s rows);
+            the others lend it their keys and values (eagle_objective.block_pass, in MLX).
 
-            Returns (predicted features (B, L, H), this pass's [(k, v) per layer])."""
+            Returns (predicted features (B, L - start, H), this pass's [(k, v) per layer])."""
             x = self.fc(torch.cat([emb, feat], dim=-1))
             kvs = []
+            full = torch.ones(len(pos), len(pos), dtype=torch.bool).tril() if start and not past else None
             for i, blk in enumerate(self.layers):
-                q, k, v = qkv(blk.self_attn, blk.input_layernorm(x), pos)
+                last = i == len(self.layers) - 1
+                q, k, v = qkv(blk.self_attn, blk.input_layernorm(x), pos, start if last else 0)
                 kvs.append((k, v))
                 ks = torch.cat([p[i][0] for p in past] + [k], dim=2) if past else k
                 vs = torch.cat([p[i][1] for p in past] + [v], dim=2) if past else v
                 rep = nh // nkv
                 o = torch.nn.functional.scaled_dot_product_attention(
-                    q, ks.repeat_interleave(rep, 1), vs.repeat_interleave(rep, 1), attn_mask=mask)
+                    q, ks.repeat_interleave(rep, 1), vs.repeat_interleave(rep, 1),
+                    attn_mask=mask if last or full is None else full)
                 B, _, L, _ = o.shape
-                x = x + blk.self_attn.o_proj(o.transpose(1, 2).reshape(B, L, nh * hd))
+                x = x[:, -L:] + blk.self_attn.o_proj(o.transpose(1, 2).reshape(B, L, nh * hd))
                 m = blk.mlp
                 h = blk.post_attention_layernorm(x)
                 x = x + m.down_proj(torch.nn.functional.silu(m.gate_proj(h)) * m.up_proj(h))
@@ -512,29 +518,29 @@ def losses(head, emb, w_draft, batch, args, gen, *, train: bool):
     if hasattr(head, "fc_layers"):  # real entries read the tapped layers; drafted ones the head's own output
         feat = head.fc_layers(feat)
     L = tok.shape[1]
-    pos = torch.arange(L)
     e = emb[tok]  # (B, L, H)
-    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    starts = obj.window_starts(obj.first_loss_entry(mask.numpy()), args.unroll)
     with torch.no_grad():
         p_t = torch.softmax(tgt[mask] @ w_draft.T, dim=-1)  # the target's next-token law, draft vocabulary
         top_t = p_t.argmax(-1)
     total, agree = 0.0, []
     past, pred = [], None
-    for s in range(args.unroll):
-        if s == 0:
-            f_in, m = feat, causal
-        else:  # entry j now reads the feature the previous step predicted for position j
-            f_in = torch.cat([feat[:, :1], pred[:, :-1]], dim=1).detach()
-            # As drafting step s+1 sees them: real entries up to j-s, then the entry that step
-            # t (1..s) made at j-(s-t), the last being this one.
-            vis = [torch.ones(L, L, dtype=torch.bool).tril(-s)]
-            for t in range(1, s + 1):
-                vis.append(torch.eye(L, dtype=torch.bool).roll(-(s - t), dims=1).tril())
-            m = torch.cat(vis, dim=1)
-        pred, kv = head.step(e, f_in, pos, past, m)
+    for s, w in enumerate(starts):  # step s computes entries w.. (eagle_objective.window_starts)
+        if s == 0:  # every entry feeds its keys and values; the window's entries are computed
+            e_in, f_in, pos, start = e, feat, torch.arange(L), w
+        elif w == 0:  # entry j now reads the feature the previous step predicted for position j
+            e_in, f_in, pos, start = e, torch.cat([feat[:, :1], pred[:, :-1]], dim=1).detach(), torch.arange(L), 0
+        else:
+            prev = starts[s - 1]
+            e_in, f_in, pos, start = e[:, w:], pred[:, w - 1 - prev: L - 1 - prev].detach(), torch.arange(w, L), 0
+        # As drafting step s+1 sees them: real entries up to j-s, then the entry that step t
+        # (1..s) made at j-(s-t), the last being this one.
+        m = torch.from_numpy(obj.step_mask(L, s, starts))
+        pred, kv = head.step(e_in, f_in, pos, past, m, start)
         past.append(kv)
-        logq = F.log_softmax(pred[mask] @ w_draft.T, dim=-1)
-        reg = F.smooth_l1_loss(pred[mask], tgt[mask])
+        sel = mask[:, w:]
+        logq = F.log_softmax(pred[sel] @ w_draft.T, dim=-1)
+        reg = F.smooth_l1_loss(pred[sel], tgt[mask])
         ce = -(p_t * logq).sum(-1).mean()
         total = total + (reg + args.ce_weight * ce) * (args.unroll_weight ** s)
         agree.append((logq.argmax(-1) == top_t).float().sum().item())

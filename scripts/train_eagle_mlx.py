@@ -97,7 +97,7 @@ def evaluate(head, model, w_draft, held, args):
     tot, agree, n = 0.0, np.zeros(args.unroll), 0
     for b in range(0, len(held), args.batch):
         emb, feat, tgt, w = batch_arrays(held[b:b + args.batch], model, 0.0, None, args.loss_on == "answers")
-        loss, a = obj.loss(head, emb, feat, tgt, w, w_draft, steps=args.unroll,
+        loss, a = obj.loss(head, emb, feat, tgt, w, w_draft, steps=args.unroll, first=obj.first_loss_entry(w),
                            unroll_weight=args.unroll_weight, ce_weight=args.ce_weight)
         k = w.sum().item()
         tot += loss.item() * k
@@ -153,9 +153,9 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
         history.append({"step": 0, "held_loss": round(vl, 5), "held_top1": va})
         log(f"held-out before training: loss {vl:.4f}, top-1 per step {' '.join(map(str, va))}")
 
-    def step_loss(emb, feat, tgt, w):
-        return obj.loss(head, emb, feat, tgt, w, w_draft, steps=args.unroll, unroll_weight=args.unroll_weight,
-                        ce_weight=args.ce_weight)
+    def step_loss(emb, feat, tgt, w, first):
+        return obj.loss(head, emb, feat, tgt, w, w_draft, steps=args.unroll, first=first,
+                        unroll_weight=args.unroll_weight, ce_weight=args.ce_weight)
 
     loss_and_grad = nn.value_and_grad(head, step_loss)
     t0 = time.time() - elapsed
@@ -169,7 +169,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
             opt.learning_rate = args.lr * max(f, 0.02)
             emb, feat, tgt, w = batch_arrays([train[i] for i in b], model, args.noise,
                                              mx.random.key(args.seed * 1000003 + step), args.loss_on == "answers")
-            (loss, agree), grads = loss_and_grad(emb, feat, tgt, w)
+            (loss, agree), grads = loss_and_grad(emb, feat, tgt, w, obj.first_loss_entry(w))
             grads, _ = optim.clip_grad_norm(grads, 0.5)
             opt.update(head, grads)
             mx.eval(head.parameters(), opt.state, loss, agree)

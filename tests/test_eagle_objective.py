@@ -63,6 +63,40 @@ def test_padding_after_a_sequence_changes_nothing_before_it():
         assert mx.abs(a[0] - b[0, :5]).max().item() < TOL
 
 
+@pytest.mark.parametrize("layers,taps,steps", [(1, 0, 2), (2, 0, 3), (1, 3, 3)])
+def test_windows_compute_the_same_predictions(layers, taps, steps):
+    """With the loss starting at entry `first`, each step computes only its window: the same
+    predictions there as computing every entry, for any start (clipped at 0 or not)."""
+    head = _head(layers, taps)
+    mx.random.seed(4)
+    emb = mx.random.normal((2, L, H))
+    feat = head.lift(mx.random.normal((2, L, taps * H if taps else H)))
+    full = obj.unrolled(head, emb, feat, steps)
+    for first in (1, steps - 1, steps, 6):
+        starts = obj.window_starts(first, steps)
+        assert starts[-1] == first and starts == sorted(starts)
+        for s, pred in enumerate(obj.unrolled(head, emb, feat, steps, first)):
+            assert pred.shape[1] == L - starts[s]
+            assert mx.abs(pred - full[s][:, starts[s]:]).max().item() < TOL, (first, s)
+
+
+def test_windowed_loss_equals_the_full_loss():
+    head = _head(2)
+    mx.random.seed(5)
+    B, N = 3, 11
+    emb, feat, tgt = mx.random.normal((B, L, H)), mx.random.normal((B, L, H)), mx.random.normal((B, L, H))
+    w = mx.random.normal((N, H))
+    weights = np.zeros((B, L), np.float32)
+    weights[0, 5:], weights[1, 4:7], weights[2, 6:] = 1, 1, 1
+    first = obj.first_loss_entry(weights)
+    assert first == 4 and obj.first_loss_entry(np.zeros((B, L))) == 0
+    kw = dict(steps=3, unroll_weight=0.8, ce_weight=0.3)
+    full, agree_full = obj.loss(head, emb, feat, tgt, mx.array(weights), w, **kw)
+    win, agree_win = obj.loss(head, emb, feat, tgt, mx.array(weights), w, first=first, **kw)
+    assert abs(win.item() - full.item()) < TOL * max(1.0, abs(full.item()))
+    assert agree_win.tolist() == agree_full.tolist()
+
+
 def test_masks_by_hand():
     m = np.array(obj.unroll_mask(4, 1))
     # step 1: entry j sees real entries 0..j-1 and itself (the second half's diagonal)
@@ -99,10 +133,13 @@ def test_loss_and_agreement_follow_their_definitions():
     assert [int(a) for a in agree.tolist()] == counts
 
 
-def test_matches_the_pytorch_objective_on_the_same_weights_and_batch():
+@pytest.mark.parametrize("layers", [1, 2])
+def test_matches_the_pytorch_objective_on_the_same_weights_and_batch(layers):
     """scripts/train_eagle.py's PyTorch `losses` (how the demo head was trained) and this objective,
     from the same head weights on the same padded batch: the same loss, the same agreement counts
-    and the same gradients (float32 both; they differ in summation order only)."""
+    and the same gradients (float32 both; they differ in summation order only). Both compute
+    only the windows the loss needs (the prompts here are long enough for a window to start
+    late); the MLX objective also computing every entry gives the same again."""
     torch = pytest.importorskip("torch")
     import argparse
 
@@ -112,15 +149,15 @@ def test_matches_the_pytorch_objective_on_the_same_weights_and_batch():
     from mlx.utils import tree_flatten
 
     model = tiny.make_llama(3, tie_embeddings=False, hidden=H, heads=4, kv_heads=2)
-    head = _head(layers=1)
+    head = _head(layers=layers)
     cfg = {"hidden_size": H, "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "head_dim": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "num_layers": 1, "feature_layers": []}
+           "head_dim": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "num_layers": layers, "feature_layers": []}
     theirs = train_eagle.make_head(cfg)
     mine = {k: np.array(v) for k, v in tree_flatten(head.parameters())}
     theirs.load_state_dict({k: torch.from_numpy(v) for k, v in mine.items()}, strict=True)
     rng = np.random.default_rng(0)
     batch = []
-    for n, p in ((12, 4), (7, 3), (10, 6)):
+    for n, p in ((12, 6), (9, 5), (10, 7)):
         ids = rng.integers(0, tiny.VOCAB, n).astype(np.int32)
         batch.append((ids, rng.normal(size=(n, H)).astype(np.float16), p, None))
     vocab = np.sort(rng.choice(tiny.VOCAB, 40, replace=False)).astype(np.int32)
@@ -133,15 +170,19 @@ def test_matches_the_pytorch_objective_on_the_same_weights_and_batch():
                                             train=False)
     loss_t.backward()
     emb, feat, tgt, wt = train_eagle_mlx.batch_arrays(batch, model, 0.0, None)
+    first = obj.first_loss_entry(wt)
+    assert obj.window_starts(first, 2) == [2, 3]
 
-    def f(emb, feat, tgt, wt):
-        return obj.loss(head, emb, feat, tgt, wt, w, steps=2, unroll_weight=0.8, ce_weight=0.3)
+    def f(emb, feat, tgt, wt, first):
+        return obj.loss(head, emb, feat, tgt, wt, w, steps=2, unroll_weight=0.8, ce_weight=0.3, first=first)
 
     import mlx.nn as nn
 
-    (loss_m, agree_m), grads = nn.value_and_grad(head, f)(emb, feat, tgt, wt)
-    assert abs(loss_m.item() - loss_t.item()) < 1e-5 * max(1.0, abs(loss_t.item()))
-    assert [int(a) for a in agree_m.tolist()] == [int(a) for a in agree_t]
+    (loss_full, agree_full), _ = nn.value_and_grad(head, f)(emb, feat, tgt, wt, 0)
+    (loss_m, agree_m), grads = nn.value_and_grad(head, f)(emb, feat, tgt, wt, first)
+    for lm, am in ((loss_m, agree_m), (loss_full, agree_full)):
+        assert abs(lm.item() - loss_t.item()) < 1e-5 * max(1.0, abs(loss_t.item()))
+        assert [int(a) for a in am.tolist()] == [int(a) for a in agree_t]
     g_t = {k: p.grad.numpy() for k, p in theirs.named_parameters()}
     for k, g in tree_flatten(grads):
         scale = max(np.abs(g_t[k]).max(), 1e-6)
@@ -156,6 +197,11 @@ def test_matches_the_pytorch_objective_on_the_same_weights_and_batch():
     grads, _ = optim.clip_grad_norm(grads, 0.5)
     opt_m.update(head, grads)
     after = {k: p.detach().numpy() for k, p in theirs.named_parameters()}
+    # Adam's first step moves each weight by about lr * g / (|g| + eps): where |g| is near eps
+    # (1e-8), float noise in g moves it by up to lr, so compare where |g| >= 100 eps.
+    clipped = {k: p.grad.numpy() for k, p in theirs.named_parameters()}
     for k, v in tree_flatten(head.parameters()):
         moved = np.abs(after[k] - mine[k]).max()
-        assert np.abs(np.array(v) - after[k]).max() < 1e-3 * max(moved, 1e-6), k
+        sure = np.abs(clipped[k]) >= 1e-6
+        assert sure.mean() > 0.9, k
+        assert np.abs(np.array(v) - after[k])[sure].max() < 1e-3 * max(moved, 1e-6), k
