@@ -21,32 +21,12 @@ from typing import List, Tuple
 import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one)
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
+from train_eagle import first_loss_entry, step_mask, window_starts  # noqa: F401  (numpy, shared)
 
 
 def unroll_mask(L: int, s: int) -> mx.array:
     """(L, (s+1) L) boolean: which keys entry j of unrolled step s sees (step 0: causal)."""
     return mx.array(step_mask(L, s, [0] * (s + 1)))
-
-
-def window_starts(first: int, steps: int) -> List[int]:
-    """The first entry each unrolled step computes when the loss starts at entry `first`.
-
-    Step s must cover its own loss entries, and the later steps read it: step s+1's entry j
-    reads step s's prediction at j-1, and step s' sees step t's entry at j-(s'-t). Entries
-    before these (a long prompt, fed as context) only lend step 0 their keys and values, so
-    their queries, MLP and later steps are never computed: the same loss for less work."""
-    return [max(0, first - (steps - 1 - s)) for s in range(steps)]
-
-
-def step_mask(L: int, s: int, starts: List[int]) -> np.ndarray:
-    """(L - starts[s], L + sum(L - starts[t] for t in 1..s)) boolean: which keys the entries
-    starts[s].. of step s see, among step 0's L entries and steps 1..s's windows (numpy, for
-    either trainer): the real entries up to j-s, then step t's entry at j-(s-t)."""
-    vis = [np.tril(np.ones((L, L), dtype=bool), -s)]
-    for t in range(1, s + 1):
-        vis.append(np.tril(np.roll(np.eye(L, dtype=bool), -(s - t), axis=1))[:, starts[t]:])
-    return np.concatenate(vis, axis=1)[starts[s]:]
 
 
 def block_pass(blk, x: mx.array, past: List[Tuple[mx.array, mx.array]], mask: mx.array,
@@ -101,12 +81,6 @@ def unrolled(head, emb: mx.array, feat: mx.array, steps: int, first: int = 0) ->
 def smooth_l1(d: mx.array) -> mx.array:
     a = mx.abs(d)
     return mx.where(a < 1.0, 0.5 * d * d, a - 0.5)
-
-
-def first_loss_entry(weights: np.ndarray) -> int:
-    """The first column of a (B, L) loss mask where any row has loss (0 for none)."""
-    cols = np.flatnonzero(np.asarray(weights).any(0))
-    return int(cols[0]) if len(cols) else 0
 
 
 def loss(head, emb, feat, tgt, weights, w_draft, *, steps: int, unroll_weight: float, ce_weight: float,

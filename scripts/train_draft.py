@@ -50,6 +50,14 @@ def load_target(gguf: Path):
     return tok, model.eval()
 
 
+def cache_kw(model, cache) -> dict:
+    """The KV-cache keyword of this transformers' forward: `cache` in newer releases (which
+    deprecate `past_key_values`, to be removed), `past_key_values` in older ones."""
+    import inspect
+
+    return {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
+
+
 def left_padded(prompts_ids, pad: int):
     """A batch of prompts, left-padded: (ids (B, L), attention mask (B, L), position ids (B, L))."""
     import torch
@@ -105,7 +113,7 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_
     done = torch.zeros(B, dtype=torch.bool)
     out_tok, out_ids, out_lp = [], [], []
     with torch.inference_mode():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_kw(model, cache),
                        use_cache=True, logits_to_keep=1).logits[:, -1].float()  # (B, V)
         for _ in range(max_new):
             lp = torch.log_softmax(logits, dim=-1)
@@ -124,7 +132,7 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_
                 break
             mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1)
             pos = pos[:, -1:] + 1
-            logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
+            logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, **cache_kw(model, cache),
                            use_cache=True).logits[:, -1].float()
     toks = torch.stack(out_tok, 1).numpy()
     tids = torch.stack(out_ids, 1).numpy()

@@ -57,7 +57,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import eagle_objective as obj  # noqa: E402
 import train_draft  # noqa: E402
 from draft_prompts import PROMPT_FILE_HELP, chat_ids  # noqa: E402
 from train_draft import log  # noqa: E402
@@ -98,7 +97,8 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
     toks, steps, tapped = [], [], []
 
     def run(**kw):
-        out = model.model(past_key_values=cache, use_cache=True, output_hidden_states=bool(layers), **kw)
+        out = model.model(**train_draft.cache_kw(model.model, cache), use_cache=True,
+                          output_hidden_states=bool(layers), **kw)
         return out.last_hidden_state, (tap_rows(out.hidden_states, layers) if layers else None)
 
     with torch.inference_mode():
@@ -484,6 +484,32 @@ def padded_batch(batch, answers_only: bool = True):
     return tok, feat, tgt, mask
 
 
+def first_loss_entry(weights: np.ndarray) -> int:
+    """The first column of a (B, L) loss mask where any row has loss (0 for none)."""
+    cols = np.flatnonzero(np.asarray(weights).any(0))
+    return int(cols[0]) if len(cols) else 0
+
+
+def window_starts(first: int, steps: int) -> list:
+    """The first entry each unrolled step computes when the loss starts at entry `first`.
+
+    Step s must cover its own loss entries, and the later steps read it: step s+1's entry j
+    reads step s's prediction at j-1, and step s' sees step t's entry at j-(s'-t). Entries
+    before these (a long prompt, fed as context) only lend step 0 their keys and values, so
+    their queries, MLP and later steps are never computed: the same loss for less work."""
+    return [max(0, first - (steps - 1 - s)) for s in range(steps)]
+
+
+def step_mask(L: int, s: int, starts: list) -> np.ndarray:
+    """(L - starts[s], L + sum(L - starts[t] for t in 1..s)) boolean: which keys the entries
+    starts[s].. of step s see, among step 0's L entries and steps 1..s's windows (numpy, for
+    either trainer): the real entries up to j-s, then step t's entry at j-(s-t)."""
+    vis = [np.tril(np.ones((L, L), dtype=bool), -s)]
+    for t in range(1, s + 1):
+        vis.append(np.tril(np.roll(np.eye(L, dtype=bool), -(s - t), axis=1))[:, starts[t]:])
+    return np.concatenate(vis, axis=1)[starts[s]:]
+
+
 def batch_tensors(batch, noise: float, gen, answers_only: bool = True):
     """`padded_batch` as torch tensors (tokens int64), the input features noised."""
     import torch
@@ -519,13 +545,13 @@ def losses(head, emb, w_draft, batch, args, gen, *, train: bool):
         feat = head.fc_layers(feat)
     L = tok.shape[1]
     e = emb[tok]  # (B, L, H)
-    starts = obj.window_starts(obj.first_loss_entry(mask.numpy()), args.unroll)
+    starts = window_starts(first_loss_entry(mask.numpy()), args.unroll)
     with torch.no_grad():
         p_t = torch.softmax(tgt[mask] @ w_draft.T, dim=-1)  # the target's next-token law, draft vocabulary
         top_t = p_t.argmax(-1)
     total, agree = 0.0, []
     past, pred = [], None
-    for s, w in enumerate(starts):  # step s computes entries w.. (eagle_objective.window_starts)
+    for s, w in enumerate(starts):  # step s computes entries w.. (window_starts)
         if s == 0:  # every entry feeds its keys and values; the window's entries are computed
             e_in, f_in, pos, start = e, feat, torch.arange(L), w
         elif w == 0:  # entry j now reads the feature the previous step predicted for position j
@@ -535,7 +561,7 @@ def losses(head, emb, w_draft, batch, args, gen, *, train: bool):
             e_in, f_in, pos, start = e[:, w:], pred[:, w - 1 - prev: L - 1 - prev].detach(), torch.arange(w, L), 0
         # As drafting step s+1 sees them: real entries up to j-s, then the entry that step t
         # (1..s) made at j-(s-t), the last being this one.
-        m = torch.from_numpy(obj.step_mask(L, s, starts))
+        m = torch.from_numpy(step_mask(L, s, starts))
         pred, kv = head.step(e_in, f_in, pos, past, m, start)
         past.append(kv)
         sel = mask[:, w:]
