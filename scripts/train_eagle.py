@@ -84,7 +84,8 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
     Returns per row (prompt + answer ids (T,) int32, features (T-1, H) float16, layer features
     (T-1, len(layers) * H) float16 or None): the features of every fed position, after the
     target's final norm, and the outputs of `layers` (`tap_rows`); the last answer token is
-    never fed.
+    never fed. Finished rows leave the batch (once an eighth of it has finished, so the KV
+    cache is not copied at every step): the batch no longer runs at the longest answer's cost.
     """
     import torch
     from transformers import DynamicCache
@@ -93,8 +94,6 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
     ids, mask, pos = train_draft.left_padded(prompts_ids, pad)
     L = ids.shape[1]
     cache = DynamicCache()
-    done = torch.zeros(B, dtype=torch.bool)
-    toks, steps, tapped = [], [], []
 
     def run(**kw):
         out = model.model(**train_draft.cache_kw(model.model, cache), use_cache=True,
@@ -102,42 +101,47 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
         return out.last_hidden_state, (tap_rows(out.hidden_states, layers) if layers else None)
 
     with torch.inference_mode():
-        h, first_tap = run(input_ids=ids, attention_mask=mask, position_ids=pos)  # (B, L, H)
-        first = h
-        last = h[:, -1]
-        for _ in range(max_new):
-            logits = model.lm_head(last).float()  # (B, V)
+        first, first_tap = run(input_ids=ids, attention_mask=mask, position_ids=pos)  # (B, L, H)
+        toks = torch.full((B, max_new), pad, dtype=torch.long)
+        lens = torch.full((B,), max_new, dtype=torch.long)  # answer tokens per row
+        steps = first.new_zeros((B, max_new, first.shape[-1]))  # features of answer tokens
+        tapped = first_tap.new_zeros((B, max_new, first_tap.shape[-1])) if layers else None
+        rows = torch.arange(B)  # which prompts the batch's rows are
+        done = torch.zeros(B, dtype=torch.bool)
+        last = first[:, -1]
+        for t in range(max_new):
+            logits = model.lm_head(last).float()  # (rows, V)
             if temperature > 0:
                 nxt = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=gen).squeeze(1)
             else:
                 nxt = logits.argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
-            toks.append(nxt)
-            done = done | (nxt == eos)
-            if bool(done.all()):
+            toks[rows[~done], t] = nxt[~done]
+            ended = ~done & (nxt == eos)
+            lens[rows[ended]] = t + 1  # keep <|im_end|>: the head must predict the end too
+            done = done | ended
+            if bool(done.all()) or t == max_new - 1:  # the last token is never fed
                 break
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1)
+            if int(done.sum()) * 8 >= len(rows):
+                keep = torch.nonzero(~done).squeeze(1)
+                cache.batch_select_indices(keep)
+                rows, mask, pos, nxt, done = rows[keep], mask[keep], pos[keep], nxt[keep], done[keep]
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
             pos = pos[:, -1:] + 1
             h, tap = run(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos)
             last = h[:, -1]
-            steps.append(last)
-            tapped.append(tap)
-    toks = torch.stack(toks, 1).numpy()
-    steps = torch.stack(steps, 1) if steps else first[:, :0]  # (B, S, H): features of answer tokens 0..S-1
-    if layers:
-        tapped = torch.cat(tapped, 1) if tapped else first_tap[:, :0]
-    rows = []
+            steps[rows, t] = last
+            if layers:
+                tapped[rows, t] = tap[:, -1]
+    out = []
     for i, p in enumerate(prompts_ids):
-        n = len(toks[i])
-        stop = np.nonzero(toks[i] == eos)[0]
-        if len(stop):
-            n = int(stop[0]) + 1  # keep <|im_end|>: the head must predict the end too
-        seq = np.concatenate([np.asarray(p), toks[i, :n]]).astype(np.int32)
+        n = int(lens[i])
+        seq = np.concatenate([np.asarray(p), toks[i, :n].numpy()]).astype(np.int32)
         feats = torch.cat([first[i, L - len(p):], steps[i, : n - 1]]).to(torch.float16).numpy()
         multi = (torch.cat([first_tap[i, L - len(p):], tapped[i, : n - 1]]).to(torch.float16).numpy()
                  if layers else None)
-        rows.append((seq, feats, multi))
-    return rows
+        out.append((seq, feats, multi))
+    return out
 
 
 def feature_layers(spec: str, num_layers: int) -> list:

@@ -88,3 +88,17 @@ def test_init_reads_the_shipped_head_for_the_demo_target(tmp_path):
     assert train_eagle.init_head(str(copy), gguf, tmp_path / "out")["lineage"]["head"] == "my-head"
     with pytest.raises(SystemExit, match="--init and --out are the same folder"):
         train_eagle.init_head("builtin:smollm2-eagle", gguf, BUILTIN_DIR / "smollm2-eagle")
+
+
+def test_importing_the_pytorch_trainer_loads_no_mlx():
+    """`import mlxspec` puts the system OpenBLAS in the global symbol scope (mlxspec.blas), and
+    torch loaded after it then runs its matmuls there (3.5x slower here: the --gguf path's
+    first batch of answers took 116 s instead of 32). So train_eagle.py imports MLX only in
+    its export stage, after torch."""
+    import subprocess
+
+    code = ("import sys; sys.path.insert(0, 'scripts'); import train_eagle; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'mlx', 'mlxspec', 'mlx_lm'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
