@@ -58,6 +58,46 @@ def cache_kw(model, cache) -> dict:
     return {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
 
 
+def kv_cache(capacity: int = 0):
+    """A transformers KV cache for batched generation that writes each step's keys and values
+    into buffers grown by doubling, instead of concatenating the whole cache at every step
+    (DynamicCache's way, a copy that grows with the prompts).
+    The attention reads views of the buffers. Falls back to DynamicCache where transformers'
+    cache layers differ (releases before cache_utils.DynamicLayer)."""
+    from transformers import DynamicCache
+
+    try:
+        from transformers.cache_utils import Cache, DynamicLayer
+    except ImportError:
+        return DynamicCache()
+
+    class BufferedLayer(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self.n, self.kbuf, self.vbuf = 0, None, None
+            n, m = self.n, key_states.shape[-2]
+            if self.kbuf is None or n + m > self.kbuf.shape[-2]:
+                size = max(capacity, 2 * (n + m))
+                kbuf = key_states.new_empty(key_states.shape[:-2] + (size, key_states.shape[-1]))
+                vbuf = value_states.new_empty(value_states.shape[:-2] + (size, value_states.shape[-1]))
+                if n:
+                    kbuf[..., :n, :], vbuf[..., :n, :] = self.keys, self.values
+                self.kbuf, self.vbuf = kbuf, vbuf
+            self.kbuf[..., n:n + m, :] = key_states
+            self.vbuf[..., n:n + m, :] = value_states
+            self.n = n + m
+            self.keys, self.values = self.kbuf[..., :self.n, :], self.vbuf[..., :self.n, :]
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices):
+            if self.is_initialized and self.kbuf is not None:
+                self.kbuf, self.vbuf = self.kbuf[indices], self.vbuf[indices]
+                self.keys, self.values = self.kbuf[..., :self.n, :], self.vbuf[..., :self.n, :]
+
+    return Cache(layer_class_to_replicate=BufferedLayer)
+
+
 def left_padded(prompts_ids, pad: int):
     """A batch of prompts, left-padded: (ids (B, L), attention mask (B, L), position ids (B, L))."""
     import torch
@@ -105,11 +145,10 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_
     where row t of the soft labels is the target's T=1 distribution for answer token t.
     """
     import torch
-    from transformers import DynamicCache
 
     B = len(prompts_ids)
     ids, mask, pos = left_padded(prompts_ids, PAD)
-    cache = DynamicCache()
+    cache = kv_cache(ids.shape[1] + max_new)
     done = torch.zeros(B, dtype=torch.bool)
     out_tok, out_ids, out_lp = [], [], []
     with torch.inference_mode():

@@ -88,12 +88,11 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
     cache is not copied at every step): the batch no longer runs at the longest answer's cost.
     """
     import torch
-    from transformers import DynamicCache
 
     B = len(prompts_ids)
     ids, mask, pos = train_draft.left_padded(prompts_ids, pad)
     L = ids.shape[1]
-    cache = DynamicCache()
+    cache = train_draft.kv_cache(L + max_new)
 
     def run(**kw):
         out = model.model(**train_draft.cache_kw(model.model, cache), use_cache=True,

@@ -60,3 +60,23 @@ def test_features_are_the_final_hidden_states_of_the_fed_tokens():
     with torch.no_grad():
         want = model.model(input_ids=torch.tensor(ids[None, :-1].astype(np.int64))).last_hidden_state[0].numpy()
     assert np.abs(feats.astype(np.float32) - want).max() < 1e-3 * np.abs(want).max() + TOL
+
+
+def test_the_buffered_cache_holds_what_concatenation_would():
+    import train_draft
+
+    cache = train_draft.kv_cache(capacity=3)  # smaller than what comes: it must grow
+    g = torch.Generator().manual_seed(0)
+    ks, vs = [], []
+    for m in (2, 1, 4, 1, 1):
+        k, v = torch.randn(3, 2, m, 4, generator=g), torch.randn(3, 2, m, 4, generator=g)
+        ks.append(k)
+        vs.append(v)
+        keys, values = cache.update(k, v, 0)
+        assert torch.equal(keys, torch.cat(ks, dim=2)) and torch.equal(values, torch.cat(vs, dim=2))
+    assert cache.get_seq_length() == 9
+    keep = torch.tensor([2, 0])
+    cache.batch_select_indices(keep)
+    keys, values = cache.update(ks[0][keep], vs[0][keep], 0)
+    assert torch.equal(keys, torch.cat([*(k[keep] for k in ks), ks[0][keep]], dim=2))
+    assert torch.equal(values, torch.cat([*(v[keep] for v in vs), vs[0][keep]], dim=2))
