@@ -773,9 +773,9 @@ def parse_args(argv=None):
                         "layer: 2, n/2-1, n-4 of n), or a comma list of layers")
     # training
     p.add_argument("--epochs", type=float, default=3.5,
-                   help="passes over the answers; 3.5 fits a 90-minute from-scratch run on 2 CPU cores, "
-                        "the shipped demo head used 8 on 5,323 prompts (bench-suite per-token acceptance 0.40 after 4, "
-                        "0.42 after 8; 4 more with --init at --lr 3e-4 gave 0.43 but no speed)")
+                   help="passes over the answers; the shipped demo head used 8 on 5,323 prompts, 86 minutes from "
+                        "scratch on 2 CPU cores (bench-suite per-token acceptance 0.40 after 4, 0.42 after 8; 4 more "
+                        "with --init at --lr 3e-4 gave 0.43 but no speed)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--noise", type=float, default=0.1, help="uniform input-feature noise, fraction of feature RMS")
