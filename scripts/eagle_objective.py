@@ -6,7 +6,7 @@ feature, and predicts f[j+1]:
   step 0   every entry reads the target's real f[j] (teacher forcing, with input noise);
   step s   entry j reads what step s-1 predicted for position j, and attends as drafting step
            s+1 does: the real entries up to j-s, then the entries steps 1..s made at
-           j-s+1 .. j, the last being itself (`unroll_mask`).
+           j-s+1 .. j, the last being itself (`step_mask`).
 Loss per step: smooth-L1(predicted f[j+1], f[j+1]) + ce_weight x cross-entropy to the target's
 own next-token distribution (softmax of f[j+1] @ W^T over the draft vocabulary), on the
 entries `weights` selects; step s is weighted unroll_weight**s. Entries before the loss's
@@ -22,11 +22,6 @@ import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core bi
 import mlx.core as mx
 import mlx.nn as nn
 from train_eagle import first_loss_entry, step_mask, window_starts  # noqa: F401  (numpy, shared)
-
-
-def unroll_mask(L: int, s: int) -> mx.array:
-    """(L, (s+1) L) boolean: which keys entry j of unrolled step s sees (step 0: causal)."""
-    return mx.array(step_mask(L, s, [0] * (s + 1)))
 
 
 def block_pass(blk, x: mx.array, past: List[Tuple[mx.array, mx.array]], mask: mx.array,
@@ -65,13 +60,14 @@ def unrolled(head, emb: mx.array, feat: mx.array, steps: int, first: int = 0) ->
             e_in, f_in = emb[:, w:], mx.stop_gradient(preds[-1][:, w - 1 - prev: L - 1 - prev])
         x = head.fc(mx.concatenate([e_in, f_in], axis=-1))
         m = mx.array(step_mask(L, s, starts))
+        # step 0 feeds every entry, as the keys and values of the context; its last layer
+        # computes only the window's queries (earlier layers' outputs are the next one's input)
+        full = mx.array(step_mask(L, 0, [0])) if s == 0 and w and len(head.layers) > 1 else m
         kvs = []
         for i, blk in enumerate(head.layers):
-            # step 0 feeds every entry, as the keys and values of the context; its last layer
-            # computes only the window's queries (earlier layers' outputs are the next one's input)
-            start = w if s == 0 and i == len(head.layers) - 1 else 0
-            mi = m if s or start else mx.array(step_mask(L, 0, [0]))
-            x, kv = block_pass(blk, x, [p[i] for p in past], mi, w if s else 0, start)
+            last = i == len(head.layers) - 1
+            start = w if s == 0 and last else 0
+            x, kv = block_pass(blk, x, [p[i] for p in past], m if last else full, w if s else 0, start)
             kvs.append(kv)
         past.append(kvs)
         preds.append(head.norm(x))

@@ -98,11 +98,11 @@ def test_windowed_loss_equals_the_full_loss():
 
 
 def test_masks_by_hand():
-    m = np.array(obj.unroll_mask(4, 1))
+    m = obj.step_mask(4, 1, [0, 0])
     # step 1: entry j sees real entries 0..j-1 and itself (the second half's diagonal)
     want = np.concatenate([np.tril(np.ones((4, 4)), -1), np.eye(4)], axis=1).astype(bool)
     assert (m == want).all()
-    m2 = np.array(obj.unroll_mask(4, 2))
+    m2 = obj.step_mask(4, 2, [0, 0, 0])
     assert m2.shape == (4, 12)
     assert m2[3].tolist() == [1, 1, 0, 0] + [0, 0, 1, 0] + [0, 0, 0, 1]  # real 0..1, step 1 at 2, itself
     assert m2[0].tolist() == [0] * 8 + [1, 0, 0, 0]  # nothing real before it: only itself
