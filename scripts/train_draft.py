@@ -98,6 +98,13 @@ def kv_cache(capacity: int = 0):
     return Cache(layer_class_to_replicate=BufferedLayer)
 
 
+def lr_scale(step: int, total: int, warm: int) -> float:
+    """The learning rate's fraction of its peak at `step` of `total`: linear warm-up over `warm`
+    steps, then a cosine to the end, never below 2 % (every trainer here uses this schedule)."""
+    f = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / (total - warm)))
+    return max(f, 0.02)
+
+
 def left_padded(prompts_ids, pad: int):
     """A batch of prompts, left-padded: (ids (B, L), attention mask (B, L), position ids (B, L))."""
     import torch
@@ -436,9 +443,8 @@ def stage_train(args, work: Path, shards: list) -> None:
         for b in make_batches(train_ex, args.batch, rng):
             if step >= total:
                 break
-            f = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / (total - warm)))
             for g, lr in zip(opt.param_groups, base):
-                g["lr"] = lr * max(f, 0.02)
+                g["lr"] = lr * lr_scale(step, total, warm)
             loss, agree, n = batch_loss(model, b)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -525,6 +525,13 @@ def batch_tensors(batch, noise: float, gen, answers_only: bool = True):
     return tok, feat, tgt, mask
 
 
+def train_steps(sequences: int, args) -> tuple:
+    """(optimiser steps, warm-up steps) of a run over `sequences` answers, for either trainer:
+    --epochs passes of --batch sequences, 3 % of them warm-up (train_draft.lr_scale)."""
+    total = max(1, int(args.epochs * math.ceil(sequences / args.batch)))
+    return total, max(1, total // 30)
+
+
 def epoch_batches(train, batch: int, rng: random.Random) -> list:
     """One epoch's batches of indices into `train`: shuffled, sorted by length within windows of
     16 batches (little padding, still shuffled), the batches shuffled again."""
@@ -638,9 +645,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    steps_per_epoch = math.ceil(len(train) / args.batch)
-    total = max(1, int(args.epochs * steps_per_epoch))
-    warm = max(1, total // 30)
+    total, warm = train_steps(len(train), args)
     step, elapsed, history = 0, 0.0, []
     epoch_state, in_epoch = rng.getstate(), 0  # the current epoch's shuffle replays from this on resume
     if ckpt.exists():
@@ -658,9 +663,8 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
         for b in epoch_batches(train, args.batch, rng)[in_epoch:]:
             if step >= total:
                 break
-            f = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / (total - warm)))
             for g in opt.param_groups:
-                g["lr"] = args.lr * max(f, 0.02)
+                g["lr"] = args.lr * train_draft.lr_scale(step, total, warm)
             loss, agree, n = losses(head, emb, w_draft, [train[i] for i in b], args, gen, train=True)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -10,7 +10,6 @@ are train_eagle.py's own; only the stages' insides differ.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import time
@@ -118,7 +117,8 @@ def _save(path: Path, arrays: dict, meta: dict) -> None:
 def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     """The head trained as train_eagle.stage_train trains it, in MLX; returns its final file."""
     from mlxspec.backbone import output_rows
-    from train_eagle import epoch_batches, run_tag
+    from train_draft import lr_scale
+    from train_eagle import epoch_batches, run_tag, train_steps
 
     tag = run_tag(args, train) + "-mlx"
     final, ckpt = work / f"head_final-{tag}.safetensors", work / f"head_ckpt-{tag}.safetensors"
@@ -137,9 +137,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     log(f"head: {nparams / 1e6:.2f}M parameters; {len(train)} sequences, "
         f"{sum(len(t[0]) - 1 for t in train)} entries; held out {len(held)}")
     opt = optimizer(args.lr)
-    steps_per_epoch = math.ceil(len(train) / args.batch)
-    total = max(1, int(args.epochs * steps_per_epoch))
-    warm = max(1, total // 30)
+    total, warm = train_steps(len(train), args)
     step, elapsed, history, epoch, in_epoch = 0, 0.0, [], 0, 0
     if ckpt.exists() and ckpt.with_suffix(".json").exists():
         meta = json.loads(ckpt.with_suffix(".json").read_text())
@@ -165,8 +163,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
         for b in order[in_epoch:]:
             if step >= total:
                 break
-            f = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / (total - warm)))
-            opt.learning_rate = args.lr * max(f, 0.02)
+            opt.learning_rate = args.lr * lr_scale(step, total, warm)
             emb, feat, tgt, w = batch_arrays([train[i] for i in b], model, args.noise,
                                              mx.random.key(args.seed * 1000003 + step), args.loss_on == "answers")
             (loss, agree), grads = loss_and_grad(emb, feat, tgt, w, obj.first_loss_entry(w))
