@@ -72,10 +72,13 @@ def kv_cache(capacity: int = 0):
         return DynamicCache()
 
     class BufferedLayer(DynamicLayer):
+        def lazy_initialization(self, key_states, value_states):
+            super().lazy_initialization(key_states, value_states)
+            self.n, self.kbuf, self.vbuf = 0, None, None
+
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
-                self.n, self.kbuf, self.vbuf = 0, None, None
             n, m = self.n, key_states.shape[-2]
             if self.kbuf is None or n + m > self.kbuf.shape[-2]:
                 size = max(capacity, 2 * (n + m))
@@ -155,11 +158,11 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_
 
     B = len(prompts_ids)
     ids, mask, pos = left_padded(prompts_ids, PAD)
-    cache = kv_cache(ids.shape[1] + max_new)
+    cache_arg = cache_kw(model, kv_cache(ids.shape[1] + max_new))  # looked up once, not at every step
     done = torch.zeros(B, dtype=torch.bool)
     out_tok, out_ids, out_lp = [], [], []
     with torch.inference_mode():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_kw(model, cache),
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_arg,
                        use_cache=True, logits_to_keep=1).logits[:, -1].float()  # (B, V)
         for _ in range(max_new):
             lp = torch.log_softmax(logits, dim=-1)
@@ -178,7 +181,7 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_
                 break
             mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1)
             pos = pos[:, -1:] + 1
-            logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, **cache_kw(model, cache),
+            logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, **cache_arg,
                            use_cache=True).logits[:, -1].float()
     toks = torch.stack(out_tok, 1).numpy()
     tids = torch.stack(out_ids, 1).numpy()

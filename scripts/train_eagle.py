@@ -93,10 +93,10 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
     ids, mask, pos = train_draft.left_padded(prompts_ids, pad)
     L = ids.shape[1]
     cache = train_draft.kv_cache(L + max_new)
+    cache_arg = train_draft.cache_kw(model.model, cache)  # looked up once, not at every step
 
     def run(**kw):
-        out = model.model(**train_draft.cache_kw(model.model, cache), use_cache=True,
-                          output_hidden_states=bool(layers), **kw)
+        out = model.model(**cache_arg, use_cache=True, output_hidden_states=bool(layers), **kw)
         return out.last_hidden_state, (tap_rows(out.hidden_states, layers) if layers else None)
 
     with torch.inference_mode():
