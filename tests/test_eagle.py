@@ -96,7 +96,8 @@ def test_head_cache_rolls_back_to_what_a_fresh_head_computes(request, kind, max_
     seq2.prefill(history[:-1])
     want_tokens, want_logits = head_outputs(fresh, history, 4)
     assert got_tokens == want_tokens
-    assert mx.allclose(got_logits, want_logits, atol=1e-4, rtol=1e-4).item()
+    tol = tiny.float32_tol()  # the two caches were fed in other chunks
+    assert mx.allclose(got_logits, want_logits, atol=tol, rtol=tol).item()
 
 
 @pytest.mark.parametrize("num_draft", [None, 1, 4])

@@ -8,7 +8,7 @@ import pytest
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxspec.device import float32_matmul_roundoff
+from tiny import float32_tol
 from mlxspec.errors import IncompatibleModelsError, MlxSpecError
 from mlxspec.loading import gguf as gguf_loader
 from mlxspec.loading import load_model
@@ -70,12 +70,6 @@ def test_layers_stay_quantized_with_their_own_bits(tiny):
     assert isinstance(layer.self_attn.v_proj, nn.Linear) and layer.self_attn.v_proj.weight.dtype == mx.float16
     assert info.quantization.startswith("GGUF ") and "token_embd Q8_0" in info.quantization
     assert info.format == "gguf" and info.vocab_size == 330 and info.weights_bytes > 0
-
-
-def float32_tol() -> float:
-    """Relative tolerance of float32 logits against the float64 reference: 1e-4 where float32
-    matmuls are exact to 2**-24, 8 units of TF32 roundoff (about 4e-3) on CUDA."""
-    return max(1e-4, 8 * float32_matmul_roundoff())
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", None), ("quantized", 2e-3)])

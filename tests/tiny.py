@@ -18,6 +18,16 @@ CHAT_TEMPLATE = (
 )
 
 
+def float32_tol(floor: float = 1e-4) -> float:
+    """Relative tolerance between float32 results computed in another order or chunking:
+    `floor` where float32 matmuls are exact to 2**-24; 8 units of TF32 roundoff (about 4e-3)
+    on CUDA, where MLX multiplies float32 in TF32 and a last-bit difference in an input moves
+    a product by that much."""
+    from mlxspec.device import float32_matmul_roundoff
+
+    return max(floor, 8 * float32_matmul_roundoff())
+
+
 def make_llama(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 2,
                heads: int = 4, kv_heads: int = 2, sliding_window=None, layer_types=None,
                dtype=mx.float32, tie_embeddings: bool = True) -> llama.Model:
