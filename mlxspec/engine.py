@@ -119,6 +119,7 @@ class Engine:
 
             cost_prior, self._prior_draft = priors_for(target_model, draft_model)
         self._cost_prior = cost_prior
+        self.warmed_passes: Optional[int] = None  # longest pass `warmup` ran (tokens); kernels are per process
         self._new_state()
         self.context = None if any(isinstance(c, WindowKVCache) for c in self.target.caches) and max_kv_size else context_length(target_model)
         self.target_weights_bytes = weights_bytes(target_model)

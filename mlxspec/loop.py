@@ -47,6 +47,7 @@ from .rounds import Pass, plain_step, read, tree_round, verify_round
 from .sampling import SamplingParams
 from .stats import GenerationStats, TokenEvent
 from .text import TextAssembler
+from .warmup import longest_draft
 
 LOOKUP = "ngram"  # a model drafter's free companion
 # A model drafter's fixed-shape trees (`treeplan.static_leaves`) before its read ones; False keeps
@@ -96,7 +97,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     cost.new_request()
 
     hist = list(ids)
-    tree = min(tree, MAX_DRAFT)  # most nodes a tree round verifies
+    longest = longest_draft(engine)  # most drafts a round the cost model sizes may verify
+    tree = min(tree, MAX_DRAFT, longest)  # most nodes a tree round verifies
     # A model drafter's tree: its greedy chain plus runners-up (`drafters.sidetree`). Sampled rounds
     # keep its chain with q, whose rejection rule accepts more than deterministic candidates.
     model_trees = (bool(tree) and drafter.uses_model and params.greedy and k_fixed is None
@@ -120,7 +122,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             return True, None, None
         if k_fixed is not None:
             return False, None, None
-        k_cap = min(room() - 2, MAX_DRAFT)
+        k_cap = min(room() - 2, longest)
         src, probe = name, None
         if drafter.uses_model:
             k, probe = probe_instead(cost.choose(k_cap))
@@ -170,6 +172,9 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             return 0, None, None, name
         if k_fixed is not None:
             return min(k_fixed, k_cap), None, None, name
+        k_cap = min(k_cap, longest)
+        if k_cap <= 0:
+            return 0, None, None, name
         if not drafter.uses_model:
             return free_plan(name, k_cap)
         if model_k is not None:  # decided before the last read (`decide_early`)

@@ -4,10 +4,12 @@ On a GPU the first pass of each new shape compiles kernels (MLX's CUDA backend J
 them; Metal builds pipelines), which takes far longer than the pass itself. A timed run
 that pays for it measures the compiler, and a cost model that learns from it learns a
 stall. `warm_up` runs, on a short synthetic prefix: target passes of 1..max_j tokens
-(greedy and each sampling temperature asked for), pipelined plain steps, and for each
-model drafter its catch-up chunks and draft steps, then leaves the caches empty. The
-passes are timed after their first (compiling) run, and those timings seed the engine's
-cost model, so it starts from this device's real verify curve.
+(greedy and each sampling temperature asked for), pipelined plain steps, tree passes of
+2..max_j tokens (when the engine drafts trees), and for each model drafter its catch-up
+chunks, draft steps and tree drafts, then leaves the caches empty. The chain passes are
+timed after their first (compiling) run, and those timings seed the engine's cost model,
+so it starts from this device's real verify curve. On a GPU the loop then keeps every
+round within the passes warmed (`longest_draft`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Dict, Iterable, Optional
 from .device import is_gpu
 from .drafters import Draft, EagleDrafter, ModelDrafter
 from .modelmeta import logit_width
-from .rounds import plain_step, read, verify_round
+from .prompts import MAX_DRAFT
+from .rounds import plain_step, read, tree_round, verify_round
 from .sampling import SamplingParams
 
 PREFIX = 32  # tokens of synthetic context before the timed passes
@@ -29,6 +32,17 @@ PLAIN_STEPS = 12  # pipelined plain steps timed
 def default_max_j() -> int:
     """16 on a GPU (verify passes are nearly flat there); 8 on the CPU, where they grow steeply."""
     return 16 if is_gpu() else 8
+
+
+def longest_draft(engine) -> int:
+    """Most drafts (a chain's tokens or a tree's nodes) a round the cost model sizes may verify.
+
+    On a GPU, a pass longer than warm-up ran compiles kernels mid-generation, seconds each
+    (on an H200, one 64-token reply took 14 s instead of 0.35 with trees of up to 18 nodes,
+    beyond the 16-token passes warmed): there rounds stay within what `warm_up` ran. Elsewhere,
+    and before any warm-up, MAX_DRAFT."""
+    j = engine.warmed_passes
+    return MAX_DRAFT if j is None or not is_gpu() else max(j - 1, 0)
 
 
 def warm_up(engine, *, max_j: Optional[int] = None, temperatures: Iterable[float] = (0.0,),
@@ -69,13 +83,30 @@ def warm_up(engine, *, max_j: Optional[int] = None, temperatures: Iterable[float
                     engine.curve.observe(j, dt, trusted=True)
                     curve[j] = min(dt, curve.get(j, dt))
         plain = _time_plain_steps(engine, last, params, seed)
+        if engine.tree and not engine.coord.active:  # sharded targets verify chains only
+            _warm_trees(target, last, drafts, params, seed, max_j)
         for name, drafter in engine.drafters.items():
             if isinstance(drafter, ModelDrafter):
                 _warm_drafter(engine, name, drafter, ids, params, seed, max_j, timed=temp == 0.0)
             elif isinstance(drafter, EagleDrafter):
                 _warm_eagle(engine, name, drafter, ids, params, seed, max_j, timed=temp == 0.0)
     engine.reset()
+    engine.warmed_passes = max_j
     return {"seconds": time.perf_counter() - t0, "curve": curve, "plain": plain}
+
+
+def tree_parents(n: int) -> list:
+    """A tree of n nodes with a side branch at the root: two interleaved chains."""
+    return [-1] + [max(i - 2, -1) for i in range(1, n)]
+
+
+def _warm_trees(target, last: int, drafts, params: SamplingParams, seed: int, max_j: int) -> None:
+    """Tree passes of 2..max_j fed tokens, untimed: a tree pass has kernels of its own (an
+    ancestor mask, one RoPE offset per row), compiled on a GPU per row count."""
+    for j in range(2, max_j + 1):
+        p = tree_round(target, last, Draft(drafts[: j - 1], parents=tree_parents(j - 1)), params, seed, PREFIX)
+        read(p)
+        target.rollback(p.fed)
 
 
 def _time_plain_steps(engine, last: int, params: SamplingParams, seed: int) -> Optional[float]:
@@ -113,6 +144,16 @@ def _warm_drafter(engine, name: str, drafter: ModelDrafter, ids, params: Samplin
         drafter.catch_up(ids[: n + 1])
     drafter.reset()
     _time_drafts(engine, name, drafter, ids, params, seed, max_j, timed=timed)
+    _warm_tree_drafts(engine, drafter, ids, params, seed)
+
+
+def _warm_tree_drafts(engine, drafter, ids, params: SamplingParams, seed: int) -> None:
+    """A model drafter's greedy trees (its runners-up, on the device and read), untimed."""
+    if not (engine.tree and params.greedy and not engine.coord.active and hasattr(drafter, "propose_tree")):
+        return
+    drafter.propose_static_tree(ids[:PREFIX], 2, 1, params, seed).tokens.tolist()
+    drafter.propose_tree(ids[:PREFIX], 2, 4, params, seed)
+    drafter.reset()
 
 
 def _time_drafts(engine, name: str, drafter, ids, params: SamplingParams, seed: int, max_j: int, *, timed: bool):
@@ -138,3 +179,4 @@ def _warm_eagle(engine, name: str, drafter: EagleDrafter, ids, params: SamplingP
         drafter._feed(ids, fed + n)
         fed += n
     _time_drafts(engine, name, drafter, ids, params, seed, max_j, timed=timed)
+    _warm_tree_drafts(engine, drafter, ids, params, seed)

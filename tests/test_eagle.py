@@ -230,9 +230,14 @@ def test_sampled_drafts_carry_q_and_stay_in_the_draft_vocabulary(target, random_
     assert all(q[i, t] > 0 for i, t in enumerate(toks))
 
 
-def test_warmup_runs_the_head(target, random_head):
+def test_warmup_runs_the_head(target, random_head, monkeypatch):
     e = Engine(target, None, eagle_head=random_head, drafter="eagle")
+    trees = []  # the head's tree drafts (runners-up) have kernels of their own: warmed too
+    for kind in ("propose_tree", "propose_static_tree"):
+        orig = getattr(EagleDrafter, kind)
+        monkeypatch.setattr(EagleDrafter, kind, lambda self, *a, _o=orig, _k=kind: trees.append(_k) or _o(self, *a))
     e.warmup()
+    assert sorted(trees) == ["propose_static_tree", "propose_tree"]
     assert e.costs["eagle"].c.value() > 0  # the head's per-token cost is measured, not a prior
     assert e.target.tokens == [] and e.drafters["eagle"].entries == 0
     r = e.generate(PROMPT, max_tokens=20)

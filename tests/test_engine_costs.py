@@ -12,6 +12,7 @@ import pytest
 
 import tiny
 from mlxspec import Engine, loop, warmup
+from mlxspec.tree_forward import TreeView
 
 # The tiny llama's greedy text falls into a cycle quickly, which the n-gram drafter predicts.
 PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 11, 12]
@@ -40,14 +41,16 @@ class StallingModel:
 
     def __init__(self, model, clock: VirtualClock, stall: float, base: float = 2e-3, per_token: float = 1e-4):
         self.model, self.clock, self.stall, self.seen = model, clock, stall, set()
+        self.tree_seen = set()  # a tree pass (ancestor mask, a RoPE offset per row) has kernels of its own
         self.base, self.per_token = base, per_token
 
     def __call__(self, inputs, cache=None, **kw):
         out = self.model(inputs, cache=cache, **kw)
         n = inputs.shape[1]
         self.clock.t += self.base + self.per_token * n
-        if n not in self.seen:
-            self.seen.add(n)
+        seen = self.tree_seen if cache and isinstance(cache[0], TreeView) else self.seen
+        if n not in seen:
+            seen.add(n)
             self.clock.t += self.stall
         return out
 
@@ -93,6 +96,30 @@ def test_warmup_compiles_every_length_and_seeds_the_curve(target, clock):
     r = e.generate(PROMPT, max_tokens=60, num_draft=5)
     assert stalling.seen - seen <= {len(PROMPT) - 1}  # no new shape but the prompt's prefill: no stall
     assert r.tokens == Engine(target, None).generate(PROMPT, max_tokens=60, speculative=False).tokens
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_warmup_runs_tree_passes_and_a_gpu_loop_stays_within_the_passes_warmed(target, clock, monkeypatch, gpu):
+    """A tree pass compiles kernels of its own per row count on a GPU: warm-up runs each, and on a
+    GPU the rounds the cost model sizes stay within the passes warmed (on an H200 trees of up to
+    18 nodes, beyond the 16-token passes warmed, cost one 64-token reply 14 s instead of 0.35).
+    On the CPU nothing compiles per shape, and drafts may be longer."""
+    monkeypatch.setattr(warmup, "is_gpu", lambda: gpu)
+    stalling = StallingModel(target, clock, stall=0.05)
+    e = Engine(stalling, None, drafter="ngram")
+    e.warmup(max_j=6)
+    assert set(range(2, 7)) <= stalling.tree_seen and e.warmed_passes == 6
+    seen, tree_seen = set(stalling.seen), set(stalling.tree_seen)
+    r = e.generate(PROMPT, max_tokens=120)
+    longest = max(r.stats.k_histogram)
+    if gpu:
+        assert stalling.seen - seen <= {len(PROMPT) - 1} and stalling.tree_seen == tree_seen
+        assert longest == 5  # the cyclic text would draft longer (below)
+    else:
+        assert longest > 5
+    assert r.tokens == Engine(target, None).generate(PROMPT, max_tokens=120, speculative=False).tokens
+    fixed = e.generate(PROMPT, max_tokens=40, num_draft=9)  # a length asked for is not capped
+    assert max(fixed.stats.k_histogram) == 9
 
 
 def test_the_cost_prior_follows_what_the_device_multiplies_in(monkeypatch):
