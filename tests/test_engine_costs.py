@@ -70,6 +70,28 @@ def drafting_tail(events, n=40):
     return sum(1 for ev in tail if ev.draft_len > 0) / len(tail)
 
 
+def spy_timings(monkeypatch) -> dict:
+    """Records the loop's timings as the target's curve receives them: {"v1": V(1) samples outside
+    warm-up, "plain": pipelined steps}."""
+    from mlxspec.costmodel import TargetCurve
+
+    seen = {"v1": [], "plain": []}
+    observe, observe_plain = TargetCurve.observe, TargetCurve.observe_plain
+
+    def spy(self, j, seconds, **kw):
+        if j == 1 and not kw.get("trusted"):
+            seen["v1"].append(seconds)
+        return observe(self, j, seconds, **kw)
+
+    def spy_plain(self, seconds):
+        seen["plain"].append(seconds)
+        return observe_plain(self, seconds)
+
+    monkeypatch.setattr(TargetCurve, "observe", spy)
+    monkeypatch.setattr(TargetCurve, "observe_plain", spy_plain)
+    return seen
+
+
 def test_drafting_resumes_after_first_use_stalls(target, clock):
     stalling = StallingModel(target, clock, stall=0.25)  # ~100x a pass
     e = Engine(stalling, None, drafter="ngram")
@@ -132,8 +154,6 @@ def test_a_pass_finished_inside_the_chained_enqueue_is_not_taken_for_v1(target, 
     estimate stay one pass."""
     import statistics
 
-    from mlxspec.costmodel import TargetCurve
-
     T, inside = 5e-3, 0.8  # a pass, and the share of it computed inside its enqueue
     finishes, busy = collections.deque(), [0.0]
 
@@ -154,16 +174,7 @@ def test_a_pass_finished_inside_the_chained_enqueue_is_not_taken_for_v1(target, 
         return real_read(p)
 
     monkeypatch.setattr(loop, "read", read)
-    seen = {"v1": [], "plain": []}
-    observe, observe_plain = TargetCurve.observe, TargetCurve.observe_plain
-
-    def spy(self, j, seconds, **kw):
-        if j == 1 and not kw.get("trusted"):
-            seen["v1"].append(seconds)
-        return observe(self, j, seconds, **kw)
-
-    monkeypatch.setattr(TargetCurve, "observe", spy)
-    monkeypatch.setattr(TargetCurve, "observe_plain", lambda self, s: (seen["plain"].append(s), observe_plain(self, s))[1])
+    seen = spy_timings(monkeypatch)
     e = Engine(target, None, drafter="ngram")
     e.curve.observe(1, T, trusted=True)  # as warm-up would
     for prompt in (PROMPT, PROMPT[::-1], PROMPT[2:]):  # each request starts with a chained plain round
@@ -205,22 +216,7 @@ def test_a_step_is_timed_alone_when_the_next_was_enqueued_before_it_was_read(tar
     the pass in flight. Here each pass costs its virtual time when enqueued, as there. The wait
     belongs to the chained step: a plain round (V(1)) must be timed as one pass, not two, and
     no pipelined step as none."""
-    from mlxspec.costmodel import TargetCurve
-
-    seen = {"v1": [], "plain": []}
-    observe, observe_plain = TargetCurve.observe, TargetCurve.observe_plain
-
-    def spy(self, j, seconds, **kw):
-        if j == 1 and not kw.get("trusted"):
-            seen["v1"].append(seconds)
-        return observe(self, j, seconds, **kw)
-
-    def spy_plain(self, seconds):
-        seen["plain"].append(seconds)
-        return observe_plain(self, seconds)
-
-    monkeypatch.setattr(TargetCurve, "observe", spy)
-    monkeypatch.setattr(TargetCurve, "observe_plain", spy_plain)
+    seen = spy_timings(monkeypatch)
     one = 2e-3 + 1e-4  # a pass over one token
     e = Engine(StallingModel(target, clock, stall=0.0), None, drafter="ngram")
     rounds = e.generate(PROMPT, max_tokens=120).stats.k_histogram
