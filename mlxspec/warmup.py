@@ -37,10 +37,10 @@ def default_max_j() -> int:
 def longest_draft(engine) -> int:
     """Most drafts (a chain's tokens or a tree's nodes) a round the cost model sizes may verify.
 
-    On a GPU, a pass longer than warm-up ran compiles kernels mid-generation, seconds each
-    (on an H200, one 64-token reply took 14 s instead of 0.35 with trees of up to 18 nodes,
-    beyond the 16-token passes warmed): there rounds stay within what `warm_up` ran. Elsewhere,
-    and before any warm-up, MAX_DRAFT."""
+    On a GPU, a pass longer than warm-up ran compiles kernels mid-generation (on an H200 one
+    64-token reply took 14 s instead of about 0.35, most likely so: its one tree of 18 nodes was
+    longer than the 16-token passes warmed): there rounds stay within what `warm_up` ran.
+    Elsewhere, and before any warm-up, MAX_DRAFT."""
     j = engine.warmed_passes
     return MAX_DRAFT if j is None or not is_gpu() else max(j - 1, 0)
 
@@ -95,7 +95,7 @@ def warm_up(engine, *, max_j: Optional[int] = None, temperatures: Iterable[float
     return {"seconds": time.perf_counter() - t0, "curve": curve, "plain": plain}
 
 
-def tree_parents(n: int) -> list:
+def _tree_parents(n: int) -> list:
     """A tree of n nodes with a side branch at the root: two interleaved chains."""
     return [-1] + [max(i - 2, -1) for i in range(1, n)]
 
@@ -104,7 +104,7 @@ def _warm_trees(target, last: int, drafts, params: SamplingParams, seed: int, ma
     """Tree passes of 2..max_j fed tokens, untimed: a tree pass has kernels of its own (an
     ancestor mask, one RoPE offset per row), compiled on a GPU per row count."""
     for j in range(2, max_j + 1):
-        p = tree_round(target, last, Draft(drafts[: j - 1], parents=tree_parents(j - 1)), params, seed, PREFIX)
+        p = tree_round(target, last, Draft(drafts[: j - 1], parents=_tree_parents(j - 1)), params, seed, PREFIX)
         read(p)
         target.rollback(p.fed)
 

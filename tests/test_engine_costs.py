@@ -124,8 +124,8 @@ def test_warmup_compiles_every_length_and_seeds_the_curve(target, clock):
 @pytest.mark.parametrize("gpu", [True, False])
 def test_warmup_runs_tree_passes_and_a_gpu_loop_stays_within_the_passes_warmed(target, clock, monkeypatch, gpu):
     """A tree pass compiles kernels of its own per row count on a GPU: warm-up runs each, and on a
-    GPU the rounds the cost model sizes stay within the passes warmed (on an H200 trees of up to
-    18 nodes, beyond the 16-token passes warmed, cost one 64-token reply 14 s instead of 0.35).
+    GPU the rounds the cost model sizes stay within the passes warmed (on an H200 one 64-token
+    reply took 14 s instead of about 0.35, most likely compiling its one tree of 18 nodes).
     On the CPU nothing compiles per shape, and drafts may be longer."""
     monkeypatch.setattr(warmup, "is_gpu", lambda: gpu)
     stalling = StallingModel(target, clock, stall=0.05)
