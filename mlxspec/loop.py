@@ -296,13 +296,11 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 pass  # plain decoding decides nothing: nothing to learn
             elif done.pipelined:
                 engine.curve.observe_plain(period)
-            elif not done.k and chained:
+            elif done.k or not chained:
                 # A plain round whose successor was chained before its read is not timed as V(1):
-                # on MLX's CPU backend its pass computes inside that enqueue (which waits for it),
+                # on MLX's CPU backend its pass finishes inside that enqueue (which waits for it),
                 # so its period came out 10-13 ms short of the 73 ms pass and pulled the plain
                 # estimate down with it; the pipelined steps that follow are timed instead.
-                pass
-            else:
                 made.observe_round(done.k, period, done.drafted, read=done.read_first)
             if done.parents is not None:
                 treeplan.observe(made, Draft(drafts, kind=done.kind, parents=done.parents), done.path, done.static)
