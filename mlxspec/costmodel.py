@@ -13,9 +13,10 @@ meaning plain decoding at 1 / P; drafting must beat that by a 5% margin.
 Costs are robust estimates (`Estimate`): the median of the last few samples (their
 minimum while there are fewer than three), and a sample several times the estimate is
 held back as a stall (first-use compilation, a preempted thread) unless it repeats. A
-length never timed is interpolated from the timed ones (or a calibration curve). Lengths
-whose estimate is old or only interpolated are re-timed now and then when they could
-beat the current choice, so neither a stall nor a stale number can lock drafting out.
+length never timed is interpolated from the timed ones (or a calibration curve). Warm-up's
+timings seed the curve until the loop's own replace them. Lengths whose estimate is old,
+only interpolated or still warm-up's are re-timed now and then when they could beat the
+current choice, so neither a stall nor a stale number can lock drafting out.
 A model drafter's rounds teach its draft cost (the typical round of that shape, the median
 of the recent ones, less V(k + 1)); a typical round that beats V(k + 1) alone shows that V
 too high, and corrects it instead; a round at a length never timed times V(k + 1) (the
@@ -58,10 +59,12 @@ class Estimate:
         self.samples: deque = deque(maxlen=n)
         self.held: list = []  # consecutive samples held back as stalls
         self.when = -1  # round of the latest accepted sample
+        self.provisional = False  # every sample came from warm-up: the first of the loop's replaces them
         self._value: Optional[float] = None  # cached; None = recompute
 
-    def add(self, seconds: float, now: int = 0) -> bool:
-        """Record a sample; returns False when it was held back as a stall."""
+    def add(self, seconds: float, now: int = 0, *, provisional: bool = False) -> bool:
+        """Record a sample; returns False when it was held back as a stall. `provisional`:
+        a warm-up timing, which the first later (loop) sample replaces."""
         est = self.value()
         if est is not None and seconds > STALL * est:
             if len(self.held) < 2:
@@ -71,6 +74,9 @@ class Estimate:
             self.samples.clear()
             self.samples.extend(self.held)
         self.held = []
+        if self.provisional and not provisional:
+            self.samples.clear()
+        self.provisional = provisional and (self.provisional or not self.samples)
         self.samples.append(seconds)
         self.when = now
         self._value = None
@@ -110,7 +116,13 @@ class TargetCurve:
 
     def observe(self, j: int, seconds: float, *, trusted: bool = False) -> None:
         """A round (not pipelined) whose target pass fed j tokens took `seconds`; `trusted` for
-        timings known to be free of first-use compilation (warm-up's)."""
+        timings known to be free of first-use compilation (warm-up's).
+
+        Warm-up's timings are provisional: the loop's first timing of the length replaces them.
+        On an H200 warm-up timed passes of 1-3 tokens 20-30 % above what the loop measured
+        later, and as 2 of the 9 samples a median keeps they would have outvoted the loop's
+        corrections for hundreds of rounds, with the lengths looking too dear to be drafted.
+        """
         self.now += 1
         if seconds <= 0:
             return
@@ -122,7 +134,7 @@ class TargetCurve:
             if guess is not None and seconds > STALL * guess and len(e.held) < 2:
                 e.held.append(seconds)
                 return
-        if e.add(seconds, self.now):
+        if e.add(seconds, self.now, provisional=trusted):
             self._known, self._interp = None, {}
 
     def touch(self, j: int) -> None:
@@ -130,6 +142,12 @@ class TargetCurve:
         e = self.v.get(j)
         if e is not None and len(e):
             e.when = self.now
+            e.provisional = False
+
+    def provisional(self, j: int) -> bool:
+        """V(j) is warm-up's timing, not yet confirmed by a round of the loop."""
+        e = self.v.get(j)
+        return e is not None and e.provisional
 
     def observe_plain(self, seconds: float) -> None:
         """A pipelined plain step took `seconds` (the period between two reads)."""
@@ -291,7 +309,10 @@ class CostModel:
 
     def new_request(self, keep: float = 0.25) -> None:
         """A new prompt may be a different kind of text: keep the acceptance estimates but
-        weaken them, so this request's own rounds soon outweigh the last one's."""
+        weaken them, so this request's own rounds soon outweigh the last one's, and probe a
+        model drafter that stopped drafting at the first interval again (probes that failed on
+        the last prompt say little about this one)."""
+        self.probe_every = 16
         for kind, c in self.counts.items():
             s0, f0 = self.priors.get(kind, (1.0, 1.0))
             c[0] = s0 + keep * (c[0] - s0)
@@ -405,15 +426,16 @@ class CostModel:
         return best_m
 
     def _explore(self, reach: Sequence[float], best: float) -> int:
-        """A size whose V is only interpolated or stale and that could beat `best` if its pass
-        were a quarter cheaper than estimated; at most one every EXPLORE_EVERY rounds."""
+        """A size whose V is only interpolated, stale or warm-up's (provisional) and that could
+        beat `best` if its pass were a quarter cheaper than estimated; at most one every
+        EXPLORE_EVERY rounds."""
         if self.rounds_since_explore < EXPLORE_EVERY:
             return 0
         pick, pick_speed = 0, best
         c = self.draft_seconds()
         for m in range(1, len(reach) + 1):
             age = self.curve.age(m + 1)
-            if age is not None and age < STALE_ROUNDS:
+            if age is not None and age < STALE_ROUNDS and not self.curve.provisional(m + 1):
                 continue
             v = self.curve.verify_seconds(m + 1)
             s = None if v is None else (1.0 + sum(reach[:m])) / (m * c + 0.75 * v)
