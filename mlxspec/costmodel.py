@@ -236,6 +236,7 @@ class CostModel:
         self.rounds_since_draft = 0
         self.probe_every = 16  # plain rounds between probes of a model drafter (doubles while probes fail)
         self.probing = False  # the last `choose` returned a probe (1), not a length expected to pay
+        self.probe_out = False  # a probe's outcome is still to come (`observe_acceptance`)
         self.rounds_since_explore = 0
 
     # -- observations -----------------------------------------------------------------------
@@ -303,6 +304,9 @@ class CostModel:
             return
         if kind not in self.counts:
             self.counts[kind], self.priors[kind] = list(prior), tuple(prior)
+        if self.probe_out:  # a probe's outcome: back off while probes fail, start over when one holds
+            self.probe_out = False
+            self.probe_every = 16 if accepted >= 1 else min(2 * self.probe_every, 128)
         c = self.counts[kind]
         c[0] = self.decay * c[0] + accepted
         c[1] = self.decay * c[1] + min(1.0, drafted - accepted)
@@ -400,8 +404,7 @@ class CostModel:
         self.rounds_since_draft += 1
         if self.rounds_since_draft >= self.probe_every:
             self.rounds_since_draft = 0
-            self.probe_every = min(2 * self.probe_every, 128)
-            self.probing = True
+            self.probing = self.probe_out = True
             return 1
         return 0
 

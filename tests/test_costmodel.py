@@ -301,15 +301,32 @@ def test_new_request_weakens_but_keeps_acceptance_estimates():
     assert m.alpha_of("n3") < 0.6
 
 
+def probes(m, rounds, hits=()):
+    """Rounds (of `rounds`) at which `m` probes; the probes numbered in `hits` hold, the others fail."""
+    out = []
+    for i in range(rounds):
+        if m.choose(8) == 1:
+            assert m.probing
+            m.observe_acceptance(1, float(len(out) in hits))
+            out.append(i)
+    return out
+
+
 def test_model_drafter_probes_back_off_while_they_fail():
     m = trained({j: 0.1 * j for j in range(1, 10)}, 0.05, 0.1)
-    probes = [i for i in range(400) if m.choose(8) == 1]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert probes and gaps == sorted(gaps) and gaps[-1] == 128
+    at = probes(m, 400)
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    assert at and gaps == sorted(gaps) and gaps[-1] == 128
     # A new prompt probes at once (the last probe is older than the first interval) and then
     # backs off from the first interval again: the failures were the last prompt's.
     m.new_request()
-    assert [i for i in range(40) if m.choose(8) == 1] == [0, 32]
+    assert probes(m, 40) == [0, 32]
+
+
+def test_a_probe_that_holds_restarts_the_interval():
+    m = trained({j: 0.1 * j for j in range(1, 10)}, 0.05, 0.1)
+    at = probes(m, 200, hits={2})  # fail, fail, hold, fail: intervals 16, 32, 64, then 16 again
+    assert [b - a for a, b in zip(at, at[1:])][:4] == [32, 64, 16, 32]
 
 
 def test_drafting_needs_a_margin_over_plain_decoding():
