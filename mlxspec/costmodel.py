@@ -236,7 +236,7 @@ class CostModel:
         self.rounds_since_draft = 0
         self.probe_every = 16  # plain rounds between probes of a model drafter (doubles while probes fail)
         self.probing = False  # the last `choose` returned a probe (1), not a length expected to pay
-        self.probe_out = False  # a probe's outcome is still to come (`observe_acceptance`)
+        self.probe_out: Optional[str] = None  # the kind whose probe's outcome is still to come
         self.rounds_since_explore = 0
 
     # -- observations -----------------------------------------------------------------------
@@ -304,8 +304,8 @@ class CostModel:
             return
         if kind not in self.counts:
             self.counts[kind], self.priors[kind] = list(prior), tuple(prior)
-        if self.probe_out:  # a probe's outcome: back off while probes fail, start over when one holds
-            self.probe_out = False
+        if kind == self.probe_out:  # a probe's outcome: back off while probes fail, start over when one holds
+            self.probe_out = None
             self.probe_every = 16 if accepted >= 1 else min(2 * self.probe_every, 128)
         c = self.counts[kind]
         c[0] = self.decay * c[0] + accepted
@@ -361,7 +361,10 @@ class CostModel:
     def choose(self, k_cap: Optional[int] = None, kind: str = "") -> int:
         """The draft length with the best expected speed, in [0, min(k_max, k_cap)]."""
         k_top = self.k_max if k_cap is None else max(0, min(self.k_max, k_cap))
-        return self.choose_nodes(chain_reach(self.alpha_of(kind), k_top))
+        m = self.choose_nodes(chain_reach(self.alpha_of(kind), k_top))
+        if self.probing:
+            self.probe_out = kind
+        return m
 
     def choose_nodes(self, reach: Sequence[float]) -> int:
         """How many candidates to verify: a chain's drafts or a tree's nodes, best first.
@@ -404,7 +407,7 @@ class CostModel:
         self.rounds_since_draft += 1
         if self.rounds_since_draft >= self.probe_every:
             self.rounds_since_draft = 0
-            self.probing = self.probe_out = True
+            self.probing = True
             return 1
         return 0
 

@@ -327,6 +327,13 @@ def test_a_probe_that_holds_restarts_the_interval():
     m = trained({j: 0.1 * j for j in range(1, 10)}, 0.05, 0.1)
     at = probes(m, 200, hits={2})  # fail, fail, hold, fail: intervals 16, 32, 64, then 16 again
     assert [b - a for a, b in zip(at, at[1:])][:4] == [32, 64, 16, 32]
+    # Only the probed kind's outcome counts: a tree's side leaves (another kind) are not the probe.
+    m = trained({j: 0.1 * j for j in range(1, 10)}, 0.05, 0.1)
+    while m.choose(8) != 1:
+        pass
+    m.observe_acceptance(1, 1.0, "side")
+    m.observe_acceptance(1, 0.0)
+    assert m.probe_every == 32 and m.probe_out is None
 
 
 def test_drafting_needs_a_margin_over_plain_decoding():
