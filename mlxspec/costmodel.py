@@ -73,9 +73,9 @@ class Estimate:
             # The third in a row is no stall but a new regime: forget the old one.
             self.samples.clear()
             self.samples.extend(self.held)
-        self.held = []
-        if self.provisional and not provisional:
+        elif self.provisional and not provisional:
             self.samples.clear()
+        self.held = []
         self.provisional = provisional and (self.provisional or not self.samples)
         self.samples.append(seconds)
         self.when = now

@@ -197,6 +197,9 @@ def test_loop_timings_replace_warm_ups_which_a_median_would_keep():
     e = Estimate()
     e.add(1.0, provisional=True)
     assert not e.add(9.0) and e.value() == 1.0  # a stall is still held back, not a replacement
+    assert not e.add(9.5)
+    e.add(8.0)  # the third in a row: a new regime of the three, with warm-up's timing gone
+    assert list(e.samples) == [9.0, 9.5, 8.0] and not e.provisional and e.value() == 9.0
 
 
 def test_an_h200s_inflated_warm_up_does_not_keep_the_head_from_drafting():
