@@ -98,7 +98,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
 
     hist = list(ids)
     longest = longest_draft(engine)  # most drafts a round the cost model sizes may verify
-    tree = min(tree, MAX_DRAFT, longest)  # most nodes a tree round verifies
+    tree = min(tree, longest)  # most nodes a tree round verifies
     # A model drafter's tree: its greedy chain plus runners-up (`drafters.sidetree`). Sampled rounds
     # keep its chain with q, whose rejection rule accepts more than deterministic candidates.
     model_trees = (bool(tree) and drafter.uses_model and params.greedy and k_fixed is None

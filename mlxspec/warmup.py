@@ -40,9 +40,10 @@ def longest_draft(engine) -> int:
     On a GPU, a pass longer than warm-up ran compiles kernels mid-generation (on an H200 one
     64-token reply took 14 s instead of about 0.35, most likely so: its one tree of 18 nodes was
     longer than the 16-token passes warmed): there rounds stay within what `warm_up` ran.
-    Elsewhere, and before any warm-up, MAX_DRAFT."""
+    Never more than MAX_DRAFT (the caches' rollback room), which is the bound elsewhere and
+    before any warm-up."""
     j = engine.warmed_passes
-    return MAX_DRAFT if j is None or not is_gpu() else max(j - 1, 0)
+    return MAX_DRAFT if j is None or not is_gpu() else min(max(j - 1, 0), MAX_DRAFT)
 
 
 def warm_up(engine, *, max_j: Optional[int] = None, temperatures: Iterable[float] = (0.0,),

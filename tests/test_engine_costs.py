@@ -13,6 +13,7 @@ import pytest
 
 import tiny
 from mlxspec import Engine, loop, warmup
+from mlxspec.prompts import MAX_DRAFT
 from mlxspec.tree_forward import TreeView
 
 # The tiny llama's greedy text falls into a cycle quickly, which the n-gram drafter predicts.
@@ -143,6 +144,8 @@ def test_warmup_runs_tree_passes_and_a_gpu_loop_stays_within_the_passes_warmed(t
     assert r.tokens == Engine(target, None).generate(PROMPT, max_tokens=120, speculative=False).tokens
     fixed = e.generate(PROMPT, max_tokens=40, num_draft=9)  # a length asked for is not capped
     assert max(fixed.stats.k_histogram) == 9
+    e.warmed_passes = MAX_DRAFT + 8  # a warm-up longer than the caches' rollback room
+    assert warmup.longest_draft(e) == MAX_DRAFT
 
 
 def test_a_pass_finished_inside_the_chained_enqueue_is_not_taken_for_v1(target, clock, monkeypatch):
