@@ -40,6 +40,7 @@ from typing import Dict, List, Optional, Sequence
 STALL = 4.0  # a sample this many times the estimate is a stall (until it repeats)
 STALE_ROUNDS = 256  # an estimate older than this many rounds is re-timed when it could pay
 EXPLORE_EVERY = 32  # rounds between re-timings
+PROBE_FIRST, PROBE_LAST = 16, 128  # plain rounds between a model drafter's probes: first, and most
 
 
 def chain_reach(alpha: float, k: int) -> List[float]:
@@ -234,7 +235,7 @@ class CostModel:
         self.priors: Dict[str, tuple] = {}  # kind -> its Beta prior, when not (1, 1)
         self.margin = margin  # drafting must beat plain decoding by this factor: estimates are noisy
         self.rounds_since_draft = 0
-        self.probe_every = 16  # plain rounds between probes of a model drafter (doubles while probes fail)
+        self.probe_every = PROBE_FIRST  # plain rounds between probes of a model drafter (doubles while probes fail)
         self.probing = False  # the last `choose` returned a probe (1), not a length expected to pay
         self.probe_out: Optional[str] = None  # the kind whose probe's outcome is still to come
         self.rounds_since_explore = 0
@@ -306,7 +307,7 @@ class CostModel:
             self.counts[kind], self.priors[kind] = list(prior), tuple(prior)
         if kind == self.probe_out:  # a probe's outcome: back off while probes fail, start over when one holds
             self.probe_out = None
-            self.probe_every = 16 if accepted >= 1 else min(2 * self.probe_every, 128)
+            self.probe_every = PROBE_FIRST if accepted >= 1 else min(2 * self.probe_every, PROBE_LAST)
         c = self.counts[kind]
         c[0] = self.decay * c[0] + accepted
         c[1] = self.decay * c[1] + min(1.0, drafted - accepted)
@@ -316,7 +317,7 @@ class CostModel:
         weaken them, so this request's own rounds soon outweigh the last one's, and probe a
         model drafter that stopped drafting at the first interval again (probes that failed on
         the last prompt say little about this one)."""
-        self.probe_every = 16
+        self.probe_every = PROBE_FIRST
         for kind, c in self.counts.items():
             s0, f0 = self.priors.get(kind, (1.0, 1.0))
             c[0] = s0 + keep * (c[0] - s0)
@@ -399,7 +400,7 @@ class CostModel:
         m = self._explore(reach[:m_top], max(best, plain * self.margin)) or best_m
         if m or self.draft_is_free:
             if m:
-                self.rounds_since_draft, self.probe_every = 0, 16
+                self.rounds_since_draft, self.probe_every = 0, PROBE_FIRST
             return m
         # Re-test now and then: acceptance drifts with the text. A model drafter costs a step to
         # probe, so probes back off while they keep failing; a free drafter is probed for free
