@@ -71,7 +71,9 @@ class Engine:
         lookup: a model drafter ("model", "eagle") may hand a round to prompt lookup (the n-gram
             drafter) where the cost models expect that to be faster, e.g. where the answer
             copies the prompt (default True; False: the model drafts every round it drafts).
-            Never with a fixed num_draft or several ranks.
+            Never with a fixed num_draft or several ranks. With it an EAGLE head's greedy chains
+            also copy, step by step, where the text repeats and the head is unsure
+            (`drafters.chaincopy`; also with a fixed num_draft).
         cost_prior: V(j)/V(1) ratios to start the cost model from; default: the curve saved by
             `mlxspec calibrate` for this model on this device, if any.
         group: an `mx.distributed.Group` the target is sharded over (see `mlxspec.shard`), or
@@ -238,7 +240,8 @@ class Engine:
             tree: None for the engine's setting (default "auto": the cost model sizes draft trees),
                 "auto", "off" (chains only), or an int capping a tree's nodes.
             lookup: None for the engine's setting (default True); whether a model drafter's
-                rounds may draft by prompt lookup instead (see `Engine`).
+                rounds may draft by prompt lookup instead, and an EAGLE head's greedy chains copy
+                (see `Engine`).
         """
         params = SamplingParams(temperature, top_p, top_k, min_p)
         max_tokens = check_max_tokens(max_tokens)

@@ -83,6 +83,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     read_pass = coord.watched(read)
     # Not with several ranks: each rank's cost models would pick differently.
     companion = LOOKUP if lookup and drafter.uses_model and k_fixed is None and not dist else None
+    if hasattr(drafter, "copying"):  # its greedy chains copy where the text repeats (`drafters.chaincopy`)
+        drafter.copying = lookup
     clock = time.perf_counter
     engine.last_stats = stats
     mx.reset_peak_memory()

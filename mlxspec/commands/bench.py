@@ -58,7 +58,8 @@ def register(subparsers) -> None:
     p.add_argument("--tree", default="auto", help="draft trees: auto (the cost model sizes them), off "
                    "(chains only) or a node cap; a comma list compares them, e.g. auto,off (default auto)")
     p.add_argument("--lookup", default="on", help="a model drafter's (model, eagle) lookup companion: on (rounds "
-                   "where prompt lookup is expected to draft faster go to it) or off (the model drafts alone); "
+                   "where prompt lookup is expected to draft faster go to it; the eagle head's greedy chains also copy where "
+                   "the text repeats) or off (the model drafts alone); "
                    "a comma list compares them, e.g. on,off (default on)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every run (default 0)")
     p.add_argument("--no-peer", action="store_true", help="skip mlx-lm's speculative decoding (always skipped "

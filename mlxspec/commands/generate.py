@@ -48,7 +48,8 @@ def register(subparsers) -> None:
                    help="draft trees: auto (default: the cost model sizes them), off (chains only), or a node cap")
     p.add_argument("--lookup", type=on_off, default=None, metavar="on|off",
                    help="with --drafter model or eagle: on (default) hands the rounds where prompt lookup is "
-                        "expected to draft faster (text the answer repeats) to it; off: the model drafts alone")
+                        "expected to draft faster (text the answer repeats) to it, and the eagle head's greedy "
+                        "chains copy where the text repeats; off: the model drafts alone")
     p.add_argument("--max-kv-size", type=int, default=None, metavar="W",
                    help="keep at most W tokens of KV (a sliding window); default: unbounded")
     p.add_argument("--dtype", choices=["auto", "quantized", "bfloat16", "float16", "float32"], default=None,

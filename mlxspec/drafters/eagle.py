@@ -38,8 +38,10 @@ from ..backbone import layers_fit, output_rows
 from ..cache import make_cache
 from ..errors import IncompatibleModelsError, ModelNotFoundError
 from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
+from . import chaincopy
 from .base import Draft
 from .model import power_of_two_chunks
+from .ngram import NgramDrafter
 from .sidetree import read_tree, runner_up, runners_up, static_parents
 
 FINGERPRINT_ROWS = 64  # embedding rows whose norms identify a target (spread over the vocabulary)
@@ -251,9 +253,12 @@ class EagleDrafter:
         mx.eval(self.out_weight)
         self.vocab = _vocab(target.model)
         self.max_kv_size, self.headroom, self.prefill_step = max_kv_size, headroom, prefill_step
+        self.copying = True  # greedy chains copy where the text repeats (`chaincopy`); the loop sets it per request
+        self.copier = NgramDrafter()
         self.reset()
 
     def reset(self) -> None:
+        self.copier.reset()
         self.caches = make_cache(self.head, max_kv_size=self.max_kv_size, headroom=self.headroom)
         self.covered: List[int] = []  # x[0..m]: the tokens whose m real entries the cache holds
         self.drafted = 0  # entries after them made while drafting (predicted features)
@@ -357,6 +362,8 @@ class EagleDrafter:
         h = self._feed(history, len(history) - 1)  # (1, H): predicted f[n-1], n = len(history)
         start = len(history)  # absolute position of the first draft token
         u = None if params.greedy else position_uniforms(seed, mx.arange(start, start + k), DRAFT)
+        match, copy = self.copier.copy(history, k) if params.greedy and self.copying else (0, [])
+        following = mx.array(True)
         tokens, rows, side = [], [], []
         for i in range(k):
             if i:
@@ -364,12 +371,18 @@ class EagleDrafter:
             logits = self.logits(h[0]).astype(mx.float32)  # (N,)
             if params.greedy:
                 local = mx.argmax(logits)
-                tok = local if self.draft_ids is None else mx.take(self.draft_ids, local)
+                top = local if self.draft_ids is None else mx.take(self.draft_ids, local)
+                tok = top
+                if i < len(copy) and match + i >= chaincopy.MIN_COPY:
+                    tok, following = chaincopy.blend(top, logits, copy[i], match + i, following)
+                elif i < len(copy):
+                    following = following & (tok == copy[i])
                 if size:
                     side.append(runners_up(logits))
-                elif i < static:
+                elif i < static:  # the head's runner-up, or its top where the chain copied instead
                     other = runner_up(logits, local)
-                    side.append(other if self.draft_ids is None else mx.take(self.draft_ids, other))
+                    other = other if self.draft_ids is None else mx.take(self.draft_ids, other)
+                    side.append(other if tok is top else mx.where(tok == top, other, top))
             else:
                 q = kernels.probabilities(self._full(logits), params)  # (V,): zero outside the draft vocabulary
                 tok = sample_rows(q, u[i])

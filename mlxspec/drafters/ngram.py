@@ -80,18 +80,37 @@ class NgramDrafter:
                 archived = archived or (n, ends[-1], False)
         return archived
 
+    def _extent(self, history, n: int, end: int, top: int = EXTENT_KINDS[0]) -> int:
+        """How far back (at most `top`) the occurrence ending at `end` matches the history's tail,
+        given that its last n tokens do."""
+        extent, c = n, self._corpus
+        if n == self.max_n:
+            # History tokens are never SEP, so the walk stops at the start of the occurrence's history.
+            while extent < top and end - extent - 1 >= 0 and extent < len(history) \
+                    and c[end - extent - 1] == history[-extent - 1]:
+                extent += 1
+        return extent
+
     def _kind(self, history, n: int, end: int, current: bool) -> str:
         """"n{n}" ("a{n}" for an earlier history); a max_n match that extends further back is
         "n4" (4-7 tokens) or "n8" (8 or more): its continuation is likelier to hold."""
         extent = n
         if n == self.max_n:
-            c, top = self._corpus, EXTENT_KINDS[0]
-            # History tokens are never SEP, so the walk stops at the start of the occurrence's history.
-            while extent < top and end - extent - 1 >= 0 and extent < len(history) \
-                    and c[end - extent - 1] == history[-extent - 1]:
-                extent += 1
-            extent = next((e for e in EXTENT_KINDS if extent >= e), n)
+            extent = next((e for e in EXTENT_KINDS if self._extent(history, n, end) >= e), n)
         return ("n" if current else "a") + str(extent)
+
+    def copy(self, history, k: int, top: int = EXTENT_KINDS[0]) -> Tuple[int, List[int]]:
+        """(match length, continuation): how many tokens (at most `top`) of the history's tail
+        recur earlier in it, and the k tokens that followed there (`propose`'s chain); (0, [])
+        where nothing recurs. A model drafter's chain weighs its own steps against this copy."""
+        if k <= 0 or len(history) < 2:
+            return 0, []
+        self._extend(history)
+        m = self._match(history)
+        if m is None or not m[2]:
+            return 0, []
+        n, end, _ = m
+        return self._extent(history, n, end, top), self._chain(end, k)
 
     def propose(self, history, k, params=None, seed=0) -> Draft:
         if k <= 0 or len(history) < 2:
