@@ -58,8 +58,8 @@ def first_step_overlap(engine, ids, out, temperature: float, count=None):
     # The head's row j-1 predicts f[j], whose logits predict seq[j+1]: align with target row j.
     rows = h[start - 1 : -1]
     q = probabilities(drafter._full(drafter.logits(rows).astype(mx.float32)), params)
-    if count is not None:
-        count(rows)
+    if count is not None:  # with the target's own top probability (T = 1) at each row
+        count(rows, mx.max(mx.softmax(logits[start:].astype(mx.float32), axis=-1), axis=-1))
     engine.reset()
     return mx.sum(mx.minimum(p, q), axis=-1).tolist()
 
@@ -69,9 +69,20 @@ def steps(counts: list, k: int) -> list:
     return list(counts) + [0] * (k - len(counts))
 
 
+CONFIDENCE = (0.3, 0.5, 0.7, 0.9)  # bucket edges of the target's top probability
+
+
+def confidence_bucket(p: float) -> str:
+    """'a-b': the bucket of CONFIDENCE's edges that holds p (0-0.3, ..., 0.9-1)."""
+    edges = (0.0, *CONFIDENCE, 1.0)
+    i = sum(p >= e for e in CONFIDENCE)
+    return f"{edges[i]:g}-{edges[i + 1]:g}"
+
+
 class Agreement:
     """Greedy first-step agreement along outputs: the target's whole output matrix and the draft
-    vocabulary are read once, then each prompt's head rows are counted."""
+    vocabulary are read once, then each prompt's head rows are counted, also by how sure the
+    target was (its top probability), which shows where the head's misses are."""
 
     def __init__(self, drafter):
         from mlxspec.backbone import output_rows
@@ -80,17 +91,24 @@ class Agreement:
         self.whole = output_rows(drafter.target.model, mx.arange(drafter.vocab))
         self.vocab = set(drafter.draft_ids.tolist()) if drafter.draft_ids is not None else None
 
-    def count(self, rows, out) -> dict:
-        """Row i of `rows` predicts out[i] (the first, out[0], follows the prompt: skipped)."""
+    def count(self, rows, out, sure=None) -> dict:
+        """Row i of `rows` predicts out[i] (the first, out[0], follows the prompt: skipped);
+        `sure[i]`: the target's top probability there."""
         d = self.drafter
         top5 = mx.argsort(-d.logits(rows[1:]).astype(mx.float32), axis=-1)[:, :5]
         if d.draft_ids is not None:
             top5 = mx.take(d.draft_ids, top5)
         full = mx.argmax(rows[1:] @ self.whole.T, axis=-1)
         c = dict.fromkeys(("positions", "top1", "top5", "in_vocab", "top1_full"), 0)
-        for t, five, f in zip(out[1:], top5.tolist(), full.tolist()):
+        c["by_confidence"] = {}
+        sure = sure[1:].tolist() if sure is not None else [None] * (len(out) - 1)
+        for t, five, f, p in zip(out[1:], top5.tolist(), full.tolist(), sure):
             c["positions"] += 1
             c["top1"] += five[0] == t
+            if p is not None:
+                b = c["by_confidence"].setdefault(confidence_bucket(p), [0, 0])
+                b[0] += 1
+                b[1] += five[0] == t
             c["top5"] += t in five
             c["in_vocab"] += self.vocab is None or t in self.vocab
             c["top1_full"] += f == t
@@ -135,6 +153,9 @@ def main(argv=None):
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--reps", type=int, default=20, help="timed steps")
+    p.add_argument("--lookup", choices=("on", "off"), default="on",
+                   help="greedy chains copy where the text repeats (the engine's default, on), or the head drafts "
+                        "alone (off); at a fixed k no round is handed to prompt lookup either way")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     import mlxspec
@@ -149,12 +170,13 @@ def main(argv=None):
     t0 = time.time()
     for i, ex in enumerate(suite[: args.prompts]):
         ids = chat_ids(tok, ex["prompt"])
-        g = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle")
+        lookup = args.lookup == "on"
+        g = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle", lookup=lookup)
         s = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle",
-                            temperature=args.temperature, seed=i)
+                            temperature=args.temperature, seed=i, lookup=lookup)
         counts = {}
         ov = first_step_overlap(engine, ids, g.tokens, args.temperature,
-                                lambda r: counts.update(agreement.count(r, g.tokens)))
+                                lambda r, sure: counts.update(agreement.count(r, g.tokens, sure)))
         overlap += ov
         rows.append({"kind": ex["kind"], "drafted": g.stats.drafted, "accepted": g.stats.accepted,
                      "reached": steps(g.stats.step_reached, args.k), "step_acc": steps(g.stats.step_accepted, args.k),
@@ -171,12 +193,23 @@ def main(argv=None):
     def total(key):
         return sum(r[key] for r in rows)
 
+    def by_confidence(rs):
+        """{bucket: {"share": of the positions, "top1": the head's agreement there}}."""
+        merged = {}
+        for r in rs:
+            for b, (n, hit) in r["by_confidence"].items():
+                m = merged.setdefault(b, [0, 0])
+                m[0] += n
+                m[1] += hit
+        n = max(sum(m[0] for m in merged.values()), 1)
+        return {b: {"share": m[0] / n, "top1": m[1] / max(m[0], 1)} for b, m in sorted(merged.items())}
+
     def judged(rs):
         reached = [sum(r["reached"][i] for r in rs) for i in range(args.k)]
         acc = [sum(r["step_acc"][i] for r in rs) for i in range(args.k)]
         return sum(acc) / max(sum(reached), 1), [a / max(n, 1) for a, n in zip(acc, reached)]
 
-    res = {"suite": args.suite, "prompts": len(rows), "max_tokens": args.max_tokens, "k": args.k,
+    res = {"suite": args.suite, "prompts": len(rows), "lookup": args.lookup, "max_tokens": args.max_tokens, "k": args.k,
            "acceptance": total("accepted") / total("drafted"), "drafted": total("drafted"),
            "judged_acceptance": judged(rows)[0], "step_acceptance": judged(rows)[1],
            "tokens_per_target_pass": total("tokens") / total("passes"),
@@ -186,6 +219,7 @@ def main(argv=None):
            "first_step_top5": total("top5") / total("positions"),
            "draft_vocab_coverage": total("in_vocab") / total("positions"),
            "first_step_top1_full_vocab": total("top1_full") / total("positions"),
+           "first_step_top1_by_confidence": by_confidence(rows),
            "target_step_ms": 1e3 * t_target, "head_step_ms": 1e3 * t_head, "head_over_target": t_head / t_target,
            "per_kind": {}}
     for kind in sorted({r["kind"] for r in rows}):
