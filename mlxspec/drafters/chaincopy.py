@@ -29,6 +29,14 @@ def precision(match: int) -> float:
     return next((p for n, p in PRECISION if match >= n), 0.0)
 
 
+@mx.compile
+def _blend(head_token, logits, copy_token, bar, following):
+    # One compiled call: every op costs host time per step, as in `rounds._argmax_checked`.
+    p_top = mx.exp(mx.max(logits) - mx.logsumexp(logits))
+    token = mx.where(following & (p_top < bar), copy_token, head_token)
+    return token, following & (token == copy_token)
+
+
 def blend(head_token: mx.array, logits: mx.array, copy_token: int, match: int,
           following: mx.array) -> Tuple[mx.array, mx.array]:
     """One chain step, lazily: (the token, whether the chain still follows the copy).
@@ -36,7 +44,5 @@ def blend(head_token: mx.array, logits: mx.array, copy_token: int, match: int,
     `head_token` is the drafter's top token (the target's id) from (N,) float32 `logits`;
     `copy_token` what the copy proposes after a match of `match` tokens, valid while
     `following` (every earlier step took the copy's token)."""
-    p_top = mx.exp(mx.max(logits) - mx.logsumexp(logits))
-    use = following & (p_top < precision(match))
-    token = mx.where(use, mx.array(copy_token, dtype=head_token.dtype), head_token)
-    return token, following & (token == copy_token)
+    return _blend(head_token, logits, mx.array(copy_token, dtype=head_token.dtype),
+                  mx.array(precision(match), dtype=mx.float32), following)
