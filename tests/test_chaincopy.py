@@ -3,11 +3,11 @@
 import mlx.core as mx
 import pytest
 
-import tiny
 from mlxspec import Engine
 from mlxspec.drafters import chaincopy
 from mlxspec.sampling import SamplingParams
-from test_eagle import drafter_for
+# The tiny target and the random head (every third id its draft vocabulary) of the EAGLE tests.
+from test_eagle import drafter_for, random_head, target  # noqa: F401
 from test_engine import assert_same_greedy, reference
 
 GREEDY = SamplingParams()
@@ -17,17 +17,6 @@ GREEDY = SamplingParams()
 CYCLE = [5, 6, 7, 8, 9, 10, 11]
 HISTORY = CYCLE * 3 + [5, 6, 7]
 COPY = [8, 9, 10, 11]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny.make_llama(1, layers=1)
-
-
-@pytest.fixture(scope="module")
-def random_head(target, tmp_path_factory):
-    return tiny.make_eagle_head(target, tmp_path_factory.mktemp("rand"), seed=3,
-                                draft_ids=list(range(0, tiny.VOCAB, 3)))
 
 
 def ready(target, head, history, copying=True):
