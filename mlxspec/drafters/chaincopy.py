@@ -18,7 +18,7 @@ import mlx.core as mx
 
 MIN_COPY = 2  # shorter matches are right about a fifth of the time: never worth the drafter's token
 # How often a copy's next token was the target's, by match length (2, 3, 4-5, 6+), along the
-# greedy answers of 84 held-out prompts (public, templated and the bench suite; 1,209 positions
+# greedy answers of 84 prompts never trained on (public, templated, the bench suite; 1,209 positions
 # with a match of 2 or more): 0.50, 0.61, 0.71, 0.88. The demo's EAGLE head's own top token
 # was right 0.48-0.53 of the time at those positions.
 PRECISION = ((6, 0.88), (4, 0.71), (3, 0.61), (2, 0.50))
