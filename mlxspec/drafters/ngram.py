@@ -96,30 +96,32 @@ class NgramDrafter:
         "n4" (4-7 tokens) or "n8" (8 or more): its continuation is likelier to hold."""
         extent = n
         if n == self.max_n:
-            extent = next((e for e in EXTENT_KINDS if self._extent(history, n, end) >= e), n)
+            reach = self._extent(history, n, end)
+            extent = next((e for e in EXTENT_KINDS if reach >= e), n)
         return ("n" if current else "a") + str(extent)
+
+    def _current(self, history) -> Optional[Tuple[int, int]]:
+        """Index the history, then (n, end) of its longest tail seen earlier in itself (`_match`),
+        or None."""
+        self._extend(history)
+        m = self._match(history)
+        return m[:2] if m is not None and m[2] else None
 
     def copy(self, history, k: int, top: int = EXTENT_KINDS[0]) -> Tuple[int, List[int]]:
         """(match length, continuation): how many tokens (at most `top`) of the history's tail
         recur earlier in it, and the k tokens that followed there (`propose`'s chain); (0, [])
         where nothing recurs. A model drafter's chain weighs its own steps against this copy."""
-        if k <= 0 or len(history) < 2:
+        m = self._current(history) if k > 0 and len(history) >= 2 else None
+        if m is None:
             return 0, []
-        self._extend(history)
-        m = self._match(history)
-        if m is None or not m[2]:
-            return 0, []
-        n, end, _ = m
+        n, end = m
         return self._extent(history, n, end, top), self._chain(end, k)
 
     def propose(self, history, k, params=None, seed=0) -> Draft:
-        if k <= 0 or len(history) < 2:
+        m = self._current(history) if k > 0 and len(history) >= 2 else None
+        if m is None:
             return Draft([])
-        self._extend(history)
-        m = self._match(history)
-        if m is None or not m[2]:
-            return Draft([])
-        n, end, _ = m
+        n, end = m
         return Draft(self._chain(end, k), kind=self._kind(history, n, end, True))
 
     def _chain(self, end: int, k: int) -> List[int]:
