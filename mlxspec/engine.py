@@ -153,7 +153,8 @@ class Engine:
         if self.eagle is not None:
             head, draft_ids, _ = self.eagle
             self.drafters["eagle"] = EagleDrafter(head, draft_ids, self.target, max_kv_size=self.max_kv_size,
-                                                  headroom=headroom, prefill_step=self.prefill_step)
+                                                  headroom=headroom, prefill_step=self.prefill_step,
+                                                  copier=self.drafters["ngram"])
         self.curve = TargetCurve(prior_ratios=self._cost_prior, prior_slope=self._prior_slope)
         self.costs = {name: CostModel(self.curve, draft_is_free=not d.uses_model,
                                       prior_draft_ratio=self._prior_draft if name == "model" else None)

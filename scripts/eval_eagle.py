@@ -168,9 +168,9 @@ def main(argv=None):
     rows, overlap = [], []
     agreement = Agreement(engine.drafters["eagle"])
     t0 = time.time()
+    lookup = args.lookup == "on"
     for i, ex in enumerate(suite[: args.prompts]):
         ids = chat_ids(tok, ex["prompt"])
-        lookup = args.lookup == "on"
         g = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle", lookup=lookup)
         s = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle",
                             temperature=args.temperature, seed=i, lookup=lookup)

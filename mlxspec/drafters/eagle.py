@@ -243,7 +243,7 @@ class EagleDrafter:
     uses_model = True
 
     def __init__(self, head: EagleHead, draft_ids: Optional[mx.array], target, *, max_kv_size: Optional[int],
-                 headroom: int, prefill_step: int = 512):
+                 headroom: int, prefill_step: int = 512, copier: Optional[NgramDrafter] = None):
         if not target.keep_hidden:
             raise ValueError("[eagle] the target Sequence must keep hidden states (keep_hidden=True)")
         self.head, self.draft_ids, self.target = head, draft_ids, target
@@ -254,11 +254,12 @@ class EagleDrafter:
         self.vocab = _vocab(target.model)
         self.max_kv_size, self.headroom, self.prefill_step = max_kv_size, headroom, prefill_step
         self.copying = True  # greedy chains copy where the text repeats (`chaincopy`); the loop sets it per request
-        self.copier = NgramDrafter()
+        # The engine's n-gram drafter, whose index of the history its lookup rounds keep anyway. Its
+        # owner resets it: a copy depends on the current history alone, never on what it archived.
+        self.copier = copier if copier is not None else NgramDrafter()
         self.reset()
 
     def reset(self) -> None:
-        self.copier.reset()
         self.caches = make_cache(self.head, max_kv_size=self.max_kv_size, headroom=self.headroom)
         self.covered: List[int] = []  # x[0..m]: the tokens whose m real entries the cache holds
         self.drafted = 0  # entries after them made while drafting (predicted features)
@@ -373,10 +374,8 @@ class EagleDrafter:
                 local = mx.argmax(logits)
                 top = local if self.draft_ids is None else mx.take(self.draft_ids, local)
                 tok = top
-                if i < len(copy) and match + i >= chaincopy.MIN_COPY:
+                if i < len(copy):  # (below MIN_COPY, blend keeps the head's token and tracks the copy)
                     tok, following = chaincopy.blend(top, logits, copy[i], match + i, following)
-                elif i < len(copy):
-                    following = following & (tok == copy[i])
                 if size:
                     side.append(runners_up(logits))
                 elif i < static:  # the head's runner-up, or its top where the chain copied instead
