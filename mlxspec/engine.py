@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from . import blas, kernels
 from .cache import WindowKVCache
-from .costmodel import CostModel, TargetCurve
+from .costmodel import DECAY, MODEL_DECAY, CostModel, TargetCurve
 from .device import backend
 from .distributed import Coordinator
 from .drafters import DRAFTERS, EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
@@ -157,6 +157,7 @@ class Engine:
                                                   copier=self.drafters["ngram"])
         self.curve = TargetCurve(prior_ratios=self._cost_prior, prior_slope=self._prior_slope)
         self.costs = {name: CostModel(self.curve, draft_is_free=not d.uses_model,
+                                      decay=MODEL_DECAY if d.uses_model else DECAY,
                                       prior_draft_ratio=self._prior_draft if name == "model" else None)
                       for name, d in self.drafters.items()}
         self.last_stats: Optional[GenerationStats] = None
