@@ -29,6 +29,10 @@ The target's curve (`TargetCurve`) is one per engine, shared by every drafter; a
 and draft cost (`CostModel`) are per drafter. Acceptance is kept per *kind* of proposal:
 the n-gram drafter labels drafts by match length (a 3-token match is far more reliable than
 a 1-token one), and a free drafter proposes first so the engine picks k for that kind.
+Lookup's kinds come and go with the text and are forgotten fast; a model drafter's acceptance is
+mostly the pair's and is forgotten slowly (`MODEL_DECAY`). A model drafter that stopped drafting
+is re-tested by probes: greedy, a guess of the next token checked for free, every GUESS_EVERY
+plain rounds; sampled, a k = 1 round, at intervals that double while they fail.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ STALL = 4.0  # a sample this many times the estimate is a stall (until it repeat
 STALE_ROUNDS = 256  # an estimate older than this many rounds is re-timed when it could pay
 EXPLORE_EVERY = 32  # rounds between re-timings
 PROBE_FIRST, PROBE_LAST = 16, 128  # plain rounds between a model drafter's probes: first, and most
+# Plain rounds between greedy probes, which verify nothing: the drafter's first token is checked
+# against the token the plain step gives (one drafting step, ~6 % of a plain step for the demo's
+# head). They never back off: a drafter that stopped must see the text change to resume.
+GUESS_EVERY = 8
 # How fast acceptance estimates forget, per round. Prompt lookup's kinds come and go with the text,
 # so they forget fast. A model drafter's acceptance is mostly the pair's, and on a GPU it pays from
 # about 0.2 per token (a 2-token round costs ~1.15 plain steps): with the fast rate, a run of five
@@ -243,7 +251,9 @@ class CostModel:
         self.rounds_since_draft = 0
         self.probe_every = PROBE_FIRST  # plain rounds between probes of a model drafter (doubles while probes fail)
         self.probing = False  # the last `choose` returned a probe (1), not a length expected to pay
+        self.exploring = False  # the last `choose` returned a length to re-time (`_explore`): verify it as a chain
         self.probe_out: Optional[str] = None  # the kind whose probe's outcome is still to come
+        self.guess_probes = False  # probes are greedy guesses (the loop sets it per request): GUESS_EVERY
         self.rounds_since_explore = 0
 
     # -- observations -----------------------------------------------------------------------
@@ -313,7 +323,8 @@ class CostModel:
             self.counts[kind], self.priors[kind] = list(prior), tuple(prior)
         if kind == self.probe_out:  # a probe's outcome: back off while probes fail, start over when one holds
             self.probe_out = None
-            self.probe_every = PROBE_FIRST if accepted >= 1 else min(2 * self.probe_every, PROBE_LAST)
+            if not self.guess_probes:
+                self.probe_every = PROBE_FIRST if accepted >= 1 else min(2 * self.probe_every, PROBE_LAST)
         c = self.counts[kind]
         c[0] = self.decay * c[0] + accepted
         c[1] = self.decay * c[1] + min(1.0, drafted - accepted)
@@ -381,7 +392,7 @@ class CostModel:
         draft. A round over the first m yields 1 + sum(reach[:m]) tokens on average and costs
         m * c + V(m + 1). Returns the m in [0, min(k_max, len(reach))] with the best speed.
         """
-        self.probing = False
+        self.probing = self.exploring = False
         m_top = min(self.k_max, len(reach))
         if m_top == 0:
             return 0
@@ -403,7 +414,9 @@ class CostModel:
         # A model drafter that does not draft explores too: a length that warm-up timed too high,
         # or that only a too-steep prior priced (no warm-up), is timed by nobody else when no
         # free drafter drafts it.
-        m = self._explore(reach[:m_top], max(best, plain * self.margin)) or best_m
+        explored = self._explore(reach[:m_top], max(best, plain * self.margin))
+        self.exploring = bool(explored)
+        m = explored or best_m
         if m or self.draft_is_free:
             if m:
                 self.rounds_since_draft, self.probe_every = 0, PROBE_FIRST
@@ -412,7 +425,7 @@ class CostModel:
         # probe, so probes back off while they keep failing; a free drafter is probed for free
         # by the engine's shadow check instead.
         self.rounds_since_draft += 1
-        if self.rounds_since_draft >= self.probe_every:
+        if self.rounds_since_draft >= (GUESS_EVERY if self.guess_probes else self.probe_every):
             self.rounds_since_draft = 0
             self.probing = True
             return 1

@@ -97,6 +97,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     stats.prefilled_tokens = len(todo)
     stats.prompt_seconds = clock() - t0
     cost.new_request()
+    cost.guess_probes = params.greedy  # a greedy probe is a guess checked for free (`probe_instead`)
 
     hist = list(ids)
     longest = longest_draft(engine)  # most drafts a round the cost model sizes may verify
@@ -215,10 +216,12 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     def enqueue(step: tuple) -> Pass:
         k, draft, shadow, src = step
         drafted, read_first, static = None, False, False
-        if draft is None and k and model_trees:
+        if draft is None and k and model_trees and not (src == name and cost.exploring):
             # Greedy: the chain plus runners-up as side leaves, where their rows pay. First the
             # fixed-shape tree, drafted and verified on the device like a chain; else the tree
-            # whose leaves are picked by probability, which the host must read first.
+            # whose leaves are picked by probability, which the host must read first. Not for a
+            # round that re-times a pass length (`CostModel._explore`): side leaves would make its
+            # pass longer than the one it is to time, which would stay warm-up's guess.
             m = treeplan.static_leaves(cost, k, tree) if static_trees else 0
             if m:
                 draft, drafted, static = drafter.propose_static_tree(hist, k, m, params, seed), k, True

@@ -396,3 +396,15 @@ def test_stale_lengths_are_retimed_when_they_could_pay():
     for _ in range(5):
         m.curve.observe(9, 1.36)  # cheap now, and measured so often that the median moves: k = 8 wins
     assert m.choose(8) == 8
+
+
+def test_greedy_guesses_never_back_off():
+    """Greedy probes are guesses checked for free (one drafting step, no verify rows): they keep
+    their interval however often they fail, so a drafter that stopped sees the text change."""
+    from mlxspec.costmodel import GUESS_EVERY
+
+    m = trained({j: 0.1 * j for j in range(1, 10)}, 0.05, 0.1)
+    m.guess_probes = True
+    at = probes(m, 200)
+    assert len(at) > 10 and {b - a for a, b in zip(at, at[1:])} == {GUESS_EVERY}
+    assert m.probe_every == 16  # the round probes' interval is left alone

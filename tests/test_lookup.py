@@ -147,3 +147,25 @@ def test_mixed_rounds_sample_the_target(tmp_path, timed):
     tv = 0.5 * np.abs(counts / N - joint).sum()
     tol = 4 * 0.5 * np.sqrt(joint * (1 - joint) / N).sum()
     assert tv <= tol, f"TV {tv:.4f} > {tol:.4f}"
+
+
+def test_a_round_that_re_times_a_length_is_a_chain(target, weak_head, timed, monkeypatch):
+    """A round the cost model drafts to re-time a pass length (`CostModel._explore`) verifies
+    that length: no side leaves, which would lengthen the pass and leave the length's estimate
+    warm-up's (on an H100 the head's every round was such a tree, and a 2-token pass stayed
+    priced 30 % above the loop's own timing)."""
+    from mlxspec import treeplan
+    from mlxspec.costmodel import CostModel
+
+    monkeypatch.setattr(treeplan, "static_leaves", lambda cost, k, tree: 1)  # side leaves always "pay"
+    e = engine_for("eagle", target, weak_head)
+    plain = e.generate(PROMPT, max_tokens=60, speculative=False).tokens
+    monkeypatch.setattr(CostModel, "_explore", lambda self, reach, best: 1)
+    r = e.generate(PROMPT, max_tokens=60, lookup=False, tree=4)
+    assert r.tokens == plain and r.stats.drafted > 0 and r.stats.tree_rounds == 0
+    # The same rounds, chosen because they pay, carry side leaves.
+    real = CostModel.choose_nodes
+    monkeypatch.setattr(CostModel, "_explore", lambda self, reach, best: 0)
+    monkeypatch.setattr(CostModel, "choose_nodes", lambda self, reach: real(self, reach) * 0 + (1 if reach else 0))
+    r = e.generate(PROMPT, max_tokens=60, lookup=False, tree=4)
+    assert r.tokens == plain and r.stats.tree_rounds > 0
