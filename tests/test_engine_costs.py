@@ -350,6 +350,8 @@ def test_a_heads_run_of_misses_does_not_stop_it_where_it_pays(target, clock, mon
     r = e.generate(PROMPT, max_tokens=400, drafter="guess", lookup=False, tree="off")
     assert r.tokens == answer
     hist = r.stats.k_histogram
-    assert sum(n for k, n in hist.items() if k) >= 0.8 * r.stats.rounds, hist
+    # 0.95: forgetting at 0.85 a round it drafted 90 % of the rounds (34 % before greedy probes ran
+    # every 8 rounds), at MODEL_DECAY all but one.
+    assert sum(n for k, n in hist.items() if k) >= 0.95 * r.stats.rounds, hist
     # One draft a round pays (1 + 0.4) / (1.10 + 0.06) = 1.2x here; drafting must keep most of it.
     assert (clock.t - t0) / len(r.tokens) < base / 1.12
