@@ -216,7 +216,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     def enqueue(step: tuple) -> Pass:
         k, draft, shadow, src = step
         drafted, read_first, static = None, False, False
-        if draft is None and k and model_trees and not (src == name and cost.exploring):
+        if draft is None and k and model_trees and not cost.exploring:
             # Greedy: the chain plus runners-up as side leaves, where their rows pay. First the
             # fixed-shape tree, drafted and verified on the device like a chain; else the tree
             # whose leaves are picked by probability, which the host must read first. Not for a
