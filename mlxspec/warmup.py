@@ -17,8 +17,13 @@ from __future__ import annotations
 import time
 from typing import Dict, Iterable, Optional
 
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
 from .device import is_gpu
 from .drafters import Draft, EagleDrafter, ModelDrafter
+from .drafters import chaincopy
+from .drafters.eagle import FEED_WHOLE
 from .modelmeta import logit_width
 from .prompts import MAX_DRAFT
 from .rounds import plain_step, read, tree_round, verify_round
@@ -172,12 +177,12 @@ def _time_drafts(engine, name: str, drafter, ids, params: SamplingParams, seed: 
 def _warm_eagle(engine, name: str, drafter: EagleDrafter, ids, params: SamplingParams, seed: int, max_j: int,
                 *, timed: bool) -> None:
     """An EAGLE head's catch-up chunks (on the target's real features of the prefix) and draft steps."""
+    for n in range(1, min(FEED_WHOLE, PREFIX - 1) + 1):  # each one-call catch-up, on the target's real features
+        drafter.reset()
+        mx.eval(drafter._feed(ids, n), drafter.arrays())
     drafter.reset()
-    fed = 0
-    for n in CATCH_UP:  # consecutive chunks over the target's features of the prefix
-        if fed + n > PREFIX - 1:
-            break
-        drafter._feed(ids, fed + n)
-        fed += n
+    if params.greedy:  # a chain's copy step: the synthetic prefix never repeats, so no draft below copies
+        logits, _, top = drafter._top(mx.zeros((1, drafter.out_weight.shape[1]), drafter.out_weight.dtype))
+        mx.eval(chaincopy.blend(top, logits, 0, chaincopy.MIN_COPY, mx.array(True)))
     _time_drafts(engine, name, drafter, ids, params, seed, max_j, timed=timed)
     _warm_tree_drafts(engine, drafter, ids, params, seed)

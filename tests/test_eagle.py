@@ -9,7 +9,8 @@ from mlx_lm.models.cache import RotatingKVCache
 
 import tiny
 from mlxspec import Engine
-from mlxspec.drafters.eagle import EagleDrafter, load_head
+from mlxspec.drafters import chaincopy
+from mlxspec.drafters.eagle import FEED_WHOLE, EagleDrafter, load_head
 from mlxspec.errors import IncompatibleModelsError, InvalidArgumentError, ModelNotFoundError
 from mlxspec.sampling import SamplingParams
 from mlxspec.sequence import Sequence
@@ -236,8 +237,14 @@ def test_warmup_runs_the_head(target, random_head, monkeypatch):
     for kind in ("propose_tree", "propose_static_tree"):
         orig = getattr(EagleDrafter, kind)
         monkeypatch.setattr(EagleDrafter, kind, lambda self, *a, _o=orig, _k=kind: trees.append(_k) or _o(self, *a))
+    fed = []  # a round's catch-up is one head call of any size up to FEED_WHOLE: warm-up runs each
+    orig_step = EagleDrafter.head_step
+    monkeypatch.setattr(EagleDrafter, "head_step", lambda self, t, *a, **kw: fed.append(t.shape[1]) or orig_step(self, t, *a, **kw))
+    blends = []  # a chain's copy step compiles at its first call: warm-up makes one
+    monkeypatch.setattr(chaincopy, "_blend", lambda *a, _o=chaincopy._blend: blends.append(1) or _o(*a))
     e.warmup()
     assert sorted(trees) == ["propose_static_tree", "propose_tree"]
+    assert set(range(1, FEED_WHOLE + 1)) <= set(fed) and blends
     assert e.costs["eagle"].c.value() > 0  # the head's per-token cost is measured, not a prior
     assert e.target.tokens == [] and e.drafters["eagle"].entries == 0
     r = e.generate(PROMPT, max_tokens=20)

@@ -44,6 +44,9 @@ from .model import power_of_two_chunks
 from .ngram import NgramDrafter
 from .sidetree import read_tree, runner_up, runners_up, static_parents
 
+# Most real entries fed in one head call: a round's catch-up (its accepted drafts and the
+# target's token) is one call, not a power-of-two split; warm-up runs each size up to it.
+FEED_WHOLE = 16
 FINGERPRINT_ROWS = 64  # embedding rows whose norms identify a target (spread over the vocabulary)
 FINGERPRINT_RTOL = 0.03  # 4-bit quantization moves a row's norm by well under 1 %; another model by far more
 
@@ -228,6 +231,21 @@ def _check_target(t: dict, target_model, path: Path) -> None:
                                       + "; ".join(diffs))
 
 
+# One compiled call per greedy step: on a GPU a head this small runs at the host's pace, and
+# every op costs the host time (as in `rounds._argmax_checked`).
+@mx.compile
+def _top_full(h: mx.array, w: mx.array):
+    logits = (h @ w.T)[0].astype(mx.float32)
+    return logits, mx.argmax(logits)
+
+
+@mx.compile
+def _top_mapped(h: mx.array, w: mx.array, ids: mx.array):
+    logits = (h @ w.T)[0].astype(mx.float32)
+    local = mx.argmax(logits)
+    return logits, local, mx.take(ids, local)
+
+
 # -- the drafter --------------------------------------------------------------------------------
 
 class EagleDrafter:
@@ -316,7 +334,9 @@ class EagleDrafter:
     def _feed(self, history: List[int], upto: int, *, chunked: bool = False) -> Optional[mx.array]:
         """Feed real entries self.entries .. upto-1; returns the last predicted feature (1, H).
 
-        Power-of-two chunks (few shapes to compile); `chunked` (prompts) first evaluates
+        Up to FEED_WHOLE entries in one head call (each call costs the host its ops, and a GPU
+        runs a head this small at the host's pace; warm-up runs every such size), longer feeds
+        in power-of-two chunks (few shapes to compile); `chunked` (prompts) first evaluates
         prefill_step-sized chunks one by one."""
         start = self.entries
         if upto <= start:
@@ -325,7 +345,8 @@ class EagleDrafter:
         toks = mx.array(history[start + 1 : upto + 1], dtype=mx.uint32)
         out, i = None, 0
         sizes = [self.prefill_step] * ((upto - start) // self.prefill_step) if chunked else []
-        sizes += power_of_two_chunks((upto - start) - sum(sizes))
+        rest = (upto - start) - sum(sizes)
+        sizes += [rest] if rest <= FEED_WHOLE else power_of_two_chunks(rest)
         for n in sizes:
             out = self.head_step(toks[None, i : i + n], feats[None, i : i + n])
             if chunked:
@@ -369,10 +390,8 @@ class EagleDrafter:
         for i in range(k):
             if i:
                 h = self.head_step(tokens[-1].reshape(1, 1), h[None])[0]
-            logits = self.logits(h[0]).astype(mx.float32)  # (N,)
             if params.greedy:
-                local = mx.argmax(logits)
-                top = local if self.draft_ids is None else mx.take(self.draft_ids, local)
+                logits, local, top = self._top(h)
                 tok = top
                 if i < len(copy):  # (below MIN_COPY, blend keeps the head's token and tracks the copy)
                     tok, following = chaincopy.blend(top, logits, copy[i], match + i, following)
@@ -383,6 +402,7 @@ class EagleDrafter:
                     other = other if self.draft_ids is None else mx.take(self.draft_ids, other)
                     side.append(other if tok is top else mx.where(tok == top, other, top))
             else:
+                logits = self.logits(h[0]).astype(mx.float32)  # (N,)
                 q = kernels.probabilities(self._full(logits), params)  # (V,): zero outside the draft vocabulary
                 tok = sample_rows(q, u[i])
                 rows.append(q)
@@ -396,6 +416,13 @@ class EagleDrafter:
             return Draft(mx.concatenate([mx.stack(tokens), mx.stack(side).astype(mx.int32)]),
                          parents=static_parents(k, len(side)))
         return Draft(mx.stack(tokens), mx.stack(rows) if rows else None)
+
+    def _top(self, h: mx.array) -> Tuple[mx.array, mx.array, mx.array]:
+        """(1, H) feature -> ((N,) float32 logits, their argmax, its id in the target's vocabulary)."""
+        if self.draft_ids is None:
+            logits, local = _top_full(h, self.out_weight)
+            return logits, local, local
+        return _top_mapped(h, self.out_weight, self.draft_ids)
 
     def _full(self, logits: mx.array) -> mx.array:
         """Draft-vocabulary logits (..., N) -> target-vocabulary logits (..., V), -inf outside."""
