@@ -108,11 +108,16 @@ def _tree_parents(n: int) -> list:
 
 def _warm_trees(target, last: int, drafts, params: SamplingParams, seed: int, max_j: int) -> None:
     """Tree passes of 2..max_j fed tokens, untimed: a tree pass has kernels of its own (an
-    ancestor mask, one RoPE offset per row), compiled on a GPU per row count."""
+    ancestor mask, one RoPE offset per row), compiled on a GPU per row count. Each is committed
+    along its second branch, whose rows move next to the root: those gathers are kernels of
+    their own too (on an H100 the first reply with lookup rounds, which keep such trees, stalled
+    3-8 s, most likely compiling them)."""
     for j in range(2, max_j + 1):
         p = tree_round(target, last, Draft(drafts[: j - 1], parents=_tree_parents(j - 1)), params, seed, PREFIX)
         read(p)
-        target.rollback(p.fed)
+        target.keep_path(p.start, list(range(1, j - 1, 2)))  # [] for a lone node: trimmed only
+        mx.eval([a for _, a in tree_flatten(target.arrays()) if isinstance(a, mx.array)])
+        target.rollback(len(target.tokens) - p.start)
 
 
 def _time_plain_steps(engine, last: int, params: SamplingParams, seed: int) -> Optional[float]:

@@ -13,6 +13,7 @@ import pytest
 
 import tiny
 from mlxspec import Engine, loop, warmup
+from mlxspec import cache as cache_mod
 from mlxspec.prompts import MAX_DRAFT
 from mlxspec.tree_forward import TreeView
 
@@ -131,8 +132,13 @@ def test_warmup_runs_tree_passes_and_a_gpu_loop_stays_within_the_passes_warmed(t
     monkeypatch.setattr(warmup, "is_gpu", lambda: gpu)
     stalling = StallingModel(target, clock, stall=0.05)
     e = Engine(stalling, None, drafter="ngram")
+    moved = []  # a tree kept along a side branch moves its rows next to the root: gathers of their own
+    orig_copy = cache_mod._copy_entries
+    monkeypatch.setattr(cache_mod, "_copy_entries", lambda c, src, dst: moved.append(len(src)) or orig_copy(c, src, dst))
     e.warmup(max_j=6)
     assert set(range(2, 7)) <= stalling.tree_seen and e.warmed_passes == 6
+    assert moved and max(moved) >= 2 and e.target.tokens == []
+    monkeypatch.setattr(cache_mod, "_copy_entries", orig_copy)
     seen, tree_seen = set(stalling.seen), set(stalling.tree_seen)
     r = e.generate(PROMPT, max_tokens=120)
     longest = max(r.stats.k_histogram)
