@@ -12,7 +12,10 @@ meaning plain decoding at 1 / P; drafting must beat that by a 5% margin.
 
 Costs are robust estimates (`Estimate`): the median of the last few samples (their
 minimum while there are fewer than three), and a sample several times the estimate is
-held back as a stall (first-use compilation, a preempted thread) unless it repeats. A
+held back as a stall (first-use compilation, a preempted thread) unless it repeats; a run
+of three taken for a new level is undone when the next sample is back at the old one (stalls
+only ever slow a sample down), and a draft cost no round re-timed for long is explored at its
+prior, so a drafter that stalls stopped is timed again. A
 length never timed is interpolated from the timed ones (or a calibration curve). Warm-up's
 timings seed the curve until the loop's own replace them. Lengths whose estimate is old,
 only interpolated or still warm-up's are re-timed now and then when they could beat the
@@ -73,23 +76,38 @@ class Estimate:
     def __init__(self, n: int = 9):
         self.samples: deque = deque(maxlen=n)
         self.held: list = []  # consecutive samples held back as stalls
+        self.before: Optional[list] = None  # the samples a new regime replaced, until one of its own confirms it
         self.when = -1  # round of the latest accepted sample
         self.provisional = False  # every sample came from warm-up: the first of the loop's replaces them
         self._value: Optional[float] = None  # cached; None = recompute
 
-    def add(self, seconds: float, now: int = 0, *, provisional: bool = False) -> bool:
+    def add(self, seconds: float, now: int = 0, *, provisional: bool = False, guess: Optional[float] = None) -> bool:
         """Record a sample; returns False when it was held back as a stall. `provisional`:
-        a warm-up timing, which the first later (loop) sample replaces."""
+        a warm-up timing, which the first later (loop) sample replaces. `guess`: what a first
+        sample should be near (a first sample over STALL times it is held back too)."""
         est = self.value()
-        if est is not None and seconds > STALL * est:
+        bar = est if est is not None else guess
+        if bar is not None and seconds > STALL * bar:
             if len(self.held) < 2:
                 self.held.append(seconds)
                 return False
-            # The third in a row is no stall but a new regime: forget the old one.
+            # The third in a row is no stall but a new regime: forget the old one, unless the next
+            # sample is back at its level (first-use compiles on a GPU come in runs of rounds).
+            if est is not None:
+                self.before = list(self.samples)
+                self.samples.clear()
+                self.samples.extend(self.held)
+        elif self.before is not None and est is not None and seconds * STALL < est:
+            # Back at the old level: the "regime" was a run of stalls, since a stall only ever
+            # slows a sample down. Without this, a draft cost taken from such a run would keep its
+            # drafter from drafting, so from ever being timed again.
             self.samples.clear()
-            self.samples.extend(self.held)
+            self.samples.extend(self.before)
+            self.before = None
         elif self.provisional and not provisional:
             self.samples.clear()
+        else:
+            self.before = None  # a sample at the new regime's level confirms it
         self.held = []
         self.provisional = provisional and (self.provisional or not self.samples)
         self.samples.append(seconds)
@@ -283,8 +301,9 @@ class CostModel:
             # go to the draft cost when slow and to V when fast, and the two would drift apart
             # (V down, c up, so long drafts would look dearer than they are).
             typical = self.round_seconds.setdefault((k, steps, read), Estimate())
-            if not typical.add(seconds, self.curve.now):
-                return  # held back as a stall
+            expected = v + steps * self.draft_seconds() + (self.read_seconds() if read else 0.0)
+            if not typical.add(seconds, self.curve.now, guess=expected):
+                return  # held back as a stall (a shape's first round is judged against what it should cost)
             t = typical.value()
             if read:
                 # The steps cost what chain rounds teach; the rest is the read and what waited for it
@@ -459,9 +478,14 @@ class CostModel:
             return 0
         pick, pick_speed = 0, best
         c = self.draft_seconds()
+        # A draft cost no round has timed for STALE_ROUNDS may be a stall's (or a slower time's):
+        # judged by its prior instead, or a drafter it stopped would never be timed again.
+        stale_c = not self.draft_is_free and len(self.c) and self.curve.now - self.c.when >= STALE_ROUNDS
+        if stale_c:
+            c = min(c, (self.prior_draft_ratio or 0.1) * (self.curve.plain_seconds() or 0.0))
         for m in range(1, len(reach) + 1):
             age = self.curve.age(m + 1)
-            if age is not None and age < STALE_ROUNDS and not self.curve.provisional(m + 1):
+            if not stale_c and age is not None and age < STALE_ROUNDS and not self.curve.provisional(m + 1):
                 continue
             v = self.curve.verify_seconds(m + 1)
             s = None if v is None else (1.0 + sum(reach[:m])) / (m * c + 0.75 * v)
