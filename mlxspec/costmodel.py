@@ -15,11 +15,11 @@ minimum while there are fewer than three), and a sample several times the estima
 held back as a stall (first-use compilation, a preempted thread) unless it repeats; a run
 of three taken for a new level is undone when the next sample is back at the old one (stalls
 only ever slow a sample down), and a draft cost no round re-timed for long is explored at its
-prior, so a drafter that stalls stopped is timed again. A
-length never timed is interpolated from the timed ones (or a calibration curve). Warm-up's
-timings seed the curve until the loop's own replace them. Lengths whose estimate is old,
-only interpolated or still warm-up's are re-timed now and then when they could beat the
-current choice, so neither a stall nor a stale number can lock drafting out.
+prior, so a drafter that stalls stopped is timed again. A length never timed is interpolated
+from the timed ones (or a calibration curve). Warm-up's timings seed the curve until the
+loop's own replace them. Lengths whose estimate is old, only interpolated or still warm-up's
+are re-timed now and then when they could beat the current choice, so neither a stall nor a
+stale number can lock drafting out.
 A model drafter's rounds teach its draft cost (the typical round of that shape, the median
 of the recent ones, less V(k + 1)); a typical round that beats V(k + 1) alone shows that V
 too high, and corrects it instead; a round at a length never timed times V(k + 1) (the
@@ -480,7 +480,7 @@ class CostModel:
         c = self.draft_seconds()
         # A draft cost no round has timed for STALE_ROUNDS may be a stall's (or a slower time's):
         # judged by its prior instead, or a drafter it stopped would never be timed again.
-        stale_c = not self.draft_is_free and len(self.c) and self.curve.now - self.c.when >= STALE_ROUNDS
+        stale_c = not self.draft_is_free and bool(len(self.c)) and self.curve.now - self.c.when >= STALE_ROUNDS
         if stale_c:
             c = min(c, (self.prior_draft_ratio or 0.1) * (self.curve.plain_seconds() or 0.0))
         for m in range(1, len(reach) + 1):
