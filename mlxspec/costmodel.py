@@ -301,9 +301,12 @@ class CostModel:
             # go to the draft cost when slow and to V when fast, and the two would drift apart
             # (V down, c up, so long drafts would look dearer than they are).
             typical = self.round_seconds.setdefault((k, steps, read), Estimate())
-            expected = v + steps * self.draft_seconds() + (self.read_seconds() if read else 0.0)
+            # A shape's first round is judged against what it should cost (later ones, against the estimate).
+            expected = None
+            if not len(typical):
+                expected = v + steps * self.draft_seconds() + (self.read_seconds() if read else 0.0)
             if not typical.add(seconds, self.curve.now, guess=expected):
-                return  # held back as a stall (a shape's first round is judged against what it should cost)
+                return  # held back as a stall
             t = typical.value()
             if read:
                 # The steps cost what chain rounds teach; the rest is the read and what waited for it

@@ -18,7 +18,6 @@ import time
 from typing import Dict, Iterable, Optional
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from .device import is_gpu
 from .drafters import Draft, EagleDrafter, ModelDrafter, chaincopy
@@ -89,7 +88,7 @@ def warm_up(engine, *, max_j: Optional[int] = None, temperatures: Iterable[float
                     curve[j] = min(dt, curve.get(j, dt))
         plain = _time_plain_steps(engine, last, params, seed)
         if engine.tree and not engine.coord.active:  # sharded targets verify chains only
-            _warm_trees(target, last, drafts, params, seed, max_j)
+            _warm_trees(engine, last, drafts, params, seed, max_j)
         for name, drafter in engine.drafters.items():
             if isinstance(drafter, ModelDrafter):
                 _warm_drafter(engine, name, drafter, ids, params, seed, max_j, timed=temp == 0.0)
@@ -105,17 +104,18 @@ def _tree_parents(n: int) -> list:
     return [-1] + [max(i - 2, -1) for i in range(1, n)]
 
 
-def _warm_trees(target, last: int, drafts, params: SamplingParams, seed: int, max_j: int) -> None:
+def _warm_trees(engine, last: int, drafts, params: SamplingParams, seed: int, max_j: int) -> None:
     """Tree passes of 2..max_j fed tokens, untimed: a tree pass has kernels of its own (an
     ancestor mask, one RoPE offset per row), compiled on a GPU per row count. Each is committed
     along its second branch, whose rows move next to the root: those gathers are kernels of
     their own too (on an H100 the first reply with lookup rounds, which keep such trees, took
     3.8-8 s for 64 tokens in three processes; with these warmed, 0.23 s)."""
+    target = engine.target
     for j in range(2, max_j + 1):
         p = tree_round(target, last, Draft(drafts[: j - 1], parents=_tree_parents(j - 1)), params, seed, PREFIX)
         read(p)
         target.keep_path(p.start, list(range(1, j - 1, 2)))  # [] for a lone node: trimmed only
-        mx.eval([a for _, a in tree_flatten(target.arrays()) if isinstance(a, mx.array)])
+        engine.materialize()
         target.rollback(len(target.tokens) - p.start)
 
 
