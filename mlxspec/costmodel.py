@@ -15,8 +15,9 @@ minimum while there are fewer than three), and a sample several times the estima
 held back as a stall (first-use compilation, a preempted thread) unless it repeats; a run
 of three taken for a new level is undone when the next sample is back at the old one (stalls
 only ever slow a sample down), and a draft cost no round re-timed for long is explored at its
-prior, so a drafter that stalls stopped is timed again. A length never timed is interpolated
-from the timed ones (or a calibration curve). Warm-up's timings seed the curve until the
+prior, so a drafter that stalls stopped is timed again; one timed fewer than three times that
+stops its drafter is re-timed within a few rounds (one slow round is not yet a cost). A
+length never timed is interpolated from the timed ones (or a calibration curve). Warm-up's timings seed the curve until the
 loop's own replace them. Lengths whose estimate is old, only interpolated or still warm-up's
 are re-timed now and then when they could beat the current choice, so neither a stall nor a
 stale number can lock drafting out.
@@ -47,6 +48,7 @@ from typing import Dict, List, Optional, Sequence
 STALL = 4.0  # a sample this many times the estimate is a stall (until it repeats)
 STALE_ROUNDS = 256  # an estimate older than this many rounds is re-timed when it could pay
 EXPLORE_EVERY = 32  # rounds between re-timings
+UNSURE_BELOW, UNSURE_EVERY = 3, 4  # a draft cost timed fewer times that stops drafting is re-timed this often
 PROBE_FIRST, PROBE_LAST = 16, 128  # plain rounds between a model drafter's probes: first, and most
 # Plain rounds between greedy probes, which verify nothing: the drafter's first token is checked
 # against the token the plain step gives (one drafting step, ~6 % of a plain step for the demo's
@@ -436,7 +438,7 @@ class CostModel:
         # A model drafter that does not draft explores too: a length that warm-up timed too high,
         # or that only a too-steep prior priced (no warm-up), is timed by nobody else when no
         # free drafter drafts it.
-        explored = self._explore(reach[:m_top], max(best, plain * self.margin))
+        explored = self._explore(reach[:m_top], max(best, plain * self.margin), stopped=not best_m)
         self.exploring = bool(explored)
         m = explored or best_m
         if m or self.draft_is_free:
@@ -473,17 +475,23 @@ class CostModel:
                 best_m, best = m, tokens / (fixed + read + v)
         return best_m
 
-    def _explore(self, reach: Sequence[float], best: float) -> int:
+    def _explore(self, reach: Sequence[float], best: float, stopped: bool = False) -> int:
         """A size whose V is only interpolated, stale or warm-up's (provisional) and that could
         beat `best` if its pass were a quarter cheaper than estimated; at most one every
-        EXPLORE_EVERY rounds."""
-        if self.rounds_since_explore < EXPLORE_EVERY:
+        EXPLORE_EVERY rounds. `stopped`: the estimates say not to draft at all."""
+        # A draft cost timed fewer than 3 times is one noisy sample's (the minimum of two): it may
+        # not stop a drafter until rounds confirm it, so it is re-timed within UNSURE_EVERY rounds,
+        # not EXPLORE_EVERY (a single slow first round stopped a draft model for a whole request,
+        # with its greedy probes hitting: they check a guess and time nothing).
+        unsure_c = stopped and not self.draft_is_free and 0 < len(self.c) < UNSURE_BELOW
+        if self.rounds_since_explore < (UNSURE_EVERY if unsure_c else EXPLORE_EVERY):
             return 0
         pick, pick_speed = 0, best
         c = self.draft_seconds()
         # A draft cost no round has timed for STALE_ROUNDS may be a stall's (or a slower time's):
         # judged by its prior instead, or a drafter it stopped would never be timed again.
         stale_c = not self.draft_is_free and bool(len(self.c)) and self.curve.now - self.c.when >= STALE_ROUNDS
+        stale_c = stale_c or unsure_c
         if stale_c:
             c = min(c, (self.prior_draft_ratio or 0.1) * (self.curve.plain_seconds() or 0.0))
         for m in range(1, len(reach) + 1):

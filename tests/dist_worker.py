@@ -34,15 +34,25 @@ PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n
 MAX_TOKENS = 24
 
 
-def varied(layers: int = 2):
+def varied(noise: float = 0.0):
     """A tiny llama whose greedy output varies (random tiny models repeat one token): weaker
-    embeddings, stronger residual branches. With layers=1 it is the 2-layer one's first half
-    (same seed), a draft that agrees often but not always."""
-    model = make_llama(0, layers=layers)
+    embeddings, stronger residual branches. With `noise`, the same model with its MLP output
+    weights perturbed (fixed seed): a draft. At 0.1 it agrees with the target's greedy choice
+    on 21 of the 24 reference tokens, often enough that drafting pays however noisy this
+    machine's timings are, not always, so rejections are exercised (a 1-layer half of it agreed
+    on none, and drafted only while the prior's acceptance lasted: whether it drafted at all
+    depended on the timings)."""
+    model = make_llama(0, layers=2)
     for layer in model.model.layers:
         layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * 8
         layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * 8
     model.model.embed_tokens.weight = model.model.embed_tokens.weight * 0.1
+    if noise:
+        key = mx.random.key(5)
+        for layer in model.model.layers:
+            w = layer.mlp.down_proj.weight
+            key, sub = mx.random.split(key)
+            layer.mlp.down_proj.weight = w + noise * mx.random.normal(w.shape, key=sub) * mx.abs(w).mean()
     mx.eval(model.parameters())
     return model
 
@@ -77,7 +87,7 @@ def main(out_dir: Path, scenario: str) -> None:
     if scenario != "main":
         engine = Engine(target, tok, group=group, cost_prior=flat)
     else:
-        draft = varied(layers=1)
+        draft = varied(noise=0.1)
         reference = Engine(varied(), tok)  # unsharded, this process only
         engine = Engine(target, tok, draft, draft_tokenizer=tok, group=group, cost_prior=flat)
     if rank == 1:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxspec.costmodel import EXPLORE_EVERY, STALE_ROUNDS, CostModel, Estimate, TargetCurve
+from mlxspec.costmodel import EXPLORE_EVERY, STALE_ROUNDS, UNSURE_EVERY, CostModel, Estimate, TargetCurve
 
 # Verify-pass seconds measured on an H100 through MLX's CUDA backend for a 4-bit Qwen2.5-7B shape:
 # not monotonic (the quantized matmul switches kernels at 8 rows).
@@ -19,7 +19,8 @@ def trained(v, c, alpha, *, free=False, plain=None, k_max=8):
             curve.observe_plain(plain)
     m = CostModel(curve, k_max=k_max, draft_is_free=free)
     if not free:
-        m.observe_draft(1, c)
+        for _ in range(3):  # well established, like the acceptance below
+            m.observe_draft(1, c)
     m.counts[""] = [200 * alpha, 200 * (1 - alpha)]  # per-token acceptance alpha, well established
     return m
 
@@ -120,7 +121,8 @@ def outlier_at_v2(warm_up: bool = True):
         curve.observe_plain(1.0)
     curve.observe(2, 1.5, trusted=warm_up)
     m = CostModel(curve)
-    m.observe_draft(1, 0.05)
+    for _ in range(3):
+        m.observe_draft(1, 0.05)
     m.counts[""] = [6.0, 4.0]
     return curve, m
 
@@ -492,3 +494,32 @@ def test_a_draft_cost_nothing_re_timed_for_long_is_explored_at_its_prior():
         picks.append(0 if m.probing else k)  # a probe only guesses (greedy): it times nothing
         m.curve.observe_plain(6.1e-3)
     assert not any(picks[: STALE_ROUNDS - 1]) and any(picks[STALE_ROUNDS:])
+
+
+def test_one_slow_first_round_does_not_stop_a_draft_model_for_long():
+    """A draft model timed by no warm-up, whose first round is slow but no stall (3x its cost: a
+    busy machine, a first use), then drafts at its true cost with greedy guesses hitting. One
+    sample used to be the draft cost until EXPLORE_EVERY rounds on: with two ranks in CI, for a
+    whole 24-token request."""
+    curve = TargetCurve()
+    for j, v in ((1, 1.0), (2, 1.05), (3, 1.1)):
+        for _ in range(3):
+            curve.observe(j, v, trusted=True)
+    for _ in range(3):
+        curve.observe_plain(1.0)
+    m = CostModel(curve)
+    m.guess_probes = True
+    m.counts[""] = [8.0, 2.0]  # alpha = 0.8: at 0.05 s a token any k pays
+    ks = []
+    for i in range(24):
+        k = m.choose(2)
+        k = 0 if m.probing else k
+        ks.append(k)
+        if k:
+            m.observe_round(k, curve.verify_seconds(k + 1) + k * 0.05 + (2.0 if i == 0 else 0.0))
+        else:
+            curve.observe_plain(1.0)
+    assert ks[0] and not ks[1]  # the slow round stopped it...
+    assert ks.index(0) + UNSURE_EVERY >= next(i for i in range(2, 24) if ks[i])  # ...until re-timed
+    assert sum(1 for k in ks if k) >= 24 - 2 * UNSURE_EVERY
+    assert m.draft_seconds() == pytest.approx(0.05)

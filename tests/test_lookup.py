@@ -160,7 +160,7 @@ def test_a_round_that_re_times_a_length_is_a_chain(target, weak_head, timed, mon
     monkeypatch.setattr(treeplan, "static_leaves", lambda cost, k, tree: 1)  # side leaves always "pay"
     e = engine_for("eagle", target, weak_head)
     plain = e.generate(PROMPT, max_tokens=60, speculative=False).tokens
-    monkeypatch.setattr(CostModel, "_explore", lambda self, reach, best: 1)
+    monkeypatch.setattr(CostModel, "_explore", lambda self, reach, best, stopped=False: 1)
     r = e.generate(PROMPT, max_tokens=60, lookup=False, tree=4)
     assert r.tokens == plain and r.stats.drafted > 0 and r.stats.tree_rounds == 0
     # The same rounds, chosen because they pay, carry side leaves.
@@ -170,7 +170,7 @@ def test_a_round_that_re_times_a_length_is_a_chain(target, weak_head, timed, mon
         real(self, reach)  # for the flags it sets on the round (not exploring)
         return 1 if reach else 0
 
-    monkeypatch.setattr(CostModel, "_explore", lambda self, reach, best: 0)
+    monkeypatch.setattr(CostModel, "_explore", lambda self, reach, best, stopped=False: 0)
     monkeypatch.setattr(CostModel, "choose_nodes", pays)
     r = e.generate(PROMPT, max_tokens=60, lookup=False, tree=4)
     assert r.tokens == plain and r.stats.tree_rounds > 0
