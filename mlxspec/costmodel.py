@@ -14,13 +14,15 @@ Costs are robust estimates (`Estimate`): the median of the last few samples (the
 minimum while there are fewer than three), and a sample several times the estimate is
 held back as a stall (first-use compilation, a preempted thread) unless it repeats; a run
 of three taken for a new level is undone when the next sample is back at the old one (stalls
-only ever slow a sample down), and a draft cost no round re-timed for long is explored at its
-prior, so a drafter that stalls stopped is timed again; one timed fewer than three times that
-stops its drafter is re-timed within a few rounds (one slow round is not yet a cost). A
-length never timed is interpolated from the timed ones (or a calibration curve). Warm-up's timings seed the curve until the
-loop's own replace them. Lengths whose estimate is old, only interpolated or still warm-up's
-are re-timed now and then when they could beat the current choice, so neither a stall nor a
-stale number can lock drafting out.
+only ever slow a sample down). A draft cost that keeps its drafter from drafting is re-timed
+at its prior by a round of 1 after C_STALE rounds, and a lower timing replaces it (a slower
+spell's or stalls' cost would otherwise never be timed again); one timed fewer than three
+times, within a few rounds (one slow round is not yet a cost). The host's speed drifts, so a
+round of 1 timed before the plain step's latest sample does not stand in for that step. A
+length never timed is interpolated from the timed ones (or a calibration curve). Warm-up's
+timings seed the curve until the loop's own replace them. Lengths whose estimate is old,
+only interpolated or still warm-up's are re-timed now and then when they could beat the
+current choice, so neither a stall nor a stale number can lock drafting out.
 A model drafter's rounds teach its draft cost (the typical round of that shape, the median
 of the recent ones, less V(k + 1)); a typical round that beats V(k + 1) alone shows that V
 too high, and corrects it instead; a round at a length never timed times V(k + 1) (the
@@ -48,6 +50,10 @@ from typing import Dict, List, Optional, Sequence
 STALL = 4.0  # a sample this many times the estimate is a stall (until it repeats)
 STALE_ROUNDS = 256  # an estimate older than this many rounds is re-timed when it could pay
 EXPLORE_EVERY = 32  # rounds between re-timings
+# A draft cost nothing re-timed for this many rounds while it kept its drafter from drafting is
+# explored at its prior, and the next timing replaces it (the host's speed drifts: 5-11 ms a token
+# from one prompt to the next on an H100, and a cost from another spell is another machine's).
+C_STALE = 32
 UNSURE_BELOW, UNSURE_EVERY = 3, 4  # a draft cost timed fewer times that stops drafting is re-timed this often
 PROBE_FIRST, PROBE_LAST = 16, 128  # plain rounds between a model drafter's probes: first, and most
 # Plain rounds between greedy probes, which verify nothing: the drafter's first token is checked
@@ -83,10 +89,13 @@ class Estimate:
         self.provisional = False  # every sample came from warm-up: the first of the loop's replaces them
         self._value: Optional[float] = None  # cached; None = recompute
 
-    def add(self, seconds: float, now: int = 0, *, provisional: bool = False, guess: Optional[float] = None) -> bool:
+    def add(self, seconds: float, now: int = 0, *, provisional: bool = False, guess: Optional[float] = None,
+            fresh_after: Optional[int] = None) -> bool:
         """Record a sample; returns False when it was held back as a stall. `provisional`:
         a warm-up timing, which the first later (loop) sample replaces. `guess`: what a first
-        sample should be near (a first sample over STALL times it is held back too)."""
+        sample should be near (a first sample over STALL times it is held back too).
+        `fresh_after`: an estimate no sample came to for this many rounds is replaced by a
+        lower one (a slower spell's, or stalls', that kept itself from being re-timed)."""
         est = self.value()
         bar = est if est is not None else guess
         if bar is not None and seconds > STALL * bar:
@@ -108,6 +117,9 @@ class Estimate:
             self.before = None
         elif self.provisional and not provisional:
             self.samples.clear()
+        elif fresh_after is not None and est is not None and now - self.when >= fresh_after and seconds < est:
+            self.samples.clear()
+            self.before = None
         else:
             self.before = None  # a sample at the new regime's level confirms it
         self.held = []
@@ -206,7 +218,12 @@ class TargetCurve:
         """Seconds per token of plain decoding: the pipelined step, else a round of 1."""
         p = self.plain.value()
         v1 = self.verify_seconds(1)
-        return p if p is not None and (v1 is None or p <= v1) else v1
+        if p is None or v1 is None:
+            return v1 if p is None else p
+        # A round of 1 is never faster than a pipelined step timed at the same time; one timed
+        # before the step's latest sample may be from a faster spell of the host's.
+        age = self.age(1)  # None: V(1) is only interpolated (from p among others)
+        return p if p <= v1 or age is None or age > self.now - self.plain.when else v1
 
     def verify_seconds(self, j: int) -> Optional[float]:
         """Measured or interpolated V(j); None before any round was timed.
@@ -322,7 +339,7 @@ class CostModel:
                     self.read.add(0.0, self.curve.now)
                     self.curve.observe(k + 1, max(t - work, floor))
             elif t >= v:
-                self.c.add((t - v) / steps, self.curve.now)
+                self.c.add((t - v) / steps, self.curve.now, fresh_after=C_STALE)
                 self.curve.touch(k + 1)  # V(k + 1) is not too high: no need to re-time it soon
             else:
                 # The typical round, drafting included, beats the curve's V(k + 1) alone: that V
@@ -488,9 +505,15 @@ class CostModel:
             return 0
         pick, pick_speed = 0, best
         c = self.draft_seconds()
-        # A draft cost no round has timed for STALE_ROUNDS may be a stall's (or a slower time's):
-        # judged by its prior instead, or a drafter it stopped would never be timed again.
-        stale_c = not self.draft_is_free and bool(len(self.c)) and self.curve.now - self.c.when >= STALE_ROUNDS
+        # A draft cost that stopped its drafter for C_STALE rounds (or that nothing re-timed for
+        # STALE_ROUNDS) may be a stall's or a slower spell's: judged by its prior instead, or the
+        # drafter would never be timed again. A round of 1, the cheapest, re-times it, and a lower
+        # timing replaces it (`Estimate.add`'s fresh_after).
+        age_c = self.curve.now - self.c.when
+        stale_c = (not self.draft_is_free and bool(len(self.c))
+                   and (age_c >= STALE_ROUNDS or (stopped and age_c >= C_STALE)))
+        if stale_c and not unsure_c:
+            reach = reach[:1]
         stale_c = stale_c or unsure_c
         if stale_c:
             c = min(c, (self.prior_draft_ratio or 0.1) * (self.curve.plain_seconds() or 0.0))
