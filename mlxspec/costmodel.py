@@ -176,12 +176,9 @@ class TargetCurve:
         e = self.v.get(j)
         if e is None:
             e = self.v[j] = Estimate()
-        if not len(e) and not trusted:  # a first sample is judged against what the other lengths predict
-            guess = self.verify_seconds(j)
-            if guess is not None and seconds > STALL * guess and len(e.held) < 2:
-                e.held.append(seconds)
-                return
-        if e.add(seconds, self.now, provisional=trusted):
+        # A first sample is judged against what the other lengths predict.
+        guess = self.verify_seconds(j) if not len(e) and not trusted else None
+        if e.add(seconds, self.now, provisional=trusted, guess=guess):
             self._known, self._interp = None, {}
 
     def touch(self, j: int) -> None:
@@ -514,12 +511,12 @@ class CostModel:
                    and (age_c >= STALE_ROUNDS or (stopped and age_c >= C_STALE)))
         if stale_c and not unsure_c:
             reach = reach[:1]
-        stale_c = stale_c or unsure_c
-        if stale_c:
+        at_prior = stale_c or unsure_c  # any length may re-time it, fresh or not
+        if at_prior:
             c = min(c, (self.prior_draft_ratio or 0.1) * (self.curve.plain_seconds() or 0.0))
         for m in range(1, len(reach) + 1):
             age = self.curve.age(m + 1)
-            if not stale_c and age is not None and age < STALE_ROUNDS and not self.curve.provisional(m + 1):
+            if not at_prior and age is not None and age < STALE_ROUNDS and not self.curve.provisional(m + 1):
                 continue
             v = self.curve.verify_seconds(m + 1)
             s = None if v is None else (1.0 + sum(reach[:m])) / (m * c + 0.75 * v)
