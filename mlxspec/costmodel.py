@@ -15,21 +15,24 @@ minimum while there are fewer than three), and a sample several times the estima
 held back as a stall (first-use compilation, a preempted thread) unless it repeats; a run
 of three taken for a new level is undone when the next sample is back at the old one (stalls
 only ever slow a sample down). A draft cost that keeps its drafter from drafting is re-timed
-at its prior by a round of 1 after C_STALE rounds, and a lower timing replaces it (a slower
-spell's or stalls' cost would otherwise never be timed again); one timed fewer than three
-times, within a few rounds (one slow round is not yet a cost). The host's speed drifts, so a
-round of 1 timed before the plain step's latest sample does not stand in for that step. A
-length never timed is interpolated from the timed ones (or a calibration curve). Warm-up's
-timings seed the curve until the loop's own replace them. Lengths whose estimate is old,
-only interpolated or still warm-up's are re-timed now and then when they could beat the
-current choice, so neither a stall nor a stale number can lock drafting out.
+at its prior by a round of 1 after C_STALE rounds, and a lower timing replaces it, as any
+re-timing round's does (a slower spell's or stalls' cost would otherwise never be timed
+again); one timed fewer than three times, within a few rounds (one slow round is not yet a
+cost). Re-timing rounds are the model drafter's even where lookup would draft instead. The
+host's speed drifts, so a round of 1 timed before the plain step's latest sample does not
+stand in for that step. A length never timed is interpolated from the timed ones (or a
+calibration curve). Warm-up's timings seed the curve until the loop's own replace them.
+Lengths whose estimate is old, only interpolated or still warm-up's are re-timed now and
+then when they could beat the current choice, so neither a stall nor a stale number can
+lock drafting out.
 A model drafter's rounds teach its draft cost (the typical round of that shape, the median
 of the recent ones, less V(k + 1)); a typical round that beats V(k + 1) alone shows that V
 too high, and corrects it instead; a round at a length never timed times V(k + 1) (the
 round less the draft cost's estimate). A round whose drafts were read on the host before
 its pass (a model drafter's tree: `treeplan.widen`) also pays that read, during which the
 device idles; it teaches its own cost, `read_seconds`, not c, and side leaves are added only
-where they pay for it.
+where they pay for it. So does a fixed-shape tree's pass, dearer than a chain's of its length
+on a GPU (`static_seconds`).
 
 The target's curve (`TargetCurve`) is one per engine, shared by every drafter; acceptance
 and draft cost (`CostModel`) are per drafter. Acceptance is kept per *kind* of proposal:
@@ -277,8 +280,9 @@ class CostModel:
         self.draft_is_free = draft_is_free
         self.prior_draft_ratio = prior_draft_ratio  # drafter seconds per token / plain step, until measured
         self.c = Estimate()  # drafter seconds per drafted token
-        self.round_seconds: Dict[tuple, Estimate] = {}  # (k, drafter steps, read) -> this drafter's whole rounds
+        self.round_seconds: Dict[tuple, Estimate] = {}  # (k, drafter steps, read, static) -> this drafter's whole rounds
         self.read = Estimate()  # what reading the drafts on the host before the pass adds to a round
+        self.static = Estimate()  # what a fixed-shape tree's pass adds to a chain pass of its length
         self.counts: Dict[str, list] = {}  # kind -> [successes, failures], from a Beta prior (1, 1 unless given)
         self.priors: Dict[str, tuple] = {}  # kind -> its Beta prior, when not (1, 1)
         self.margin = margin  # drafting must beat plain decoding by this factor: estimates are noisy
@@ -292,15 +296,21 @@ class CostModel:
 
     # -- observations -----------------------------------------------------------------------
     def observe_round(self, k: int, seconds: float, drafted: Optional[int] = None,
-                      read: Optional[bool] = None) -> None:
+                      read: Optional[bool] = None, static: bool = False, retime: bool = False) -> None:
         """A round that verified k drafts (k = 0: a plain step, not pipelined) took `seconds`,
         drafting included. `drafted`: the drafter's steps, when fewer than k (a tree's side
         leaves cost none); `read`: the drafts were read on the host before the pass (a model
-        drafter's read tree; by default, whenever `drafted` is given)."""
+        drafter's read tree; by default, whenever `drafted` is given); `static`: a fixed-shape
+        tree, left on the device (`treeplan.static_leaves`); `retime`: a round `_explore` chose
+        to re-time a cost, whose timing replaces a higher estimate (one from a slower spell or
+        from stalls, which kept itself from being re-timed)."""
         if k and not self.draft_is_free:
             v = self.curve.verify_seconds(k + 1)
-            read = drafted is not None if read is None else read
+            read = drafted is not None and not static if read is None else read
             steps = drafted or k
+            # What the round pays beyond its pass and its steps, learned apart from c: a read tree's
+            # read, a fixed-shape tree's dearer pass.
+            over = self.read if read else self.static if static else None
             if v is None:
                 return
             # V is never taken below a plain step: a draft cost that absorbed other work must not
@@ -310,33 +320,36 @@ class CostModel:
                 # V(k + 1) is only a guess (interpolated, or the prior's): this round is its first
                 # timing, less the drafting's current estimate. Teaching the draft cost instead
                 # would leave the length untimed, its guess never corrected.
-                extra = steps * self.draft_seconds() + (self.read_seconds() if read else 0.0)
+                extra = steps * self.draft_seconds() + self._over_seconds(over)
                 self.curve.observe(k + 1, max(seconds - extra, floor))
                 return
             # Judge the typical round of this shape, not this one: a single round's noise would
             # go to the draft cost when slow and to V when fast, and the two would drift apart
             # (V down, c up, so long drafts would look dearer than they are).
-            typical = self.round_seconds.setdefault((k, steps, read), Estimate())
+            typical = self.round_seconds.setdefault((k, steps, read, static), Estimate())
             # A shape's first round is judged against what it should cost (later ones, against the estimate).
             expected = None
             if not len(typical):
-                expected = v + steps * self.draft_seconds() + (self.read_seconds() if read else 0.0)
-            if not typical.add(seconds, self.curve.now, guess=expected):
+                expected = v + steps * self.draft_seconds() + self._over_seconds(over)
+            fresh = 0 if retime else C_STALE
+            if not typical.add(seconds, self.curve.now, guess=expected, fresh_after=0 if retime else None):
                 return  # held back as a stall
             t = typical.value()
-            if read:
-                # The steps cost what chain rounds teach; the rest is the read and what waited for it
-                # (the device idles while the host reads the drafts and builds the pass), which would
-                # make every chain look dear if it went to c.
+            if over is not None:
+                # The steps cost what chain rounds teach; the rest is the tree's own: a read and what
+                # waited for it (the device idles while the host reads the drafts and builds the
+                # pass), or a fixed-shape tree's pass, dearer than a chain's of its length (its
+                # ancestor mask: 19 ms against 12.6 for 3 rows on an H100). Either would make every
+                # chain look dear if it went to c (on the H100, c went from 0.9 ms to 13).
                 work = steps * self.draft_seconds()
                 if t >= v + work:
-                    self.read.add(t - v - work, self.curve.now)
+                    over.add(t - v - work, self.curve.now)
                     self.curve.touch(k + 1)
                 else:  # the whole round beats V(k + 1) plus its steps: V is too high, as below
-                    self.read.add(0.0, self.curve.now)
+                    over.add(0.0, self.curve.now)
                     self.curve.observe(k + 1, max(t - work, floor))
             elif t >= v:
-                self.c.add((t - v) / steps, self.curve.now, fresh_after=C_STALE)
+                self.c.add((t - v) / steps, self.curve.now, fresh_after=fresh)
                 self.curve.touch(k + 1)  # V(k + 1) is not too high: no need to re-time it soon
             else:
                 # The typical round, drafting included, beats the curve's V(k + 1) alone: that V
@@ -401,8 +414,15 @@ class CostModel:
         """What reading a model drafter's drafts on the host before the pass adds to a round.
         0 until a read round has been timed, and again once that timing is STALE_ROUNDS old: a
         read that once looked too dear would otherwise never be tried, so never re-timed."""
-        t = self.read.value()
-        return 0.0 if t is None or self.curve.now - self.read.when >= STALE_ROUNDS else t
+        return self._over_seconds(self.read)
+
+    def static_seconds(self) -> float:
+        """What a fixed-shape tree's pass adds to a chain's of the same length; 0 as `read_seconds`."""
+        return self._over_seconds(self.static)
+
+    def _over_seconds(self, over: Optional[Estimate]) -> float:
+        t = None if over is None else over.value()
+        return 0.0 if t is None or self.curve.now - over.when >= STALE_ROUNDS else t
 
     def speed(self, k: int, kind: str = "", *, verify_scale: float = 1.0) -> Optional[float]:
         """Expected tokens per second when drafting k (None if unknown)."""

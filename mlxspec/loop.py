@@ -187,7 +187,10 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         if companion is None:
             return k, None, guess, name
         free = free_plan(companion, k_cap)
-        if free[0] and (not k or free_speed(free) > (cost.speed(k) or 0.0)):
+        # A round that re-times the model's costs (`CostModel._explore`) is not given away: on a GPU
+        # lookup drafts nearly every round (two free drafts cost what one does there), and a stale
+        # draft cost would never be re-timed (an H100's head drafted nothing for six prompts).
+        if free[0] and (not k or (not cost.exploring and free_speed(free) > (cost.speed(k) or 0.0))):
             return free
         # Its first token still teaches the lookup's model beside the model's round (a free
         # probe): a companion that stopped learning once it lost could never win again.
@@ -239,6 +242,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         else:
             p = verify_round(target, hist[-1], draft, params, seed, len(hist))
         p.shadow, p.drafted, p.src, p.read_first, p.static = shadow, drafted, src, read_first, static
+        p.retime = src == name and bool(k) and cost.exploring
         return p
 
     consumer = 0.0  # seconds spent outside the generator (the consumer's), excluded from every timing
@@ -306,7 +310,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 # on MLX's CPU backend its pass finishes inside that enqueue (which waits for it),
                 # so its period came out 10-13 ms short of the 73 ms pass and pulled the plain
                 # estimate down with it; the pipelined steps that follow are timed instead.
-                made.observe_round(done.k, period, done.drafted, read=done.read_first)
+                made.observe_round(done.k, period, done.drafted, read=done.read_first, static=done.static,
+                                   retime=done.retime)
             if done.parents is not None:
                 treeplan.observe(made, Draft(drafts, kind=done.kind, parents=done.parents), done.path, done.static)
             elif done.k:

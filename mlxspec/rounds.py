@@ -44,6 +44,7 @@ class Pass:
     drafted: Optional[int] = None  # a model drafter's steps, when fewer than k (a tree's side leaves)
     read_first: bool = False  # its drafts were read on the host before the pass (a model drafter's read tree)
     static: bool = False  # a model drafter's fixed-shape tree (`sidetree.static_parents`), drafted on the device
+    retime: bool = False  # a round that re-times the drafter's costs (`CostModel._explore`)
     src: str = ""  # the drafter whose pass this is (the loop sets it: a model drafter's lookup companion, or itself)
 
 

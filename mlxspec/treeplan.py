@@ -90,15 +90,16 @@ def could_widen(cost: CostModel, k: int, cap: int, kind: str = "") -> bool:
 def static_leaves(cost: CostModel, k: int, cap: int, kind: str = "") -> int:
     """How many of a chain of k's first steps should carry their runner-up as a side leaf in a
     fixed-shape tree (at most `cap` nodes in all); 0: the chain alone. Nothing is read, so the
-    leaves pay for their rows only. The leaf beside step d is tried when its parent was
-    accepted and step d was not, and then matches at the learned static rate."""
+    leaves pay for their rows and for what a tree's pass costs beyond a chain's of its length
+    (`CostModel.static_seconds`). The leaf beside step d is tried when its parent was accepted
+    and step d was not, and then matches at the learned static rate."""
     m = min(k, cap - k)
     if m <= 0:
         return 0
     alpha = min(cost.alpha_of(kind), 0.999)
     beta = cost.alpha_of(static_kind(kind), prior=SIDE_PRIOR)
     reach = [alpha ** d * (1.0 - alpha) * beta for d in range(m)]
-    return cost.choose_widening(k, cost.expected_tokens(k, kind), reach)
+    return cost.choose_widening(k, cost.expected_tokens(k, kind), reach, read=cost.static_seconds())
 
 
 def best_first(parents: List[int], r: List[float]) -> List[int]:

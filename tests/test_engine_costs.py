@@ -363,3 +363,87 @@ def test_a_heads_run_of_misses_does_not_stop_it_where_it_pays(target, clock, mon
     assert sum(n for k, n in hist.items() if k) >= 0.95 * r.stats.rounds, hist
     # One draft a round pays (1 + 0.4) / (1.10 + 0.06) = 1.2x here; drafting must keep most of it.
     assert (clock.t - t0) / len(r.tokens) < base / 1.12
+
+
+class H100Trees(H100Shaped):
+    """H100Shaped, with a tree's pass `tree_extra` plain steps dearer than a chain's of its length
+    (the H100's fixed-shape trees of 3 rows: 19.4 ms against a chain's 12.6, plain 10.3)."""
+
+    tree_extra = 0.6
+
+    def __call__(self, inputs, cache=None, **kw):
+        out = super().__call__(inputs, cache=cache, **kw)
+        if cache and isinstance(cache[0], TreeView):
+            self.clock.t += self.tree_extra * self.base
+        return out
+
+
+class TreeGuessingDrafter(GuessingDrafter):
+    """GuessingDrafter with fixed-shape trees: each of the first `leaves` steps' runner-up is the
+    right token where the chain's is not, half the time."""
+
+    def propose_tree(self, history, depth, size, params, seed):
+        return self.propose(history, depth, params, seed)  # a chain: no read tree
+
+    def propose_static_tree(self, history, depth, leaves, params, seed):
+        from mlxspec.drafters import Draft
+        from mlxspec.drafters.sidetree import static_parents
+
+        chain = self.propose(history, depth, params, seed).tokens
+        side = []
+        for d in range(min(leaves, depth)):
+            pos = len(history) - self.prompt + d
+            tok = self.answer[pos] if pos < len(self.answer) else 0
+            half = (pos % 2 == 0) and not self.right[pos]
+            side.append(tok if half else (tok + 2) % self.vocab)
+        return Draft(chain + side, parents=static_parents(depth, len(side)))
+
+
+def h100_head(target, clock, monkeypatch, model_cls, drafter_cls, max_tokens: int):
+    """(engine on `model_cls` H100-shaped passes, warmed; its drafter "guess" of class
+    `drafter_cls`, 0.35 ms a step, with a model drafter's cost model; plain decoding's answer)."""
+    from mlxspec.costmodel import MODEL_DECAY, CostModel
+
+    monkeypatch.setattr(warmup, "is_gpu", lambda: True)
+    model = model_cls(target, clock, stall=0.0, base=6.15e-3)
+    answer = Engine(target, None).generate(PROMPT, max_tokens=max_tokens, speculative=False).tokens
+    e = Engine(model, None)
+    e.warmup(max_j=6)
+    e.drafters["guess"] = drafter_cls(PROMPT, answer, e.vocab_size, clock, c=0.35e-3)
+    e.costs["guess"] = CostModel(e.curve, decay=MODEL_DECAY)
+    return e, answer
+
+
+def test_a_trees_dearer_pass_does_not_stop_the_chains(target, clock, monkeypatch):
+    """The H100's case: a fixed-shape tree's pass cost 0.6 of a plain step more than a chain's of
+    its length, and the difference was taught to the draft cost c, per step: c went from 0.9 ms
+    to 13, chains looked dear, and the head stopped drafting. Trees now learn their own cost:
+    the chains keep drafting, and trees stop where their pass does not pay."""
+    e, answer = h100_head(target, clock, monkeypatch, H100Trees, TreeGuessingDrafter, 400)
+    cost, base, c = e.costs["guess"], e.target_model.base, e.drafters["guess"].c
+    t0 = clock.t
+    r = e.generate(PROMPT, max_tokens=400, drafter="guess", lookup=False, tree="auto")
+    assert r.tokens == answer
+    assert r.stats.tree_rounds >= 1  # trees were tried (their leaves looked free before they were timed)
+    assert cost.draft_seconds() < 3 * c, cost.draft_seconds()
+    assert cost.static_seconds() == pytest.approx(H100Trees.tree_extra * base, rel=0.5)
+    hist = r.stats.k_histogram
+    assert sum(n for k, n in hist.items() if k) >= 0.9 * r.stats.rounds, hist
+    # Chains of 2 pay (1 + 0.44 + 0.19) / (1.18 + 0.11) = 1.26x here.
+    assert (clock.t - t0) / len(r.tokens) < base / 1.15
+
+
+def test_a_stale_draft_cost_is_re_timed_while_lookup_drafts(target, clock, monkeypatch):
+    """On a GPU prompt lookup drafts nearly every round (two free drafts cost what one does), and
+    the rounds that re-time a model drafter's stale cost (`CostModel._explore`) went to lookup
+    instead: an H100's head kept a cost from a slower spell, ten times its own, for six prompts."""
+    from mlxspec.costmodel import C_STALE
+
+    e, answer = h100_head(target, clock, monkeypatch, H100Shaped, GuessingDrafter, 200)
+    cost, c = e.costs["guess"], e.drafters["guess"].c
+    for _ in range(3):
+        cost.observe_draft(1, 10 * c)  # from a slower spell (or stalls): enough to stop the head
+    r = e.generate(PROMPT, max_tokens=200, drafter="guess", lookup=True, tree="off")
+    assert r.tokens == answer
+    assert r.stats.rounds > C_STALE and r.stats.lookup_rounds > 0.5 * r.stats.rounds  # lookup drafted most rounds
+    assert cost.draft_seconds() < 3 * c, cost.draft_seconds()

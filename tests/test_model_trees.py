@@ -161,12 +161,30 @@ def test_static_trees_learn_their_own_side_rate():
     assert treeplan.static_leaves(m, 4, 8) == 0
 
 
-def test_a_static_tree_round_teaches_the_draft_cost_not_the_read():
+def test_a_static_tree_round_teaches_its_own_cost_not_the_draft_cost():
+    # The H100's case: a fixed-shape tree's pass (its ancestor mask) cost 19 ms where a chain's of
+    # the same length cost 12.6, and the difference went to c, per head step: c rose from 0.9 ms
+    # to 13, chains looked dear, and the head stopped drafting for several prompts.
     m = sized(0.0)
+    m.curve.observe(5, 1.0, trusted=True)
     m.curve.observe(7, 1.0, trusted=True)
     for _ in range(5):
-        m.observe_round(6, 1.0 + 4 * 0.1, drafted=4, read=False)
-    assert m.draft_seconds() == pytest.approx(0.1) and m.read_seconds() == 0.0
+        m.observe_round(4, 1.0 + 4 * 0.1)  # chains teach c = 0.1
+        m.observe_round(6, 1.0 + 4 * 0.1 + 0.5, drafted=4, static=True)
+    assert m.draft_seconds() == pytest.approx(0.1)
+    assert m.static_seconds() == pytest.approx(0.5) and m.read_seconds() == 0.0
+    # Side leaves that match half the time pay for their rows (rows are free here), not for a pass
+    # half a step dearer: at alpha 0.5 four of them add 0.47 tokens to a chain of 4's 1.94 in 1.4 s.
+    for i in range(40):
+        treeplan.observe(m, Draft([1, 2, 9], parents=[-1, 0, -1]), [2] if i % 2 else [], static=True)
+    assert m.alpha_of(treeplan.static_kind(""), prior=treeplan.SIDE_PRIOR) == pytest.approx(0.5, abs=0.05)
+    m.counts[""] = [10.0, 10.0]
+    assert treeplan.static_leaves(m, 4, 8) == 0
+    m.static = type(m.static)()
+    assert treeplan.static_leaves(m, 4, 8) > 0  # the same leaves in a pass that costs a chain's
+    # A static round is no read tree, whatever `read`'s default says for rounds with `drafted`.
+    m.observe_round(6, 1.0 + 4 * 0.1 + 0.5, drafted=4, static=True)
+    assert m.read_seconds() == 0.0 and m.static_seconds() > 0
 
 
 # -- the engine --------------------------------------------------------------------------------
