@@ -189,7 +189,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         free = free_plan(companion, k_cap)
         # A round that re-times the model's costs (`CostModel._explore`) is not given away: on a GPU
         # lookup drafts nearly every round (two free drafts cost what one does there), and a stale
-        # draft cost would never be re-timed (an H100's head drafted nothing for six prompts).
+        # draft cost would never be re-timed (an H100's head drafted one round in six prompts).
         if free[0] and (not k or (not cost.exploring and free_speed(free) > (cost.speed(k) or 0.0))):
             return free
         # Its first token still teaches the lookup's model beside the model's round (a free
