@@ -331,7 +331,6 @@ class CostModel:
             expected = None
             if not len(typical):
                 expected = v + steps * self.draft_seconds() + self._over_seconds(over)
-            fresh = 0 if retime else C_STALE
             if not typical.add(seconds, self.curve.now, guess=expected, fresh_after=0 if retime else None):
                 return  # held back as a stall
             t = typical.value()
@@ -349,7 +348,7 @@ class CostModel:
                     over.add(0.0, self.curve.now)
                     self.curve.observe(k + 1, max(t - work, floor))
             elif t >= v:
-                self.c.add((t - v) / steps, self.curve.now, fresh_after=fresh)
+                self.c.add((t - v) / steps, self.curve.now, fresh_after=0 if retime else C_STALE)
                 self.curve.touch(k + 1)  # V(k + 1) is not too high: no need to re-time it soon
             else:
                 # The typical round, drafting included, beats the curve's V(k + 1) alone: that V
@@ -492,7 +491,8 @@ class CostModel:
     def choose_widening(self, k: int, tokens: float, reach: Sequence[float], read: float = 0.0) -> int:
         """How many extra candidates (best first) to verify beside k drafted ones that yield
         `tokens` per round on average: rows that cost no drafting, only a longer pass, and
-        `read` seconds more for any (reading the drafts first; 0 once they are read). Returns
+        `read` seconds more for any (a tree's own cost: reading the drafts first, 0 once they
+        are read, or a fixed-shape tree's pass beyond a chain's, `static_seconds`). Returns
         the m in [0, len(reach)] with the best expected speed (passes longer than the warm-up
         timed are estimated from the curve's slope)."""
         fixed = k * self.draft_seconds()
