@@ -128,6 +128,32 @@ def test_a_tree_round_faster_than_the_curve_corrects_v():
     assert m.draft_seconds() == pytest.approx(0.05)
 
 
+def test_read_rounds_and_chain_rounds_do_not_walk_v_and_c_apart():
+    # A replay of the H100: read rounds whose widening kept the chain alone (k = 1, nothing of
+    # their own to pay) lowered V(2) by c whenever they beat V(2) + c, and chain rounds then took
+    # c as the round less that V: with the rounds' noise the two walked apart (V(2) 11.6 -> 10.6
+    # ms, c 0.5 -> 2.2) and k = 1 looked better than k = 2. Here V(2) = 1 and c = 0.05, c's
+    # estimate starts high (0.3, a slower spell's), and every round takes 1.05.
+    curve = TargetCurve(prior_slope=0.0)
+    for _ in range(3):
+        curve.observe_plain(0.95)
+        curve.observe(2, 1.0, trusted=True)
+        curve.observe(3, 1.0, trusted=True)
+    m = CostModel(curve)
+    for _ in range(3):
+        m.observe_draft(1, 0.3)
+    for _ in range(20):
+        m.observe_round(1, 1.05, drafted=1)  # read, no side leaf
+        m.observe_round(1, 1.05)  # a chain of 1
+    assert m.curve.verify_seconds(2) == pytest.approx(1.0)  # 0.95 before: 1.05 - 0.3, up to the plain step
+    assert m.draft_seconds() == pytest.approx(0.05)  # 0.1 before
+    assert m.read_seconds() == pytest.approx(0.0)
+    # So a chain of 2 is priced at what it costs (1.1 s; 1.2 before), and at a third of drafts
+    # accepted it beats a chain of 1 (before, the chain of 1 won).
+    m.counts[""] = [10.0, 20.0]
+    assert m.choose(2) == 2
+
+
 def test_static_shape_and_runner_up():
     assert static_parents(4, 2) == [-1, 0, 1, 2, -1, 0]  # leaves beside steps 0 and 1
     assert static_parents(2, 5) == [-1, 0, -1, 0]  # at most one leaf per step
