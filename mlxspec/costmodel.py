@@ -348,7 +348,7 @@ class CostModel:
                     # Between V and V plus the steps: the tree cost nothing of its own, and whether
                     # V or c is too high this round cannot tell. Lowering V by c here, while chain
                     # rounds teach c as the round less V, let the two walk apart with the noise
-                    # (a replay of the H100: V(2) 11.6 -> 10.6 ms, c 0.5 -> 2.2, and k = 1 chosen
+                    # (a replay of the H100: V(2) 11.6 -> 10.6 ms, c 0.3 -> 2.2, and k = 1 chosen
                     # where k = 2 pays); chain rounds correct c instead.
                     over.add(0.0, self.curve.now)
                 else:  # the whole round beats V(k + 1) alone: V is too high, as below

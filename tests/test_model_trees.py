@@ -132,7 +132,7 @@ def test_read_rounds_and_chain_rounds_do_not_walk_v_and_c_apart():
     # A replay of the H100: read rounds whose widening kept the chain alone (k = 1, nothing of
     # their own to pay) lowered V(2) by c whenever they beat V(2) + c, and chain rounds then took
     # c as the round less that V: with the rounds' noise the two walked apart (V(2) 11.6 -> 10.6
-    # ms, c 0.5 -> 2.2) and k = 1 looked better than k = 2. Here V(2) = 1 and c = 0.05, c's
+    # ms, c 0.3 -> 2.2) and k = 1 looked better than k = 2. Here V(2) = 1 and c = 0.05, c's
     # estimate starts high (0.3, a slower spell's), and every round takes 1.05.
     curve = TargetCurve(prior_slope=0.0)
     for _ in range(3):
