@@ -344,16 +344,15 @@ class CostModel:
                 if t >= v + work:
                     over.add(t - v - work, self.curve.now)
                     self.curve.touch(k + 1)
-                elif t >= v:
-                    # Between V and V plus the steps: the tree cost nothing of its own, and whether
-                    # V or c is too high this round cannot tell. Lowering V by c here, while chain
-                    # rounds teach c as the round less V, let the two walk apart with the noise
-                    # (a replay of the H100: V(2) 11.6 -> 10.6 ms, c 0.3 -> 2.2, and k = 1 chosen
-                    # where k = 2 pays); chain rounds correct c instead.
+                else:  # the tree cost nothing of its own
                     over.add(0.0, self.curve.now)
-                else:  # the whole round beats V(k + 1) alone: V is too high, as below
-                    over.add(0.0, self.curve.now)
-                    self.curve.observe(k + 1, max(t - work, floor))
+                    # Only a round under V(k + 1) alone shows V too high, as below. Between V and V
+                    # plus the steps, whether V or c is too high cannot be told: lowering V by c
+                    # there, while chain rounds teach c as the round less V, let the two walk apart
+                    # with the noise (a replay of the H100: V(2) 11.6 -> 10.6 ms, c 0.3 -> 2.2,
+                    # and k = 1 chosen where k = 2 pays); chain rounds correct c instead.
+                    if t < v:
+                        self.curve.observe(k + 1, max(t - work, floor))
             elif t >= v:
                 self.c.add((t - v) / steps, self.curve.now, fresh_after=0 if retime else C_STALE)
                 self.curve.touch(k + 1)  # V(k + 1) is not too high: no need to re-time it soon
