@@ -1,0 +1,96 @@
+"""scripts/chain_ceiling.py's replay: rounds, costs, the oracle and the confidence gate."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import chain_ceiling as cc  # noqa: E402
+
+
+def answer(truth, chains, ps=None):
+    """Records along one answer: at position j the drafter proposes chains[j]; truth is the answer."""
+    return [{"chain": c, "p": (ps[j] if ps else [0.5] * len(c)), "truth": truth[j: j + len(c)]}
+            for j, c in enumerate(chains)]
+
+
+def test_accepted_counts_the_leading_matches_only():
+    rec = {"chain": [5, 6, 9, 8], "truth": [5, 6, 7, 8]}
+    assert [cc.accepted(rec, k) for k in range(5)] == [0, 1, 2, 2, 2]
+
+
+def test_replay_charges_each_round_its_pass_and_its_head_steps():
+    truth = [1, 2, 3, 4, 5]
+    # At 0 the chain is right twice then wrong; at 3 it is right once (the answer then ends).
+    chains = [[1, 2, 9], [0, 0, 0], [0, 0, 0], [4, 5, 0], [0, 0, 0]]
+    a = answer(truth, chains)
+    curve, step = [1.0, 1.5, 2.0], 0.1
+    r = cc.replay([a], cc.fixed(2), curve, step)
+    # Round 1 at 0: k = 2, both accepted -> 3 tokens for V(3) + 2 steps. Round 2 at 3: only one token
+    # is left after the target's own, so k = 1, accepted -> 2 tokens for V(2) + 1 step.
+    cost = (2.0 + 0.2) + (1.5 + 0.1)
+    assert r["all"] == pytest.approx(5 / cost)
+    assert r["tokens_per_pass"] == pytest.approx(2.5)
+    assert r["per_token"] == pytest.approx(3 / 3)  # every judged draft accepted: 2 + 1 of 2 + 1
+    plain = cc.replay([a], cc.fixed(0), curve, step)
+    assert plain["all"] == pytest.approx(1.0) and plain["tokens_per_pass"] == 1.0 and plain["per_token"] == 0.0
+    # At 0 a chain of 3 is judged up to its first rejection: 2 of 3 accepted, then 1 of 1 at 3.
+    assert cc.replay([a], cc.fixed(3), curve, step)["per_token"] == pytest.approx(3 / 4)
+
+
+def test_the_oracle_beats_every_fixed_length_and_drafts_what_the_longest_chain_accepts():
+    rng = random.Random(0)
+    answers = []
+    for _ in range(6):
+        truth = [rng.randrange(4) for _ in range(40)]
+        chains = [[t if rng.random() < 0.6 else 9 for t in truth[j: j + 6]] for j in range(40)]
+        answers.append(answer(truth, chains))
+    curve, step = cc.CURVES["h100"]
+    best = cc.replay(answers, cc.oracle, curve, step)
+    for k in range(7):
+        assert best["all"] >= cc.replay(answers, cc.fixed(k), curve, step)["all"]
+    assert best["tokens_per_pass"] == pytest.approx(cc.replay(answers, cc.fixed(6), curve, step)["tokens_per_pass"])
+
+
+def test_the_gate_cuts_where_the_product_of_probabilities_falls_under_tau():
+    rec = {"chain": [1, 2, 3, 4], "p": [0.9, 0.8, 0.5, 0.9], "truth": [1, 2, 3, 4]}
+    assert cc.gate(0.5, 4)(rec) == (2, True)  # 0.9, 0.72, then 0.36 < 0.5
+    assert cc.gate(0.1, 4)(rec) == (4, True)  # 0.324 after four steps
+    assert cc.gate(0.1, 3)(rec) == (3, True)
+    assert cc.gate(0.95, 4)(rec) == (0, True)
+
+
+def test_a_read_is_charged_only_to_rounds_that_draft():
+    truth = [1, 2, 3]
+    a = answer(truth, [[1, 2], [2, 3], [3]], ps=[[0.9, 0.9], [0.9, 0.9], [0.01]])
+    free = cc.replay([a], cc.gate(0.5, 2), [1.0, 1.2, 1.4], 0.0, read=0.0)
+    paid = cc.replay([a], cc.gate(0.5, 2), [1.0, 1.2, 1.4], 0.0, read=0.3)
+    # One round drafts 2 (all 3 tokens, the last the target's own): V(3) = 1.4, plus the read.
+    assert free["all"] == pytest.approx(3 / 1.4) and paid["all"] == pytest.approx(3 / 1.7)
+
+
+@pytest.mark.parametrize("text", ["", "1,x", "1,-2", "h200"])
+def test_a_bad_curve_says_what_is_allowed(text):
+    with pytest.raises(SystemExit, match="h100"):
+        cc.parse_curve(text)
+
+
+def test_named_and_given_curves():
+    assert cc.parse_curve("h100") == cc.CURVES["h100"]
+    assert cc.parse_curve("1,1.1,1.6") == ([1.0, 1.1, 1.6], None)
+
+
+def test_load_refuses_a_missing_or_foreign_file(tmp_path):
+    with pytest.raises(SystemExit, match="not chains written by --save"):
+        cc.load(str(tmp_path / "absent.jsonl"))
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text('{"prompt": "hello"}\n', encoding="utf-8")
+    with pytest.raises(SystemExit, match="not chains written by --save"):
+        cc.load(str(foreign))
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"kind": "x", "recs": [{"chain": [1], "p": [0.5], "truth": [1]}]}\n', encoding="utf-8")
+    assert cc.load(str(good))[0]["recs"][0]["chain"] == [1]
