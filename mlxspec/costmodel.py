@@ -494,10 +494,10 @@ class CostModel:
             return 1
         return 0
 
-    def choose_widening(self, k: int, tokens: float, reach: Sequence[float], read: float = 0.0) -> int:
+    def choose_widening(self, k: int, tokens: float, reach: Sequence[float], extra: float = 0.0) -> int:
         """How many extra candidates (best first) to verify beside k drafted ones that yield
         `tokens` per round on average: rows that cost no drafting, only a longer pass, and
-        `read` seconds more for any (a tree's own cost: reading the drafts first, 0 once they
+        `extra` seconds more for any (a tree's own cost: reading the drafts first, 0 once they
         are read, or a fixed-shape tree's pass beyond a chain's, `static_seconds`). Returns
         the m in [0, len(reach)] with the best expected speed (passes longer than the warm-up
         timed are estimated from the curve's slope)."""
@@ -511,8 +511,8 @@ class CostModel:
             if v is None:
                 break
             tokens += reach[m - 1]
-            if tokens / (fixed + read + v) > best:
-                best_m, best = m, tokens / (fixed + read + v)
+            if tokens / (fixed + extra + v) > best:
+                best_m, best = m, tokens / (fixed + extra + v)
         return best_m
 
     def _explore(self, reach: Sequence[float], best: float, stopped: bool = False) -> int:

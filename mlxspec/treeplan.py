@@ -84,7 +84,7 @@ def could_widen(cost: CostModel, k: int, cap: int, kind: str = "") -> bool:
     best = (1.0 - alpha) * cost.alpha_of(side_kind(kind), prior=SIDE_PRIOR)
     n = min(cap - k, RUNNERS_UP * k)
     return n > 0 and cost.choose_widening(k, cost.expected_tokens(k, kind), [best] * n,
-                                          read=cost.read_seconds()) > 0
+                                          extra=cost.read_seconds()) > 0
 
 
 def static_leaves(cost: CostModel, k: int, cap: int, kind: str = "") -> int:
@@ -99,7 +99,7 @@ def static_leaves(cost: CostModel, k: int, cap: int, kind: str = "") -> int:
     alpha = min(cost.alpha_of(kind), 0.999)
     beta = cost.alpha_of(static_kind(kind), prior=SIDE_PRIOR)
     reach = [alpha ** d * (1.0 - alpha) * beta for d in range(m)]
-    return cost.choose_widening(k, cost.expected_tokens(k, kind), reach, read=cost.static_seconds())
+    return cost.choose_widening(k, cost.expected_tokens(k, kind), reach, extra=cost.static_seconds())
 
 
 def best_first(parents: List[int], r: List[float]) -> List[int]:
