@@ -12,7 +12,9 @@ decoding is then replayed round by round, each round costing V(k + 1) + k x (a h
 in units of a plain step, and yielding its accepted tokens plus the target's own.
 
 Policies: every fixed k; the oracle, which drafts exactly the tokens that will be accepted
-(nothing when the first would fail): no choice of k made before verifying does better; and
+(nothing when the first would fail); hindsight, the fastest sequence of k's (at most --depth)
+for each answer, by dynamic programming over its positions, which no chain policy can beat
+(on a curve with steps a round may do better to stop short of what would be accepted); and
 confidence gates, which read the head's drafts on the host and cut the chain where the
 product of its top probabilities falls under tau, paying `--read` for the wait (the best
 tau over a small grid, so an optimistic figure). Ratios are to plain decoding, the median
@@ -82,7 +84,36 @@ def replay(answers: Sequence[Sequence[Record]], policy: Policy, curve: Sequence[
         ratios.append(t / c)
         tokens, cost = tokens + t, cost + c
     return {"median": statistics.median(ratios), "all": tokens / cost, "tokens_per_pass": tokens / max(passes, 1),
-            "per_token": hits / judged if judged else 0.0}
+            "per_token": hits / judged if judged else 0.0, "judged": judged, "hits": hits}
+
+
+def hindsight(answers: Sequence[Sequence[Record]], curve: Sequence[float], step: float, depth: int) -> Dict:
+    """The fastest choice of k (at most `depth`) at every round of every answer, knowing what each
+    round will accept; the same figures as `replay`."""
+    def V(j):
+        return curve[min(j, len(curve)) - 1]
+
+    parts = []
+    for recs in answers:
+        L = len(recs)
+        least, pick = [0.0] * (L + 1), [0] * L  # least[j]: the least cost from position j to the end
+        for j in range(L - 1, -1, -1):
+            least[j], pick[j] = min((V(k + 1) + k * step + least[j + accepted(recs[j], k) + 1], k)
+                                    for k in range(min(depth, L - j - 1, len(recs[j]["chain"])) + 1))
+        ks = {id(r): k for r, k in zip(recs, pick)}
+        parts.append(replay([recs], lambda rec: (ks[id(rec)], False), curve, step))
+    return merge(parts, answers)
+
+
+def merge(parts: List[Dict], answers) -> Dict:
+    """Per-answer `replay` results -> one (median over answers; tokens, cost and passes summed)."""
+    tokens = [len(a) for a in answers]
+    cost = sum(t / p["all"] for t, p in zip(tokens, parts))
+    passes = sum(t / p["tokens_per_pass"] for t, p in zip(tokens, parts))
+    judged = sum(p["judged"] for p in parts)
+    return {"median": statistics.median(p["median"] for p in parts), "all": sum(tokens) / cost,
+            "tokens_per_pass": sum(tokens) / passes, "per_token": sum(p["hits"] for p in parts) / judged if judged else 0.0,
+            "judged": judged, "hits": sum(p["hits"] for p in parts)}
 
 
 def fixed(k: int) -> Policy:
@@ -128,6 +159,7 @@ def report(answers, curve, step, read, depth) -> List[str]:
     for k in range(depth + 1):
         row(f"fixed k = {k}", replay(answers, fixed(k), curve, step))
     row("oracle", replay(answers, oracle, curve, step))
+    row("hindsight (no policy does better)", hindsight(answers, curve, step, depth))
     for r in sorted({0.0, read}):
         best = max(((replay(answers, gate(t, m), curve, step, r), t, m) for t in TAUS for m in range(1, depth + 1)),
                    key=lambda x: x[0]["all"])

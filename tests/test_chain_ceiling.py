@@ -94,3 +94,28 @@ def test_load_refuses_a_missing_or_foreign_file(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text('{"kind": "x", "recs": [{"chain": [1], "p": [0.5], "truth": [1]}]}\n', encoding="utf-8")
     assert cc.load(str(good))[0]["recs"][0]["chain"] == [1]
+
+
+def test_hindsight_may_stop_short_of_what_would_be_accepted_on_a_curve_with_steps():
+    truth = list(range(6))
+    a = answer(truth, [truth[j: j + 3] for j in range(6)])  # every draft right, chains of 3
+    curve = [1.0, 1.1, 1.1, 2.0]  # a pass of 4 rows costs nearly twice one of 3
+    oracle = cc.replay([a], cc.oracle, curve, 0.0)
+    best = cc.hindsight([a], curve, 0.0, 3)
+    assert oracle["all"] == pytest.approx(6 / (2.0 + 1.1))  # k = 3 at 0 (4 tokens), then k = 1 (2)
+    assert best["all"] == pytest.approx(6 / (1.1 + 1.1))  # k = 2 twice (3 tokens each)
+    assert best["tokens_per_pass"] == pytest.approx(3.0)
+
+
+def test_hindsight_beats_every_policy_on_random_answers():
+    rng = random.Random(1)
+    answers = []
+    for _ in range(5):
+        truth = [rng.randrange(3) for _ in range(30)]
+        chains = [[t if rng.random() < 0.5 else 9 for t in truth[j: j + 5]] for j in range(30)]
+        answers.append(answer(truth, chains, ps=[[rng.random() for _ in range(5)] for _ in range(30)]))
+    for name in ("h100", "flat", "cpu"):
+        curve, step = cc.CURVES[name]
+        best = cc.hindsight(answers, curve, step, 5)["all"]
+        policies = [cc.fixed(k) for k in range(6)] + [cc.oracle] + [cc.gate(t, 5) for t in cc.TAUS]
+        assert all(best >= cc.replay(answers, p, curve, step)["all"] - 1e-12 for p in policies)
