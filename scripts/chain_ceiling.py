@@ -24,7 +24,8 @@ Curves (V(j) for a pass of j rows, in plain steps): "h100" as measured on an H10
 MLX's CUDA backend with the demo's 4-bit weights (passes of 2-3 rows 1.13, of 4 or more
 1.7, a head step 0.0485), "flat" (1.13 + 0.01 per row past 2), "cpu" (1 + 0.125 per row
 past 1, a head step 0.06: this 2-core x86 CPU with OpenBLAS in float32), or values for
-j = 1, 2, ... (the last repeats). `--check N` also decodes the first N prompts through the
+j = 1, 2, ... (the last repeats), also as the "verify cost V(j)/V(1)" line `mlxspec bench`
+prints for your device. `--check N` also decodes the first N prompts through the
 engine at a fixed k = --check-k and compares its tokens per pass with the replay's.
 """
 
@@ -138,13 +139,21 @@ def gate(tau: float, longest: int) -> Policy:
 
 
 def parse_curve(text: str) -> Tuple[List[float], Optional[float]]:
-    """A named curve (its own head step) or comma-separated V(1), V(2), ... (head step from --step)."""
+    """A named curve (its own head step), comma-separated V(1), V(2), ..., or the line `mlxspec bench`
+    prints ("1:1.00  2:1.25  3:1.40"; head step from --step)."""
     if text in CURVES:
         return CURVES[text]
     try:
-        values = [float(v) for v in text.split(",")]
+        if ":" in text:
+            pairs = sorted((int(j), float(v)) for j, v in (item.split(":") for item in text.replace(",", " ").split()))
+            if [j for j, _ in pairs] != list(range(1, len(pairs) + 1)):
+                raise ValueError("rows must run 1, 2, 3, ...")
+            values = [v for _, v in pairs]
+        else:
+            values = [float(v) for v in text.split(",")]
     except ValueError:
-        raise SystemExit(f"--curve {text!r}: use one of {', '.join(CURVES)} or numbers like 1,1.13,1.7")
+        raise SystemExit(f"--curve {text!r}: use one of {', '.join(CURVES)}, numbers like 1,1.13,1.7, or "
+                         f"mlxspec bench's line like '1:1.00 2:1.25 3:1.40'")
     if not values or any(v <= 0 for v in values):
         raise SystemExit(f"--curve {text!r}: every V(j) must be a positive number (or use one of {', '.join(CURVES)})")
     return values, None

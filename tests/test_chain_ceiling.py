@@ -81,7 +81,7 @@ def test_a_read_is_charged_only_to_rounds_that_draft():
     assert free["all"] == pytest.approx(3 / 1.4) and paid["all"] == pytest.approx(3 / 1.7)
 
 
-@pytest.mark.parametrize("text", ["", "1,x", "1,-2", "h200"])
+@pytest.mark.parametrize("text", ["", "1,x", "1,-2", "h200", "1:1.0 3:1.2", "1:1.0 2:"])
 def test_a_bad_curve_says_what_is_allowed(text):
     with pytest.raises(SystemExit, match="h100"):
         cc.parse_curve(text)
@@ -90,6 +90,8 @@ def test_a_bad_curve_says_what_is_allowed(text):
 def test_named_and_given_curves():
     assert cc.parse_curve("h100") == cc.CURVES["h100"]
     assert cc.parse_curve("1,1.1,1.6") == ([1.0, 1.1, 1.6], None)
+    # the line `mlxspec bench` prints, pasted as it is
+    assert cc.parse_curve("1:1.00  2:1.25  3:1.40") == ([1.0, 1.25, 1.4], None)
 
 
 def test_load_refuses_a_missing_or_foreign_file(tmp_path):
