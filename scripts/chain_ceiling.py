@@ -60,61 +60,53 @@ def accepted(rec: Record, k: int) -> int:
     return n
 
 
+def pass_cost(curve: Sequence[float], rows: int) -> float:
+    """V(rows) in plain steps; rows past the curve's end cost its last value."""
+    return curve[min(rows, len(curve)) - 1]
+
+
+def walk(recs: Sequence[Record], policy: Policy, curve: Sequence[float], step: float,
+         read: float = 0.0) -> Tuple[int, float, int, int, int]:
+    """Decode one answer round by round under `policy`: (tokens, cost, passes, judged drafts, accepted)."""
+    j, tokens, cost, passes, judged, hits = 0, 0, 0.0, 0, 0, 0
+    while j < len(recs):
+        k, reads = policy(recs[j])
+        k = min(k, len(recs) - j - 1, len(recs[j]["chain"]))  # the last token is the target's own
+        n = accepted(recs[j], k)
+        cost += pass_cost(curve, k + 1) + (k * step + (read if reads else 0.0) if k else 0.0)
+        tokens, j, passes = tokens + n + 1, j + n + 1, passes + 1
+        judged, hits = judged + min(n + 1, k), hits + n
+    return tokens, cost, passes, judged, hits
+
+
+def figures(walks: Sequence[Tuple[int, float, int, int, int]]) -> Dict:
+    """{"median": median over answers of tokens per cost, "all": over all tokens,
+    "tokens_per_pass", "per_token": accepted / judged drafts (a chain's drafts up to and including
+    its first rejection: EAGLE's alpha)}."""
+    tokens, cost, passes, judged, hits = (sum(w[i] for w in walks) for i in range(5))
+    return {"median": statistics.median(w[0] / w[1] for w in walks), "all": tokens / cost,
+            "tokens_per_pass": tokens / max(passes, 1), "per_token": hits / judged if judged else 0.0}
+
+
 def replay(answers: Sequence[Sequence[Record]], policy: Policy, curve: Sequence[float], step: float,
            read: float = 0.0) -> Dict:
-    """Decode every answer round by round under `policy`; costs in plain steps.
-
-    Returns {"median": median over answers of tokens per cost, "all": over all tokens,
-    "tokens_per_pass": tokens / passes, "per_token": accepted / judged drafts (a chain's drafts up to
-    and including its first rejection: EAGLE's alpha)}."""
-    def V(j):
-        return curve[min(j, len(curve)) - 1]
-
-    ratios, tokens, cost, passes, judged, hits = [], 0, 0.0, 0, 0, 0
-    for recs in answers:
-        j, t, c = 0, 0, 0.0
-        while j < len(recs):
-            k, reads = policy(recs[j])
-            k = min(k, len(recs) - j - 1, len(recs[j]["chain"]))  # the last token is the target's own
-            n = accepted(recs[j], k)
-            c += V(k + 1) + (k * step + (read if reads else 0.0) if k else 0.0)
-            t += n + 1
-            j += n + 1
-            passes += 1
-            judged, hits = judged + min(n + 1, k), hits + n
-        ratios.append(t / c)
-        tokens, cost = tokens + t, cost + c
-    return {"median": statistics.median(ratios), "all": tokens / cost, "tokens_per_pass": tokens / max(passes, 1),
-            "per_token": hits / judged if judged else 0.0, "judged": judged, "hits": hits}
+    """Every answer decoded under `policy` (`walk`); costs in plain steps; `figures` of them all."""
+    return figures([walk(recs, policy, curve, step, read) for recs in answers])
 
 
 def hindsight(answers: Sequence[Sequence[Record]], curve: Sequence[float], step: float, depth: int) -> Dict:
     """The fastest choice of k (at most `depth`) at every round of every answer, knowing what each
     round will accept; the same figures as `replay`."""
-    def V(j):
-        return curve[min(j, len(curve)) - 1]
-
-    parts = []
+    walks = []
     for recs in answers:
         L = len(recs)
         least, pick = [0.0] * (L + 1), [0] * L  # least[j]: the least cost from position j to the end
         for j in range(L - 1, -1, -1):
-            least[j], pick[j] = min((V(k + 1) + k * step + least[j + accepted(recs[j], k) + 1], k)
+            least[j], pick[j] = min((pass_cost(curve, k + 1) + k * step + least[j + accepted(recs[j], k) + 1], k)
                                     for k in range(min(depth, L - j - 1, len(recs[j]["chain"])) + 1))
         ks = {id(r): k for r, k in zip(recs, pick)}
-        parts.append(replay([recs], lambda rec: (ks[id(rec)], False), curve, step))
-    return merge(parts, answers)
-
-
-def merge(parts: List[Dict], answers) -> Dict:
-    """Per-answer `replay` results -> one (median over answers; tokens, cost and passes summed)."""
-    tokens = [len(a) for a in answers]
-    cost = sum(t / p["all"] for t, p in zip(tokens, parts))
-    passes = sum(t / p["tokens_per_pass"] for t, p in zip(tokens, parts))
-    judged = sum(p["judged"] for p in parts)
-    return {"median": statistics.median(p["median"] for p in parts), "all": sum(tokens) / cost,
-            "tokens_per_pass": sum(tokens) / passes, "per_token": sum(p["hits"] for p in parts) / judged if judged else 0.0,
-            "judged": judged, "hits": sum(p["hits"] for p in parts)}
+        walks.append(walk(recs, lambda rec: (ks[id(rec)], False), curve, step))
+    return figures(walks)
 
 
 def fixed(k: int) -> Policy:
@@ -188,7 +180,8 @@ def collect(args) -> List[dict]:
     target, d = engine.target, engine.drafters["eagle"]
     out = []
     t0 = time.time()
-    for i, ex in enumerate(eval_suite(args.suite, 32, 0)[: args.prompts]):
+    suite = eval_suite(args.suite, 32, 0)[: args.prompts]
+    for i, ex in enumerate(suite):
         ids = chat_ids(engine.tokenizer, ex["prompt"])
         seq = ids + list(engine.generate(ids, max_tokens=args.max_tokens, num_draft=0).tokens)
         engine.reset()
@@ -219,15 +212,15 @@ def collect(args) -> List[dict]:
         print(f"[{i + 1}/{args.prompts}] {ex['kind']:13s} {len(seq) - len(ids)} tokens ({time.time() - t0:.0f}s)",
               file=sys.stderr, flush=True)
     if args.check:
-        check(engine, args, out)
+        check(engine, args, suite, out)
     return out
 
 
-def check(engine, args, answers) -> None:
+def check(engine, args, suite, answers) -> None:
     """Tokens per pass through the engine at a fixed k against the replay's, per prompt."""
-    from draft_prompts import chat_ids, eval_suite
+    from draft_prompts import chat_ids
 
-    for ex, a in zip(eval_suite(args.suite, 32, 0)[: args.check], answers):
+    for ex, a in zip(suite[: args.check], answers):
         ids = chat_ids(engine.tokenizer, ex["prompt"])
         g = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.check_k, drafter="eagle", lookup=True)
         r = replay([a["recs"]], fixed(args.check_k), [1.0], 0.0)
