@@ -12,12 +12,14 @@ and with a model drafter's lookup companion on and/or off (`--lookup`), and its 
 or read trees (`--shapes`). Tokens per target pass depend only on the drafts and the
 target's tokens, not on the device, so they carry over; multiply by V(chain + 1) / V(nodes + 1)
 measured on the device for its speedup.
-Greedy output is checked against plain decoding.
+Greedy output is checked against plain decoding; a difference is judged as the bench judges
+it (a rounding divergence at a near-tie, or a bug: then the script exits with status 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
 from pathlib import Path
@@ -55,6 +57,8 @@ def main(argv=None):
     if not shapes or set(shapes) - {"static", "read"}:
         p.error(f"--shapes {args.shapes!r}: a comma list of static and read")
     from mlxspec import loop
+    from mlxspec.bench.neartie import check_greedy
+    from mlxspec.reference import ROUNDING
 
     engine = mlxspec.load(args.pair, drafter=args.drafter)
     engine.curve.verify_seconds = lambda j: 1.0  # flat: every node pays for its row
@@ -65,7 +69,7 @@ def main(argv=None):
     tok = engine.tokenizer
     prompts = [chat_ids(tok, ex["prompt"]) for ex in eval_suite(args.suite)[: args.prompts]]
     plain = [engine.generate(ids, max_tokens=args.max_tokens, speculative=False).tokens for ids in prompts]
-    out = {}
+    out, bugs = {}, 0
     for lk in lookups:
         # keys: the tree setting ("off", "8"), with "/lookup=on|off" when both are compared
         tag = "" if len(lookups) == 1 else f"/lookup={lk}"
@@ -74,6 +78,7 @@ def main(argv=None):
             loop.STATIC_TREES = shape != "read"
             key = f"{tree}{'/' + shape if len(shapes) > 1 and shape else ''}{tag}"
             tokens = passes = nodes = trees = same = by_lookup = 0
+            kinds = collections.Counter()  # divergences by kind: rounding, bug, unclassified
             for ids, ref in zip(prompts, plain):
                 # Fresh caches and drafters: n-gram trees also copy earlier histories, and an earlier
                 # run of the same prompt would hand them its answer.
@@ -82,18 +87,25 @@ def main(argv=None):
                 s = r.stats
                 tokens, passes, nodes, trees = tokens + s.tokens, passes + s.rounds, nodes + s.drafted, trees + s.tree_rounds
                 by_lookup += s.lookup_rounds
-                same += r.tokens == ref
+                check = check_greedy(engine.target_model, ids, ref, r.tokens, max_kv_size=engine.max_kv_size)
+                same += check.identical
+                if not check.identical:
+                    kinds[check.divergence] += 1
             out[key] = row = {"tokens_per_pass": tokens / passes, "nodes_per_pass": nodes / passes,
                                          "tree_rounds": trees, "lookup_rounds": by_lookup, "passes": passes,
-                                         "identical": f"{same}/{len(prompts)}"}
+                                         "identical": f"{same}/{len(prompts)}", "divergences": dict(kinds)}
+            bugs += sum(n for kind, n in kinds.items() if kind != ROUNDING)
             chain = out[f"off{tag}"]
             print(f"tree={tree!s:4s} {shape:6s} lookup={lk:3s} tokens/pass {row['tokens_per_pass']:.2f}  nodes/pass "
                   f"{row['nodes_per_pass']:.1f}  tree rounds {trees}/{passes}  lookup rounds {by_lookup}  greedy "
                   f"identical {row['identical']}"
+                  + "".join(f", {n} {kind}" for kind, n in sorted(kinds.items()))
                   + (f"  ({row['tokens_per_pass'] / chain['tokens_per_pass']:.2f}x the chain's)" if tree != "off" else ""),
                   flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"drafter": args.drafter, "chain": args.chain, **out}, indent=1) + "\n")
+    if bugs:
+        sys.exit(f"{bugs} greedy output(s) differ from plain decoding beyond rounding")
 
 
 if __name__ == "__main__":
