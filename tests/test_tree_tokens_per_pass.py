@@ -16,12 +16,12 @@ import tree_tokens_per_pass  # noqa: E402
 PROMPT = {"kind": "code", "prompt": "Write a Python function that returns the sum of a list."}
 
 
-def _run(tmp_path, *extra):
+def _run(tmp_path):
     suite = tmp_path / "one.jsonl"
     suite.write_text(json.dumps(PROMPT) + "\n")
     out = tmp_path / "out.json"
     tree_tokens_per_pass.main(["--suite", str(suite), "--prompts", "1", "--caps", "8", "--max-tokens", "12",
-                               "--json", str(out), *extra])
+                               "--json", str(out)])
     return json.loads(out.read_text())
 
 
