@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Order shown in --help.
@@ -47,13 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import MlxSpecError
 
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that left shows here, not as a traceback at the interpreter's exit
+        return status
     except MlxSpecError as e:
         print(f"mlxspec {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`mlxspec models | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot raise again
+        return 141  # 128 + SIGPIPE
 
 
 if __name__ == "__main__":

@@ -175,6 +175,20 @@ def test_models_lists_every_pair_with_cache_state(monkeypatch, tmp_path, capsys)
     assert rows[0]["name"] == "demo" and rows[0]["cached"] is False
 
 
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    import os
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)  # as `mlxspec models | head -0` does
+    try:
+        done = subprocess.run([sys.executable, "-m", "mlxspec", "models"], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
+
+
 def test_pull_errors_are_reported_not_raised(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["pull", "mlx-community/no-such-model-for-mlxspec-tests"]) == 1
