@@ -127,5 +127,14 @@ def test_generate_command_end_to_end(capsys):
     assert main(["generate", "--max-tokens", "16", "--json", "What is the capital of France?"]) == 0
     import json
 
-    result = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
     assert "Paris" in result["text"] and result["stats"]["tokens"] > 0 and result["pair"] == "demo"
+    from mlxspec.device import backend
+    from mlxspec.loading.registry import pairs
+
+    # who drafted is who `mlxspec models` says drafts on this backend; the text mode's load line names it
+    here = pairs()["demo"].default_drafter(backend())
+    assert result["stats"]["drafter"] == here
+    assert main(["generate", "--max-tokens", "4", "Hi"]) == 0
+    assert capsys.readouterr().err.splitlines()[0].endswith(f"; drafter {here}")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from mlxspec.cli import build_parser, main
+from mlxspec.device import backend
 from mlxspec.errors import IncompatibleModelsError, InvalidArgumentError
 
 
@@ -170,9 +171,25 @@ def test_models_lists_every_pair_with_cache_state(monkeypatch, tmp_path, capsys)
     assert [line.split()[0] for line in out[1:]] == list(pairs())
     demo_row = next(line for line in out if line.startswith("demo "))
     assert demo_row.split()[-1] == "no"  # empty MLXSPEC_HOME
+    here = backend()
+    assert f"DRAFTER ({here.upper()})" in out[0]
+    assert demo_row.split()[-2] == pairs()["demo"].default_drafter(here)
     assert main(["models", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows[0]["name"] == "demo" and rows[0]["cached"] is False
+    assert rows[0]["drafter_here"] == pairs()["demo"].default_drafter(here)
+
+
+def test_default_drafter_follows_load_s_rule():
+    from dataclasses import replace
+
+    from mlxspec.loading.registry import pairs
+
+    demo = pairs()["demo"]  # draft model, per-backend drafters {cpu: eagle, metal/cuda: ngram}
+    assert demo.default_drafter("cpu") == "eagle" and demo.default_drafter("cuda") == "ngram"
+    assert replace(demo, drafter="").default_drafter("cpu") == "model"
+    assert replace(demo, drafter={"cuda": "ngram"}).default_drafter("cpu") == "model"
+    assert replace(demo, draft="ngram").default_drafter("cpu") == "ngram"  # a weightless draft is the drafter
 
 
 def test_a_reader_that_leaves_early_ends_the_command_quietly():

@@ -16,7 +16,8 @@ def register(subparsers) -> None:
     p.add_argument("--target", metavar="REF", help="target model (instead of --pair)")
     p.add_argument("--draft", metavar="REF", help="draft model for --target")
     p.add_argument("--drafter", choices=["model", "eagle", "ngram"],
-                   help="who drafts (default: the draft model if any, else ngram); eagle needs a head")
+                   help="who drafts (default: the pair's drafter on this backend, else the draft model if any, "
+                        "else ngram); eagle needs a head")
     p.add_argument("--head", metavar="REF", help="EAGLE head folder (or builtin:NAME) for the target (default: the pair's)")
     p.add_argument("--num-draft", metavar="auto|N", type=num_draft, default=None,
                    help="draft length: auto (cost model, default) or a fixed N")

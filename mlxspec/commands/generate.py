@@ -33,7 +33,8 @@ def register(subparsers) -> None:
     p.add_argument("--draft", metavar="REF", help="draft model reference, or 'ngram' / 'none' (overrides the pair's)")
     p.add_argument("--drafter", choices=["ngram", "model", "eagle", "none"],
                    help="how to draft: an n-gram drafter, the draft model, an EAGLE head over the target's "
-                        "features, or no speculation (default: the draft model if there is one, else the pair's drafter)")
+                        "features, or no speculation (default: the pair's drafter on this backend, see `mlxspec models`; "
+                        "else the draft model if there is one, else ngram)")
     p.add_argument("--head", metavar="REF", help="EAGLE head folder (or builtin:NAME) trained for the target "
                                                  "(default: the pair's head, if it names one)")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens to generate at most (default: 256)")
@@ -126,7 +127,9 @@ def load_line(engine, drafter=None) -> str:
         pair = get_pair(engine.pair_name) if engine.pair_name else None
         draft = drafter or (pair.draft if pair else "none (the engine's default drafter)")
     prefix = f"pair {engine.pair_name}: " if engine.pair_name else ""
-    return f"{prefix}target {one(engine.target_info)}; draft {draft}"
+    # A pair's draft model stays loaded when its default drafter on this backend is another one.
+    used = getattr(engine, "default_drafter", None)
+    return f"{prefix}target {one(engine.target_info)}; draft {draft}" + (f"; drafter {used}" if used else "")
 
 
 def stats_line(stats) -> str:

@@ -11,8 +11,9 @@ def register(subparsers) -> None:
         help="list the curated target/draft pairs and which are cached",
         description=(
             "List the target/draft pairs of models.toml: approximate weights sizes, the target's "
-            "context and sliding window, the quantization, and whether the weights are already in "
-            "the local cache (no network is used). Use a NAME with `mlxspec generate --pair NAME` "
+            "context and sliding window, who drafts by default on this machine's backend (the draft "
+            "model, the n-gram drafter or the pair's EAGLE head: whichever the bench measured faster "
+            "there), and whether the weights are already in the local cache (no network is used). Use a NAME with `mlxspec generate --pair NAME` "
             "or fetch it with `mlxspec pull NAME`."
         ),
     )
@@ -36,20 +37,22 @@ def is_cached(ref: str) -> bool:
 
 
 def run(args) -> int:
+    from ..device import backend
     from ..loading.registry import pairs
 
+    here = backend()
     rows = []
     for p in pairs().values():
         cached = is_cached(p.target) and is_cached(p.draft)
-        rows.append({**p.__dict__, "cached": cached})
+        rows.append({**p.__dict__, "drafter_here": p.default_drafter(here), "cached": cached})
     if args.json:
         for r in rows:
             print(json.dumps(r))
         return 0
-    head = ("NAME", "TARGET", "DRAFT", "SIZE GB", "CONTEXT", "WINDOW", "CACHED")
+    head = ("NAME", "TARGET", "DRAFT", "SIZE GB", "CONTEXT", "WINDOW", f"DRAFTER ({here.upper()})", "CACHED")
     table = [head] + [
         (r["name"], r["target"], r["draft"], f"{r['target_gb']:g} + {r['draft_gb']:g}", str(r["context"]),
-         str(r["window"] or "-"), "yes" if r["cached"] else "no")
+         str(r["window"] or "-"), r["drafter_here"], "yes" if r["cached"] else "no")
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]

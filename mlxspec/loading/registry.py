@@ -52,6 +52,13 @@ class Pair:
             return self.drafter.get(backend, "")
         return self.drafter
 
+    def default_drafter(self, backend: str) -> str:
+        """Who drafts on `backend` when nothing is overridden, as `mlxspec.load` decides: a
+        weightless draft itself, else the pair's drafter there, else the draft model."""
+        if not self.draft_is_model:
+            return self.draft
+        return self.drafter_on(backend) or "model"
+
 
 def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
     """Parse a models.toml file into `{name: Pair}`, in file order.
