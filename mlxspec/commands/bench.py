@@ -95,8 +95,8 @@ def parse_list(text: str, what: str, convert) -> list:
     for x in items:
         try:
             out.append(convert(x))
-        except (ValueError, argparse.ArgumentTypeError):
-            raise InvalidArgumentError(f"--{what}: {x!r} is not valid") from None
+        except (ValueError, argparse.ArgumentTypeError) as e:  # the converter's message says what is allowed
+            raise InvalidArgumentError(f"--{what}: {x!r} is not valid: {e}") from None
     return out
 
 
