@@ -170,6 +170,9 @@ def print_report(doc: dict, console) -> None:
             + (f" x {doc['settings']['repeats']} passes" if doc['settings'].get('repeats', 1) > 1 else "") + ", "
             f"{doc['settings']['max_tokens']} tokens, {device_line(doc['device'])})")
     console.print(head)
+    spread = interval_line(doc)
+    if spread:
+        console.print(spread)
     if doc["device"]["backend"] == "cpu" and doc["device"].get("blas") == "reference":
         console.print("[yellow]MLX's bundled reference BLAS ran the CPU's matmuls: with a system OpenBLAS "
                       "(e.g. `apt install libopenblas0`) mlxspec uses it and float32, about 2x faster and "
@@ -188,6 +191,20 @@ def print_report(doc: dict, console) -> None:
     console.print(greedy_line(doc))
     for line in rounding_lines(doc):
         console.print(line)
+
+
+def interval_line(doc: dict) -> Optional[str]:
+    """How far the headline's medians can be trusted: their sign-test intervals over the prompts."""
+    s = doc["summary"]
+    parts = [f"{iv[0]:.2f}-{iv[1]:.2f}x {name}" for name, iv in
+             (("vanilla", s.get("speedup_vs_vanilla_interval")), ("mlx-lm", s.get("speedup_vs_mlx_lm_interval")))
+             if iv]
+    if not parts:
+        return None
+    cover = s.get("speedup_vs_vanilla_interval") or s.get("speedup_vs_mlx_lm_interval")
+    n = doc["settings"]["prompt_count"]
+    return (f"its {cover[2]:.0%} interval, for prompts like these (sign test over the {n} prompts, each once): "
+            + ", ".join(parts))
 
 
 def greedy_line(doc: dict) -> str:

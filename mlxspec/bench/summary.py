@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Dict, Iterable, List, Optional
 
+from .interval import median_interval, per_prompt
 from .runner import BenchResult, RunRecord, Setting
 
 
@@ -53,7 +54,7 @@ def _key(r: RunRecord) -> tuple:
 
 
 def _ratios_over(result: BenchResult, s: Setting, ref: Dict[tuple, RunRecord],
-                 category: Optional[str], temperature: Optional[float]) -> List[float]:
+                 category: Optional[str], temperature: Optional[float], keyed: bool = False) -> list:
     out = []
     for r in result.runs:
         if setting_of(r) != s or (category is not None and r.category != category):
@@ -62,7 +63,8 @@ def _ratios_over(result: BenchResult, s: Setting, ref: Dict[tuple, RunRecord],
             continue
         b = ref.get(_key(r))
         if b is not None and b.tokens_per_second > 0:
-            out.append(r.tokens_per_second / b.tokens_per_second)
+            x = r.tokens_per_second / b.tokens_per_second
+            out.append((r.prompt_id, x) if keyed else x)
     return out
 
 
@@ -74,6 +76,14 @@ def ratios(result: BenchResult, s: Setting, baseline_mode: str, *, category: Opt
            temperature: Optional[float] = None) -> List[float]:
     """Per-prompt tokens/s ratios of setting `s` over the baseline mode's run on the same prompt (`_key`)."""
     return _ratios_over(result, s, _by_key(result.runs, baseline_mode), category, temperature)
+
+
+def ratio_interval(result: BenchResult, s: Setting, baseline_mode: str, *,
+                   temperature: Optional[float] = None) -> Optional[list]:
+    """[low, high, coverage] of the median per-prompt speedup over `baseline_mode` (`interval`), or None."""
+    keyed = _ratios_over(result, s, _by_key(result.runs, baseline_mode), None, temperature, keyed=True)
+    iv = median_interval(per_prompt(keyed))
+    return list(iv) if iv else None
 
 
 def setting_rows(result: BenchResult) -> List[dict]:
@@ -107,6 +117,8 @@ def setting_rows(result: BenchResult) -> List[dict]:
                                       if any(r.step_reached for r in runs) else None),
                 "peak_memory_bytes": max(r.peak_memory_bytes for r in runs),
                 "speedup_vs_vanilla": median(ratios(result, s, "vanilla", temperature=t)) if s.mode != "vanilla" else None,
+                "speedup_vs_vanilla_interval": ratio_interval(result, s, "vanilla", temperature=t)
+                if s.mode != "vanilla" else None,
                 "speedup_vs_mlx_lm": vs_peer,
                 "speedup_vs_chain": median(pair_ratios(result, s, chain, temperature=t)) if chain else None,
                 "tree_rounds": sum(r.tree_rounds for r in runs),
@@ -150,6 +162,11 @@ def summarize(result: BenchResult) -> dict:
 
     chain = chain_of(result, s)
 
+    def intervals() -> dict:
+        """Overall only: a category's one to four prompts say little."""
+        return {"speedup_vs_vanilla_interval": ratio_interval(result, s, "vanilla", temperature=t0),
+                "speedup_vs_mlx_lm_interval": ratio_interval(result, s, "mlx-lm", temperature=t0) if has_peer else None}
+
     def speedups(category=None) -> dict:
         return {
             "speedup_vs_vanilla": median(ratios(result, s, "vanilla", category=category, temperature=t0)),
@@ -168,6 +185,7 @@ def summarize(result: BenchResult) -> dict:
         by_category[c] = entry
     return {
         **speedups(),
+        **intervals(),
         "by_category": by_category,
         **divergence_counts(result.runs),
         "near_ties": sum(1 for r in result.runs if r.mismatch and r.mismatch.get("near_tie")),  # = rounding

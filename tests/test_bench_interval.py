@@ -1,0 +1,87 @@
+"""The sign-test interval of the bench's median speedups: exact coverage, and what the bench reports."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from mlxspec.bench.interval import median_interval, per_prompt, sign_coverage
+
+
+@pytest.mark.parametrize("n, j, want", [(8, 1, 1 - 2 / 256), (8, 2, 1 - 2 * 9 / 256), (2, 1, 0.5), (5, 1, 1 - 2 / 32)])
+def test_sign_coverage_is_the_binomial_sum(n, j, want):
+    assert sign_coverage(n, j) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 6, 8, 9, 24, 25, 100])
+def test_the_narrowest_pair_that_reaches_the_level(n):
+    xs = [float(i) for i in range(n)][::-1]  # unsorted on purpose
+    lo, hi, cover = median_interval(xs)
+    j = int(lo) + 1
+    assert hi == n - j  # symmetric order statistics: the j-th smallest and the j-th largest
+    assert cover == pytest.approx(sign_coverage(n, j))
+    if sign_coverage(n, 1) >= 0.95:
+        assert cover >= 0.95
+        assert j + 1 > (n + 1) // 2 or sign_coverage(n, j + 1) < 0.95  # one step narrower falls short
+    else:
+        assert (lo, hi) == (0.0, n - 1.0)  # too few values: the whole range, with the coverage it has
+
+
+def test_too_few_values_and_bad_levels():
+    assert median_interval([]) is None and median_interval([1.3]) is None
+    with pytest.raises(ValueError, match="level"):
+        median_interval([1.0, 2.0], level=1.0)
+
+
+def test_the_stated_coverage_holds_on_a_skewed_law():
+    # Lognormal per-prompt speedups (median exp(0.2)): over many suites of 24 prompts the interval
+    # holds the median as often as it says, within 4 binomial standard errors.
+    rng, trials, n, truth = random.Random(0), 4000, 24, math.exp(0.2)
+    hits, cover = 0, None
+    for _ in range(trials):
+        lo, hi, cover = median_interval([math.exp(rng.gauss(0.2, 0.4)) for _ in range(n)])
+        hits += lo <= truth <= hi
+    se = math.sqrt(cover * (1 - cover) / trials)
+    assert abs(hits / trials - cover) < 4 * se
+
+
+def test_repeats_of_a_prompt_count_once():
+    assert sorted(per_prompt([("a", 1.0), ("b", 2.0), ("a", 3.0), ("b", 5.0), ("b", 4.0)])) == [2.0, 4.0]
+
+
+def test_the_summary_and_the_report_give_the_interval(monkeypatch, tmp_path, capsys):
+    from bench_helpers import tiny_engine
+    from rich.console import Console
+
+    from mlxspec import cli
+    from mlxspec.bench.report import print_report
+    from mlxspec.commands import modelargs
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
+    eng = tiny_engine()
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: eng)
+    out = tmp_path / "r.json"
+    assert cli.main(["bench", "--limit", "3", "--max-tokens", "4", "--drafter", "ngram", "--no-peer",
+                     "--repeats", "2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    van = {(r["repeat"], r["prompt_id"]): r["tokens_per_second"] for r in doc["runs"] if r["mode"] == "vanilla"}
+    by_prompt = {}
+    for r in doc["runs"]:
+        if r["mode"] == "speculative":
+            by_prompt.setdefault(r["prompt_id"], []).append(r["tokens_per_second"] / van[r["repeat"], r["prompt_id"]])
+    medians = sorted(sum(v) / 2 for v in by_prompt.values())  # two passes each: their mean is their median
+    s = doc["summary"]
+    lo, hi, cover = s["speedup_vs_vanilla_interval"]
+    assert len(medians) == 3 and (lo, hi) == pytest.approx((medians[0], medians[-1]))
+    assert cover == pytest.approx(sign_coverage(3, 1))  # three prompts, not six runs
+    assert s["speedup_vs_mlx_lm_interval"] is None  # no peer ran
+    row = next(r for r in s["settings"] if r["mode"] == "speculative")
+    assert row["speedup_vs_vanilla_interval"] == s["speedup_vs_vanilla_interval"]
+    assert next(r for r in s["settings"] if r["mode"] == "vanilla")["speedup_vs_vanilla_interval"] is None
+    console = Console(record=True, width=300)
+    print_report(doc, console)
+    text = console.export_text()
+    assert "its 75% interval" in text and "over the 3 prompts" in text and f"{lo:.2f}-{hi:.2f}x vanilla" in text
