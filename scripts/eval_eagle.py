@@ -9,6 +9,8 @@ target verifies, both caches roll back):
     judged acceptance = accepted / drafts the target judged (those after a rejection are not):
                        the per-token rate (EAGLE's alpha), also per draft step
     tokens per pass  = generated tokens / target passes
+  the last two with a 95 % interval from a bootstrap over prompts (a prompt's drafts are
+  not independent draws: counting them so understates the spread about 2x)
 T = 0.7, exact: along each greedy output, one target pass gives p at every position and one
 head pass over the target's real features gives the head's first-step q there;
     sum_x min(p, q)  = the probability that rejection sampling accepts a first draft token.
@@ -36,6 +38,7 @@ import mlx.core as mx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 from draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
+from mlxspec.bench.interval import ratio_interval  # noqa: E402
 from mlxspec.loading import demo  # noqa: E402
 from mlxspec.sampling import SamplingParams, probabilities  # noqa: E402
 
@@ -213,6 +216,9 @@ def main(argv=None):
            "acceptance": total("accepted") / total("drafted"), "drafted": total("drafted"),
            "judged_acceptance": judged(rows)[0], "step_acceptance": judged(rows)[1],
            "tokens_per_target_pass": total("tokens") / total("passes"),
+           # 95 % over prompts (their drafts succeed and fail together), see mlxspec.bench.interval
+           "judged_acceptance_interval": ratio_interval([(sum(r["step_acc"]), sum(r["reached"])) for r in rows]),
+           "tokens_per_target_pass_interval": ratio_interval([(r["tokens"], r["passes"]) for r in rows]),
            "temperature": args.temperature, "sampled_acceptance": total("t_accepted") / max(total("t_drafted"), 1),
            "first_step_sum_min_pq": sum(overlap) / len(overlap), "positions": len(overlap),
            "first_step_top1": total("top1") / total("positions"),

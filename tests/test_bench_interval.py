@@ -85,3 +85,43 @@ def test_the_summary_and_the_report_give_the_interval(monkeypatch, tmp_path, cap
     print_report(doc, console)
     text = console.export_text()
     assert "its 75% interval" in text and "over the 3 prompts" in text and f"{lo:.2f}-{hi:.2f}x vanilla" in text
+
+
+def _clustered(rng, n, a=0.55, spread=0.12):
+    """n prompts: each drafts 40-120 tokens accepted at its own rate around a."""
+    out = []
+    for _ in range(n):
+        d = rng.randint(40, 120)
+        p = min(max(rng.gauss(a, spread), 0.02), 0.98)
+        out.append((sum(rng.random() < p for _ in range(d)), d))
+    return out
+
+
+def test_ratio_interval_matches_the_delta_method_on_many_prompts():
+    import numpy as np
+
+    from mlxspec.bench.interval import ratio_interval
+
+    pairs = np.array(_clustered(random.Random(1), 400), dtype=float)
+    r = pairs[:, 0].sum() / pairs[:, 1].sum()
+    resid = pairs[:, 0] - r * pairs[:, 1]
+    se = math.sqrt((resid ** 2).sum() * len(pairs) / (len(pairs) - 1)) / pairs[:, 1].sum()  # the ratio's delta method
+    lo, hi = ratio_interval([tuple(p) for p in pairs])
+    assert lo < r < hi
+    # 4,000 draws estimate a 95 % width to about 3 %; the normal approximation holds at 400 prompts.
+    assert (hi - lo) / (2 * 1.96 * se) == pytest.approx(1.0, abs=0.08)
+    # Counting drafts as independent (binomial) gives a far narrower, wrong interval here.
+    assert 1.96 * math.sqrt(r * (1 - r) / pairs[:, 1].sum()) < 0.6 * (hi - r)
+
+
+def test_ratio_interval_covers_as_stated():
+    from mlxspec.bench.interval import ratio_interval
+
+    rng, trials, hits = random.Random(2), 300, 0
+    truth = 0.55  # the mean rate; prompt lengths are independent of rates, so the pooled ratio targets it
+    for t in range(trials):
+        lo, hi = ratio_interval(_clustered(rng, 48), draws=1000, seed=t)
+        hits += lo <= truth <= hi
+    # A percentile bootstrap over 48 prompts covers a little under 95 %; 4 binomial standard errors.
+    assert abs(hits / trials - 0.95) < 4 * math.sqrt(0.95 * 0.05 / trials)
+    assert ratio_interval([(3, 5)]) is None
