@@ -191,6 +191,11 @@ def test_summary_pools_the_per_token_acceptance(result):
     assert all(sum(r.step_accepted) == r.accepted for r in fixed)  # chains only: every accepted draft was judged
     pooled = sum(r.accepted for r in fixed) / sum(sum(r.step_reached) for r in fixed)
     assert rows[("speculative", "model", "2")]["judged_acceptance"] == pytest.approx(pooled)
+    lo, hi = rows[("speculative", "model", "2")]["judged_acceptance_interval"]
+    per_prompt = [r.accepted / sum(r.step_reached) for r in fixed if sum(r.step_reached)]
+    # Resampling two prompts: every draw's pooled rate lies between theirs.
+    assert min(per_prompt) - 1e-12 <= lo <= pooled <= hi <= max(per_prompt) + 1e-12
+    assert rows[("vanilla", None, "0")]["judged_acceptance_interval"] is None
     assert rows[("vanilla", None, "0")]["judged_acceptance"] is None  # nothing drafted
     assert rows[("mlx-lm", "model", "3")]["judged_acceptance"] is None  # the peer reports no positions
 

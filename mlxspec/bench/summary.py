@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Dict, Iterable, List, Optional
 
-from .interval import median_interval, per_prompt
+from .interval import median_interval, per_prompt, ratio_interval
 from .runner import BenchResult, RunRecord, Setting
 
 
@@ -78,7 +78,7 @@ def ratios(result: BenchResult, s: Setting, baseline_mode: str, *, category: Opt
     return _ratios_over(result, s, _by_key(result.runs, baseline_mode), category, temperature)
 
 
-def ratio_interval(result: BenchResult, s: Setting, baseline_mode: str, *,
+def speedup_interval(result: BenchResult, s: Setting, baseline_mode: str, *,
                    temperature: Optional[float] = None) -> Optional[list]:
     """[low, high, coverage] of the median per-prompt speedup over `baseline_mode` (`interval`), or None."""
     keyed = _ratios_over(result, s, _by_key(result.runs, baseline_mode), None, temperature, keyed=True)
@@ -115,9 +115,10 @@ def setting_rows(result: BenchResult) -> List[dict]:
                 # pooled over the runs: of the drafter's own chain drafts the target judged, those accepted
                 "judged_acceptance": (sum(map(sum, (r.step_accepted for r in runs))) / sum(map(sum, (r.step_reached for r in runs)))
                                       if any(r.step_reached for r in runs) else None),
+                "judged_acceptance_interval": judged_interval(runs),
                 "peak_memory_bytes": max(r.peak_memory_bytes for r in runs),
                 "speedup_vs_vanilla": median(ratios(result, s, "vanilla", temperature=t)) if s.mode != "vanilla" else None,
-                "speedup_vs_vanilla_interval": ratio_interval(result, s, "vanilla", temperature=t)
+                "speedup_vs_vanilla_interval": speedup_interval(result, s, "vanilla", temperature=t)
                 if s.mode != "vanilla" else None,
                 "speedup_vs_mlx_lm": vs_peer,
                 "speedup_vs_chain": median(pair_ratios(result, s, chain, temperature=t)) if chain else None,
@@ -134,6 +135,20 @@ def setting_rows(result: BenchResult) -> List[dict]:
                 "untimed runs" if s.mode == "mlx-lm" else "engine.warmup (shared)",
             })
     return rows
+
+
+def judged_interval(runs: List[RunRecord]) -> Optional[list]:
+    """95 % bootstrap interval of the pooled per-token acceptance, resampling prompts (a prompt's
+    repeats pooled into one), or None when nothing was judged."""
+    clusters: Dict[str, list] = {}
+    for r in runs:
+        c = clusters.setdefault(r.prompt_id, [0, 0])
+        c[0] += sum(r.step_accepted)
+        c[1] += sum(r.step_reached)
+    if not any(d for _, d in clusters.values()):
+        return None
+    iv = ratio_interval([tuple(c) for c in clusters.values()])
+    return list(iv) if iv else None
 
 
 def divergence_counts(runs: List[RunRecord]) -> dict:
@@ -164,8 +179,8 @@ def summarize(result: BenchResult) -> dict:
 
     def intervals() -> dict:
         """Overall only: a category's one to four prompts say little."""
-        return {"speedup_vs_vanilla_interval": ratio_interval(result, s, "vanilla", temperature=t0),
-                "speedup_vs_mlx_lm_interval": ratio_interval(result, s, "mlx-lm", temperature=t0) if has_peer else None}
+        return {"speedup_vs_vanilla_interval": speedup_interval(result, s, "vanilla", temperature=t0),
+                "speedup_vs_mlx_lm_interval": speedup_interval(result, s, "mlx-lm", temperature=t0) if has_peer else None}
 
     def speedups(category=None) -> dict:
         return {
