@@ -13,7 +13,8 @@ def register(subparsers) -> None:
             "List the target/draft pairs of models.toml: approximate weights sizes, the target's "
             "context and sliding window, who drafts by default on this machine's backend (the draft "
             "model, the n-gram drafter or the pair's EAGLE head: whichever the bench measured faster "
-            "there), and whether the weights are already in the local cache (no network is used). "
+            "there; in one process: a target sharded with --distributed drafts with n-gram where this "
+            "says eagle), and whether the weights are already in the local cache (no network is used). "
             "Use a NAME with `mlxspec generate --pair NAME` or fetch it with `mlxspec pull NAME`."
         ),
     )
