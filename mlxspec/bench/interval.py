@@ -1,4 +1,4 @@
-"""How far a median over a few prompts can be trusted: its distribution-free interval.
+"""How far figures over a few prompts can be trusted: intervals that count prompts, not runs.
 
 The bench's speedups are medians of per-prompt ratios over 8 or 24 prompts, and prompts
 differ far more than runs of one prompt do. The sign-test interval needs no assumption on
@@ -7,6 +7,9 @@ between the j-th smallest and the j-th largest with probability
 1 - 2 P(Binomial(n, 1/2) < j). The narrowest such pair that reaches the level is reported,
 with the coverage it actually has (order statistics move in steps: 8 values give 99.2 % or
 93.0 %, nothing between).
+
+Pooled rates (a per-token acceptance: accepted over judged drafts) get a bootstrap over
+prompts instead (`ratio_interval`).
 """
 
 from __future__ import annotations

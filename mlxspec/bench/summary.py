@@ -79,8 +79,9 @@ def ratios(result: BenchResult, s: Setting, baseline_mode: str, *, category: Opt
 
 
 def speedup_interval(result: BenchResult, s: Setting, baseline_mode: str, *,
-                   temperature: Optional[float] = None) -> Optional[list]:
-    """[low, high, coverage] of the median per-prompt speedup over `baseline_mode` (`interval`), or None."""
+                     temperature: Optional[float] = None) -> Optional[list]:
+    """[low, high, coverage]: the sign-test interval of the median per-prompt speedup over
+    `baseline_mode` (`interval.median_interval`), or None under 2 prompts."""
     keyed = _ratios_over(result, s, _by_key(result.runs, baseline_mode), None, temperature, keyed=True)
     iv = median_interval(per_prompt(keyed))
     return list(iv) if iv else None
