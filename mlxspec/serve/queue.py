@@ -87,8 +87,10 @@ class Job:
         (or the APIError the job was cancelled with) after the events that came before it.
         """
         while True:
-            if not self._ending and time.monotonic() < self._flush_at:
-                await self._wait(self._flush_at)  # let tokens gather; an end (or a wake-up) cuts it short
+            # Let tokens gather; an end cuts it short. A token's wake-up cannot: one sent for the
+            # window before may still be on its way (the loop busy), and would end this one early.
+            while not self._ending and time.monotonic() < self._flush_at:
+                await self._wait(self._flush_at)
             self._notified = False  # before draining: an append after this point wakes us again
             events = []
             while self._items:
