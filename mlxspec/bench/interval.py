@@ -14,6 +14,7 @@ prompts instead (`ratio_interval`).
 
 from __future__ import annotations
 
+import statistics
 from math import comb
 from typing import Dict, Iterable, Optional, Sequence, Tuple
 
@@ -47,12 +48,7 @@ def per_prompt(values: Sequence[Tuple[object, float]]) -> list:
     groups: Dict[object, list] = {}
     for key, x in values:
         groups.setdefault(key, []).append(x)
-    out = []
-    for xs in groups.values():
-        xs = sorted(xs)
-        m = len(xs) // 2
-        out.append(xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2)
-    return out
+    return [statistics.median(xs) for xs in groups.values()]
 
 
 def ratio_interval(pairs: Sequence[Tuple[float, float]], level: float = LEVEL, draws: int = 4000,

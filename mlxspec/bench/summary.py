@@ -45,7 +45,7 @@ def pair_ratios(result: BenchResult, s: Setting, base: Setting, *, category: Opt
                 temperature: Optional[float] = None) -> List[float]:
     """Per-prompt tokens/s ratios of setting `s` over setting `base` on the same prompt (`_key`)."""
     ref = {_key(r): r for r in result.runs if setting_of(r) == base}
-    return _ratios_over(result, s, ref, category, temperature)
+    return [x for _, x in _ratios_over(result, s, ref, category, temperature)]
 
 
 def _key(r: RunRecord) -> tuple:
@@ -54,7 +54,8 @@ def _key(r: RunRecord) -> tuple:
 
 
 def _ratios_over(result: BenchResult, s: Setting, ref: Dict[tuple, RunRecord],
-                 category: Optional[str], temperature: Optional[float], keyed: bool = False) -> list:
+                 category: Optional[str], temperature: Optional[float]) -> List[tuple]:
+    """(prompt id, ratio) per run of setting `s` that has a reference run."""
     out = []
     for r in result.runs:
         if setting_of(r) != s or (category is not None and r.category != category):
@@ -63,8 +64,7 @@ def _ratios_over(result: BenchResult, s: Setting, ref: Dict[tuple, RunRecord],
             continue
         b = ref.get(_key(r))
         if b is not None and b.tokens_per_second > 0:
-            x = r.tokens_per_second / b.tokens_per_second
-            out.append((r.prompt_id, x) if keyed else x)
+            out.append((r.prompt_id, r.tokens_per_second / b.tokens_per_second))
     return out
 
 
@@ -75,15 +75,14 @@ def _by_key(runs: List[RunRecord], mode: str) -> Dict[tuple, RunRecord]:
 def ratios(result: BenchResult, s: Setting, baseline_mode: str, *, category: Optional[str] = None,
            temperature: Optional[float] = None) -> List[float]:
     """Per-prompt tokens/s ratios of setting `s` over the baseline mode's run on the same prompt (`_key`)."""
-    return _ratios_over(result, s, _by_key(result.runs, baseline_mode), category, temperature)
+    return [x for _, x in _ratios_over(result, s, _by_key(result.runs, baseline_mode), category, temperature)]
 
 
 def speedup_interval(result: BenchResult, s: Setting, baseline_mode: str, *,
                      temperature: Optional[float] = None) -> Optional[list]:
     """[low, high, coverage]: the sign-test interval of the median per-prompt speedup over
     `baseline_mode` (`interval.median_interval`), or None under 2 prompts."""
-    keyed = _ratios_over(result, s, _by_key(result.runs, baseline_mode), None, temperature, keyed=True)
-    iv = median_interval(per_prompt(keyed))
+    iv = median_interval(per_prompt(_ratios_over(result, s, _by_key(result.runs, baseline_mode), None, temperature)))
     return list(iv) if iv else None
 
 
