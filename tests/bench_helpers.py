@@ -15,6 +15,21 @@ PROMPTS = [
 ]
 
 
+def bench_cli_json(monkeypatch, tmp_path, *argv, engine=None) -> dict:
+    """`mlxspec bench ARGV --json` on a tiny engine (no loading, a fresh MLXSPEC_HOME): its JSON."""
+    import json
+
+    from mlxspec import cli
+    from mlxspec.commands import modelargs
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
+    eng = engine or tiny_engine()
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: eng)
+    out = tmp_path / "bench.json"
+    assert cli.main(["bench", *argv, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
 def tiny_engine(*, draft: bool = True) -> Engine:
     """A 2-layer llama target; the draft (when asked) is a 1-layer llama on the same tokenizer."""
     target = make_llama(0, layers=2, hidden=64)

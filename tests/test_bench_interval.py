@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 
@@ -52,21 +51,14 @@ def test_repeats_of_a_prompt_count_once():
     assert sorted(per_prompt([("a", 1.0), ("b", 2.0), ("a", 3.0), ("b", 5.0), ("b", 4.0)])) == [2.0, 4.0]
 
 
-def test_the_summary_and_the_report_give_the_interval(monkeypatch, tmp_path, capsys):
-    from bench_helpers import tiny_engine
+def test_the_summary_and_the_report_give_the_interval(monkeypatch, tmp_path):
+    from bench_helpers import bench_cli_json
     from rich.console import Console
 
-    from mlxspec import cli
     from mlxspec.bench.report import print_report
-    from mlxspec.commands import modelargs
 
-    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
-    eng = tiny_engine()
-    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: eng)
-    out = tmp_path / "r.json"
-    assert cli.main(["bench", "--limit", "3", "--max-tokens", "4", "--drafter", "ngram", "--no-peer",
-                     "--repeats", "2", "--json", str(out)]) == 0
-    doc = json.loads(out.read_text())
+    doc = bench_cli_json(monkeypatch, tmp_path, "--limit", "3", "--max-tokens", "4", "--drafter", "ngram",
+                         "--no-peer", "--repeats", "2")
     van = {(r["repeat"], r["prompt_id"]): r["tokens_per_second"] for r in doc["runs"] if r["mode"] == "vanilla"}
     by_prompt = {}
     for r in doc["runs"]:

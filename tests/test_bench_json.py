@@ -6,7 +6,7 @@ import sys
 
 import mlx.core as mx
 import pytest
-from bench_helpers import tiny_engine
+from bench_helpers import bench_cli_json, tiny_engine
 
 from tiny import VOCAB, RoundingModel, accept_every_draft
 
@@ -174,13 +174,8 @@ def test_report_names_the_blas_and_says_how_to_get_a_faster_one(bench_json, blas
 
 
 def test_repeats_are_passes_over_the_prompts(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
-    eng = tiny_engine()
-    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: eng)
-    out = tmp_path / "r.json"
-    assert cli.main(["bench", "--limit", "2", "--max-tokens", "4", "--drafter", "ngram", "--no-peer",
-                     "--repeats", "2", "--json", str(out)]) == 0
-    doc = json.loads(out.read_text())
+    doc = bench_cli_json(monkeypatch, tmp_path, "--limit", "2", "--max-tokens", "4", "--drafter", "ngram",
+                         "--no-peer", "--repeats", "2")
     assert doc["settings"]["repeats"] == 2
     assert [(r["repeat"], r["mode"]) for r in doc["runs"]] == [(rep, m) for rep in (0, 1) for _ in range(2)
                                                                for m in ("vanilla", "speculative")]
