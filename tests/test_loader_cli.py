@@ -128,6 +128,33 @@ def test_generate_passes_a_chat_message_and_the_options(fake_engine, tiny_gguf_p
     assert options["top_k"] == 7 and options["min_p"] == 0.1 and options["max_tokens"] == 256
 
 
+@pytest.mark.parametrize("given, stdin, message", [("", "", "PROMPT is empty"), ("  \n", "", "PROMPT is empty"),
+                                                    ("-", "", "stdin gave no text"), ("-", " \n\t", "stdin gave no text")])
+def test_generate_refuses_an_empty_prompt_before_loading(given, stdin, message, monkeypatch, capsys):
+    import io
+
+    loads = []
+    monkeypatch.setattr("mlxspec.loading.load", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    assert main(["generate", given]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "mlxspec generate -" in err  # what was wrong, and how to give it
+    assert loads == []  # no model was loaded for nothing
+
+
+def test_generate_reads_the_prompt_from_stdin(fake_engine, tiny_gguf_path, monkeypatch):
+    import io
+
+    from mlxspec.loading import api
+
+    made = []
+    real_load = api.load
+    monkeypatch.setattr("mlxspec.loading.load", lambda *a, **k: made.append(real_load(*a, **k)) or made[-1])
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Capital of France?\n"))
+    assert main(["generate", "--target", str(tiny_gguf_path), "-"]) == 0
+    assert made[0].calls[0][0] == [{"role": "user", "content": "Capital of France?\n"}]
+
+
 def test_num_draft_must_be_auto_or_in_range(capsys):
     parser = build_parser()
     assert parser.parse_args(["generate", "--num-draft", "auto", "x"]).num_draft is None

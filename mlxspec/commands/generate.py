@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from ..errors import InvalidArgumentError
 from .argtypes import num_draft, on_off, tree
 from .modelargs import add_distributed_arg, quiet_unless_main
 
@@ -64,12 +65,15 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..loading import load
 
+    # Checked before loading (seconds to minutes), where it can be: the other ranks of a sharded
+    # target get no stdin, so there rank 0 reads it after the load.
+    text = None if args.prompt == "-" and args.distributed else _prompt_text(args.prompt)
     engine = load(args.target or args.pair or "demo", args.draft, dtype=args.dtype, drafter=args.drafter,
                   max_kv_size=args.max_kv_size, num_draft=args.num_draft, tree=args.tree, head=args.head,
                   distributed=args.distributed)
     main = quiet_unless_main(engine)
     # The other ranks run rank 0's request (the engine shares it): they need no prompt of their own.
-    prompt_text = (sys.stdin.read() if args.prompt == "-" else args.prompt) if main else "."
+    prompt_text = (text if text is not None else _prompt_text(args.prompt)) if main else "."
     prompt = prompt_text if args.no_chat_template else [{"role": "user", "content": prompt_text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft)
@@ -87,6 +91,16 @@ def run(args) -> int:
     if stats:
         print(stats_line(stats), file=sys.stderr)
     return 0
+
+
+def _prompt_text(prompt: str) -> str:
+    """PROMPT, or stdin for '-'; an empty or blank one is an error (an empty message is a slip, not a question)."""
+    text = sys.stdin.read() if prompt == "-" else prompt
+    if not text.strip():
+        where = "stdin gave no text" if prompt == "-" else "PROMPT is empty"
+        raise InvalidArgumentError(f"{where}: give the message as PROMPT, or pipe it in with '-' "
+                                   "(e.g. `echo 'Hello' | mlxspec generate -`)")
+    return text
 
 
 def _stream(engine, prompt, options):
