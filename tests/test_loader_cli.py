@@ -116,12 +116,18 @@ def test_generate_json(fake_engine, tiny_gguf_path, capsys):
     assert result["text"] == "Paris" and result["stats"]["tokens"] == 2
 
 
-def test_generate_passes_a_chat_message_and_the_options(fake_engine, tiny_gguf_path, monkeypatch):
+@pytest.fixture
+def made(fake_engine, monkeypatch):
+    """The engines `mlxspec generate` loads (through the real `load`, onto the fake engine), in order."""
     from mlxspec.loading import api
 
     made = []
     real_load = api.load
     monkeypatch.setattr("mlxspec.loading.load", lambda *a, **k: made.append(real_load(*a, **k)) or made[-1])
+    return made
+
+
+def test_generate_passes_a_chat_message_and_the_options(made, tiny_gguf_path):
     main(["generate", "--target", str(tiny_gguf_path), "--top-k", "7", "--min-p", "0.1", "Capital?"])
     prompt, options = made[0].calls[0]
     assert prompt == [{"role": "user", "content": "Capital?"}]
@@ -142,14 +148,9 @@ def test_generate_refuses_an_empty_prompt_before_loading(given, stdin, message, 
     assert loads == []  # no model was loaded for nothing
 
 
-def test_generate_reads_the_prompt_from_stdin(fake_engine, tiny_gguf_path, monkeypatch):
+def test_generate_reads_the_prompt_from_stdin(made, tiny_gguf_path, monkeypatch):
     import io
 
-    from mlxspec.loading import api
-
-    made = []
-    real_load = api.load
-    monkeypatch.setattr("mlxspec.loading.load", lambda *a, **k: made.append(real_load(*a, **k)) or made[-1])
     monkeypatch.setattr(sys, "stdin", io.StringIO("Capital of France?\n"))
     assert main(["generate", "--target", str(tiny_gguf_path), "-"]) == 0
     assert made[0].calls[0][0] == [{"role": "user", "content": "Capital of France?\n"}]
