@@ -136,16 +136,14 @@ def test_generate_passes_a_chat_message_and_the_options(made, tiny_gguf_path):
 
 @pytest.mark.parametrize("given, stdin, message", [("", "", "PROMPT is empty"), ("  \n", "", "PROMPT is empty"),
                                                     ("-", "", "stdin gave no text"), ("-", " \n\t", "stdin gave no text")])
-def test_generate_refuses_an_empty_prompt_before_loading(given, stdin, message, monkeypatch, capsys):
+def test_generate_refuses_an_empty_prompt_before_loading(given, stdin, message, made, monkeypatch, capsys):
     import io
 
-    loads = []
-    monkeypatch.setattr("mlxspec.loading.load", lambda *a, **k: loads.append(a))
     monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
     assert main(["generate", given]) == 1
     err = capsys.readouterr().err
     assert message in err and "mlxspec generate -" in err  # what was wrong, and how to give it
-    assert loads == []  # no model was loaded for nothing
+    assert made == []  # no model was loaded for nothing
 
 
 def test_generate_reads_the_prompt_from_stdin(made, tiny_gguf_path, monkeypatch):
