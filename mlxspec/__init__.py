@@ -19,6 +19,9 @@ from .errors import (  # noqa: E402
 from . import blas as _blas  # noqa: E402
 
 _blas.adopt()  # before anything imports mlx.core: MLX binds its BLAS then (see blas.py)
+from . import device as _device  # noqa: E402
+
+_device.adopt_attention()  # before any attention runs: MLX reads it once (see device.py)
 
 
 def __getattr__(name):

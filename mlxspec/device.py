@@ -3,6 +3,7 @@ priors, calibration keys, reports). Low-level on purpose: it imports nothing of 
 
 from __future__ import annotations
 
+import os
 import platform
 
 from . import blas
@@ -22,6 +23,23 @@ def backend() -> str:
     if cuda is not None and cuda.is_available():
         return "cuda"
     return "cpu"
+
+
+CUDNN_SDPA_VAR = "MLX_CUDA_USE_CUDNN_SDPA"
+
+
+def adopt_attention() -> None:
+    """Keep MLX's CUDA attention off cuDNN for this process, unless the user set CUDNN_SDPA_VAR.
+
+    MLX builds a cuDNN plan for each new (query rows, key length) of a float16/bfloat16
+    attention with more than one query row: every verify pass has a new key length, so on an
+    H100 each speculative round paid a plan build (the head at k = 2 ran at 0.26x plain
+    decoding in float16). Without cuDNN, rows < 4 take MLX's vector kernel and longer passes its
+    unfused ops, which build nothing per shape (prefill too: a long prompt's chunks then hold
+    their scores in memory). MLX reads the variable once, at its first attention, so this runs
+    at import. It changes nothing on Metal or the CPU, nor where activations are float32, which
+    cuDNN never takes (the demo GGUF's float32 norms make them so). Not yet timed on a GPU."""
+    os.environ.setdefault(CUDNN_SDPA_VAR, "0")
 
 
 def is_gpu() -> bool:
