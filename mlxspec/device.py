@@ -80,6 +80,10 @@ def device_name() -> str:
 
 
 def describe() -> dict:
-    """{"backend", "name", "os", "blas"} for reports; "blas" names what MLX's CPU matmuls run on."""
-    return {"backend": backend(), "name": device_name(), "os": platform.platform(terse=True),
-            "blas": blas.info()["name"]}
+    """{"backend", "name", "os", "blas"} for reports; "blas" names what MLX's CPU matmuls run on.
+    On CUDA also "cudnn_attention": whether attention may take cuDNN (`adopt_attention`)."""
+    b = backend()
+    out = {"backend": b, "name": device_name(), "os": platform.platform(terse=True), "blas": blas.info()["name"]}
+    if b == "cuda":
+        out["cudnn_attention"] = os.environ.get(CUDNN_SDPA_VAR, "1") != "0"
+    return out

@@ -29,10 +29,13 @@ from .summary import label, setting_of, summarize
 
 
 def device_line(device: dict) -> str:
-    """"cpu AMD EPYC, OpenBLAS": the backend, the chip and, on the CPU, the BLAS its float32 matmuls use."""
+    """"cpu AMD EPYC, OpenBLAS": the backend, the chip and, on the CPU, the BLAS its float32 matmuls
+    use; on CUDA, whether attention ran without cuDNN (`device.adopt_attention`)."""
     text = f"{device['backend']} {device['name']}"
     if device["backend"] == "cpu" and device.get("blas"):
         text += f", {blas.label(device['blas'])}"
+    if device.get("cudnn_attention") is False:
+        text += ", attention without cuDNN"
     return text
 
 
