@@ -38,7 +38,7 @@ def adopt_attention() -> None:
     unfused ops, which build nothing per shape (prefill too: a long prompt's chunks then hold
     their scores in memory). MLX reads the variable once, at its first attention, so this runs
     at import. It changes nothing on Metal or the CPU, nor where activations are float32, which
-    cuDNN never takes (the demo GGUF's float32 norms make them so). Not yet timed on a GPU."""
+    cuDNN never takes (the demo GGUF's float32 norms make them so)."""
     os.environ.setdefault(CUDNN_SDPA_VAR, "0")
 
 
