@@ -1,0 +1,39 @@
+"""scripts/drift_sim.py: the cost model through a simulated bench process on the H100's shape."""
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import drift_sim  # noqa: E402
+
+
+def _ratio_and_estimates(**kw):
+    ratios, est = [], []
+    for seed in range(3):
+        r = drift_sim.run(seed, **kw)
+        ratios.append(statistics.median(r["speedup"][("eagle", "auto")]) / statistics.median(r["speedup"][("eagle", 2)]))
+        est += r["plain_estimates"]
+    return statistics.mean(ratios), [statistics.median(e[i] for e in est) for i in range(3)]
+
+
+def test_a_seed_gives_one_process():
+    a, b = drift_sim.run(1, drift=0.35, prompts=3), drift_sim.run(1, drift=0.35, prompts=3)
+    assert a == b and len(a["speedup"][("eagle", 2)]) == 3
+
+
+def test_on_a_steady_host_the_cost_models_k_keeps_up_with_k_2_and_knows_its_costs():
+    """Per-round noise alone: the estimates at the head's plain decisions are the true costs
+    (within 10 %) and its choice runs level with a fixed k = 2, which pays at every prompt."""
+    ratio, (p, v3, c) = _ratio_and_estimates(drift=0.0, walk=0.0)
+    assert ratio >= 0.97
+    assert all(0.9 <= x <= 1.1 for x in (p, v3, c)), (p, v3, c)
+
+
+def test_the_cli_checks_its_arguments(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        drift_sim.main(["--seeds", "0"])
+    assert "--seeds and --prompts must be >= 1" in capsys.readouterr().err
