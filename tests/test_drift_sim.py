@@ -1,21 +1,11 @@
 """scripts/drift_sim.py: the cost model through a simulated bench process on the H100's shape."""
 
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import drift_sim  # noqa: E402
-
-
-def _ratio_and_estimates(**kw):
-    ratios, est = [], []
-    for seed in range(3):
-        r = drift_sim.run(seed, **kw)
-        ratios.append(statistics.median(r["speedup"][("eagle", "auto")]) / statistics.median(r["speedup"][("eagle", 2)]))
-        est += r["plain_estimates"]
-    return statistics.mean(ratios), [statistics.median(e[i] for e in est) for i in range(3)]
 
 
 def test_a_seed_gives_one_process():
@@ -26,7 +16,7 @@ def test_a_seed_gives_one_process():
 def test_on_a_steady_host_the_cost_models_k_keeps_up_with_k_2_and_knows_its_costs():
     """Per-round noise alone: the estimates at the head's plain decisions are the true costs
     (within 10 %) and its choice runs level with a fixed k = 2, which pays at every prompt."""
-    ratio, (p, v3, c) = _ratio_and_estimates(drift=0.0, walk=0.0)
+    ratio, (p, v3, c), _ = drift_sim.summary([drift_sim.run(seed, drift=0.0, walk=0.0) for seed in range(3)])
     assert ratio >= 0.97
     assert all(0.9 <= x <= 1.1 for x in (p, v3, c)), (p, v3, c)
 
