@@ -10,6 +10,14 @@ keeps the next step in flight while the host reads the last one, so it costs P <
 per token. Each round takes the k in [0, k_max] with the highest E(k) / T(k), k = 0
 meaning plain decoding at 1 / P; drafting must beat that by a 5% margin.
 
+Costs are kept at the host's pace (`TargetCurve.pace`): a host's speed drifts, and moves every
+cost alike (on an H100 a third from one request to the next), so each timing first tells the
+pace, the median of the last few timings over their settled estimates, and then teaches its own
+estimate only what the pace does not explain. Choices compare costs, so they never mix two
+spells of the host: before, a slower spell's rounds charged their whole excess to the draft
+cost and stopped drafting where it paid. The price: a length whose cost changes alone is learnt
+only while most timings are of other lengths (a run of one length reads as the host's pace).
+
 Costs are robust estimates (`Estimate`): the median of the last few samples (their
 minimum while there are fewer than three), and a sample several times the estimate is
 held back as a stall (first-use compilation, a preempted thread) unless it repeats; a run
@@ -69,6 +77,7 @@ GUESS_EVERY = 8
 # misses (one in twenty at 0.45) reads as 0.18 and stops it until probes restore it (on H100-shaped
 # costs, tests/test_engine_costs.py: 90 % of rounds drafted at 0.85, all but one at 0.97).
 DECAY, MODEL_DECAY = 0.85, 0.97
+PACE_N = 5  # the pace is the median of this many timings over their estimates
 
 
 def chain_reach(alpha: float, k: int) -> List[float]:
@@ -79,6 +88,12 @@ def chain_reach(alpha: float, k: int) -> List[float]:
         r *= a
         out.append(r)
     return out
+
+
+def settled(e: "Estimate") -> bool:
+    """Timed at least 3 times in the loop, and not mid-way to a new level: a timing's ratio to
+    it is the host's pace, not the estimate's own error."""
+    return len(e) >= 3 and not e.provisional and e.before is None and not e.held
 
 
 class Estimate:
@@ -154,6 +169,12 @@ class TargetCurve:
         self.now = 0  # rounds observed (the clock of `Estimate.when`)
         self._known: Optional[Dict[int, float]] = None  # cache of measured(); None = recompute
         self._anchor: Optional[float] = None  # the plain step time the cached guesses were made with
+        # The host's pace: seconds now per second of the estimates, which are kept at pace 1. A
+        # host's speed drifts (a third from one request to the next on an H100) and moves every
+        # cost alike, so a timing first moves the pace and teaches its own estimate only what the
+        # pace does not explain; choices, which compare costs, then never mix two spells.
+        self.pace = 1.0
+        self._ratios: deque = deque(maxlen=PACE_N)
 
     @property
     def prior_ratios(self) -> Dict[int, float]:
@@ -177,12 +198,29 @@ class TargetCurve:
         if seconds <= 0:
             return
         e = self.v.get(j)
+        if not trusted and e is not None and settled(e):
+            self.pace_sample(seconds, e.value())
+        self.add_verify(j, seconds / self.pace, trusted=trusted)
+
+    def add_verify(self, j: int, x: float, *, trusted: bool = False) -> bool:
+        """Teach V(j) a timing `x` at pace 1 (already divided by the pace); False when held back."""
+        e = self.v.get(j)
         if e is None:
             e = self.v[j] = Estimate()
         # A first sample is judged against what the other lengths predict.
-        guess = self.verify_seconds(j) if not len(e) and not trusted else None
-        if e.add(seconds, self.now, provisional=trusted, guess=guess):
+        guess = self.verify_base(j) if not len(e) and not trusted else None
+        if e.add(x, self.now, provisional=trusted, guess=guess):
             self._known, self._interp = None, {}
+            return True
+        return False
+
+    def pace_sample(self, seconds: float, expected: Optional[float]) -> None:
+        """A timing of work that a settled estimate prices at `expected` (at pace 1). A stall's
+        is no pace (a first-use compile slows one round, not the host)."""
+        if not expected or seconds <= 0 or seconds > STALL * self.pace * expected:
+            return
+        self._ratios.append(seconds / expected)
+        self.pace = statistics.median(self._ratios)
 
     def touch(self, j: int) -> None:
         """V(j) was confirmed, not re-timed (a model drafter's round was no faster than it)."""
@@ -201,10 +239,12 @@ class TargetCurve:
         self.now += 1
         if seconds <= 0:  # hidden behind a slow consumer (its time is not the pass's): no timing
             return
-        self.plain.add(seconds, self.now)
+        if settled(self.plain):
+            self.pace_sample(seconds, self.plain.value())
+        self.plain.add(seconds / self.pace, self.now)
 
     def measured(self) -> Dict[int, float]:
-        """{j: V(j)} for the lengths timed so far."""
+        """{j: V(j)} for the lengths timed so far, at pace 1."""
         if self._known is None:
             self._known = {j: e.value() for j, e in sorted(self.v.items()) if len(e)}
         return self._known
@@ -216,8 +256,13 @@ class TargetCurve:
 
     def plain_seconds(self) -> Optional[float]:
         """Seconds per token of plain decoding: the pipelined step, else a round of 1."""
+        p = self.plain_base()
+        return None if p is None else p * self.pace
+
+    def plain_base(self) -> Optional[float]:
+        """The plain step at pace 1."""
         p = self.plain.value()
-        v1 = self.verify_seconds(1)
+        v1 = self.verify_base(1)
         if p is None or v1 is None:
             return v1 if p is None else p
         # A round of 1 is never faster than a pipelined step timed at the same time; one timed
@@ -226,7 +271,12 @@ class TargetCurve:
         return p if p <= v1 or age is None or age > self.now - self.plain.when else v1
 
     def verify_seconds(self, j: int) -> Optional[float]:
-        """Measured or interpolated V(j); None before any round was timed.
+        """Measured or interpolated V(j) at the host's pace now; None before any round was timed."""
+        v = self.verify_base(j)
+        return None if v is None else v * self.pace
+
+    def verify_base(self, j: int) -> Optional[float]:
+        """V(j) at pace 1 (`pace` times it is today's).
 
         Unmeasured lengths are interpolated from the measured ones, with the pipelined plain
         step standing in for V(1) when it is cheaper: it is the pass without the host's
@@ -305,7 +355,9 @@ class CostModel:
         to re-time a cost, whose timing replaces a higher estimate (one from a slower spell or
         from stalls, which kept itself from being re-timed)."""
         if k and not self.draft_is_free:
-            v = self.curve.verify_seconds(k + 1)
+            curve = self.curve
+            # Everything below is at pace 1 (`TargetCurve.pace`).
+            v = curve.verify_base(k + 1)
             read = drafted is not None and not static if read is None else read
             steps = drafted or k
             # What the round pays beyond its pass and its steps, learned apart from c: a read tree's
@@ -315,23 +367,27 @@ class CostModel:
                 return
             # V is never taken below a plain step: a draft cost that absorbed other work must not
             # make a pass look free.
-            floor = self.curve.plain.value() or 0.0
-            if self.curve.age(k + 1) is None:
+            floor = curve.plain.value() or 0.0
+            c = self._draft()
+            if curve.age(k + 1) is None:
                 # V(k + 1) is only a guess (interpolated, or the prior's): this round is its first
                 # timing, less the drafting's current estimate. Teaching the draft cost instead
                 # would leave the length untimed, its guess never corrected.
-                extra = steps * self.draft_seconds() + self._over_seconds(over)
-                self.curve.observe(k + 1, max(seconds - extra, floor))
+                extra = steps * c + self._over(over)
+                curve.add_verify(k + 1, max(seconds / curve.pace - extra, floor))
                 return
             # Judge the typical round of this shape, not this one: a single round's noise would
             # go to the draft cost when slow and to V when fast, and the two would drift apart
             # (V down, c up, so long drafts would look dearer than they are).
             typical = self.round_seconds.setdefault((k, steps, read, static), Estimate())
+            if settled(typical):  # a settled shape's rounds tell the host's pace, as plain steps do
+                curve.pace_sample(seconds, typical.value())
+            x = seconds / curve.pace
             # A shape's first round is judged against what it should cost (later ones, against the estimate).
             expected = None
             if not len(typical):
-                expected = v + steps * self.draft_seconds() + self._over_seconds(over)
-            if not typical.add(seconds, self.curve.now, guess=expected, fresh_after=0 if retime else None):
+                expected = v + steps * c + self._over(over)
+            if not typical.add(x, curve.now, guess=expected, fresh_after=0 if retime else None):
                 return  # held back as a stall
             t = typical.value()
             if over is not None:
@@ -340,35 +396,35 @@ class CostModel:
                 # pass), or a fixed-shape tree's pass, dearer than a chain's of its length (its
                 # ancestor mask: 19 ms against 12.6 for 3 rows on an H100). Either would make every
                 # chain look dear if it went to c (on the H100, c went from 0.9 ms to 13).
-                work = steps * self.draft_seconds()
+                work = steps * c
                 if t >= v + work:
-                    over.add(t - v - work, self.curve.now)
-                    self.curve.touch(k + 1)
+                    over.add(t - v - work, curve.now)
+                    curve.touch(k + 1)
                 else:  # the tree cost nothing of its own
-                    over.add(0.0, self.curve.now)
+                    over.add(0.0, curve.now)
                     # Only a round under V(k + 1) alone shows V too high, as below. Between V and V
                     # plus the steps, whether V or c is too high cannot be told: lowering V by c
                     # there, while chain rounds teach c as the round less V, let the two walk apart
                     # with the noise (a replay of the H100: V(2) 11.6 -> 10.6 ms, c 0.3 -> 2.2,
                     # and k = 1 chosen where k = 2 pays); chain rounds correct c instead.
                     if t < v:
-                        self.curve.observe(k + 1, max(t - work, floor))
+                        curve.add_verify(k + 1, max(t - work, floor))
             elif t >= v:
-                self.c.add((t - v) / steps, self.curve.now, fresh_after=0 if retime else C_STALE)
-                self.curve.touch(k + 1)  # V(k + 1) is not too high: no need to re-time it soon
+                self.c.add((t - v) / steps, curve.now, fresh_after=0 if retime else C_STALE)
+                curve.touch(k + 1)  # V(k + 1) is not too high: no need to re-time it soon
             else:
                 # The typical round, drafting included, beats the curve's V(k + 1) alone: that V
                 # is too high (a warm-up outlier, or the machine got faster). Only rounds of this
                 # drafter time this length when nothing else drafts, so it must be corrected
                 # here, or the length would look too dear to be chosen again and never re-timed.
-                self.curve.observe(k + 1, max(t - steps * (self.c.value() or 0.0), floor))
+                curve.add_verify(k + 1, max(t - steps * (self.c.value() or 0.0), floor))
             return
         self.curve.observe(k + 1, seconds)
 
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         """Drafting n tokens took `seconds` on its own (warm-up measures it so)."""
         if n_tokens > 0:
-            self.c.add(seconds / n_tokens, self.curve.now)
+            self.c.add(seconds / n_tokens / self.curve.pace, self.curve.now)
 
     def observe_acceptance(self, drafted: int, accepted: float, kind: str = "", *, prior=(1.0, 1.0)) -> None:
         """A round's outcome; `accepted` may be fractional (an expected value). `prior`: the Beta
@@ -406,13 +462,17 @@ class CostModel:
         return (1.0 - a ** (k + 1)) / (1.0 - a)
 
     def draft_seconds(self) -> float:
-        """Seconds per drafted token (0 for a free drafter)."""
+        """Seconds per drafted token (0 for a free drafter), at the host's pace now."""
+        return self._draft() * self.curve.pace
+
+    def _draft(self) -> float:
+        """Seconds per drafted token at pace 1."""
         if self.draft_is_free:
             return 0.0
         c = self.c.value()
         if c is not None:
             return c
-        step = self.curve.plain_seconds() or 0.0
+        step = self.curve.plain_base() or 0.0
         return (self.prior_draft_ratio or 0.1) * step  # not timed yet: calibrated ratio, else a tenth
 
     def read_seconds(self) -> float:
@@ -426,6 +486,9 @@ class CostModel:
         return self._over_seconds(self.static)
 
     def _over_seconds(self, over: Optional[Estimate]) -> float:
+        return self._over(over) * self.curve.pace
+
+    def _over(self, over: Optional[Estimate]) -> float:
         t = None if over is None else over.value()
         return 0.0 if t is None or self.curve.now - over.when >= STALE_ROUNDS else t
 

@@ -9,8 +9,8 @@ head's catch-up after plain steps 1.6 ms) times the host's speed, and each draft
 with the prompt's probability. Per prompt the bench's runs follow one another, each a
 request at its own host speed (lognormal, sd --drift) that also walks from round to round
 (sd --walk): the head at the cost model's k, at k = 2 and k = 3, then the n-gram drafter
-(free) at the same three. The head's runs share one `CostModel`, the n-gram drafter's
-another, and every run shares the target's `TargetCurve`, as in one bench process.
+(free) at the same three. Each setting has a `CostModel` of its own, and every run shares the
+target's `TargetCurve`, as in one bench process.
 
 Prints each setting's median speedup over plain decoding at the same moments' speed, the
 cost model's k against k = 2 (mean over seeds of the per-seed ratio of medians), and, at
@@ -23,6 +23,7 @@ and 0.99 with --drift 0 --walk 0 (per-round noise alone).
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import random
 import statistics
@@ -46,7 +47,6 @@ def run(seed: int, *, drift: float, walk: float = 0.03, noise: float = 0.08, pro
         tokens: int = 64) -> dict:
     """One bench process. Returns {"speedup": {setting: [per prompt]}, "plain_estimates": [...]},
     the latter (P, V(3), c) over their true values at each plain decision of the head's auto runs."""
-    rng = random.Random(seed)
     curve = TargetCurve()
     for j in range(1, 17):  # warm-up: every length, 5 % high (warm-up timed short passes high on GPUs)
         for _ in range(2):
@@ -57,13 +57,20 @@ def run(seed: int, *, drift: float, walk: float = 0.03, noise: float = 0.08, pro
     head.observe_draft(1, HEAD)
     head.guess_probes = True
     ngram = CostModel(curve, draft_is_free=True)
+    # As in the bench, each setting learns in cost models of its own, copies of warm-up's; the
+    # target's curve is shared.
+    models = {s: copy.deepcopy(head if s[0] == "eagle" else ngram, {id(curve): curve}) for s in SETTINGS}
     speedup = {s: [] for s in SETTINGS}
     estimates = []
-    for _ in range(prompts):
+    for i in range(prompts):
+        # Each run draws from its own stream, so a fixed k's runs are the same whatever the cost
+        # model did before them: two cost models compare on the same hosts and acceptances.
+        rng = random.Random(f"{seed}-{i}")
         alphas = {"eagle": rng.uniform(0.2, 0.6), "ngram": rng.uniform(0.05, 0.35)}
         for drafter, k_fixed in SETTINGS:
+            rng = random.Random(f"{seed}-{i}-{drafter}-{k_fixed}")
             speed = math.exp(rng.gauss(0, drift))
-            model, alpha = (head if drafter == "eagle" else ngram), alphas[drafter]
+            model, alpha = models[drafter, k_fixed], alphas[drafter]
             model.new_request()
             made_total, seconds, plain_seconds, behind = 0, 0.0, 0.0, 0
             while made_total < tokens:

@@ -91,7 +91,45 @@ def test_a_round_of_1_from_a_faster_spell_does_not_stand_in_for_todays_plain_ste
     assert curve.plain_seconds() == 1.0  # a round of 1 timed after the step's latest sample
     for _ in range(3):
         curve.observe_plain(1.25)  # the host slowed since
-    assert curve.plain_seconds() == pytest.approx(1.225)  # the median of its samples, not V(1)
+    assert curve.plain_seconds() == pytest.approx(1.25)  # today's step at today's pace, not V(1)
+
+
+def test_a_slower_host_moves_the_pace_not_the_shape():
+    """The host slows by half mid-request and only rounds of 2 drafts are timed: the pace
+    follows, the draft cost stays the drafter's, and drafting goes on (before, the whole excess
+    went to c, and the head stopped drafting on an H100 where a fixed k = 2 ran 1.46x)."""
+    m = trained({1: 1.0, 2: 1.05, 3: 1.05, 4: 1.55}, 0.1, 0.45, plain=1.0)
+    for _ in range(9):
+        m.observe_round(2, 1.25)  # the truth: V(3) + 2 c
+    assert m.choose(4) == 2 and m.draft_seconds() == pytest.approx(0.1)
+    for _ in range(12):
+        m.observe_round(2, 1.5 * 1.25)
+    assert m.curve.pace == pytest.approx(1.5)
+    assert m.draft_seconds() == pytest.approx(0.15)  # 0.1 at the host's new pace
+    assert m.curve.plain_seconds() == pytest.approx(1.5)
+    assert m.choose(4) == 2
+
+
+def test_a_length_cheaper_than_the_others_is_learnt_while_they_are_timed_too():
+    """Against the pace, a length's own change shows only beside the others: timed with them,
+    V(3) learns its new cost and the pace stays."""
+    curve = TargetCurve()
+    for j in (1, 2, 3):
+        for _ in range(3):
+            curve.observe(j, 1.0)
+    for _ in range(9):
+        for j, s in ((1, 1.0), (2, 1.0), (3, 0.8)):
+            curve.observe(j, s)
+    assert curve.pace == pytest.approx(1.0)
+    assert curve.verify_seconds(3) == pytest.approx(0.8) and curve.verify_seconds(2) == pytest.approx(1.0)
+
+
+def test_a_stall_does_not_move_the_pace():
+    curve = TargetCurve()
+    for _ in range(5):
+        curve.observe_plain(1.0)
+    curve.observe_plain(20.0)  # a first-use compile
+    assert curve.pace == 1.0 and curve.plain_seconds() == 1.0
 
 
 def test_calibrated_curve_is_scaled_from_the_nearest_timed_length():
@@ -410,8 +448,13 @@ def test_stale_lengths_are_retimed_when_they_could_pay():
         m.curve.observe(picks[-1] + 1, 1.6 if picks[-1] == 8 else 1.0 + 0.05 * picks[-1])  # still slow
     assert set(picks) == {7, 8}  # k = 7 is best as measured; k = 8 might be if V(9) is lower now
     assert picks.count(8) == 1  # re-timed once, when it went stale, and not again while fresh
+    # Cheap now, and measured so often that the median moves: k = 8 wins. Beside lengths as dear as
+    # before, so that V(9) changed, not the host's pace: a timing moves the pace where most recent
+    # timings agree with it (`TargetCurve.pace`).
     for _ in range(5):
-        m.curve.observe(9, 1.36)  # cheap now, and measured so often that the median moves: k = 8 wins
+        m.curve.observe(9, 1.36)
+        m.curve.observe(8, 1.35)
+        m.curve.observe(7, 1.30)
     assert m.choose(8) == 8
 
 

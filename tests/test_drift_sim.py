@@ -14,11 +14,21 @@ def test_a_seed_gives_one_process():
 
 
 def test_on_a_steady_host_the_cost_models_k_keeps_up_with_k_2_and_knows_its_costs():
-    """Per-round noise alone: the estimates at the head's plain decisions are the true costs
-    (within 10 %) and its choice runs level with a fixed k = 2, which pays at every prompt."""
+    """Per-round noise alone: its choice runs level with a fixed k = 2, which pays at every
+    prompt, and the estimates at the head's plain decisions are the true costs. P and V(3) are
+    medians of 9 samples with a log sd of 0.08 (0.033 each), so within 3 sd, 10 %; c is their
+    difference over 2 (0.6 of 7.7 ms), so its sd is about 0.28 of its value: within 2 sd, 0.56."""
     ratio, (p, v3, c), _ = drift_sim.summary([drift_sim.run(seed, drift=0.0, walk=0.0) for seed in range(3)])
     assert ratio >= 0.97
-    assert all(0.9 <= x <= 1.1 for x in (p, v3, c)), (p, v3, c)
+    assert all(0.9 <= x <= 1.1 for x in (p, v3)) and 0.44 <= c <= 1.56, (p, v3, c)
+
+
+def test_on_a_drifting_host_the_cost_models_k_stays_near_k_2():
+    """The H100's case: each request at its own speed (log sd 0.35). The pace takes the jumps, so
+    the cost model's k runs at 0.96 of a fixed k = 2 on these 8 seeds; the estimates in absolute
+    seconds, before the pace, ran at 0.89 (the H100 itself: 0.88)."""
+    ratio, _, _ = drift_sim.summary([drift_sim.run(seed, drift=0.35) for seed in range(8)])
+    assert ratio >= 0.93
 
 
 def test_the_cli_checks_its_arguments(capsys):
