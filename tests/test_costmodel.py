@@ -95,9 +95,9 @@ def test_a_round_of_1_from_a_faster_spell_does_not_stand_in_for_todays_plain_ste
 
 
 def test_a_slower_host_moves_the_pace_not_the_shape():
-    """The host slows by half mid-request and only rounds of 2 drafts are timed: the pace
-    follows, the draft cost stays the drafter's, and drafting goes on (before, the whole excess
-    went to c, and the head stopped drafting on an H100 where a fixed k = 2 ran 1.46x)."""
+    """Mid-request every round takes half as long again, and only rounds of 2 drafts are timed:
+    the pace follows, the draft cost stays the drafter's, and drafting goes on (before, the whole
+    excess went to c, and the head stopped drafting on an H100 where a fixed k = 2 ran 1.46x)."""
     m = trained({1: 1.0, 2: 1.05, 3: 1.05, 4: 1.55}, 0.1, 0.45, plain=1.0)
     for _ in range(9):
         m.observe_round(2, 1.25)  # the truth: V(3) + 2 c
