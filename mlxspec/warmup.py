@@ -57,11 +57,13 @@ def warm_up(engine, *, max_j: Optional[int] = None, temperatures: Iterable[float
         engine: the `Engine`.
         max_j: longest target pass (tokens). Default: `default_max_j()`.
         temperatures: sampling settings whose kernels to warm too. Default (0.0,) (greedy).
-        repeats: runs of each pass; all but the first are timed. Default 3 on a GPU, 2 on the CPU.
+        repeats: runs of each pass; all but the first are timed. Default 3: two timings of each
+            length, so one slow one (a 2-core CPU's other work) does not bend the curve, as a
+            single timing of V(1) at 1.3x did in one bench (V(2) then printed at 0.76 of it).
     """
     t0 = time.perf_counter()
     max_j = max_j or default_max_j()
-    repeats = repeats or (3 if is_gpu() else 2)
+    repeats = repeats or 3
     engine.reset()
     target = engine.target
     V = logit_width(engine.target_model)
