@@ -59,7 +59,7 @@ def warm_up(engine, *, max_j: Optional[int] = None, temperatures: Iterable[float
         temperatures: sampling settings whose kernels to warm too. Default (0.0,) (greedy).
         repeats: runs of each pass; all but the first are timed. Default 3: two timings of each
             length, so one slow one (a 2-core CPU's other work) does not bend the curve, as a
-            single timing of V(1) at 1.3x did in one bench (V(2) then printed at 0.76 of it).
+            single timing of V(1) at about 1.5x did in one bench (V(2) then printed at 0.76 of it).
     """
     t0 = time.perf_counter()
     max_j = max_j or default_max_j()
