@@ -90,12 +90,6 @@ def chain_reach(alpha: float, k: int) -> List[float]:
     return out
 
 
-def settled(e: "Estimate") -> bool:
-    """Timed at least 3 times in the loop, and not mid-way to a new level: a timing's ratio to
-    it is the host's pace, not the estimate's own error."""
-    return len(e) >= 3 and not e.provisional and e.before is None and not e.held
-
-
 class Estimate:
     """A robust running duration: median of the last `n` samples, minimum while fewer than 3."""
 
@@ -156,6 +150,11 @@ class Estimate:
     def __len__(self) -> int:
         return len(self.samples)
 
+    def settled(self) -> bool:
+        """Timed at least 3 times in the loop, and not mid-way to a new level: a timing's ratio to
+        it is the host's pace, not the estimate's own error."""
+        return len(self.samples) >= 3 and not self.provisional and self.before is None and not self.held
+
 
 class TargetCurve:
     """The target's costs on this device: V(j) for rounds of j fed tokens, and the pipelined step P."""
@@ -197,13 +196,12 @@ class TargetCurve:
         self.now += 1
         if seconds <= 0:
             return
-        e = self.v.get(j)
-        if not trusted and e is not None and settled(e):
-            self.pace_sample(seconds, e.value())
+        if not trusted:
+            self.pace_sample(seconds, self.v.get(j))
         self.add_verify(j, seconds / self.pace, trusted=trusted)
 
-    def add_verify(self, j: int, x: float, *, trusted: bool = False) -> bool:
-        """Teach V(j) a timing `x` at pace 1 (already divided by the pace); False when held back."""
+    def add_verify(self, j: int, x: float, *, trusted: bool = False) -> None:
+        """Teach V(j) a timing `x` at pace 1 (already divided by the pace)."""
         e = self.v.get(j)
         if e is None:
             e = self.v[j] = Estimate()
@@ -211,12 +209,13 @@ class TargetCurve:
         guess = self.verify_base(j) if not len(e) and not trusted else None
         if e.add(x, self.now, provisional=trusted, guess=guess):
             self._known, self._interp = None, {}
-            return True
-        return False
 
-    def pace_sample(self, seconds: float, expected: Optional[float]) -> None:
-        """A timing of work that a settled estimate prices at `expected` (at pace 1). A stall's
+    def pace_sample(self, seconds: float, e: Optional[Estimate]) -> None:
+        """A timing of the work `e` prices at pace 1: a pace sample where `e` is settled. A stall's
         is no pace (a first-use compile slows one round, not the host)."""
+        if e is None or not e.settled():
+            return
+        expected = e.value()
         if not expected or seconds <= 0 or seconds > STALL * self.pace * expected:
             return
         self._ratios.append(seconds / expected)
@@ -239,8 +238,7 @@ class TargetCurve:
         self.now += 1
         if seconds <= 0:  # hidden behind a slow consumer (its time is not the pass's): no timing
             return
-        if settled(self.plain):
-            self.pace_sample(seconds, self.plain.value())
+        self.pace_sample(seconds, self.plain)
         self.plain.add(seconds / self.pace, self.now)
 
     def measured(self) -> Dict[int, float]:
@@ -380,8 +378,7 @@ class CostModel:
             # go to the draft cost when slow and to V when fast, and the two would drift apart
             # (V down, c up, so long drafts would look dearer than they are).
             typical = self.round_seconds.setdefault((k, steps, read, static), Estimate())
-            if settled(typical):  # a settled shape's rounds tell the host's pace, as plain steps do
-                curve.pace_sample(seconds, typical.value())
+            curve.pace_sample(seconds, typical)  # a shape's rounds tell the host's pace, as plain steps do
             x = seconds / curve.pace
             # A shape's first round is judged against what it should cost (later ones, against the estimate).
             expected = None
