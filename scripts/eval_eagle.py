@@ -67,6 +67,10 @@ def first_step_overlap(engine, ids, out, temperature: float, count=None):
     return mx.sum(mx.minimum(p, q), axis=-1).tolist()
 
 
+ROW_KEYS = ("kind", "drafted", "accepted", "reached", "step_acc", "tokens", "passes", "t_drafted", "t_accepted",
+            "overlap_sum", "overlap_n", "positions", "top1")
+
+
 def steps(counts: list, k: int) -> list:
     """A stats list by draft step (as long as the longest round judged), padded to k."""
     return list(counts) + [0] * (k - len(counts))
@@ -184,7 +188,8 @@ def main(argv=None):
         rows.append({"kind": ex["kind"], "drafted": g.stats.drafted, "accepted": g.stats.accepted,
                      "reached": steps(g.stats.step_reached, args.k), "step_acc": steps(g.stats.step_accepted, args.k),
                      "tokens": g.stats.tokens, "passes": g.stats.rounds, "t_drafted": s.stats.drafted,
-                     "t_accepted": s.stats.accepted, "overlap": sum(ov) / len(ov), **counts})
+                     "t_accepted": s.stats.accepted, "overlap": sum(ov) / len(ov), "overlap_sum": sum(ov),
+                     "overlap_n": len(ov), **counts})
         print(f"[{i + 1}/{args.prompts}] {ex['kind']:13s} greedy acceptance {g.stats.accepted / max(g.stats.drafted, 1):.2f}"
               f" (judged {g.stats.judged_acceptance:.2f})"
               f" tokens/pass {g.stats.tokens / g.stats.rounds:.2f}; T={args.temperature} sampled "
@@ -236,6 +241,8 @@ def main(argv=None):
                                  "tokens_per_pass": sum(r["tokens"] for r in rs) / sum(r["passes"] for r in rs),
                                  "first_step_top1": sum(r["top1"] for r in rs) / n,
                                  "draft_vocab_coverage": sum(r["in_vocab"] for r in rs) / n}
+    # Per prompt, so two heads measured on one suite compare paired (scripts/compare_eagle.py).
+    res["rows"] = [{key: r[key] for key in ROW_KEYS} for r in rows]
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")

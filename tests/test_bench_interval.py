@@ -117,3 +117,41 @@ def test_ratio_interval_covers_as_stated():
     # A percentile bootstrap over 48 prompts covers a little under 95 %; 4 binomial standard errors.
     assert abs(hits / trials - 0.95) < 4 * math.sqrt(0.95 * 0.05 / trials)
     assert ratio_interval([(3, 5)]) is None
+
+
+def _paired(rng, n, shift, a=0.55, spread=0.12):
+    """n prompts drafted by two heads: each prompt has its own rate, the second head's is shift
+    higher on every prompt, and each head's drafts there are its own draws."""
+    x, y = [], []
+    for _ in range(n):
+        d = rng.randint(40, 120)
+        p = rng.gauss(a, spread)
+        for out, q in ((x, p), (y, p + shift)):
+            q = min(max(q, 0.02), 0.98)
+            out.append((sum(rng.random() < q for _ in range(d)), d))
+    return x, y
+
+
+def test_paired_difference_interval_covers_as_stated():
+    from mlxspec.bench.interval import paired_difference_interval
+
+    rng, trials, hits = random.Random(3), 300, 0
+    for t in range(trials):
+        lo, hi = paired_difference_interval(*_paired(rng, 48, 0.03), draws=1000, seed=t)
+        hits += lo <= 0.03 <= hi
+    # The same 4 binomial standard errors as the single rate's coverage test.
+    assert abs(hits / trials - 0.95) < 4 * math.sqrt(0.95 * 0.05 / trials)
+
+
+def test_paired_difference_interval_is_narrower_than_the_rates_it_compares():
+    from mlxspec.bench.interval import paired_difference_interval, ratio_interval
+
+    x, y = _paired(random.Random(4), 96, 0.03)
+    lo, hi = paired_difference_interval(x, y)
+    xl, xh = ratio_interval(x)
+    # The prompts' spread (sd 0.12) cancels in the difference; only the drafts' own noise is left.
+    assert hi - lo < 0.6 * (xh - xl)
+    assert lo > 0  # a 0.03 shift on 96 prompts of about 80 drafts each is well resolved
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_difference_interval(x, y[:-1])
+    assert paired_difference_interval(x[:1], y[:1]) is None

@@ -70,3 +70,28 @@ def ratio_interval(pairs: Sequence[Tuple[float, float]], level: float = LEVEL, d
     num, den = a[idx, 0].sum(1), a[idx, 1].sum(1)
     r = num[den > 0] / den[den > 0]
     return float(np.quantile(r, (1 - level) / 2)), float(np.quantile(r, (1 + level) / 2))
+
+
+def paired_difference_interval(a: Sequence[Tuple[float, float]], b: Sequence[Tuple[float, float]],
+                               level: float = LEVEL, draws: int = 4000, seed: int = 0) -> Optional[Tuple[float, float]]:
+    """Percentile bootstrap over prompts of ratio(b) - ratio(a), where a[i] and b[i] are the same
+    prompt under two settings (two heads on one suite) and ratio = sum(num) / sum(den).
+
+    Both sides are resampled with the same prompts: what makes a prompt easy for one head makes it
+    easy for the other, so the difference varies far less than either rate, and two separate
+    intervals that overlap say little. None for fewer than 2 prompts."""
+    import numpy as np
+
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    x = np.asarray(a, dtype=np.float64).reshape(-1, 2)
+    y = np.asarray(b, dtype=np.float64).reshape(-1, 2)
+    if len(x) != len(y):
+        raise ValueError(f"paired figures need the same prompts on both sides, got {len(x)} and {len(y)}")
+    if len(x) < 2:
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(draws, len(x)))
+    dx, dy = x[idx, 1].sum(1), y[idx, 1].sum(1)
+    ok = (dx > 0) & (dy > 0)
+    d = y[idx, 0].sum(1)[ok] / dy[ok] - x[idx, 0].sum(1)[ok] / dx[ok]
+    return float(np.quantile(d, (1 - level) / 2)), float(np.quantile(d, (1 + level) / 2))
