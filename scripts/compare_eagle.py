@@ -54,6 +54,12 @@ def compare(a: dict, b: dict) -> dict:
                          + ", ".join(f"{key} {a.get(key)!r} against {b.get(key)!r}" for key in differ))
     if [r["kind"] for r in a["rows"]] != [r["kind"] for r in b["rows"]]:
         raise ValueError("the two runs' prompts differ in order or kind")
+    # Greedy outputs are the target's whatever the head: a different length means another target
+    # or another engine precision, and the prompts are no longer pairs.
+    apart = [i for i, (x, y) in enumerate(zip(a["rows"], b["rows"])) if x["tokens"] != y["tokens"]]
+    if apart:
+        raise ValueError(f"the greedy outputs differ in length on {len(apart)} prompt(s), the first #{apart[0] + 1}: "
+                         "were both runs of the same target, in the same precision?")
 
     def table(ra, rb):
         out = {}

@@ -43,6 +43,9 @@ def test_runs_of_different_settings_or_prompts_are_refused(tmp_path):
         compare_eagle.compare(a, {**a, "k": 2})
     with pytest.raises(ValueError, match="order or kind"):
         compare_eagle.compare(a, {**a, "rows": a["rows"][::-1]})
+    other = {**a, "rows": [a["rows"][0], {**a["rows"][1], "tokens": 5}]}
+    with pytest.raises(ValueError, match="differ in length on 1 prompt.*#2"):
+        compare_eagle.compare(a, other)
     old = tmp_path / "old.json"
     old.write_text(json.dumps({k: v for k, v in a.items() if k != "rows"}))
     with pytest.raises(SystemExit, match="no per-prompt rows"):
