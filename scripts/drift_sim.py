@@ -55,8 +55,18 @@ def verify(j: int) -> float:
 
 
 class _Moment:
-    """The host's speed now, and the prompt's acceptance where `--truth all` gives it."""
+    """The host's speed now, the true costs at it, and the prompt's acceptance where `--truth all`
+    gives it."""
     speed, alpha = 1.0, None
+
+    def plain(self) -> float:
+        return PLAIN * self.speed
+
+    def verify(self, j: int) -> float:
+        return verify(j) * self.speed
+
+    def head(self) -> float:
+        return HEAD * self.speed
 
 
 class TrueCurve(TargetCurve):
@@ -67,17 +77,17 @@ class TrueCurve(TargetCurve):
         self.moment = moment
 
     def verify_seconds(self, j):
-        return verify(j) * self.moment.speed
+        return self.moment.verify(j)
 
     def plain_seconds(self):
-        return PLAIN * self.moment.speed
+        return self.moment.plain()
 
 
 class TrueCosts(CostModel):
     """A drafter's cost as it is at this moment, and the prompt's acceptance where it is given."""
 
     def draft_seconds(self):
-        return 0.0 if self.draft_is_free else HEAD * self.curve.moment.speed
+        return 0.0 if self.draft_is_free else self.curve.moment.head()
 
     def alpha_of(self, kind="", *, prior=(1.0, 1.0)):
         a = self.curve.moment.alpha
@@ -132,9 +142,9 @@ def run(seed: int, *, drift: float, walk: float = 0.03, noise: float = 0.08, pro
                     if probe:
                         k = 0
                     elif not k and drafter == "eagle":
-                        estimates.append((curve.plain_seconds() / (PLAIN * speed),
-                                          curve.verify_seconds(3) / (verify(3) * speed),
-                                          model.draft_seconds() / (HEAD * speed)))
+                        estimates.append((curve.plain_seconds() / moment.plain(),
+                                          curve.verify_seconds(3) / moment.verify(3),
+                                          model.draft_seconds() / moment.head()))
                 else:
                     k = k_fixed
                 if k:

@@ -188,8 +188,7 @@ def main(argv=None):
         rows.append({"kind": ex["kind"], "drafted": g.stats.drafted, "accepted": g.stats.accepted,
                      "reached": steps(g.stats.step_reached, args.k), "step_acc": steps(g.stats.step_accepted, args.k),
                      "tokens": g.stats.tokens, "passes": g.stats.rounds, "t_drafted": s.stats.drafted,
-                     "t_accepted": s.stats.accepted, "overlap": sum(ov) / len(ov), "overlap_sum": sum(ov),
-                     "overlap_n": len(ov), **counts})
+                     "t_accepted": s.stats.accepted, "overlap_sum": sum(ov), "overlap_n": len(ov), **counts})
         print(f"[{i + 1}/{args.prompts}] {ex['kind']:13s} greedy acceptance {g.stats.accepted / max(g.stats.drafted, 1):.2f}"
               f" (judged {g.stats.judged_acceptance:.2f})"
               f" tokens/pass {g.stats.tokens / g.stats.rounds:.2f}; T={args.temperature} sampled "

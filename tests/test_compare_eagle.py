@@ -14,7 +14,7 @@ import compare_eagle  # noqa: E402
 
 def _row(kind, acc, reached, tokens, passes, top1=10, positions=20):
     return {"kind": kind, "drafted": sum(reached), "accepted": sum(acc), "reached": reached, "step_acc": acc,
-            "tokens": tokens, "passes": passes, "t_drafted": 8, "t_accepted": 4, "overlap": 0.5,
+            "tokens": tokens, "passes": passes, "t_drafted": 8, "t_accepted": 4,
             "overlap_sum": 10.0, "overlap_n": 20, "positions": positions, "top1": top1}
 
 
