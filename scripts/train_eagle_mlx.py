@@ -52,9 +52,13 @@ def init_from_target(head, model) -> None:
     if family not in LLAMA_BLOCKS:
         log(f"{family} blocks are not llama's: the head's layers start from random weights")
         return
+    from train_eagle import wider_mlp, widened
+
     for mine, theirs in zip(head.layers, model.model.layers[-len(head.layers):]):
         have = float_block(theirs)
         want = dict(tree_flatten(mine.parameters()))
+        if wider_mlp(have, want):  # --intermediate above the target's: start as its layer
+            have = {k: mx.array(v) for k, v in widened(have, want).items()}
         mine.load_weights([(k, have[k]) for k, v in want.items() if k in have and have[k].shape == v.shape],
                           strict=False)
     head.norm.weight = model.model.norm.weight.astype(mx.float32)

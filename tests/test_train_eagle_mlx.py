@@ -186,3 +186,45 @@ def test_a_stopped_training_resumes_to_the_same_head(tmp_path, monkeypatch):
     assert set(a) == set(b)
     for k in a:
         assert mx.array_equal(a[k], b[k]).item(), k
+
+
+def test_a_head_with_a_wider_mlp_starts_as_the_targets_last_layer():
+    """--intermediate above the target's: the target's units first, the extra units silent (zero
+    down-projection columns) but live (random gate and up rows, so gradients reach them)."""
+    from mlx_lm.models.llama import ModelArgs
+
+    from mlxspec.drafters.eagle import EagleHead
+
+    model = tiny.make_llama(8, tie_embeddings=False)
+    a = eagle_mlx_data.target_config(model)
+    wide = 3 * a["intermediate_size"]
+    args = ModelArgs(model_type="llama", num_hidden_layers=1, vocab_size=a["vocab_size"], intermediate_size=wide,
+                     **{k: a[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                          "rms_norm_eps", "rope_theta")})
+    head = EagleHead(args)
+    head.set_dtype(mx.float32)
+    train_eagle_mlx.init_from_target(head, model)
+    mine = dict(tree_flatten(head.layers[0].parameters()))
+    n = a["intermediate_size"]
+    assert mine["mlp.gate_proj.weight"].shape[0] == wide
+    assert mx.abs(mine["mlp.down_proj.weight"][:, n:]).max().item() == 0.0
+    assert mx.abs(mine["mlp.gate_proj.weight"][n:]).max().item() > 0.0
+    mx.random.seed(3)
+    x = mx.random.normal((1, 5, a["hidden_size"]))
+    theirs = model.model.layers[-1]
+    # float32 on every backend; the two differ only by the zero terms' summation order
+    diff = mx.abs(head.layers[0](x, mask="causal", cache=None) - theirs(x, mask="causal", cache=None)).max().item()
+    assert diff < 1e-5, diff
+
+
+def test_wider_mlp_accepts_only_a_widened_mlp():
+    t = {"self_attn.q_proj.weight": np.zeros((8, 8)), "mlp.gate_proj.weight": np.zeros((12, 8)),
+         "mlp.up_proj.weight": np.zeros((12, 8)), "mlp.down_proj.weight": np.zeros((8, 12))}
+    wide = {**t, "mlp.gate_proj.weight": np.zeros((20, 8)), "mlp.up_proj.weight": np.zeros((20, 8)),
+            "mlp.down_proj.weight": np.zeros((8, 20))}
+    assert train_eagle.wider_mlp(t, wide) and train_eagle.wider_mlp(t, t)
+    assert not train_eagle.wider_mlp(wide, t)  # narrower
+    assert not train_eagle.wider_mlp(t, {**wide, "self_attn.q_proj.weight": np.zeros((16, 8))})
+    assert not train_eagle.wider_mlp(t, {**wide, "mlp.bias": np.zeros(8)})
+    w = train_eagle.widened(t | {"mlp.down_proj.weight": np.ones((8, 12))}, wide | {"mlp.down_proj.weight": np.ones((8, 20))})
+    assert w["mlp.down_proj.weight"][:, :12].sum() == 96 and w["mlp.down_proj.weight"][:, 12:].sum() == 0
