@@ -22,7 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlxspec.bench.interval import paired_difference_interval  # noqa: E402
 
-# figure: (numerator, denominator) of one prompt's row
+# One prompt's row, as eval_eagle.py --json writes it
+ROW_KEYS = ("kind", "drafted", "accepted", "reached", "step_acc", "tokens", "passes", "t_drafted", "t_accepted",
+            "overlap_sum", "overlap_n", "positions", "top1")
+# figure: (numerator, denominator) of one prompt's row (eval_eagle.py's intervals read the same)
 FIGURES = {
     "judged acceptance": lambda r: (sum(r["step_acc"]), sum(r["reached"])),
     "tokens per pass": lambda r: (r["tokens"], r["passes"]),

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 from draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
 from mlxspec.bench.interval import ratio_interval  # noqa: E402
+from compare_eagle import FIGURES, ROW_KEYS  # noqa: E402  (what a prompt's row holds, and each figure from it)
 from mlxspec.loading import demo  # noqa: E402
 from mlxspec.sampling import SamplingParams, probabilities  # noqa: E402
 
@@ -65,10 +66,6 @@ def first_step_overlap(engine, ids, out, temperature: float, count=None):
         count(rows, mx.max(mx.softmax(logits[start:].astype(mx.float32), axis=-1), axis=-1))
     engine.reset()
     return mx.sum(mx.minimum(p, q), axis=-1).tolist()
-
-
-ROW_KEYS = ("kind", "drafted", "accepted", "reached", "step_acc", "tokens", "passes", "t_drafted", "t_accepted",
-            "overlap_sum", "overlap_n", "positions", "top1")
 
 
 def steps(counts: list, k: int) -> list:
@@ -221,8 +218,8 @@ def main(argv=None):
            "judged_acceptance": judged(rows)[0], "step_acceptance": judged(rows)[1],
            "tokens_per_target_pass": total("tokens") / total("passes"),
            # 95 % over prompts (their drafts succeed and fail together), see mlxspec.bench.interval
-           "judged_acceptance_interval": ratio_interval([(sum(r["step_acc"]), sum(r["reached"])) for r in rows]),
-           "tokens_per_target_pass_interval": ratio_interval([(r["tokens"], r["passes"]) for r in rows]),
+           "judged_acceptance_interval": ratio_interval([FIGURES["judged acceptance"](r) for r in rows]),
+           "tokens_per_target_pass_interval": ratio_interval([FIGURES["tokens per pass"](r) for r in rows]),
            "temperature": args.temperature, "sampled_acceptance": total("t_accepted") / max(total("t_drafted"), 1),
            "first_step_sum_min_pq": sum(overlap) / len(overlap), "positions": len(overlap),
            "first_step_top1": total("top1") / total("positions"),

@@ -61,15 +61,12 @@ def ratio_interval(pairs: Sequence[Tuple[float, float]], level: float = LEVEL, d
     None for fewer than 2 prompts."""
     import numpy as np
 
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
     a = np.asarray(pairs, dtype=np.float64).reshape(-1, 2)
-    if len(a) < 2:
+    idx = _resampled_prompts(len(a), level, draws, seed)
+    if idx is None:
         return None
-    idx = np.random.default_rng(seed).integers(0, len(a), size=(draws, len(a)))
-    num, den = a[idx, 0].sum(1), a[idx, 1].sum(1)
-    r = num[den > 0] / den[den > 0]
-    return float(np.quantile(r, (1 - level) / 2)), float(np.quantile(r, (1 + level) / 2))
+    r, ok = _pooled_ratios(a, idx)
+    return _percentiles(r[ok], level)
 
 
 def paired_difference_interval(a: Sequence[Tuple[float, float]], b: Sequence[Tuple[float, float]],
@@ -82,16 +79,37 @@ def paired_difference_interval(a: Sequence[Tuple[float, float]], b: Sequence[Tup
     intervals that overlap say little. None for fewer than 2 prompts."""
     import numpy as np
 
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
     x = np.asarray(a, dtype=np.float64).reshape(-1, 2)
     y = np.asarray(b, dtype=np.float64).reshape(-1, 2)
+    idx = _resampled_prompts(len(x), level, draws, seed)
     if len(x) != len(y):
         raise ValueError(f"paired figures need the same prompts on both sides, got {len(x)} and {len(y)}")
-    if len(x) < 2:
+    if idx is None:
         return None
-    idx = np.random.default_rng(seed).integers(0, len(x), size=(draws, len(x)))
-    dx, dy = x[idx, 1].sum(1), y[idx, 1].sum(1)
-    ok = (dx > 0) & (dy > 0)
-    d = y[idx, 0].sum(1)[ok] / dy[ok] - x[idx, 0].sum(1)[ok] / dx[ok]
-    return float(np.quantile(d, (1 - level) / 2)), float(np.quantile(d, (1 + level) / 2))
+    (rx, okx), (ry, oky) = _pooled_ratios(x, idx), _pooled_ratios(y, idx)
+    return _percentiles((ry - rx)[okx & oky], level)
+
+
+def _resampled_prompts(n: int, level: float, draws: int, seed: int):
+    """(draws, n) prompt indices drawn with replacement, one bootstrap sample of the suite per row;
+    None for fewer than 2 prompts."""
+    import numpy as np
+
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    return np.random.default_rng(seed).integers(0, n, size=(draws, n)) if n >= 2 else None
+
+
+def _pooled_ratios(a, idx):
+    """sum(num) / sum(den) of each bootstrap sample, and where it is defined (den > 0)."""
+    import numpy as np
+
+    num, den = a[idx, 0].sum(1), a[idx, 1].sum(1)
+    ok = den > 0
+    return num / np.where(ok, den, 1.0), ok
+
+
+def _percentiles(x, level: float) -> Tuple[float, float]:
+    import numpy as np
+
+    return float(np.quantile(x, (1 - level) / 2)), float(np.quantile(x, (1 + level) / 2))
