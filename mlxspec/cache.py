@@ -42,6 +42,11 @@ class GrowingKVCache(KVCache):
         """(keys visible to a query or None for all, leading positions always visible)."""
         return window_size, 0
 
+    def stored(self, end: int):
+        """(keys, values, absolute position of each column) of positions 0..end-1, for a reader
+        outside the model (`drafters.context`)."""
+        return self.keys[..., :end, :], self.values[..., :end, :], np.arange(end, dtype=np.int64)
+
     def move(self, src: List[int], dst: List[int]) -> None:
         """Copy the entries at positions `src` to positions `dst` (within what was written)."""
         _copy_entries(self, np.asarray(src), np.asarray(dst))
@@ -183,6 +188,11 @@ class WindowKVCache:
     def span(self, window_size: Optional[int]):
         """(keys visible to a query, leading positions always visible)."""
         return (min(self.window, window_size) if window_size else self.window), self.keep
+
+    def stored(self, end: int):
+        """(keys, values, absolute position of each column, -1 for an empty slot) of every slot in
+        use, for a reader outside the model (`drafters.context`); its mask hides positions >= end."""
+        return self.keys[..., : self._used, :], self.values[..., : self._used, :], self._pos[: self._used].copy()
 
     def move(self, src: List[int], dst: List[int]) -> None:
         """Copy the entries at positions `src` to positions `dst`, all among the newest written

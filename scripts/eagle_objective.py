@@ -12,6 +12,9 @@ own next-token distribution (softmax of f[j+1] @ W^T over the draft vocabulary),
 entries `weights` selects; step s is weighted unroll_weight**s. Entries before the loss's
 first one (a prompt) are context: step 0 computes only their keys and values, later steps
 nothing (`window_starts`), the same loss for about three quarters of the work.
+A head that reads the target's context (--context target) attends to the target's last-layer
+keys and values of positions 0..j-s instead of its own real entries, and sees of step 0 only
+its entry j-s (`context_mask`); entry j sits at token x[j+1]'s position, j+1.
 """
 
 from __future__ import annotations
@@ -21,7 +24,21 @@ from typing import List, Tuple
 import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one)
 import mlx.core as mx
 import mlx.nn as nn
-from train_eagle import first_loss_entry, step_mask, window_starts  # noqa: F401  (numpy, shared)
+from train_eagle import context_mask, first_loss_entry, step_mask, window_starts  # noqa: F401  (numpy, shared)
+
+
+def context_kv(model, rows: mx.array) -> Tuple[mx.array, mx.array]:
+    """The target's last layer's keys and values at positions 0..L-1, as its cache holds them, from
+    that layer's (B, L, H) inputs (tapped): its own attention writes them into a cache, so biases,
+    key norms and RoPE are the target's whatever its family."""
+    from mlx_lm.models.cache import KVCache
+
+    layer = model.model.layers[-1]
+    cache = KVCache()
+    layer.self_attn(layer.input_layernorm(rows.astype(model.model.norm.weight.dtype)), mask="causal", cache=cache)
+    L = rows.shape[1]
+    k, v = cache.keys[..., :L, :], cache.values[..., :L, :]
+    return mx.stop_gradient(k.astype(mx.float32)), mx.stop_gradient(v.astype(mx.float32))
 
 
 def block_pass(blk, x: mx.array, past: List[Tuple[mx.array, mx.array]], mask: mx.array,
@@ -43,13 +60,14 @@ def block_pass(blk, x: mx.array, past: List[Tuple[mx.array, mx.array]], mask: mx
     return x + blk.mlp(blk.post_attention_layernorm(x)), (k, v)
 
 
-def unrolled(head, emb: mx.array, feat: mx.array, steps: int, first: int = 0) -> List[mx.array]:
+def unrolled(head, emb: mx.array, feat: mx.array, steps: int, first: int = 0, context=None) -> List[mx.array]:
     """Predicted features of each step 0..steps-1 (`feat`: real features, already lifted): step
     s's (B, L - starts[s], H) for entries starts[s].. (`window_starts(first, steps)`; all L
-    when `first` is 0)."""
+    when `first` is 0). `context`: the target's last-layer (keys, values) (`context_kv`)."""
     L = emb.shape[1]
     starts = window_starts(first, steps)
-    past, preds = [], []
+    past, preds = ([[context]] if context is not None else []), []
+    shift = 1 if context is not None else 0
     for s, w in enumerate(starts):
         if s == 0:
             e_in, f_in = emb, feat
@@ -59,7 +77,7 @@ def unrolled(head, emb: mx.array, feat: mx.array, steps: int, first: int = 0) ->
             prev = starts[s - 1]
             e_in, f_in = emb[:, w:], mx.stop_gradient(preds[-1][:, w - 1 - prev: L - 1 - prev])
         x = head.fc(mx.concatenate([e_in, f_in], axis=-1))
-        m = mx.array(step_mask(L, s, starts))
+        m = mx.array(context_mask(L, s, starts) if context is not None else step_mask(L, s, starts))
         # step 0 feeds every entry, as the keys and values of the context; its last layer
         # computes only the window's queries (earlier layers' outputs are the next one's input)
         full = mx.array(step_mask(L, 0, [0])) if s == 0 and w and len(head.layers) > 1 else m
@@ -67,7 +85,7 @@ def unrolled(head, emb: mx.array, feat: mx.array, steps: int, first: int = 0) ->
         for i, blk in enumerate(head.layers):
             last = i == len(head.layers) - 1
             start = w if s == 0 and last else 0
-            x, kv = block_pass(blk, x, [p[i] for p in past], m if last else full, w if s else 0, start)
+            x, kv = block_pass(blk, x, [p[i] for p in past], m if last else full, (w if s else 0) + shift, start)
             kvs.append(kv)
         past.append(kvs)
         preds.append(head.norm(x))
@@ -80,7 +98,7 @@ def smooth_l1(d: mx.array) -> mx.array:
 
 
 def loss(head, emb, feat, tgt, weights, w_draft, *, steps: int, unroll_weight: float, ce_weight: float,
-         first: int = 0):
+         first: int = 0, context=None):
     """(loss, per-step top-1 agreement counts (steps,)) for one padded batch.
 
     Args:
@@ -90,6 +108,7 @@ def loss(head, emb, feat, tgt, weights, w_draft, *, steps: int, unroll_weight: f
         w_draft: (N, H) the target's output rows of the draft vocabulary.
         first: no entry before it has loss (`first_loss_entry(weights)`): entries before the
             steps' windows are computed only as context. 0 computes everything.
+        context: for a head that reads the target's context, its (keys, values) (`context_kv`).
     """
     starts = window_starts(first, steps)
     tgt, weights = tgt[:, starts[0]:], weights[:, starts[0]:]
@@ -97,7 +116,7 @@ def loss(head, emb, feat, tgt, weights, w_draft, *, steps: int, unroll_weight: f
     top_t = mx.argmax(p_t, axis=-1)
     n = mx.maximum(weights.sum(), 1.0)
     total, agree = mx.array(0.0), []
-    for s, pred in enumerate(unrolled(head, emb, head.lift(feat), steps, first)):
+    for s, pred in enumerate(unrolled(head, emb, head.lift(feat), steps, first, context)):
         d = starts[s] - starts[0]
         logq = nn.log_softmax(pred @ w_draft.T, axis=-1)
         reg = (smooth_l1(pred - tgt[:, d:]).mean(-1) * weights[:, d:]).sum() / n

@@ -53,9 +53,8 @@ def first_step_overlap(engine, ids, out, temperature: float, count=None):
     engine.reset()
     target, drafter = engine.target, engine.drafters["eagle"]
     logits = target.forward(seq[:-1])  # (n-1, V): row t predicts seq[t+1]
-    drafter.reset()
     feats = drafter.head.lift(target.hidden_since(0))  # (n-1, H): real entries' features
-    h = drafter.head_step(mx.array(seq[1:], dtype=mx.uint32)[None], feats[None])[0]  # row j predicts f[j+1]
+    h = drafter.teacher_forced(mx.array(seq[1:], dtype=mx.uint32), feats)  # row j predicts f[j+1]
     params = SamplingParams(temperature)
     start = len(ids) - 1  # row of the first output token
     p = probabilities(logits[start:], params)  # rows predicting out[0..]

@@ -32,6 +32,9 @@ resumes from its last checkpoint):
                 resumes the same run and never reuses a head trained on other data.
                 With --init HEAD the run continues an exported head instead (its shape and
                 draft vocabulary), e.g. the shipped one on your own --prompt-file.
+                With --context target the head attends to the target's own last-layer keys and
+                values (from the tapped input of that layer; GLIDE's idea) instead of keeping
+                its own of every real entry (`mlxspec/drafters/context.py`).
   5. export     float16 MLX weights + config.json with the target's identity
 
 With --gguf, PyTorch is used (never by mlxspec at run time); threads are capped at --threads.
@@ -407,8 +410,10 @@ def make_head(cfg: dict):
 def head_config(args, target_cfg) -> dict:
     init = getattr(args, "init_head", None)
     if init:  # the continued head's shape
-        return {"feature_layers": list(init["feature_layers"]), "num_layers": init["num_layers"], **init["layer"]}
+        return {"feature_layers": list(init["feature_layers"]), "num_layers": init["num_layers"],
+                **({"context": "target"} if init.get("context") == "target" else {}), **init["layer"]}
     return {"feature_layers": list(args.layers), "num_layers": args.head_layers,
+            **({"context": "target"} if getattr(args, "context", "head") == "target" else {}),
             "hidden_size": target_cfg["hidden_size"], "intermediate_size": args.intermediate,
             "num_attention_heads": target_cfg["num_attention_heads"],
             "num_key_value_heads": target_cfg["num_key_value_heads"],
@@ -446,7 +451,7 @@ def init_head(ref: str, target_ref, out: Path) -> dict:
     name = ref if ref.startswith("builtin:") else folder.name
     lineage = {"head": name, "weights": digest, **({"training": about} if about else {})}
     return {"folder": folder, "lineage": lineage, "layer": cfg["layer"], "feature_layers": list(cfg.get("feature_layers") or []),
-            "num_layers": len(head.layers),
+            "num_layers": len(head.layers), "context": cfg.get("context", "head"),
             "vocab": np.array(ids).astype(np.int32), "weights": weights, "digest": digest}
 
 
@@ -513,6 +518,27 @@ def step_mask(L: int, s: int, starts: list) -> np.ndarray:
     return np.concatenate(vis, axis=1)[starts[s]:]
 
 
+def context_mask(L: int, s: int, starts: list) -> np.ndarray:
+    """`step_mask` for a head that reads the target's context (--context target): the columns are
+    the target's last-layer keys at positions 0..L-1, then step 0's L entries and steps 1..s's
+    windows. Drafting step s+1 of entry j sees the target's keys up to position j-s (what the
+    target has run), step 0's entry j-s (the token the target chose, not yet run by it) and step
+    t's entry at j-(s-t), the last being this one."""
+    vis = [np.tril(np.ones((L, L), dtype=bool), -s)]
+    vis += [np.tril(np.roll(np.eye(L, dtype=bool), -(s - t), axis=1))[:, starts[t] if t else 0:]
+            for t in range(s + 1)]
+    return np.concatenate(vis, axis=1)[starts[s]:]
+
+
+def padded_context(batch, L: int) -> np.ndarray:
+    """(B, L, H) float32: the tapped input of the target's last layer at positions 0..L-1 of each
+    sequence (zero past its end), whose keys and values a --context target head attends to."""
+    out = np.zeros((len(batch), L, batch[0][3].shape[1]), np.float32)
+    for i, (ids, _, _, m) in enumerate(batch):
+        out[i, : len(ids) - 1] = m[:-1]
+    return out
+
+
 def batch_tensors(batch, noise: float, gen, answers_only: bool = True):
     """`padded_batch` as torch tensors (tokens int64), the input features noised."""
     import torch
@@ -545,11 +571,17 @@ def epoch_batches(train, batch: int, rng: random.Random) -> list:
     return out
 
 
-def losses(head, emb, w_draft, batch, args, gen, *, train: bool):
-    """(loss, per-step top-1 agreement with the target's argmax, positions) for one batch."""
+def losses(head, emb, w_draft, batch, args, gen, *, train: bool, context=None):
+    """(loss, per-step top-1 agreement with the target's argmax, positions) for one batch.
+
+    `context` (--context target): the target's last-layer keys and values of a (B, L, H) batch of
+    that layer's inputs (`context_kv`); the head attends to them instead of its own real entries."""
     import torch
     import torch.nn.functional as F
 
+    if context is not None:  # the tapped rows are the context's, not the head's input features
+        ctx = padded_context(batch, max(len(b[0]) for b in batch) - 1)
+        batch = [(ids, f, p, None) for ids, f, p, _ in batch]
     tok, feat, tgt, mask = batch_tensors(batch, args.noise if train else 0.0, gen, args.loss_on == "answers")
     if hasattr(head, "fc_layers"):  # real entries read the tapped layers; drafted ones the head's own output
         feat = head.fc_layers(feat)
@@ -560,7 +592,10 @@ def losses(head, emb, w_draft, batch, args, gen, *, train: bool):
         p_t = torch.softmax(tgt[mask] @ w_draft.T, dim=-1)  # the target's next-token law, draft vocabulary
         top_t = p_t.argmax(-1)
     total, agree = 0.0, []
-    past, pred = [], None
+    past, pred, shift = [], None, 0
+    if context is not None:
+        past.append([context(ctx)])
+        shift = 1  # entry j is token x[j+1]'s, at its position; the target's keys sit at their tokens'
     for s, w in enumerate(starts):  # step s computes entries w.. (window_starts)
         if s == 0:  # every entry feeds its keys and values; the window's entries are computed
             e_in, f_in, pos, start = e, feat, torch.arange(L), w
@@ -571,8 +606,8 @@ def losses(head, emb, w_draft, batch, args, gen, *, train: bool):
             e_in, f_in, pos, start = e[:, w:], pred[:, w - 1 - prev: L - 1 - prev].detach(), torch.arange(w, L), 0
         # As drafting step s+1 sees them: real entries up to j-s, then the entry that step t
         # (1..s) made at j-(s-t), the last being this one.
-        m = torch.from_numpy(step_mask(L, s, starts))
-        pred, kv = head.step(e_in, f_in, pos, past, m, start)
+        m = torch.from_numpy(context_mask(L, s, starts) if context is not None else step_mask(L, s, starts))
+        pred, kv = head.step(e_in, f_in, pos + shift, past, m, start)
         past.append(kv)
         sel = mask[:, w:]
         logq = F.log_softmax(pred[sel] @ w_draft.T, dim=-1)
@@ -591,7 +626,8 @@ def run_tag(args, train) -> str:
     init = getattr(args, "init_head", None)  # continuing another head is another run
     settings = json.dumps([len(train)] + [getattr(args, k) for k in keys]
                           + ([args.layers] if args.layers else []) + ([init["digest"]] if init else [])
-                          + ([f"L{args.head_layers}"] if args.head_layers != 1 else []))
+                          + ([f"L{args.head_layers}"] if args.head_layers != 1 else [])
+                          + (["context-target"] if getattr(args, "context", "head") == "target" else []))
     return f"n{len(train)}-" + hashlib.sha1(settings.encode()).hexdigest()[:8]
 
 
@@ -653,6 +689,32 @@ def init_from_target(head, gguf: Path) -> None:
         del target
 
 
+def context_kv(gguf: Path, cfg: dict):
+    """The target's last layer's keys and values, as its cache holds them, from that layer's
+    (tapped) inputs: (B, L, H) numpy -> ((B, kv heads, L, d), (B, kv heads, L, d)) torch, RoPE'd
+    at positions 0..L-1. Its norm and projections are the target's, frozen (the engine reads the
+    target's own cache)."""
+    _, target = load_target(gguf)
+    attn = target.model.layers[-1].self_attn
+    return context_kv_of(target.model.layers[-1].input_layernorm, attn.k_proj, attn.v_proj, cfg)
+
+
+def context_kv_of(norm, k_proj, v_proj, cfg: dict):
+    """`context_kv` from the target's last layer's input norm and key and value projections (torch modules)."""
+    import torch
+
+    nkv, hd = cfg["num_key_value_heads"], cfg["head_dim"]
+
+    def kv(rows: np.ndarray):
+        with torch.no_grad():
+            x = norm(torch.from_numpy(rows))  # the taps are RMS-normalised already; the norm's scale is the same
+            B, L, _ = x.shape
+            k = rope(k_proj(x).view(B, L, nkv, hd).transpose(1, 2), torch.arange(L), cfg["rope_theta"])
+            return k, v_proj(x).view(B, L, nkv, hd).transpose(1, 2)
+
+    return kv
+
+
 def stage_train(args, work: Path, train, held, vocab) -> Path:
     import torch
 
@@ -681,6 +743,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
     ntok = sum(len(t[0]) - 1 for t in train)
     log(f"head: {nparams / 1e6:.2f}M parameters; {len(train)} sequences, {ntok} entries; "
         f"held out {len(held)}")
+    context = context_kv(gguf, cfg) if cfg.get("context") == "target" else None
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = random.Random(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
@@ -704,7 +767,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
                 break
             for g in opt.param_groups:
                 g["lr"] = args.lr * train_draft.lr_scale(step, total, warm)
-            loss, agree, n = losses(head, emb, w_draft, [train[i] for i in b], args, gen, train=True)
+            loss, agree, n = losses(head, emb, w_draft, [train[i] for i in b], args, gen, train=True, context=context)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
@@ -721,7 +784,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
                     f"eta {el / step * (total - step) / 60:.1f} min")
                 run = [0.0, [0.0] * args.unroll, 0]
             if step % args.ckpt_every == 0 or step == total:
-                vl, va = evaluate(head, emb, w_draft, held, args)
+                vl, va = evaluate(head, emb, w_draft, held, args, context)
                 history.append({"step": step, "held_loss": vl, "held_top1": va})
                 log(f"held-out after step {step}: loss {vl:.4f}, top-1 per step {' '.join(f'{a:.3f}' for a in va)}")
                 torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step,
@@ -735,14 +798,14 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
     return final
 
 
-def evaluate(head, emb, w_draft, held, args):
+def evaluate(head, emb, w_draft, held, args, context=None):
     import torch
 
     head.eval()
     tot, agree, n = 0.0, [0.0] * args.unroll, 0
     with torch.no_grad():
         for b in range(0, len(held), args.batch):
-            loss, a, k = losses(head, emb, w_draft, held[b:b + args.batch], args, None, train=False)
+            loss, a, k = losses(head, emb, w_draft, held[b:b + args.batch], args, None, train=False, context=context)
             tot += loss.item() * k
             agree = [x + y for x, y in zip(agree, a)]
             n += k
@@ -765,6 +828,7 @@ def stage_export(args, final: Path, vocab) -> None:
     cfg = dict(ck["cfg"])
     layers = cfg.pop("feature_layers", [])
     depth = cfg.pop("num_layers", 1)
+    context = cfg.pop("context", "head")
     head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=depth, vocab_size=len(vocab), **cfg),
                      taps=len(layers))
     head.load_weights([(k, mx.array(v.float().numpy())) for k, v in ck["head"].items()], strict=True)
@@ -774,7 +838,8 @@ def stage_export(args, final: Path, vocab) -> None:
                           "held_out": ck["history"][-1] if ck["history"] else None,
                           **({"init": ck["init"]} if ck.get("init") else {})}}
     out = Path(args.out)
-    save_head(out, head, mx.array(vocab), target, name=Path(args.gguf).stem, extra=extra, feature_layers=layers)
+    save_head(out, head, mx.array(vocab), target, name=Path(args.gguf).stem, extra=extra, feature_layers=layers,
+              context=context)
     load_head(out, target)  # the shipped folder must load against the target it was made for
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     log(f"exported {out}: {size / 1e6:.1f} MB; training took {ck['train_seconds'] / 60:.1f} min")
@@ -812,6 +877,11 @@ def parse_args(argv=None):
                    "token but ran slower on a 2-core CPU (see the model card)")
     p.add_argument("--head-layers", type=int, default=1,
                    help="decoder layers in the head (EAGLE uses 1; each costs about one target layer per draft step)")
+    p.add_argument("--context", choices=["head", "target"], default="head",
+                   help="what the head's attention reads for the positions the target has run: its own keys and "
+                        "values of them (EAGLE; the shipped demo head), or the target's own last-layer keys and "
+                        "values from the target's cache (as GLIDE does; Du et al. 2024): then the head keeps only "
+                        "the current round's entries, and training taps the input of the target's last layer")
     p.add_argument("--feature-layers", default="final",
                    help="what the head reads for a committed position: 'final' (the target's final hidden state, "
                         "EAGLE-1; the shipped demo head), 'auto' (the outputs of EAGLE-3's low, middle and high "
@@ -838,6 +908,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.head_layers < 1:
         p.error(f"--head-layers {args.head_layers}: a head needs at least one decoder layer")
+    if args.context == "target" and (args.head_layers != 1 or args.feature_layers != "final"):
+        p.error("--context target: the head is one decoder layer that reads the target's final hidden state "
+                "(--head-layers 1, --feature-layers final); it attends to the target's last layer's keys and values")
     if args.target and not args.out:
         p.error("--target needs --out: the folder to write its head to (the default is the demo head's)")
     args.out = args.out or str(ROOT / "mlxspec/data/smollm2-eagle")
@@ -856,10 +929,13 @@ def main(argv=None):
     args.init_head = init_head(args.init, Path(args.gguf), Path(args.out)) if args.init else None
     if args.init_head:  # the continued head reads what it was trained on
         args.feature_layers = ",".join(map(str, args.init_head["feature_layers"])) or "final"
+        args.context = args.init_head["context"]
     # --feature-layers resolved against the target once; the train stage reads args.layers
     tcfg = target_config(Path(args.gguf))
     args.vocab_size, args.intermediate = tcfg["vocab_size"], args.intermediate or tcfg["intermediate_size"]
     layers = args.layers = feature_layers(args.feature_layers, tcfg["num_hidden_layers"])
+    if args.context == "target":  # the tapped layer is the last one's input: its keys and values are the context
+        layers = [tcfg["num_hidden_layers"] - 2]
     shards = stage_generate(args, work, prompts, layers)
     log(f"generate done: {len(shards)} shards ({time.time() - t0:.0f}s so far)")
     if args.stop_after == "generate":

@@ -71,23 +71,30 @@ def make_head(cfg: dict, vocab_size: int):
 
     layer = {k: cfg[k] for k in LAYER_FIELDS}
     head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=cfg.get("num_layers", 1),
-                               vocab_size=vocab_size, **layer), taps=len(cfg.get("feature_layers") or []))
+                               vocab_size=vocab_size, **layer), taps=len(cfg.get("feature_layers") or []),
+                     context=cfg.get("context", "head"))
     head.set_dtype(mx.float32)
     return head
 
 
-def batch_arrays(batch, model, noise: float, key, answers_only: bool = True):
+def batch_arrays(batch, model, noise: float, key, answers_only: bool = True, context: bool = False):
     """train_eagle.padded_batch as MLX arrays: embeddings of x[j+1], input features (noised),
-    targets f[j+1], loss weights (1.0 where the loss applies)."""
-    from train_eagle import padded_batch
+    targets f[j+1], loss weights (1.0 where the loss applies); with `context`, also the target's
+    last-layer (keys, values) from the batch's tapped rows (`eagle_objective.context_kv`)."""
+    from train_eagle import padded_batch, padded_context
 
+    ctx = None
+    if context:  # the tapped rows are the context's, not the head's input features
+        ctx = obj.context_kv(model, mx.array(padded_context(batch, max(len(b[0]) for b in batch) - 1)))
+        batch = [(ids, f, p, None) for ids, f, p, _ in batch]
     tok, feat, tgt, mask = padded_batch(batch, answers_only)
     feat = mx.array(feat)
     if noise:
         scale = mx.sqrt(mx.mean(feat * feat))
         feat = feat + mx.random.uniform(-1.0, 1.0, feat.shape, key=key) * noise * scale
     emb = model.model.embed_tokens(mx.array(tok)).astype(mx.float32)
-    return emb, feat, mx.array(tgt), mx.array(mask.astype(np.float32))
+    out = (emb, feat, mx.array(tgt), mx.array(mask.astype(np.float32)))
+    return (*out, ctx) if context else out
 
 
 def optimizer(lr: float):
@@ -96,12 +103,22 @@ def optimizer(lr: float):
     return optim.AdamW(learning_rate=lr, betas=[0.9, 0.95], weight_decay=0.0, bias_correction=True)
 
 
+def reads_target(args) -> bool:
+    return getattr(args, "context", "head") == "target"
+
+
+def run_batch(args, rows, model, noise: float, key):
+    """`batch_arrays` for this run: (embeddings, features, targets, weights, context or None)."""
+    out = batch_arrays(rows, model, noise, key, args.loss_on == "answers", context=reads_target(args))
+    return out if reads_target(args) else (*out, None)
+
+
 def evaluate(head, model, w_draft, held, args):
     tot, agree, n = 0.0, np.zeros(args.unroll), 0
     for b in range(0, len(held), args.batch):
-        emb, feat, tgt, w = batch_arrays(held[b:b + args.batch], model, 0.0, None, args.loss_on == "answers")
+        emb, feat, tgt, w, ctx = run_batch(args, held[b:b + args.batch], model, 0.0, None)
         loss, a = obj.loss(head, emb, feat, tgt, w, w_draft, steps=args.unroll, first=obj.first_loss_entry(w),
-                           unroll_weight=args.unroll_weight, ce_weight=args.ce_weight)
+                           unroll_weight=args.unroll_weight, ce_weight=args.ce_weight, context=ctx)
         k = w.sum().item()
         tot += loss.item() * k
         agree += np.array(a)
@@ -155,9 +172,9 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
         history.append({"step": 0, "held_loss": round(vl, 5), "held_top1": va})
         log(f"held-out before training: loss {vl:.4f}, top-1 per step {' '.join(map(str, va))}")
 
-    def step_loss(emb, feat, tgt, w, first):
+    def step_loss(emb, feat, tgt, w, first, ctx):
         return obj.loss(head, emb, feat, tgt, w, w_draft, steps=args.unroll, first=first,
-                        unroll_weight=args.unroll_weight, ce_weight=args.ce_weight)
+                        unroll_weight=args.unroll_weight, ce_weight=args.ce_weight, context=ctx)
 
     loss_and_grad = nn.value_and_grad(head, step_loss)
     t0 = time.time() - elapsed
@@ -168,9 +185,9 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
             if step >= total:
                 break
             opt.learning_rate = args.lr * lr_scale(step, total, warm)
-            emb, feat, tgt, w = batch_arrays([train[i] for i in b], model, args.noise,
-                                             mx.random.key(args.seed * 1000003 + step), args.loss_on == "answers")
-            (loss, agree), grads = loss_and_grad(emb, feat, tgt, w, obj.first_loss_entry(w))
+            emb, feat, tgt, w, ctx = run_batch(args, [train[i] for i in b], model, args.noise,
+                                               mx.random.key(args.seed * 1000003 + step))
+            (loss, agree), grads = loss_and_grad(emb, feat, tgt, w, obj.first_loss_entry(w), ctx)
             grads, _ = optim.clip_grad_norm(grads, 0.5)
             opt.update(head, grads)
             mx.eval(head.parameters(), opt.state, loss, agree)
@@ -217,7 +234,7 @@ def stage_export(args, final: Path, vocab, model, name: str) -> None:
                           **({"init": meta["init"]} if meta.get("init") else {})}}
     out = Path(args.out)
     save_head(out, head, mx.array(vocab), model, name=name, extra=extra,
-              feature_layers=cfg.get("feature_layers") or [])
+              feature_layers=cfg.get("feature_layers") or [], context=cfg.get("context", "head"))
     load_head(out, model)  # the folder must load against the target it was made for
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     log(f"exported {out}: {size / 1e6:.1f} MB; training took {meta['train_seconds'] / 60:.1f} min")
@@ -243,7 +260,10 @@ def main(args) -> None:
     args.init_head = init_head(args.init, args.target, Path(args.out)) if args.init else None
     if args.init_head:  # the continued head reads what it was trained on
         args.feature_layers = ",".join(map(str, args.init_head["feature_layers"])) or "final"
+        args.context = args.init_head["context"]
     layers = args.layers = feature_layers(args.feature_layers, tcfg["num_hidden_layers"])
+    if reads_target(args):  # the tapped layer is the last one's input: its keys and values are the context
+        layers = [tcfg["num_hidden_layers"] - 2]
     shards = stage_generate(args, work, prompts, model, tok, layers)
     log(f"generate done: {len(shards)} shards ({time.time() - t0:.0f}s so far)")
     if args.stop_after in ("generate", "layers"):

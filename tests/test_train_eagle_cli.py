@@ -36,8 +36,9 @@ def test_run_tags_follow_data_and_settings():
     assert tag == train_eagle.run_tag(_args(), train)  # resuming finds the same files
     others = {train_eagle.run_tag(_args(unroll=4), train), train_eagle.run_tag(_args(layers=[2, 14, 26]), train),
               train_eagle.run_tag(_args(lr=3e-3), train), train_eagle.run_tag(_args(), train[:9]),
-              train_eagle.run_tag(_args(head_layers=2), train)}
-    assert tag not in others and len(others) == 5
+              train_eagle.run_tag(_args(head_layers=2), train), train_eagle.run_tag(_args(context="target"), train)}
+    assert tag not in others and len(others) == 6
+    assert tag == train_eagle.run_tag(_args(context="head"), train)  # the default names no new run
 
 
 def test_continuing_a_head_is_its_own_run():
@@ -57,6 +58,20 @@ def test_a_continued_head_keeps_its_shape_and_vocabulary():
     args = _args(init_head=init, intermediate=1536, draft_vocab=4096, layers=[1, 2], head_layers=1)
     assert train_eagle.head_config(args, target_cfg=None) == {"feature_layers": [1, 2], "num_layers": 2, **layer}
     assert train_eagle.stage_vocab(args, work=None, train=None) is init["vocab"]  # no new vocabulary
+    init = {**init, "feature_layers": [], "num_layers": 1, "context": "target"}  # a head that reads the target's keys
+    assert train_eagle.head_config(_args(init_head=init), target_cfg=None) == {
+        "feature_layers": [], "num_layers": 1, "context": "target", **layer}
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--context", "target", "--head-layers", "2"], "one decoder layer"),
+    (["--context", "target", "--feature-layers", "auto"], "one decoder layer"),
+])
+def test_context_target_says_what_it_needs(argv, says, capsys):
+    argv = ["--gguf", "t.gguf", *argv]
+    with pytest.raises(SystemExit):
+        train_eagle.parse_args(["--work", "w", *argv])
+    assert says in capsys.readouterr().err
 
 
 @pytest.mark.demo

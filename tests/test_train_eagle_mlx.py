@@ -79,6 +79,28 @@ def test_trains_a_head_that_loads_learns_and_drafts_losslessly(family, tmp_path)
         assert got.stats.drafted > got.stats.lookup_drafted  # the head itself drafted
 
 
+@pytest.mark.parametrize("family", ["llama 4-bit", "qwen2", "gemma3"])
+def test_a_head_that_reads_the_targets_context_trains_and_drafts_losslessly(family, tmp_path):
+    """--context target: the data stage taps the last layer's input, training attends to the
+    target's own keys (biases, key norms and sliding windows included), the exported head
+    says so and drafts losslessly through the engine."""
+    target = _save(tmp_path / "target", FAMILIES[family](), quantize="4-bit" in family)
+    head = _train(target, tmp_path, "--context", "target")
+    cfg = json.loads((head / "config.json").read_text())
+    assert cfg["context"] == "target" and cfg["num_layers"] == 1 and cfg["feature_layers"] == []
+    (final,) = (tmp_path / "work").glob("head_final-*-mlx.json")
+    history = json.loads(final.read_text())["history"]
+    assert history[-1]["held_loss"] < 0.9 * history[0]["held_loss"]
+    spec = mlxspec.load(str(target), "none", drafter="eagle", head=str(head), num_draft=3)
+    assert spec.drafters["eagle"].reads_target
+    plain = mlxspec.load(str(target), "none")
+    for prompt in ("tell me a story", "what is two plus two?"):
+        want = plain.generate(prompt, max_tokens=24, temperature=0.0, speculative=False)
+        got = spec.generate(prompt, max_tokens=24, temperature=0.0)
+        assert got.tokens == want.tokens
+        assert got.stats.drafted > got.stats.lookup_drafted
+
+
 def test_a_llama_head_starts_from_the_targets_last_layer_and_other_families_do_not(tmp_path):
     from mlx_lm.models.llama import ModelArgs
 

@@ -178,7 +178,7 @@ _BYTE_OF = _bytes_to_unicode()
 
 
 def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool = False, name: str = "tiny",
-                    noise: float = 0.0, feature_layers=(), num_layers: int = 1):
+                    noise: float = 0.0, feature_layers=(), num_layers: int = 1, context: str = "head"):
     """Write an EAGLE head folder for `target` (a llama from make_llama) and return its path.
 
     copy=True builds the head from the target's own layers and norm with fc = [I | 0] (the head
@@ -187,6 +187,8 @@ def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool =
     scale to fc: a head that is often right and, where it is not, has the right token close.
     `feature_layers`: an EAGLE-3-style head reading those layers' outputs (random weights).
     `num_layers`: decoder layers in the head (random weights unless copy).
+    `context="target"`: the head attends to the target's last-layer keys (`drafters.context`); a
+    copy of a one-layer target then recomputes its next feature exactly (position 0 included).
     """
     from mlx_lm.models.llama import ModelArgs
 
@@ -201,7 +203,7 @@ def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool =
                      vocab_size=a.vocab_size, head_dim=a.hidden_size // a.num_attention_heads,
                      rope_theta=a.rope_theta, max_position_embeddings=a.max_position_embeddings)
     mx.random.seed(seed)
-    head = EagleHead(args, taps=len(feature_layers))
+    head = EagleHead(args, taps=len(feature_layers), context=context)
     if copy:
         H = a.hidden_size
         for mine, theirs in zip(head.layers, target.model.layers):

@@ -16,7 +16,9 @@ prediction. The target then keeps those outputs instead of its final hidden stat
 
 Entries before the last committed token use the target's real features (read from the
 target's `Sequence(keep_hidden=True)`); entries made while drafting hold predicted
-features, so the next `propose` rolls them back and feeds the real ones instead.
+features, so the next `propose` rolls them back and feeds the real ones instead. A head whose
+config says `context: "target"` keeps none of that: it attends to the target's own last-layer
+keys and values and keeps only the current round's entries (`context.py`).
 Greedy drafts are the head's argmax; sampled drafts come with their q, so the verify
 round's rejection rule keeps the output distribution the target's.
 """
@@ -39,6 +41,7 @@ from ..cache import make_cache
 from ..errors import IncompatibleModelsError, ModelNotFoundError
 from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
 from . import chaincopy
+from .context import ContextCache, check_context
 from .base import Draft
 from .model import power_of_two_chunks
 from .ngram import NgramDrafter
@@ -59,12 +62,15 @@ class EagleHead(nn.Module):
             `num_hidden_layers` of them, EAGLE's one by default).
         taps: how many target layers' outputs a real entry's feature is made of (0: the
             target's final hidden state itself).
+        context: what its attention reads for the positions the target has run: "head" (keys
+            and values of its own, EAGLE) or "target" (the target's last layer's, `context`).
     """
 
-    def __init__(self, args: ModelArgs, taps: int = 0):
+    def __init__(self, args: ModelArgs, taps: int = 0, context: str = "head"):
         super().__init__()
         self.args = args
         self.taps = taps
+        self.context = context
         H = args.hidden_size
         self.fc = nn.Linear(2 * H, H)
         if taps:
@@ -115,12 +121,14 @@ def _hidden(target_model) -> int:
 
 # -- files --------------------------------------------------------------------------------------
 
+CONTEXTS = ("head", "target")  # what a head attends to for the positions the target has run
 LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                 "rms_norm_eps", "rope_theta", "max_position_embeddings")
 
 
 def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model, *, name: str = "",
-              dtype=mx.float16, extra: Optional[dict] = None, feature_layers: Sequence[int] = ()) -> None:
+              dtype=mx.float16, extra: Optional[dict] = None, feature_layers: Sequence[int] = (),
+              context: Optional[str] = None) -> None:
     """Write a head folder: config.json (layer shape, the target's identity) + model.safetensors.
 
     Args:
@@ -131,6 +139,7 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
         extra: more config keys (training facts).
         feature_layers: the target layers (0-based) whose outputs the head reads, one per
             `head.taps`; empty: the final hidden state.
+        context: recorded when "target" (default: the head's own `context`).
     """
     if len(feature_layers) != head.taps:
         raise ValueError(f"the head reads {head.taps} layers' outputs but feature_layers names {len(feature_layers)}")
@@ -144,6 +153,7 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
            "layer": {k: getattr(head.args, k) for k in LAYER_FIELDS},
            "num_layers": len(head.layers),
            "feature_layers": [int(i) for i in feature_layers],
+           **({"context": "target"} if (context or head.context) == "target" else {}),
            "draft_vocab_size": None if draft_ids is None else int(draft_ids.shape[0]),
            "target": {"name": name, "vocab_size": _vocab(target_model), "hidden_size": _hidden(target_model),
                       "embedding_fingerprint": embedding_fingerprint(target_model)},
@@ -188,7 +198,16 @@ def load_head(path, target_model) -> Tuple[EagleHead, Optional[mx.array], dict]:
         raise IncompatibleModelsError(
             f"[eagle] feature_layers {taps!r} in {cfg_path} do not fit the target's {n} layers "
             f"(allowed: distinct indices 0..{n - 1}, or [] for its final hidden state)")
-    head = EagleHead(args, taps=len(taps))
+    context = cfg.get("context", "head")
+    if context not in CONTEXTS:
+        raise IncompatibleModelsError(f"[eagle] context {context!r} in {cfg_path} must be one of {', '.join(CONTEXTS)}")
+    if context == "target" and (depth != 1 or taps):
+        raise IncompatibleModelsError(
+            f"[eagle] a head with context 'target' in {cfg_path} must have one decoder layer and read the final "
+            f"hidden state (num_layers 1, feature_layers []), got {depth} and {taps}")
+    if context == "target":
+        check_context(args, target_model)
+    head = EagleHead(args, taps=len(taps), context=context)
     draft_ids = weights.pop("draft_ids", None)
     want = dict(tree_flatten(head.parameters()))
     missing = sorted(set(want) - set(weights))
@@ -277,8 +296,15 @@ class EagleDrafter:
         self.copier = copier if copier is not None else NgramDrafter()
         self.reset()
 
+    @property
+    def reads_target(self) -> bool:
+        """Whether the head attends to the target's last-layer keys (`context`), keeping only a round's entries."""
+        return self.head.context == "target"
+
     def reset(self) -> None:
-        self.caches = make_cache(self.head, max_kv_size=self.max_kv_size, headroom=self.headroom)
+        # A head that reads the target's context builds its one-round cache in `_feed`.
+        self.caches = [] if self.reads_target else make_cache(self.head, max_kv_size=self.max_kv_size,
+                                                             headroom=self.headroom)
         self.covered: List[int] = []  # x[0..m]: the tokens whose m real entries the cache holds
         self.drafted = 0  # entries after them made while drafting (predicted features)
 
@@ -316,6 +342,9 @@ class EagleDrafter:
 
     def _sync(self, history: List[int]) -> int:
         """Roll back drafted and stale entries; returns how many real entries to keep (leaving >= 1 to feed)."""
+        if self.reads_target:  # its entries last one round: `_feed` starts the next afresh
+            self.drafted = 0
+            return 0
         self._trim(self.drafted)
         self.drafted = 0
         limit = min(len(self.covered), len(history) - 1)  # entries need x[j+1]: at most len - 1 of them
@@ -338,6 +367,8 @@ class EagleDrafter:
         runs a head this small at the host's pace; warm-up runs every such size), longer feeds
         in power-of-two chunks (few shapes to compile); `chunked` (prompts) first evaluates
         prefill_step-sized chunks one by one."""
+        if self.reads_target:
+            return self._feed_context(history, upto)
         start = self.entries
         if upto <= start:
             return None
@@ -357,8 +388,36 @@ class EagleDrafter:
         self.covered = list(history[: upto + 1])
         return out[0, -1:]
 
+    def _feed_context(self, history: List[int], upto: int) -> Optional[mx.array]:
+        """A head that reads the target's context feeds one real entry, the last: x[upto] (which the
+        target has not run) with f[upto-1], at position upto, over the target's keys below it."""
+        if upto < 1:
+            return None
+        feats = self.head.lift(self.target.hidden_since(upto - 1)[:1])
+        self.caches = [ContextCache(self.target.caches[-1], end=upto, start=upto)]
+        out = self.head_step(mx.array(history[upto : upto + 1], dtype=mx.uint32)[None], feats[None])
+        self.covered = list(history[: upto + 1])
+        return out[0, -1:]
+
+    def teacher_forced(self, tokens: mx.array, features: mx.array) -> mx.array:
+        """Every entry's first draft step at once, as if each were the round's first: (S,) tokens
+        x[j+1] and (S, H) features f[j] -> (S, H) predicted f[j+1]. The target must hold
+        positions 0..S-1 (a head that reads them sees those below its entry; an EAGLE head's own
+        cache restarts from this sequence)."""
+        self.reset()
+        if not self.reads_target:
+            return self.head_step(tokens[None], features[None])[0]
+        c = ContextCache(self.target.caches[-1], end=tokens.shape[0], start=1)
+        c.diagonal = True
+        self.caches = [c]
+        out = self.head_step(tokens[None], features[None])[0]
+        self.reset()
+        return out
+
     def prefill(self, history: List[int]) -> None:
         """Bring the cache up to the prompt, all but its last entry (the first `propose` feeds that)."""
+        if self.reads_target:  # nothing to bring up: the target's cache is the context
+            return
         self._sync(history)
         self._feed(history, len(history) - 2, chunked=True)
 
