@@ -881,7 +881,8 @@ def parse_args(argv=None):
                    help="what the head's attention reads for the positions the target has run: its own keys and "
                         "values of them (EAGLE; the shipped demo head), or the target's own last-layer keys and "
                         "values from the target's cache (as GLIDE does; Du et al. 2024): then the head keeps only "
-                        "the current round's entries, and training taps the input of the target's last layer")
+                        "the current round's entries, and training taps the input of the target's last layer. For the "
+                        "demo target it learnt faster at first and ended 0.011 per token behind (model card)")
     p.add_argument("--feature-layers", default="final",
                    help="what the head reads for a committed position: 'final' (the target's final hidden state, "
                         "EAGLE-1; the shipped demo head), 'auto' (the outputs of EAGLE-3's low, middle and high "

@@ -265,3 +265,12 @@ def test_the_pytorch_trainer_computes_what_drafting_does(tmp_path):
         assert np.allclose(preds[0][0, j].detach().numpy(), h0, atol=tol, rtol=tol), (0, j)
         h1 = drafter.head_step(mx.array([[history[j + 2]]], dtype=mx.uint32), mx.array(h0)[None, None])[0, 0]
         assert np.allclose(preds[1][0, j + 1].detach().numpy(), np.array(h1), atol=tol, rtol=tol), (1, j)
+
+
+def test_warmup_runs_a_context_head_and_leaves_nothing_behind(target, random_head):
+    e = Engine(target, None, eagle_head=random_head, drafter="eagle")
+    e.warmup()
+    assert e.costs["eagle"].c.value() > 0  # the head's per-token cost is measured, not a prior
+    assert e.target.tokens == []
+    r = e.generate(PROMPT, max_tokens=30)
+    assert r.tokens == e.generate(PROMPT, max_tokens=30, speculative=False).tokens
