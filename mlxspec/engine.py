@@ -103,11 +103,7 @@ class Engine:
         if eagle_head is not None:
             from .drafters.eagle import load_head
 
-            self.eagle = load_head(eagle_head, target_model)
-            if self.eagle[0].context == "target" and self.coord.active:
-                from .drafters.context import check_context
-
-                check_context(self.eagle[0].args, target_model, self.coord)
+            self.eagle = load_head(eagle_head, target_model, self.coord)
         self.draft_tokenizer = draft_tokenizer
         self.max_kv_size = max_kv_size
         self.num_draft = check_num_draft(num_draft)

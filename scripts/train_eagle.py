@@ -413,7 +413,7 @@ def head_config(args, target_cfg) -> dict:
         return {"feature_layers": list(init["feature_layers"]), "num_layers": init["num_layers"],
                 **({"context": "target"} if init.get("context") == "target" else {}), **init["layer"]}
     return {"feature_layers": list(args.layers), "num_layers": args.head_layers,
-            **({"context": "target"} if getattr(args, "context", "head") == "target" else {}),
+            **({"context": "target"} if reads_target(args) else {}),
             "hidden_size": target_cfg["hidden_size"], "intermediate_size": args.intermediate,
             "num_attention_heads": target_cfg["num_attention_heads"],
             "num_key_value_heads": target_cfg["num_key_value_heads"],
@@ -518,6 +518,17 @@ def step_mask(L: int, s: int, starts: list) -> np.ndarray:
     return np.concatenate(vis, axis=1)[starts[s]:]
 
 
+def reads_target(args) -> bool:
+    """Whether this run trains a head that reads the target's context (--context target)."""
+    return getattr(args, "context", "head") == "target"
+
+
+def tapped_layers(args, num_layers: int) -> list:
+    """The target layers whose outputs the data stages keep: the head's feature layers, or for a
+    head that reads the target's context the last layer's input (its keys and values are the context)."""
+    return [num_layers - 2] if reads_target(args) else list(args.layers)
+
+
 def context_mask(L: int, s: int, starts: list) -> np.ndarray:
     """`step_mask` for a head that reads the target's context (--context target): the columns are
     the target's last-layer keys at positions 0..L-1, then step 0's L entries and steps 1..s's
@@ -530,13 +541,15 @@ def context_mask(L: int, s: int, starts: list) -> np.ndarray:
     return np.concatenate(vis, axis=1)[starts[s]:]
 
 
-def padded_context(batch, L: int) -> np.ndarray:
-    """(B, L, H) float32: the tapped input of the target's last layer at positions 0..L-1 of each
-    sequence (zero past its end), whose keys and values a --context target head attends to."""
+def split_context(batch):
+    """A --context target batch -> ((B, L, H) float32: the tapped input of the target's last layer
+    at positions 0..L-1 of each sequence, zero past its end, whose keys and values the head attends
+    to; the batch without them, for `padded_batch`: its taps are the context's, not input features)."""
+    L = max(len(b[0]) for b in batch) - 1
     out = np.zeros((len(batch), L, batch[0][3].shape[1]), np.float32)
     for i, (ids, _, _, m) in enumerate(batch):
         out[i, : len(ids) - 1] = m[:-1]
-    return out
+    return out, [(ids, f, p, None) for ids, f, p, _ in batch]
 
 
 def batch_tensors(batch, noise: float, gen, answers_only: bool = True):
@@ -579,9 +592,8 @@ def losses(head, emb, w_draft, batch, args, gen, *, train: bool, context=None):
     import torch
     import torch.nn.functional as F
 
-    if context is not None:  # the tapped rows are the context's, not the head's input features
-        ctx = padded_context(batch, max(len(b[0]) for b in batch) - 1)
-        batch = [(ids, f, p, None) for ids, f, p, _ in batch]
+    if context is not None:
+        ctx, batch = split_context(batch)
     tok, feat, tgt, mask = batch_tensors(batch, args.noise if train else 0.0, gen, args.loss_on == "answers")
     if hasattr(head, "fc_layers"):  # real entries read the tapped layers; drafted ones the head's own output
         feat = head.fc_layers(feat)
@@ -627,7 +639,7 @@ def run_tag(args, train) -> str:
     settings = json.dumps([len(train)] + [getattr(args, k) for k in keys]
                           + ([args.layers] if args.layers else []) + ([init["digest"]] if init else [])
                           + ([f"L{args.head_layers}"] if args.head_layers != 1 else [])
-                          + (["context-target"] if getattr(args, "context", "head") == "target" else []))
+                          + (["context-target"] if reads_target(args) else []))
     return f"n{len(train)}-" + hashlib.sha1(settings.encode()).hexdigest()[:8]
 
 
@@ -830,7 +842,7 @@ def stage_export(args, final: Path, vocab) -> None:
     depth = cfg.pop("num_layers", 1)
     context = cfg.pop("context", "head")
     head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=depth, vocab_size=len(vocab), **cfg),
-                     taps=len(layers))
+                     taps=len(layers), context=context)
     head.load_weights([(k, mx.array(v.float().numpy())) for k, v in ck["head"].items()], strict=True)
     extra = {"training": {"script": "scripts/train_eagle.py", "seed": args.seed,
                           "train_minutes": round(ck["train_seconds"] / 60, 1), "steps": ck["steps"],
@@ -838,8 +850,7 @@ def stage_export(args, final: Path, vocab) -> None:
                           "held_out": ck["history"][-1] if ck["history"] else None,
                           **({"init": ck["init"]} if ck.get("init") else {})}}
     out = Path(args.out)
-    save_head(out, head, mx.array(vocab), target, name=Path(args.gguf).stem, extra=extra, feature_layers=layers,
-              context=context)
+    save_head(out, head, mx.array(vocab), target, name=Path(args.gguf).stem, extra=extra, feature_layers=layers)
     load_head(out, target)  # the shipped folder must load against the target it was made for
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     log(f"exported {out}: {size / 1e6:.1f} MB; training took {ck['train_seconds'] / 60:.1f} min")
@@ -934,9 +945,8 @@ def main(argv=None):
     # --feature-layers resolved against the target once; the train stage reads args.layers
     tcfg = target_config(Path(args.gguf))
     args.vocab_size, args.intermediate = tcfg["vocab_size"], args.intermediate or tcfg["intermediate_size"]
-    layers = args.layers = feature_layers(args.feature_layers, tcfg["num_hidden_layers"])
-    if args.context == "target":  # the tapped layer is the last one's input: its keys and values are the context
-        layers = [tcfg["num_hidden_layers"] - 2]
+    args.layers = feature_layers(args.feature_layers, tcfg["num_hidden_layers"])
+    layers = tapped_layers(args, tcfg["num_hidden_layers"])
     shards = stage_generate(args, work, prompts, layers)
     log(f"generate done: {len(shards)} shards ({time.time() - t0:.0f}s so far)")
     if args.stop_after == "generate":

@@ -23,6 +23,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 import eagle_objective as obj
+from train_eagle import reads_target
 from eagle_mlx_data import load_target, stage_generate, target_config
 from train_draft import log
 
@@ -81,12 +82,12 @@ def batch_arrays(batch, model, noise: float, key, answers_only: bool = True, con
     """train_eagle.padded_batch as MLX arrays: embeddings of x[j+1], input features (noised),
     targets f[j+1], loss weights (1.0 where the loss applies); with `context`, also the target's
     last-layer (keys, values) from the batch's tapped rows (`eagle_objective.context_kv`)."""
-    from train_eagle import padded_batch, padded_context
+    from train_eagle import padded_batch, split_context
 
     ctx = None
-    if context:  # the tapped rows are the context's, not the head's input features
-        ctx = obj.context_kv(model, mx.array(padded_context(batch, max(len(b[0]) for b in batch) - 1)))
-        batch = [(ids, f, p, None) for ids, f, p, _ in batch]
+    if context:
+        rows, batch = split_context(batch)
+        ctx = obj.context_kv(model, mx.array(rows))
     tok, feat, tgt, mask = padded_batch(batch, answers_only)
     feat = mx.array(feat)
     if noise:
@@ -101,10 +102,6 @@ def optimizer(lr: float):
     """train_eagle.py's AdamW (0.9, 0.95, no weight decay); MLX's leaves out Adam's bias
     correction unless asked, which shrinks the first steps' updates (about 0.45x at step 1)."""
     return optim.AdamW(learning_rate=lr, betas=[0.9, 0.95], weight_decay=0.0, bias_correction=True)
-
-
-def reads_target(args) -> bool:
-    return getattr(args, "context", "head") == "target"
 
 
 def run_batch(args, rows, model, noise: float, key):
@@ -234,7 +231,7 @@ def stage_export(args, final: Path, vocab, model, name: str) -> None:
                           **({"init": meta["init"]} if meta.get("init") else {})}}
     out = Path(args.out)
     save_head(out, head, mx.array(vocab), model, name=name, extra=extra,
-              feature_layers=cfg.get("feature_layers") or [], context=cfg.get("context", "head"))
+              feature_layers=cfg.get("feature_layers") or [])
     load_head(out, model)  # the folder must load against the target it was made for
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     log(f"exported {out}: {size / 1e6:.1f} MB; training took {meta['train_seconds'] / 60:.1f} min")
@@ -246,7 +243,7 @@ def main(args) -> None:
     """train_eagle.py's stages for --target (its parsed arguments)."""
     import train_draft
     from mlxspec.device import backend
-    from train_eagle import feature_layers, head_config, init_head, load_features, stage_vocab
+    from train_eagle import feature_layers, head_config, init_head, load_features, stage_vocab, tapped_layers
 
     random.seed(args.seed)
     work, t0 = Path(args.work), time.time()
@@ -261,9 +258,8 @@ def main(args) -> None:
     if args.init_head:  # the continued head reads what it was trained on
         args.feature_layers = ",".join(map(str, args.init_head["feature_layers"])) or "final"
         args.context = args.init_head["context"]
-    layers = args.layers = feature_layers(args.feature_layers, tcfg["num_hidden_layers"])
-    if reads_target(args):  # the tapped layer is the last one's input: its keys and values are the context
-        layers = [tcfg["num_hidden_layers"] - 2]
+    args.layers = feature_layers(args.feature_layers, tcfg["num_hidden_layers"])
+    layers = tapped_layers(args, tcfg["num_hidden_layers"])
     shards = stage_generate(args, work, prompts, model, tok, layers)
     log(f"generate done: {len(shards)} shards ({time.time() - t0:.0f}s so far)")
     if args.stop_after in ("generate", "layers"):

@@ -127,8 +127,7 @@ LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_
 
 
 def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model, *, name: str = "",
-              dtype=mx.float16, extra: Optional[dict] = None, feature_layers: Sequence[int] = (),
-              context: Optional[str] = None) -> None:
+              dtype=mx.float16, extra: Optional[dict] = None, feature_layers: Sequence[int] = ()) -> None:
     """Write a head folder: config.json (layer shape, the target's identity) + model.safetensors.
 
     Args:
@@ -139,7 +138,6 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
         extra: more config keys (training facts).
         feature_layers: the target layers (0-based) whose outputs the head reads, one per
             `head.taps`; empty: the final hidden state.
-        context: recorded when "target" (default: the head's own `context`).
     """
     if len(feature_layers) != head.taps:
         raise ValueError(f"the head reads {head.taps} layers' outputs but feature_layers names {len(feature_layers)}")
@@ -153,7 +151,7 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
            "layer": {k: getattr(head.args, k) for k in LAYER_FIELDS},
            "num_layers": len(head.layers),
            "feature_layers": [int(i) for i in feature_layers],
-           **({"context": "target"} if (context or head.context) == "target" else {}),
+           **({"context": "target"} if head.context == "target" else {}),
            "draft_vocab_size": None if draft_ids is None else int(draft_ids.shape[0]),
            "target": {"name": name, "vocab_size": _vocab(target_model), "hidden_size": _hidden(target_model),
                       "embedding_fingerprint": embedding_fingerprint(target_model)},
@@ -163,11 +161,12 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
 
 # -- loading ------------------------------------------------------------------------------------
 
-def load_head(path, target_model) -> Tuple[EagleHead, Optional[mx.array], dict]:
+def load_head(path, target_model, coord=None) -> Tuple[EagleHead, Optional[mx.array], dict]:
     """Load a head folder (config.json + model.safetensors) trained for `target_model`.
 
     Returns (head in the target's float dtype, draft vocabulary ids (N,) int32 or None for the
-    full vocabulary, config).
+    full vocabulary, config). `coord`: the engine's `Coordinator`, when the target is sharded
+    (a head that reads the target's last layer needs it in this process).
 
     Raises:
         ModelNotFoundError: the folder or one of its files is missing or unreadable.
@@ -201,12 +200,12 @@ def load_head(path, target_model) -> Tuple[EagleHead, Optional[mx.array], dict]:
     context = cfg.get("context", "head")
     if context not in CONTEXTS:
         raise IncompatibleModelsError(f"[eagle] context {context!r} in {cfg_path} must be one of {', '.join(CONTEXTS)}")
-    if context == "target" and (depth != 1 or taps):
-        raise IncompatibleModelsError(
-            f"[eagle] a head with context 'target' in {cfg_path} must have one decoder layer and read the final "
-            f"hidden state (num_layers 1, feature_layers []), got {depth} and {taps}")
     if context == "target":
-        check_context(args, target_model)
+        if depth != 1 or taps:
+            raise IncompatibleModelsError(
+                f"[eagle] a head with context 'target' in {cfg_path} must have one decoder layer and read the "
+                f"final hidden state (num_layers 1, feature_layers []), got {depth} and {taps}")
+        check_context(args, target_model, coord)
     head = EagleHead(args, taps=len(taps), context=context)
     draft_ids = weights.pop("draft_ids", None)
     want = dict(tree_flatten(head.parameters()))
@@ -396,7 +395,6 @@ class EagleDrafter:
         feats = self.head.lift(self.target.hidden_since(upto - 1)[:1])
         self.caches = [ContextCache(self.target.caches[-1], end=upto, start=upto)]
         out = self.head_step(mx.array(history[upto : upto + 1], dtype=mx.uint32)[None], feats[None])
-        self.covered = list(history[: upto + 1])
         return out[0, -1:]
 
     def teacher_forced(self, tokens: mx.array, features: mx.array) -> mx.array:
