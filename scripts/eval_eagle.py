@@ -118,6 +118,19 @@ class Agreement:
         return c
 
 
+def by_confidence(rows) -> dict:
+    """Prompts' `Agreement.count` buckets merged: {bucket: {"share": of the positions, "top1": the
+    head's agreement there}}."""
+    merged = {}
+    for r in rows:
+        for b, (n, hit) in r["by_confidence"].items():
+            m = merged.setdefault(b, [0, 0])
+            m[0] += n
+            m[1] += hit
+    n = max(sum(m[0] for m in merged.values()), 1)
+    return {b: {"share": m[0] / n, "top1": m[1] / max(m[0], 1)} for b, m in sorted(merged.items())}
+
+
 def step_times(engine, ids, reps: int):
     """(target step, head step) medians in seconds, one token after `ids`."""
     target, drafter = engine.target, engine.drafters["eagle"]
@@ -196,17 +209,6 @@ def main(argv=None):
     def total(key):
         return sum(r[key] for r in rows)
 
-    def by_confidence(rs):
-        """{bucket: {"share": of the positions, "top1": the head's agreement there}}."""
-        merged = {}
-        for r in rs:
-            for b, (n, hit) in r["by_confidence"].items():
-                m = merged.setdefault(b, [0, 0])
-                m[0] += n
-                m[1] += hit
-        n = max(sum(m[0] for m in merged.values()), 1)
-        return {b: {"share": m[0] / n, "top1": m[1] / max(m[0], 1)} for b, m in sorted(merged.items())}
-
     def judged(rs):
         reached = [sum(r["reached"][i] for r in rs) for i in range(args.k)]
         acc = [sum(r["step_acc"][i] for r in rs) for i in range(args.k)]
@@ -235,7 +237,8 @@ def main(argv=None):
                                  "judged_acceptance": judged(rs)[0],
                                  "tokens_per_pass": sum(r["tokens"] for r in rs) / sum(r["passes"] for r in rs),
                                  "first_step_top1": sum(r["top1"] for r in rs) / n,
-                                 "draft_vocab_coverage": sum(r["in_vocab"] for r in rs) / n}
+                                 "draft_vocab_coverage": sum(r["in_vocab"] for r in rs) / n,
+                                 "first_step_top1_by_confidence": by_confidence(rs)}
     print(json.dumps(res, indent=1))
     if args.json:
         # With the rows per prompt, so two heads measured on one suite compare paired (compare_eagle.py).

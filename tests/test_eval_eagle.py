@@ -36,3 +36,14 @@ def test_agreement_counts_hits_within_each_confidence_bucket():
     assert (c["positions"], c["top1"]) == (4, 2)
     assert c["by_confidence"] == {"0.9-1": [2, 1], "0.3-0.5": [1, 1], "0-0.3": [1, 0]}
     assert sum(n for n, _ in c["by_confidence"].values()) == c["positions"]
+
+
+def test_confidence_buckets_merge_over_prompts_by_position_not_by_prompt():
+    # Two prompts' counts: shares are of all positions, agreement pooled within each bucket.
+    rows = [{"by_confidence": {"0.9-1": [3, 3], "0-0.3": [1, 0]}},
+            {"by_confidence": {"0.9-1": [1, 0], "0.3-0.5": [5, 2]}}]
+    merged = eval_eagle.by_confidence(rows)
+    assert list(merged) == ["0-0.3", "0.3-0.5", "0.9-1"]
+    assert merged["0.9-1"] == {"share": 4 / 10, "top1": 3 / 4}
+    assert merged["0.3-0.5"] == {"share": 5 / 10, "top1": 2 / 5}
+    assert merged["0-0.3"] == {"share": 1 / 10, "top1": 0.0}
