@@ -202,6 +202,11 @@ class TargetCurve:
 
     def add_verify(self, j: int, x: float, *, trusted: bool = False) -> None:
         """Teach V(j) a timing `x` at pace 1 (already divided by the pace)."""
+        if x <= 0:
+            # No pass is free. A round's time less a drafting estimate that exceeds it (a slow draft
+            # step, before the plain step's floor is known) says nothing about V, and V = 0 would
+            # make a free drafter's rounds cost nothing.
+            return
         e = self.v.get(j)
         if e is None:
             e = self.v[j] = Estimate()

@@ -634,3 +634,28 @@ def test_noise_alone_keeps_the_head_drafting():
         drafted += sum(1 for k in ks[100:] if k)
         assert got[0].draft_seconds() < 2e-3  # under a third of a pass, as a head step is
     assert drafted >= 0.95 * 4 * 400
+
+
+def test_a_round_faster_than_its_drafting_estimate_never_makes_a_pass_free():
+    # A slow draft step timed before any plain step: a round's time less its drafting leaves
+    # nothing for V(3). V(3) = 0 then made a free drafter's rounds on the same curve cost 0 s
+    # (ZeroDivisionError in choose; one rank of the two-rank test once died of it in CI).
+    curve = TargetCurve()
+    curve.observe(2, 0.012)
+    model = CostModel(curve)
+    model.observe_draft(1, 0.05)
+    guess = curve.verify_base(3)
+    model.observe_round(2, 0.06)  # less 2 drafting steps of 0.05: negative
+    assert curve.verify_base(3) == pytest.approx(guess)  # taught nothing, still the interpolation
+    assert curve.verify_base(3) > 0
+    curve.observe_plain(0.01)
+    ngram = CostModel(curve, draft_is_free=True)
+    ngram.observe_acceptance(10, 9)
+    assert ngram.choose() >= 1  # priced, not divided by zero
+
+
+def test_a_pass_timed_at_zero_seconds_teaches_nothing():
+    curve = TargetCurve()
+    curve.add_verify(2, 0.0)
+    curve.add_verify(2, -1e-3)
+    assert curve.measured() == {}
