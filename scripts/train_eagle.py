@@ -21,7 +21,8 @@ resumes from its last checkpoint):
   2b. layers    the --feature-layers' outputs for shards generated without them (one pass over
                 their cached answers, about 360 entries/s on 2 threads)
   3. vocab      the draft vocabulary: the --draft-vocab most frequent tokens of the data
-                (cached per data size: appended shards give a new one)
+                (cached per data size: appended shards give a new one); with --init, the
+                head's own, widened by the data's most frequent others to a larger --draft-vocab
   4. train      fc(concat(embed(x[j+1]), f[j])) -> decoder layer -> norm, trained on smooth-L1
                 to f[j+1] plus cross-entropy to the target's distribution of x[j+2] (within the
                 draft vocabulary) on the entries that predict answer tokens (--loss-on); with
@@ -304,19 +305,28 @@ def load_features(shards: list, layers=()):
 # ---------------------------------------------------------------- stage 3: vocab
 
 def stage_vocab(args, work: Path, train) -> np.ndarray:
-    """The --draft-vocab most frequent tokens of the training answers (ids ascending); the
-    --init head's own vocabulary when continuing one (its logits rows are those tokens)."""
-    if getattr(args, "init_head", None):
-        return args.init_head["vocab"]
-    path = work / f"vocab-{args.draft_vocab}-n{len(train)}.npy"  # more answers, a new vocabulary
+    """The --draft-vocab most frequent tokens of the training answers (ids ascending). Continuing
+    an --init head: its own vocabulary, widened to --draft-vocab by the data's most frequent
+    tokens it lacks (its weights do not depend on the vocabulary: the logits rows are the
+    target's own output rows)."""
+    init = getattr(args, "init_head", None)
+    base = init["vocab"] if init else np.zeros(0, np.int32)
+    if len(base) == args.draft_vocab:
+        return base
+    tag = f"-w{init['digest']}" if init else ""
+    path = work / f"vocab-{args.draft_vocab}-n{len(train)}{tag}.npy"  # more answers, a new vocabulary
     if path.exists():
         return np.load(path)
     counts = np.zeros(args.vocab_size, np.int64)
     for ids, _, p, _ in train:
         np.add.at(counts, ids[p:], 1)
-    top = np.sort(np.argsort(-counts, kind="stable")[: args.draft_vocab]).astype(np.int32)
+    order = np.argsort(-counts, kind="stable")
+    extra = order[~np.isin(order, base)][: args.draft_vocab - len(base)]
+    top = np.sort(np.concatenate([base, extra])).astype(np.int32)
     np.save(path, top)
-    log(f"draft vocabulary: {len(top)} tokens cover {counts[top].sum() / counts.sum():.4f} of answer tokens")
+    log(f"draft vocabulary: {len(top)} tokens ({len(extra)} added to the --init head's {len(base)})" if init else
+        f"draft vocabulary: {len(top)} tokens")
+    log(f"they cover {counts[top].sum() / counts.sum():.4f} of answer tokens")
     return top
 
 
@@ -453,6 +463,18 @@ def init_head(ref: str, target_ref, out: Path) -> dict:
     return {"folder": folder, "lineage": lineage, "layer": cfg["layer"], "feature_layers": list(cfg.get("feature_layers") or []),
             "num_layers": len(head.layers), "context": cfg.get("context", "head"),
             "vocab": np.array(ids).astype(np.int32), "weights": weights, "digest": digest}
+
+
+def settle_draft_vocab(args) -> None:
+    """--draft-vocab's default (4096, or the --init head's own size); an --init head's vocabulary
+    can be widened, not narrowed (its tokens stay proposable)."""
+    init = getattr(args, "init_head", None)
+    own = len(init["vocab"]) if init else 0
+    if args.draft_vocab is not None and args.draft_vocab < max(own, 1):
+        raise SystemExit(f"--draft-vocab {args.draft_vocab}: " + (
+            f"the --init head already drafts over {own} tokens; it can be widened (a number above {own}), "
+            "not narrowed" if init else "a draft vocabulary needs at least one token"))
+    args.draft_vocab = args.draft_vocab or own or 4096
 
 
 def target_config(gguf: Path) -> dict:
@@ -882,7 +904,9 @@ def parse_args(argv=None):
     p.add_argument("--finished-only", action="store_true",
                    help="train on the shards a (maybe still running) generate stage has finished; generate nothing")
     # head
-    p.add_argument("--draft-vocab", type=int, default=4096)
+    p.add_argument("--draft-vocab", type=int,
+                   help="tokens the head may propose: the data's most frequent (default 4096; with --init, the "
+                   "head's own, and a larger number widens it by the data's most frequent tokens it lacks)")
     p.add_argument("--intermediate", type=int, help="the head's MLP width (default: the target's). A wider one still starts as "
                    "the target's last layer, its extra units silent. The shipped demo head is 2x (3072): after 8 "
                    "epochs and 4 more with --init at --lr 3e-4 it gained 0.020 per token over the 1x head and "
@@ -917,7 +941,7 @@ def parse_args(argv=None):
     p.add_argument("--init", metavar="HEAD",
                    help="continue training this exported head (a folder or builtin:NAME, e.g. builtin:smollm2-eagle) "
                         "instead of starting from the target's last layer: its shape, feature layers and draft "
-                        "vocabulary replace --intermediate, --feature-layers and --draft-vocab. Adapting the shipped "
+                        "vocabulary replace --intermediate and --feature-layers (a larger --draft-vocab widens its vocabulary). Adapting the shipped "
                         "head to your --prompt-file takes minutes; use a lower --lr (e.g. 3e-4)")
     args = p.parse_args(argv)
     if args.head_layers < 1:
@@ -944,6 +968,7 @@ def main(argv=None):
     if args.init_head:  # the continued head reads what it was trained on
         args.feature_layers = ",".join(map(str, args.init_head["feature_layers"])) or "final"
         args.context = args.init_head["context"]
+    settle_draft_vocab(args)
     # --feature-layers resolved against the target once; the train stage reads args.layers
     tcfg = target_config(Path(args.gguf))
     args.vocab_size, args.intermediate = tcfg["vocab_size"], args.intermediate or tcfg["intermediate_size"]

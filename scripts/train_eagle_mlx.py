@@ -243,7 +243,7 @@ def main(args) -> None:
     """train_eagle.py's stages for --target (its parsed arguments)."""
     import train_draft
     from mlxspec.device import backend
-    from train_eagle import feature_layers, head_config, init_head, load_features, stage_vocab, tapped_layers
+    from train_eagle import feature_layers, head_config, init_head, load_features, settle_draft_vocab, stage_vocab, tapped_layers
 
     random.seed(args.seed)
     work, t0 = Path(args.work), time.time()
@@ -258,6 +258,7 @@ def main(args) -> None:
     if args.init_head:  # the continued head reads what it was trained on
         args.feature_layers = ",".join(map(str, args.init_head["feature_layers"])) or "final"
         args.context = args.init_head["context"]
+    settle_draft_vocab(args)
     args.layers = feature_layers(args.feature_layers, tcfg["num_hidden_layers"])
     layers = tapped_layers(args, tcfg["num_hidden_layers"])
     shards = stage_generate(args, work, prompts, model, tok, layers)

@@ -55,12 +55,49 @@ def test_a_continued_head_keeps_its_shape_and_vocabulary():
     layer = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
              "head_dim": 16, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256}
     init = {"layer": layer, "feature_layers": [1, 2], "num_layers": 2, "vocab": np.array([3, 5, 8], np.int32)}
-    args = _args(init_head=init, intermediate=1536, draft_vocab=4096, layers=[1, 2], head_layers=1)
+    args = _args(init_head=init, intermediate=1536, draft_vocab=None, layers=[1, 2], head_layers=1)
+    train_eagle.settle_draft_vocab(args)
+    assert args.draft_vocab == 3  # no --draft-vocab: the head's own
     assert train_eagle.head_config(args, target_cfg=None) == {"feature_layers": [1, 2], "num_layers": 2, **layer}
     assert train_eagle.stage_vocab(args, work=None, train=None) is init["vocab"]  # no new vocabulary
     init = {**init, "feature_layers": [], "num_layers": 1, "context": "target"}  # a head that reads the target's keys
     assert train_eagle.head_config(_args(init_head=init), target_cfg=None) == {
         "feature_layers": [], "num_layers": 1, "context": "target", **layer}
+
+
+def _answers(*seqs):
+    """train rows as load_features gives them: (ids, features, prompt length, temperature)."""
+    import numpy as np
+
+    return [(np.array(ids, np.int32), None, p, 0.0) for p, ids in seqs]
+
+
+def test_a_continued_heads_vocabulary_widens_by_the_datas_most_frequent_tokens(tmp_path):
+    import numpy as np
+
+    init = {"vocab": np.array([3, 9], np.int32), "digest": "aaaaaaaaaa"}
+    # answers (after each prompt's 1 or 2 tokens): 7 x4, 9 x3, 5 x2, 3 x1, 6 x1; prompt tokens 1 and 2 never count
+    train = _answers((1, [1, 7, 7, 9, 5, 6]), (2, [2, 1, 7, 7, 9, 9, 5, 3]))
+    args = _args(init_head=init, draft_vocab=4, vocab_size=16)
+    train_eagle.settle_draft_vocab(args)
+    got = train_eagle.stage_vocab(args, work=tmp_path, train=train)
+    assert got.tolist() == [3, 5, 7, 9]  # the head's 3 and 9 stay, the two most frequent others join
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab-4-n2-waaaaaaaaaa.npy"]  # cached by head and data
+    fresh = _args(draft_vocab=None, vocab_size=16)
+    train_eagle.settle_draft_vocab(fresh)
+    assert fresh.draft_vocab == 4096  # from scratch: the default
+    fresh.draft_vocab = 2
+    assert train_eagle.stage_vocab(fresh, work=tmp_path, train=train).tolist() == [7, 9]
+
+
+@pytest.mark.parametrize("n,init,says", [(1, True, "can be widened .* not narrowed"),
+                                         (0, False, "at least one token")])
+def test_a_draft_vocabulary_that_cannot_be_says_why(n, init, says):
+    import numpy as np
+
+    args = _args(draft_vocab=n, init_head={"vocab": np.array([3, 9], np.int32)} if init else None)
+    with pytest.raises(SystemExit, match=says):
+        train_eagle.settle_draft_vocab(args)
 
 
 @pytest.mark.parametrize("argv,says", [

@@ -79,6 +79,25 @@ def test_trains_a_head_that_loads_learns_and_drafts_losslessly(family, tmp_path)
         assert got.stats.drafted > got.stats.lookup_drafted  # the head itself drafted
 
 
+def test_a_continued_head_widens_its_draft_vocabulary_and_stays_lossless(tmp_path):
+    """--init HEAD --draft-vocab N (above the head's own): the head keeps every token it could
+    propose, gains the data's most frequent others, and still drafts losslessly."""
+    target = _save(tmp_path / "target", tiny.make_llama(15, tie_embeddings=False))
+    narrow = _train(target, tmp_path, "--draft-vocab", "40", out="narrow")
+    wide = _train(target, tmp_path, "--init", str(narrow), "--draft-vocab", "80", "--epochs", "1", out="wide")
+    ids = {name: set(mx.load(str(h / "model.safetensors"))["draft_ids"].tolist()) for name, h in
+           (("narrow", narrow), ("wide", wide))}
+    assert len(ids["narrow"]) == 40 and len(ids["wide"]) == 80 and ids["narrow"] < ids["wide"]
+    assert json.loads((wide / "config.json").read_text())["draft_vocab_size"] == 80
+    spec = mlxspec.load(str(target), "none", drafter="eagle", head=str(wide), num_draft=3)
+    plain = mlxspec.load(str(target), "none")
+    want = plain.generate("tell me a story", max_tokens=24, temperature=0.0, speculative=False)
+    got = spec.generate("tell me a story", max_tokens=24, temperature=0.0)
+    assert got.tokens == want.tokens and got.stats.drafted > got.stats.lookup_drafted
+    with pytest.raises(SystemExit, match="not narrowed"):
+        _train(target, tmp_path, "--init", str(narrow), "--draft-vocab", "20", out="narrower")
+
+
 @pytest.mark.parametrize("family", ["llama 4-bit", "qwen2", "gemma3"])
 def test_a_head_that_reads_the_targets_context_trains_and_drafts_losslessly(family, tmp_path):
     """--context target: the data stage taps the last layer's input, training attends to the
