@@ -44,13 +44,20 @@ def _launch(out_dir: Path, scenario: str, *, env=None):
     return proc, time.perf_counter() - t
 
 
+def _errors(stderr: str, tail: int = 3000) -> str:
+    """The ranks' stderr from its first traceback on (the other rank's later output must not cut
+    the one that died), else its tail."""
+    i = stderr.find("Traceback")
+    return stderr[i:] if i >= 0 else stderr[-tail:]
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
     proc, _ = _launch(out, "main")
     files = [out / f"rank{r}.json" for r in (0, 1)]
     if not all(f.exists() for f in files):
-        pytest.fail(f"a rank wrote no results:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        pytest.fail(f"a rank wrote no results:\n{proc.stdout[-3000:]}\n{_errors(proc.stderr)}")
     return [json.loads(f.read_text()) for f in files]
 
 
