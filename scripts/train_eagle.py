@@ -32,7 +32,8 @@ resumes from its last checkpoint):
                 own output). Checkpoints are named by the data size and settings, so a rerun
                 resumes the same run and never reuses a head trained on other data.
                 With --init HEAD the run continues an exported head instead (its shape and
-                draft vocabulary), e.g. the shipped one on your own --prompt-file.
+                draft vocabulary, which a larger --draft-vocab widens), e.g. the shipped one on
+                your own --prompt-file.
                 With --context target the head attends to the target's own last-layer keys and
                 values (from the tapped input of that layer; GLIDE's idea) instead of keeping
                 its own of every real entry (`mlxspec/drafters/context.py`).
@@ -941,8 +942,9 @@ def parse_args(argv=None):
     p.add_argument("--init", metavar="HEAD",
                    help="continue training this exported head (a folder or builtin:NAME, e.g. builtin:smollm2-eagle) "
                         "instead of starting from the target's last layer: its shape, feature layers and draft "
-                        "vocabulary replace --intermediate and --feature-layers (a larger --draft-vocab widens its vocabulary). Adapting the shipped "
-                        "head to your --prompt-file takes minutes; use a lower --lr (e.g. 3e-4)")
+                        "vocabulary replace --intermediate and --feature-layers (a larger --draft-vocab widens its "
+                        "vocabulary). Adapting the shipped head to your --prompt-file takes minutes; use a lower "
+                        "--lr (e.g. 3e-4)")
     args = p.parse_args(argv)
     if args.head_layers < 1:
         p.error(f"--head-layers {args.head_layers}: a head needs at least one decoder layer")

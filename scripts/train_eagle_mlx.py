@@ -243,7 +243,8 @@ def main(args) -> None:
     """train_eagle.py's stages for --target (its parsed arguments)."""
     import train_draft
     from mlxspec.device import backend
-    from train_eagle import feature_layers, head_config, init_head, load_features, settle_draft_vocab, stage_vocab, tapped_layers
+    from train_eagle import (feature_layers, head_config, init_head, load_features, settle_draft_vocab, stage_vocab,
+                             tapped_layers)
 
     random.seed(args.seed)
     work, t0 = Path(args.work), time.time()
