@@ -475,7 +475,11 @@ def settle_draft_vocab(args) -> None:
         raise SystemExit(f"--draft-vocab {args.draft_vocab}: " + (
             f"the --init head already drafts over {own} tokens; it can be widened (a number above {own}), "
             "not narrowed" if init else "a draft vocabulary needs at least one token"))
-    args.draft_vocab = args.draft_vocab or own or 4096
+    whole = getattr(args, "vocab_size", None)  # the target's, once known
+    if whole and args.draft_vocab is not None and args.draft_vocab > whole:
+        raise SystemExit(f"--draft-vocab {args.draft_vocab}: the target has {whole} tokens; give at most {whole} "
+                         f"({whole} drafts over all of them)")
+    args.draft_vocab = args.draft_vocab or own or min(4096, whole or 4096)
 
 
 def target_config(gguf: Path) -> dict:
@@ -970,10 +974,10 @@ def main(argv=None):
     if args.init_head:  # the continued head reads what it was trained on
         args.feature_layers = ",".join(map(str, args.init_head["feature_layers"])) or "final"
         args.context = args.init_head["context"]
-    settle_draft_vocab(args)
     # --feature-layers resolved against the target once; the train stage reads args.layers
     tcfg = target_config(Path(args.gguf))
     args.vocab_size, args.intermediate = tcfg["vocab_size"], args.intermediate or tcfg["intermediate_size"]
+    settle_draft_vocab(args)
     args.layers = feature_layers(args.feature_layers, tcfg["num_hidden_layers"])
     layers = tapped_layers(args, tcfg["num_hidden_layers"])
     shards = stage_generate(args, work, prompts, layers)

@@ -85,17 +85,22 @@ def test_a_continued_heads_vocabulary_widens_by_the_datas_most_frequent_tokens(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab-4-n2-waaaaaaaaaa.npy"]  # cached by head and data
     fresh = _args(draft_vocab=None, vocab_size=16)
     train_eagle.settle_draft_vocab(fresh)
-    assert fresh.draft_vocab == 4096  # from scratch: the default
+    assert fresh.draft_vocab == 16  # from scratch: the default, 4096, capped at the target's 16 tokens
+    big = _args(draft_vocab=None, vocab_size=49152)
+    train_eagle.settle_draft_vocab(big)
+    assert big.draft_vocab == 4096
     fresh.draft_vocab = 2
     assert train_eagle.stage_vocab(fresh, work=tmp_path, train=train).tolist() == [7, 9]
 
 
 @pytest.mark.parametrize("n,init,says", [(1, True, "can be widened .* not narrowed"),
-                                         (0, False, "at least one token")])
+                                         (0, False, "at least one token"),
+                                         (17, False, "the target has 16 tokens; give at most 16"),
+                                         (17, True, "the target has 16 tokens; give at most 16")])
 def test_a_draft_vocabulary_that_cannot_be_says_why(n, init, says):
     import numpy as np
 
-    args = _args(draft_vocab=n, init_head={"vocab": np.array([3, 9], np.int32)} if init else None)
+    args = _args(draft_vocab=n, init_head={"vocab": np.array([3, 9], np.int32)} if init else None, vocab_size=16)
     with pytest.raises(SystemExit, match=says):
         train_eagle.settle_draft_vocab(args)
 
