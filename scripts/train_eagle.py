@@ -666,7 +666,8 @@ def run_tag(args, train) -> str:
     settings = json.dumps([len(train)] + [getattr(args, k) for k in keys]
                           + ([args.layers] if args.layers else []) + ([init["digest"]] if init else [])
                           + ([f"L{args.head_layers}"] if args.head_layers != 1 else [])
-                          + (["context-target"] if reads_target(args) else []))
+                          + (["context-target"] if reads_target(args) else [])
+                          + ([args.precision] if getattr(args, "precision", "float32") != "float32" else []))
     return f"n{len(train)}-" + hashlib.sha1(settings.encode()).hexdigest()[:8]
 
 
@@ -806,7 +807,10 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
                 break
             for g in opt.param_groups:
                 g["lr"] = args.lr * train_draft.lr_scale(step, total, warm)
-            loss, agree, n = losses(head, emb, w_draft, [train[i] for i in b], args, gen, train=True, context=context)
+            # bfloat16: matmuls in bfloat16, weights and optimiser state stay float32
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bfloat16"):
+                loss, agree, n = losses(head, emb, w_draft, [train[i] for i in b], args, gen, train=True,
+                                        context=context)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
@@ -942,6 +946,10 @@ def parse_args(argv=None):
     p.add_argument("--ce-weight", type=float, default=0.3)
     p.add_argument("--loss-on", choices=["answers", "all"], default="answers",
                    help="entries the loss covers: those predicting answer tokens (what the engine drafts), or all")
+    p.add_argument("--precision", choices=["float32", "bfloat16"], default="float32",
+                   help="arithmetic of the training steps (--gguf only): bfloat16 autocasts them, the weights and "
+                        "the optimiser stay float32; about 1.5x faster on CPUs with bfloat16 dot products "
+                        "(AVX512-BF16), slower on those without. Held-out checks run in float32")
     p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--init", metavar="HEAD",
                    help="continue training this exported head (a folder or builtin:NAME, e.g. builtin:smollm2-eagle) "
@@ -955,6 +963,8 @@ def parse_args(argv=None):
     if args.context == "target" and (args.head_layers != 1 or args.feature_layers != "final"):
         p.error("--context target: the head is one decoder layer that reads the target's final hidden state "
                 "(--head-layers 1, --feature-layers final); it attends to the target's last layer's keys and values")
+    if args.target and args.precision != "float32":
+        p.error(f"--precision {args.precision}: only the PyTorch trainer (--gguf) autocasts; --target trains in MLX")
     if args.target and not args.out:
         p.error("--target needs --out: the folder to write its head to (the default is the demo head's)")
     args.out = args.out or str(ROOT / "mlxspec/data/smollm2-eagle")

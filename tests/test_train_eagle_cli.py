@@ -39,6 +39,8 @@ def test_run_tags_follow_data_and_settings():
               train_eagle.run_tag(_args(head_layers=2), train), train_eagle.run_tag(_args(context="target"), train)}
     assert tag not in others and len(others) == 6
     assert tag == train_eagle.run_tag(_args(context="head"), train)  # the default names no new run
+    assert tag == train_eagle.run_tag(_args(precision="float32"), train)
+    assert tag != train_eagle.run_tag(_args(precision="bfloat16"), train)  # other arithmetic, another run
 
 
 def test_continuing_a_head_is_its_own_run():
@@ -114,6 +116,13 @@ def test_context_target_says_what_it_needs(argv, says, capsys):
     with pytest.raises(SystemExit):
         train_eagle.parse_args(["--work", "w", *argv])
     assert says in capsys.readouterr().err
+
+
+def test_bfloat16_steps_are_the_pytorch_trainers(capsys):
+    with pytest.raises(SystemExit):
+        train_eagle.parse_args(["--work", "w", "--target", "some/model", "--out", "o", "--precision", "bfloat16"])
+    assert "only the PyTorch trainer (--gguf) autocasts" in capsys.readouterr().err
+    assert train_eagle.parse_args(["--work", "w", "--gguf", "t.gguf"]).precision == "float32"  # the default
 
 
 @pytest.mark.demo
