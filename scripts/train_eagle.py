@@ -807,8 +807,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
                 break
             for g in opt.param_groups:
                 g["lr"] = args.lr * train_draft.lr_scale(step, total, warm)
-            # bfloat16: matmuls in bfloat16, weights and optimiser state stay float32
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bfloat16"):
+            with step_arithmetic(args.precision):
                 loss, agree, n = losses(head, emb, w_draft, [train[i] for i in b], args, gen, train=True,
                                         context=context)
             opt.zero_grad(set_to_none=True)
@@ -837,8 +836,16 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
         epoch_state, in_epoch = rng.getstate(), 0
     torch.save({"cfg": cfg, "head": head.state_dict(), "train_seconds": time.time() - t0, "steps": total,
                 "sequences": len(train), "entries": ntok, "history": history,
-                "init": init["lineage"] if init else None}, final)
+                "init": init["lineage"] if init else None, "precision": args.precision}, final)
     return final
+
+
+def step_arithmetic(precision: str):
+    """The context a training step's forward runs in: --precision bfloat16 autocasts its matmuls
+    to bfloat16 (the weights, their gradients and the optimiser's state stay float32)."""
+    import torch
+
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16")
 
 
 def evaluate(head, emb, w_draft, held, args, context=None):
@@ -879,7 +886,9 @@ def stage_export(args, final: Path, vocab) -> None:
                           "train_minutes": round(ck["train_seconds"] / 60, 1), "steps": ck["steps"],
                           "sequences": ck["sequences"], "entries": ck["entries"],
                           "held_out": ck["history"][-1] if ck["history"] else None,
-                          **({"init": ck["init"]} if ck.get("init") else {})}}
+                          **({"init": ck["init"]} if ck.get("init") else {}),
+                          # float32 (the default) is not written: earlier heads' configs stay as they were
+                          **({"precision": ck["precision"]} if ck.get("precision", "float32") != "float32" else {})}}
     out = Path(args.out)
     save_head(out, head, mx.array(vocab), target, name=Path(args.gguf).stem, extra=extra, feature_layers=layers)
     load_head(out, target)  # the shipped folder must load against the target it was made for
@@ -984,10 +993,10 @@ def main(argv=None):
     if args.init_head:  # the continued head reads what it was trained on
         args.feature_layers = ",".join(map(str, args.init_head["feature_layers"])) or "final"
         args.context = args.init_head["context"]
-    # --feature-layers resolved against the target once; the train stage reads args.layers
     tcfg = target_config(Path(args.gguf))
     args.vocab_size, args.intermediate = tcfg["vocab_size"], args.intermediate or tcfg["intermediate_size"]
     settle_draft_vocab(args)
+    # --feature-layers resolved against the target once; the train stage reads args.layers
     args.layers = feature_layers(args.feature_layers, tcfg["num_hidden_layers"])
     layers = tapped_layers(args, tcfg["num_hidden_layers"])
     shards = stage_generate(args, work, prompts, layers)

@@ -205,3 +205,39 @@ def test_matches_the_pytorch_objective_on_the_same_weights_and_batch(layers):
         sure = np.abs(clipped[k]) >= 1e-6
         assert sure.mean() > 0.9, k
         assert np.abs(np.array(v) - after[k])[sure].max() < 1e-3 * max(moved, 1e-6), k
+
+
+def test_bfloat16_steps_compute_the_float32_loss_to_bfloat16s_precision():
+    """train_eagle.py --precision bfloat16: the same batch and weights give the float32 loss and
+    gradients to within what bfloat16's rounding allows (8 significant bits, 2^-8 relative per
+    rounding, a few matmuls deep), and the arithmetic really changed (not bit-identical)."""
+    torch = pytest.importorskip("torch")
+    import argparse
+
+    import train_eagle
+
+    cfg = {"hidden_size": H, "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "num_layers": 1, "feature_layers": []}
+    torch.manual_seed(0)
+    head = train_eagle.make_head(cfg)
+    rng = np.random.default_rng(0)
+    batch = [(rng.integers(0, 50, n).astype(np.int32), rng.normal(size=(n, H)).astype(np.float16), p, None)
+             for n, p in ((12, 6), (9, 5), (10, 7))]
+    emb = torch.from_numpy(rng.normal(size=(50, H)).astype(np.float32))
+    w = emb[torch.arange(0, 50, 2)]
+    args = argparse.Namespace(noise=0.0, loss_on="answers", unroll=2, unroll_weight=0.8, ce_weight=0.3)
+    out = {}
+    for precision in ("float32", "bfloat16"):
+        head.zero_grad()
+        with train_eagle.step_arithmetic(precision):
+            loss, agree, _ = train_eagle.losses(head, emb, w, batch, args, None, train=False)
+        loss.backward()
+        assert loss.dtype == torch.float32
+        grad = torch.cat([q.grad.flatten() for q in head.parameters()])
+        out[precision] = (loss.item(), grad, [q.grad.dtype for q in head.parameters()])
+    (l32, g32, _), (l16, g16, dtypes) = out["float32"], out["bfloat16"]
+    assert all(d == torch.float32 for d in dtypes)  # the weights' gradients stay float32
+    eps = 2.0 ** -8
+    assert l16 != l32  # autocast engaged
+    assert abs(l16 - l32) <= 8 * eps * abs(l32)
+    assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) >= 1 - 8 * eps
