@@ -29,6 +29,12 @@ def _head(layers=1, taps=0, seed=0):
     return head
 
 
+def _torch_cfg(layers):
+    """`_head`'s shape as scripts/train_eagle.py's PyTorch `make_head` takes it."""
+    return {"hidden_size": H, "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "num_layers": layers, "feature_layers": []}
+
+
 def _drafted(head, emb, feat, j, s):
     """Entry j of step s, as drafting makes it: real entries 0..j-s-1 in the cache, then s+1 steps."""
     cache = [KVCache() for _ in head.layers]
@@ -150,9 +156,7 @@ def test_matches_the_pytorch_objective_on_the_same_weights_and_batch(layers):
 
     model = tiny.make_llama(3, tie_embeddings=False, hidden=H, heads=4, kv_heads=2)
     head = _head(layers=layers)
-    cfg = {"hidden_size": H, "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "head_dim": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "num_layers": layers, "feature_layers": []}
-    theirs = train_eagle.make_head(cfg)
+    theirs = train_eagle.make_head(_torch_cfg(layers))
     mine = {k: np.array(v) for k, v in tree_flatten(head.parameters())}
     theirs.load_state_dict({k: torch.from_numpy(v) for k, v in mine.items()}, strict=True)
     rng = np.random.default_rng(0)
@@ -216,10 +220,8 @@ def test_bfloat16_steps_compute_the_float32_loss_to_bfloat16s_precision():
 
     import train_eagle
 
-    cfg = {"hidden_size": H, "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "head_dim": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "num_layers": 1, "feature_layers": []}
     torch.manual_seed(0)
-    head = train_eagle.make_head(cfg)
+    head = train_eagle.make_head(_torch_cfg(1))
     rng = np.random.default_rng(0)
     batch = [(rng.integers(0, 50, n).astype(np.int32), rng.normal(size=(n, H)).astype(np.float16), p, None)
              for n, p in ((12, 6), (9, 5), (10, 7))]
@@ -230,7 +232,7 @@ def test_bfloat16_steps_compute_the_float32_loss_to_bfloat16s_precision():
     for precision in ("float32", "bfloat16"):
         head.zero_grad()
         with train_eagle.step_arithmetic(precision):
-            loss, agree, _ = train_eagle.losses(head, emb, w, batch, args, None, train=False)
+            loss, _, _ = train_eagle.losses(head, emb, w, batch, args, None, train=False)
         loss.backward()
         assert loss.dtype == torch.float32
         grad = torch.cat([q.grad.flatten() for q in head.parameters()])
