@@ -41,6 +41,25 @@ def test_run_tags_follow_data_and_settings():
     assert tag == train_eagle.run_tag(_args(context="head"), train)  # the default names no new run
     assert tag == train_eagle.run_tag(_args(precision="float32"), train)
     assert tag != train_eagle.run_tag(_args(precision="bfloat16"), train)  # other arithmetic, another run
+    assert tag == train_eagle.run_tag(_args(generate_precision="float32"), train)
+    assert tag != train_eagle.run_tag(_args(generate_precision="bfloat16"), train)  # other answers, another run
+
+
+def test_bfloat16_answers_are_kept_apart_from_float32s(tmp_path):
+    """Answers generated in bfloat16 get their own shards and vocabulary (the same number of
+    answers must not pick up float32's cached vocabulary), and float32's keep their old names."""
+    import numpy as np
+
+    f32, b16 = _args(generate_precision="float32"), _args(generate_precision="bfloat16")
+    assert train_eagle.gen_dir(f32, tmp_path) == tmp_path / "eagle-gen"  # earlier work dirs still resume
+    assert train_eagle.gen_dir(b16, tmp_path) != train_eagle.gen_dir(f32, tmp_path)
+    vocabs = []
+    for args, token in ((f32, 7), (b16, 9)):  # the same count of answers, other tokens
+        args.draft_vocab, args.vocab_size, args.init_head = 1, 16, None
+        train = [(np.array([1, token, token], np.int32), None, 1, None)] * 3
+        vocabs.append(train_eagle.stage_vocab(args, tmp_path, train).tolist())
+    assert vocabs == [[7], [9]]
+    assert len(list(tmp_path.glob("vocab-*.npy"))) == 2
 
 
 def test_continuing_a_head_is_its_own_run():
@@ -123,6 +142,10 @@ def test_bfloat16_steps_are_the_pytorch_trainers(capsys):
         train_eagle.parse_args(["--work", "w", "--target", "some/model", "--out", "o", "--precision", "bfloat16"])
     assert "only the PyTorch trainer (--gguf) autocasts" in capsys.readouterr().err
     assert train_eagle.parse_args(["--work", "w", "--gguf", "t.gguf"]).precision == "float32"  # the default
+    with pytest.raises(SystemExit):
+        train_eagle.parse_args(["--work", "w", "--target", "m", "--out", "o", "--generate-precision", "bfloat16"])
+    assert "--generate-precision bfloat16: only the PyTorch trainer" in capsys.readouterr().err
+    assert train_eagle.parse_args(["--work", "w", "--gguf", "t.gguf"]).generate_precision == "float32"
 
 
 @pytest.mark.demo

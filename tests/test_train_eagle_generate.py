@@ -80,3 +80,20 @@ def test_the_buffered_cache_holds_what_concatenation_would():
     keys, values = cache.update(ks[0][keep], vs[0][keep], 0)
     assert torch.equal(keys, torch.cat([*(k[keep] for k in ks), ks[0][keep]], dim=2))
     assert torch.equal(values, torch.cat([*(v[keep] for v in vs), vs[0][keep]], dim=2))
+
+
+def test_bfloat16_generation_gives_float32s_features_to_bfloat16s_precision():
+    """--generate-precision bfloat16: the features of the same fed tokens (the prompts', before
+    any answer can part at a near tie) are float32's within bfloat16's rounding through the
+    target's layers, and differ from them (autocast engaged)."""
+    model = _model()
+    rng = np.random.default_rng(1)
+    prompts = [list(rng.integers(1, V, n)) for n in (6, 9, 7)]
+    out = {}
+    for precision in ("float32", "bfloat16"):
+        with train_eagle.step_arithmetic(precision):
+            out[precision] = _gen(model, prompts, eos=-1)
+    for p, a, b in zip(prompts, out["float32"], out["bfloat16"]):
+        fa, fb = (r[1][:len(p)].astype(np.float32) for r in (a, b))
+        rel = np.sqrt(((fa - fb) ** 2).mean() / (fa ** 2).mean())
+        assert 0 < rel < 8 * 2.0 ** -8, rel  # a few bfloat16 roundings (2^-8 each) through 2 layers
