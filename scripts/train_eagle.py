@@ -263,7 +263,8 @@ def data_tag(args) -> str:
 
 
 def gen_dir(args, work: Path) -> Path:
-    return work / f"eagle-gen{data_tag(args)}"
+    prec = getattr(args, "generate_precision", "float32")
+    return work / ("eagle-gen" if prec == "float32" else f"eagle-gen-{prec}")
 
 
 def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
@@ -979,7 +980,7 @@ def parse_args(argv=None):
                         "bfloat16 autocasts them, 4.1x as fast on a 2-core CPU with bfloat16 dot products. Its "
                         "features differ from float32's by about 1 %% RMS (the training noise is 5.8 %%) and about "
                         "half its greedy answers part from float32's at a near tie; its answers are kept apart "
-                        "(eagle-gen-gen-bfloat16 in --work) and never mixed with float32's")
+                        "(eagle-gen-bfloat16 in --work) and never mixed with float32's")
     p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--init", metavar="HEAD",
                    help="continue training this exported head (a folder or builtin:NAME, e.g. builtin:smollm2-eagle) "

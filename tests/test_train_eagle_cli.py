@@ -52,7 +52,7 @@ def test_bfloat16_answers_are_kept_apart_from_float32s(tmp_path):
 
     f32, b16 = _args(generate_precision="float32"), _args(generate_precision="bfloat16")
     assert train_eagle.gen_dir(f32, tmp_path) == tmp_path / "eagle-gen"  # earlier work dirs still resume
-    assert train_eagle.gen_dir(b16, tmp_path) != train_eagle.gen_dir(f32, tmp_path)
+    assert train_eagle.gen_dir(b16, tmp_path) == tmp_path / "eagle-gen-bfloat16"  # as --help names it
     vocabs = []
     for args, token in ((f32, 7), (b16, 9)):  # the same count of answers, other tokens
         args.draft_vocab, args.vocab_size, args.init_head = 1, 16, None
