@@ -72,6 +72,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------- stage 2: answers + features
 
+def step_arithmetic(precision: str):
+    """The context a PyTorch pass runs in: bfloat16 (--precision for training steps,
+    --generate-precision for the target's passes) autocasts its matmuls to bfloat16; the weights
+    (and in training their gradients and the optimiser's state) stay float32."""
+    import torch
+
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16")
+
+
 def load_target(gguf: Path):
     """(tokenizer, fp32 torch model with weights rounded to bfloat16, the engine's CPU precision)."""
     import torch
@@ -854,14 +863,6 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
                 "sequences": len(train), "entries": ntok, "history": history,
                 "init": init["lineage"] if init else None, "precision": args.precision}, final)
     return final
-
-
-def step_arithmetic(precision: str):
-    """The context a training step's forward runs in: --precision bfloat16 autocasts its matmuls
-    to bfloat16 (the weights, their gradients and the optimiser's state stay float32)."""
-    import torch
-
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16")
 
 
 def evaluate(head, emb, w_draft, held, args, context=None):
