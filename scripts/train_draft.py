@@ -196,6 +196,26 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_
     return rows
 
 
+GEN_BATCH = 48  # the answers' default batch: its shards keep the names they always had
+
+
+def batch_mark(args) -> str:
+    """The suffix of shards a --gen-batch other than the default writes. Batch n of another size
+    holds other prompts, so it must never pass for a finished shard of this size."""
+    return "" if args.gen_batch == GEN_BATCH else f"-b{args.gen_batch}"
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return n
+
+
 def plan_batches(args, prompts: dict) -> list:
     """(shard name, temperature, [(split, prompt index, temperature)]) per generate batch: held-out
     prompts greedily, train prompts alternately greedy (even index) and at T, then each prompt
@@ -213,7 +233,8 @@ def plan_batches(args, prompts: dict) -> list:
     batches = []
     for (sp, temp), js in sorted(groups.items(), key=lambda kv: (kv[0][0] != "held_out", kv[0][0], kv[0][1])):
         for b in range(0, len(js), args.gen_batch):
-            batches.append((f"{sp}-t{temp:g}-{b // args.gen_batch:03d}", temp, js[b:b + args.gen_batch]))
+            batches.append((f"{sp}-t{temp:g}-{b // args.gen_batch:03d}{batch_mark(args)}", temp,
+                            js[b:b + args.gen_batch]))
 
     def interleaved(prefix):  # greedy and sampled batches alternate, so a stopped run has both kinds
         greedy = [b for b in batches if b[0].startswith(prefix) and b[1] == 0]
@@ -538,7 +559,8 @@ def parse_args(argv=None):
     p.add_argument("--max-new", type=int, default=128, help="answer tokens per prompt at most")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-k", type=int, default=32, help="soft labels kept per answer position")
-    p.add_argument("--gen-batch", type=int, default=48)
+    p.add_argument("--gen-batch", type=positive_int, default=GEN_BATCH,
+                   help="prompts answered together (more is faster on many cores; another size writes its own shards)")
     # model
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)

@@ -1,10 +1,13 @@
 """scripts/train_draft.py without torch: its run tags (the trained draft is cached under a name
 made from its answer shards and settings, so more prompts or another setting never export a
 stale draft, and a rerun with the same ones reuses its own) and its generate plan with
---prompt-file (every prompt answered once, files after the templates, shards named by content)."""
+--prompt-file (every prompt answered once, files after the templates, shards named by content
+and by a batch size other than the default)."""
 import json
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import train_draft  # noqa: E402
@@ -49,7 +52,7 @@ def test_generate_plan_answers_every_prompt_once_files_last(tmp_path):
     planned = train_draft.plan_batches(args, _prompts(10, 2, files))
     assert planned[:len(plain)] == plain  # a file appends batches: the templates' shards and seeds stay
     names = [b[0] for b in planned]
-    assert names[0] == "held_out-t0-000" and len(set(names)) == len(names)
+    assert names[0] == "held_out-t0-000-b3" and len(set(names)) == len(names)
     extra = planned[len(plain):]
     assert all(b[0].startswith(key + "-t") for b in extra)
     jobs = [j for b in planned for j in b[2]]
@@ -59,3 +62,22 @@ def test_generate_plan_answers_every_prompt_once_files_last(tmp_path):
         assert j[2] == (0.0 if j[0] == "held_out" or j[1] % 2 == 0 else args.temperature)
     assert all(j[2] == b[1] for b in planned for j in b[2])  # one temperature per batch
     assert [b[1] for b in extra[:2]] == [0.0, args.temperature]  # interleaved, so a stopped run has both
+
+
+def test_another_batch_size_never_takes_the_defaults_shards():
+    """Shard n of 48 prompts is not shard n of 96: another --gen-batch writes shards of its own
+    names (a work dir answered at 48 keeps its names and resumes), never reading 48's as done."""
+    default = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w"])
+    assert default.gen_batch == 48
+    wide = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--gen-batch", "96"])
+    plan = {a.gen_batch: train_draft.plan_batches(a, _prompts(200, 4)) for a in (default, wide)}
+    assert plan[48][0][0] == "held_out-t0-000" and plan[48][1][0] == "train-t0-000"
+    assert not {b[0] for b in plan[48]} & {b[0] for b in plan[96]}
+    assert all(len(b[2]) <= 96 for b in plan[96]) and max(len(b[2]) for b in plan[96]) == 96
+
+
+@pytest.mark.parametrize("bad", ["0", "-4", "x", "1.5"])
+def test_a_batch_size_must_be_a_whole_number(bad, capsys):
+    with pytest.raises(SystemExit):
+        train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--gen-batch", bad])
+    assert "give a whole number of at least 1" in capsys.readouterr().err

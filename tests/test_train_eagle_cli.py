@@ -62,6 +62,23 @@ def test_bfloat16_answers_are_kept_apart_from_float32s(tmp_path):
     assert len(list(tmp_path.glob("vocab-*.npy"))) == 2
 
 
+def test_another_answer_batch_has_its_own_shards_vocabulary_and_runs():
+    """Batch n of 192 prompts holds other prompts than batch n of 48 (and other ones at T): its
+    shards, vocabulary and runs are named apart. The held-out shard is one batch at any size."""
+    prompts = {"held_out": [{"prompt": "h"}] * 3, "train": [{"prompt": "t"}] * 400}
+    plans = {n: train_eagle.gen_batches(_args(gen_batch=n, temperature=0.7), prompts) for n in (48, 192)}
+    assert [b[0] for b in plans[48][:3]] == ["held_out-000", "train-000", "train-001"]  # the names of old
+    assert plans[192][0] == plans[48][0]
+    assert not {b[0] for b in plans[48][1:]} & {b[0] for b in plans[192][1:]}
+    assert sorted(i for b in plans[192][1:] for _, i in b[2]) == list(range(400))
+    train = [None] * 400
+    tags = {train_eagle.run_tag(_args(gen_batch=n, generate_precision=p), train)
+            for n in (48, 192) for p in ("float32", "bfloat16")}
+    assert len(tags) == 4
+    assert train_eagle.data_tag(_args(gen_batch=192, generate_precision="bfloat16")) == "-gen-bfloat16-batch192"
+    assert train_eagle.gen_dir(_args(gen_batch=192), Path("w")) == Path("w") / "eagle-gen"  # names differ
+
+
 def test_continuing_a_head_is_its_own_run():
     train = [None] * 10
     a = train_eagle.run_tag(_args(init_head={"digest": "aaaaaaaaaa"}), train)
