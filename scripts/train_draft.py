@@ -560,7 +560,7 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-k", type=int, default=32, help="soft labels kept per answer position")
     p.add_argument("--gen-batch", type=positive_int, default=GEN_BATCH,
-                   help="prompts answered together (more is faster on many cores; another size writes its own shards)")
+                   help="prompts answered together (another size writes its own shards)")
     # model
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
