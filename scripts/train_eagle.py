@@ -282,8 +282,10 @@ def data_tag(args) -> str:
 
 
 def gen_dir(args, work: Path) -> Path:
-    """The answers' shards: float32's in eagle-gen, bfloat16's in eagle-gen-bfloat16."""
-    return work / "-".join(["eagle-gen"] + [m for m in answer_marks(args) if not m.startswith("batch")])
+    """The answers' shards: float32's in eagle-gen, bfloat16's in eagle-gen-bfloat16 (another
+    --gen-batch's shards sit beside the default's, named apart by `gen_batches`)."""
+    prec = getattr(args, "generate_precision", "float32")
+    return work / ("eagle-gen" if prec == "float32" else f"eagle-gen-{prec}")
 
 
 def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
