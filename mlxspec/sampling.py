@@ -40,14 +40,30 @@ class SamplingParams:
 
 def validate(temperature, top_p, top_k, min_p) -> None:
     """Raise InvalidArgumentError naming the bad value and the allowed range."""
-    if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0 or math.isinf(temperature):
-        raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
-    if not isinstance(top_p, (int, float)) or math.isnan(top_p) or not (0.0 < top_p <= 1.0):
-        raise InvalidArgumentError(f"top_p must be in (0, 1] (1 disables it), got {top_p!r}")
+    t, p, m = _real(temperature), _real(top_p), _real(min_p)
+    if t is None or not 0.0 <= t < math.inf:  # NaN fails every comparison
+        raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 = greedy), got {_show(temperature)}")
+    if p is None or not 0.0 < p <= 1.0:
+        raise InvalidArgumentError(f"top_p must be in (0, 1] (1 disables it), got {_show(top_p)}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 disables it), got {top_k!r}")
-    if not isinstance(min_p, (int, float)) or math.isnan(min_p) or not (0.0 <= min_p < 1.0):
-        raise InvalidArgumentError(f"min_p must be in [0, 1) (0 disables it), got {min_p!r}")
+        raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 disables it), got {_show(top_k)}")
+    if m is None or not 0.0 <= m < 1.0:
+        raise InvalidArgumentError(f"min_p must be in [0, 1) (0 disables it), got {_show(min_p)}")
+
+
+def _real(value):
+    """`value` as a float (an int too large for one becomes +-inf), or None if it is not a number."""
+    if not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 # Streams of position-keyed uniforms (one independent stream per use).
@@ -114,7 +130,10 @@ def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
     if params.greedy:
         idx = mx.argmax(logits, axis=-1, keepdims=True)
         return (mx.arange(logits.shape[-1]) == idx).astype(mx.float32)
-    probs = mx.softmax(logits / params.temperature, axis=-1, precise=True)
+    # The maximum first, then the temperature: logits / 1e-40 would overflow to inf (and the row to
+    # NaN), while (logits - max) / t only reaches -inf, which the softmax maps to 0.
+    shifted = logits - mx.max(logits, axis=-1, keepdims=True)
+    probs = mx.softmax(shifted / params.temperature, axis=-1, precise=True)
     keep = None
     if params.top_k > 0 and params.top_k < probs.shape[-1]:
         kth = mx.sort(probs, axis=-1)[..., -params.top_k][..., None]
@@ -124,6 +143,7 @@ def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
         before = cumsum_precise(s) - s  # mass strictly before each sorted entry
         # Value of the entry at which the mass first reaches top_p: the smallest kept value.
         cut = mx.min(mx.where(before < params.top_p, s, mx.inf), axis=-1, keepdims=True)
+        cut = mx.minimum(cut, s[..., :1])  # the top entry always stays: a top_p under float32's range rounds to 0
         k2 = probs >= cut
         keep = k2 if keep is None else keep & k2
     if params.min_p > 0.0:

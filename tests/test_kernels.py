@@ -65,6 +65,15 @@ def test_softmax_top_k_keeps_ties_at_the_threshold():
     assert (np.array(out)[0] > 0).tolist() == [True, True, True, True, False, False]
 
 
+@needs_gxx
+def test_softmax_tiny_temperature_is_the_argmax_like_the_reference():
+    logits = mx.array([[1.0, 30.0, 3.0, 30.0], [-2.0, 0.5, 0.4, -50.0]])
+    for t in (1e-30, 1e-40):
+        out = softmax.launch(SOFTMAX, logits, SamplingParams(t))
+        np.testing.assert_array_equal(np.array(out), np.array(probabilities(logits, SamplingParams(t))))
+        np.testing.assert_array_equal(np.array(out), [[0, 0.5, 0, 0.5], [0, 1, 0, 0]])
+
+
 # ---- verification ---------------------------------------------------------------------------
 
 @needs_gxx

@@ -47,3 +47,33 @@ def test_ties_at_threshold_are_kept():
     logits = mx.array([[2.0, 1.0, 1.0, 1.0, 0.0]])
     p = np.array(probabilities(logits, SamplingParams(1.0, top_k=2)))[0]
     assert (p[:4] > 0).all() and p[4] == 0
+
+
+@pytest.mark.parametrize("t", [1e-30, 1e-40, 5e-45])
+def test_tiny_temperature_is_the_argmax_not_nan(t):
+    # logits / 1e-40 overflows float32; the row must still be the T -> 0 limit: the argmax,
+    # ties sharing the mass.
+    logits = mx.array([[1.0, 30.0, 3.0, 30.0], [-2.0, 0.5, 0.4, -50.0]])
+    p = np.array(probabilities(logits, SamplingParams(t)))
+    assert np.isfinite(p).all()
+    np.testing.assert_allclose(p, [[0, 0.5, 0, 0.5], [0, 1, 0, 0]], atol=1e-7)
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1e-45, 1e-8])
+def test_top_p_below_every_mass_keeps_the_top_token(top_p):
+    # 1e-300 rounds to 0 in float32: the smallest kept set must still hold the top token.
+    logits = mx.array(np.random.default_rng(1).normal(size=(3, 40)).astype(np.float32))
+    p = np.array(probabilities(logits, SamplingParams(1.0, top_p=top_p)))
+    assert np.isfinite(p).all()
+    np.testing.assert_array_equal(p, np.eye(40)[np.argmax(np.array(logits), -1)])
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", 10 ** 400), ("temperature", -(10 ** 400)), ("top_p", 10 ** 400), ("min_p", -(10 ** 400)),
+    ("temperature", float("nan")), ("top_p", float("nan")), ("min_p", float("nan")), ("temperature", "0.7"),
+], ids=lambda v: v if isinstance(v, str) else repr(v)[:12])
+def test_out_of_range_numbers_are_invalid_arguments(field, value):
+    from mlxspec.errors import InvalidArgumentError
+    with pytest.raises(InvalidArgumentError, match=field) as e:
+        SamplingParams(**{field: value})
+    assert len(str(e.value)) < 120  # a 400-digit number is not echoed back whole

@@ -44,10 +44,11 @@ def compare_probabilities(kernel_out: mx.array, logits: mx.array, params: Sampli
     if params.greedy:
         ok = np.array_equal(a, r)
         return Verdict(ok, max_error, detail="" if ok else "greedy one-hot rows differ")
-    z = _np(logits.astype(mx.float32) / params.temperature).reshape(a.shape).astype(np.float64)
+    shifted = logits.astype(mx.float32) - mx.max(logits.astype(mx.float32), axis=-1, keepdims=True)
+    z = _np(shifted / params.temperature).reshape(a.shape).astype(np.float64)
     e = np.exp(z - z.max(-1, keepdims=True))
     p64 = e / e.sum(-1, keepdims=True)  # exact softmax of the scaled logits
-    r0 = _np(mx.softmax(logits.astype(mx.float32) / params.temperature, axis=-1, precise=True)).reshape(a.shape)
+    r0 = _np(mx.softmax(shifted / params.temperature, axis=-1, precise=True)).reshape(a.shape)
     excused = 0
     for row in range(a.shape[0]):
         ka, kr = a[row] > 0, r[row] > 0

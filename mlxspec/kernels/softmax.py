@@ -2,7 +2,7 @@
 
 One launch for a batch of rows, one threadgroup per row, float32 accumulation. It equals
 `mlxspec.sampling.probabilities` (the reference, wrapped below):
-  p = softmax(logits / temperature); keep p >= max(t_k, t_p, t_min); renormalise,
+  p = softmax((logits - max) / temperature); keep p >= max(t_k, t_p, t_min); renormalise,
 where every filter is a *value* threshold, so ties at a threshold are kept:
   t_k   = the k-th largest p (the largest t with #{p >= t} >= k),
   t_p   = the smallest present p whose strictly-larger mass is < top_p,
@@ -57,17 +57,18 @@ SOURCE = THREAD_IDS + r"""
     return;
   }
 
-  // Pass 1: the maximum of logits / temperature.
+  // Pass 1: the maximum logit. Subtracted before dividing (as the reference does), so a tiny
+  // temperature sends the others to -inf instead of every logit to inf and the row to NaN.
   float m = -INFINITY;
   for (int i = tid; i < V; i += ntg) {
-    m = metal::max(m, static_cast<float>(x[i]) / temperature);
+    m = metal::max(m, static_cast<float>(x[i]));
   }
   m = tg_max(m, sf, sg, lane, nsg);
 
-  // Pass 2: e = exp(z - max) (exactly 0 for masked -inf logits in safe math) and its sum.
+  // Pass 2: e = exp((x - max) / temperature) (exactly 0 for masked -inf logits in safe math) and its sum.
   float s = 0.0f;
   for (int i = tid; i < V; i += ntg) {
-    float e = metal::exp(static_cast<float>(x[i]) / temperature - m);
+    float e = metal::exp((static_cast<float>(x[i]) - m) / temperature);
     y[i] = e;
     s += e;
   }
