@@ -9,11 +9,23 @@ from .errors import InvalidArgumentError
 MAX_DRAFT = 32  # largest draft length a request may ask for (caches keep this much rollback room)
 
 
+def check_text(text: str, what: str = "prompt") -> str:
+    """`text` itself, if it is text a tokenizer can encode; InvalidArgumentError naming the
+    character otherwise (a lone surrogate such as JSON's "\\ud800" is not Unicode text)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(f"{what} is not valid Unicode text: character {e.start} is {text[e.start]!r} "
+                                   f"({e.reason}); send UTF-8 text, with surrogates only in pairs") from None
+    return text
+
+
 def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
     """str (used as is), list[int], or a list of chat messages {"role", "content"} -> ids."""
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidArgumentError("prompt is empty: give a non-empty string, token-id list or message list")
+        check_text(prompt)
         if tokenizer is None:
             raise InvalidArgumentError("a text prompt needs a tokenizer; this engine has none (pass token ids)")
         bos = getattr(tokenizer, "bos_token", None)
@@ -24,6 +36,8 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
         for i, m in enumerate(prompt):
             if "role" not in m or "content" not in m:
                 raise InvalidArgumentError(f"message {i} must have 'role' and 'content' keys, got {sorted(m)}")
+            if isinstance(m["content"], str):
+                check_text(m["content"], f"message {i}'s content")
         text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
         ids = tokenizer.encode(text, add_special_tokens=False)
     elif isinstance(prompt, (list, tuple)):

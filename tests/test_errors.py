@@ -56,6 +56,8 @@ def test_bad_generation_arguments(engine, kwargs, match):
     ([5, "x"], "integers"),
     ([{"role": "user"}], "content"),
     (3.14, "prompt must be"),
+    ("a\ud800", "not valid Unicode text"),
+    ([{"role": "user", "content": "\udc00"}], "message 0's content is not valid Unicode"),
 ])
 def test_bad_prompts(engine, prompt, match):
     with pytest.raises(InvalidArgumentError, match=match):

@@ -107,6 +107,19 @@ def test_bad_completion_fields_are_400(server, body, param, says):
     assert_error(post(server[0], "/v1/completions", body), 400, param=param, says=says)
 
 
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+     "messages[0].content[0].text"),
+    ("/v1/completions", {"prompt": "\ud800"}, "prompt"),
+])
+def test_lone_surrogates_are_400(server, path, body, param):
+    # Valid JSON ("\ud800" escaped), but not text a tokenizer can encode: the client's fault, not
+    # an engine failure (which would be a 500 and drop the engine's caches).
+    r = post(server[0], path, content=json.dumps(body).encode("ascii"), headers={"content-type": "application/json"})
+    assert_error(r, 400, param=param, says="not valid Unicode text")
+
+
 def test_token_ids_outside_the_vocabulary_are_400(server):
     assert_error(post(server[0], "/v1/completions", {"prompt": [1, 2, 10**6]}), 400, says="outside the vocabulary")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import InvalidArgumentError
-from ..prompts import check_max_tokens, check_num_draft, check_seed, check_stop
+from ..prompts import check_max_tokens, check_num_draft, check_seed, check_stop, check_text
 from ..sampling import validate as validate_sampling
 from .errors import invalid, unsupported
 from .options import ServeOptions
@@ -146,7 +146,7 @@ def _messages(messages) -> List[dict]:
 def _content(content, param: str) -> str:
     """A string, or a list of {"type": "text", "text": ...} parts (joined with newlines)."""
     if isinstance(content, str):
-        return content
+        return _check(lambda text: check_text(text, param), content, param)
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
@@ -154,7 +154,8 @@ def _content(content, param: str) -> str:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise invalid(f"{param}[{j}] must be a text part {{\"type\": \"text\", \"text\": \"...\"}}; "
                               f"only text is supported, got {_show(kind)}", f"{param}[{j}]")
-            texts.append(part["text"])
+            where = f"{param}[{j}].text"
+            texts.append(_check(lambda text: check_text(text, where), part["text"], where))
         return "\n".join(texts)
     raise invalid(f"{param} must be a string or a list of text parts, got {_show(content)}", param)
 
@@ -166,7 +167,7 @@ def _completion_prompt(prompt):
     if isinstance(prompt, str):
         if not prompt:
             raise invalid("prompt is empty: give a non-empty string", "prompt")
-        return prompt
+        return _check(check_text, prompt, "prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return prompt
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
