@@ -5,7 +5,10 @@ import math
 import threading
 import time
 
+import pytest
+
 from mlxspec.serve import queue as q
+from mlxspec.serve.errors import APIError
 from mlxspec.stats import GenerationStats, TokenEvent
 
 
@@ -67,3 +70,22 @@ def test_the_first_tokens_and_the_end_are_not_held_back(monkeypatch):
     first, rest, done, waited = asyncio.run(main())
     assert [ev.token for ev in first + (rest or [])] == [0, 1, 2] and done is None
     assert waited < 10
+
+
+def test_the_queue_limit_counts_waiting_jobs_not_the_one_about_to_run():
+    # The worker is not started, so every job stays where submit put it: as just after
+    # submission, before the idle worker has taken the first.
+    async def main(running):
+        queue = q.EngineQueue(engine=None, limit=1)
+        if running:
+            queue.running = q.Job("busy", {}, asyncio.get_running_loop())
+        accepted = [queue.submit("a", {})]
+        with pytest.raises(APIError) as refused:
+            while len(accepted) < 5:
+                accepted.append(queue.submit("b", {}))
+        return len(accepted), refused.value
+
+    for running, expected in ((False, 2), (True, 1)):  # idle: one to run + one waiting; busy: one waiting
+        n, error = asyncio.run(main(running))
+        assert n == expected
+        assert error.status == 429 and "1 requests wait" in error.message

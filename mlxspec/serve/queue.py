@@ -161,9 +161,12 @@ class EngineQueue:
         if self.closed:
             raise shutting_down()
         with self._lock:
-            if len(self._waiting) >= self.limit:
+            # With no job running, the first in line is about to run (the worker has yet to take
+            # it): it waits for no slot, so `--queue 1` accepts one running and one waiting.
+            ahead = len(self._waiting) - (self.running is None)
+            if ahead >= self.limit:
                 retry = self.retry_after()
-                raise APIError(429, f"the server is busy: {len(self._waiting)} requests wait for the model already "
+                raise APIError(429, f"the server is busy: {ahead} requests wait for the model already "
                                f"(--queue {self.limit}); retry after about {retry} s", code="queue_full",
                                headers={"Retry-After": str(retry)})
             job = Job(prompt, options, asyncio.get_running_loop())
