@@ -44,6 +44,8 @@ CHAT_CASES = [
     ({"messages": HI, "top_p": 0}, "top_p", "(0, 1]"),
     ({"messages": HI, "top_k": 1.5}, "top_k", "integer"),
     ({"messages": HI, "min_p": 1}, "min_p", "[0, 1)"),
+    ({"messages": HI, "temperature": 10**400}, "temperature", "finite number"),  # past float's range
+    ({"messages": HI, "top_p": -(10**400)}, "top_p", "(0, 1]"),
     ({"messages": HI, "max_tokens": 0}, "max_tokens", ">= 1"),
     ({"messages": HI, "max_tokens": "10"}, "max_tokens", "integer"),
     ({"messages": HI, "max_completion_tokens": -5}, "max_completion_tokens", ">= 1"),
@@ -198,6 +200,27 @@ def test_numerical_error_mid_stream_ends_it_with_an_error_event_and_the_next_req
         after = openai_client(url).chat.completions.create(model="m", messages=HI, max_tokens=12)
     fresh = poisonable_engine().generate(HI, max_tokens=12)
     assert after.choices[0].message.content == fresh.text
+
+
+def test_an_unforeseen_failure_is_500_and_the_connection_stays_open():
+    engine = poisonable_engine()
+    with running_server(engine, model_id="tiny") as (url, uv):
+        state = uv.config.app.state.mlxspec
+        calls = []
+
+        def note_model(name):  # fails once, as a bug in a route would
+            calls.append(name)
+            if len(calls) == 1:
+                raise RuntimeError("a bug")
+
+        state.note_model = note_model
+        with httpx.Client(timeout=TIMEOUT) as client:
+            body = {"messages": HI, "max_tokens": 2}
+            r = client.post(f"{url}/v1/chat/completions", json=body)
+            assert_error(r, 500, code="internal_error", says="RuntimeError")
+            r = client.post(f"{url}/v1/chat/completions", json=body)  # the same keep-alive connection
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+        assert len(calls) == 2
 
 
 def test_the_server_still_answers_after_all_of_that(server):

@@ -95,6 +95,17 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
 # -- generation --------------------------------------------------------------------------------------
 def _endpoint(parse: Callable) -> Callable:
     async def endpoint(request: Request) -> Response:
+        try:
+            return await answer(request)
+        except (APIError, HTTPException):
+            raise
+        except Exception as e:
+            # Answered here, not by the app-wide handler: Starlette re-raises what reaches that one
+            # after answering, and the server then drops the client's keep-alive connection.
+            log.error("%s %s failed", request.method, request.url.path, exc_info=e)
+            raise _internal(e) from e
+
+    async def answer(request: Request) -> Response:
         state: ServerState = request.app.state.mlxspec
         req = parse(await read_json(request, state.options.max_body_size), state.options)
         state.note_model(req.model)
@@ -279,8 +290,12 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
+    return _internal(exc).response()
+
+
+def _internal(exc: Exception) -> APIError:
     return APIError(500, f"internal server error ({type(exc).__name__}); the details are in the server's log",
-                    code="internal_error").response()
+                    code="internal_error")
 
 
 def _target_ref(engine) -> Optional[str]:
