@@ -15,6 +15,7 @@ from .errors import (  # noqa: E402
     MlxSpecError,
     ModelNotFoundError,
     NumericalError,
+    StreamOvertakenError,
 )
 from . import blas as _blas  # noqa: E402
 
@@ -52,4 +53,5 @@ __all__ = [
     "ModelNotFoundError",
     "ContextLengthError",
     "NumericalError",
+    "StreamOvertakenError",
 ]

@@ -13,7 +13,7 @@ request from rank 0), and rank 0 makes every decision (`mlxspec.distributed`).
 from __future__ import annotations
 
 from dataclasses import astuple
-from typing import Dict, Iterable, Iterator, Optional
+from typing import Callable, Dict, Iterable, Iterator, Optional
 
 import mlx.core as mx
 
@@ -83,6 +83,8 @@ class Engine:
 
     The engine is not thread-safe; one thread at a time may use it. MLX keeps per-thread
     streams: a thread that used the engine and ends should call `mx.clear_streams()`.
+    It runs one generation at a time: a new request ends a stream still open (which raises
+    `StreamOvertakenError` if resumed); `fork()` gives a second engine over the same weights.
     On a GPU call `warmup()` once before timing anything (the first pass of each shape compiles).
     """
 
@@ -161,6 +163,8 @@ class Engine:
                                       prior_draft_ratio=self._prior_draft if name == "model" else None)
                       for name, d in self.drafters.items()}
         self.last_stats: Optional[GenerationStats] = None
+        # The open generation's release (`loop.generate`): a later request calls it to end that one.
+        self.generation: Optional[Callable[[], None]] = None
 
     def set_cost_prior(self, ratios: Optional[Dict[int, float]]) -> None:
         """Start the cost model (and future forks) from these V(j)/V(1) ratios."""
@@ -195,7 +199,10 @@ class Engine:
         return twin
 
     def reset(self) -> None:
-        """Drop every cache (the next request prefills from scratch); learned costs are kept."""
+        """Drop every cache (the next request prefills from scratch); learned costs are kept.
+        A stream still open ends first, as if closed (`StreamOvertakenError` if it resumes)."""
+        if self.generation is not None:
+            self.generation()
         self.target.reset()
         for d in self.drafters.values():
             d.reset()

@@ -27,3 +27,7 @@ class NumericalError(MlxSpecError):
 
 class CacheRollbackError(MlxSpecError):
     """A KV cache was asked to roll back further than it keeps history for."""
+
+
+class StreamOvertakenError(MlxSpecError, RuntimeError):
+    """A stream was resumed after a later generate/stream call on the same engine took it over."""

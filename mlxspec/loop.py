@@ -40,7 +40,7 @@ import mlx.core as mx
 
 from .distributed import history_hash
 from .drafters import Draft
-from .errors import NumericalError
+from .errors import NumericalError, StreamOvertakenError
 from .prompts import MAX_DRAFT
 from . import treeplan
 from .rounds import Pass, plain_step, read, tree_round, verify_round
@@ -86,6 +86,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     if hasattr(drafter, "copying"):  # its greedy chains copy where the text repeats (`drafters.chaincopy`)
         drafter.copying = lookup
     clock = time.perf_counter
+    if engine.generation is not None:  # a stream left open: it ends here, as if closed, and may not resume
+        engine.generation()
     engine.last_stats = stats
     mx.reset_peak_memory()
 
@@ -255,6 +257,20 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     t_resume = t_read
     step = agree(plan()) if dist else plan()
     pending: Optional[Pass] = enqueue(step) if step else None
+
+    def release() -> None:
+        """End this generation's hold on the engine: at its end, or when a later request overtakes it."""
+        nonlocal pending
+        engine.generation = None
+        if pending is not None:  # abandoned mid-round: the in-flight pass never happened
+            target.rollback(pending.fed)
+            pending = None
+        if talking and not coord.broken:  # ended here (stop string, closed stream, error): tell the others
+            coord.decide([1, 0])
+            forget_drafts(engine)
+        engine.finish_stats(stats, name)
+
+    engine.generation = release
     try:
         while pending is not None:
             nxt = None
@@ -360,14 +376,15 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 if end:
                     engine.finish_stats(stats, name)
                 yield TokenEvent(tok, piece, i < n, stats.rounds - 1, done.k, stats, end)
+                if engine.generation is not release:
+                    raise StreamOvertakenError(
+                        "this stream was overtaken: the engine ran another request (or was reset) before it "
+                        "finished, and an engine runs one generation at a time; finish or close a stream "
+                        "before the next request, or give each its own engine (engine.fork())")
                 t_resume = clock()
                 consumer += t_resume - t_yield
                 if end:
                     return
     finally:
-        if pending is not None:  # abandoned mid-round: the in-flight pass never happened
-            target.rollback(pending.fed)
-        if talking and not coord.broken:  # ended here (stop string, closed stream, error): tell the others
-            coord.decide([1, 0])
-            forget_drafts(engine)
-        engine.finish_stats(stats, name)
+        if engine.generation is release:  # not if overtaken: the engine has a new owner
+            release()

@@ -359,3 +359,10 @@ def test_feature_layers_that_do_not_fit_are_refused(deep_target, layered_head, r
     (tmp_path / "model.safetensors").write_bytes((random_head / "model.safetensors").read_bytes())
     with pytest.raises(IncompatibleModelsError, match="fc_layers"):
         load_head(tmp_path, tiny.make_llama(1, layers=1))
+
+
+@pytest.mark.parametrize("num_draft", [None, 3])
+def test_an_overtaken_stream_raises_and_the_engine_stays_right(target, random_head, num_draft):
+    from test_engine import check_overtaken_streams
+
+    check_overtaken_streams(lambda: Engine(target, None, eagle_head=random_head, drafter="eagle", num_draft=num_draft))

@@ -163,6 +163,49 @@ def test_interrupted_consumer_leaves_engine_like_new(target, draft):
     assert e.generate(PROMPT, max_tokens=20).tokens == fresh
 
 
+def check_overtaken_streams(make_engine):
+    """A stream resumed after the engine ran another request (or was reset) raises, and every
+    request the engine runs meanwhile and afterwards decodes as a fresh engine would."""
+    from mlxspec.errors import StreamOvertakenError
+
+    other = list(range(30, 42))
+    fresh = {tuple(p): make_engine().generate(p, max_tokens=20).tokens for p in (PROMPT, other)}
+    e = make_engine()
+    old = e.stream(PROMPT, max_tokens=30)
+    for _ in range(5):  # suspended mid-generation, perhaps with a pass in flight
+        next(old)
+    assert e.generate(other, max_tokens=20).tokens == fresh[tuple(other)]
+    with pytest.raises(StreamOvertakenError, match="overtaken"):
+        next(old)
+    old.close()
+    for n in (1, 4, 9):  # the next turn continues what a suspended stream had said so far
+        old = e.stream(PROMPT, max_tokens=30)
+        said = [next(old).token for _ in range(n)]
+        turn = PROMPT + said + [13, 14]
+        assert e.generate(turn, max_tokens=20).tokens == make_engine().generate(turn, max_tokens=20).tokens
+        with pytest.raises(StreamOvertakenError):
+            next(old)
+    assert e.generate(PROMPT, max_tokens=20).tokens == fresh[tuple(PROMPT)]
+    a = e.stream(PROMPT, max_tokens=20)
+    next(a)
+    b = e.stream(other, max_tokens=20)  # two streams open, interleaved: the newer one owns the engine
+    assert [ev.token for ev in b] == fresh[tuple(other)]
+    with pytest.raises(StreamOvertakenError):
+        next(a)
+    c = e.stream(PROMPT, max_tokens=20)
+    next(c)
+    e.reset()
+    with pytest.raises(StreamOvertakenError):
+        next(c)
+    del a, c  # an overtaken stream's cleanup, when it is collected, must not touch the engine either
+    assert e.generate(PROMPT, max_tokens=20).tokens == fresh[tuple(PROMPT)]
+
+
+@pytest.mark.parametrize("drafter,num_draft", [("model", 2), ("model", None), ("ngram", None), ("none", None)])
+def test_an_overtaken_stream_raises_and_the_engine_stays_right(target, draft, drafter, num_draft):
+    check_overtaken_streams(lambda: Engine(target, None, draft, drafter=drafter, num_draft=num_draft))
+
+
 def test_multi_turn_prefills_only_new_tokens(target, draft):
     e = Engine(target, None, draft, num_draft=2)
     first = e.generate(PROMPT, max_tokens=12)
