@@ -268,6 +268,13 @@ def _copy_entries(cache, src: np.ndarray, dst: np.ndarray) -> None:
         i = j
 
 
+def check_max_kv_size(max_kv_size) -> Optional[int]:
+    """None (no window) or an int >= 5; InvalidArgumentError otherwise."""
+    if max_kv_size is not None and (isinstance(max_kv_size, bool) or not isinstance(max_kv_size, int) or max_kv_size < 5):
+        raise InvalidArgumentError(f"max_kv_size must be an integer >= 5 (4 tokens are always kept), got {max_kv_size!r}")
+    return max_kv_size
+
+
 def make_cache(model, *, max_kv_size: Optional[int] = None, headroom: int = 16) -> List[Any]:
     """Per-layer rollback-capable caches following the model's own `make_cache()` choice.
 
@@ -276,8 +283,7 @@ def make_cache(model, *, max_kv_size: Optional[int] = None, headroom: int = 16) 
     `RotatingKVCache(max_size=W, keep=K)` becomes `WindowKVCache(W, K)`. Any other kind
     (recurrent/SSM state, chunked attention) cannot roll back: IncompatibleModelsError.
     """
-    if max_kv_size is not None and (isinstance(max_kv_size, bool) or not isinstance(max_kv_size, int) or max_kv_size < 5):
-        raise InvalidArgumentError(f"max_kv_size must be an integer >= 5 (4 tokens are always kept), got {max_kv_size!r}")
+    check_max_kv_size(max_kv_size)
     base = model.make_cache() if hasattr(model, "make_cache") else [KVCache() for _ in model.layers]
     out = []
     for i, c in enumerate(base):

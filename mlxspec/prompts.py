@@ -20,6 +20,17 @@ def check_text(text: str, what: str = "prompt") -> str:
     return text
 
 
+def _message_text(content, i: int) -> str:
+    """A message's content: a string, or OpenAI's list of text parts (joined by newlines, as the server does)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text"
+                                         and isinstance(part.get("text"), str) for part in content):
+        return "\n".join(part["text"] for part in content)
+    raise InvalidArgumentError(f"message {i}'s content must be a string or a list of "
+                               f"{{'type': 'text', 'text': str}} parts, got {str(content)[:40]!r}")
+
+
 def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
     """str (used as is), list[int], or a list of chat messages {"role", "content"} -> ids."""
     if isinstance(prompt, str):
@@ -33,12 +44,12 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
     elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
         if tokenizer is None:
             raise InvalidArgumentError("chat messages need a tokenizer with a chat template; this engine has none")
+        messages = []
         for i, m in enumerate(prompt):
             if "role" not in m or "content" not in m:
                 raise InvalidArgumentError(f"message {i} must have 'role' and 'content' keys, got {sorted(m)}")
-            if isinstance(m["content"], str):
-                check_text(m["content"], f"message {i}'s content")
-        text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+            messages.append(dict(m, content=check_text(_message_text(m["content"], i), f"message {i}'s content")))
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = tokenizer.encode(text, add_special_tokens=False)
     elif isinstance(prompt, (list, tuple)):
         if not prompt:
@@ -108,10 +119,14 @@ def check_stop(stop) -> List[str]:
     return [s for s in stop if s]
 
 
+MAX_SEED = 2**64  # 64 bits of a seed key the random streams (`sampling.position_uniforms`): more would alias
+
+
 def check_seed(seed) -> Optional[int]:
     if seed is None:
         return None
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InvalidArgumentError(f"seed must be None or an integer >= 0, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+        shown = repr(seed) if len(repr(seed)) <= 40 else f"{repr(seed)[:20]}..."
+        raise InvalidArgumentError(f"seed must be None or an integer >= 0 and < 2**64, got {shown}")
     return seed
 

@@ -58,6 +58,9 @@ def test_bad_generation_arguments(engine, kwargs, match):
     (3.14, "prompt must be"),
     ("a\ud800", "not valid Unicode text"),
     ([{"role": "user", "content": "\udc00"}], "message 0's content is not valid Unicode"),
+    ([{"role": "user", "content": None}], "message 0's content must be a string"),
+    ([{"role": "system", "content": "be brief"}, {"role": "user", "content": 5}], "message 1's content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "parts, got"),
 ])
 def test_bad_prompts(engine, prompt, match):
     with pytest.raises(InvalidArgumentError, match=match):
@@ -133,3 +136,13 @@ def test_nan_logits_raise_and_engine_recovers():
     p.on = False
     assert first.token == fresh[0]
     assert e.generate(PROMPT, max_tokens=10).tokens == fresh
+
+
+def test_text_parts_read_as_the_joined_string():
+    from mlxspec.prompts import encode_prompt
+
+    tok = tiny.make_tokenizer()
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]}]
+    joined = [{"role": "user", "content": "hello\nworld"}]
+    assert encode_prompt(parts, tok, tiny.VOCAB) == encode_prompt(joined, tok, tiny.VOCAB)
+    assert parts[0]["content"][0]["text"] == "hello"  # the caller's messages are not changed

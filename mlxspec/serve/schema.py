@@ -21,7 +21,6 @@ from .options import ServeOptions
 
 ROLES = ("system", "user", "assistant")  # what a chat template renders; "developer" is read as "system"
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
-MAX_SEED = 2**64  # MLX's random keys take 64-bit seeds
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 
 
@@ -85,8 +84,6 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
         sampling[key] = value
     opts.update(sampling)
     opts["seed"] = _check(check_seed, body.get("seed"), "seed")
-    if opts["seed"] is not None and opts["seed"] >= MAX_SEED:
-        raise invalid(f"seed must be an integer in [0, 2**64), got {opts['seed']}", "seed")
     stop = _check(check_stop, body.get("stop"), "stop")
     if len(stop) > MAX_STOP:
         raise invalid(f"stop takes at most {MAX_STOP} strings, got {len(stop)}", "stop")
