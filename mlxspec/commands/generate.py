@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..errors import InvalidArgumentError
-from .argtypes import num_draft, on_off, tree
+from .argtypes import num_draft, on_off, seed, tree
 from .modelargs import add_distributed_arg, quiet_unless_main
 
 
@@ -43,9 +43,10 @@ def register(subparsers) -> None:
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus threshold in (0, 1]; 1 disables (default: 1)")
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens; 0 disables (default: 0)")
     p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P x the top probability; 0 disables (default: 0)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: none)")
+    p.add_argument("--seed", type=seed, default=None, help="random seed for sampling (default: none)")
     p.add_argument("--num-draft", type=num_draft, default=None, metavar="auto|N",
-                   help="tokens drafted per round: 'auto' (the cost model picks) or a number >= 1 (default: the engine's)")
+                   help="tokens drafted per round: 'auto' (the cost model picks) or a number in 0..32, 0 decoding plainly "
+                        "(default: the engine's)")
     p.add_argument("--tree", type=tree, default=None, metavar="auto|off|N",
                    help="draft trees: auto (default: the cost model sizes them), off (chains only), or a node cap")
     p.add_argument("--lookup", type=on_off, default=None, metavar="on|off",
@@ -68,6 +69,7 @@ def run(args) -> int:
     # Checked before loading (seconds to minutes), where it can be: the other ranks of a sharded
     # target get no stdin, so there rank 0 reads it after the load.
     text = None if args.prompt == "-" and args.distributed else _prompt_text(args.prompt)
+    _check_options(args)
     engine = load(args.target or args.pair or "demo", args.draft, dtype=args.dtype, drafter=args.drafter,
                   max_kv_size=args.max_kv_size, num_draft=args.num_draft, tree=args.tree, head=args.head,
                   distributed=args.distributed)
@@ -85,12 +87,21 @@ def run(args) -> int:
                           "stats": dict(result.stats), "pair": engine.pair_name,
                           "target": _describe(engine.target_info), "draft": _describe(engine.draft_info)}))
         return 0
-    print(load_line(engine, args.drafter or args.draft), file=sys.stderr, flush=True)
+    print(load_line(engine), file=sys.stderr, flush=True)
     stats = _stream(engine, prompt, options)
     print(file=sys.stdout, flush=True)
     if stats:
         print(stats_line(stats), file=sys.stderr)
     return 0
+
+
+def _check_options(args) -> None:
+    """The request's settings, by the engine's own rules (it checks them again), before the load."""
+    from ..prompts import check_max_tokens
+    from ..sampling import SamplingParams
+
+    SamplingParams(args.temperature, args.top_p, args.top_k, args.min_p)
+    check_max_tokens(args.max_tokens)
 
 
 def _prompt_text(prompt: str) -> str:
@@ -128,22 +139,18 @@ def _describe(info):
     return {"ref": info.ref, "weights_bytes": info.weights_bytes, "dtype": info.dtype, "stored": info.quantization}
 
 
-def load_line(engine, drafter=None) -> str:
-    """One line on what was loaded: references, precision and weights sizes."""
+def load_line(engine) -> str:
+    """One line on what was loaded (references, precision, weights sizes) and which drafter drafts."""
     def one(info):
         return f"{info.ref} ({info.weights_bytes / 2**20:.0f} MiB {info.dtype}, stored {info.quantization})"
 
-    if engine.draft_info:
-        draft = one(engine.draft_info)
-    else:
-        from ..loading.registry import get_pair
-
-        pair = get_pair(engine.pair_name) if engine.pair_name else None
-        draft = drafter or (pair.draft if pair else "none (the engine's default drafter)")
     prefix = f"pair {engine.pair_name}: " if engine.pair_name else ""
+    draft = one(engine.draft_info) if engine.draft_info else "no draft model"
+    head = getattr(engine, "head_ref", None)
     # A pair's draft model stays loaded when its default drafter on this backend is another one.
     used = getattr(engine, "default_drafter", None)
-    return f"{prefix}target {one(engine.target_info)}; draft {draft}" + (f"; drafter {used}" if used else "")
+    return (f"{prefix}target {one(engine.target_info)}; {'draft ' if engine.draft_info else ''}{draft}"
+            + (f"; head {head}" if head else "") + (f"; drafter {used}" if used else ""))
 
 
 def stats_line(stats) -> str:

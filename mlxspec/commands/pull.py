@@ -44,5 +44,10 @@ def run(args) -> int:
     pair = get_pair(args.name)
     refs = [pair.target] + ([pair.draft] if pair.draft_is_model else []) if pair else [args.name]
     for ref in refs:
-        print(f"{ref}: {resolve_model(ref, download=True).path}")
+        found = resolve_model(ref, download=True)
+        if found.source == "local" and found.format == "gguf":
+            from ..loading.gguf_header import read_tensor_table
+
+            read_tensor_table(found.path)  # nothing to fetch, but a file that is no GGUF is said now
+        print(f"{ref}: {found.path}")
     return 0

@@ -50,18 +50,20 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         **kw: `download` (bool, default True) -- fetch models that are not cached.
 
     Returns:
-        An `Engine` with attributes `target_info`, `draft_info` (ModelInfo or None) and
-        `pair_name` (str or None).
+        An `Engine` with attributes `target_info`, `draft_info` (ModelInfo or None), `head_ref`
+        (the EAGLE head's reference, or None) and `pair_name` (str or None).
 
     Raises:
         ModelNotFoundError, IncompatibleModelsError, InvalidArgumentError, MlxSpecError
         (DistributedError when the ranks' weights or tokenizers differ, or one failed to load).
     """
+    from ..cache import check_max_kv_size
     from ..compat import check_tokenizers
 
     download = kw.pop("download", True)
     if kw:
         raise InvalidArgumentError(f"[load] unknown keyword arguments {sorted(kw)}; allowed: download")
+    check_max_kv_size(max_kv_size)  # before minutes of loading
     if isinstance(drafter, str) and drafter not in DRAFTERS:
         raise InvalidArgumentError(f"[load] drafter must be one of {DRAFTERS}, an object or None, got {drafter!r}")
     pair = resolve_pair(target)
@@ -115,6 +117,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
                     **({"eagle_head": head_path} if head_path is not None else {}))
     engine.target_info = target_info
     engine.draft_info = draft_info
+    engine.head_ref = head_ref if head_path is not None else None
     engine.pair_name = pair.name if pair else None
     return engine
 

