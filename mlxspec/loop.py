@@ -376,6 +376,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 if end:
                     engine.finish_stats(stats, name)
                 yield TokenEvent(tok, piece, i < n, stats.rounds - 1, done.k, stats, end)
+                if end:  # complete, even if the consumer started the next request on this last event
+                    return
                 if engine.generation is not release:
                     raise StreamOvertakenError(
                         "this stream was overtaken: the engine ran another request (or was reset) before it "
@@ -383,8 +385,6 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                         "before the next request, or give each its own engine (engine.fork())")
                 t_resume = clock()
                 consumer += t_resume - t_yield
-                if end:
-                    return
     finally:
         if engine.generation is release:  # not if overtaken: the engine has a new owner
             release()

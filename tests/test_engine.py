@@ -198,6 +198,11 @@ def check_overtaken_streams(make_engine):
     with pytest.raises(StreamOvertakenError):
         next(c)
     del a, c  # an overtaken stream's cleanup, when it is collected, must not touch the engine either
+    answers = []
+    for ev in e.stream(PROMPT, max_tokens=20):  # the next request starts on the last event: not an overtaking
+        if ev.finish_reason:
+            answers.append(e.generate(other, max_tokens=20).tokens)
+    assert answers == [fresh[tuple(other)]]
     assert e.generate(PROMPT, max_tokens=20).tokens == fresh[tuple(PROMPT)]
 
 
