@@ -308,3 +308,65 @@ async def test_after_a_stopped_turn_a_difference_is_explained_not_flagged():
         assert turn.same_history is not diverged
         if not turn.identical:
             assert "as expected" in verdict(app) and "DIFFER" not in verdict(app)
+
+
+@async_test
+async def test_a_message_sent_while_answering_stays_in_the_box_and_clear_waits():
+    app = make_app(tiny_engine(), max_tokens=100_000)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "long", wait=False)
+        assert app.busy
+        prompt = app.query_one("#prompt")
+        prompt.value = "my next question"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert prompt.value == "my next question"  # not thrown away
+        assert "still answering" in history_text(app)
+        await send(app, pilot, "/clear", wait=False)
+        await pilot.pause()
+        text = history_text(app)
+        assert "stop the answer first" in text and "conversation cleared" not in text
+        await pilot.press("escape")
+        await wait_idle(app, pilot, timeout=10)
+        assert len(app.conversation.turns) == 1  # the turn was kept, not cleared
+
+
+@async_test
+async def test_quitting_during_an_answer_stops_it():
+    app = make_app(tiny_engine(), max_tokens=100_000)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "long", wait=False)
+        while not app.pane(SPEC).text:
+            await asyncio.sleep(0.02)
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert app.cancel.is_set()  # the worker stops at its next step: the process does not outlive its screen
+
+
+@async_test
+async def test_a_15_row_terminal_keeps_the_input_box_on_screen():
+    app = make_app(tiny_engine(), max_tokens=40)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "/help")
+        await send(app, pilot, "hello there")  # a verdict and stats lines, which wrap when narrow
+        await pilot.resize_terminal(60, 15)
+        await pilot.pause()
+        for widget in ("#prompt", "#verdict"):
+            region = app.query_one(widget).region
+            assert region.height > 0 and region.bottom <= 15, (widget, region)
+
+
+def test_command_names_and_values_ignore_case_and_stray_words_are_refused():
+    from tui.commands import CommandError, Settings, run_command
+
+    assert run_command("/drafter Eagle", Settings(), drafters=["ngram", "eagle"]).settings.drafter == "eagle"
+    for line in ("/clear now", "/help me"):
+        with pytest.raises(CommandError, match="takes no argument"):
+            run_command(line, Settings(), drafters=["ngram"])
+
+
+def test_a_difference_after_a_sampled_turn_does_not_blame_a_stop():
+    from tui.conversation import Answer, Turn
+
+    turn = Turn("q", {SPEC: Answer(text="a"), VANILLA: Answer(text="b")}, same_history=False)
+    assert "sampled or stopped" in turn.verdict()

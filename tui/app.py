@@ -120,12 +120,15 @@ class ChatApp(App):
     async def send(self, event: Input.Submitted) -> None:
         text = event.value.strip()
         if not text:
+            event.input.clear()  # blanks only: nothing to send, nothing worth keeping
+            return
+        if self.busy and not text.startswith("/"):
+            # The message stays in the box, to send once the answer is done (or stopped).
+            self.notice("still answering: press Esc to stop it first, then Enter to send your message", error=True)
             return
         event.input.clear()
         if text.startswith("/"):
             await self.command(text)
-        elif self.busy:
-            self.notice("still answering: press Esc to stop it first", error=True)
         else:
             await self.start_turn(text)
 
@@ -181,6 +184,13 @@ class ChatApp(App):
         if self.busy:
             self.cancel.set()  # the worker checks it after every step and closes both streams
 
+    async def action_quit(self) -> None:
+        self.cancel.set()  # else the process outlives its screen until the answer is done
+        await super().action_quit()
+
+    def on_unmount(self) -> None:
+        self.cancel.set()  # however the app ends
+
     async def action_toggle_colour(self) -> None:
         self.colour = not self.colour
         await self.pane(SPEC).set_colour(self.colour)
@@ -206,7 +216,7 @@ class ChatApp(App):
             return
         self.settings = outcome.settings
         self.conversation.system = outcome.settings.system
-        if outcome.reply:
+        if outcome.reply and outcome.action != "clear":  # clearing says itself whether it did
             self.notice(outcome.reply)
         if outcome.action == "clear":
             await self.action_clear()

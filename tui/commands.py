@@ -50,6 +50,8 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
     """Apply one slash command. `drafters` are the drafter names the speculative engine has."""
     name, _, arg = line.strip().partition(" ")
     name, arg = name.lower(), arg.strip()
+    if name in ("/help", "/clear") and arg:
+        raise CommandError(f"{name} takes no argument, got {arg!r}")
     if name == "/help":
         return Outcome(settings, HELP)
     if name == "/temp":
@@ -70,6 +72,7 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
             raise CommandError(f"/draft needs auto or an integer in 0..{MAX_DRAFT}, got {arg!r}")
         return Outcome(replace(settings, num_draft=n), f"draft length fixed at {n}")
     if name == "/drafter":
+        arg = arg.lower()
         allowed = [d for d in ("ngram", "model", "eagle") if d in drafters]
         if arg not in ("ngram", "model", "eagle"):
             raise CommandError(f"/drafter needs ngram, model or eagle, got {arg!r}")

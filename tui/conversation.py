@@ -28,7 +28,7 @@ class Turn:
     answers: Dict[str, Answer]
     temperature: float = 0.0
     stopped: bool = False  # Esc stopped it; the partial answers stay
-    same_history: bool = True  # both sides started from the same messages (not so after a stopped turn)
+    same_history: bool = True  # both sides started from the same messages (not so after a sampled or stopped turn)
     # Greedy answers that differ, classified by the worker (`mlxspec.bench.neartie.check_greedy`):
     # {"divergence": "rounding" | "bug" | "unclassified", "position": first differing token,
     #  "tokens": speculative tokens from there on, "reason": the float32 evidence}; None otherwise.
@@ -65,7 +65,8 @@ class Turn:
         elif self.identical:
             same = "greedy outputs identical" + (" so far" if self.stopped else "")
         elif not self.same_history:
-            same = "outputs differ, as expected: the two conversations already differed (an earlier stopped turn)"
+            same = ("outputs differ, as expected: the two conversations already differed "
+                    "(an earlier turn was sampled or stopped)")
         elif self.divergence and self.divergence["divergence"] == "rounding":
             same = f"greedy outputs identical up to rounding ({self.divergence['tokens']} tokens)"
         else:
