@@ -346,6 +346,8 @@ class CostModel:
         self.probe_out: Optional[str] = None  # the kind whose probe's outcome is still to come
         self.guess_probes = False  # probes are greedy guesses (the loop sets it per request): GUESS_EVERY
         self.rounds_since_explore = 0
+        self.greedy = False  # whose acceptance `counts` holds: greedy or sampled requests' (`set_greedy`)
+        self._other_counts: Dict[str, list] = {}  # the other mode's
 
     # -- observations -----------------------------------------------------------------------
     def observe_round(self, k: int, seconds: float, drafted: Optional[int] = None,
@@ -442,6 +444,15 @@ class CostModel:
         c = self.counts[kind]
         c[0] = self.decay * c[0] + accepted
         c[1] = self.decay * c[1] + min(1.0, drafted - accepted)
+
+    def set_greedy(self, greedy: bool) -> None:
+        """Per request, before `new_request`. A greedy draft is accepted when it is the target's
+        top token, a sampled one with probability sum min(p, q): different rates, so each mode
+        keeps its own counts, and a sampled turn cannot stop the next greedy one from drafting
+        (nor the other way round)."""
+        if greedy != self.greedy:
+            self.counts, self._other_counts = self._other_counts, self.counts
+            self.greedy = greedy
 
     def new_request(self, keep: float = 0.25) -> None:
         """A new prompt may be a different kind of text: keep the acceptance estimates but

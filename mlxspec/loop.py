@@ -98,6 +98,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         drafter.prefill(ids)
     stats.prefilled_tokens = len(todo)
     stats.prompt_seconds = clock() - t0
+    for c in engine.costs.values():  # a companion's too: each mode has its own acceptance counts
+        c.set_greedy(params.greedy)
     cost.new_request()
     cost.guess_probes = params.greedy  # a greedy probe is a guess checked for free (`probe_instead`)
 

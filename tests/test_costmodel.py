@@ -659,3 +659,34 @@ def test_a_pass_timed_at_zero_seconds_teaches_nothing():
     curve.add_verify(2, 0.0)
     curve.add_verify(2, -1e-3)
     assert curve.measured() == {}
+
+
+def test_greedy_and_sampled_requests_keep_their_own_acceptance():
+    # A sampled turn that rejects most drafts must not stop the next greedy turn from drafting.
+    m = trained({1: 10e-3, 2: 11e-3, 3: 12e-3, 4: 13e-3, 5: 14e-3}, 0.5e-3, 0.8, plain=10e-3)
+    m.counts = {}  # nothing learnt yet in either mode
+    m.set_greedy(True)
+    m.counts[""] = [160.0, 40.0]  # greedy: alpha 0.8, well established
+    greedy_k = m.choose(8)
+    assert greedy_k > 1
+    m.set_greedy(False)
+    m.new_request()
+    assert m.alpha_of("") == pytest.approx(0.5)  # sampled starts from its own (uniform) prior
+    for _ in range(40):
+        m.observe_acceptance(4, 0.0)
+    assert m.alpha_of("") < 0.1 and m.choose(8) == 0
+    m.set_greedy(True)
+    m.new_request()
+    assert m.alpha_of("") > 0.7 and m.choose(8) == greedy_k
+
+
+def test_the_loop_gives_each_mode_its_counts():
+    import tiny
+    from mlxspec import Engine
+
+    e = Engine(tiny.make_llama(1), None, tiny.make_llama(2, layers=1, hidden=32), num_draft=3)
+    e.generate([5, 6, 7, 8], max_tokens=12, temperature=1.0, seed=0)
+    sampled = {k: list(v) for k, v in e.costs["model"].counts.items()}
+    assert sampled and not e.costs["model"].greedy
+    e.generate([5, 6, 7, 8], max_tokens=12)
+    assert e.costs["model"].greedy and e.costs["model"]._other_counts == sampled  # set aside, untouched
