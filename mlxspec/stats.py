@@ -15,7 +15,9 @@ class GenerationStats:
     seconds: float = 0.0  # generation time after the prompt
     rounds: int = 0  # target passes after the prompt (one per round)
     drafted: int = 0  # draft tokens proposed
-    accepted: int = 0  # draft tokens accepted
+    # Draft tokens the target accepted: what verification judged, so it counts drafts past a stop
+    # string or a closed stream too, which were accepted but never emitted (then > sum(from_draft)).
+    accepted: int = 0
     wait_seconds: float = 0.0  # of `seconds`, time the host waited for the device (the rest is the loop's own)
     accept_histogram: dict = field(default_factory=dict)  # accepted-per-round -> rounds (drafting rounds only)
     k_histogram: dict = field(default_factory=dict)  # draft length per round -> rounds (0 = plain step)

@@ -180,3 +180,23 @@ def test_repeats_are_passes_over_the_prompts(monkeypatch, tmp_path, capsys):
     assert [(r["repeat"], r["mode"]) for r in doc["runs"]] == [(rep, m) for rep in (0, 1) for _ in range(2)
                                                                for m in ("vanilla", "speculative")]
     assert "2 prompts x 2 passes" in capsys.readouterr().out
+
+
+def test_report_labels_say_tree_lookup_and_the_headline_temperature(bench_json):
+    from rich.console import Console
+
+    from mlxspec.bench.report import print_report, rounding_lines
+
+    doc = json.loads(json.dumps(bench_json[1]))
+    spec = next(r for r in doc["summary"]["settings"] if r["mode"] == "speculative")
+    doc["summary"]["settings"].append(dict(spec, tree="off", label=spec["label"] + " tree=off"))
+    doc["settings"]["temperatures"] = [0.0, 0.7]
+    doc["summary"]["default_setting"]["temperature"] = 0.7
+    console = Console(record=True, width=300)
+    print_report(doc, console)
+    text = console.export_text()
+    assert f"{spec['drafter']} tree=off" in text  # the by-k table's row is not a twin of the tree=auto one
+    assert " at T=0.7: " in text  # the headline says which temperature it reports
+    run = dict(doc["runs"][0], mode="speculative", drafter="ngram", num_draft="2", tree="off", lookup="on",
+               divergence="rounding", mismatch={"position": 5, "reason": "near tie"})
+    assert "ngram k=2 tree=off at token 5" in rounding_lines({"runs": [run]})[0]

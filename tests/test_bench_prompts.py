@@ -87,3 +87,10 @@ def test_cli_rejects_a_bad_file_before_loading_models(tmp_path, monkeypatch, cap
     f.write_text('{"prompt": "fine"}\n{"prompt": ""}\n')
     assert cli.main(["bench", "--prompts", str(f)]) == 1
     assert "line 2" in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    f = tmp_path / "latin1.jsonl"
+    f.write_bytes('{"prompt": "ok"}\n{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(InvalidArgumentError, match="not UTF-8 text .*line 2"):
+        load_prompts(f)

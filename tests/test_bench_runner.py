@@ -264,3 +264,20 @@ def test_repeats_pass_over_the_suite_again_and_pair_runs_within_a_pass(engine):
     assert s["by_category"]["chat"]["speedup_vs_vanilla"] == pytest.approx(sum(chat) / 2)
     with pytest.raises(InvalidArgumentError, match="repeats"):
         run_bench(engine, PROMPTS, max_tokens=MAX, repeats=0)
+
+
+def test_repeated_values_and_fixed_lengths_run_each_distinct_setting_once(engine):
+    from mlxspec.commands.argtypes import non_negative, num_draft
+    from mlxspec.commands.bench import parse_list
+
+    assert parse_list("0,0.0,0.7", "temperature", non_negative) == [0.0, 0.7]
+    assert parse_list("2,02,auto", "num-draft", num_draft) == [2, None]
+    got = settings_for(engine, drafters=["model", "model", "ngram"], num_drafts=["auto", 2, "2"],
+                       trees=["auto", "off", "off"], lookups=["on", "off"], peer=False)
+    spec = [s for s in got if s.mode == "speculative"]
+    assert len(spec) == len(set(spec))
+    # A fixed length drafts chains by the drafter alone: no tree or lookup variants of it.
+    assert [s for s in spec if s.num_draft == "2"] == [Setting("speculative", "model", "2", "auto", "on"),
+                                                       Setting("speculative", "ngram", "2", "auto", "on")]
+    assert {(s.tree, s.lookup) for s in spec if s.drafter == "model" and s.num_draft == "auto"} == {
+        ("auto", "on"), ("auto", "off"), ("off", "on"), ("off", "off")}

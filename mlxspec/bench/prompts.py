@@ -51,6 +51,10 @@ def load_prompts(path) -> List[BenchPrompt]:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise InvalidArgumentError(f"[bench] cannot read prompts file {str(p)!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[:e.start].count(b"\n") + 1
+        raise InvalidArgumentError(f"[bench] prompts file {str(p)!r} is not UTF-8 text (byte {e.start}, line {line}): "
+                                   "save it as UTF-8") from None
     return parse_suite(text, source=str(p))
 
 

@@ -134,7 +134,9 @@ def print_report(doc: dict, console) -> None:
                     "accepted per round (rounds)"):
             k.add_column(col, justify="left" if col == "drafter" else "right", no_wrap=col == "drafter")
         for r in spec:
-            name = "mlx-lm" if r["mode"] == "mlx-lm" else r["drafter"] + (" lookup=off" if r.get("lookup") == "off" else "")
+            name = "mlx-lm" if r["mode"] == "mlx-lm" else (
+                r["drafter"] + ("" if r.get("tree", "auto") == "auto" else f" tree={r['tree']}")
+                + (" lookup=off" if r.get("lookup") == "off" else ""))
             lk = (f"{r['lookup_rounds']} ({_f(r['lookup_acceptance'], '{:.0%}')})" if r.get("lookup_rounds") else "-",)
             k.add_row(name, r["num_draft"],
                       *((f"{r['temperature']:g}",) if many_t else ()), _f(r["acceptance_rate"], "{:.0%}"),
@@ -166,7 +168,8 @@ def print_report(doc: dict, console) -> None:
     else:
         console.print("verify cost V(j)/V(1): none (the cost model's default slope)")
 
-    head = (f"[bold]{label_of(d)}: {_x(s['speedup_vs_vanilla'])} vanilla"
+    head = (f"[bold]{label_of(d)}" + (f" at T={d['temperature']:g}" if many_t else "")
+            + f": {_x(s['speedup_vs_vanilla'])} vanilla"
             + (f", {_x(s['speedup_vs_chain'])} chain" if s.get("speedup_vs_chain") is not None else "")
             + (f", {_x(s['speedup_vs_mlx_lm'])} mlx-lm" if s["speedup_vs_mlx_lm"] is not None else "")
             + f"[/bold] (median of per-prompt ratios, {doc['settings']['prompt_count']} prompts"
@@ -228,7 +231,7 @@ def greedy_line(doc: dict) -> str:
 def rounding_lines(doc: dict, most: int = 10) -> list:
     """One calm line per rounding divergence (the first `most`): where, and the float32 evidence."""
     found = [r for r in doc["runs"] if r.get("divergence") == "rounding"]
-    lines = [f"[dim]  rounding: {r['prompt_id']} {label(Setting(r['mode'], r['drafter'], r['num_draft']))} at "
+    lines = [f"[dim]  rounding: {r['prompt_id']} {label(Setting(r['mode'], r['drafter'], r['num_draft'], r.get('tree', 'auto'), r.get('lookup', 'on')))} at "
              f"token {r['mismatch']['position']}: {r['mismatch']['reason']}[/dim]" for r in found[:most]]
     if len(found) > most:
         lines.append(f"[dim]  ... and {len(found) - most} more (--json has them all)[/dim]")

@@ -97,7 +97,7 @@ def parse_list(text: str, what: str, convert) -> list:
             out.append(convert(x))
         except (ValueError, argparse.ArgumentTypeError) as e:  # the converter's message says what is allowed
             raise InvalidArgumentError(f"--{what}: {x!r} is not valid: {e}") from None
-    return out
+    return list(dict.fromkeys(out))  # "0,0.0" or "2,02" run once: a repeat would pool its runs twice
 
 
 def run(args) -> int:
