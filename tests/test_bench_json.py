@@ -147,7 +147,9 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path, caps
 
 @pytest.mark.parametrize("argv, words", [
     (["--num-draft", "auto,x"], "--num-draft: 'x' is not valid: expected 'auto' or an integer in 0.."),
-    (["--temperature", "0,-1"], "--temperature: '-1' is not valid: expected a number >= 0"),
+    (["--temperature", "0,-1"], "--temperature: '-1' is not valid: expected a finite number >= 0"),
+    (["--temperature", "inf"], "--temperature: 'inf' is not valid: expected a finite number >= 0"),
+    (["--drafter", "ngram,none"], "--drafter: 'none' is not valid: expected ngram, model or eagle"),
     (["--max-tokens", "0"], "--max-tokens must be >= 1"),
     (["--lookup", "on,maybe"], "--lookup: 'maybe' is not valid: expected 'on' or 'off'"),
     (["--tree", "auto,99"], "--tree: '99' is not valid: expected 'auto', 'off' or an integer in 1.."),

@@ -26,8 +26,8 @@ def non_negative(s: str) -> float:
         x = float(s)
     except ValueError:
         x = -1.0
-    if not x >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
+    if not 0 <= x < float("inf"):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {s!r}")
     return x
 
 

@@ -100,6 +100,13 @@ def parse_list(text: str, what: str, convert) -> list:
     return list(dict.fromkeys(out))  # "0,0.0" or "2,02" run once: a repeat would pool its runs twice
 
 
+def _drafter_name(name: str) -> str:
+    """Known before loading; whether the pair has that drafter is checked once it is loaded."""
+    if name not in ("ngram", "model", "eagle"):
+        raise ValueError("expected ngram, model or eagle (vanilla decoding always runs beside them)")
+    return name
+
+
 def run(args) -> int:
     from rich.console import Console
 
@@ -114,7 +121,7 @@ def run(args) -> int:
     ks = parse_list(args.num_draft, "num-draft", argtypes.num_draft)
     trees = parse_list(args.tree, "tree", argtypes.tree)
     lookups = parse_list(args.lookup, "lookup", argtypes.on_off)
-    drafters = parse_list(args.drafter, "drafter", str) if args.drafter else None
+    drafters = parse_list(args.drafter, "drafter", _drafter_name) if args.drafter else None
     suite = load_prompts(args.prompts) if args.prompts else builtin_suite()  # fail before loading models
     prompts = select(suite, full=args.full or bool(args.prompts), limit=args.limit)
     if args.plot:
