@@ -231,8 +231,11 @@ def greedy_line(doc: dict) -> str:
 def rounding_lines(doc: dict, most: int = 10) -> list:
     """One calm line per rounding divergence (the first `most`): where, and the float32 evidence."""
     found = [r for r in doc["runs"] if r.get("divergence") == "rounding"]
-    lines = [f"[dim]  rounding: {r['prompt_id']} {label(Setting(r['mode'], r['drafter'], r['num_draft'], r.get('tree', 'auto'), r.get('lookup', 'on')))} at "
-             f"token {r['mismatch']['position']}: {r['mismatch']['reason']}[/dim]" for r in found[:most]]
+    def name(r: dict) -> str:
+        return label(Setting(r["mode"], r["drafter"], r["num_draft"], r.get("tree", "auto"), r.get("lookup", "on")))
+
+    lines = [f"[dim]  rounding: {r['prompt_id']} {name(r)} at token {r['mismatch']['position']}: "
+             f"{r['mismatch']['reason']}[/dim]" for r in found[:most]]
     if len(found) > most:
         lines.append(f"[dim]  ... and {len(found) - most} more (--json has them all)[/dim]")
     return lines
