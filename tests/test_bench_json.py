@@ -202,3 +202,11 @@ def test_report_labels_say_tree_lookup_and_the_headline_temperature(bench_json):
     run = dict(doc["runs"][0], mode="speculative", drafter="ngram", num_draft="2", tree="off", lookup="on",
                divergence="rounding", mismatch={"position": 5, "reason": "near tie"})
     assert "ngram k=2 tree=off at token 5" in rounding_lines({"runs": [run]})[0]
+
+
+
+@pytest.mark.parametrize("option", ["--max-j", "--prefix", "--repeats"])
+def test_calibrate_rejects_bad_counts_when_parsed(option, capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["calibrate", option, "0"])
+    assert f"argument {option}: expected an integer >= 1, got '0'" in capsys.readouterr().err

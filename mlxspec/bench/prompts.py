@@ -59,7 +59,7 @@ def load_prompts(path) -> List[BenchPrompt]:
 
 
 def parse_suite(text: str, *, source: str = "<prompts>") -> List[BenchPrompt]:
-    """Parse JSONL text; blank lines are skipped. Missing ids become `<source stem>-<line>`."""
+    """Parse JSONL text; blank lines are skipped. Missing ids become `line-<n>` (its line number)."""
     out: List[BenchPrompt] = []
     seen = set()
     for lineno, line in enumerate(text.splitlines(), start=1):

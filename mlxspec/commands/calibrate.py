@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .argtypes import positive
 from .modelargs import add_model_args
 
 
@@ -11,9 +12,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="measure the target's verify-cost curve on this device",
                               description=__doc__)
     add_model_args(p)
-    p.add_argument("--max-j", type=int, default=MAX_J, help=f"longest pass timed, tokens (default {MAX_J})")
-    p.add_argument("--prefix", type=int, default=PREFIX, help=f"KV tokens before each pass (default {PREFIX})")
-    p.add_argument("--repeats", type=int, default=REPEATS, help=f"timings per length, median kept (default {REPEATS})")
+    p.add_argument("--max-j", type=positive, default=MAX_J, help=f"longest pass timed, tokens (default {MAX_J})")
+    p.add_argument("--prefix", type=positive, default=PREFIX, help=f"KV tokens before each pass (default {PREFIX})")
+    p.add_argument("--repeats", type=positive, default=REPEATS, help=f"timings per length, median kept (default {REPEATS})")
     p.add_argument("--no-save", action="store_true", help="print the curve without saving it")
     p.set_defaults(func=run)
 
