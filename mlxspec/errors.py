@@ -1,5 +1,15 @@
 """Errors raised by mlxspec. Every message says what was wrong and what is allowed."""
 
+import math
+
+
+def shown(value) -> str:
+    """A short rendering of a received value for error messages (a 400-digit number is not echoed whole)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
 
 class MlxSpecError(Exception):
     """Base class of every error mlxspec raises on purpose."""

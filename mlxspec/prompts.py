@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, shown
 
 MAX_DRAFT = 32  # largest draft length a request may ask for (caches keep this much rollback room)
 
@@ -126,7 +126,6 @@ def check_seed(seed) -> Optional[int]:
     if seed is None:
         return None
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
-        shown = repr(seed) if len(repr(seed)) <= 40 else f"{repr(seed)[:20]}..."
-        raise InvalidArgumentError(f"seed must be None or an integer >= 0 and < 2**64, got {shown}")
+        raise InvalidArgumentError(f"seed must be None or an integer >= 0 and < 2**64, got {shown(seed)}")
     return seed
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, shown
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,13 @@ def validate(temperature, top_p, top_k, min_p) -> None:
     """Raise InvalidArgumentError naming the bad value and the allowed range."""
     t, p, m = _real(temperature), _real(top_p), _real(min_p)
     if t is None or not 0.0 <= t < math.inf:  # NaN fails every comparison
-        raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 = greedy), got {_show(temperature)}")
+        raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 = greedy), got {shown(temperature)}")
     if p is None or not 0.0 < p <= 1.0:
-        raise InvalidArgumentError(f"top_p must be in (0, 1] (1 disables it), got {_show(top_p)}")
+        raise InvalidArgumentError(f"top_p must be in (0, 1] (1 disables it), got {shown(top_p)}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 disables it), got {_show(top_k)}")
+        raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 disables it), got {shown(top_k)}")
     if m is None or not 0.0 <= m < 1.0:
-        raise InvalidArgumentError(f"min_p must be in [0, 1) (0 disables it), got {_show(min_p)}")
+        raise InvalidArgumentError(f"min_p must be in [0, 1) (0 disables it), got {shown(min_p)}")
 
 
 def _real(value):
@@ -59,11 +59,6 @@ def _real(value):
         return float(value)
     except OverflowError:
         return math.inf if value > 0 else -math.inf
-
-
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 # Streams of position-keyed uniforms (one independent stream per use).

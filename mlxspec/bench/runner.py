@@ -145,15 +145,14 @@ def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts
         t = int(t) if isinstance(t, str) and t.isdigit() else t
         check_tree(t)
         tree_opts.append("auto" if t is None else str(t))
-    drafters, ks, tree_opts = (list(dict.fromkeys(x)) for x in (drafters, ks, tree_opts))
+    drafters, ks, tree_opts, lookups = (list(dict.fromkeys(x)) for x in (drafters, ks, tree_opts, lookups))
 
     def variants(d: str, k: str):
         # A fixed length drafts chains by the drafter alone: trees and lookup rounds never run
         # (a head's chains still copy or not, by lookup), so those settings would repeat one run.
         drafter, fixed = engine.drafters[d], k != "auto"
         trees_d = tree_opts if hasattr(drafter, "propose_tree") and not fixed else tree_opts[:1]
-        looks = list(dict.fromkeys(lookups)) if drafter.uses_model and (not fixed or hasattr(drafter, "copying")) \
-            else ["on"]
+        looks = lookups if drafter.uses_model and (not fixed or hasattr(drafter, "copying")) else ["on"]
         return [(t, lk) for t in trees_d for lk in looks]
 
     out = [Setting("vanilla", None, "0")]

@@ -44,7 +44,8 @@ def compare_probabilities(kernel_out: mx.array, logits: mx.array, params: Sampli
     if params.greedy:
         ok = np.array_equal(a, r)
         return Verdict(ok, max_error, detail="" if ok else "greedy one-hot rows differ")
-    shifted = logits.astype(mx.float32) - mx.max(logits.astype(mx.float32), axis=-1, keepdims=True)
+    x = logits.astype(mx.float32)
+    shifted = x - mx.max(x, axis=-1, keepdims=True)
     z = _np(shifted / params.temperature).reshape(a.shape).astype(np.float64)
     e = np.exp(z - z.max(-1, keepdims=True))
     p64 = e / e.sum(-1, keepdims=True)  # exact softmax of the scaled logits

@@ -9,11 +9,10 @@ ignored; fields that would change the answer and are not implemented are refused
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, shown as _show
 from ..prompts import check_max_tokens, check_num_draft, check_seed, check_stop, check_text
 from ..sampling import validate as validate_sampling
 from .errors import invalid, unsupported
@@ -211,10 +210,3 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
     if not chat and body.get("suffix"):
         raise unsupported("suffix (fill in the middle) is not supported by this server", "suffix")
 
-
-def _show(value) -> str:
-    """A short rendering of a received value for error messages."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
