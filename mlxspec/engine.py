@@ -26,7 +26,7 @@ from .drafters import DRAFTERS, EagleDrafter, ModelDrafter, NgramDrafter, NoDraf
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
-from .prompts import MAX_DRAFT, check_lookup, check_max_tokens, check_num_draft, check_seed, check_stop, check_tree, encode_prompt
+from .prompts import MAX_DRAFT, check_cancel, check_lookup, check_max_tokens, check_num_draft, check_seed, check_stop, check_tree, encode_prompt
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
@@ -223,18 +223,21 @@ class Engine:
         tokens, pieces, from_draft = [], [], []
         reason = "length"
         stats = None
+        ended = None
         for ev in self.stream(prompt, **kwargs):
             tokens.append(ev.token)
             pieces.append(ev.text)
             from_draft.append(ev.from_draft)
             stats = ev.stats
-            reason = ev.finish_reason or reason
+            ended = ev.finish_reason
+        cancel = kwargs.get("cancel")
+        reason = ended or ("cancelled" if cancel is not None and cancel.is_set() else reason)
         return GenerationResult(tokens, "".join(pieces), reason, stats or self.last_stats, from_draft)
 
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
-               lookup: Optional[bool] = None) -> Iterator[TokenEvent]:
+               lookup: Optional[bool] = None, cancel=None) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -251,6 +254,10 @@ class Engine:
             lookup: None for the engine's setting (default True); whether a model drafter's
                 rounds may draft by prompt lookup instead, and an EAGLE head's greedy chains copy
                 (see `Engine`).
+            cancel: a threading.Event (anything with `is_set()`) another thread may set: the
+                generation then ends as if its stream were closed, also between two chunks of a
+                long prompt, before any token (what was fed stays cached for the next request).
+                `generate` then returns what it had, with finish_reason "cancelled".
         """
         params = SamplingParams(temperature, top_p, top_k, min_p)
         max_tokens = check_max_tokens(max_tokens)
@@ -259,6 +266,7 @@ class Engine:
         lookup = check_lookup(lookup) if lookup is not None else self.lookup
         stop = check_stop(stop)
         seed = check_seed(seed)
+        cancel = check_cancel(cancel)
         name = "none" if not speculative else (drafter or self.default_drafter)
         if name not in self.drafters:
             allowed = ", ".join(self.drafters)
@@ -277,8 +285,8 @@ class Engine:
             if seed is None:  # one seed for every rank: the sampled tokens must agree
                 request["seed"] = draw_seed()
             request["params"] = astuple(params)
-            return self._shared(request)
-        return self._run(**request)
+            return self._shared(request, cancel)
+        return self._run(**request, cancel=cancel)
 
     def follow(self) -> int:
         """Run rank 0's requests until it calls `release()` (ranks other than 0, e.g. behind a server).
@@ -297,18 +305,20 @@ class Engine:
         if self.coord.active and self.coord.is_main:
             self.coord.share(None)
 
-    def _shared(self, request: dict) -> Iterator[TokenEvent]:
+    def _shared(self, request: dict, cancel=None) -> Iterator[TokenEvent]:
         # Lazily, like `generate`: the request is shared when iteration starts, on every rank alike.
+        # (`cancel` stays on rank 0, which tells the others when it ends the request.)
         request = self.coord.share(request)
-        yield from self._run(**dict(request, params=SamplingParams(*request["params"])))
+        yield from self._run(**dict(request, params=SamplingParams(*request["params"])), cancel=cancel)
 
-    def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False) -> Iterator[TokenEvent]:
+    def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
+             cancel=None) -> Iterator[TokenEvent]:
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
                                 kernels=kernels.backend_name(), target_weights_bytes=self.target_weights_bytes,
                                 draft_weights_bytes={"model": self.draft_weights_bytes,
                                                      "eagle": self.eagle_weights_bytes}.get(name, 0))
         return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
-                        stop=stop, stats=stats, tree=tree, lookup=lookup)
+                        stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel)
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

@@ -69,9 +69,11 @@ def forget_drafts(engine) -> None:
 
 def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
              k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0,
-             lookup: bool = False) -> Iterator[TokenEvent]:
+             lookup: bool = False, cancel=None) -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
-    may draft by prompt lookup instead where that is expected to be faster."""
+    may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
+    with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
+    its stream were closed, between two chunks of the prompt or after the next event."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -93,11 +95,20 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
 
     t0 = clock()
     todo = target.sync(ids)
-    coord.watched(target.prefill)(todo[:-1])
-    if hasattr(drafter, "prefill"):
-        drafter.prefill(ids)
-    stats.prefilled_tokens = len(todo)
+    # A long prompt can take minutes on a slow device: a cancelled request stops between two of
+    # its chunks (not with several ranks, which run each chunk's collectives together).
+    stopping = cancel.is_set if cancel is not None and not dist else None
+    fed = len(target.tokens)
+    cancelled = not coord.watched(target.prefill)(todo[:-1], stop=stopping) or bool(stopping and stopping())
+    stats.prefilled_tokens = len(target.tokens) - fed
+    if not cancelled:
+        if hasattr(drafter, "prefill"):
+            drafter.prefill(ids)
+        stats.prefilled_tokens += 1  # the last prompt token, fed with the first pass
     stats.prompt_seconds = clock() - t0
+    if cancelled:  # the caches hold what was fed, consistently: a later request reuses it
+        engine.finish_stats(stats, name)
+        return
     for c in engine.costs.values():  # a companion's too: each mode has its own acceptance counts
         c.set_greedy(params.greedy)
     cost.new_request()
@@ -378,8 +389,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 if end:
                     engine.finish_stats(stats, name)
                 yield TokenEvent(tok, piece, i < n, stats.rounds - 1, done.k, stats, end)
-                if end:  # complete, even if the consumer started the next request on this last event
-                    return
+                if end or (cancel is not None and cancel.is_set()):  # complete, even if the consumer
+                    return  # started the next request on this last event; or cancelled: as if closed
                 if engine.generation is not release:
                     raise StreamOvertakenError(
                         "this stream was overtaken: the engine ran another request (or was reset) before it "

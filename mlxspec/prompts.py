@@ -122,6 +122,14 @@ def check_stop(stop) -> List[str]:
 MAX_SEED = 2**64  # 64 bits of a seed key the random streams (`sampling.position_uniforms`): more would alias
 
 
+def check_cancel(cancel):
+    """A request's cancel signal: None, or something with `is_set()` (a threading.Event)."""
+    if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+        raise InvalidArgumentError(f"cancel must be None or a threading.Event (anything with is_set()), "
+                                   f"got {type(cancel).__name__}")
+    return cancel
+
+
 def check_seed(seed) -> Optional[int]:
     if seed is None:
         return None

@@ -16,7 +16,7 @@ features a feature-level drafter reads), computed in the same pass as the logits
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence as Seq, Tuple, Union
+from typing import Callable, List, Optional, Sequence as Seq, Tuple, Union
 
 import mlx.core as mx
 
@@ -131,9 +131,13 @@ class Sequence:
         """Write the values of lazily fed tokens at positions start, start+1, ..."""
         self.tokens[start : start + len(values)] = values
 
-    def prefill(self, tokens: List[int]) -> None:
-        """Feed tokens in chunks, evaluating each (no logits kept)."""
+    def prefill(self, tokens: List[int], stop: Optional[Callable[[], bool]] = None) -> bool:
+        """Feed tokens in chunks, evaluating each (no logits kept). `stop` is asked before each
+        chunk; when it says so, the feeding ends there (the caches hold the chunks fed so far,
+        consistently) and this returns False."""
         for i in range(0, len(tokens), self.prefill_step):
+            if stop is not None and stop():
+                return False
             chunk = tokens[i : i + self.prefill_step]
             self._dirty = True
             if self.keep_hidden:
@@ -144,6 +148,7 @@ class Sequence:
                 mx.eval([c.state for c in self.caches])
             self.tokens.extend(chunk)
             self._dirty = False
+        return True
 
     def rollback(self, n: int) -> None:
         if n <= 0:

@@ -151,7 +151,7 @@ class TokenEvent:
 class GenerationResult:
     tokens: List[int]
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "cancelled" (`cancel` was set before either)
     stats: GenerationStats
     from_draft: List[bool] = field(default_factory=list)
 

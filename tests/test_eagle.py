@@ -362,6 +362,13 @@ def test_feature_layers_that_do_not_fit_are_refused(deep_target, layered_head, r
 
 
 @pytest.mark.parametrize("num_draft", [None, 3])
+def test_a_cancelled_request_stops_and_the_engine_stays_right(target, random_head, num_draft):
+    from test_engine import check_cancelled_requests
+
+    check_cancelled_requests(lambda: Engine(target, None, eagle_head=random_head, drafter="eagle", num_draft=num_draft))
+
+
+@pytest.mark.parametrize("num_draft", [None, 3])
 def test_an_overtaken_stream_raises_and_the_engine_stays_right(target, random_head, num_draft):
     from test_engine import check_overtaken_streams
 

@@ -206,6 +206,58 @@ def check_overtaken_streams(make_engine):
     assert e.generate(PROMPT, max_tokens=20).tokens == fresh[tuple(PROMPT)]
 
 
+class CancelAfter:
+    """A cancel signal that reads as set from its (n+1)-th look on: deterministic, no threads."""
+
+    def __init__(self, n: int):
+        self.n, self.looks = n, 0
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return self.looks > self.n
+
+
+def check_cancelled_requests(make_engine):
+    """A request cancelled in the middle of its prompt stops between two chunks, before any token;
+    one cancelled while decoding ends after its next event. Either way every later request
+    decodes as a fresh engine would, and what was fed of the prompt is reused."""
+    import threading
+
+    long_prompt = [5 + (i * 7) % 40 for i in range(23)]
+    fresh = {tuple(p): make_engine().generate(p, max_tokens=20).tokens for p in (PROMPT, long_prompt)}
+    e = make_engine()
+    e.target.prefill_step = 4
+    r = e.generate(long_prompt, max_tokens=20, cancel=CancelAfter(2))  # two chunks fed, then cancelled
+    assert (r.tokens, r.finish_reason) == ([], "cancelled")
+    assert e.target.tokens == long_prompt[:8] and r.stats.prefilled_tokens == 8
+    r = e.generate(long_prompt, max_tokens=20)
+    assert r.tokens == fresh[tuple(long_prompt)]
+    assert r.stats.prefilled_tokens == len(long_prompt) - 8  # the cancelled request's chunks were kept
+    e.target.prefill_step = 512
+    cancel = threading.Event()
+    got = []
+    for ev in e.stream(PROMPT, max_tokens=30, cancel=cancel):
+        got.append(ev.token)
+        if len(got) == 3:
+            cancel.set()  # from here on no further event
+    assert got == fresh[tuple(PROMPT)][:3]
+    assert e.generate(PROMPT, max_tokens=20, cancel=cancel).finish_reason == "cancelled"  # set before it began
+    assert e.generate(long_prompt, max_tokens=20).tokens == fresh[tuple(long_prompt)]
+    assert e.generate(PROMPT, max_tokens=20, cancel=threading.Event()).tokens == fresh[tuple(PROMPT)]
+
+
+@pytest.mark.parametrize("drafter,num_draft", [("model", 2), ("model", None), ("ngram", None), ("none", None)])
+def test_a_cancelled_request_stops_and_the_engine_stays_right(target, draft, drafter, num_draft):
+    check_cancelled_requests(lambda: Engine(target, None, draft, drafter=drafter, num_draft=num_draft))
+
+
+def test_cancel_must_be_an_event(target):
+    from mlxspec.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="cancel must be None or a threading.Event"):
+        Engine(target, None, None, drafter="none").stream(PROMPT, cancel=True)
+
+
 @pytest.mark.parametrize("drafter,num_draft", [("model", 2), ("model", None), ("ngram", None), ("none", None)])
 def test_an_overtaken_stream_raises_and_the_engine_stays_right(target, draft, drafter, num_draft):
     check_overtaken_streams(lambda: Engine(target, None, draft, drafter=drafter, num_draft=num_draft))

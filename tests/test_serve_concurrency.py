@@ -54,6 +54,28 @@ def test_disconnect_mid_stream_cancels_and_the_next_request_is_clean():
     assert after.choices[0].message.content == fresh.text
 
 
+def test_a_client_that_gives_up_during_a_long_prompt_stops_its_prefill():
+    import tiny
+
+    engine = tiny_engine()
+    gate = engine.target.model = tiny.GatedPrefill(engine.target.model, 4)
+    with running_server(engine) as (url, server):
+        engine.target.prefill_step = 4
+        gate.armed = True
+        long = [{"role": "user", "content": "tell me about rivers " * 10}]
+        with pytest.raises(httpx.ReadTimeout):  # gives up while the prompt is being fed
+            httpx.post(f"{url}/v1/chat/completions", json={"messages": long, "max_tokens": 8}, timeout=0.5)
+        assert gate.entered.is_set()
+        queue = server.mlxspec.queue
+        wait_until(lambda: queue.running is not None and queue.running._cancel.is_set(), "the job is cancelled")
+        gate.release.set()
+        wait_until(lambda: queue.running is None, "the engine is free")
+        assert len(engine.target.tokens) == 4  # the chunk under way finished; no other was fed
+        gate.armed = False
+        after = openai_client(url).chat.completions.create(model="m", messages=long, max_tokens=8)
+    assert after.choices[0].message.content == tiny_engine().generate(long, max_tokens=8).text
+
+
 def test_a_client_that_gives_up_while_waiting_leaves_the_queue():
     engine = GatedEngine(tiny_engine())
     engine.gate.clear()

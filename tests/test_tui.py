@@ -9,6 +9,7 @@ import re
 import pytest
 from textual.widgets import Markdown, Static
 
+import tiny
 from tests.tui_helpers import async_test, send, tiny_engine, wait_idle
 from tui import make_app
 from tui.conversation import SPEC, VANILLA
@@ -92,6 +93,35 @@ async def test_escape_stops_a_long_generation_and_the_next_message_works():
         # points (whenever Esc landed): only equal histories must give equal greedy answers.
         if last.same_history:
             assert last.answers[SPEC].text == last.answers[VANILLA].text
+
+
+@async_test
+async def test_escape_during_a_long_prompt_stops_before_its_first_token():
+    engine = tiny_engine()
+    app = make_app(engine, max_tokens=24)
+    engine.target.prefill_step = 4
+    gate = engine.target.model = tiny.GatedPrefill(engine.target.model, 4)
+    async with app.run_test(size=SIZE) as pilot:
+        gate.armed = True
+        await send(app, pilot, "a long message " * 8, wait=False)
+        for _ in range(500):
+            await asyncio.sleep(0.02)
+            if gate.entered.is_set():
+                break
+        assert gate.entered.is_set() and app.busy
+        await pilot.press("escape")
+        await asyncio.sleep(0.1)
+        gate.release.set()  # the chunk in progress finishes; the prompt's other chunks are never fed
+        await wait_idle(app, pilot, timeout=10)
+        (turn,) = app.conversation.turns
+        assert turn.stopped and turn.answers[SPEC].tokens == []
+        assert len(engine.target.tokens) == 4  # one chunk of the prompt fed, the rest never
+        assert "(stopped before its first token)" in history_text(app)
+        gate.armed = False
+        await send(app, pilot, "/maxtokens 6")
+        await send(app, pilot, "and now?")
+        last = app.conversation.turns[-1]
+        assert not last.stopped and 0 < last.answers[SPEC].stats.tokens <= 6
 
 
 @async_test

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -217,3 +218,20 @@ def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool =
     save_head(path, head, None if draft_ids is None else mx.array(draft_ids), target, name=name,
               dtype=mx.float32, feature_layers=feature_layers)
     return path
+
+
+class GatedPrefill:
+    """The target model, held at its first prefill chunk once armed (the test presses Esc there)."""
+
+    def __init__(self, model, chunk: int):
+        self.model, self.chunk = model, chunk
+        self.armed, self.entered, self.release = False, threading.Event(), threading.Event()
+
+    def __call__(self, ids, cache=None):
+        if self.armed and ids.shape[1] == self.chunk and not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(10)
+        return self.model(ids, cache=cache)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)

@@ -49,7 +49,9 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
         latest.clear()
 
     try:
-        common = dict(max_tokens=request.max_tokens, temperature=request.temperature, seed=request.seed)
+        # `cancel` also stops a side in the middle of a long prompt, before its first token (Esc).
+        common = dict(max_tokens=request.max_tokens, temperature=request.temperature, seed=request.seed,
+                      cancel=cancel)
         streams = {
             SPEC: engines[SPEC].stream(request.messages[SPEC], speculative=True, num_draft=request.num_draft,
                                        drafter=request.drafter, **common),

@@ -258,7 +258,8 @@ class EngineQueue:
         """Stream the job's generation into it; stop between tokens when cancelled."""
         events = last = None
         try:
-            events = self.engine.stream(job.prompt, **job.options)  # checks the arguments first
+            # `cancel` also stops a long prompt between two chunks (a client gone before its first token)
+            events = self.engine.stream(job.prompt, cancel=job._cancel, **job.options)  # checks the arguments first
             for last in events:
                 job._put(last)
                 if last.finish_reason or job._cancel.is_set():

@@ -24,7 +24,8 @@ class ChatHistory(VerticalScroll):
         answer = turn.answers[SPEC].text.strip()
         if len(answer) > PREVIEW:
             answer = answer[:PREVIEW] + "…"
-        self._add(Text.assemble(("model ", "bold"), answer or "(empty)"), "answer")
+        empty = "(stopped before its first token)" if turn.stopped else "(empty)"
+        self._add(Text.assemble(("model ", "bold"), answer or empty), "answer")
         self._add(Text(turn.verdict()), "verdict")
 
     def add_notice(self, text: str, *, error: bool = False) -> None:
