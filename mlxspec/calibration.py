@@ -19,14 +19,19 @@ MLX is imported inside the functions, so `mlxspec --help` stays fast.
 from __future__ import annotations
 
 import json
+import math
+import os
 import statistics
+import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import blas
 from .device import backend, device_name
 from .errors import InvalidArgumentError, MlxSpecError
+from .paths import cache_dir
 
 FORMAT = 1
 MAX_J = 16  # longest pass timed (tokens)
@@ -35,8 +40,6 @@ REPEATS = 7  # timings per j (median kept)
 
 
 def calibration_path() -> Path:
-    from .loading.demo import cache_dir  # the one cache folder (MLXSPEC_HOME), imported lazily
-
     return cache_dir() / "calibration.json"
 
 
@@ -157,17 +160,65 @@ def read_file(path: Optional[Path] = None) -> dict:
     return doc
 
 
-def save(entry: dict, path: Optional[Path] = None) -> Path:
-    """Store `entry` (from `calibrate`) under its key, keeping other models' entries. Returns the path."""
+def unreadable(path: Optional[Path] = None) -> Optional[str]:
+    """Why the calibration file cannot be read (None: it can, or there is none)."""
+    try:
+        read_file(path)
+    except MlxSpecError as e:
+        return str(e)
+    return None
+
+
+def save(entry: dict, path: Optional[Path] = None, *, replace_unreadable: bool = False) -> Path:
+    """Store `entry` (from `calibrate`) under its key, keeping other models' entries. Returns the path.
+
+    A model drafter's cost saved before is kept when `entry` has none (a later calibration with
+    another drafter). `replace_unreadable`: an unreadable file is moved to `<name>.bad` and a new
+    one started (else MlxSpecError). MlxSpecError also when the folder cannot be written."""
     path = Path(path) if path else calibration_path()
-    doc = read_file(path)
+    try:
+        doc = read_file(path)
+    except MlxSpecError:
+        if not replace_unreadable:
+            raise
+        doc = {"models": {}}
+        _write_step(lambda: path.replace(path.with_name(path.name + ".bad")), path)
+    old = doc["models"].get(entry["key"])
+    if isinstance(old, dict) and entry.get("draft_key") is None and old.get("draft_key"):
+        model_cost = (old.get("draft_cost") or {}).get("model") if isinstance(old.get("draft_cost"), dict) else None
+        if _positive(model_cost):
+            entry = dict(entry, draft_key=old["draft_key"], draft_cost={**entry["draft_cost"], "model": model_cost})
     doc["format"] = FORMAT
     doc["models"][entry["key"]] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)  # atomic: a crash never leaves half a file
+    text = json.dumps(doc, indent=2) + "\n"
+
+    def write():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A temporary file of its own (two calibrations at once must not share one), then an
+        # atomic rename: a crash never leaves half a file.
+        fd, tmp = tempfile.mkstemp(prefix=".calibration-", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    _write_step(write, path)
     return path
+
+
+def _write_step(step, path: Path) -> None:
+    try:
+        step()
+    except OSError as e:
+        raise MlxSpecError(f"[calibrate] cannot write {path}: {e.strerror or e}; make the folder writable, set "
+                           f"MLXSPEC_HOME to a writable folder, or pass --no-save") from None
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def load_entry(model, path: Optional[Path] = None) -> Optional[dict]:
@@ -176,7 +227,8 @@ def load_entry(model, path: Optional[Path] = None) -> Optional[dict]:
         doc = read_file(path)
     except MlxSpecError:
         return None
-    return doc["models"].get(model_key(model))
+    entry = doc["models"].get(model_key(model))
+    return entry if isinstance(entry, dict) else None
 
 
 def load_prior(model, path: Optional[Path] = None) -> Optional[Dict[int, float]]:
@@ -187,13 +239,32 @@ def load_prior(model, path: Optional[Path] = None) -> Optional[Dict[int, float]]
     return _ratios(load_entry(model, path))
 
 
-def _ratios(entry: Optional[dict]) -> Optional[Dict[int, float]]:
-    """An entry's V(j)/V(1) ratios, or None when it has none (or they do not parse)."""
-    if not entry or not isinstance(entry.get("ratios"), dict):
+def check_ratios(ratios) -> Optional[Dict[int, float]]:
+    """V(j)/V(1) ratios as {j: ratio}: lengths j >= 1 (1 among them), finite positive ratios.
+    None passes; anything else raises InvalidArgumentError saying what is wrong."""
+    if ratios is None:
         return None
     try:
-        return {int(j): float(r) for j, r in entry["ratios"].items()}
-    except (TypeError, ValueError):
+        out = {int(j): float(r) for j, r in dict(ratios).items()}
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"cost_prior must map pass lengths to V(j)/V(1) ratios, e.g. {{1: 1.0, 2: 1.2}}; "
+                                   f"got {type(ratios).__name__} ({e})") from None
+    bad = [f"{j}: {r}" for j, r in out.items() if j < 1 or not _positive(r)]
+    if bad or (out and 1 not in out):
+        why = f"lengths must be >= 1 and ratios finite and > 0, got {', '.join(bad[:4])}" if bad else "it has no length 1"
+        raise InvalidArgumentError(f"cost_prior is not a V(j)/V(1) curve: {why}")
+    return out
+
+
+def _ratios(entry: Optional[dict]) -> Optional[Dict[int, float]]:
+    """An entry's V(j)/V(1) ratios, or None when it has none (a damaged curve: ignored, with a warning)."""
+    if not entry or entry.get("ratios") is None:
+        return None
+    try:
+        return check_ratios(entry["ratios"]) or None
+    except InvalidArgumentError as e:
+        warnings.warn(f"ignoring the saved calibration of this model ({e}); run `mlxspec calibrate` again",
+                      stacklevel=3)
         return None
 
 
@@ -202,9 +273,10 @@ def priors_for(target_model, draft_model=None) -> tuple:
     entry = load_entry(target_model) or {}
     ratios = _ratios(entry)
     draft_ratio = None
-    if draft_model is not None and entry.get("draft_key") == model_key(draft_model):
-        value = (entry.get("draft_cost") or {}).get("model")
-        draft_ratio = float(value) if isinstance(value, (int, float)) else None
+    costs = entry.get("draft_cost")
+    if draft_model is not None and entry.get("draft_key") == model_key(draft_model) and isinstance(costs, dict):
+        value = costs.get("model")
+        draft_ratio = float(value) if _positive(value) else None
     return ratios, draft_ratio
 
 

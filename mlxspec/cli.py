@@ -40,19 +40,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     from .errors import MlxSpecError
 
+    command = "mlxspec"
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        command = f"mlxspec {args.command}"
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that left shows here, not as a traceback at the interpreter's exit
         return status
     except MlxSpecError as e:
-        print(f"mlxspec {args.command}: error: {e}", file=sys.stderr)
+        print(f"{command}: error: {e}", file=sys.stderr)
+        return 1
+    except (PermissionError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError) as e:
+        # A folder it cannot use (MLXSPEC_HOME read-only, a path through a file): what and where, not a traceback.
+        from .paths import cache_dir
+
+        where = f": {e.filename}" if e.filename else ""
+        home = str(cache_dir())
+        hint = (f" (mlxspec keeps its files in {home}; set MLXSPEC_HOME to a folder it can write)"
+                if str(e.filename or "").startswith(home) else "")
+        print(f"{command}: error: {e.strerror or e}{where}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

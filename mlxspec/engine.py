@@ -19,6 +19,7 @@ import mlx.core as mx
 
 from . import blas, kernels
 from .cache import WindowKVCache
+from .calibration import check_ratios, priors_for
 from .costmodel import DECAY, MODEL_DECAY, CostModel, TargetCurve
 from .device import backend
 from .distributed import Coordinator
@@ -118,9 +119,8 @@ class Engine:
         self.default_drafter = drafter
         self._prior_slope = prior_slope(target_model)
         self._prior_draft = None
+        cost_prior = check_ratios(cost_prior)
         if cost_prior is None:
-            from .calibration import priors_for
-
             cost_prior, self._prior_draft = priors_for(target_model, draft_model)
         self._cost_prior = cost_prior
         self.warmed_passes: Optional[int] = None  # longest pass `warmup` ran (tokens); kernels are per process
@@ -168,6 +168,7 @@ class Engine:
 
     def set_cost_prior(self, ratios: Optional[Dict[int, float]]) -> None:
         """Start the cost model (and future forks) from these V(j)/V(1) ratios."""
+        ratios = check_ratios(ratios)
         self._cost_prior = dict(ratios) if ratios else None
         self.curve.prior_ratios = dict(ratios or {})
 

@@ -76,3 +76,120 @@ def test_cli_prints_and_saves(home, monkeypatch, capsys):
     assert list(doc["models"]) == [cal.model_key(eng.target_model)]
     assert cli.main(["calibrate", "--max-j", "2", "--prefix", "4", "--repeats", "1", "--no-save"]) == 0
     assert len(json.loads((home / "calibration.json").read_text())["models"][cal.model_key(eng.target_model)]["ratios"]) == 3
+
+
+def _saved_entry(model, **changes) -> dict:
+    entry = cal.calibrate(model, max_j=3, prefix=4, repeats=1)
+    entry.update(changes)
+    return entry
+
+
+@pytest.mark.parametrize("damage", [
+    {"draft_cost": 0.08, "draft_key": "x"},  # a number where a table belongs
+    {"ratios": {"1": 0, "2": 1.2}},  # a zero ratio (was a ZeroDivisionError mid-generation)
+    {"ratios": {"1": 1.0, "2": float("nan")}},
+    {"ratios": {"1": 1.0, "2": -3}},
+    {"ratios": {"2": 1.2}},  # no length 1
+    {"ratios": ["1", "2"]},
+])
+def test_a_damaged_entry_is_ignored_with_a_warning_and_engines_still_load(home, damage):
+    from mlxspec import Engine
+
+    eng = tiny_engine()
+    cal.save(_saved_entry(eng.target_model, **damage))
+    with pytest.warns(UserWarning, match="mlxspec calibrate") if "ratios" in damage else _nothing():
+        ratios, draft = cal.priors_for(eng.target_model, eng.draft_model)
+    assert draft is None and (ratios is None or "ratios" not in damage)
+    with pytest.warns(UserWarning) if "ratios" in damage else _nothing():
+        e = Engine(eng.target_model, None, eng.draft_model)
+    assert e.generate([1, 2, 3], max_tokens=4).stats.tokens == 4
+
+
+def test_an_entry_that_is_not_a_table_is_ignored(home):
+    eng = tiny_engine()
+    (home / "calibration.json").write_text(json.dumps({"format": 1, "models": {cal.model_key(eng.target_model): [1]}}))
+    assert cal.priors_for(eng.target_model, eng.draft_model) == (None, None)
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_engine_cost_prior_is_checked():
+    from mlxspec import Engine
+    from mlxspec.errors import InvalidArgumentError
+
+    target = make_llama(0)
+    for bad, why in (({1: 1.0, 2: 0.0}, "finite and > 0"), ({2: 1.2}, "no length 1"), ("fast", "cost_prior must map")):
+        with pytest.raises(InvalidArgumentError, match=why):
+            Engine(target, None, None, cost_prior=bad)
+    e = Engine(target, None, None, cost_prior={1: 1.0, 2: 1.1})
+    with pytest.raises(InvalidArgumentError, match="finite and > 0"):
+        e.set_cost_prior({1: 1.0, 3: float("inf")})
+
+
+def test_calibrate_replaces_an_unreadable_file_and_says_so_before_measuring(home, monkeypatch, capsys):
+    eng = tiny_engine()
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: eng)
+    (home / "calibration.json").write_text("{ broken")
+    assert cli.main(["calibrate", "--max-j", "2", "--prefix", "4", "--repeats", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "not a readable calibration file" in err and "calibration.json.bad" in err
+    assert (home / "calibration.json.bad").read_text() == "{ broken"
+    assert len(cal.load_prior(eng.target_model)) == 2
+
+
+def test_calibrating_again_without_the_draft_keeps_its_saved_cost(home):
+    eng = tiny_engine()
+    cal.save(cal.calibrate(eng.target_model, eng.draft_model, max_j=2, prefix=4, repeats=1))
+    _, before = cal.priors_for(eng.target_model, eng.draft_model)
+    cal.save(cal.calibrate(eng.target_model, None, max_j=3, prefix=4, repeats=1))  # e.g. --draft ngram
+    ratios, after = cal.priors_for(eng.target_model, eng.draft_model)
+    assert len(ratios) == 3 and after == before and after > 0
+
+
+def test_an_unwritable_home_is_a_readable_error(home, monkeypatch):
+    import os
+
+    if os.geteuid() == 0:  # root writes anywhere: make the folder a file instead
+        monkeypatch.setenv("MLXSPEC_HOME", str(home / "afile" / "sub"))
+        (home / "afile").write_text("")
+    else:
+        home.chmod(0o500)
+    try:
+        with pytest.raises(MlxSpecError, match="cannot write .*calibration.json.*--no-save"):
+            cal.save({"key": "x", "ratios": {"1": 1.0}, "draft_cost": {}})
+    finally:
+        home.chmod(0o700)
+
+
+def test_two_saves_at_once_lose_nothing(home):
+    import threading
+
+    errors = []
+
+    def saver(i):
+        try:
+            for n in range(30):
+                cal.save({"key": f"k{i}", "ratios": {"1": 1.0}, "draft_cost": {}, "n": n})
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+
+    threads = [threading.Thread(target=saver, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert not list(home.glob("*.tmp"))
+    json.loads((home / "calibration.json").read_text())  # whole, never half-written
+
+
+def test_calibrate_max_j_is_bounded_and_it_has_no_window_or_head_flags(capsys):
+    for argv in (["calibrate", "--max-j", "34"], ["calibrate", "--head", "x"], ["calibrate", "--max-kv-size", "8"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 2
+    assert "1..33" in capsys.readouterr().err

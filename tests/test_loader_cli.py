@@ -267,6 +267,11 @@ def test_generate_refuses_bad_settings_before_loading(option, value, says, made,
     (["generate", "--seed", str(2**64), "hi"], "--seed: expected an integer >= 0 and < 2**64"),
     (["bench", "--json", "/no/such/folder/x.json"], "--json: the folder"),
     (["bench", "--csv", "."], "--csv: '.' is a folder"),
+    (["generate", "--pair", "", "hi"], "--pair: expected a pair name"),
+    (["bench", "--target", " "], "--target: expected a pair name"),
+    (["chat", "--draft", ""], "--draft: expected a pair name"),
+    (["chat", "--dtype", "bogus"], "--dtype: invalid choice"),
+    (["calibrate", "--max-j", "100000"], "--max-j: expected an integer in 1..33"),
 ])
 def test_bad_arguments_fail_when_parsed_not_after_the_run(argv, says, capsys):
     with pytest.raises(SystemExit):
@@ -296,3 +301,21 @@ def test_memory_warning_when_metal_working_set_is_exceeded(fake_engine, tiny_ggu
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load(str(tiny_gguf_path), "ngram", dtype="quantized", max_kv_size=128)
+
+
+def test_help_does_not_load_mlx_lm():
+    import subprocess
+
+    code = ("import sys; from mlxspec.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('mlx_lm', 'transformers', 'mlxspec.drafters') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_home_it_cannot_use_is_a_readable_error(monkeypatch, tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "afile" / "home"))
+    assert main(["pull", "demo"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mlxspec pull: error: Not a directory") and "set MLXSPEC_HOME to a folder it can write" in err
+

@@ -85,3 +85,13 @@ def output_path(s: str) -> str:
     if not os.access(folder, os.W_OK):
         raise argparse.ArgumentTypeError(f"the folder {folder!r} is not writable")
     return s
+
+
+def reference(s: str) -> str:
+    """A pair name or a model reference: anything but blank (a blank one used to mean the demo)."""
+    if not s.strip():
+        raise argparse.ArgumentTypeError(f"expected a pair name (see `mlxspec models`) or a model reference, got {s!r}")
+    return s
+
+
+DTYPES = ["auto", "quantized", "bfloat16", "float16", "float32"]  # what `--dtype` accepts (mlxspec.load's dtype)

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+
 from .argtypes import positive
 from .modelargs import add_model_args
+
+
+def pass_length(s: str) -> int:
+    """The longest pass the engine verifies: MAX_DRAFT drafts + 1 token."""
+    from ..prompts import MAX_DRAFT
+
+    n = positive(s)
+    if n > MAX_DRAFT + 1:
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..{MAX_DRAFT + 1} (the longest pass the engine "
+                                         f"verifies), got {s!r}")
+    return n
 
 
 def register(subparsers) -> None:
@@ -11,8 +24,9 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("calibrate", help="measure the target's verify-cost curve on this device",
                               description=__doc__)
-    add_model_args(p)
-    p.add_argument("--max-j", type=positive, default=MAX_J, help=f"longest pass timed, tokens (default {MAX_J})")
+    add_model_args(p, window=False, head=False)  # the curve is timed without a window; a head is not timed
+    p.add_argument("--max-j", type=pass_length, default=MAX_J,
+                   help=f"longest pass timed, tokens, at most 33 (default {MAX_J})")
     p.add_argument("--prefix", type=positive, default=PREFIX, help=f"KV tokens before each pass (default {PREFIX})")
     p.add_argument("--repeats", type=positive, default=REPEATS, help=f"timings per length, median kept (default {REPEATS})")
     p.add_argument("--no-save", action="store_true", help="print the curve without saving it")
@@ -34,8 +48,12 @@ def run(args) -> int:
 def calibrate_engine(engine, args, *, out, err) -> int:
     from rich.table import Table
 
-    from ..calibration import calibrate, save
+    from ..calibration import calibrate, calibration_path, save, unreadable
 
+    broken = False if args.no_save else bool(unreadable())
+    if broken:  # said before minutes of timing, not after
+        err.print(f"warning: {calibration_path()} is not a readable calibration file; this calibration "
+                  f"replaces it (the old one is kept beside it as calibration.json.bad)")
     with err.status("timing target passes"):
         entry = calibrate(engine.target_model, engine.draft_model, max_j=args.max_j, prefix=args.prefix,
                           repeats=args.repeats)
@@ -50,6 +68,6 @@ def calibrate_engine(engine, args, *, out, err) -> int:
         out.print(f"drafter {name}: {c:.3f} target steps per drafted token")
     if args.no_save:
         return 0
-    path = save(entry)
+    path = save(entry, replace_unreadable=broken)
     err.print(f"saved to {path}")
     return 0

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
-
-from .argtypes import non_negative, num_draft, positive
+from .argtypes import DTYPES, non_negative, num_draft, positive, reference
 
 
 def register(subparsers) -> None:
@@ -12,16 +10,17 @@ def register(subparsers) -> None:
         "chat", help="chat TUI racing speculative against vanilla decoding",
         description="Type a message; the same target answers twice, side by side, once speculative and once "
                     "vanilla, with live tokens/s, acceptance and a speedup verdict. Defaults to the demo pair.")
-    p.add_argument("--pair", metavar="NAME", help="a named pair (default: demo)")
-    p.add_argument("--target", metavar="REF", help="target model (instead of --pair)")
-    p.add_argument("--draft", metavar="REF", help="draft model for --target")
+    p.add_argument("--pair", metavar="NAME", type=reference, help="a named pair (default: demo)")
+    p.add_argument("--target", metavar="REF", type=reference, help="target model (instead of --pair)")
+    p.add_argument("--draft", metavar="REF", type=reference, help="draft model for --target")
     p.add_argument("--drafter", choices=["model", "eagle", "ngram"],
                    help="who drafts (default: the pair's drafter on this backend, else the draft model if any, "
                         "else ngram); eagle needs a head")
     p.add_argument("--head", metavar="REF", help="EAGLE head folder (or builtin:NAME) for the target (default: the pair's)")
     p.add_argument("--num-draft", metavar="auto|N", type=num_draft, default=None,
                    help="draft length: auto (cost model, default) or a fixed N")
-    p.add_argument("--dtype", help="weights dtype, e.g. float16 or bfloat16 (default: the pair's)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="weights precision: keep quantized or dequantize (default: auto, per device)")
     p.add_argument("--temperature", type=non_negative, default=0.0, metavar="T", help="0 = greedy (default)")
     p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="answer length limit (default 256)")
     p.add_argument("--max-kv-size", type=positive, default=None, metavar="W", help="sliding KV window (default: none)")

@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..errors import InvalidArgumentError
-from .argtypes import num_draft, on_off, seed, tree
+from .argtypes import DTYPES, num_draft, on_off, reference, seed, tree
 from .modelargs import add_distributed_arg, quiet_unless_main
 
 
@@ -29,9 +29,9 @@ def register(subparsers) -> None:
     )
     p.add_argument("prompt", metavar="PROMPT", help="the user message ('-' reads it from stdin)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--pair", metavar="NAME", help="a pair from `mlxspec models` (default: demo)")
-    src.add_argument("--target", metavar="REF", help="target model: folder, .gguf file or Hugging Face repo id")
-    p.add_argument("--draft", metavar="REF", help="draft model reference, or 'ngram' / 'none' (overrides the pair's)")
+    src.add_argument("--pair", metavar="NAME", type=reference, help="a pair from `mlxspec models` (default: demo)")
+    src.add_argument("--target", metavar="REF", type=reference, help="target model: folder, .gguf file or Hugging Face repo id")
+    p.add_argument("--draft", metavar="REF", type=reference, help="draft model reference, or 'ngram' / 'none' (overrides the pair's)")
     p.add_argument("--drafter", choices=["ngram", "model", "eagle", "none"],
                    help="how to draft: an n-gram drafter, the draft model, an EAGLE head over the target's "
                         "features, or no speculation (default: the pair's drafter on this backend, see `mlxspec models`; "
@@ -55,7 +55,7 @@ def register(subparsers) -> None:
                         "chains copy where the text repeats; off: the model drafts alone")
     p.add_argument("--max-kv-size", type=int, default=None, metavar="W",
                    help="keep at most W tokens of KV (a sliding window); default: unbounded")
-    p.add_argument("--dtype", choices=["auto", "quantized", "bfloat16", "float16", "float32"], default=None,
+    p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="weights precision: keep quantized or dequantize (default: auto, per device)")
     p.add_argument("--no-chat-template", action="store_true", help="send PROMPT as raw text, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")

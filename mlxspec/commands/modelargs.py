@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from ..errors import InvalidArgumentError
+from .argtypes import DTYPES, reference
 
 DEFAULT_PAIR = "demo"
 
 
-def add_model_args(p) -> None:
-    p.add_argument("--pair", metavar="NAME", help=f"a models.toml pair name (default: {DEFAULT_PAIR!r} unless --target is given)")
-    p.add_argument("--target", metavar="REF", help="target model: a folder, a .gguf file or a Hugging Face repo id (default: the pair's target)")
-    p.add_argument("--draft", metavar="REF", help="draft model reference, or 'ngram' / 'none' (default: the pair's draft)")
-    p.add_argument("--dtype", choices=["auto", "quantized", "bfloat16", "float16", "float32"], default=None,
+def add_model_args(p, *, window: bool = True, head: bool = True) -> None:
+    """--pair/--target/--draft/--dtype, and --max-kv-size and --head unless the command has no use for them."""
+    p.add_argument("--pair", metavar="NAME", type=reference, help=f"a models.toml pair name (default: {DEFAULT_PAIR!r} unless --target is given)")
+    p.add_argument("--target", metavar="REF", type=reference, help="target model: a folder, a .gguf file or a Hugging Face repo id (default: the pair's target)")
+    p.add_argument("--draft", metavar="REF", type=reference, help="draft model reference, or 'ngram' / 'none' (default: the pair's draft)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="precision of both models (default: the backend's default)")
-    p.add_argument("--max-kv-size", type=int, default=None, metavar="W", help="KV window in tokens (default: unbounded)")
-    p.add_argument("--head", default=None, help="EAGLE head folder or builtin:NAME for the target (default: the pair's)")
+    if window:
+        p.add_argument("--max-kv-size", type=int, default=None, metavar="W", help="KV window in tokens (default: unbounded)")
+    if head:
+        p.add_argument("--head", default=None, help="EAGLE head folder or builtin:NAME for the target (default: the pair's)")
 
 
 def add_distributed_arg(p) -> None:
@@ -57,5 +61,5 @@ def load_engine(args, **kw):
 
     ref = args.pair or args.target or DEFAULT_PAIR
     kw.setdefault("distributed", getattr(args, "distributed", False))
-    return mlxspec.load(ref, args.draft, dtype=args.dtype, max_kv_size=args.max_kv_size,
+    return mlxspec.load(ref, args.draft, dtype=args.dtype, max_kv_size=getattr(args, "max_kv_size", None),
                         head=getattr(args, "head", None), **kw)

@@ -16,7 +16,7 @@ API_KEY_ENV = "MLXSPEC_API_KEY"
 
 
 def register(subparsers) -> None:
-    from ..drafters import DRAFTERS
+    from ..drafter_names import DRAFTERS
     from ..serve.options import DEFAULT_MAX_BODY, ServeOptions
 
     d = ServeOptions()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelNotFoundError
+from ..paths import cache_dir
 
 PREFIX = "demo:"  # model references naming an embedded model, e.g. "demo:smollm2-135m"
 
@@ -47,15 +48,6 @@ MODELS = {
         gguf_bytes=98362432,
     ),
 }
-
-
-def cache_dir() -> Path:
-    """`$MLXSPEC_HOME`, or the platform's user cache folder for mlxspec."""
-    if home := os.environ.get("MLXSPEC_HOME"):
-        return Path(home).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("mlxspec"))
 
 
 def _model(name: str) -> DemoModel:

@@ -18,12 +18,10 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from ..device import BACKENDS
+from ..drafter_names import DRAFTERS, WEIGHTLESS_DRAFTERS  # noqa: F401 (re-exported)
 from ..errors import MlxSpecError
 
 PACKAGED = Path(__file__).resolve().parent.parent / "models.toml"
-
-# Drafters that need no weights; anything else in `draft` is a model reference.
-WEIGHTLESS_DRAFTERS = ("ngram", "none")
 
 
 @dataclass(frozen=True)
