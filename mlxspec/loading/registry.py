@@ -20,6 +20,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 from ..device import BACKENDS
 from ..drafter_names import DRAFTERS, WEIGHTLESS_DRAFTERS  # noqa: F401 (re-exported)
 from ..errors import MlxSpecError
+from ..paths import user_pairs_path
 
 PACKAGED = Path(__file__).resolve().parent.parent / "models.toml"
 
@@ -76,7 +77,14 @@ def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
     known = {f.name: f.type for f in fields(Pair)}
     optional = {f.name for f in fields(Pair) if f.default is not MISSING}
     out: dict[str, Pair] = {}
-    for i, entry in enumerate(data.get("pair", [])):
+    if set(data) - {"pair"}:
+        raise MlxSpecError(f"{path}: unknown top-level keys {sorted(set(data) - {'pair'})}; a pair registry holds "
+                           f"only [[pair]] tables")
+    entries = data.get("pair", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise MlxSpecError(f"{path}: 'pair' must be written as [[pair]] tables (an array of tables), "
+                           f"got {type(entries).__name__}")
+    for i, entry in enumerate(entries):
         where = f"{path}: [[pair]] #{i + 1} ({entry.get('name', 'unnamed')!r})"
         missing = sorted(set(known) - set(entry) - optional)
         unknown = sorted(set(entry) - set(known))
@@ -96,16 +104,45 @@ def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
                 raise MlxSpecError(f"{where}: field {key!r} must be {known[key]}, got {value!r}")
         if entry["name"] in out:
             raise MlxSpecError(f"{where}: the name {entry['name']!r} appears twice")
-        out[entry["name"]] = Pair(**entry)
+        pair = Pair(**entry)
+        _check_drafter(pair, where)
+        out[entry["name"]] = pair
     return out
 
 
-@lru_cache(maxsize=1)
+def _check_drafter(pair: Pair, where: str) -> None:
+    """A default drafter the pair can have: a known name, "eagle" only with a head, "model" only with a draft model."""
+    named = pair.drafter.values() if isinstance(pair.drafter, dict) else [pair.drafter]
+    allowed = [d for d in DRAFTERS if d != "none"]
+    for d in named:
+        if d and d not in allowed:
+            raise MlxSpecError(f"{where}: field 'drafter' names {d!r}; allowed: {', '.join(allowed)} (or leave it out "
+                               f"for the draft model)")
+        if d == "eagle" and not pair.head:
+            raise MlxSpecError(f"{where}: drafter 'eagle' needs a head: add head = \"builtin:<name>\" or a folder")
+        if d == "model" and not pair.draft_is_model:
+            raise MlxSpecError(f"{where}: drafter 'model' needs a draft model, but draft is {pair.draft!r}")
+
+
+@lru_cache(maxsize=8)
+def _parsed(path: Path, stamp: tuple) -> dict[str, Pair]:
+    return load_pairs(path)
+
+
 def pairs() -> dict[str, Pair]:
-    """The packaged pairs, `{name: Pair}`, parsed once."""
-    return load_pairs(PACKAGED)
+    """Every pair, `{name: Pair}`: the packaged ones, then the user's own from
+    `$MLXSPEC_HOME/models.toml` when that file exists (a user pair with a packaged pair's name
+    replaces it). Each file is parsed again only when it changes."""
+    out = dict(_parsed(PACKAGED, ()))
+    mine = user_pairs_path()
+    try:
+        st = mine.stat()
+    except OSError:
+        return out
+    out.update(_parsed(mine, (st.st_mtime_ns, st.st_size)))
+    return out
 
 
 def get_pair(name: str) -> Pair | None:
-    """The packaged pair called `name`, or None when there is none."""
+    """The pair called `name` (the user's own first, see `pairs`), or None when there is none."""
     return pairs().get(name)

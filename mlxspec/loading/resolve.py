@@ -104,6 +104,18 @@ def check_mlx_folder(path: Path) -> Path:
             f"{path} has no *.safetensors weights (only {sorted(p.name for p in path.iterdir())[:8]}); "
             "an mlx-lm model folder needs config.json + *.safetensors"
         )
+    index = path / "model.safetensors.index.json"
+    if index.is_file():  # weights in shards: an interrupted download leaves some out
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelNotFoundError(f"{index} is not a valid weights index ({e!r}); download the model again") from e
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            raise ModelNotFoundError(
+                f"{path} lacks {len(missing)} of the {len(shards)} weight files its index lists ({', '.join(missing[:3])}"
+                f"{', ...' if len(missing) > 3 else ''}): the download was interrupted; fetch it again "
+                f"(`mlxspec pull` or `huggingface-cli download`)")
     return path
 
 
