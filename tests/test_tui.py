@@ -400,3 +400,17 @@ def test_a_difference_after_a_sampled_turn_does_not_blame_a_stop():
 
     turn = Turn("q", {SPEC: Answer(text="a"), VANILLA: Answer(text="b")}, same_history=False)
     assert "sampled or stopped" in turn.verdict()
+
+
+@async_test
+async def test_the_header_keeps_its_memory_line_in_a_narrow_terminal():
+    from textual.geometry import Region
+
+    from tui.widgets import PairHeader
+
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=(60, 30)) as pilot:
+        await pilot.pause()
+        header = app.query_one(PairHeader)
+        lines = [s.text.strip() for s in header.render_lines(Region(0, 0, header.size.width, header.size.height))]
+        assert lines[0].startswith("mlxspec chat") and lines[1].startswith("memory"), lines
