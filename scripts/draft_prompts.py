@@ -198,7 +198,11 @@ def read_prompt_file(path, flag: str = "--prompt-file") -> List[Dict]:
     if not path.is_file():
         raise SystemExit(f"{flag} {path}: no such file")
     out, allowed = [], 'each line must be a JSON object with "prompt" (a string) or "messages" (a chat)'
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"{flag} {path}: cannot be read as UTF-8 text ({e})")
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -208,6 +212,8 @@ def read_prompt_file(path, flag: str = "--prompt-file") -> List[Dict]:
         prompt = obj.get("prompt") if isinstance(obj, dict) else None
         if isinstance(obj, dict) and "messages" in obj:
             prompt = _chat_prompt(obj["messages"], f"{flag} {path}, line {n}")
+        elif isinstance(prompt, list):  # a chat given as "prompt": the same rules as "messages"
+            prompt = _chat_prompt(prompt, f"{flag} {path}, line {n}")
         if not (isinstance(prompt, list) or (isinstance(prompt, str) and prompt.strip())):
             raise SystemExit(f"{flag} {path}, line {n}: {allowed}")
         out.append({"kind": str(obj.get("kind", "file")), "prompt": prompt})
@@ -222,9 +228,16 @@ def write_jsonl(path, rows) -> None:
     from pathlib import Path
 
     path = Path(path)
+    if path.is_dir():
+        raise SystemExit(f"{path} is a folder: give the file to write")
+    if not path.parent.is_dir():
+        raise SystemExit(f"{path}: the folder {path.parent} does not exist")
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(x) + "\n" for x in rows), encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text("".join(json.dumps(x) + "\n" for x in rows), encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 PROMPT_FILE_HELP = ('more train prompts, one JSON object per line: {"prompt": ...} or {"messages": [...]} '
@@ -238,8 +251,8 @@ def prompt_files(paths) -> Dict[str, List[Dict]]:
     import hashlib
     from pathlib import Path
 
-    return {"file-" + hashlib.sha1(Path(path).read_bytes()).hexdigest()[:10]: read_prompt_file(path)
-            for path in paths}
+    read = {path: read_prompt_file(path) for path in paths}  # checked first: a missing file is said, not raised
+    return {"file-" + hashlib.sha1(Path(path).read_bytes()).hexdigest()[:10]: prompts for path, prompts in read.items()}
 
 
 def _chat_prompt(messages, where: str) -> list:

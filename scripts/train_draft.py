@@ -216,6 +216,39 @@ def positive_int(text: str) -> int:
     return n
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number of at least 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 0")
+    return n
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = 0.0
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number above 0")
+    return x
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number of at least 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not 0 <= x < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of at least 0")
+    return x
+
+
 def plan_batches(args, prompts: dict) -> list:
     """(shard name, temperature, [(split, prompt index, temperature)]) per generate batch: held-out
     prompts greedily, train prompts alternately greedy (even index) and at T, then each prompt

@@ -242,14 +242,54 @@ def gen_batches(args, prompts: dict) -> list:
     mark = train_draft.batch_mark(args)  # the held-out shard is one batch whatever the size
     for b in range(0, len(train), args.gen_batch):  # batch b: greedy when b is even, else at T
         temp = 0.0 if (b // args.gen_batch) % 2 == 0 else args.temperature
-        batches.append((f"train-{b // args.gen_batch:03d}{mark}", temp,
-                        [("train", i) for i in train[b:b + args.gen_batch]]))
+        rows = train[b:b + args.gen_batch]
+        batches.append((f"train-{b // args.gen_batch:03d}{mark}{partial(rows, args)}", temp,
+                        [("train", i) for i in rows]))
     for key in sorted(k for k in prompts if k.startswith("file-")):
         for b in range(0, len(prompts[key]), args.gen_batch):
             temp = 0.0 if (b // args.gen_batch) % 2 == 0 else args.temperature
-            batches.append((f"{key}-{b // args.gen_batch:03d}{mark}", temp,
-                            [(key, i) for i in range(b, min(b + args.gen_batch, len(prompts[key])))]))
+            rows = range(b, min(b + args.gen_batch, len(prompts[key])))
+            batches.append((f"{key}-{b // args.gen_batch:03d}{mark}{partial(rows, args)}", temp,
+                            [(key, i) for i in rows]))
     return batches
+
+
+def partial(rows, args) -> str:
+    """The suffix of a batch short of --gen-batch prompts (the last one): grown by a later run
+    (more --prompts), it holds more prompts and must not pass for the finished shorter one."""
+    return "" if len(rows) == args.gen_batch else f"-n{len(rows)}"
+
+
+ANSWER_SETTINGS = ("max_new", "temperature", "seed", "held_out")  # with the target: what the answers depend on
+
+
+def check_work(work: Path, args, target: str) -> None:
+    """Keep a --work folder to one target and one way of answering (`ANSWER_SETTINGS`): its
+    shards, vocabulary and runs are named by prompts and training settings only, so another
+    target or other answers would silently reuse them. The first run records them
+    (work/answers.json); a later run that differs is refused, naming what differs."""
+    path = work / "answers.json"
+    mine = {"target": target, **{k: getattr(args, k) for k in ANSWER_SETTINGS}}
+    if path.exists():
+        theirs = json.loads(path.read_text(encoding="utf-8"))
+        differ = [f"{k} {theirs.get(k)!r} there, {v!r} now" for k, v in mine.items() if theirs.get(k) != v]
+        if differ:
+            raise SystemExit(f"{work} holds answers made otherwise ({'; '.join(differ)}): its shards, vocabulary "
+                             f"and heads would be reused as if they were this run's. Give another --work folder, "
+                             f"or the settings it was made with")
+        return
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(mine, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def file_key(path: Path) -> str:
+    """A target file's identity: its SHA-1 (two GGUFs of the same shapes are other targets)."""
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return f"{path.name} sha1:{digest.hexdigest()}"
 
 
 def save_shard(path: Path, rows, prompts_ids, temp: float, layers=()) -> None:
@@ -937,16 +977,23 @@ def parse_args(argv=None):
     p.add_argument("--work", required=True, help="work dir for cached stages (shared with train_draft.py)")
     p.add_argument("--out", help="the head folder to write (default with --gguf: the shipped demo head's; "
                                  "required with --target)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2, help="PyTorch threads (--gguf only)")
-    p.add_argument("--stop-after", choices=["generate", "layers", "train", "export"], default="export")
+    p.add_argument("--seed", type=train_draft.non_negative_int, default=0,
+                   help="seeds the templated prompts' choice, the sampled answers and training (default 0)")
+    p.add_argument("--threads", type=train_draft.positive_int, default=2,
+                   help="PyTorch threads (--gguf only; default 2: the performance cores)")
+    p.add_argument("--stop-after", choices=["generate", "layers", "train", "export"], default="export",
+                   help="end after this stage (default: export, the whole recipe); a later run resumes from it")
     # data (train_draft.py's generate stage)
-    p.add_argument("--prompts", type=int, default=4032,
+    p.add_argument("--prompts", type=train_draft.non_negative_int, default=4032,
                    help="templated train prompts (half answered greedily, half at T); 0 for none")
     p.add_argument("--prompt-file", action="append", default=[], metavar="JSONL", help=PROMPT_FILE_HELP)
-    p.add_argument("--held-out", type=int, default=32)
-    p.add_argument("--max-new", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--held-out", type=train_draft.positive_int, default=32,
+                   help="templated prompts kept out of training, answered greedily, for the agreement printed "
+                        "each checkpoint (default 32)")
+    p.add_argument("--max-new", type=train_draft.positive_int, default=128,
+                   help="most tokens of each answer (default 128)")
+    p.add_argument("--temperature", type=train_draft.non_negative_float, default=0.7,
+                   help="of the answers not made greedily (every other batch; default 0.7; 0: all greedy)")
     p.add_argument("--gen-batch", type=train_draft.positive_int, default=train_draft.GEN_BATCH,
                    help="prompts answered together. On 2 cores in bfloat16, 192 answered short prompts 1.5x as "
                    "fast as 48 and long ones (code) 0.8x as fast. Another size writes its own shards, vocabulary "
@@ -954,14 +1001,14 @@ def parse_args(argv=None):
     p.add_argument("--finished-only", action="store_true",
                    help="train on the shards a (maybe still running) generate stage has finished; generate nothing")
     # head
-    p.add_argument("--draft-vocab", type=int,
+    p.add_argument("--draft-vocab", type=train_draft.positive_int,
                    help="tokens the head may propose: the data's most frequent (default 4096; with --init, the "
                    "head's own, and a larger number widens it by the data's most frequent tokens it lacks)")
-    p.add_argument("--intermediate", type=int, help="the head's MLP width (default: the target's). A wider one still starts as "
+    p.add_argument("--intermediate", type=train_draft.positive_int, help="the head's MLP width (default: the target's). A wider one still starts as "
                    "the target's last layer, its extra units silent. The shipped demo head is 2x (3072): after 8 "
                    "epochs and 4 more with --init at --lr 3e-4 it gained 0.020 per token over the 1x head and "
                    "ran x1.05 as fast on a 2-core CPU, at 1.5x the head step and training time (model card)")
-    p.add_argument("--head-layers", type=int, default=1,
+    p.add_argument("--head-layers", type=train_draft.positive_int, default=1,
                    help="decoder layers in the head (EAGLE uses 1; each costs about one target layer per draft step)")
     p.add_argument("--context", choices=["head", "target"], default="head",
                    help="what the head's attention reads for the positions the target has run: its own keys and "
@@ -974,17 +1021,22 @@ def parse_args(argv=None):
                         "EAGLE-1; the shipped demo head), 'auto' (the outputs of EAGLE-3's low, middle and high "
                         "layer: 2, n/2-1, n-4 of n), or a comma list of layers")
     # training
-    p.add_argument("--epochs", type=float, default=3.5,
+    p.add_argument("--epochs", type=train_draft.positive_float, default=3.5,
                    help="passes over the answers; the demo head before the wider one used 8 on 5,323 prompts, 86 "
                         "minutes from scratch on 2 CPU cores (bench-suite per-token acceptance 0.40 after 4, 0.42 after "
                         "8; 4 more with --init at --lr 3e-4 gave 0.43 but no speed); the shipped, twice as wide head "
                         "8 and then 4 more that way")
-    p.add_argument("--batch", type=int, default=8, help="sequences per step")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--noise", type=float, default=0.1, help="uniform input-feature noise, fraction of feature RMS")
-    p.add_argument("--unroll", type=int, default=2, help="drafting steps simulated per entry (1 = teacher forcing only)")
-    p.add_argument("--unroll-weight", type=float, default=0.8)
-    p.add_argument("--ce-weight", type=float, default=0.3)
+    p.add_argument("--batch", type=train_draft.positive_int, default=8, help="sequences per step (default 8)")
+    p.add_argument("--lr", type=train_draft.positive_float, default=1e-3,
+                   help="AdamW's peak learning rate, after a 3 %% warm-up, then cosine (default 1e-3)")
+    p.add_argument("--noise", type=train_draft.non_negative_float, default=0.1,
+                   help="uniform input-feature noise, fraction of feature RMS (default 0.1)")
+    p.add_argument("--unroll", type=train_draft.positive_int, default=2,
+                   help="drafting steps simulated per entry (1 = teacher forcing only; default 2)")
+    p.add_argument("--unroll-weight", type=train_draft.non_negative_float, default=0.8,
+                   help="loss weight of each further unrolled step, as a power (default 0.8)")
+    p.add_argument("--ce-weight", type=train_draft.non_negative_float, default=0.3,
+                   help="weight of the token loss beside the feature regression (default 0.3)")
     p.add_argument("--loss-on", choices=["answers", "all"], default="answers",
                    help="entries the loss covers: those predicting answer tokens (what the engine drafts), or all")
     p.add_argument("--precision", choices=["float32", "bfloat16"], default="float32",
@@ -997,7 +1049,9 @@ def parse_args(argv=None):
                         "features differ from float32's by about 1 %% RMS (the training noise is 5.8 %%) and about "
                         "half its greedy answers part from float32's at a near tie; its answers are kept apart "
                         "(eagle-gen-bfloat16 in --work) and never mixed with float32's")
-    p.add_argument("--ckpt-every", type=int, default=100)
+    p.add_argument("--ckpt-every", type=train_draft.positive_int, default=100,
+                   help="steps between checkpoints (and held-out agreement lines; default 100): a rerun resumes "
+                        "from the last one")
     p.add_argument("--init", metavar="HEAD",
                    help="continue training this exported head (a folder or builtin:NAME, e.g. builtin:smollm2-eagle) "
                         "instead of starting from the target's last layer: its shape, feature layers and draft "
@@ -1016,8 +1070,53 @@ def parse_args(argv=None):
                     "in the target's own precision")
     if args.target and not args.out:
         p.error("--target needs --out: the folder to write its head to (the default is the demo head's)")
-    args.out = args.out or str(ROOT / "mlxspec/data/smollm2-eagle")
+    if args.out and (why := unwritable_out(Path(args.out))):
+        p.error(f"--out {args.out}: {why}")
     return args
+
+
+SHIPPED = ROOT / "mlxspec/data/smollm2-eagle"
+
+
+def default_out(args) -> str:
+    """--out, or for the demo target's GGUF the shipped head (no other target may replace it).
+    Called after torch is imported (this imports mlxspec: see `start`)."""
+    if args.out:
+        return args.out
+    if not is_demo_gguf(Path(args.gguf)):
+        raise SystemExit(f"--out defaults to the shipped demo head ({SHIPPED}), which only the demo target may "
+                         f"replace; give --out FOLDER for {args.gguf}")
+    return str(SHIPPED)
+
+
+def is_demo_gguf(path: Path) -> bool:
+    """Whether `path` is the demo target's GGUF (its SHA-256), the one target the shipped head is for."""
+    from mlxspec.loading.demo import MODELS
+
+    if not path.is_file():
+        return False
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest() in {m.gguf_sha256 for m in MODELS.values()}
+
+
+def unwritable_out(out: Path) -> str:
+    """Why a head may not be written to `out` ("" when it may): a file, or a folder holding
+    something other than an EAGLE head (a model, say), would be overwritten."""
+    if out.is_file():
+        return "is a file; give a folder for the head"
+    config = out / "config.json"
+    if out.is_dir() and any(out.iterdir()):
+        try:
+            kind = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            kind = None
+        if kind != "eagle_head":
+            return ("holds files but no EAGLE head (config.json with model_type \"eagle_head\"); writing the head "
+                    "there would overwrite them: give a new or empty folder, or an earlier head's")
+    return ""
 
 
 def main(argv=None):
@@ -1027,6 +1126,8 @@ def main(argv=None):
 
         return train_eagle_mlx.main(args)
     work, t0 = train_draft.start(args)
+    args.out = default_out(args)
+    check_work(work, args, file_key(Path(args.gguf)))
     prompts = train_draft.stage_prompts(args, work)
     prompts.update(train_draft.logged_prompt_files(args.prompt_file))
     args.init_head = init_head(args.init, Path(args.gguf), Path(args.out)) if args.init else None

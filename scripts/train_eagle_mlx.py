@@ -24,7 +24,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 import eagle_objective as obj
 from train_eagle import reads_target
-from eagle_mlx_data import load_target, stage_generate, target_config
+from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
 from train_draft import log
 
 # Families whose decoder block is llama's (names, shapes and computation), so the head can
@@ -124,11 +124,12 @@ def evaluate(head, model, w_draft, held, args):
 
 
 def _save(path: Path, arrays: dict, meta: dict) -> None:
-    tmp = path.with_name(path.stem + ".tmp.safetensors")
+    # Both written whole first, then renamed back to back: an interruption cannot leave one
+    # checkpoint's weights beside another's step count (short of the instant between the renames).
+    tmp, tmpj = path.with_name(path.stem + ".tmp.safetensors"), path.with_suffix(".json.tmp")
     mx.save_safetensors(str(tmp), arrays)
-    os.replace(tmp, path)
-    tmpj = path.with_suffix(".json.tmp")
     tmpj.write_text(json.dumps(meta))
+    os.replace(tmp, path)
     os.replace(tmpj, path.with_suffix(".json"))
 
 
@@ -243,8 +244,8 @@ def main(args) -> None:
     """train_eagle.py's stages for --target (its parsed arguments)."""
     import train_draft
     from mlxspec.device import backend
-    from train_eagle import (feature_layers, head_config, init_head, load_features, settle_draft_vocab, stage_vocab,
-                             tapped_layers)
+    from train_eagle import (check_work, feature_layers, head_config, init_head, load_features, settle_draft_vocab,
+                             stage_vocab, tapped_layers)
 
     random.seed(args.seed)
     work, t0 = Path(args.work), time.time()
@@ -253,6 +254,7 @@ def main(args) -> None:
     prompts.update(train_draft.logged_prompt_files(args.prompt_file))
     log(f"loading {args.target} (MLX, {backend()})")
     model, tok, name = load_target(args.target)
+    check_work(work, args, gen_dir(work, model).name)  # named by the target's embedding fingerprint
     tcfg = target_config(model)
     args.vocab_size, args.intermediate = tcfg["vocab_size"], args.intermediate or tcfg["intermediate_size"]
     args.init_head = init_head(args.init, args.target, Path(args.out)) if args.init else None

@@ -241,3 +241,29 @@ def test_public_prompts_name_a_malformed_file(tmp_path):
     bad.write_text("{oops\n")
     with pytest.raises(SystemExit, match="neither a JSON array nor JSON lines"):
         public_prompts.gsm8k(bad, "--gsm8k-train")
+
+
+def test_files_that_cannot_be_read_are_said_not_raised(tmp_path):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes('{"prompt": "caf\xe9"}\n'.encode("latin-1"))
+    for path, says in ((tmp_path / "missing.jsonl", "no such file"), (tmp_path, "no such file"),
+                       (bad, "cannot be read as UTF-8")):
+        with pytest.raises(SystemExit, match=says):
+            draft_prompts.prompt_files([path])
+
+
+def test_a_chat_given_as_prompt_follows_the_messages_rules(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": ["a"]}\n')
+    with pytest.raises(SystemExit, match=r'line 1: "messages" must be a list of'):
+        draft_prompts.read_prompt_file(f)
+    f.write_text('{"prompt": [{"role": "user", "content": "hi"}]}\n')
+    assert draft_prompts.read_prompt_file(f)[0]["prompt"] == [{"role": "user", "content": "hi"}]
+
+
+def test_write_jsonl_refuses_a_folder_and_leaves_no_temporary_file(tmp_path):
+    with pytest.raises(SystemExit, match="is a folder"):
+        draft_prompts.write_jsonl(tmp_path, [{"prompt": "x"}])
+    with pytest.raises(SystemExit, match="does not exist"):
+        draft_prompts.write_jsonl(tmp_path / "no" / "x.jsonl", [{"prompt": "x"}])
+    assert list(tmp_path.parent.glob(tmp_path.name + ".tmp")) == []

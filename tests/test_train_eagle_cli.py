@@ -208,3 +208,66 @@ def test_importing_the_pytorch_trainer_loads_no_mlx():
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_grown_last_batch_is_not_taken_for_the_shorter_one():
+    """--prompts 3 then 6 (batches of 2): batch 1 held one prompt, then two; its shard must be made anew."""
+    small = {"held_out": [{"prompt": "h"}], "train": [{"prompt": "t"}] * 3}
+    grown = {"held_out": [{"prompt": "h"}], "train": [{"prompt": "t"}] * 6}
+    names = {n: [b[0] for b in train_eagle.gen_batches(_args(gen_batch=2, temperature=0.7), p)]
+             for n, p in (("small", small), ("grown", grown))}
+    assert names["small"] == ["held_out-000", "train-000-b2", "train-001-b2-n1"]
+    assert names["grown"] == ["held_out-000", "train-000-b2", "train-001-b2", "train-002-b2"]
+
+
+def test_a_work_folder_keeps_to_one_target_and_one_way_of_answering(tmp_path):
+    args = _args(max_new=16, temperature=0.7, seed=0, held_out=2)
+    train_eagle.check_work(tmp_path, args, "a.gguf sha1:1")
+    train_eagle.check_work(tmp_path, args, "a.gguf sha1:1")  # the same: resumes
+    for target, change, says in (("b.gguf sha1:2", {}, "target 'a.gguf sha1:1' there, 'b.gguf sha1:2' now"),
+                                 ("a.gguf sha1:1", {"max_new": 40}, "max_new 16 there, 40 now"),
+                                 ("a.gguf sha1:1", {"seed": 1}, "seed 0 there, 1 now"),
+                                 ("a.gguf sha1:1", {"held_out": 3}, "held_out 2 there, 3 now")):
+        with pytest.raises(SystemExit, match=f"holds answers made otherwise .*{says}.*another --work"):
+            train_eagle.check_work(tmp_path, _args(**{**vars(args), **change}), target)
+
+
+def test_file_key_tells_same_sized_files_apart(tmp_path):
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(b"x" * 100)
+    b.write_bytes(b"y" * 100)
+    assert train_eagle.file_key(a) != train_eagle.file_key(b)
+
+
+@pytest.mark.parametrize("flag,value", [("--batch", "0"), ("--ckpt-every", "0"), ("--unroll", "0"),
+                                        ("--held-out", "0"), ("--max-new", "0"), ("--epochs", "0"),
+                                        ("--lr", "-1"), ("--temperature", "-1"), ("--intermediate", "0"),
+                                        ("--prompts", "-1"), ("--threads", "0"), ("--noise", "nan")])
+def test_numbers_that_cannot_work_are_refused_when_parsed(flag, value, capsys):
+    with pytest.raises(SystemExit):
+        train_eagle.parse_args(["--gguf", "x.gguf", "--work", "w", "--out", "o", flag, value])
+    assert f"argument {flag}: '{value}': give a" in capsys.readouterr().err
+
+
+def test_out_never_overwrites_a_file_or_a_folder_that_is_no_head(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    for out, says in ((tmp_path / "file", "is a file"), (model, "holds files but no EAGLE head")):
+        with pytest.raises(SystemExit):
+            train_eagle.parse_args(["--target", "demo", "--work", "w", "--out", str(out)])
+        assert says in capsys.readouterr().err
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text('{"model_type": "eagle_head"}')
+    for fine in (head, tmp_path / "new", train_eagle.SHIPPED):  # an earlier head, a new folder, the shipped one
+        assert train_eagle.parse_args(["--target", "demo", "--work", "w", "--out", str(fine)]).out == str(fine)
+
+
+def test_the_shipped_head_is_the_default_out_for_the_demo_target_only(tmp_path):
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF" + bytes(100))
+    with pytest.raises(SystemExit, match="give --out FOLDER"):
+        train_eagle.default_out(argparse.Namespace(out=None, gguf=str(other)))
+    assert train_eagle.default_out(argparse.Namespace(out="mine", gguf=str(other))) == "mine"

@@ -26,6 +26,7 @@ round's rejection rule keeps the output distribution the target's.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -146,7 +147,9 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
     weights = {k: v.astype(dtype) for k, v in tree_flatten(head.parameters())}
     if draft_ids is not None:
         weights["draft_ids"] = draft_ids.astype(mx.int32)
-    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    # Both files are written whole beside the old ones first, then renamed, config last: an
+    # interruption leaves the old head or the new one, short of the instant between two renames.
+    mx.save_safetensors(str(path / ".model.tmp.safetensors"), weights)
     cfg = {"model_type": "eagle_head",
            "layer": {k: getattr(head.args, k) for k in LAYER_FIELDS},
            "num_layers": len(head.layers),
@@ -156,7 +159,9 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
            "target": {"name": name, "vocab_size": _vocab(target_model), "hidden_size": _hidden(target_model),
                       "embedding_fingerprint": embedding_fingerprint(target_model)},
            **(extra or {})}
-    (path / "config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
+    (path / ".config.json.tmp").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
+    os.replace(path / ".model.tmp.safetensors", path / "model.safetensors")
+    os.replace(path / ".config.json.tmp", path / "config.json")
 
 
 # -- loading ------------------------------------------------------------------------------------
