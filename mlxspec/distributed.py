@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import mlx.core as mx
 
-from .errors import MlxSpecError
+from .errors import InvalidArgumentError, MlxSpecError
 
 TIMEOUT_ENV = "MLXSPEC_DISTRIBUTED_TIMEOUT"
 DEFAULT_TIMEOUT = 120.0  # seconds one wait on the other ranks may take before the watchdog ends the process
@@ -67,7 +67,7 @@ class Coordinator:
         self.rank = group.rank() if group is not None else 0
         self.active = self.size > 1
         self.is_main = self.rank == 0
-        self.timeout = float(timeout or os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+        self.timeout = check_timeout(timeout if timeout is not None else os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
         self.decisions = 0  # decisions taken (all-sums issued by `decide`)
         self.decision_seconds = 0.0  # time spent in them
         self.broken = False  # a collective failed: the group is unusable
@@ -200,6 +200,18 @@ class _Watchdog:
                     f"({self._what}); one of them died or hangs. Exiting (set {TIMEOUT_ENV} to wait longer).\n")
                 sys.__stderr__.flush()
                 os._exit(EXIT_STATUS)
+
+
+def check_timeout(value) -> float:
+    """The watchdog's seconds: a finite number > 0 (from the argument or MLXSPEC_DISTRIBUTED_TIMEOUT)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise InvalidArgumentError(f"{TIMEOUT_ENV} (the seconds a rank waits for the others) must be a finite "
+                                   f"number > 0, got {value!r}")
+    return seconds
 
 
 def init_group(backend: str = "any"):

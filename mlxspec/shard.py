@@ -49,26 +49,30 @@ def shard_model(model, group: "mx.distributed.Group") -> str:
                 f"{model_name(model)} has {len(model.model.layers)} layers, fewer than the {n} ranks to pipeline them over")
         model.model.pipeline(group)
         return "pipeline"
-    if hasattr(model, "shard") and _shard_mlps(model, group):
+    mlp_why = _shard_mlps(model, group) if hasattr(model, "shard") else ""
+    if mlp_why is True:
         return "tensor-mlp"
-    why = (f"its {heads} attention heads ({kv_heads} KV) do not divide by {n} ranks and its MLPs are not "
-           f"gate/up/down projections" if hasattr(model, "shard") else "it has neither `shard` nor `model.pipeline`")
+    why = (f"its {heads} attention heads ({kv_heads} KV) do not divide by {n} ranks and {mlp_why}"
+           if hasattr(model, "shard") else "it has neither `shard` nor `model.pipeline`")
     raise IncompatibleModelsError(
         f"the target {model_name(model)} cannot be sharded over {n} ranks: {why}; use a model whose mlx-lm "
         f"class supports tensor parallelism (llama, qwen2, mistral, ...) or pipelining")
 
 
-def _shard_mlps(model, group) -> bool:
-    """Tensor-parallel MLPs (attention replicated); False when the layout is not gate/up/down."""
+def _shard_mlps(model, group):
+    """Tensor-parallel MLPs (attention replicated): True, or why not (a string)."""
     from mlx.nn.layers.distributed import shard_linear
 
     n = group.size()
     layers = getattr(getattr(model, "model", None), "layers", None) or []
     mlps = [getattr(layer, "mlp", None) for layer in layers]
     if not mlps or not all(m is not None and all(hasattr(m, p) for p, _ in MLP_PROJECTIONS) for m in mlps):
-        return False
-    if any(_inner_dims(m.down_proj) % (n * (getattr(m.down_proj, "group_size", None) or 1)) for m in mlps):
-        return False  # the MLP's inner size does not split into N equal parts (whole quantization groups)
+        return "its MLPs are not gate/up/down projections"
+    for m in mlps:  # the MLP's inner size must split into N equal parts (whole quantization groups)
+        group_size = getattr(m.down_proj, "group_size", None) or 1
+        if _inner_dims(m.down_proj) % (n * group_size):
+            unit = f" quantization groups of {group_size}" if group_size > 1 else ""
+            return f"its MLPs' inner size {_inner_dims(m.down_proj)} does not split into {n} equal parts{unit}"
     for m in mlps:
         for proj, how in MLP_PROJECTIONS:
             setattr(m, proj, shard_linear(getattr(m, proj), how, group=group))

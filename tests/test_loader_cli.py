@@ -146,6 +146,16 @@ def test_generate_refuses_an_empty_prompt_before_loading(given, stdin, message, 
     assert made == []  # no model was loaded for nothing
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["generate", "--distributed", "-"], "PROMPT '-' (stdin) does not work with --distributed"),
+    (["generate", "a \udced b"], "PROMPT is not valid Unicode text: character 2 is '\\udced'"),
+])
+def test_generate_refuses_prompts_it_cannot_run_before_loading(argv, says, made, capsys):
+    assert main(argv) == 1
+    assert says in capsys.readouterr().err
+    assert made == []
+
+
 def test_generate_reads_the_prompt_from_stdin(made, tiny_gguf_path, monkeypatch):
     import io
 

@@ -42,6 +42,26 @@ def test_indivisible_heads_shard_only_the_mlps():
     assert not isinstance(layer.self_attn.q_proj, AllToShardedLinear)
 
 
+def test_an_mlp_that_does_not_split_says_so():
+    model = make_llama(0, hidden=72, heads=9, kv_heads=3)  # MLP inner size 2 * 72 = 144 (tiny's default)
+    inner = model.model.layers[0].mlp.down_proj.weight.shape[-1]
+    with pytest.raises(IncompatibleModelsError, match=f"9 attention heads .*inner size {inner} does not split into 5"):
+        shard_model(model, FakeGroup(5))
+
+
+@pytest.mark.parametrize("bad", ["abc", "0", "-1", "inf", "nan"])
+def test_the_watchdog_timeout_must_be_positive_seconds(bad, monkeypatch):
+    from mlxspec.distributed import TIMEOUT_ENV, check_timeout
+    from mlxspec.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=f"{TIMEOUT_ENV} .* must be a finite number > 0, got '{bad}'"):
+        check_timeout(bad)
+    monkeypatch.setenv(TIMEOUT_ENV, bad)
+    with pytest.raises(InvalidArgumentError):
+        Coordinator(None)
+    assert check_timeout("2.5") == 2.5
+
+
 def test_a_model_that_cannot_be_sharded_is_named():
     model = make_gemma3(0)
     if hasattr(model, "shard") or hasattr(model.model, "pipeline"):

@@ -66,17 +66,17 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..loading import load
 
-    # Checked before loading (seconds to minutes), where it can be: the other ranks of a sharded
-    # target get no stdin, so there rank 0 reads it after the load.
-    text = None if args.prompt == "-" and args.distributed else _prompt_text(args.prompt)
+    if args.prompt == "-" and args.distributed:  # it would wait forever: stdin never ends there
+        raise InvalidArgumentError("PROMPT '-' (stdin) does not work with --distributed: mlx.launch hands stdin to "
+                                   "every rank and never closes it; give the text itself, e.g. \"$(cat prompt.txt)\"")
+    # Checked before loading (seconds to minutes): on every rank alike when the target is sharded.
+    text = _prompt_text(args.prompt)
     _check_options(args)
     engine = load(args.target or args.pair or "demo", args.draft, dtype=args.dtype, drafter=args.drafter,
                   max_kv_size=args.max_kv_size, num_draft=args.num_draft, tree=args.tree, head=args.head,
                   distributed=args.distributed)
-    main = quiet_unless_main(engine)
-    # The other ranks run rank 0's request (the engine shares it): they need no prompt of their own.
-    prompt_text = (text if text is not None else _prompt_text(args.prompt)) if main else "."
-    prompt = prompt_text if args.no_chat_template else [{"role": "user", "content": prompt_text}]
+    quiet_unless_main(engine)
+    prompt = text if args.no_chat_template else [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft)
     if args.lookup is not None:
@@ -106,12 +106,14 @@ def _check_options(args) -> None:
 
 def _prompt_text(prompt: str) -> str:
     """PROMPT, or stdin for '-'; an empty or blank one is an error (an empty message is a slip, not a question)."""
+    from ..prompts import check_text
+
     text = sys.stdin.read() if prompt == "-" else prompt
     if not text.strip():
         where = "stdin gave no text" if prompt == "-" else "PROMPT is empty"
         raise InvalidArgumentError(f"{where}: give the message as PROMPT, or pipe it in with '-' "
                                    "(e.g. `echo 'Hello' | mlxspec generate -`)")
-    return text
+    return check_text(text, "PROMPT")
 
 
 def _stream(engine, prompt, options):

@@ -86,8 +86,12 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
 
     group = None
     if distributed:
-        from ..distributed import init_group
+        import os
 
+        from ..distributed import TIMEOUT_ENV, check_timeout, init_group
+
+        if os.environ.get(TIMEOUT_ENV):  # said before the load, not after it
+            check_timeout(os.environ[TIMEOUT_ENV])
         group = init_group()
     if group is not None and group.size() > 1:
         from .sharded import load_sharded

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 
 import mlx.core as mx
 
@@ -50,6 +51,10 @@ def load_sharded(target_ref, draft_ref, *, group, dtype=None, download=True):
             prints["draft weights"] = files_fingerprint(draft_info.path)
     except (MlxSpecError, OSError) as e:
         error = e
+        # Said here, before the ranks compare notes: `agree` then raises the group's verdict,
+        # which names the ranks that failed but not why.
+        sys.stderr.write(f"mlxspec: rank {group.rank()}: {e}\n")
+        sys.stderr.flush()
     coord.agree(prints, failed=error is not None)
     if error is not None:
         raise error
