@@ -106,15 +106,26 @@ class Coordinator:
         return out[:n]
 
     def share(self, obj):
-        """Rank 0's JSON-able `obj` on every rank (two all-sums; no watchdog: the other ranks may
-        wait here for rank 0's next request as long as it takes)."""
+        """Rank 0's JSON-able `obj` on every rank (two all-sums). The other ranks may wait here for
+        rank 0's next request as long as it takes; rank 0 only for them to be there (watched)."""
         if not self.active:
             return obj
-        data = json.dumps(obj).encode() if self.is_main else b""
-        size = self._all_sum([len(data) if self.is_main else 0])[0]
-        buf = mx.array(list(data), dtype=mx.uint8) if self.is_main else mx.zeros((size,), mx.uint8)
-        out = mx.distributed.all_sum(buf, group=self.group, stream=mx.cpu)
-        return json.loads(bytes(out.tolist()).decode())
+
+        def both():
+            data = json.dumps(obj).encode() if self.is_main else b""
+            size = self._all_sum([len(data) if self.is_main else 0])[0]
+            buf = mx.array(list(data), dtype=mx.uint8) if self.is_main else mx.zeros((size,), mx.uint8)
+            return mx.distributed.all_sum(buf, group=self.group, stream=mx.cpu).tolist()
+
+        if self.is_main:
+            out = self._wait(both, "the other ranks to take the next request")
+        else:
+            try:
+                out = both()
+            except RuntimeError as e:  # the ring reports a peer that went away
+                self.broken = True
+                raise DistributedError(f"rank {self.rank}: lost rank 0 while waiting for its next request: {e}") from e
+        return json.loads(bytes(out).decode())
 
     def gather(self, values: List[int], what: str) -> List[List[int]]:
         """Every rank's `values` (same length on every rank), in rank order; watched."""

@@ -268,6 +268,9 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     # chained step before a round as none.)
     carried = 0.0
     t_resume = t_read
+    # With several ranks a pass is a collective, and on MLX's CPU backend enqueuing one waits for
+    # the pass in flight: watched like a read, so a rank that hangs there cannot hang the others.
+    enqueue = coord.watched(enqueue)
     step = agree(plan()) if dist else plan()
     pending: Optional[Pass] = enqueue(step) if step else None
 

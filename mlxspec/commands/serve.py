@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..errors import MlxSpecError
 from .argtypes import non_negative, num_draft, positive
 from .modelargs import add_distributed_arg, add_model_args, is_distributed
 
@@ -81,8 +82,16 @@ def run(args) -> int:
         # Other ranks serve nothing: they warm up in step with rank 0, then run its requests.
         from ..serve.queue import warmup_temperatures
 
-        engine.warmup(temperatures=warmup_temperatures())
-        engine.follow()
+        import signal
+
+        # A terminal's Ctrl-C reaches every rank: rank 0 shuts down (its grace period for the running
+        # request, then `release`), and the others must keep following it until then.
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            engine.warmup(temperatures=warmup_temperatures())
+            engine.follow()
+        finally:
+            signal.signal(signal.SIGINT, before)
         return 0
     options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key, queue=args.queue,
                            max_tokens=args.max_tokens, temperature=args.temperature,
@@ -91,5 +100,8 @@ def run(args) -> int:
     try:
         return serve(engine, options)
     finally:
-        if is_distributed(engine):
-            engine.release()  # the other ranks' follow() ends
+        if is_distributed(engine) and not getattr(engine.coord, "broken", False):
+            try:
+                engine.release()  # the other ranks' follow() ends
+            except MlxSpecError as e:  # they are gone already: nothing left to release
+                logging.getLogger("mlxspec.serve").warning("%s", e)
