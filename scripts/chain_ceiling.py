@@ -41,6 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
+from train_draft import non_negative_float, non_negative_int, positive_int  # noqa: E402
 
 CURVES = {"h100": ([1.0, 1.13, 1.13, 1.7], 0.0485), "flat": ([1.0] + [1.13 + 0.01 * i for i in range(16)], 0.0485),
           "cpu": ([1.0 + 0.125 * i for i in range(17)], 0.06)}
@@ -247,19 +248,22 @@ def main(argv=None):
     from draft_prompts import SUITE_HELP
 
     p.add_argument("--suite", default="bench", metavar="held-out|bench|FILE.jsonl", help=SUITE_HELP)
-    p.add_argument("--prompts", type=int, default=24)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--depth", type=int, default=8, help="longest chain drafted at each position (default 8)")
+    p.add_argument("--prompts", type=positive_int, default=24, help="prompts of the suite (default 24)")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="tokens of the target's answer per prompt (default 64)")
+    p.add_argument("--depth", type=positive_int, default=8, help="longest chain drafted at each position (default 8)")
     p.add_argument("--curve", default="h100", help="h100, flat, cpu, or V(1),V(2),... in plain steps (default h100)")
-    p.add_argument("--step", type=float, help="a head step, in plain steps (default: the named curve's, else 0.05)")
-    p.add_argument("--read", type=float, default=0.05, help="what reading the drafts first costs, in plain steps")
+    p.add_argument("--step", type=non_negative_float,
+                   help="a head step, in plain steps (default: the named curve's, else 0.05)")
+    p.add_argument("--read", type=non_negative_float, default=0.05,
+                   help="what reading the drafts first costs, in plain steps (default 0.05)")
     p.add_argument("--save", help="write the chains here (JSON lines)")
     p.add_argument("--load", help="replay chains saved by --save instead of drafting")
-    p.add_argument("--check", type=int, default=0, help="decode this many prompts through the engine as a check")
-    p.add_argument("--check-k", type=int, default=4)
+    p.add_argument("--check", type=non_negative_int, default=0,
+                   help="decode this many prompts through the engine as a check (default 0)")
+    p.add_argument("--check-k", type=positive_int, default=4, help="draft length of that check (default 4)")
     args = p.parse_args(argv)
-    if args.depth < 1:
-        raise SystemExit("--depth must be at least 1")
+    if args.save and not Path(args.save).resolve().parent.is_dir():  # said now, not after the drafting
+        raise SystemExit(f"--save {args.save}: the folder {Path(args.save).resolve().parent} does not exist")
     curve, own_step = parse_curve(args.curve)
     step = args.step if args.step is not None else (own_step if own_step is not None else 0.05)
     if args.load:

@@ -38,6 +38,7 @@ import mlx.core as mx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 from draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
+from train_draft import non_negative_int, positive_float, positive_int  # noqa: E402
 from mlxspec.bench.interval import ratio_interval  # noqa: E402
 from compare_eagle import FIGURES, ROW_KEYS  # noqa: E402  (what a prompt's row holds, and each figure from it)
 from mlxspec.loading import demo  # noqa: E402
@@ -161,14 +162,15 @@ def main(argv=None):
                    help="the head's target: a GGUF, an MLX folder or a Hugging Face repo id already in the cache "
                         "(default: the demo GGUF in the mlxspec cache)")
     p.add_argument("--head", default=str(HEAD), help="head folder (default: the shipped one)")
-    p.add_argument("--seed", type=int, default=0, help="prompt seed used by the training scripts")
-    p.add_argument("--held-out", type=int, default=32, help="held-out prompts in the training scripts")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="prompt seed used by the training scripts (default 0)")
+    p.add_argument("--held-out", type=positive_int, default=32, help="held-out prompts in the training scripts (default 32)")
     p.add_argument("--suite", default="held-out", metavar="held-out|bench|FILE.jsonl", help=SUITE_HELP)
-    p.add_argument("--prompts", type=int, default=32, help="prompts of the suite to decode")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--reps", type=int, default=20, help="timed steps")
+    p.add_argument("--prompts", type=positive_int, default=32, help="prompts of the suite to decode (default 32)")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="tokens decoded per prompt (default 64)")
+    p.add_argument("--k", type=positive_int, default=4, help="draft length of every round (default 4)")
+    p.add_argument("--temperature", type=positive_float, default=0.7,
+                   help="of the sampled pass, whose first step's sum min(p, q) is reported (default 0.7)")
+    p.add_argument("--reps", type=positive_int, default=20, help="timed steps (default 20)")
     p.add_argument("--lookup", choices=("on", "off"), default="on",
                    help="greedy chains copy where the text repeats (the engine's default, on), or the head drafts "
                         "alone (off); at a fixed k no round is handed to prompt lookup either way")

@@ -58,7 +58,7 @@ def gsm8k(path: Path, what: str) -> list:
     items = _json_items(path, what)
     if not all(isinstance(x.get("question"), str) for x in items):
         raise SystemExit(f'{what}: {path}: every line needs a "question" string (GSM8K\'s format)')
-    return [x["question"].strip() for x in items]
+    return [q for q in (x["question"].strip() for x in items) if q]  # a blank question asks nothing
 
 
 def instruction(item: dict) -> str:
@@ -128,6 +128,9 @@ def main(argv=None):
     p.add_argument("--train", type=Path, required=True, help="the train prompt file to write (JSONL)")
     p.add_argument("--eval", type=Path, required=True, help="the held-out prompt file to write (JSONL)")
     args = p.parse_args(argv)
+    if Path(args.train).resolve() == Path(args.eval).resolve():
+        p.error(f"--train and --eval are the same file ({args.train}): the held-out prompts would replace the "
+                "train prompts; give two files")
     if args.held_out < 1:
         raise SystemExit(f"--held-out {args.held_out}: must be at least 1")
     sources, held_source = {}, {}

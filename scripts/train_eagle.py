@@ -1160,4 +1160,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("\ninterrupted: the same command resumes from the last finished shard or checkpoint")

@@ -233,6 +233,17 @@ def test_public_prompts_refuse_bad_input(tmp_path, monkeypatch, argv, match):
     assert not (tmp_path / "t.jsonl").exists()  # nothing half-written
 
 
+def test_public_prompts_refuse_one_file_for_both_and_skip_blank_questions(tmp_path, capsys):
+    gsm_train, gsm_test, root = _public_sources(tmp_path)
+    with pytest.raises(SystemExit):
+        public_prompts.main(["--gpteacher", str(root), "--train", str(tmp_path / "x.jsonl"),
+                             "--eval", str(tmp_path / "." / "x.jsonl")])
+    assert "--train and --eval are the same file" in capsys.readouterr().err
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text('{"question": "  ", "answer": "a"}\n{"question": "How many?", "answer": "2"}\n')
+    assert public_prompts.gsm8k(blank, "--gsm8k-train") == ["How many?"]
+
+
 def test_public_prompts_name_a_malformed_file(tmp_path):
     bad = tmp_path / "train.jsonl"
     bad.write_text('{"answer": "no question"}\n')

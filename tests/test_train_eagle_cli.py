@@ -271,3 +271,19 @@ def test_the_shipped_head_is_the_default_out_for_the_demo_target_only(tmp_path):
     with pytest.raises(SystemExit, match="give --out FOLDER"):
         train_eagle.default_out(argparse.Namespace(out=None, gguf=str(other)))
     assert train_eagle.default_out(argparse.Namespace(out="mine", gguf=str(other))) == "mine"
+
+
+@pytest.mark.parametrize("script,argv,says", [
+    ("eval_eagle", ["--k", "0"], "argument --k: '0': give a whole number of at least 1"),
+    ("eval_eagle", ["--prompts", "0"], "argument --prompts: '0'"),
+    ("chain_ceiling", ["--prompts", "0"], "argument --prompts: '0'"),
+    ("chain_ceiling", ["--step", "-1"], "argument --step: '-1': give a finite number of at least 0"),
+])
+def test_evaluation_scripts_refuse_numbers_that_cannot_work(script, argv, says):
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "scripts" / f"{script}.py"), *argv], capture_output=True,
+                          text=True, cwd=root, timeout=120)
+    assert proc.returncode == 2 and says in proc.stderr
+
