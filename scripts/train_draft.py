@@ -205,48 +205,23 @@ def batch_mark(args) -> str:
     return "" if args.gen_batch == GEN_BATCH else f"-b{args.gen_batch}"
 
 
-def positive_int(text: str) -> int:
-    """argparse type: a whole number of at least 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
-    return n
+def _number(kind, low, *, strict: bool, what: str):
+    """An argparse type: a finite `kind` at least (`strict`: above) `low`, or an error naming `what`."""
+    def parse(text: str):
+        try:
+            x = kind(text)
+        except ValueError:
+            x = None
+        if x is None or not math.isfinite(x) or (x <= low if strict else x < low):
+            raise argparse.ArgumentTypeError(f"{text!r}: give {what}")
+        return x
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    """argparse type: a whole number of at least 0."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 0")
-    return n
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number above 0."""
-    try:
-        x = float(text)
-    except ValueError:
-        x = 0.0
-    if not 0 < x < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number above 0")
-    return x
-
-
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number of at least 0."""
-    try:
-        x = float(text)
-    except ValueError:
-        x = -1.0
-    if not 0 <= x < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of at least 0")
-    return x
+positive_int = _number(int, 1, strict=False, what="a whole number of at least 1")
+non_negative_int = _number(int, 0, strict=False, what="a whole number of at least 0")
+positive_float = _number(float, 0.0, strict=True, what="a finite number above 0")
+non_negative_float = _number(float, 0.0, strict=False, what="a finite number of at least 0")
 
 
 def plan_batches(args, prompts: dict) -> list:
