@@ -263,7 +263,7 @@ def test_pull_errors_are_reported_not_raised(monkeypatch, tmp_path, capsys):
 
 @pytest.mark.parametrize("option,value,says", [
     ("--temperature", "-1", "temperature must be"), ("--top-p", "0", "top_p must be"),
-    ("--min-p", "1", "min_p must be"), ("--max-tokens", "0", "max_tokens"),
+    ("--min-p", "1", "min_p must be"),
 ])
 def test_generate_refuses_bad_settings_before_loading(option, value, says, made, capsys):
     assert main(["generate", option, value, "hi"]) == 1
@@ -283,6 +283,9 @@ def test_generate_refuses_bad_settings_before_loading(option, value, says, made,
     (["chat", "--dtype", "bogus"], "--dtype: invalid choice"),
     (["calibrate", "--max-j", "100000"], "--max-j: expected an integer in 1..33"),
     (["pull", ""], "NAME: expected a pair name"),
+    (["generate", "--max-tokens", "0", "hi"], "--max-tokens: expected an integer >= 1"),
+    (["generate", "--max-kv-size", "4", "hi"], "--max-kv-size: expected an integer >= 5"),
+    (["serve", "--max-kv-size", "x"], "--max-kv-size: expected an integer >= 1"),
 ])
 def test_bad_arguments_fail_when_parsed_not_after_the_run(argv, says, capsys):
     with pytest.raises(SystemExit):

@@ -95,3 +95,12 @@ def reference(s: str) -> str:
 
 
 DTYPES = ["auto", "quantized", "bfloat16", "float16", "float32"]  # what `--dtype` accepts (mlxspec.load's dtype)
+
+
+def kv_window(s: str) -> int:
+    """--max-kv-size: the engine's rule (`cache.check_max_kv_size`), said in the flag's terms."""
+    n = positive(s)
+    if n < 5:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 5 (4 tokens are always kept), got {s!r}")
+    return n
+

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .argtypes import DTYPES, non_negative, num_draft, positive, reference
+from .argtypes import DTYPES, kv_window, non_negative, num_draft, positive, reference
 
 
 def register(subparsers) -> None:
@@ -23,7 +23,7 @@ def register(subparsers) -> None:
                    help="weights precision: keep quantized or dequantize (default: auto, per device)")
     p.add_argument("--temperature", type=non_negative, default=0.0, metavar="T", help="0 = greedy (default)")
     p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="answer length limit (default 256)")
-    p.add_argument("--max-kv-size", type=positive, default=None, metavar="W", help="sliding KV window (default: none)")
+    p.add_argument("--max-kv-size", type=kv_window, default=None, metavar="W", help="sliding KV window (default: none)")
     p.add_argument("--system", default="", metavar="TEXT", help="system prompt")
     p.add_argument("--sequential", action="store_true",
                    help="run speculative to the end, then vanilla (default: interleave so both panes fill together)")

@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..errors import InvalidArgumentError
-from .argtypes import DTYPES, num_draft, on_off, reference, seed, tree
+from .argtypes import DTYPES, kv_window, num_draft, on_off, positive, reference, seed, tree
 from .modelargs import add_distributed_arg, quiet_unless_main
 
 
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
                         "else the draft model if there is one, else ngram)")
     p.add_argument("--head", metavar="REF", help="EAGLE head folder (or builtin:NAME) trained for the target "
                                                  "(default: the pair's head, if it names one)")
-    p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens to generate at most (default: 256)")
+    p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="tokens to generate at most (default: 256)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus threshold in (0, 1]; 1 disables (default: 1)")
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens; 0 disables (default: 0)")
@@ -53,7 +53,7 @@ def register(subparsers) -> None:
                    help="with --drafter model or eagle: on (default) hands the rounds where prompt lookup is "
                         "expected to draft faster (text the answer repeats) to it, and the eagle head's greedy "
                         "chains copy where the text repeats; off: the model drafts alone")
-    p.add_argument("--max-kv-size", type=int, default=None, metavar="W",
+    p.add_argument("--max-kv-size", type=kv_window, default=None, metavar="W",
                    help="keep at most W tokens of KV (a sliding window); default: unbounded")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="weights precision: keep quantized or dequantize (default: auto, per device)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import InvalidArgumentError
-from .argtypes import DTYPES, reference
+from .argtypes import DTYPES, kv_window, reference
 
 DEFAULT_PAIR = "demo"
 
@@ -16,7 +16,7 @@ def add_model_args(p, *, window: bool = True, head: bool = True) -> None:
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="precision of both models (default: the backend's default)")
     if window:
-        p.add_argument("--max-kv-size", type=int, default=None, metavar="W", help="KV window in tokens (default: unbounded)")
+        p.add_argument("--max-kv-size", type=kv_window, default=None, metavar="W", help="KV window in tokens (default: unbounded)")
     if head:
         p.add_argument("--head", default=None, help="EAGLE head folder or builtin:NAME for the target (default: the pair's)")
 
