@@ -86,7 +86,7 @@ def check_num_draft(num_draft) -> Optional[int]:
         return None
     if isinstance(num_draft, bool) or not isinstance(num_draft, int) or not 0 <= num_draft <= MAX_DRAFT:
         raise InvalidArgumentError(
-            f"num_draft must be 'auto', None or an integer in [0, {MAX_DRAFT}], got {num_draft!r}")
+            f"num_draft must be 'auto', None (JSON null) or an integer in [0, {MAX_DRAFT}], got {num_draft!r}")
     return num_draft
 
 
@@ -99,7 +99,7 @@ def check_tree(tree) -> int:
         return 0
     if isinstance(tree, bool) or not isinstance(tree, int) or not 1 <= tree <= MAX_DRAFT:
         raise InvalidArgumentError(
-            f"tree must be 'auto', 'off', None or an integer in [1, {MAX_DRAFT}] (most nodes), got {tree!r}")
+            f"tree must be 'auto', 'off', None (JSON null) or an integer in [1, {MAX_DRAFT}] (most nodes), got {tree!r}")
     return tree
 
 

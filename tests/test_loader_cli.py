@@ -293,6 +293,18 @@ def test_bad_arguments_fail_when_parsed_not_after_the_run(argv, says, capsys):
     assert says in capsys.readouterr().err
 
 
+def test_a_missing_head_is_said_in_a_heads_terms_before_loading(monkeypatch, tmp_path):
+    from mlxspec.errors import ModelNotFoundError
+    from mlxspec.loading import api
+
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: pytest.fail("loaded before finding the head"))
+    with pytest.raises(ModelNotFoundError, match=r"EAGLE head 'my-head' not found: give a head folder .*"
+                                                 r"builtin:smollm2-eagle\)$"):
+        api.load("demo", drafter="eagle", head="my-head")
+    with pytest.raises(ModelNotFoundError, match="has no config.json"):  # a folder that is there says what it lacks
+        api.load("demo", drafter="eagle", head=str(tmp_path))
+
+
 def test_load_checks_max_kv_size_before_loading(monkeypatch):
     from mlxspec.loading import api
 

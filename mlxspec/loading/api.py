@@ -9,7 +9,7 @@ import mlx.core as mx
 
 from ..device import backend
 from ..drafters import DRAFTERS
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, ModelNotFoundError
 from .model import load_model
 from .registry import WEIGHTLESS_DRAFTERS
 from .resolve import resolve_model, resolve_pair
@@ -83,6 +83,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     if drafter in ("ngram", "none"):
         draft_ref = head_ref = None  # asked for explicitly: the draft model and head would go unused
     pair_default = pair.drafter_on(backend()) if drafter is None and pair else ""
+    head_path = _head_folder(head_ref, download) if head_ref is not None else None  # before minutes of loading
 
     group = None
     if distributed:
@@ -110,7 +111,6 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     if draft_model is not None:
         check_tokenizers(tokenizer, draft_tokenizer)
     _report_memory(target_info, draft_info, max_kv_size)
-    head_path = resolve_model(head_ref, download=download).path if head_ref is not None else None
 
     from ..engine import Engine
 
@@ -146,3 +146,21 @@ def _report_memory(target_info, draft_info, max_kv_size) -> int:
                 ResourceWarning, stacklevel=3,
             )
     return total
+
+
+def _head_folder(ref: str, download: bool):
+    """An EAGLE head's folder; ModelNotFoundError in a head's terms (not a model's) when there is none."""
+    from .resolve import BUILTIN, BUILTIN_DIR
+
+    try:
+        return resolve_model(ref, download=download).path
+    except ModelNotFoundError as e:
+        shipped = ", ".join(sorted(BUILTIN + p.parent.name for p in BUILTIN_DIR.glob("*/config.json")
+                                   if '"eagle_head"' in p.read_text(encoding="utf-8")))
+        from pathlib import Path
+
+        found = f"; {e}" if Path(ref).expanduser().exists() else ""  # a folder that is there, but no head
+        raise ModelNotFoundError(
+            f"EAGLE head {ref!r} not found: give a head folder (config.json + model.safetensors, as "
+            f"scripts/train_eagle.py writes it) or a shipped one ({shipped}){found}") from None
+
