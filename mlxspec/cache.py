@@ -222,6 +222,8 @@ class WindowKVCache:
                 f"overwritten (at most {self.headroom} tokens past the newest write can be undone)"
             )
         self.offset -= n
+        if self.offset <= self.keep:  # back within the fixed slots: the ring starts over (a new prompt),
+            self._hi = self.offset - 1  # or every later rollback would be judged by the old request's writes
         self._pending = None
         return n
 

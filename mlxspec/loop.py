@@ -40,7 +40,7 @@ import mlx.core as mx
 
 from .distributed import history_hash
 from .drafters import Draft
-from .errors import NumericalError, StreamOvertakenError
+from .errors import CacheRollbackError, NumericalError, StreamOvertakenError
 from .prompts import MAX_DRAFT
 from . import treeplan
 from .rounds import Pass, plain_step, read, tree_round, verify_round
@@ -279,7 +279,11 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         nonlocal pending
         engine.generation = None
         if pending is not None:  # abandoned mid-round: the in-flight pass never happened
-            target.rollback(pending.fed)
+            try:
+                target.rollback(pending.fed)
+            except CacheRollbackError:  # ending on a failed rollback: start clean, and keep its error the one seen
+                target.reset()
+                forget_drafts(engine)
             pending = None
         if talking and not coord.broken:  # ended here (stop string, closed stream, error): tell the others
             coord.decide([1, 0])

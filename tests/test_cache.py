@@ -127,6 +127,24 @@ def test_window_cache_refuses_a_long_rollback_into_overwritten_positions():
     assert c.can_trim(67)  # back to 4: only the fixed slots are needed
 
 
+def test_a_new_prompt_after_a_rollback_to_the_fixed_slots_can_roll_back_its_drafts():
+    # A long request, then an unrelated prompt (rolled back to the `keep` slots): the new request's
+    # rejected drafts must still roll back (the old request's newest write judged them once).
+    c = WindowKVCache(16, 4, headroom=8)
+    for i in range(71):
+        visible_sets(c, i, [1])
+    c.trim(67)
+    history = [1] * 4
+    for i in range(4, 30):
+        history += [2, 3, 4]
+        c.trim(0)
+        seen = visible_sets(c, i, [2, 3, 4])
+        assert seen[0] == expected(history, i, 16, 4)
+        assert c.can_trim(2)
+        c.trim(2)  # two drafts rejected
+        del history[-2:]
+
+
 def test_make_cache_follows_model_choice():
     g = tiny.make_gemma3(sliding_window=6)
     caches = make_cache(g)

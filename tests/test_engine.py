@@ -273,6 +273,34 @@ def test_multi_turn_prefills_only_new_tokens(target, draft):
     assert r.tokens == Engine(target, None, draft, num_draft=2).generate(turn2, max_tokens=12).tokens
 
 
+@pytest.mark.parametrize("drafter,num_draft", [("model", 3), ("model", None), ("ngram", None)])
+def test_an_unrelated_prompt_after_a_long_one_with_a_window(target, draft, drafter, num_draft):
+    # The second prompt shares nothing with the first: its caches roll back to the fixed slots
+    # and its own rejected drafts must roll back too (they raised CacheRollbackError).
+    make = lambda: Engine(target, None, draft, drafter=drafter, num_draft=num_draft, max_kv_size=20)
+    long_prompt, other = [5 + (i * 7) % 40 for i in range(60)], [50, 51, 52, 53, 54, 55]
+    e = make()
+    e.generate(long_prompt, max_tokens=8)
+    assert e.generate(other, max_tokens=30).tokens == make().generate(other, max_tokens=30).tokens
+
+
+def test_a_rollback_that_fails_as_a_stream_ends_leaves_a_clean_engine(target, draft, monkeypatch):
+    from mlxspec.errors import CacheRollbackError
+
+    fresh = Engine(target, None, draft, num_draft=3).generate(PROMPT, max_tokens=20).tokens
+    e = Engine(target, None, draft, num_draft=3)
+    events = e.stream(PROMPT, max_tokens=30)
+    next(events)
+
+    def refuse(n):
+        raise CacheRollbackError("refused")
+
+    monkeypatch.setattr(e.target, "rollback", refuse)
+    events.close()  # its pass in flight cannot be rolled back: the caches start over instead of raising here
+    monkeypatch.undo()
+    assert e.target.tokens == [] and e.generate(PROMPT, max_tokens=20).tokens == fresh
+
+
 def test_multi_turn_with_window_after_wrap(target, draft):
     e = Engine(target, None, draft, num_draft=3, max_kv_size=20)
     first = e.generate(PROMPT, max_tokens=40)
