@@ -94,7 +94,6 @@ def reference(s: str) -> str:
     return s
 
 
-DTYPES = ["auto", "quantized", "bfloat16", "float16", "float32"]  # what `--dtype` accepts (mlxspec.load's dtype)
 
 
 def kv_window(s: str) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .argtypes import DTYPES, kv_window, non_negative, num_draft, positive, reference
+from ..choices import DTYPES
+from .argtypes import kv_window, non_negative, num_draft, positive, reference
 
 
 def register(subparsers) -> None:

@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 
+from ..choices import DTYPES
 from ..errors import InvalidArgumentError
-from .argtypes import DTYPES, kv_window, num_draft, on_off, positive, reference, seed, tree
+from .argtypes import kv_window, num_draft, on_off, positive, reference, seed, tree
 from .modelargs import add_distributed_arg, quiet_unless_main
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ..choices import DTYPES
 from ..errors import InvalidArgumentError
-from .argtypes import DTYPES, kv_window, reference
+from .argtypes import kv_window, reference
 
 DEFAULT_PAIR = "demo"
 

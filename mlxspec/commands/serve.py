@@ -17,7 +17,7 @@ API_KEY_ENV = "MLXSPEC_API_KEY"
 
 
 def register(subparsers) -> None:
-    from ..drafter_names import DRAFTERS
+    from ..choices import DRAFTERS
     from ..serve.options import DEFAULT_MAX_BODY, ServeOptions
 
     d = ServeOptions()

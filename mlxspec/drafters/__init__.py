@@ -1,6 +1,6 @@
 """Drafters: who proposes the tokens the target verifies."""
 
-from ..drafter_names import DRAFTERS
+from ..choices import DRAFTERS
 from .base import Draft, Drafter, NoDrafter
 from .eagle import EagleDrafter
 from .model import ModelDrafter

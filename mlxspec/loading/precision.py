@@ -23,10 +23,10 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .. import blas
+from ..choices import DTYPES
 from ..device import backend
 from ..errors import InvalidArgumentError
 
-DTYPES = ("auto", "quantized", "bfloat16", "float16", "float32")
 DEFAULTS = {"metal": "quantized", "cuda": "quantized", "cpu": "bfloat16"}
 AUTO_MEMORY_FRACTION = 0.25  # "auto" dequantizes only models whose float weights fit in this share of RAM
 

@@ -18,7 +18,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from ..device import BACKENDS
-from ..drafter_names import DRAFTERS, WEIGHTLESS_DRAFTERS  # noqa: F401 (re-exported)
+from ..choices import DRAFTERS, WEIGHTLESS_DRAFTERS  # noqa: F401 (re-exported)
 from ..errors import MlxSpecError
 from ..paths import user_pairs_path
 
