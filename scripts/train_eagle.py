@@ -283,13 +283,15 @@ def check_work(work: Path, args, target: str) -> None:
     os.replace(tmp, path)
 
 
-def file_key(path: Path) -> str:
-    """A target file's identity: its SHA-1 (two GGUFs of the same shapes are other targets)."""
-    digest = hashlib.sha1()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return f"{path.name} sha1:{digest.hexdigest()}"
+def target_digest(path: Path) -> str:
+    """The target file's SHA-256: it names the target a --work folder keeps to (two GGUFs of the
+    same shapes are other targets) and tells the demo's GGUF apart. Imports mlxspec: call it
+    after torch (see `start`)."""
+    if not path.is_file():
+        raise SystemExit(f"--gguf {path}: no such file")
+    from mlxspec.loading.demo import file_sha256
+
+    return file_sha256(path)
 
 
 def save_shard(path: Path, rows, prompts_ids, temp: float, layers=()) -> None:
@@ -1078,28 +1080,17 @@ def parse_args(argv=None):
 SHIPPED = ROOT / "mlxspec/data/smollm2-eagle"
 
 
-def default_out(args) -> str:
-    """--out, or for the demo target's GGUF the shipped head (no other target may replace it).
-    Called after torch is imported (this imports mlxspec: see `start`)."""
+def default_out(args, digest: str) -> str:
+    """--out, or for the demo target's GGUF (`digest`: its SHA-256, `target_digest`) the shipped
+    head, which no other target may replace."""
+    from mlxspec.loading.demo import MODELS
+
     if args.out:
         return args.out
-    if not is_demo_gguf(Path(args.gguf)):
+    if digest not in {m.gguf_sha256 for m in MODELS.values()}:
         raise SystemExit(f"--out defaults to the shipped demo head ({SHIPPED}), which only the demo target may "
                          f"replace; give --out FOLDER for {args.gguf}")
     return str(SHIPPED)
-
-
-def is_demo_gguf(path: Path) -> bool:
-    """Whether `path` is the demo target's GGUF (its SHA-256), the one target the shipped head is for."""
-    from mlxspec.loading.demo import MODELS
-
-    if not path.is_file():
-        return False
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest() in {m.gguf_sha256 for m in MODELS.values()}
 
 
 def unwritable_out(out: Path) -> str:
@@ -1126,8 +1117,9 @@ def main(argv=None):
 
         return train_eagle_mlx.main(args)
     work, t0 = train_draft.start(args)
-    args.out = default_out(args)
-    check_work(work, args, file_key(Path(args.gguf)))
+    digest = target_digest(Path(args.gguf))  # the whole file read once
+    args.out = default_out(args, digest)
+    check_work(work, args, f"{Path(args.gguf).name} sha256:{digest}")
     prompts = train_draft.stage_prompts(args, work)
     prompts.update(train_draft.logged_prompt_files(args.prompt_file))
     args.init_head = init_head(args.init, Path(args.gguf), Path(args.out)) if args.init else None

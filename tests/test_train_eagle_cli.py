@@ -232,11 +232,11 @@ def test_a_work_folder_keeps_to_one_target_and_one_way_of_answering(tmp_path):
             train_eagle.check_work(tmp_path, _args(**{**vars(args), **change}), target)
 
 
-def test_file_key_tells_same_sized_files_apart(tmp_path):
+def test_the_target_digest_tells_same_sized_files_apart(tmp_path):
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     a.write_bytes(b"x" * 100)
     b.write_bytes(b"y" * 100)
-    assert train_eagle.file_key(a) != train_eagle.file_key(b)
+    assert train_eagle.target_digest(a) != train_eagle.target_digest(b)
 
 
 @pytest.mark.parametrize("flag,value", [("--batch", "0"), ("--ckpt-every", "0"), ("--unroll", "0"),
@@ -268,9 +268,10 @@ def test_out_never_overwrites_a_file_or_a_folder_that_is_no_head(tmp_path, capsy
 def test_the_shipped_head_is_the_default_out_for_the_demo_target_only(tmp_path):
     other = tmp_path / "other.gguf"
     other.write_bytes(b"GGUF" + bytes(100))
+    digest = train_eagle.target_digest(other)
     with pytest.raises(SystemExit, match="give --out FOLDER"):
-        train_eagle.default_out(argparse.Namespace(out=None, gguf=str(other)))
-    assert train_eagle.default_out(argparse.Namespace(out="mine", gguf=str(other))) == "mine"
+        train_eagle.default_out(argparse.Namespace(out=None, gguf=str(other)), digest)
+    assert train_eagle.default_out(argparse.Namespace(out="mine", gguf=str(other)), digest) == "mine"
 
 
 @pytest.mark.parametrize("script,argv,says", [

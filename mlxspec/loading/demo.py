@@ -146,12 +146,16 @@ def _pip_download(requirement: str, into: Path, say) -> Path:
     return wheels[0]
 
 
-def _check_hash(path: Path, expected: str, what: str) -> None:
+def file_sha256(path) -> str:
+    """A file's SHA-256 (hex), read 1 MiB at a time."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
-    if digest.hexdigest() != expected:
-        raise ModelNotFoundError(
-            f"the {what} {path} has SHA-256 {digest.hexdigest()}, expected {expected}; refusing to use it"
-        )
+    return digest.hexdigest()
+
+
+def _check_hash(path: Path, expected: str, what: str) -> None:
+    found = file_sha256(path)
+    if found != expected:
+        raise ModelNotFoundError(f"the {what} {path} has SHA-256 {found}, expected {expected}; refusing to use it")
