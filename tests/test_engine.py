@@ -56,16 +56,51 @@ def test_model_as_its_own_draft_accepts_everything(target):
     assert sum(r.from_draft) == r.stats.accepted
 
 
+@pytest.fixture(scope="module")
+def wtarget():
+    """A target whose greedy text depends on the window (the llama above says one token whatever
+    it sees, so a window that hid the wrong keys would go unnoticed)."""
+    return tiny.make_qwen2(1)
+
+
+@pytest.fixture(scope="module")
+def wdraft():
+    return tiny.make_qwen2(2, layers=1, hidden=32)
+
+
+def stepped_reference(model, prompt, n, W):
+    """mlx-lm's RotatingKVCache(W, keep=4) fed one token at a time: each token sees the first 4 and
+    the W - 4 most recent. (mlx-lm's `generate_step` feeds a longer prompt in one pass, which sees
+    a plain sliding window of W instead, so it differs once the prompt is longer than W.)"""
+    cache = [RotatingKVCache(max_size=W, keep=4) for _ in model.layers]
+    for t in prompt:
+        logits = model(mx.array([[t]]), cache=cache)
+    out = []
+    for _ in range(n):
+        out.append(int(mx.argmax(logits[0, -1])))
+        logits = model(mx.array([[out[-1]]]), cache=cache)
+    return out
+
+
 @pytest.mark.parametrize("W", [16, 37])
 @pytest.mark.parametrize("self_draft", [True, False])
-def test_sliding_window_matches_mlx_lm(target, draft, W, self_draft):
+def test_sliding_window_matches_mlx_lm(wtarget, wdraft, W, self_draft):
     """max_kv_size=W: the same tokens as mlx-lm's vanilla RotatingKVCache(W, keep=4), long after wrapping."""
-    ref = reference(target, PROMPT, 120, [RotatingKVCache(max_size=W, keep=4) for _ in target.layers])
-    e = Engine(target, None, target if self_draft else draft, max_kv_size=W, num_draft=5)
+    ref = reference(wtarget, PROMPT, 120, [RotatingKVCache(max_size=W, keep=4) for _ in wtarget.layers])
+    assert ref != reference(wtarget, PROMPT, 120)  # the window changes the text: the test can fail
+    e = Engine(wtarget, None, wtarget if self_draft else wdraft, max_kv_size=W, num_draft=5)
     r = e.generate(PROMPT, max_tokens=120)
-    assert_same_greedy(target, PROMPT, r.tokens, ref, max_kv_size=W)
+    assert_same_greedy(wtarget, PROMPT, r.tokens, ref, max_kv_size=W)
     if self_draft:
         assert r.stats.accepted == r.stats.drafted > 0
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "none"])
+def test_a_prompt_longer_than_the_window_sees_the_first_4_and_the_most_recent(wtarget, wdraft, drafter):
+    prompt, W = [5 + (i * 7) % 40 for i in range(30)], 16
+    ref = stepped_reference(wtarget, prompt, 40, W)
+    e = Engine(wtarget, None, wdraft, drafter=drafter, max_kv_size=W, num_draft=3)
+    assert_same_greedy(wtarget, prompt, e.generate(prompt, max_tokens=40).tokens, ref, max_kv_size=W)
 
 
 def test_gemma3_sliding_layers_match_mlx_lm():
@@ -274,10 +309,10 @@ def test_multi_turn_prefills_only_new_tokens(target, draft):
 
 
 @pytest.mark.parametrize("drafter,num_draft", [("model", 3), ("model", None), ("ngram", None)])
-def test_an_unrelated_prompt_after_a_long_one_with_a_window(target, draft, drafter, num_draft):
+def test_an_unrelated_prompt_after_a_long_one_with_a_window(wtarget, wdraft, drafter, num_draft):
     # The second prompt shares nothing with the first: its caches roll back to the fixed slots
     # and its own rejected drafts must roll back too (they raised CacheRollbackError).
-    make = lambda: Engine(target, None, draft, drafter=drafter, num_draft=num_draft, max_kv_size=20)
+    make = lambda: Engine(wtarget, None, wdraft, drafter=drafter, num_draft=num_draft, max_kv_size=20)
     long_prompt, other = [5 + (i * 7) % 40 for i in range(60)], [50, 51, 52, 53, 54, 55]
     e = make()
     e.generate(long_prompt, max_tokens=8)
@@ -301,11 +336,11 @@ def test_a_rollback_that_fails_as_a_stream_ends_leaves_a_clean_engine(target, dr
     assert e.target.tokens == [] and e.generate(PROMPT, max_tokens=20).tokens == fresh
 
 
-def test_multi_turn_with_window_after_wrap(target, draft):
-    e = Engine(target, None, draft, num_draft=3, max_kv_size=20)
+def test_multi_turn_with_window_after_wrap(wtarget, wdraft):
+    e = Engine(wtarget, None, wdraft, num_draft=3, max_kv_size=20)
     first = e.generate(PROMPT, max_tokens=40)
     turn2 = PROMPT + first.tokens + [13, 14]
-    ref_engine = Engine(target, None, draft, num_draft=3, max_kv_size=20)
+    ref_engine = Engine(wtarget, None, wdraft, num_draft=3, max_kv_size=20)
     assert e.generate(turn2, max_tokens=15).tokens == ref_engine.generate(turn2, max_tokens=15).tokens
 
 
