@@ -414,3 +414,33 @@ async def test_the_header_keeps_its_memory_line_in_a_narrow_terminal():
         header = app.query_one(PairHeader)
         lines = [s.text.strip() for s in header.render_lines(Region(0, 0, header.size.width, header.size.height))]
         assert lines[0].startswith("mlxspec chat") and lines[1].startswith("memory"), lines
+
+
+@async_test
+async def test_the_header_names_who_drafts_and_weighs_its_weights(tmp_path):
+    from textual.geometry import Region
+
+    from tui.widgets import PairHeader
+    from tui.stats_view import format_bytes
+    from tiny import make_eagle_head
+
+    base = tiny_engine()
+    head = make_eagle_head(base.target_model, tmp_path / "head")
+    engine = tiny_engine(eagle_head=head, drafter="eagle")
+    assert 0 < engine.eagle_weights_bytes != engine.draft_weights_bytes
+
+    def header_text(app):
+        header = app.query_one(PairHeader)
+        return " ".join(s.text for s in header.render_lines(Region(0, 0, header.size.width, header.size.height)))
+
+    app = make_app(engine, max_tokens=4)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await pilot.pause()
+        assert "draft EAGLE head" in header_text(app)
+        assert f"draft {format_bytes(engine.eagle_weights_bytes)}" in header_text(app)  # the head's, not the model's
+        await send(app, pilot, "/drafter model")
+        await pilot.pause()
+        assert f"draft {format_bytes(engine.draft_weights_bytes)}" in header_text(app)
+        await send(app, pilot, "/drafter ngram")
+        await pilot.pause()
+        assert "draft ngram drafter" in header_text(app) and ", draft " not in header_text(app)

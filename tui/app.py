@@ -7,7 +7,7 @@ The UI thread never runs a model. A thread worker loads the engines, another run
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Callable, Optional
 
 from rich.text import Text
@@ -214,8 +214,13 @@ class ChatApp(App):
         except CommandError as e:
             self.notice(str(e), error=True)
             return
+        drafter_changed = outcome.settings.drafter != self.settings.drafter
         self.settings = outcome.settings
         self.conversation.system = outcome.settings.system
+        if drafter_changed and self.info is not None:  # the header names who drafts and its weights
+            d = describe(self.engines[SPEC], drafter=outcome.settings.drafter)
+            self.info = replace(self.info, draft=d.draft, draft_weights_bytes=d.draft_weights_bytes)
+            self.query_one(PairHeader).set_info(self.info)
         if outcome.reply and outcome.action != "clear":  # clearing says itself whether it did
             self.notice(outcome.reply)
         if outcome.action == "clear":

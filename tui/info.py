@@ -19,19 +19,24 @@ class PairInfo:
         return f"{self.name}: {self.target} ← {self.draft} · {self.precision} · {self.device}"
 
 
-def describe(engine, *, name: str = None) -> PairInfo:
-    """Read what `mlxspec.load` attached (pair_name, target_info, draft_info) or fall back to the models."""
+def describe(engine, *, name: str = None, drafter: str = None) -> PairInfo:
+    """Read what `mlxspec.load` attached (pair_name, target_info, draft_info) or fall back to the
+    models. `drafter`: who drafts on the speculative side (default: the engine's default); the
+    draft's weights are that drafter's (the head's for "eagle", none for "ngram")."""
+    drafter = drafter or engine.default_drafter
     target = _label(getattr(engine, "target_info", None)) or _model_label(engine.target_model)
-    if engine.draft_model is not None and engine.default_drafter == "model":
+    draft_bytes = 0
+    if engine.draft_model is not None and drafter == "model":
         draft = _label(getattr(engine, "draft_info", None)) or _model_label(engine.draft_model)
-    elif engine.default_drafter == "eagle":
-        draft = "EAGLE head"
+        draft_bytes = engine.draft_weights_bytes
+    elif drafter == "eagle":
+        draft, draft_bytes = "EAGLE head", engine.eagle_weights_bytes
     else:
-        draft = f"{engine.default_drafter} drafter"
+        draft = f"{drafter} drafter"
     return PairInfo(
         name=name or getattr(engine, "pair_name", None) or "custom",
         target=target, draft=draft, precision=_precision(engine.target_model), device=_device(),
-        target_weights_bytes=engine.target_weights_bytes, draft_weights_bytes=engine.draft_weights_bytes,
+        target_weights_bytes=engine.target_weights_bytes, draft_weights_bytes=draft_bytes,
     )
 
 
