@@ -323,7 +323,9 @@ class Engine:
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""
-        stats.peak_memory_bytes = int(mx.get_peak_memory())
+        # At least what is held now: a generation stopped before it allocated anything has a peak
+        # of 0 since the loop's reset, though the weights and caches are there.
+        stats.peak_memory_bytes = int(max(mx.get_peak_memory(), mx.get_active_memory()))
         stats.target_kv_bytes = self.target.kv_bytes
         if name == "model":
             stats.draft_kv_bytes = self.drafters["model"].seq.kv_bytes

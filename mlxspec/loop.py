@@ -100,7 +100,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     stopping = cancel.is_set if cancel is not None and not dist else None
     fed = len(target.tokens)
     cancelled = not coord.watched(target.prefill)(todo[:-1], stop=stopping) or bool(stopping and stopping())
-    stats.prefilled_tokens = len(target.tokens) - fed
+    stats.prefilled_tokens = stats.prompt_timed_tokens = len(target.tokens) - fed
     if not cancelled:
         if hasattr(drafter, "prefill"):
             drafter.prefill(ids)

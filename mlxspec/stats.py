@@ -6,11 +6,23 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 
+def acceptance_text(accepted: int, drafted: int) -> str:
+    """Acceptance for people: "62% (31/50)", or "- (nothing drafted)": a rate of nothing is not 0%."""
+    return f"{accepted / drafted:.0%} ({accepted}/{drafted})" if drafted else "- (nothing drafted)"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0  # tokens in the prompt
     prefilled_tokens: int = 0  # of which actually processed (the rest reused from the last turn)
     prompt_seconds: float = 0.0  # prompt processing time, target and draft
+    # Of prefilled_tokens, those fed within prompt_seconds: the prompt's last token is fed with the
+    # first pass, which `seconds` times.
+    prompt_timed_tokens: int = 0
     tokens: int = 0  # generated tokens (EOS included when it ended the generation)
     seconds: float = 0.0  # generation time after the prompt
     rounds: int = 0  # target passes after the prompt (one per round)
@@ -76,7 +88,9 @@ class GenerationStats:
 
     @property
     def prompt_tokens_per_second(self) -> float:
-        return self.prefilled_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+        """Prompt tokens fed per second of prompt processing; 0.0 when none was fed in it (a
+        prompt the caches already held but for its last token)."""
+        return self.prompt_timed_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
 
     def record_round(self, k: int, n_accepted: int, *, tree: bool = False, lookup: bool = False) -> None:
         self.rounds += 1
@@ -129,8 +143,8 @@ class GenerationStats:
         return list(self.as_dict().keys())
 
     def summary_line(self) -> str:
-        return (f"{self.tokens} tokens, {self.tokens_per_second:.1f} tok/s, acceptance "
-                f"{self.acceptance_rate:.0%}, {self.tokens_per_target_pass:.2f} tokens/target pass, "
+        return (f"{plural(self.tokens, 'token')}, {self.tokens_per_second:.1f} tok/s, acceptance "
+                f"{acceptance_text(self.accepted, self.drafted)}, {self.tokens_per_target_pass:.2f} tokens/target pass, "
                 f"peak memory {self.peak_memory_bytes / 2**20:.0f} MiB")
 
 

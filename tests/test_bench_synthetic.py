@@ -48,6 +48,12 @@ def test_run_synthetic_reports_every_setting_and_ratio(tiny_shapes):
     assert doc["curve_ms"] and all(v > 0 for v in doc["curve_ms"].values())
     # greedy model drafts at a fixed k verify the same drafts as the peer: accepted fractions are real numbers
     assert 0.0 <= doc["settings"]["engine model k=3"]["acceptance_rate"] <= 1.0
+    # The loop's own time per round is told apart from the passes' only where a pass does not run
+    # while it is enqueued: not on MLX's CPU backend.
+    from mlxspec.device import backend
+
+    host = doc["settings"]["engine plain"]["host_ms_per_round"]
+    assert host is None if backend() == "cpu" else host > 0
 
 
 def test_cli_rejects_synthetic_with_a_pair(tiny_shapes, capsys):

@@ -48,3 +48,34 @@ def test_engine_counts_agree_with_its_totals():
     assert all((s.step_reached[i + 1] == s.step_accepted[i]) if full else (s.step_reached[i + 1] <= s.step_accepted[i])
                for i in range(len(s.step_reached) - 1))
     assert s.judged_acceptance >= s.acceptance_rate
+
+
+def test_a_rate_of_nothing_is_printed_as_none_not_zero():
+    from mlxspec.stats import acceptance_text
+
+    assert acceptance_text(31, 50) == "62% (31/50)"
+    assert acceptance_text(0, 0) == "- (nothing drafted)"
+    s = GenerationStats(tokens=1, seconds=0.5, rounds=1)
+    assert s.summary_line().startswith("1 token, 2.0 tok/s, acceptance - (nothing drafted), 1.00 tokens/target pass")
+
+
+def test_prompt_rate_counts_only_the_tokens_its_time_fed():
+    target = tiny.make_llama(1)
+    e = Engine(target, None, drafter="ngram")
+    s = e.generate(PROMPT, max_tokens=4).stats
+    # The last prompt token is fed with the first pass, which `seconds` times, not `prompt_seconds`.
+    assert s.prefilled_tokens == len(PROMPT) and s.prompt_timed_tokens == len(PROMPT) - 1
+    assert s.prompt_tokens_per_second == pytest.approx((len(PROMPT) - 1) / s.prompt_seconds)
+    again = e.generate(PROMPT, max_tokens=4).stats  # the caches hold all but the prompt's last token
+    assert again.prefilled_tokens == 1 and again.prompt_timed_tokens == 0 and again.prompt_tokens_per_second == 0.0
+
+
+def test_a_request_cancelled_before_it_starts_still_reports_the_memory_it_holds():
+    import threading
+
+    e = Engine(tiny.make_llama(1), None, drafter="ngram")
+    e.generate(PROMPT, max_tokens=4)
+    stop = threading.Event()
+    stop.set()
+    r = e.generate(PROMPT + [13], max_tokens=4, cancel=stop)
+    assert r.finish_reason == "cancelled" and r.stats.peak_memory_bytes >= e.target_weights_bytes > 0

@@ -43,7 +43,8 @@ class StatsView:
         """The pane's live line: `NN.N tok/s`, plus draft figures on the speculative side."""
         s = f"{self.tokens_per_second:.1f} tok/s · {self.tokens} tokens"
         if speculative:
-            s += (f" · accepted {self.acceptance_rate:.0%} · {self.tokens_per_target_pass:.2f} tok/pass"
+            accepted = f"{self.acceptance_rate:.0%}" if self.drafted else "-"  # a rate of nothing is not 0%
+            s += (f" · accepted {accepted} · {self.tokens_per_target_pass:.2f} tok/pass"
                   f" · {'lookup ' if self.last_lookup else ''}{'tree' if self.last_tree else 'draft'} {self.last_k}")
         return s
 

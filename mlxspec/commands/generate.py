@@ -8,6 +8,7 @@ import sys
 
 from ..choices import DTYPES
 from ..errors import InvalidArgumentError
+from ..stats import acceptance_text, plural
 from .argtypes import kv_window, num_draft, on_off, positive, reference, seed, tree
 from .modelargs import add_distributed_arg, quiet_unless_main
 
@@ -165,8 +166,8 @@ def stats_line(stats) -> str:
             return getattr(stats, key, default) or default
 
     return (
-        f"{int(get('tokens'))} tokens in {get('seconds'):.2f} s, {get('tokens_per_second'):.1f} tok/s, "
-        f"acceptance {100 * get('acceptance_rate'):.0f}% ({int(get('accepted'))}/{int(get('drafted'))}), "
+        f"{plural(int(get('tokens')), 'token')} in {get('seconds'):.2f} s, {get('tokens_per_second'):.1f} tok/s, "
+        f"acceptance {acceptance_text(int(get('accepted')), int(get('drafted')))}, "
         f"{get('tokens_per_target_pass'):.2f} tokens/target pass, "
         + (f"{int(get('lookup_rounds'))} rounds by lookup ({int(get('lookup_accepted'))}/{int(get('lookup_drafted'))}), "
            if get('lookup_rounds') else "")

@@ -30,6 +30,7 @@ from . import schema
 from .errors import APIError, from_engine, invalid
 from .options import ServeOptions
 from .queue import EngineQueue, Job
+from ..stats import acceptance_text
 from .responses import DONE, Shapes, sse
 
 log = logging.getLogger("mlxspec.serve")
@@ -194,9 +195,10 @@ async def _cancel_on_disconnect(request: Request, queue: EngineQueue, job: Job) 
 
 def _log_done(request_id: str, job: Job) -> None:
     s = job.stats
-    log.info("%s: %d prompt tokens (%d cached), %d tokens, %.1f tok/s, drafter %s, acceptance %.0f%%, "
+    log.info("%s: %d prompt tokens (%d cached), %d tokens, %.1f tok/s, drafter %s, acceptance %s, "
              "%.2f tokens/target pass", request_id, s.prompt_tokens, s.prompt_tokens - s.prefilled_tokens,
-             s.tokens, s.tokens_per_second, s.drafter, 100 * s.acceptance_rate, s.tokens_per_target_pass)
+             s.tokens, s.tokens_per_second, s.drafter, acceptance_text(s.accepted, s.drafted),
+             s.tokens_per_target_pass)
 
 
 # -- the other routes --------------------------------------------------------------------------------
