@@ -179,8 +179,9 @@ def test_repeats_are_passes_over_the_prompts(monkeypatch, tmp_path, capsys):
     doc = bench_cli_json(monkeypatch, tmp_path, "--limit", "2", "--max-tokens", "4", "--drafter", "ngram",
                          "--no-peer", "--repeats", "2")
     assert doc["settings"]["repeats"] == 2
-    assert [(r["repeat"], r["mode"]) for r in doc["runs"]] == [(rep, m) for rep in (0, 1) for _ in range(2)
-                                                               for m in ("vanilla", "speculative")]
+    modes = [("vanilla", "speculative"), ("speculative", "vanilla")]  # the order rotates block by block
+    assert [(r["repeat"], r["mode"]) for r in doc["runs"]] == [(rep, m) for rep in (0, 1) for i in range(2)
+                                                               for m in modes[i]]
     assert "2 prompts x 2 passes" in capsys.readouterr().out
 
 

@@ -1,9 +1,10 @@
 """Interleaved bench runs: every mode on a prompt, then the next prompt.
 
-For each prompt and temperature the order is: vanilla (the engine with speculative=False),
-each speculative setting (drafter x draft length x tree setting), then the mlx-lm peer when the engine
-has a draft model. Interleaving makes slow machine drift (thermals, other load) hit all
-modes alike. Before each run the engine's caches are dropped (`engine.reset()`), so no
+For each prompt and temperature every setting runs once: vanilla (the engine with
+speculative=False), each speculative setting (drafter x draft length x tree setting), and the
+mlx-lm peer when the engine has a draft model, in an order that rotates by one setting from
+one prompt to the next. Interleaving makes slow machine drift (thermals, other load) hit all
+modes alike; rotating keeps drift within a prompt's block off any one setting. Before each run the engine's caches are dropped (`engine.reset()`), so no
 mode reuses another's prompt cache. Each setting (and temperature) learns in cost models of
 its own, kept from prompt to prompt as a user of that setting would have them, so two settings
 of one drafter never teach each other; the device's verify-cost curve is shared.
@@ -233,17 +234,28 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     start, own = engine.costs, {}
     runs: List[RunRecord] = []
     passes = [(rep, p, ids) for rep in range(repeats) for p, ids in zip(prompts, encoded)]
+    block = 0
     for rep, p, ids in passes:
         for t in temps:
-            vanilla: Optional[RunRecord] = None
-            for s in settings:
+            # The order rotates from one prompt to the next, so drift within a prompt's block
+            # (a machine warming up, other load) does not always fall on the same setting.
+            first = block % len(settings)
+            block += 1
+            done: List[RunRecord] = []
+            for s in settings[first:] + settings[:first]:
                 if (s, t) not in own:
                     own[s, t] = copy.deepcopy(start, {id(engine.curve): engine.curve})
                 engine.costs = own[s, t]
                 rec = _run_one(engine, s, p, ids, max_tokens, t, seed)
                 rec.order, rec.repeat = len(runs), rep
-                if s.mode == "vanilla":
-                    vanilla = rec
+                runs.append(rec)
+                done.append(rec)
+                if on_run is not None:
+                    on_run(rec)
+            # Each output against vanilla's, outside the timing (vanilla may have run last).
+            vanilla = next((r for r in done if r.mode == "vanilla"), None)
+            for rec in done:
+                if rec.mode == "vanilla":
                     rec.matches_vanilla = True if t == 0 else None
                 elif t == 0 and vanilla is not None:
                     check = check_greedy(engine.target_model, ids, vanilla.output_tokens, rec.output_tokens,
@@ -254,9 +266,6 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                         rec.mismatch = _mismatch_dict(check, engine.tokenizer)
                     if not check.ok and on_mismatch is not None:
                         on_mismatch(rec)
-                runs.append(rec)
-                if on_run is not None:
-                    on_run(rec)
     engine.costs = start
     return BenchResult(runs, settings, temps, max_tokens, seed, default_setting(engine, settings), peer_warm,
                        engine_warm, curve)
