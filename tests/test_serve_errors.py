@@ -81,7 +81,23 @@ UNSUPPORTED = [
     ({"messages": HI, "presence_penalty": 0.5}, "presence_penalty"),
     ({"messages": HI, "logit_bias": {"5": 1}}, "logit_bias"),
     ({"messages": HI, "response_format": {"type": "json_object"}}, "response_format"),
+    # other servers' sampling fields change the answer: told, not silently ignored
+    ({"messages": HI, "repetition_penalty": 1.5}, "repetition_penalty"),
+    ({"messages": HI, "min_tokens": 5}, "min_tokens"),
+    ({"messages": HI, "ignore_eos": True}, "ignore_eos"),
+    ({"messages": HI, "stop_token_ids": [13]}, "stop_token_ids"),
+    ({"messages": HI, "typical_p": 0.5}, "typical_p"),
+    ({"messages": HI, "guided_json": {"type": "object"}}, "guided_json"),
+    ({"messages": HI, "modalities": ["text", "audio"]}, "modalities"),
+    ({"messages": HI, "ignore_eos": 0}, "ignore_eos"),  # not the neutral false, though equal to it
 ]
+
+
+def test_other_servers_fields_at_their_neutral_values_are_accepted(server):
+    body = {"messages": HI, "max_tokens": 3, "repetition_penalty": 1, "typical_p": 1.0, "min_tokens": 0,
+            "ignore_eos": False, "stop_token_ids": [], "modalities": ["text"], "guided_json": None}
+    r = post(server[0], "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("body,param,says", CHAT_CASES)

@@ -21,6 +21,13 @@ from .options import ServeOptions
 ROLES = ("system", "user", "assistant")  # what a chat template renders; "developer" is read as "system"
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+# Fields other OpenAI-style servers (vLLM, llama.cpp, text-generation-inference) take that would
+# change the answer, with the value that changes nothing: a client that sends another is told.
+EXTENSIONS = {"repetition_penalty": 1.0, "repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0,
+              "length_penalty": 1.0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
+              "use_beam_search": False, "mirostat": 0, "guided_json": None, "guided_regex": None,
+              "guided_choice": None, "guided_grammar": None, "grammar": None, "json_schema": None,
+              "audio": None, "modalities": ["text"]}
 
 
 @dataclass
@@ -205,8 +212,18 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         raise unsupported(f"response_format other than {{\"type\": \"text\"}} is not supported by this server "
                           f"(no JSON modes), got {_show(fmt)}", "response_format")
+    for key, neutral in EXTENSIONS.items():  # other servers' sampling fields: refused, not silently ignored
+        value = body.get(key)
+        if value is not None and not _neutral(value, neutral):
+            raise unsupported(f"{key} is not supported by this server (only {_show(neutral)}), got {_show(value)}",
+                              key)
     if not chat and body.get("echo"):
         raise unsupported("echo is not supported by this server", "echo")
     if not chat and body.get("suffix"):
         raise unsupported("suffix (fill in the middle) is not supported by this server", "suffix")
 
+
+def _neutral(value, neutral) -> bool:
+    if isinstance(neutral, (int, float)) and not isinstance(neutral, bool):  # 1 and 1.0 alike
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == neutral
+    return type(value) is type(neutral) and value == neutral
