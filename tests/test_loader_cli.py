@@ -132,6 +132,12 @@ def test_generate_passes_a_chat_message_and_the_options(made, tiny_gguf_path):
     prompt, options = made[0].calls[0]
     assert prompt == [{"role": "user", "content": "Capital?"}]
     assert options["top_k"] == 7 and options["min_p"] == 0.1 and options["max_tokens"] == 256
+    assert options["stop"] is None
+
+
+def test_generate_passes_stop_strings(made, tiny_gguf_path):
+    main(["generate", "--target", str(tiny_gguf_path), "--stop", "END", "--stop", "\n\n", "Capital?"])
+    assert made[0].calls[0][1]["stop"] == ["END", "\n\n"]
 
 
 @pytest.mark.parametrize("given, stdin, message", [("", "", "PROMPT is empty"), ("  \n", "", "PROMPT is empty"),

@@ -45,7 +45,13 @@ def register(subparsers) -> None:
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus threshold in (0, 1]; 1 disables (default: 1)")
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens; 0 disables (default: 0)")
     p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P x the top probability; 0 disables (default: 0)")
-    p.add_argument("--seed", type=seed, default=None, help="random seed for sampling (default: none)")
+    p.add_argument("--seed", type=seed, default=None,
+                   help="random seed for sampling (default: none). The same seed gives the same text with "
+                        "--drafter ngram or none, or a fixed --num-draft; with a model drafter (the draft "
+                        "model or the EAGLE head) and automatic draft length the text is a sample from the "
+                        "same distribution, not always the same one (README: Seeds)")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="end the answer before TEXT (the text is not printed); repeat for several")
     p.add_argument("--num-draft", type=num_draft, default=None, metavar="auto|N",
                    help="tokens drafted per round: 'auto' (the cost model picks) or a number in 0..32, 0 decoding plainly "
                         "(default: the engine's)")
@@ -80,7 +86,8 @@ def run(args) -> int:
     quiet_unless_main(engine)
     prompt = text if args.no_chat_template else [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                   top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft)
+                   top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
+                   stop=args.stop)
     if args.lookup is not None:
         options["lookup"] = args.lookup == "on"
     if args.json:
@@ -99,11 +106,12 @@ def run(args) -> int:
 
 def _check_options(args) -> None:
     """The request's settings, by the engine's own rules (it checks them again), before the load."""
-    from ..prompts import check_max_tokens
+    from ..prompts import check_max_tokens, check_stop
     from ..sampling import SamplingParams
 
     SamplingParams(args.temperature, args.top_p, args.top_k, args.min_p)
     check_max_tokens(args.max_tokens)
+    check_stop(args.stop)
 
 
 def _prompt_text(prompt: str) -> str:
