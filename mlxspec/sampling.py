@@ -52,8 +52,9 @@ def validate(temperature, top_p, top_k, min_p) -> None:
 
 
 def _real(value):
-    """`value` as a float (an int too large for one becomes +-inf), or None if it is not a number."""
-    if not isinstance(value, (int, float)):
+    """`value` as a float (an int too large for one becomes +-inf), or None if it is not a number
+    (True is no temperature, though Python counts it as 1)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
     try:
         return float(value)

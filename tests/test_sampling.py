@@ -71,6 +71,7 @@ def test_top_p_below_every_mass_keeps_the_top_token(top_p):
 @pytest.mark.parametrize("field,value", [
     ("temperature", 10 ** 400), ("temperature", -(10 ** 400)), ("top_p", 10 ** 400), ("min_p", -(10 ** 400)),
     ("temperature", float("nan")), ("top_p", float("nan")), ("min_p", float("nan")), ("temperature", "0.7"),
+    ("temperature", True), ("top_p", True), ("min_p", False),
 ], ids=lambda v: v if isinstance(v, str) else repr(v)[:12])
 def test_out_of_range_numbers_are_invalid_arguments(field, value):
     from mlxspec.errors import InvalidArgumentError
