@@ -70,7 +70,7 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
         raise InvalidArgumentError("prompt encodes to no tokens: give a longer prompt")
     bad = next((t for t in ids if t < 0 or t >= vocab_size), None)
     if bad is not None:
-        raise InvalidArgumentError(f"token id {bad} is outside the vocabulary: ids must be in [0, {vocab_size})")
+        raise InvalidArgumentError(f"prompt token id {bad} is outside the vocabulary: ids must be in [0, {vocab_size})")
     return ids
 
 

@@ -48,7 +48,7 @@ CHAT_CASES = [
     ({"messages": HI, "top_p": -(10**400)}, "top_p", "(0, 1]"),
     ({"messages": HI, "max_tokens": 0}, "max_tokens", ">= 1"),
     ({"messages": HI, "max_tokens": "10"}, "max_tokens", "integer"),
-    ({"messages": HI, "max_completion_tokens": -5}, "max_completion_tokens", ">= 1"),
+    ({"messages": HI, "max_completion_tokens": -5}, "max_completion_tokens", "max_completion_tokens must be an integer >= 1"),
     ({"messages": HI, "seed": -1}, "seed", ">= 0"),
     ({"messages": HI, "seed": "abc"}, "seed", "integer"),
     ({"messages": HI, "seed": 2**64}, "seed", "2**64"),
@@ -139,7 +139,8 @@ def test_lone_surrogates_are_400(server, path, body, param):
 
 
 def test_token_ids_outside_the_vocabulary_are_400(server):
-    assert_error(post(server[0], "/v1/completions", {"prompt": [1, 2, 10**6]}), 400, says="outside the vocabulary")
+    assert_error(post(server[0], "/v1/completions", {"prompt": [1, 2, 10**6]}), 400, says="outside the vocabulary",
+                 param="prompt")
 
 
 @pytest.mark.parametrize("content,says", [

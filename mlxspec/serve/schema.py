@@ -77,7 +77,13 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
     name = "max_completion_tokens"
     if limit is None:
         limit, name = body.get("max_tokens"), "max_tokens"
-    opts = {"max_tokens": _check(check_max_tokens, defaults.max_tokens if limit is None else limit, name)}
+    def check_limit(value):  # the library's rule, in the words of the field the client sent
+        try:
+            return check_max_tokens(value)
+        except InvalidArgumentError as e:
+            raise InvalidArgumentError(str(e).replace("max_tokens", name, 1)) from None
+
+    opts = {"max_tokens": _check(check_limit, defaults.max_tokens if limit is None else limit, name)}
     sampling = {}
     for key, off in SAMPLING_DEFAULTS.items():
         value = body.get(key)
