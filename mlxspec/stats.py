@@ -144,7 +144,8 @@ class GenerationStats:
 
     def summary_line(self) -> str:
         return (f"{plural(self.tokens, 'token')}, {self.tokens_per_second:.1f} tok/s, acceptance "
-                f"{acceptance_text(self.accepted, self.drafted)}, {self.tokens_per_target_pass:.2f} tokens/target pass, "
+                f"{acceptance_text(self.accepted, self.drafted)}, "
+                f"{self.tokens_per_target_pass:.2f} tokens/target pass, "
                 f"peak memory {self.peak_memory_bytes / 2**20:.0f} MiB")
 
 
