@@ -295,7 +295,7 @@ def make_cache(model, *, max_kv_size: Optional[int] = None, headroom: int = 16) 
             out.append(WindowKVCache(c.max_size, c.keep, headroom))
         else:
             raise IncompatibleModelsError(
-                f"layer {i} of {type(model).__module__.split('.')[-1]} uses a {type(c).__name__}, which "
+                f"layer {i} of {type(model).__module__.split('.')[-1]} uses {type(c).__name__}, which "
                 f"cannot roll back rejected draft tokens; speculative decoding supports attention "
                 f"layers with KVCache or RotatingKVCache only"
             )

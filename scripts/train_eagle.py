@@ -5,8 +5,9 @@
 
 --target runs every stage in MLX on its default device (a Mac's GPU, an NVIDIA GPU through
 MLX's CUDA backend, or the CPU) for any target mlxspec loads: a Hugging Face repo id, an MLX
-folder (quantized or not) or a GGUF, of the llama, qwen2, mistral or gemma families (any whose
-logits are a linear head of its final hidden state). --gguf runs the target in PyTorch on the
+folder (quantized or not) or a GGUF, of the llama, qwen2/qwen3, mistral, phi3, gemma or gemma 3
+families (any whose logits are a linear head of its final hidden state; not gemma 2, cohere or
+granite, whose logits are soft-capped or scaled). --gguf runs the target in PyTorch on the
 CPU instead, as the demo head was made (faster than MLX's CPU backend there).
 
 Stages (each cached under --work, so a rerun skips what is finished; a stopped train stage
