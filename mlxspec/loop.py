@@ -393,6 +393,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                     pending = None
                 t_yield = clock()
                 stats.seconds += t_yield - t_resume
+                if stats.tokens == 1:
+                    stats.first_token_seconds = stats.prompt_seconds + stats.seconds
                 if end:
                     engine.finish_stats(stats, name)
                 yield TokenEvent(tok, piece, i < n, stats.rounds - 1, done.k, stats, end)

@@ -25,6 +25,7 @@ class GenerationStats:
     prompt_timed_tokens: int = 0
     tokens: int = 0  # generated tokens (EOS included when it ended the generation)
     seconds: float = 0.0  # generation time after the prompt
+    first_token_seconds: float = 0.0  # the prompt and the first pass: time to the first token (0.0: none)
     rounds: int = 0  # target passes after the prompt (one per round)
     drafted: int = 0  # draft tokens proposed
     # Draft tokens the target accepted: what verification judged, so it counts drafts past a stop

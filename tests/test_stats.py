@@ -79,3 +79,12 @@ def test_a_request_cancelled_before_it_starts_still_reports_the_memory_it_holds(
     stop.set()
     r = e.generate(PROMPT + [13], max_tokens=4, cancel=stop)
     assert r.finish_reason == "cancelled" and r.stats.peak_memory_bytes >= e.target_weights_bytes > 0
+
+
+def test_time_to_first_token_is_the_prompt_and_the_first_pass():
+    e = Engine(tiny.make_llama(1), None, drafter="ngram")
+    s = e.generate(PROMPT, max_tokens=6).stats
+    assert s.prompt_seconds < s.first_token_seconds < s.prompt_seconds + s.seconds
+    stop = __import__("threading").Event()
+    stop.set()
+    assert e.generate(PROMPT + [13], max_tokens=6, cancel=stop).stats.first_token_seconds == 0.0

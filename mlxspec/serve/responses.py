@@ -23,7 +23,8 @@ def figures(stats: GenerationStats) -> dict:
             "tokens_per_target_pass": stats.tokens_per_target_pass, "tokens_per_second": stats.tokens_per_second,
             "drafted": stats.drafted, "accepted": stats.accepted, "target_passes": stats.rounds,
             "prompt_tokens_per_second": stats.prompt_tokens_per_second, "prefilled_tokens": stats.prefilled_tokens,
-            "prompt_seconds": stats.prompt_seconds, "seconds": stats.seconds}
+            "prompt_seconds": stats.prompt_seconds, "seconds": stats.seconds,
+            "first_token_seconds": stats.first_token_seconds}
 
 
 class Shapes:
