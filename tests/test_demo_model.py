@@ -136,5 +136,9 @@ def test_generate_command_end_to_end(capsys):
     # who drafted is who `mlxspec models` says drafts on this backend; the text mode's load line names it
     here = pairs()["demo"].default_drafter(backend())
     assert result["stats"]["drafter"] == here
+    # "draft" is the draft model, "head" the EAGLE head; the stats' draft weights are the drafter's that ran
+    assert result["head"]["ref"] == "builtin:smollm2-eagle" and result["head"]["weights_bytes"] > 0
+    ran = {"eagle": result["head"], "model": result["draft"]}.get(here)
+    assert result["stats"]["draft_weights_bytes"] == (ran["weights_bytes"] if ran else 0)
     assert main(["generate", "--max-tokens", "4", "Hi"]) == 0
     assert capsys.readouterr().err.splitlines()[0].endswith(f"; drafter {here}")

@@ -94,7 +94,8 @@ def run(args) -> int:
         result = engine.generate(prompt, **options)
         print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
                           "stats": dict(result.stats), "pair": engine.pair_name,
-                          "target": _describe(engine.target_info), "draft": _describe(engine.draft_info)}))
+                          "target": _describe(engine.target_info), "draft": _describe(engine.draft_info),
+                          "head": _head(engine)}))
         return 0
     print(load_line(engine), file=sys.stderr, flush=True)
     stats = _stream(engine, prompt, options)
@@ -149,6 +150,13 @@ def _describe(info):
     if info is None:
         return None
     return {"ref": info.ref, "weights_bytes": info.weights_bytes, "dtype": info.dtype, "stored": info.quantization}
+
+
+def _head(engine):
+    """The EAGLE head, if the engine has one ("draft" is the draft model; stats' draft figures are
+    the drafter's that ran)."""
+    ref = getattr(engine, "head_ref", None)
+    return {"ref": ref, "weights_bytes": engine.eagle_weights_bytes} if ref else None
 
 
 def load_line(engine) -> str:
