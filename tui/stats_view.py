@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from mlxspec.stats import plural
+
 
 @dataclass(frozen=True)
 class StatsView:
@@ -41,7 +43,7 @@ class StatsView:
 
     def line(self, speculative: bool) -> str:
         """The pane's live line: `NN.N tok/s`, plus draft figures on the speculative side."""
-        s = f"{self.tokens_per_second:.1f} tok/s · {self.tokens} tokens"
+        s = f"{self.tokens_per_second:.1f} tok/s · {plural(self.tokens, 'token')}"
         if speculative:
             accepted = f"{self.acceptance_rate:.0%}" if self.drafted else "-"  # a rate of nothing is not 0%
             s += (f" · accepted {accepted} · {self.tokens_per_target_pass:.2f} tok/pass"

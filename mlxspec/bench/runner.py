@@ -2,12 +2,13 @@
 
 For each prompt and temperature every setting runs once: vanilla (the engine with
 speculative=False), each speculative setting (drafter x draft length x tree setting), and the
-mlx-lm peer when the engine has a draft model, in an order that rotates by one setting from
-one prompt to the next. Interleaving makes slow machine drift (thermals, other load) hit all
-modes alike; rotating keeps drift within a prompt's block off any one setting. Before each run the engine's caches are dropped (`engine.reset()`), so no
-mode reuses another's prompt cache. Each setting (and temperature) learns in cost models of
-its own, kept from prompt to prompt as a user of that setting would have them, so two settings
-of one drafter never teach each other; the device's verify-cost curve is shared.
+mlx-lm peer when the engine has a draft model, in an order that rotates by one setting from one
+prompt to the next. Interleaving makes slow machine drift (thermals, other load) hit all modes
+alike; rotating keeps drift within a prompt's block off any one setting. Before each run the
+engine's caches are dropped (`engine.reset()`), so no mode reuses another's prompt cache. Each
+setting (and temperature) learns in cost models of its own, kept from prompt to prompt as a
+user of that setting would have them, so two settings of one drafter never teach each other;
+the device's verify-cost curve is shared.
 
 Warm-up comes first and is timed apart, so no first-use compilation lands in a timed run.
 mlxspec's settings (vanilla and every drafter x k) are covered by one `engine.warmup()`:

@@ -26,11 +26,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..stats import acceptance_text
 from . import schema
 from .errors import APIError, from_engine, invalid
 from .options import ServeOptions
 from .queue import EngineQueue, Job
-from ..stats import acceptance_text
 from .responses import DONE, Shapes, sse
 
 log = logging.getLogger("mlxspec.serve")

@@ -77,6 +77,7 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
     name = "max_completion_tokens"
     if limit is None:
         limit, name = body.get("max_tokens"), "max_tokens"
+
     def check_limit(value):  # the library's rule, in the words of the field the client sent
         try:
             return check_max_tokens(value)
