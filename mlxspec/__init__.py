@@ -3,6 +3,12 @@
     import mlxspec
     engine = mlxspec.load("demo")
     print(engine.generate("Write a haiku about the sea", max_tokens=64).text)
+
+Entry points (loaded on first use, so `import mlxspec` does not start MLX):
+    mlxspec.load(target, draft=None, *, dtype, drafter, max_kv_size, num_draft, tree, head, ...)
+        -> Engine: a pair name, a model folder, a .gguf or a repo id; help(mlxspec.load)
+    mlxspec.Engine(target_model, tokenizer, draft_model=None, ...): your own mlx-lm models;
+        Engine.generate(prompt, ...) and Engine.stream(prompt, ...); help(mlxspec.Engine)
 """
 
 __version__ = "0.1.0"
@@ -40,6 +46,10 @@ def __getattr__(name):
 
         return importlib.import_module(".verify", __name__)
     raise AttributeError(f"module 'mlxspec' has no attribute {name!r}")
+
+
+def __dir__():  # the lazy names too: dir(), tab completion
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [

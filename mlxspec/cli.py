@@ -21,7 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mlxspec",
         description=(
             "Lossless speculative decoding on MLX. A small draft (model or n-gram) proposes "
-            "tokens, the target verifies them in one pass; the output is exactly the target's."
+            "tokens, the target verifies them in one pass; the output is the target's own (greedy: "
+            "token for token, up to rounding at near-ties in low precision; sampled: the same "
+            "distribution)."
         ),
     )
     from . import __version__

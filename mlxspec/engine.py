@@ -68,13 +68,15 @@ class Engine:
         max_kv_size: sliding window for full-attention layers (first 4 tokens kept), like mlx-lm.
         num_draft: fixed draft length, or None/"auto" to let the cost model choose per round.
         tree: draft trees: None/"auto" (default: the cost model sizes them, a chain where branches
-            do not pay), "off" (chains only), or an int capping a tree's nodes.
+            do not pay), "off" (chains only), or an int N capping what a round drafts, tree or
+            chain, at N tokens. With a fixed num_draft every round is a chain and tree is unused.
         lookup: a model drafter ("model", "eagle") may hand a round to prompt lookup (the n-gram
             drafter) where the cost models expect that to be faster, e.g. where the answer
             copies the prompt (default True; False: the model drafts every round it drafts).
             Never with a fixed num_draft or several ranks. With it an EAGLE head's greedy chains
             also copy, step by step, where the text repeats and the head is unsure
             (`drafters.chaincopy`; also with a fixed num_draft).
+        prefill_step: prompt tokens fed per pass (default 512); a cancelled request stops between two.
         cost_prior: V(j)/V(1) ratios to start the cost model from; default: the curve saved by
             `mlxspec calibrate` for this model on this device, if any.
         group: an `mx.distributed.Group` the target is sharded over (see `mlxspec.shard`), or
@@ -100,6 +102,14 @@ class Engine:
             raise InvalidArgumentError("drafter='model' needs a draft_model; use drafter='ngram' to draft without one")
         if drafter == "eagle" and eagle_head is None:
             raise InvalidArgumentError("drafter='eagle' needs eagle_head (a head folder trained for this target)")
+        # The cheap checks first: nothing is read or built for a request that cannot run.
+        self.num_draft = check_num_draft(num_draft)
+        self.tree = check_tree(tree)
+        self.lookup = check_lookup(lookup)
+        if isinstance(prefill_step, bool) or not isinstance(prefill_step, int) or prefill_step < 1:
+            raise InvalidArgumentError(f"prefill_step must be an integer >= 1 (prompt tokens per pass), "
+                                       f"got {prefill_step!r}")
+        self.prefill_step = prefill_step
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.coord = Coordinator(group)
         self.eagle = None  # (head, draft ids, config); only then do target passes keep hidden states
@@ -109,13 +119,9 @@ class Engine:
             self.eagle = load_head(eagle_head, target_model, self.coord)
         self.draft_tokenizer = draft_tokenizer
         self.max_kv_size = max_kv_size
-        self.num_draft = check_num_draft(num_draft)
-        self.tree = check_tree(tree)
-        self.lookup = check_lookup(lookup)
         self.vocab_size = logit_width(target_model)
         if draft_model is not None:
             self._check_pair(draft_model, tokenizer, draft_tokenizer)
-        self.prefill_step = prefill_step
         self.default_drafter = drafter
         self._prior_slope = prior_slope(target_model)
         self._prior_draft = None
@@ -220,7 +226,9 @@ class Engine:
 
     # -- public API ---------------------------------------------------------------------------
     def generate(self, prompt, **kwargs) -> GenerationResult:
-        """Generate to completion; same keywords as `stream`. Returns tokens, text, finish_reason, stats."""
+        """Generate to completion; same keywords as `stream`. Returns a GenerationResult: tokens,
+        text, finish_reason ("stop", "length", or "cancelled" when `cancel` was set), stats, and
+        from_draft (per token, whether a draft proposed it)."""
         tokens, pieces, from_draft = [], [], []
         reason = "length"
         stats = None
@@ -251,14 +259,16 @@ class Engine:
             stop: a string or list of strings; the text is cut before the first one found.
             drafter: override the engine's default drafter for this request.
             tree: None for the engine's setting (default "auto": the cost model sizes draft trees),
-                "auto", "off" (chains only), or an int capping a tree's nodes.
+                "auto", "off" (chains only), or an int N capping what a round drafts at N tokens
+                (unused with a fixed num_draft: every round is then a chain).
             lookup: None for the engine's setting (default True); whether a model drafter's
                 rounds may draft by prompt lookup instead, and an EAGLE head's greedy chains copy
                 (see `Engine`).
             cancel: a threading.Event (anything with `is_set()`) another thread may set: the
                 generation then ends as if its stream were closed, also between two chunks of a
                 long prompt, before any token (what was fed stays cached for the next request).
-                `generate` then returns what it had, with finish_reason "cancelled".
+                The stream then just ends, with no last event carrying a finish_reason;
+                `generate` returns what it had, with finish_reason "cancelled".
         """
         params = SamplingParams(temperature, top_p, top_k, min_p)
         max_tokens = check_max_tokens(max_tokens)
@@ -268,6 +278,9 @@ class Engine:
         stop = check_stop(stop)
         seed = check_seed(seed)
         cancel = check_cancel(cancel)
+        if drafter is not None and drafter not in self.drafters:  # also when speculative=False ignores it
+            raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
+                                       f"{', '.join(self.drafters)}")
         name = "none" if not speculative else (drafter or self.default_drafter)
         if name not in self.drafters:
             allowed = ", ".join(self.drafters)

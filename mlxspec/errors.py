@@ -28,7 +28,8 @@ class ModelNotFoundError(MlxSpecError):
 
 
 class ContextLengthError(MlxSpecError):
-    """A prompt (plus generation) does not fit in the model's context and no window is set."""
+    """A prompt does not fit in the model's context and no window is set. (A prompt that fits
+    generates until the context is full, then ends with finish_reason "length".)"""
 
 
 class NumericalError(MlxSpecError):

@@ -41,6 +41,8 @@ def engine():
     ({"seed": -5}, "seed"),
     ({"stop": 5}, "stop"),
     ({"drafter": "tree"}, "drafter"),
+    ({"drafter": "tree", "speculative": False}, "drafter"),  # checked though plain decoding ignores it
+    ({"drafter": "eagle"}, "not available on this engine"),  # no head
 ])
 def test_bad_generation_arguments(engine, kwargs, match):
     with pytest.raises(InvalidArgumentError, match=match) as info:
@@ -83,6 +85,19 @@ def test_engine_construction_errors():
         Engine(t, num_draft=-2)
     with pytest.raises(InvalidArgumentError, match="max_kv_size"):
         Engine(t, max_kv_size=2)
+    for bad in (0, -1, "x", True):
+        with pytest.raises(InvalidArgumentError, match="prefill_step must be an integer >= 1"):
+            Engine(t, prefill_step=bad)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"num_draft": 99}, "num_draft"), ({"tree": 0}, "tree"),
+                                          ({"lookup": "yes"}, "lookup"), ({"drafter": object()}, "drafter")])
+def test_load_checks_the_engine_settings_before_loading(kwargs, match, tmp_path):
+    import mlxspec
+
+    # A target that does not exist: a setting checked before the load is what is reported.
+    with pytest.raises(InvalidArgumentError, match=match):
+        mlxspec.load(str(tmp_path / "no-such-model"), **kwargs)
 
 
 @pytest.mark.parametrize("width", [tiny.VOCAB - 1, tiny.VOCAB + 64])

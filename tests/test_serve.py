@@ -117,6 +117,27 @@ def test_speculative_false_and_num_draft(client):
     assert fixed.choices[0].message.content == plain.choices[0].message.content  # greedy: lossless
 
 
+def test_a_request_may_name_the_drafter_tree_and_lookup(client, server):
+    def ask(**extra):
+        return client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, extra_body=extra)
+
+    plain = ask(speculative=False)
+    none = ask(drafter="none")
+    assert none.model_extra["mlxspec"]["drafter"] == "none" and none.model_extra["mlxspec"]["drafted"] == 0
+    chains = ask(drafter="ngram", tree="off", lookup=False)
+    assert chains.model_extra["mlxspec"]["drafter"] == "ngram" and chains.model_extra["mlxspec"]["tree_rounds"] == 0
+    assert chains.choices[0].message.content == none.choices[0].message.content == plain.choices[0].message.content
+    url = server[0]
+    for body, param, says in [({"drafter": "model"}, "drafter", "not available on this engine"),
+                              ({"drafter": "bogus"}, "drafter", "model, eagle, ngram, none"),
+                              ({"tree": -1}, "tree", "'auto', 'off'"), ({"tree": "yes"}, "tree", "'auto', 'off'"),
+                              ({"lookup": "maybe"}, "lookup", "true or false")]:
+        r = httpx.post(f"{url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 4, **body},
+                       timeout=TIMEOUT)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param and says in r.json()["error"]["message"], \
+            (body, r.text)
+
+
 def test_max_completion_tokens_and_any_model_name(client):
     r = client.chat.completions.create(model="gpt-4o", messages=HELLO, max_completion_tokens=3)
     assert r.model == MODEL and r.usage.completion_tokens <= 3

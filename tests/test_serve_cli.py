@@ -50,7 +50,12 @@ def test_flags_reach_the_server_options(captured, monkeypatch):
     assert (opts.host, opts.port, opts.queue, opts.max_tokens, opts.temperature, opts.api_key) == \
            ("127.0.0.1", 9001, 3, 64, 0.5, None)
     assert opts.shutdown_grace == 2
-    assert captured["load"][1] == {"drafter": "none", "num_draft": 4}
+    assert captured["load"][1] == {"drafter": "none", "num_draft": 4, "tree": None}
+
+
+def test_tree_and_lookup_flags_reach_the_engine(captured):
+    assert main(["serve", "--tree", "off", "--lookup", "off"]) == 0
+    assert captured["load"][1]["tree"] == "off" and captured["load"][1]["lookup"] is False
 
 
 def test_api_key_comes_from_the_environment_when_not_given(captured, monkeypatch):

@@ -54,7 +54,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=f"tokens per run (default {DEFAULT_MAX_TOKENS})")
     p.add_argument("--temperature", default="0", help="a value or comma list, e.g. 0,0.7 (default 0)")
     p.add_argument("--num-draft", default="auto", help="draft lengths, e.g. auto,1,2,4 (default auto)")
-    p.add_argument("--drafter", default=None, help="drafters, e.g. ngram,model (default: the pair's)")
+    p.add_argument("--drafter", default=None, help="drafters, a comma list, e.g. ngram,model (default: the "
+                   "pair's default drafter on this device, and its draft model too when it has one)")
     p.add_argument("--tree", default="auto", help="draft trees: auto (the cost model sizes them), off "
                    "(chains only) or a node cap; a comma list compares them, e.g. auto,off (default auto)")
     p.add_argument("--lookup", default="on", help="a model drafter's (model, eagle) lookup companion: on (rounds "

@@ -19,9 +19,11 @@ def register(subparsers) -> None:
         help="generate text for one prompt with speculative decoding",
         description=(
             "Generate an answer to PROMPT. A draft (a small model or an n-gram drafter) proposes "
-            "tokens and the target verifies them in one pass, so the output is exactly what the "
-            "target alone would produce (greedy) or sample. Text streams to stdout; one stats line "
-            "(tokens/s, acceptance, tokens per target pass, peak memory) goes to stderr. Without "
+            "tokens and the target verifies them in one pass, so the output is what the target alone "
+            "would produce (greedy: token for token, up to rounding at near-ties in low precision) or "
+            "sample (the same distribution). Text streams to stdout; stderr gets one line on what was "
+            "loaded before it and one stats line (tokens/s, acceptance, tokens per target pass, peak "
+            "memory) after it. Without "
             "--pair or --target the offline 'demo' pair is used."
         ),
         epilog="examples:\n  mlxspec generate 'What is the capital of France?'\n"

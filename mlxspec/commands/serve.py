@@ -10,7 +10,7 @@ import argparse
 import os
 
 from ..errors import MlxSpecError
-from .argtypes import non_negative, num_draft, positive
+from .argtypes import non_negative, num_draft, on_off, positive, tree
 from .modelargs import add_distributed_arg, add_model_args, is_distributed
 
 API_KEY_ENV = "MLXSPEC_API_KEY"
@@ -29,7 +29,8 @@ def register(subparsers) -> None:
             "Requests run one at a time on one engine, in arrival order; a conversation resent in full\n"
             "reuses the caches of its previous turn (usage.prompt_tokens_details.cached_tokens). Each\n"
             "answer carries an extra 'mlxspec' object with the speculation figures. A request may add\n"
-            "\"speculative\": false or \"num_draft\": N. Any 'model' name is answered by the loaded model."),
+            "\"speculative\": false, \"num_draft\": N, \"drafter\", \"tree\" or \"lookup\" (as the Python API's).\n"
+            "Any 'model' name is answered by the loaded model."),
         epilog=("examples:\n  mlxspec serve\n"
                 "  mlxspec serve --pair qwen2.5-coder-7b --drafter ngram --max-kv-size 8192\n"
                 "  mlxspec serve --host 0.0.0.0 --api-key \"$(openssl rand -hex 16)\"\n\n"
@@ -42,6 +43,12 @@ def register(subparsers) -> None:
     p.add_argument("--num-draft", type=num_draft, default=None, metavar="auto|N",
                    help="tokens drafted per round when a request gives no num_draft (default: auto, the cost "
                         "model picks)")
+    p.add_argument("--tree", type=tree, default=None, metavar="auto|off|N",
+                   help="draft trees when a request gives no tree: auto (default: the cost model sizes them), off "
+                        "(chains only), or at most N drafted tokens a round")
+    p.add_argument("--lookup", type=on_off, default=None, metavar="on|off",
+                   help="with a model drafter or the EAGLE head, when a request gives no lookup: on (default) hands "
+                        "rounds where the text repeats to prompt lookup; off: the model drafts alone")
     p.add_argument("--host", default=d.host, help=f"address to bind (default: {d.host}; anything else should come "
                    "with --api-key)")
     p.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default: {d.port})")
@@ -77,7 +84,8 @@ def run(args) -> int:
     if not 0 <= args.port <= 65535:
         args._parser.error(f"--port must be in 0..65535, got {args.port}")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
-    engine = modelargs.load_engine(args, drafter=args.drafter, num_draft=args.num_draft)
+    extra = {} if args.lookup is None else {"lookup": args.lookup == "on"}
+    engine = modelargs.load_engine(args, drafter=args.drafter, num_draft=args.num_draft, tree=args.tree, **extra)
     if is_distributed(engine) and not engine.coord.is_main:
         # Other ranks serve nothing: they warm up in step with rank 0, then run its requests.
         from ..serve.queue import warmup_temperatures

@@ -30,7 +30,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             pair's draft when `target` is a pair name, else no draft model).
         dtype: precision of both models: None/"auto", "quantized", "bfloat16", "float16",
             "float32". Default: None (the backend's default, see `mlxspec.loading.precision`).
-        drafter: "ngram", "model", "eagle", "none", a drafter object, or None. Default: None ("ngram"
+        drafter: "ngram", "model", "eagle", "none", or None. Default: None ("ngram"
             or "none" when the draft says so; else the pair's default on this backend, `drafter` in
             models.toml; otherwise the engine drafts with the draft model).
         head: an EAGLE head ("builtin:<name>" or a folder) trained for the target. Default: None
@@ -38,7 +38,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             is "ngram" or "none": the target's passes then keep no hidden states.
         max_kv_size: KV window passed to the engine. Default: None (grow without bound).
         num_draft: passed to the engine ("auto", an int or None). Default: None.
-        tree: draft trees, "auto" (default), "off" or a node cap (see `Engine`).
+        tree: draft trees: None/"auto" (default), "off" or a cap on a round's drafts (see `Engine`).
         lookup: whether a model drafter may hand rounds to prompt lookup (see `Engine`). Default:
             None (the engine's default, True).
         distributed: join the `mx.distributed` group this process was launched in (`mlx.launch`)
@@ -63,9 +63,16 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     download = kw.pop("download", True)
     if kw:
         raise InvalidArgumentError(f"[load] unknown keyword arguments {sorted(kw)}; allowed: download")
-    check_max_kv_size(max_kv_size)  # before minutes of loading
-    if isinstance(drafter, str) and drafter not in DRAFTERS:
-        raise InvalidArgumentError(f"[load] drafter must be one of {DRAFTERS}, an object or None, got {drafter!r}")
+    from ..prompts import check_lookup, check_num_draft, check_tree
+
+    # Before minutes of loading, by the engine's own rules (it checks them again).
+    check_max_kv_size(max_kv_size)
+    check_num_draft(num_draft)
+    check_tree(tree)
+    if lookup is not None:
+        check_lookup(lookup)
+    if drafter is not None and drafter not in DRAFTERS:
+        raise InvalidArgumentError(f"[load] drafter must be one of {', '.join(DRAFTERS)} or None, got {drafter!r}")
     pair = resolve_pair(target)
     target_ref = pair.target if pair else target
     draft_ref = draft if draft is not None else (pair.draft if pair else None)

@@ -60,9 +60,10 @@ def from_engine(exc: BaseException, prompt_param: str) -> APIError:
     if isinstance(exc, ContextLengthError):
         return APIError(400, f"{exc} (the server's window: mlxspec serve --max-kv-size W)", param=prompt_param,
                         code="context_length_exceeded")
-    if isinstance(exc, InvalidArgumentError):  # what only the engine can check is the prompt's
+    if isinstance(exc, InvalidArgumentError):  # what only the engine can check: the prompt, the drafter
         message = str(exc)
-        return invalid(message, prompt_param if message.startswith("prompt") else None)
+        field = message.split(" ", 1)[0]
+        return invalid(message, prompt_param if field == "prompt" else field if field == "drafter" else None)
     if isinstance(exc, NumericalError):
         return APIError(500, str(exc), code="numerical_error")
     return APIError(500, f"the engine failed ({type(exc).__name__}: {exc}); the server keeps serving",

@@ -22,6 +22,7 @@ def figures(stats: GenerationStats) -> dict:
     return {"drafter": stats.drafter, "acceptance_rate": stats.acceptance_rate,
             "tokens_per_target_pass": stats.tokens_per_target_pass, "tokens_per_second": stats.tokens_per_second,
             "drafted": stats.drafted, "accepted": stats.accepted, "target_passes": stats.rounds,
+            "tree_rounds": stats.tree_rounds, "lookup_rounds": stats.lookup_rounds,
             "prompt_tokens_per_second": stats.prompt_tokens_per_second, "prefilled_tokens": stats.prefilled_tokens,
             "prompt_seconds": stats.prompt_seconds, "seconds": stats.seconds,
             "first_token_seconds": stats.first_token_seconds}

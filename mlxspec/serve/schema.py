@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import InvalidArgumentError, shown as _show
-from ..prompts import check_max_tokens, check_num_draft, check_seed, check_stop, check_text
+from ..choices import DRAFTERS
+from ..prompts import check_lookup, check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
 from ..sampling import validate as validate_sampling
 from .errors import invalid, unsupported
 from .options import ServeOptions
@@ -103,7 +104,24 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
     opts["stop"] = stop
     opts["speculative"] = _flag(body, "speculative", True)
     opts["num_draft"] = _check(check_num_draft, body.get("num_draft"), "num_draft")
+    # The engine's own settings, per request when given (None: the server's); whether this engine
+    # has the drafter asked for is the engine's to say.
+    if body.get("tree") is not None:
+        _check(check_tree, body["tree"], "tree")
+        opts["tree"] = body["tree"]  # as given: Engine.stream reads "auto" / "off" / N itself
+    if body.get("lookup") is not None:
+        opts["lookup"] = _check(lambda v: check_lookup(v) if isinstance(v, bool) else _not_flag(v), body["lookup"],
+                                "lookup")
+    drafter = body.get("drafter")
+    if drafter is not None:
+        if drafter not in DRAFTERS:
+            raise invalid(f"drafter must be one of {', '.join(DRAFTERS)}, got {_show(drafter)}", "drafter")
+        opts["drafter"] = drafter
     return opts
+
+
+def _not_flag(value):
+    raise InvalidArgumentError(f"lookup must be true or false, got {_show(value)}")
 
 
 def _check(rule: Callable, value, param: str):
