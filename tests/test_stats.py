@@ -88,3 +88,13 @@ def test_time_to_first_token_is_the_prompt_and_the_first_pass():
     stop = __import__("threading").Event()
     stop.set()
     assert e.generate(PROMPT + [13], max_tokens=6, cancel=stop).stats.first_token_seconds == 0.0
+
+
+def test_the_cli_stats_line_counts_tree_and_lookup_rounds():
+    from mlxspec.commands.generate import stats_line
+
+    s = GenerationStats(tokens=10, seconds=1.0, rounds=4, drafted=8, accepted=6, tree_rounds=1, lookup_rounds=2,
+                        lookup_drafted=4, lookup_accepted=3)
+    line = stats_line(s)
+    assert "acceptance 75% (6/8)" in line and "2 rounds by lookup (3/4)" in line and "1 tree round," in line
+    assert "tree round" not in stats_line(GenerationStats(tokens=3, seconds=1.0, rounds=3))

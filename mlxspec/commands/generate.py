@@ -189,5 +189,6 @@ def stats_line(stats) -> str:
         f"{get('tokens_per_target_pass'):.2f} tokens/target pass, "
         + (f"{int(get('lookup_rounds'))} rounds by lookup ({int(get('lookup_accepted'))}/{int(get('lookup_drafted'))}), "
            if get('lookup_rounds') else "")
+        + (f"{plural(int(get('tree_rounds')), 'tree round')}, " if get('tree_rounds') else "")
         + f"peak memory {get('peak_memory_bytes') / 2**20:.0f} MiB"
     )
