@@ -444,3 +444,36 @@ async def test_the_header_names_who_drafts_and_weighs_its_weights(tmp_path):
         await send(app, pilot, "/drafter ngram")
         await pilot.pause()
         assert "draft ngram drafter" in header_text(app) and ", draft " not in header_text(app)
+
+
+def test_tree_and_lookup_commands():
+    from tui.commands import CommandError, Settings, run_command
+
+    s = Settings()
+    assert run_command("/tree OFF", s, drafters=["ngram"]).settings.tree == "off"
+    assert run_command("/tree 4", s, drafters=["ngram"]).settings.tree == 4
+    assert run_command("/tree auto", s, drafters=["ngram"]).settings.tree == "auto"
+    assert run_command("/lookup off", s, drafters=["ngram"]).settings.lookup is False
+    for line, says in (("/tree 0", "auto, off or an integer in 1..32"), ("/tree x", "auto, off or an integer"),
+                       ("/lookup maybe", "on or off")):
+        with pytest.raises(CommandError, match=says):
+            run_command(line, s, drafters=["ngram"])
+
+
+@async_test
+async def test_tree_and_lookup_reach_the_speculative_side():
+    engine = tiny_engine()
+    seen = []
+    real = engine.stream
+
+    def stream(*a, **kw):
+        seen.append({k: kw.get(k) for k in ("tree", "lookup", "speculative")})
+        return real(*a, **kw)
+
+    engine.stream = stream
+    app = make_app(engine, max_tokens=6)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "/tree off")
+        await send(app, pilot, "/lookup off")
+        await send(app, pilot, "hello")
+    assert {"tree": "off", "lookup": False, "speculative": True} in seen

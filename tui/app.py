@@ -142,7 +142,7 @@ class ChatApp(App):
         request = TurnRequest(
             user=text, messages={side: self.conversation.messages(side, text) for side in (SPEC, VANILLA)},
             temperature=s.temperature, max_tokens=s.max_tokens, num_draft=s.num_draft, drafter=s.drafter,
-            sequential=self.sequential, seed=self.seed)
+            tree=s.tree, lookup=s.lookup, sequential=self.sequential, seed=self.seed)
         self._generate(request, self.cancel)
 
     @work(thread=True, exclusive=True, group="generate")

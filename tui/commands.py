@@ -12,6 +12,8 @@ HELP = """\
 /temp T          sampling temperature (0 = greedy, the default)
 /draft auto|N    draft length: auto (cost model) or a fixed N in 0..32
 /drafter NAME    who drafts on the speculative side: ngram, model or eagle
+/tree auto|off|N draft trees: auto (cost model), off (chains only) or at most N drafts a round
+/lookup on|off   a model drafter hands rounds where the text repeats to prompt lookup (on)
 /maxtokens N     answer length limit
 /system TEXT     system prompt for the next turns (/system alone clears it)
 /save PATH       write the conversation and its stats to PATH.json and PATH.md
@@ -30,6 +32,8 @@ class Settings:
     max_tokens: int = 256
     num_draft: Optional[int] = None  # None: auto (the engine's cost model)
     drafter: Optional[str] = None  # None: the engine's default
+    tree: Optional[object] = None  # None: the engine's ("auto"); "off" or a cap on a round's drafts
+    lookup: Optional[bool] = None  # None: the engine's (on)
     system: str = ""
 
     def as_dict(self) -> dict:
@@ -80,6 +84,20 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
             missing = "EAGLE head" if arg == "eagle" else "draft model"
             raise CommandError(f"/drafter {arg}: this pair has no {missing}; available: {', '.join(allowed)}")
         return Outcome(replace(settings, drafter=arg), f"drafter set to {arg}")
+    if name == "/tree":
+        arg = arg.lower()
+        if arg in ("auto", "off"):
+            return Outcome(replace(settings, tree=arg), "draft trees: " + ("auto (cost model)" if arg == "auto"
+                                                                           else "off (chains only)"))
+        n = _number(name, arg, int, f"auto, off or an integer in 1..{MAX_DRAFT}")
+        if not 1 <= n <= MAX_DRAFT:
+            raise CommandError(f"/tree needs auto, off or an integer in 1..{MAX_DRAFT}, got {arg!r}")
+        return Outcome(replace(settings, tree=n), f"at most {n} drafted tokens a round, tree or chain")
+    if name == "/lookup":
+        if arg.lower() not in ("on", "off"):
+            raise CommandError(f"/lookup needs on or off, got {arg!r}")
+        on = arg.lower() == "on"
+        return Outcome(replace(settings, lookup=on), "lookup rounds " + ("on" if on else "off (the model drafts alone)"))
     if name == "/system":
         return Outcome(replace(settings, system=arg), f"system prompt set to {arg!r}" if arg else "system prompt cleared")
     if name == "/save":

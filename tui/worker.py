@@ -27,6 +27,8 @@ class TurnRequest:
     max_tokens: int = 256
     num_draft: Optional[int] = None  # None: the cost model chooses
     drafter: Optional[str] = None  # None: the engine's default
+    tree: Optional[object] = None  # None: the engine's
+    lookup: Optional[bool] = None  # None: the engine's
     sequential: bool = False
     seed: Optional[int] = None
 
@@ -54,7 +56,8 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
                       cancel=cancel)
         streams = {
             SPEC: engines[SPEC].stream(request.messages[SPEC], speculative=True, num_draft=request.num_draft,
-                                       drafter=request.drafter, **common),
+                                       drafter=request.drafter, tree=request.tree, lookup=request.lookup,
+                                       **common),
             VANILLA: engines[VANILLA].stream(request.messages[VANILLA], speculative=False, **common),
         }
         last_flush = time.perf_counter()
