@@ -281,10 +281,7 @@ class Engine:
         if drafter is not None and drafter not in self.drafters:  # also when speculative=False ignores it
             raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
                                        f"{', '.join(self.drafters)}")
-        name = "none" if not speculative else (drafter or self.default_drafter)
-        if name not in self.drafters:
-            allowed = ", ".join(self.drafters)
-            raise InvalidArgumentError(f"drafter {name!r} is not available on this engine; allowed: {allowed}")
+        name = "none" if not speculative else (drafter or self.default_drafter)  # the default is always there
         ids = encode_prompt(prompt, self.tokenizer, self.vocab_size)
         if self.context is not None and len(ids) >= self.context:
             raise ContextLengthError(
