@@ -93,8 +93,11 @@ def load_target(gguf: Path):
     return tok, model
 
 
+HEARTBEAT = 30.0  # seconds between progress lines inside one batch (a batch can take minutes on a CPU)
+
+
 def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen, eos: int, pad: int,
-                   layers=()):
+                   layers=(), progress=None):
     """Batched generation (left padding, KV cache) that keeps the hidden states it computes.
 
     Returns per row (prompt + answer ids (T,) int32, features (T-1, H) float16, layer features
@@ -102,6 +105,7 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
     target's final norm, and the outputs of `layers` (`tap_rows`); the last answer token is
     never fed. Finished rows leave the batch (once an eighth of it has finished, so the KV
     cache is not copied at every step): the batch no longer runs at the longest answer's cost.
+    `progress(step, finished)` is called every HEARTBEAT seconds while it runs.
     """
     import torch
 
@@ -124,7 +128,11 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
         rows = torch.arange(B)  # which prompts the batch's rows are
         done = torch.zeros(B, dtype=torch.bool)
         last = first[:, -1]
+        beat = time.time()
         for t in range(max_new):
+            if progress is not None and time.time() - beat >= HEARTBEAT:
+                progress(t, int((lens < max_new).sum()))
+                beat = time.time()
             logits = model.lm_head(last).float()  # (rows, V)
             if temperature > 0:
                 nxt = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=gen).squeeze(1)
@@ -357,8 +365,15 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
         gen = torch.Generator().manual_seed(args.seed * 100003 + n)
         eos = tok.eos_token_id
         with step_arithmetic(args.generate_precision):
+            t_batch = time.time()
+
+            def heartbeat(step, finished, n=n, name=name, total=len(ids), t_batch=t_batch):
+                log(f"  batch {n + 1}/{len(batches)} {name}: step {step}/{args.max_new}, {finished}/{total} "
+                    f"answers finished, {time.time() - t_batch:.0f}s")
+
             rows = generate_batch(model, ids, max_new=args.max_new, temperature=temp, gen=gen, eos=eos,
-                                  pad=tok.pad_token_id if tok.pad_token_id is not None else eos, layers=layers)
+                                  pad=tok.pad_token_id if tok.pad_token_id is not None else eos, layers=layers,
+                                  progress=heartbeat)
         save_shard(path, rows, ids, temp, layers)
         made += sum(len(r[0]) - len(p) for r, p in zip(rows, ids))
         el = time.time() - t0

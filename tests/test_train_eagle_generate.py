@@ -97,3 +97,13 @@ def test_bfloat16_generation_gives_float32s_features_to_bfloat16s_precision():
         fa, fb = (r[1][:len(p)].astype(np.float32) for r in (a, b))
         rel = np.sqrt(((fa - fb) ** 2).mean() / (fa ** 2).mean())
         assert 0 < rel < 8 * 2.0 ** -8, rel  # a few bfloat16 roundings (2^-8 each) through 2 layers
+
+
+def test_a_batch_reports_progress_while_it_runs(monkeypatch):
+    monkeypatch.setattr(train_eagle, "HEARTBEAT", 0.0)
+    calls = []
+    train_eagle.generate_batch(_model(), [[3, 4, 5], [6, 7]], max_new=12, temperature=0.0,
+                               gen=torch.Generator().manual_seed(0), eos=-1, pad=PAD,
+                               progress=lambda step, finished: calls.append((step, finished)))
+    # a heartbeat of 0 s: every step says how far it got; no answer ends (no end token)
+    assert [s for s, _ in calls] == list(range(12)) and all(f == 0 for _, f in calls)

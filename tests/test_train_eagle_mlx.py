@@ -189,6 +189,19 @@ def test_features_are_the_engines_hidden_states(tmp_path):
         assert np.abs(f.astype(np.float32) - alone).max() <= tol * max(1.0, np.abs(alone).max())
 
 
+def test_answering_a_batch_reports_progress_while_it_runs(monkeypatch):
+    """A batch of answers can take minutes on a CPU: it says how far it got every HEARTBEAT
+    seconds (here after every step, so its last call counts every answer and every token)."""
+    monkeypatch.setattr(eagle_mlx_data, "HEARTBEAT", 0.0)
+    model, tok = tiny.make_llama(12, tie_embeddings=False), tiny.make_tokenizer()
+    prompts = [eagle_mlx_data.prompt_ids(tok, p) for p in PROMPTS[:3]]
+    calls = []
+    answers = eagle_mlx_data.answer(model, tok, prompts, max_new=6, temperature=0.0, seed=0, batch=3,
+                                    progress=lambda finished, tokens: calls.append((finished, tokens)))
+    assert len(calls) >= 2 and calls[-1] == (3, sum(map(len, answers)))
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(calls, calls[1:]))  # counts only grow
+
+
 def test_bad_input_says_what_is_allowed(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train_eagle.parse_args(["--target", "x", "--work", str(tmp_path)])
