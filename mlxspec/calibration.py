@@ -185,8 +185,8 @@ def save(entry: dict, path: Optional[Path] = None, *, replace_unreadable: bool =
         _write_step(lambda: path.replace(path.with_name(path.name + ".bad")), path)
     old = doc["models"].get(entry["key"])
     if isinstance(old, dict) and entry.get("draft_key") is None and old.get("draft_key"):
-        model_cost = (old.get("draft_cost") or {}).get("model") if isinstance(old.get("draft_cost"), dict) else None
-        if _positive(model_cost):
+        model_cost = _model_cost(old)
+        if model_cost is not None:
             entry = dict(entry, draft_key=old["draft_key"], draft_cost={**entry["draft_cost"], "model": model_cost})
     doc["format"] = FORMAT
     doc["models"][entry["key"]] = entry
@@ -219,6 +219,13 @@ def _write_step(step, path: Path) -> None:
 
 def _positive(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _model_cost(entry: dict) -> Optional[float]:
+    """An entry's saved cost of the draft model's drafted token, or None (none, or damaged)."""
+    costs = entry.get("draft_cost")
+    value = costs.get("model") if isinstance(costs, dict) else None
+    return float(value) if _positive(value) else None
 
 
 def load_entry(model, path: Optional[Path] = None) -> Optional[dict]:
@@ -273,10 +280,8 @@ def priors_for(target_model, draft_model=None) -> tuple:
     entry = load_entry(target_model) or {}
     ratios = _ratios(entry)
     draft_ratio = None
-    costs = entry.get("draft_cost")
-    if draft_model is not None and entry.get("draft_key") == model_key(draft_model) and isinstance(costs, dict):
-        value = costs.get("model")
-        draft_ratio = float(value) if _positive(value) else None
+    if draft_model is not None and entry.get("draft_key") == model_key(draft_model):
+        draft_ratio = _model_cost(entry)
     return ratios, draft_ratio
 
 
