@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import InvalidArgumentError, shown as _show
 from ..choices import DRAFTERS
-from ..prompts import check_lookup, check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
+from ..prompts import check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
 from ..sampling import validate as validate_sampling
 from .errors import invalid, unsupported
 from .options import ServeOptions
@@ -110,18 +110,13 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
         _check(check_tree, body["tree"], "tree")
         opts["tree"] = body["tree"]  # as given: Engine.stream reads "auto" / "off" / N itself
     if body.get("lookup") is not None:
-        opts["lookup"] = _check(lambda v: check_lookup(v) if isinstance(v, bool) else _not_flag(v), body["lookup"],
-                                "lookup")
+        opts["lookup"] = _flag(body, "lookup", None)
     drafter = body.get("drafter")
     if drafter is not None:
         if drafter not in DRAFTERS:
             raise invalid(f"drafter must be one of {', '.join(DRAFTERS)}, got {_show(drafter)}", "drafter")
         opts["drafter"] = drafter
     return opts
-
-
-def _not_flag(value):
-    raise InvalidArgumentError(f"lookup must be true or false, got {_show(value)}")
 
 
 def _check(rule: Callable, value, param: str):
