@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from draft_prompts import chat_ids
+import train_draft
 from train_draft import log
 
 
@@ -69,14 +70,11 @@ def prompt_ids(tok, prompt) -> list:
 
 # ---------------------------------------------------------------- stage 2: answers + features
 
-HEARTBEAT = 30.0  # seconds between progress lines inside one batch (a batch can take minutes on a CPU)
-
-
 def answer(model, tok, prompts: list, *, max_new: int, temperature: float, seed: int, batch: int,
            progress=None) -> list:
     """The target's answers (token lists, their end-of-sequence token included) by mlx-lm's
     batched generation: greedy at temperature 0, else sampled at it. `progress(finished,
-    tokens)` is called every HEARTBEAT seconds while it runs."""
+    tokens)` is called every `train_draft.HEARTBEAT` seconds while it runs."""
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.sample_utils import make_sampler
 
@@ -92,7 +90,7 @@ def answer(model, tok, prompts: list, *, max_new: int, temperature: float, seed:
             out[r.uid].append(int(r.token))
             tokens += 1
             finished += r.finish_reason is not None
-        if progress is not None and time.time() - last >= HEARTBEAT:
+        if progress is not None and time.time() - last >= train_draft.HEARTBEAT:
             progress(finished, tokens)
             last = time.time()
     gen.close()
@@ -146,14 +144,11 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
         if args.finished_only:
             continue
         ids = [prompt_ids(tok, prompts[sp][i]["prompt"]) for sp, i in jobs]
-        t_batch = time.time()
-
-        def heartbeat(finished, tokens, n=n, name=name, total=len(ids), t_batch=t_batch):
-            log(f"  batch {n + 1}/{len(batches)} {name}: {finished}/{total} answers finished, {tokens} tokens, "
-                f"{time.time() - t_batch:.0f}s")
-
+        say = train_draft.batch_progress(n, len(batches), name)
         answers = answer(model, tok, ids, max_new=args.max_new, temperature=temp,
-                         seed=args.seed * 100003 + n, batch=args.gen_batch, progress=heartbeat)
+                         seed=args.seed * 100003 + n, batch=args.gen_batch,
+                         progress=lambda finished, tokens: say(f"{finished}/{len(ids)} answers finished, "
+                                                               f"{tokens} tokens"))
         seqs = [p + a for p, a in zip(ids, answers)]
         rows = features(model, [s[:-1] for s in seqs], layers)  # the last token is never fed
         save_shard(path, [(s, f, t) for s, (f, t) in zip(seqs, rows)], ids, temp, layers)

@@ -40,6 +40,19 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+HEARTBEAT = 30.0  # seconds between progress lines inside one batch of answers (minutes on a CPU)
+
+
+def batch_progress(n: int, count: int, name: str):
+    """A logger for batch n (0-based) of `count` answer batches: `say(what)` prints how far it got
+    and the seconds since this call."""
+    t0 = time.time()
+
+    def say(what: str) -> None:
+        log(f"  batch {n + 1}/{count} {name}: {what}, {time.time() - t0:.0f}s")
+    return say
+
+
 def load_target(gguf: Path):
     """(tokenizer, fp32 torch model) dequantized from the GGUF by transformers."""
     import torch

@@ -93,9 +93,6 @@ def load_target(gguf: Path):
     return tok, model
 
 
-HEARTBEAT = 30.0  # seconds between progress lines inside one batch (a batch can take minutes on a CPU)
-
-
 def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen, eos: int, pad: int,
                    layers=(), progress=None):
     """Batched generation (left padding, KV cache) that keeps the hidden states it computes.
@@ -105,7 +102,7 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
     target's final norm, and the outputs of `layers` (`tap_rows`); the last answer token is
     never fed. Finished rows leave the batch (once an eighth of it has finished, so the KV
     cache is not copied at every step): the batch no longer runs at the longest answer's cost.
-    `progress(step, finished)` is called every HEARTBEAT seconds while it runs.
+    `progress(step, finished)` is called every `train_draft.HEARTBEAT` seconds while it runs.
     """
     import torch
 
@@ -130,7 +127,7 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
         last = first[:, -1]
         beat = time.time()
         for t in range(max_new):
-            if progress is not None and time.time() - beat >= HEARTBEAT:
+            if progress is not None and time.time() - beat >= train_draft.HEARTBEAT:
                 progress(t, int((lens < max_new).sum()))
                 beat = time.time()
             logits = model.lm_head(last).float()  # (rows, V)
@@ -365,15 +362,11 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
         gen = torch.Generator().manual_seed(args.seed * 100003 + n)
         eos = tok.eos_token_id
         with step_arithmetic(args.generate_precision):
-            t_batch = time.time()
-
-            def heartbeat(step, finished, n=n, name=name, total=len(ids), t_batch=t_batch):
-                log(f"  batch {n + 1}/{len(batches)} {name}: step {step}/{args.max_new}, {finished}/{total} "
-                    f"answers finished, {time.time() - t_batch:.0f}s")
-
+            say = train_draft.batch_progress(n, len(batches), name)
             rows = generate_batch(model, ids, max_new=args.max_new, temperature=temp, gen=gen, eos=eos,
                                   pad=tok.pad_token_id if tok.pad_token_id is not None else eos, layers=layers,
-                                  progress=heartbeat)
+                                  progress=lambda step, finished: say(f"step {step}/{args.max_new}, "
+                                                                      f"{finished}/{len(ids)} answers finished"))
         save_shard(path, rows, ids, temp, layers)
         made += sum(len(r[0]) - len(p) for r, p in zip(rows, ids))
         el = time.time() - t0

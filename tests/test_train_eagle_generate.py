@@ -100,7 +100,7 @@ def test_bfloat16_generation_gives_float32s_features_to_bfloat16s_precision():
 
 
 def test_a_batch_reports_progress_while_it_runs(monkeypatch):
-    monkeypatch.setattr(train_eagle, "HEARTBEAT", 0.0)
+    monkeypatch.setattr(train_eagle.train_draft, "HEARTBEAT", 0.0)
     calls = []
     train_eagle.generate_batch(_model(), [[3, 4, 5], [6, 7]], max_new=12, temperature=0.0,
                                gen=torch.Generator().manual_seed(0), eos=-1, pad=PAD,

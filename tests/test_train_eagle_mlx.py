@@ -192,7 +192,7 @@ def test_features_are_the_engines_hidden_states(tmp_path):
 def test_answering_a_batch_reports_progress_while_it_runs(monkeypatch):
     """A batch of answers can take minutes on a CPU: it says how far it got every HEARTBEAT
     seconds (here after every step, so its last call counts every answer and every token)."""
-    monkeypatch.setattr(eagle_mlx_data, "HEARTBEAT", 0.0)
+    monkeypatch.setattr(eagle_mlx_data.train_draft, "HEARTBEAT", 0.0)
     model, tok = tiny.make_llama(12, tie_embeddings=False), tiny.make_tokenizer()
     prompts = [eagle_mlx_data.prompt_ids(tok, p) for p in PROMPTS[:3]]
     calls = []
