@@ -94,12 +94,9 @@ def reference(s: str) -> str:
     return s
 
 
-
-
 def kv_window(s: str) -> int:
     """--max-kv-size: the engine's rule (`cache.check_max_kv_size`), said in the flag's terms."""
     n = positive(s)
     if n < 5:
         raise argparse.ArgumentTypeError(f"expected an integer >= 5 (4 tokens are always kept), got {s!r}")
     return n
-

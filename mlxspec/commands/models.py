@@ -25,7 +25,7 @@ def register(subparsers) -> None:
 def is_cached(ref: str) -> bool:
     """True when `ref` (a demo/model reference, or 'ngram'/'none') needs no download."""
     from ..errors import MlxSpecError
-    from ..loading.registry import WEIGHTLESS_DRAFTERS
+    from ..choices import WEIGHTLESS_DRAFTERS
     from ..loading.resolve import resolve_model
 
     if ref in WEIGHTLESS_DRAFTERS:

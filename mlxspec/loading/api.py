@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 
 import mlx.core as mx
 
+from ..choices import DRAFTERS, WEIGHTLESS_DRAFTERS
 from ..device import backend
-from ..drafters import DRAFTERS
 from ..errors import InvalidArgumentError, ModelNotFoundError
 from .model import load_model
-from .registry import WEIGHTLESS_DRAFTERS
 from .resolve import resolve_model, resolve_pair
 
 log = logging.getLogger("mlxspec.loading")
@@ -164,10 +164,7 @@ def _head_folder(ref: str, download: bool):
     except ModelNotFoundError as e:
         shipped = ", ".join(sorted(BUILTIN + p.parent.name for p in BUILTIN_DIR.glob("*/config.json")
                                    if '"eagle_head"' in p.read_text(encoding="utf-8")))
-        from pathlib import Path
-
         found = f"; {e}" if Path(ref).expanduser().exists() else ""  # a folder that is there, but no head
         raise ModelNotFoundError(
             f"EAGLE head {ref!r} not found: give a head folder (config.json + model.safetensors, as "
             f"scripts/train_eagle.py writes it) or a shipped one ({shipped}){found}") from None
-

@@ -17,8 +17,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
+from ..choices import DRAFTERS, WEIGHTLESS_DRAFTERS
 from ..device import BACKENDS
-from ..choices import DRAFTERS, WEIGHTLESS_DRAFTERS  # noqa: F401 (re-exported)
 from ..errors import MlxSpecError
 from ..paths import user_pairs_path
 
