@@ -23,11 +23,11 @@ from .calibration import check_ratios, priors_for
 from .costmodel import DECAY, MODEL_DECAY, CostModel, TargetCurve
 from .device import backend
 from .distributed import Coordinator
-from .drafters import DRAFTERS, EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
+from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
-from .prompts import MAX_DRAFT, check_cancel, check_lookup, check_max_tokens, check_num_draft, check_seed, check_stop, check_tree, encode_prompt
+from .prompts import MAX_DRAFT, check_cancel, check_drafter, check_lookup, check_max_tokens, check_num_draft, check_seed, check_stop, check_tree, encode_prompt
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
@@ -96,8 +96,7 @@ class Engine:
                  cost_prior: Optional[Dict[int, float]] = None, group=None, eagle_head=None, lookup: bool = True):
         if drafter is None:
             drafter = "model" if draft_model is not None else "ngram"
-        if drafter not in DRAFTERS:
-            raise InvalidArgumentError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
+        check_drafter(drafter)
         if drafter == "model" and draft_model is None:
             raise InvalidArgumentError("drafter='model' needs a draft_model; use drafter='ngram' to draft without one")
         if drafter == "eagle" and eagle_head is None:

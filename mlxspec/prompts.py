@@ -103,6 +103,15 @@ def check_tree(tree) -> int:
     return tree
 
 
+def check_drafter(drafter) -> str:
+    """A drafter's name (`choices.DRAFTERS`); whether an engine has it is the engine's to say."""
+    from .choices import DRAFTERS
+
+    if drafter not in DRAFTERS:
+        raise InvalidArgumentError(f"drafter must be one of {', '.join(DRAFTERS)}, got {shown(drafter)}")
+    return drafter
+
+
 def check_lookup(lookup) -> bool:
     if not isinstance(lookup, bool):
         raise InvalidArgumentError(f"lookup must be True or False, got {lookup!r}")

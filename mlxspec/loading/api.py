@@ -8,7 +8,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..choices import DRAFTERS, WEIGHTLESS_DRAFTERS
+from ..choices import WEIGHTLESS_DRAFTERS
 from ..device import backend
 from ..errors import InvalidArgumentError, ModelNotFoundError
 from .model import load_model
@@ -63,7 +63,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     download = kw.pop("download", True)
     if kw:
         raise InvalidArgumentError(f"[load] unknown keyword arguments {sorted(kw)}; allowed: download")
-    from ..prompts import check_lookup, check_num_draft, check_tree
+    from ..prompts import check_drafter, check_lookup, check_num_draft, check_tree
 
     # Before minutes of loading, by the engine's own rules (it checks them again).
     check_max_kv_size(max_kv_size)
@@ -71,8 +71,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     check_tree(tree)
     if lookup is not None:
         check_lookup(lookup)
-    if drafter is not None and drafter not in DRAFTERS:
-        raise InvalidArgumentError(f"[load] drafter must be one of {', '.join(DRAFTERS)} or None, got {drafter!r}")
+    if drafter is not None:
+        check_drafter(drafter)
     pair = resolve_pair(target)
     target_ref = pair.target if pair else target
     draft_ref = draft if draft is not None else (pair.draft if pair else None)

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import InvalidArgumentError, shown as _show
-from ..choices import DRAFTERS
-from ..prompts import check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
+from ..prompts import check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
 from ..sampling import validate as validate_sampling
 from .errors import invalid, unsupported
 from .options import ServeOptions
@@ -111,11 +110,8 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
         opts["tree"] = body["tree"]  # as given: Engine.stream reads "auto" / "off" / N itself
     if body.get("lookup") is not None:
         opts["lookup"] = _flag(body, "lookup", None)
-    drafter = body.get("drafter")
-    if drafter is not None:
-        if drafter not in DRAFTERS:
-            raise invalid(f"drafter must be one of {', '.join(DRAFTERS)}, got {_show(drafter)}", "drafter")
-        opts["drafter"] = drafter
+    if body.get("drafter") is not None:
+        opts["drafter"] = _check(check_drafter, body["drafter"], "drafter")
     return opts
 
 
