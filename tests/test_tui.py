@@ -169,8 +169,9 @@ async def test_slash_commands_change_settings_and_bad_ones_explain():
             await send(app, pilot, bad)
         assert app.settings.temperature == 0.7 and app.settings.num_draft is None
         text = history_text(app)
-        assert "/temp needs a number >= 0, got 'warm'" in text
-        assert "/draft needs auto or an integer in 0..32, got '99'" in text
+        assert "/temp: expected a finite number >= 0, got 'warm'" in text
+        assert "/draft: expected 'auto' or an integer in 0..32, got '99'" in text
+        assert "/maxtokens: expected an integer >= 1, got '0'" in text
         assert "/drafter needs ngram, model or eagle, got 'foo'" in text
         assert "unknown command '/nope'" in text
         await send(app, pilot, "/temp 0")
@@ -315,9 +316,45 @@ def test_chat_command_options():
     for bad in (["--temperature", "-1"], ["--max-tokens", "0"], ["--num-draft", "99"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["chat", *bad])
-    args = build_parser().parse_args(["chat", "--pair", "demo", "--target", "x"])
-    with pytest.raises(SystemExit):
-        args.func(args)
+    with pytest.raises(SystemExit):  # refused when parsed, before anything loads
+        build_parser().parse_args(["chat", "--pair", "demo", "--target", "x"])
+
+
+def test_chat_options_reach_the_loader_and_the_first_turn(monkeypatch):
+    """--tree, --lookup and --seed start the chat as /tree, /lookup would set it; the models load as
+    every command loads them (a pair's draft replaced by --draft)."""
+    import tui
+    from mlxspec.cli import build_parser
+    from mlxspec.commands import modelargs
+
+    made, loaded = {}, {}
+
+    class App:
+        return_code = 0
+
+        def run(self):
+            made["engine"] = made["loader"]()
+
+    def make_app(**kw):
+        made.update(kw)
+        return App()
+
+    monkeypatch.setattr(tui, "make_app", make_app)
+    monkeypatch.setattr("mlxspec.loading.load", lambda *a, **k: loaded.update(args=a, kw=k) or "engine")
+    args = build_parser().parse_args(["chat", "--pair", "demo", "--draft", "ngram", "--tree", "3", "--lookup", "off",
+                                      "--seed", "5", "--head", "h", "--drafter", "ngram", "--max-kv-size", "64"])
+    assert args.func(args) == 0 and made["engine"] == "engine"
+    assert (made["tree"], made["lookup"], made["seed"], made["drafter"]) == (3, False, 5, "ngram")
+    assert loaded["args"] == ("demo", "ngram")
+    assert {k: loaded["kw"][k] for k in ("tree", "head", "max_kv_size", "drafter")} == \
+        {"tree": 3, "head": "h", "max_kv_size": 64, "drafter": "ngram"}
+    assert modelargs.DEFAULT_PAIR == "demo"
+    monkeypatch.undo()
+    settings = tui.make_app(tiny_engine(), tree=3, lookup=False).settings
+    assert (settings.tree, settings.lookup) == (3, False)
+    for bad in (["--tree", "0"], ["--lookup", "maybe"], ["--seed", "-1"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["chat", *bad])
 
 
 @async_test
@@ -454,8 +491,9 @@ def test_tree_and_lookup_commands():
     assert run_command("/tree 4", s, drafters=["ngram"]).settings.tree == 4
     assert run_command("/tree auto", s, drafters=["ngram"]).settings.tree == "auto"
     assert run_command("/lookup off", s, drafters=["ngram"]).settings.lookup is False
-    for line, says in (("/tree 0", "auto, off or an integer in 1..32"), ("/tree x", "auto, off or an integer"),
-                       ("/lookup maybe", "on or off")):
+    for line, says in (("/tree 0", "'auto', 'off' or an integer in 1..32"),
+                       ("/tree x", "'auto', 'off' or an integer"), ("/lookup maybe", "'on' or 'off'"),
+                       ("/temp nan", "finite number"), ("/draft -1", "0..32")):
         with pytest.raises(CommandError, match=says):
             run_command(line, s, drafters=["ngram"])
 

@@ -265,16 +265,18 @@ def _readable(e: Exception) -> str:
 
 
 def make_app(engine=None, *, vanilla_engine=None, sequential: bool = False, temperature: float = 0.0,
-             max_tokens: int = 256, num_draft=None, drafter: Optional[str] = None, system: str = "",
-             colour: bool = True, loader: Optional[Callable[[], object]] = None, loading_label: str = "the models",
+             max_tokens: int = 256, num_draft=None, drafter: Optional[str] = None, tree=None,
+             lookup: Optional[bool] = None, system: str = "", colour: bool = True,
+             loader: Optional[Callable[[], object]] = None, loading_label: str = "the models",
              info: Optional[PairInfo] = None, seed: Optional[int] = None) -> ChatApp:
     """Build the chat app around `engine` (speculative side) and `vanilla_engine` (default: engine.fork()).
 
     Pass `loader` instead of `engine` to load in a worker behind a loading screen. `num_draft`:
-    None or "auto" lets the cost model choose; `info` overrides what the header says about the pair.
+    None or "auto" lets the cost model choose; `tree` and `lookup` as `Engine.generate`'s (None: the
+    engine's); `info` overrides what the header says about the pair.
     """
     settings = Settings(temperature=temperature, max_tokens=max_tokens,
                         num_draft=None if num_draft in (None, "auto") else int(num_draft),
-                        drafter=drafter, system=system)
+                        drafter=drafter, tree=tree, lookup=lookup, system=system)
     return ChatApp(engine, vanilla_engine=vanilla_engine, loader=loader, loading_label=loading_label,
                    sequential=sequential, settings=settings, colour=colour, info=info, seed=seed)

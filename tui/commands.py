@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
+from argparse import ArgumentTypeError
 from dataclasses import asdict, dataclass, replace
 from typing import Optional, Sequence
 
-from mlxspec.prompts import MAX_DRAFT
+from mlxspec.commands.argtypes import non_negative, num_draft, on_off, positive, tree
 
 HELP = """\
 /temp T          sampling temperature (0 = greedy, the default)
@@ -59,22 +59,15 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
     if name == "/help":
         return Outcome(settings, HELP)
     if name == "/temp":
-        t = _number(name, arg, float, "a number >= 0")
-        if not math.isfinite(t) or t < 0:
-            raise CommandError(f"/temp needs a number >= 0, got {arg!r}")
+        t = _parsed(name, arg, non_negative)
         return Outcome(replace(settings, temperature=t), f"temperature set to {t:g}" + (" (greedy)" if t == 0 else ""))
     if name == "/maxtokens":
-        n = _number(name, arg, int, "an integer >= 1")
-        if n < 1:
-            raise CommandError(f"/maxtokens needs an integer >= 1, got {arg!r}")
+        n = _parsed(name, arg, positive)
         return Outcome(replace(settings, max_tokens=n), f"answers limited to {n} tokens")
     if name == "/draft":
-        if arg.lower() == "auto":
-            return Outcome(replace(settings, num_draft=None), "draft length: auto (cost model)")
-        n = _number(name, arg, int, f"auto or an integer in 0..{MAX_DRAFT}")
-        if not 0 <= n <= MAX_DRAFT:
-            raise CommandError(f"/draft needs auto or an integer in 0..{MAX_DRAFT}, got {arg!r}")
-        return Outcome(replace(settings, num_draft=n), f"draft length fixed at {n}")
+        n = _parsed(name, arg, num_draft)
+        return Outcome(replace(settings, num_draft=n),
+                       "draft length: auto (cost model)" if n is None else f"draft length fixed at {n}")
     if name == "/drafter":
         arg = arg.lower()
         allowed = [d for d in ("ngram", "model", "eagle") if d in drafters]
@@ -85,18 +78,11 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
             raise CommandError(f"/drafter {arg}: this pair has no {missing}; available: {', '.join(allowed)}")
         return Outcome(replace(settings, drafter=arg), f"drafter set to {arg}")
     if name == "/tree":
-        arg = arg.lower()
-        if arg in ("auto", "off"):
-            return Outcome(replace(settings, tree=arg), "draft trees: " + ("auto (cost model)" if arg == "auto"
-                                                                           else "off (chains only)"))
-        n = _number(name, arg, int, f"auto, off or an integer in 1..{MAX_DRAFT}")
-        if not 1 <= n <= MAX_DRAFT:
-            raise CommandError(f"/tree needs auto, off or an integer in 1..{MAX_DRAFT}, got {arg!r}")
-        return Outcome(replace(settings, tree=n), f"at most {n} drafted tokens a round, tree or chain")
+        t = _parsed(name, arg, tree)
+        return Outcome(replace(settings, tree=t), "draft trees: auto (cost model)" if t == "auto" else
+                       "draft trees: off (chains only)" if t == "off" else f"at most {t} drafted tokens a round, tree or chain")
     if name == "/lookup":
-        if arg.lower() not in ("on", "off"):
-            raise CommandError(f"/lookup needs on or off, got {arg!r}")
-        on = arg.lower() == "on"
+        on = _parsed(name, arg, on_off) == "on"
         return Outcome(replace(settings, lookup=on), "lookup rounds " + ("on" if on else "off (the model drafts alone)"))
     if name == "/system":
         return Outcome(replace(settings, system=arg), f"system prompt set to {arg!r}" if arg else "system prompt cleared")
@@ -109,9 +95,10 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
     raise CommandError(f"unknown command {name!r}; type /help for the list")
 
 
-def _number(name: str, arg: str, kind, expected: str):
+def _parsed(name: str, arg: str, parse):
+    """`arg` read by the command line's own parser for the same option (`mlxspec chat --tree` ...)."""
     try:
-        return kind(arg)
-    except ValueError:
-        raise CommandError(f"{name} needs {expected}, got {arg!r}") from None
+        return parse(arg.lower())
+    except ArgumentTypeError as e:
+        raise CommandError(f"{name}: {e}") from None
 

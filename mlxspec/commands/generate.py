@@ -6,11 +6,10 @@ import argparse
 import json
 import sys
 
-from ..choices import DTYPES
 from ..errors import InvalidArgumentError
 from ..stats import acceptance_text, plural
-from .argtypes import kv_window, num_draft, on_off, positive, reference, seed, tree
-from .modelargs import add_distributed_arg, quiet_unless_main
+from .argtypes import num_draft, on_off, positive, seed, tree
+from .modelargs import add_distributed_arg, add_model_args, load_engine, quiet_unless_main
 
 
 def register(subparsers) -> None:
@@ -31,16 +30,11 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("prompt", metavar="PROMPT", help="the user message ('-' reads it from stdin)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--pair", metavar="NAME", type=reference, help="a pair from `mlxspec models` (default: demo)")
-    src.add_argument("--target", metavar="REF", type=reference, help="target model: folder, .gguf file or Hugging Face repo id")
-    p.add_argument("--draft", metavar="REF", type=reference, help="draft model reference, or 'ngram' / 'none' (overrides the pair's)")
+    add_model_args(p)
     p.add_argument("--drafter", choices=["ngram", "model", "eagle", "none"],
                    help="how to draft: an n-gram drafter, the draft model, an EAGLE head over the target's "
                         "features, or no speculation (default: the pair's drafter on this backend, see `mlxspec models`; "
                         "else the draft model if there is one, else ngram)")
-    p.add_argument("--head", metavar="REF", help="EAGLE head folder (or builtin:NAME) trained for the target "
-                                                 "(default: the pair's head, if it names one)")
     p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="tokens to generate at most (default: 256)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus threshold in (0, 1]; 1 disables (default: 1)")
@@ -62,10 +56,6 @@ def register(subparsers) -> None:
                    help="with --drafter model or eagle: on (default) hands the rounds where prompt lookup is "
                         "expected to draft faster (text the answer repeats) to it, and the eagle head's greedy "
                         "chains copy where the text repeats; off: the model drafts alone")
-    p.add_argument("--max-kv-size", type=kv_window, default=None, metavar="W",
-                   help="keep at most W tokens of KV (a sliding window); default: unbounded")
-    p.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="weights precision: keep quantized or dequantize (default: auto, per device)")
     p.add_argument("--no-chat-template", action="store_true", help="send PROMPT as raw text, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
     add_distributed_arg(p)
@@ -73,17 +63,13 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..loading import load
-
     if args.prompt == "-" and args.distributed:  # it would wait forever: stdin never ends there
         raise InvalidArgumentError("PROMPT '-' (stdin) does not work with --distributed: mlx.launch hands stdin to "
                                    "every rank and never closes it; give the text itself, e.g. \"$(cat prompt.txt)\"")
     # Checked before loading (seconds to minutes): on every rank alike when the target is sharded.
     text = _prompt_text(args.prompt)
     _check_options(args)
-    engine = load(args.target or args.pair or "demo", args.draft, dtype=args.dtype, drafter=args.drafter,
-                  max_kv_size=args.max_kv_size, num_draft=args.num_draft, tree=args.tree, head=args.head,
-                  distributed=args.distributed)
+    engine = load_engine(args, drafter=args.drafter, num_draft=args.num_draft, tree=args.tree)
     quiet_unless_main(engine)
     prompt = text if args.no_chat_template else [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -11,15 +11,17 @@ DEFAULT_PAIR = "demo"
 
 def add_model_args(p, *, window: bool = True, head: bool = True) -> None:
     """--pair/--target/--draft/--dtype, and --max-kv-size and --head unless the command has no use for them."""
-    p.add_argument("--pair", metavar="NAME", type=reference, help=f"a models.toml pair name (default: {DEFAULT_PAIR!r} unless --target is given)")
-    p.add_argument("--target", metavar="REF", type=reference, help="target model: a folder, a .gguf file or a Hugging Face repo id (default: the pair's target)")
-    p.add_argument("--draft", metavar="REF", type=reference, help="draft model reference, or 'ngram' / 'none' (default: the pair's draft)")
+    src = p.add_mutually_exclusive_group()  # argparse says "not allowed with" at parse time
+    src.add_argument("--pair", metavar="NAME", type=reference, help=f"a models.toml pair name, see `mlxspec models` (default: {DEFAULT_PAIR!r} unless --target is given)")
+    src.add_argument("--target", metavar="REF", type=reference, help="target model: a folder, a .gguf file or a Hugging Face repo id (default: the pair's target)")
+    p.add_argument("--draft", metavar="REF", type=reference, help="draft model reference, or 'ngram' / 'none' (default: the pair's draft; given, it replaces it)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="precision of both models (default: the backend's default)")
+                   help="weights precision of both models: keep quantized or dequantize (default: auto, per device)")
     if window:
         p.add_argument("--max-kv-size", type=kv_window, default=None, metavar="W", help="KV window in tokens (default: unbounded)")
     if head:
-        p.add_argument("--head", default=None, help="EAGLE head folder or builtin:NAME for the target (default: the pair's)")
+        p.add_argument("--head", metavar="REF", default=None,
+                       help="EAGLE head folder or builtin:NAME trained for the target (default: the pair's, if it names one)")
 
 
 def add_distributed_arg(p) -> None:
@@ -58,9 +60,9 @@ def load_engine(args, **kw):
     """`mlxspec.load` for the parsed options; the loader is imported only here (it pulls in MLX)."""
     if args.pair and args.target:
         raise InvalidArgumentError(f"give --pair or --target, not both (got --pair {args.pair!r} --target {args.target!r})")
-    import mlxspec
+    from ..loading import load
 
     ref = args.pair or args.target or DEFAULT_PAIR
     kw.setdefault("distributed", getattr(args, "distributed", False))
-    return mlxspec.load(ref, args.draft, dtype=args.dtype, max_kv_size=getattr(args, "max_kv_size", None),
+    return load(ref, args.draft, dtype=args.dtype, max_kv_size=getattr(args, "max_kv_size", None),
                         head=getattr(args, "head", None), **kw)
