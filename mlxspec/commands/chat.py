@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ..choices import DRAFTERS
-from .argtypes import non_negative, num_draft, on_off, positive, seed, tree
-from .modelargs import DEFAULT_PAIR, add_model_args, load_engine
+from .argtypes import non_negative, positive, seed
+from .modelargs import DEFAULT_PAIR, add_drafting_args, add_model_args, load_engine
 
 
 def register(subparsers) -> None:
@@ -13,17 +12,7 @@ def register(subparsers) -> None:
         description="Type a message; the same target answers twice, side by side, once speculative and once "
                     "vanilla, with live tokens/s, acceptance and a speedup verdict. Defaults to the demo pair.")
     add_model_args(p)
-    p.add_argument("--drafter", choices=[d for d in DRAFTERS if d != "none"],
-                   help="who drafts (default: the pair's drafter on this backend, else the draft model if any, "
-                        "else ngram); eagle needs a head")
-    p.add_argument("--num-draft", metavar="auto|N", type=num_draft, default=None,
-                   help="draft length: auto (cost model, default) or a fixed N (also /draft)")
-    p.add_argument("--tree", type=tree, default=None, metavar="auto|off|N",
-                   help="draft trees: auto (default: the cost model sizes them), off (chains only), or at most N "
-                        "drafted tokens a round (also /tree)")
-    p.add_argument("--lookup", type=on_off, default=None, metavar="on|off",
-                   help="with the draft model or the EAGLE head: on (default) hands rounds where the text repeats "
-                        "to prompt lookup; off: the model drafts alone (also /lookup)")
+    add_drafting_args(p, none=False)
     p.add_argument("--seed", type=seed, default=None,
                    help="random seed for sampled answers: both sides and every turn draw with it (default: none)")
     p.add_argument("--temperature", type=non_negative, default=0.0, metavar="T", help="0 = greedy (default)")

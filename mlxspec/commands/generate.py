@@ -5,25 +5,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 
 from ..errors import InvalidArgumentError
 from ..stats import acceptance_text, plural
-from .argtypes import num_draft, on_off, positive, seed, tree
-from .modelargs import add_distributed_arg, add_model_args, load_engine, quiet_unless_main
+from .argtypes import positive, seed
+from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, load_engine, quiet_unless_main
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "generate",
         help="generate text for one prompt with speculative decoding",
-        description=(
+        description=textwrap.fill((
             "Generate an answer to PROMPT. A draft (a small model or an n-gram drafter) proposes "
             "tokens and the target verifies them in one pass, so the output is what the target alone "
             "would produce (greedy: token for token, up to rounding at near-ties in low precision) or "
             "sample (the same distribution). Text streams to stdout; stderr gets one line on what was "
             "loaded before it and one stats line (tokens/s, acceptance, tokens per target pass, peak "
             "memory) after it. Without --pair or --target the offline 'demo' pair is used."
-        ),
+        ), width=79),
         epilog="examples:\n  mlxspec generate 'What is the capital of France?'\n"
                "  mlxspec generate --pair qwen2.5-7b --temperature 0.7 --seed 1 'Write a haiku'\n"
                "  mlxspec generate --target model.gguf --drafter ngram --json 'Hello'",
@@ -31,10 +32,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("prompt", metavar="PROMPT", help="the user message ('-' reads it from stdin)")
     add_model_args(p)
-    p.add_argument("--drafter", choices=["ngram", "model", "eagle", "none"],
-                   help="how to draft: an n-gram drafter, the draft model, an EAGLE head over the target's "
-                        "features, or no speculation (default: the pair's drafter on this backend, see `mlxspec models`; "
-                        "else the draft model if there is one, else ngram)")
+    add_drafting_args(p)
     p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="tokens to generate at most (default: 256)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus threshold in (0, 1]; 1 disables (default: 1)")
@@ -47,15 +45,6 @@ def register(subparsers) -> None:
                         "same distribution, not always the same one (README: Seeds)")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="end the answer before TEXT (the text is not printed); repeat for several")
-    p.add_argument("--num-draft", type=num_draft, default=None, metavar="auto|N",
-                   help="tokens drafted per round: 'auto' (the cost model picks) or a number in 0..32, 0 decoding plainly "
-                        "(default: the engine's)")
-    p.add_argument("--tree", type=tree, default=None, metavar="auto|off|N",
-                   help="draft trees: auto (default: the cost model sizes them), off (chains only), or a node cap")
-    p.add_argument("--lookup", type=on_off, default=None, metavar="on|off",
-                   help="with --drafter model or eagle: on (default) hands the rounds where prompt lookup is "
-                        "expected to draft faster (text the answer repeats) to it, and the eagle head's greedy "
-                        "chains copy where the text repeats; off: the model drafts alone")
     p.add_argument("--no-chat-template", action="store_true", help="send PROMPT as raw text, without the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
     add_distributed_arg(p)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..choices import DTYPES
+from ..choices import DRAFTERS, DTYPES
 from ..errors import InvalidArgumentError
-from .argtypes import kv_window, reference
+from .argtypes import kv_window, num_draft, on_off, reference, tree
 
 DEFAULT_PAIR = "demo"
 
@@ -22,6 +22,26 @@ def add_model_args(p, *, window: bool = True, head: bool = True) -> None:
     if head:
         p.add_argument("--head", metavar="REF", default=None,
                        help="EAGLE head folder or builtin:NAME trained for the target (default: the pair's, if it names one)")
+
+
+def add_drafting_args(p, *, none: bool = True, per_request: bool = False) -> None:
+    """--drafter/--num-draft/--tree/--lookup, as `Engine.generate` takes them. `none`: --drafter may
+    be none (a chat always drafts on its speculative side); `per_request`: a server's defaults."""
+    when = " when a request gives none" if per_request else ""
+    p.add_argument("--drafter", choices=[d for d in DRAFTERS if none or d != "none"], default=None,
+                   help="who drafts: the draft model, the EAGLE head (--head or the pair's), the n-gram drafter"
+                        + (" or nobody" if none else "") + " (default: the pair's drafter on this backend, see "
+                        "`mlxspec models`; else the draft model if there is one, else ngram)")
+    p.add_argument("--num-draft", type=num_draft, default=None, metavar="auto|N",
+                   help=f"tokens drafted per round{when}: auto (default: the cost model picks) or a fixed number "
+                        "in 0..32, 0 decoding plainly")
+    p.add_argument("--tree", type=tree, default=None, metavar="auto|off|N",
+                   help=f"draft trees{when}: auto (default: the cost model sizes them), off (chains only), or at "
+                        "most N drafted tokens a round")
+    p.add_argument("--lookup", type=on_off, default=None, metavar="on|off",
+                   help=f"with the draft model or the EAGLE head{when}: on (default) hands the rounds where the "
+                        "text repeats to prompt lookup, and the head's greedy chains copy there; off: the model "
+                        "drafts alone")
 
 
 def add_distributed_arg(p) -> None:

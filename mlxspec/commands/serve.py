@@ -10,14 +10,13 @@ import argparse
 import os
 
 from ..errors import MlxSpecError
-from .argtypes import non_negative, num_draft, on_off, positive, tree
-from .modelargs import add_distributed_arg, add_model_args, is_distributed
+from .argtypes import non_negative, positive
+from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, is_distributed
 
 API_KEY_ENV = "MLXSPEC_API_KEY"
 
 
 def register(subparsers) -> None:
-    from ..choices import DRAFTERS
     from ..serve.options import DEFAULT_MAX_BODY, ServeOptions
 
     d = ServeOptions()
@@ -37,18 +36,7 @@ def register(subparsers) -> None:
                 "then point any OpenAI client at http://127.0.0.1:8080/v1"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
-    p.add_argument("--drafter", choices=DRAFTERS, default=None,
-                   help="who drafts: the draft model, the EAGLE head (--head or the pair's), the n-gram drafter, "
-                        "or nobody (default: the pair's)")
-    p.add_argument("--num-draft", type=num_draft, default=None, metavar="auto|N",
-                   help="tokens drafted per round when a request gives no num_draft (default: auto, the cost "
-                        "model picks)")
-    p.add_argument("--tree", type=tree, default=None, metavar="auto|off|N",
-                   help="draft trees when a request gives no tree: auto (default: the cost model sizes them), off "
-                        "(chains only), or at most N drafted tokens a round")
-    p.add_argument("--lookup", type=on_off, default=None, metavar="on|off",
-                   help="with a model drafter or the EAGLE head, when a request gives no lookup: on (default) hands "
-                        "rounds where the text repeats to prompt lookup; off: the model drafts alone")
+    add_drafting_args(p, per_request=True)
     p.add_argument("--host", default=d.host, help=f"address to bind (default: {d.host}; anything else should come "
                    "with --api-key)")
     p.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default: {d.port})")
