@@ -35,4 +35,5 @@ class ChatHistory(VerticalScroll):
         self.remove_children()
 
     def _add(self, text: Text, kind: str) -> None:
-        self.mount(Static(text, classes=f"entry {kind}"))
+        if self.is_attached:  # a turn that ends while the app quits has no screen left to show it on
+            self.mount(Static(text, classes=f"entry {kind}"))
