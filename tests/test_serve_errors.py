@@ -91,12 +91,26 @@ UNSUPPORTED = [
     ({"messages": HI, "guided_json": {"type": "object"}}, "guided_json"),
     ({"messages": HI, "modalities": ["text", "audio"]}, "modalities"),
     ({"messages": HI, "ignore_eos": 0}, "ignore_eos"),  # not the neutral false, though equal to it
+    # mlx-lm's server's and vLLM's
+    ({"messages": HI, "xtc_probability": 0.5, "xtc_threshold": 0.1}, "xtc_probability"),
+    ({"messages": HI, "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+    ({"messages": HI, "adapters": "my-lora"}, "adapters"),
+    ({"messages": HI, "role_mapping": {"user": "Q:"}}, "role_mapping"),
+    ({"messages": HI, "num_draft_tokens": 3}, "num_draft_tokens"),
+    ({"messages": HI, "draft_model": "mlx-community/x"}, "draft_model"),
+    ({"messages": HI, "continue_final_message": True}, "continue_final_message"),
+    ({"messages": HI, "repetition_penalty": 0.5}, "repetition_penalty"),
 ]
 
 
 def test_other_servers_fields_at_their_neutral_values_are_accepted(server):
     body = {"messages": HI, "max_tokens": 3, "repetition_penalty": 1, "typical_p": 1.0, "min_tokens": 0,
-            "ignore_eos": False, "stop_token_ids": [], "modalities": ["text"], "guided_json": None}
+            "ignore_eos": False, "stop_token_ids": [], "modalities": ["text"], "guided_json": None,
+            "xtc_probability": 0.0, "xtc_threshold": 0.1, "chat_template_kwargs": {}, "adapters": None,
+            "num_draft_tokens": None, "repetition_context_size": 20}
+    r = post(server[0], "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    body = {"messages": HI, "max_tokens": 3, "repetition_penalty": 0}  # mlx-lm's server's default: off
     r = post(server[0], "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
 

@@ -21,13 +21,21 @@ from .options import ServeOptions
 ROLES = ("system", "user", "assistant")  # what a chat template renders; "developer" is read as "system"
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
-# Fields other OpenAI-style servers (vLLM, llama.cpp, text-generation-inference) take that would
-# change the answer, with the value that changes nothing: a client that sends another is told.
-EXTENSIONS = {"repetition_penalty": 1.0, "repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0,
+# Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
+# would change the answer, with the values that change nothing: a client that sends another is told.
+# A tuple lists several (mlx-lm's server takes repetition_penalty 0 for off).
+EXTENSIONS = {"repetition_penalty": (1.0, 0), "repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0,
               "length_penalty": 1.0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
               "use_beam_search": False, "mirostat": 0, "guided_json": None, "guided_regex": None,
               "guided_choice": None, "guided_grammar": None, "grammar": None, "json_schema": None,
-              "audio": None, "modalities": ["text"]}
+              "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
+              "chat_template_kwargs": {}, "add_generation_prompt": True, "continue_final_message": False,
+              "role_mapping": None, "adapters": None, "bad_words": [], "allowed_token_ids": None,
+              "include_stop_str_in_output": False, "truncate_prompt_tokens": None}
+# mlx-lm's server names for what is chosen here otherwise (a draft model is the server's to load).
+RENAMED = {"num_draft_tokens": "send num_draft instead (tokens drafted per round, or \"auto\")",
+           "draft_model": "the draft is loaded when the server starts (mlxspec serve --draft/--drafter); "
+                          "a request may choose among those loaded with \"drafter\""}
 
 
 @dataclass
@@ -230,9 +238,13 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
                           f"(no JSON modes), got {_show(fmt)}", "response_format")
     for key, neutral in EXTENSIONS.items():  # other servers' sampling fields: refused, not silently ignored
         value = body.get(key)
-        if value is not None and not _neutral(value, neutral):
-            raise unsupported(f"{key} is not supported by this server (only {_show(neutral)}), got {_show(value)}",
-                              key)
+        neutrals = neutral if isinstance(neutral, tuple) else (neutral,)
+        if value is not None and not any(_neutral(value, n) for n in neutrals):
+            only = " or ".join(_show(n) for n in neutrals)
+            raise unsupported(f"{key} is not supported by this server (only {only}), got {_show(value)}", key)
+    for key, instead in RENAMED.items():
+        if body.get(key) is not None:
+            raise unsupported(f"{key} is not supported by this server: {instead}; got {_show(body[key])}", key)
     if not chat and body.get("echo"):
         raise unsupported("echo is not supported by this server", "echo")
     if not chat and body.get("suffix"):
