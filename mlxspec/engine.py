@@ -27,7 +27,7 @@ from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
-from .prompts import MAX_DRAFT, check_cancel, check_drafter, check_lookup, check_max_tokens, check_num_draft, check_seed, check_stop, check_tree, encode_prompt
+from .prompts import MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens, check_num_draft, check_seed, check_stop, check_tree, encode_prompt
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
@@ -58,7 +58,8 @@ class Engine:
 
     Args:
         target_model: a loaded mlx-lm model.
-        tokenizer: its tokenizer (mlx-lm TokenizerWrapper-like); None if prompts are token ids.
+        tokenizer: its tokenizer (mlx-lm's TokenizerWrapper; a Hugging Face tokenizer is wrapped in
+            one); None if prompts are token ids.
         draft_model: an optional small mlx-lm model sharing the target's tokenizer.
         draft_tokenizer: the draft's tokenizer, checked against the target's when both are given.
         drafter: "model" (default with a draft model), "eagle" (needs `eagle_head`), "ngram" (default
@@ -109,6 +110,7 @@ class Engine:
             raise InvalidArgumentError(f"prefill_step must be an integer >= 1 (prompt tokens per pass), "
                                        f"got {prefill_step!r}")
         self.prefill_step = prefill_step
+        tokenizer, draft_tokenizer = as_mlx_lm_tokenizer(tokenizer), as_mlx_lm_tokenizer(draft_tokenizer)
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.coord = Coordinator(group)
         self.eagle = None  # (head, draft ids, config); only then do target passes keep hidden states

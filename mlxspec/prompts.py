@@ -31,8 +31,34 @@ def _message_text(content, i: int) -> str:
                                f"{{'type': 'text', 'text': str}} parts, got {str(content)[:40]!r}")
 
 
+def as_mlx_lm_tokenizer(tokenizer):
+    """A Hugging Face tokenizer wrapped in mlx-lm's `TokenizerWrapper` (its EOS ids and streaming
+    detokenizer), as `mlx_lm.generate` does; anything else as it is."""
+    if tokenizer is None or hasattr(tokenizer, "detokenizer"):
+        return tokenizer
+    try:
+        from transformers import PreTrainedTokenizerBase
+    except ImportError:
+        return tokenizer
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        return tokenizer
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    return TokenizerWrapper(tokenizer)
+
+
+def has_chat_template(tokenizer) -> bool:
+    known = getattr(tokenizer, "has_chat_template", None)  # mlx-lm's TokenizerWrapper says
+    if isinstance(known, bool):
+        return known
+    return getattr(tokenizer, "chat_template", None) is not None
+
+
 def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
-    """str (used as is), list[int], or a list of chat messages {"role", "content"} -> ids."""
+    """str (used as is), list[int] (or a 1-D integer array), or a list of chat messages
+    {"role", "content"} -> ids."""
+    if not isinstance(prompt, (str, list, tuple)) and getattr(prompt, "ndim", None) == 1:
+        prompt = prompt.tolist()  # an mx.array or numpy array of token ids, as mlx-lm takes them
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidArgumentError("prompt is empty: give a non-empty string, token-id list or message list")
@@ -44,6 +70,11 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
     elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
         if tokenizer is None:
             raise InvalidArgumentError("chat messages need a tokenizer with a chat template; this engine has none")
+        if not has_chat_template(tokenizer):
+            raise InvalidArgumentError(
+                "this model's tokenizer has no chat template, so chat messages cannot be formatted; send the "
+                "text itself as a string prompt (mlxspec generate does when the model has no template; the "
+                "server's /v1/completions takes it)")
         messages = []
         for i, m in enumerate(prompt):
             if "role" not in m or "content" not in m:

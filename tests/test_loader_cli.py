@@ -29,6 +29,7 @@ class FakeEngine:
         self.args = dict(target_model=target_model, tokenizer=tokenizer, draft_model=draft_model,
                          draft_tokenizer=draft_tokenizer, drafter=drafter, max_kv_size=max_kv_size, num_draft=num_draft,
                          eagle_head=eagle_head, **more)
+        self.tokenizer = tokenizer
         self.calls = []
 
     def stream(self, prompt, **options):
@@ -133,6 +134,23 @@ def test_generate_passes_a_chat_message_and_the_options(made, tiny_gguf_path):
     assert prompt == [{"role": "user", "content": "Capital?"}]
     assert options["top_k"] == 7 and options["min_p"] == 0.1 and options["max_tokens"] == 256
     assert options["stop"] is None
+
+
+def test_generate_sends_raw_text_to_a_model_without_a_chat_template(made, tiny_gguf_path, monkeypatch, capsys):
+    from mlxspec.loading import api
+
+    real_load = api.load
+
+    def load(*a, **k):
+        engine = real_load(*a, **k)
+        engine.tokenizer.has_chat_template = False  # as mlx-lm wraps a tokenizer without one
+        made.append(engine)
+        return engine
+
+    monkeypatch.setattr("mlxspec.loading.load", load)
+    main(["generate", "--target", str(tiny_gguf_path), "Capital?"])
+    assert made[0].calls[0][0] == "Capital?"  # as mlx-lm does
+    assert "no chat template: PROMPT is sent as raw text" in capsys.readouterr().err
 
 
 def test_generate_passes_stop_strings(made, tiny_gguf_path):

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 from ..errors import InvalidArgumentError
+from ..prompts import has_chat_template
 from ..stats import acceptance_text, plural
 from .argtypes import positive, seed
 from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, load_engine, quiet_unless_main
@@ -45,7 +46,8 @@ def register(subparsers) -> None:
                         "same distribution, not always the same one (README: Seeds)")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="end the answer before TEXT (the text is not printed); repeat for several")
-    p.add_argument("--no-chat-template", action="store_true", help="send PROMPT as raw text, without the chat template")
+    p.add_argument("--no-chat-template", action="store_true",
+                   help="send PROMPT as raw text, without the chat template (default: with it, if the model has one)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
     add_distributed_arg(p)
     p.set_defaults(func=run)
@@ -60,7 +62,8 @@ def run(args) -> int:
     _check_options(args)
     engine = load_engine(args, drafter=args.drafter, num_draft=args.num_draft, tree=args.tree)
     quiet_unless_main(engine)
-    prompt = text if args.no_chat_template else [{"role": "user", "content": text}]
+    raw = args.no_chat_template or not has_chat_template(engine.tokenizer)  # as mlx-lm: no template, raw text
+    prompt = text if raw else [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
                    stop=args.stop)
@@ -73,7 +76,8 @@ def run(args) -> int:
                           "target": _describe(engine.target_info), "draft": _describe(engine.draft_info),
                           "head": _head(engine)}))
         return 0
-    print(load_line(engine), file=sys.stderr, flush=True)
+    note = "" if raw == args.no_chat_template else "; the model has no chat template: PROMPT is sent as raw text"
+    print(load_line(engine) + note, file=sys.stderr, flush=True)
     stats = _stream(engine, prompt, options)
     print(file=sys.stdout, flush=True)
     if stats:

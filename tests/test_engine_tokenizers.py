@@ -1,0 +1,47 @@
+"""What the engine takes as a tokenizer and a prompt, as mlx-lm's generate takes them."""
+
+from __future__ import annotations
+
+import copy
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import tiny
+from mlxspec import Engine
+from mlxspec.errors import InvalidArgumentError
+
+PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 11, 12]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.make_llama(1)
+
+
+def test_a_hugging_face_tokenizer_is_wrapped_as_mlx_lm_wraps_it(target):
+    wrapped = tiny.make_tokenizer()
+    plain = wrapped._tokenizer  # transformers' PreTrainedTokenizerFast, with no EOS ids set of its own
+    messages = [{"role": "user", "content": "Say something."}]
+    want = Engine(target, wrapped).generate(messages, max_tokens=12)
+    got = Engine(target, plain).generate(messages, max_tokens=12)
+    assert got.tokens == want.tokens and got.text == want.text and got.finish_reason == want.finish_reason
+
+
+def test_chat_messages_without_a_chat_template_say_what_to_send(target):
+    tok = copy.deepcopy(tiny.make_tokenizer()._tokenizer)
+    tok.chat_template = None
+    engine = Engine(target, tok)
+    with pytest.raises(InvalidArgumentError, match="no chat template.*string prompt"):
+        engine.generate([{"role": "user", "content": "hi"}], max_tokens=2)
+    assert len(engine.generate("hi", max_tokens=2).tokens) == 2  # a string is the text itself
+
+
+@pytest.mark.parametrize("make", [mx.array, np.array], ids=["mx", "numpy"])
+def test_a_1d_integer_array_is_a_token_id_prompt(target, make):
+    engine = Engine(target, tiny.make_tokenizer())
+    want = engine.generate(PROMPT, max_tokens=6).tokens
+    assert engine.generate(make(PROMPT), max_tokens=6).tokens == want
+    with pytest.raises(InvalidArgumentError, match="token ids must be integers|prompt must be"):
+        engine.generate(make([[5, 6]]), max_tokens=2)  # 2-D: not a prompt
