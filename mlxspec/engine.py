@@ -12,6 +12,7 @@ request from rank 0), and rank 0 makes every decision (`mlxspec.distributed`).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import astuple
 from typing import Callable, Dict, Iterable, Iterator, Optional
 
@@ -27,7 +28,8 @@ from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
-from .prompts import MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens, check_num_draft, check_seed, check_stop, check_tree, encode_prompt
+from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
+                      check_no_other_options, check_num_draft, check_seed, check_stop, check_tree, encode_prompt)
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
@@ -247,7 +249,7 @@ class Engine:
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
-               lookup: Optional[bool] = None, cancel=None) -> Iterator[TokenEvent]:
+               lookup: Optional[bool] = None, cancel=None, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -271,6 +273,7 @@ class Engine:
                 The stream then just ends, with no last event carrying a finish_reason;
                 `generate` returns what it had, with finish_reason "cancelled".
         """
+        check_no_other_options(other, STREAM_OPTIONS)
         params = SamplingParams(temperature, top_p, top_k, min_p)
         max_tokens = check_max_tokens(max_tokens)
         k_fixed = check_num_draft(num_draft) if num_draft is not None else self.num_draft
@@ -342,3 +345,8 @@ class Engine:
             stats.draft_kv_bytes = self.drafters["model"].seq.kv_bytes
         elif name == "eagle":
             stats.draft_kv_bytes = self.drafters["eagle"].kv_bytes
+
+
+# What `stream` (and so `generate`) takes besides the prompt: said when something else is passed.
+STREAM_OPTIONS = [name for name, p in inspect.signature(Engine.stream).parameters.items()
+                  if name not in ("self", "prompt") and p.kind is p.KEYWORD_ONLY]

@@ -177,3 +177,28 @@ def check_seed(seed) -> Optional[int]:
         raise InvalidArgumentError(f"seed must be None or an integer >= 0 and < 2**64, got {shown(seed)}")
     return seed
 
+
+# mlx-lm's keyword arguments for generate/stream_generate, and what answers each here.
+MLX_LM_KEYWORDS = {
+    "temp": "temperature=",
+    "num_draft_tokens": "num_draft=",
+    "draft_model": "Engine(target, tokenizer, draft_model) or mlxspec.load(target, draft)",
+    "max_kv_size": "Engine(..., max_kv_size=) or mlxspec.load(..., max_kv_size=)",
+    "prefill_step_size": "Engine(..., prefill_step=)",
+    "prompt_cache": "nothing: the engine keeps the cache of its previous request and reuses the shared prefix",
+    "sampler": "temperature=, top_p=, top_k=, min_p= (the same rule must sample target and draft)",
+    "logits_processors": "nothing yet: a processor would change the target's distribution, which speculation keeps",
+    "verbose": "the stats of the result (r.stats) or of the last event",
+}
+
+
+def check_no_other_options(options: dict, allowed) -> None:
+    """Refuse keywords `stream` does not take, naming mlxspec's way where mlx-lm has the keyword."""
+    if not options:
+        return
+    said = []
+    for name in options:
+        hint = MLX_LM_KEYWORDS.get(name)
+        said.append(f"{name!r} (mlx-lm's; here: {hint})" if hint else repr(name))
+    raise InvalidArgumentError(f"unknown option{'s' if len(said) > 1 else ''} {', '.join(said)}; allowed: "
+                               f"{', '.join(allowed)}")

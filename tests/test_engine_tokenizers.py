@@ -1,4 +1,4 @@
-"""What the engine takes as a tokenizer and a prompt, as mlx-lm's generate takes them."""
+"""What the engine takes (tokenizers, prompts, keywords), beside how mlx-lm's generate takes them."""
 
 from __future__ import annotations
 
@@ -45,3 +45,13 @@ def test_a_1d_integer_array_is_a_token_id_prompt(target, make):
     assert engine.generate(make(PROMPT), max_tokens=6).tokens == want
     with pytest.raises(InvalidArgumentError, match="token ids must be integers|prompt must be"):
         engine.generate(make([[5, 6]]), max_tokens=2)  # 2-D: not a prompt
+
+
+def test_mlx_lm_keywords_are_refused_with_mlxspec_s_way(target):
+    engine = Engine(target, tiny.make_tokenizer())
+    with pytest.raises(InvalidArgumentError, match=r"unknown option 'temp' \(mlx-lm's; here: temperature=\); "
+                                                   r"allowed: max_tokens, temperature"):
+        engine.generate(PROMPT, temp=0.5)
+    with pytest.raises(InvalidArgumentError, match=r"unknown options 'sampler' .*'colour'"):
+        engine.stream(PROMPT, sampler=None, colour=1)  # refused when called, before any work
+    assert len(engine.generate(PROMPT, max_tokens=3).tokens) == 3
