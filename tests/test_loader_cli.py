@@ -87,6 +87,19 @@ def test_load_with_a_weightless_drafter(fake_engine, tiny_gguf_path):
         load(str(tiny_gguf_path), drafter="eagle")
 
 
+def test_a_draft_model_given_drafts_though_its_pair_defaults_to_another_drafter(fake_engine, tiny_gguf_path,
+                                                                               monkeypatch):
+    from mlxspec.loading import api, load
+    from mlxspec.loading.registry import Pair
+
+    pair = Pair("p", str(tiny_gguf_path), str(tiny_gguf_path), "", 0.1, 0.1, 64, 0, "f32", drafter="ngram")
+    monkeypatch.setattr(api, "resolve_pair", lambda ref: pair if ref == "p" else None)
+    assert load("p").args["drafter"] == "ngram"  # the pair's default; its draft stays loaded
+    given = load("p", str(tiny_gguf_path)).args  # as mlx-lm's --draft-model: the named draft drafts
+    assert given["drafter"] is None and given["draft_model"] is not None  # the engine's rule: "model"
+    assert load("p", str(tiny_gguf_path), drafter="ngram").args["drafter"] == "ngram"
+
+
 def test_load_refuses_an_incompatible_draft(fake_engine, tiny_gguf_path, tmp_path):
     from mlx_lm.utils import save_config, save_model
 

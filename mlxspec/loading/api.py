@@ -31,8 +31,9 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         dtype: precision of both models: None/"auto", "quantized", "bfloat16", "float16",
             "float32". Default: None (the backend's default, see `mlxspec.loading.precision`).
         drafter: "ngram", "model", "eagle", "none", or None. Default: None ("ngram"
-            or "none" when the draft says so; else the pair's default on this backend, `drafter` in
-            models.toml; otherwise the engine drafts with the draft model).
+            or "none" when the draft says so; "model" when `draft` names a model; else the pair's
+            default on this backend, `drafter` in models.toml; otherwise the engine drafts with
+            the draft model).
         head: an EAGLE head ("builtin:<name>" or a folder) trained for the target. Default: None
             (the pair's head when `target` names a pair that has one). Not loaded when `drafter`
             is "ngram" or "none": the target's passes then keep no hidden states.
@@ -89,7 +90,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             "[load] drafter='eagle' needs a head: pass head=<folder or builtin:name> or a pair that names one")
     if drafter in ("ngram", "none"):
         draft_ref = head_ref = None  # asked for explicitly: the draft model and head would go unused
-    pair_default = pair.drafter_on(backend()) if drafter is None and pair else ""
+    # A draft model named here drafts (as mlx-lm's --draft-model); the pair's default is for its own.
+    pair_default = pair.drafter_on(backend()) if drafter is None and pair and draft is None else ""
     head_path = _head_folder(head_ref, download) if head_ref is not None else None  # before minutes of loading
 
     group = None
