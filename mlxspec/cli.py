@@ -41,13 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parser_args(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """`parse_args`, but an unknown option is reported with the sub-command's usage, not the
+    top-level one (argparse leaves those to the top-level parser)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        command = subparsers.choices.get(getattr(args, "command", None) or "", parser)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     from .errors import MlxSpecError
 
     command = "mlxspec"
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args = parser_args(parser, argv)
         if not getattr(args, "func", None):
             parser.print_help()
             return 2

@@ -166,6 +166,13 @@ def test_generate_sends_raw_text_to_a_model_without_a_chat_template(made, tiny_g
     assert "no chat template: PROMPT is sent as raw text" in capsys.readouterr().err
 
 
+def test_generate_puts_a_system_message_first(made, tiny_gguf_path, capsys):
+    main(["generate", "--target", str(tiny_gguf_path), "--system-prompt", "Be brief.", "Capital?"])  # mlx-lm's name
+    assert made[0].calls[0][0] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital?"}]
+    assert main(["generate", "--target", str(tiny_gguf_path), "--system", "x", "--no-chat-template", "hi"]) == 1
+    assert "--system needs the chat template" in capsys.readouterr().err and len(made) == 1  # before loading
+
+
 def test_generate_passes_stop_strings(made, tiny_gguf_path):
     main(["generate", "--target", str(tiny_gguf_path), "--stop", "END", "--stop", "\n\n", "Capital?"])
     assert made[0].calls[0][1]["stop"] == ["END", "\n\n"]
@@ -410,3 +417,14 @@ def test_pull_force_applies_to_the_demo_only(capsys):
     assert main(["pull", "qwen2.5-7b", "--force"]) == 2
     assert "--force applies to 'demo' only" in capsys.readouterr().err
 
+
+
+def test_an_unknown_option_is_told_with_its_command_s_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--draft-model", "x", "hi"])  # mlx-lm's flag
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "usage: mlxspec generate" in err
+    assert "mlxspec generate: error: unrecognized arguments: --draft-model" in err
+    with pytest.raises(SystemExit):
+        main(["--bogus"])
+    assert "mlxspec: error: unrecognized arguments: --bogus" in capsys.readouterr().err

@@ -46,6 +46,8 @@ def register(subparsers) -> None:
                         "same distribution, not always the same one (README: Seeds)")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="end the answer before TEXT (the text is not printed); repeat for several")
+    p.add_argument("--system", "--system-prompt", metavar="TEXT", default=None,
+                   help="a system message before PROMPT (default: the chat template's own, if any)")
     p.add_argument("--no-chat-template", action="store_true",
                    help="send PROMPT as raw text, without the chat template (default: with it, if the model has one)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
@@ -63,7 +65,11 @@ def run(args) -> int:
     engine = load_engine(args, drafter=args.drafter, num_draft=args.num_draft, tree=args.tree)
     quiet_unless_main(engine)
     raw = args.no_chat_template or not has_chat_template(engine.tokenizer)  # as mlx-lm: no template, raw text
-    prompt = text if raw else [{"role": "user", "content": text}]
+    if raw and args.system is not None:
+        raise InvalidArgumentError("--system needs a chat template to place it and this model has none; put the "
+                                   "text in PROMPT itself")
+    system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    prompt = text if raw else system + [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
                    stop=args.stop)
@@ -93,6 +99,9 @@ def _check_options(args) -> None:
     SamplingParams(args.temperature, args.top_p, args.top_k, args.min_p)
     check_max_tokens(args.max_tokens)
     check_stop(args.stop)
+    if args.system is not None and args.no_chat_template:
+        raise InvalidArgumentError("--system needs the chat template to place it; with --no-chat-template put the "
+                                   "text in PROMPT itself")
 
 
 def _prompt_text(prompt: str) -> str:
