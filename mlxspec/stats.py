@@ -34,7 +34,9 @@ class GenerationStats:
     wait_seconds: float = 0.0  # of `seconds`, time the host waited for the device (the rest is the loop's own)
     accept_histogram: dict = field(default_factory=dict)  # accepted-per-round -> rounds (drafting rounds only)
     k_histogram: dict = field(default_factory=dict)  # draft length per round -> rounds (0 = plain step)
-    peak_memory_bytes: int = 0  # mx.get_peak_memory() over the generation
+    # mx.get_peak_memory() over the generation: it resets MLX's process-wide peak as it starts
+    # (and includes the draft model's and head's weights)
+    peak_memory_bytes: int = 0
     target_weights_bytes: int = 0
     draft_weights_bytes: int = 0
     target_kv_bytes: int = 0

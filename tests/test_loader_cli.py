@@ -428,3 +428,13 @@ def test_an_unknown_option_is_told_with_its_command_s_usage(capsys):
     with pytest.raises(SystemExit):
         main(["--bogus"])
     assert "mlxspec: error: unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_the_stats_line_starts_with_the_prompt():
+    from mlxspec.commands.generate import stats_line
+    from mlxspec.stats import GenerationStats
+
+    s = GenerationStats(prompt_tokens=40, prefilled_tokens=30, prompt_seconds=0.5, prompt_timed_tokens=29, tokens=8,
+                        seconds=1.0)
+    assert stats_line(s).startswith("prompt 40 tokens at 58 tok/s (10 reused); 8 tokens in 1.00 s, 8.0 tok/s")
+    assert stats_line(GenerationStats(tokens=1, seconds=1.0)).startswith("1 token in 1.00 s")  # no prompt counted

@@ -23,8 +23,8 @@ def register(subparsers) -> None:
             "tokens and the target verifies them in one pass, so the output is what the target alone "
             "would produce (greedy: token for token, up to rounding at near-ties in low precision) or "
             "sample (the same distribution). Text streams to stdout; stderr gets one line on what was "
-            "loaded before it and one stats line (tokens/s, acceptance, tokens per target pass, peak "
-            "memory) after it. Without --pair or --target the offline 'demo' pair is used."
+            "loaded before it and one stats line (the prompt's tokens and tokens/s, then tokens/s, "
+            "acceptance, tokens per target pass, peak memory) after it. Without --pair or --target the offline 'demo' pair is used."
         ), width=79),
         epilog="examples:\n  mlxspec generate 'What is the capital of France?'\n"
                "  mlxspec generate --pair qwen2.5-7b --temperature 0.7 --seed 1 'Write a haiku'\n"
@@ -163,15 +163,20 @@ def load_line(engine) -> str:
 
 
 def stats_line(stats) -> str:
-    """One line: tokens, tokens/s, acceptance, tokens per target pass, peak memory."""
+    """One line: the prompt (tokens, tokens/s, reused), then tokens, tokens/s, acceptance, tokens per
+    target pass, peak memory."""
     def get(key, default=0.0):
         try:
             return stats[key] or default
         except (KeyError, TypeError):
             return getattr(stats, key, default) or default
 
+    prompt, reused = int(get("prompt_tokens")), int(get("prompt_tokens")) - int(get("prefilled_tokens"))
     return (
-        f"{plural(int(get('tokens')), 'token')} in {get('seconds'):.2f} s, {get('tokens_per_second'):.1f} tok/s, "
+        (f"prompt {plural(prompt, 'token')}"
+         + (f" at {get('prompt_tokens_per_second'):.0f} tok/s" if get("prompt_timed_tokens") else "")
+         + (f" ({reused} reused)" if reused > 0 else "") + "; " if prompt else "")
+        + f"{plural(int(get('tokens')), 'token')} in {get('seconds'):.2f} s, {get('tokens_per_second'):.1f} tok/s, "
         f"acceptance {acceptance_text(int(get('accepted')), int(get('drafted')))}, "
         f"{get('tokens_per_target_pass'):.2f} tokens/target pass, "
         + (f"{int(get('lookup_rounds'))} rounds by lookup ({int(get('lookup_accepted'))}/{int(get('lookup_drafted'))}), "
