@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .argtypes import non_negative, positive, seed
-from .modelargs import DEFAULT_PAIR, add_drafting_args, add_model_args, load_engine
+from . import modelargs
+from .modelargs import DEFAULT_PAIR, add_drafting_args, add_model_args
 
 
 def register(subparsers) -> None:
@@ -31,7 +32,7 @@ def run(args) -> int:
     label = (f"{ref} + {args.draft}" if args.draft else ref) if args.target else f"the {ref} pair"
 
     def loader():
-        return load_engine(args, drafter=args.drafter, num_draft=args.num_draft, tree=args.tree)
+        return modelargs.load_engine(args, drafter=args.drafter, num_draft=args.num_draft, tree=args.tree)
 
     from tui import make_app
 

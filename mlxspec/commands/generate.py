@@ -11,7 +11,8 @@ from ..errors import InvalidArgumentError
 from ..prompts import has_chat_template
 from ..stats import acceptance_text, plural
 from .argtypes import positive, seed
-from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, load_engine, quiet_unless_main
+from . import modelargs
+from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, quiet_unless_main
 
 
 def register(subparsers) -> None:
@@ -62,7 +63,7 @@ def run(args) -> int:
     # Checked before loading (seconds to minutes): on every rank alike when the target is sharded.
     text = _prompt_text(args.prompt)
     _check_options(args)
-    engine = load_engine(args, drafter=args.drafter, num_draft=args.num_draft, tree=args.tree)
+    engine = modelargs.load_engine(args, drafter=args.drafter, num_draft=args.num_draft, tree=args.tree)
     quiet_unless_main(engine)
     raw = args.no_chat_template or not has_chat_template(engine.tokenizer)  # as mlx-lm: no template, raw text
     if raw and args.system is not None:
