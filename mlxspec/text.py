@@ -28,16 +28,17 @@ class TextAssembler:
         self._context = ""
 
     def _held(self, text: str) -> int:
-        """How many trailing characters must wait."""
+        """How many trailing characters must wait: an incomplete character (U+FFFD until its last
+        byte comes) and, before it, any tail that could still grow into a stop string (the
+        incomplete character may be the stop's next one)."""
+        body = _complete(text)
         hold = 0
-        if text.endswith("\ufffd"):
-            hold = len(text) - len(text.rstrip("\ufffd"))
         for s in self.stop:
-            for n in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:n]):
+            for n in range(min(len(s) - 1, len(body)), 0, -1):
+                if body.endswith(s[:n]):
                     hold = max(hold, n)
                     break
-        return hold
+        return len(text) - len(body) + hold
 
     def add(self, token: Optional[int]) -> Tuple[str, bool]:
         """Add a token (None = add nothing); returns (new final text, stopped)."""
@@ -47,8 +48,10 @@ class TextAssembler:
             self.tokens.append(token)
             self._decode()
         if self.stop:
+            # Not in an incomplete character: its U+FFFD is not text yet and may match no stop.
+            body = _complete(self.text)
             search_from = max(0, self.emitted - self._longest_stop)
-            hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]
+            hits = [i for i in (body.find(s, search_from) for s in self.stop) if i >= 0]
             if hits:
                 cut = min(hits)
                 piece = self.text[self.emitted : cut] if cut > self.emitted else ""
@@ -77,3 +80,8 @@ class TextAssembler:
         piece = self.text[self.emitted :]
         self.emitted = len(self.text)
         return piece
+
+
+def _complete(text: str) -> str:
+    """`text` without the U+FFFD run an incomplete UTF-8 sequence decodes to at its end."""
+    return text.rstrip("\ufffd") if text.endswith("\ufffd") else text

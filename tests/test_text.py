@@ -23,17 +23,18 @@ class WholeDecode:
     def add(self, token):
         self.tokens.append(token)
         self.text = self.tokenizer.decode(self.tokens)
+        body = self.text.rstrip("\ufffd")  # the complete characters (the byte tokens here decode no U+FFFD)
         if self.stop:
-            hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
+            hits = [i for i in (body.find(s) for s in self.stop) if i >= 0]
             if hits:
                 cut = min(hits)
                 piece = self.text[self.emitted:cut] if cut > self.emitted else ""
                 self.emitted = cut
                 return piece, True
-        hold = len(self.text) - len(self.text.rstrip("\ufffd"))
+        hold = 0
         for s in self.stop:
-            hold = max([hold] + [n for n in range(1, min(len(s), len(self.text) + 1)) if self.text.endswith(s[:n])])
-        end = len(self.text) - hold
+            hold = max([hold] + [n for n in range(1, min(len(s), len(body) + 1)) if body.endswith(s[:n])])
+        end = len(body) - hold
         piece = self.text[self.emitted:end] if end > self.emitted else ""
         self.emitted = max(self.emitted, end)
         return piece, False
@@ -78,11 +79,28 @@ def test_pieces_equal_whole_decoding_with_multibyte_characters_and_stops(seed):
     got, got_stop = run(TextAssembler(tok, stop), ids)
     want, want_stop = run(WholeDecode(tok, stop), ids)
     assert got == want and got_stop == want_stop
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    assert got_stop == bool(cuts)
+    if cuts:  # nothing at or past the stop was ever handed out, not even a piece later cut away
+        assert "".join(got) == text[:min(cuts)]
     if not got_stop:
         a = TextAssembler(tok, stop)
         streamed = "".join(a.add(t)[0] for t in ids) + a.flush()
         assert streamed == text
     assert not any("\ufffd" in p for p in got)  # a split character is held back, never emitted
+
+
+@pytest.mark.parametrize("text,stop,want", [
+    ("Hi 你好 🎉 there", "好 🎉", "Hi 你"),  # the stop's last character comes in 4 byte tokens
+    ("a 🎉🚀🌍 b", "🚀🌍", "a 🎉"),
+    ("ok 🎉 done", "\ufffd", None),  # an incomplete character is not a U+FFFD in the text
+])
+def test_a_stop_whose_later_character_is_split_into_bytes_cuts_where_it_starts(text, stop, want):
+    pieces, stopped = run(TextAssembler(make_tokenizer(), [stop]), byte_tokens(text))
+    assert stopped is (want is not None)
+    assert "".join(pieces) == (want if want is not None else text[:len("".join(pieces))])
+    if want is None:
+        assert len("".join(pieces)) == len(text)  # all of it but nothing held forever: flush has nothing left
 
 
 def test_metaspace_decoder_strips_the_leading_space_once():
