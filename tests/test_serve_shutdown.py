@@ -78,3 +78,45 @@ def test_past_the_grace_period_the_stream_is_cancelled_and_waiting_requests_get_
     assert events[-1] is None and '"code":"shutting_down"' in events[-2], events[-3:]
     assert took < 10  # 1000 tokens at 50 ms would take 50 s
     assert waiting["r"].status_code == 503 and waiting["r"].json()["error"]["code"] == "shutting_down"
+
+
+def test_a_signal_while_warming_up_ends_the_server_at_once():
+    import os
+    import subprocess
+
+    root = str(TESTS.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, str(TESTS / "serve_slow_warmup.py"), str(free_port())], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:  # its warm-up takes a minute
+        lines.append(line)
+        if "warming up" in line:
+            break
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=20)
+    log = "".join(lines) + proc.stdout.read()
+    assert time.monotonic() - t0 < 10 and proc.returncode == 130, log
+    assert "interrupted while warming up" in log and "Traceback" not in log
+
+
+def test_a_second_ctrl_c_cuts_the_stream_off_quietly_and_exits_130():
+    proc, url = start(grace=30, per_token=0.05)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+        lines = r.iter_lines()
+        next(lines)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        try:
+            for _ in lines:
+                pass
+        except httpx.HTTPError:
+            pass  # the connection is cut: that is what a forced quit does
+    log = stop_process(proc)
+    assert proc.returncode == 130, log
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+    assert "a second Ctrl-C" in log

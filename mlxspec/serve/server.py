@@ -2,7 +2,8 @@
 
 On the first signal the server stops accepting connections, answers waiting requests 503,
 and gives the running one `shutdown_grace` seconds to finish before cancelling it (a
-stream then ends with an error event and `[DONE]`). A second SIGINT quits at once.
+stream then ends with an error event and `[DONE]`). A second SIGINT quits at once (exit status
+130). A signal while the engine warms up, before anything is served, ends the process at once.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import signal
 import sys
 import threading
@@ -54,6 +56,11 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig, frame) -> None:
+        if not self.started:
+            # Still warming up (seconds to minutes, one pass at a time on the worker thread, which
+            # cannot be interrupted mid-pass): nothing is served or written yet, so end now.
+            print("\ninterrupted while warming up", file=sys.stderr, flush=True)
+            os._exit(128 + sig)
         first = not self.should_exit
         super().handle_exit(sig, frame)
         if first:
@@ -69,13 +76,40 @@ class Server(uvicorn.Server):
 def build_server(engine, options: ServeOptions) -> Server:
     """The app for `engine` inside a uvicorn server that is ready to `run()`."""
     app = make_app(engine, options)
-    config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level,
+    quiet = _QuietWhenForced(app)
+    config = uvicorn.Config(quiet, host=options.host, port=options.port, log_level=options.log_level,
                             lifespan="on", timeout_graceful_shutdown=options.shutdown_grace + 5)
-    return Server(config, app.state.mlxspec)
+    server = quiet.server = Server(config, app.state.mlxspec)
+    return server
+
+
+class _QuietWhenForced:
+    """The app, but a second Ctrl-C's cancellation of what runs is not logged as its failure
+    (uvicorn logs a traceback per cancelled request and for the lifespan)."""
+
+    def __init__(self, app):
+        self.app, self.server = app, None
+        self.state = app.state  # the app's, as uvicorn's config.app is read for it
+
+    async def __call__(self, scope, receive, send):
+        async def told(message):  # Starlette sends the lifespan's cancellation as a traceback to log
+            if self.forced and message.get("type") == "lifespan.shutdown.failed":
+                message = {"type": message["type"]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, told if scope.get("type") == "lifespan" else send)
+        except asyncio.CancelledError:
+            if not self.forced:
+                raise
+
+    @property
+    def forced(self) -> bool:
+        return self.server is not None and self.server.force_exit
 
 
 def serve(engine, options: ServeOptions) -> int:
-    """Serve until SIGINT/SIGTERM; returns 0 once stopped."""
+    """Serve until SIGINT/SIGTERM; returns 0 once stopped (130 after a second Ctrl-C cut it short)."""
     warning = bind_warning(options.host, options.api_key)
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
@@ -84,6 +118,9 @@ def serve(engine, options: ServeOptions) -> int:
         server.run()
     finally:
         server.mlxspec.queue.stop()  # after a forced quit, lifespan shutdown did not run
+    if server.force_exit:
+        print("stopped at once (a second Ctrl-C): the running request was cut off", file=sys.stderr)
+        return 130
     return 0 if server.started else 1
 
 
