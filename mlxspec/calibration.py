@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -31,6 +29,7 @@ from typing import Dict, List, Optional
 from . import blas
 from .device import backend, device_name
 from .errors import InvalidArgumentError, MlxSpecError
+from .files import locked, write_atomic
 from .paths import cache_dir
 
 FORMAT = 1
@@ -176,36 +175,28 @@ def save(entry: dict, path: Optional[Path] = None, *, replace_unreadable: bool =
     another drafter). `replace_unreadable`: an unreadable file is moved to `<name>.bad` and a new
     one started (else MlxSpecError). MlxSpecError also when the folder cannot be written."""
     path = Path(path) if path else calibration_path()
-    try:
-        doc = read_file(path)
-    except MlxSpecError:
-        if not replace_unreadable:
-            raise
-        doc = {"models": {}}
-        _write_step(lambda: path.replace(path.with_name(path.name + ".bad")), path)
-    old = doc["models"].get(entry["key"])
-    if isinstance(old, dict) and entry.get("draft_key") is None and old.get("draft_key"):
-        model_cost = _model_cost(old)
-        if model_cost is not None:
-            entry = dict(entry, draft_key=old["draft_key"], draft_cost={**entry["draft_cost"], "model": model_cost})
-    doc["format"] = FORMAT
-    doc["models"][entry["key"]] = entry
-    text = json.dumps(doc, indent=2) + "\n"
 
-    def write():
+    def update(entry=entry):
         path.parent.mkdir(parents=True, exist_ok=True)
-        # A temporary file of its own (two calibrations at once must not share one), then an
-        # atomic rename: a crash never leaves half a file.
-        fd, tmp = tempfile.mkstemp(prefix=".calibration-", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with locked(path):  # two calibrations saving at once: each keeps the other's entry
+            try:
+                doc = read_file(path)
+            except MlxSpecError:
+                if not replace_unreadable:
+                    raise
+                doc = {"models": {}}
+                path.replace(path.with_name(path.name + ".bad"))
+            old = doc["models"].get(entry["key"])
+            if isinstance(old, dict) and entry.get("draft_key") is None and old.get("draft_key"):
+                model_cost = _model_cost(old)
+                if model_cost is not None:
+                    entry = dict(entry, draft_key=old["draft_key"],
+                                 draft_cost={**entry["draft_cost"], "model": model_cost})
+            doc["format"] = FORMAT
+            doc["models"][entry["key"]] = entry
+            write_atomic(path, json.dumps(doc, indent=2) + "\n")  # never half a file, even interrupted
 
-    _write_step(write, path)
+    _write_step(update, path)
     return path
 
 

@@ -79,6 +79,9 @@ def test_registry_errors_name_the_entry(tmp_path):
         with pytest.raises(MlxSpecError, match=r"'drafter' must be a string or a table of strings keyed by "
                                                r"backend \(metal, cuda, cpu\)"):
             load_pairs(bad)
+    bad.write_bytes(b'[[pair]]\nname = "caf\xe9"\n')  # Latin-1, as an editor may save it
+    with pytest.raises(MlxSpecError, match=r"models.toml: it is not UTF-8 text \(byte 20"):
+        load_pairs(bad)
 
 
 def test_registry_refuses_what_would_fail_late(tmp_path):

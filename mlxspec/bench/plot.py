@@ -5,6 +5,9 @@ matplotlib is optional (`pip install matplotlib`, or the `plot` extra).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from ..errors import MlxSpecError
 
 
@@ -63,5 +66,12 @@ def write_plot(doc: dict, path) -> None:
     dev = doc["device"]
     fig.suptitle(f"mlxspec bench: {doc['pair'].get('name') or doc['pair']['target']} on {dev['backend']} {dev['name']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    # Drawn beside it and renamed into place: an interrupted run keeps the old plot whole.
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")  # the suffix tells savefig the format
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+        plt.close(fig)

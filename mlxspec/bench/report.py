@@ -17,11 +17,13 @@ runs"), none of it inside any timed run. The `curve` is the warm-up's V(j) (sour
 from __future__ import annotations
 
 import csv
+import io
 import json
 from typing import Optional
 
 from .. import __version__, blas
 from ..device import describe as describe_device
+from ..files import write_atomic
 from ..reference import dtype_name, working_dtype
 from .peer import PEER_NUM_DRAFT
 from .runner import BenchResult, RunRecord, Setting
@@ -75,9 +77,7 @@ def to_json(result: BenchResult, *, pair: dict, curve: Optional[dict] = None, pr
 
 
 def write_json(doc: dict, path) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+    write_atomic(path, json.dumps(doc, indent=2) + "\n")  # an interrupted bench keeps the old file whole
 
 
 CSV_COLUMNS = list(RunRecord.__dataclass_fields__)[:-1]  # every field but output_tokens
@@ -85,14 +85,15 @@ CSV_COLUMNS = list(RunRecord.__dataclass_fields__)[:-1]  # every field but outpu
 
 def write_csv(result: BenchResult, path) -> None:
     """One row per run; histogram and mismatch columns hold JSON."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        w.writeheader()
-        for r in result.runs:
-            d = r.as_dict()
-            for k in ("accept_histogram", "k_histogram", "mismatch"):
-                d[k] = json.dumps(d[k]) if d[k] is not None else ""
-            w.writerow(d)
+    out = io.StringIO(newline="")
+    w = csv.DictWriter(out, fieldnames=CSV_COLUMNS)
+    w.writeheader()
+    for r in result.runs:
+        d = r.as_dict()
+        for k in ("accept_histogram", "k_histogram", "mismatch"):
+            d[k] = json.dumps(d[k]) if d[k] is not None else ""
+        w.writerow(d)
+    write_atomic(path, out.getvalue())
 
 
 # -- terminal ------------------------------------------------------------------------------------

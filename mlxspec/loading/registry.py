@@ -74,6 +74,9 @@ def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise MlxSpecError(f"cannot read the pair registry {path}: {e}") from e
+    except UnicodeDecodeError as e:  # saved as Latin-1 or UTF-16 by an editor
+        raise MlxSpecError(f"cannot read the pair registry {path}: it is not UTF-8 text (byte {e.start}: "
+                           f"{e.object[e.start:e.start + 1]!r}); save it as UTF-8, as TOML requires") from None
     known = {f.name: f.type for f in fields(Pair)}
     optional = {f.name for f in fields(Pair) if f.default is not MISSING}
     out: dict[str, Pair] = {}
