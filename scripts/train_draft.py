@@ -40,6 +40,38 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def damaged(path, error: BaseException) -> SystemExit:
+    """A work file that cannot be read (a run stopped while writing it, a full disk): which one,
+    why, and what to do, instead of a reader's traceback."""
+    return SystemExit(f"cannot read {path} ({type(error).__name__}: {error}): it is damaged (a run stopped while "
+                      f"writing it, or a full disk?); delete it and run the same command again, which makes it anew")
+
+
+def read_work(path, reader):
+    """`reader(path)`, or `damaged(path)` raised if the file cannot be read."""
+    try:
+        return reader(path)
+    except Exception as e:
+        raise damaged(path, e) from None
+
+
+def write_work_text(path: Path, text: str) -> None:
+    """Write a work file atomically: a stopped run leaves it whole or absent, never trusted half-written."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_main(main) -> None:
+    """`main()`, with Ctrl-C said in one line and the usual exit status (130)."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\ninterrupted: the same command resumes from the last finished stage, shard or checkpoint",
+              file=sys.stderr)
+        sys.exit(130)
+
+
 HEARTBEAT = 30.0  # seconds between progress lines inside one batch of answers (minutes on a CPU)
 
 
@@ -140,11 +172,11 @@ def left_padded(prompts_ids, pad: int):
 def stage_prompts(args, work: Path) -> dict:
     path = work / f"prompts-{args.seed}-{args.prompts}-{args.held_out}.json"
     if path.exists():
-        return json.loads(path.read_text())
+        return read_work(path, lambda p: json.loads(p.read_text()))
     prompts = make_prompts(args.prompts + args.held_out, args.seed)
     train, held = split(prompts, args.held_out)
     data = {"train": train, "held_out": held}
-    path.write_text(json.dumps(data, indent=1))
+    write_work_text(path, json.dumps(data, indent=1))
     log(f"prompts: {len(train)} train, {len(held)} held out")
     return data
 
@@ -303,12 +335,14 @@ def load_generated(paths):
     """{'train': [...], 'held_out': [...]} of dicts prompt/answer/topid/toplp/temp from these shards."""
     data = {"train": [], "held_out": []}
     for path in paths:
-        z = np.load(path)
-        for k in range(len([f for f in z.files if f.endswith("_meta")])):
-            sp, idx, temp = z[f"{k}_meta"]
-            data["train" if sp == 0 else "held_out"].append({
-                "index": int(idx), "temp": temp / 1000, "prompt": z[f"{k}_prompt"], "answer": z[f"{k}_answer"],
-                "topid": z[f"{k}_topid"], "toplp": z[f"{k}_toplp"]})
+        def read(path):
+            z = np.load(path)
+            return [(z[f"{k}_meta"], {"prompt": z[f"{k}_prompt"], "answer": z[f"{k}_answer"],
+                                      "topid": z[f"{k}_topid"], "toplp": z[f"{k}_toplp"]})
+                    for k in range(len([f for f in z.files if f.endswith("_meta")]))]
+
+        for (sp, idx, temp), arrays in read_work(path, read):
+            data["train" if sp == 0 else "held_out"].append({"index": int(idx), "temp": temp / 1000, **arrays})
     for v in data.values():
         v.sort(key=lambda r: (r["index"], r["temp"]))
     return data
@@ -521,7 +555,7 @@ def stage_export(args, work: Path, shards: list) -> None:
     from mlx_lm.utils import save_config, save_model
     from transformers import AutoTokenizer
 
-    ck = torch.load(final_path(args, work, shards), weights_only=False)
+    ck = read_work(final_path(args, work, shards), lambda p: torch.load(p, weights_only=False))
     cfg = dict(ck["config"])
     cfg.pop("architectures", None)
     model = llama.Model(llama.ModelArgs.from_dict(cfg))
@@ -630,4 +664,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -217,8 +217,7 @@ def stage_layers(args, shards: list, layers) -> None:
     _, model = load_target(Path(args.gguf))
     t0, done = time.time(), 0
     for n, shard in enumerate(todo):
-        z = np.load(shard)
-        ids, lens = z["ids"], z["lens"]
+        ids, lens = train_draft.read_work(shard, lambda p: (lambda z: (z["ids"], z["lens"]))(np.load(p)))
         out, o = [], 0
         with torch.inference_mode():
             for b in range(0, len(lens), 16):  # right-padded rows: causal, so padding changes nothing before it
@@ -277,7 +276,7 @@ def check_work(work: Path, args, target: str) -> None:
     path = work / "answers.json"
     mine = {"target": target, **{k: getattr(args, k) for k in ANSWER_SETTINGS}}
     if path.exists():
-        theirs = json.loads(path.read_text(encoding="utf-8"))
+        theirs = train_draft.read_work(path, lambda p: json.loads(p.read_text(encoding="utf-8")))
         differ = [f"{k} {theirs.get(k)!r} there, {v!r} now" for k, v in mine.items() if theirs.get(k) != v]
         if differ:
             raise SystemExit(f"{work} holds answers made otherwise ({'; '.join(differ)}): its shards, vocabulary "
@@ -380,9 +379,9 @@ def load_features(shards: list, layers=()):
     (L, len(layers) * H) float16 or None)]; f[j] belongs to ids[j]."""
     train, held = [], []
     for shard in shards:
-        z = np.load(shard)
-        ids, feats, lens, plens = z["ids"], z["feats"], z["lens"], z["plens"]
-        multi = np.load(layers_path(shard, layers)) if layers else None
+        ids, feats, lens, plens = train_draft.read_work(
+            shard, lambda p: (lambda z: (z["ids"], z["feats"], z["lens"], z["plens"]))(np.load(p)))
+        multi = train_draft.read_work(layers_path(shard, layers), np.load) if layers else None
         o = 0
         for n, p in zip(lens, plens):
             m = multi[o:o + n] if layers else None
@@ -405,14 +404,16 @@ def stage_vocab(args, work: Path, train) -> np.ndarray:
     tag = f"-w{init['digest']}" if init else ""
     path = work / f"vocab-{args.draft_vocab}-n{len(train)}{tag}{data_tag(args)}.npy"  # more answers, a new vocabulary
     if path.exists():
-        return np.load(path)
+        return train_draft.read_work(path, np.load)
     counts = np.zeros(args.vocab_size, np.int64)
     for ids, _, p, _ in train:
         np.add.at(counts, ids[p:], 1)
     order = np.argsort(-counts, kind="stable")
     extra = order[~np.isin(order, base)][: args.draft_vocab - len(base)]
     top = np.sort(np.concatenate([base, extra])).astype(np.int32)
-    np.save(path, top)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, top)
+    os.replace(tmp, path)  # whole or absent: a later run trusts it because it exists
     log(f"draft vocabulary: {len(top)} tokens ({len(extra)} added to the --init head's {len(base)})" if init else
         f"draft vocabulary: {len(top)} tokens")
     log(f"they cover {counts[top].sum() / counts.sum():.4f} of answer tokens")
@@ -879,7 +880,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
     step, elapsed, history = 0, 0.0, []
     epoch_state, in_epoch = rng.getstate(), 0  # the current epoch's shuffle replays from this on resume
     if ckpt.exists():
-        ck = torch.load(ckpt, weights_only=False)
+        ck = train_draft.read_work(ckpt, lambda p: torch.load(p, weights_only=False))
         head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
         step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
@@ -953,7 +954,7 @@ def stage_export(args, final: Path, vocab) -> None:
     from mlxspec.drafters.eagle import EagleHead, load_head, save_head
     from mlxspec.loading.model import load_model
 
-    ck = torch.load(final, weights_only=False)
+    ck = train_draft.read_work(final, lambda p: torch.load(p, weights_only=False))
     target, _, _ = load_model(str(args.gguf), download=False)  # mlxspec's own loading path
     cfg = dict(ck["cfg"])
     layers = cfg.pop("feature_layers", [])
@@ -1161,7 +1162,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit("\ninterrupted: the same command resumes from the last finished shard or checkpoint")
+    train_draft.run_main(main)

@@ -25,6 +25,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 import eagle_objective as obj
 from train_eagle import reads_target
 from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
+import train_draft
 from train_draft import log
 
 # Families whose decoder block is llama's (names, shapes and computation), so the head can
@@ -159,8 +160,8 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     total, warm = train_steps(len(train), args)
     step, elapsed, history, epoch, in_epoch = 0, 0.0, [], 0, 0
     if ckpt.exists() and ckpt.with_suffix(".json").exists():
-        meta = json.loads(ckpt.with_suffix(".json").read_text())
-        saved = mx.load(str(ckpt))
+        meta = train_draft.read_work(ckpt.with_suffix(".json"), lambda p: json.loads(p.read_text()))
+        saved = train_draft.read_work(ckpt, lambda p: mx.load(str(p)))
         head.load_weights([(k[5:], v) for k, v in saved.items() if k.startswith("head.")], strict=True)
         opt.state = tree_unflatten([(k[4:], v) for k, v in saved.items() if k.startswith("opt.")])
         step, elapsed, history, epoch, in_epoch = (meta[k] for k in ("step", "elapsed", "history", "epoch", "in_epoch"))
@@ -221,10 +222,10 @@ def stage_export(args, final: Path, vocab, model, name: str) -> None:
     from mlxspec.device import backend
     from mlxspec.drafters.eagle import load_head, save_head
 
-    meta = json.loads(final.with_suffix(".json").read_text())
+    meta = train_draft.read_work(final.with_suffix(".json"), lambda p: json.loads(p.read_text()))
     cfg = meta["cfg"]
     head = make_head(cfg, len(vocab))
-    head.load_weights(list(mx.load(str(final)).items()), strict=True)
+    head.load_weights(list(train_draft.read_work(final, lambda p: mx.load(str(p))).items()), strict=True)
     extra = {"training": {"script": "scripts/train_eagle.py --target", "backend": backend(),
                           "seed": args.seed, "train_minutes": round(meta["train_seconds"] / 60, 1),
                           "steps": meta["steps"], "sequences": meta["sequences"], "entries": meta["entries"],
@@ -242,7 +243,6 @@ def stage_export(args, final: Path, vocab, model, name: str) -> None:
 
 def main(args) -> None:
     """train_eagle.py's stages for --target (its parsed arguments)."""
-    import train_draft
     from mlxspec.device import backend
     from train_eagle import (check_work, feature_layers, head_config, init_head, load_features, settle_draft_vocab,
                              stage_vocab, tapped_layers)

@@ -282,3 +282,28 @@ def test_wider_mlp_accepts_only_a_widened_mlp():
     assert not train_eagle.wider_mlp(t, {**wide, "mlp.bias": np.zeros(8)})
     w = train_eagle.widened(t | {"mlp.down_proj.weight": np.ones((8, 12))}, wide | {"mlp.down_proj.weight": np.ones((8, 20))})
     assert w["mlp.down_proj.weight"][:, :12].sum() == 96 and w["mlp.down_proj.weight"][:, 12:].sum() == 0
+
+
+def test_a_damaged_work_file_is_named_with_what_to_do(tmp_path):
+    """A run stopped while a work file was written (or a full disk) leaves it damaged: a rerun says
+    which file and what to do, not a reader's traceback."""
+    target = _save(tmp_path / "target", tiny.make_llama(15, tie_embeddings=False))
+    _train(target, tmp_path)
+    for pattern in ("vocab-*.npy", "*/train*.npz", "head_final-*.safetensors"):
+        path = next((tmp_path / "work").glob(pattern))
+        path.write_bytes(path.read_bytes()[:40])
+        with pytest.raises(SystemExit, match=rf"cannot read .*{path.name} .*delete it and run the same command again"):
+            _train(target, tmp_path)
+        path.unlink()  # as the message says: the rerun makes it anew
+        assert (_train(target, tmp_path) / "model.safetensors").exists()
+
+
+def test_ctrl_c_is_one_line_and_exit_status_130(capsys):
+    import train_draft
+
+    def stopped():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as e:
+        train_draft.run_main(stopped)
+    assert e.value.code == 130 and "interrupted: the same command resumes" in capsys.readouterr().err
