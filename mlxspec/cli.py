@@ -52,8 +52,17 @@ def parser_args(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
     return args
 
 
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    """A warning as one line for people at a terminal, not Python's file:line and source line."""
+    return f"warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     from .errors import MlxSpecError
+
+    warnings.formatwarning = _warning_line
 
     command = "mlxspec"
     try:
