@@ -134,7 +134,11 @@ class Engine:
         self._cost_prior = cost_prior
         self.warmed_passes: Optional[int] = None  # longest pass `warmup` ran (tokens); kernels are per process
         self._new_state()
-        self.context = None if any(isinstance(c, WindowKVCache) for c in self.target.caches) and max_kv_size else context_length(target_model)
+        context = context_length(target_model)
+        # A window below the context lets decoding go on past it (as mlx-lm's --max-kv-size); one as
+        # wide or wider never slides before the context is full, so the context still bounds it.
+        slides = bool(max_kv_size) and any(isinstance(c, WindowKVCache) for c in self.target.caches)
+        self.context = None if slides and (context is None or max_kv_size < context) else context
         self.target_weights_bytes = weights_bytes(target_model)
         self.draft_weights_bytes = weights_bytes(draft_model) if draft_model is not None else 0
         self.eagle_weights_bytes = weights_bytes(self.eagle[0]) if self.eagle is not None else 0
@@ -254,7 +258,8 @@ class Engine:
 
         Args:
             prompt: str (used as is), list of token ids, or chat messages (chat template applied).
-            max_tokens: at most this many tokens (default 256).
+            max_tokens: at most this many tokens (default 256); fewer when the model's context
+                fills first (finish_reason "length"; no limit with a sliding window below it).
             temperature, top_p, top_k, min_p: sampling (default greedy); applied to target and draft alike.
             seed: makes sampling reproducible; None uses MLX's global random state.
             speculative: False decodes plainly (drafter "none").
@@ -290,7 +295,8 @@ class Engine:
         if self.context is not None and len(ids) >= self.context:
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
-                f"or set max_kv_size to decode with a sliding window")
+                f"or set max_kv_size below it to decode on with a sliding window (the model then reads "
+                f"positions past its trained context, as with mlx-lm's --max-kv-size)")
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
                        k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup)
         if self.coord.active:

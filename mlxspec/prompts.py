@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import List, Optional
 
 from .errors import InvalidArgumentError, shown
@@ -106,9 +107,14 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
 
 
 def check_max_tokens(max_tokens) -> int:
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+    """An integer >= 1 (numpy and mlx integer scalars too, as token ids are taken)."""
+    try:
+        n = operator.index(max_tokens) if not isinstance(max_tokens, bool) else None
+    except TypeError:
+        n = None
+    if n is None or n < 1:
         raise InvalidArgumentError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-    return max_tokens
+    return n
 
 
 def check_num_draft(num_draft) -> Optional[int]:

@@ -43,6 +43,7 @@ def test_a_1d_integer_array_is_a_token_id_prompt(target, make):
     engine = Engine(target, tiny.make_tokenizer())
     want = engine.generate(PROMPT, max_tokens=6).tokens
     assert engine.generate(make(PROMPT), max_tokens=6).tokens == want
+    assert len(engine.generate(PROMPT, max_tokens=make(6)).tokens) == 6  # an integer scalar, too
     with pytest.raises(InvalidArgumentError, match="token ids must be integers|prompt must be"):
         engine.generate(make([[5, 6]]), max_tokens=2)  # 2-D: not a prompt
 

@@ -117,6 +117,11 @@ def test_prompt_longer_than_context():
     # Generation stops at the context's end with finish_reason "length".
     r = e.generate(list(range(5, 15)), max_tokens=50)
     assert r.finish_reason == "length" and len(r.tokens) == 6
+    # A window as wide as the context never slides before it is full: the context still bounds.
+    wide = Engine(t, max_kv_size=16)
+    with pytest.raises(ContextLengthError, match="below it"):
+        wide.generate(list(range(5, 25)))
+    assert len(wide.generate(list(range(5, 15)), max_tokens=50).tokens) == 6
 
 
 class Poisoned:

@@ -515,3 +515,20 @@ async def test_tree_and_lookup_reach_the_speculative_side():
         await send(app, pilot, "/lookup off")
         await send(app, pilot, "hello")
     assert {"tree": "off", "lookup": False, "speculative": True} in seen
+
+
+@async_test
+async def test_a_conversation_past_the_context_says_the_chat_s_remedies():
+    from mlxspec import Engine
+    from tiny import make_llama, make_tokenizer
+
+    target = make_llama(3)
+    target.args.max_position_embeddings = 48
+    app = make_app(Engine(target, make_tokenizer()), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "x" * 60)  # its chat-formatted prompt alone is past 48 tokens
+        text = history_text(app)
+        assert "no longer fits the model" in text and "/clear" in text and "--max-kv-size" in text
+        await send(app, pilot, "/clear")
+        await send(app, pilot, "hi")
+        assert len(app.conversation.turns) == 1  # a new conversation fits again

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, TypeVar
 
 from mlxspec.device import clear_streams
+from mlxspec.errors import ContextLengthError
 
 from .conversation import SIDES, SPEC, VANILLA, Answer, Turn
 from .messages import StatsUpdated, TokensAdded, TurnFinished
@@ -69,6 +70,9 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
                 if time.perf_counter() - last_flush >= FLUSH_SECONDS:
                     flush()
                     last_flush = time.perf_counter()
+    except ContextLengthError as e:  # the conversation outgrew the model: say the chat's remedies
+        error = (f"the conversation no longer fits the model ({e}). Type /clear to start a new one, or restart "
+                 f"the chat with --max-kv-size W (below the context) for a sliding window")
     except Exception as e:  # an engine error ends the turn with a readable line, not a crash
         error = f"{type(e).__name__}: {e}"
     # This thread's streams are freed when it ends, and the next turn runs on another: nothing

@@ -81,18 +81,19 @@ def _common(body: dict, kind: str, prompt, defaults: ServeOptions) -> Generation
 
 def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
     """Engine.stream keywords, each checked by the engine's own rules so messages match the library's."""
-    limit = body.get("max_completion_tokens")
-    name = "max_completion_tokens"
-    if limit is None:
-        limit, name = body.get("max_tokens"), "max_tokens"
+    def check_limit(name):  # the library's rule, in the words of the field the client sent
+        def check(value):
+            try:
+                return check_max_tokens(value)
+            except InvalidArgumentError as e:
+                raise InvalidArgumentError(str(e).replace("max_tokens", name, 1)) from None
+        return check
 
-    def check_limit(value):  # the library's rule, in the words of the field the client sent
-        try:
-            return check_max_tokens(value)
-        except InvalidArgumentError as e:
-            raise InvalidArgumentError(str(e).replace("max_tokens", name, 1)) from None
-
-    opts = {"max_tokens": _check(check_limit, defaults.max_tokens if limit is None else limit, name)}
+    # OpenAI's newer name wins; both are checked, so a bad value is never silently passed over.
+    limits = {name: _check(check_limit(name), body[name], name) for name in ("max_tokens", "max_completion_tokens")
+              if body.get(name) is not None}
+    limit = limits.get("max_completion_tokens", limits.get("max_tokens", defaults.max_tokens))
+    opts = {"max_tokens": limit}
     sampling = {}
     for key, off in SAMPLING_DEFAULTS.items():
         value = body.get(key)
