@@ -12,9 +12,13 @@ DEFAULT_PAIR = "demo"
 def add_model_args(p, *, window: bool = True, head: bool = True) -> None:
     """--pair/--target/--draft/--dtype, and --max-kv-size and --head unless the command has no use for them."""
     src = p.add_mutually_exclusive_group()  # argparse says "not allowed with" at parse time
-    src.add_argument("--pair", metavar="NAME", type=reference, help=f"a models.toml pair name, see `mlxspec models` (default: {DEFAULT_PAIR!r} unless --target is given)")
-    src.add_argument("--target", metavar="REF", type=reference, help="target model: a folder, a .gguf file or a Hugging Face repo id (default: the pair's target)")
-    p.add_argument("--draft", metavar="REF", type=reference, help="draft model reference, or 'ngram' / 'none' (default: the pair's draft; a model given here "
+    src.add_argument("--pair", metavar="NAME", type=reference,
+                     help=f"a models.toml pair name, see `mlxspec models` (default: {DEFAULT_PAIR!r} unless --target "
+                          f"is given)")
+    src.add_argument("--target", metavar="REF", type=reference,
+                     help="target model: a folder, a .gguf file or a Hugging Face repo id (default: the pair's target)")
+    p.add_argument("--draft", metavar="REF", type=reference,
+                   help="draft model reference, or 'ngram' / 'none' (default: the pair's draft; a model given here "
                         "replaces it and drafts, unless --drafter says otherwise)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="weights precision of both models: keep quantized or dequantize (default: auto, per device)")

@@ -56,9 +56,10 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig, frame) -> None:
-        if not self.started:
-            # Still warming up (seconds to minutes, one pass at a time on the worker thread, which
-            # cannot be interrupted mid-pass): nothing is served or written yet, so end now.
+        # Still warming up (seconds to minutes, one pass at a time on the worker thread, which cannot
+        # be interrupted mid-pass): nothing is served or written yet, so end now. Not with several
+        # ranks: they warm up in lockstep with this one, and are released after the warm-up.
+        if not self.started and not getattr(getattr(self.mlxspec.engine, "coord", None), "active", False):
             print("\ninterrupted while warming up", file=sys.stderr, flush=True)
             os._exit(128 + sig)
         first = not self.should_exit
