@@ -76,7 +76,7 @@ def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, capsys):
     assert bind_warning("0.0.0.0", "key") is None
     for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
         assert bind_warning(host, None) is None
-    stub = types.SimpleNamespace(run=lambda: None, started=True,
+    stub = types.SimpleNamespace(run=lambda: None, started=True, force_exit=False,
                                  mlxspec=types.SimpleNamespace(queue=types.SimpleNamespace(stop=lambda: None)))
     monkeypatch.setattr(server_module, "build_server", lambda engine, options: stub)
     assert server_module.serve("engine", ServeOptions(host="0.0.0.0")) == 0
