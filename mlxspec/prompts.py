@@ -92,7 +92,7 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
                 try:
                     t = int(t)  # numpy / mlx integer scalars
                 except (TypeError, ValueError):
-                    raise InvalidArgumentError(f"prompt token {i} is {t!r}; token ids must be integers") from None
+                    raise InvalidArgumentError(f"prompt token {i} is {shown(t)}; token ids must be integers") from None
                 ids[i] = t
     else:
         raise InvalidArgumentError(
@@ -113,7 +113,7 @@ def check_max_tokens(max_tokens) -> int:
     except TypeError:
         n = None
     if n is None or n < 1:
-        raise InvalidArgumentError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        raise InvalidArgumentError(f"max_tokens must be an integer >= 1, got {shown(max_tokens)}")
     return n
 
 
@@ -123,7 +123,7 @@ def check_num_draft(num_draft) -> Optional[int]:
         return None
     if isinstance(num_draft, bool) or not isinstance(num_draft, int) or not 0 <= num_draft <= MAX_DRAFT:
         raise InvalidArgumentError(
-            f"num_draft must be 'auto', None (JSON null) or an integer in [0, {MAX_DRAFT}], got {num_draft!r}")
+            f"num_draft must be 'auto', None (JSON null) or an integer in [0, {MAX_DRAFT}], got {shown(num_draft)}")
     return num_draft
 
 
@@ -136,7 +136,7 @@ def check_tree(tree) -> int:
         return 0
     if isinstance(tree, bool) or not isinstance(tree, int) or not 1 <= tree <= MAX_DRAFT:
         raise InvalidArgumentError(
-            f"tree must be 'auto', 'off', None (JSON null) or an integer in [1, {MAX_DRAFT}] (most nodes), got {tree!r}")
+            f"tree must be 'auto', 'off', None (JSON null) or an integer in [1, {MAX_DRAFT}] (most nodes), got {shown(tree)}")
     return tree
 
 
@@ -151,7 +151,7 @@ def check_drafter(drafter) -> str:
 
 def check_lookup(lookup) -> bool:
     if not isinstance(lookup, bool):
-        raise InvalidArgumentError(f"lookup must be True or False, got {lookup!r}")
+        raise InvalidArgumentError(f"lookup must be True or False, got {shown(lookup)}")
     return lookup
 
 
@@ -161,8 +161,8 @@ def check_stop(stop) -> List[str]:
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise InvalidArgumentError(f"stop must be a string or a list of strings, got {stop!r}")
-    return [s for s in stop if s]
+        raise InvalidArgumentError(f"stop must be a string or a list of strings, got {shown(stop)}")
+    return [check_text(s, f"stop string {i}") for i, s in enumerate(stop) if s]
 
 
 MAX_SEED = 2**64  # 64 bits of a seed key the random streams (`sampling.position_uniforms`): more would alias

@@ -23,6 +23,12 @@ import mlx.core as mx
 from .errors import InvalidArgumentError, shown
 
 
+# float32's smallest normal number. A smaller temperature rounds to a denormal (which a GPU may
+# flush to 0) or to 0 where the logits are divided, and the row to NaN; below it, the row is
+# already the T -> 0 limit (the argmax, ties sharing the mass), so it is raised to it.
+TINY_TEMPERATURE = 1.1754944e-38
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
@@ -32,6 +38,8 @@ class SamplingParams:
 
     def __post_init__(self):
         validate(self.temperature, self.top_p, self.top_k, self.min_p)
+        if 0 < self.temperature < TINY_TEMPERATURE:  # the same T -> 0 limit, in numbers float32 has
+            object.__setattr__(self, "temperature", TINY_TEMPERATURE)
 
     @property
     def greedy(self) -> bool:

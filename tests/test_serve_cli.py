@@ -58,6 +58,13 @@ def test_tree_and_lookup_flags_reach_the_engine(captured):
     assert captured["load"][1]["tree"] == "off" and captured["load"][1]["lookup"] is False
 
 
+@pytest.mark.parametrize("key", ["ключ", " padded ", "", "tab\tkey"])
+def test_a_key_no_client_could_send_is_refused_at_start(captured, key, capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--api-key", key])
+    assert "must be printable ASCII" in capsys.readouterr().err and "serve" not in captured
+
+
 def test_api_key_comes_from_the_environment_when_not_given(captured, monkeypatch):
     monkeypatch.setenv("MLXSPEC_API_KEY", "from-env")
     assert main(["serve"]) == 0 and captured["serve"].api_key == "from-env"

@@ -71,6 +71,11 @@ def run(args) -> int:
         args._parser.error(f"--queue must be an integer >= 0, got {args.queue}")
     if not 0 <= args.port <= 65535:
         args._parser.error(f"--port must be in 0..65535, got {args.port}")
+    key = args.api_key
+    if key is not None and not (key and key.isascii() and key.isprintable() and key == key.strip()):
+        # An HTTP header carries ASCII: a client could never send another key.
+        args._parser.error(f"--api-key (or ${API_KEY_ENV}) must be printable ASCII without surrounding "
+                           f"spaces, e.g. from `openssl rand -hex 16`")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
     extra = {} if args.lookup is None else {"lookup": args.lookup == "on"}
     engine = modelargs.load_engine(args, drafter=args.drafter, num_draft=args.num_draft, tree=args.tree, **extra)

@@ -22,13 +22,15 @@ from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..errors import shown as _show
 from ..stats import acceptance_text
 from . import schema
 from .errors import APIError, from_engine, invalid
+from .local import LoopbackOnly, is_loopback
 from .options import ServeOptions
 from .queue import EngineQueue, Job
 from .responses import DONE, Shapes, sse
@@ -61,8 +63,10 @@ class ServerState:
     def note_model(self, name: Optional[str]) -> None:
         """Any model name is served by the one loaded model; say so once per unknown name."""
         if name and name != self.model_id and name not in self._other_names:
+            if len(self._other_names) >= 32:  # said once each for the first few; clients may send anything
+                return
             self._other_names.add(name)
-            log.info("a request named model %r; this server serves %r and answers with it", name, self.model_id)
+            log.info("a request named model %s; this server serves %r and answers with it", _show(name), self.model_id)
 
 
 def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
@@ -87,6 +91,8 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/health", health, methods=["GET"]),
     ]
     middleware = [Middleware(BearerAuth, key=options.api_key)] if options.api_key else []
+    if is_loopback(options.host):
+        middleware.insert(0, Middleware(LoopbackOnly))
     handlers = {APIError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers, lifespan=lifespan)
     app.state.mlxspec = state
@@ -100,6 +106,8 @@ def _endpoint(parse: Callable) -> Callable:
             return await answer(request)
         except (APIError, HTTPException):
             raise
+        except ClientDisconnect:  # the client left while sending its body: nobody to answer
+            return Response(status_code=499)
         except Exception as e:
             # Answered here, not by the app-wide handler: Starlette re-raises what reaches that one
             # after answering, and the server then drops the client's keep-alive connection.
@@ -210,7 +218,7 @@ async def get_model(request: Request) -> Response:
     state: ServerState = request.app.state.mlxspec
     name = request.path_params["model_id"]
     if name != state.model_id:
-        raise APIError(404, f"model {name!r} does not exist here; this server serves {state.model_id!r}",
+        raise APIError(404, f"model {_show(name)} does not exist here; this server serves {state.model_id!r}",
                        param="model", code="model_not_found")
     return JSONResponse(state.model_card())
 
@@ -287,7 +295,8 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
         message = f"{request.method} is not allowed on {request.url.path}; this server answers {ROUTES_HELP}"
     else:
         message = str(exc.detail)
-    return APIError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None,
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    return APIError(exc.status_code, message, code=codes.get(exc.status_code),
                     headers=dict(exc.headers or {})).response()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
@@ -21,6 +20,7 @@ from typing import Optional
 import uvicorn
 
 from .app import make_app
+from .local import is_loopback
 from .options import ServeOptions
 
 log = logging.getLogger("mlxspec.serve")
@@ -127,16 +127,7 @@ def serve(engine, options: ServeOptions) -> int:
 
 def bind_warning(host: str, api_key: Optional[str]) -> Optional[str]:
     """A warning when the server is reachable beyond this machine without an API key, else None."""
-    if api_key or _is_loopback(host):
+    if api_key or is_loopback(host):
         return None
     return (f"serving on {host} without --api-key: anyone who can reach this port can use the model; "
             f"pass --api-key KEY (or bind 127.0.0.1)")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False

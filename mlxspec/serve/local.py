@@ -1,0 +1,61 @@
+"""A server bound to this machine only answers requests addressed to this machine.
+
+Without it any web page the user opens could use the model: a page may POST to
+http://127.0.0.1:8080 (a "simple" cross-origin request needs no preflight), and a DNS-rebinding
+page, whose own host name resolves to 127.0.0.1, can also read the answers. Browsers say where
+a request comes from (`Origin`) and whom it is for (`Host`); other clients, which send no
+`Origin`, are unaffected.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Optional
+from urllib.parse import urlsplit
+
+from starlette.datastructures import Headers
+
+from .errors import APIError
+
+
+def is_loopback(host: str) -> bool:
+    """`host` names this machine only: localhost (and its subdomains, RFC 6761) or a loopback address."""
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_of(value: str) -> Optional[str]:
+    """The host name of a Host header (`name:port`, `[v6]:port`)."""
+    try:
+        return urlsplit(f"//{value}").hostname
+    except ValueError:
+        return None
+
+
+class LoopbackOnly:
+    """ASGI middleware: 403 for requests whose Host, or Origin when a browser sends one, is not
+    this machine."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = Headers(scope=scope)
+            host, origin = headers.get("host", ""), headers.get("origin")
+            why = None
+            if not is_loopback(_host_of(host) or ""):
+                why = f"it is addressed to host {host[:80]!r}"
+            elif origin is not None and origin != "null" and not is_loopback(urlsplit(origin).hostname or ""):
+                why = f"it comes from a web page of {origin[:80]!r}"
+            if why:
+                error = APIError(403, f"this server is bound to this machine and refuses the request: {why}. Serve "
+                                      f"others with --host 0.0.0.0 and --api-key", code="forbidden_host")
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
