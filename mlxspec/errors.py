@@ -11,6 +11,12 @@ def shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """An error's text on one line, cut at `limit` characters (a library's may list every weight)."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class MlxSpecError(Exception):
     """Base class of every error mlxspec raises on purpose."""
 

@@ -1,6 +1,7 @@
 """EAGLE head drafter: cache rollback, lossless greedy and sampled decoding, loading errors."""
 
 import json
+import re
 
 import mlx.core as mx
 import numpy as np
@@ -290,6 +291,39 @@ def test_wrong_shapes_are_named(target, random_head, tmp_path):
     (tmp_path / "model.safetensors").write_bytes((random_head / "model.safetensors").read_bytes())
     with pytest.raises(IncompatibleModelsError, match="gate_proj.weight"):
         load_head(tmp_path, target)
+
+
+def _edited(random_head, tmp_path, edit=None, ids=None):
+    """A copy of the head with its config edited by `edit(cfg)` and/or its draft_ids replaced."""
+    cfg = json.loads((random_head / "config.json").read_text())
+    cfg = edit(cfg) if edit else cfg
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    weights = mx.load(str(random_head / "model.safetensors"))
+    if ids is not None:
+        weights["draft_ids"] = mx.array(ids, dtype=mx.int32)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), weights)
+    return tmp_path
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda c: [c], "model_type 'a JSON list'"),
+    (lambda c: {k: v for k, v in c.items() if k != "layer"}, 'needs a "layer" object'),
+    (lambda c: {**c, "layer": [1]}, 'needs a "layer" object'),
+    (lambda c: {**c, "layer": {k: v for k, v in c["layer"].items() if k != "rope_theta"}}, "missing ['rope_theta']"),
+    (lambda c: {**c, "layer": {**c["layer"], "colour": 1}}, "unknown ['colour']"),
+    (lambda c: {**c, "layer": {**c["layer"], "num_attention_heads": "9"}}, "['num_attention_heads']"),
+    (lambda c: {**c, "layer": {**c["layer"], "num_attention_heads": 0}}, "['num_attention_heads']"),
+    (lambda c: {**c, "target": None}, "vocabulary size None"),
+])
+def test_a_config_that_is_not_a_head_s_is_said(target, random_head, tmp_path, edit, says):
+    with pytest.raises((IncompatibleModelsError, ModelNotFoundError), match=re.escape(says)):
+        load_head(_edited(random_head, tmp_path, edit), target)
+
+
+@pytest.mark.parametrize("ids", [[-5, 3], [], [0, tiny.VOCAB]])
+def test_draft_ids_outside_the_vocabulary_are_refused(target, random_head, tmp_path, ids):
+    with pytest.raises(IncompatibleModelsError, match=rf"draft_ids .* ids in 0\.\.{tiny.VOCAB - 1}"):
+        load_head(_edited(random_head, tmp_path, ids=ids), target)  # negative ones crashed the process
 
 
 # -- EAGLE-3-style heads: the outputs of several target layers -----------------------------------

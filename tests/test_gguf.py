@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -163,3 +165,65 @@ def test_truncated_gguf_names_the_file(tiny, tmp_path):
         bad.write_bytes(data[:cut])
         with pytest.raises(MlxSpecError, match=str(bad)):
             load_model(bad)
+
+
+def _metadata(tiny, **changes):
+    """The tiny GGUF's metadata with keys replaced (None: removed)."""
+    _, metadata = mx.load(str(tiny[0]), return_metadata=True)
+    for key, value in changes.items():
+        key = key.replace("__", ".")
+        if value is None:
+            metadata.pop(key, None)
+        else:
+            metadata[key] = value
+    return metadata
+
+
+@pytest.mark.parametrize("changes,says", [
+    ({"llama__attention__head_count": None}, "llama.attention.head_count is missing; an integer >= 1 is needed"),
+    ({"llama__attention__head_count": mx.array(0)}, "head_count is 0"),
+    ({"llama__attention__head_count": "four"}, "head_count is 'four'"),
+    ({"llama__block_count": None}, "llama.block_count is missing"),
+    ({"llama__rope__scaling__type": "yarn", "llama__rope__scaling__factor": mx.array(4.0)},
+     "rope scaling 'yarn' is not supported"),
+    ({"llama__rope__scaling__type": "linear"}, "rope.scaling.factor is missing"),
+    ({"llama__vocab_size": None, "tokenizer__ggml__tokens": None}, "neither llama.vocab_size nor"),
+])
+def test_metadata_it_cannot_build_from_is_said(tiny, changes, says):
+    metadata = _metadata(tiny, **changes)
+    with pytest.raises(IncompatibleModelsError, match=re.escape(says)):
+        gguf_loader.model_args_from_metadata(metadata, [])
+
+
+@pytest.mark.parametrize("changes,says", [
+    ({"tokenizer__ggml__tokens": None}, "no vocabulary"),
+    ({"tokenizer__ggml__merges": None}, "no merges"),  # one token per byte: it loaded and spoke garbage
+    ({"tokenizer__ggml__merges": ["zzqq xxyy"]}, "do not fit together"),
+    ({"tokenizer__ggml__eos_token_id": mx.array(10**6)}, "end-of-text token id 1000000 is outside"),
+])
+def test_a_tokenizer_it_cannot_build_is_said(tiny, changes, says):
+    from mlxspec.loading.gguf_tokenizer import tokenizer_from_gguf
+
+    with pytest.raises(IncompatibleModelsError, match=says):
+        tokenizer_from_gguf(_metadata(tiny, **changes))
+
+
+def test_header_faults_name_the_file(tiny, tmp_path):
+    import struct
+
+    data = bytearray(tiny[0].read_bytes())
+    newer = tmp_path / "v99.gguf"
+    newer.write_bytes(data[:4] + struct.pack("<I", 99) + data[8:])
+    with pytest.raises(MlxSpecError, match=rf"{newer}.*version 99 is not read \(versions 2 and 3 are\)"):
+        load_model(newer)
+    huge = tmp_path / "strlen.gguf"  # the first key's length with its top byte set: past any file
+    huge.write_bytes(data[:24] + struct.pack("<Q", 2**63 + 5) + data[32:])
+    with pytest.raises(MlxSpecError, match=str(huge)):
+        load_model(huge)
+
+
+def test_a_refusal_names_the_file_it_is_about(tmp_path):
+    path = tmp_path / "gpt2.gguf"
+    write_tiny_gguf(path, arch="gpt2")
+    with pytest.raises(IncompatibleModelsError, match=rf"^{re.escape(str(path))}: GGUF architecture 'gpt2'"):
+        load_model(path)

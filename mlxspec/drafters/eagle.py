@@ -39,7 +39,7 @@ from mlx_lm.models.llama import ModelArgs, TransformerBlock
 from .. import kernels
 from ..backbone import layers_fit, output_rows
 from ..cache import make_cache
-from ..errors import IncompatibleModelsError, ModelNotFoundError
+from ..errors import IncompatibleModelsError, ModelNotFoundError, shown
 from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
 from . import chaincopy
 from .context import ContextCache, check_context
@@ -188,14 +188,15 @@ def load_head(path, target_model, coord=None) -> Tuple[EagleHead, Optional[mx.ar
         weights = mx.load(str(w_path))
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelNotFoundError(f"[eagle] cannot read the head in {path}: {e}") from e
-    if cfg.get("model_type") != "eagle_head":
-        raise ModelNotFoundError(f"[eagle] {cfg_path} has model_type {cfg.get('model_type')!r}, expected 'eagle_head'")
-    _check_target(cfg.get("target", {}), target_model, path)
-    layer = cfg["layer"]
+    if not isinstance(cfg, dict) or cfg.get("model_type") != "eagle_head":
+        kind = cfg.get("model_type") if isinstance(cfg, dict) else f"a JSON {type(cfg).__name__}"
+        raise ModelNotFoundError(f"[eagle] {cfg_path} has model_type {kind!r}, expected 'eagle_head'")
+    target = cfg.get("target")
+    _check_target(target if isinstance(target, dict) else {}, target_model, path)
     depth = cfg.get("num_layers", 1)  # heads written before deeper ones existed have one layer
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise IncompatibleModelsError(f"[eagle] num_layers {depth!r} in {cfg_path} must be a whole number >= 1")
-    args = ModelArgs(model_type="llama", num_hidden_layers=depth, vocab_size=_vocab(target_model), **layer)
+    args = _layer_args(cfg.get("layer"), depth, _vocab(target_model), cfg_path)
     taps = cfg.get("feature_layers") or []
     n = len(target_model.model.layers)
     if not isinstance(taps, list) or not layers_fit(taps, n):
@@ -222,15 +223,41 @@ def load_head(path, target_model, coord=None) -> Tuple[EagleHead, Optional[mx.ar
         raise IncompatibleModelsError(
             f"[eagle] the weights in {w_path} do not fit the head its config describes: missing {missing[:4]}, "
             f"unexpected {extra[:4]}, wrong shapes {wrong[:4]}")
-    if draft_ids is not None and (draft_ids.ndim != 1 or int(mx.max(draft_ids).item()) >= _vocab(target_model)):
+    if draft_ids is not None and (draft_ids.ndim != 1 or draft_ids.size == 0
+                                  or int(mx.max(draft_ids).item()) >= _vocab(target_model)
+                                  or int(mx.min(draft_ids).item()) < 0):  # they index the target's rows
         raise IncompatibleModelsError(
-            f"[eagle] draft_ids in {w_path} must be a 1-D list of ids below the target's vocabulary "
-            f"({_vocab(target_model)}), got shape {tuple(draft_ids.shape)}")
+            f"[eagle] draft_ids in {w_path} must be a 1-D list of ids in 0..{_vocab(target_model) - 1} (the "
+            f"target's vocabulary), got shape {tuple(draft_ids.shape)}")
     head.load_weights(list(weights.items()))
     dtype = target_model.model.norm.weight.dtype  # the engine's float precision
     head.set_dtype(dtype)
     mx.eval(head.parameters())
     return head, (draft_ids.astype(mx.int32) if draft_ids is not None else None), cfg
+
+
+def _layer_args(layer, depth: int, vocab: int, cfg_path: Path) -> ModelArgs:
+    """llama ModelArgs for the head's decoder layer(s) from the config's "layer" object (what
+    `save_head` writes: LAYER_FIELDS), or IncompatibleModelsError saying what in it is wrong."""
+    if not isinstance(layer, dict):
+        raise IncompatibleModelsError(f"[eagle] {cfg_path} needs a \"layer\" object (the decoder layer's llama "
+                                      f"settings {', '.join(LAYER_FIELDS)}), got {shown(layer)}")
+    optional = ("head_dim", "max_position_embeddings")  # null: llama's own default
+    whole = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+             "max_position_embeddings")
+    missing = [k for k in LAYER_FIELDS if k not in layer and k not in optional]
+    unknown = sorted(set(layer) - set(LAYER_FIELDS))
+    bad = [k for k, v in layer.items() if k in LAYER_FIELDS and not (v is None and k in optional) and (
+        isinstance(v, bool) or not isinstance(v, int if k in whole else (int, float)) or not v > 0)]
+    if missing or unknown or bad:
+        raise IncompatibleModelsError(
+            f"[eagle] \"layer\" in {cfg_path} is not a decoder layer's settings: missing {missing}, unknown "
+            f"{unknown}, not positive ({'whole ' if any(k in whole for k in bad) else ''}numbers) {bad}")
+    if layer["num_attention_heads"] % layer["num_key_value_heads"]:
+        raise IncompatibleModelsError(f"[eagle] \"layer\" in {cfg_path}: num_attention_heads must be a multiple of "
+                                      f"num_key_value_heads, got {layer['num_attention_heads']} and "
+                                      f"{layer['num_key_value_heads']}")
+    return ModelArgs(model_type="llama", num_hidden_layers=depth, vocab_size=vocab, **layer)
 
 
 def _check_target(t: dict, target_model, path: Path) -> None:

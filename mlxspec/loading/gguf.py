@@ -23,7 +23,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import IncompatibleModelsError, MlxSpecError
+from ..errors import IncompatibleModelsError, MlxSpecError, one_line
 from .gguf_header import read_tensor_table
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
@@ -97,32 +97,50 @@ def model_args_from_metadata(metadata: dict, tensor_names) -> "llama.ModelArgs":
         value = metadata.get(f"{arch}.{key}", default)
         return value.item() if isinstance(value, mx.array) else value
 
+    def need(key, kind, default=None):
+        """`{arch}.{key}` as a positive `kind` (int or float); what is wrong with it, said."""
+        value = get(key, default)
+        try:
+            number = kind(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not number > 0:
+            said = "is missing" if value is None else f"is {value!r}"
+            wanted = "an integer >= 1" if kind is int else "a number > 0"
+            raise IncompatibleModelsError(f"GGUF metadata {arch}.{key} {said}; {wanted} is needed")
+        return number
+
     if (get("expert_count", 0) or 0) > 0:
         raise IncompatibleModelsError(
             f"mixture-of-experts GGUF ({get('expert_count')} experts) is not supported; "
             "only dense llama-family models are"
         )
-    heads = int(get("attention.head_count"))
-    hidden = int(get("embedding_length"))
-    head_dim = int(get("attention.key_length", hidden // heads))
-    rope_dims = int(get("rope.dimension_count", head_dim))
+    heads = need("attention.head_count", int)
+    hidden = need("embedding_length", int)
+    head_dim = need("attention.key_length", int, hidden // heads)
+    rope_dims = need("rope.dimension_count", int, head_dim)
     if rope_dims != head_dim:
         raise IncompatibleModelsError(
             f"partial rotary embeddings (rope dims {rope_dims} of head dim {head_dim}) are not supported"
         )
     names = set(tensor_names)
     rope_scaling = None
-    if get("rope.scaling.type") == "linear":
-        rope_scaling = {"type": "linear", "factor": float(get("rope.scaling.factor"))}
+    scaling = get("rope.scaling.type")
+    if scaling == "linear":
+        rope_scaling = {"type": "linear", "factor": need("rope.scaling.factor", float)}
+    elif scaling not in (None, "none"):  # run unscaled, it would answer with garbage past a short context
+        raise IncompatibleModelsError(f"GGUF rope scaling {scaling!r} is not supported; only 'linear' is")
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab = get("vocab_size") or (len(tokens) if tokens is not None else None)
+    if vocab is None:
+        raise IncompatibleModelsError(f"GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
     return llama.ModelArgs(
         model_type="llama",
         hidden_size=hidden,
-        num_hidden_layers=int(get("block_count")),
-        intermediate_size=int(get("feed_forward_length")),
+        num_hidden_layers=need("block_count", int),
+        intermediate_size=need("feed_forward_length", int),
         num_attention_heads=heads,
-        num_key_value_heads=int(get("attention.head_count_kv", heads)),
+        num_key_value_heads=need("attention.head_count_kv", int, heads),
         head_dim=head_dim,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         vocab_size=int(vocab),
@@ -166,7 +184,8 @@ def load_gguf_model(path: str | Path):
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise MlxSpecError(f"{path}: the tensors do not fit a llama model: {e}") from e
+        # mlx lists every weight missing or extra: the first few say enough
+        raise MlxSpecError(f"{path}: the tensors do not fit a llama model: {one_line(e)}") from None
     if rope_freqs is not None:
         _use_rope_freqs(model, args, rope_freqs)
     mx.eval(model.parameters())

@@ -42,7 +42,7 @@ def read_tensor_table(path: str | Path) -> list[TensorInfo]:
                 TensorInfo(name, shape, _type_name(GGMLQuantizationType, t))
                 for name, shape, t in _scan(buf)
             ]
-    except (struct.error, ValueError, UnicodeDecodeError) as e:
+    except (struct.error, ValueError, UnicodeDecodeError, OverflowError) as e:
         raise MlxSpecError(
             f"{path} is not a readable GGUF file (truncated or corrupt header: {e}); "
             "download it again"
@@ -60,8 +60,8 @@ def _scan(buf):
     if buf[:4] != b"GGUF":
         raise ValueError("no GGUF magic number")
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-    if version < 2:
-        raise ValueError(f"GGUF version {version} is too old (2 or later is read)")
+    if not 2 <= version <= 3:
+        raise ValueError(f"GGUF version {version} is not read (versions 2 and 3 are)")
     pos = 24
     for _ in range(n_kv):
         _, pos = _string(buf, pos)

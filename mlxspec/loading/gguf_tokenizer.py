@@ -68,6 +68,10 @@ def tokenizer_from_gguf(metadata: dict):
         raise IncompatibleModelsError(
             f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(PRE_TOKENIZERS)}"
         )
+    if metadata.get("tokenizer.ggml.tokens") is None:
+        raise IncompatibleModelsError("the GGUF has no vocabulary (tokenizer.ggml.tokens)")
+    if not metadata.get("tokenizer.ggml.merges"):  # BPE without merges: one token per byte, garbage
+        raise IncompatibleModelsError("the GGUF's byte-level BPE vocabulary has no merges (tokenizer.ggml.merges)")
     tokens = list(metadata["tokenizer.ggml.tokens"])
     types = metadata.get("tokenizer.ggml.token_type")
     types = types.tolist() if types is not None else [1] * len(tokens)
@@ -76,7 +80,10 @@ def tokenizer_from_gguf(metadata: dict):
         vocab.setdefault(t, i)
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
 
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    except Exception as e:  # the tokenizers library raises a bare Exception for a merge of unknown tokens
+        raise IncompatibleModelsError(f"the GGUF's BPE vocabulary and merges do not fit together ({e})") from None
     tok.pre_tokenizer = _pre_tokenizer(PRE_TOKENIZERS[pre], pre_tokenizers, Regex)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(
@@ -108,6 +115,10 @@ def tokenizer_from_gguf(metadata: dict):
         for k in ("eos_token_id", "eot_token_id", "eom_token_id")
         if _value(metadata, f"tokenizer.ggml.{k}") is not None
     ]
+    bad = [i for i in eos_ids if not 0 <= i < len(tokens)]
+    if bad:  # generation would never stop on it
+        raise IncompatibleModelsError(f"the GGUF's end-of-text token id {bad[0]} is outside its vocabulary of "
+                                      f"{len(tokens)} tokens")
     return TokenizerWrapper(fast, BPEStreamingDetokenizer, eos_token_ids=eos_ids)
 
 

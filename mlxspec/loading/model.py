@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..errors import MlxSpecError
+from ..errors import MlxSpecError, one_line
 from ..modelmeta import declared_vocab, weights_bytes
 from .precision import apply_dtype
 from .resolve import Resolved, resolve_model
@@ -67,8 +66,16 @@ def _load_gguf(res: Resolved):
     from .gguf import load_gguf_model
     from .gguf_tokenizer import tokenizer_from_gguf
 
-    model, metadata, types = load_gguf_model(res.path)
-    tokenizer = tokenizer_from_gguf(metadata)
+    try:
+        model, metadata, types = load_gguf_model(res.path)
+        tokenizer = tokenizer_from_gguf(metadata)
+    except MlxSpecError as e:  # said of the file (a target and a draft are two)
+        if str(res.path) in str(e):
+            raise
+        raise type(e)(f"{res.path}: {e}") from None
+    except Exception as e:  # metadata a reader could not use (a key missing, a value of another kind)
+        raise MlxSpecError(f"{res.path}: its metadata does not describe a model this loader can build "
+                           f"({type(e).__name__}: {one_line(e)})") from None
     matrices = {n: t for n, t in types.items() if not n.endswith("norm.weight")}
     main = Counter(matrices.values()).most_common(1)[0][0] if matrices else "?"
     roles = {re.sub(r"^blk\.\d+\.", "", n.removesuffix(".weight")): t for n, t in matrices.items() if t != main}
@@ -83,8 +90,8 @@ def _load_mlx(res: Resolved, *, lazy: bool = False):
     try:
         model, config = mlx_load_model(res.path, lazy=lazy)
         tokenizer = load_tokenizer(res.path, eos_token_ids=config.get("eos_token_id"))
-    except (RuntimeError, ValueError, KeyError, OSError, json.JSONDecodeError) as e:
-        raise MlxSpecError(f"cannot load the model in {res.path}: {type(e).__name__}: {e}") from e
+    except Exception as e:  # mlx-lm's and transformers' errors, in one line naming the folder
+        raise MlxSpecError(f"cannot load the model in {res.path}: {type(e).__name__}: {one_line(e)}") from None
     q = config.get("quantization")
     if q:
         quant = f"MLX {q.get('bits')}-bit, group {q.get('group_size')}"
