@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from typing import List, Optional
 
-from .errors import InvalidArgumentError, shown
+from .errors import InvalidArgumentError, one_line, shown
 
 MAX_DRAFT = 32  # largest draft length a request may ask for (caches keep this much rollback room)
 
@@ -81,7 +81,12 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
             if "role" not in m or "content" not in m:
                 raise InvalidArgumentError(f"message {i} must have 'role' and 'content' keys, got {sorted(m)}")
             messages.append(dict(m, content=check_text(_message_text(m["content"], i), f"message {i}'s content")))
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # jinja2's errors: a template that refuses these messages, or is broken
+            raise InvalidArgumentError(f"the model's chat template failed on these messages "
+                                       f"({type(e).__name__}: {one_line(e)}); e.g. some templates need roles to "
+                                       f"alternate user/assistant, or send a string prompt") from None
         ids = tokenizer.encode(text, add_special_tokens=False)
     elif isinstance(prompt, (list, tuple)):
         if not prompt:

@@ -38,6 +38,17 @@ def test_chat_messages_without_a_chat_template_say_what_to_send(target):
     assert len(engine.generate("hi", max_tokens=2).tokens) == 2  # a string is the text itself
 
 
+def test_a_chat_template_that_refuses_the_messages_is_said(target):
+    tok = copy.deepcopy(tiny.make_tokenizer()._tokenizer)
+    tok.chat_template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('roles must alternate') }}{% endif %}x"
+    engine = Engine(target, tok)
+    with pytest.raises(InvalidArgumentError, match="chat template failed on these messages.*roles must alternate"):
+        engine.generate([{"role": "assistant", "content": "hi"}], max_tokens=2)
+    tok.chat_template = "{% if %}"  # broken
+    with pytest.raises(InvalidArgumentError, match="chat template failed.*TemplateSyntaxError"):
+        Engine(target, tok).generate([{"role": "user", "content": "hi"}], max_tokens=2)
+
+
 @pytest.mark.parametrize("make", [mx.array, np.array], ids=["mx", "numpy"])
 def test_a_1d_integer_array_is_a_token_id_prompt(target, make):
     engine = Engine(target, tiny.make_tokenizer())

@@ -356,6 +356,11 @@ def test_load_checks_max_kv_size_before_loading(monkeypatch):
     for bad in ("x", 4, 2.5):
         with pytest.raises(InvalidArgumentError, match="max_kv_size must be an integer >= 5"):
             api.load("demo", max_kv_size=bad)
+    with pytest.raises(InvalidArgumentError, match="dtype must be one of"):
+        api.load("demo", dtype="fp8")
+    for bad in ("", "  ", None, 3):
+        with pytest.raises(InvalidArgumentError, match="target must be a pair name or a model reference"):
+            api.load(bad)
 
 
 def test_memory_warning_when_metal_working_set_is_exceeded(fake_engine, tiny_gguf_path, monkeypatch):

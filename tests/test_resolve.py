@@ -166,6 +166,24 @@ def test_gguf_file_resolves(tmp_path):
     path = tmp_path / "m.gguf"
     write_tiny_gguf(path)
     assert resolve_model(str(path)).format == "gguf"
+    upper = tmp_path / "M.GGUF"  # as some downloads are named
+    path.rename(upper)
+    assert load_model(str(upper))[2].format == "gguf"
+
+
+@pytest.mark.parametrize("typo,close", [("dem", "'demo'"), ("Demo", "'demo'"), ("qwen2.5-7", "'qwen2.5-7b'"),
+                                        ("ngramm", "'ngram'")])
+def test_a_name_close_to_a_pair_s_is_suggested(typo, close):
+    with pytest.raises(ModelNotFoundError, match=f"did you mean {close}"):
+        resolve_model(typo)
+
+
+def test_a_repo_id_shaped_path_whose_folder_exists_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "models").mkdir()
+    with pytest.raises(ModelNotFoundError, match="nor is there a folder models/tiny here, though models exists"):
+        resolve_model("models/tiny")
 
 
 # --- errors -------------------------------------------------------------------------------

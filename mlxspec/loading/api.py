@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -10,8 +11,9 @@ import mlx.core as mx
 
 from ..choices import WEIGHTLESS_DRAFTERS
 from ..device import backend
-from ..errors import InvalidArgumentError, ModelNotFoundError
+from ..errors import InvalidArgumentError, ModelNotFoundError, shown
 from .model import load_model
+from .precision import resolve_dtype
 from .resolve import resolve_model, resolve_pair
 
 log = logging.getLogger("mlxspec.loading")
@@ -67,6 +69,10 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     from ..prompts import check_drafter, check_lookup, check_num_draft, check_tree
 
     # Before minutes of loading, by the engine's own rules (it checks them again).
+    if not isinstance(target, (str, os.PathLike)) or not str(target).strip():
+        raise InvalidArgumentError(f"[load] target must be a pair name or a model reference (a folder, a .gguf "
+                                   f"file or a repo id), got {shown(target)}")
+    resolve_dtype(dtype)
     check_max_kv_size(max_kv_size)
     check_num_draft(num_draft)
     check_tree(tree)
@@ -96,8 +102,6 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
 
     group = None
     if distributed:
-        import os
-
         from ..distributed import TIMEOUT_ENV, check_timeout, init_group
 
         if os.environ.get(TIMEOUT_ENV):  # said before the load, not after it

@@ -71,7 +71,7 @@ def read_gguf(path: str | Path) -> tuple[dict, dict, dict[str, str]]:
             f"types are {list(SUPPORTED_TYPES)} (use a Q4_0, Q4_1, Q8_0 or F16 GGUF)"
         )
     try:
-        tensors, metadata = mx.load(str(path), return_metadata=True)
+        tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)  # also x.GGUF
     except (RuntimeError, ValueError) as e:
         raise MlxSpecError(f"cannot load GGUF {path}: {e}") from e
     return tensors, metadata, types

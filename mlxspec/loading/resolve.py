@@ -21,9 +21,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..choices import WEIGHTLESS_DRAFTERS
 from ..errors import ModelNotFoundError
 from . import demo
-from .registry import Pair, get_pair
+from .registry import Pair, get_pair, pairs
 
 BUILTIN = "builtin:"
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -85,9 +86,23 @@ def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
     if not _REPO_ID.match(ref) or ref.startswith((".", "~", "/")):
         raise ModelNotFoundError(
             f"model {ref!r} not found: it is not a pair name in models.toml (see `mlxspec models`), "
-            "not an existing folder or .gguf file, and not a Hugging Face repo id (owner/name)"
+            "not an existing folder or .gguf file, and not a Hugging Face repo id (owner/name)" + _did_you_mean(ref)
         )
-    return Resolved(ref, check_mlx_folder(_hub_snapshot(ref, download=download)), "mlx", "hub")
+    try:
+        return Resolved(ref, check_mlx_folder(_hub_snapshot(ref, download=download)), "mlx", "hub")
+    except ModelNotFoundError as e:
+        if path.parent.is_dir():  # owner/name, and ./owner exists here: more likely a local path's typo
+            raise ModelNotFoundError(f"{e} (nor is there a folder {path} here, though {path.parent} exists)") from None
+        raise
+
+
+def _did_you_mean(ref: str) -> str:
+    """"; did you mean ...?" for the pair names (and weightless drafters) close to `ref`, else ""."""
+    import difflib
+
+    names = list(pairs()) + list(WEIGHTLESS_DRAFTERS)
+    close = difflib.get_close_matches(ref, names, n=3, cutoff=0.6) or [n for n in names if n.lower() == ref.lower()]
+    return f"; did you mean {' or '.join(repr(n) for n in close)}?" if close else ""
 
 
 def check_mlx_folder(path: Path) -> Path:
