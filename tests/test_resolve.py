@@ -117,6 +117,14 @@ def test_a_users_own_pairs_join_the_packaged_ones(empty_cache):
     mine.write_text("[[pair]]\nname = 3\n")
     with pytest.raises(MlxSpecError, match=str(mine)):
         pairs()
+    # A relative path in it means a file beside it, wherever the command runs.
+    (mine.parent / "t.gguf").write_bytes(b"")
+    mine.write_text(demo_entry.replace('name = "demo"', 'name = "local"').replace('target = "demo:smollm2-135m"',
+                                                                               'target = "t.gguf"'))
+    assert pairs()["local"].target == str((mine.parent / "t.gguf").resolve())
+    mine.write_text(demo_entry.replace('name = "demo"', 'name = " "'))
+    with pytest.raises(MlxSpecError, match="the name is blank"):
+        pairs()
 
 
 def test_models_says_a_pair_whose_head_is_missing_is_not_cached(empty_cache, monkeypatch, capsys):

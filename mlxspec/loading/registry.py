@@ -107,6 +107,12 @@ def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
                 raise MlxSpecError(f"{where}: field {key!r} must be {known[key]}, got {value!r}")
         if entry["name"] in out:
             raise MlxSpecError(f"{where}: the name {entry['name']!r} appears twice")
+        if not entry["name"].strip():
+            raise MlxSpecError(f"{where}: the name is blank; a pair needs a name to be chosen by")
+        for key in ("target", "draft", "head"):  # a relative path means one beside this file, not the cwd
+            value = entry.get(key)
+            if value and (value.startswith(("./", "../")) or (path.parent / value).exists()):
+                entry = {**entry, key: str((path.parent / value).resolve())}
         pair = Pair(**entry)
         _check_drafter(pair, where)
         out[entry["name"]] = pair
