@@ -11,7 +11,7 @@ import mlx.core as mx
 
 from ..choices import WEIGHTLESS_DRAFTERS
 from ..device import backend
-from ..errors import InvalidArgumentError, ModelNotFoundError, shown
+from ..errors import IncompatibleModelsError, InvalidArgumentError, ModelNotFoundError, shown
 from .model import load_model
 from .precision import resolve_dtype
 from .resolve import resolve_model, resolve_pair
@@ -122,7 +122,11 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         # A head drafting over several ranks was never measured: those keep the n-gram drafter.
         drafter = "ngram" if pair_default == "eagle" and group is not None else pair_default
     if draft_model is not None:
-        check_tokenizers(tokenizer, draft_tokenizer)
+        try:
+            check_tokenizers(tokenizer, draft_tokenizer)
+        except IncompatibleModelsError as e:  # which two files
+            raise IncompatibleModelsError(f"the draft {draft_ref} cannot draft for the target {target_ref}: {e}") \
+                from None
     _report_memory(target_info, draft_info, max_kv_size)
 
     from ..engine import Engine
