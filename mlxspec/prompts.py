@@ -141,7 +141,8 @@ def check_tree(tree) -> int:
         return 0
     if isinstance(tree, bool) or not isinstance(tree, int) or not 1 <= tree <= MAX_DRAFT:
         raise InvalidArgumentError(
-            f"tree must be 'auto', 'off', None (JSON null) or an integer in [1, {MAX_DRAFT}] (most nodes), got {shown(tree)}")
+            f"tree must be 'auto', 'off', None (JSON null) or an integer in [1, {MAX_DRAFT}] (most nodes), "
+            f"got {shown(tree)}")
     return tree
 
 

@@ -79,8 +79,8 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
         return Outcome(replace(settings, drafter=arg), f"drafter set to {arg}")
     if name == "/tree":
         t = _parsed(name, arg, tree)
-        return Outcome(replace(settings, tree=t), "draft trees: auto (cost model)" if t == "auto" else
-                       "draft trees: off (chains only)" if t == "off" else f"at most {t} drafted tokens a round, tree or chain")
+        said = {"auto": "draft trees: auto (cost model)", "off": "draft trees: off (chains only)"}
+        return Outcome(replace(settings, tree=t), said.get(t) or f"at most {t} drafted tokens a round, tree or chain")
     if name == "/lookup":
         on = _parsed(name, arg, on_off) == "on"
         return Outcome(replace(settings, lookup=on), "lookup rounds " + ("on" if on else "off (the model drafts alone)"))

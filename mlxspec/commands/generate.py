@@ -25,7 +25,8 @@ def register(subparsers) -> None:
             "would produce (greedy: token for token, up to rounding at near-ties in low precision) or "
             "sample (the same distribution). Text streams to stdout; stderr gets one line on what was "
             "loaded before it and one stats line (the prompt's tokens and tokens/s, then tokens/s, "
-            "acceptance, tokens per target pass, peak memory) after it. Without --pair or --target the offline 'demo' pair is used."
+            "acceptance, tokens per target pass, peak memory) after it. Without --pair or --target the "
+            "offline 'demo' pair is used."
         ), width=79),
         epilog="examples:\n  mlxspec generate 'What is the capital of France?'\n"
                "  mlxspec generate --pair qwen2.5-7b --temperature 0.7 --seed 1 'Write a haiku'\n"

@@ -26,7 +26,8 @@ def add_model_args(p, *, window: bool = True, head: bool = True) -> None:
         p.add_argument("--max-kv-size", type=kv_window, default=None, metavar="W", help="KV window in tokens (default: unbounded)")
     if head:
         p.add_argument("--head", metavar="REF", default=None,
-                       help="EAGLE head folder or builtin:NAME trained for the target (default: the pair's, if it names one)")
+                       help="EAGLE head folder or builtin:NAME trained for the target (default: the pair's, if it "
+                            "names one)")
 
 
 def add_drafting_args(p, *, none: bool = True, per_request: bool = False) -> None:
