@@ -214,6 +214,13 @@ class WindowKVCache:
     def is_trimmable(self) -> bool:
         return True
 
+    def start_at(self, position: int) -> None:
+        """Make an empty cache continue a sequence at `position`: its keys of earlier positions
+        are absent (a drafter restarting where its inputs begin, `drafters.eagle`)."""
+        if self.offset or self._used:
+            raise ValueError("[WindowKVCache] start_at needs an empty cache")
+        self.offset, self._hi = position, position - 1
+
     def trim(self, n: int) -> int:
         n = min(self.offset, n)
         if not self.can_trim(n):

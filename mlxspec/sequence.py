@@ -198,14 +198,19 @@ class Sequence:
         return parts[0] if len(parts) == 1 else mx.concatenate(parts[::-1], axis=0)
 
     def release_hidden(self, before: int) -> None:
-        """Forget hidden rows of positions < before (a drafter has consumed them)."""
-        kept = []
-        for start, rows in self._hidden:
-            stop = start + rows.shape[0]
-            if stop <= before:
-                continue
-            kept.append((before, rows[before - start:]) if start < before else (start, rows))
-        self._hidden = kept
+        """Forget hidden rows of positions < before (a drafter will not read them again). Whole
+        chunks only (a pass's or a prompt chunk's rows): a slice of one would keep its buffer."""
+        h = self._hidden
+        n = 0
+        while n < len(h) and h[n][0] + h[n][1].shape[0] <= before:
+            n += 1
+        if n:
+            del h[:n]
+
+    @property
+    def first_hidden(self) -> int:
+        """The first position whose hidden row is kept (len(tokens) when none is)."""
+        return self._hidden[0][0] if self._hidden else len(self.tokens)
 
     @property
     def kv_bytes(self) -> int:

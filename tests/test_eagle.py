@@ -120,6 +120,42 @@ def test_greedy_with_a_window_matches_mlx_lm(target, copy_head, W):
     assert r.stats.accepted > r.stats.drafted / 2  # the copy head drafts what the target says
 
 
+def _kept_rows(engine) -> int:
+    return sum(rows.shape[0] for _, rows in engine.target._hidden)
+
+
+@pytest.mark.parametrize("head", ["copy_head", "random_head"])
+def test_behind_a_window_the_kept_features_stay_bounded_and_greedy_is_exact(request, target, head):
+    """A long stream behind a window keeps the target features the head's window and a rollback
+    can reach, not one per position; the output stays the target's."""
+    W, n = 16, 600
+    # Lookup rounds off: the head feeds (and lets go of features) every round; with them, rows
+    # gather over a run of lookup rounds until its next round.
+    e = Engine(target, None, eagle_head=request.getfixturevalue(head), drafter="eagle", max_kv_size=W, lookup=False)
+    r = e.generate(PROMPT, max_tokens=n)
+    # the window, both rollback rooms, a chunk straddling the cut, and the round the head has not fed yet
+    bound = W + 2 * e.target.headroom + 2 * e.target.headroom
+    assert len(r.tokens) == n and _kept_rows(e) <= bound < n / 3
+    plain = Engine(target, None, max_kv_size=W).generate(PROMPT, max_tokens=n, speculative=False)
+    assert r.tokens == plain.tokens
+    assert r.stats.drafted > 0
+
+
+def test_a_head_that_starts_over_behind_a_window_starts_where_the_features_begin(target, copy_head):
+    """When the head's cache cannot roll back and its inputs before the window are gone, it
+    starts at the first kept feature; drafting goes on and the output stays the target's."""
+    W = 16
+    e = Engine(target, None, eagle_head=copy_head, drafter="eagle", max_kv_size=W, num_draft=4)
+    first = e.generate(PROMPT, max_tokens=200)
+    assert e.target.first_hidden > 0  # features of the early positions were let go
+    e.drafters["eagle"].reset()  # as a rollback its window cannot undo leaves it
+    history = PROMPT + first.tokens
+    again = e.generate(history, max_tokens=60)
+    plain = Engine(target, None, max_kv_size=W).generate(history, max_tokens=60, speculative=False)
+    assert again.tokens == plain.tokens
+    assert again.stats.accepted >= 0.5 * again.stats.drafted > 0  # the copy head still drafts what the target says
+
+
 def test_a_head_that_copies_the_target_is_accepted(target, copy_head):
     e = Engine(target, None, eagle_head=copy_head, drafter="eagle", num_draft=4)
     e.generate(PROMPT, max_tokens=8)  # a second request shares the prompt: rows come from the target's cache

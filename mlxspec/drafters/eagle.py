@@ -403,6 +403,17 @@ class EagleDrafter:
         start = self.entries
         if upto <= start:
             return None
+        if start < self.target.first_hidden:
+            # Behind a window the target keeps only the features the head's window can read
+            # (below). A head that starts over (a rollback its window cannot undo) starts where
+            # they begin: its window then lacks the first positions' keys, so its drafts may
+            # differ slightly; the target's check keeps the output exact.
+            start = self.target.first_hidden
+            self.caches = make_cache(self.head, max_kv_size=self.max_kv_size, headroom=self.headroom)
+            for c in self.caches:
+                c.start_at(start)
+            if upto <= start:
+                return None
         feats = self.head.lift(self.target.hidden_since(start)[: upto - start])  # (n, H): f[start .. upto-1]
         toks = mx.array(history[start + 1 : upto + 1], dtype=mx.uint32)
         out, i = None, 0
@@ -416,7 +427,11 @@ class EagleDrafter:
             i += n
         # The target's features stay with it (its rollbacks drop them): a later request that shares
         # a prefix rolls the head back to it and needs them again, without re-running the target.
+        # Behind a window, only those a rollback can reach: the window plus the rollback room
+        # (twice: the head's and the target's) bound them, so a long stream does not grow.
         self.covered = list(history[: upto + 1])
+        if self.max_kv_size:
+            self.target.release_hidden(upto - self.max_kv_size - 2 * self.headroom)
         return out[0, -1:]
 
     def _feed_context(self, history: List[int], upto: int) -> Optional[mx.array]:
