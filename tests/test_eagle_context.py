@@ -84,6 +84,8 @@ def test_a_copy_head_is_accepted_whole_and_lossless(target, copy_head, window):
     assert r.stats.accepted == r.stats.drafted > 0
     own = e.drafters["eagle"].caches[0].own  # a round's entries only, never the history's
     assert 0 < own.offset <= 1 + MAX_DRAFT
+    if window:  # behind a window the target keeps the features a rollback can reach, not all
+        assert e.target.first_hidden > 0
 
 
 @pytest.mark.parametrize("num_draft,window", [(None, None), (4, None), (4, 16), (2, 37)])

@@ -442,6 +442,8 @@ class EagleDrafter:
         feats = self.head.lift(self.target.hidden_since(upto - 1)[:1])
         self.caches = [ContextCache(self.target.caches[-1], end=upto, start=upto)]
         out = self.head_step(mx.array(history[upto : upto + 1], dtype=mx.uint32)[None], feats[None])
+        if self.max_kv_size:  # it reads one feature a round, the last: older ones only after a rollback
+            self.target.release_hidden(upto - 1 - 2 * self.headroom)
         return out[0, -1:]
 
     def teacher_forced(self, tokens: mx.array, features: mx.array) -> mx.array:
