@@ -37,8 +37,9 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     add_drafting_args(p, per_request=True)
-    p.add_argument("--host", default=d.host, help=f"address to bind (default: {d.host}; anything else should come "
-                   "with --api-key)")
+    p.add_argument("--host", default=d.host, help=f"address to bind (default: {d.host}: this machine only, and then requests "
+                   "addressed to another host name or sent by a web page of another origin get 403; "
+                   "anything else should come with --api-key)")
     p.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default: {d.port})")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
                    help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} if set, else no key)")
