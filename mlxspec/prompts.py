@@ -95,7 +95,7 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
         for i, t in enumerate(ids):
             if isinstance(t, bool) or not isinstance(t, int):
                 try:
-                    t = int(t)  # numpy / mlx integer scalars
+                    t = operator.index(t)  # numpy / mlx integer scalars; not 5.7
                 except (TypeError, ValueError):
                     raise InvalidArgumentError(f"prompt token {i} is {shown(t)}; token ids must be integers") from None
                 ids[i] = t

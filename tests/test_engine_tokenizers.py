@@ -57,6 +57,8 @@ def test_a_1d_integer_array_is_a_token_id_prompt(target, make):
     assert len(engine.generate(PROMPT, max_tokens=make(6)).tokens) == 6  # an integer scalar, too
     with pytest.raises(InvalidArgumentError, match="token ids must be integers|prompt must be"):
         engine.generate(make([[5, 6]]), max_tokens=2)  # 2-D: not a prompt
+    with pytest.raises(InvalidArgumentError, match="token ids must be integers"):
+        engine.generate(make([5.7, 6.2]), max_tokens=2)  # not truncated to 5, 6
 
 
 def test_mlx_lm_keywords_are_refused_with_mlxspec_s_way(target):

@@ -27,6 +27,7 @@ def chat(url, **kw):
 @pytest.mark.parametrize("headers,why", [
     ({"Host": "attacker.example:8080"}, "addressed to host 'attacker.example:8080'"),  # DNS rebinding
     ({"Origin": "https://attacker.example"}, "from a web page of 'https://attacker.example'"),
+    ({"Origin": "null"}, "from a web page of 'null'"),  # a sandboxed frame or a file: page
 ])
 def test_requests_not_addressed_to_this_machine_are_refused(server, headers, why):
     for r in (chat(server[0], headers=headers), httpx.get(f"{server[0]}/v1/models", headers=headers)):

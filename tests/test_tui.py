@@ -355,6 +355,9 @@ def test_chat_options_reach_the_loader_and_the_first_turn(monkeypatch):
     for bad in (["--tree", "0"], ["--lookup", "maybe"], ["--seed", "-1"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["chat", *bad])
+    args = build_parser().parse_args(["chat", "--draft", "none"])  # the speculative side would not draft
+    with pytest.raises(SystemExit):
+        args.func(args)
 
 
 @async_test

@@ -15,7 +15,9 @@ def register(subparsers) -> None:
     add_model_args(p)
     add_drafting_args(p, none=False)
     p.add_argument("--seed", type=seed, default=None,
-                   help="random seed for sampled answers: both sides and every turn draw with it (default: none)")
+                   help="random seed for sampled answers: both sides and every turn draw with it (a model drafter "
+                        "with automatic draft length may still sample otherwise than vanilla: README, Seeds) "
+                        "(default: none)")
     p.add_argument("--temperature", type=non_negative, default=0.0, metavar="T", help="0 = greedy (default)")
     p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="answer length limit (default 256)")
     p.add_argument("--system", default="", metavar="TEXT", help="system prompt")
@@ -26,6 +28,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    if args.draft == "none":
+        args._parser.error("--draft none leaves the speculative side nothing to draft with; give a draft model, "
+                           "ngram, or leave it out for the pair's")
     if args.pair and args.target:
         args._parser.error(f"give --pair or --target, not both (got --pair {args.pair!r} --target {args.target!r})")
     ref = args.target or args.pair or DEFAULT_PAIR

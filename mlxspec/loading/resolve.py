@@ -100,9 +100,12 @@ def _did_you_mean(ref: str) -> str:
     """"; did you mean ...?" for the pair names (and weightless drafters) close to `ref`, else ""."""
     import difflib
 
-    names = list(pairs()) + list(WEIGHTLESS_DRAFTERS)
+    names = list(pairs())
     close = difflib.get_close_matches(ref, names, n=3, cutoff=0.6) or [n for n in names if n.lower() == ref.lower()]
-    return f"; did you mean {' or '.join(repr(n) for n in close)}?" if close else ""
+    if close:
+        return f"; did you mean {' or '.join(repr(n) for n in close)}?"
+    drafter = difflib.get_close_matches(ref, WEIGHTLESS_DRAFTERS, n=1, cutoff=0.6)
+    return f"; as a draft, did you mean {drafter[0]!r} (no model)?" if drafter else ""
 
 
 def check_mlx_folder(path: Path) -> Path:

@@ -47,15 +47,16 @@ class LoopbackOnly:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
             headers = Headers(scope=scope)
-            host, origin = headers.get("host", ""), headers.get("origin")
+            host, origin = headers.get("host"), headers.get("origin")
             why = None
-            if not is_loopback(_host_of(host) or ""):
+            if host is not None and not is_loopback(_host_of(host) or ""):  # browsers always send one
                 why = f"it is addressed to host {host[:80]!r}"
-            elif origin is not None and origin != "null" and not is_loopback(urlsplit(origin).hostname or ""):
-                why = f"it comes from a web page of {origin[:80]!r}"
+            elif origin is not None and (origin == "null" or not is_loopback(urlsplit(origin).hostname or "")):
+                why = f"it comes from a web page of {origin[:80]!r}"  # "null": a sandboxed or file: page
             if why:
                 error = APIError(403, f"this server is bound to this machine and refuses the request: {why}. Serve "
-                                      f"others with --host 0.0.0.0 and --api-key", code="forbidden_host")
+                                      f"others with --host 0.0.0.0 and --api-key, or through a proxy on this "
+                                      f"machine that sends 'Host: localhost'", code="forbidden_host")
                 await error.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -9,6 +9,7 @@ ignored; fields that would change the answer and are not implemented are refused
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -30,7 +31,7 @@ EXTENSIONS = {"repetition_penalty": (1.0, 0), "repeat_penalty": 1.0, "typical_p"
               "guided_choice": None, "guided_grammar": None, "grammar": None, "json_schema": None,
               "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
               "chat_template_kwargs": {}, "add_generation_prompt": True, "continue_final_message": False,
-              "role_mapping": None, "adapters": None, "bad_words": [], "allowed_token_ids": None,
+              "role_mapping": {}, "adapters": None, "bad_words": [], "allowed_token_ids": None,
               "include_stop_str_in_output": False, "truncate_prompt_tokens": None}
 # mlx-lm's server names for what is chosen here otherwise (a draft model is the server's to load).
 RENAMED = {"num_draft_tokens": "send num_draft instead (tokens drafted per round, or \"auto\")",
@@ -241,7 +242,7 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
         value = body.get(key)
         neutrals = neutral if isinstance(neutral, tuple) else (neutral,)
         if value is not None and not any(_neutral(value, n) for n in neutrals):
-            only = " or ".join(_show(n) for n in neutrals)
+            only = " or ".join(json.dumps(n) for n in neutrals)  # in the client's terms: null, false, []
             raise unsupported(f"{key} is not supported by this server (only {only}), got {_show(value)}", key)
     for key, instead in RENAMED.items():
         if body.get(key) is not None:
