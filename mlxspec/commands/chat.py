@@ -31,19 +31,17 @@ def run(args) -> int:
     if args.draft == "none":
         args._parser.error("--draft none leaves the speculative side nothing to draft with; give a draft model, "
                            "ngram, or leave it out for the pair's")
-    if args.pair and args.target:
-        args._parser.error(f"give --pair or --target, not both (got --pair {args.pair!r} --target {args.target!r})")
     ref = args.target or args.pair or DEFAULT_PAIR
     label = (f"{ref} + {args.draft}" if args.draft else ref) if args.target else f"the {ref} pair"
 
+    drafting = modelargs.drafting_options(args)
+
     def loader():
-        return modelargs.load_engine(args, drafter=args.drafter, num_draft=args.num_draft, tree=args.tree)
+        return modelargs.load_engine(args, **drafting)
 
     from tui import make_app
 
     app = make_app(loader=loader, loading_label=label, sequential=args.sequential, temperature=args.temperature,
-                   max_tokens=args.max_tokens, num_draft=args.num_draft, drafter=args.drafter, tree=args.tree,
-                   lookup=None if args.lookup is None else args.lookup == "on", system=args.system,
-                   colour=args.colour, seed=args.seed)
+                   max_tokens=args.max_tokens, system=args.system, colour=args.colour, seed=args.seed, **drafting)
     app.run()
     return app.return_code or 0

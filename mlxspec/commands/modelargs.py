@@ -50,6 +50,13 @@ def add_drafting_args(p, *, none: bool = True, per_request: bool = False) -> Non
                         "drafts alone")
 
 
+def drafting_options(args) -> dict:
+    """`add_drafting_args`'s flags as the keywords `load` and the engine take (no lookup unless given:
+    the engine's default)."""
+    return dict(drafter=args.drafter, num_draft=args.num_draft, tree=args.tree,
+                **({} if args.lookup is None else {"lookup": args.lookup == "on"}))
+
+
 def add_distributed_arg(p) -> None:
     """`--distributed`: for `generate`, `bench` and `serve` (see `quiet_unless_main`)."""
     p.add_argument("--distributed", action="store_true",

@@ -78,8 +78,7 @@ def run(args) -> int:
         args._parser.error(f"--api-key (or ${API_KEY_ENV}) must be printable ASCII without surrounding "
                            f"spaces, e.g. from `openssl rand -hex 16`")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
-    extra = {} if args.lookup is None else {"lookup": args.lookup == "on"}
-    engine = modelargs.load_engine(args, drafter=args.drafter, num_draft=args.num_draft, tree=args.tree, **extra)
+    engine = modelargs.load_engine(args, **modelargs.drafting_options(args))
     if is_distributed(engine) and not engine.coord.is_main:
         # Other ranks serve nothing: they warm up in step with rank 0, then run its requests.
         from ..serve.queue import warmup_temperatures
