@@ -135,7 +135,7 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
         path = out_dir / f"{name}.npz"
         if path.exists():
             if layers and not layers_path(path, layers).exists():  # answers kept, these layers not yet
-                ids, lens = train_draft.read_work(path, lambda p: (lambda z: (z["ids"], z["lens"]))(np.load(p)))
+                ids, lens = train_draft.read_arrays(path, "ids", "lens")
                 stored = np.split(ids, np.cumsum(lens)[:-1])
                 rows = features(model, [s.tolist() for s in stored], layers)
                 save_layers(path, layers, np.concatenate([r[1] for r in rows]))

@@ -55,10 +55,18 @@ def read_work(path, reader):
         raise damaged(path, e) from None
 
 
-def write_work_text(path: Path, text: str) -> None:
-    """Write a work file atomically: a stopped run leaves it whole or absent, never trusted half-written."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+def read_arrays(path, *keys) -> tuple:
+    """The arrays `keys` of an .npz work file, or `damaged(path)` raised if it cannot be read."""
+    def read(p):
+        z = np.load(p)
+        return tuple(z[k] for k in keys)
+    return read_work(path, read)
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    """Write an .npy work file whole or not at all: a later run trusts it because it exists."""
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, array)
     os.replace(tmp, path)
 
 
@@ -176,7 +184,9 @@ def stage_prompts(args, work: Path) -> dict:
     prompts = make_prompts(args.prompts + args.held_out, args.seed)
     train, held = split(prompts, args.held_out)
     data = {"train": train, "held_out": held}
-    write_work_text(path, json.dumps(data, indent=1))
+    from mlxspec.files import write_atomic
+
+    write_atomic(path, json.dumps(data, indent=1))  # whole or absent: a later run trusts it because it exists
     log(f"prompts: {len(train)} train, {len(held)} held out")
     return data
 

@@ -200,10 +200,7 @@ def layers_path(shard: Path, layers) -> Path:
 
 def save_layers(shard: Path, layers, rows: np.ndarray) -> None:
     """Write a shard's layer features atomically: a stopped run never leaves half a file."""
-    path = layers_path(shard, layers)
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, rows)
-    os.replace(tmp, path)
+    train_draft.save_array(layers_path(shard, layers), rows)
 
 
 def stage_layers(args, shards: list, layers) -> None:
@@ -217,7 +214,7 @@ def stage_layers(args, shards: list, layers) -> None:
     _, model = load_target(Path(args.gguf))
     t0, done = time.time(), 0
     for n, shard in enumerate(todo):
-        ids, lens = train_draft.read_work(shard, lambda p: (lambda z: (z["ids"], z["lens"]))(np.load(p)))
+        ids, lens = train_draft.read_arrays(shard, "ids", "lens")
         out, o = [], 0
         with torch.inference_mode():
             for b in range(0, len(lens), 16):  # right-padded rows: causal, so padding changes nothing before it
@@ -379,8 +376,7 @@ def load_features(shards: list, layers=()):
     (L, len(layers) * H) float16 or None)]; f[j] belongs to ids[j]."""
     train, held = [], []
     for shard in shards:
-        ids, feats, lens, plens = train_draft.read_work(
-            shard, lambda p: (lambda z: (z["ids"], z["feats"], z["lens"], z["plens"]))(np.load(p)))
+        ids, feats, lens, plens = train_draft.read_arrays(shard, "ids", "feats", "lens", "plens")
         multi = train_draft.read_work(layers_path(shard, layers), np.load) if layers else None
         o = 0
         for n, p in zip(lens, plens):
@@ -411,9 +407,7 @@ def stage_vocab(args, work: Path, train) -> np.ndarray:
     order = np.argsort(-counts, kind="stable")
     extra = order[~np.isin(order, base)][: args.draft_vocab - len(base)]
     top = np.sort(np.concatenate([base, extra])).astype(np.int32)
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, top)
-    os.replace(tmp, path)  # whole or absent: a later run trusts it because it exists
+    train_draft.save_array(path, top)
     log(f"draft vocabulary: {len(top)} tokens ({len(extra)} added to the --init head's {len(base)})" if init else
         f"draft vocabulary: {len(top)} tokens")
     log(f"they cover {counts[top].sum() / counts.sum():.4f} of answer tokens")
