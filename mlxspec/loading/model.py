@@ -70,10 +70,11 @@ def _load_gguf(res: Resolved):
         model, metadata, types = load_gguf_model(res.path)
         tokenizer = tokenizer_from_gguf(metadata)
     except MlxSpecError as e:  # said of the file (a target and a draft are two)
+        named = "" if str(res.path) in str(e) else f"{res.path}: "
         again = " (`mlxspec pull demo --force` fetches it again)" if res.source == "demo" else ""
-        if str(res.path) in str(e) and not again:
+        if not (named or again):
             raise
-        raise type(e)(("" if str(res.path) in str(e) else f"{res.path}: ") + f"{e}{again}") from None
+        raise type(e)(f"{named}{e}{again}") from None
     except Exception as e:  # metadata a reader could not use (a key missing, a value of another kind)
         raise MlxSpecError(f"{res.path}: its metadata does not describe a model this loader can build "
                            f"({type(e).__name__}: {one_line(e)})") from None
