@@ -45,6 +45,11 @@ class DistributedError(MlxSpecError):
     """The ranks of a distributed engine disagree (weights, tokenizers, outputs) or lost each other."""
 
 
+def is_distributed(engine) -> bool:
+    """The engine's target is sharded over several ranks (its Coordinator is active)."""
+    return bool(getattr(getattr(engine, "coord", None), "active", False))
+
+
 def history_hash(tokens: Sequence[int], h: int = 0) -> int:
     """A rolling hash of token ids, never 0 (0 means "no check" to `decide`); extend with `h`."""
     for t in tokens:

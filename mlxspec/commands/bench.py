@@ -131,12 +131,13 @@ def run(args) -> int:
         except ImportError:
             raise InvalidArgumentError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
 
+    from ..distributed import is_distributed
     from . import modelargs
 
     err = Console(stderr=True)
     with err.status("loading models"):
         engine = modelargs.load_engine(args)
-    if modelargs.is_distributed(engine):
+    if is_distributed(engine):
         modelargs.quiet_unless_main(engine, args)
         err = Console(stderr=True)  # rebound to the (possibly silenced) stderr
         args.no_peer = True  # mlx-lm's loop decides on each rank alone: its passes would not line up

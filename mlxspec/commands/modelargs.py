@@ -65,11 +65,6 @@ def add_distributed_arg(p) -> None:
                         "every rank runs the command, only rank 0 prints or writes files (default: off, one process)")
 
 
-def is_distributed(engine) -> bool:
-    """The engine's target is sharded over several ranks."""
-    return bool(getattr(getattr(engine, "coord", None), "active", False))
-
-
 def quiet_unless_main(engine, args=None) -> bool:
     """On ranks other than 0, silence stdout/stderr and drop output files; True on rank 0.
 

@@ -11,7 +11,7 @@ import os
 
 from ..errors import MlxSpecError
 from .argtypes import non_negative, positive
-from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, is_distributed
+from .modelargs import add_distributed_arg, add_drafting_args, add_model_args
 
 API_KEY_ENV = "MLXSPEC_API_KEY"
 
@@ -65,6 +65,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import logging
 
+    from ..distributed import is_distributed
     from ..serve import ServeOptions, serve
     from . import modelargs
 

@@ -19,6 +19,7 @@ from typing import Optional
 
 import uvicorn
 
+from ..distributed import is_distributed
 from .app import make_app
 from .local import is_loopback
 from .options import ServeOptions
@@ -59,7 +60,7 @@ class Server(uvicorn.Server):
         # Still warming up (seconds to minutes, one pass at a time on the worker thread, which cannot
         # be interrupted mid-pass): nothing is served or written yet, so end now. Not with several
         # ranks: they warm up in lockstep with this one, and are released after the warm-up.
-        if not self.started and not getattr(getattr(self.mlxspec.engine, "coord", None), "active", False):
+        if not self.started and not is_distributed(self.mlxspec.engine):
             print("\ninterrupted while warming up", file=sys.stderr, flush=True)
             os._exit(128 + sig)
         first = not self.should_exit
