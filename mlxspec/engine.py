@@ -12,6 +12,7 @@ request from rank 0), and rank 0 makes every decision (`mlxspec.distributed`).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import astuple
 from typing import Callable, Dict, Iterable, Iterator, Optional
@@ -33,6 +34,7 @@ from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafte
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
+from .tools import ToolFormat, check_tools, tool_format
 
 # V(j)/V(1) = 1 + slope * (j - 1) until measured (and no calibration file says otherwise): GPUs verify
 # several tokens for about the price of one; a CPU's price depends on what its matmuls run on.
@@ -253,7 +255,7 @@ class Engine:
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
-               lookup: Optional[bool] = None, cancel=None, **other) -> Iterator[TokenEvent]:
+               lookup: Optional[bool] = None, cancel=None, tools=None, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -277,6 +279,10 @@ class Engine:
                 long prompt, before any token (what was fed stays cached for the next request).
                 The stream then just ends, with no last event carrying a finish_reason;
                 `generate` returns what it had, with finish_reason "cancelled".
+            tools: OpenAI-style function tools ([{"type": "function", "function": {"name", "description",
+                "parameters"}}]) for the chat template to show the model; needs chat messages and a
+                template that renders tools. The calls come back as text, in the model's own format
+                (`Engine.tool_format` says which; the server turns them into `tool_calls`).
         """
         check_no_other_options(other, STREAM_OPTIONS)
         params = SamplingParams(temperature, top_p, top_k, min_p)
@@ -291,7 +297,7 @@ class Engine:
             raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
                                        f"{', '.join(self.drafters)}")
         name = "none" if not speculative else (drafter or self.default_drafter)  # the default is always there
-        ids = encode_prompt(prompt, self.tokenizer, self.vocab_size)
+        ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, tools=check_tools(tools))
         if self.context is not None and len(ids) >= self.context:
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
@@ -308,6 +314,11 @@ class Engine:
             request["params"] = astuple(params)
             return self._shared(request, cancel)
         return self._run(**request, cancel=cancel)
+
+    @functools.cached_property
+    def tool_format(self) -> Optional[ToolFormat]:
+        """How this model writes tool calls (markers and parser, from its chat template), or None."""
+        return tool_format(self.tokenizer)
 
     def follow(self) -> int:
         """Run rank 0's requests until it calls `release()` (ranks other than 0, e.g. behind a server).

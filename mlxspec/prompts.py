@@ -55,11 +55,16 @@ def has_chat_template(tokenizer) -> bool:
     return getattr(tokenizer, "chat_template", None) is not None
 
 
-def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
+def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = None) -> List[int]:
     """str (used as is), list[int] (or a 1-D integer array), or a list of chat messages
-    {"role", "content"} -> ids."""
+    {"role", "content"} -> ids. `tools` (OpenAI's function tools, checked by
+    `mlxspec.tools.check_tools`) go to the chat template with the messages."""
     if not isinstance(prompt, (str, list, tuple)) and getattr(prompt, "ndim", None) == 1:
         prompt = prompt.tolist()  # an mx.array or numpy array of token ids, as mlx-lm takes them
+    chat = isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
+    if tools and not chat:
+        raise InvalidArgumentError("tools need a prompt of chat messages (the chat template renders them); "
+                                   f"got a {'string' if isinstance(prompt, str) else 'token-id'} prompt")
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidArgumentError("prompt is empty: give a non-empty string, token-id list or message list")
@@ -68,7 +73,7 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
             raise InvalidArgumentError("a text prompt needs a tokenizer; this engine has none (pass token ids)")
         bos = getattr(tokenizer, "bos_token", None)
         ids = tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
-    elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+    elif chat:
         if tokenizer is None:
             raise InvalidArgumentError("chat messages need a tokenizer with a chat template; this engine has none")
         if not has_chat_template(tokenizer):
@@ -80,13 +85,15 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
         for i, m in enumerate(prompt):
             if "role" not in m or "content" not in m:
                 raise InvalidArgumentError(f"message {i} must have 'role' and 'content' keys, got {sorted(m)}")
+            if m["content"] is None and m.get("tool_calls"):  # an assistant turn that only called tools
+                messages.append(dict(m, content=""))
+                continue
             messages.append(dict(m, content=check_text(_message_text(m["content"], i), f"message {i}'s content")))
-        try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as e:  # jinja2's errors: a template that refuses these messages, or is broken
-            raise InvalidArgumentError(f"the model's chat template failed on these messages "
-                                       f"({type(e).__name__}: {one_line(e)}); e.g. some templates need roles to "
-                                       f"alternate user/assistant, or send a string prompt") from None
+        text = _render(tokenizer, messages, tools)
+        if tools and text == _render(tokenizer, messages, None):
+            raise InvalidArgumentError("tools: this model's chat template does not render tools, so the model "
+                                       "would never see them; send the messages without tools (or describe the "
+                                       "tools in a message), or use a model trained for tool calling")
         ids = tokenizer.encode(text, add_special_tokens=False)
     elif isinstance(prompt, (list, tuple)):
         if not prompt:
@@ -109,6 +116,16 @@ def encode_prompt(prompt, tokenizer, vocab_size: int) -> List[int]:
     if bad is not None:
         raise InvalidArgumentError(f"prompt token id {bad} is outside the vocabulary: ids must be in [0, {vocab_size})")
     return ids
+
+
+def _render(tokenizer, messages: list, tools: Optional[list]) -> str:
+    extra = {"tools": tools} if tools else {}
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+    except Exception as e:  # jinja2's errors: a template that refuses these messages, or is broken
+        raise InvalidArgumentError(f"the model's chat template failed on these messages "
+                                   f"({type(e).__name__}: {one_line(e)}); e.g. some templates need roles to "
+                                   f"alternate user/assistant, or send a string prompt") from None
 
 
 def check_max_tokens(max_tokens) -> int:

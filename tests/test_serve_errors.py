@@ -73,12 +73,25 @@ CHAT_CASES = [
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "string"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[0]", "only text"),
+    # tools: checked here; this model's template does not show them, which the engine finds
+    ({"messages": HI, "tools": [{"type": "retrieval"}]}, "tools", "only function tools"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "does not render tools"),
+    ({"messages": HI, "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+    ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id", "id of the call"),
+    ({"messages": [{"role": "user", "content": "a", "tool_calls": []}]}, "messages[0].tool_calls", "only assistant"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f",
+                                                                                        "arguments": "{x"}}]}]},
+     "messages[0].tool_calls[0].function.arguments", "must be JSON"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}]},
+     "messages[0].tool_calls[0]", "\"function\""),
 ]
 UNSUPPORTED = [
     ({"messages": HI, "n": 2}, "n"),
-    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"messages": HI, "tool_choice": "auto"}, "tool_choice"),
-    ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "a"}]}, "messages[0]"),
+    ({"messages": HI, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": HI, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"messages": HI, "functions": [{"name": "f"}]}, "functions"),
+    ({"messages": HI, "function_call": "auto"}, "function_call"),
+    ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages[0]"),
     ({"messages": HI, "logprobs": True}, "logprobs"),
     ({"messages": HI, "top_logprobs": 2}, "top_logprobs"),
     ({"messages": HI, "presence_penalty": 0.5}, "presence_penalty"),
@@ -137,6 +150,7 @@ def test_unsupported_features_are_400_saying_so(server, body, param):
     ({"prompt": "a", "echo": True}, "echo", "not supported"),
     ({"prompt": "a", "suffix": "b"}, "suffix", "not supported"),
     ({"prompt": "a", "best_of": 3}, "best_of", "not supported"),
+    ({"prompt": "a", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "chat endpoint"),
 ])
 def test_bad_completion_fields_are_400(server, body, param, says):
     assert_error(post(server[0], "/v1/completions", body), 400, param=param, says=says)

@@ -17,6 +17,16 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# The same turns, with tools shown in a system turn and calls written Qwen's way (so mlx-lm's
+# inference reads its format as "json_tools": <tool_call>{"name", "arguments"}</tool_call>).
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n"
+    "Call one as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m.tool_calls %}{% for tc in m.tool_calls %}"
+    "{% set tool_call = tc.function %}<tool_call>{\"name\": \"{{ tool_call.name }}\", \"arguments\": "
+    "{{ tool_call.arguments | tojson }}}</tool_call>{% endfor %}{% else %}{{ m['content'] }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def float32_tol(floor: float = 1e-4) -> float:
@@ -125,6 +135,42 @@ class RoundingModel(nn.Module):
         return mx.broadcast_to(z[None], (B, S, z.shape[-1]))
 
 
+class ScriptedModel(nn.Module):
+    """A model that writes a given text: after `say(ids, after)`, the token fed at position
+    `after - 1 + i` predicts ids[i] (by a wide margin), and every other position predicts
+    <|im_end|>. Its logits depend on positions only (a tree pass's too), so every drafter and
+    cache path gives the same tokens; the KV cache only tracks positions."""
+
+    def __init__(self, *, vocab: int = VOCAB, length: int = 2048):
+        super().__init__()
+        self.args = SimpleNamespace(vocab_size=vocab, max_position_embeddings=length)
+        self.vocab, self.length = vocab, length
+        self.layers = [None]
+        self.say([], 1)
+
+    def say(self, ids, after: int) -> None:
+        """Generate `ids` after a prompt of `after` tokens (and nothing said before)."""
+        rows = [SPECIALS.index("<|im_end|>")] * self.length
+        rows[after - 1: after - 1 + len(ids)] = list(ids)
+        self.rows = mx.array(rows, dtype=mx.int32)
+        mx.eval(self.rows)  # here: MLX runs a lazy array on the thread that made it (a server's worker is another)
+
+    def make_cache(self):
+        return [KVCache()]
+
+    def __call__(self, inputs, cache=None):
+        B, S = inputs.shape
+        offset = cache[0].offset if cache else 0
+        if cache:
+            blank = mx.zeros((B, 1, S, 1))
+            cache[0].update_and_fetch(blank, blank)
+        # A tree pass's cache gives one position per row (mlxspec.tree_forward)
+        positions = offset if isinstance(offset, mx.array) and offset.ndim == 1 else offset + mx.arange(S)
+        targets = self.rows[mx.minimum(positions, self.length - 1)]
+        z = 10.0 * (mx.arange(self.vocab)[None] == targets[:, None])  # (S, V)
+        return mx.broadcast_to(z[None], (B, S, self.vocab))
+
+
 def accept_every_draft(p):
     """A deliberately wrong greedy verifier (for `mlxspec.loop.read`): every draft stands.
 
@@ -140,7 +186,7 @@ def accept_every_draft(p):
     return drafts + [rows[p.k]], p.k, finite, drafts
 
 
-def make_tokenizer():
+def make_tokenizer(chat_template: str = CHAT_TEMPLATE):
     """A real Hugging Face byte-level BPE tokenizer (no merges) wrapped like mlx-lm wraps tokenizers."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -158,7 +204,7 @@ def make_tokenizer():
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", bos_token=None, pad_token="<|endoftext|>",
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     return TokenizerWrapper(fast)
 
 

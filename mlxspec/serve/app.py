@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from ..errors import shown as _show
 from ..stats import acceptance_text
+from ..tools import ToolCallReader
 from . import schema
 from .errors import APIError, from_engine, invalid
 from .local import LoopbackOnly, is_loopback
@@ -120,13 +121,14 @@ def _endpoint(parse: Callable) -> Callable:
         state.note_model(req.model)
         job = state.queue.submit(req.prompt, req.options)
         shapes = Shapes(req.kind, state.model_id)
+        reader = _tool_reader(state.engine, req)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, state.queue, job))
         streaming = False
         try:
             first = await _next(job, req.prompt_param)
             if req.stream:
                 streaming = True
-                return EventStream(_events(job, shapes, first, req), on_close=lambda: state.queue.cancel(job))
+                return EventStream(_events(job, shapes, first, req, reader), on_close=lambda: state.queue.cancel(job))
             pieces, finish = [], None
             events = first
             while events:
@@ -136,13 +138,34 @@ def _endpoint(parse: Callable) -> Callable:
             if job.stats is None or finish is None:  # cancelled: the client is gone, nobody reads this
                 return Response(status_code=499)
             _log_done(shapes.id, job)
-            return JSONResponse(shapes.completion("".join(pieces), finish, job.stats))
+            text, calls = "".join(pieces), []
+            if reader is not None:
+                (head, first_calls), (tail, last_calls) = reader.feed(text), reader.finish()
+                text, calls = head + tail, first_calls + last_calls
+            return JSONResponse(shapes.completion(text, _finish(finish, calls), job.stats, calls))
         finally:
             watcher.cancel()  # a stream's disconnects are watched by StreamingResponse itself
             if not streaming:
                 state.queue.cancel(job)  # no-op once done; frees the engine if this task was cancelled
 
     return endpoint
+
+
+def _tool_reader(engine, req: schema.GenerationRequest) -> Optional[ToolCallReader]:
+    """Reads the model's tool calls back when the request showed it tools and its format is known
+    (a template that renders tools in a format mlx-lm does not know: the calls stay text)."""
+    fmt = getattr(engine, "tool_format", None) if req.tools else None
+    return ToolCallReader(fmt, req.tools) if fmt is not None else None
+
+
+def _finish(reason: Optional[str], calls) -> Optional[str]:
+    """OpenAI's "tool_calls" when the model stopped after calling tools (a cut answer stays "length")."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def _indexed(calls: list, start: int) -> list:
+    """Stream deltas' calls carry their index among the answer's calls."""
+    return [dict(call, index=start + i) for i, call in enumerate(calls)]
 
 
 async def _next(job: Job, prompt_param: str):
@@ -167,9 +190,21 @@ class EventStream(StreamingResponse):
             self.on_close()
 
 
-async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest):
-    """The SSE body: role chunk (chat), text chunks, the finish chunk with figures, usage, [DONE]."""
+async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest,
+                  reader: Optional[ToolCallReader] = None):
+    """The SSE body: role chunk (chat), text (and tool-call) chunks, the finish chunk with figures,
+    usage, [DONE]."""
     usage = req.include_usage
+    called = 0  # tool calls sent so far
+
+    def deltas(text: str, calls: list):
+        nonlocal called
+        if text:
+            yield sse(shapes.chunk(text, include_usage=usage))
+        if calls:
+            yield sse(shapes.chunk(tool_calls=_indexed(calls, called), include_usage=usage))
+            called += len(calls)
+
     try:
         if shapes.chat:
             yield sse(shapes.chunk(first=True, include_usage=usage))
@@ -177,12 +212,15 @@ async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest
         while events:
             text = "".join(ev.text for ev in events)
             finish = events[-1].finish_reason or finish
-            if text:
-                yield sse(shapes.chunk(text, include_usage=usage))
+            for chunk in deltas(*(reader.feed(text) if reader is not None else (text, []))):
+                yield chunk
             events = await _next(job, req.prompt_param)
         if finish is None:  # cancelled without an error: the client is gone
             return
-        yield sse(shapes.chunk(finish_reason=finish, stats=job.stats, include_usage=usage))
+        if reader is not None:  # what it held back to the end
+            for chunk in deltas(*reader.finish()):
+                yield chunk
+        yield sse(shapes.chunk(finish_reason=_finish(finish, called), stats=job.stats, include_usage=usage))
         if usage:
             yield sse(shapes.usage_chunk(job.stats))
         _log_done(shapes.id, job)

@@ -44,7 +44,7 @@ def invalid(message: str, param: Optional[str] = None, code: str = "invalid_valu
 
 
 def unsupported(message: str, param: str) -> APIError:
-    """A 400 for an OpenAI feature this server does not implement (n > 1, tools, logprobs...)."""
+    """A 400 for an OpenAI feature this server does not implement (n > 1, logprobs, forced tool calls...)."""
     return APIError(400, message, param=param, code="unsupported_parameter")
 
 
@@ -62,8 +62,9 @@ def from_engine(exc: BaseException, prompt_param: str) -> APIError:
                         code="context_length_exceeded")
     if isinstance(exc, InvalidArgumentError):  # what only the engine can check: the prompt, the drafter
         message = str(exc)
-        field = message.split(" ", 1)[0]
-        return invalid(message, prompt_param if field == "prompt" else field if field == "drafter" else None)
+        field = message.split(" ", 1)[0].rstrip(":")
+        param = prompt_param if field == "prompt" else field if field in ("drafter", "tools") else None
+        return invalid(message, param)
     if isinstance(exc, NumericalError):
         return APIError(500, str(exc), code="numerical_error")
     return APIError(500, f"the engine failed ({type(exc).__name__}: {exc}); the server keeps serving",

@@ -40,11 +40,14 @@ class Shapes:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def completion(self, text: str, finish_reason: str, stats: GenerationStats) -> dict:
-        """The whole answer of a request without `stream`."""
+    def completion(self, text: str, finish_reason: str, stats: GenerationStats,
+                   tool_calls: Optional[list] = None) -> dict:
+        """The whole answer of a request without `stream` (`content` null when only tools were called)."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
+            message = {"role": "assistant", "content": text or (None if tool_calls else "")}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
             body = self._head("chat.completion")
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
@@ -53,12 +56,16 @@ class Shapes:
         return body
 
     def chunk(self, text: Optional[str] = None, *, first: bool = False, finish_reason: Optional[str] = None,
-              stats: Optional[GenerationStats] = None, include_usage: bool = False) -> dict:
-        """A stream chunk: the role (first), new text, or the finish reason with the mlxspec figures."""
+              stats: Optional[GenerationStats] = None, include_usage: bool = False,
+              tool_calls: Optional[list] = None) -> dict:
+        """A stream chunk: the role (first), new text or tool calls (each whole, with its `index`
+        among the answer's calls), or the finish reason with the mlxspec figures."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if first else {}
             if text:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             body = self._head("chat.completion.chunk")
         else:

@@ -16,10 +16,12 @@ from typing import Any, Callable, Dict, List, Optional
 from ..errors import InvalidArgumentError, shown as _show
 from ..prompts import check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
 from ..sampling import validate as validate_sampling
+from ..tools import check_tools
 from .errors import invalid, unsupported
 from .options import ServeOptions
 
-ROLES = ("system", "user", "assistant")  # what a chat template renders; "developer" is read as "system"
+ROLES = ("system", "user", "assistant", "tool")  # what a chat template renders; "developer" is read as "system"
+TOOL_CHOICES = ("auto", "none")  # "required" or a named function would need constrained decoding
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
@@ -49,6 +51,11 @@ class GenerationRequest:
     model: Optional[str] = None  # the name the client asked for
 
     @property
+    def tools(self) -> Optional[list]:
+        """The tools shown to the model (options["tools"]): its calls are read back as `tool_calls`."""
+        return self.options.get("tools")
+
+    @property
     def prompt_param(self) -> str:
         return "messages" if self.kind == "chat" else "prompt"
 
@@ -56,7 +63,17 @@ class GenerationRequest:
 def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> GenerationRequest:
     """POST /v1/chat/completions body -> GenerationRequest; `defaults` fill the fields left out."""
     _refuse_unsupported(body, chat=True)
-    return _common(body, "chat", _messages(body.get("messages")), defaults or ServeOptions())
+    req = _common(body, "chat", _messages(body.get("messages")), defaults or ServeOptions())
+    tools = _check(check_tools, body.get("tools"), "tools")
+    choice = body.get("tool_choice")
+    if choice is not None and choice not in TOOL_CHOICES:
+        raise unsupported(f"tool_choice {_show(choice)} is not supported by this server: forcing a call needs "
+                          f"constrained decoding; send \"auto\" (the model decides) or \"none\"", "tool_choice")
+    if body.get("parallel_tool_calls") is not None:
+        _flag(body, "parallel_tool_calls", True)  # checked, not enforced: the model writes the calls it writes
+    if tools and choice != "none":  # "none": the model is not shown them, so it cannot call them
+        req.options["tools"] = tools
+    return req
 
 
 def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> GenerationRequest:
@@ -161,14 +178,57 @@ def _messages(messages) -> List[dict]:
         if not isinstance(m, dict):
             raise invalid(f"{param} must be an object with 'role' and 'content', got {_show(m)}", param)
         role = m.get("role")
-        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
-            raise unsupported(f"{param}: tool and function calls are not supported by this server", param)
+        if role == "function" or m.get("function_call"):
+            raise unsupported(f"{param}: function messages (OpenAI's deprecated function calling) are not "
+                              "supported by this server; send tool messages", param)
         if role == "developer":
             role = "system"
         if role not in ROLES:
             raise invalid(f"{param}.role must be one of {', '.join(ROLES)} (or developer, read as system), "
                           f"got {_show(role)}", f"{param}.role")
-        out.append({"role": role, "content": _content(m.get("content"), f"{param}.content")})
+        calls = m.get("tool_calls")
+        if calls is not None and role != "assistant":
+            raise invalid(f"{param}: only assistant messages carry tool_calls, this one is {role}",
+                          f"{param}.tool_calls")
+        message = {"role": role}
+        if calls:
+            message["tool_calls"] = _tool_calls(calls, f"{param}.tool_calls")
+            content = m.get("content")
+            message["content"] = None if content is None else _content(content, f"{param}.content")
+        else:
+            message["content"] = _content(m.get("content"), f"{param}.content")
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise invalid(f"{param}.tool_call_id must be the id of the call this message answers, got "
+                              f"{_show(call_id)}", f"{param}.tool_call_id")
+            message["tool_call_id"] = call_id
+            if isinstance(m.get("name"), str):
+                message["name"] = m["name"]
+        out.append(message)
+    return out
+
+
+def _tool_calls(calls, param: str) -> List[dict]:
+    """An assistant message's tool_calls, with each call's `arguments` as an object: chat templates
+    write them back with `tojson`, and OpenAI sends them as a JSON string."""
+    if not isinstance(calls, list):
+        raise invalid(f"{param} must be a list of tool calls, got {_show(calls)}", param)
+    out = []
+    for j, call in enumerate(calls):
+        where = f"{param}[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise invalid(f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                          f"\"arguments\"}}}}, got {_show(call)}", where)
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError as e:
+                raise invalid(f"{where}.function.arguments must be JSON (an object as a string), got "
+                              f"{_show(args)} ({e})", f"{where}.function.arguments") from None
+        out.append({"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
     return out
 
 
@@ -217,12 +277,15 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
     best_of = body.get("best_of")
     if best_of is not None and best_of != 1 or isinstance(best_of, bool):
         raise unsupported(f"best_of other than 1 is not supported by this server, got {_show(best_of)}", "best_of")
-    for key in ("tools", "functions"):
-        if body.get(key):
-            raise unsupported(f"{key}: tool and function calling are not supported by this server", key)
-    for key in ("tool_choice", "function_call"):
-        if body.get(key) not in (None, "none"):
-            raise unsupported(f"{key}: tool and function calling are not supported by this server", key)
+    if body.get("functions"):
+        raise unsupported("functions (OpenAI's deprecated function calling) is not supported by this server; "
+                          "send tools instead", "functions")
+    if body.get("function_call") not in (None, "none"):
+        raise unsupported("function_call (deprecated) is not supported by this server; send tool_choice instead",
+                          "function_call")
+    if not chat and body.get("tools"):
+        raise unsupported("tools need the chat endpoint (POST /v1/chat/completions), where the chat template "
+                          "shows them to the model", "tools")
     logprobs = body.get("logprobs")
     if (logprobs not in (None, False)) if chat else (logprobs is not None):
         raise unsupported(f"logprobs are not supported by this server, got logprobs={_show(logprobs)}", "logprobs")

@@ -1,0 +1,195 @@
+"""Tool calling: the tools a chat template renders, and the calls a model writes back.
+
+A model trained for tools writes each call between two markers its chat template names
+(Qwen's `<tool_call>` ... `</tool_call>`, Mistral's `[TOOL_CALLS]` to the end...). mlx-lm
+knows these formats and their parsers (`mlx_lm.tool_parsers`) and infers a tokenizer's from
+its chat template when it loads one; `tool_format` asks it the same for tokenizers it did not
+load (a GGUF's). `ToolCallSplitter` splits generated text into plain text and the calls'
+bodies as it streams, holding back what could still become a marker, and `parse_calls` turns
+the bodies into OpenAI `tool_calls`. Nothing here changes what the model generates.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Tuple
+
+from .errors import InvalidArgumentError, shown
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a model writes a tool call: between `start` and `end` (empty: to the end of the text)."""
+
+    start: str
+    end: str
+    parse: Callable[[str, Optional[list]], Any]  # a call's body -> {"name", "arguments"} (or a list of them)
+    name: str = ""  # mlx-lm's name for the format ("json_tools", "mistral", ...)
+
+
+def tool_format(tokenizer) -> Optional[ToolFormat]:
+    """The tool-call format of `tokenizer`'s chat template, or None when it shows none."""
+    if getattr(tokenizer, "has_tool_calling", False) is True:  # mlx-lm loaded it and found one
+        return ToolFormat(tokenizer.tool_call_start, tokenizer.tool_call_end or "", tokenizer.tool_parser)
+    if tokenizer is None or not isinstance(getattr(tokenizer, "chat_template", None), str):
+        return None
+    try:  # mlx-lm's own inference (private, so a newer mlx-lm may move it: then no tools, not a crash)
+        from mlx_lm.tokenizer_utils import _infer_tool_parser
+
+        name = _infer_tool_parser(tokenizer)
+        if name is None:
+            return None
+        module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+        return ToolFormat(module.tool_call_start, module.tool_call_end or "", module.parse_tool_call, name)
+    except Exception:
+        return None
+
+
+def check_tools(tools) -> Optional[List[dict]]:
+    """OpenAI's `tools`: a list of {"type": "function", "function": {"name", "description"?,
+    "parameters"?}}. Returns it (None or [] as None); InvalidArgumentError naming what is wrong."""
+    if tools is None:
+        return None
+    if not isinstance(tools, (list, tuple)):
+        raise InvalidArgumentError(f"tools must be a list of {{\"type\": \"function\", \"function\": {{...}}}} "
+                                   f"objects, got {shown(tools)}")
+    names = set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise InvalidArgumentError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                                       f"\"parameters\": {{...}}}}}} (only function tools exist), got {shown(tool)}")
+        fn = tool["function"]
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"{where}.function.name must be a non-empty string, got {shown(name)}")
+        if name in names:
+            raise InvalidArgumentError(f"{where}.function.name {name!r} is given twice; tool names must differ")
+        names.add(name)
+        for key, kind in (("description", str), ("parameters", dict)):
+            if fn.get(key) is not None and not isinstance(fn[key], kind):
+                raise InvalidArgumentError(f"{where}.function.{key} must be a "
+                                           f"{'string' if kind is str else 'JSON Schema object'}, got {shown(fn[key])}")
+    return list(tools) or None
+
+
+class ToolCallSplitter:
+    """Streamed text -> ("text", str) and ("call", body) pieces, in order.
+
+    Text that could still grow into the start marker is held back until it cannot; a call's
+    body is handed out once its end marker has come (or, with an empty end marker or a cut
+    generation, at `finish`)."""
+
+    def __init__(self, fmt: ToolFormat):
+        self.fmt = fmt
+        self._buf = ""
+        self._in_call = False
+
+    def feed(self, text: str) -> List[Tuple[str, str]]:
+        self._buf += text
+        out = []
+        while True:
+            if self._in_call:
+                end = self._buf.find(self.fmt.end) if self.fmt.end else -1
+                if end < 0:
+                    return out
+                out.append(("call", self._buf[:end]))
+                self._buf = self._buf[end + len(self.fmt.end):]
+                self._in_call = False
+            else:
+                start = self._buf.find(self.fmt.start)
+                if start < 0:
+                    keep = _partial_marker(self._buf, self.fmt.start)
+                    if len(self._buf) > keep:
+                        out.append(("text", self._buf[: len(self._buf) - keep]))
+                        self._buf = self._buf[len(self._buf) - keep:]
+                    return out
+                if start:
+                    out.append(("text", self._buf[:start]))
+                self._buf = self._buf[start + len(self.fmt.start):]
+                self._in_call = True
+
+    def finish(self) -> List[Tuple[str, str]]:
+        """What is left at the end: held-back text, or an open call ("open_call": its end never came)."""
+        rest, self._buf = self._buf, ""
+        if self._in_call:
+            self._in_call = False
+            return [("call" if not self.fmt.end else "open_call", rest)]
+        return [("text", rest)] if rest else []
+
+
+def _partial_marker(text: str, marker: str) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+def parse_calls(body: str, fmt: ToolFormat, tools: Optional[list]) -> Optional[List[dict]]:
+    """One call's body -> OpenAI tool calls ({"id", "type": "function", "function": {"name",
+    "arguments": a JSON string}}), or None when the body is not a call the format can read."""
+    try:
+        parsed = fmt.parse(body, tools)
+    except Exception:  # the parsers raise what their formats' readers raise (json, ast, regex misses)
+        return None
+    calls = []
+    for call in parsed if isinstance(parsed, list) else [parsed]:
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return None
+        args = call.get("arguments", {})
+        if not isinstance(args, str):  # OpenAI sends arguments as a JSON string
+            args = json.dumps(args, ensure_ascii=False)
+        calls.append({"id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                      "function": {"name": call["name"], "arguments": args}})
+    return calls or None
+
+
+class ToolCallReader:
+    """Generated text -> (plain text, OpenAI tool calls), as it streams.
+
+    A call its format cannot read, or one cut off by `max_tokens`, stays in the text as the
+    model wrote it, markers included: nothing generated is dropped. Whitespace that only
+    separates calls (or trails them) is not text."""
+
+    def __init__(self, fmt: ToolFormat, tools: Optional[list]):
+        self.fmt, self.tools = fmt, tools
+        self.calls = 0  # calls read so far
+        self._splitter = ToolCallSplitter(fmt)
+        self._space = ""  # whitespace held until text follows it (or the end, when no call came)
+        self._after_call = False
+
+    def feed(self, text: str) -> Tuple[str, List[dict]]:
+        return self._read(self._splitter.feed(text))
+
+    def finish(self) -> Tuple[str, List[dict]]:
+        text, calls = self._read(self._splitter.finish())
+        if not self.calls:
+            text, self._space = text + self._space, ""
+        return text, calls
+
+    def _read(self, pieces) -> Tuple[str, List[dict]]:
+        out, calls = [], []
+        for kind, body in pieces:
+            if kind != "text":
+                parsed = parse_calls(body, self.fmt, self.tools) if kind == "call" else None
+                if parsed is not None:
+                    calls.extend(parsed)
+                    self._space, self._after_call = "", True
+                    continue
+                body = self.fmt.start + body + (self.fmt.end if kind == "call" else "")
+            if self._after_call:  # the whitespace a model writes after a call is not text either
+                body = body.lstrip()
+                if not body:
+                    continue
+                self._after_call = False
+            body = self._space + body
+            kept = body.rstrip()  # trailing whitespace waits: it may only come before a call
+            self._space = body[len(kept):]
+            if kept:
+                out.append(kept)
+        self.calls += len(calls)
+        return "".join(out), calls

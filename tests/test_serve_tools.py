@@ -1,0 +1,131 @@
+"""Tool calling through `mlxspec serve` and the official openai client, with a model that writes given text.
+
+The model (`tiny.ScriptedModel`) writes what each test gives it after the prompt it will get, so
+the calls, the text around them and the place a cut falls are the test's to choose; everything
+else (the chat template with tools, the speculative loop, detokenising, streaming) is the real path.
+"""
+
+import json
+
+import httpx
+import pytest
+
+import tiny
+from mlxspec.engine import Engine
+from mlxspec.prompts import encode_prompt
+from serve_helpers import TIMEOUT, GatedEngine, iter_sse, openai_client, running_server
+
+pytest.importorskip("openai")
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+ASK = [{"role": "user", "content": "Weather in Paris and Rome?"}]
+PARIS = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+ROME = '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def served():
+    tok = tiny.make_tokenizer(tiny.TOOLS_TEMPLATE)
+    model = tiny.ScriptedModel()
+    # A few ms a token, so a stream's two calls reach the client in different batches of events.
+    with running_server(GatedEngine(Engine(model, tok), per_token_seconds=0.004), model_id="scripted") as (url, _):
+        yield url, model, tok
+
+
+@pytest.fixture
+def say(served):
+    """say(text, messages, tools): the model writes `text` after the prompt these make."""
+    _, model, tok = served
+
+    def say(text, messages=ASK, tools=(WEATHER,)):
+        prompt = encode_prompt(messages, tok, tiny.VOCAB, tools=list(tools) or None)
+        model.say(tok.encode(text, add_special_tokens=False), len(prompt))
+        return len(prompt)
+
+    return say
+
+
+@pytest.fixture
+def client(served):
+    return openai_client(served[0])
+
+
+def test_calls_come_back_as_tool_calls(client, say):
+    say(PARIS + "\n" + ROME)
+    r = client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=200)
+    (choice,) = r.choices
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None and choice.message.role == "assistant"
+    calls = choice.message.tool_calls
+    assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("function", "get_weather", {"city": "Paris"}), ("function", "get_weather", {"city": "Rome"})]
+    assert all(c.id.startswith("call_") for c in calls) and calls[0].id != calls[1].id
+
+
+def test_streamed_calls_equal_the_whole_answers(client, say):
+    say("Let me check.\n" + PARIS + "\n" + ROME)
+    whole = client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=200)
+    chunks = list(client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=200,
+                                                 stream=True))
+    deltas = [c.choices[0].delta for c in chunks]
+    text = "".join(d.content or "" for d in deltas)
+    streamed = [tc for d in deltas for tc in d.tool_calls or []]
+    assert text == whole.choices[0].message.content == "Let me check."
+    assert [tc.index for tc in streamed] == [0, 1]
+    assert [(tc.function.name, tc.function.arguments) for tc in streamed] == [
+        (c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls]
+    assert all(tc.type == "function" and tc.id.startswith("call_") for tc in streamed)
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason == "tool_calls"
+    # no chunk ever showed part of a call's markup as text
+    assert not any("<tool" in (d.content or "") for d in deltas)
+
+
+def test_a_call_cut_by_max_tokens_stays_text_and_finishes_length(served, say):
+    say(PARIS)
+    body = {"messages": ASK, "tools": [WEATHER], "max_tokens": 30}
+    r = httpx.post(f"{served[0]}/v1/chat/completions", json=body, timeout=TIMEOUT).json()
+    (choice,) = r["choices"]
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == PARIS[:30]  # one byte per token: nothing dropped
+    with httpx.stream("POST", f"{served[0]}/v1/chat/completions", json=dict(body, stream=True),
+                      timeout=TIMEOUT) as response:
+        events = [e for e in iter_sse(response) if e is not None]
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == PARIS[:30]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_text_that_is_no_call_is_answered_as_text(client, say):
+    say("It is <b>sunny</b> in <tool_calls> land.")
+    r = client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=200)
+    assert r.choices[0].message.content == "It is <b>sunny</b> in <tool_calls> land."
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
+
+
+def test_tool_choice_none_does_not_show_the_tools(client, say):
+    shown = say("fine", tools=[WEATHER])
+    plain = say(PARIS, tools=())
+    r = client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], tool_choice="none",
+                                       max_tokens=200)
+    assert r.usage.prompt_tokens == plain < shown
+    assert r.choices[0].message.content == PARIS and r.choices[0].message.tool_calls is None  # not read as a call
+
+
+def test_the_calls_and_their_results_go_back_to_the_model(client, say):
+    first = say(PARIS)
+    r = client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=200)
+    call = r.choices[0].message.tool_calls[0]
+    turns = ASK + [r.choices[0].message.model_dump(exclude_none=True),
+                   {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
+    # what the template should get: the call's arguments as an object, as chat templates write them back
+    rendered = ASK + [{"role": "assistant", "content": None,
+                       "tool_calls": [{"id": call.id, "type": "function",
+                                       "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                      {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
+    second = say("Paris: 18 C and sunny.", messages=rendered)
+    assert second > first
+    r = client.chat.completions.create(model="scripted", messages=turns, tools=[WEATHER], max_tokens=200)
+    assert r.choices[0].message.content == "Paris: 18 C and sunny." and r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens == second
