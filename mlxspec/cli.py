@@ -48,8 +48,45 @@ def parser_args(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
     if extra:
         subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         command = subparsers.choices.get(getattr(args, "command", None) or "", parser)
-        command.error(f"unrecognized arguments: {' '.join(extra)}")
+        hints = _hints(extra, args)
+        command.error(f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else ""))
     return args
+
+
+# mlx-lm's flags (mlx_lm.generate, mlx_lm.server) that are spelt otherwise here
+MLX_LM_FLAGS = {
+    "--model": "mlx-lm's --model is --target REF here (a Hugging Face repo, a folder or a GGUF), or --pair NAME "
+               "for a curated pair (mlxspec models)",
+    "--prompt": "the prompt is the positional argument here: mlxspec generate \"TEXT\"",
+    "-p": "the prompt is the positional argument here: mlxspec generate \"TEXT\"",
+    "--draft-model": "mlx-lm's --draft-model is --draft REF here",
+    "--num-draft-tokens": "mlx-lm's --num-draft-tokens is --num-draft N here",
+    "--ignore-chat-template": "mlx-lm's --ignore-chat-template is --no-chat-template here",
+}
+
+
+def _hints(extra: list, args: argparse.Namespace) -> list:
+    """What the unrecognized arguments were probably meant as."""
+    hints, words, value = [], [], False
+    for arg in extra:
+        hint = MLX_LM_FLAGS.get(arg.split("=", 1)[0])
+        if hint and hint not in hints:
+            hints.append(hint)
+        if not arg.startswith("-") and not value:
+            words.append(arg)
+        value = bool(hint) and "=" not in arg  # the word after such a flag is its value, not more prompt
+    if getattr(args, "command", None) == "generate" and words:
+        prompt = getattr(args, "prompt", None)
+        hints.append("the prompt is one argument: quote it")
+        from .loading.registry import pairs
+
+        try:
+            known = pairs()
+        except Exception:  # a broken user models.toml is reported where it is used, not in a hint
+            known = {}
+        if prompt in known:
+            hints.append(f"to choose the pair {prompt}, use --pair {prompt}")
+    return hints
 
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:

@@ -437,6 +437,22 @@ def test_an_unknown_option_is_told_with_its_command_s_usage(capsys):
     assert "mlxspec: error: unrecognized arguments: --bogus" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, says, not_says", [
+    (["generate", "--model", "demo", "hi"], "--target REF here", "quote it"),
+    (["generate", "--prompt", "hi"], "the prompt is the positional argument", "--target"),
+    (["generate", "hi", "--draft-model=x"], "--draft REF here", "quote it"),
+    (["generate", "demo", "Name three rivers."], "use --pair demo", "--target"),
+    (["generate", "Name", "three", "rivers."], "quote it", "--pair"),
+    (["serve", "--num-draft-tokens", "3"], "--num-draft N here", "quote it"),
+])
+def test_mlx_lm_s_flags_and_an_unquoted_prompt_get_a_hint(capsys, argv, says, not_says):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "unrecognized arguments" in err
+    assert says in err and not_says not in err
+
+
 def test_the_stats_line_starts_with_the_prompt():
     from mlxspec.commands.generate import stats_line
     from mlxspec.stats import GenerationStats
