@@ -29,8 +29,10 @@ from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
+from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
-                      check_no_other_options, check_num_draft, check_seed, check_stop, check_tree, encode_prompt)
+                      check_no_other_options, check_num_draft, check_prompt_cache_size, check_seed, check_stop,
+                      check_tree, encode_prompt)
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
@@ -82,6 +84,11 @@ class Engine:
             also copy, step by step, where the text repeats and the head is unsure
             (`drafters.chaincopy`; also with a fixed num_draft).
         prefill_step: prompt tokens fed per pass (default 512); a cancelled request stops between two.
+        prompt_cache_size: earlier histories kept for when their conversation comes back (default
+            0: the caches hold the last request's only; `mlxspec.prompt_cache`). A request that
+            would discard 64 or more cached tokens parks a copy of them; one that shares more
+            with a parked history than with the live caches swaps it in. Each costs the memory of
+            its KV cache. Not with several ranks.
         cost_prior: V(j)/V(1) ratios to start the cost model from; default: the curve saved by
             `mlxspec calibrate` for this model on this device, if any.
         group: an `mx.distributed.Group` the target is sharded over (see `mlxspec.shard`), or
@@ -98,7 +105,8 @@ class Engine:
 
     def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None,
                  drafter=None, max_kv_size=None, num_draft=None, tree=None, prefill_step: int = 512,
-                 cost_prior: Optional[Dict[int, float]] = None, group=None, eagle_head=None, lookup: bool = True):
+                 cost_prior: Optional[Dict[int, float]] = None, group=None, eagle_head=None, lookup: bool = True,
+                 prompt_cache_size: int = 0):
         if drafter is None:
             drafter = "model" if draft_model is not None else "ngram"
         check_drafter(drafter)
@@ -114,6 +122,7 @@ class Engine:
             raise InvalidArgumentError(f"prefill_step must be an integer >= 1 (prompt tokens per pass), "
                                        f"got {prefill_step!r}")
         self.prefill_step = prefill_step
+        self.prompt_cache_size = check_prompt_cache_size(prompt_cache_size)
         tokenizer, draft_tokenizer = as_mlx_lm_tokenizer(tokenizer), as_mlx_lm_tokenizer(draft_tokenizer)
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.coord = Coordinator(group)
@@ -177,6 +186,7 @@ class Engine:
                                       decay=MODEL_DECAY if d.uses_model else DECAY,
                                       prior_draft_ratio=self._prior_draft if name == "model" else None)
                       for name, d in self.drafters.items()}
+        self.prompt_cache = PromptCache(0 if self.coord.active else self.prompt_cache_size)
         self.last_stats: Optional[GenerationStats] = None
         # The open generation's release (`loop.generate`): a later request calls it to end that one.
         self.generation: Optional[Callable[[], None]] = None
@@ -220,6 +230,7 @@ class Engine:
         if self.generation is not None:
             self.generation()
         self.target.reset()
+        self.prompt_cache.clear()
         for d in self.drafters.values():
             d.reset()
 
@@ -358,6 +369,7 @@ class Engine:
         # of 0 since the loop's reset, though the weights and caches are there.
         stats.peak_memory_bytes = int(max(mx.get_peak_memory(), mx.get_active_memory()))
         stats.target_kv_bytes = self.target.kv_bytes
+        stats.parked_kv_bytes = self.prompt_cache.nbytes
         if name == "model":
             stats.draft_kv_bytes = self.drafters["model"].seq.kv_bytes
         elif name == "eagle":

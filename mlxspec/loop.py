@@ -94,6 +94,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     mx.reset_peak_memory()
 
     t0 = clock()
+    engine.prompt_cache.recall(engine, ids)  # an earlier conversation's caches, if it comes back
     todo = target.sync(ids)
     # A long prompt can take minutes on a slow device: a cancelled request stops between two of
     # its chunks (not with several ranks, which run each chunk's collectives together).

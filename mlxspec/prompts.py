@@ -128,6 +128,13 @@ def _render(tokenizer, messages: list, tools: Optional[list]) -> str:
                                    f"alternate user/assistant, or send a string prompt") from None
 
 
+def check_prompt_cache_size(size) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InvalidArgumentError(f"prompt_cache_size must be an integer >= 0 (earlier conversations whose caches "
+                                   f"are kept), got {shown(size)}")
+    return size
+
+
 def check_max_tokens(max_tokens) -> int:
     """An integer >= 1 (numpy and mlx integer scalars too, as token ids are taken)."""
     try:

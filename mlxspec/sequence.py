@@ -16,13 +16,37 @@ features a feature-level drafter reads), computed in the same pass as the logits
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence as Seq, Tuple, Union
+import copy
+from typing import Callable, List, NamedTuple, Optional, Sequence as Seq, Tuple, Union
 
 import mlx.core as mx
 
 from .cache import make_cache
 
 Tokens = Union[Seq[int], mx.array]
+
+
+class SeqState(NamedTuple):
+    """What a `Sequence` holds for one history: its caches, their tokens, the kept features."""
+
+    caches: list
+    tokens: List[Optional[int]]
+    hidden: List[Tuple[int, mx.array]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.caches) + sum(rows.nbytes for _, rows in self.hidden)
+
+
+def shared_prefix(a: List, b: List) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case: one C-level compare
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
 
 
 class Sequence:
@@ -51,17 +75,34 @@ class Sequence:
         """What it keeps between passes (cache states, kept features), for `Engine.materialize`."""
         return [[c.state for c in self.caches], self._hidden]
 
+    # -- whole states (`mlxspec.prompt_cache` parks them) -----------------------------------------
+    def common_prefix(self, tokens: List[int]) -> int:
+        """How many leading `tokens` the caches hold (0 when a pass was interrupted)."""
+        return 0 if self._dirty else shared_prefix(self.tokens, tokens)
+
+    def take_state(self) -> "SeqState":
+        """Hand over the caches, tokens and kept features; the sequence starts afresh."""
+        state = SeqState(self.caches, self.tokens, self._hidden)
+        self.reset()
+        return state
+
+    def copy_state(self) -> "SeqState":
+        """A copy of the state that later passes and rollbacks here leave alone (the caches'
+        arrays are updated in place, so they are copied; kept features are never changed in place)."""
+        caches = copy.deepcopy(self.caches)
+        mx.eval([c.state for c in caches])  # now, not when first read: until then it would pin the originals
+        return SeqState(caches, list(self.tokens), list(self._hidden))
+
+    def put_state(self, state: "SeqState") -> None:
+        """Take up a state `take_state` or `copy_state` gave (of a sequence over the same model)."""
+        self.caches, self.tokens, self._hidden = state.caches, state.tokens, state.hidden
+        self._dirty = False
+
     def sync(self, tokens: List[int]) -> List[int]:
         """Make the caches hold a prefix of `tokens`; return the tokens still to feed (at least 1)."""
         if self._dirty:
             self.reset()
-        limit = min(len(self.tokens), len(tokens) - 1)  # always leave one token to feed
-        if self.tokens == tokens[: len(self.tokens)]:  # the usual case: one C-level compare
-            common = limit
-        else:
-            common = 0
-            while common < limit and self.tokens[common] == tokens[common]:
-                common += 1
+        common = min(shared_prefix(self.tokens, tokens), len(tokens) - 1)  # always leave one token to feed
         excess = len(self.tokens) - common
         if excess:
             if all(c.can_trim(excess) for c in self.caches):

@@ -41,6 +41,7 @@ class GenerationStats:
     draft_weights_bytes: int = 0
     target_kv_bytes: int = 0
     draft_kv_bytes: int = 0
+    parked_kv_bytes: int = 0  # earlier conversations' caches kept by the engine's prompt cache
     drafter: str = "none"
     temperature: float = 0.0
     kernels: str = "reference"  # which verification path ran: "metal" or "reference"

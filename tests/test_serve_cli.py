@@ -10,7 +10,8 @@ from mlxspec.serve import server as server_module
 from mlxspec.serve.server import bind_warning
 
 FLAGS = ["--pair", "--target", "--draft", "--drafter", "--host", "--port", "--api-key", "--max-kv-size", "--queue",
-         "--num-draft", "--max-tokens", "--temperature", "--max-body-size", "--shutdown-grace", "--dtype"]
+         "--num-draft", "--max-tokens", "--temperature", "--max-body-size", "--shutdown-grace", "--dtype",
+         "--prompt-cache-size"]
 
 
 def test_help_explains_every_flag_with_its_default(capsys):
@@ -50,7 +51,12 @@ def test_flags_reach_the_server_options(captured, monkeypatch):
     assert (opts.host, opts.port, opts.queue, opts.max_tokens, opts.temperature, opts.api_key) == \
            ("127.0.0.1", 9001, 3, 64, 0.5, None)
     assert opts.shutdown_grace == 2
-    assert captured["load"][1] == {"drafter": "none", "num_draft": 4, "tree": None}
+    assert captured["load"][1] == {"drafter": "none", "num_draft": 4, "tree": None, "prompt_cache_size": 4}
+
+
+def test_the_prompt_cache_size_reaches_the_engine(captured):
+    assert main(["serve", "--prompt-cache-size", "0"]) == 0
+    assert captured["load"][1]["prompt_cache_size"] == 0
 
 
 def test_tree_and_lookup_flags_reach_the_engine(captured):
@@ -70,7 +76,8 @@ def test_api_key_comes_from_the_environment_when_not_given(captured, monkeypatch
     assert main(["serve"]) == 0 and captured["serve"].api_key == "from-env"
 
 
-@pytest.mark.parametrize("argv", [["--queue", "-1"], ["--port", "70000"], ["--max-tokens", "0"]])
+@pytest.mark.parametrize("argv", [["--queue", "-1"], ["--port", "70000"], ["--max-tokens", "0"],
+                                  ["--prompt-cache-size", "-2"]])
 def test_bad_flags_fail_with_what_is_allowed(captured, argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", *argv])

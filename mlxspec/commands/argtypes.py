@@ -41,6 +41,17 @@ def positive(s: str) -> int:
     return n
 
 
+def count(s: str) -> int:
+    """An integer >= 0."""
+    try:
+        n = int(s)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
+    return n
+
+
 def seed(s: str) -> int:
     """An integer in [0, 2**64): the seeds the random streams key on (more would alias)."""
     from mlxspec.prompts import MAX_SEED

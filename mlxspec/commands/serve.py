@@ -10,14 +10,14 @@ import argparse
 import os
 
 from ..errors import MlxSpecError
-from .argtypes import non_negative, positive
+from .argtypes import count, non_negative, positive
 from .modelargs import add_distributed_arg, add_drafting_args, add_model_args
 
 API_KEY_ENV = "MLXSPEC_API_KEY"
 
 
 def register(subparsers) -> None:
-    from ..serve.options import DEFAULT_MAX_BODY, ServeOptions
+    from ..serve.options import DEFAULT_MAX_BODY, DEFAULT_PROMPT_CACHE, ServeOptions
 
     d = ServeOptions()
     p = subparsers.add_parser(
@@ -46,6 +46,11 @@ def register(subparsers) -> None:
     p.add_argument("--queue", type=int, default=d.queue, metavar="N",
                    help=f"requests that may wait while one generates; more get 429 with Retry-After "
                         f"(default: {d.queue})")
+    p.add_argument("--prompt-cache-size", type=count, default=DEFAULT_PROMPT_CACHE, metavar="N",
+                   help=f"earlier conversations whose caches are kept for when they come back, so a client "
+                        f"that interleaves several (a chat and its title or autocomplete requests, an agent's "
+                        f"sub-tasks) does not prefill each again at every switch; each costs the memory of its "
+                        f"KV cache; 0 keeps the last request's only (default: {DEFAULT_PROMPT_CACHE})")
     p.add_argument("--max-tokens", type=positive, default=d.max_tokens, metavar="N",
                    help=f"answer length for requests that set no max_tokens (default: {d.max_tokens})")
     p.add_argument("--temperature", type=non_negative, default=d.temperature, metavar="T",
@@ -79,7 +84,7 @@ def run(args) -> int:
         args._parser.error(f"--api-key (or ${API_KEY_ENV}) must be printable ASCII without surrounding "
                            f"spaces, e.g. from `openssl rand -hex 16`")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
-    engine = modelargs.load_engine(args, **modelargs.drafting_options(args))
+    engine = modelargs.load_engine(args, prompt_cache_size=args.prompt_cache_size, **modelargs.drafting_options(args))
     if is_distributed(engine) and not engine.coord.is_main:
         # Other ranks serve nothing: they warm up in step with rank 0, then run its requests.
         from ..serve.queue import warmup_temperatures

@@ -48,11 +48,12 @@ class ModelDrafter:
 
     def prefill(self, history: List[int]) -> None:
         """Bring the cache up to history[:-1] (prompt processing)."""
-        self._settle()
+        self.settle()
         todo = self.seq.sync(history)
         self.seq.prefill(todo[:-1])
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
+        """Write the last round's draft values into the cache's token list (they are evaluated by now)."""
         if self._drafted is not None:
             start, arr = self._drafted
             self._drafted = None
@@ -71,7 +72,7 @@ class ModelDrafter:
 
     def catch_up(self, history: List[int]) -> mx.array:
         """Feed what the cache lacks of `history`; returns the logits after its last token."""
-        self._settle()
+        self.settle()
         feed = self.seq.sync(history)
         i = 0
         for n in power_of_two_chunks(len(feed)):

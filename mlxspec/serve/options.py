@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 DEFAULT_MAX_BODY = 8 * 2**20  # bytes; a long conversation in JSON is well under this
+# Earlier conversations whose caches `mlxspec serve` has its engine keep (Engine's prompt_cache_size).
+DEFAULT_PROMPT_CACHE = 4
 
 
 @dataclass

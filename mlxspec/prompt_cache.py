@@ -1,0 +1,84 @@
+"""Parked conversations: what a new request would throw away, kept for when its owner comes back.
+
+The engine's caches hold one history, and a request rolls them back to the prefix it shares
+with it. A client that interleaves conversations (an editor's chat beside its title or
+autocomplete requests, an agent's sub-tasks) would then prefill each conversation again at
+every switch. With `size` > 0, a request that would discard at least MIN_PARK cached tokens
+first parks a copy of them (the target's caches and features, and the draft model's), and
+a request that shares a longer prefix with a parked history than with the live one swaps
+that history in (the live one is parked in its place). At most `size` histories are parked,
+the least recently used leave first, and one that is a prefix of another is dropped.
+
+Only which tokens get prefilled changes, never what any pass computes: a parked state is
+the caches exactly as those passes left them, so outputs are the same with or without it.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+from .sequence import SeqState, Sequence, shared_prefix
+
+MIN_PARK = 64  # cached tokens a request must be about to discard (or a history must hold) to be worth parking
+
+
+class PromptCache:
+    """Up to `size` parked histories for one engine (0: none, the engine's caches only)."""
+
+    def __init__(self, size: int = 0):
+        self.size = size
+        self.parked: List[Dict[str, SeqState]] = []  # least recently used first
+
+    def clear(self) -> None:
+        self.parked = []
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the parked histories hold."""
+        return sum(state.nbytes for slot in self.parked for state in slot.values())
+
+    def recall(self, engine, ids: List[int]) -> int:
+        """Before a request for `ids`: swap in the parked history sharing most of it, if it shares
+        more than the live caches, and park what the request would otherwise discard. Returns how
+        many leading ids the target's caches now hold."""
+        target = engine.target
+        live = target.common_prefix(ids)
+        if self.size <= 0:
+            return live
+        seqs = _sequences(engine)
+        shared = [shared_prefix(slot["target"].tokens, ids) for slot in self.parked]
+        best = max(range(len(shared)), key=shared.__getitem__, default=None)
+        if best is not None and shared[best] > live:
+            slot = self.parked.pop(best)
+            self.park({name: seq.take_state() for name, seq in seqs.items()})
+            for name, seq in seqs.items():
+                if name in slot:
+                    seq.put_state(slot[name])
+            for d in engine.drafters.values():  # a feature head's entries were made from the other history
+                if getattr(d, "target", None) is target:
+                    d.reset()
+            live = shared[best]
+        if len(target.tokens) - live >= MIN_PARK:
+            self.park({name: seq.copy_state() for name, seq in seqs.items()})
+        return live
+
+    def park(self, slot: Dict[str, SeqState]) -> None:
+        """Keep `slot` (a history's states by sequence name), the most recently used."""
+        tokens = slot["target"].tokens
+        if len(tokens) < MIN_PARK:
+            return
+        # a parked history that is a prefix of this one is covered by it
+        self.parked = [s for s in self.parked if shared_prefix(s["target"].tokens, tokens) < len(s["target"].tokens)]
+        self.parked.append(slot)
+        del self.parked[: max(0, len(self.parked) - self.size)]
+
+
+def _sequences(engine) -> Dict[str, Sequence]:
+    """The sequences that hold a history: the target's, and the draft model's when there is one."""
+    seqs = {"target": engine.target}
+    model = engine.drafters.get("model")
+    if model is not None:
+        model.settle()  # its last round's drafts written into its token list
+        seqs["model"] = model.seq
+    return seqs
+

@@ -1,0 +1,120 @@
+"""The engine's prompt cache: interleaved conversations come back to their own caches, and change no output."""
+
+import mlx.core as mx
+import pytest
+
+import tiny
+from mlxspec.engine import Engine
+from mlxspec.errors import InvalidArgumentError
+from mlxspec.prompt_cache import MIN_PARK
+from mlxspec.sequence import Sequence
+
+CHAT = [{"role": "user", "content": "Tell me about the rivers of Europe, their sources and their mouths. " * 3}]
+SIDE = [{"role": "user", "content": "Write a short title for a conversation about geography and maps. " * 2}]
+
+
+def engine_for(drafter, size, tmp_path, **kw):
+    target = tiny.make_llama(0, tie_embeddings=False)
+    if drafter == "model":
+        kw["draft_model"] = tiny.make_llama(1, layers=1, tie_embeddings=False)
+    if drafter == "eagle":
+        kw["eagle_head"] = tiny.make_eagle_head(target, tmp_path / "head")
+    return Engine(target, tiny.make_tokenizer(), drafter=drafter, prompt_cache_size=size, **kw)
+
+
+def interleave(engine, turns=3, **options):
+    """A chat that grows by a turn each time, with a side request between turns: (text, prefilled) of each."""
+    out, chat = [], list(CHAT)
+    for turn in range(turns):
+        r = engine.generate(chat, max_tokens=16, **options)
+        out.append((r.text, r.stats.prefilled_tokens))
+        chat += [{"role": "assistant", "content": r.text}, {"role": "user", "content": f"And then {turn}?"}]
+        r = engine.generate(SIDE + [{"role": "user", "content": f"Variant {turn}."}], max_tokens=8, **options)
+        out.append((r.text, r.stats.prefilled_tokens))
+    return out
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model", "eagle", "none"])
+@pytest.mark.parametrize("window", [None, 96])
+def test_interleaved_conversations_reuse_their_caches_and_answer_the_same(drafter, window, tmp_path):
+    plain = interleave(engine_for(drafter, 0, tmp_path, max_kv_size=window))
+    engine = engine_for(drafter, 2, tmp_path, max_kv_size=window)
+    cached = interleave(engine)
+    assert [text for text, _ in cached] == [text for text, _ in plain]
+    # Both first requests prefill in full. After them, without the cache every request prefills
+    # nearly all of its prompt again; with it, only what its conversation added.
+    assert [n for _, n in cached[:2]] == [n for _, n in plain[:2]]
+    if window is None:
+        for (_, n_cached), (_, n_plain) in zip(cached[2:], plain[2:]):
+            assert n_cached < 64 < 2 * 64 < n_plain
+    else:  # a window that wrapped cannot roll back: the conversation starts over, as without the cache
+        assert sum(n for _, n in cached[2:]) <= sum(n for _, n in plain[2:])
+    assert engine.last_stats.parked_kv_bytes == engine.prompt_cache.nbytes > 0
+
+
+def test_sampled_answers_are_the_same_with_and_without_the_cache(tmp_path):
+    options = dict(temperature=0.9, seed=7, num_draft=3)
+    plain = interleave(engine_for("model", 0, tmp_path), **options)
+    cached = interleave(engine_for("model", 3, tmp_path), **options)
+    assert [t for t, _ in cached] == [t for t, _ in plain]
+    assert sum(n for _, n in cached) < sum(n for _, n in plain)
+
+
+def prompt(i, n=MIN_PARK + 40):
+    """Conversation i: token ids no other conversation's start with."""
+    return [3 + i] + [3 + (7 * j + i) % 200 for j in range(n)]
+
+
+def first_tokens(engine):
+    return [slot["target"].tokens[0] for slot in engine.prompt_cache.parked]
+
+
+def test_the_least_recently_used_leaves_first():
+    engine = Engine(tiny.make_llama(0), tiny.make_tokenizer(), drafter="none", prompt_cache_size=2)
+    for i in range(3):  # each request parks the one before it
+        engine.generate(prompt(i), max_tokens=2)
+    assert first_tokens(engine) == [3, 4]
+    engine.generate(prompt(3), max_tokens=2)  # conversation 0 leaves
+    assert first_tokens(engine) == [4, 5]
+    r = engine.generate(prompt(1) + [9, 9], max_tokens=2)  # 1 comes back: swapped in, 3 parked in its place
+    assert r.stats.prefilled_tokens < 5 and first_tokens(engine) == [5, 6]
+    r = engine.generate(prompt(0), max_tokens=2)  # gone: prefilled in full
+    assert r.stats.prefilled_tokens == len(prompt(0))
+
+
+def test_short_histories_and_prefixes_of_others_are_not_kept():
+    engine = Engine(tiny.make_llama(0), tiny.make_tokenizer(), drafter="none", prompt_cache_size=4)
+    cache = engine.prompt_cache
+    seq = Sequence(engine.target_model, max_kv_size=None, headroom=8)
+    seq.prefill(prompt(0, MIN_PARK - 2))
+    cache.park({"target": seq.copy_state()})
+    assert cache.parked == []  # shorter than MIN_PARK: cheaper to prefill again than to keep
+    seq.prefill([5] * 10)
+    cache.park({"target": seq.copy_state()})
+    seq.prefill([6] * 10)
+    cache.park({"target": seq.copy_state()})  # the one before is a prefix of this one: dropped
+    assert [len(slot["target"].tokens) for slot in cache.parked] == [len(prompt(0, MIN_PARK - 2)) + 20]
+    engine.reset()
+    assert cache.parked == [] and cache.nbytes == 0
+
+
+def test_a_copied_state_is_not_changed_by_what_the_sequence_does_next():
+    model = tiny.make_llama(0)
+    for window in (None, 24):
+        seq = Sequence(model, max_kv_size=window, headroom=8)
+        seq.prefill(prompt(0, 40))
+        copy = seq.copy_state()
+        expected = seq.forward([5, 6, 7])
+        seq.rollback(3)
+        seq.forward([9] * 12)  # past the window: its ring buffer wraps
+        seq.rollback(4)
+        seq.forward([11, 12])
+        other = Sequence(model, max_kv_size=window, headroom=8)
+        other.put_state(copy)
+        assert other.tokens == prompt(0, 40) and mx.array_equal(other.forward([5, 6, 7]), expected)
+
+
+@pytest.mark.parametrize("size", [-1, 1.5, True, "2"])
+def test_a_bad_size_is_refused(size):
+    with pytest.raises(InvalidArgumentError, match="prompt_cache_size must be an integer >= 0"):
+        Engine(tiny.make_llama(0), tiny.make_tokenizer(), prompt_cache_size=size)
