@@ -31,8 +31,8 @@ from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
-                      check_no_other_options, check_num_draft, check_prompt_cache_size, check_seed, check_stop,
-                      check_tree, encode_prompt)
+                      check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
+                      check_seed, check_stop, check_tree, encode_prompt)
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
@@ -89,6 +89,8 @@ class Engine:
             would discard 64 or more cached tokens parks a copy of them; one that shares more
             with a parked history than with the live caches swaps it in. Each costs the memory of
             its KV cache. Not with several ranks.
+        prompt_cache_bytes: at most this many bytes parked together (default None: no bound but
+            `prompt_cache_size`); the least recently used leave first.
         cost_prior: V(j)/V(1) ratios to start the cost model from; default: the curve saved by
             `mlxspec calibrate` for this model on this device, if any.
         group: an `mx.distributed.Group` the target is sharded over (see `mlxspec.shard`), or
@@ -106,7 +108,7 @@ class Engine:
     def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None,
                  drafter=None, max_kv_size=None, num_draft=None, tree=None, prefill_step: int = 512,
                  cost_prior: Optional[Dict[int, float]] = None, group=None, eagle_head=None, lookup: bool = True,
-                 prompt_cache_size: int = 0):
+                 prompt_cache_size: int = 0, prompt_cache_bytes: Optional[int] = None):
         if drafter is None:
             drafter = "model" if draft_model is not None else "ngram"
         check_drafter(drafter)
@@ -123,6 +125,7 @@ class Engine:
                                        f"got {prefill_step!r}")
         self.prefill_step = prefill_step
         self.prompt_cache_size = check_prompt_cache_size(prompt_cache_size)
+        self.prompt_cache_bytes = check_prompt_cache_bytes(prompt_cache_bytes)
         tokenizer, draft_tokenizer = as_mlx_lm_tokenizer(tokenizer), as_mlx_lm_tokenizer(draft_tokenizer)
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.coord = Coordinator(group)
@@ -186,7 +189,7 @@ class Engine:
                                       decay=MODEL_DECAY if d.uses_model else DECAY,
                                       prior_draft_ratio=self._prior_draft if name == "model" else None)
                       for name, d in self.drafters.items()}
-        self.prompt_cache = PromptCache(0 if self.coord.active else self.prompt_cache_size)
+        self.prompt_cache = PromptCache(0 if self.coord.active else self.prompt_cache_size, self.prompt_cache_bytes)
         self.last_stats: Optional[GenerationStats] = None
         # The open generation's release (`loop.generate`): a later request calls it to end that one.
         self.generation: Optional[Callable[[], None]] = None

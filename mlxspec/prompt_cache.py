@@ -7,7 +7,8 @@ every switch. With `size` > 0, a request that would discard at least MIN_PARK ca
 first parks a copy of them (the target's caches and features, and the draft model's), and
 a request that shares a longer prefix with a parked history than with the live one swaps
 that history in (the live one is parked in its place). At most `size` histories are parked,
-the least recently used leave first, and one that is a prefix of another is dropped.
+holding at most `max_bytes` together when that is set; the least recently used leave first,
+and one that is a prefix of another is dropped.
 
 Only which tokens get prefilled changes, never what any pass computes: a parked state is
 the caches exactly as those passes left them, so outputs are the same with or without it.
@@ -15,7 +16,7 @@ the caches exactly as those passes left them, so outputs are the same with or wi
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from .sequence import SeqState, Sequence, shared_prefix
 
@@ -23,10 +24,11 @@ MIN_PARK = 64  # cached tokens a request must be about to discard (or a history 
 
 
 class PromptCache:
-    """Up to `size` parked histories for one engine (0: none, the engine's caches only)."""
+    """Up to `size` parked histories for one engine (0: none, the engine's caches only), of at
+    most `max_bytes` together (None: no bound but `size`)."""
 
-    def __init__(self, size: int = 0):
-        self.size = size
+    def __init__(self, size: int = 0, max_bytes: Optional[int] = None):
+        self.size, self.max_bytes = size, max_bytes
         self.parked: List[Dict[str, SeqState]] = []  # least recently used first
 
     def clear(self) -> None:
@@ -71,6 +73,8 @@ class PromptCache:
         self.parked = [s for s in self.parked if shared_prefix(s["target"].tokens, tokens) < len(s["target"].tokens)]
         self.parked.append(slot)
         del self.parked[: max(0, len(self.parked) - self.size)]
+        while self.max_bytes is not None and self.parked and self.nbytes > self.max_bytes:
+            del self.parked[0]
 
 
 def _sequences(engine) -> Dict[str, Sequence]:

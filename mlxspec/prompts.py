@@ -135,6 +135,13 @@ def check_prompt_cache_size(size) -> int:
     return size
 
 
+def check_prompt_cache_bytes(limit) -> Optional[int]:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise InvalidArgumentError(f"prompt_cache_bytes must be None or an integer >= 0 (bytes the parked "
+                                   f"conversations may hold together), got {shown(limit)}")
+    return limit
+
+
 def check_max_tokens(max_tokens) -> int:
     """An integer >= 1 (numpy and mlx integer scalars too, as token ids are taken)."""
     try:

@@ -118,3 +118,18 @@ def test_a_copied_state_is_not_changed_by_what_the_sequence_does_next():
 def test_a_bad_size_is_refused(size):
     with pytest.raises(InvalidArgumentError, match="prompt_cache_size must be an integer >= 0"):
         Engine(tiny.make_llama(0), tiny.make_tokenizer(), prompt_cache_size=size)
+
+
+def test_a_byte_bound_keeps_the_most_recent_that_fit():
+    engine = Engine(tiny.make_llama(0), tiny.make_tokenizer(), drafter="none", prompt_cache_size=8)
+    for i in range(3):
+        engine.generate(prompt(i), max_tokens=2)
+    one = engine.prompt_cache.parked[-1]["target"].nbytes
+    assert len(engine.prompt_cache.parked) == 2 and engine.prompt_cache.nbytes == 2 * one
+    bounded = Engine(tiny.make_llama(0), tiny.make_tokenizer(), drafter="none", prompt_cache_size=8,
+                     prompt_cache_bytes=one + one // 2)
+    for i in range(3):
+        bounded.generate(prompt(i), max_tokens=2)
+    assert first_tokens(bounded) == [4] and bounded.prompt_cache.nbytes == one
+    with pytest.raises(InvalidArgumentError, match="prompt_cache_bytes must be None or an integer >= 0"):
+        Engine(tiny.make_llama(0), tiny.make_tokenizer(), prompt_cache_bytes=-5)

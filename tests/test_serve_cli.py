@@ -11,7 +11,7 @@ from mlxspec.serve.server import bind_warning
 
 FLAGS = ["--pair", "--target", "--draft", "--drafter", "--host", "--port", "--api-key", "--max-kv-size", "--queue",
          "--num-draft", "--max-tokens", "--temperature", "--max-body-size", "--shutdown-grace", "--dtype",
-         "--prompt-cache-size"]
+         "--prompt-cache-size", "--prompt-cache-bytes"]
 
 
 def test_help_explains_every_flag_with_its_default(capsys):
@@ -51,12 +51,21 @@ def test_flags_reach_the_server_options(captured, monkeypatch):
     assert (opts.host, opts.port, opts.queue, opts.max_tokens, opts.temperature, opts.api_key) == \
            ("127.0.0.1", 9001, 3, 64, 0.5, None)
     assert opts.shutdown_grace == 2
-    assert captured["load"][1] == {"drafter": "none", "num_draft": 4, "tree": None, "prompt_cache_size": 4}
+    assert captured["load"][1] == {"drafter": "none", "num_draft": 4, "tree": None, "prompt_cache_size": 4,
+                                   "prompt_cache_bytes": None}
 
 
 def test_the_prompt_cache_size_reaches_the_engine(captured):
-    assert main(["serve", "--prompt-cache-size", "0"]) == 0
+    assert main(["serve", "--prompt-cache-size", "0", "--prompt-cache-bytes", "1.5GiB"]) == 0
     assert captured["load"][1]["prompt_cache_size"] == 0
+    assert captured["load"][1]["prompt_cache_bytes"] == 3 * 2**29
+
+
+@pytest.mark.parametrize("text, size", [("2000", 2000), ("512MB", 512 * 10**6), ("2 GiB", 2**31), ("0", 0)])
+def test_sizes_are_read_with_their_units(text, size):
+    from mlxspec.commands.argtypes import size_bytes
+
+    assert size_bytes(text) == size
 
 
 def test_tree_and_lookup_flags_reach_the_engine(captured):
@@ -77,7 +86,8 @@ def test_api_key_comes_from_the_environment_when_not_given(captured, monkeypatch
 
 
 @pytest.mark.parametrize("argv", [["--queue", "-1"], ["--port", "70000"], ["--max-tokens", "0"],
-                                  ["--prompt-cache-size", "-2"]])
+                                  ["--prompt-cache-size", "-2"], ["--prompt-cache-bytes", "lots"],
+                                  ["--prompt-cache-bytes", "5TB"]])
 def test_bad_flags_fail_with_what_is_allowed(captured, argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", *argv])

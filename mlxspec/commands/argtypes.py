@@ -52,6 +52,23 @@ def count(s: str) -> int:
     return n
 
 
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def size_bytes(s: str) -> int:
+    """A size in bytes: an integer, or a number with a unit (512MB, 1.5GiB; KB/MB/GB are powers of 1000)."""
+    text = s.strip().lower().replace(" ", "")
+    number = text.rstrip("kmgib")
+    unit = text[len(number):]
+    try:
+        n = float(number) * UNITS[unit]
+    except (ValueError, KeyError):
+        n = -1.0
+    if not 0 <= n < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a size such as 2000000000, 512MB or 1.5GiB, got {s!r}")
+    return int(n)
+
+
 def seed(s: str) -> int:
     """An integer in [0, 2**64): the seeds the random streams key on (more would alias)."""
     from mlxspec.prompts import MAX_SEED

@@ -10,7 +10,7 @@ import argparse
 import os
 
 from ..errors import MlxSpecError
-from .argtypes import count, non_negative, positive
+from .argtypes import count, non_negative, positive, size_bytes
 from .modelargs import add_distributed_arg, add_drafting_args, add_model_args
 
 API_KEY_ENV = "MLXSPEC_API_KEY"
@@ -51,6 +51,9 @@ def register(subparsers) -> None:
                         f"that interleaves several (a chat and its title or autocomplete requests, an agent's "
                         f"sub-tasks) does not prefill each again at every switch; each costs the memory of its "
                         f"KV cache; 0 keeps the last request's only (default: {DEFAULT_PROMPT_CACHE})")
+    p.add_argument("--prompt-cache-bytes", type=size_bytes, default=None, metavar="SIZE",
+                   help="at most this much memory for the parked conversations together (512MB, 2GiB...), the "
+                        "least recently used leaving first (default: no bound but --prompt-cache-size)")
     p.add_argument("--max-tokens", type=positive, default=d.max_tokens, metavar="N",
                    help=f"answer length for requests that set no max_tokens (default: {d.max_tokens})")
     p.add_argument("--temperature", type=non_negative, default=d.temperature, metavar="T",
@@ -84,7 +87,8 @@ def run(args) -> int:
         args._parser.error(f"--api-key (or ${API_KEY_ENV}) must be printable ASCII without surrounding "
                            f"spaces, e.g. from `openssl rand -hex 16`")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
-    engine = modelargs.load_engine(args, prompt_cache_size=args.prompt_cache_size, **modelargs.drafting_options(args))
+    engine = modelargs.load_engine(args, prompt_cache_size=args.prompt_cache_size,
+                                   prompt_cache_bytes=args.prompt_cache_bytes, **modelargs.drafting_options(args))
     if is_distributed(engine) and not engine.coord.is_main:
         # Other ranks serve nothing: they warm up in step with rank 0, then run its requests.
         from ..serve.queue import warmup_temperatures

@@ -22,7 +22,7 @@ KV_TOKENS_FOR_WARNING = 4096  # tokens of KV counted in the memory check when ma
 
 def load(target: str, draft: str | None = None, *, dtype: str | None = None, drafter=None,
          max_kv_size: int | None = None, num_draft=None, tree=None, head: str | None = None, distributed: bool = False,
-         lookup: bool | None = None, prompt_cache_size: int = 0, **kw):
+         lookup: bool | None = None, prompt_cache_size: int = 0, prompt_cache_bytes: int | None = None, **kw):
     """Load a target (and a draft) and return a ready `mlxspec.engine.Engine`.
 
     Args:
@@ -46,6 +46,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             None (the engine's default, True).
         prompt_cache_size: earlier conversations whose caches are kept for when they come back
             (see `Engine`). Default: 0.
+        prompt_cache_bytes: bytes those may hold together (see `Engine`). Default: None (no bound).
         distributed: join the `mx.distributed` group this process was launched in (`mlx.launch`)
             and shard the target over it (tensor-parallel or pipeline, see `mlxspec.shard`); the
             draft is loaded whole on every rank. Every rank must then make the same calls (or
@@ -68,7 +69,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     download = kw.pop("download", True)
     if kw:
         raise InvalidArgumentError(f"[load] unknown keyword arguments {sorted(kw)}; allowed: download")
-    from ..prompts import check_drafter, check_lookup, check_num_draft, check_prompt_cache_size, check_tree
+    from ..prompts import (check_drafter, check_lookup, check_num_draft, check_prompt_cache_bytes,
+                           check_prompt_cache_size, check_tree)
 
     # Before minutes of loading, by the engine's own rules (it checks them again).
     if not isinstance(target, (str, os.PathLike)) or not str(target).strip():
@@ -77,6 +79,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     resolve_dtype(dtype)
     check_max_kv_size(max_kv_size)
     check_prompt_cache_size(prompt_cache_size)
+    check_prompt_cache_bytes(prompt_cache_bytes)
     check_num_draft(num_draft)
     check_tree(tree)
     if lookup is not None:
@@ -138,7 +141,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
                     max_kv_size=max_kv_size, num_draft=num_draft, **({"group": group} if group else {}),
                     **({"tree": tree} if tree is not None else {}),
                     **({"lookup": lookup} if lookup is not None else {}),
-                    prompt_cache_size=prompt_cache_size,
+                    prompt_cache_size=prompt_cache_size, prompt_cache_bytes=prompt_cache_bytes,
                     **({"eagle_head": head_path} if head_path is not None else {}))
     engine.target_info = target_info
     engine.draft_info = draft_info
