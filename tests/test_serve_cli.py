@@ -11,7 +11,7 @@ from mlxspec.serve.server import bind_warning
 
 FLAGS = ["--pair", "--target", "--draft", "--drafter", "--host", "--port", "--api-key", "--max-kv-size", "--queue",
          "--num-draft", "--max-tokens", "--temperature", "--max-body-size", "--shutdown-grace", "--dtype",
-         "--prompt-cache-size", "--prompt-cache-bytes"]
+         "--prompt-cache-size", "--prompt-cache-bytes", "--allow-origin"]
 
 
 def test_help_explains_every_flag_with_its_default(capsys):
@@ -55,6 +55,11 @@ def test_flags_reach_the_server_options(captured, monkeypatch):
                                    "prompt_cache_bytes": None}
 
 
+def test_allowed_origins_reach_the_server_options(captured):
+    assert main(["serve", "--allow-origin", "https://chat.example.com/", "--allow-origin", "http://10.0.0.2:3000"]) == 0
+    assert captured["serve"].allow_origins == ("https://chat.example.com", "http://10.0.0.2:3000")
+
+
 def test_the_prompt_cache_size_reaches_the_engine(captured):
     assert main(["serve", "--prompt-cache-size", "0", "--prompt-cache-bytes", "1.5GiB"]) == 0
     assert captured["load"][1]["prompt_cache_size"] == 0
@@ -87,7 +92,8 @@ def test_api_key_comes_from_the_environment_when_not_given(captured, monkeypatch
 
 @pytest.mark.parametrize("argv", [["--queue", "-1"], ["--port", "70000"], ["--max-tokens", "0"],
                                   ["--prompt-cache-size", "-2"], ["--prompt-cache-bytes", "lots"],
-                                  ["--prompt-cache-bytes", "5TB"]])
+                                  ["--prompt-cache-bytes", "5TB"], ["--allow-origin", "chat.example.com"],
+                                  ["--allow-origin", "https://x.example/api"], ["--allow-origin", "http://x:0"]])
 def test_bad_flags_fail_with_what_is_allowed(captured, argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", *argv])

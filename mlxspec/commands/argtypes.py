@@ -69,6 +69,24 @@ def size_bytes(s: str) -> int:
     return int(n)
 
 
+def web_origin(s: str) -> str:
+    """A web page's origin, scheme://host[:port] (as browsers send it in `Origin`), or "*" for any."""
+    from urllib.parse import urlsplit
+
+    if s == "*":
+        return s
+    try:
+        parts = urlsplit(s.rstrip("/"))
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        parts, port_ok = None, False
+    if not (parts and port_ok and parts.scheme in ("http", "https") and parts.hostname and not parts.path
+            and not parts.query and not parts.fragment and not parts.username):
+        raise argparse.ArgumentTypeError(f"expected an origin such as https://chat.example.com or "
+                                         f"http://192.168.1.5:3000 (scheme, host and port only), or *, got {s!r}")
+    return s.rstrip("/")
+
+
 def seed(s: str) -> int:
     """An integer in [0, 2**64): the seeds the random streams key on (more would alias)."""
     from mlxspec.prompts import MAX_SEED

@@ -10,7 +10,7 @@ import argparse
 import os
 
 from ..errors import MlxSpecError
-from .argtypes import count, non_negative, positive, size_bytes
+from .argtypes import count, non_negative, positive, size_bytes, web_origin
 from .modelargs import add_distributed_arg, add_drafting_args, add_model_args
 
 API_KEY_ENV = "MLXSPEC_API_KEY"
@@ -43,6 +43,10 @@ def register(subparsers) -> None:
     p.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default: {d.port})")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
                    help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} if set, else no key)")
+    p.add_argument("--allow-origin", type=web_origin, action="append", default=[], metavar="ORIGIN",
+                   help="a web page origin (https://chat.example.com) whose browser requests may call the API and "
+                        "read its answers (CORS), besides this machine's own pages; repeat for several, * for "
+                        "any (the API key still applies) (default: this machine's pages only)")
     p.add_argument("--queue", type=int, default=d.queue, metavar="N",
                    help=f"requests that may wait while one generates; more get 429 with Retry-After "
                         f"(default: {d.queue})")
@@ -107,7 +111,7 @@ def run(args) -> int:
     options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key, queue=args.queue,
                            max_tokens=args.max_tokens, temperature=args.temperature,
                            max_body_size=args.max_body_size, shutdown_grace=args.shutdown_grace,
-                           log_level=args.log_level)
+                           log_level=args.log_level, allow_origins=tuple(args.allow_origin))
     try:
         return serve(engine, options)
     finally:

@@ -31,6 +31,7 @@ from ..stats import acceptance_text
 from ..tools import ToolCallReader
 from . import schema
 from .errors import APIError, from_engine, invalid
+from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
 from .options import ServeOptions
 from .queue import EngineQueue, Job
@@ -91,9 +92,13 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
-    middleware = [Middleware(BearerAuth, key=options.api_key)] if options.api_key else []
+    # Outermost first: the host and origin check, then CORS (a preflight carries no API key), then the key.
+    origins = Origins(options.allow_origins)
+    middleware = [Middleware(CrossOrigin, origins=origins)]
+    if options.api_key:
+        middleware.append(Middleware(BearerAuth, key=options.api_key))
     if is_loopback(options.host):
-        middleware.insert(0, Middleware(LoopbackOnly))
+        middleware.insert(0, Middleware(LoopbackOnly, origins=origins))
     handlers = {APIError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers, lifespan=lifespan)
     app.state.mlxspec = state

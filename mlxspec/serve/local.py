@@ -38,11 +38,13 @@ def _host_of(value: str) -> Optional[str]:
 
 
 class LoopbackOnly:
-    """ASGI middleware: 403 for requests whose Host, or Origin when a browser sends one, is not
-    this machine."""
+    """ASGI middleware: 403 for requests whose Host is not this machine, or whose Origin (when a
+    browser sends one) is not in `origins` (this machine's pages, and those `--allow-origin` names)."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, origins=None):
+        from .cors import Origins
+
+        self.app, self.origins = app, origins if origins is not None else Origins()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -51,12 +53,13 @@ class LoopbackOnly:
             why = None
             if host is not None and not is_loopback(_host_of(host) or ""):  # browsers always send one
                 why = f"it is addressed to host {host[:80]!r}"
-            elif origin is not None and (origin == "null" or not is_loopback(urlsplit(origin).hostname or "")):
+            elif origin is not None and origin not in self.origins:
                 why = f"it comes from a web page of {origin[:80]!r}"  # "null": a sandboxed or file: page
             if why:
                 error = APIError(403, f"this server is bound to this machine and refuses the request: {why}. Serve "
                                       f"others with --host 0.0.0.0 and --api-key, or through a proxy on this "
-                                      f"machine that sends 'Host: localhost'", code="forbidden_host")
+                                      f"machine that sends 'Host: localhost'; let a web page's origin in with "
+                                      f"--allow-origin", code="forbidden_host")
                 await error.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 DEFAULT_MAX_BODY = 8 * 2**20  # bytes; a long conversation in JSON is well under this
 # Earlier conversations whose caches `mlxspec serve` has its engine keep (Engine's prompt_cache_size).
@@ -20,5 +20,6 @@ class ServeOptions:
     temperature: float = 0.0  # for requests that give none (0 = greedy; OpenAI's own default is 1)
     max_body_size: int = DEFAULT_MAX_BODY  # larger request bodies get 413
     shutdown_grace: float = 10.0  # seconds a running request may take to finish after SIGINT/SIGTERM
+    allow_origins: Tuple[str, ...] = ()  # web pages' origins (besides this machine's) that may call it; "*": any
     model_id: Optional[str] = None  # the name /v1/models lists; default: the pair's name or the target
     log_level: str = "info"
