@@ -27,6 +27,7 @@ from .device import backend
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
+from .logprobs import check_logprobs
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
 from .prompt_cache import PromptCache
@@ -251,8 +252,9 @@ class Engine:
     def generate(self, prompt, **kwargs) -> GenerationResult:
         """Generate to completion; same keywords as `stream`. Returns a GenerationResult: tokens,
         text, finish_reason ("stop", "length", or "cancelled" when `cancel` was set), stats, and
-        from_draft (per token, whether a draft proposed it)."""
-        tokens, pieces, from_draft = [], [], []
+        from_draft (per token, whether a draft proposed it), and with `logprobs` the per-token
+        logprobs and top_logprobs."""
+        tokens, pieces, from_draft, lps, tops = [], [], [], [], []
         reason = "length"
         stats = None
         ended = None
@@ -260,16 +262,21 @@ class Engine:
             tokens.append(ev.token)
             pieces.append(ev.text)
             from_draft.append(ev.from_draft)
+            lps.append(ev.logprob)
+            tops.append(ev.top_logprobs)
             stats = ev.stats
             ended = ev.finish_reason
         cancel = kwargs.get("cancel")
         reason = ended or ("cancelled" if cancel is not None and cancel.is_set() else reason)
-        return GenerationResult(tokens, "".join(pieces), reason, stats or self.last_stats, from_draft)
+        asked = kwargs.get("logprobs") is not None
+        return GenerationResult(tokens, "".join(pieces), reason, stats or self.last_stats, from_draft,
+                                lps if asked else None, tops if asked else None)
 
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
-               lookup: Optional[bool] = None, cancel=None, tools=None, **other) -> Iterator[TokenEvent]:
+               lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
+               **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -297,6 +304,10 @@ class Engine:
                 "parameters"}}]) for the chat template to show the model; needs chat messages and a
                 template that renders tools. The calls come back as text, in the model's own format
                 (`Engine.tool_format` says which; the server turns them into `tool_calls`).
+            logprobs: None (default), or each event also carries `logprob`, the target's
+                log-probability of its token (of the raw logits: before temperature and the
+                filters, as mlx-lm reports it), and `top_logprobs`, that many (0..20) of the
+                best (token, logprob) of its position. Computed in the pass that picks the token.
         """
         check_no_other_options(other, STREAM_OPTIONS)
         params = SamplingParams(temperature, top_p, top_k, min_p)
@@ -307,6 +318,7 @@ class Engine:
         stop = check_stop(stop)
         seed = check_seed(seed)
         cancel = check_cancel(cancel)
+        logprobs = check_logprobs(logprobs)
         if drafter is not None and drafter not in self.drafters:  # also when speculative=False ignores it
             raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
                                        f"{', '.join(self.drafters)}")
@@ -318,7 +330,7 @@ class Engine:
                 f"or set max_kv_size below it to decode on with a sliding window (the model then reads "
                 f"positions past its trained context, as with mlx-lm's --max-kv-size)")
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
-                       k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup)
+                       k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs)
         if self.coord.active:
             # A tree's shape is pruned by each rank's own cost model; rank 0 broadcasts only a
             # chain's length, so sharded targets verify chains.
@@ -358,13 +370,13 @@ class Engine:
         yield from self._run(**dict(request, params=SamplingParams(*request["params"])), cancel=cancel)
 
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
-             cancel=None) -> Iterator[TokenEvent]:
+             cancel=None, logprobs=None) -> Iterator[TokenEvent]:
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
                                 kernels=kernels.backend_name(), target_weights_bytes=self.target_weights_bytes,
                                 draft_weights_bytes={"model": self.draft_weights_bytes,
                                                      "eagle": self.eagle_weights_bytes}.get(name, 0))
         return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
-                        stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel)
+                        stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs)
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

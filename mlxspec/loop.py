@@ -69,11 +69,12 @@ def forget_drafts(engine) -> None:
 
 def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
              k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0,
-             lookup: bool = False, cancel=None) -> Iterator[TokenEvent]:
+             lookup: bool = False, cancel=None, logprobs: Optional[int] = None) -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
     may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
     with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
-    its stream were closed, between two chunks of the prompt or after the next event."""
+    its stream were closed, between two chunks of the prompt or after the next event.
+    `logprobs`: each event also carries its token's log-probability and that many top choices."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -252,11 +253,11 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         elif draft.parents is None and len(draft) != k:  # a chain proposal, cut to (rank 0's) k
             draft = Draft(draft.tokens[:k], None, draft.kind)
         if not len(draft):
-            p = plain_step(target, hist[-1], params, seed, len(hist))
+            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs)
         elif draft.parents is not None:
-            p = tree_round(target, hist[-1], draft, params, seed, len(hist))
+            p = tree_round(target, hist[-1], draft, params, seed, len(hist), logprobs)
         else:
-            p = verify_round(target, hist[-1], draft, params, seed, len(hist))
+            p = verify_round(target, hist[-1], draft, params, seed, len(hist), logprobs)
         p.shadow, p.drafted, p.src, p.read_first, p.static = shadow, drafted, src, read_first, static
         p.retime = src == name and bool(k) and cost.exploring
         return p
@@ -303,7 +304,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 guess = early_guess or guess
                 if chain:
                     t_chain = clock()
-                    nxt = plain_step(target, pending.token, params, seed, len(hist) + 1)
+                    nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs)
                     nxt.pipelined, nxt.src = True, name
                     chained = clock() - t_chain
 
@@ -398,7 +399,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                     stats.first_token_seconds = stats.prompt_seconds + stats.seconds
                 if end:
                     engine.finish_stats(stats, name)
-                yield TokenEvent(tok, piece, i < n, stats.rounds - 1, done.k, stats, end)
+                lp, top = done.logprobs[i] if done.logprobs is not None else (None, None)
+                yield TokenEvent(tok, piece, i < n, stats.rounds - 1, done.k, stats, end, lp, top)
                 if end or (cancel is not None and cancel.is_set()):  # complete, even if the consumer
                     return  # started the next request on this last event; or cancelled: as if closed
                 if engine.generation is not release:

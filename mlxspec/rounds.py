@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from . import kernels
 from .drafters import Draft
+from .logprobs import decided_tokens, read_rows, row_logprobs
 from .sampling import ACCEPT, SAMPLE, SamplingParams, position_uniforms, sample_rows
 from .verify import walk_tree
 
@@ -46,6 +47,8 @@ class Pass:
     static: bool = False  # a model drafter's fixed-shape tree (`sidetree.static_parents`), drafted on the device
     retime: bool = False  # a round that re-times the drafter's costs (`CostModel._explore`)
     src: str = ""  # the drafter whose pass this is (the loop sets it: a model drafter's lookup companion, or itself)
+    lp: Optional[tuple] = None  # lazy `logprobs.row_logprobs` of every row, when asked for
+    logprobs: Optional[list] = None  # once read: each committed token's (logprob, top choices)
 
 
 @mx.compile
@@ -65,8 +68,11 @@ def _finite(rows: mx.array) -> mx.array:
     return mx.isfinite(mx.sum(rows, keepdims=True))[0]
 
 
-def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int) -> Pass:
-    """Feed one token (an int, or the lazy output of the previous step) and pick the next."""
+def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
+               logprobs: Optional[int] = None) -> Pass:
+    """Feed one token (an int, or the lazy output of the previous step) and pick the next.
+    `logprobs` (here and in the other rounds): also the log-probabilities of the picked tokens
+    and that many top choices (`mlxspec.logprobs`); None: not computed."""
     start = len(target.tokens)
     logits = target.forward(token if isinstance(token, mx.array) else [token], batched=True)
     if params.greedy:
@@ -76,11 +82,13 @@ def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int) -
         p = kernels.probabilities(row, params)
         nxt = sample_rows(p, position_uniforms(seed, mx.array([out_pos]), SAMPLE)).astype(mx.uint32)
         ok = _finite(row)
-    mx.async_eval(nxt, ok)
-    return Pass(start, 1, 0, (nxt, ok), nxt, [])
+    lp = None if logprobs is None else row_logprobs(logits[0], nxt, logprobs)
+    mx.async_eval(nxt, ok, *(lp or ()))
+    return Pass(start, 1, 0, (nxt, ok), nxt, [], lp=lp)
 
 
-def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int) -> Pass:
+def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int,
+                 logprobs: Optional[int] = None) -> Pass:
     """Feed [last] + drafts and pick the target's tokens for every row (or, for sampled drafts,
     decide acceptance on the device); the host compares the rows with the drafts after the read."""
     start = len(target.tokens)
@@ -105,11 +113,17 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
                                 position_uniforms(seed, positions[:1], SAMPLE)])
             tokens, decided = kernels.verify_with_uniforms(p, draft.probs, drafts, u), True
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
-    mx.async_eval(*out)
-    return Pass(start, k + 1, k, out, None, list(draft.tokens) if on_host else None, draft.kind, decided=decided)
+    lp = None
+    if logprobs is not None:
+        emitted = decided_tokens(drafts, tokens) if decided else tokens
+        lp = row_logprobs(logits[0], emitted, logprobs)
+    mx.async_eval(*out, *(lp or ()))
+    return Pass(start, k + 1, k, out, None, list(draft.tokens) if on_host else None, draft.kind, decided=decided,
+                lp=lp)
 
 
-def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int) -> Pass:
+def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int,
+               logprobs: Optional[int] = None) -> Pass:
     """Feed [last] + a tree of deterministic drafts in one pass (mlxspec.tree) and pick the
     target's token for every row; the host walks the tree along them after the read.
 
@@ -130,21 +144,24 @@ def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: in
         tokens = sample_rows(kernels.probabilities(rows, params), position_uniforms(seed, positions, SAMPLE))
         ok = _finite(rows)
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
-    mx.async_eval(*out)
+    lp = None if logprobs is None else row_logprobs(logits[0], tokens, logprobs)
+    mx.async_eval(*out, *(lp or ()))
     return Pass(start, len(draft) + 1, len(draft), out, None, list(draft.tokens) if on_host else None, draft.kind,
-                parents=list(draft.parents))
+                parents=list(draft.parents), lp=lp)
 
 
 def read(p: Pass):
     """(tokens the pass commits, accepted drafts, all finite, drafts) from one wait on the device;
-    a tree round also sets `p.path`."""
+    a tree round also sets `p.path`, and a pass asked for them `p.logprobs`."""
     first = p.out[0].tolist()
     finite = p.out[1].item()
     if p.k == 0:
+        p.logprobs = read_rows(p.lp, [0])
         return first, 0, finite, []
     drafts = p.drafts if p.drafts is not None else p.out[2].tolist()
     if p.parents is not None:  # a tree: follow the target's tokens through it
         p.path, nxt = walk_tree(first, drafts, p.parents)
+        p.logprobs = read_rows(p.lp, [0] + [1 + i for i in p.path])  # the rows that chose the committed tokens
         return [drafts[i] for i in p.path] + [nxt], len(p.path), finite, drafts
     if p.decided:
         n, nxt = first
@@ -153,4 +170,5 @@ def read(p: Pass):
         while n < p.k and drafts[n] == first[n]:
             n += 1
         nxt = first[n]
+    p.logprobs = read_rows(p.lp, list(range(n + 1)))
     return drafts[:n] + [nxt], n, finite, drafts

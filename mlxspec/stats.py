@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 
 def acceptance_text(accepted: int, drafted: int) -> str:
@@ -164,6 +164,8 @@ class TokenEvent:
     draft_len: int  # draft length of that round
     stats: GenerationStats  # live statistics (final once finish_reason is set)
     finish_reason: Optional[str] = None  # "stop" | "length" on the last event
+    logprob: Optional[float] = None  # the target's log-probability of `token` (when `logprobs` was asked for)
+    top_logprobs: Optional[List[Tuple[int, float]]] = None  # its row's best (token, logprob), best first
 
 
 @dataclass
@@ -173,6 +175,8 @@ class GenerationResult:
     finish_reason: str  # "stop" | "length" | "cancelled" (`cancel` was set before either)
     stats: GenerationStats
     from_draft: List[bool] = field(default_factory=list)
+    logprobs: Optional[List[float]] = None  # per token, when asked for (`Engine.stream(logprobs=...)`)
+    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None  # per token, its row's best choices
 
     def __repr__(self) -> str:  # the stats object is long; keep reprs readable
         return f"GenerationResult(tokens={len(self.tokens)}, finish_reason={self.finish_reason!r}, text={self.text[:60]!r})"

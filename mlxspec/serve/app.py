@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -35,7 +36,7 @@ from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
 from .options import ServeOptions
 from .queue import EngineQueue, Job
-from .responses import DONE, Shapes, sse
+from .responses import DONE, Shapes, logprobs_of, sse
 
 log = logging.getLogger("mlxspec.serve")
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers and scripts probe it)
@@ -52,6 +53,9 @@ class ServerState:
         self.model_id = options.model_id or getattr(engine, "pair_name", None) or _target_ref(engine) or "mlxspec"
         self.created = int(time.time())
         self._other_names: set = set()
+        decode = getattr(engine.tokenizer, "decode", None) if getattr(engine, "tokenizer", None) else None
+        # A token's own text, for logprobs (without a tokenizer: its id)
+        self.token_text = functools.lru_cache(maxsize=65536)(lambda t: decode([t]) if decode else str(t))
 
     def model_card(self) -> dict:
         engine = self.engine
@@ -133,11 +137,13 @@ def _endpoint(parse: Callable) -> Callable:
             first = await _next(job, req.prompt_param)
             if req.stream:
                 streaming = True
-                return EventStream(_events(job, shapes, first, req, reader), on_close=lambda: state.queue.cancel(job))
-            pieces, finish = [], None
+                return EventStream(_events(job, shapes, first, req, reader, state.token_text),
+                                   on_close=lambda: state.queue.cancel(job))
+            pieces, finish, every = [], None, []
             events = first
             while events:
                 pieces.extend(ev.text for ev in events)
+                every.extend(events)
                 finish = events[-1].finish_reason or finish
                 events = await _next(job, req.prompt_param)
             if job.stats is None or finish is None:  # cancelled: the client is gone, nobody reads this
@@ -147,7 +153,8 @@ def _endpoint(parse: Callable) -> Callable:
             if reader is not None:
                 (head, first_calls), (tail, last_calls) = reader.feed(text), reader.finish()
                 text, calls = head + tail, first_calls + last_calls
-            return JSONResponse(shapes.completion(text, _finish(finish, calls), job.stats, calls))
+            lp = logprobs_of(shapes.chat, every, state.token_text) if req.logprobs else None
+            return JSONResponse(shapes.completion(text, _finish(finish, calls), job.stats, calls, lp))
         finally:
             watcher.cancel()  # a stream's disconnects are watched by StreamingResponse itself
             if not streaming:
@@ -196,16 +203,22 @@ class EventStream(StreamingResponse):
 
 
 async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest,
-                  reader: Optional[ToolCallReader] = None):
+                  reader: Optional[ToolCallReader] = None, token_text: Optional[Callable] = None):
     """The SSE body: role chunk (chat), text (and tool-call) chunks, the finish chunk with figures,
-    usage, [DONE]."""
+    usage, [DONE]. With logprobs each batch's chunk carries its tokens' (also when their text is
+    held back: then with no text)."""
     usage = req.include_usage
     called = 0  # tool calls sent so far
+    offset = 0  # characters of the tokens sent so far (the legacy logprobs' text_offset)
 
-    def deltas(text: str, calls: list):
-        nonlocal called
-        if text:
-            yield sse(shapes.chunk(text, include_usage=usage))
+    def deltas(text: str, calls: list, events=()):
+        nonlocal called, offset
+        lp = None
+        if req.logprobs and events:
+            lp = logprobs_of(shapes.chat, events, token_text, offset)
+            offset += sum(len(token_text(ev.token)) for ev in events)
+        if text or lp:
+            yield sse(shapes.chunk(text, include_usage=usage, logprobs=lp))
         if calls:
             yield sse(shapes.chunk(tool_calls=_indexed(calls, called), include_usage=usage))
             called += len(calls)
@@ -217,7 +230,7 @@ async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest
         while events:
             text = "".join(ev.text for ev in events)
             finish = events[-1].finish_reason or finish
-            for chunk in deltas(*(reader.feed(text) if reader is not None else (text, []))):
+            for chunk in deltas(*(reader.feed(text) if reader is not None else (text, [])), events):
                 yield chunk
             events = await _next(job, req.prompt_param)
         if finish is None:  # cancelled without an error: the client is gone

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Optional
+from typing import Callable, Optional
 
 from ..stats import GenerationStats
 
@@ -41,23 +41,23 @@ class Shapes:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def completion(self, text: str, finish_reason: str, stats: GenerationStats,
-                   tool_calls: Optional[list] = None) -> dict:
+                   tool_calls: Optional[list] = None, logprobs: Optional[dict] = None) -> dict:
         """The whole answer of a request without `stream` (`content` null when only tools were called)."""
         if self.chat:
             message = {"role": "assistant", "content": text or (None if tool_calls else "")}
             if tool_calls:
                 message["tool_calls"] = tool_calls
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._head("chat.completion")
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._head("text_completion")
         body.update(choices=[choice], usage=usage(stats), mlxspec=figures(stats))
         return body
 
     def chunk(self, text: Optional[str] = None, *, first: bool = False, finish_reason: Optional[str] = None,
               stats: Optional[GenerationStats] = None, include_usage: bool = False,
-              tool_calls: Optional[list] = None) -> dict:
+              tool_calls: Optional[list] = None, logprobs: Optional[dict] = None) -> dict:
         """A stream chunk: the role (first), new text or tool calls (each whole, with its `index`
         among the answer's calls), or the finish reason with the mlxspec figures."""
         if self.chat:
@@ -66,10 +66,10 @@ class Shapes:
                 delta["content"] = text
             if tool_calls:
                 delta["tool_calls"] = tool_calls
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._head("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._head("text_completion")
         body["choices"] = [choice]
         if include_usage:
@@ -83,6 +83,27 @@ class Shapes:
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")
         body.update(choices=[], usage=usage(stats), mlxspec=figures(stats))
         return body
+
+
+def logprobs_of(chat: bool, events, token_text: Callable[[int], str], offset: int = 0) -> dict:
+    """OpenAI's `logprobs` of these events' tokens: chat's {"content": [{"token", "logprob",
+    "bytes", "top_logprobs"}]}, or the legacy completions' {"tokens", "token_logprobs",
+    "top_logprobs", "text_offset"} (offsets from `offset`, the characters before these tokens)."""
+    if chat:
+        def entry(token, lp):
+            text = token_text(token)
+            return {"token": text, "logprob": lp, "bytes": None if "\ufffd" in text else list(text.encode())}
+
+        return {"content": [dict(entry(ev.token, ev.logprob), top_logprobs=[entry(t, lp) for t, lp in ev.top_logprobs])
+                            for ev in events], "refusal": None}
+    tokens = [token_text(ev.token) for ev in events]
+    offsets = []
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": [ev.logprob for ev in events],
+            "top_logprobs": [{token_text(t): lp for t, lp in ev.top_logprobs} for ev in events],
+            "text_offset": offsets}
 
 
 def sse(body) -> bytes:

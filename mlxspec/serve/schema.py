@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..errors import InvalidArgumentError, shown as _show
 from ..prompts import check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
 from ..sampling import validate as validate_sampling
+from ..logprobs import check_logprobs
 from ..tools import check_tools
 from .errors import invalid, unsupported
 from .options import ServeOptions
@@ -56,6 +57,11 @@ class GenerationRequest:
         return self.options.get("tools")
 
     @property
+    def logprobs(self) -> bool:
+        """Whether the answer carries its tokens' logprobs (options["logprobs"]: how many alternatives)."""
+        return self.options.get("logprobs") is not None
+
+    @property
     def prompt_param(self) -> str:
         return "messages" if self.kind == "chat" else "prompt"
 
@@ -73,13 +79,23 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
         _flag(body, "parallel_tool_calls", True)  # checked, not enforced: the model writes the calls it writes
     if tools and choice != "none":  # "none": the model is not shown them, so it cannot call them
         req.options["tools"] = tools
+    # OpenAI's chat: logprobs true, and top_logprobs (0..20) alternatives per token with it
+    top = body.get("top_logprobs")
+    if _flag(body, "logprobs", False):
+        req.options["logprobs"] = _check(check_logprobs, 0 if top is None else top, "top_logprobs")
+    elif top is not None:
+        raise invalid(f"top_logprobs needs \"logprobs\": true, got top_logprobs={_show(top)} without it",
+                      "top_logprobs")
     return req
 
 
 def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> GenerationRequest:
     """POST /v1/completions body -> GenerationRequest."""
     _refuse_unsupported(body, chat=False)
-    return _common(body, "completion", _completion_prompt(body.get("prompt")), defaults or ServeOptions())
+    req = _common(body, "completion", _completion_prompt(body.get("prompt")), defaults or ServeOptions())
+    if body.get("logprobs") is not None:  # the legacy API's: how many alternatives per token
+        req.options["logprobs"] = _check(check_logprobs, body["logprobs"], "logprobs")
+    return req
 
 
 # -- shared fields ---------------------------------------------------------------------------------
@@ -286,11 +302,6 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
     if not chat and body.get("tools"):
         raise unsupported("tools need the chat endpoint (POST /v1/chat/completions), where the chat template "
                           "shows them to the model", "tools")
-    logprobs = body.get("logprobs")
-    if (logprobs not in (None, False)) if chat else (logprobs is not None):
-        raise unsupported(f"logprobs are not supported by this server, got logprobs={_show(logprobs)}", "logprobs")
-    if body.get("top_logprobs") is not None:
-        raise unsupported("top_logprobs is not supported by this server (no logprobs)", "top_logprobs")
     for key in ("presence_penalty", "frequency_penalty"):
         value = body.get(key)
         if value is not None and value != 0:

@@ -1,0 +1,60 @@
+"""The target's log-probabilities of the tokens it emits (OpenAI's `logprobs`), and its top choices.
+
+They are computed on the device in the pass that picks the tokens and read with it, so asking
+for them adds no wait. They are the model's own: the log-softmax of the target's raw logits,
+before temperature, top-k/p and min-p, as mlx-lm and vLLM report them. Every emitted token
+is the token its row chose (a greedy argmax or a position-keyed sample, which accepted
+drafts equal), except in a round decided by rejection sampling against a drafter's q, where
+the rows before the first rejection hold the accepted drafts and the next row its replacement.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import mlx.core as mx
+
+MAX_TOP = 20  # top choices per token, as OpenAI's top_logprobs allows
+
+TokenLogprob = Tuple[float, List[Tuple[int, float]]]  # (the token's, its row's best (id, logprob), best first)
+
+
+def row_logprobs(rows: mx.array, tokens: mx.array, top: int) -> Tuple[mx.array, mx.array, mx.array]:
+    """rows (S, V) logits, tokens (S,) -> (log p(token) per row (S,), the `top` best ids (S, top),
+    their log p (S, top)); lazy."""
+    x = rows.astype(mx.float32)
+    lp = x - mx.logsumexp(x, axis=-1, keepdims=True)  # (S, V)
+    chosen = mx.take_along_axis(lp, tokens.astype(mx.int32)[:, None], axis=-1)[:, 0]
+    if top <= 0:
+        empty = mx.zeros((rows.shape[0], 0), mx.int32)
+        return chosen, empty, empty.astype(mx.float32)
+    ids = mx.argpartition(-lp, kth=top - 1, axis=-1)[:, :top]  # (S, top), unordered
+    return chosen, ids, mx.take_along_axis(lp, ids, axis=-1)
+
+
+def decided_tokens(drafts: mx.array, decision: mx.array) -> mx.array:
+    """The emitted token of each row of a round decided on the device: drafts (k,) while accepted,
+    then the replacement; decision = [n accepted, next token]. Rows past n are unused."""
+    k = drafts.shape[0]
+    padded = mx.concatenate([drafts.astype(mx.int32), mx.zeros((1,), mx.int32)])
+    return mx.where(mx.arange(k + 1) == decision[0], decision[1].astype(mx.int32), padded)
+
+
+def read_rows(lp: Optional[tuple], rows: List[int]) -> Optional[List[TokenLogprob]]:
+    """The host's copy of the chosen rows of `row_logprobs`' output, top choices best first."""
+    if lp is None:
+        return None
+    chosen, ids, vals = (a.tolist() for a in lp)
+    return [(chosen[r], sorted(zip(ids[r], vals[r]), key=lambda iv: -iv[1])) for r in rows]
+
+
+def check_logprobs(logprobs) -> Optional[int]:
+    """None (off), or how many top choices to give per token, 0..MAX_TOP (0: the token's own only)."""
+    from .errors import InvalidArgumentError, shown
+
+    if logprobs is None:
+        return None
+    if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_TOP:
+        raise InvalidArgumentError(f"logprobs must be None (off) or an integer in 0..{MAX_TOP} (top choices per "
+                                   f"token besides its own), got {shown(logprobs)}")
+    return logprobs
