@@ -4,8 +4,9 @@ A chat page running in a browser (a local web UI on another port, or a hosted on
 points at this server) sends a preflight `OPTIONS` before its JSON `POST`, and reads the answer
 only if the server names its origin in `Access-Control-Allow-Origin`. Pages of this machine
 (http://localhost:PORT, http://127.0.0.1:PORT) may; others only when `mlxspec serve
---allow-origin` names them ("*": any). A page of a public site asking for a private address
-also sends Private Network Access's `Access-Control-Request-Private-Network`, answered alike.
+--allow-origin` names them ("*": any). A page of another address asking for this machine
+may also send Private Network Access's `Access-Control-Request-Private-Network` (Chrome before
+its Local Network Access permission), answered alike.
 The API key, if any, is still needed on the request that follows the preflight.
 """
 
