@@ -38,15 +38,25 @@ class SeqState(NamedTuple):
         return sum(c.nbytes for c in self.caches) + sum(rows.nbytes for _, rows in self.hidden)
 
 
-def shared_prefix(a: List, b: List) -> int:
-    """Length of the longest common prefix of two token lists."""
+def shared_prefix(a: List, b: List, start: int = 0) -> int:
+    """Length of the longest common prefix of two token lists whose first `start` tokens are
+    known to agree (they are not compared again)."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case: one C-level compare
+    lo = min(start, n)
+    if a[lo:n] == b[lo:n]:  # the usual case: one C-level compare
         return n
-    i = 0
-    while a[i] == b[i]:
-        i += 1
-    return i
+    # They part in [lo, hi): halve that at C speed (a Python loop over a long history would cost
+    # a millisecond per 30,000 tokens, every round), then walk the last few tokens.
+    hi = n
+    while hi - lo > 32:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[lo] == b[lo]:
+        lo += 1
+    return lo
 
 
 class Sequence:
@@ -98,11 +108,14 @@ class Sequence:
         self.caches, self.tokens, self._hidden = state.caches, state.tokens, state.hidden
         self._dirty = False
 
-    def sync(self, tokens: List[int]) -> List[int]:
-        """Make the caches hold a prefix of `tokens`; return the tokens still to feed (at least 1)."""
+    def sync(self, tokens: List[int], known: int = 0) -> List[int]:
+        """Make the caches hold a prefix of `tokens`; return the tokens still to feed (at least 1).
+        `known`: how many leading tokens the caller knows the caches still share with `tokens`
+        (a history that only grew since the last sync); they are not compared again."""
         if self._dirty:
             self.reset()
-        common = min(shared_prefix(self.tokens, tokens), len(tokens) - 1)  # always leave one token to feed
+        common = shared_prefix(self.tokens, tokens, min(known, len(self.tokens)))
+        common = min(common, len(tokens) - 1)  # always leave one token to feed
         excess = len(self.tokens) - common
         if excess:
             if all(c.can_trim(excess) for c in self.caches):

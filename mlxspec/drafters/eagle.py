@@ -41,6 +41,7 @@ from ..backbone import layers_fit, output_rows
 from ..cache import make_cache
 from ..errors import IncompatibleModelsError, ModelNotFoundError, shown
 from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
+from ..sequence import shared_prefix
 from . import chaincopy
 from .context import ContextCache, check_context
 from .base import Draft
@@ -338,6 +339,10 @@ class EagleDrafter:
                                                              headroom=self.headroom)
         self.covered: List[int] = []  # x[0..m]: the tokens whose m real entries the cache holds
         self.drafted = 0  # entries after them made while drafting (predicted features)
+        # The history `covered` was taken from: the loop's only grows within a request, so
+        # `covered` is still its prefix and need not be compared (a long history's compare and
+        # copy would cost every round).
+        self._history = None
 
     def arrays(self) -> list:
         """What it keeps between rounds, for `Engine.materialize` (its features stay with the target)."""
@@ -379,16 +384,10 @@ class EagleDrafter:
         self._trim(self.drafted)
         self.drafted = 0
         limit = min(len(self.covered), len(history) - 1)  # entries need x[j+1]: at most len - 1 of them
-        common = 0
-        if self.covered[:limit] == history[:limit]:
-            common = limit
-        else:
-            while common < limit and self.covered[common] == history[common]:
-                common += 1
+        common = limit if history is self._history else min(shared_prefix(self.covered, history), limit)
         keep = max(min(common - 1, len(history) - 2), 0)  # feed at least the last entry again
         self._trim(self.entries - keep)
-        if self.covered:
-            self.covered = self.covered[: keep + 1] if keep else []
+        del self.covered[keep + 1 if keep else 0:]
         return self.entries
 
     def _feed(self, history: List[int], upto: int, *, chunked: bool = False) -> Optional[mx.array]:
@@ -429,7 +428,10 @@ class EagleDrafter:
         # a prefix rolls the head back to it and needs them again, without re-running the target.
         # Behind a window, only those a rollback can reach: the window plus the rollback room
         # (twice: the head's and the target's) bound them, so a long stream does not grow.
-        self.covered = list(history[: upto + 1])
+        # `covered` is a prefix of `history` here (`_sync` kept only what agrees): extend it
+        del self.covered[upto + 1:]
+        self.covered.extend(history[len(self.covered): upto + 1])
+        self._history = history
         if self.max_kv_size:
             self.target.release_hidden(upto - self.max_kv_size - 2 * self.headroom)
         return out[0, -1:]

@@ -37,10 +37,21 @@ class ModelDrafter:
         self.target_vocab = target_vocab
         self.seq = Sequence(model, max_kv_size=max_kv_size, headroom=headroom)
         self._drafted = None  # (first position, lazy (k-1,) tokens fed as drafts) of the last round
+        # The history last synced to, and its length then: the loop's history only grows within a
+        # request, so the next sync to the same list need not compare what it held (a long
+        # history's compare costs every round).
+        self._history, self._synced = None, 0
 
     def reset(self) -> None:
         self.seq.reset()
         self._drafted = None
+        self._history, self._synced = None, 0
+
+    def _sync(self, history: List[int]) -> List[int]:
+        known = self._synced if history is self._history else 0
+        todo = self.seq.sync(history, known)
+        self._history, self._synced = history, len(history) - len(todo)
+        return todo
 
     def arrays(self) -> list:
         """What it keeps between rounds, for `Engine.materialize`."""
@@ -49,7 +60,7 @@ class ModelDrafter:
     def prefill(self, history: List[int]) -> None:
         """Bring the cache up to history[:-1] (prompt processing)."""
         self.settle()
-        todo = self.seq.sync(history)
+        todo = self._sync(history)
         self.seq.prefill(todo[:-1])
 
     def settle(self) -> None:
@@ -73,7 +84,7 @@ class ModelDrafter:
     def catch_up(self, history: List[int]) -> mx.array:
         """Feed what the cache lacks of `history`; returns the logits after its last token."""
         self.settle()
-        feed = self.seq.sync(history)
+        feed = self._sync(history)
         i = 0
         for n in power_of_two_chunks(len(feed)):
             logits = self.seq.forward(feed[i : i + n])

@@ -46,10 +46,12 @@ class NgramDrafter:
         self._base = 0  # where the current history starts in the corpus
         self._index: Dict[Tuple[int, ...], List[int]] = {}
         self._indexed = 0  # n-grams ending at corpus positions < _indexed are in the index
+        self._history = None  # the history last indexed: the loop's only grows, so it need not be compared
 
     def _extend(self, history: List[int]) -> None:
         n_old = len(self._corpus) - self._base
-        if history[:n_old] != self._corpus[self._base :]:
+        grown = history is self._history and len(history) >= n_old
+        if not grown and history[:n_old] != self._corpus[self._base :]:
             if len(self._corpus) + len(history) > MAX_CORPUS:
                 self.reset()
             else:  # keep the old history for trees; the new one starts after a separator
@@ -58,6 +60,7 @@ class NgramDrafter:
                 self._base = len(self._corpus)
             n_old = 0
         self._corpus.extend(history[n_old:])  # only the new tokens: this runs every round
+        self._history = history
         # Index n-grams ending strictly before the last token: the tail itself must not match itself.
         end_limit = len(self._corpus) - 1
         c = self._corpus
