@@ -14,6 +14,8 @@ from typing import List, Optional, Tuple
 
 import mlx.core as mx
 
+from .errors import InvalidArgumentError, shown
+
 MAX_TOP = 20  # top choices per token, as OpenAI's top_logprobs allows
 
 TokenLogprob = Tuple[float, List[Tuple[int, float]]]  # (the token's, its row's best (id, logprob), best first)
@@ -50,8 +52,6 @@ def read_rows(lp: Optional[tuple], rows: List[int]) -> Optional[List[TokenLogpro
 
 def check_logprobs(logprobs) -> Optional[int]:
     """None (off), or how many top choices to give per token, 0..MAX_TOP (0: the token's own only)."""
-    from .errors import InvalidArgumentError, shown
-
     if logprobs is None:
         return None
     if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_TOP:

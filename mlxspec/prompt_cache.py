@@ -39,14 +39,13 @@ class PromptCache:
         """Memory the parked histories hold."""
         return sum(state.nbytes for slot in self.parked for state in slot.values())
 
-    def recall(self, engine, ids: List[int]) -> int:
+    def recall(self, engine, ids: List[int]) -> None:
         """Before a request for `ids`: swap in the parked history sharing most of it, if it shares
-        more than the live caches, and park what the request would otherwise discard. Returns how
-        many leading ids the target's caches now hold."""
+        more than the live caches, and park what the request would otherwise discard."""
         target = engine.target
+        if self.size <= 0:  # nothing is ever parked
+            return
         live = target.common_prefix(ids)
-        if self.size <= 0:
-            return live
         seqs = _sequences(engine)
         shared = [shared_prefix(slot["target"].tokens, ids) for slot in self.parked]
         best = max(range(len(shared)), key=shared.__getitem__, default=None)
@@ -62,7 +61,6 @@ class PromptCache:
             live = shared[best]
         if len(target.tokens) - live >= MIN_PARK:
             self.park({name: seq.copy_state() for name, seq in seqs.items()})
-        return live
 
     def park(self, slot: Dict[str, SeqState]) -> None:
         """Keep `slot` (a history's states by sequence name), the most recently used."""
