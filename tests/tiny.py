@@ -94,6 +94,17 @@ def _scale(model, dtype):
     mx.eval(model.parameters())
 
 
+def fed_positions(cache, B: int, S: int, dtype=mx.float32) -> mx.array:
+    """The positions of S fed rows, for models whose KV cache only tracks positions: moves the
+    cache along and returns (S,) positions (a tree pass's cache gives one per row:
+    mlxspec.tree_forward)."""
+    offset = cache[0].offset if cache else 0
+    if cache:
+        blank = mx.zeros((B, 1, S, 1), dtype)
+        cache[0].update_and_fetch(blank, blank)
+    return offset if isinstance(offset, mx.array) and offset.ndim == 1 else offset + mx.arange(S)
+
+
 class RoundingModel(nn.Module):
     """A model whose two best logits at one known position are within one bfloat16 ulp.
 
@@ -123,11 +134,7 @@ class RoundingModel(nn.Module):
 
     def __call__(self, inputs, cache=None):
         B, S = inputs.shape
-        offset = cache[0].offset if cache else 0
-        if cache:
-            blank = mx.zeros((B, 1, S, 1), self.terms.dtype)
-            cache[0].update_and_fetch(blank, blank)
-        t = self.terms[offset + mx.arange(S)]  # (S, 3, V)
+        t = self.terms[fed_positions(cache, B, S, self.terms.dtype)]  # (S, 3, V)
         if S == 1:
             z = (t[:, 0].astype(mx.float32) + t[:, 1] + t[:, 2]).astype(t.dtype)
         else:
@@ -160,13 +167,7 @@ class ScriptedModel(nn.Module):
 
     def __call__(self, inputs, cache=None):
         B, S = inputs.shape
-        offset = cache[0].offset if cache else 0
-        if cache:
-            blank = mx.zeros((B, 1, S, 1))
-            cache[0].update_and_fetch(blank, blank)
-        # A tree pass's cache gives one position per row (mlxspec.tree_forward)
-        positions = offset if isinstance(offset, mx.array) and offset.ndim == 1 else offset + mx.arange(S)
-        targets = self.rows[mx.minimum(positions, self.length - 1)]
+        targets = self.rows[mx.minimum(fed_positions(cache, B, S), self.length - 1)]
         z = 10.0 * (mx.arange(self.vocab)[None] == targets[:, None])  # (S, V)
         return mx.broadcast_to(z[None], (B, S, self.vocab))
 
