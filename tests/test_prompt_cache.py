@@ -133,3 +133,20 @@ def test_a_byte_bound_keeps_the_most_recent_that_fit():
     assert first_tokens(bounded) == [4] and bounded.prompt_cache.nbytes == one
     with pytest.raises(InvalidArgumentError, match="prompt_cache_bytes must be None or an integer >= 0"):
         Engine(tiny.make_llama(0), tiny.make_tokenizer(), prompt_cache_bytes=-5)
+
+
+def test_a_server_s_interleaved_conversations_report_their_cached_tokens():
+    from serve_helpers import openai_client, running_server
+
+    engine = Engine(tiny.make_llama(0, tie_embeddings=False), tiny.make_tokenizer(), drafter="ngram",
+                    prompt_cache_size=4)
+    with running_server(engine, model_id="t") as (url, _):
+        client = openai_client(url)
+        chat, side = list(CHAT), list(SIDE)
+        first = client.chat.completions.create(model="t", messages=chat, max_tokens=8)
+        client.chat.completions.create(model="t", messages=side, max_tokens=8)
+        chat += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And then?"}]
+        again = client.chat.completions.create(model="t", messages=chat, max_tokens=8)
+        cached = again.usage.prompt_tokens_details.cached_tokens
+        assert cached >= first.usage.prompt_tokens and again.usage.prompt_tokens - cached < 64
