@@ -11,7 +11,7 @@ from mlxspec.serve.server import bind_warning
 
 FLAGS = ["--pair", "--target", "--draft", "--drafter", "--host", "--port", "--api-key", "--max-kv-size", "--queue",
          "--num-draft", "--max-tokens", "--temperature", "--max-body-size", "--shutdown-grace", "--dtype",
-         "--prompt-cache-size", "--prompt-cache-bytes", "--allow-origin"]
+         "--prompt-cache-size", "--prompt-cache-bytes", "--allow-origin", "--client-timeout"]
 
 
 def test_help_explains_every_flag_with_its_default(capsys):
@@ -50,7 +50,7 @@ def test_flags_reach_the_server_options(captured, monkeypatch):
     opts = captured["serve"]
     assert (opts.host, opts.port, opts.queue, opts.max_tokens, opts.temperature, opts.api_key) == \
            ("127.0.0.1", 9001, 3, 64, 0.5, None)
-    assert opts.shutdown_grace == 2
+    assert opts.shutdown_grace == 2 and opts.client_timeout == 30
     assert captured["load"][1] == {"drafter": "none", "num_draft": 4, "tree": None, "prompt_cache_size": 4,
                                    "prompt_cache_bytes": None}
 

@@ -65,6 +65,10 @@ def register(subparsers) -> None:
                         "defaults to 1)")
     p.add_argument("--max-body-size", type=positive, default=DEFAULT_MAX_BODY, metavar="BYTES",
                    help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY}, {DEFAULT_MAX_BODY >> 20} MiB)")
+    p.add_argument("--client-timeout", type=non_negative, default=d.client_timeout, metavar="S",
+                   help=f"seconds a client may take to send a request's head, and between two pieces of its "
+                        f"body, before it is disconnected (a stalled body gets 408), so stalled connections "
+                        f"cannot pile up; answers are not bounded; 0 waits forever (default: {d.client_timeout:g})")
     p.add_argument("--shutdown-grace", type=non_negative, default=d.shutdown_grace, metavar="S",
                    help=f"after SIGINT/SIGTERM, seconds a running request may take to finish before it is "
                         f"cancelled (default: {d.shutdown_grace:g})")
@@ -111,7 +115,8 @@ def run(args) -> int:
     options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key, queue=args.queue,
                            max_tokens=args.max_tokens, temperature=args.temperature,
                            max_body_size=args.max_body_size, shutdown_grace=args.shutdown_grace,
-                           log_level=args.log_level, allow_origins=tuple(args.allow_origin))
+                           log_level=args.log_level, allow_origins=tuple(args.allow_origin),
+                           client_timeout=args.client_timeout)
     try:
         return serve(engine, options)
     finally:

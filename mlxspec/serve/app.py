@@ -126,7 +126,8 @@ def _endpoint(parse: Callable) -> Callable:
 
     async def answer(request: Request) -> Response:
         state: ServerState = request.app.state.mlxspec
-        req = parse(await read_json(request, state.options.max_body_size), state.options)
+        req = parse(await read_json(request, state.options.max_body_size, state.options.client_timeout),
+                    state.options)
         state.note_model(req.model)
         job = state.queue.submit(req.prompt, req.options)
         shapes = Shapes(req.kind, state.model_id)
@@ -288,13 +289,22 @@ async def health(request: Request) -> Response:
 
 
 # -- request bodies, auth, errors --------------------------------------------------------------------
-async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object; 413 past `limit` bytes (declared or streamed), 400 if not JSON."""
+async def read_json(request: Request, limit: int, timeout: float = 0) -> dict:
+    """The body as a JSON object; 413 past `limit` bytes (declared or streamed), 400 if not JSON,
+    408 when more than `timeout` seconds pass without any of it (0: no limit)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(limit, f"declares {int(declared)} bytes")
     body = bytearray()
-    async for chunk in request.stream():
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), timeout or None)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body stalled: nothing of it came for {timeout:g} s "
+                                f"(mlxspec serve --client-timeout)", code="request_timeout") from None
         body += chunk
         if len(body) > limit:
             raise _too_large(limit, f"is longer than {limit} bytes")

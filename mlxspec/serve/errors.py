@@ -14,8 +14,8 @@ from ..errors import ContextLengthError, InvalidArgumentError, NumericalError
 
 # OpenAI's error `type` for each status the server answers with.
 TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-         500: "server_error", 503: "server_error"}
+         405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+         429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
 
 class APIError(Exception):

@@ -20,6 +20,7 @@ class ServeOptions:
     temperature: float = 0.0  # for requests that give none (0 = greedy; OpenAI's own default is 1)
     max_body_size: int = DEFAULT_MAX_BODY  # larger request bodies get 413
     shutdown_grace: float = 10.0  # seconds a running request may take to finish after SIGINT/SIGTERM
+    client_timeout: float = 30.0  # seconds for a request's head, and between two pieces of its body (0: none)
     allow_origins: Tuple[str, ...] = ()  # web pages' origins (besides this machine's) that may call it; "*": any
     model_id: Optional[str] = None  # the name /v1/models lists; default: the pair's name or the target
     log_level: str = "info"

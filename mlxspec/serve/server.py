@@ -23,6 +23,7 @@ from ..distributed import is_distributed
 from .app import make_app
 from .local import is_loopback
 from .options import ServeOptions
+from .timeouts import head_timeout_protocol
 
 log = logging.getLogger("mlxspec.serve")
 
@@ -80,7 +81,8 @@ def build_server(engine, options: ServeOptions) -> Server:
     app = make_app(engine, options)
     quiet = _QuietWhenForced(app)
     config = uvicorn.Config(quiet, host=options.host, port=options.port, log_level=options.log_level,
-                            lifespan="on", timeout_graceful_shutdown=options.shutdown_grace + 5)
+                            lifespan="on", timeout_graceful_shutdown=options.shutdown_grace + 5,
+                            http=head_timeout_protocol(options.client_timeout))
     server = quiet.server = Server(config, app.state.mlxspec)
     return server
 
