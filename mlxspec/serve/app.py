@@ -53,6 +53,9 @@ class ServerState:
         self.model_id = options.model_id or getattr(engine, "pair_name", None) or _target_ref(engine) or "mlxspec"
         self.created = int(time.time())
         self._other_names: set = set()
+        # Read at start, not on a first request: a template without a known marker makes mlx-lm
+        # look through the whole vocabulary.
+        self.tool_format = getattr(engine, "tool_format", None)
         decode = getattr(engine.tokenizer, "decode", None) if getattr(engine, "tokenizer", None) else None
         # A token's own text, for logprobs (without a tokenizer: its id)
         self.token_text = functools.lru_cache(maxsize=65536)(lambda t: decode([t]) if decode else str(t))
@@ -131,7 +134,7 @@ def _endpoint(parse: Callable) -> Callable:
         state.note_model(req.model)
         job = state.queue.submit(req.prompt, req.options)
         shapes = Shapes(req.kind, state.model_id)
-        reader = _tool_reader(state.engine, req)
+        reader = _tool_reader(state.tool_format, req)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, state.queue, job))
         streaming = False
         try:
@@ -164,11 +167,10 @@ def _endpoint(parse: Callable) -> Callable:
     return endpoint
 
 
-def _tool_reader(engine, req: schema.GenerationRequest) -> Optional[ToolCallReader]:
-    """Reads the model's tool calls back when the request showed it tools and its format is known
-    (a template that renders tools in a format mlx-lm does not know: the calls stay text)."""
-    fmt = getattr(engine, "tool_format", None) if req.tools else None
-    return ToolCallReader(fmt, req.tools) if fmt is not None else None
+def _tool_reader(fmt, req: schema.GenerationRequest) -> Optional[ToolCallReader]:
+    """Reads the model's tool calls back when the request showed it tools and its format `fmt` is
+    known (a template that renders tools in a format mlx-lm does not know: the calls stay text)."""
+    return ToolCallReader(fmt, req.tools) if fmt is not None and req.tools else None
 
 
 def _finish(reason: Optional[str], calls) -> Optional[str]:
