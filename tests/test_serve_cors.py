@@ -34,6 +34,9 @@ def test_an_allowed_page_s_preflight_is_answered_without_the_key(server, origin)
     assert "access-control-allow-private-network" not in r.headers
     r = preflight(server, origin, **{"Access-Control-Request-Private-Network": "true"})
     assert r.headers["access-control-allow-private-network"] == "true"
+    r = httpx.options(f"{server}/v1/models", headers={"Origin": origin, "Access-Control-Request-Method": "GET"},
+                      timeout=TIMEOUT)
+    assert r.status_code == 204 and "access-control-allow-headers" not in r.headers  # none asked for
 
 
 @pytest.mark.parametrize("origin", ["http://localhost:3000", HOSTED])
@@ -41,6 +44,7 @@ def test_an_allowed_page_reads_answers_and_errors(server, origin):
     auth = {"Origin": origin, "Authorization": f"Bearer {KEY}"}
     r = httpx.post(f"{server}/v1/chat/completions", json=BODY, headers=auth, timeout=TIMEOUT)
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
+    assert r.headers["access-control-expose-headers"] == "Retry-After"  # a page may read a 429's
     with httpx.stream("POST", f"{server}/v1/chat/completions", json=dict(BODY, stream=True), headers=auth,
                       timeout=TIMEOUT) as streamed:
         assert streamed.headers["access-control-allow-origin"] == origin
@@ -49,7 +53,8 @@ def test_an_allowed_page_reads_answers_and_errors(server, origin):
     assert r.status_code == 401 and r.headers["access-control-allow-origin"] == origin  # the page sees why
 
 
-@pytest.mark.parametrize("origin", ["https://attacker.example", "null", "https://chat.example.com.attacker.example"])
+@pytest.mark.parametrize("origin", ["https://attacker.example", "null", "https://chat.example.com.attacker.example",
+                                    "http://[bad"])
 def test_other_pages_are_refused_before_any_cors_header(server, origin):
     for r in (preflight(server, origin),
               httpx.post(f"{server}/v1/chat/completions", json=BODY, timeout=TIMEOUT,

@@ -35,7 +35,11 @@ class Origins:
     def __contains__(self, origin: str) -> bool:
         if origin == "null":  # sandboxed frames and file: pages share it: never trusted by name
             return self.any
-        return self.any or origin.lower() in self.named or is_loopback(urlsplit(origin).hostname or "")
+        try:
+            host = urlsplit(origin).hostname or ""
+        except ValueError:  # not a URL ("http://[bad"): no page of this machine
+            host = ""
+        return self.any or origin.lower() in self.named or is_loopback(host)
 
 
 class CrossOrigin:
@@ -53,11 +57,14 @@ class CrossOrigin:
             return await self.app(scope, receive, send)  # no CORS headers: a browser keeps the answer from the page
         allow = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
         if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
-            allow.update({"Access-Control-Allow-Methods": METHODS, "Access-Control-Max-Age": MAX_AGE,
-                          "Access-Control-Allow-Headers": headers.get("access-control-request-headers", "")})
+            allow.update({"Access-Control-Allow-Methods": METHODS, "Access-Control-Max-Age": MAX_AGE})
+            if headers.get("access-control-request-headers"):
+                allow["Access-Control-Allow-Headers"] = headers["access-control-request-headers"]
             if headers.get("access-control-request-private-network") == "true":
                 allow["Access-Control-Allow-Private-Network"] = "true"
             return await Response(status_code=204, headers=allow)(scope, receive, send)
+
+        allow["Access-Control-Expose-Headers"] = "Retry-After"  # a page may read when to retry a 429 or 503
 
         async def send_with_cors(message):
             if message["type"] == "http.response.start":
