@@ -10,6 +10,7 @@ the rows before the first rejection hold the accepted drafts and the next row it
 
 from __future__ import annotations
 
+import re
 from typing import List, Optional, Tuple
 
 import mlx.core as mx
@@ -58,3 +59,37 @@ def check_logprobs(logprobs) -> Optional[int]:
         raise InvalidArgumentError(f"logprobs must be None (off) or an integer in 0..{MAX_TOP} (top choices per "
                                    f"token besides its own), got {shown(logprobs)}")
     return logprobs
+
+
+def _byte_decoder() -> dict:
+    """GPT-2's byte-level alphabet (printable stand-ins for the 256 bytes) -> the bytes."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
+
+
+BYTE_DECODER = _byte_decoder()
+_HEX_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_bytes(tokenizer, token: int) -> bytes:
+    """The bytes a token stands for, also when they are part of a character (OpenAI's `bytes`):
+    from its vocabulary piece (byte-level BPE's stand-ins, SentencePiece's `<0xNN>` and `▁`),
+    else from decoding it alone."""
+    text = tokenizer.decode([token])
+    if "\ufffd" not in text:
+        return text.encode()
+    piece = tokenizer.convert_ids_to_tokens(token) if hasattr(tokenizer, "convert_ids_to_tokens") else None
+    if isinstance(piece, str):
+        hex_byte = _HEX_BYTE.fullmatch(piece)
+        if hex_byte:
+            return bytes([int(hex_byte.group(1), 16)])
+        if piece and all(c in BYTE_DECODER for c in piece):
+            return bytes(BYTE_DECODER[c] for c in piece)
+    return text.encode()

@@ -111,3 +111,38 @@ def test_completion_logprobs_in_the_legacy_shape(served):
     expected = engine.generate("Once upon a time", max_tokens=6, logprobs=3)
     assert lp["token_logprobs"] == pytest.approx(expected.logprobs, abs=1e-5)
     assert all(1 <= len(top) <= 3 for top in lp["top_logprobs"])  # tokens that print alike share a key
+
+
+def test_served_logprobs_spell_the_text_byte_for_byte():
+    """Tokens held back by a stop string, or past the end, are not reported; part-characters keep their bytes."""
+    tok = tiny.make_tokenizer()
+    model = tiny.ScriptedModel()
+    engine = Engine(model, tok, drafter="ngram")
+    text = "Café ☕ ok STOP more"
+    messages = [{"role": "user", "content": "say it"}]
+    model.say(tok.encode(text, add_special_tokens=False), len(encode_prompt(messages, tok, tiny.VOCAB)))
+    with running_server(engine, model_id="s") as (url, _):
+        client = openai_client(url)
+        for stop in (["STOP"], None):
+            kept = "Café ☕ ok " if stop else text
+            r = client.chat.completions.create(model="s", messages=messages, max_tokens=40, stop=stop, logprobs=True,
+                                               top_logprobs=2)
+            content = r.choices[0].logprobs.content
+            assert r.choices[0].message.content == kept
+            assert b"".join(bytes(c.bytes) for c in content) == kept.encode()  # no <|im_end|>, no STOP
+            assert any(c.token == "\ufffd" and len(c.bytes) == 1 for c in content)  # a byte of é or ☕
+            streamed = [c for ch in client.chat.completions.create(
+                model="s", messages=messages, max_tokens=40, stop=stop, logprobs=True, stream=True)
+                if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+            assert b"".join(bytes(c.bytes) for c in streamed) == kept.encode()
+        prompt = tok.decode(encode_prompt(messages, tok, tiny.VOCAB))
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 40, "stop": ["STOP"],
+                                                      "logprobs": 3}, timeout=TIMEOUT).json()
+        lp, kept = r["choices"][0]["logprobs"], r["choices"][0]["text"]
+        assert kept == "Café ☕ ok "
+        assert [t for t in lp["tokens"] if t.startswith("bytes:")] == ["bytes:\\xc3", "bytes:\\xa9", "bytes:\\xe2",
+                                                                          "bytes:\\x98", "bytes:\\x95"]
+        # each token's offset is the character it starts in
+        assert lp["text_offset"] == [0, 1, 2, 3, 3, 4, 5, 5, 5, 6, 7, 8, 9]
+        assert all(lp["token_logprobs"][i] == pytest.approx(max(top.values())) for i, top in
+                   enumerate(lp["top_logprobs"]))  # the chosen token is the best, and never overwritten

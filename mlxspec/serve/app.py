@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from ..errors import shown as _show
 from ..stats import acceptance_text
+from ..logprobs import token_bytes
 from ..tools import ToolCallReader
 from . import schema
 from .errors import APIError, from_engine, invalid
@@ -36,7 +37,7 @@ from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
 from .options import ServeOptions
 from .queue import EngineQueue, Job
-from .responses import DONE, Shapes, logprobs_of, sse
+from .responses import DONE, LogprobStream, Shapes, sse
 
 log = logging.getLogger("mlxspec.serve")
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers and scripts probe it)
@@ -56,9 +57,10 @@ class ServerState:
         # Read at start, not on a first request: a template without a known marker makes mlx-lm
         # look through the whole vocabulary.
         self.tool_format = getattr(engine, "tool_format", None)
-        decode = getattr(engine.tokenizer, "decode", None) if getattr(engine, "tokenizer", None) else None
-        # A token's own text, for logprobs (without a tokenizer: its id)
-        self.token_text = functools.lru_cache(maxsize=65536)(lambda t: decode([t]) if decode else str(t))
+        tokenizer = getattr(engine, "tokenizer", None)
+        # A token's own bytes, for logprobs (without a tokenizer: its id)
+        self.token_bytes = functools.lru_cache(maxsize=65536)(
+            lambda t: token_bytes(tokenizer, t) if tokenizer is not None else str(t).encode())
 
     def model_card(self) -> dict:
         engine = self.engine
@@ -141,7 +143,8 @@ def _endpoint(parse: Callable) -> Callable:
             first = await _next(job, req.prompt_param)
             if req.stream:
                 streaming = True
-                return EventStream(_events(job, shapes, first, req, reader, state.token_text),
+                lp = LogprobStream(shapes.chat, state.token_bytes) if req.logprobs else None
+                return EventStream(_events(job, shapes, first, req, reader, lp),
                                    on_close=lambda: state.queue.cancel(job))
             pieces, finish, every = [], None, []
             events = first
@@ -157,7 +160,7 @@ def _endpoint(parse: Callable) -> Callable:
             if reader is not None:
                 (head, first_calls), (tail, last_calls) = reader.feed(text), reader.finish()
                 text, calls = head + tail, first_calls + last_calls
-            lp = logprobs_of(shapes.chat, every, state.token_text) if req.logprobs else None
+            lp = LogprobStream(shapes.chat, state.token_bytes).whole(every) if req.logprobs else None
             return JSONResponse(shapes.completion(text, _finish(finish, calls), job.stats, calls, lp))
         finally:
             watcher.cancel()  # a stream's disconnects are watched by StreamingResponse itself
@@ -206,20 +209,16 @@ class EventStream(StreamingResponse):
 
 
 async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest,
-                  reader: Optional[ToolCallReader] = None, token_text: Optional[Callable] = None):
+                  reader: Optional[ToolCallReader] = None, logprobs: Optional[LogprobStream] = None):
     """The SSE body: role chunk (chat), text (and tool-call) chunks, the finish chunk with figures,
     usage, [DONE]. With logprobs each batch's chunk carries its tokens' (also when their text is
     held back: then with no text)."""
     usage = req.include_usage
     called = 0  # tool calls sent so far
-    offset = 0  # characters of the tokens sent so far (the legacy logprobs' text_offset)
 
     def deltas(text: str, calls: list, events=()):
-        nonlocal called, offset
-        lp = None
-        if req.logprobs and events:
-            lp = logprobs_of(shapes.chat, events, token_text, offset)
-            offset += sum(len(token_text(ev.token)) for ev in events)
+        nonlocal called
+        lp = logprobs.feed(events) if logprobs is not None and events else None
         if text or lp:
             yield sse(shapes.chunk(text, include_usage=usage, logprobs=lp))
         if calls:

@@ -85,25 +85,65 @@ class Shapes:
         return body
 
 
-def logprobs_of(chat: bool, events, token_text: Callable[[int], str], offset: int = 0) -> dict:
-    """OpenAI's `logprobs` of these events' tokens: chat's {"content": [{"token", "logprob",
-    "bytes", "top_logprobs"}]}, or the legacy completions' {"tokens", "token_logprobs",
-    "top_logprobs", "text_offset"} (offsets from `offset`, the characters before these tokens)."""
-    if chat:
-        def entry(token, lp):
-            text = token_text(token)
-            return {"token": text, "logprob": lp, "bytes": None if "\ufffd" in text else list(text.encode())}
+class LogprobStream:
+    """OpenAI's `logprobs` of an answer's tokens, handed out as far as its text has gone.
 
-        return {"content": [dict(entry(ev.token, ev.logprob), top_logprobs=[entry(t, lp) for t, lp in ev.top_logprobs])
-                            for ev in events], "refusal": None}
-    tokens = [token_text(ev.token) for ev in events]
-    offsets = []
-    for text in tokens:
-        offsets.append(offset)
-        offset += len(text)
-    return {"tokens": tokens, "token_logprobs": [ev.logprob for ev in events],
-            "top_logprobs": [{token_text(t): lp for t, lp in ev.top_logprobs} for ev in events],
-            "text_offset": offsets}
+    A token whose text is still held back (a possible stop string, part of a character) waits,
+    and tokens past the answer's end (a stop string, the end-of-text token) never go out, so
+    the tokens spell the text (as generated: tool-call markup included). `bytes` are each
+    token's own, also when they are part of a character."""
+
+    def __init__(self, chat: bool, token_bytes: Callable[[int], bytes]):
+        self.chat, self.token_bytes = chat, token_bytes
+        self._waiting: list = []
+        self._text = bytearray()  # the answer's text so far
+        self._at = 0  # byte offset of the next waiting token
+        self._skew: Optional[int] = None  # 1: a SentencePiece decoder dropped the text's first space
+
+    def whole(self, events) -> dict:
+        """The logprobs of a whole answer's events."""
+        return self.feed(events) or self._shape([])
+
+    def feed(self, events) -> Optional[dict]:
+        """The logprobs of `events` (and earlier ones) whose text is out now; None if none is."""
+        self._waiting.extend(events)
+        self._text += "".join(ev.text for ev in events).encode()
+        ready = []
+        while self._waiting and self._text:
+            raw = self.token_bytes(self._waiting[0].token)
+            if self._skew is None:
+                self._skew = int(raw.startswith(b" ") and not self._text.startswith(b" "))
+            if self._at - self._skew >= len(self._text):
+                break
+            ready.append((self._waiting.pop(0), raw, max(self._at - self._skew, 0)))
+            self._at += len(raw)
+        return self._shape(ready) if ready else None
+
+    def _shape(self, ready) -> dict:
+        if self.chat:
+            def entry(raw: bytes, lp: float) -> dict:
+                return {"token": raw.decode("utf-8", "replace"), "logprob": lp, "bytes": list(raw)}
+
+            return {"content": [dict(entry(raw, ev.logprob), top_logprobs=[entry(self.token_bytes(t), lp)
+                                                                             for t, lp in ev.top_logprobs])
+                                for ev, raw, _ in ready], "refusal": None}
+        top = []
+        for ev, _, _ in ready:
+            best: dict = {}
+            for t, lp in ev.top_logprobs:  # best first: tokens that print alike keep the best one's
+                best.setdefault(_legacy_name(self.token_bytes(t)), lp)
+            top.append(best)
+        return {"tokens": [_legacy_name(raw) for _, raw, _ in ready],
+                "token_logprobs": [ev.logprob for ev, _, _ in ready], "top_logprobs": top,
+                "text_offset": [len(bytes(self._text[:start]).decode("utf-8", "ignore")) for _, _, start in ready]}
+
+
+def _legacy_name(raw: bytes) -> str:
+    """A token as the legacy completions API names it: its text, or `bytes:\\xNN...` for part of a character."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
 
 def sse(body) -> bytes:
