@@ -161,6 +161,8 @@ class ToolCallReader:
         self._splitter = ToolCallSplitter(fmt)
         self._space = ""  # whitespace held until text follows it (or the end, when no call came)
         self._after_call = False
+        self._gap = ""  # whitespace around calls: text that resumes after them starts with it
+        self._wrote = False  # some text came out already
 
     def feed(self, text: str) -> Tuple[str, List[dict]]:
         return self._read(self._splitter.feed(text))
@@ -178,18 +180,24 @@ class ToolCallReader:
                 parsed = parse_calls(body, self.fmt, self.tools) if kind == "call" else None
                 if parsed is not None:
                     calls.extend(parsed)
+                    # the whitespace before it separates the text around it, if text comes after
+                    self._gap = self._gap or self._space
                     self._space, self._after_call = "", True
                     continue
                 body = self.fmt.start + body + (self.fmt.end if kind == "call" else "")
             if self._after_call:  # the whitespace a model writes after a call is not text either
-                body = body.lstrip()
-                if not body:
+                kept = body.lstrip()
+                if not kept:
+                    self._gap = self._gap or body
                     continue
-                self._after_call = False
+                gap = self._gap or body[: len(body) - len(kept)]
+                body = (gap if self._wrote else "") + kept  # one separator between texts a call parted
+                self._after_call, self._gap = False, ""
             body = self._space + body
             kept = body.rstrip()  # trailing whitespace waits: it may only come before a call
             self._space = body[len(kept):]
             if kept:
                 out.append(kept)
+                self._wrote = True
         self.calls += len(calls)
         return "".join(out), calls

@@ -152,3 +152,16 @@ def test_a_scripted_call_comes_out_token_for_token(options):
     r = engine.generate(ASK, tools=[WEATHER], max_tokens=200, **options)
     assert (r.text, r.finish_reason) == (script, "stop")
     assert engine.tool_format.name == "json_tools"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Answer " + call_text("f", {}) + " then some text after.", "Answer then some text after."),
+    ("Checking.\n" + call_text("f", {}) + "\n" + call_text("g", {}) + "\n Done.\n", "Checking.\nDone."),
+    (call_text("f", {}) + "\n\nHi", "Hi"),  # no text before the call: nothing to separate
+    ("A" + call_text("f", {}) + "B", "AB"),  # the model wrote no space: none is added
+])
+def test_text_a_call_parts_keeps_one_separator(text, expected):
+    rng = random.Random(4)
+    for _ in range(50):
+        got, calls = read_in_pieces(ToolCallReader(JSON_CALLS, None), text, rng)
+        assert got == expected and calls
