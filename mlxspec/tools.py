@@ -12,12 +12,16 @@ the bodies into OpenAI `tool_calls`. Nothing here changes what the model generat
 from __future__ import annotations
 
 import importlib
+import re
 import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
 from .errors import InvalidArgumentError, shown
+
+
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,8 @@ def check_tools(tools) -> Optional[List[dict]]:
                                        f"\"parameters\": {{...}}}}}} (only function tools exist), got {shown(tool)}")
         fn = tool["function"]
         name = fn.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidArgumentError(f"{where}.function.name must be a non-empty string, got {shown(name)}")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise InvalidArgumentError(f"{where}.function.name must be 1-64 letters, digits, _ or -, got {shown(name)}")
         if name in names:
             raise InvalidArgumentError(f"{where}.function.name {name!r} is given twice; tool names must differ")
         names.add(name)

@@ -88,6 +88,12 @@ CHAT_CASES = [
      "messages[0].tool_calls[0].function.arguments", "must be JSON"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}]},
      "messages[0].tool_calls[0]", "\"function\""),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f",
+                                                                                        "arguments": "[1, 2]"}}]}]},
+     "messages[0].tool_calls[0].function.arguments", "a JSON object"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"type": "custom", "function": {
+        "name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls[0].type", "must be \"function\""),
+    ({"messages": HI, "tool_choice": "sometimes"}, "tool_choice", "must be \"auto\""),
 ]
 UNSUPPORTED = [
     ({"messages": HI, "n": 2}, "n"),

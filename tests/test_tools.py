@@ -47,7 +47,8 @@ def test_tool_format_is_read_from_the_chat_template():
 @pytest.mark.parametrize("tools, wrong", [
     ("get_weather", "must be a list"),
     ([{"type": "retrieval"}], "only function tools"),
-    ([{"type": "function", "function": {"name": ""}}], "name must be a non-empty string"),
+    ([{"type": "function", "function": {"name": ""}}], "name must be 1-64 letters"),
+    ([{"type": "function", "function": {"name": "has space"}}], "name must be 1-64 letters"),
     ([WEATHER, WEATHER], "given twice"),
     ([{"type": "function", "function": {"name": "f", "parameters": "{}"}}], "JSON Schema object"),
     ([{"type": "function", "function": {"name": "f", "description": 3}}], "description must be a string"),

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..errors import InvalidArgumentError, shown as _show
 from ..prompts import check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
 from ..sampling import validate as validate_sampling
-from ..logprobs import check_logprobs
+from ..logprobs import MAX_TOP
 from ..tools import check_tools
 from .errors import invalid, unsupported
 from .options import ServeOptions
@@ -72,6 +72,9 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
     req = _common(body, "chat", _messages(body.get("messages")), defaults or ServeOptions())
     tools = _check(check_tools, body.get("tools"), "tools")
     choice = body.get("tool_choice")
+    if choice is not None and not (choice == "required" or isinstance(choice, dict) or choice in TOOL_CHOICES):
+        raise invalid(f"tool_choice must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
+                      f"\"function\": {{\"name\": ...}}}}, got {_show(choice)}", "tool_choice")
     if choice is not None and choice not in TOOL_CHOICES:
         raise unsupported(f"tool_choice {_show(choice)} is not supported by this server: forcing a call needs "
                           f"constrained decoding; send \"auto\" (the model decides) or \"none\"", "tool_choice")
@@ -82,7 +85,9 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
     # OpenAI's chat: logprobs true, and top_logprobs (0..20) alternatives per token with it
     top = body.get("top_logprobs")
     if _flag(body, "logprobs", False):
-        req.options["logprobs"] = _check(check_logprobs, 0 if top is None else top, "top_logprobs")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP):
+            raise invalid(f"top_logprobs must be an integer in 0..{MAX_TOP}, got {_show(top)}", "top_logprobs")
+        req.options["logprobs"] = 0 if top is None else top
     elif top is not None:
         raise invalid(f"top_logprobs needs \"logprobs\": true, got top_logprobs={_show(top)} without it",
                       "top_logprobs")
@@ -93,8 +98,12 @@ def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> Gen
     """POST /v1/completions body -> GenerationRequest."""
     _refuse_unsupported(body, chat=False)
     req = _common(body, "completion", _completion_prompt(body.get("prompt")), defaults or ServeOptions())
-    if body.get("logprobs") is not None:  # the legacy API's: how many alternatives per token
-        req.options["logprobs"] = _check(check_logprobs, body["logprobs"], "logprobs")
+    lp = body.get("logprobs")
+    if lp is not None:  # the legacy API's: how many alternatives per token
+        if isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP:
+            raise invalid(f"logprobs must be an integer in 0..{MAX_TOP} (alternatives per token) or null, got "
+                          f"{_show(lp)}", "logprobs")
+        req.options["logprobs"] = lp
     return req
 
 
@@ -237,6 +246,8 @@ def _tool_calls(calls, param: str) -> List[dict]:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise invalid(f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
                           f"\"arguments\"}}}}, got {_show(call)}", where)
+        if call.get("type", "function") != "function":
+            raise invalid(f"{where}.type must be \"function\", got {_show(call.get('type'))}", f"{where}.type")
         args = fn.get("arguments", "{}")
         if isinstance(args, str):
             try:
@@ -244,6 +255,9 @@ def _tool_calls(calls, param: str) -> List[dict]:
             except ValueError as e:
                 raise invalid(f"{where}.function.arguments must be JSON (an object as a string), got "
                               f"{_show(args)} ({e})", f"{where}.function.arguments") from None
+        if not isinstance(args, dict):
+            raise invalid(f"{where}.function.arguments must be a JSON object (as a string), got {_show(args)}",
+                          f"{where}.function.arguments")
         out.append({"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
     return out
 
