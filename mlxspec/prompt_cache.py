@@ -3,15 +3,17 @@
 The engine's caches hold one history, and a request rolls them back to the prefix it shares
 with it. A client that interleaves conversations (an editor's chat beside its title or
 autocomplete requests, an agent's sub-tasks) would then prefill each conversation again at
-every switch. With `size` > 0, a request that would discard at least MIN_PARK cached tokens
-first parks a copy of them (the target's caches and features, and the draft model's), and
-a request that shares a longer prefix with a parked history than with the live one swaps
-that history in (the live one is parked in its place). At most `size` histories are parked,
+every switch. With `size` > 0, a request that would discard at least MIN_PARK cached tokens,
+and more than half of them, first parks a copy of them (the target's caches and features,
+and the draft model's), and a request that shares a longer prefix with a parked history
+than with the live one swaps that history in (the live one is parked in its place). At most `size` histories are parked,
 holding at most `max_bytes` together when that is set; the least recently used leave first,
 and one that is a prefix of another is dropped.
 
 Only which tokens get prefilled changes, never what any pass computes: a parked state is
-the caches exactly as those passes left them, so outputs are the same with or without it.
+the caches exactly as those passes left them. So greedy outputs are the same with or without
+it, and sampled ones are drawn from the same distribution (the same sample where the drafts
+are the same: a feature head that starts over behind a window may draft otherwise).
 """
 
 from __future__ import annotations
@@ -45,8 +47,11 @@ class PromptCache:
         target = engine.target
         if self.size <= 0:  # nothing is ever parked
             return
-        live = target.common_prefix(ids)
         seqs = _sequences(engine)
+        for seq in seqs.values():
+            if seq.dirty:  # half-written by an interrupted pass: never kept (its sync would rebuild it too)
+                seq.reset()
+        live = target.common_prefix(ids)
         shared = [shared_prefix(slot["target"].tokens, ids) for slot in self.parked]
         best = max(range(len(shared)), key=shared.__getitem__, default=None)
         if best is not None and shared[best] > live:
@@ -59,7 +64,10 @@ class PromptCache:
                 if getattr(d, "target", None) is target:
                     d.reset()
             live = shared[best]
-        if len(target.tokens) - live >= MIN_PARK:
+        # Only when the request keeps less than half of it: another conversation, not the same one
+        # with its last answer regenerated or a late turn edited (those copies would push whole
+        # conversations out).
+        if len(target.tokens) - live >= max(MIN_PARK, len(target.tokens) / 2):
             self.park({name: seq.copy_state() for name, seq in seqs.items()})
 
     def park(self, slot: Dict[str, SeqState]) -> None:

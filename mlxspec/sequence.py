@@ -86,6 +86,11 @@ class Sequence:
         return [[c.state for c in self.caches], self._hidden]
 
     # -- whole states (`mlxspec.prompt_cache` parks them) -----------------------------------------
+    @property
+    def dirty(self) -> bool:
+        """A pass was interrupted half-way: the caches may not match `tokens` (the next sync rebuilds them)."""
+        return self._dirty
+
     def common_prefix(self, tokens: List[int]) -> int:
         """How many leading `tokens` the caches hold (0 when a pass was interrupted)."""
         return 0 if self._dirty else shared_prefix(self.tokens, tokens)

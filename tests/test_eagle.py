@@ -443,3 +443,15 @@ def test_an_overtaken_stream_raises_and_the_engine_stays_right(target, random_he
     from test_engine import check_overtaken_streams
 
     check_overtaken_streams(lambda: Engine(target, None, eagle_head=random_head, drafter="eagle", num_draft=num_draft))
+
+
+def test_a_prompt_of_whole_prefill_chunks_is_fed_to_the_head(tmp_path):
+    """The head's catch-up of exactly k * prefill_step entries has no remainder chunk (it was an empty one)."""
+    target = tiny.make_llama(0, tie_embeddings=False)
+    head = tiny.make_eagle_head(target, tmp_path / "head")
+    engine = Engine(target, tiny.make_tokenizer(), drafter="eagle", eagle_head=head, prefill_step=32)
+    plain = Engine(target, tiny.make_tokenizer(), drafter="none", prefill_step=32)
+    for n in (34, 66):  # the head feeds n - 2 entries before the first round: 32 and 64
+        ids = [3 + (5 * i) % 200 for i in range(n)]
+        engine.reset()
+        assert engine.generate(ids, max_tokens=8).tokens == plain.generate(ids, max_tokens=8).tokens

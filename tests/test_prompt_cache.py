@@ -150,3 +150,48 @@ def test_a_server_s_interleaved_conversations_report_their_cached_tokens():
         again = client.chat.completions.create(model="t", messages=chat, max_tokens=8)
         cached = again.usage.prompt_tokens_details.cached_tokens
         assert cached >= first.usage.prompt_tokens and again.usage.prompt_tokens - cached < 64
+
+
+class FailingOnce:
+    """The target, failing once at a chosen 32-token prompt chunk after its caches advanced (out of memory, Ctrl-C)."""
+
+    def __init__(self, model):
+        self.model, self.countdown = model, 0  # fail at the countdown-th 32-token chunk from now (0: never)
+
+    def __call__(self, ids, cache=None):
+        out = self.model(ids, cache=cache)
+        if self.countdown and ids.shape[1] == 32:
+            self.countdown -= 1
+            if not self.countdown:
+                mx.eval(out, [c.state for c in cache])
+                raise MemoryError("out of memory")
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def test_caches_an_interrupted_pass_left_half_written_are_never_parked():
+    target = tiny.make_llama(0, tie_embeddings=False)
+    failing = FailingOnce(target)
+    engine = Engine(failing, tiny.make_tokenizer(), drafter="ngram", prompt_cache_size=3, prefill_step=32)
+    plain = Engine(target, tiny.make_tokenizer(), drafter="ngram", prefill_step=32)
+    b = prompt(1, 200)
+    failing.countdown = 3  # after two chunks (64 tokens) were fed
+    with pytest.raises(MemoryError):
+        engine.generate(b, max_tokens=4)
+    assert engine.target.dirty and len(engine.target.tokens) == 64
+    engine.generate(prompt(2), max_tokens=4)  # another conversation: the half-written one is not parked
+    assert engine.prompt_cache.parked == []
+    assert engine.generate(b, max_tokens=12).tokens == plain.generate(b, max_tokens=12).tokens
+
+
+def test_regenerating_an_answer_does_not_park_copies_of_the_conversation():
+    engine = Engine(tiny.make_llama(0), tiny.make_tokenizer(), drafter="none", prompt_cache_size=3)
+    engine.generate(prompt(0), max_tokens=2)
+    engine.generate(prompt(1), max_tokens=2)  # another conversation: 0 is parked
+    for seed in range(4):  # 1's answer regenerated: what it discards is its own last answer
+        engine.generate(prompt(1), max_tokens=70, temperature=1.0, seed=seed)
+    assert first_tokens(engine) == [3]
+    r = engine.generate(prompt(0) + [9], max_tokens=2)
+    assert r.stats.prefilled_tokens < 5

@@ -418,7 +418,8 @@ class EagleDrafter:
         out, i = None, 0
         sizes = [self.prefill_step] * ((upto - start) // self.prefill_step) if chunked else []
         rest = (upto - start) - sum(sizes)
-        sizes += [rest] if rest <= FEED_WHOLE else power_of_two_chunks(rest)
+        if rest:  # none when the whole chunks covered it (a multiple of prefill_step)
+            sizes += [rest] if rest <= FEED_WHOLE else power_of_two_chunks(rest)
         for n in sizes:
             out = self.head_step(toks[None, i : i + n], feats[None, i : i + n])
             if chunked:
