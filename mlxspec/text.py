@@ -14,6 +14,15 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 
+def partial_marker(text: str, marker: str) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of `marker` (text that could
+    still grow into it)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
 class TextAssembler:
     def __init__(self, tokenizer, stop: Optional[Sequence[str]] = None):
         self.tokenizer = tokenizer
@@ -32,12 +41,7 @@ class TextAssembler:
         byte comes) and, before it, any tail that could still grow into a stop string (the
         incomplete character may be the stop's next one)."""
         body = _complete(text)
-        hold = 0
-        for s in self.stop:
-            for n in range(min(len(s) - 1, len(body)), 0, -1):
-                if body.endswith(s[:n]):
-                    hold = max(hold, n)
-                    break
+        hold = max((partial_marker(body, s) for s in self.stop), default=0)
         return len(text) - len(body) + hold
 
     def add(self, token: Optional[int]) -> Tuple[str, bool]:

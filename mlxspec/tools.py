@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
 from .errors import InvalidArgumentError, shown
+from .text import partial_marker
 
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
@@ -106,7 +107,7 @@ class ToolCallSplitter:
             else:
                 start = self._buf.find(self.fmt.start)
                 if start < 0:
-                    keep = _partial_marker(self._buf, self.fmt.start)
+                    keep = partial_marker(self._buf, self.fmt.start)
                     if len(self._buf) > keep:
                         out.append(("text", self._buf[: len(self._buf) - keep]))
                         self._buf = self._buf[len(self._buf) - keep:]
@@ -123,14 +124,6 @@ class ToolCallSplitter:
             self._in_call = False
             return [("call" if not self.fmt.end else "open_call", rest)]
         return [("text", rest)] if rest else []
-
-
-def _partial_marker(text: str, marker: str) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
 
 
 def parse_calls(body: str, fmt: ToolFormat, tools: Optional[list]) -> Optional[List[dict]]:
