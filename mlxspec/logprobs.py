@@ -51,11 +51,16 @@ def read_rows(lp: Optional[tuple], rows: List[int]) -> Optional[List[TokenLogpro
     return [(chosen[r], sorted(zip(ids[r], vals[r]), key=lambda iv: -iv[1])) for r in rows]
 
 
+def is_top_count(n) -> bool:
+    """Whether `n` is a count of top choices per token: an integer in 0..MAX_TOP."""
+    return not isinstance(n, bool) and isinstance(n, int) and 0 <= n <= MAX_TOP
+
+
 def check_logprobs(logprobs) -> Optional[int]:
     """None (off), or how many top choices to give per token, 0..MAX_TOP (0: the token's own only)."""
     if logprobs is None:
         return None
-    if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_TOP:
+    if not is_top_count(logprobs):
         raise InvalidArgumentError(f"logprobs must be None (off) or an integer in 0..{MAX_TOP} (top choices per "
                                    f"token besides its own), got {shown(logprobs)}")
     return logprobs

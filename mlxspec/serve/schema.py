@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..errors import InvalidArgumentError, shown as _show
 from ..prompts import check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
 from ..sampling import validate as validate_sampling
-from ..logprobs import MAX_TOP
+from ..logprobs import MAX_TOP, is_top_count
 from ..tools import check_tools
 from .errors import invalid, unsupported
 from .options import ServeOptions
@@ -85,7 +85,7 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
     # OpenAI's chat: logprobs true, and top_logprobs (0..20) alternatives per token with it
     top = body.get("top_logprobs")
     if _flag(body, "logprobs", False):
-        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP):
+        if top is not None and not is_top_count(top):
             raise invalid(f"top_logprobs must be an integer in 0..{MAX_TOP}, got {_show(top)}", "top_logprobs")
         req.options["logprobs"] = 0 if top is None else top
     elif top is not None:
@@ -100,7 +100,7 @@ def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> Gen
     req = _common(body, "completion", _completion_prompt(body.get("prompt")), defaults or ServeOptions())
     lp = body.get("logprobs")
     if lp is not None:  # the legacy API's: how many alternatives per token
-        if isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP:
+        if not is_top_count(lp):
             raise invalid(f"logprobs must be an integer in 0..{MAX_TOP} (alternatives per token) or null, got "
                           f"{_show(lp)}", "logprobs")
         req.options["logprobs"] = lp
