@@ -13,12 +13,11 @@ The API key, if any, is still needed on the request that follows the preflight.
 from __future__ import annotations
 
 from typing import Iterable
-from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
-from .local import is_loopback
+from .local import hostname, is_loopback
 
 METHODS = "GET, POST, OPTIONS"
 MAX_AGE = "600"  # seconds a browser may reuse a preflight's answer
@@ -35,11 +34,7 @@ class Origins:
     def __contains__(self, origin: str) -> bool:
         if origin == "null":  # sandboxed frames and file: pages share it: never trusted by name
             return self.any
-        try:
-            host = urlsplit(origin).hostname or ""
-        except ValueError:  # not a URL ("http://[bad"): no page of this machine
-            host = ""
-        return self.any or origin.lower() in self.named or is_loopback(host)
+        return self.any or origin.lower() in self.named or is_loopback(hostname(origin))
 
 
 class CrossOrigin:

@@ -10,7 +10,6 @@ a request comes from (`Origin`) and whom it is for (`Host`); other clients, whic
 from __future__ import annotations
 
 import ipaddress
-from typing import Optional
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
@@ -29,12 +28,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _host_of(value: str) -> Optional[str]:
-    """The host name of a Host header (`name:port`, `[v6]:port`)."""
+def hostname(url: str) -> str:
+    """The host name in a URL or an origin ("" when there is none, or it is no URL: "http://[bad")."""
     try:
-        return urlsplit(f"//{value}").hostname
+        return urlsplit(url).hostname or ""
     except ValueError:
-        return None
+        return ""
 
 
 class LoopbackOnly:
@@ -51,7 +50,7 @@ class LoopbackOnly:
             headers = Headers(scope=scope)
             host, origin = headers.get("host"), headers.get("origin")
             why = None
-            if host is not None and not is_loopback(_host_of(host) or ""):  # browsers always send one
+            if host is not None and not is_loopback(hostname(f"//{host}")):  # browsers always send one
                 why = f"it is addressed to host {host[:80]!r}"
             elif origin is not None and origin not in self.origins:
                 why = f"it comes from a web page of {origin[:80]!r}"  # "null": a sandboxed or file: page
