@@ -49,7 +49,7 @@ def register(subparsers) -> None:
                    help="a web page origin (https://chat.example.com) whose browser requests may call the API and "
                         "read its answers (CORS), besides this machine's own pages; repeat for several, * for "
                         "any (the API key still applies) (default: this machine's pages only)")
-    p.add_argument("--queue", type=int, default=d.queue, metavar="N",
+    p.add_argument("--queue", type=count, default=d.queue, metavar="N",
                    help=f"requests that may wait while one generates; more get 429 with Retry-After "
                         f"(default: {d.queue})")
     p.add_argument("--prompt-cache-size", type=count, default=DEFAULT_PROMPT_CACHE, metavar="N",
@@ -87,8 +87,6 @@ def run(args) -> int:
     from ..serve import ServeOptions, serve
     from . import modelargs
 
-    if args.queue < 0:
-        args._parser.error(f"--queue must be an integer >= 0, got {args.queue}")
     if not 0 <= args.port <= 65535:
         args._parser.error(f"--port must be in 0..65535, got {args.port}")
     key = args.api_key
