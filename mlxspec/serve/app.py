@@ -211,8 +211,8 @@ class EventStream(StreamingResponse):
 async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest,
                   reader: Optional[ToolCallReader] = None, logprobs: Optional[LogprobStream] = None):
     """The SSE body: role chunk (chat), text (and tool-call) chunks, the finish chunk with figures,
-    usage, [DONE]. With logprobs each batch's chunk carries its tokens' (also when their text is
-    held back: then with no text)."""
+    usage, [DONE]. With logprobs a chunk carries those of the tokens whose text is out by then
+    (`LogprobStream`)."""
     usage = req.include_usage
     called = 0  # tool calls sent so far
 

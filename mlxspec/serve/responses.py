@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import deque
 import time
 import uuid
 from typing import Callable, Optional
@@ -95,7 +96,7 @@ class LogprobStream:
 
     def __init__(self, chat: bool, token_bytes: Callable[[int], bytes]):
         self.chat, self.token_bytes = chat, token_bytes
-        self._waiting: list = []
+        self._waiting: deque = deque()
         self._text = bytearray()  # the answer's text so far
         self._at = 0  # byte offset of the next waiting token
         self._skew: Optional[int] = None  # 1: a SentencePiece decoder dropped the text's first space
@@ -115,7 +116,7 @@ class LogprobStream:
                 self._skew = int(raw.startswith(b" ") and not self._text.startswith(b" "))
             if self._at - self._skew >= len(self._text):
                 break
-            ready.append((self._waiting.pop(0), raw, max(self._at - self._skew, 0)))
+            ready.append((self._waiting.popleft(), raw, max(self._at - self._skew, 0)))
             self._at += len(raw)
         return self._shape(ready) if ready else None
 
