@@ -27,6 +27,7 @@ from .device import backend
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
+from .grammar import Constraint, check_response_format, token_table
 from .logprobs import check_logprobs
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
@@ -136,6 +137,7 @@ class Engine:
 
             self.eagle = load_head(eagle_head, target_model, self.coord)
         self.draft_tokenizer = draft_tokenizer
+        self._grammar_table = None  # llguidance's view of the tokenizer, built by the first response_format
         self.max_kv_size = max_kv_size
         self.vocab_size = logit_width(target_model)
         if draft_model is not None:
@@ -276,7 +278,7 @@ class Engine:
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
                lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
-               **other) -> Iterator[TokenEvent]:
+               response_format=None, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -308,6 +310,12 @@ class Engine:
                 log-probability of its token (of the raw logits: before temperature and the
                 filters, as mlx-lm reports it), and `top_logprobs`, that many (0..20) of the
                 best (token, logprob) of its position. Computed in the pass that picks the token.
+            response_format: None or {"type": "text"} (free text), or a grammar every token
+                follows, in OpenAI's shapes: {"type": "json_object"}, {"type": "json_schema",
+                "json_schema": {"name": ..., "schema": {...}}}; beyond OpenAI's, {"type": "regex",
+                "regex": ...}, {"type": "choice", "choice": [...]} and {"type": "lark", "lark": ...}
+                (see `mlxspec.grammar`). Output stays the constrained target's; rounds then draft
+                chains, and plain steps wait for their predecessor's token.
         """
         check_no_other_options(other, STREAM_OPTIONS)
         params = SamplingParams(temperature, top_p, top_k, min_p)
@@ -319,6 +327,8 @@ class Engine:
         seed = check_seed(seed)
         cancel = check_cancel(cancel)
         logprobs = check_logprobs(logprobs)
+        fmt = check_response_format(response_format)
+        constraint = self._constraint(fmt)  # built now: a schema the compiler refuses is said before anything runs
         if drafter is not None and drafter not in self.drafters:  # also when speculative=False ignores it
             raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
                                        f"{', '.join(self.drafters)}")
@@ -330,7 +340,8 @@ class Engine:
                 f"or set max_kv_size below it to decode on with a sliding window (the model then reads "
                 f"positions past its trained context, as with mlx-lm's --max-kv-size)")
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
-                       k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs)
+                       k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
+                       response_format=fmt)
         if self.coord.active:
             # A tree's shape is pruned by each rank's own cost model; rank 0 broadcasts only a
             # chain's length, so sharded targets verify chains.
@@ -339,7 +350,18 @@ class Engine:
                 request["seed"] = draw_seed()
             request["params"] = astuple(params)
             return self._shared(request, cancel)
-        return self._run(**request, cancel=cancel)
+        return self._run(**request, cancel=cancel, constraint=constraint)
+
+    def _constraint(self, fmt: Optional[dict]) -> Optional[Constraint]:
+        """A fresh grammar state for a checked response_format (None for free text)."""
+        if fmt is None:
+            return None
+        if self.tokenizer is None:
+            raise InvalidArgumentError("response_format needs the model's tokenizer, and this engine has none")
+        eos = getattr(self.tokenizer, "eos_token_ids", None) or []
+        if self._grammar_table is None:
+            self._grammar_table = token_table(self.tokenizer, eos)
+        return Constraint(fmt, self._grammar_table, eos, self.vocab_size)
 
     @functools.cached_property
     def tool_format(self) -> Optional[ToolFormat]:
@@ -370,13 +392,16 @@ class Engine:
         yield from self._run(**dict(request, params=SamplingParams(*request["params"])), cancel=cancel)
 
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
-             cancel=None, logprobs=None) -> Iterator[TokenEvent]:
+             cancel=None, logprobs=None, response_format=None, constraint=None) -> Iterator[TokenEvent]:
+        if constraint is None:  # a rank other than 0 builds its own from the shared request
+            constraint = self._constraint(response_format)
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
                                 kernels=kernels.backend_name(), target_weights_bytes=self.target_weights_bytes,
                                 draft_weights_bytes={"model": self.draft_weights_bytes,
                                                      "eagle": self.eagle_weights_bytes}.get(name, 0))
         return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
-                        stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs)
+                        stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs,
+                        constraint=constraint)
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

@@ -69,12 +69,16 @@ def forget_drafts(engine) -> None:
 
 def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
              k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0,
-             lookup: bool = False, cancel=None, logprobs: Optional[int] = None) -> Iterator[TokenEvent]:
+             lookup: bool = False, cancel=None, logprobs: Optional[int] = None,
+             constraint=None) -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
     may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
     with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
     its stream were closed, between two chunks of the prompt or after the next event.
-    `logprobs`: each event also carries its token's log-probability and that many top choices."""
+    `logprobs`: each event also carries its token's log-probability and that many top choices.
+    `constraint` (`mlxspec.grammar.Constraint`): a grammar every token follows. Each pass's masks
+    are computed on the host from the committed tokens, so plain steps are not chained ahead of
+    their read, and rounds draft chains (a tree's rows would need one mask per branch)."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -118,7 +122,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
 
     hist = list(ids)
     longest = longest_draft(engine)  # most drafts a round the cost model sizes may verify
-    tree = min(tree, longest)  # most nodes a tree round verifies
+    tree = min(tree, longest) if constraint is None else 0  # most nodes a tree round verifies
     # A model drafter's tree: its greedy chain plus runners-up (`drafters.sidetree`). Sampled rounds
     # keep its chain with q, whose rejection rule accepts more than deterministic candidates.
     model_trees = (bool(tree) and drafter.uses_model and params.greedy and k_fixed is None
@@ -252,15 +256,36 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             draft = drafter.propose(hist, k, params, seed) if k else Draft([])
         elif draft.parents is None and len(draft) != k:  # a chain proposal, cut to (rank 0's) k
             draft = Draft(draft.tokens[:k], None, draft.kind)
+        mask, forced = None, False
+        if constraint is not None:
+            draft, mask, forced = constrain(draft)
         if not len(draft):
-            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs)
+            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, mask)
         elif draft.parents is not None:
             p = tree_round(target, hist[-1], draft, params, seed, len(hist), logprobs)
         else:
-            p = verify_round(target, hist[-1], draft, params, seed, len(hist), logprobs)
+            p = verify_round(target, hist[-1], draft, params, seed, len(hist), logprobs, mask)
         p.shadow, p.drafted, p.src, p.read_first, p.static = shadow, drafted, src, read_first, static
         p.retime = src == name and bool(k) and cost.exploring
+        p.forced = forced
         return p
+
+    def constrain(draft: Draft) -> tuple:
+        """(the draft on the host, its rows' masks, whether it is the grammar's forced tokens).
+
+        A deterministic draft is cut before what the grammar refuses; when speculating, a draft
+        that does not begin with the tokens the grammar forces next becomes them (as many as a
+        pass may verify). A sampled draft keeps its length and tokens: cutting or replacing them
+        where the grammar refuses one would change what rejection sampling emits there."""
+        tokens = draft.tokens if isinstance(draft.tokens, list) else draft.tokens.tolist()
+        forced = False
+        if draft.probs is None:
+            tokens = tokens[:constraint.allowed(tokens)]
+            if name != "none" and k_fixed != 0:
+                ff = constraint.forced()[:max(0, min(room() - 1, longest))]
+                if ff and tokens[:len(ff)] != ff:
+                    tokens, forced = ff, True
+        return Draft(tokens, draft.probs, draft.kind), constraint.rows(tokens), forced
 
     consumer = 0.0  # seconds spent outside the generator (the consumer's), excluded from every timing
     t_read, consumer_at_read = clock(), 0.0
@@ -299,7 +324,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             model_k = None
             chained = 0.0
             guess = pending.shadow  # a proposal's guess of the token pending will give
-            if pending.k == 0 and room() >= 2 and not dist:
+            if pending.k == 0 and room() >= 2 and not dist and constraint is None:
                 chain, early_guess, model_k = decide_early()
                 guess = early_guess or guess
                 if chain:
@@ -330,6 +355,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 target.settle(nxt.start, new)
             hist.extend(new)
             committed += len(new)
+            if constraint is not None:
+                constraint.commit(new)
             # Read and committed: from here on only the chained plain step (if any) is in flight,
             # which is all `finally` may roll back, whatever ends the request.
             done, pending = pending, nxt
@@ -339,8 +366,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             period = (now - t_read) - (consumer - consumer_at_read) - chained + carried
             t_read, consumer_at_read, carried = now, consumer, chained
             made = engine.costs[done.src]
-            if name == "none":
-                pass  # plain decoding decides nothing: nothing to learn
+            if name == "none" or done.forced:
+                pass  # plain decoding decides nothing; the grammar's forced tokens say nothing of the drafter
             elif done.pipelined:
                 engine.curve.observe_plain(period)
             elif done.k or not chained:
@@ -352,11 +379,11 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                                    retime=done.retime)
             if done.parents is not None:
                 treeplan.observe(made, Draft(drafts, kind=done.kind, parents=done.parents), done.path, done.static)
-            elif done.k:
+            elif done.k and not done.forced:
                 made.observe_acceptance(done.k, n, done.kind)
             if guess is not None and (not done.k or guess[2] != done.src):
                 engine.costs[guess[2]].observe_acceptance(1, float(int(guess[0]) == new[0]), guess[1])
-            stats.record_round(done.k, n, tree=done.parents is not None, lookup=done.src != name)
+            stats.record_round(done.k, n, tree=done.parents is not None, lookup=done.src != name, forced=done.forced)
             if dist:
                 step = agree(plan(model_k))
                 if step is None:  # rank 0 ended the request before this pass: undo it as rank 0 did

@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from . import kernels
 from .drafters import Draft
+from .grammar import masked
 from .logprobs import decided_tokens, read_rows, row_logprobs
 from .sampling import ACCEPT, SAMPLE, SamplingParams, position_uniforms, sample_rows
 from .verify import walk_tree
@@ -46,6 +47,7 @@ class Pass:
     read_first: bool = False  # its drafts were read on the host before the pass (a model drafter's read tree)
     static: bool = False  # a model drafter's fixed-shape tree (`sidetree.static_parents`), drafted on the device
     retime: bool = False  # a round that re-times the drafter's costs (`CostModel._explore`)
+    forced: bool = False  # its drafts are a grammar's forced tokens (`mlxspec.grammar`), not the drafter's
     src: str = ""  # the drafter whose pass this is (the loop sets it: a model drafter's lookup companion, or itself)
     lp: Optional[tuple] = None  # lazy `logprobs.row_logprobs` of every row, when asked for
     logprobs: Optional[list] = None  # once read: each committed token's (logprob, top choices)
@@ -68,18 +70,24 @@ def _finite(rows: mx.array) -> mx.array:
     return mx.isfinite(mx.sum(rows, keepdims=True))[0]
 
 
+def _constrained(logits: mx.array, mask: Optional[mx.array]) -> mx.array:
+    """(1, S, V) logits with what a grammar refuses at each row set to -inf (`mlxspec.grammar`)."""
+    return logits if mask is None else masked(logits[0], mask)[None]
+
+
 def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
-               logprobs: Optional[int] = None) -> Pass:
+               logprobs: Optional[int] = None, mask: Optional[mx.array] = None) -> Pass:
     """Feed one token (an int, or the lazy output of the previous step) and pick the next.
     `logprobs` (here and in the other rounds): also the log-probabilities of the picked tokens
-    and that many top choices (`mlxspec.logprobs`); None: not computed."""
+    and that many top choices (`mlxspec.logprobs`); None: not computed. `mask` (here and in
+    `verify_round`): the tokens a grammar allows at each row, (S, V) bool (`mlxspec.grammar`)."""
     start = len(target.tokens)
     logits = target.forward(token if isinstance(token, mx.array) else [token], batched=True)
     if params.greedy:
-        nxt, ok = _argmax_checked(logits)
+        nxt, ok = _argmax_checked(_constrained(logits, mask))
     else:
         row = logits[0, -1]
-        p = kernels.probabilities(row, params)
+        p = kernels.probabilities(_constrained(logits, mask)[0, -1], params)
         nxt = sample_rows(p, position_uniforms(seed, mx.array([out_pos]), SAMPLE)).astype(mx.uint32)
         ok = _finite(row)
     lp = None if logprobs is None else row_logprobs(logits[0], nxt, logprobs)
@@ -88,7 +96,7 @@ def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
 
 
 def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int,
-                 logprobs: Optional[int] = None) -> Pass:
+                 logprobs: Optional[int] = None, mask: Optional[mx.array] = None) -> Pass:
     """Feed [last] + drafts and pick the target's tokens for every row (or, for sampled drafts,
     decide acceptance on the device); the host compares the rows with the drafts after the read."""
     start = len(target.tokens)
@@ -99,11 +107,11 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
     logits = target.forward(feed, batched=True)  # (1, k+1, V)
     decided = False
     if params.greedy:
-        tokens, ok = _argmax_checked(logits)
+        tokens, ok = _argmax_checked(_constrained(logits, mask))
     else:
         rows = logits[0]
         positions = mx.arange(out_pos, out_pos + k + 1)
-        p = kernels.probabilities(rows, params)
+        p = kernels.probabilities(_constrained(logits, mask)[0], params)
         ok = _finite(rows)
         if draft.probs is None:  # deterministic drafts: sample the target's rows, keep the drafts that agree
             tokens = sample_rows(p, position_uniforms(seed, positions, SAMPLE))

@@ -53,6 +53,9 @@ class GenerationStats:
     lookup_rounds: int = 0  # a model drafter's rounds drafted by prompt lookup instead (in rounds)
     lookup_drafted: int = 0  # of `drafted`, tokens those rounds proposed
     lookup_accepted: int = 0  # of `accepted`, tokens of those rounds accepted
+    forced_rounds: int = 0  # rounds whose drafts were a grammar's forced tokens (response_format), in rounds
+    forced_drafted: int = 0  # of `drafted`, tokens those rounds proposed
+    forced_accepted: int = 0  # of `accepted`, tokens of those rounds accepted
     # The drafter's own chain rounds (no tree, no lookup) by draft position i (index i - 1): rounds
     # whose i-th draft the target judged (every earlier one accepted), and those that accepted it.
     step_reached: list = field(default_factory=list)
@@ -96,8 +99,13 @@ class GenerationStats:
         prompt the caches already held but for its last token)."""
         return self.prompt_timed_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
 
-    def record_round(self, k: int, n_accepted: int, *, tree: bool = False, lookup: bool = False) -> None:
+    def record_round(self, k: int, n_accepted: int, *, tree: bool = False, lookup: bool = False,
+                     forced: bool = False) -> None:
         self.rounds += 1
+        if forced:
+            self.forced_rounds += 1
+            self.forced_drafted += k
+            self.forced_accepted += n_accepted
         if lookup:
             self.lookup_rounds += 1
             self.lookup_drafted += k
@@ -111,7 +119,7 @@ class GenerationStats:
             self.drafted += k
             self.accepted += n_accepted
             self.accept_histogram[n_accepted] = self.accept_histogram.get(n_accepted, 0) + 1
-        if k and not tree and not lookup:
+        if k and not tree and not lookup and not forced:
             judged = min(n_accepted + 1, k)
             grow = judged - len(self.step_reached)
             if grow > 0:

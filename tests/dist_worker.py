@@ -114,6 +114,13 @@ def main(out_dir: Path, scenario: str) -> None:
         out[f"sampled_{name}"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter=name,
                                                         temperature=0.9, seed=11))
 
+    # A grammar: each rank masks its own rows the same way, and equals constrained plain decoding.
+    grammar = {"type": "regex", "regex": r"[a-z(), :+*\n-]{1,40}"}
+    out["constrained"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram",
+                                                response_format=grammar))
+    out["constrained_reference"] = reference.generate(PROMPT, max_tokens=MAX_TOKENS, speculative=False,
+                                                      response_format=grammar).tokens
+
     # Rank 0's consumer closes the stream early; rank 1 reads on. Both must end together and
     # leave the same caches: the next request still equals the reference.
     events = engine.stream(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram")
