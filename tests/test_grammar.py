@@ -4,9 +4,11 @@ lossless against constrained plain decoding, greedy and sampled, for every draft
 import json
 import math
 import re
+from typing import Literal
 
 import mlx.core as mx
 import numpy as np
+import pydantic
 import pytest
 
 import tiny
@@ -14,6 +16,7 @@ from mlxspec.engine import Engine
 from mlxspec.errors import InvalidArgumentError
 from mlxspec.grammar import Constraint, check_response_format, masked, token_table
 from mlxspec.prompts import encode_prompt
+from serve_helpers import openai_client, running_server, tiny_engine
 
 ASK = [{"role": "user", "content": "tell me a long story about rivers and the sea, again and again."}]
 WORDS = {"type": "regex", "regex": r"[a-z ]{20,40}\."}
@@ -187,6 +190,39 @@ def test_an_engine_without_a_tokenizer_says_so():
     engine = Engine(tiny.make_llama(0), None)
     with pytest.raises(InvalidArgumentError, match="needs the model's tokenizer"):
         engine.stream([5, 6, 7], response_format={"type": "json_object"})
+
+
+# -- through the server ------------------------------------------------------------------------------
+class Mood(pydantic.BaseModel):
+    ok: bool
+    mood: Literal["calm", "stormy", "grey"]
+
+
+def test_structured_output_through_the_openai_client():
+    engine = tiny_engine(drafter="ngram")
+    with running_server(engine, model_id="t") as (url, _):
+        client = openai_client(url)
+        r = client.chat.completions.create(model="t", messages=ASK, max_tokens=200, response_format=MOOD)
+        answer = json.loads(r.choices[0].message.content)
+        assert set(answer) == {"ok", "mood"} and r.choices[0].finish_reason == "stop"
+        chunks = list(client.chat.completions.create(model="t", messages=ASK, max_tokens=200, response_format=MOOD,
+                                                     stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert json.loads(text) == answer
+        parsed = client.chat.completions.parse(model="t", messages=ASK, max_tokens=200, response_format=Mood)
+        assert parsed.choices[0].message.parsed == Mood(**answer)  # the client's Pydantic helper, strict schema
+        r = client.chat.completions.create(model="t", messages=ASK, max_tokens=10,
+                                           extra_body={"guided_choice": ["calm", "stormy"]})
+        assert r.choices[0].message.content in ("calm", "stormy")
+        r = client.completions.create(model="t", prompt="The sea is", max_tokens=200,
+                                      extra_body={"response_format": MOOD})
+        assert set(json.loads(r.choices[0].text)) == {"ok", "mood"}
+        with pytest.raises(Exception) as err:  # the compiler's refusal, from the worker, names the field
+            client.chat.completions.create(model="t", messages=ASK, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectt"}}})
+        assert err.value.status_code == 400 and err.value.body["param"] == "response_format"
+        r = client.chat.completions.create(model="t", messages=ASK, max_tokens=5)  # the server serves on
+        assert r.choices[0].message.content
 
 
 @pytest.mark.demo

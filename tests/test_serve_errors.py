@@ -94,6 +94,17 @@ CHAT_CASES = [
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"type": "custom", "function": {
         "name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls[0].type", "must be \"function\""),
     ({"messages": HI, "tool_choice": "sometimes"}, "tool_choice", "must be \"auto\""),
+    # structured output: the shape here, the schema by the engine's compiler (in the worker)
+    ({"messages": HI, "response_format": {"type": "xml"}}, "response_format", "json_object, json_schema"),
+    ({"messages": HI, "response_format": "json"}, "response_format", "an object with a \"type\""),
+    ({"messages": HI, "response_format": {"type": "json_schema"}}, "response_format", "json_schema must be an object"),
+    ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "objectt"}}}}, "response_format", "refused"),
+    ({"messages": HI, "guided_regex": "(("}, "response_format", "refused"),
+    ({"messages": HI, "guided_choice": []}, "guided_choice", "non-empty list"),
+    ({"messages": HI, "guided_json": "{nope"}, "guided_json", "JSON schema"),
+    ({"messages": HI, "response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex",
+     "send one of"),
 ]
 UNSUPPORTED = [
     ({"messages": HI, "n": 2}, "n"),
@@ -104,14 +115,16 @@ UNSUPPORTED = [
     ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages[0]"),
     ({"messages": HI, "presence_penalty": 0.5}, "presence_penalty"),
     ({"messages": HI, "logit_bias": {"5": 1}}, "logit_bias"),
-    ({"messages": HI, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": HI, "response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {
+        "name": "f"}}]}, "response_format"),
     # other servers' sampling fields change the answer: told, not silently ignored
     ({"messages": HI, "repetition_penalty": 1.5}, "repetition_penalty"),
     ({"messages": HI, "min_tokens": 5}, "min_tokens"),
     ({"messages": HI, "ignore_eos": True}, "ignore_eos"),
     ({"messages": HI, "stop_token_ids": [13]}, "stop_token_ids"),
     ({"messages": HI, "typical_p": 0.5}, "typical_p"),
-    ({"messages": HI, "guided_json": {"type": "object"}}, "guided_json"),
+    ({"messages": HI, "guided_grammar": "root ::= \"a\""}, "guided_grammar"),
+    ({"messages": HI, "grammar": "root ::= \"a\""}, "grammar"),
     ({"messages": HI, "modalities": ["text", "audio"]}, "modalities"),
     ({"messages": HI, "ignore_eos": 0}, "ignore_eos"),  # not the neutral false, though equal to it
     # mlx-lm's server's and vLLM's

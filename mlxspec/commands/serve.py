@@ -27,8 +27,9 @@ def register(subparsers) -> None:
             "  POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health\n\n"
             "Requests run one at a time on one engine, in arrival order; a conversation resent in full\n"
             "reuses the caches of its previous turn (usage.prompt_tokens_details.cached_tokens), also\n"
-            "after other conversations in between (--prompt-cache-size). Tool calls and logprobs are\n"
-            "answered in OpenAI's shapes; web pages of this machine may call it (CORS). Each\n"
+            "after other conversations in between (--prompt-cache-size). Tool calls, logprobs and\n"
+            "structured output (response_format: a JSON schema every token follows) are answered in\n"
+            "OpenAI's shapes; web pages of this machine may call it (CORS). Each\n"
             "answer carries an extra 'mlxspec' object with the speculation figures. A request may add\n"
             "\"speculative\": false, \"num_draft\": N, \"drafter\", \"tree\" or \"lookup\" (as the Python API's).\n"
             "Any 'model' name is answered by the loaded model."),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import InvalidArgumentError, shown as _show
+from ..grammar import check_response_format
 from ..prompts import check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
 from ..sampling import validate as validate_sampling
 from ..logprobs import MAX_TOP, is_top_count
@@ -30,12 +31,13 @@ SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # A tuple lists several (mlx-lm's server takes repetition_penalty 0 for off).
 EXTENSIONS = {"repetition_penalty": (1.0, 0), "repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0,
               "length_penalty": 1.0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
-              "use_beam_search": False, "mirostat": 0, "guided_json": None, "guided_regex": None,
-              "guided_choice": None, "guided_grammar": None, "grammar": None, "json_schema": None,
+              "use_beam_search": False, "mirostat": 0, "guided_grammar": None, "grammar": None,
               "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
               "chat_template_kwargs": {}, "add_generation_prompt": True, "continue_final_message": False,
               "role_mapping": {}, "adapters": None, "bad_words": [], "allowed_token_ids": None,
               "include_stop_str_in_output": False, "truncate_prompt_tokens": None}
+# vLLM's fields for what OpenAI's response_format says (one of them, or response_format, per request).
+GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice"}
 # mlx-lm's server names for what is chosen here otherwise (a draft model is the server's to load).
 RENAMED = {"num_draft_tokens": "send num_draft instead (tokens drafted per round, or \"auto\")",
            "draft_model": "the draft is loaded when the server starts (mlxspec serve --draft/--drafter); "
@@ -82,6 +84,10 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
         _flag(body, "parallel_tool_calls", True)  # checked, not enforced: the model writes the calls it writes
     if tools and choice != "none":  # "none": the model is not shown them, so it cannot call them
         req.options["tools"] = tools
+        if req.options.get("response_format"):
+            raise unsupported("response_format with tools is not supported by this server: its grammar would leave "
+                              "the model no way to write a tool call; send one or the other (or tool_choice "
+                              "\"none\")", "response_format")
     # OpenAI's chat: logprobs true, and top_logprobs (0..20) alternatives per token with it
     top = body.get("top_logprobs")
     if _flag(body, "logprobs", False):
@@ -164,7 +170,39 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
         opts["lookup"] = _flag(body, "lookup", None)
     if body.get("drafter") is not None:
         opts["drafter"] = _check(check_drafter, body["drafter"], "drafter")
+    fmt = _response_format(body)
+    if fmt is not None:
+        opts["response_format"] = fmt
     return opts
+
+
+def _response_format(body: dict) -> Optional[dict]:
+    """The grammar asked for, checked (None for free text): OpenAI's response_format, or one of
+    vLLM's guided_json / guided_regex / guided_choice. The schema itself is compiled by the
+    engine, in the worker (a large one takes a while), which names response_format when it refuses."""
+    fmt = body.get("response_format")
+    given = [key for key in GUIDED if body.get(key) is not None]
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        given.insert(0, "response_format")
+    if len(given) > 1:
+        raise invalid(f"send one of response_format, {', '.join(GUIDED)}; got {', '.join(given)}", given[1])
+    if not given or given[0] == "response_format":
+        return _check(check_response_format, fmt, "response_format")
+    key = given[0]
+    value = body[key]
+    if key == "guided_json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as e:
+                raise invalid(f"guided_json must be a JSON schema (an object, or a string of one): {e}", key) from None
+        value = {"type": "json_schema", "json_schema": {"name": key, "schema": value}}
+    else:
+        value = {"type": GUIDED[key], GUIDED[key]: value}
+    try:
+        return check_response_format(value)
+    except InvalidArgumentError as e:
+        raise invalid(str(e).replace("response_format " + GUIDED[key], key, 1), key) from None
 
 
 def _check(rule: Callable, value, param: str):
@@ -322,10 +360,6 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
             raise unsupported(f"{key} is not supported by this server (only 0), got {_show(value)}", key)
     if body.get("logit_bias"):
         raise unsupported("logit_bias is not supported by this server", "logit_bias")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise unsupported(f"response_format other than {{\"type\": \"text\"}} is not supported by this server "
-                          f"(no JSON modes), got {_show(fmt)}", "response_format")
     for key, neutral in EXTENSIONS.items():  # other servers' sampling fields: refused, not silently ignored
         value = body.get(key)
         neutrals = neutral if isinstance(neutral, tuple) else (neutral,)
