@@ -180,6 +180,32 @@ def test_generate_passes_stop_strings(made, tiny_gguf_path):
     assert made[0].calls[0][1]["stop"] == ["END", "\n\n"]
 
 
+def test_generate_passes_a_json_schema_or_a_regex(made, tiny_gguf_path, tmp_path, capsys):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    main(["generate", "--target", str(tiny_gguf_path), "--json-schema", json.dumps(schema), "Capital?"])
+    assert made[0].calls[0][1]["response_format"] == {"type": "json_schema", "json_schema": {"schema": schema}}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    main(["generate", "--target", str(tiny_gguf_path), "--json-schema", str(tmp_path / "s.json"), "Capital?"])
+    assert made[1].calls[0][1]["response_format"]["json_schema"]["schema"] == schema
+    main(["generate", "--target", str(tiny_gguf_path), "--regex", "[A-Z][a-z]+", "Capital?"])
+    assert made[2].calls[0][1]["response_format"] == {"type": "regex", "regex": "[A-Z][a-z]+"}
+    main(["generate", "--target", str(tiny_gguf_path), "Capital?"])
+    assert made[3].calls[0][1]["response_format"] is None
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--json-schema", "missing.json"], "neither a JSON schema nor a file"),
+    (["--json-schema", "{\"type\":"], "--json-schema is not valid JSON"),
+    (["--regex", ""], "regex must be a non-empty string"),
+])
+def test_generate_refuses_a_bad_grammar_before_loading(argv, says, made, capsys):
+    assert main(["generate", *argv, "Capital?"]) == 1
+    assert says in capsys.readouterr().err and made == []
+    with pytest.raises(SystemExit):
+        main(["generate", "--regex", "a", "--json-schema", "{}", "Capital?"])
+    assert "not allowed with argument" in capsys.readouterr().err and made == []
+
+
 @pytest.mark.parametrize("given, stdin, message", [("", "", "PROMPT is empty"), ("  \n", "", "PROMPT is empty"),
                                                     ("-", "", "stdin gave no text"), ("-", " \n\t", "stdin gave no text")])
 def test_generate_refuses_an_empty_prompt_before_loading(given, stdin, message, made, monkeypatch, capsys):

@@ -30,7 +30,8 @@ def register(subparsers) -> None:
         ), width=79),
         epilog="examples:\n  mlxspec generate 'What is the capital of France?'\n"
                "  mlxspec generate --pair qwen2.5-7b --temperature 0.7 --seed 1 'Write a haiku'\n"
-               "  mlxspec generate --target model.gguf --drafter ngram --json 'Hello'",
+               "  mlxspec generate --target model.gguf --drafter ngram --json 'Hello'\n"
+               "  mlxspec generate --json-schema cat.schema.json 'Describe a cat as JSON'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("prompt", metavar="PROMPT", help="the user message ('-' reads it from stdin)")
@@ -53,6 +54,13 @@ def register(subparsers) -> None:
     p.add_argument("--no-chat-template", action="store_true",
                    help="send PROMPT as raw text, without the chat template (default: with it, if the model has one)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
+    grammar = p.add_mutually_exclusive_group()
+    grammar.add_argument("--json-schema", metavar="SCHEMA", default=None,
+                         help="make every token of the answer follow a JSON schema: the schema itself or a "
+                              "file holding it ('{\"type\": \"object\"}': any JSON object); the output is "
+                              "still the target's, constrained")
+    grammar.add_argument("--regex", metavar="REGEX", default=None,
+                         help="make the answer match a regular expression (from its start)")
     add_distributed_arg(p)
     p.set_defaults(func=run)
 
@@ -64,6 +72,7 @@ def run(args) -> int:
     # Checked before loading (seconds to minutes): on every rank alike when the target is sharded.
     text = _prompt_text(args.prompt)
     _check_options(args)
+    _response_format(args)
     engine = modelargs.load_engine(args, **modelargs.drafting_options(args))  # the engine keeps lookup
     quiet_unless_main(engine)
     raw = args.no_chat_template or not has_chat_template(engine.tokenizer)  # as mlx-lm: no template, raw text
@@ -74,7 +83,7 @@ def run(args) -> int:
     prompt = text if raw else system + [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
-                   stop=args.stop)
+                   stop=args.stop, response_format=_response_format(args))
     if args.json:
         result = engine.generate(prompt, **options)
         print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
@@ -102,6 +111,31 @@ def _check_options(args) -> None:
     if args.system is not None and args.no_chat_template:
         raise InvalidArgumentError("--system needs the chat template to place it; with --no-chat-template put the "
                                    "text in PROMPT itself")
+
+
+def _response_format(args):
+    """--json-schema or --regex as `response_format` (checked before the model loads; the
+    engine compiles it)."""
+    from pathlib import Path
+
+    from ..grammar import check_response_format
+
+    if args.regex is not None:
+        return check_response_format({"type": "regex", "regex": args.regex})
+    if args.json_schema is None:
+        return None
+    text = args.json_schema
+    if not text.lstrip().startswith(("{", "[")) and text not in ("true", "false"):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise InvalidArgumentError(f"--json-schema {text!r} is neither a JSON schema nor a file: give the schema "
+                                       f"itself ('{{\"type\": \"object\"}}') or the path of a file holding one")
+        text = path.read_text(encoding="utf-8")
+    try:
+        schema = json.loads(text)
+    except ValueError as e:
+        raise InvalidArgumentError(f"--json-schema is not valid JSON ({e})") from None
+    return check_response_format({"type": "json_schema", "json_schema": {"schema": schema}})
 
 
 def _prompt_text(prompt: str) -> str:
