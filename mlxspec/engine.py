@@ -27,7 +27,7 @@ from .device import backend
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
-from .grammar import Constraint, check_response_format, token_table
+from .grammar import JSON_OPTIONS, Constraint, check_response_format, token_table
 from .logprobs import check_logprobs
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
@@ -38,7 +38,7 @@ from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafte
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
-from .tools import ToolFormat, check_tools, tool_format
+from .tools import ToolFormat, call_grammar, check_tool_choice, check_tools, tool_format
 
 # V(j)/V(1) = 1 + slope * (j - 1) until measured (and no calibration file says otherwise): GPUs verify
 # several tokens for about the price of one; a CPU's price depends on what its matmuls run on.
@@ -278,7 +278,7 @@ class Engine:
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
                lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
-               response_format=None, **other) -> Iterator[TokenEvent]:
+               response_format=None, tool_choice=None, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -316,6 +316,11 @@ class Engine:
                 "regex": ...}, {"type": "choice", "choice": [...]} and {"type": "lark", "lark": ...}
                 (see `mlxspec.grammar`). Output stays the constrained target's; rounds then draft
                 chains, and plain steps wait for their predecessor's token.
+            tool_choice: with `tools`, None or "auto" (the model decides), "none" (the tools are
+                not shown), "required" (the answer is one or more calls) or {"type": "function",
+                "function": {"name": ...}} (one call of that function), forced by a grammar in the
+                model's call format (Qwen2.5's and Hermes' <tool_call> JSON), its arguments
+                following the tool's parameters schema.
         """
         check_no_other_options(other, STREAM_OPTIONS)
         params = SamplingParams(temperature, top_p, top_k, min_p)
@@ -328,12 +333,21 @@ class Engine:
         cancel = check_cancel(cancel)
         logprobs = check_logprobs(logprobs)
         fmt = check_response_format(response_format)
+        tools = check_tools(tools)
+        choice = check_tool_choice(tool_choice, tools)
+        if choice == "none":
+            tools = None
+        elif choice not in (None, "auto"):
+            if fmt is not None:
+                raise InvalidArgumentError(f"tool_choice {choice!r} and response_format both say what the answer must "
+                                           f"be; send one of them")
+            fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS))
         constraint = self._constraint(fmt)  # built now: a schema the compiler refuses is said before anything runs
         if drafter is not None and drafter not in self.drafters:  # also when speculative=False ignores it
             raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
                                        f"{', '.join(self.drafters)}")
         name = "none" if not speculative else (drafter or self.default_drafter)  # the default is always there
-        ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, tools=check_tools(tools))
+        ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, tools=tools)
         if self.context is not None and len(ids) >= self.context:
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "

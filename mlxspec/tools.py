@@ -38,7 +38,9 @@ class ToolFormat:
 def tool_format(tokenizer) -> Optional[ToolFormat]:
     """The tool-call format of `tokenizer`'s chat template, or None when it shows none."""
     if getattr(tokenizer, "has_tool_calling", False) is True:  # mlx-lm loaded it and found one
-        return ToolFormat(tokenizer.tool_call_start, tokenizer.tool_call_end or "", tokenizer.tool_parser)
+        parse = tokenizer.tool_parser
+        name = getattr(parse, "__module__", "").rpartition("mlx_lm.tool_parsers.")[2]
+        return ToolFormat(tokenizer.tool_call_start, tokenizer.tool_call_end or "", parse, name)
     if tokenizer is None or not isinstance(getattr(tokenizer, "chat_template", None), str):
         return None
     try:  # mlx-lm's own inference (private, so a newer mlx-lm may move it: then no tools, not a crash)
@@ -79,6 +81,55 @@ def check_tools(tools) -> Optional[List[dict]]:
                 raise InvalidArgumentError(f"{where}.function.{key} must be a "
                                            f"{'string' if kind is str else 'JSON Schema object'}, got {shown(fn[key])}")
     return list(tools) or None
+
+
+# Formats whose calls a grammar can force (`call_grammar`): a JSON object {"name", "arguments"}
+# between two text markers (Qwen2.5's and Hermes' <tool_call> ... </tool_call>).
+FORCEABLE = ("json_tools",)
+
+
+def check_tool_choice(choice, tools: Optional[List[dict]]):
+    """OpenAI's `tool_choice`: None or "auto" (the model decides), "none" (the tools are not
+    shown), "required" (at least one call) or {"type": "function", "function": {"name": ...}}
+    (one call of that function). Returns it, checked against `tools` (checked already)."""
+    if choice is None or choice in ("auto", "none"):
+        return choice
+    named = (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
+             and isinstance(choice["function"].get("name"), str))
+    if choice != "required" and not named:
+        raise InvalidArgumentError(f"tool_choice must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
+                                   f"\"function\": {{\"name\": ...}}}}, got {shown(choice)}")
+    if not tools:
+        raise InvalidArgumentError(f"tool_choice {shown(choice)} needs tools to call; send tools (or no tool_choice)")
+    if named:
+        names = [t["function"]["name"] for t in tools]
+        if choice["function"]["name"] not in names:
+            raise InvalidArgumentError(f"tool_choice names function {choice['function']['name']!r}, which is not "
+                                       f"among the tools; allowed: {', '.join(names)}")
+    return choice
+
+
+def call_grammar(fmt: Optional[ToolFormat], tools: List[dict], choice, json_options: dict) -> dict:
+    """A `response_format` (Lark, see `mlxspec.grammar`) that makes the model write tool calls in
+    its own format: one or more of any tool for "required", one of the named function otherwise.
+    Each call's arguments follow its tool's `parameters` schema."""
+    if fmt is None or fmt.name not in FORCEABLE:
+        raise InvalidArgumentError(
+            f"tool_choice {shown(choice)} needs a tool-call format mlxspec can force with a grammar "
+            f"({', '.join(FORCEABLE)}: Qwen2.5's and Hermes' <tool_call> JSON); this model's is "
+            f"{(fmt.name or 'unnamed') if fmt else 'unknown'}: send tool_choice \"auto\"")
+    wanted = [t["function"] for t in tools
+              if choice == "required" or t["function"]["name"] == choice["function"]["name"]]
+    schema = {"anyOf": [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                                          "arguments": f.get("parameters") or {"type": "object"}},
+                         "required": ["name", "arguments"], "additionalProperties": False} for f in wanted],
+              "x-guidance": json_options}
+    more = " (ws? call)*" if choice == "required" else ""
+    lark = (f"start: call{more}\n"
+            f"call: {json.dumps(fmt.start)} ws? body ws? {json.dumps(fmt.end)}\n"
+            f"ws: /[ \\t\\n]{{1,4}}/\n"
+            f"body: %json {json.dumps(schema)}\n")
+    return {"type": "lark", "lark": lark}
 
 
 class ToolCallSplitter:

@@ -94,6 +94,8 @@ CHAT_CASES = [
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"type": "custom", "function": {
         "name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls[0].type", "must be \"function\""),
     ({"messages": HI, "tool_choice": "sometimes"}, "tool_choice", "must be \"auto\""),
+    ({"messages": HI, "tool_choice": "required"}, "tool_choice", "needs tools to call"),
+    ({"messages": HI, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "needs tools"),
     # structured output: the shape here, the schema by the engine's compiler (in the worker)
     ({"messages": HI, "response_format": {"type": "xml"}}, "response_format", "json_object, json_schema"),
     ({"messages": HI, "response_format": "json"}, "response_format", "an object with a \"type\""),
@@ -108,8 +110,6 @@ CHAT_CASES = [
 ]
 UNSUPPORTED = [
     ({"messages": HI, "n": 2}, "n"),
-    ({"messages": HI, "tool_choice": "required"}, "tool_choice"),
-    ({"messages": HI, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     ({"messages": HI, "functions": [{"name": "f"}]}, "functions"),
     ({"messages": HI, "function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages[0]"),

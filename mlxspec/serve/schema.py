@@ -18,12 +18,11 @@ from ..grammar import check_response_format
 from ..prompts import check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
 from ..sampling import validate as validate_sampling
 from ..logprobs import MAX_TOP, is_top_count
-from ..tools import check_tools
+from ..tools import check_tool_choice, check_tools
 from .errors import invalid, unsupported
 from .options import ServeOptions
 
 ROLES = ("system", "user", "assistant", "tool")  # what a chat template renders; "developer" is read as "system"
-TOOL_CHOICES = ("auto", "none")  # "required" or a named function would need constrained decoding
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
@@ -73,17 +72,14 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
     _refuse_unsupported(body, chat=True)
     req = _common(body, "chat", _messages(body.get("messages")), defaults or ServeOptions())
     tools = _check(check_tools, body.get("tools"), "tools")
-    choice = body.get("tool_choice")
-    if choice is not None and not (choice == "required" or isinstance(choice, dict) or choice in TOOL_CHOICES):
-        raise invalid(f"tool_choice must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
-                      f"\"function\": {{\"name\": ...}}}}, got {_show(choice)}", "tool_choice")
-    if choice is not None and choice not in TOOL_CHOICES:
-        raise unsupported(f"tool_choice {_show(choice)} is not supported by this server: forcing a call needs "
-                          f"constrained decoding; send \"auto\" (the model decides) or \"none\"", "tool_choice")
+    # "required" and a named function are forced by a grammar in the model's call format (the engine's)
+    choice = _check(lambda c: check_tool_choice(c, tools), body.get("tool_choice"), "tool_choice")
     if body.get("parallel_tool_calls") is not None:
         _flag(body, "parallel_tool_calls", True)  # checked, not enforced: the model writes the calls it writes
     if tools and choice != "none":  # "none": the model is not shown them, so it cannot call them
         req.options["tools"] = tools
+        if choice not in (None, "auto"):
+            req.options["tool_choice"] = choice
         if req.options.get("response_format"):
             raise unsupported("response_format with tools is not supported by this server: its grammar would leave "
                               "the model no way to write a tool call; send one or the other (or tool_choice "

@@ -1,0 +1,132 @@
+"""tool_choice "required" and a named function: a grammar in the model's call format forces the calls.
+
+The tiny random model, left to itself, writes bytes and never a call; forced, it writes calls whose
+arguments follow each tool's schema, and speculation keeps them constrained plain decoding's."""
+
+import json
+
+import pytest
+
+import tiny
+from mlxspec.engine import Engine
+from mlxspec.errors import InvalidArgumentError
+from mlxspec.tools import ToolFormat, parse_calls
+from serve_helpers import openai_client, running_server
+
+UNIT = {"type": "function", "function": {"name": "get_unit", "description": "The unit people use",
+                                         "parameters": {"type": "object",
+                                                        "properties": {"unit": {"enum": ["c", "f"]},
+                                                                       "exact": {"type": "boolean"}},
+                                                        "required": ["unit", "exact"],
+                                                        "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What unit do they use in Paris, and what time is it?"}]
+NAMED = {"type": "function", "function": {"name": "get_time"}}
+
+
+def engine_for(drafter="ngram"):
+    return Engine(tiny.make_llama(0, tie_embeddings=False), tiny.make_tokenizer(tiny.TOOLS_TEMPLATE), drafter=drafter)
+
+
+def calls_in(engine, text):
+    """The calls in `text`, and what is left of it once they are taken out."""
+    fmt = engine.tool_format
+    rest, calls = text, []
+    while fmt.start in rest:
+        before, _, after = rest.partition(fmt.start)
+        body, end, after = after.partition(fmt.end)
+        assert not before.strip()
+        if not end:  # cut by max_tokens
+            break
+        calls += parse_calls(body, fmt, [UNIT, TIME])
+        rest = after
+    return calls, rest
+
+
+@pytest.mark.parametrize("options", [{}, {"num_draft": 3}, {"temperature": 0.8, "seed": 4}])
+def test_a_named_function_is_called_once_with_arguments_that_follow_its_schema(options):
+    """get_time: the call this model would choose between the two if it had to; get_unit below."""
+    engine = engine_for()
+    free = engine.generate(ASK, tools=[UNIT, TIME], max_tokens=40)
+    assert engine.tool_format.start not in free.text  # unforced, this model calls nothing
+    engine.reset()
+    plain = engine.generate(ASK, tools=[UNIT, TIME], tool_choice=NAMED, max_tokens=200, speculative=False, **options)
+    engine.reset()
+    forced = engine.generate(ASK, tools=[UNIT, TIME], tool_choice=NAMED, max_tokens=200, **options)
+    assert forced.tokens == plain.tokens and forced.finish_reason == "stop"
+    (call,), rest = calls_in(engine, forced.text)
+    assert call["function"]["name"] == "get_time" and not rest.strip()
+    assert json.loads(call["function"]["arguments"])["zone"] in ("utc", "cet")
+
+
+def test_the_named_function_is_called_when_the_model_would_call_another():
+    engine = engine_for()
+    unit = {"type": "function", "function": {"name": "get_unit"}}
+    assert calls_in(engine, engine.generate(ASK, tools=[UNIT, TIME], tool_choice="required",
+                                            max_tokens=200).text)[0][0]["function"]["name"] == "get_time"
+    engine.reset()
+    r = engine.generate(ASK, tools=[UNIT, TIME], tool_choice=unit, max_tokens=400)
+    (call,), rest = calls_in(engine, r.text)
+    args = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_unit" and set(args) == {"unit", "exact"} and not rest.strip()
+
+
+def test_required_makes_calls_of_the_tools_only():
+    engine = engine_for("none")
+    r = engine.generate(ASK, tools=[UNIT, TIME], tool_choice="required", max_tokens=300)
+    calls, rest = calls_in(engine, r.text)
+    # this model writes calls until cut (the grammar lets it end after any): the last half-written
+    assert len(calls) >= 1 and (not rest.strip() or r.finish_reason == "length" and rest.lstrip().startswith("<tool_call>"))
+    for call in calls:
+        args = json.loads(call["function"]["arguments"])
+        if call["function"]["name"] == "get_unit":
+            assert set(args) == {"unit", "exact"} and args["unit"] in ("c", "f") and isinstance(args["exact"], bool)
+        else:
+            assert call["function"]["name"] == "get_time" and args["zone"] in ("utc", "cet")
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"tool_choice": "required"}, "needs tools to call"),
+    ({"tools": [UNIT], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "'nope', which is not among the tools; allowed: get_unit"),
+    ({"tools": [UNIT], "tool_choice": "always"}, "tool_choice must be \"auto\""),
+    ({"tools": [UNIT], "tool_choice": {"function": {"name": "get_unit"}}}, "tool_choice must be"),
+    ({"tools": [UNIT], "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "send one of them"),
+])
+def test_bad_tool_choices_are_refused(kw, says):
+    with pytest.raises(InvalidArgumentError, match=__import__("re").escape(says)):
+        engine_for().stream(ASK, max_tokens=4, **kw)
+
+
+def test_a_format_no_grammar_forces_is_refused_and_none_hides_the_tools():
+    engine = engine_for()
+    engine.__dict__["tool_format"] = ToolFormat("[TOOL_CALLS]", "", lambda body, tools: None, "mistral")
+    with pytest.raises(InvalidArgumentError, match="this model's is mistral: send tool_choice \"auto\""):
+        engine.stream(ASK, tools=[UNIT], tool_choice="required")
+    plain = engine.generate(ASK, max_tokens=8)
+    engine.reset()
+    assert engine.generate(ASK, tools=[UNIT], tool_choice="none", max_tokens=8).tokens == plain.tokens
+
+
+def test_forced_calls_through_the_openai_client():
+    engine = engine_for()
+    with running_server(engine, model_id="t") as (url, _):
+        client = openai_client(url)
+        r = client.chat.completions.create(model="t", messages=ASK, tools=[UNIT, TIME], tool_choice=NAMED,
+                                           max_tokens=200)
+        (choice,) = r.choices
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_time" and json.loads(call.function.arguments)["zone"] in ("utc", "cet")
+        chunks = list(client.chat.completions.create(model="t", messages=ASK, tools=[UNIT, TIME], tool_choice=NAMED,
+                                                     max_tokens=200, stream=True))
+        streamed = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls
+                    for tc in c.choices[0].delta.tool_calls]
+        assert [(tc.function.name, tc.function.arguments) for tc in streamed] == [(call.function.name,
+                                                                                  call.function.arguments)]
+        with pytest.raises(Exception) as err:
+            client.chat.completions.create(model="t", messages=ASK, tool_choice="required", max_tokens=5)
+        assert err.value.status_code == 400 and err.value.body["param"] == "tool_choice"
