@@ -34,7 +34,7 @@ from .modelmeta import context_length, logit_width, matmul_precision, weights_by
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
-                      check_seed, check_stop, check_tree, encode_prompt)
+                      check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
 from .sampling import SamplingParams
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
@@ -278,7 +278,8 @@ class Engine:
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
                lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
-               response_format=None, tool_choice=None, **other) -> Iterator[TokenEvent]:
+               response_format=None, tool_choice=None, chat_template_kwargs=None,
+               **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -321,6 +322,8 @@ class Engine:
                 "function": {"name": ...}} (one call of that function), forced by a grammar in the
                 model's call format (Qwen2.5's and Hermes' <tool_call> JSON), its arguments
                 following the tool's parameters schema.
+            chat_template_kwargs: extra variables for the chat template, e.g. {"enable_thinking":
+                False} for Qwen3's (needs chat messages).
         """
         check_no_other_options(other, STREAM_OPTIONS)
         params = SamplingParams(temperature, top_p, top_k, min_p)
@@ -347,7 +350,8 @@ class Engine:
             raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
                                        f"{', '.join(self.drafters)}")
         name = "none" if not speculative else (drafter or self.default_drafter)  # the default is always there
-        ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, tools=tools)
+        ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, tools=tools,
+                            template_kwargs=check_template_kwargs(chat_template_kwargs))
         if self.context is not None and len(ids) >= self.context:
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "

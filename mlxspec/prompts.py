@@ -55,16 +55,39 @@ def has_chat_template(tokenizer) -> bool:
     return getattr(tokenizer, "chat_template", None) is not None
 
 
-def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = None) -> List[int]:
+# What mlxspec passes to a chat template itself: chat_template_kwargs may not set these.
+TEMPLATE_OWN = ("messages", "conversation", "tools", "add_generation_prompt", "tokenize", "return_dict",
+                "continue_final_message", "chat_template")
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """Extra variables for the chat template (e.g. {"enable_thinking": False}): a dict with string
+    keys, none of them one mlxspec sets itself. None is {}."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise InvalidArgumentError(f"chat_template_kwargs must be an object of template variables, e.g. "
+                                   f"{{\"enable_thinking\": false}}, got {shown(kwargs)}")
+    own = [k for k in kwargs if k in TEMPLATE_OWN]
+    if own:
+        raise InvalidArgumentError(f"chat_template_kwargs may not set {', '.join(own)}: mlxspec passes "
+                                   f"{', '.join(TEMPLATE_OWN)} to the template itself")
+    return dict(kwargs)
+
+
+def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = None,
+                  template_kwargs: Optional[dict] = None) -> List[int]:
     """str (used as is), list[int] (or a 1-D integer array), or a list of chat messages
     {"role", "content"} -> ids. `tools` (OpenAI's function tools, checked by
-    `mlxspec.tools.check_tools`) go to the chat template with the messages."""
+    `mlxspec.tools.check_tools`) go to the chat template with the messages, and so do
+    `template_kwargs` (checked by `check_template_kwargs`)."""
     if not isinstance(prompt, (str, list, tuple)) and getattr(prompt, "ndim", None) == 1:
         prompt = prompt.tolist()  # an mx.array or numpy array of token ids, as mlx-lm takes them
-    chat = isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
-    if tools and not chat:
-        raise InvalidArgumentError("tools need a prompt of chat messages (the chat template renders them); "
-                                   f"got a {'string' if isinstance(prompt, str) else 'token-id'} prompt")
+    chat = is_chat(prompt)
+    for name, given in (("tools", tools), ("chat_template_kwargs", template_kwargs)):
+        if given and not chat:
+            raise InvalidArgumentError(f"{name} need a prompt of chat messages (the chat template renders them); "
+                                       f"got a {'string' if isinstance(prompt, str) else 'token-id'} prompt")
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidArgumentError("prompt is empty: give a non-empty string, token-id list or message list")
@@ -74,27 +97,7 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = No
         bos = getattr(tokenizer, "bos_token", None)
         ids = tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
     elif chat:
-        if tokenizer is None:
-            raise InvalidArgumentError("chat messages need a tokenizer with a chat template; this engine has none")
-        if not has_chat_template(tokenizer):
-            raise InvalidArgumentError(
-                "this model's tokenizer has no chat template, so chat messages cannot be formatted; send the "
-                "text itself as a string prompt (mlxspec generate does when the model has no template; the "
-                "server's /v1/completions takes it)")
-        messages = []
-        for i, m in enumerate(prompt):
-            if "role" not in m or "content" not in m:
-                raise InvalidArgumentError(f"message {i} must have 'role' and 'content' keys, got {sorted(m)}")
-            if m["content"] is None and m.get("tool_calls"):  # an assistant turn that only called tools
-                messages.append(dict(m, content=""))
-                continue
-            messages.append(dict(m, content=check_text(_message_text(m["content"], i), f"message {i}'s content")))
-        text = _render(tokenizer, messages, tools)
-        if tools and text == _render(tokenizer, messages, None):
-            raise InvalidArgumentError("tools: this model's chat template does not render tools, so the model "
-                                       "would never see them; send the messages without tools (or describe the "
-                                       "tools in a message), or use a model trained for tool calling")
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        ids = tokenizer.encode(render_chat(prompt, tokenizer, tools, template_kwargs), add_special_tokens=False)
     elif isinstance(prompt, (list, tuple)):
         if not prompt:
             raise InvalidArgumentError("prompt is empty: give a non-empty string, token-id list or message list")
@@ -118,8 +121,38 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = No
     return ids
 
 
-def _render(tokenizer, messages: list, tools: Optional[list]) -> str:
-    extra = {"tools": tools} if tools else {}
+def is_chat(prompt) -> bool:
+    """A prompt of chat messages (a non-empty list of dicts)."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
+
+
+def render_chat(prompt: list, tokenizer, tools: Optional[list] = None, template_kwargs: Optional[dict] = None) -> str:
+    """Chat messages -> the text their chat template makes of them, generation prompt included."""
+    if tokenizer is None:
+        raise InvalidArgumentError("chat messages need a tokenizer with a chat template; this engine has none")
+    if not has_chat_template(tokenizer):
+        raise InvalidArgumentError(
+            "this model's tokenizer has no chat template, so chat messages cannot be formatted; send the "
+            "text itself as a string prompt (mlxspec generate does when the model has no template; the "
+            "server's /v1/completions takes it)")
+    messages = []
+    for i, m in enumerate(prompt):
+        if "role" not in m or "content" not in m:
+            raise InvalidArgumentError(f"message {i} must have 'role' and 'content' keys, got {sorted(m)}")
+        if m["content"] is None and m.get("tool_calls"):  # an assistant turn that only called tools
+            messages.append(dict(m, content=""))
+            continue
+        messages.append(dict(m, content=check_text(_message_text(m["content"], i), f"message {i}'s content")))
+    text = _render(tokenizer, messages, tools, template_kwargs)
+    if tools and text == _render(tokenizer, messages, None, template_kwargs):
+        raise InvalidArgumentError("tools: this model's chat template does not render tools, so the model "
+                                   "would never see them; send the messages without tools (or describe the "
+                                   "tools in a message), or use a model trained for tool calling")
+    return text
+
+
+def _render(tokenizer, messages: list, tools: Optional[list], template_kwargs: Optional[dict] = None) -> str:
+    extra = dict(template_kwargs or {}, **({"tools": tools} if tools else {}))
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
     except Exception as e:  # jinja2's errors: a template that refuses these messages, or is broken

@@ -187,8 +187,9 @@ def accept_every_draft(p):
     return drafts + [rows[p.k]], p.k, finite, drafts
 
 
-def make_tokenizer(chat_template: str = CHAT_TEMPLATE):
-    """A real Hugging Face byte-level BPE tokenizer (no merges) wrapped like mlx-lm wraps tokenizers."""
+def make_tokenizer(chat_template: str = CHAT_TEMPLATE, added=()):
+    """A real Hugging Face byte-level BPE tokenizer (no merges) wrapped like mlx-lm wraps tokenizers.
+    `added`: tokens after the bytes (ids VOCAB, VOCAB + 1...), e.g. a thinking model's markers."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -202,6 +203,8 @@ def make_tokenizer(chat_template: str = CHAT_TEMPLATE):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
+    if added:
+        tok.add_tokens(list(added))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", bos_token=None, pad_token="<|endoftext|>",
     )
