@@ -51,6 +51,10 @@ def test_flags_reach_the_server_options(captured, monkeypatch):
     assert (opts.host, opts.port, opts.queue, opts.max_tokens, opts.temperature, opts.api_key) == \
            ("127.0.0.1", 9001, 3, 64, 0.5, None)
     assert opts.shutdown_grace == 2 and opts.client_timeout == 30
+    assert opts.chat_template_args is None
+    captured.pop("serve")
+    assert main(["serve", "--chat-template-args", '{"enable_thinking": false}']) == 0
+    assert captured["serve"].chat_template_args == {"enable_thinking": False}
     assert captured["load"][1] == {"drafter": "none", "num_draft": 4, "tree": None, "prompt_cache_size": 4,
                                    "prompt_cache_bytes": None}
 
@@ -93,7 +97,9 @@ def test_api_key_comes_from_the_environment_when_not_given(captured, monkeypatch
 @pytest.mark.parametrize("argv", [["--queue", "-1"], ["--port", "70000"], ["--max-tokens", "0"],
                                   ["--prompt-cache-size", "-2"], ["--prompt-cache-bytes", "lots"],
                                   ["--prompt-cache-bytes", "5TB"], ["--allow-origin", "chat.example.com"],
-                                  ["--allow-origin", "https://x.example/api"], ["--allow-origin", "http://x:0"]])
+                                  ["--allow-origin", "https://x.example/api"], ["--allow-origin", "http://x:0"],
+                                  ["--chat-template-args", "think"], ["--chat-template-args", '{"tools": []}'],
+                                  ["--chat-template-args", "[1]"]])
 def test_bad_flags_fail_with_what_is_allowed(captured, argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", *argv])

@@ -95,6 +95,9 @@ CHAT_CASES = [
         "name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls[0].type", "must be \"function\""),
     ({"messages": HI, "tool_choice": "sometimes"}, "tool_choice", "must be \"auto\""),
     ({"messages": HI, "tool_choice": "required"}, "tool_choice", "needs tools to call"),
+    ({"messages": HI, "chat_template_kwargs": "think"}, "chat_template_kwargs", "object of template variables"),
+    ({"messages": HI, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs",
+     "may not set add_generation_prompt"),
     ({"messages": HI, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "needs tools"),
     # structured output: the shape here, the schema by the engine's compiler (in the worker)
     ({"messages": HI, "response_format": {"type": "xml"}}, "response_format", "json_object, json_schema"),
@@ -129,7 +132,6 @@ UNSUPPORTED = [
     ({"messages": HI, "ignore_eos": 0}, "ignore_eos"),  # not the neutral false, though equal to it
     # mlx-lm's server's and vLLM's
     ({"messages": HI, "xtc_probability": 0.5, "xtc_threshold": 0.1}, "xtc_probability"),
-    ({"messages": HI, "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
     ({"messages": HI, "adapters": "my-lora"}, "adapters"),
     ({"messages": HI, "role_mapping": {"user": "Q:"}}, "role_mapping"),
     ({"messages": HI, "num_draft_tokens": 3}, "num_draft_tokens"),

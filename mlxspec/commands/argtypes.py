@@ -87,6 +87,20 @@ def web_origin(s: str) -> str:
     return s.rstrip("/")
 
 
+def template_args(s: str) -> dict:
+    """A JSON object of chat-template variables, e.g. '{"enable_thinking": false}'."""
+    import json
+
+    from ..errors import InvalidArgumentError
+    from ..prompts import check_template_kwargs
+
+    try:
+        return check_template_kwargs(json.loads(s))
+    except (ValueError, InvalidArgumentError) as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object of template variables such as "
+                                         f"'{{\"enable_thinking\": false}}', got {s!r} ({e})") from None
+
+
 def seed(s: str) -> int:
     """An integer in [0, 2**64): the seeds the random streams key on (more would alias)."""
     from mlxspec.prompts import MAX_SEED

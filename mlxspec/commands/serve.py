@@ -10,7 +10,7 @@ import argparse
 import os
 
 from ..errors import MlxSpecError
-from .argtypes import count, non_negative, positive, size_bytes, web_origin
+from .argtypes import count, non_negative, positive, size_bytes, template_args, web_origin
 from .modelargs import add_distributed_arg, add_drafting_args, add_model_args
 
 API_KEY_ENV = "MLXSPEC_API_KEY"
@@ -29,8 +29,9 @@ def register(subparsers) -> None:
             "reuses the caches of its previous turn (usage.prompt_tokens_details.cached_tokens), also\n"
             "after other conversations in between (--prompt-cache-size). Tool calls, logprobs and\n"
             "structured output (response_format: a JSON schema every token follows) are answered in\n"
-            "OpenAI's shapes; web pages of this machine may call it (CORS). Each\n"
-            "answer carries an extra 'mlxspec' object with the speculation figures. A request may add\n"
+            "OpenAI's shapes, and a thinking model's reasoning as 'reasoning' (mlx-lm's key); web pages\n"
+            "of this machine may call it (CORS). Each answer carries an extra 'mlxspec' object with the\n"
+            "speculation figures. A request may add\n"
             "\"speculative\": false, \"num_draft\": N, \"drafter\", \"tree\" or \"lookup\" (as the Python API's).\n"
             "Any 'model' name is answered by the loaded model."),
         epilog=("examples:\n  mlxspec serve\n"
@@ -66,6 +67,10 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=non_negative, default=d.temperature, metavar="T",
                    help="temperature for requests that set none; 0 is greedy (default: 0; OpenAI's API "
                         "defaults to 1)")
+    p.add_argument("--chat-template-args", type=template_args, default=None, metavar="JSON",
+                   help="variables for the chat template of every chat request, as mlx-lm's server takes them, "
+                        "e.g. '{\"enable_thinking\": false}' for Qwen3 (a request's chat_template_kwargs win) "
+                        "(default: none)")
     p.add_argument("--max-body-size", type=positive, default=DEFAULT_MAX_BODY, metavar="BYTES",
                    help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY}, {DEFAULT_MAX_BODY >> 20} MiB)")
     p.add_argument("--client-timeout", type=non_negative, default=d.client_timeout, metavar="S",
@@ -117,7 +122,7 @@ def run(args) -> int:
                            max_tokens=args.max_tokens, temperature=args.temperature,
                            max_body_size=args.max_body_size, shutdown_grace=args.shutdown_grace,
                            log_level=args.log_level, allow_origins=tuple(args.allow_origin),
-                           client_timeout=args.client_timeout)
+                           client_timeout=args.client_timeout, chat_template_args=args.chat_template_args)
     try:
         return serve(engine, options)
     finally:

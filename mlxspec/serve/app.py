@@ -27,7 +27,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import shown as _show
+from ..errors import InvalidArgumentError, shown as _show
+from ..prompts import render_chat
+from ..reasoning import ReasoningSplitter, starts_inside, thinking_markers
 from ..stats import acceptance_text
 from ..logprobs import token_bytes
 from ..tools import ToolCallReader
@@ -58,6 +60,7 @@ class ServerState:
         # look through the whole vocabulary.
         self.tool_format = getattr(engine, "tool_format", None)
         tokenizer = getattr(engine, "tokenizer", None)
+        self.thinking = thinking_markers(tokenizer)  # a thinking model's markers: its reasoning is split off
         # A token's own bytes, for logprobs (without a tokenizer: its id)
         self.token_bytes = functools.lru_cache(maxsize=65536)(
             lambda t: token_bytes(tokenizer, t) if tokenizer is not None else str(t).encode())
@@ -137,6 +140,7 @@ def _endpoint(parse: Callable) -> Callable:
         job = state.queue.submit(req.prompt, req.options)
         shapes = Shapes(req.kind, state.model_id)
         reader = _tool_reader(state.tool_format, req)
+        splitter = await _reasoning_splitter(state, req)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, state.queue, job))
         streaming = False
         try:
@@ -144,7 +148,7 @@ def _endpoint(parse: Callable) -> Callable:
             if req.stream:
                 streaming = True
                 lp = LogprobStream(shapes.chat, state.token_bytes) if req.logprobs else None
-                return EventStream(_events(job, shapes, first, req, reader, lp),
+                return EventStream(_events(job, shapes, first, req, reader, lp, splitter),
                                    on_close=lambda: state.queue.cancel(job))
             pieces, finish, every = [], None, []
             events = first
@@ -156,12 +160,15 @@ def _endpoint(parse: Callable) -> Callable:
             if job.stats is None or finish is None:  # cancelled: the client is gone, nobody reads this
                 return Response(status_code=499)
             _log_done(shapes.id, job)
-            text, calls = "".join(pieces), []
+            text, calls, reasoning = "".join(pieces), [], ""
+            if splitter is not None:
+                (r1, a1), (r2, a2) = splitter.feed(text), splitter.finish()
+                reasoning, text = r1 + r2, a1 + a2
             if reader is not None:
                 (head, first_calls), (tail, last_calls) = reader.feed(text), reader.finish()
                 text, calls = head + tail, first_calls + last_calls
             lp = LogprobStream(shapes.chat, state.token_bytes).whole(every) if req.logprobs else None
-            return JSONResponse(shapes.completion(text, _finish(finish, calls), job.stats, calls, lp))
+            return JSONResponse(shapes.completion(text, _finish(finish, calls), job.stats, calls, lp, reasoning))
         finally:
             watcher.cancel()  # a stream's disconnects are watched by StreamingResponse itself
             if not streaming:
@@ -174,6 +181,19 @@ def _tool_reader(fmt, req: schema.GenerationRequest) -> Optional[ToolCallReader]
     """Reads the model's tool calls back when the request showed it tools and its format `fmt` is
     known (a template that renders tools in a format mlx-lm does not know: the calls stay text)."""
     return ToolCallReader(fmt, req.tools) if fmt is not None and req.tools else None
+
+
+async def _reasoning_splitter(state: ServerState, req: schema.GenerationRequest) -> Optional[ReasoningSplitter]:
+    """Splits a thinking model's reasoning from its chat answers; it starts inside a block when the
+    chat template opened one at the end of the prompt (rendered off the event loop)."""
+    if state.thinking is None or req.kind != "chat":
+        return None
+    try:
+        text = await asyncio.to_thread(render_chat, req.prompt, state.engine.tokenizer, req.tools,
+                                       req.options.get("chat_template_kwargs"))
+    except InvalidArgumentError:  # the engine says what is wrong with these messages
+        text = ""
+    return ReasoningSplitter(state.thinking, starts_inside(text, state.thinking))
 
 
 def _finish(reason: Optional[str], calls) -> Optional[str]:
@@ -209,18 +229,35 @@ class EventStream(StreamingResponse):
 
 
 async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest,
-                  reader: Optional[ToolCallReader] = None, logprobs: Optional[LogprobStream] = None):
-    """The SSE body: role chunk (chat), text (and tool-call) chunks, the finish chunk with figures,
-    usage, [DONE]. With logprobs a chunk carries those of the tokens whose text is out by then
-    (`LogprobStream`)."""
+                  reader: Optional[ToolCallReader] = None, logprobs: Optional[LogprobStream] = None,
+                  splitter: Optional[ReasoningSplitter] = None):
+    """The SSE body: role chunk (chat), reasoning, text (and tool-call) chunks, the finish chunk with
+    figures, usage, [DONE]. With logprobs a chunk carries those of the tokens whose text is out by
+    then (`LogprobStream`)."""
     usage = req.include_usage
     called = 0  # tool calls sent so far
 
-    def deltas(text: str, calls: list, events=()):
+    def pieces(text: str, last: bool = False):
+        """(reasoning, answer text, calls) of new text (`last`: and what was held back)."""
+        reasoning = ""
+        if splitter is not None:
+            reasoning, text = splitter.feed(text)
+            if last:
+                r, a = splitter.finish()
+                reasoning, text = reasoning + r, text + a
+        if reader is None:
+            return reasoning, text, []
+        text, calls = reader.feed(text)
+        if last:
+            tail, more = reader.finish()
+            text, calls = text + tail, calls + more
+        return reasoning, text, calls
+
+    def deltas(reasoning: str, text: str, calls: list, events=()):
         nonlocal called
         lp = logprobs.feed(events) if logprobs is not None and events else None
-        if text or lp:
-            yield sse(shapes.chunk(text, include_usage=usage, logprobs=lp))
+        if reasoning or text or lp:
+            yield sse(shapes.chunk(text, include_usage=usage, logprobs=lp, reasoning=reasoning))
         if calls:
             yield sse(shapes.chunk(tool_calls=_indexed(calls, called), include_usage=usage))
             called += len(calls)
@@ -232,14 +269,13 @@ async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest
         while events:
             text = "".join(ev.text for ev in events)
             finish = events[-1].finish_reason or finish
-            for chunk in deltas(*(reader.feed(text) if reader is not None else (text, [])), events):
+            for chunk in deltas(*pieces(text), events):
                 yield chunk
             events = await _next(job, req.prompt_param)
         if finish is None:  # cancelled without an error: the client is gone
             return
-        if reader is not None:  # what it held back to the end
-            for chunk in deltas(*reader.finish()):
-                yield chunk
+        for chunk in deltas(*pieces("", last=True)):  # what was held back to the end
+            yield chunk
         yield sse(shapes.chunk(finish_reason=_finish(finish, called), stats=job.stats, include_usage=usage))
         if usage:
             yield sse(shapes.usage_chunk(job.stats))

@@ -22,5 +22,6 @@ class ServeOptions:
     shutdown_grace: float = 10.0  # seconds a running request may take to finish after SIGINT/SIGTERM
     client_timeout: float = 30.0  # seconds for a request's head, and between two pieces of its body (0: none)
     allow_origins: Tuple[str, ...] = ()  # web pages' origins (besides this machine's) that may call it; "*": any
+    chat_template_args: Optional[dict] = None  # template variables for every chat request (a request's own win)
     model_id: Optional[str] = None  # the name /v1/models lists; default: the pair's name or the target
     log_level: str = "info"

@@ -42,10 +42,13 @@ class Shapes:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def completion(self, text: str, finish_reason: str, stats: GenerationStats,
-                   tool_calls: Optional[list] = None, logprobs: Optional[dict] = None) -> dict:
-        """The whole answer of a request without `stream` (`content` null when only tools were called)."""
+                   tool_calls: Optional[list] = None, logprobs: Optional[dict] = None, reasoning: str = "") -> dict:
+        """The whole answer of a request without `stream` (`content` null when only tools were called;
+        a thinking model's reasoning in `reasoning`, mlx-lm's key)."""
         if self.chat:
             message = {"role": "assistant", "content": text or (None if tool_calls else "")}
+            if reasoning:
+                message["reasoning"] = reasoning
             if tool_calls:
                 message["tool_calls"] = tool_calls
             choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -58,11 +61,13 @@ class Shapes:
 
     def chunk(self, text: Optional[str] = None, *, first: bool = False, finish_reason: Optional[str] = None,
               stats: Optional[GenerationStats] = None, include_usage: bool = False,
-              tool_calls: Optional[list] = None, logprobs: Optional[dict] = None) -> dict:
-        """A stream chunk: the role (first), new text or tool calls (each whole, with its `index`
-        among the answer's calls), or the finish reason with the mlxspec figures."""
+              tool_calls: Optional[list] = None, logprobs: Optional[dict] = None, reasoning: str = "") -> dict:
+        """A stream chunk: the role (first), new reasoning or text or tool calls (each whole, with
+        its `index` among the answer's calls), or the finish reason with the mlxspec figures."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if first else {}
+            if reasoning:
+                delta["reasoning"] = reasoning
             if text:
                 delta["content"] = text
             if tool_calls:

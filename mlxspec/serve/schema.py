@@ -15,7 +15,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import InvalidArgumentError, shown as _show
 from ..grammar import check_response_format
-from ..prompts import check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_text, check_tree
+from ..prompts import (check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_template_kwargs,
+                       check_text, check_tree)
 from ..sampling import validate as validate_sampling
 from ..logprobs import MAX_TOP, is_top_count
 from ..tools import check_tool_choice, check_tools
@@ -32,7 +33,7 @@ EXTENSIONS = {"repetition_penalty": (1.0, 0), "repeat_penalty": 1.0, "typical_p"
               "length_penalty": 1.0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
               "use_beam_search": False, "mirostat": 0, "guided_grammar": None, "grammar": None,
               "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
-              "chat_template_kwargs": {}, "add_generation_prompt": True, "continue_final_message": False,
+              "add_generation_prompt": True, "continue_final_message": False,
               "role_mapping": {}, "adapters": None, "bad_words": [], "allowed_token_ids": None,
               "include_stop_str_in_output": False, "truncate_prompt_tokens": None}
 # vLLM's fields for what OpenAI's response_format says (one of them, or response_format, per request).
@@ -84,6 +85,11 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
             raise unsupported("response_format with tools is not supported by this server: its grammar would leave "
                               "the model no way to write a tool call; send one or the other (or tool_choice "
                               "\"none\")", "response_format")
+    # vLLM's and mlx-lm's template variables ({"enable_thinking": false}), over the server's (--chat-template-args)
+    kwargs = dict((defaults or ServeOptions()).chat_template_args or {})
+    kwargs.update(_check(check_template_kwargs, body.get("chat_template_kwargs"), "chat_template_kwargs"))
+    if kwargs:
+        req.options["chat_template_kwargs"] = kwargs
     # OpenAI's chat: logprobs true, and top_logprobs (0..20) alternatives per token with it
     top = body.get("top_logprobs")
     if _flag(body, "logprobs", False):

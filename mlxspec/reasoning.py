@@ -1,0 +1,74 @@
+"""Reasoning: the text a thinking model writes between its think markers (Qwen3's and DeepSeek-R1's
+`<think>` ... `</think>`), apart from its answer.
+
+The markers are mlx-lm's, inferred from the vocabulary when it wraps a tokenizer
+(`TokenizerWrapper.think_start` / `think_end`). Some chat templates open the block themselves at
+the end of the prompt (the model then starts inside it), which `starts_inside` reads from the
+rendered prompt, as mlx-lm's server does. Nothing here changes what the model generates.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from .text import partial_marker
+
+
+def thinking_markers(tokenizer) -> Optional[Tuple[str, str]]:
+    """(start, end) of the tokenizer's thinking block, or None when it has none."""
+    if tokenizer is None or getattr(tokenizer, "has_thinking", False) is not True:
+        return None
+    start, end = getattr(tokenizer, "think_start", None), getattr(tokenizer, "think_end", None)
+    return (start, end) if isinstance(start, str) and isinstance(end, str) and start and end else None
+
+
+def starts_inside(prompt_text: str, markers: Tuple[str, str]) -> bool:
+    """Whether generation starts inside a thinking block the prompt opened and did not close."""
+    return prompt_text.rfind(markers[0]) > prompt_text.rfind(markers[1])
+
+
+class ReasoningSplitter:
+    """Streamed text -> (reasoning, answer) pieces. Text that could still grow into a marker is
+    held back until it cannot; the markers themselves are in neither. The answer after a block
+    starts at its first non-blank character (models put a blank line after `</think>`)."""
+
+    def __init__(self, markers: Tuple[str, str], inside: bool = False):
+        self.start, self.end = markers
+        self.inside = inside
+        self._buf = ""
+        self._after_block = False
+
+    def feed(self, text: str) -> Tuple[str, str]:
+        self._buf += text
+        reasoning, answer = [], []
+        while self._buf:
+            marker = self.end if self.inside else self.start
+            at = self._buf.find(marker)
+            if at < 0:
+                keep = partial_marker(self._buf, marker)
+                piece, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep:]
+                self._out(piece, reasoning, answer)
+                break
+            self._out(self._buf[:at], reasoning, answer)
+            self._buf = self._buf[at + len(marker):]
+            self._after_block = self.inside
+            self.inside = not self.inside
+        return "".join(reasoning), "".join(answer)
+
+    def finish(self) -> Tuple[str, str]:
+        """What is left at the end (a block cut by max_tokens is reasoning)."""
+        rest, self._buf = self._buf, ""
+        reasoning, answer = [], []
+        self._out(rest, reasoning, answer)
+        return "".join(reasoning), "".join(answer)
+
+    def _out(self, piece: str, reasoning: list, answer: list) -> None:
+        if self.inside:
+            reasoning.append(piece)
+            return
+        if self._after_block:
+            piece = piece.lstrip()
+            if not piece:
+                return
+            self._after_block = False
+        answer.append(piece)
