@@ -35,7 +35,7 @@ from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
                       check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
-from .sampling import SamplingParams
+from .sampling import SamplingParams, bias_row, check_logit_bias
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
 from .tools import ToolFormat, call_grammar, check_tool_choice, check_tools, tool_format
@@ -278,7 +278,7 @@ class Engine:
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
                lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
-               response_format=None, tool_choice=None, chat_template_kwargs=None,
+               response_format=None, tool_choice=None, chat_template_kwargs=None, logit_bias=None,
                **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
@@ -324,6 +324,9 @@ class Engine:
                 following the tool's parameters schema.
             chat_template_kwargs: extra variables for the chat template, e.g. {"enable_thinking":
                 False} for Qwen3's (needs chat messages).
+            logit_bias: OpenAI's {token id: bias in [-100, 100]}, added to the target's logits
+                before sampling and greedy's argmax (-100 bans the token); output stays that
+                biased target's, whatever drafts.
         """
         check_no_other_options(other, STREAM_OPTIONS)
         params = SamplingParams(temperature, top_p, top_k, min_p)
@@ -336,6 +339,7 @@ class Engine:
         cancel = check_cancel(cancel)
         logprobs = check_logprobs(logprobs)
         fmt = check_response_format(response_format)
+        bias = check_logit_bias(logit_bias, self.vocab_size)
         tools = check_tools(tools)
         choice = check_tool_choice(tool_choice, tools)
         if choice == "none":
@@ -359,7 +363,7 @@ class Engine:
                 f"positions past its trained context, as with mlx-lm's --max-kv-size)")
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
                        k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
-                       response_format=fmt)
+                       response_format=fmt, logit_bias=bias)
         if self.coord.active:
             # A tree's shape is pruned by each rank's own cost model; rank 0 broadcasts only a
             # chain's length, so sharded targets verify chains.
@@ -410,7 +414,8 @@ class Engine:
         yield from self._run(**dict(request, params=SamplingParams(*request["params"])), cancel=cancel)
 
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
-             cancel=None, logprobs=None, response_format=None, constraint=None) -> Iterator[TokenEvent]:
+             cancel=None, logprobs=None, response_format=None, constraint=None,
+             logit_bias=None) -> Iterator[TokenEvent]:
         if constraint is None:  # a rank other than 0 builds its own from the shared request
             constraint = self._constraint(response_format)
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
@@ -419,7 +424,7 @@ class Engine:
                                                      "eagle": self.eagle_weights_bytes}.get(name, 0))
         return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
                         stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs,
-                        constraint=constraint)
+                        constraint=constraint, bias=bias_row(logit_bias, self.vocab_size) if logit_bias else None)
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

@@ -70,7 +70,7 @@ def forget_drafts(engine) -> None:
 def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
              k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0,
              lookup: bool = False, cancel=None, logprobs: Optional[int] = None,
-             constraint=None) -> Iterator[TokenEvent]:
+             constraint=None, bias: Optional[mx.array] = None) -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
     may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
     with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
@@ -78,7 +78,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     `logprobs`: each event also carries its token's log-probability and that many top choices.
     `constraint` (`mlxspec.grammar.Constraint`): a grammar every token follows. Each pass's masks
     are computed on the host from the committed tokens, so plain steps are not chained ahead of
-    their read, and rounds draft chains (a tree's rows would need one mask per branch)."""
+    their read, and rounds draft chains (a tree's rows would need one mask per branch). `bias`: the
+    request's logit_bias row (`sampling.bias_row`), added to every row of every pass."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -260,11 +261,11 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         if constraint is not None:
             draft, mask, forced = constrain(draft)
         if not len(draft):
-            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, mask)
+            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, mask, bias)
         elif draft.parents is not None:
-            p = tree_round(target, hist[-1], draft, params, seed, len(hist), logprobs)
+            p = tree_round(target, hist[-1], draft, params, seed, len(hist), logprobs, bias)
         else:
-            p = verify_round(target, hist[-1], draft, params, seed, len(hist), logprobs, mask)
+            p = verify_round(target, hist[-1], draft, params, seed, len(hist), logprobs, mask, bias)
         p.shadow, p.drafted, p.src, p.read_first, p.static = shadow, drafted, src, read_first, static
         p.retime = src == name and bool(k) and cost.exploring
         p.forced = forced
@@ -329,7 +330,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 guess = early_guess or guess
                 if chain:
                     t_chain = clock()
-                    nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs)
+                    nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs, bias=bias)
                     nxt.pipelined, nxt.src = True, name
                     chained = clock() - t_chain
 

@@ -70,24 +70,29 @@ def _finite(rows: mx.array) -> mx.array:
     return mx.isfinite(mx.sum(rows, keepdims=True))[0]
 
 
-def _constrained(logits: mx.array, mask: Optional[mx.array]) -> mx.array:
-    """(1, S, V) logits with what a grammar refuses at each row set to -inf (`mlxspec.grammar`)."""
+def _constrained(logits: mx.array, mask: Optional[mx.array], bias: Optional[mx.array] = None) -> mx.array:
+    """(1, S, V) logits with a request's logit_bias added (`sampling.bias_row`) and what a grammar
+    refuses at each row set to -inf (`mlxspec.grammar`)."""
+    if bias is not None:
+        logits = logits + bias
     return logits if mask is None else masked(logits[0], mask)[None]
 
 
 def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
-               logprobs: Optional[int] = None, mask: Optional[mx.array] = None) -> Pass:
+               logprobs: Optional[int] = None, mask: Optional[mx.array] = None,
+               bias: Optional[mx.array] = None) -> Pass:
     """Feed one token (an int, or the lazy output of the previous step) and pick the next.
     `logprobs` (here and in the other rounds): also the log-probabilities of the picked tokens
     and that many top choices (`mlxspec.logprobs`); None: not computed. `mask` (here and in
-    `verify_round`): the tokens a grammar allows at each row, (S, V) bool (`mlxspec.grammar`)."""
+    `verify_round`): the tokens a grammar allows at each row, (S, V) bool (`mlxspec.grammar`).
+    `bias` (in every round): the request's logit_bias row, added to every row."""
     start = len(target.tokens)
     logits = target.forward(token if isinstance(token, mx.array) else [token], batched=True)
     if params.greedy:
-        nxt, ok = _argmax_checked(_constrained(logits, mask))
+        nxt, ok = _argmax_checked(_constrained(logits, mask, bias))
     else:
         row = logits[0, -1]
-        p = kernels.probabilities(_constrained(logits, mask)[0, -1], params)
+        p = kernels.probabilities(_constrained(logits, mask, bias)[0, -1], params)
         nxt = sample_rows(p, position_uniforms(seed, mx.array([out_pos]), SAMPLE)).astype(mx.uint32)
         ok = _finite(row)
     lp = None if logprobs is None else row_logprobs(logits[0], nxt, logprobs)
@@ -96,7 +101,8 @@ def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
 
 
 def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int,
-                 logprobs: Optional[int] = None, mask: Optional[mx.array] = None) -> Pass:
+                 logprobs: Optional[int] = None, mask: Optional[mx.array] = None,
+                 bias: Optional[mx.array] = None) -> Pass:
     """Feed [last] + drafts and pick the target's tokens for every row (or, for sampled drafts,
     decide acceptance on the device); the host compares the rows with the drafts after the read."""
     start = len(target.tokens)
@@ -107,11 +113,11 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
     logits = target.forward(feed, batched=True)  # (1, k+1, V)
     decided = False
     if params.greedy:
-        tokens, ok = _argmax_checked(_constrained(logits, mask))
+        tokens, ok = _argmax_checked(_constrained(logits, mask, bias))
     else:
         rows = logits[0]
         positions = mx.arange(out_pos, out_pos + k + 1)
-        p = kernels.probabilities(_constrained(logits, mask)[0], params)
+        p = kernels.probabilities(_constrained(logits, mask, bias)[0], params)
         ok = _finite(rows)
         if draft.probs is None:  # deterministic drafts: sample the target's rows, keep the drafts that agree
             tokens = sample_rows(p, position_uniforms(seed, positions, SAMPLE))
@@ -131,7 +137,7 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
 
 
 def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int,
-               logprobs: Optional[int] = None) -> Pass:
+               logprobs: Optional[int] = None, bias: Optional[mx.array] = None) -> Pass:
     """Feed [last] + a tree of deterministic drafts in one pass (mlxspec.tree) and pick the
     target's token for every row; the host walks the tree along them after the read.
 
@@ -145,11 +151,12 @@ def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: in
                                                                  draft.tokens.astype(mx.uint32)])
     logits = target.forward_tree(feed, draft.parents)  # (1, 1+N, V)
     if params.greedy:
-        tokens, ok = _argmax_checked(logits)
+        tokens, ok = _argmax_checked(_constrained(logits, None, bias))
     else:
         rows = logits[0]
         positions = (out_pos + depths(draft.parents)).tolist()
-        tokens = sample_rows(kernels.probabilities(rows, params), position_uniforms(seed, positions, SAMPLE))
+        tokens = sample_rows(kernels.probabilities(_constrained(logits, None, bias)[0], params),
+                             position_uniforms(seed, positions, SAMPLE))
         ok = _finite(rows)
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
     lp = None if logprobs is None else row_logprobs(logits[0], tokens, logprobs)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Dict, Optional
 
 import mlx.core as mx
 
@@ -126,6 +127,44 @@ def cumsum_precise(x: mx.array, block: int = 256) -> mx.array:
     totals = inner[..., -1]
     offsets = mx.cumsum(totals, axis=-1) - totals
     return (inner + offsets[..., None]).reshape(*x.shape[:-1], -1)[..., :V]
+
+
+BIAS_LIMIT = 100.0  # OpenAI's range for logit_bias; -100 bans a token outright
+
+
+def check_logit_bias(bias, vocab_size: Optional[int]) -> Optional[Dict[int, float]]:
+    """OpenAI's `logit_bias`: {token id (an int or its decimal string): a number in [-100, 100]},
+    added to the target's logits before sampling (and before greedy's argmax). None or {} is None.
+    `vocab_size` None: the ids' range is not checked (a server's schema, before the engine)."""
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise InvalidArgumentError(f"logit_bias must be an object {{token id: bias in [-100, 100]}}, got {shown(bias)}")
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key) if not isinstance(key, bool) and (isinstance(key, int) or str(key).strip().isdigit()) \
+                else None
+        except ValueError:
+            token = None
+        if token is None or token < 0 or vocab_size is not None and token >= vocab_size:
+            where = "integers >= 0" if vocab_size is None else f"in [0, {vocab_size})"
+            raise InvalidArgumentError(f"logit_bias keys must be token ids ({where}), got {shown(key)}")
+        v = _real(value)
+        if v is None or not -BIAS_LIMIT <= v <= BIAS_LIMIT:
+            raise InvalidArgumentError(f"logit_bias[{key}] must be a number in [-100, 100], got {shown(value)}")
+        out[token] = v
+    return out or None
+
+
+def bias_row(bias: Dict[int, float], vocab_size: int) -> mx.array:
+    """The (V,) float32 row a request's logit_bias adds to every row of logits; -100 is -inf, a ban
+    whatever the logits (OpenAI: "should result in a ban")."""
+    ids = mx.array(list(bias), dtype=mx.int32)
+    values = mx.array([-math.inf if v <= -BIAS_LIMIT else v for v in bias.values()], dtype=mx.float32)
+    row = mx.zeros((vocab_size,), dtype=mx.float32).at[ids].add(values)
+    mx.eval(row)
+    return row
 
 
 def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:

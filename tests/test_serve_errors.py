@@ -95,6 +95,10 @@ CHAT_CASES = [
         "name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls[0].type", "must be \"function\""),
     ({"messages": HI, "tool_choice": "sometimes"}, "tool_choice", "must be \"auto\""),
     ({"messages": HI, "tool_choice": "required"}, "tool_choice", "needs tools to call"),
+    ({"messages": HI, "logit_bias": {"abc": 1}}, "logit_bias", "token ids (integers >= 0)"),
+    ({"messages": HI, "logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
+    ({"messages": HI, "logit_bias": {"999999": 5}}, "logit_bias", "in [0, 259)"),  # the engine's vocabulary
+    ({"messages": HI, "logit_bias": [5]}, "logit_bias", "must be an object"),
     ({"messages": HI, "chat_template_kwargs": "think"}, "chat_template_kwargs", "object of template variables"),
     ({"messages": HI, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs",
      "may not set add_generation_prompt"),
@@ -117,7 +121,6 @@ UNSUPPORTED = [
     ({"messages": HI, "function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages[0]"),
     ({"messages": HI, "presence_penalty": 0.5}, "presence_penalty"),
-    ({"messages": HI, "logit_bias": {"5": 1}}, "logit_bias"),
     ({"messages": HI, "response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {
         "name": "f"}}]}, "response_format"),
     # other servers' sampling fields change the answer: told, not silently ignored

@@ -64,7 +64,7 @@ def from_engine(exc: BaseException, prompt_param: str) -> APIError:
         message = str(exc)
         field = message.split(" ", 1)[0].rstrip(":")
         param = prompt_param if field == "prompt" else field if field in ("drafter", "tools", "tool_choice", "response_format",
-                                                                      "chat_template_kwargs") else None
+                                                                      "chat_template_kwargs", "logit_bias") else None
         return invalid(message, param)
     if isinstance(exc, NumericalError):
         return APIError(500, str(exc), code="numerical_error")

@@ -17,7 +17,7 @@ from ..errors import InvalidArgumentError, shown as _show
 from ..grammar import check_response_format
 from ..prompts import (check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_template_kwargs,
                        check_text, check_tree)
-from ..sampling import validate as validate_sampling
+from ..sampling import check_logit_bias, validate as validate_sampling
 from ..logprobs import MAX_TOP, is_top_count
 from ..tools import check_tool_choice, check_tools
 from .errors import invalid, unsupported
@@ -175,6 +175,10 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
     fmt = _response_format(body)
     if fmt is not None:
         opts["response_format"] = fmt
+    # Its shape here; whether its ids are in the vocabulary is the engine's to say.
+    bias = _check(lambda b: check_logit_bias(b, None), body.get("logit_bias"), "logit_bias")
+    if bias:
+        opts["logit_bias"] = bias
     return opts
 
 
@@ -360,8 +364,6 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
         value = body.get(key)
         if value is not None and value != 0:
             raise unsupported(f"{key} is not supported by this server (only 0), got {_show(value)}", key)
-    if body.get("logit_bias"):
-        raise unsupported("logit_bias is not supported by this server", "logit_bias")
     for key, neutral in EXTENSIONS.items():  # other servers' sampling fields: refused, not silently ignored
         value = body.get(key)
         neutrals = neutral if isinstance(neutral, tuple) else (neutral,)
