@@ -344,12 +344,9 @@ class Engine:
         choice = check_tool_choice(tool_choice, tools)
         if choice == "none":
             tools = None
-        elif choice not in (None, "auto"):
-            if fmt is not None:
-                raise InvalidArgumentError(f"tool_choice {choice!r} and response_format both say what the answer must "
-                                           f"be; send one of them")
-            fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS))
-        constraint = self._constraint(fmt)  # built now: a schema the compiler refuses is said before anything runs
+        elif choice not in (None, "auto") and fmt is not None:
+            raise InvalidArgumentError(f"tool_choice {choice!r} and response_format both say what the answer must be; "
+                                       f"send one of them")
         if drafter is not None and drafter not in self.drafters:  # also when speculative=False ignores it
             raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
                                        f"{', '.join(self.drafters)}")
@@ -361,6 +358,9 @@ class Engine:
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
                 f"or set max_kv_size below it to decode on with a sliding window (the model then reads "
                 f"positions past its trained context, as with mlx-lm's --max-kv-size)")
+        if choice not in (None, "auto", "none"):  # (after the prompt: a template that ignores tools is said first)
+            fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS))
+        constraint = self._constraint(fmt)  # built now: a schema the compiler refuses is said before anything runs
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
                        k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
                        response_format=fmt, logit_bias=bias)

@@ -76,6 +76,8 @@ CHAT_CASES = [
     # tools: checked here; this model's template does not show them, which the engine finds
     ({"messages": HI, "tools": [{"type": "retrieval"}]}, "tools", "only function tools"),
     ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "does not render tools"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}, "tools",
+     "does not render tools"),  # said before what a forced call would need
     ({"messages": HI, "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
     ({"messages": HI, "logprobs": 1}, "logprobs", "true or false"),
     ({"messages": HI, "top_logprobs": 2}, "top_logprobs", "needs \"logprobs\": true"),
