@@ -31,6 +31,7 @@ from .grammar import JSON_OPTIONS, Constraint, check_response_format, token_tabl
 from .logprobs import check_logprobs
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
+from .penalties import Penalties, check_penalty
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
@@ -279,7 +280,7 @@ class Engine:
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
                lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
                response_format=None, tool_choice=None, chat_template_kwargs=None, logit_bias=None,
-               **other) -> Iterator[TokenEvent]:
+               presence_penalty: float = 0.0, frequency_penalty: float = 0.0, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -327,6 +328,9 @@ class Engine:
             logit_bias: OpenAI's {token id: bias in [-100, 100]}, added to the target's logits
                 before sampling and greedy's argmax (-100 bans the token); output stays that
                 biased target's, whatever drafts.
+            presence_penalty, frequency_penalty: OpenAI's, in [-2, 2]: a token's logit drops by
+                frequency x its count in the answer so far + presence x (count > 0), at every
+                row of every pass as plain decoding would have it there (rounds then draft chains).
         """
         check_no_other_options(other, STREAM_OPTIONS)
         params = SamplingParams(temperature, top_p, top_k, min_p)
@@ -340,6 +344,7 @@ class Engine:
         logprobs = check_logprobs(logprobs)
         fmt = check_response_format(response_format)
         bias = check_logit_bias(logit_bias, self.vocab_size)
+        penalty = (check_penalty(presence_penalty, "presence_penalty"), check_penalty(frequency_penalty, "frequency_penalty"))
         tools = check_tools(tools)
         choice = check_tool_choice(tool_choice, tools)
         if choice == "none":
@@ -363,7 +368,7 @@ class Engine:
         constraint = self._constraint(fmt)  # built now: a schema the compiler refuses is said before anything runs
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
                        k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
-                       response_format=fmt, logit_bias=bias)
+                       response_format=fmt, logit_bias=bias, penalty=penalty)
         if self.coord.active:
             # A tree's shape is pruned by each rank's own cost model; rank 0 broadcasts only a
             # chain's length, so sharded targets verify chains.
@@ -415,7 +420,7 @@ class Engine:
 
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
              cancel=None, logprobs=None, response_format=None, constraint=None,
-             logit_bias=None) -> Iterator[TokenEvent]:
+             logit_bias=None, penalty=(0.0, 0.0)) -> Iterator[TokenEvent]:
         if constraint is None:  # a rank other than 0 builds its own from the shared request
             constraint = self._constraint(response_format)
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
@@ -424,7 +429,8 @@ class Engine:
                                                      "eagle": self.eagle_weights_bytes}.get(name, 0))
         return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
                         stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs,
-                        constraint=constraint, bias=bias_row(logit_bias, self.vocab_size) if logit_bias else None)
+                        constraint=constraint, bias=bias_row(logit_bias, self.vocab_size) if logit_bias else None,
+                        penalties=Penalties(*penalty, self.vocab_size) if any(penalty) else None)
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

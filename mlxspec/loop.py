@@ -70,7 +70,7 @@ def forget_drafts(engine) -> None:
 def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
              k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0,
              lookup: bool = False, cancel=None, logprobs: Optional[int] = None,
-             constraint=None, bias: Optional[mx.array] = None) -> Iterator[TokenEvent]:
+             constraint=None, bias: Optional[mx.array] = None, penalties=None) -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
     may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
     with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
@@ -79,7 +79,9 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     `constraint` (`mlxspec.grammar.Constraint`): a grammar every token follows. Each pass's masks
     are computed on the host from the committed tokens, so plain steps are not chained ahead of
     their read, and rounds draft chains (a tree's rows would need one mask per branch). `bias`: the
-    request's logit_bias row (`sampling.bias_row`), added to every row of every pass."""
+    request's logit_bias row (`sampling.bias_row`), added to every row of every pass. `penalties`
+    (`mlxspec.penalties.Penalties`): presence and frequency penalties, row by row; rounds then
+    draft chains, read on the host."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -123,7 +125,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
 
     hist = list(ids)
     longest = longest_draft(engine)  # most drafts a round the cost model sizes may verify
-    tree = min(tree, longest) if constraint is None else 0  # most nodes a tree round verifies
+    tree = min(tree, longest) if constraint is None and penalties is None else 0  # most nodes a tree round verifies
     # A model drafter's tree: its greedy chain plus runners-up (`drafters.sidetree`). Sampled rounds
     # keep its chain with q, whose rejection rule accepts more than deterministic candidates.
     model_trees = (bool(tree) and drafter.uses_model and params.greedy and k_fixed is None
@@ -257,19 +259,27 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             draft = drafter.propose(hist, k, params, seed) if k else Draft([])
         elif draft.parents is None and len(draft) != k:  # a chain proposal, cut to (rank 0's) k
             draft = Draft(draft.tokens[:k], None, draft.kind)
-        mask, forced = None, False
+        mask, forced, row_bias = None, False, bias
         if constraint is not None:
             draft, mask, forced = constrain(draft)
+        if penalties is not None:
+            if not isinstance(draft.tokens, list):
+                draft = Draft(draft.tokens.tolist(), draft.probs, draft.kind)
+            row_bias = penalized(penalties.rows(draft.tokens))
         if not len(draft):
-            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, mask, bias)
+            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, mask, row_bias)
         elif draft.parents is not None:
-            p = tree_round(target, hist[-1], draft, params, seed, len(hist), logprobs, bias)
+            p = tree_round(target, hist[-1], draft, params, seed, len(hist), logprobs, row_bias)
         else:
-            p = verify_round(target, hist[-1], draft, params, seed, len(hist), logprobs, mask, bias)
+            p = verify_round(target, hist[-1], draft, params, seed, len(hist), logprobs, mask, row_bias)
         p.shadow, p.drafted, p.src, p.read_first, p.static = shadow, drafted, src, read_first, static
         p.retime = src == name and bool(k) and cost.exploring
         p.forced = forced
         return p
+
+    def penalized(rows: mx.array) -> mx.array:
+        """A pass's penalty rows, with the request's logit_bias."""
+        return rows if bias is None else rows + bias
 
     def constrain(draft: Draft) -> tuple:
         """(the draft on the host, its rows' masks, whether it is the grammar's forced tokens).
@@ -330,7 +340,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 guess = early_guess or guess
                 if chain:
                     t_chain = clock()
-                    nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs, bias=bias)
+                    step_bias = bias if penalties is None else penalized(penalties.rows([], pending.token))
+                    nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs, bias=step_bias)
                     nxt.pipelined, nxt.src = True, name
                     chained = clock() - t_chain
 
@@ -358,6 +369,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             committed += len(new)
             if constraint is not None:
                 constraint.commit(new)
+            if penalties is not None:
+                penalties.commit(new)
             # Read and committed: from here on only the chained plain step (if any) is in flight,
             # which is all `finally` may roll back, whatever ends the request.
             done, pending = pending, nxt

@@ -101,6 +101,8 @@ CHAT_CASES = [
     ({"messages": HI, "logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
     ({"messages": HI, "logit_bias": {"999999": 5}}, "logit_bias", "in [0, 259)"),  # the engine's vocabulary
     ({"messages": HI, "logit_bias": [5]}, "logit_bias", "must be an object"),
+    ({"messages": HI, "presence_penalty": 2.5}, "presence_penalty", "in [-2, 2]"),
+    ({"messages": HI, "frequency_penalty": "lots"}, "frequency_penalty", "in [-2, 2]"),
     ({"messages": HI, "chat_template_kwargs": "think"}, "chat_template_kwargs", "object of template variables"),
     ({"messages": HI, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs",
      "may not set add_generation_prompt"),
@@ -122,7 +124,6 @@ UNSUPPORTED = [
     ({"messages": HI, "functions": [{"name": "f"}]}, "functions"),
     ({"messages": HI, "function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages[0]"),
-    ({"messages": HI, "presence_penalty": 0.5}, "presence_penalty"),
     ({"messages": HI, "response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {
         "name": "f"}}]}, "response_format"),
     # other servers' sampling fields change the answer: told, not silently ignored

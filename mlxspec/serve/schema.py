@@ -17,6 +17,7 @@ from ..errors import InvalidArgumentError, shown as _show
 from ..grammar import check_response_format
 from ..prompts import (check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_template_kwargs,
                        check_text, check_tree)
+from ..penalties import check_penalty
 from ..sampling import check_logit_bias, validate as validate_sampling
 from ..logprobs import MAX_TOP, is_top_count
 from ..tools import check_tool_choice, check_tools
@@ -175,6 +176,10 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
     fmt = _response_format(body)
     if fmt is not None:
         opts["response_format"] = fmt
+    for key in ("presence_penalty", "frequency_penalty"):
+        penalty = _check(lambda v, key=key: check_penalty(v, key), body.get(key), key)
+        if penalty:
+            opts[key] = penalty
     # Its shape here; whether its ids are in the vocabulary is the engine's to say.
     bias = _check(lambda b: check_logit_bias(b, None), body.get("logit_bias"), "logit_bias")
     if bias:
@@ -360,10 +365,6 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
     if not chat and body.get("tools"):
         raise unsupported("tools need the chat endpoint (POST /v1/chat/completions), where the chat template "
                           "shows them to the model", "tools")
-    for key in ("presence_penalty", "frequency_penalty"):
-        value = body.get(key)
-        if value is not None and value != 0:
-            raise unsupported(f"{key} is not supported by this server (only 0), got {_show(value)}", key)
     for key, neutral in EXTENSIONS.items():  # other servers' sampling fields: refused, not silently ignored
         value = body.get(key)
         neutrals = neutral if isinstance(neutral, tuple) else (neutral,)

@@ -1,0 +1,89 @@
+"""presence_penalty and frequency_penalty: every row of every pass gets the penalties plain decoding
+would give it there (the drafts before it counted), so output is the penalised target's."""
+
+import mlx.core as mx
+import pytest
+
+import tiny
+from mlxspec.engine import Engine
+from mlxspec.errors import InvalidArgumentError
+from mlxspec.penalties import Penalties
+from mlxspec.prompts import encode_prompt
+from serve_helpers import openai_client, running_server, tiny_engine
+
+ASK = [{"role": "user", "content": "Tell me a long story about rivers and the sea, again and again."}]
+
+
+def engine_for(drafter, tmp_path):
+    target = tiny.make_llama(0, tie_embeddings=True)  # tied: each token mostly predicts itself, so text repeats
+    kw = {}
+    if drafter == "model":
+        kw["draft_model"] = tiny.make_llama(0, tie_embeddings=True)
+    if drafter == "eagle":
+        kw["eagle_head"] = tiny.make_eagle_head(target, tmp_path / "head", copy=True)
+    return Engine(target, tiny.make_tokenizer(), drafter=drafter, **kw), target
+
+
+def reference(target, ids, tokens, presence, frequency):
+    """The greedy tokens of the penalised target, teacher-forced along `tokens`."""
+    logits = target(mx.array(ids + tokens)[None])[0, len(ids) - 1:-1].astype(mx.float32)
+    out = []
+    for i in range(len(tokens)):
+        counts = mx.zeros((logits.shape[-1],))
+        for t in tokens[:i]:
+            counts[t] += 1
+        out.append(int(mx.argmax(logits[i] - frequency * counts - presence * (counts > 0)).item()))
+    return out
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model", "eagle"])
+@pytest.mark.parametrize("options", [{}, {"num_draft": 3}, {"temperature": 0.8, "seed": 3}])
+def test_output_is_the_penalised_target_s(drafter, options, tmp_path):
+    engine, target = engine_for(drafter, tmp_path)
+    free = engine.generate(ASK, max_tokens=40, **options)
+    engine.reset()
+    pen = dict(presence_penalty=0.4, frequency_penalty=0.3)
+    plain = engine.generate(ASK, max_tokens=40, speculative=False, **pen, **options)
+    engine.reset()
+    fast = engine.generate(ASK, max_tokens=40, **pen, **options)
+    assert plain.tokens != free.tokens  # the penalties changed the text
+    if not (drafter in ("model", "eagle") and "temperature" in options):  # else a sample from the same law
+        assert fast.tokens == plain.tokens
+    if "temperature" not in options:
+        ids = encode_prompt(ASK, engine.tokenizer, engine.vocab_size)
+        assert reference(target, ids, fast.tokens, 0.4, 0.3) == fast.tokens
+        if drafter != "none":
+            assert fast.stats.accepted > 0  # rows past the first were verified with the drafts counted
+
+
+def test_penalty_rows_count_the_drafts_before_each_row():
+    p = Penalties(0.5, 0.25, 8)
+    p.commit([3, 3])
+    rows = p.rows([3, 5, 5])
+    want = mx.zeros((4, 8))
+    for i, counts in enumerate([{3: 2}, {3: 3}, {3: 3, 5: 1}, {3: 3, 5: 2}]):
+        for t, c in counts.items():
+            want[i, t] = -(0.25 * c + 0.5)
+    assert mx.array_equal(rows, want).item()
+    lazy = p.rows([], pending=mx.array([5], dtype=mx.uint32))  # a chained step: its predecessor's token on the device
+    assert lazy[0, 5].item() == -(0.25 + 0.5) and lazy[0, 3].item() == -(0.5 + 0.5)
+
+
+@pytest.mark.parametrize("kw, says", [({"presence_penalty": 3}, "presence_penalty must be a number in [-2, 2]"),
+                                      ({"frequency_penalty": "x"}, "frequency_penalty must be"),
+                                      ({"frequency_penalty": True}, "frequency_penalty must be")])
+def test_bad_penalties_are_refused(kw, says, tmp_path):
+    engine, _ = engine_for("none", tmp_path)
+    with pytest.raises(InvalidArgumentError, match=__import__("re").escape(says)):
+        engine.stream(ASK, **kw)
+
+
+def test_penalties_through_the_openai_client():
+    engine = tiny_engine(drafter="ngram")
+    with running_server(engine, model_id="t") as (url, _):
+        client = openai_client(url)
+        r = client.chat.completions.create(model="t", messages=ASK, max_tokens=20, frequency_penalty=1.5,
+                                           presence_penalty=0.5)
+        assert r.choices[0].message.content == engine.generate(ASK, max_tokens=20, frequency_penalty=1.5,
+                                                               presence_penalty=0.5).text
+        assert r.choices[0].message.content != engine.generate(ASK, max_tokens=20).text
