@@ -43,14 +43,15 @@ def test_output_is_the_biased_target_s(drafter, options, tmp_path):
     assert not banned & set(fast.tokens) and not banned & set(plain.tokens) and plain.tokens != free
     if not (drafter in ("model", "eagle") and "temperature" in options):  # else a sample from the same law
         assert fast.tokens == plain.tokens
-    if not options:  # greedy: every token is the argmax of the target's biased logits, teacher-forced
+    if "temperature" not in options:  # greedy: every token is the argmax of the target's biased logits, teacher-forced
         ids = encode_prompt(ASK, engine.tokenizer, engine.vocab_size)
         logits = target(mx.array(ids + fast.tokens)[None])[0, len(ids) - 1:-1].astype(mx.float32)
         row = mx.zeros((engine.vocab_size,))
         for k, v in bias.items():
             row[int(k)] = -mx.inf if v == -100 else v
         assert mx.argmax(logits + row, axis=-1).tolist() == fast.tokens
-        if drafter != "none":
+        if drafter in ("ngram", "eagle") and "num_draft" in options:  # (a fixed k: auto varies with timings;
+            # the draft model, another random model, misses every draft)
             assert fast.stats.accepted > 0
 
 
