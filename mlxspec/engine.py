@@ -31,7 +31,7 @@ from .grammar import JSON_OPTIONS, Constraint, check_response_format, token_tabl
 from .logprobs import check_logprobs
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
-from .penalties import Penalties, check_penalty
+from .penalties import Penalties, check_penalty, check_repetition
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
@@ -280,7 +280,8 @@ class Engine:
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
                lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
                response_format=None, tool_choice=None, chat_template_kwargs=None, logit_bias=None,
-               presence_penalty: float = 0.0, frequency_penalty: float = 0.0, **other) -> Iterator[TokenEvent]:
+               presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty=None,
+               repetition_context_size: int = 20, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -331,6 +332,9 @@ class Engine:
             presence_penalty, frequency_penalty: OpenAI's, in [-2, 2]: a token's logit drops by
                 frequency x its count in the answer so far + presence x (count > 0), at every
                 row of every pass as plain decoding would have it there (rounds then draft chains).
+            repetition_penalty, repetition_context_size: mlx-lm's: the logits of the tokens among
+                the last `repetition_context_size` (prompt included) are divided by the penalty
+                where positive, multiplied where negative (None, 0 or 1: off), row by row alike.
         """
         check_no_other_options(other, STREAM_OPTIONS)
         params = SamplingParams(temperature, top_p, top_k, min_p)
@@ -344,7 +348,9 @@ class Engine:
         logprobs = check_logprobs(logprobs)
         fmt = check_response_format(response_format)
         bias = check_logit_bias(logit_bias, self.vocab_size)
-        penalty = (check_penalty(presence_penalty, "presence_penalty"), check_penalty(frequency_penalty, "frequency_penalty"))
+        penalty = dict(presence=check_penalty(presence_penalty, "presence_penalty"),
+                       frequency=check_penalty(frequency_penalty, "frequency_penalty"))
+        penalty["repetition"], penalty["context"] = check_repetition(repetition_penalty, repetition_context_size)
         tools = check_tools(tools)
         choice = check_tool_choice(tool_choice, tools)
         if choice == "none":
@@ -420,7 +426,7 @@ class Engine:
 
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
              cancel=None, logprobs=None, response_format=None, constraint=None,
-             logit_bias=None, penalty=(0.0, 0.0)) -> Iterator[TokenEvent]:
+             logit_bias=None, penalty=None) -> Iterator[TokenEvent]:
         if constraint is None:  # a rank other than 0 builds its own from the shared request
             constraint = self._constraint(response_format)
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
@@ -430,7 +436,8 @@ class Engine:
         return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
                         stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs,
                         constraint=constraint, bias=bias_row(logit_bias, self.vocab_size) if logit_bias else None,
-                        penalties=Penalties(*penalty, self.vocab_size) if any(penalty) else None)
+                        penalties=Penalties(self.vocab_size, **penalty) if penalty and (
+                            penalty["presence"] or penalty["frequency"] or penalty["repetition"]) else None)
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

@@ -80,8 +80,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     are computed on the host from the committed tokens, so plain steps are not chained ahead of
     their read, and rounds draft chains (a tree's rows would need one mask per branch). `bias`: the
     request's logit_bias row (`sampling.bias_row`), added to every row of every pass. `penalties`
-    (`mlxspec.penalties.Penalties`): presence and frequency penalties, row by row; rounds then
-    draft chains, read on the host."""
+    (`mlxspec.penalties.Penalties`): presence, frequency and repetition penalties, row by row;
+    rounds then draft chains, read on the host."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -265,7 +265,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         if penalties is not None:
             if not isinstance(draft.tokens, list):
                 draft = Draft(draft.tokens.tolist(), draft.probs, draft.kind)
-            row_bias = penalized(penalties.rows(draft.tokens))
+            row_bias = penalized(penalties.rows(hist, draft.tokens))
         if not len(draft):
             p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, mask, row_bias)
         elif draft.parents is not None:
@@ -277,9 +277,9 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         p.forced = forced
         return p
 
-    def penalized(rows: mx.array) -> mx.array:
-        """A pass's penalty rows, with the request's logit_bias."""
-        return rows if bias is None else rows + bias
+    def penalized(adjust):
+        """A pass's penalties (a function of its logits), after the request's logit_bias."""
+        return adjust if bias is None else (lambda logits: adjust(logits + bias))
 
     def constrain(draft: Draft) -> tuple:
         """(the draft on the host, its rows' masks, whether it is the grammar's forced tokens).
@@ -340,7 +340,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 guess = early_guess or guess
                 if chain:
                     t_chain = clock()
-                    step_bias = bias if penalties is None else penalized(penalties.rows([], pending.token))
+                    step_bias = bias if penalties is None else penalized(penalties.rows(hist, [], pending.token))
                     nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs, bias=step_bias)
                     nxt.pipelined, nxt.src = True, name
                     chained = clock() - t_chain

@@ -70,11 +70,12 @@ def _finite(rows: mx.array) -> mx.array:
     return mx.isfinite(mx.sum(rows, keepdims=True))[0]
 
 
-def _constrained(logits: mx.array, mask: Optional[mx.array], bias: Optional[mx.array] = None) -> mx.array:
-    """(1, S, V) logits with a request's logit_bias added (`sampling.bias_row`) and what a grammar
-    refuses at each row set to -inf (`mlxspec.grammar`)."""
+def _constrained(logits: mx.array, mask: Optional[mx.array], bias=None) -> mx.array:
+    """(1, S, V) logits with a request's logit_bias added (`sampling.bias_row`) or its penalties
+    applied (a function of the logits, `mlxspec.penalties`), and what a grammar refuses at each
+    row set to -inf (`mlxspec.grammar`)."""
     if bias is not None:
-        logits = logits + bias
+        logits = bias(logits) if callable(bias) else logits + bias
     return logits if mask is None else masked(logits[0], mask)[None]
 
 
@@ -85,7 +86,8 @@ def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
     `logprobs` (here and in the other rounds): also the log-probabilities of the picked tokens
     and that many top choices (`mlxspec.logprobs`); None: not computed. `mask` (here and in
     `verify_round`): the tokens a grammar allows at each row, (S, V) bool (`mlxspec.grammar`).
-    `bias` (in every round): the request's logit_bias row, added to every row."""
+    `bias` (in every round): the request's logit_bias row, added to every row, or a function of
+    the logits that applies it and the penalties (`mlxspec.penalties`)."""
     start = len(target.tokens)
     logits = target.forward(token if isinstance(token, mx.array) else [token], batched=True)
     if params.greedy:

@@ -103,6 +103,10 @@ CHAT_CASES = [
     ({"messages": HI, "logit_bias": [5]}, "logit_bias", "must be an object"),
     ({"messages": HI, "presence_penalty": 2.5}, "presence_penalty", "in [-2, 2]"),
     ({"messages": HI, "frequency_penalty": "lots"}, "frequency_penalty", "in [-2, 2]"),
+    ({"messages": HI, "repetition_penalty": -1}, "repetition_penalty", "number > 0"),
+    ({"messages": HI, "repetition_penalty": 1.2, "repetition_context_size": 0}, "repetition_penalty",
+     "repetition_context_size must be an integer >= 1"),
+    ({"messages": HI, "repeat_penalty": 1.1}, "repeat_penalty", "not supported"),
     ({"messages": HI, "chat_template_kwargs": "think"}, "chat_template_kwargs", "object of template variables"),
     ({"messages": HI, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs",
      "may not set add_generation_prompt"),
@@ -127,7 +131,6 @@ UNSUPPORTED = [
     ({"messages": HI, "response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {
         "name": "f"}}]}, "response_format"),
     # other servers' sampling fields change the answer: told, not silently ignored
-    ({"messages": HI, "repetition_penalty": 1.5}, "repetition_penalty"),
     ({"messages": HI, "min_tokens": 5}, "min_tokens"),
     ({"messages": HI, "ignore_eos": True}, "ignore_eos"),
     ({"messages": HI, "stop_token_ids": [13]}, "stop_token_ids"),
@@ -143,7 +146,6 @@ UNSUPPORTED = [
     ({"messages": HI, "num_draft_tokens": 3}, "num_draft_tokens"),
     ({"messages": HI, "draft_model": "mlx-community/x"}, "draft_model"),
     ({"messages": HI, "continue_final_message": True}, "continue_final_message"),
-    ({"messages": HI, "repetition_penalty": 0.5}, "repetition_penalty"),
 ]
 
 

@@ -17,7 +17,7 @@ from ..errors import InvalidArgumentError, shown as _show
 from ..grammar import check_response_format
 from ..prompts import (check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_template_kwargs,
                        check_text, check_tree)
-from ..penalties import check_penalty
+from ..penalties import CONTEXT, check_penalty, check_repetition
 from ..sampling import check_logit_bias, validate as validate_sampling
 from ..logprobs import MAX_TOP, is_top_count
 from ..tools import check_tool_choice, check_tools
@@ -29,8 +29,8 @@ MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes se
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
 # would change the answer, with the values that change nothing: a client that sends another is told.
-# A tuple lists several (mlx-lm's server takes repetition_penalty 0 for off).
-EXTENSIONS = {"repetition_penalty": (1.0, 0), "repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0,
+# A tuple lists several.
+EXTENSIONS = {"repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0,
               "length_penalty": 1.0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
               "use_beam_search": False, "mirostat": 0, "guided_grammar": None, "grammar": None,
               "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
@@ -180,6 +180,12 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
         penalty = _check(lambda v, key=key: check_penalty(v, key), body.get(key), key)
         if penalty:
             opts[key] = penalty
+    # mlx-lm's server's repetition penalty (0 or 1: off), over its last repetition_context_size tokens
+    context = body.get("repetition_context_size")
+    repetition, context = _check(lambda v: check_repetition(v, CONTEXT if context is None else context),
+                                 body.get("repetition_penalty"), "repetition_penalty")
+    if repetition is not None:
+        opts.update(repetition_penalty=repetition, repetition_context_size=context)
     # Its shape here; whether its ids are in the vocabulary is the engine's to say.
     bias = _check(lambda b: check_logit_bias(b, None), body.get("logit_bias"), "logit_bias")
     if bias:
