@@ -160,7 +160,7 @@ def check_logit_bias(bias, vocab_size: Optional[int]) -> Optional[Dict[int, floa
 def bias_row(bias: Dict[int, float], vocab_size: int) -> mx.array:
     """The (V,) float32 row a request's logit_bias adds to every row of logits; -100 is -inf, a ban
     whatever the logits (OpenAI: "should result in a ban")."""
-    ids = mx.array(list(bias), dtype=mx.int32)
+    ids = mx.array([int(t) for t in bias], dtype=mx.int32)  # (a request shared as JSON has string keys)
     values = mx.array([-math.inf if v <= -BIAS_LIMIT else v for v in bias.values()], dtype=mx.float32)
     row = mx.zeros((vocab_size,), dtype=mx.float32).at[ids].add(values)
     mx.eval(row)

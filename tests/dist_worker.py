@@ -121,6 +121,11 @@ def main(out_dir: Path, scenario: str) -> None:
     out["constrained_reference"] = reference.generate(PROMPT, max_tokens=MAX_TOKENS, speculative=False,
                                                       response_format=grammar).tokens
 
+    # A logit_bias (shared as JSON: string keys) and penalties, row by row alike on every rank.
+    shaped = dict(logit_bias={want[0]: -100, want[1]: 2.5}, frequency_penalty=0.5, repetition_penalty=1.3)
+    out["shaped"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram", **shaped))
+    out["shaped_reference"] = reference.generate(PROMPT, max_tokens=MAX_TOKENS, speculative=False, **shaped).tokens
+
     # Rank 0's consumer closes the stream early; rank 1 reads on. Both must end together and
     # leave the same caches: the next request still equals the reference.
     events = engine.stream(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram")

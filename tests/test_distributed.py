@@ -89,6 +89,11 @@ def test_a_grammar_is_followed_alike_on_every_rank(ranks):
     assert a["tokens"] != ranks[0]["reference"][:len(a["tokens"])]  # the grammar changed the text
 
 
+def test_logit_bias_and_penalties_alike_on_every_rank(ranks):
+    a, b = (r["shaped"] for r in ranks)
+    assert a == b and a["tokens"] == ranks[0]["shaped_reference"] and a["tokens"] != ranks[0]["reference"]
+
+
 def test_close_on_rank_zero_ends_every_rank_and_keeps_caches_aligned(ranks):
     # Rank 1 reads on to the end of the pass it is in (then learns of the close): never fewer tokens.
     assert ranks[0]["closed_after"] <= ranks[1]["closed_after"]
