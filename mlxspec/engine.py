@@ -36,6 +36,7 @@ from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
                       check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
+from .reasoning import starts_inside, thinking_markers
 from .sampling import SamplingParams, bias_row, check_logit_bias
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
@@ -371,6 +372,8 @@ class Engine:
                 f"positions past its trained context, as with mlx-lm's --max-kv-size)")
         if choice not in (None, "auto", "none"):  # (after the prompt: a template that ignores tools is said first)
             fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS))
+        if fmt is not None:
+            self._check_not_thinking(ids, "tool_choice" if choice not in (None, "auto", "none") else "response_format")
         constraint = self._constraint(fmt)  # built now: a schema the compiler refuses is said before anything runs
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
                        k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
@@ -384,6 +387,16 @@ class Engine:
             request["params"] = astuple(params)
             return self._shared(request, cancel)
         return self._run(**request, cancel=cancel, constraint=constraint)
+
+    def _check_not_thinking(self, ids, what: str) -> None:
+        """A grammar applies from the first token: refused when the chat template has opened a
+        thinking block at the end of the prompt (the model would have to think in the grammar)."""
+        markers = thinking_markers(self.tokenizer)
+        if markers is not None and starts_inside(self.tokenizer.decode(ids[-64:]), markers):
+            raise InvalidArgumentError(
+                f"{what}: this model's chat template opens a thinking block ({markers[0]}) at the end of the "
+                f"prompt, and a grammar applies from the first token, inside it; send chat_template_kwargs "
+                f"{{\"enable_thinking\": false}} if the template takes it, or no {what}")
 
     def _constraint(self, fmt: Optional[dict]) -> Optional[Constraint]:
         """A fresh grammar state for a checked response_format (None for free text)."""

@@ -122,3 +122,19 @@ def test_the_server_s_template_args_and_a_request_s_own(scripted):
         assert r["usage"]["prompt_tokens"] == on
         r = ask(url, chat_template_kwargs={"tokenize": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_a_grammar_inside_a_thinking_block_the_template_opened_is_refused():
+    """The grammar would apply from the first token, inside the block: said, with what to send instead."""
+    schema = {"type": "json_object"}
+    opening = Engine(tiny.make_llama(0, vocab_size=VOCAB), tiny.make_tokenizer(OPENING, added=THINKING))
+    with pytest.raises(InvalidArgumentError, match=r"response_format: this model's chat template opens a thinking "
+                                                   r"block \(<think>\).*enable_thinking"):
+        opening.stream(ASK, response_format=schema)
+    hybrid = Engine(tiny.make_llama(0, vocab_size=VOCAB), tiny.make_tokenizer(HYBRID, added=THINKING))
+    r = hybrid.generate(ASK, response_format={"type": "regex", "regex": "[a-z]{3}"}, max_tokens=8)
+    assert len(r.text) == 3 and r.text.isalpha()  # the model opens its blocks itself: the grammar keeps it from it
+    hybrid.reset()
+    r = hybrid.generate(ASK, response_format={"type": "regex", "regex": "[a-z]{3}"}, max_tokens=8,
+                        chat_template_kwargs={"enable_thinking": False})
+    assert len(r.text) == 3  # (the template closed an empty block: not inside one)
