@@ -35,7 +35,7 @@ from .penalties import Penalties, check_penalty, check_repetition
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
-                      check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
+                      check_endings, check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
 from .reasoning import starts_inside, thinking_markers
 from .sampling import SamplingParams, bias_row, check_logit_bias
 from .sequence import Sequence
@@ -282,7 +282,8 @@ class Engine:
                lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
                response_format=None, tool_choice=None, chat_template_kwargs=None, logit_bias=None,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty=None,
-               repetition_context_size: int = 20, **other) -> Iterator[TokenEvent]:
+               repetition_context_size: int = 20, stop_token_ids=None, ignore_eos: bool = False,
+               min_tokens: int = 0, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -336,6 +337,9 @@ class Engine:
             repetition_penalty, repetition_context_size: mlx-lm's: the logits of the tokens among
                 the last `repetition_context_size` (prompt included) are divided by the penalty
                 where positive, multiplied where negative (None, 0 or 1: off), row by row alike.
+            stop_token_ids, ignore_eos, min_tokens: vLLM's: more token ids that end the answer as
+                EOS does (not shown in the text); the model's EOS does not end it; before
+                `min_tokens` tokens, the ones that would end it are banned.
         """
         check_no_other_options(other, STREAM_OPTIONS)
         params = SamplingParams(temperature, top_p, top_k, min_p)
@@ -352,6 +356,8 @@ class Engine:
         penalty = dict(presence=check_penalty(presence_penalty, "presence_penalty"),
                        frequency=check_penalty(frequency_penalty, "frequency_penalty"))
         penalty["repetition"], penalty["context"] = check_repetition(repetition_penalty, repetition_context_size)
+        endings = dict(zip(("stop_ids", "ignore_eos", "min_tokens"),
+                           check_endings(stop_token_ids, ignore_eos, min_tokens, max_tokens, self.vocab_size)))
         tools = check_tools(tools)
         choice = check_tool_choice(tool_choice, tools)
         if choice == "none":
@@ -377,7 +383,7 @@ class Engine:
         constraint = self._constraint(fmt)  # built now: a schema the compiler refuses is said before anything runs
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
                        k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
-                       response_format=fmt, logit_bias=bias, penalty=penalty)
+                       response_format=fmt, logit_bias=bias, penalty=penalty, endings=endings)
         if self.coord.active:
             # A tree's shape is pruned by each rank's own cost model; rank 0 broadcasts only a
             # chain's length, so sharded targets verify chains.
@@ -439,7 +445,7 @@ class Engine:
 
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
              cancel=None, logprobs=None, response_format=None, constraint=None,
-             logit_bias=None, penalty=None) -> Iterator[TokenEvent]:
+             logit_bias=None, penalty=None, endings=None) -> Iterator[TokenEvent]:
         if constraint is None:  # a rank other than 0 builds its own from the shared request
             constraint = self._constraint(response_format)
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
@@ -450,7 +456,8 @@ class Engine:
                         stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs,
                         constraint=constraint, bias=bias_row(logit_bias, self.vocab_size) if logit_bias else None,
                         penalties=Penalties(self.vocab_size, **penalty) if penalty and (
-                            penalty["presence"] or penalty["frequency"] or penalty["repetition"]) else None)
+                            penalty["presence"] or penalty["frequency"] or penalty["repetition"]) else None,
+                        **(endings or {}))
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

@@ -70,7 +70,8 @@ def forget_drafts(engine) -> None:
 def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
              k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0,
              lookup: bool = False, cancel=None, logprobs: Optional[int] = None,
-             constraint=None, bias: Optional[mx.array] = None, penalties=None) -> Iterator[TokenEvent]:
+             constraint=None, bias: Optional[mx.array] = None, penalties=None, stop_ids=(),
+             ignore_eos: bool = False, min_tokens: int = 0) -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
     may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
     with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
@@ -81,10 +82,16 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     their read, and rounds draft chains (a tree's rows would need one mask per branch). `bias`: the
     request's logit_bias row (`sampling.bias_row`), added to every row of every pass. `penalties`
     (`mlxspec.penalties.Penalties`): presence, frequency and repetition penalties, row by row;
-    rounds then draft chains, read on the host."""
+    rounds then draft chains, read on the host. `stop_ids`: more tokens that end the answer as
+    EOS does; `ignore_eos`: the model's EOS does not; `min_tokens`: before that many tokens, the
+    tokens that would end it are banned (-inf) at every row that comes before."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
+    eos = (set() if ignore_eos else eos) | set(stop_ids)  # what ends the answer
+    ban = None  # min_tokens: the ending tokens' row of -inf
+    if min_tokens and eos:
+        ban = mx.zeros((engine.vocab_size,), dtype=mx.float32).at[mx.array(sorted(eos))].add(-mx.inf)
     text = TextAssembler(engine.tokenizer, stop)
     seed = draw_seed() if seed is None else seed
     context = engine.context
@@ -259,13 +266,12 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             draft = drafter.propose(hist, k, params, seed) if k else Draft([])
         elif draft.parents is None and len(draft) != k:  # a chain proposal, cut to (rank 0's) k
             draft = Draft(draft.tokens[:k], None, draft.kind)
-        mask, forced, row_bias = None, False, bias
+        mask, forced = None, False
         if constraint is not None:
             draft, mask, forced = constrain(draft)
-        if penalties is not None:
-            if not isinstance(draft.tokens, list):
-                draft = Draft(draft.tokens.tolist(), draft.probs, draft.kind)
-            row_bias = penalized(penalties.rows(hist, draft.tokens))
+        if penalties is not None and not isinstance(draft.tokens, list):
+            draft = Draft(draft.tokens.tolist(), draft.probs, draft.kind)
+        row_bias = shaping(draft)
         if not len(draft):
             p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, mask, row_bias)
         elif draft.parents is not None:
@@ -277,9 +283,19 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         p.forced = forced
         return p
 
-    def penalized(adjust):
-        """A pass's penalties (a function of its logits), after the request's logit_bias."""
-        return adjust if bias is None else (lambda logits: adjust(logits + bias))
+    def shaping(draft: Draft, pending: Optional[mx.array] = None):
+        """What a pass adds to its logits before the target's choice: the request's logit_bias,
+        min_tokens' ban on the rows that come before it, and the penalties (`rounds` takes an
+        array to add, or a function of the logits). `pending`: a chained step's predecessor."""
+        added = bias
+        early = min_tokens - (len(hist) - len(ids)) - (pending is not None)  # rows still before min_tokens
+        if ban is not None and early > 0:
+            rows = mx.arange(len(draft) + 1)[:, None] < early
+            added = mx.where(rows, ban, 0.0) + (0.0 if added is None else added)
+        if penalties is None:
+            return added
+        adjust = penalties.rows(hist, draft.tokens if len(draft) else [], pending)
+        return adjust if added is None else (lambda logits: adjust(logits + added))
 
     def constrain(draft: Draft) -> tuple:
         """(the draft on the host, its rows' masks, whether it is the grammar's forced tokens).
@@ -340,8 +356,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 guess = early_guess or guess
                 if chain:
                     t_chain = clock()
-                    step_bias = bias if penalties is None else penalized(penalties.rows(hist, [], pending.token))
-                    nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs, bias=step_bias)
+                    nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs,
+                                     bias=shaping(Draft([]), pending.token))
                     nxt.pipelined, nxt.src = True, name
                     chained = clock() - t_chain
 

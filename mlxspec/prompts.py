@@ -161,6 +161,23 @@ def _render(tokenizer, messages: list, tools: Optional[list], template_kwargs: O
                                    f"alternate user/assistant, or send a string prompt") from None
 
 
+def check_endings(stop_token_ids, ignore_eos, min_tokens, max_tokens: int, vocab_size: int) -> tuple:
+    """vLLM's (stop_token_ids, ignore_eos, min_tokens), checked: token ids in the vocabulary that
+    end the answer as EOS does; whether the model's EOS does not; how many tokens come before any
+    of them may (at most max_tokens)."""
+    ids = [] if stop_token_ids is None else stop_token_ids
+    if not isinstance(ids, (list, tuple)) or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size
+                                                 for t in ids):
+        raise InvalidArgumentError(f"stop_token_ids must be a list of token ids in [0, {vocab_size}), "
+                                   f"got {shown(stop_token_ids)}")
+    if not isinstance(ignore_eos, bool):
+        raise InvalidArgumentError(f"ignore_eos must be true or false, got {shown(ignore_eos)}")
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or not 0 <= min_tokens <= max_tokens:
+        raise InvalidArgumentError(f"min_tokens must be an integer in [0, max_tokens = {max_tokens}], "
+                                   f"got {shown(min_tokens)}")
+    return sorted(set(ids)), ignore_eos, min_tokens
+
+
 def check_prompt_cache_size(size) -> int:
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise InvalidArgumentError(f"prompt_cache_size must be an integer >= 0 (earlier conversations whose caches "

@@ -107,6 +107,9 @@ CHAT_CASES = [
     ({"messages": HI, "repetition_penalty": 1.2, "repetition_context_size": 0}, "repetition_penalty",
      "repetition_context_size must be an integer >= 1"),
     ({"messages": HI, "repeat_penalty": 1.1}, "repeat_penalty", "not supported"),
+    ({"messages": HI, "ignore_eos": 0}, "ignore_eos", "true or false"),
+    ({"messages": HI, "stop_token_ids": [13, 9999]}, "stop_token_ids", "in [0, 259)"),
+    ({"messages": HI, "min_tokens": 50, "max_tokens": 10}, "min_tokens", "[0, max_tokens = 10]"),
     ({"messages": HI, "chat_template_kwargs": "think"}, "chat_template_kwargs", "object of template variables"),
     ({"messages": HI, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs",
      "may not set add_generation_prompt"),
@@ -131,14 +134,10 @@ UNSUPPORTED = [
     ({"messages": HI, "response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {
         "name": "f"}}]}, "response_format"),
     # other servers' sampling fields change the answer: told, not silently ignored
-    ({"messages": HI, "min_tokens": 5}, "min_tokens"),
-    ({"messages": HI, "ignore_eos": True}, "ignore_eos"),
-    ({"messages": HI, "stop_token_ids": [13]}, "stop_token_ids"),
     ({"messages": HI, "typical_p": 0.5}, "typical_p"),
     ({"messages": HI, "guided_grammar": "root ::= \"a\""}, "guided_grammar"),
     ({"messages": HI, "grammar": "root ::= \"a\""}, "grammar"),
     ({"messages": HI, "modalities": ["text", "audio"]}, "modalities"),
-    ({"messages": HI, "ignore_eos": 0}, "ignore_eos"),  # not the neutral false, though equal to it
     # mlx-lm's server's and vLLM's
     ({"messages": HI, "xtc_probability": 0.5, "xtc_threshold": 0.1}, "xtc_probability"),
     ({"messages": HI, "adapters": "my-lora"}, "adapters"),

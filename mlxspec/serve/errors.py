@@ -53,6 +53,11 @@ def shutting_down() -> APIError:
                     code="shutting_down", headers={"Retry-After": "5"})
 
 
+# Request fields the engine checks (its messages start with the field's name): a 400 names them.
+ENGINE_CHECKED = ("drafter", "tools", "tool_choice", "response_format", "chat_template_kwargs", "logit_bias",
+                  "stop_token_ids", "ignore_eos", "min_tokens")
+
+
 def from_engine(exc: BaseException, prompt_param: str) -> APIError:
     """The engine's exception -> the status a client should get (engine errors are never 4xx by accident)."""
     if isinstance(exc, APIError):
@@ -63,8 +68,7 @@ def from_engine(exc: BaseException, prompt_param: str) -> APIError:
     if isinstance(exc, InvalidArgumentError):  # what only the engine can check: the prompt, the drafter
         message = str(exc)
         field = message.split(" ", 1)[0].rstrip(":")
-        param = prompt_param if field == "prompt" else field if field in ("drafter", "tools", "tool_choice", "response_format",
-                                                                      "chat_template_kwargs", "logit_bias") else None
+        param = prompt_param if field == "prompt" else field if field in ENGINE_CHECKED else None
         return invalid(message, param)
     if isinstance(exc, NumericalError):
         return APIError(500, str(exc), code="numerical_error")

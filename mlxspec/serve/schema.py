@@ -31,7 +31,7 @@ SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # would change the answer, with the values that change nothing: a client that sends another is told.
 # A tuple lists several.
 EXTENSIONS = {"repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0,
-              "length_penalty": 1.0, "min_tokens": 0, "ignore_eos": False, "stop_token_ids": [],
+              "length_penalty": 1.0,
               "use_beam_search": False, "mirostat": 0, "guided_grammar": None, "grammar": None,
               "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
               "add_generation_prompt": True, "continue_final_message": False,
@@ -186,6 +186,13 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
                                  body.get("repetition_penalty"), "repetition_penalty")
     if repetition is not None:
         opts.update(repetition_penalty=repetition, repetition_context_size=context)
+    # vLLM's: more ending tokens, EOS ignored, a minimum length (the ids' range is the engine's to check)
+    if body.get("stop_token_ids") is not None:
+        opts["stop_token_ids"] = body["stop_token_ids"]
+    if body.get("ignore_eos") is not None:
+        opts["ignore_eos"] = _flag(body, "ignore_eos", False)
+    if body.get("min_tokens") is not None:
+        opts["min_tokens"] = body["min_tokens"]
     # Its shape here; whether its ids are in the vocabulary is the engine's to say.
     bias = _check(lambda b: check_logit_bias(b, None), body.get("logit_bias"), "logit_bias")
     if bias:

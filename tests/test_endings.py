@@ -1,0 +1,83 @@
+"""vLLM's stop_token_ids, ignore_eos and min_tokens: what ends an answer, and when it may, the same
+whatever drafts (benchmark tools send ignore_eos to get answers of a fixed length)."""
+
+import pytest
+
+import tiny
+from mlxspec.engine import Engine
+from mlxspec.errors import InvalidArgumentError
+from serve_helpers import openai_client, running_server
+
+ASK = [{"role": "user", "content": "say it"}]
+EOS = tiny.SPECIALS.index("<|im_end|>")
+
+
+def scripted(text: str, drafter="ngram"):
+    """A model that writes `text`, then EOS at every later position."""
+    tok = tiny.make_tokenizer()
+    model = tiny.ScriptedModel()
+    from mlxspec.prompts import encode_prompt
+
+    model.say(tok.encode(text, add_special_tokens=False), len(encode_prompt(ASK, tok, tiny.VOCAB)))
+    return Engine(model, tok, drafter=drafter), tok
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram"])
+def test_stop_token_ids_end_the_answer_as_eos_does(drafter):
+    engine, tok = scripted("one two; three", drafter)
+    r = engine.generate(ASK, max_tokens=40, stop_token_ids=[ord(";") + 3])
+    assert r.text == "one two" and r.finish_reason == "stop" and r.tokens[-1] == ord(";") + 3
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram"])
+def test_ignore_eos_runs_to_max_tokens(drafter):
+    engine, _ = scripted("short", drafter)
+    assert engine.generate(ASK, max_tokens=40).finish_reason == "stop"
+    engine.reset()
+    r = engine.generate(ASK, max_tokens=40, ignore_eos=True)
+    assert len(r.tokens) == 40 and r.finish_reason == "length" and r.tokens[5:] == [EOS] * 35
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model"])
+@pytest.mark.parametrize("options", [{}, {"num_draft": 4}, {"temperature": 0.7, "seed": 1}])
+def test_min_tokens_bans_the_end_until_then_on_every_row(drafter, options):
+    """A random model that ends early on its own: with min_tokens it cannot, and speculation gives
+    plain decoding's tokens (every row before the minimum has the ending tokens banned)."""
+    target = tiny.make_llama(0, tie_embeddings=False)
+    kw = {"draft_model": tiny.make_llama(0, tie_embeddings=False)} if drafter == "model" else {}
+    engine = Engine(target, tiny.make_tokenizer(), drafter=drafter, **kw)
+    ending = engine.generate(ASK, max_tokens=30, **options).tokens[2]  # made an ending token: the answer ends early
+    engine.reset()
+    free = engine.generate(ASK, max_tokens=30, stop_token_ids=[ending], **options)
+    assert len(free.tokens) <= 3 and free.finish_reason == "stop"
+    engine.reset()
+    plain = engine.generate(ASK, max_tokens=30, stop_token_ids=[ending], min_tokens=12, speculative=False, **options)
+    engine.reset()
+    fast = engine.generate(ASK, max_tokens=30, stop_token_ids=[ending], min_tokens=12, **options)
+    assert len(plain.tokens) >= 12 and ending not in plain.tokens[:12] and EOS not in plain.tokens[:12]
+    if not (drafter == "model" and "temperature" in options):
+        assert fast.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"stop_token_ids": [tiny.VOCAB]}, "stop_token_ids must be a list of token ids in [0, 259)"),
+    ({"stop_token_ids": 5}, "stop_token_ids must be a list"),
+    ({"ignore_eos": "yes"}, "ignore_eos must be true or false"),
+    ({"min_tokens": 100, "max_tokens": 10}, "min_tokens must be an integer in [0, max_tokens = 10]"),
+    ({"min_tokens": -1}, "min_tokens must be"),
+])
+def test_bad_endings_are_refused(kw, says):
+    engine, _ = scripted("x")
+    with pytest.raises(InvalidArgumentError, match=__import__("re").escape(says)):
+        engine.stream(ASK, **kw)
+
+
+def test_endings_through_the_server():
+    engine, _ = scripted("short answer")
+    with running_server(engine, model_id="s") as (url, _):
+        client = openai_client(url)
+        r = client.chat.completions.create(model="s", messages=ASK, max_tokens=30, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 30 and r.choices[0].finish_reason == "length"
+        r = client.chat.completions.create(model="s", messages=ASK, max_tokens=30,
+                                           extra_body={"stop_token_ids": [ord(" ") + 3]})
+        assert r.choices[0].message.content == "short" and r.choices[0].finish_reason == "stop"
