@@ -160,13 +160,7 @@ def _endpoint(parse: Callable) -> Callable:
             if job.stats is None or finish is None:  # cancelled: the client is gone, nobody reads this
                 return Response(status_code=499)
             _log_done(shapes.id, job)
-            text, calls, reasoning = "".join(pieces), [], ""
-            if splitter is not None:
-                (r1, a1), (r2, a2) = splitter.feed(text), splitter.finish()
-                reasoning, text = r1 + r2, a1 + a2
-            if reader is not None:
-                (head, first_calls), (tail, last_calls) = reader.feed(text), reader.finish()
-                text, calls = head + tail, first_calls + last_calls
+            reasoning, text, calls = _read("".join(pieces), splitter, reader, last=True)
             lp = LogprobStream(shapes.chat, state.token_bytes).whole(every) if req.logprobs else None
             return JSONResponse(shapes.completion(text, _finish(finish, calls), job.stats, calls, lp, reasoning))
         finally:
@@ -181,6 +175,25 @@ def _tool_reader(fmt, req: schema.GenerationRequest) -> Optional[ToolCallReader]
     """Reads the model's tool calls back when the request showed it tools and its format `fmt` is
     known (a template that renders tools in a format mlx-lm does not know: the calls stay text)."""
     return ToolCallReader(fmt, req.tools) if fmt is not None and req.tools else None
+
+
+def _read(text: str, splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader],
+          last: bool = False) -> tuple:
+    """(reasoning, answer text, tool calls) of new text: a thinking model's reasoning split off
+    first, then the calls read from the answer (`last`: and what either held back to the end)."""
+    reasoning = ""
+    if splitter is not None:
+        reasoning, text = splitter.feed(text)
+        if last:
+            r, a = splitter.finish()
+            reasoning, text = reasoning + r, text + a
+    if reader is None:
+        return reasoning, text, []
+    text, calls = reader.feed(text)
+    if last:
+        tail, more = reader.finish()
+        text, calls = text + tail, calls + more
+    return reasoning, text, calls
 
 
 async def _reasoning_splitter(state: ServerState, req: schema.GenerationRequest) -> Optional[ReasoningSplitter]:
@@ -237,22 +250,6 @@ async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest
     usage = req.include_usage
     called = 0  # tool calls sent so far
 
-    def pieces(text: str, last: bool = False):
-        """(reasoning, answer text, calls) of new text (`last`: and what was held back)."""
-        reasoning = ""
-        if splitter is not None:
-            reasoning, text = splitter.feed(text)
-            if last:
-                r, a = splitter.finish()
-                reasoning, text = reasoning + r, text + a
-        if reader is None:
-            return reasoning, text, []
-        text, calls = reader.feed(text)
-        if last:
-            tail, more = reader.finish()
-            text, calls = text + tail, calls + more
-        return reasoning, text, calls
-
     def deltas(reasoning: str, text: str, calls: list, events=()):
         nonlocal called
         lp = logprobs.feed(events) if logprobs is not None and events else None
@@ -269,12 +266,12 @@ async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest
         while events:
             text = "".join(ev.text for ev in events)
             finish = events[-1].finish_reason or finish
-            for chunk in deltas(*pieces(text), events):
+            for chunk in deltas(*_read(text, splitter, reader), events):
                 yield chunk
             events = await _next(job, req.prompt_param)
         if finish is None:  # cancelled without an error: the client is gone
             return
-        for chunk in deltas(*pieces("", last=True)):  # what was held back to the end
+        for chunk in deltas(*_read("", splitter, reader, last=True)):  # what was held back to the end
             yield chunk
         yield sse(shapes.chunk(finish_reason=_finish(finish, called), stats=job.stats, include_usage=usage))
         if usage:
