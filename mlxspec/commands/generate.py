@@ -72,7 +72,7 @@ def run(args) -> int:
     # Checked before loading (seconds to minutes): on every rank alike when the target is sharded.
     text = _prompt_text(args.prompt)
     _check_options(args)
-    _response_format(args)
+    fmt = _response_format(args)
     engine = modelargs.load_engine(args, **modelargs.drafting_options(args))  # the engine keeps lookup
     quiet_unless_main(engine)
     raw = args.no_chat_template or not has_chat_template(engine.tokenizer)  # as mlx-lm: no template, raw text
@@ -83,7 +83,7 @@ def run(args) -> int:
     prompt = text if raw else system + [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
-                   stop=args.stop, response_format=_response_format(args))
+                   stop=args.stop, response_format=fmt)
     if args.json:
         result = engine.generate(prompt, **options)
         print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
