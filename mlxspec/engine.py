@@ -356,13 +356,16 @@ class Engine:
         penalty = dict(presence=check_penalty(presence_penalty, "presence_penalty"),
                        frequency=check_penalty(frequency_penalty, "frequency_penalty"))
         penalty["repetition"], penalty["context"] = check_repetition(repetition_penalty, repetition_context_size)
+        if not (penalty["presence"] or penalty["frequency"] or penalty["repetition"]):
+            penalty = None
         endings = dict(zip(("stop_ids", "ignore_eos", "min_tokens"),
                            check_endings(stop_token_ids, ignore_eos, min_tokens, max_tokens, self.vocab_size)))
         tools = check_tools(tools)
         choice = check_tool_choice(tool_choice, tools)
+        forcing = choice not in (None, "auto", "none")  # a call the grammar writes
         if choice == "none":
             tools = None
-        elif choice not in (None, "auto") and fmt is not None:
+        elif forcing and fmt is not None:
             raise InvalidArgumentError(f"tool_choice {choice!r} and response_format both say what the answer must be; "
                                        f"send one of them")
         if drafter is not None and drafter not in self.drafters:  # also when speculative=False ignores it
@@ -376,10 +379,10 @@ class Engine:
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
                 f"or set max_kv_size below it to decode on with a sliding window (the model then reads "
                 f"positions past its trained context, as with mlx-lm's --max-kv-size)")
-        if choice not in (None, "auto", "none"):  # (after the prompt: a template that ignores tools is said first)
+        if forcing:  # (after the prompt: a template that ignores tools is said first)
             fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS))
         if fmt is not None:
-            self._check_not_thinking(ids, "tool_choice" if choice not in (None, "auto", "none") else "response_format")
+            self._check_not_thinking(ids, "tool_choice" if forcing else "response_format")
         constraint = self._constraint(fmt)  # built now: a schema the compiler refuses is said before anything runs
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
                        k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
@@ -455,8 +458,7 @@ class Engine:
         return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
                         stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs,
                         constraint=constraint, bias=bias_row(logit_bias, self.vocab_size) if logit_bias else None,
-                        penalties=Penalties(self.vocab_size, **penalty) if penalty and (
-                            penalty["presence"] or penalty["frequency"] or penalty["repetition"]) else None,
+                        penalties=Penalties(self.vocab_size, **penalty) if penalty else None,
                         **(endings or {}))
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:

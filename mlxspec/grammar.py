@@ -105,7 +105,6 @@ class Constraint:
         """`width`: the logits' width (an embedding may have padding rows past the tokenizer's ids)."""
         from llguidance import LLMatcher
 
-        self.format = fmt
         self.matcher = LLMatcher(table, grammar_of(fmt), log_level=0)
         if self.matcher.is_error():
             what = {"json_object": "", "json_schema": " (its JSON schema)"}.get(fmt["type"], f" (its {fmt['type']})")

@@ -294,7 +294,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             added = mx.where(rows, ban, 0.0) + (0.0 if added is None else added)
         if penalties is None:
             return added
-        adjust = penalties.rows(hist, draft.tokens if len(draft) else [], pending)
+        adjust = penalties.rows(hist, draft.tokens, pending)  # (a list: the pass read its drafts)
         return adjust if added is None else (lambda logits: adjust(logits + added))
 
     def constrain(draft: Draft) -> tuple:
