@@ -28,10 +28,8 @@ ROLES = ("system", "user", "assistant", "tool")  # what a chat template renders;
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
-# would change the answer, with the values that change nothing: a client that sends another is told.
-# A tuple lists several.
-EXTENSIONS = {"repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0,
-              "length_penalty": 1.0,
+# would change the answer, with the value that changes nothing: a client that sends another is told.
+EXTENSIONS = {"repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0, "length_penalty": 1.0,
               "use_beam_search": False, "mirostat": 0, "guided_grammar": None, "grammar": None,
               "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
               "add_generation_prompt": True, "continue_final_message": False,
@@ -380,10 +378,9 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
                           "shows them to the model", "tools")
     for key, neutral in EXTENSIONS.items():  # other servers' sampling fields: refused, not silently ignored
         value = body.get(key)
-        neutrals = neutral if isinstance(neutral, tuple) else (neutral,)
-        if value is not None and not any(_neutral(value, n) for n in neutrals):
-            only = " or ".join(json.dumps(n) for n in neutrals)  # in the client's terms: null, false, []
-            raise unsupported(f"{key} is not supported by this server (only {only}), got {_show(value)}", key)
+        if value is not None and not _neutral(value, neutral):  # (said in the client's terms: null, false, [])
+            raise unsupported(f"{key} is not supported by this server (only {json.dumps(neutral)}), got "
+                              f"{_show(value)}", key)
     for key, instead in RENAMED.items():
         if body.get(key) is not None:
             raise unsupported(f"{key} is not supported by this server: {instead}; got {_show(body[key])}", key)
