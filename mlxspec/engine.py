@@ -256,13 +256,14 @@ class Engine:
     def generate(self, prompt, **kwargs) -> GenerationResult:
         """Generate to completion; same keywords as `stream`. Returns a GenerationResult: tokens,
         text, finish_reason ("stop", "length", or "cancelled" when `cancel` was set), stats, and
-        from_draft (per token, whether a draft proposed it), and with `logprobs` the per-token
-        logprobs and top_logprobs."""
+        from_draft (per token, whether a draft proposed it), with `logprobs` the per-token
+        logprobs and top_logprobs, and with `prompt_logprobs` the prompt's."""
         tokens, pieces, from_draft, lps, tops = [], [], [], [], []
         reason = "length"
-        stats = None
+        stats = scored = None
         ended = None
         for ev in self.stream(prompt, **kwargs):
+            scored = scored or ev.prompt_logprobs
             tokens.append(ev.token)
             pieces.append(ev.text)
             from_draft.append(ev.from_draft)
@@ -274,7 +275,7 @@ class Engine:
         reason = ended or ("cancelled" if cancel is not None and cancel.is_set() else reason)
         asked = kwargs.get("logprobs") is not None
         return GenerationResult(tokens, "".join(pieces), reason, stats or self.last_stats, from_draft,
-                                lps if asked else None, tops if asked else None)
+                                lps if asked else None, tops if asked else None, scored)
 
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
@@ -283,7 +284,7 @@ class Engine:
                response_format=None, tool_choice=None, chat_template_kwargs=None, logit_bias=None,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty=None,
                repetition_context_size: int = 20, stop_token_ids=None, ignore_eos: bool = False,
-               min_tokens: int = 0, **other) -> Iterator[TokenEvent]:
+               min_tokens: int = 0, prompt_logprobs: Optional[int] = None, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -315,6 +316,11 @@ class Engine:
                 log-probability of its token (of the raw logits: before temperature and the
                 filters, as mlx-lm reports it), and `top_logprobs`, that many (0..20) of the
                 best (token, logprob) of its position. Computed in the pass that picks the token.
+            prompt_logprobs: None (default), or the first event also carries `prompt_logprobs`:
+                per prompt token (token, log-probability given the tokens before it, that many
+                (0..20) best (token, logprob) there), the first token's log-probability None
+                (vLLM's; OpenAI's echo with logprobs). The prompt's every row is then computed:
+                its prefill takes nothing from a cache.
             response_format: None or {"type": "text"} (free text), or a grammar every token
                 follows, in OpenAI's shapes: {"type": "json_object"}, {"type": "json_schema",
                 "json_schema": {"name": ..., "schema": {...}}}; beyond OpenAI's, {"type": "regex",
@@ -351,6 +357,7 @@ class Engine:
         seed = check_seed(seed)
         cancel = check_cancel(cancel)
         logprobs = check_logprobs(logprobs)
+        prompt_logprobs = check_logprobs(prompt_logprobs, "prompt_logprobs")
         fmt = check_response_format(response_format)
         bias = check_logit_bias(logit_bias, self.vocab_size)
         penalty = dict(presence=check_penalty(presence_penalty, "presence_penalty"),
@@ -386,7 +393,8 @@ class Engine:
         constraint = self._constraint(fmt)  # built now: a schema the compiler refuses is said before anything runs
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
                        k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
-                       response_format=fmt, logit_bias=bias, penalty=penalty, endings=endings)
+                       response_format=fmt, logit_bias=bias, penalty=penalty, endings=endings,
+                       prompt_logprobs=prompt_logprobs)
         if self.coord.active:
             # A tree's shape is pruned by each rank's own cost model; rank 0 broadcasts only a
             # chain's length, so sharded targets verify chains.
@@ -448,7 +456,7 @@ class Engine:
 
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
              cancel=None, logprobs=None, response_format=None, constraint=None,
-             logit_bias=None, penalty=None, endings=None) -> Iterator[TokenEvent]:
+             logit_bias=None, penalty=None, endings=None, prompt_logprobs=None) -> Iterator[TokenEvent]:
         if constraint is None:  # a rank other than 0 builds its own from the shared request
             constraint = self._constraint(response_format)
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
@@ -459,7 +467,7 @@ class Engine:
                         stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs,
                         constraint=constraint, bias=bias_row(logit_bias, self.vocab_size) if logit_bias else None,
                         penalties=Penalties(self.vocab_size, **penalty) if penalty else None,
-                        **(endings or {}))
+                        prompt_logprobs=prompt_logprobs, **(endings or {}))
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

@@ -51,17 +51,45 @@ def read_rows(lp: Optional[tuple], rows: List[int]) -> Optional[List[TokenLogpro
     return [(chosen[r], sorted(zip(ids[r], vals[r]), key=lambda iv: -iv[1])) for r in rows]
 
 
+PromptLogprob = Tuple[int, Optional[float], List[Tuple[int, float]]]  # (token, its log p or None, best choices)
+
+
+class PromptScorer:
+    """The target's log-probability of each prompt token given the ones before it (vLLM's
+    `prompt_logprobs`, OpenAI's `echo` with `logprobs`), taken from the prefill that feeds
+    ids[:-1]: row r of that feed predicts ids[r + 1]. The first token has none."""
+
+    def __init__(self, ids: List[int], top: int):
+        self.ids, self.top = list(ids), top
+        self._chunks: list = []  # per prefill chunk, row_logprobs' (lazy, then evaluated) output
+
+    def rows(self, start: int, logits: mx.array) -> tuple:
+        """`Sequence.prefill`'s hook: the logprobs of the chunk fed from ids[start] on."""
+        n = logits.shape[0]
+        lp = row_logprobs(logits, mx.array(self.ids[start + 1 : start + 1 + n]), self.top)
+        self._chunks.append(lp)
+        return lp
+
+    def read(self) -> List[PromptLogprob]:
+        """[(ids[0], None, [])] then (token, log p, best choices) per later token, once fed."""
+        out: List[PromptLogprob] = [(self.ids[0], None, [])]
+        for lp in self._chunks:
+            for lp_top in read_rows(lp, range(lp[0].shape[0])):
+                out.append((self.ids[len(out)],) + lp_top)
+        return out
+
+
 def is_top_count(n) -> bool:
     """Whether `n` is a count of top choices per token: an integer in 0..MAX_TOP."""
     return not isinstance(n, bool) and isinstance(n, int) and 0 <= n <= MAX_TOP
 
 
-def check_logprobs(logprobs) -> Optional[int]:
+def check_logprobs(logprobs, name: str = "logprobs") -> Optional[int]:
     """None (off), or how many top choices to give per token, 0..MAX_TOP (0: the token's own only)."""
     if logprobs is None:
         return None
     if not is_top_count(logprobs):
-        raise InvalidArgumentError(f"logprobs must be None (off) or an integer in 0..{MAX_TOP} (top choices per "
+        raise InvalidArgumentError(f"{name} must be None (off) or an integer in 0..{MAX_TOP} (top choices per "
                                    f"token besides its own), got {shown(logprobs)}")
     return logprobs
 

@@ -41,6 +41,7 @@ import mlx.core as mx
 from .distributed import history_hash
 from .drafters import Draft
 from .errors import CacheRollbackError, NumericalError, StreamOvertakenError
+from .logprobs import PromptScorer
 from .prompts import MAX_DRAFT
 from . import treeplan
 from .rounds import Pass, plain_step, read, tree_round, verify_round
@@ -71,7 +72,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
              k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0,
              lookup: bool = False, cancel=None, logprobs: Optional[int] = None,
              constraint=None, bias: Optional[mx.array] = None, penalties=None, stop_ids=(),
-             ignore_eos: bool = False, min_tokens: int = 0) -> Iterator[TokenEvent]:
+             ignore_eos: bool = False, min_tokens: int = 0,
+             prompt_logprobs: Optional[int] = None) -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
     may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
     with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
@@ -84,7 +86,9 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     (`mlxspec.penalties.Penalties`): presence, frequency and repetition penalties, row by row;
     rounds then draft chains, read on the host. `stop_ids`: more tokens that end the answer as
     EOS does; `ignore_eos`: the model's EOS does not; `min_tokens`: before that many tokens, the
-    tokens that would end it are banned (-inf) at every row that comes before."""
+    tokens that would end it are banned (-inf) at every row that comes before. `prompt_logprobs`:
+    the first event also carries every prompt token's log-probability and that many top choices,
+    from a prefill that computes every row (nothing taken from a cache)."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -110,12 +114,20 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
 
     t0 = clock()
     engine.prompt_cache.recall(engine, ids)  # an earlier conversation's caches, if it comes back
+    scorer = None
+    if prompt_logprobs is not None:  # every prompt row is computed: none may come from a cache
+        scorer = PromptScorer(ids, prompt_logprobs)
+        target.reset()
+        for d in engine.drafters.values():  # a feature head's entries were made from that history
+            if getattr(d, "target", None) is target:
+                d.reset()
     todo = target.sync(ids)
     # A long prompt can take minutes on a slow device: a cancelled request stops between two of
     # its chunks (not with several ranks, which run each chunk's collectives together).
     stopping = cancel.is_set if cancel is not None and not dist else None
     fed = len(target.tokens)
-    cancelled = not coord.watched(target.prefill)(todo[:-1], stop=stopping) or bool(stopping and stopping())
+    cancelled = (not coord.watched(target.prefill)(todo[:-1], stop=stopping, rows=scorer and scorer.rows)
+                 or bool(stopping and stopping()))
     stats.prefilled_tokens = stats.prompt_timed_tokens = len(target.tokens) - fed
     if not cancelled:
         if hasattr(drafter, "prefill"):
@@ -457,7 +469,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 if end:
                     engine.finish_stats(stats, name)
                 lp, top = done.logprobs[i] if done.logprobs is not None else (None, None)
-                yield TokenEvent(tok, piece, i < n, stats.rounds - 1, done.k, stats, end, lp, top)
+                yield TokenEvent(tok, piece, i < n, stats.rounds - 1, done.k, stats, end, lp, top,
+                                 scorer.read() if scorer is not None and stats.tokens == 1 else None)
                 if end or (cancel is not None and cancel.is_set()):  # complete, even if the consumer
                     return  # started the next request on this last event; or cancelled: as if closed
                 if engine.generation is not release:

@@ -190,21 +190,25 @@ class Sequence:
         """Write the values of lazily fed tokens at positions start, start+1, ..."""
         self.tokens[start : start + len(values)] = values
 
-    def prefill(self, tokens: List[int], stop: Optional[Callable[[], bool]] = None) -> bool:
+    def prefill(self, tokens: List[int], stop: Optional[Callable[[], bool]] = None,
+                rows: Optional[Callable[[int, mx.array], object]] = None) -> bool:
         """Feed tokens in chunks, evaluating each (no logits kept). `stop` is asked before each
         chunk; when it says so, the feeding ends there (the caches hold the chunks fed so far,
-        consistently) and this returns False."""
+        consistently) and this returns False. `rows(start, logits)`: given each chunk's logits
+        (S, V) and where it starts in `tokens`; what it returns is evaluated with the chunk
+        (otherwise the logits are never computed)."""
         for i in range(0, len(tokens), self.prefill_step):
             if stop is not None and stop():
                 return False
             chunk = tokens[i : i + self.prefill_step]
             self._dirty = True
             if self.keep_hidden:
-                self._run(mx.array(chunk, dtype=mx.uint32))
-                mx.eval([c.state for c in self.caches], self._hidden[-1][1])
+                logits = self._run(mx.array(chunk, dtype=mx.uint32))
+                kept = [self._hidden[-1][1]]
             else:
-                self.model(mx.array(chunk, dtype=mx.uint32)[None], cache=self.caches)
-                mx.eval([c.state for c in self.caches])
+                logits = self.model(mx.array(chunk, dtype=mx.uint32)[None], cache=self.caches)
+                kept = []
+            mx.eval([c.state for c in self.caches], kept, rows(i, logits[0]) if rows is not None else [])
             self.tokens.extend(chunk)
             self._dirty = False
         return True

@@ -174,6 +174,9 @@ class TokenEvent:
     finish_reason: Optional[str] = None  # "stop" | "length" on the last event
     logprob: Optional[float] = None  # the target's log-probability of `token` (when `logprobs` was asked for)
     top_logprobs: Optional[List[Tuple[int, float]]] = None  # its row's best (token, logprob), best first
+    # The first event's only, when `prompt_logprobs` was asked for: (token, log p given the tokens
+    # before it, best (token, log p)) per prompt token; the first token's log p is None.
+    prompt_logprobs: Optional[List[Tuple[int, Optional[float], List[Tuple[int, float]]]]] = None
 
 
 @dataclass
@@ -185,6 +188,7 @@ class GenerationResult:
     from_draft: List[bool] = field(default_factory=list)
     logprobs: Optional[List[float]] = None  # per token, when asked for (`Engine.stream(logprobs=...)`)
     top_logprobs: Optional[List[List[Tuple[int, float]]]] = None  # per token, its row's best choices
+    prompt_logprobs: Optional[list] = None  # per prompt token, when asked for (`TokenEvent.prompt_logprobs`)
 
     def __repr__(self) -> str:  # the stats object is long; keep reprs readable
         return f"GenerationResult(tokens={len(self.tokens)}, finish_reason={self.finish_reason!r}, text={self.text[:60]!r})"

@@ -126,6 +126,12 @@ def main(out_dir: Path, scenario: str) -> None:
     out["shaped"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram", **shaped))
     out["shaped_reference"] = reference.generate(PROMPT, max_tokens=MAX_TOKENS, speculative=False, **shaped).tokens
 
+    # The prompt's logprobs: computed by a prefill every rank runs, equal to the unsharded target's.
+    scored = engine.generate(PROMPT, max_tokens=3, drafter="ngram", prompt_logprobs=2)
+    out["prompt_logprobs"] = {"tokens": scored.tokens, "scored": scored.prompt_logprobs}
+    out["prompt_logprobs_reference"] = reference.generate(PROMPT, max_tokens=3, speculative=False,
+                                                          prompt_logprobs=2).prompt_logprobs
+
     # Rank 0's consumer closes the stream early; rank 1 reads on. Both must end together and
     # leave the same caches: the next request still equals the reference.
     events = engine.stream(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram")

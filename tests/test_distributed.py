@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+import tiny
+
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
 LAUNCH_TIMEOUT = 240  # seconds; a hang must fail the test, not stall CI
 WATCHDOG_SECONDS = 4
@@ -92,6 +94,17 @@ def test_a_grammar_is_followed_alike_on_every_rank(ranks):
 def test_logit_bias_and_penalties_alike_on_every_rank(ranks):
     a, b = (r["shaped"] for r in ranks)
     assert a == b and a["tokens"] == ranks[0]["shaped_reference"] and a["tokens"] != ranks[0]["reference"]
+
+
+def test_prompt_logprobs_alike_on_every_rank(ranks):
+    a, b = (r["prompt_logprobs"] for r in ranks)
+    want = ranks[0]["prompt_logprobs_reference"]
+    assert a["tokens"] == b["tokens"] and len(a["scored"]) == len(want) > 10
+    tol = tiny.float32_tol() * 10  # sharded matmuls sum in another order
+    for got in (a["scored"], b["scored"]):
+        assert [t for t, _, _ in got] == [t for t, _, _ in want] and got[0][1] is None
+        assert all(abs(g[1] - w[1]) <= tol and [t for t, _ in g[2]] == [t for t, _ in w[2]]
+                   for g, w in zip(got[1:], want[1:]))
 
 
 def test_close_on_rank_zero_ends_every_rank_and_keeps_caches_aligned(ranks):
