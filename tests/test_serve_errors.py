@@ -127,7 +127,7 @@ CHAT_CASES = [
      "send one of"),
 ]
 UNSUPPORTED = [
-    ({"messages": HI, "n": 2}, "n"),
+    ({"messages": HI, "n": 2, "best_of": 3}, "best_of"),
     ({"messages": HI, "functions": [{"name": "f"}]}, "functions"),
     ({"messages": HI, "function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages[0]"),
@@ -174,13 +174,21 @@ def test_unsupported_features_are_400_saying_so(server, body, param):
 @pytest.mark.parametrize("body,param,says", [
     ({}, "prompt", "required"),
     ({"prompt": ""}, "prompt", "empty"),
-    ({"prompt": ["a", "b"]}, "prompt", "batches are not supported"),
+    ({"prompt": ["a", ""]}, "prompt[1]", "empty"),
+    ({"prompt": ["a", [1, "b"]]}, "prompt[1]", "string or list of token ids"),
+    ({"prompt": [[]]}, "prompt[0]", "string or list of token ids"),
     ({"prompt": {"text": "a"}}, "prompt", "string or list of token ids"),
+    ({"prompt": ["a"] * 40, "n": 4}, "n", "160 choices (40 prompts x n=4); at most 128"),
+    ({"prompt": "a", "n": 0}, "n", "1..128"),
+    ({"prompt": "a", "n": True}, "n", "1..128"),
+    ({"prompt": "a", "n": 129}, "n", "1..128"),
+    ({"prompt": "a", "echo": "yes"}, "echo", "true or false"),
+    ({"prompt": "a", "max_tokens": 0}, "max_tokens", ">= 1"),
     ({"prompt": "a", "logprobs": 21}, "logprobs", "0..20"),
     ({"prompt": "a", "logprobs": True}, "logprobs", "0..20"),
-    ({"prompt": "a", "echo": True}, "echo", "not supported"),
     ({"prompt": "a", "suffix": "b"}, "suffix", "not supported"),
     ({"prompt": "a", "best_of": 3}, "best_of", "not supported"),
+    ({"prompt": "a", "n": 2, "best_of": 1}, "best_of", "other than n"),
     ({"prompt": "a", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "chat endpoint"),
 ])
 def test_bad_completion_fields_are_400(server, body, param, says):

@@ -39,7 +39,7 @@ from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
 from .options import ServeOptions
 from .queue import EngineQueue, Job
-from .responses import DONE, LogprobStream, Shapes, sse
+from .responses import DONE, LogprobStream, Shapes, combined, joined, prompt_logprobs, sse, usage
 
 log = logging.getLogger("mlxspec.serve")
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers and scripts probe it)
@@ -137,32 +137,26 @@ def _endpoint(parse: Callable) -> Callable:
         req = parse(await read_json(request, state.options.max_body_size, state.options.client_timeout),
                     state.options)
         state.note_model(req.model)
-        job = state.queue.submit(req.prompt, req.options)
+        runs = req.runs()
+        job = state.queue.submit(*runs[0], then=tuple(runs[1:]))  # one slot: the choices run back to back
         shapes = Shapes(req.kind, state.model_id)
-        reader = _tool_reader(state.tool_format, req)
-        splitter = await _reasoning_splitter(state, req)
+        thinking = await _thinking_start(state, req)
+        choices = [_Choice(i, prompt, req, state, shapes, thinking) for i, (prompt, _) in enumerate(runs)]
         watcher = asyncio.create_task(_cancel_on_disconnect(request, state.queue, job))
         streaming = False
         try:
             first = await _next(job, req.prompt_param)
             if req.stream:
                 streaming = True
-                lp = LogprobStream(shapes.chat, state.token_bytes) if req.logprobs else None
-                return EventStream(_events(job, shapes, first, req, reader, lp, splitter),
+                return EventStream(_events(job, shapes, first, req, choices),
                                    on_close=lambda: state.queue.cancel(job))
-            pieces, finish, every = [], None, []
-            events = first
-            while events:
-                pieces.extend(ev.text for ev in events)
-                every.extend(events)
-                finish = events[-1].finish_reason or finish
-                events = await _next(job, req.prompt_param)
-            if job.stats is None or finish is None:  # cancelled: the client is gone, nobody reads this
+            async for index, events in _by_choice(job, first, req.prompt_param):
+                choices[index].add(events)
+            if job.stats is None or len(job.stats) < len(choices):  # cancelled: the client is gone
                 return Response(status_code=499)
-            _log_done(shapes.id, job)
-            reasoning, text, calls = _read("".join(pieces), splitter, reader, last=True)
-            lp = LogprobStream(shapes.chat, state.token_bytes).whole(every) if req.logprobs else None
-            return JSONResponse(shapes.completion(text, _finish(finish, calls), job.stats, calls, lp, reasoning))
+            _log_done(shapes.id, job.stats)
+            return JSONResponse(shapes.completion([c.whole() for c in choices], _usage(job, req),
+                                                  combined(job.stats)))
         finally:
             watcher.cancel()  # a stream's disconnects are watched by StreamingResponse itself
             if not streaming:
@@ -196,9 +190,10 @@ def _read(text: str, splitter: Optional[ReasoningSplitter], reader: Optional[Too
     return reasoning, text, calls
 
 
-async def _reasoning_splitter(state: ServerState, req: schema.GenerationRequest) -> Optional[ReasoningSplitter]:
-    """Splits a thinking model's reasoning from its chat answers; it starts inside a block when the
-    chat template opened one at the end of the prompt (rendered off the event loop)."""
+async def _thinking_start(state: ServerState, req: schema.GenerationRequest) -> Optional[tuple]:
+    """A thinking model's chat answers have their reasoning split off: (its markers, whether the
+    answer starts inside a block: the chat template opened one at the end of the prompt,
+    rendered off the event loop). None when nothing is split."""
     if state.thinking is None or req.kind != "chat":
         return None
     try:
@@ -206,7 +201,103 @@ async def _reasoning_splitter(state: ServerState, req: schema.GenerationRequest)
                                        req.options.get("chat_template_kwargs"))
     except InvalidArgumentError:  # the engine says what is wrong with these messages
         text = ""
-    return ReasoningSplitter(state.thinking, starts_inside(text, state.thinking))
+    return state.thinking, starts_inside(text, state.thinking)
+
+
+class _Choice:
+    """One choice's answer as its events come: a thinking model's reasoning split off, tool calls
+    read, logprobs handed out in step with the text, the prompt first when echoed."""
+
+    def __init__(self, index: int, prompt, req: schema.GenerationRequest, state: ServerState, shapes: Shapes,
+                 thinking: Optional[tuple]):
+        self.index, self.shapes, self.state = index, shapes, state
+        self.splitter = ReasoningSplitter(*thinking) if thinking is not None else None
+        self.reader = _tool_reader(state.tool_format, req)
+        self.echo = _echoed(prompt, state) if req.echo else ""
+        self.drop = req.score_only  # the prompt was only scored: the token generated with it is not shown
+        self.logprobs = LogprobStream(shapes.chat, state.token_bytes, len(self.echo)) if req.logprobs else None
+        self.usage = req.include_usage
+        self.prompt_lp: Optional[dict] = None
+        self.pieces: list = []
+        self.events: list = []
+        self.finish: Optional[str] = None
+        self.stats = None
+        self.started = False
+        self.called = 0  # tool calls streamed so far
+
+    def add(self, events: list) -> None:
+        """A whole answer's events, batch by batch."""
+        self._note(events)
+        if not self.drop:
+            self.pieces.extend(ev.text for ev in events)
+            self.events.extend(events)
+
+    def whole(self) -> dict:
+        reasoning, text, calls = _read("".join(self.pieces), self.splitter, self.reader, last=True)
+        lp = self.logprobs.whole(self.events) if self.logprobs is not None else None
+        return self.shapes.choice(self.index, self.echo + text, _finish(self.finish, calls), calls,
+                                  joined(self.prompt_lp, lp), reasoning)
+
+    def stream(self, events: list):
+        """The SSE chunks of a streamed answer's events: first the role (chat) or the echoed
+        prompt, then reasoning, text and tool calls, and with its last event the finish chunk
+        with the choice's figures."""
+        self._note(events)
+        if not self.started:
+            self.started = True
+            if self.shapes.chat:
+                yield sse(self.shapes.chunk(first=True, include_usage=self.usage, index=self.index))
+            if self.echo or self.prompt_lp:
+                yield sse(self.shapes.chunk(self.echo, logprobs=self.prompt_lp, include_usage=self.usage,
+                                            index=self.index))
+        if not self.drop:
+            yield from self._deltas(*_read("".join(ev.text for ev in events), self.splitter, self.reader), events)
+        if self.finish is not None:
+            yield from self._deltas(*_read("", self.splitter, self.reader, last=True))  # what was held back
+            yield sse(self.shapes.chunk(finish_reason=_finish(self.finish, self.called), stats=self.stats,
+                                        include_usage=self.usage, index=self.index))
+
+    def _note(self, events: list) -> None:
+        if self.prompt_lp is None and events[0].prompt_logprobs is not None:
+            self.prompt_lp = prompt_logprobs(events[0].prompt_logprobs, self.state.token_bytes)
+        if events[-1].finish_reason:
+            self.finish, self.stats = ("length" if self.drop else events[-1].finish_reason), events[-1].stats
+
+    def _deltas(self, reasoning: str, text: str, calls: list, events=()):
+        lp = self.logprobs.feed(events) if self.logprobs is not None and events else None
+        if reasoning or text or lp:
+            yield sse(self.shapes.chunk(text, include_usage=self.usage, logprobs=lp, reasoning=reasoning,
+                                        index=self.index))
+        if calls:
+            yield sse(self.shapes.chunk(tool_calls=_indexed(calls, self.called), include_usage=self.usage,
+                                        index=self.index))
+            self.called += len(calls)
+
+
+def _echoed(prompt, state: ServerState) -> str:
+    """The prompt's text, as echo shows it: as sent, or its token ids decoded."""
+    if isinstance(prompt, str):
+        return prompt
+    tokenizer = getattr(state.engine, "tokenizer", None)
+    return tokenizer.decode(prompt) if tokenizer is not None else ""
+
+
+def _usage(job: Job, req: schema.GenerationRequest) -> dict:
+    return usage(job.stats, req.n, generated=not req.score_only)
+
+
+async def _by_choice(job: Job, first, prompt_param: str):
+    """(choice index, events) for a job's generations in turn: each ends with the event that
+    carries its finish_reason (one batch may hold the end of one and the start of the next)."""
+    index, events = 0, first
+    while events:
+        while events:
+            cut = next((i + 1 for i, ev in enumerate(events) if ev.finish_reason), len(events))
+            yield index, events[:cut]
+            if events[cut - 1].finish_reason:
+                index += 1
+            events = events[cut:]
+        events = await _next(job, prompt_param)
 
 
 def _finish(reason: Optional[str], calls) -> Optional[str]:
@@ -241,42 +332,18 @@ class EventStream(StreamingResponse):
             self.on_close()
 
 
-async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest,
-                  reader: Optional[ToolCallReader] = None, logprobs: Optional[LogprobStream] = None,
-                  splitter: Optional[ReasoningSplitter] = None):
-    """The SSE body: role chunk (chat), reasoning, text (and tool-call) chunks, the finish chunk with
-    figures, usage, [DONE]. With logprobs a chunk carries those of the tokens whose text is out by
-    then (`LogprobStream`)."""
-    usage = req.include_usage
-    called = 0  # tool calls sent so far
-
-    def deltas(reasoning: str, text: str, calls: list, events=()):
-        nonlocal called
-        lp = logprobs.feed(events) if logprobs is not None and events else None
-        if reasoning or text or lp:
-            yield sse(shapes.chunk(text, include_usage=usage, logprobs=lp, reasoning=reasoning))
-        if calls:
-            yield sse(shapes.chunk(tool_calls=_indexed(calls, called), include_usage=usage))
-            called += len(calls)
-
+async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest, choices: list):
+    """The SSE body: each choice's chunks in turn (`_Choice.stream`), usage, [DONE]. With logprobs
+    a chunk carries those of the tokens whose text is out by then (`LogprobStream`)."""
     try:
-        if shapes.chat:
-            yield sse(shapes.chunk(first=True, include_usage=usage))
-        events, finish = first, None
-        while events:
-            text = "".join(ev.text for ev in events)
-            finish = events[-1].finish_reason or finish
-            for chunk in deltas(*_read(text, splitter, reader), events):
+        async for index, events in _by_choice(job, first, req.prompt_param):
+            for chunk in choices[index].stream(events):
                 yield chunk
-            events = await _next(job, req.prompt_param)
-        if finish is None:  # cancelled without an error: the client is gone
+        if job.stats is None or len(job.stats) < len(choices):  # cancelled without an error: the client is gone
             return
-        for chunk in deltas(*_read("", splitter, reader, last=True)):  # what was held back to the end
-            yield chunk
-        yield sse(shapes.chunk(finish_reason=_finish(finish, called), stats=job.stats, include_usage=usage))
-        if usage:
-            yield sse(shapes.usage_chunk(job.stats))
-        _log_done(shapes.id, job)
+        if req.include_usage:
+            yield sse(shapes.usage_chunk(_usage(job, req), combined(job.stats)))
+        _log_done(shapes.id, job.stats)
     except APIError as e:  # the engine failed (or the server is stopping) mid-stream
         log.warning("%s: stream ended early: %s", shapes.id, e.message)
         yield sse(e.body())
@@ -292,12 +359,12 @@ async def _cancel_on_disconnect(request: Request, queue: EngineQueue, job: Job) 
             return
 
 
-def _log_done(request_id: str, job: Job) -> None:
-    s = job.stats
-    log.info("%s: %d prompt tokens (%d cached), %d tokens, %.1f tok/s, drafter %s, acceptance %s, "
-             "%.2f tokens/target pass", request_id, s.prompt_tokens, s.prompt_tokens - s.prefilled_tokens,
-             s.tokens, s.tokens_per_second, s.drafter, acceptance_text(s.accepted, s.drafted),
-             s.tokens_per_target_pass)
+def _log_done(request_id: str, runs: list) -> None:
+    s = combined(runs)
+    log.info("%s: %s%d prompt tokens (%d cached), %d tokens, %.1f tok/s, drafter %s, acceptance %s, "
+             "%.2f tokens/target pass", request_id, f"{len(runs)} choices, " if len(runs) > 1 else "",
+             s.prompt_tokens, s.prompt_tokens - s.prefilled_tokens, s.tokens, s.tokens_per_second, s.drafter,
+             acceptance_text(s.accepted, s.drafted), s.tokens_per_target_pass)
 
 
 # -- the other routes --------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import math
 import queue
@@ -46,17 +47,19 @@ def warmup_temperatures() -> tuple:
 
 @dataclass
 class _End:
-    stats: Optional[GenerationStats] = None  # a copy, final
+    stats: Optional[List[GenerationStats]] = None  # per generation run to its end, copies, final
     error: Optional[BaseException] = None
 
 
 class Job:
-    """One request's generation: its arguments, its events, and how to stop it."""
+    """One request's generations (several for OpenAI's `n` or a batch of prompts, run back to
+    back in one slot of the queue): their arguments, their events, and how to stop them.
+    Each generation's last event carries a finish_reason and its own final copy of the stats."""
 
-    def __init__(self, prompt, options: Dict[str, Any], loop: asyncio.AbstractEventLoop):
-        self.prompt, self.options = prompt, options
+    def __init__(self, prompt, options: Dict[str, Any], loop: asyncio.AbstractEventLoop, then: tuple = ()):
+        self.runs = [(prompt, options), *then]  # (prompt, Engine.stream options) per generation
         self.state = WAITING
-        self.stats: Optional[GenerationStats] = None  # final statistics, once the job has ended
+        self.stats: Optional[List[GenerationStats]] = None  # final statistics per generation, once the job has ended
         self._loop = loop
         self._items: deque = deque()  # TokenEvents, then one _End; appended by the worker
         self._wake = asyncio.Event()
@@ -156,8 +159,9 @@ class EngineQueue:
             self._thread.start()
         return self.ready
 
-    def submit(self, prompt, options: Dict[str, Any]) -> Job:
-        """Queue a generation; raises APIError 429 when `limit` jobs wait already, 503 when closed."""
+    def submit(self, prompt, options: Dict[str, Any], then: tuple = ()) -> Job:
+        """Queue a generation (and the (prompt, options) generations `then`, run right after it in
+        the same slot); raises APIError 429 when `limit` jobs wait already, 503 when closed."""
         if self.closed:
             raise shutting_down()
         with self._lock:
@@ -169,7 +173,7 @@ class EngineQueue:
                 raise APIError(429, f"the server is busy: {ahead} requests wait for the model already "
                                f"(--queue {self.limit}); retry after about {retry} s", code="queue_full",
                                headers={"Retry-After": str(retry)})
-            job = Job(prompt, options, asyncio.get_running_loop())
+            job = Job(prompt, options, asyncio.get_running_loop(), then)
             self._waiting.append(job)
         self._jobs.put(job)
         return job
@@ -255,22 +259,29 @@ class EngineQueue:
             raise
 
     def _run(self, job: Job) -> _End:
-        """Stream the job's generation into it; stop between tokens when cancelled."""
-        events = last = None
-        try:
-            # `cancel` also stops a long prompt between two chunks (a client gone before its first token)
-            events = self.engine.stream(job.prompt, cancel=job._cancel, **job.options)  # checks the arguments first
-            for last in events:
-                job._put(last)
-                if last.finish_reason or job._cancel.is_set():
-                    break
-        except Exception as e:
-            if not isinstance(e, MlxSpecError):  # an unforeseen failure: log it, start the next job clean
-                log.error("the engine failed on a request", exc_info=e)
-                self.engine.reset()
-            return _End(error=e)
-        finally:
-            if events is not None:
-                events.close()  # the engine's own cleanup: caches consistent for the next job
-        stats = copy.deepcopy(last.stats if last is not None else self.engine.last_stats)
-        return _End(stats, error=job._cancel_error if job._cancel.is_set() else None)
+        """Stream the job's generations into it, one after another; stop between tokens when cancelled."""
+        done: List[GenerationStats] = []
+        for prompt, options in job.runs:
+            events = last = None
+            try:
+                # `cancel` also stops a long prompt between two chunks (a client gone before its first token)
+                events = self.engine.stream(prompt, cancel=job._cancel, **options)  # checks the arguments first
+                for last in events:
+                    if last.finish_reason:  # its own final copy: the engine's object is not read across threads
+                        last = dataclasses.replace(last, stats=copy.deepcopy(last.stats))
+                    job._put(last)
+                    if last.finish_reason or job._cancel.is_set():
+                        break
+            except Exception as e:
+                if not isinstance(e, MlxSpecError):  # an unforeseen failure: log it, start the next job clean
+                    log.error("the engine failed on a request", exc_info=e)
+                    self.engine.reset()
+                return _End(done, error=e)
+            finally:
+                if events is not None:
+                    events.close()  # the engine's own cleanup: caches consistent for the next job
+            done.append(last.stats if last is not None and last.finish_reason else
+                        copy.deepcopy(last.stats if last is not None else self.engine.last_stats))
+            if job._cancel.is_set():
+                break
+        return _End(done, error=job._cancel_error if job._cancel.is_set() else None)

@@ -2,24 +2,47 @@
 
 from __future__ import annotations
 
+import codecs
+import dataclasses
 import json
 from collections import deque
 import time
 import uuid
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from ..stats import GenerationStats
 
 
-def usage(stats: GenerationStats) -> dict:
-    """OpenAI `usage`; `cached_tokens` is the part of the prompt the engine's caches already held."""
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.tokens,
-            "total_tokens": stats.prompt_tokens + stats.tokens,
-            "prompt_tokens_details": {"cached_tokens": stats.prompt_tokens - stats.prefilled_tokens}}
+# What adds up over a request's generations (OpenAI's n, a completions batch).
+SUMMED = ("prompt_tokens", "prefilled_tokens", "prompt_seconds", "prompt_timed_tokens", "tokens", "seconds",
+          "rounds", "drafted", "accepted", "wait_seconds", "tree_rounds", "lookup_rounds", "lookup_drafted",
+          "lookup_accepted", "forced_rounds", "forced_drafted", "forced_accepted")
+
+
+def combined(runs: List[GenerationStats]) -> GenerationStats:
+    """A request's generations as one: counts and times summed, the rest (drafter, time to the
+    first token) the first's."""
+    if len(runs) == 1:
+        return runs[0]
+    total = dataclasses.replace(runs[0])
+    for name in SUMMED:
+        setattr(total, name, sum(getattr(s, name) for s in runs))
+    return total
+
+
+def usage(runs: List[GenerationStats], n: int = 1, generated: bool = True) -> dict:
+    """OpenAI `usage` of a request's generations, each prompt's `n` choices in turn: each prompt
+    counted once, every choice's tokens (none when the prompt was only scored: echo with
+    max_tokens 0). `cached_tokens` is the part of the prompts the engine's caches already held."""
+    prompts = runs[::n]
+    prompt = sum(s.prompt_tokens for s in prompts)
+    completion = sum(s.tokens for s in runs) if generated else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(s.prompt_tokens - s.prefilled_tokens for s in prompts)}}
 
 
 def figures(stats: GenerationStats) -> dict:
-    """The `mlxspec` object: how speculation went for this request."""
+    """The `mlxspec` object: how speculation went for this request (or one of its choices)."""
     return {"drafter": stats.drafter, "acceptance_rate": stats.acceptance_rate,
             "tokens_per_target_pass": stats.tokens_per_target_pass, "tokens_per_second": stats.tokens_per_second,
             "drafted": stats.drafted, "accepted": stats.accepted, "target_passes": stats.rounds,
@@ -41,29 +64,32 @@ class Shapes:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def completion(self, text: str, finish_reason: str, stats: GenerationStats,
-                   tool_calls: Optional[list] = None, logprobs: Optional[dict] = None, reasoning: str = "") -> dict:
-        """The whole answer of a request without `stream` (`content` null when only tools were called;
-        a thinking model's reasoning in `reasoning`, mlx-lm's key)."""
-        if self.chat:
-            message = {"role": "assistant", "content": text or (None if tool_calls else "")}
-            if reasoning:
-                message["reasoning"] = reasoning
-            if tool_calls:
-                message["tool_calls"] = tool_calls
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
-            body = self._head("chat.completion")
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-            body = self._head("text_completion")
-        body.update(choices=[choice], usage=usage(stats), mlxspec=figures(stats))
+    def choice(self, index: int, text: str, finish_reason: str, tool_calls: Optional[list] = None,
+               logprobs: Optional[dict] = None, reasoning: str = "") -> dict:
+        """One choice of a whole answer (`content` null when only tools were called; a thinking
+        model's reasoning in `reasoning`, mlx-lm's key)."""
+        if not self.chat:
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        message = {"role": "assistant", "content": text or (None if tool_calls else "")}
+        if reasoning:
+            message["reasoning"] = reasoning
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def completion(self, choices: List[dict], usage_body: dict, stats: GenerationStats) -> dict:
+        """The whole answer of a request without `stream`."""
+        body = self._head("chat.completion" if self.chat else "text_completion")
+        body.update(choices=choices, usage=usage_body, mlxspec=figures(stats))
         return body
 
     def chunk(self, text: Optional[str] = None, *, first: bool = False, finish_reason: Optional[str] = None,
               stats: Optional[GenerationStats] = None, include_usage: bool = False,
-              tool_calls: Optional[list] = None, logprobs: Optional[dict] = None, reasoning: str = "") -> dict:
-        """A stream chunk: the role (first), new reasoning or text or tool calls (each whole, with
-        its `index` among the answer's calls), or the finish reason with the mlxspec figures."""
+              tool_calls: Optional[list] = None, logprobs: Optional[dict] = None, reasoning: str = "",
+              index: int = 0) -> dict:
+        """A stream chunk of choice `index`: the role (first), new reasoning or text or tool calls
+        (each whole, with its `index` among the answer's calls), or the finish reason with the
+        choice's mlxspec figures."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if first else {}
             if reasoning:
@@ -72,10 +98,10 @@ class Shapes:
                 delta["content"] = text
             if tool_calls:
                 delta["tool_calls"] = tool_calls
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._head("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._head("text_completion")
         body["choices"] = [choice]
         if include_usage:
@@ -84,10 +110,10 @@ class Shapes:
             body["mlxspec"] = figures(stats)
         return body
 
-    def usage_chunk(self, stats: GenerationStats) -> dict:
+    def usage_chunk(self, usage_body: dict, stats: GenerationStats) -> dict:
         """The extra last chunk of `stream_options.include_usage`: no choices, the usage (and figures)."""
         body = self._head("chat.completion.chunk" if self.chat else "text_completion")
-        body.update(choices=[], usage=usage(stats), mlxspec=figures(stats))
+        body.update(choices=[], usage=usage_body, mlxspec=figures(stats))
         return body
 
 
@@ -99,8 +125,9 @@ class LogprobStream:
     the tokens spell the text (as generated: tool-call markup included). `bytes` are each
     token's own, also when they are part of a character."""
 
-    def __init__(self, chat: bool, token_bytes: Callable[[int], bytes]):
+    def __init__(self, chat: bool, token_bytes: Callable[[int], bytes], offset: int = 0):
         self.chat, self.token_bytes = chat, token_bytes
+        self.offset = offset  # characters before the answer's text (an echoed prompt's)
         self._waiting: deque = deque()
         self._text = bytearray()  # the answer's text so far
         self._at = 0  # byte offset of the next waiting token
@@ -133,15 +160,40 @@ class LogprobStream:
             return {"content": [dict(entry(raw, ev.logprob), top_logprobs=[entry(self.token_bytes(t), lp)
                                                                              for t, lp in ev.top_logprobs])
                                 for ev, raw, _ in ready], "refusal": None}
-        top = []
-        for ev, _, _ in ready:
-            best: dict = {}
-            for t, lp in ev.top_logprobs:  # best first: tokens that print alike keep the best one's
-                best.setdefault(_legacy_name(self.token_bytes(t)), lp)
-            top.append(best)
         return {"tokens": [_legacy_name(raw) for _, raw, _ in ready],
-                "token_logprobs": [ev.logprob for ev, _, _ in ready], "top_logprobs": top,
-                "text_offset": [len(bytes(self._text[:start]).decode("utf-8", "ignore")) for _, _, start in ready]}
+                "token_logprobs": [ev.logprob for ev, _, _ in ready],
+                "top_logprobs": [_legacy_top(ev.top_logprobs, self.token_bytes) for ev, _, _ in ready],
+                "text_offset": [self.offset + len(bytes(self._text[:start]).decode("utf-8", "ignore"))
+                                for _, _, start in ready]}
+
+
+def prompt_logprobs(scored, token_bytes: Callable[[int], bytes]) -> dict:
+    """The legacy `logprobs` of an echoed prompt (`TokenEvent.prompt_logprobs`): every token, the
+    first one's logprob and top choices null, offsets into the text its tokens spell."""
+    decoder = codecs.getincrementaldecoder("utf-8")("ignore")  # a character counts once complete
+    chars, offsets, names = 0, [], []
+    for token, _, _ in scored:
+        raw = token_bytes(token)
+        offsets.append(chars)
+        chars += len(decoder.decode(raw))
+        names.append(_legacy_name(raw))
+    return {"tokens": names, "token_logprobs": [lp for _, lp, _ in scored],
+            "top_logprobs": [None if lp is None else _legacy_top(best, token_bytes) for _, lp, best in scored],
+            "text_offset": offsets}
+
+
+def joined(first: Optional[dict], then: Optional[dict]) -> Optional[dict]:
+    """Two legacy `logprobs` objects one after the other (an echoed prompt's, then the answer's)."""
+    if first is None or then is None:
+        return first or then
+    return {key: first[key] + then[key] for key in first}
+
+
+def _legacy_top(pairs, token_bytes: Callable[[int], bytes]) -> dict:
+    best: dict = {}
+    for t, lp in pairs:  # best first: tokens that print alike keep the best one's
+        best.setdefault(_legacy_name(token_bytes(t)), lp)
+    return best
 
 
 def _legacy_name(raw: bytes) -> str:

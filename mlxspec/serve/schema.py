@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import InvalidArgumentError, shown as _show
 from ..grammar import check_response_format
-from ..prompts import (check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop, check_template_kwargs,
-                       check_text, check_tree)
+from ..prompts import (MAX_SEED, check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop,
+                       check_template_kwargs, check_text, check_tree)
 from ..penalties import CONTEXT, check_penalty, check_repetition
 from ..sampling import check_logit_bias, validate as validate_sampling
 from ..logprobs import MAX_TOP, is_top_count
@@ -26,6 +26,7 @@ from .options import ServeOptions
 
 ROLES = ("system", "user", "assistant", "tool")  # what a chat template renders; "developer" is read as "system"
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
+MAX_CHOICES = 128  # choices per request: n (OpenAI's most) times the prompts of a completions batch
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
 # would change the answer, with the value that changes nothing: a client that sends another is told.
@@ -46,11 +47,27 @@ RENAMED = {"num_draft_tokens": "send num_draft instead (tokens drafted per round
 @dataclass
 class GenerationRequest:
     kind: str  # "chat" or "completion"
-    prompt: Any  # chat messages, a string, or token ids: what Engine.stream takes
+    prompt: Any  # chat messages, a string, or token ids: what Engine.stream takes (the first prompt)
     options: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of Engine.stream
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with `usage`
     model: Optional[str] = None  # the name the client asked for
+    n: int = 1  # choices per prompt
+    more_prompts: List[Any] = field(default_factory=list)  # a completions batch's other prompts
+    echo: bool = False  # completions: the text (and logprobs) start with the prompt's
+    score_only: bool = False  # echo with max_tokens 0: the prompt alone, nothing generated
+
+    @property
+    def prompts(self) -> List[Any]:
+        return [self.prompt] + self.more_prompts
+
+    def runs(self) -> List[tuple]:
+        """(prompt, Engine.stream options) per choice, in OpenAI's order: each prompt's n choices
+        in turn. With a seed, choice j of a prompt samples with seed + j: each differs, each
+        reproducible."""
+        seed = self.options.get("seed")
+        return [(prompt, self.options if j == 0 or seed is None else dict(self.options, seed=(seed + j) % MAX_SEED))
+                for prompt in self.prompts for j in range(self.n)]
 
     @property
     def tools(self) -> Optional[list]:
@@ -104,13 +121,23 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
 def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> GenerationRequest:
     """POST /v1/completions body -> GenerationRequest."""
     _refuse_unsupported(body, chat=False)
-    req = _common(body, "completion", _completion_prompt(body.get("prompt")), defaults or ServeOptions())
+    echo = _flag(body, "echo", False)
+    # OpenAI's way to score a text: echo it with max_tokens 0 (one token is generated, and dropped)
+    score_only = echo and body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
+    if score_only:
+        body = dict(body, max_tokens=1)
+    prompts = _completion_prompts(body.get("prompt"))
+    req = _common(body, "completion", prompts[0], defaults or ServeOptions())
+    req.more_prompts, req.echo, req.score_only = prompts[1:], echo, score_only
+    _check_choices(req)
     lp = body.get("logprobs")
     if lp is not None:  # the legacy API's: how many alternatives per token
         if not is_top_count(lp):
             raise invalid(f"logprobs must be an integer in 0..{MAX_TOP} (alternatives per token) or null, got "
                           f"{_show(lp)}", "logprobs")
         req.options["logprobs"] = lp
+        if echo:  # the prompt's tokens too, scored by the prefill
+            req.options["prompt_logprobs"] = lp
     return req
 
 
@@ -126,7 +153,24 @@ def _common(body: dict, kind: str, prompt, defaults: ServeOptions) -> Generation
                       "stream_options")
     include_usage = _flag(stream_options or {}, "include_usage", False, "stream_options.include_usage")
     return GenerationRequest(kind, prompt, _options(body, defaults), stream=stream, include_usage=include_usage,
-                             model=model)
+                             model=model, n=_choices(body))
+
+
+def _choices(body: dict) -> int:
+    """n: choices per prompt, 1..MAX_CHOICES (generated one after another)."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise invalid(f"n must be an integer in 1..{MAX_CHOICES} (choices per prompt), got {_show(n)}", "n")
+    return n
+
+
+def _check_choices(req: GenerationRequest) -> None:
+    count = req.n * len(req.prompts)
+    if count > MAX_CHOICES:
+        raise invalid(f"this request asks for {count} choices ({len(req.prompts)} prompts x n={req.n}); at most "
+                      f"{MAX_CHOICES} per request: send fewer prompts or a smaller n", "n")
 
 
 def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
@@ -339,34 +383,41 @@ def _content(content, param: str) -> str:
     raise invalid(f"{param} must be a string or a list of text parts, got {_show(content)}", param)
 
 
-def _completion_prompt(prompt):
-    """A string, a one-string list, or a list of token ids (one prompt per request)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+def _completion_prompts(prompt) -> list:
+    """OpenAI's four shapes: a string, a list of token ids, or a batch (a list) of either; each
+    prompt of a batch gets its own choices, in order."""
+    if prompt is None:
+        raise invalid("prompt is required: a string or a list of token ids (or a list of those)", "prompt",
+                      code="missing_required_parameter")
+    if _is_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return [_one_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    return [_one_prompt(prompt, "prompt")]
+
+
+def _one_prompt(prompt, param: str):
     if isinstance(prompt, str):
         if not prompt:
-            raise invalid("prompt is empty: give a non-empty string", "prompt")
-        return _check(check_text, prompt, "prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise invalid(f"{param} is empty: give a non-empty string", param)
+        return _check(check_text, prompt, param)
+    if _is_ids(prompt):
         return prompt
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise unsupported(f"prompt holds {len(prompt)} prompts; batches are not supported, send one prompt "
-                          "per request", "prompt")
-    if prompt is None:
-        raise invalid("prompt is required: a string or a list of token ids", "prompt",
-                      code="missing_required_parameter")
-    raise invalid(f"prompt must be a non-empty string or list of token ids, got {_show(prompt)}", "prompt")
+    raise invalid(f"{param} must be a non-empty string or list of token ids, got {_show(prompt)}", param)
+
+
+def _is_ids(prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                             for t in prompt)
 
 
 # -- what is refused -------------------------------------------------------------------------------
 def _refuse_unsupported(body: dict, *, chat: bool) -> None:
-    n = body.get("n")
-    if n is not None and n != 1 or isinstance(n, bool):
-        raise unsupported(f"n other than 1 is not supported by this server (one choice per request), got {_show(n)}",
-                          "n")
     best_of = body.get("best_of")
-    if best_of is not None and best_of != 1 or isinstance(best_of, bool):
-        raise unsupported(f"best_of other than 1 is not supported by this server, got {_show(best_of)}", "best_of")
+    n = body.get("n")
+    if best_of is not None and best_of != (1 if n is None else n) or isinstance(best_of, bool):
+        raise unsupported(f"best_of other than n is not supported by this server (it returns every choice it "
+                          f"generates), got {_show(best_of)}", "best_of")
     if body.get("functions"):
         raise unsupported("functions (OpenAI's deprecated function calling) is not supported by this server; "
                           "send tools instead", "functions")
@@ -384,8 +435,6 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
     for key, instead in RENAMED.items():
         if body.get(key) is not None:
             raise unsupported(f"{key} is not supported by this server: {instead}; got {_show(body[key])}", key)
-    if not chat and body.get("echo"):
-        raise unsupported("echo is not supported by this server", "echo")
     if not chat and body.get("suffix"):
         raise unsupported("suffix (fill in the middle) is not supported by this server", "suffix")
 

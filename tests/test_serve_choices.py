@@ -1,0 +1,155 @@
+"""Several choices per request (OpenAI's n, a completions batch of prompts) and echo (with the
+prompt's logprobs, and max_tokens 0 to score a text, as evaluation harnesses ask for it)."""
+
+import httpx
+import pytest
+
+import tiny
+from mlxspec.prompts import encode_prompt
+from serve_helpers import TIMEOUT, openai_client, running_server, sse_events, tiny_engine
+from test_prompt_logprobs import teacher_forced
+
+ASK = [{"role": "user", "content": "Tell me about rivers and the sea."}]
+TOL = tiny.float32_tol() * 10  # log-softmax of logits of magnitude ~10, computed in other chunks
+
+
+@pytest.fixture(scope="module")
+def served():
+    with running_server(tiny_engine(), model_id="t") as (url, _):
+        yield url, tiny_engine()  # the reference: the same weights, its own caches
+
+
+def post(url, path, body):
+    r = httpx.post(f"{url}{path}", json=body, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_n_sampled_choices_are_each_the_engine_s_with_seed_plus_j(served):
+    url, ref = served
+    client = openai_client(url)
+    r = client.chat.completions.create(model="t", messages=ASK, max_tokens=16, n=3, temperature=1.0, seed=7)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    want = [ref.generate(ASK, max_tokens=16, temperature=1.0, seed=7 + j) for j in range(3)]
+    assert [c.message.content for c in r.choices] == [w.text for w in want]
+    assert len({c.message.content for c in r.choices}) == 3  # each differs
+    assert r.usage.prompt_tokens == want[0].stats.prompt_tokens  # the prompt counted once
+    assert r.usage.completion_tokens == sum(w.stats.tokens for w in want)
+    assert r.model_extra["mlxspec"]["target_passes"] == sum(w.stats.rounds for w in want)
+
+
+def test_streamed_choices_come_in_turn_each_with_its_role_and_finish(served):
+    url, _ = served
+    body = {"messages": ASK, "max_tokens": 12, "n": 2, "temperature": 1.0, "seed": 3, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+        events = sse_events(r)
+    assert events[-1] is None
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] > 0
+    chunks = [e for e in events[:-2]]
+    indexes = [c["choices"][0]["index"] for c in chunks]
+    assert indexes == sorted(indexes) and set(indexes) == {0, 1}  # choice 0 whole, then choice 1
+    whole = post(url, "/v1/chat/completions", dict(body, stream=False, stream_options=None))
+    for i in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert [m["finish_reason"] for m in mine].count(None) == len(mine) - 1 and mine[-1]["finish_reason"]
+        assert "mlxspec" in chunks[indexes.index(i) + len(mine) - 1]  # its own figures, with its finish
+        text = "".join(m["delta"].get("content", "") for m in mine)
+        assert text == whole["choices"][i]["message"]["content"]
+    assert usage["usage"] == whole["usage"]
+
+
+def test_greedy_choices_are_alike_and_the_later_ones_reuse_the_prompt(served):
+    url, _ = served
+    r = post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 8, "n": 2})
+    a, b = (c["message"]["content"] for c in r["choices"])
+    assert a == b and r["mlxspec"]["prefilled_tokens"] < 2 * r["usage"]["prompt_tokens"]
+
+
+def test_a_batch_of_prompts_gets_each_prompt_s_n_choices_in_order(served):
+    url, ref = served
+    prompts = ["Once upon a time", [ord(c) for c in "The sea is"], "Rivers"]
+    r = post(url, "/v1/completions", {"prompt": prompts, "max_tokens": 6, "n": 2, "temperature": 1.0, "seed": 1})
+    assert [c["index"] for c in r["choices"]] == list(range(6))
+    want = [ref.generate(p, max_tokens=6, temperature=1.0, seed=1 + j) for p in prompts for j in range(2)]
+    assert [c["text"] for c in r["choices"]] == [w.text for w in want]
+    assert r["usage"]["prompt_tokens"] == sum(w.stats.prompt_tokens for w in want[::2])
+    assert r["usage"]["completion_tokens"] == sum(w.stats.tokens for w in want)
+
+
+def test_echo_starts_the_text_with_the_prompt(served):
+    url, ref = served
+    r = post(url, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 6, "echo": True})
+    assert r["choices"][0]["text"] == "Once upon a time" + ref.generate("Once upon a time", max_tokens=6).text
+    ids = [ord(c) for c in "The sea"]
+    r = post(url, "/v1/completions", {"prompt": ids, "max_tokens": 3, "echo": True})
+    assert r["choices"][0]["text"].startswith(ref.tokenizer.decode(ids))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_logprobs_scores_every_prompt_token(served, stream):
+    url, ref = served
+    prompt = "Once upon a time"
+    body = {"prompt": prompt, "max_tokens": 5, "echo": True, "logprobs": 2}
+    if stream:
+        with httpx.stream("POST", f"{url}/v1/completions", json=dict(body, stream=True), timeout=TIMEOUT) as r:
+            parts = [e["choices"][0] for e in sse_events(r)[:-1]]
+        assert parts[0]["text"] == prompt  # the echoed prompt comes first, with its logprobs
+        text = "".join(p["text"] for p in parts)
+        lp = {key: [v for p in parts if p["logprobs"] for v in p["logprobs"][key]]
+              for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    else:
+        choice = post(url, "/v1/completions", body)["choices"][0]
+        text, lp = choice["text"], choice["logprobs"]
+    ids = encode_prompt(prompt, ref.tokenizer, ref.vocab_size)
+    answer = ref.generate(prompt, max_tokens=5, logprobs=2)
+    assert text == prompt + answer.text
+    assert len(lp["tokens"]) == len(ids) + len(answer.tokens)
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    ref_lp = teacher_forced(ref.target_model, ids)
+    for i in range(1, len(ids)):
+        assert lp["token_logprobs"][i] == pytest.approx(ref_lp[i - 1, ids[i]].item(), abs=TOL)
+        assert 1 <= len(lp["top_logprobs"][i]) <= 2
+    assert lp["token_logprobs"][len(ids):] == pytest.approx(answer.logprobs, abs=TOL)
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][len(ids)] == len(prompt)
+    assert "".join(lp["tokens"][:len(ids)]) == prompt  # byte tokens: each names its character
+
+
+def test_max_tokens_0_with_echo_scores_the_prompt_alone(served):
+    url, ref = served
+    r = post(url, "/v1/completions", {"prompt": "The sea is wide", "max_tokens": 0, "echo": True, "logprobs": 0})
+    choice = r["choices"][0]
+    assert choice["text"] == "The sea is wide" and choice["finish_reason"] == "length"
+    assert r["usage"]["completion_tokens"] == 0
+    assert len(choice["logprobs"]["tokens"]) == r["usage"]["prompt_tokens"] == len("The sea is wide")
+    assert all(top == {} for top in choice["logprobs"]["top_logprobs"][1:])
+
+
+def test_an_evaluation_harness_s_loglikelihood_request(served):
+    """lm-evaluation-harness's local-completions: token-id prompts in a batch, echo, logprobs 1,
+    max_tokens 1; it sums token_logprobs[ctxlen:-1] and checks each is the top choice."""
+    url, ref = served
+    context, continuation = [ord(c) for c in "The sea is "], [ord(c) for c in "wide"]
+    batch = [context + continuation, context + [ord(c) for c in "blue"]]
+    r = post(url, "/v1/completions", {"model": "t", "prompt": batch, "max_tokens": 1, "temperature": 0,
+                                      "logprobs": 1, "echo": True, "seed": 1234})
+    assert len(r["choices"]) == 2
+    for ids, choice in zip(batch, sorted(r["choices"], key=lambda c: c["index"])):
+        lp = choice["logprobs"]
+        assert len(lp["token_logprobs"]) == len(ids) + 1
+        ref_lp = teacher_forced(ref.target_model, ids)
+        want = sum(ref_lp[i - 1, ids[i]].item() for i in range(len(context), len(ids)))
+        assert sum(lp["token_logprobs"][len(context):-1]) == pytest.approx(want, abs=TOL * len(continuation))
+        greedy = all(max(top.values()) == pytest.approx(tl, abs=TOL) for top, tl in
+                     zip(lp["top_logprobs"][len(context):-1], lp["token_logprobs"][len(context):-1]))
+        assert greedy == all(ref_lp[i - 1].argmax().item() == ids[i] for i in range(len(context), len(ids)))
+
+
+def test_an_error_in_a_later_prompt_of_a_batch_fails_the_request(served):
+    url, _ = served
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": ["fine", [1, 2, 10 ** 6]], "max_tokens": 2},
+                   timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert post(url, "/v1/completions", {"prompt": "fine", "max_tokens": 2})["choices"]  # and the server goes on
