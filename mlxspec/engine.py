@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import astuple
-from typing import Callable, Dict, Iterable, Iterator, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 import mlx.core as mx
 
@@ -27,7 +27,7 @@ from .device import backend
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
-from .grammar import JSON_OPTIONS, Constraint, check_response_format, token_table
+from .grammar import JSON_OPTIONS, AfterThinking, Constraint, check_response_format, token_table
 from .logprobs import check_logprobs
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
@@ -326,7 +326,8 @@ class Engine:
                 "json_schema": {"name": ..., "schema": {...}}}; beyond OpenAI's, {"type": "regex",
                 "regex": ...}, {"type": "choice", "choice": [...]} and {"type": "lark", "lark": ...}
                 (see `mlxspec.grammar`). Output stays the constrained target's; rounds then draft
-                chains, and plain steps wait for their predecessor's token.
+                chains, and plain steps wait for their predecessor's token. Where the chat template
+                opened a thinking block at the end of the prompt, the grammar applies after it closes.
             tool_choice: with `tools`, None or "auto" (the model decides), "none" (the tools are
                 not shown), "required" (the answer is one or more calls) or {"type": "function",
                 "function": {"name": ...}} (one call of that function), forced by a grammar in the
@@ -388,13 +389,13 @@ class Engine:
                 f"positions past its trained context, as with mlx-lm's --max-kv-size)")
         if forcing:  # (after the prompt: a template that ignores tools is said first)
             fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS))
-        if fmt is not None:
-            self._check_not_thinking(ids, "tool_choice" if forcing else "response_format")
-        constraint = self._constraint(fmt)  # built now: a schema the compiler refuses is said before anything runs
+        think_end = self._thinking_end(ids) if fmt is not None else None
+        # built now: a schema the compiler refuses is said before anything runs
+        constraint = self._constraint(fmt, think_end)
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
                        k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
                        response_format=fmt, logit_bias=bias, penalty=penalty, endings=endings,
-                       prompt_logprobs=prompt_logprobs)
+                       prompt_logprobs=prompt_logprobs, think_end=think_end)
         if self.coord.active:
             # A tree's shape is pruned by each rank's own cost model; rank 0 broadcasts only a
             # chain's length, so sharded targets verify chains.
@@ -405,18 +406,19 @@ class Engine:
             return self._shared(request, cancel)
         return self._run(**request, cancel=cancel, constraint=constraint)
 
-    def _check_not_thinking(self, ids, what: str) -> None:
-        """A grammar applies from the first token: refused when the chat template has opened a
-        thinking block at the end of the prompt (the model would have to think in the grammar)."""
+    def _thinking_end(self, ids) -> Optional[List[int]]:
+        """The tokens that close the thinking block the chat template opened at the end of the
+        prompt (the grammar applies after them), or None where generation does not start inside
+        one (the grammar applies from the first token: a model that would open a block itself
+        answers in the grammar instead)."""
         markers = thinking_markers(self.tokenizer)
-        if markers is not None and starts_inside(self.tokenizer.decode(ids[-64:]), markers):
-            raise InvalidArgumentError(
-                f"{what}: this model's chat template opens a thinking block ({markers[0]}) at the end of the "
-                f"prompt, and a grammar applies from the first token, inside it; send chat_template_kwargs "
-                f"{{\"enable_thinking\": false}} if the template takes it, or no {what}")
+        if markers is None or not starts_inside(self.tokenizer.decode(ids[-64:]), markers):
+            return None
+        return self.tokenizer.encode(markers[1], add_special_tokens=False)
 
-    def _constraint(self, fmt: Optional[dict]) -> Optional[Constraint]:
-        """A fresh grammar state for a checked response_format (None for free text)."""
+    def _constraint(self, fmt: Optional[dict], think_end: Optional[List[int]] = None):
+        """A fresh grammar state for a checked response_format (None for free text); with
+        `think_end`, one that applies after those tokens (`grammar.AfterThinking`)."""
         if fmt is None:
             return None
         if self.tokenizer is None:
@@ -424,7 +426,8 @@ class Engine:
         eos = getattr(self.tokenizer, "eos_token_ids", None) or []
         if self._grammar_table is None:
             self._grammar_table = token_table(self.tokenizer, eos)
-        return Constraint(fmt, self._grammar_table, eos, self.vocab_size)
+        constraint = Constraint(fmt, self._grammar_table, eos, self.vocab_size)
+        return constraint if think_end is None else AfterThinking(constraint, think_end)
 
     @functools.cached_property
     def tool_format(self) -> Optional[ToolFormat]:
@@ -456,9 +459,10 @@ class Engine:
 
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
              cancel=None, logprobs=None, response_format=None, constraint=None,
-             logit_bias=None, penalty=None, endings=None, prompt_logprobs=None) -> Iterator[TokenEvent]:
+             logit_bias=None, penalty=None, endings=None, prompt_logprobs=None,
+             think_end=None) -> Iterator[TokenEvent]:
         if constraint is None:  # a rank other than 0 builds its own from the shared request
-            constraint = self._constraint(response_format)
+            constraint = self._constraint(response_format, think_end)
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
                                 kernels=kernels.backend_name(), target_weights_bytes=self.target_weights_bytes,
                                 draft_weights_bytes={"model": self.draft_weights_bytes,

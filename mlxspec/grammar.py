@@ -161,6 +161,50 @@ class Constraint:
             raise RuntimeError(f"the grammar matcher failed: {_said(self.matcher.get_error())}")
 
 
+class AfterThinking:
+    """A grammar that applies once the model has closed the thinking block the prompt opened
+    (`end`: the closing marker's tokens): before it, every token is allowed and nothing is
+    forced, so the model reasons freely and answers in the grammar (vLLM's structured output
+    with a reasoning parser). The same interface as `Constraint`."""
+
+    def __init__(self, inner: Constraint, end: List[int]):
+        self.inner, self.end = inner, list(end)
+        self.open = False  # the block is closed: the grammar applies
+        self._tail: List[int] = []  # the last committed tokens, which a marker of several may start in
+
+    def allowed(self, tokens: List[int]) -> int:
+        at = self._after_end(tokens)
+        return len(tokens) if at is None else at + self.inner.allowed(tokens[at:])
+
+    def forced(self) -> List[int]:
+        return self.inner.forced() if self.open else []
+
+    def rows(self, drafts: List[int]) -> mx.array:
+        at = self._after_end(drafts)  # row `at` is the first the grammar masks
+        free = mx.ones((len(drafts) + 1 if at is None else at, self.inner.width), dtype=mx.bool_)
+        if at is None:
+            return free
+        inner = self.inner.rows(drafts[at:])
+        return inner if at == 0 else mx.concatenate([free, inner])
+
+    def commit(self, tokens: List[int]) -> None:
+        at = self._after_end(tokens)
+        if at is None:
+            seq = self._tail + list(tokens)
+            self._tail = seq[max(0, len(seq) - len(self.end) + 1):]
+            return
+        self.open = True
+        self.inner.commit(tokens[at:])
+
+    def _after_end(self, tokens: List[int]) -> Optional[int]:
+        """Where in `tokens` the grammar starts (0 once open), or None while the block stays open."""
+        if self.open:
+            return 0
+        seq, n = self._tail + list(tokens), len(self.end)
+        at = next((i + n for i in range(len(seq) - n + 1) if seq[i:i + n] == self.end), None)
+        return None if at is None else at - len(self._tail)
+
+
 def _said(message: str) -> str:
     """llguidance's error on one line (its regex errors span several), at most 400 characters."""
     text = " ".join(message.split()) or "unknown error"
@@ -172,4 +216,4 @@ def masked(rows: mx.array, allowed: mx.array) -> mx.array:
     return mx.where(allowed, rows, mx.array(-mx.inf, rows.dtype))
 
 
-__all__ = ["Constraint", "check_response_format", "grammar_of", "masked", "token_table", "FORMATS"]
+__all__ = ["AfterThinking", "Constraint", "check_response_format", "grammar_of", "masked", "token_table", "FORMATS"]

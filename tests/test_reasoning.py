@@ -1,12 +1,16 @@
 """A thinking model's reasoning: split from its answer in the server's chat answers (mlx-lm's
 `reasoning` key), streamed or not, and chat_template_kwargs (e.g. enable_thinking) for its template."""
 
+import re
+
 import httpx
+import numpy as np
 import pytest
 
 import tiny
 from mlxspec.engine import Engine
 from mlxspec.errors import InvalidArgumentError
+from mlxspec.grammar import AfterThinking, Constraint, check_response_format, token_table
 from mlxspec.prompts import encode_prompt
 from mlxspec.reasoning import ReasoningSplitter, starts_inside, thinking_markers
 from serve_helpers import TIMEOUT, iter_sse, running_server
@@ -124,13 +128,23 @@ def test_the_server_s_template_args_and_a_request_s_own(scripted):
         assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
 
 
-def test_a_grammar_inside_a_thinking_block_the_template_opened_is_refused():
-    """The grammar would apply from the first token, inside the block: said, with what to send instead."""
-    schema = {"type": "json_object"}
-    opening = Engine(tiny.make_llama(0, vocab_size=VOCAB), tiny.make_tokenizer(OPENING, added=THINKING))
-    with pytest.raises(InvalidArgumentError, match=r"response_format: this model's chat template opens a thinking "
-                                                   r"block \(<think>\).*enable_thinking"):
-        opening.stream(ASK, response_format=schema)
+def test_a_grammar_after_a_thinking_block_the_template_opened(scripted):
+    """The model reasons freely (its reasoning leaves the grammar) and answers in the grammar."""
+    tok, model, server = scripted(OPENING)
+    end_text = [tiny.SPECIALS.index("<|im_end|>")]
+    says = tok.encode("Add them: 2 + 2 = 4.</think>42", add_special_tokens=False) + end_text
+    digits = {"type": "regex", "regex": "[0-9]+"}
+    with server as (url, _):
+        model.say(says, len(encode_prompt(ASK, tok, VOCAB)))
+        r = ask(url, response_format=digits)
+        assert r.status_code == 200, r.text
+        message = r.json()["choices"][0]["message"]
+        assert message == {"role": "assistant", "content": "42", "reasoning": "Add them: 2 + 2 = 4."}
+        assert stream(url, response_format=digits) == ("Add them: 2 + 2 = 4.", "42")
+        # after the block the grammar refuses the end of text the model wants: a digit comes first
+        model.say(tok.encode("4</think>", add_special_tokens=False) + end_text, len(encode_prompt(ASK, tok, VOCAB)))
+        r = ask(url, response_format={"type": "regex", "regex": "[0-9]"}).json()
+        assert r["choices"][0]["message"]["content"] in list("0123456789")
     hybrid = Engine(tiny.make_llama(0, vocab_size=VOCAB), tiny.make_tokenizer(HYBRID, added=THINKING))
     r = hybrid.generate(ASK, response_format={"type": "regex", "regex": "[a-z]{3}"}, max_tokens=8)
     assert len(r.text) == 3 and r.text.isalpha()  # the model opens its blocks itself: the grammar keeps it from it
@@ -138,3 +152,54 @@ def test_a_grammar_inside_a_thinking_block_the_template_opened_is_refused():
     r = hybrid.generate(ASK, response_format={"type": "regex", "regex": "[a-z]{3}"}, max_tokens=8,
                         chat_template_kwargs={"enable_thinking": False})
     assert len(r.text) == 3  # (the template closed an empty block: not inside one)
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model", "eagle"])
+@pytest.mark.parametrize("options", [{}, {"num_draft": 3}, {"temperature": 0.8, "seed": 1}])
+@pytest.mark.parametrize("seed, bias", [(0, 0.5), (1, 1.5)])  # the block closes after 7 and 11 tokens
+def test_speculation_after_thinking_is_the_gated_plain_decoding(drafter, options, seed, bias, tmp_path):
+    target = tiny.make_llama(seed, vocab_size=VOCAB, tie_embeddings=False)
+    kw = {}
+    if drafter == "model":
+        kw["draft_model"] = tiny.make_llama(seed, vocab_size=VOCAB, tie_embeddings=False)
+    if drafter == "eagle":
+        kw["eagle_head"] = tiny.make_eagle_head(target, tmp_path / "head", copy=True)
+    tok = tiny.make_tokenizer(OPENING, added=THINKING)
+    engine = Engine(target, tok, drafter=drafter, **kw)
+    end = tok.encode("</think>", add_special_tokens=False)[0]
+    request = dict(max_tokens=40, logit_bias={end: bias}, response_format={"type": "regex", "regex": "[a-c]+"},
+                   **options)
+    plain = engine.generate(ASK, speculative=False, **request)
+    engine.reset()
+    fast = engine.generate(ASK, **request)
+    sampled_q = drafter in ("model", "eagle") and "temperature" in options  # a sample of the same law
+    if not sampled_q:
+        assert fast.tokens == plain.tokens
+    for r in (plain, fast):
+        if r is fast and sampled_q and end not in r.tokens:
+            continue  # (this sample's block did not close)
+        assert end in r.tokens
+        reasoning, answer = r.text.split("</think>")
+        assert re.fullmatch("[a-c]+", answer) and not re.fullmatch("[a-c]*", reasoning), r.text
+    if drafter == "ngram" and options == {"num_draft": 3}:
+        assert fast.stats.accepted > 0
+
+
+def test_a_closing_marker_of_several_tokens_opens_the_grammar_once_whole():
+    """Each prefix of a marker of several tokens, committed or drafted, leaves the block open."""
+    tok = tiny.make_tokenizer()
+    table = token_table(tok, tok.eos_token_ids)
+    inner = Constraint(check_response_format({"type": "regex", "regex": "x+"}), table, tok.eos_token_ids, tiny.VOCAB)
+    t = {ch: tok.encode(ch, add_special_tokens=False)[0] for ch in "</>ax"}
+    gate = AfterThinking(inner, [t["<"], t["/"], t[">"]])
+    assert gate.allowed([t["a"], t["<"], t["/"]]) == 3 and gate.forced() == []
+    gate.commit([t["a"], t["<"]])
+    rows = np.array(gate.rows([t["/"], t[">"], t["x"], t["a"]]))
+    assert rows.shape == (5, tiny.VOCAB) and rows[:2].all()  # up to the marker's last token: anything
+    assert np.nonzero(rows[2])[0].tolist() == [t["x"]]  # then the grammar's rows: x, then x or the end
+    assert np.nonzero(rows[3])[0].tolist() == sorted([t["x"], *tok.eos_token_ids]) and rows[4].all()
+    assert gate.allowed([t["/"], t[">"], t["x"], t["a"]]) == 3  # the grammar refuses "a" after it
+    gate.commit([t["/"]])
+    assert not gate.open
+    gate.commit([t[">"]])
+    assert gate.open and gate.allowed([t["a"]]) == 0 and gate.forced() == [t["x"]]
