@@ -27,6 +27,7 @@ from .device import backend
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
+from .fim import FimFormat, check_suffix, fim_format, no_fim_error
 from .grammar import JSON_OPTIONS, AfterThinking, Constraint, check_response_format, token_table
 from .logprobs import check_logprobs
 from .loop import draw_seed, generate
@@ -35,7 +36,8 @@ from .penalties import Penalties, check_penalty, check_repetition
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
-                      check_endings, check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
+                      check_endings, check_seed, check_stop, check_template_kwargs, check_text, check_tree,
+                      encode_prompt)
 from .reasoning import starts_inside, thinking_markers
 from .sampling import SamplingParams, bias_row, check_logit_bias
 from .sequence import Sequence
@@ -284,7 +286,8 @@ class Engine:
                response_format=None, tool_choice=None, chat_template_kwargs=None, logit_bias=None,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty=None,
                repetition_context_size: int = 20, stop_token_ids=None, ignore_eos: bool = False,
-               min_tokens: int = 0, prompt_logprobs: Optional[int] = None, **other) -> Iterator[TokenEvent]:
+               min_tokens: int = 0, prompt_logprobs: Optional[int] = None, suffix: Optional[str] = None,
+               **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -321,6 +324,10 @@ class Engine:
                 (0..20) best (token, logprob) there), the first token's log-probability None
                 (vLLM's; OpenAI's echo with logprobs). The prompt's every row is then computed:
                 its prefill takes nothing from a cache.
+            suffix: None (default), or fill in the middle: `prompt` (a string) is the text before
+                the insertion point and `suffix` the text after it, laid out with the model's own
+                fill-in-the-middle markers (`Engine.fim_format`; a model without them is refused),
+                and the model writes what goes between, ending at its end-of-middle tokens too.
             response_format: None or {"type": "text"} (free text), or a grammar every token
                 follows, in OpenAI's shapes: {"type": "json_object"}, {"type": "json_schema",
                 "json_schema": {"name": ..., "schema": {...}}}; beyond OpenAI's, {"type": "regex",
@@ -380,8 +387,12 @@ class Engine:
             raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
                                        f"{', '.join(self.drafters)}")
         name = "none" if not speculative else (drafter or self.default_drafter)  # the default is always there
-        ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, tools=tools,
-                            template_kwargs=check_template_kwargs(chat_template_kwargs))
+        template_kwargs = check_template_kwargs(chat_template_kwargs)
+        if check_suffix(suffix, prompt) is None:
+            ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, tools=tools, template_kwargs=template_kwargs)
+        else:
+            ids = self._fim_prompt(prompt, suffix, tools or template_kwargs)
+            endings["stop_ids"] = sorted(set(endings["stop_ids"]) | set(self.fim_format.ends))
         if self.context is not None and len(ids) >= self.context:
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
@@ -405,6 +416,25 @@ class Engine:
             request["params"] = astuple(params)
             return self._shared(request, cancel)
         return self._run(**request, cancel=cancel, constraint=constraint)
+
+    def _fim_prompt(self, prefix: str, suffix: str, chat_only) -> List[int]:
+        """The ids of a fill-in-the-middle prompt in this model's format."""
+        if chat_only:
+            raise InvalidArgumentError("suffix takes a string prompt, and tools and chat_template_kwargs need chat "
+                                       "messages; send one or the other")
+        if self.fim_format is None:
+            raise no_fim_error()
+        ids = self.fim_format.encode(self.tokenizer, check_text(prefix), check_text(suffix, "suffix"))
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidArgumentError(f"suffix: the fill-in-the-middle marker id {bad} is outside the model's "
+                                       f"vocabulary [0, {self.vocab_size})")
+        return ids
+
+    @functools.cached_property
+    def fim_format(self) -> Optional[FimFormat]:
+        """The model's fill-in-the-middle markers (`mlxspec.fim`), or None when it has none."""
+        return fim_format(self.tokenizer)
 
     def _thinking_end(self, ids) -> Optional[List[int]]:
         """The tokens that close the thinking block the chat template opened at the end of the

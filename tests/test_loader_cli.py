@@ -175,6 +175,15 @@ def test_generate_puts_a_system_message_first(made, tiny_gguf_path, capsys):
     assert "--system needs the chat template" in capsys.readouterr().err and len(made) == 1  # before loading
 
 
+def test_generate_fills_in_the_middle_with_a_suffix(made, tiny_gguf_path, capsys):
+    main(["generate", "--target", str(tiny_gguf_path), "--suffix", "\n    return x\n", "def f(x):"])
+    prompt, options = made[0].calls[0]
+    assert prompt == "def f(x):" and options["suffix"] == "\n    return x\n"  # raw text: no chat template
+    assert "raw text" not in capsys.readouterr().err
+    assert main(["generate", "--target", str(tiny_gguf_path), "--suffix", "x", "--system", "s", "hi"]) == 1
+    assert "--suffix sends PROMPT as raw text" in capsys.readouterr().err and len(made) == 1  # before loading
+
+
 def test_generate_passes_stop_strings(made, tiny_gguf_path):
     main(["generate", "--target", str(tiny_gguf_path), "--stop", "END", "--stop", "\n\n", "Capital?"])
     assert made[0].calls[0][1]["stop"] == ["END", "\n\n"]

@@ -31,7 +31,8 @@ def register(subparsers) -> None:
         epilog="examples:\n  mlxspec generate 'What is the capital of France?'\n"
                "  mlxspec generate --pair qwen2.5-7b --temperature 0.7 --seed 1 'Write a haiku'\n"
                "  mlxspec generate --target model.gguf --drafter ngram --json 'Hello'\n"
-               "  mlxspec generate --json-schema cat.schema.json 'Describe a cat as JSON'",
+               "  mlxspec generate --json-schema cat.schema.json 'Describe a cat as JSON'\n"
+               "  mlxspec generate --pair qwen2.5-coder-7b --suffix \"$(cat after.py)\" \"$(cat before.py)\"",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("prompt", metavar="PROMPT", help="the user message ('-' reads it from stdin)")
@@ -53,6 +54,10 @@ def register(subparsers) -> None:
                    help="a system message before PROMPT (default: the chat template's own, if any)")
     p.add_argument("--no-chat-template", action="store_true",
                    help="send PROMPT as raw text, without the chat template (default: with it, if the model has one)")
+    p.add_argument("--suffix", metavar="TEXT", default=None,
+                   help="fill in the middle: PROMPT is the text before the insertion point (raw, without the "
+                        "chat template) and TEXT the text after it; the model writes what goes between. Needs "
+                        "a code model trained for it (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder, Codestral)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
     grammar = p.add_mutually_exclusive_group()
     grammar.add_argument("--json-schema", metavar="SCHEMA", default=None,
@@ -75,7 +80,8 @@ def run(args) -> int:
     fmt = _response_format(args)
     engine = modelargs.load_engine(args, **modelargs.drafting_options(args))  # the engine keeps lookup
     quiet_unless_main(engine)
-    raw = args.no_chat_template or not has_chat_template(engine.tokenizer)  # as mlx-lm: no template, raw text
+    # as mlx-lm: no template, raw text (and the text before the insertion point is raw text)
+    raw = args.no_chat_template or args.suffix is not None or not has_chat_template(engine.tokenizer)
     if raw and args.system is not None:
         raise InvalidArgumentError("--system needs a chat template to place it and this model has none; put the "
                                    "text in PROMPT itself")
@@ -83,7 +89,7 @@ def run(args) -> int:
     prompt = text if raw else system + [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
-                   stop=args.stop, response_format=fmt)
+                   stop=args.stop, response_format=fmt, suffix=args.suffix)
     if args.json:
         result = engine.generate(prompt, **options)
         print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
@@ -91,7 +97,8 @@ def run(args) -> int:
                           "target": _describe(engine.target_info), "draft": _describe(engine.draft_info),
                           "head": _head(engine)}))
         return 0
-    note = "" if raw == args.no_chat_template else "; the model has no chat template: PROMPT is sent as raw text"
+    no_template = raw != args.no_chat_template and args.suffix is None
+    note = "; the model has no chat template: PROMPT is sent as raw text" if no_template else ""
     print(load_line(engine) + note, file=sys.stderr, flush=True)
     stats = _stream(engine, prompt, options)
     print(file=sys.stdout, flush=True)
@@ -111,6 +118,9 @@ def _check_options(args) -> None:
     if args.system is not None and args.no_chat_template:
         raise InvalidArgumentError("--system needs the chat template to place it; with --no-chat-template put the "
                                    "text in PROMPT itself")
+    if args.suffix is not None and args.system is not None:
+        raise InvalidArgumentError("--system needs the chat template, and --suffix sends PROMPT as raw text (the "
+                                   "text before the insertion point); send one or the other")
 
 
 def _response_format(args):

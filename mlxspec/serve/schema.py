@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import InvalidArgumentError, shown as _show
+from ..fim import check_suffix
 from ..grammar import check_response_format
 from ..prompts import (MAX_SEED, check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop,
                        check_template_kwargs, check_text, check_tree)
@@ -129,6 +130,10 @@ def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> Gen
     prompts = _completion_prompts(body.get("prompt"))
     req = _common(body, "completion", prompts[0], defaults or ServeOptions())
     req.more_prompts, req.echo, req.score_only = prompts[1:], echo, score_only
+    if body.get("suffix") is not None:  # fill in the middle: each prompt is the text before the insertion point
+        for i, prompt in enumerate(prompts):
+            _check(lambda p: check_suffix(body["suffix"], p), prompt, "suffix" if len(prompts) == 1 else f"prompt[{i}]")
+        req.options["suffix"] = _check(lambda text: check_text(text, "suffix"), body["suffix"], "suffix")
     _check_choices(req)
     lp = body.get("logprobs")
     if lp is not None:  # the legacy API's: how many alternatives per token
@@ -435,8 +440,6 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
     for key, instead in RENAMED.items():
         if body.get(key) is not None:
             raise unsupported(f"{key} is not supported by this server: {instead}; got {_show(body[key])}", key)
-    if not chat and body.get("suffix"):
-        raise unsupported("suffix (fill in the middle) is not supported by this server", "suffix")
 
 
 def _neutral(value, neutral) -> bool:

@@ -1,0 +1,82 @@
+"""Fill in the middle: a code model writes what goes between a prefix and a suffix (an editor's
+completion at the cursor; OpenAI's `suffix`, llama.cpp's /infill, Ollama's `suffix`).
+
+Models trained for it have marker tokens; the prompt is laid out in the order they were
+trained on, prefix-suffix-middle (the model then writes the middle) or suffix-prefix
+(Codestral's). The markers are read from the vocabulary, so any such model works without
+a template; the model's end-of-middle tokens end the answer as its EOS does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from .errors import InvalidArgumentError, shown
+
+
+@dataclass(frozen=True)
+class FimFormat:
+    prefix: int  # the markers' token ids
+    suffix: int
+    middle: Optional[int]  # None: the middle follows the prefix (suffix first, Codestral's)
+    suffix_first: bool
+    ends: Tuple[int, ...]  # tokens that end a middle besides EOS (present in this vocabulary)
+    names: Tuple[str, ...]  # the markers as written, for messages
+
+    def encode(self, tokenizer, prefix: str, suffix: str) -> List[int]:
+        """The ids of a fill-in-the-middle prompt (the tokenizer's BOS first where it adds one)."""
+        pre = tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
+        suf = tokenizer.encode(suffix, add_special_tokens=False) if suffix else []
+        if self.suffix_first:
+            ids = [self.suffix, *suf, self.prefix, *pre]
+        else:
+            ids = [self.prefix, *pre, self.suffix, *suf, self.middle]
+        bos = getattr(tokenizer, "bos_token_id", None)
+        adds_bos = bos is not None and tokenizer.encode("a")[:1] == [bos]
+        return ([bos] if adds_bos else []) + ids
+
+
+# (prefix, suffix, middle) markers per family, prefix-suffix-middle unless the middle is None.
+STYLES = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder, CodeGemma
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, StarCoder2, Granite code
+    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),  # DeepSeek-Coder
+    ("[PREFIX]", "[SUFFIX]", None),  # Codestral: [SUFFIX] suffix [PREFIX] prefix
+)
+# Tokens a model writes when the middle is done (besides its EOS), where its vocabulary has them.
+ENDS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|im_end|>", "<file_sep>",
+        "<|end▁of▁sentence|>", "<EOT>", "</s>", "<eos>", "<|file_separator|>")
+
+
+def fim_format(tokenizer) -> Optional[FimFormat]:
+    """This tokenizer's fill-in-the-middle markers, or None when it has none."""
+    if tokenizer is None:
+        return None
+    vocab = tokenizer.get_vocab()
+    for style in STYLES:
+        if all(name in vocab for name in style if name is not None):
+            prefix, suffix, middle = (vocab.get(name) if name is not None else None for name in style)
+            markers = {i for i in (prefix, suffix, middle) if i is not None}
+            ends = tuple(sorted({vocab[name] for name in ENDS if name in vocab} | markers))
+            return FimFormat(prefix, suffix, middle, middle is None, ends, tuple(n for n in style if n))
+    return None
+
+
+def check_suffix(suffix, prompt) -> Optional[str]:
+    """None (an ordinary prompt) or the text after the insertion point, with a string prompt (the text before it)."""
+    if suffix is None:
+        return None
+    if not isinstance(suffix, str):
+        raise InvalidArgumentError(f"suffix must be a string (the text after the insertion point), got {shown(suffix)}")
+    if not isinstance(prompt, str):
+        raise InvalidArgumentError("suffix needs a string prompt (the text before the insertion point); got a "
+                                   f"{'token-id' if isinstance(prompt, (list, tuple)) else type(prompt).__name__} prompt")
+    return suffix
+
+
+def no_fim_error() -> InvalidArgumentError:
+    names = ", ".join(style[0] for style in STYLES)
+    return InvalidArgumentError(f"suffix: this model's vocabulary has no fill-in-the-middle markers (such as {names}), "
+                                f"so it was not trained to fill in between a prefix and a suffix; use a code model "
+                                f"that was (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder, Codestral), or send no suffix")
