@@ -79,6 +79,24 @@ def test_a_batch_of_prompts_gets_each_prompt_s_n_choices_in_order(served):
     assert r["usage"]["completion_tokens"] == sum(w.stats.tokens for w in want)
 
 
+@pytest.mark.parametrize("logprobs", [None, 1])
+def test_best_of_returns_the_n_best_by_logprob_per_token(served, logprobs):
+    url, ref = served
+    r = post(url, "/v1/completions", {"prompt": "Rivers", "max_tokens": 10, "n": 2, "best_of": 5,
+                                      "temperature": 1.0, "seed": 5, "logprobs": logprobs})
+    runs = [ref.generate("Rivers", max_tokens=10, temperature=1.0, seed=5 + j, logprobs=0) for j in range(5)]
+    per_token = [sum(w.logprobs) / len(w.logprobs) for w in runs]
+    best = sorted(range(5), key=lambda j: -per_token[j])[:2]
+    assert [c["index"] for c in r["choices"]] == [0, 1]
+    assert [c["text"] for c in r["choices"]] == [runs[j].text for j in best]
+    assert len({w.text for w in runs}) == 5  # they differ, so the choice was a real one
+    assert r["usage"]["completion_tokens"] == sum(w.stats.tokens for w in runs)  # every generation counts
+    if logprobs is None:
+        assert all(c["logprobs"] is None for c in r["choices"])
+    else:
+        assert r["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(runs[best[0]].logprobs, abs=TOL)
+
+
 def test_echo_starts_the_text_with_the_prompt(served):
     url, ref = served
     r = post(url, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 6, "echo": True})

@@ -178,7 +178,7 @@ def test_unsupported_features_are_400_saying_so(server, body, param):
     ({"prompt": ["a", [1, "b"]]}, "prompt[1]", "string or list of token ids"),
     ({"prompt": [[]]}, "prompt[0]", "string or list of token ids"),
     ({"prompt": {"text": "a"}}, "prompt", "string or list of token ids"),
-    ({"prompt": ["a"] * 40, "n": 4}, "n", "160 choices (40 prompts x n=4); at most 128"),
+    ({"prompt": ["a"] * 40, "n": 4}, "n", "160 generations (40 prompts x n=4); at most 128"),
     ({"prompt": "a", "n": 0}, "n", "1..128"),
     ({"prompt": "a", "n": True}, "n", "1..128"),
     ({"prompt": "a", "n": 129}, "n", "1..128"),
@@ -188,8 +188,10 @@ def test_unsupported_features_are_400_saying_so(server, body, param):
     ({"prompt": "a", "logprobs": True}, "logprobs", "0..20"),
     ({"prompt": "a", "suffix": "b"}, "suffix", "no fill-in-the-middle markers"),
     ({"prompt": [1, 2], "suffix": "b"}, "suffix", "needs a string prompt"),
-    ({"prompt": "a", "best_of": 3}, "best_of", "not supported"),
-    ({"prompt": "a", "n": 2, "best_of": 1}, "best_of", "other than n"),
+    ({"prompt": "a", "n": 2, "best_of": 1}, "best_of", "integer in n..128"),
+    ({"prompt": "a", "best_of": True}, "best_of", "integer in n..128"),
+    ({"prompt": "a", "best_of": 3, "stream": True}, "best_of", "cannot be streamed"),
+    ({"prompt": ["a"] * 20, "best_of": 7}, "best_of", "140 generations (20 prompts x best_of=7)"),
     ({"prompt": "a", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "chat endpoint"),
 ])
 def test_bad_completion_fields_are_400(server, body, param, says):

@@ -155,8 +155,7 @@ def _endpoint(parse: Callable) -> Callable:
             if job.stats is None or len(job.stats) < len(choices):  # cancelled: the client is gone
                 return Response(status_code=499)
             _log_done(shapes.id, job.stats)
-            return JSONResponse(shapes.completion([c.whole() for c in choices], _usage(job, req),
-                                                  combined(job.stats)))
+            return JSONResponse(shapes.completion(_best(choices, req), _usage(job, req), combined(job.stats)))
         finally:
             watcher.cancel()  # a stream's disconnects are watched by StreamingResponse itself
             if not streaming:
@@ -215,7 +214,8 @@ class _Choice:
         self.reader = _tool_reader(state.tool_format, req)
         self.echo = _echoed(prompt, state) if req.echo else ""
         self.drop = req.score_only  # the prompt was only scored: the token generated with it is not shown
-        self.logprobs = LogprobStream(shapes.chat, state.token_bytes, len(self.echo)) if req.logprobs else None
+        shown = req.logprobs and not req.ranking_logprobs
+        self.logprobs = LogprobStream(shapes.chat, state.token_bytes, len(self.echo)) if shown else None
         self.usage = req.include_usage
         self.prompt_lp: Optional[dict] = None
         self.pieces: list = []
@@ -231,6 +231,11 @@ class _Choice:
         if not self.drop:
             self.pieces.extend(ev.text for ev in events)
             self.events.extend(events)
+
+    @property
+    def score(self) -> float:
+        """best_of's ranking: the answer's log-probability per token (OpenAI's)."""
+        return sum(ev.logprob for ev in self.events) / max(1, len(self.events))
 
     def whole(self) -> dict:
         reasoning, text, calls = _read("".join(self.pieces), self.splitter, self.reader, last=True)
@@ -283,7 +288,21 @@ def _echoed(prompt, state: ServerState) -> str:
 
 
 def _usage(job: Job, req: schema.GenerationRequest) -> dict:
-    return usage(job.stats, req.n, generated=not req.score_only)
+    return usage(job.stats, req.per_prompt, generated=not req.score_only)
+
+
+def _best(choices: list, req: schema.GenerationRequest) -> list:
+    """The whole answers: each prompt's n best of its best_of by log-probability per token, best
+    first, indexed in OpenAI's order (all of them, as generated, without best_of)."""
+    if req.per_prompt == req.n:
+        return [c.whole() for c in choices]
+    out = []
+    for first in range(0, len(choices), req.per_prompt):
+        group = sorted(choices[first:first + req.per_prompt], key=lambda c: -c.score)[:req.n]
+        for c in group:
+            c.index = len(out)
+            out.append(c.whole())
+    return out
 
 
 async def _by_choice(job: Job, first, prompt_param: str):

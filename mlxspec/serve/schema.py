@@ -57,18 +57,25 @@ class GenerationRequest:
     more_prompts: List[Any] = field(default_factory=list)  # a completions batch's other prompts
     echo: bool = False  # completions: the text (and logprobs) start with the prompt's
     score_only: bool = False  # echo with max_tokens 0: the prompt alone, nothing generated
+    best_of: int = 1  # completions: generations per prompt, of which the n best are returned (>= n)
+    ranking_logprobs: bool = False  # logprobs computed only to rank best_of's generations, not shown
 
     @property
     def prompts(self) -> List[Any]:
         return [self.prompt] + self.more_prompts
 
+    @property
+    def per_prompt(self) -> int:
+        """Generations per prompt: n, or best_of when more."""
+        return max(self.n, self.best_of)
+
     def runs(self) -> List[tuple]:
-        """(prompt, Engine.stream options) per choice, in OpenAI's order: each prompt's n choices
-        in turn. With a seed, choice j of a prompt samples with seed + j: each differs, each
+        """(prompt, Engine.stream options) per generation, in OpenAI's order: each prompt's in
+        turn. With a seed, generation j of a prompt samples with seed + j: each differs, each
         reproducible."""
         seed = self.options.get("seed")
         return [(prompt, self.options if j == 0 or seed is None else dict(self.options, seed=(seed + j) % MAX_SEED))
-                for prompt in self.prompts for j in range(self.n)]
+                for prompt in self.prompts for j in range(self.per_prompt)]
 
     @property
     def tools(self) -> Optional[list]:
@@ -130,6 +137,7 @@ def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> Gen
     prompts = _completion_prompts(body.get("prompt"))
     req = _common(body, "completion", prompts[0], defaults or ServeOptions())
     req.more_prompts, req.echo, req.score_only = prompts[1:], echo, score_only
+    req.best_of = _best_of(body, req.n, req.stream)
     if body.get("suffix") is not None:  # fill in the middle: each prompt is the text before the insertion point
         for i, prompt in enumerate(prompts):
             _check(lambda p: check_suffix(body["suffix"], p), prompt, "suffix" if len(prompts) == 1 else f"prompt[{i}]")
@@ -143,6 +151,8 @@ def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> Gen
         req.options["logprobs"] = lp
         if echo:  # the prompt's tokens too, scored by the prefill
             req.options["prompt_logprobs"] = lp
+    elif req.best_of > req.n:  # best_of ranks by them
+        req.options["logprobs"], req.ranking_logprobs = 0, True
     return req
 
 
@@ -172,10 +182,27 @@ def _choices(body: dict) -> int:
 
 
 def _check_choices(req: GenerationRequest) -> None:
-    count = req.n * len(req.prompts)
+    count = req.per_prompt * len(req.prompts)
     if count > MAX_CHOICES:
-        raise invalid(f"this request asks for {count} choices ({len(req.prompts)} prompts x n={req.n}); at most "
-                      f"{MAX_CHOICES} per request: send fewer prompts or a smaller n", "n")
+        each = f"best_of={req.best_of}" if req.best_of > req.n else f"n={req.n}"
+        raise invalid(f"this request asks for {count} generations ({len(req.prompts)} prompts x {each}); at most "
+                      f"{MAX_CHOICES} per request: send fewer prompts or a smaller {each.split('=')[0]}",
+                      each.split("=")[0])
+
+
+def _best_of(body: dict, n: int, stream: bool) -> int:
+    """OpenAI's best_of: that many generations per prompt, the n with the highest log-probability
+    per token returned (n..MAX_CHOICES; not streamed)."""
+    best_of = body.get("best_of")
+    if best_of is None:
+        return n
+    if isinstance(best_of, bool) or not isinstance(best_of, int) or not n <= best_of <= MAX_CHOICES:
+        raise invalid(f"best_of must be an integer in n..{MAX_CHOICES} (n={n}: generations per prompt, of which "
+                      f"the n best are returned), got {_show(best_of)}", "best_of")
+    if best_of > n and stream:
+        raise invalid("best_of greater than n cannot be streamed (the best are known once all are done); send "
+                      "stream false, or best_of equal to n", "best_of")
+    return best_of
 
 
 def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
@@ -418,11 +445,10 @@ def _is_ids(prompt) -> bool:
 
 # -- what is refused -------------------------------------------------------------------------------
 def _refuse_unsupported(body: dict, *, chat: bool) -> None:
-    best_of = body.get("best_of")
-    n = body.get("n")
-    if best_of is not None and best_of != (1 if n is None else n) or isinstance(best_of, bool):
-        raise unsupported(f"best_of other than n is not supported by this server (it returns every choice it "
-                          f"generates), got {_show(best_of)}", "best_of")
+    best_of, n = body.get("best_of"), body.get("n")
+    if chat and (best_of is not None and best_of != (1 if n is None else n) or isinstance(best_of, bool)):
+        raise unsupported(f"best_of other than n is not supported on the chat endpoint (OpenAI's has none; the "
+                          f"completions endpoint takes it), got {_show(best_of)}", "best_of")
     if body.get("functions"):
         raise unsupported("functions (OpenAI's deprecated function calling) is not supported by this server; "
                           "send tools instead", "functions")
