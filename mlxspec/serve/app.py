@@ -1,6 +1,7 @@
 """The Starlette app: OpenAI routes, server-sent events, auth, body limits, error shapes.
 
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models[/{id}]   GET /health
+    POST /tokenize   POST /detokenize
 
 Every request is answered on the event loop; the model runs on the queue's worker thread.
 A request is checked (schema.py), queued, and answered once its first tokens exist, so an
@@ -33,7 +34,7 @@ from ..reasoning import ReasoningSplitter, starts_inside, thinking_markers
 from ..stats import acceptance_text
 from ..logprobs import token_bytes
 from ..tools import ToolCallReader
-from . import schema
+from . import schema, tokenize
 from .errors import APIError, from_engine, invalid
 from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
@@ -43,7 +44,8 @@ from .responses import DONE, LogprobStream, Shapes, combined, joined, prompt_log
 
 log = logging.getLogger("mlxspec.serve")
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers and scripts probe it)
-ROUTES_HELP = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health"
+ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, POST /tokenize, "
+               "POST /detokenize")
 
 
 class ServerState:
@@ -103,6 +105,8 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/tokenize", tokenize_route, methods=["POST"]),
+        Route("/detokenize", detokenize_route, methods=["POST"]),
     ]
     # Outermost first: the host and origin check, then CORS (a preflight carries no API key), then the key.
     origins = Origins(options.allow_origins)
@@ -398,6 +402,22 @@ async def get_model(request: Request) -> Response:
         raise APIError(404, f"model {_show(name)} does not exist here; this server serves {state.model_id!r}",
                        param="model", code="model_not_found")
     return JSONResponse(state.model_card())
+
+
+async def tokenize_route(request: Request) -> Response:
+    """The model's token ids of a prompt or a chat (vLLM's POST /tokenize)."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    state.note_model(tokenize.model_param(body))
+    return JSONResponse(await asyncio.to_thread(tokenize.tokenize, state.engine, body, schema.chat_messages))
+
+
+async def detokenize_route(request: Request) -> Response:
+    """The text of token ids (vLLM's POST /detokenize)."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    state.note_model(tokenize.model_param(body))
+    return JSONResponse(await asyncio.to_thread(tokenize.detokenize, state.engine, body))
 
 
 async def health(request: Request) -> Response:

@@ -95,7 +95,7 @@ class GenerationRequest:
 def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> GenerationRequest:
     """POST /v1/chat/completions body -> GenerationRequest; `defaults` fill the fields left out."""
     _refuse_unsupported(body, chat=True)
-    req = _common(body, "chat", _messages(body.get("messages")), defaults or ServeOptions())
+    req = _common(body, "chat", chat_messages(body.get("messages")), defaults or ServeOptions())
     tools = _check(check_tools, body.get("tools"), "tools")
     # "required" and a named function are forced by a grammar in the model's call format (the engine's)
     choice = _check(lambda c: check_tool_choice(c, tools), body.get("tool_choice"), "tool_choice")
@@ -324,7 +324,7 @@ def _flag(body: dict, key: str, default: bool, param: Optional[str] = None) -> b
 
 
 # -- prompts ---------------------------------------------------------------------------------------
-def _messages(messages) -> List[dict]:
+def chat_messages(messages) -> List[dict]:
     if messages is None:
         raise invalid("messages is required: a list of {\"role\", \"content\"} objects", "messages",
                       code="missing_required_parameter")

@@ -1,0 +1,77 @@
+"""POST /tokenize and /detokenize: the model's own token ids of a prompt or chat, and back
+(vLLM's shapes; llama.cpp's `content` is taken too), so a client can count tokens against
+the context or build token-id prompts without a copy of the tokenizer.
+
+Run off the event loop (`asyncio.to_thread`): a long chat renders and encodes for a while.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import InvalidArgumentError, shown
+from ..prompts import check_template_kwargs, check_text, encode_prompt
+from ..tools import check_tools
+from .errors import invalid
+
+
+def tokenize(engine, body: dict, messages) -> dict:
+    """{"prompt": text} or {"messages": [...]} (with `tools`, `chat_template_kwargs`) -> {"tokens",
+    "count", "max_model_len"} (and "token_strs" with `return_token_strs`). `messages` is the
+    server's check of chat messages."""
+    tokenizer = engine.tokenizer
+    if tokenizer is None:
+        raise invalid("this server's model has no tokenizer", None)
+    text = body.get("prompt", body.get("content"))
+    if (text is None) == (body.get("messages") is None):
+        raise invalid("send one of prompt (a string) or messages (a chat), as for /v1/completions and "
+                      "/v1/chat/completions", "prompt")
+    try:
+        if text is not None:
+            if not isinstance(text, str):
+                raise invalid(f"prompt must be a string, got {shown(text)}", "prompt")
+            check_text(text)
+            ids = (encode_prompt(text, tokenizer, engine.vocab_size) if _flag(body, "add_special_tokens", True)
+                   else tokenizer.encode(text, add_special_tokens=False)) if text else []
+        else:
+            if body.get("add_generation_prompt") is False:
+                raise invalid("add_generation_prompt false is not supported: a chat is tokenized as the model "
+                              "reads it, its generation prompt included", "add_generation_prompt")
+            ids = encode_prompt(messages(body["messages"]), tokenizer, engine.vocab_size,
+                                tools=check_tools(body.get("tools")) or None,
+                                template_kwargs=check_template_kwargs(body.get("chat_template_kwargs")))
+    except InvalidArgumentError as e:
+        raise invalid(str(e), "messages" if text is None else "prompt") from None
+    out = {"count": len(ids), "max_model_len": getattr(engine, "context", None), "tokens": ids, "token_strs": None}
+    if _flag(body, "return_token_strs", False) or _flag(body, "with_pieces", False):
+        out["token_strs"] = tokenizer.convert_ids_to_tokens(ids)
+    return out
+
+
+def detokenize(engine, body: dict) -> dict:
+    """{"tokens": [ids]} -> {"prompt": their text} (and llama.cpp's "content", the same)."""
+    tokens = body.get("tokens")
+    vocab = engine.vocab_size
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise invalid(f"tokens must be a list of token ids, got {shown(tokens)}", "tokens")
+    bad = next((t for t in tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise invalid(f"token id {bad} is outside the vocabulary: ids must be in [0, {vocab})", "tokens")
+    text = engine.tokenizer.decode(tokens) if tokens else ""
+    return {"prompt": text, "content": text}
+
+
+def _flag(body: dict, key: str, default: bool) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(f"{key} must be true or false, got {shown(value)}", key)
+    return value
+
+
+def model_param(body: dict) -> Optional[str]:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise invalid(f"model must be a string, got {shown(model)}", "model")
+    return model

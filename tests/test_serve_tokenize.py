@@ -1,0 +1,66 @@
+"""POST /tokenize and /detokenize: the engine's own encoding of prompts and chats, and back."""
+
+import httpx
+import pytest
+
+from mlxspec.prompts import encode_prompt
+from serve_helpers import TIMEOUT, running_server, tiny_engine
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a river."}]
+
+
+@pytest.fixture(scope="module")
+def served():
+    engine = tiny_engine()
+    with running_server(engine, model_id="t", api_key="k") as (url, _):
+        yield url, engine
+
+
+def post(url, path, body, key="k"):
+    return httpx.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=TIMEOUT)
+
+
+def test_a_prompt_and_a_chat_are_the_ids_the_engine_generates_from(served):
+    url, engine = served
+    r = post(url, "/tokenize", {"model": "t", "prompt": "Once upon a time"}).json()
+    want = encode_prompt("Once upon a time", engine.tokenizer, engine.vocab_size)
+    assert r == {"count": len(want), "max_model_len": engine.context, "tokens": want, "token_strs": None}
+    r = post(url, "/tokenize", {"messages": CHAT, "return_token_strs": True}).json()
+    want = encode_prompt(CHAT, engine.tokenizer, engine.vocab_size)
+    assert r["tokens"] == want and r["count"] == len(want)
+    assert r["token_strs"] == engine.tokenizer.convert_ids_to_tokens(want)
+    completion = post(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2}).json()
+    assert completion["usage"]["prompt_tokens"] == r["count"]  # what a request of it counts
+    assert post(url, "/tokenize", {"content": "abc"}).json()["tokens"] == \
+        encode_prompt("abc", engine.tokenizer, engine.vocab_size)  # llama.cpp's field
+
+
+def test_detokenize_gives_the_text_back(served):
+    url, engine = served
+    ids = post(url, "/tokenize", {"prompt": "Café ☕ ok", "add_special_tokens": False}).json()["tokens"]
+    r = post(url, "/detokenize", {"tokens": ids}).json()
+    assert r == {"prompt": "Café ☕ ok", "content": "Café ☕ ok"}
+    assert post(url, "/detokenize", {"tokens": []}).json()["prompt"] == ""
+
+
+@pytest.mark.parametrize("path, body, param, says", [
+    ("/tokenize", {}, "prompt", "send one of prompt"),
+    ("/tokenize", {"prompt": "a", "messages": CHAT}, "prompt", "send one of prompt"),
+    ("/tokenize", {"prompt": 5}, "prompt", "must be a string"),
+    ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens", "true or false"),
+    ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "must be one of"),
+    ("/tokenize", {"messages": CHAT, "add_generation_prompt": False}, "add_generation_prompt", "not supported"),
+    ("/tokenize", {"messages": CHAT, "chat_template_kwargs": {"tokenize": True}}, "messages", "may not set"),
+    ("/detokenize", {"tokens": [1, "a"]}, "tokens", "list of token ids"),
+    ("/detokenize", {"tokens": [10 ** 6]}, "tokens", "outside the vocabulary"),
+])
+def test_bad_bodies_are_400_naming_the_field(served, path, body, param, says):
+    r = post(served[0], path, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and says in error["message"], error
+
+
+def test_the_api_key_guards_them_too(served):
+    assert post(served[0], "/tokenize", {"prompt": "a"}, key="wrong").status_code == 401
+    assert post(served[0], "/detokenize", {"tokens": [5]}, key="wrong").status_code == 401
