@@ -1,7 +1,7 @@
 """The Starlette app: OpenAI routes, server-sent events, auth, body limits, error shapes.
 
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models[/{id}]   GET /health
-    POST /tokenize   POST /detokenize
+    POST /tokenize   POST /detokenize   GET /metrics
 
 Every request is answered on the event loop; the model runs on the queue's worker thread.
 A request is checked (schema.py), queued, and answered once its first tokens exist, so an
@@ -25,7 +25,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import InvalidArgumentError, shown as _show
@@ -38,6 +38,7 @@ from . import schema, tokenize
 from .errors import APIError, from_engine, invalid
 from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
+from .metrics import Metrics
 from .options import ServeOptions
 from .queue import EngineQueue, Job
 from .responses import DONE, LogprobStream, Shapes, combined, joined, prompt_logprobs, sse, usage
@@ -45,7 +46,7 @@ from .responses import DONE, LogprobStream, Shapes, combined, joined, prompt_log
 log = logging.getLogger("mlxspec.serve")
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers and scripts probe it)
 ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, POST /tokenize, "
-               "POST /detokenize")
+               "POST /detokenize, GET /metrics")
 
 
 class ServerState:
@@ -57,6 +58,7 @@ class ServerState:
         self.queue = EngineQueue(engine, limit=options.queue)
         self.model_id = options.model_id or getattr(engine, "pair_name", None) or _target_ref(engine) or "mlxspec"
         self.created = int(time.time())
+        self.metrics = Metrics(self.model_id, getattr(engine, "default_drafter", None))
         self._other_names: set = set()
         # Read at start, not on a first request: a template without a known marker makes mlx-lm
         # look through the whole vocabulary.
@@ -107,6 +109,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/tokenize", tokenize_route, methods=["POST"]),
         Route("/detokenize", detokenize_route, methods=["POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
     # Outermost first: the host and origin check, then CORS (a preflight carries no API key), then the key.
     origins = Origins(options.allow_origins)
@@ -152,13 +155,14 @@ def _endpoint(parse: Callable) -> Callable:
             first = await _next(job, req.prompt_param)
             if req.stream:
                 streaming = True
-                return EventStream(_events(job, shapes, first, req, choices),
+                return EventStream(_events(state, job, shapes, first, req, choices),
                                    on_close=lambda: state.queue.cancel(job))
             async for index, events in _by_choice(job, first, req.prompt_param):
                 choices[index].add(events)
             if job.stats is None or len(job.stats) < len(choices):  # cancelled: the client is gone
+                state.metrics.cancelled += 1
                 return Response(status_code=499)
-            _log_done(shapes.id, job.stats)
+            _done(state, shapes, req, job)
             return JSONResponse(shapes.completion(_best(choices, req), _usage(job, req), combined(job.stats)))
         finally:
             watcher.cancel()  # a stream's disconnects are watched by StreamingResponse itself
@@ -355,7 +359,8 @@ class EventStream(StreamingResponse):
             self.on_close()
 
 
-async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest, choices: list):
+async def _events(state: ServerState, job: Job, shapes: Shapes, first, req: schema.GenerationRequest,
+                  choices: list):
     """The SSE body: each choice's chunks in turn (`_Choice.stream`), usage, [DONE]. With logprobs
     a chunk carries those of the tokens whose text is out by then (`LogprobStream`)."""
     try:
@@ -363,11 +368,13 @@ async def _events(job: Job, shapes: Shapes, first, req: schema.GenerationRequest
             for chunk in choices[index].stream(events):
                 yield chunk
         if job.stats is None or len(job.stats) < len(choices):  # cancelled without an error: the client is gone
+            state.metrics.cancelled += 1
             return
         if req.include_usage:
             yield sse(shapes.usage_chunk(_usage(job, req), combined(job.stats)))
-        _log_done(shapes.id, job.stats)
+        _done(state, shapes, req, job)
     except APIError as e:  # the engine failed (or the server is stopping) mid-stream
+        state.metrics.errors[e.status] += 1
         log.warning("%s: stream ended early: %s", shapes.id, e.message)
         yield sse(e.body())
     yield DONE
@@ -382,10 +389,13 @@ async def _cancel_on_disconnect(request: Request, queue: EngineQueue, job: Job) 
             return
 
 
-def _log_done(request_id: str, runs: list) -> None:
+def _done(state: ServerState, shapes: Shapes, req: schema.GenerationRequest, job: Job) -> None:
+    """A request answered whole: logged, and counted in the metrics."""
+    runs = job.stats
+    state.metrics.answered(req.kind, _usage(job, req), runs)
     s = combined(runs)
     log.info("%s: %s%d prompt tokens (%d cached), %d tokens, %.1f tok/s, drafter %s, acceptance %s, "
-             "%.2f tokens/target pass", request_id, f"{len(runs)} choices, " if len(runs) > 1 else "",
+             "%.2f tokens/target pass", shapes.id, f"{len(runs)} choices, " if len(runs) > 1 else "",
              s.prompt_tokens, s.prompt_tokens - s.prefilled_tokens, s.tokens, s.tokens_per_second, s.drafter,
              acceptance_text(s.accepted, s.drafted), s.tokens_per_target_pass)
 
@@ -418,6 +428,14 @@ async def detokenize_route(request: Request) -> Response:
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
     state.note_model(tokenize.model_param(body))
     return JSONResponse(await asyncio.to_thread(tokenize.detokenize, state.engine, body))
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus' text format (`serve/metrics.py`)."""
+    state: ServerState = request.app.state.mlxspec
+    q = state.queue
+    return PlainTextResponse(state.metrics.render(q.running is not None, q.waiting, q.limit),
+                             media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 async def health(request: Request) -> Response:
@@ -489,12 +507,14 @@ class BearerAuth:
 
 
 async def _api_error(request: Request, exc: APIError) -> Response:
+    _count_error(request, exc.status)
     if exc.status >= 500:
         log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
     return exc.response()
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
+    _count_error(request, exc.status_code)
     if exc.status_code == 404:
         message = f"no route {request.url.path}; this server answers {ROUTES_HELP}"
     elif exc.status_code == 405:
@@ -507,7 +527,14 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
+    _count_error(request, 500)
     return _internal(exc).response()
+
+
+def _count_error(request: Request, status: int) -> None:
+    state = getattr(request.app.state, "mlxspec", None)
+    if state is not None:
+        state.metrics.errors[status] += 1
 
 
 def _internal(exc: Exception) -> APIError:

@@ -1,0 +1,58 @@
+"""GET /metrics: Prometheus' text format, its counters the sums of what the answers said."""
+
+import re
+
+import httpx
+
+from serve_helpers import TIMEOUT, running_server, sse_events, tiny_engine
+
+ASK = [{"role": "user", "content": "Tell me about rivers and the sea."}]
+
+
+def scrape(url) -> dict:
+    r = httpx.get(f"{url}/metrics", timeout=TIMEOUT)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for line in r.text.splitlines():
+        if line.startswith("#"):
+            assert re.fullmatch(r"# (HELP|TYPE) mlxspec_\w+ .+", line), line
+            continue
+        name, value = line.rsplit(" ", 1)
+        samples[name] = float(value)
+    return samples
+
+
+def test_the_counters_add_up_what_the_answers_said():
+    with running_server(tiny_engine(drafter="ngram"), model_id="t") as (url, _):
+        before = scrape(url)
+        assert before["mlxspec_requests_total{endpoint=\"chat\"}"] == 0
+        assert before['mlxspec_info{model="t",drafter="ngram"}'] == 1
+        answers = [httpx.post(f"{url}/v1/chat/completions", json={"messages": ASK, "max_tokens": 24, "n": 2},
+                              timeout=TIMEOUT).json(),
+                   httpx.post(f"{url}/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 16},
+                              timeout=TIMEOUT).json()]
+        body = {"messages": ASK, "max_tokens": 12, "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
+            answers.append(sse_events(r)[-2])
+        assert httpx.post(f"{url}/v1/completions", json={"prompt": ""}, timeout=TIMEOUT).status_code == 400
+        assert httpx.get(f"{url}/v1/nothing", timeout=TIMEOUT).status_code == 404
+        m = scrape(url)
+    assert m['mlxspec_requests_total{endpoint="chat"}'] == 2 and m['mlxspec_requests_total{endpoint="completion"}'] == 1
+    for key, total in (("prompt_tokens", "prompt_tokens"), ("generation_tokens", "completion_tokens")):
+        assert m[f"mlxspec_{key}_total"] == sum(a["usage"][total] for a in answers)
+    figures = [a["mlxspec"] for a in answers]
+    assert m["mlxspec_drafted_tokens_total"] == sum(f["drafted"] for f in figures) > 0
+    assert m["mlxspec_accepted_tokens_total"] == sum(f["accepted"] for f in figures)
+    assert m["mlxspec_target_passes_total"] == sum(f["target_passes"] for f in figures)
+    assert m["mlxspec_generations_total"] == 4 == m["mlxspec_time_to_first_token_seconds_count"]
+    assert m['mlxspec_time_to_first_token_seconds_bucket{le="+Inf"}'] == 4
+    buckets = [v for k, v in m.items() if k.startswith("mlxspec_time_to_first_token_seconds_bucket")]
+    assert buckets == sorted(buckets)  # cumulative
+    assert m['mlxspec_errors_total{status="400"}'] == 1 and m['mlxspec_errors_total{status="404"}'] == 1
+    assert m["mlxspec_requests_running"] == 0 and m["mlxspec_queue_limit"] == 16
+
+
+def test_metrics_need_the_api_key_when_one_is_set():
+    with running_server(tiny_engine(), model_id="t", api_key="k") as (url, _):
+        assert httpx.get(f"{url}/metrics", timeout=TIMEOUT).status_code == 401
+        assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer k"}, timeout=TIMEOUT).status_code == 200
