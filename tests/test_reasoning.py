@@ -203,3 +203,30 @@ def test_a_closing_marker_of_several_tokens_opens_the_grammar_once_whole():
     assert not gate.open
     gate.commit([t[">"]])
     assert gate.open and gate.allowed([t["a"]]) == 0 and gate.forced() == [t["x"]]
+
+
+@pytest.mark.parametrize("key", ["reasoning_content", "none"])
+def test_the_server_puts_the_reasoning_where_it_is_told(scripted, key):
+    tok, model, server = scripted(HYBRID, reasoning_key=key)
+    says = "<think>\nAdd them.\n</think>\n\nIt is 4."
+    with server as (url, _):
+        model.say(tok.encode(says, add_special_tokens=False), len(encode_prompt(ASK, tok, VOCAB)))
+        message = ask(url).json()["choices"][0]["message"]
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=TIMEOUT,
+                          json={"messages": ASK, "max_tokens": 80, "stream": True}) as r:
+            deltas = [c["choices"][0]["delta"] for c in iter_sse(r) if c and c.get("choices")]
+    if key == "none":
+        assert message == {"role": "assistant", "content": says}
+        assert "".join(d.get("content") or "" for d in deltas) == says
+    else:
+        assert message == {"role": "assistant", "content": "It is 4.", key: "\nAdd them.\n"}
+        assert "".join(d.get(key, "") for d in deltas) == "\nAdd them.\n"
+    assert not any("reasoning" in d for d in deltas)
+
+
+def test_an_unknown_reasoning_key_is_refused():
+    from mlxspec.serve import ServeOptions
+    from mlxspec.serve.app import make_app
+
+    with pytest.raises(InvalidArgumentError, match="reasoning_key must be one of reasoning, reasoning_content, none"):
+        make_app(Engine(tiny.make_llama(0), tiny.make_tokenizer()), ServeOptions(reasoning_key="thoughts"))

@@ -17,7 +17,7 @@ API_KEY_ENV = "MLXSPEC_API_KEY"
 
 
 def register(subparsers) -> None:
-    from ..serve.options import DEFAULT_MAX_BODY, DEFAULT_PROMPT_CACHE, ServeOptions
+    from ..serve.options import DEFAULT_MAX_BODY, DEFAULT_PROMPT_CACHE, REASONING_KEYS, ServeOptions
 
     d = ServeOptions()
     p = subparsers.add_parser(
@@ -71,6 +71,11 @@ def register(subparsers) -> None:
                    help="variables for the chat template of every chat request, as mlx-lm's server takes them, "
                         "e.g. '{\"enable_thinking\": false}' for Qwen3 (a request's chat_template_kwargs win) "
                         "(default: none)")
+    p.add_argument("--reasoning-key", choices=REASONING_KEYS, default=d.reasoning_key,
+                   help="where a thinking model's reasoning (between <think> and </think>) goes in chat answers: "
+                        "'reasoning' (mlx-lm's and vLLM's key), 'reasoning_content' (DeepSeek's API's and "
+                        "llama.cpp's, which many clients read), or 'none' (left in content, markers and all) "
+                        f"(default: {d.reasoning_key})")
     p.add_argument("--max-body-size", type=positive, default=DEFAULT_MAX_BODY, metavar="BYTES",
                    help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY}, {DEFAULT_MAX_BODY >> 20} MiB)")
     p.add_argument("--client-timeout", type=non_negative, default=d.client_timeout, metavar="S",
@@ -122,7 +127,8 @@ def run(args) -> int:
                            max_tokens=args.max_tokens, temperature=args.temperature,
                            max_body_size=args.max_body_size, shutdown_grace=args.shutdown_grace,
                            log_level=args.log_level, allow_origins=tuple(args.allow_origin),
-                           client_timeout=args.client_timeout, chat_template_args=args.chat_template_args)
+                           client_timeout=args.client_timeout, chat_template_args=args.chat_template_args,
+                           reasoning_key=args.reasoning_key)
     try:
         return serve(engine, options)
     finally:

@@ -39,7 +39,7 @@ from .errors import APIError, from_engine, invalid
 from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
 from .metrics import Metrics
-from .options import ServeOptions
+from .options import REASONING_KEYS, ServeOptions
 from .queue import EngineQueue, Job
 from .responses import DONE, LogprobStream, Shapes, combined, joined, prompt_logprobs, sse, usage
 
@@ -64,7 +64,8 @@ class ServerState:
         # look through the whole vocabulary.
         self.tool_format = getattr(engine, "tool_format", None)
         tokenizer = getattr(engine, "tokenizer", None)
-        self.thinking = thinking_markers(tokenizer)  # a thinking model's markers: its reasoning is split off
+        # a thinking model's markers: its reasoning is split off (unless the server is told to leave it)
+        self.thinking = thinking_markers(tokenizer) if options.reasoning_key != "none" else None
         # A token's own bytes, for logprobs (without a tokenizer: its id)
         self.token_bytes = functools.lru_cache(maxsize=65536)(
             lambda t: token_bytes(tokenizer, t) if tokenizer is not None else str(t).encode())
@@ -90,6 +91,9 @@ class ServerState:
 def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
     """The ASGI app serving `engine`; its worker thread starts and stops with the app's lifespan."""
     options = options or ServeOptions()
+    if options.reasoning_key not in REASONING_KEYS:
+        raise InvalidArgumentError(f"reasoning_key must be one of {', '.join(REASONING_KEYS)}, got "
+                                   f"{_show(options.reasoning_key)}")
     state = ServerState(engine, options)
 
     @contextlib.asynccontextmanager
@@ -146,7 +150,7 @@ def _endpoint(parse: Callable) -> Callable:
         state.note_model(req.model)
         runs = req.runs()
         job = state.queue.submit(*runs[0], then=tuple(runs[1:]))  # one slot: the choices run back to back
-        shapes = Shapes(req.kind, state.model_id)
+        shapes = Shapes(req.kind, state.model_id, state.options.reasoning_key)
         thinking = await _thinking_start(state, req)
         choices = [_Choice(i, prompt, req, state, shapes, thinking) for i, (prompt, _) in enumerate(runs)]
         watcher = asyncio.create_task(_cancel_on_disconnect(request, state.queue, job))

@@ -8,6 +8,9 @@ from typing import Optional, Tuple
 DEFAULT_MAX_BODY = 8 * 2**20  # bytes; a long conversation in JSON is well under this
 # Earlier conversations whose caches `mlxspec serve` has its engine keep (Engine's prompt_cache_size).
 DEFAULT_PROMPT_CACHE = 4
+# Where a thinking model's reasoning goes: mlx-lm's and vLLM's key, DeepSeek's API's and
+# llama.cpp's, or nowhere (left in `content`, markers and all).
+REASONING_KEYS = ("reasoning", "reasoning_content", "none")
 
 
 @dataclass
@@ -23,5 +26,6 @@ class ServeOptions:
     client_timeout: float = 30.0  # seconds for a request's head, and between two pieces of its body (0: none)
     allow_origins: Tuple[str, ...] = ()  # web pages' origins (besides this machine's) that may call it; "*": any
     chat_template_args: Optional[dict] = None  # template variables for every chat request (a request's own win)
+    reasoning_key: str = "reasoning"  # one of REASONING_KEYS
     model_id: Optional[str] = None  # the name /v1/models lists; default: the pair's name or the target
     log_level: str = "info"

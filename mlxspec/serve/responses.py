@@ -55,8 +55,9 @@ def figures(stats: GenerationStats) -> dict:
 class Shapes:
     """Builds every body of one request's answer (same id, `created` and `model` throughout)."""
 
-    def __init__(self, kind: str, model: str):
+    def __init__(self, kind: str, model: str, reasoning_key: str = "reasoning"):
         self.chat = kind == "chat"
+        self.reasoning_key = reasoning_key  # where a thinking model's reasoning goes (`serve --reasoning-key`)
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = model
@@ -67,12 +68,12 @@ class Shapes:
     def choice(self, index: int, text: str, finish_reason: str, tool_calls: Optional[list] = None,
                logprobs: Optional[dict] = None, reasoning: str = "") -> dict:
         """One choice of a whole answer (`content` null when only tools were called; a thinking
-        model's reasoning in `reasoning`, mlx-lm's key)."""
+        model's reasoning in `reasoning`, mlx-lm's key, or `serve --reasoning-key`'s)."""
         if not self.chat:
             return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         message = {"role": "assistant", "content": text or (None if tool_calls else "")}
         if reasoning:
-            message["reasoning"] = reasoning
+            message[self.reasoning_key] = reasoning
         if tool_calls:
             message["tool_calls"] = tool_calls
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -93,7 +94,7 @@ class Shapes:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if first else {}
             if reasoning:
-                delta["reasoning"] = reasoning
+                delta[self.reasoning_key] = reasoning
             if text:
                 delta["content"] = text
             if tool_calls:
