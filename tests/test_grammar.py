@@ -201,6 +201,7 @@ class Mood(pydantic.BaseModel):
 def test_structured_output_through_the_openai_client():
     engine = tiny_engine(drafter="ngram")
     with running_server(engine, model_id="t") as (url, _):
+        assert engine._grammar_table is not None  # built at start: no request waits for it
         client = openai_client(url)
         r = client.chat.completions.create(model="t", messages=ASK, max_tokens=200, response_format=MOOD)
         answer = json.loads(r.choices[0].message.content)

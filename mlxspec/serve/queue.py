@@ -253,6 +253,11 @@ class EngineQueue:
             log.info("warming the engine up (every pass shape once, so no request pays for compilation)")
             t0 = time.perf_counter()
             self.engine.warmup(temperatures=temperatures)
+            if hasattr(self.engine, "prepare_grammar"):  # so no response_format request waits for it
+                try:
+                    self.engine.prepare_grammar()
+                except Exception as e:  # e.g. a slow (Python) tokenizer: response_format requests say so
+                    log.warning("structured output unavailable: %s", e)
             self.ready.set_result(time.perf_counter() - t0)
         except BaseException as e:
             self.ready.set_exception(e)
