@@ -70,8 +70,10 @@ def check_suffix(suffix, prompt) -> Optional[str]:
     if not isinstance(suffix, str):
         raise InvalidArgumentError(f"suffix must be a string (the text after the insertion point), got {shown(suffix)}")
     if not isinstance(prompt, str):
-        raise InvalidArgumentError("suffix needs a string prompt (the text before the insertion point); got a "
-                                   f"{'token-id' if isinstance(prompt, (list, tuple)) else type(prompt).__name__} prompt")
+        chat = isinstance(prompt, (list, tuple)) and any(isinstance(m, dict) for m in prompt)
+        kind = "chat" if chat else "token-id" if isinstance(prompt, (list, tuple)) else type(prompt).__name__
+        raise InvalidArgumentError(f"suffix needs a string prompt (the text before the insertion point); got a "
+                                   f"{kind} prompt")
     return suffix
 
 

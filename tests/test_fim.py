@@ -68,7 +68,8 @@ def test_speculation_fills_in_the_middle_as_plain_decoding_does(drafter, options
 @pytest.mark.parametrize("kwargs, says", [
     ({"prompt": PREFIX, "suffix": 3}, "suffix must be a string"),
     ({"prompt": [5, 6], "suffix": "x"}, "suffix needs a string prompt"),
-    ({"prompt": [{"role": "user", "content": "hi"}], "suffix": "x"}, "suffix needs a string prompt"),
+    ({"prompt": [{"role": "user", "content": "hi"}], "suffix": "x"}, "suffix needs a string prompt.*got a chat"),
+    ({"prompt": [5, 6], "suffix": "x"}, "got a token-id prompt"),
     ({"prompt": PREFIX, "suffix": "\ud800"}, "suffix is not valid Unicode"),
 ])
 def test_bad_suffixes_are_refused(kwargs, says):
