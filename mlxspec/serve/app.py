@@ -1,6 +1,6 @@
 """The Starlette app: OpenAI routes, server-sent events, auth, body limits, error shapes.
 
-    POST /v1/chat/completions   POST /v1/completions   GET /v1/models[/{id}]   GET /health
+    POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   GET /v1/models[/{id}]   GET /health
     POST /tokenize   POST /detokenize   GET /metrics
 
 Every request is answered on the event loop; the model runs on the queue's worker thread.
@@ -34,7 +34,7 @@ from ..reasoning import ReasoningSplitter, starts_inside, thinking_markers
 from ..stats import acceptance_text
 from ..logprobs import token_bytes
 from ..tools import ToolCallReader
-from . import schema, tokenize
+from . import responses_api, schema, tokenize
 from .errors import APIError, from_engine, invalid
 from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
@@ -45,8 +45,8 @@ from .responses import DONE, LogprobStream, Shapes, combined, joined, prompt_log
 
 log = logging.getLogger("mlxspec.serve")
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers and scripts probe it)
-ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, POST /tokenize, "
-               "POST /detokenize, GET /metrics")
+ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/models, GET /health, "
+               "POST /tokenize, POST /detokenize, GET /metrics")
 
 
 class ServerState:
@@ -108,6 +108,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
     routes = [
         Route("/v1/chat/completions", _endpoint(schema.parse_chat), methods=["POST"]),
         Route("/v1/completions", _endpoint(schema.parse_completion), methods=["POST"]),
+        Route("/v1/responses", create_response, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -166,7 +167,7 @@ def _endpoint(parse: Callable) -> Callable:
             if job.stats is None or len(job.stats) < len(choices):  # cancelled: the client is gone
                 state.metrics.cancelled += 1
                 return Response(status_code=499)
-            _done(state, shapes, req, job)
+            _done(state, shapes.id, req.kind, req, job)
             return JSONResponse(shapes.completion(_best(choices, req), _usage(job, req), combined(job.stats)))
         finally:
             watcher.cancel()  # a stream's disconnects are watched by StreamingResponse itself
@@ -376,12 +377,86 @@ async def _events(state: ServerState, job: Job, shapes: Shapes, first, req: sche
             return
         if req.include_usage:
             yield sse(shapes.usage_chunk(_usage(job, req), combined(job.stats)))
-        _done(state, shapes, req, job)
+        _done(state, shapes.id, req.kind, req, job)
     except APIError as e:  # the engine failed (or the server is stopping) mid-stream
         state.metrics.errors[e.status] += 1
         log.warning("%s: stream ended early: %s", shapes.id, e.message)
         yield sse(e.body())
     yield DONE
+
+
+# -- the Responses API ------------------------------------------------------------------------------
+async def create_response(request: Request) -> Response:
+    """POST /v1/responses: OpenAI's Responses API, answered as a chat (`responses_api`)."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    try:
+        req = schema.parse_chat(responses_api.to_chat(body), state.options)
+    except APIError as e:
+        raise responses_api.renamed(e) from None
+    state.note_model(req.model)
+    job = state.queue.submit(req.prompt, req.options)
+    thinking = await _thinking_start(state, req)
+    splitter = ReasoningSplitter(*thinking) if thinking is not None else None
+    reader = _tool_reader(state.tool_format, req)
+    builder = responses_api.ResponseBuilder(state.model_id, body)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, state.queue, job))
+    streaming = False
+    try:
+        first = await _next_renamed(job)
+        if req.stream:
+            streaming = True
+            return EventStream(_response_events(state, job, builder, first, req, splitter, reader),
+                               on_close=lambda: state.queue.cancel(job))
+        pieces, finish, events = [], None, first
+        while events:
+            pieces.extend(ev.text for ev in events)
+            finish = events[-1].finish_reason or finish
+            events = await _next_renamed(job)
+        if not job.stats or finish is None:  # cancelled: the client is gone
+            state.metrics.cancelled += 1
+            return Response(status_code=499)
+        _done(state, builder.id, "responses", req, job)
+        reasoning, text, calls = _read("".join(pieces), splitter, reader, last=True)
+        return JSONResponse(builder.whole(reasoning, text, calls, finish, _usage(job, req), job.stats[-1]))
+    finally:
+        watcher.cancel()
+        if not streaming:
+            state.queue.cancel(job)
+
+
+async def _next_renamed(job: Job):
+    try:
+        return await _next(job, "input")
+    except APIError as e:
+        raise responses_api.renamed(e) from None
+
+
+async def _response_events(state: ServerState, job: Job, builder, first, req: schema.GenerationRequest,
+                           splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader]):
+    """The Responses' stream: created, in_progress, each item's events, completed (or incomplete)."""
+    sse_event = responses_api.sse_event
+    for event in builder.start():
+        yield sse_event(event)
+    try:
+        events, finish = first, None
+        while events:
+            finish = events[-1].finish_reason or finish
+            for event in builder.feed(*_read("".join(ev.text for ev in events), splitter, reader)):
+                yield sse_event(event)
+            events = await _next_renamed(job)
+        if not job.stats or finish is None:  # cancelled without an error: the client is gone
+            state.metrics.cancelled += 1
+            return
+        for event in builder.feed(*_read("", splitter, reader, last=True)):
+            yield sse_event(event)
+        for event in builder.finish(finish, _usage(job, req), job.stats[-1]):
+            yield sse_event(event)
+        _done(state, builder.id, "responses", req, job)
+    except APIError as e:  # the engine failed (or the server is stopping) mid-stream
+        state.metrics.errors[e.status] += 1
+        log.warning("%s: stream ended early: %s", builder.id, e.message)
+        yield sse_event(builder.event("error", code=e.code, message=e.message, param=e.param))
 
 
 async def _cancel_on_disconnect(request: Request, queue: EngineQueue, job: Job) -> None:
@@ -393,13 +468,13 @@ async def _cancel_on_disconnect(request: Request, queue: EngineQueue, job: Job) 
             return
 
 
-def _done(state: ServerState, shapes: Shapes, req: schema.GenerationRequest, job: Job) -> None:
+def _done(state: ServerState, request_id: str, endpoint: str, req: schema.GenerationRequest, job: Job) -> None:
     """A request answered whole: logged, and counted in the metrics."""
     runs = job.stats
-    state.metrics.answered(req.kind, _usage(job, req), runs)
+    state.metrics.answered(endpoint, _usage(job, req), runs)
     s = combined(runs)
     log.info("%s: %s%d prompt tokens (%d cached), %d tokens, %.1f tok/s, drafter %s, acceptance %s, "
-             "%.2f tokens/target pass", shapes.id, f"{len(runs)} choices, " if len(runs) > 1 else "",
+             "%.2f tokens/target pass", request_id, f"{len(runs)} choices, " if len(runs) > 1 else "",
              s.prompt_tokens, s.prompt_tokens - s.prefilled_tokens, s.tokens, s.tokens_per_second, s.drafter,
              acceptance_text(s.accepted, s.drafted), s.tokens_per_target_pass)
 

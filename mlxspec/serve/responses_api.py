@@ -1,0 +1,331 @@
+"""OpenAI's Responses API (POST /v1/responses), served by the chat machinery.
+
+A request is translated into a chat request (`to_chat`): `instructions` becomes the system
+message, `input` items become messages (a string is one user message; `function_call` and
+`function_call_output` items become the assistant's tool calls and the tool messages that
+answer them), `tools` in the Responses' flat shape become chat tools, `text.format` becomes
+`response_format`, `max_output_tokens` becomes `max_tokens`. Nothing is stored: a response
+cannot be fetched again or continued by `previous_response_id` (a 400 says to send the
+conversation as `input`, as stateless clients do).
+
+`ResponseBuilder` shapes what the model wrote (reasoning, text, tool calls, as `app._read`
+splits them) into output items: a `reasoning` item, a `message` with one `output_text`, and
+one `function_call` item per call; streamed, as the Responses' typed events.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Dict, List, Optional
+
+from ..errors import shown
+from .errors import APIError, invalid, unsupported
+from .responses import figures
+
+# Responses fields that change nothing here (accepted and echoed or ignored).
+IGNORED = ("store", "metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier", "truncation",
+           "background", "include", "reasoning", "stream_options", "prompt_cache_retention")
+# Fields passed to the chat request as they are (OpenAI's and this server's own).
+PASSED = ("model", "temperature", "top_p", "parallel_tool_calls", "stream", "seed", "top_k", "min_p", "stop",
+          "speculative", "num_draft", "drafter", "tree", "lookup", "logit_bias", "presence_penalty",
+          "frequency_penalty", "repetition_penalty", "repetition_context_size", "chat_template_kwargs",
+          "stop_token_ids", "ignore_eos", "min_tokens")
+
+
+def to_chat(body: dict) -> dict:
+    """A Responses request body -> the chat completions body that answers it (400s name the
+    Responses' own fields)."""
+    if body.get("previous_response_id") is not None or body.get("conversation") is not None:
+        raise unsupported("previous_response_id and conversation need stored responses, and this server stores "
+                          "none: send the whole conversation as input (its earlier output items included)",
+                          "previous_response_id")
+    if body.get("background"):
+        raise unsupported("background responses are not supported by this server: send the request and wait, or "
+                          "stream it", "background")
+    chat: Dict[str, Any] = {key: body[key] for key in PASSED if key in body}
+    messages: List[dict] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise invalid(f"instructions must be a string, got {shown(instructions)}", "instructions")
+        messages.append({"role": "system", "content": instructions})
+    messages += _input_messages(body.get("input"))
+    chat["messages"] = messages
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    if body.get("tools") is not None:
+        chat["tools"] = _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    if body.get("text") is not None and not isinstance(body.get("text"), dict):
+        raise invalid(f"text must be an object like {{\"format\": {{\"type\": \"text\"}}}}, got {shown(body['text'])}",
+                      "text")
+    if fmt is not None:
+        chat["response_format"] = _format(fmt)
+    return chat
+
+
+def param_of(chat_param: Optional[str]) -> Optional[str]:
+    """A chat field's name in the Responses' terms, for errors."""
+    if chat_param is None:
+        return None
+    if chat_param.startswith("messages"):
+        return "input"
+    return {"max_tokens": "max_output_tokens", "response_format": "text.format"}.get(chat_param, chat_param)
+
+
+def _input_messages(given) -> List[dict]:
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    if not isinstance(given, list) or not given:
+        raise invalid(f"input must be a string or a non-empty list of items (messages, function_call, "
+                      f"function_call_output), got {shown(given)}", "input")
+    out: List[dict] = []
+    for i, item in enumerate(given):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise invalid(f"{where} must be an item object, got {shown(item)}", where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            out.append({"role": item.get("role"), "content": _content(item.get("content"), where)})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") is not None:
+                out[-1]["tool_calls"].append(call)  # the calls of one turn, in one message
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if not isinstance(output, str):
+                output = _content(output, f"{where}.output")
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
+        elif kind == "reasoning":
+            continue  # a thinking model's earlier reasoning: chat templates drop it too
+        else:
+            raise unsupported(f"{where}: items of type {shown(kind)} are not supported by this server (only "
+                              f"message, function_call, function_call_output and reasoning)", where)
+    return out
+
+
+def _content(content, where: str):
+    """A message's content: a string, or text parts (input_text, output_text, text)."""
+    if isinstance(content, str) or content is None:
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"{where}.content must be a string or a list of text parts, got {shown(content)}",
+                      f"{where}.content")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
+                or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise invalid(f"{where}.content[{j}] must be a text part {{\"type\": \"input_text\", \"text\": ...}}; "
+                          f"only text is supported, got {shown(kind)}", f"{where}.content[{j}]")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _tools(tools) -> list:
+    if not isinstance(tools, list):
+        raise invalid(f"tools must be a list of function tools, got {shown(tools)}", "tools")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise unsupported(f"tools[{i}]: only function tools are supported by this server (the model's own "
+                              f"calls, run by the client), got type {shown(kind)}", f"tools[{i}]")
+        fn = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice):
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _format(fmt) -> dict:
+    """text.format -> response_format (the Responses put json_schema's fields at the top)."""
+    if not isinstance(fmt, dict):
+        raise invalid(f"text.format must be an object like {{\"type\": \"json_schema\", \"name\": ..., "
+                      f"\"schema\": {{...}}}}, got {shown(fmt)}", "text.format")
+    if fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise invalid(f"text.format of type json_schema needs a schema (a JSON schema object), got "
+                          f"{shown(fmt.get('schema'))}", "text.format")
+        inner = {key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt}
+        return {"type": "json_schema", "json_schema": inner}
+    return fmt
+
+
+class ResponseBuilder:
+    """One response's output items, whole or as the Responses' stream events."""
+
+    def __init__(self, model: str, body: dict):
+        self.id = "resp_" + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.model = model
+        self.body = body
+        self.seq = 0
+        self.items: List[dict] = []  # finished items
+        self.open: Optional[dict] = None  # the item being streamed (reasoning or message)
+        self.text = {"reasoning": "", "message": ""}
+
+    # -- whole ---------------------------------------------------------------------------------
+    def whole(self, reasoning: str, text: str, calls: list, finish: str, usage: dict, stats) -> dict:
+        if reasoning:
+            self.items.append(self._reasoning_item(reasoning, "completed"))
+        if text or not calls:
+            self.items.append(self._message_item(text, "completed" if finish != "length" else "incomplete"))
+        self.items += [self._call_item(c) for c in calls]
+        return self.response(finish, usage, stats)
+
+    def response(self, finish: Optional[str], usage: Optional[dict], stats, status: Optional[str] = None) -> dict:
+        b = self.body
+        status = status or ("incomplete" if finish == "length" else "completed")
+        out = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
+               "model": self.model, "output": list(self.items), "error": None,
+               "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+               "instructions": b.get("instructions"), "max_output_tokens": b.get("max_output_tokens"),
+               "parallel_tool_calls": b.get("parallel_tool_calls", True), "previous_response_id": None,
+               "temperature": b.get("temperature"), "top_p": b.get("top_p"), "tools": b.get("tools") or [],
+               "tool_choice": b.get("tool_choice", "auto"), "text": b.get("text") or {"format": {"type": "text"}},
+               "metadata": b.get("metadata") or {}, "store": False, "truncation": "disabled", "usage": None}
+        if usage is not None:
+            out["usage"] = {"input_tokens": usage["prompt_tokens"],
+                            "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+                                                     "cache_write_tokens": 0},
+                            "output_tokens": usage["completion_tokens"],
+                            "output_tokens_details": {"reasoning_tokens": 0},
+                            "total_tokens": usage["total_tokens"]}
+        if stats is not None:
+            out["mlxspec"] = figures(stats)
+        return out
+
+    # -- streamed ------------------------------------------------------------------------------
+    def event(self, kind: str, **fields) -> dict:
+        body = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return body
+
+    def start(self) -> List[dict]:
+        shell = self.response(None, None, None, status="in_progress")
+        return [self.event("response.created", response=shell), self.event("response.in_progress", response=shell)]
+
+    def feed(self, reasoning: str, text: str, calls: list) -> List[dict]:
+        """Events for new reasoning, text and whole tool calls (each opens its item as needed)."""
+        out: List[dict] = []
+        if reasoning:
+            out += self._open("reasoning")
+            out.append(self.event("response.reasoning_text.delta", item_id=self.open["id"],
+                                  output_index=len(self.items), content_index=0, delta=reasoning))
+            self.text["reasoning"] += reasoning
+        if text:
+            out += self._open("message")
+            out.append(self.event("response.output_text.delta", item_id=self.open["id"], output_index=len(self.items),
+                                  content_index=0, delta=text, logprobs=[]))
+            self.text["message"] += text
+        for call in calls:
+            out += self._close()
+            item = self._call_item(call)
+            index = len(self.items)
+            added = dict(item, arguments="", status="in_progress")
+            out.append(self.event("response.output_item.added", output_index=index, item=added))
+            out.append(self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                                  delta=item["arguments"]))
+            out.append(self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                  arguments=item["arguments"]))
+            out.append(self.event("response.output_item.done", output_index=index, item=item))
+            self.items.append(item)
+        return out
+
+    def finish(self, finish: str, usage: dict, stats) -> List[dict]:
+        if not self.items and self.open is None:
+            out = self._open("message")  # an empty answer is still a message
+        else:
+            out = []
+        out += self._close("incomplete" if finish == "length" else "completed")
+        response = self.response(finish, usage, stats)
+        kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        return out + [self.event(kind, response=response)]
+
+    def _open(self, kind: str) -> List[dict]:
+        if self.open is not None and self.open["type"] == kind:
+            return []
+        out = self._close()
+        index = len(self.items)
+        if kind == "reasoning":
+            self.open = {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex[:24], "summary": [], "content": [],
+                         "status": "in_progress"}
+            part = {"type": "reasoning_text", "text": ""}
+        else:
+            self.open = {"type": "message", "id": "msg_" + uuid.uuid4().hex[:24], "status": "in_progress",
+                         "role": "assistant", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": []}
+        self.text[kind] = ""
+        out.append(self.event("response.output_item.added", output_index=index, item=dict(self.open)))
+        out.append(self.event("response.content_part.added", item_id=self.open["id"], output_index=index,
+                              content_index=0, part=part))
+        return out
+
+    def _close(self, status: str = "completed") -> List[dict]:
+        if self.open is None:
+            return []
+        index, kind, item_id = len(self.items), self.open["type"], self.open["id"]
+        text = self.text[kind]
+        if kind == "reasoning":
+            item = dict(self._reasoning_item(text, "completed"), id=item_id)
+            part = item["content"][0]
+            done = [self.event("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0,
+                               text=text)]
+        else:
+            item = dict(self._message_item(text, status), id=item_id)
+            part = item["content"][0]
+            done = [self.event("response.output_text.done", item_id=item_id, output_index=index, content_index=0,
+                               text=text, logprobs=[])]
+        done.append(self.event("response.content_part.done", item_id=item_id, output_index=index, content_index=0,
+                               part=part))
+        done.append(self.event("response.output_item.done", output_index=index, item=item))
+        self.items.append(item)
+        self.open = None
+        return done
+
+    # -- items ---------------------------------------------------------------------------------
+    @staticmethod
+    def _reasoning_item(text: str, status: str) -> dict:
+        return {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex[:24], "summary": [],
+                "content": [{"type": "reasoning_text", "text": text}], "status": status}
+
+    @staticmethod
+    def _message_item(text: str, status: str) -> dict:
+        return {"type": "message", "id": "msg_" + uuid.uuid4().hex[:24], "status": status, "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+    @staticmethod
+    def _call_item(call: dict) -> dict:
+        args = call["function"]["arguments"]
+        return {"type": "function_call", "id": "fc_" + uuid.uuid4().hex[:24], "call_id": call["id"],
+                "name": call["function"]["name"], "status": "completed",
+                "arguments": args if isinstance(args, str) else json.dumps(args)}
+
+
+def renamed(error: APIError) -> APIError:
+    """A chat request's error in the Responses' terms (`messages[2]` -> `input`...)."""
+    param = param_of(error.param)
+    if param == error.param:
+        return error
+    message = error.message
+    if error.param and message.startswith(error.param):
+        message = param + message[len(error.param):]
+    return APIError(error.status, message, param=param, code=error.code, headers=error.headers)
+
+
+def sse_event(body: dict) -> bytes:
+    """One Responses stream event: its type as the SSE event name, its body as data."""
+    data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {body['type']}\ndata: {data}\n\n".encode()

@@ -1,0 +1,135 @@
+"""OpenAI's Responses API (POST /v1/responses) through the official client: text, streaming events,
+function calls and their outputs in the next turn, structured output, reasoning, and errors."""
+
+import json
+
+import httpx
+import pytest
+
+import tiny
+from mlxspec.engine import Engine
+from mlxspec.prompts import encode_prompt
+from serve_helpers import TIMEOUT, openai_client, running_server, tiny_engine
+from test_reasoning import OPENING, THINKING, VOCAB as THINKING_VOCAB
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CHAT_WEATHER = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+PARIS = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+END = [tiny.SPECIALS.index("<|im_end|>")]
+
+
+@pytest.fixture(scope="module")
+def served():
+    with running_server(tiny_engine(drafter="ngram"), model_id="t") as (url, _):
+        yield url, tiny_engine()
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    tok = tiny.make_tokenizer(tiny.TOOLS_TEMPLATE)
+    model = tiny.ScriptedModel()
+    with running_server(Engine(model, tok, drafter="ngram"), model_id="s") as (url, _):
+        def say(text, messages, tools=None):
+            model.say(tok.encode(text, add_special_tokens=False) + END,
+                      len(encode_prompt(messages, tok, tiny.VOCAB, tools=tools)))
+        yield url, say
+
+
+def test_a_response_is_the_chat_answer_with_instructions_as_the_system_message(served):
+    url, ref = served
+    client = openai_client(url)
+    r = client.responses.create(model="t", instructions="Be brief.", input="Tell me about rivers.",
+                                max_output_tokens=20, temperature=0.8, extra_body={"seed": 3})
+    want = ref.generate([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about rivers."}],
+                        max_tokens=20, temperature=0.8, seed=3)
+    assert r.object == "response" and r.id.startswith("resp_")
+    assert r.output_text == want.text and [item.type for item in r.output] == ["message"]
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (want.stats.prompt_tokens, want.stats.tokens)
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.model_extra["mlxspec"]["drafter"] == "ngram"
+
+
+def test_the_stream_s_events_spell_the_same_answer(served):
+    url, _ = served
+    client = openai_client(url)
+    ask = [{"role": "user", "content": [{"type": "input_text", "text": "Tell me about the sea."}]}]
+    whole = client.responses.create(model="t", input=ask, max_output_tokens=24)
+    events = list(client.responses.create(model="t", input=ask, max_output_tokens=24, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.incomplete"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == whole.output_text == events[-1].response.output_text
+    assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_function_calls_and_their_outputs_in_the_next_turn(scripted):
+    url, say = scripted
+    client = openai_client(url)
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    say(PARIS, ask, [CHAT_WEATHER])
+    r = client.responses.create(model="s", input=ask, tools=[WEATHER], max_output_tokens=100)
+    (call,) = r.output
+    assert call.type == "function_call" and call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    assert r.status == "completed" and call.call_id.startswith("call_")
+    streamed = list(client.responses.create(model="s", input=ask, tools=[WEATHER], max_output_tokens=100, stream=True))
+    done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
+    assert len(done) == 1 and json.loads(done[0].arguments) == {"city": "Paris"}
+    assert streamed[-1].type == "response.completed" and streamed[-1].response.output[0].name == "get_weather"
+    # The next turn: the call and its output go back as input items, as the client keeps them.
+    turn = ask + [{"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+                  {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 C"}]
+    as_chat = ask + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.call_id, "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny, 24 C"}]
+    say("It is sunny in Paris.", as_chat, [CHAT_WEATHER])
+    r = client.responses.create(model="s", input=turn, tools=[WEATHER], max_output_tokens=100)
+    assert r.output_text == "It is sunny in Paris." and r.status == "completed"
+
+
+def test_text_format_makes_the_answer_follow_a_schema(served):
+    url, _ = served
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = openai_client(url).responses.create(
+        model="t", input="Is the sea wet? JSON.", max_output_tokens=60,
+        text={"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}})
+    assert set(json.loads(r.output_text)) == {"ok"}
+
+
+def test_a_thinking_model_s_reasoning_is_a_reasoning_item():
+    tok = tiny.make_tokenizer(OPENING, added=THINKING)
+    model = tiny.ScriptedModel(vocab=THINKING_VOCAB)
+    ask = [{"role": "user", "content": "What is 2 + 2?"}]
+    model.say(tok.encode("Add them.</think>It is 4.", add_special_tokens=False) + END,
+              len(encode_prompt(ask, tok, THINKING_VOCAB)))
+    with running_server(Engine(model, tok, drafter="ngram"), model_id="thinker") as (url, _):
+        client = openai_client(url)
+        r = client.responses.create(model="thinker", input=ask, max_output_tokens=60)
+        assert [item.type for item in r.output] == ["reasoning", "message"]
+        assert r.output[0].content[0].text == "Add them." and r.output_text == "It is 4."
+        events = list(client.responses.create(model="thinker", input=ask, max_output_tokens=60, stream=True))
+        assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "Add them."
+        assert [item.type for item in events[-1].response.output] == ["reasoning", "message"]
+
+
+@pytest.mark.parametrize("body, param, says", [
+    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id", "stores none"),
+    ({"input": []}, "input", "non-empty list"),
+    ({"input": [{"type": "image_generation_call"}]}, "input[0]", "not supported"),
+    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]", "only function tools"),
+    ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens", ">= 1"),
+    ({"input": [{"role": "wizard", "content": "x"}]}, "input", "must be one of"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format", "json_schema"),
+    ({"input": "hi", "instructions": 5}, "instructions", "must be a string"),
+])
+def test_bad_requests_are_400_in_the_responses_terms(served, body, param, says):
+    r = httpx.post(f"{served[0]}/v1/responses", json=dict({"model": "t"}, **body), timeout=TIMEOUT)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and says in error["message"], error
