@@ -41,8 +41,8 @@ def test_a_response_is_the_chat_answer_with_instructions_as_the_system_message(s
     client = openai_client(url)
     r = client.responses.create(model="t", instructions="Be brief.", input="Tell me about rivers.",
                                 max_output_tokens=20, temperature=0.8, extra_body={"seed": 3})
-    want = ref.generate([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about rivers."}],
-                        max_tokens=20, temperature=0.8, seed=3)
+    want = ref.generate([{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": "Tell me about rivers."}], max_tokens=20, temperature=0.8, seed=3)
     assert r.object == "response" and r.id.startswith("resp_")
     assert r.output_text == want.text and [item.type for item in r.output] == ["message"]
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
@@ -75,7 +75,8 @@ def test_function_calls_and_their_outputs_in_the_next_turn(scripted):
     say(PARIS, ask, [CHAT_WEATHER])
     r = client.responses.create(model="s", input=ask, tools=[WEATHER], max_output_tokens=100)
     (call,) = r.output
-    assert call.type == "function_call" and call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments) == {"city": "Paris"}
     assert r.status == "completed" and call.call_id.startswith("call_")
     streamed = list(client.responses.create(model="s", input=ask, tools=[WEATHER], max_output_tokens=100, stream=True))
     done = [e for e in streamed if e.type == "response.function_call_arguments.done"]

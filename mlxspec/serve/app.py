@@ -1,6 +1,7 @@
 """The Starlette app: OpenAI routes, server-sent events, auth, body limits, error shapes.
 
-    POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   GET /v1/models[/{id}]   GET /health
+    POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   POST /v1/messages[/count_tokens]
+    GET /v1/models[/{id}]   GET /health
     POST /tokenize   POST /detokenize   GET /metrics
 
 Every request is answered on the event loop; the model runs on the queue's worker thread.
@@ -29,12 +30,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..errors import InvalidArgumentError, shown as _show
-from ..prompts import render_chat
+from ..prompts import encode_prompt, render_chat
 from ..reasoning import ReasoningSplitter, starts_inside, thinking_markers
 from ..stats import acceptance_text
 from ..logprobs import token_bytes
 from ..tools import ToolCallReader
-from . import responses_api, schema, tokenize
+from . import anthropic, responses_api, schema, tokenize
 from .errors import APIError, from_engine, invalid
 from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
@@ -45,8 +46,8 @@ from .responses import DONE, LogprobStream, Shapes, combined, joined, prompt_log
 
 log = logging.getLogger("mlxspec.serve")
 OPEN_PATHS = ("/health",)  # answered without the API key (load balancers and scripts probe it)
-ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/models, GET /health, "
-               "POST /tokenize, POST /detokenize, GET /metrics")
+ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, "
+               "GET /v1/models, GET /health, POST /tokenize, POST /detokenize, GET /metrics")
 
 
 class ServerState:
@@ -109,6 +110,8 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/v1/chat/completions", _endpoint(schema.parse_chat), methods=["POST"]),
         Route("/v1/completions", _endpoint(schema.parse_completion), methods=["POST"]),
         Route("/v1/responses", create_response, methods=["POST"]),
+        Route("/v1/messages", create_message, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -459,6 +462,104 @@ async def _response_events(state: ServerState, job: Job, builder, first, req: sc
         yield sse_event(builder.event("error", code=e.code, message=e.message, param=e.param))
 
 
+# -- Anthropic's Messages API -----------------------------------------------------------------------
+def _anthropic_errors(handler: Callable) -> Callable:
+    """Errors of the Messages routes in Anthropic's shape (counted like the others)."""
+    async def route(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except APIError as e:
+            _count_error(request, e.status)
+            return anthropic.error_response(e)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        except Exception as e:
+            log.error("%s %s failed", request.method, request.url.path, exc_info=e)
+            _count_error(request, 500)
+            return anthropic.error_response(_internal(e))
+
+    return route
+
+
+@_anthropic_errors
+async def create_message(request: Request) -> Response:
+    """POST /v1/messages: Anthropic's Messages API, answered as a chat (`serve/anthropic.py`)."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    req = schema.parse_chat(anthropic.to_chat(body), state.options)
+    state.note_model(req.model)
+    job = state.queue.submit(req.prompt, req.options)
+    thinking = await _thinking_start(state, req)
+    splitter = ReasoningSplitter(*thinking) if thinking is not None else None
+    reader = _tool_reader(state.tool_format, req)
+    builder = anthropic.MessageBuilder(req.model or state.model_id)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, state.queue, job))
+    streaming = False
+    try:
+        first = await _next(job, "messages")
+        if req.stream:
+            streaming = True
+            return EventStream(_message_events(state, job, builder, first, req, splitter, reader),
+                               on_close=lambda: state.queue.cancel(job))
+        pieces, finish, events = [], None, first
+        while events:
+            pieces.extend(ev.text for ev in events)
+            finish = events[-1].finish_reason or finish
+            events = await _next(job, "messages")
+        if not job.stats or finish is None:  # cancelled: the client is gone
+            state.metrics.cancelled += 1
+            return Response(status_code=499)
+        _done(state, builder.id, "messages", req, job)
+        reasoning, text, calls = _read("".join(pieces), splitter, reader, last=True)
+        return JSONResponse(builder.whole(reasoning, text, calls, finish, _usage(job, req), job.stats[-1]))
+    finally:
+        watcher.cancel()
+        if not streaming:
+            state.queue.cancel(job)
+
+
+async def _message_events(state: ServerState, job: Job, builder, first, req: schema.GenerationRequest,
+                          splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader]):
+    """Anthropic's stream: message_start, each block's start, deltas and stop, message_delta, message_stop."""
+    sse_event = anthropic.sse_event
+    for name, body in builder.start(first[0].stats.prompt_tokens):
+        yield sse_event(name, body)
+    try:
+        events, finish = first, None
+        while events:
+            finish = events[-1].finish_reason or finish
+            for name, body in builder.feed(*_read("".join(ev.text for ev in events), splitter, reader)):
+                yield sse_event(name, body)
+            events = await _next(job, "messages")
+        if not job.stats or finish is None:  # cancelled without an error: the client is gone
+            state.metrics.cancelled += 1
+            return
+        for name, body in builder.feed(*_read("", splitter, reader, last=True)):
+            yield sse_event(name, body)
+        for name, body in builder.finish(finish, _usage(job, req), job.stats[-1]):
+            yield sse_event(name, body)
+        _done(state, builder.id, "messages", req, job)
+    except APIError as e:  # the engine failed (or the server is stopping) mid-stream
+        state.metrics.errors[e.status] += 1
+        log.warning("%s: stream ended early: %s", builder.id, e.message)
+        yield sse_event("error", json.loads(anthropic.error_response(e).body))
+
+
+@_anthropic_errors
+async def count_message_tokens(request: Request) -> Response:
+    """POST /v1/messages/count_tokens: {"input_tokens": the prompt's tokens}, as a request of it counts them."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    req = schema.parse_chat(anthropic.to_chat(dict(body, max_tokens=1)), state.options)
+    engine = state.engine
+    try:
+        ids = await asyncio.to_thread(encode_prompt, req.prompt, engine.tokenizer, engine.vocab_size, req.tools,
+                                      req.options.get("chat_template_kwargs"))
+    except InvalidArgumentError as e:
+        raise invalid(str(e), "messages") from None
+    return JSONResponse({"input_tokens": len(ids)})
+
+
 async def _cancel_on_disconnect(request: Request, queue: EngineQueue, job: Job) -> None:
     """Wait for the client to go away, then cancel its job (the body has been read already)."""
     while True:
@@ -568,19 +669,23 @@ def _too_large(limit: int, what: str) -> APIError:
 
 
 class BearerAuth:
-    """ASGI middleware: every path but /health needs `Authorization: Bearer <key>`."""
+    """ASGI middleware: every path but /health needs `Authorization: Bearer <key>` (or
+    Anthropic's `x-api-key: <key>`)."""
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
+            headers = Headers(scope=scope)
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            token = token.strip() if scheme.lower() == "bearer" else headers.get("x-api-key", "")
+            if not hmac.compare_digest(token.encode(), self.key):
                 error = APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
-                                 "with the key the server was started with (--api-key)",
+                                 "(or 'x-api-key: <key>') with the key the server was started with (--api-key)",
                                  code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                await error.response()(scope, receive, send)
+                anthropic_path = scope["path"].startswith("/v1/messages")
+                await (anthropic.error_response(error) if anthropic_path else error.response())(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

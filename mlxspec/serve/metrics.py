@@ -58,7 +58,7 @@ class Metrics:
         metric("info", "gauge", "The model served and its default drafter.",
                {_labels(model=self.model, drafter=self.drafter or "none"): 1})
         metric("requests_total", "counter", "Requests answered whole, by endpoint.",
-               {_labels(endpoint=e): self.requests[e] for e in ("chat", "completion", "responses")})
+               {_labels(endpoint=e): self.requests[e] for e in ("chat", "completion", "responses", "messages")})
         metric("requests_cancelled_total", "counter", "Requests whose client left before the end.",
                {"": self.cancelled})
         metric("errors_total", "counter", "Error answers, by HTTP status.",

@@ -1,0 +1,248 @@
+"""Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens), served by the chat path,
+for clients and agents that speak it (Claude Code with a custom base URL, the `anthropic` SDK).
+
+A request is translated into a chat request (`to_chat`): `system` becomes the system message,
+`text` blocks become content, an assistant's `tool_use` blocks its tool calls and a user's
+`tool_result` blocks the tool messages that answer them, `tools` (`input_schema`) become
+chat tools, `tool_choice` auto/any/tool/none becomes auto/required/named/none,
+`stop_sequences` becomes `stop`. `MessageBuilder` shapes what the model wrote into content
+blocks (`thinking`, `text`, `tool_use`), whole or as Anthropic's stream events. Errors take
+Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Dict, List, Optional
+
+from starlette.responses import JSONResponse
+
+from ..errors import shown
+from .errors import APIError, invalid, unsupported
+from .responses import figures
+
+# Fields passed to the chat request as they are (OpenAI-style extensions of this server's included).
+PASSED = ("model", "max_tokens", "temperature", "top_p", "top_k", "stream", "seed", "min_p", "speculative",
+          "num_draft", "drafter", "tree", "lookup", "chat_template_kwargs")
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 408: "request_too_large", 413: "request_too_large",
+               429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def to_chat(body: dict) -> dict:
+    """A Messages request body -> the chat completions body that answers it."""
+    chat: Dict[str, Any] = {key: body[key] for key in PASSED if key in body}
+    messages: List[dict] = []
+    system = body.get("system")
+    if system is not None:
+        messages.append({"role": "system", "content": _text(system, "system")})
+    given = body.get("messages")
+    if not isinstance(given, list) or not given:
+        raise invalid(f"messages must be a non-empty list of {{\"role\", \"content\"}} objects, got {shown(given)}",
+                      "messages")
+    for i, message in enumerate(given):
+        messages += _message(message, f"messages[{i}]")
+    chat["messages"] = messages
+    if body.get("stop_sequences") is not None:
+        chat["stop"] = body["stop_sequences"]
+    if body.get("tools") is not None:
+        chat["tools"] = _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        choice = _tool_choice(body["tool_choice"])
+        if choice == "none":
+            chat.pop("tools", None)
+        else:
+            chat["tool_choice"] = choice
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "disabled":  # as the template names it
+        chat["chat_template_kwargs"] = dict(chat.get("chat_template_kwargs") or {}, enable_thinking=False)
+    return chat
+
+
+def _text(content, where: str) -> str:
+    """A string, or text blocks joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text"
+                                         and isinstance(b.get("text"), str) for b in content):
+        return "\n".join(b["text"] for b in content)
+    raise invalid(f"{where} must be a string or a list of text blocks, got {shown(content)}", where)
+
+
+def _message(message, where: str) -> List[dict]:
+    """One Messages message -> chat messages (a user's tool results become tool messages first)."""
+    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        raise invalid(f"{where} must be {{\"role\": \"user\" or \"assistant\", \"content\": ...}}, got "
+                      f"{shown(message)}", where)
+    role, content = message["role"], message.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise invalid(f"{where}.content must be a string or a list of content blocks, got {shown(content)}",
+                      f"{where}.content")
+    texts, calls, results = [], [], []
+    for j, block in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use" and role == "assistant":
+            calls.append({"id": block.get("id"), "type": "function",
+                          "function": {"name": block.get("name"), "arguments": block.get("input") or {}}})
+        elif kind == "tool_result" and role == "user":
+            result = block.get("content", "")
+            text = result if isinstance(result, str) else _text(result, f"{at}.content")
+            results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
+                            "content": ("Error: " + text) if block.get("is_error") else text})
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # earlier reasoning: chat templates drop it too
+        else:
+            raise unsupported(f"{at}: {role} blocks of type {shown(kind)} are not supported by this server (text, "
+                              f"an assistant's tool_use and thinking, a user's tool_result)", at)
+    out = list(results)
+    if role == "assistant":
+        reply = {"role": "assistant", "content": "\n".join(texts) or None}
+        out.append(dict(reply, tool_calls=calls) if calls else reply)
+    elif texts or not results:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _tools(tools) -> list:
+    if not isinstance(tools, list):
+        raise invalid(f"tools must be a list of tools with name and input_schema, got {shown(tools)}", "tools")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise unsupported(f"tools[{i}]: only client tools (name, description, input_schema) are supported by "
+                              f"this server, got type {shown(kind)}", f"tools[{i}]")
+        fn = {"name": tool.get("name"), "parameters": tool.get("input_schema") or {"type": "object"}}
+        if tool.get("description") is not None:
+            fn["description"] = tool["description"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice):
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "auto":
+        return "auto"
+    if kind == "any":
+        return "required"
+    if kind == "none":
+        return "none"
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    raise invalid(f"tool_choice must be {{\"type\": \"auto\"}}, {{\"type\": \"any\"}}, {{\"type\": \"none\"}} or "
+                  f"{{\"type\": \"tool\", \"name\": ...}}, got {shown(choice)}", "tool_choice")
+
+
+def error_response(error: APIError) -> JSONResponse:
+    """An error in Anthropic's shape."""
+    kind = ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    message = error.message
+    if error.param is not None and error.param not in message:
+        message = f"{error.param}: {message}"
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=error.status,
+                        headers=error.headers)
+
+
+def stop_reason(finish: Optional[str], calls) -> str:
+    if finish == "length":
+        return "max_tokens"
+    return "tool_use" if calls else "end_turn"
+
+
+class MessageBuilder:
+    """One answer's content blocks, whole or as Anthropic's stream events."""
+
+    def __init__(self, model: str):
+        self.id = "msg_" + uuid.uuid4().hex[:24]
+        self.model = model
+        self.blocks = 0  # blocks started so far
+        self.open: Optional[str] = None  # the type of the block being streamed
+        self.called = False
+
+    def whole(self, reasoning: str, text: str, calls: list, finish: str, usage: dict, stats) -> dict:
+        content = []
+        if reasoning:
+            content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+        if text or not calls:
+            content.append({"type": "text", "text": text})
+        content += [self._tool_use(c) for c in calls]
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
+                "stop_reason": stop_reason(finish, calls), "stop_sequence": None, "usage": _usage(usage),
+                "mlxspec": figures(stats)}
+
+    # -- streamed ------------------------------------------------------------------------------
+    def start(self, prompt_tokens: int) -> List[tuple]:
+        message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+                   "stop_reason": None, "stop_sequence": None,
+                   "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
+        return [("message_start", {"type": "message_start", "message": message})]
+
+    def feed(self, reasoning: str, text: str, calls: list) -> List[tuple]:
+        out: List[tuple] = []
+        if reasoning:
+            out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            out.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
+        if text:
+            out += self._open("text", {"type": "text", "text": ""})
+            out.append(self._delta({"type": "text_delta", "text": text}))
+        for call in calls:
+            block = self._tool_use(call)
+            out += self._open("tool_use", dict(block, input={}), force=True)
+            out.append(self._delta({"type": "input_json_delta", "partial_json": json.dumps(block["input"])}))
+            out += self._close()
+            self.called = True
+        return out
+
+    def finish(self, finish: str, usage: dict, stats) -> List[tuple]:
+        out = [] if self.blocks else self._open("text", {"type": "text", "text": ""})
+        out += self._close()
+        delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason(finish, self.called),
+                                                    "stop_sequence": None},
+                 "usage": _usage(usage), "mlxspec": figures(stats)}
+        return out + [("message_delta", delta), ("message_stop", {"type": "message_stop"})]
+
+    def _open(self, kind: str, block: dict, force: bool = False) -> List[tuple]:
+        if self.open == kind and not force:
+            return []
+        out = self._close()
+        self.open = kind
+        self.blocks += 1
+        return out + [("content_block_start", {"type": "content_block_start", "index": self.blocks - 1,
+                                               "content_block": block})]
+
+    def _delta(self, delta: dict) -> tuple:
+        return "content_block_delta", {"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}
+
+    def _close(self) -> List[tuple]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [("content_block_stop", {"type": "content_block_stop", "index": self.blocks - 1})]
+
+    @staticmethod
+    def _tool_use(call: dict) -> dict:
+        args = call["function"]["arguments"]
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                args = {}
+        return {"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": call["function"]["name"],
+                "input": args}
+
+
+def _usage(usage: dict) -> dict:
+    return {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+            "cache_read_input_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+            "cache_creation_input_tokens": 0}
+
+
+def sse_event(name: str, body: dict) -> bytes:
+    data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {name}\ndata: {data}\n\n".encode()

@@ -1,0 +1,141 @@
+"""Anthropic's Messages API (POST /v1/messages, /count_tokens) through the official `anthropic`
+client: text, streaming, tool use and tool results in the next turn, thinking, errors and keys."""
+
+import json
+
+import httpx
+import pytest
+
+import tiny
+from mlxspec.engine import Engine
+from mlxspec.prompts import encode_prompt
+from serve_helpers import TIMEOUT, running_server, tiny_engine
+from test_reasoning import OPENING, THINKING, VOCAB as THINKING_VOCAB
+
+anthropic = pytest.importorskip("anthropic")
+
+ASK = [{"role": "user", "content": "Tell me about rivers."}]
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CHAT_WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                                 "parameters": WEATHER["input_schema"]}}
+PARIS = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+END = [tiny.SPECIALS.index("<|im_end|>")]
+
+
+@pytest.fixture(scope="module")
+def served():
+    with running_server(tiny_engine(drafter="ngram"), model_id="t", api_key="k") as (url, _):
+        yield anthropic.Anthropic(base_url=url, api_key="k"), url, tiny_engine()
+
+
+def test_a_message_is_the_chat_answer_with_system_first(served):
+    client, _, ref = served
+    # (temperature through extra_body: this client version no longer takes it as an argument)
+    r = client.messages.create(model="t", max_tokens=20, system="Be brief.", messages=ASK,
+                               extra_body={"temperature": 0.8, "seed": 4})
+    want = ref.generate([{"role": "system", "content": "Be brief."}] + ASK, max_tokens=20, temperature=0.8, seed=4)
+    assert r.type == "message" and r.role == "assistant" and r.id.startswith("msg_") and r.model == "t"
+    assert [b.type for b in r.content] == ["text"] and r.content[0].text == want.text
+    assert r.stop_reason == "max_tokens"
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (want.stats.prompt_tokens, want.stats.tokens)
+    assert r.model_extra["mlxspec"]["drafter"] == "ngram"
+
+
+def test_the_stream_spells_the_same_message(served):
+    client, url, _ = served
+    whole = client.messages.create(model="t", max_tokens=24, messages=ASK)
+    with client.messages.stream(model="t", max_tokens=24, messages=ASK) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == whole.content[0].text == final.content[0].text
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == whole.usage.output_tokens
+    with httpx.stream("POST", f"{url}/v1/messages", headers={"x-api-key": "k"}, timeout=TIMEOUT,
+                      json={"model": "t", "max_tokens": 8, "messages": ASK, "stream": True}) as r:
+        names = [line[len("event: "):] for line in r.iter_lines() if line.startswith("event: ")]
+    assert names[:2] == ["message_start", "content_block_start"]
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(names[2:-3]) == {"content_block_delta"}
+
+
+def test_count_tokens_is_what_a_message_counts(served):
+    client, _, _ = served
+    r = client.messages.create(model="t", max_tokens=2, system="Be brief.", messages=ASK)
+    counted = client.messages.count_tokens(model="t", system="Be brief.", messages=ASK)
+    assert counted.input_tokens == r.usage.input_tokens
+
+
+def test_tool_use_and_the_tool_result_in_the_next_turn():
+    tok = tiny.make_tokenizer(tiny.TOOLS_TEMPLATE)
+    model = tiny.ScriptedModel()
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+
+    def say(text, messages):
+        model.say(tok.encode(text, add_special_tokens=False) + END,
+                  len(encode_prompt(messages, tok, tiny.VOCAB, tools=[CHAT_WEATHER])))
+
+    with running_server(Engine(model, tok, drafter="ngram"), model_id="s") as (url, _):
+        client = anthropic.Anthropic(base_url=url, api_key="unused")
+        say("Let me look.\n" + PARIS, ask)
+        r = client.messages.create(model="s", max_tokens=100, tools=[WEATHER], messages=ask)
+        assert [b.type for b in r.content] == ["text", "tool_use"] and r.stop_reason == "tool_use"
+        use = r.content[1]
+        assert use.name == "get_weather" and use.input == {"city": "Paris"} and use.id.startswith("toolu_")
+        with client.messages.stream(model="s", max_tokens=100, tools=[WEATHER], messages=ask) as stream:
+            final = stream.get_final_message()
+        assert [b.type for b in final.content] == ["text", "tool_use"] and final.content[1].input == {"city": "Paris"}
+        turn = ask + [{"role": "assistant", "content": [b.model_dump() for b in r.content]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                    "content": "Sunny, 24 C"}]}]
+        as_chat = ask + [{"role": "assistant", "content": "Let me look.\n", "tool_calls": [
+            {"id": use.id, "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_call_id": use.id, "content": "Sunny, 24 C"}]
+        say("It is sunny.", as_chat)
+        r = client.messages.create(model="s", max_tokens=100, tools=[WEATHER], messages=turn)
+        assert r.content[0].text == "It is sunny." and r.stop_reason == "end_turn"
+
+
+def test_a_thinking_model_s_reasoning_is_a_thinking_block():
+    tok = tiny.make_tokenizer(OPENING, added=THINKING)
+    model = tiny.ScriptedModel(vocab=THINKING_VOCAB)
+    ask = [{"role": "user", "content": "What is 2 + 2?"}]
+    model.say(tok.encode("Add them.</think>It is 4.", add_special_tokens=False) + END,
+              len(encode_prompt(ask, tok, THINKING_VOCAB)))
+    with running_server(Engine(model, tok, drafter="ngram"), model_id="thinker") as (url, _):
+        client = anthropic.Anthropic(base_url=url, api_key="unused")
+        r = client.messages.create(model="thinker", max_tokens=60, messages=ask)
+        assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in r.content] == [
+            ("thinking", "Add them."), ("text", "It is 4.")]
+        with client.messages.stream(model="thinker", max_tokens=60, messages=ask) as stream:
+            final = stream.get_final_message()
+        assert [b.type for b in final.content] == ["thinking", "text"] and final.content[1].text == "It is 4."
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"max_tokens": 0, "messages": ASK}, "max_tokens must be an integer >= 1"),
+    ({"max_tokens": 5, "messages": []}, "messages must be a non-empty list"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     "blocks of type 'image' are not supported"),
+    ({"max_tokens": 5, "messages": ASK, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+     "only client tools"),
+    ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "sometimes"}}, "tool_choice must be"),
+])
+def test_errors_take_anthropic_s_shape(served, body, says):
+    _, url, _ = served
+    r = httpx.post(f"{url}/v1/messages", json=dict({"model": "t"}, **body), headers={"x-api-key": "k"},
+                   timeout=TIMEOUT)
+    assert r.status_code == 400, r.text
+    error = r.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert says in error["error"]["message"], error
+
+
+def test_either_key_header_is_taken_and_a_wrong_key_is_anthropic_s_401(served):
+    _, url, _ = served
+    body = {"model": "t", "max_tokens": 2, "messages": ASK}
+    for headers in ({"x-api-key": "k"}, {"Authorization": "Bearer k"}):
+        assert httpx.post(f"{url}/v1/messages", json=body, headers=headers, timeout=TIMEOUT).status_code == 200
+    r = httpx.post(f"{url}/v1/messages", json=body, headers={"x-api-key": "wrong"}, timeout=TIMEOUT)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert json.loads(httpx.post(f"{url}/v1/chat/completions", json=body, headers={"x-api-key": "wrong"},
+                                 timeout=TIMEOUT).text)["error"]["code"] == "invalid_api_key"  # OpenAI's shape there
