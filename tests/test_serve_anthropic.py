@@ -139,3 +139,20 @@ def test_either_key_header_is_taken_and_a_wrong_key_is_anthropic_s_401(served):
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     assert json.loads(httpx.post(f"{url}/v1/chat/completions", json=body, headers={"x-api-key": "wrong"},
                                  timeout=TIMEOUT).text)["error"]["code"] == "invalid_api_key"  # OpenAI's shape there
+
+
+def test_an_engine_failure_is_an_api_error_whole_or_mid_stream():
+    from mlxspec.serve.anthropic import MessageBuilder
+    from mlxspec.serve.errors import APIError
+    from serve_helpers import poisonable_engine
+
+    engine = poisonable_engine()
+    engine.target_model.poisoned = True
+    with running_server(engine, model_id="p") as (url, _):
+        r = httpx.post(f"{url}/v1/messages", json={"model": "p", "max_tokens": 4, "messages": ASK}, timeout=TIMEOUT)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "api_error"
+    assert "NaN" in r.json()["error"]["message"]
+    event = MessageBuilder("p").error(APIError(503, "the server is shutting down"))
+    name, data = event.decode().strip().split("\n")
+    assert name == "event: error" and json.loads(data[len("data: "):]) == {
+        "type": "error", "error": {"type": "overloaded_error", "message": "the server is shutting down"}}

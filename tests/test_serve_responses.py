@@ -134,3 +134,15 @@ def test_bad_requests_are_400_in_the_responses_terms(served, body, param, says):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and says in error["message"], error
+
+
+def test_a_stream_that_fails_ends_with_an_error_event():
+    from mlxspec.serve.errors import APIError
+    from mlxspec.serve.responses_api import ResponseBuilder
+
+    builder = ResponseBuilder("t", {})
+    builder.start(3)
+    name, data = builder.error(APIError(500, "the engine failed", code="engine_error")).decode().strip().split("\n")
+    assert name == "event: error"
+    assert json.loads(data[len("data: "):]) == {"type": "error", "sequence_number": 2, "code": "engine_error",
+                                                "message": "the engine failed", "param": None}

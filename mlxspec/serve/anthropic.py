@@ -177,13 +177,14 @@ class MessageBuilder:
                 "mlxspec": figures(stats)}
 
     # -- streamed ------------------------------------------------------------------------------
-    def start(self, prompt_tokens: int) -> List[tuple]:
+    def start(self, prompt_tokens: int) -> List[bytes]:
         message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                    "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
-        return [("message_start", {"type": "message_start", "message": message})]
+        return _sse([("message_start", {"type": "message_start", "message": message})])
 
-    def feed(self, reasoning: str, text: str, calls: list) -> List[tuple]:
+    def feed(self, reasoning: str, text: str, calls: list) -> List[bytes]:
+        """Events for new reasoning, text and whole tool calls (each opens its block as needed)."""
         out: List[tuple] = []
         if reasoning:
             out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
@@ -197,15 +198,19 @@ class MessageBuilder:
             out.append(self._delta({"type": "input_json_delta", "partial_json": json.dumps(block["input"])}))
             out += self._close()
             self.called = True
-        return out
+        return _sse(out)
 
-    def finish(self, finish: str, usage: dict, stats) -> List[tuple]:
+    def finish(self, finish: str, usage: dict, stats) -> List[bytes]:
         out = [] if self.blocks else self._open("text", {"type": "text", "text": ""})
         out += self._close()
         delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason(finish, self.called),
                                                     "stop_sequence": None},
                  "usage": _usage(usage), "mlxspec": figures(stats)}
-        return out + [("message_delta", delta), ("message_stop", {"type": "message_stop"})]
+        return _sse(out + [("message_delta", delta), ("message_stop", {"type": "message_stop"})])
+
+    @staticmethod
+    def error(e: APIError) -> bytes:
+        return sse_event("error", json.loads(error_response(e).body))
 
     def _open(self, kind: str, block: dict, force: bool = False) -> List[tuple]:
         if self.open == kind and not force:
@@ -246,3 +251,7 @@ def _usage(usage: dict) -> dict:
 def sse_event(name: str, body: dict) -> bytes:
     data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     return f"event: {name}\ndata: {data}\n\n".encode()
+
+
+def _sse(events: List[tuple]) -> List[bytes]:
+    return [sse_event(name, body) for name, body in events]

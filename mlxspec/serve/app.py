@@ -388,38 +388,48 @@ async def _events(state: ServerState, job: Job, shapes: Shapes, first, req: sche
     yield DONE
 
 
-# -- the Responses API ------------------------------------------------------------------------------
-async def create_response(request: Request) -> Response:
-    """POST /v1/responses: OpenAI's Responses API, answered as a chat (`responses_api`)."""
+# -- other APIs' single answers (OpenAI's Responses, Anthropic's Messages) --------------------------
+async def _one_answer(request: Request, translate: Callable, builder_of: Callable, endpoint: str, param: str,
+                      rename: Callable = lambda e: e) -> Response:
+    """A request of another API, answered as a chat: `translate` makes its body a chat body,
+    `builder_of(state, req, body)` shapes the answer (whole: `whole`; streamed: `start`, `feed`,
+    `finish`, `error`, each giving SSE bytes); `rename` puts a chat error in its API's terms."""
     state: ServerState = request.app.state.mlxspec
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
     try:
-        req = schema.parse_chat(responses_api.to_chat(body), state.options)
+        req = schema.parse_chat(translate(body), state.options)
     except APIError as e:
-        raise responses_api.renamed(e) from None
+        raise rename(e) from None
     state.note_model(req.model)
     job = state.queue.submit(req.prompt, req.options)
     thinking = await _thinking_start(state, req)
     splitter = ReasoningSplitter(*thinking) if thinking is not None else None
     reader = _tool_reader(state.tool_format, req)
-    builder = responses_api.ResponseBuilder(state.model_id, body)
+    builder = builder_of(state, req, body)
+
+    async def next_events():
+        try:
+            return await _next(job, param)
+        except APIError as e:
+            raise rename(e) from None
+
     watcher = asyncio.create_task(_cancel_on_disconnect(request, state.queue, job))
     streaming = False
     try:
-        first = await _next_renamed(job)
+        first = await next_events()
         if req.stream:
             streaming = True
-            return EventStream(_response_events(state, job, builder, first, req, splitter, reader),
+            return EventStream(_built_events(state, job, builder, first, req, splitter, reader, next_events, endpoint),
                                on_close=lambda: state.queue.cancel(job))
         pieces, finish, events = [], None, first
         while events:
             pieces.extend(ev.text for ev in events)
             finish = events[-1].finish_reason or finish
-            events = await _next_renamed(job)
+            events = await next_events()
         if not job.stats or finish is None:  # cancelled: the client is gone
             state.metrics.cancelled += 1
             return Response(status_code=499)
-        _done(state, builder.id, "responses", req, job)
+        _done(state, builder.id, endpoint, req, job)
         reasoning, text, calls = _read("".join(pieces), splitter, reader, last=True)
         return JSONResponse(builder.whole(reasoning, text, calls, finish, _usage(job, req), job.stats[-1]))
     finally:
@@ -428,41 +438,40 @@ async def create_response(request: Request) -> Response:
             state.queue.cancel(job)
 
 
-async def _next_renamed(job: Job):
-    try:
-        return await _next(job, "input")
-    except APIError as e:
-        raise responses_api.renamed(e) from None
-
-
-async def _response_events(state: ServerState, job: Job, builder, first, req: schema.GenerationRequest,
-                           splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader]):
-    """The Responses' stream: created, in_progress, each item's events, completed (or incomplete)."""
-    sse_event = responses_api.sse_event
-    for event in builder.start():
-        yield sse_event(event)
+async def _built_events(state: ServerState, job: Job, builder, first, req: schema.GenerationRequest,
+                        splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader],
+                        next_events: Callable, endpoint: str):
+    """A single answer's stream in its API's events (`_one_answer`)."""
+    for chunk in builder.start(first[0].stats.prompt_tokens):
+        yield chunk
     try:
         events, finish = first, None
         while events:
             finish = events[-1].finish_reason or finish
-            for event in builder.feed(*_read("".join(ev.text for ev in events), splitter, reader)):
-                yield sse_event(event)
-            events = await _next_renamed(job)
+            for chunk in builder.feed(*_read("".join(ev.text for ev in events), splitter, reader)):
+                yield chunk
+            events = await next_events()
         if not job.stats or finish is None:  # cancelled without an error: the client is gone
             state.metrics.cancelled += 1
             return
-        for event in builder.feed(*_read("", splitter, reader, last=True)):
-            yield sse_event(event)
-        for event in builder.finish(finish, _usage(job, req), job.stats[-1]):
-            yield sse_event(event)
-        _done(state, builder.id, "responses", req, job)
+        for chunk in builder.feed(*_read("", splitter, reader, last=True)):
+            yield chunk
+        for chunk in builder.finish(finish, _usage(job, req), job.stats[-1]):
+            yield chunk
+        _done(state, builder.id, endpoint, req, job)
     except APIError as e:  # the engine failed (or the server is stopping) mid-stream
         state.metrics.errors[e.status] += 1
         log.warning("%s: stream ended early: %s", builder.id, e.message)
-        yield sse_event(builder.event("error", code=e.code, message=e.message, param=e.param))
+        yield builder.error(e)
 
 
-# -- Anthropic's Messages API -----------------------------------------------------------------------
+async def create_response(request: Request) -> Response:
+    """POST /v1/responses: OpenAI's Responses API, answered as a chat (`serve/responses_api.py`)."""
+    return await _one_answer(request, responses_api.to_chat,
+                             lambda state, req, body: responses_api.ResponseBuilder(state.model_id, body),
+                             "responses", "input", responses_api.renamed)
+
+
 def _anthropic_errors(handler: Callable) -> Callable:
     """Errors of the Messages routes in Anthropic's shape (counted like the others)."""
     async def route(request: Request) -> Response:
@@ -484,65 +493,9 @@ def _anthropic_errors(handler: Callable) -> Callable:
 @_anthropic_errors
 async def create_message(request: Request) -> Response:
     """POST /v1/messages: Anthropic's Messages API, answered as a chat (`serve/anthropic.py`)."""
-    state: ServerState = request.app.state.mlxspec
-    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
-    req = schema.parse_chat(anthropic.to_chat(body), state.options)
-    state.note_model(req.model)
-    job = state.queue.submit(req.prompt, req.options)
-    thinking = await _thinking_start(state, req)
-    splitter = ReasoningSplitter(*thinking) if thinking is not None else None
-    reader = _tool_reader(state.tool_format, req)
-    builder = anthropic.MessageBuilder(req.model or state.model_id)
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, state.queue, job))
-    streaming = False
-    try:
-        first = await _next(job, "messages")
-        if req.stream:
-            streaming = True
-            return EventStream(_message_events(state, job, builder, first, req, splitter, reader),
-                               on_close=lambda: state.queue.cancel(job))
-        pieces, finish, events = [], None, first
-        while events:
-            pieces.extend(ev.text for ev in events)
-            finish = events[-1].finish_reason or finish
-            events = await _next(job, "messages")
-        if not job.stats or finish is None:  # cancelled: the client is gone
-            state.metrics.cancelled += 1
-            return Response(status_code=499)
-        _done(state, builder.id, "messages", req, job)
-        reasoning, text, calls = _read("".join(pieces), splitter, reader, last=True)
-        return JSONResponse(builder.whole(reasoning, text, calls, finish, _usage(job, req), job.stats[-1]))
-    finally:
-        watcher.cancel()
-        if not streaming:
-            state.queue.cancel(job)
-
-
-async def _message_events(state: ServerState, job: Job, builder, first, req: schema.GenerationRequest,
-                          splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader]):
-    """Anthropic's stream: message_start, each block's start, deltas and stop, message_delta, message_stop."""
-    sse_event = anthropic.sse_event
-    for name, body in builder.start(first[0].stats.prompt_tokens):
-        yield sse_event(name, body)
-    try:
-        events, finish = first, None
-        while events:
-            finish = events[-1].finish_reason or finish
-            for name, body in builder.feed(*_read("".join(ev.text for ev in events), splitter, reader)):
-                yield sse_event(name, body)
-            events = await _next(job, "messages")
-        if not job.stats or finish is None:  # cancelled without an error: the client is gone
-            state.metrics.cancelled += 1
-            return
-        for name, body in builder.feed(*_read("", splitter, reader, last=True)):
-            yield sse_event(name, body)
-        for name, body in builder.finish(finish, _usage(job, req), job.stats[-1]):
-            yield sse_event(name, body)
-        _done(state, builder.id, "messages", req, job)
-    except APIError as e:  # the engine failed (or the server is stopping) mid-stream
-        state.metrics.errors[e.status] += 1
-        log.warning("%s: stream ended early: %s", builder.id, e.message)
-        yield sse_event("error", json.loads(anthropic.error_response(e).body))
+    return await _one_answer(request, anthropic.to_chat,
+                             lambda state, req, body: anthropic.MessageBuilder(req.model or state.model_id),
+                             "messages", "messages")
 
 
 @_anthropic_errors

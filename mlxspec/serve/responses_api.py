@@ -213,12 +213,16 @@ class ResponseBuilder:
         self.seq += 1
         return body
 
-    def start(self) -> List[dict]:
+    def start(self, prompt_tokens: int) -> List[bytes]:
         shell = self.response(None, None, None, status="in_progress")
-        return [self.event("response.created", response=shell), self.event("response.in_progress", response=shell)]
+        return _sse([self.event("response.created", response=shell),
+                     self.event("response.in_progress", response=shell)])
 
-    def feed(self, reasoning: str, text: str, calls: list) -> List[dict]:
+    def feed(self, reasoning: str, text: str, calls: list) -> List[bytes]:
         """Events for new reasoning, text and whole tool calls (each opens its item as needed)."""
+        return _sse(self._feed(reasoning, text, calls))
+
+    def _feed(self, reasoning: str, text: str, calls: list) -> List[dict]:
         out: List[dict] = []
         if reasoning:
             out += self._open("reasoning")
@@ -244,7 +248,7 @@ class ResponseBuilder:
             self.items.append(item)
         return out
 
-    def finish(self, finish: str, usage: dict, stats) -> List[dict]:
+    def finish(self, finish: str, usage: dict, stats) -> List[bytes]:
         if not self.items and self.open is None:
             out = self._open("message")  # an empty answer is still a message
         else:
@@ -252,7 +256,10 @@ class ResponseBuilder:
         out += self._close("incomplete" if finish == "length" else "completed")
         response = self.response(finish, usage, stats)
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-        return out + [self.event(kind, response=response)]
+        return _sse(out + [self.event(kind, response=response)])
+
+    def error(self, e: APIError) -> bytes:
+        return sse_event(self.event("error", code=e.code, message=e.message, param=e.param))
 
     def _open(self, kind: str) -> List[dict]:
         if self.open is not None and self.open["type"] == kind:
@@ -329,3 +336,7 @@ def sse_event(body: dict) -> bytes:
     """One Responses stream event: its type as the SSE event name, its body as data."""
     data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     return f"event: {body['type']}\ndata: {data}\n\n".encode()
+
+
+def _sse(events: List[dict]) -> List[bytes]:
+    return [sse_event(e) for e in events]
