@@ -58,6 +58,16 @@ def test_the_stream_spells_the_same_message(served):
     assert set(names[2:-3]) == {"content_block_delta"}
 
 
+def test_system_messages_among_the_messages_are_taken_as_claude_code_sends_them(served):
+    client, url, ref = served
+    messages = ASK + [{"role": "assistant", "content": "Rivers flow."}, {"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "More?"}]
+    r = httpx.post(f"{url}/v1/messages", json={"model": "t", "max_tokens": 6, "messages": messages},
+                   headers={"x-api-key": "k"}, timeout=TIMEOUT).json()
+    want = ref.generate(messages, max_tokens=6)
+    assert r["content"][0]["text"] == want.text and r["usage"]["input_tokens"] == want.stats.prompt_tokens
+
+
 def test_count_tokens_is_what_a_message_counts(served):
     client, _, _ = served
     r = client.messages.create(model="t", max_tokens=2, system="Be brief.", messages=ASK)

@@ -72,10 +72,12 @@ def _text(content, where: str) -> str:
 
 def _message(message, where: str) -> List[dict]:
     """One Messages message -> chat messages (a user's tool results become tool messages first)."""
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
         raise invalid(f"{where} must be {{\"role\": \"user\" or \"assistant\", \"content\": ...}}, got "
                       f"{shown(message)}", where)
     role, content = message["role"], message.get("content")
+    if role == "system":  # not in Anthropic's API, but Claude Code sends them between turns
+        return [{"role": "system", "content": _text(content, f"{where}.content")}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
