@@ -93,6 +93,18 @@ def test_function_calls_and_their_outputs_in_the_next_turn(scripted):
     assert r.output_text == "It is sunny in Paris." and r.status == "completed"
 
 
+def test_namespaced_functions_are_offered_and_tools_run_by_openai_left_out(scripted):
+    """As Codex sends them: a namespace of functions (its calls name it) and web_search, which
+    only OpenAI runs (the model is not shown it, and the request still works)."""
+    url, say = scripted
+    ask = [{"role": "developer", "content": "You are a helper."}, {"role": "user", "content": "Weather in Paris?"}]
+    say(PARIS, [{"role": "system", "content": "You are a helper."}, ask[1]], [CHAT_WEATHER])
+    tools = [{"type": "web_search"}, {"type": "namespace", "name": "geo", "description": "Places", "tools": [WEATHER]}]
+    r = openai_client(url).responses.create(model="s", input=ask, tools=tools, max_output_tokens=100)
+    (call,) = r.output
+    assert call.name == "get_weather" and call.namespace == "geo" and json.loads(call.arguments) == {"city": "Paris"}
+
+
 def test_text_format_makes_the_answer_follow_a_schema(served):
     url, _ = served
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
@@ -123,7 +135,7 @@ def test_a_thinking_model_s_reasoning_is_a_reasoning_item():
     ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id", "stores none"),
     ({"input": []}, "input", "non-empty list"),
     ({"input": [{"type": "image_generation_call"}]}, "input[0]", "not supported"),
-    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]", "only function tools"),
+    ({"input": "hi", "tools": [{"type": "namespace", "name": "x", "tools": 5}]}, "tools[0]", "list of function"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens", ">= 1"),
     ({"input": [{"role": "wizard", "content": "x"}]}, "input", "must be one of"),
     ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format", "json_schema"),

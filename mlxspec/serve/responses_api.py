@@ -16,6 +16,7 @@ one `function_call` item per call; streamed, as the Responses' typed events.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import Any, Dict, List, Optional
@@ -23,6 +24,8 @@ from typing import Any, Dict, List, Optional
 from ..errors import shown
 from .errors import APIError, invalid, unsupported
 from .responses import figures
+
+log = logging.getLogger("mlxspec.serve")
 
 # Responses fields that change nothing here (accepted and echoed or ignored).
 IGNORED = ("store", "metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier", "truncation",
@@ -130,17 +133,36 @@ def _content(content, where: str):
 
 
 def _tools(tools) -> list:
+    """Function tools, and those of `namespace` tools (a group of functions), as chat tools. Tools
+    OpenAI itself would run (web_search, file_search, code_interpreter...) and free-form `custom`
+    tools are left out, and logged: the model is not shown them, so it cannot call them, and
+    the agent that sent them still works with the rest (Codex sends web_search)."""
     if not isinstance(tools, list):
         raise invalid(f"tools must be a list of function tools, got {shown(tools)}", "tools")
-    out = []
+    out, left_out = [], []
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise unsupported(f"tools[{i}]: only function tools are supported by this server (the model's own "
-                              f"calls, run by the client), got type {shown(kind)}", f"tools[{i}]")
-        fn = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
-        out.append({"type": "function", "function": fn})
+        if not isinstance(tool, dict):
+            raise invalid(f"tools[{i}] must be a tool object, got {shown(tool)}", f"tools[{i}]")
+        inner = tool.get("tools") if tool.get("type") == "namespace" else [tool]
+        if not isinstance(inner, list):
+            raise invalid(f"tools[{i}].tools must be a list of function tools, got {shown(inner)}", f"tools[{i}]")
+        for fn in inner:
+            if isinstance(fn, dict) and fn.get("type") == "function":
+                out.append({"type": "function", "function": {key: fn[key] for key in
+                                                             ("name", "description", "parameters", "strict")
+                                                             if key in fn}})
+            else:
+                left_out.append(str(fn.get("name") or fn.get("type")) if isinstance(fn, dict) else shown(fn))
+    if left_out:
+        log.info("tools the model cannot call here were left out of the prompt: %s", ", ".join(left_out))
     return out
+
+
+def namespaces(tools) -> Dict[str, str]:
+    """Function name -> the namespace tool it came in (its calls say so)."""
+    return {fn.get("name"): tool.get("name") for tool in tools or [] if isinstance(tool, dict)
+            and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list)
+            for fn in tool["tools"] if isinstance(fn, dict)}
 
 
 def _tool_choice(choice):
@@ -171,6 +193,7 @@ class ResponseBuilder:
         self.created = int(time.time())
         self.model = model
         self.body = body
+        self.namespace = namespaces(body.get("tools") if isinstance(body.get("tools"), list) else None)
         self.seq = 0
         self.items: List[dict] = []  # finished items
         self.open: Optional[dict] = None  # the item being streamed (reasoning or message)
@@ -313,12 +336,13 @@ class ResponseBuilder:
         return {"type": "message", "id": "msg_" + uuid.uuid4().hex[:24], "status": status, "role": "assistant",
                 "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
 
-    @staticmethod
-    def _call_item(call: dict) -> dict:
-        args = call["function"]["arguments"]
-        return {"type": "function_call", "id": "fc_" + uuid.uuid4().hex[:24], "call_id": call["id"],
-                "name": call["function"]["name"], "status": "completed",
-                "arguments": args if isinstance(args, str) else json.dumps(args)}
+    def _call_item(self, call: dict) -> dict:
+        args, name = call["function"]["arguments"], call["function"]["name"]
+        item = {"type": "function_call", "id": "fc_" + uuid.uuid4().hex[:24], "call_id": call["id"], "name": name,
+                "status": "completed", "arguments": args if isinstance(args, str) else json.dumps(args)}
+        if name in self.namespace:
+            item["namespace"] = self.namespace[name]
+        return item
 
 
 def renamed(error: APIError) -> APIError:
