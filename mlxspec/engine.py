@@ -262,10 +262,11 @@ class Engine:
         logprobs and top_logprobs, and with `prompt_logprobs` the prompt's."""
         tokens, pieces, from_draft, lps, tops = [], [], [], [], []
         reason = "length"
-        stats = scored = None
+        stats = scored = why = None
         ended = None
         for ev in self.stream(prompt, **kwargs):
             scored = scored or ev.prompt_logprobs
+            why = ev.stop_reason
             tokens.append(ev.token)
             pieces.append(ev.text)
             from_draft.append(ev.from_draft)
@@ -277,7 +278,7 @@ class Engine:
         reason = ended or ("cancelled" if cancel is not None and cancel.is_set() else reason)
         asked = kwargs.get("logprobs") is not None
         return GenerationResult(tokens, "".join(pieces), reason, stats or self.last_stats, from_draft,
-                                lps if asked else None, tops if asked else None, scored)
+                                lps if asked else None, tops if asked else None, scored, why)
 
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
@@ -287,7 +288,7 @@ class Engine:
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty=None,
                repetition_context_size: int = 20, stop_token_ids=None, ignore_eos: bool = False,
                min_tokens: int = 0, prompt_logprobs: Optional[int] = None, suffix: Optional[str] = None,
-               **other) -> Iterator[TokenEvent]:
+               include_stop_str_in_output: bool = False, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -298,7 +299,9 @@ class Engine:
             seed: makes sampling reproducible; None uses MLX's global random state.
             speculative: False decodes plainly (drafter "none").
             num_draft: fixed draft length, or None/"auto" for the engine's setting (cost model by default).
-            stop: a string or list of strings; the text is cut before the first one found.
+            stop: a string or list of strings; the text is cut before the first one found (the
+                last event's `stop_reason` says which).
+            include_stop_str_in_output: vLLM's: the text ends with the stop string found instead.
             drafter: override the engine's default drafter for this request.
             tree: None for the engine's setting (default "auto": the cost model sizes draft trees),
                 "auto", "off" (chains only), or an int N capping what a round drafts at N tokens
@@ -362,6 +365,9 @@ class Engine:
         tree = check_tree(tree) if tree is not None else self.tree
         lookup = check_lookup(lookup) if lookup is not None else self.lookup
         stop = check_stop(stop)
+        if not isinstance(include_stop_str_in_output, bool):
+            raise InvalidArgumentError(f"include_stop_str_in_output must be True or False, got "
+                                       f"{include_stop_str_in_output!r}")
         seed = check_seed(seed)
         cancel = check_cancel(cancel)
         logprobs = check_logprobs(logprobs)
@@ -406,7 +412,8 @@ class Engine:
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
                        k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
                        response_format=fmt, logit_bias=bias, penalty=penalty, endings=endings,
-                       prompt_logprobs=prompt_logprobs, think_end=think_end)
+                       prompt_logprobs=prompt_logprobs, think_end=think_end,
+                       include_stop=include_stop_str_in_output)
         if self.coord.active:
             # A tree's shape is pruned by each rank's own cost model; rank 0 broadcasts only a
             # chain's length, so sharded targets verify chains.
@@ -495,7 +502,7 @@ class Engine:
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
              cancel=None, logprobs=None, response_format=None, constraint=None,
              logit_bias=None, penalty=None, endings=None, prompt_logprobs=None,
-             think_end=None) -> Iterator[TokenEvent]:
+             think_end=None, include_stop=False) -> Iterator[TokenEvent]:
         if constraint is None:  # a rank other than 0 builds its own from the shared request
             constraint = self._constraint(response_format, think_end)
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
@@ -506,7 +513,7 @@ class Engine:
                         stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs,
                         constraint=constraint, bias=bias_row(logit_bias, self.vocab_size) if logit_bias else None,
                         penalties=Penalties(self.vocab_size, **penalty) if penalty else None,
-                        prompt_logprobs=prompt_logprobs, **(endings or {}))
+                        prompt_logprobs=prompt_logprobs, include_stop=include_stop, **(endings or {}))
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

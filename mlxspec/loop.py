@@ -77,7 +77,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
              lookup: bool = False, cancel=None, logprobs: Optional[int] = None,
              constraint=None, bias: Optional[mx.array] = None, penalties=None, stop_ids=(),
              ignore_eos: bool = False, min_tokens: int = 0,
-             prompt_logprobs: Optional[int] = None) -> Iterator[TokenEvent]:
+             prompt_logprobs: Optional[int] = None, include_stop: bool = False) -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
     may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
     with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
@@ -93,15 +93,17 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     EOS does; `ignore_eos`: the model's EOS does not; `min_tokens`: before that many tokens, the
     tokens that would end it are banned (-inf) at every row that comes before. `prompt_logprobs`:
     the first event also carries every prompt token's log-probability and that many top choices,
-    from a prefill that computes every row (nothing taken from a cache)."""
+    from a prefill that computes every row (nothing taken from a cache). `include_stop`: the text
+    ends with the stop string found, not before it."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
+    asked_ids = set(stop_ids) - (set() if ignore_eos else eos)  # named as the stop_reason when they end it
     eos = (set() if ignore_eos else eos) | set(stop_ids)  # what ends the answer
     ban = None  # min_tokens: the ending tokens' row of -inf
     if min_tokens and eos:
         ban = mx.zeros((engine.vocab_size,), dtype=mx.float32).at[mx.array(sorted(eos))].add(-mx.inf)
-    text = TextAssembler(engine.tokenizer, stop)
+    text = TextAssembler(engine.tokenizer, stop, include_stop)
     seed = draw_seed() if seed is None else seed
     context = engine.context
     coord = engine.coord
@@ -471,11 +473,14 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             for i, tok in enumerate(new):
                 stats.tokens += 1
                 last = i == len(new) - 1
+                why = None  # the stop string or stop token id that ended it
                 if tok in eos:
                     piece, end = text.add(None)[0] + text.flush(), "stop"
+                    why = tok if tok in asked_ids else None
                 else:
                     piece, stopped = text.add(tok)
                     end = "stop" if stopped else None
+                    why = text.matched if stopped else None
                     if finish and last and not end:
                         piece, end = piece + text.flush(), finish
                 if end and pending is not None:
@@ -489,7 +494,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                     engine.finish_stats(stats, name)
                 lp, top = done.logprobs[i] if done.logprobs is not None else (None, None)
                 yield TokenEvent(tok, piece, i < n, stats.rounds - 1, done.k, stats, end, lp, top,
-                                 scorer.read() if scorer is not None and stats.tokens == 1 else None)
+                                 scorer.read() if scorer is not None and stats.tokens == 1 else None, why)
                 if end or (cancel is not None and cancel.is_set()):  # complete, even if the consumer
                     return  # started the next request on this last event; or cancelled: as if closed
                 if engine.generation is not release:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 
 def acceptance_text(accepted: int, drafted: int) -> str:
@@ -177,6 +177,9 @@ class TokenEvent:
     # The first event's only, when `prompt_logprobs` was asked for: (token, log p given the tokens
     # before it, best (token, log p)) per prompt token; the first token's log p is None.
     prompt_logprobs: Optional[List[Tuple[int, Optional[float], List[Tuple[int, float]]]]] = None
+    # The last event's, when finish_reason is "stop": the stop string found, or the token of
+    # `stop_token_ids` that ended the answer (vLLM's stop_reason); None at the model's EOS.
+    stop_reason: Union[str, int, None] = None
 
 
 @dataclass
@@ -189,6 +192,7 @@ class GenerationResult:
     logprobs: Optional[List[float]] = None  # per token, when asked for (`Engine.stream(logprobs=...)`)
     top_logprobs: Optional[List[List[Tuple[int, float]]]] = None  # per token, its row's best choices
     prompt_logprobs: Optional[list] = None  # per prompt token, when asked for (`TokenEvent.prompt_logprobs`)
+    stop_reason: Union[str, int, None] = None  # the stop string or stop token that ended it (`TokenEvent.stop_reason`)
 
     def __repr__(self) -> str:  # the stats object is long; keep reprs readable
         return f"GenerationResult(tokens={len(self.tokens)}, finish_reason={self.finish_reason!r}, text={self.text[:60]!r})"

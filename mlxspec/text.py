@@ -24,9 +24,13 @@ def partial_marker(text: str, marker: str) -> int:
 
 
 class TextAssembler:
-    def __init__(self, tokenizer, stop: Optional[Sequence[str]] = None):
+    def __init__(self, tokenizer, stop: Optional[Sequence[str]] = None, keep_stop: bool = False):
+        """`keep_stop`: the text ends with the stop string found instead of before it (vLLM's
+        include_stop_str_in_output)."""
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
+        self.keep_stop = keep_stop
+        self.matched: Optional[str] = None  # the stop string that ended the text (the one found earliest)
         self._longest_stop = max(map(len, self.stop), default=0)
         self.tokens: List[int] = []
         self.text = ""  # decoded so far (possibly with a held-back tail)
@@ -55,9 +59,11 @@ class TextAssembler:
             # Not in an incomplete character: its U+FFFD is not text yet and may match no stop.
             body = _complete(self.text)
             search_from = max(0, self.emitted - self._longest_stop)
-            hits = [i for i in (body.find(s, search_from) for s in self.stop) if i >= 0]
+            hits = [(i, s) for s, i in ((s, body.find(s, search_from)) for s in self.stop) if i >= 0]
             if hits:
-                cut = min(hits)
+                cut, self.matched = min(hits, key=lambda hit: hit[0])
+                if self.keep_stop:
+                    cut += len(self.matched)
                 piece = self.text[self.emitted : cut] if cut > self.emitted else ""
                 self.text = self.text[:cut]
                 self.emitted = len(self.text)

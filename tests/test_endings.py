@@ -6,6 +6,7 @@ import pytest
 import tiny
 from mlxspec.engine import Engine
 from mlxspec.errors import InvalidArgumentError
+from mlxspec.prompts import encode_prompt
 from serve_helpers import openai_client, running_server
 
 ASK = [{"role": "user", "content": "say it"}]
@@ -81,3 +82,49 @@ def test_endings_through_the_server():
         r = client.chat.completions.create(model="s", messages=ASK, max_tokens=30,
                                            extra_body={"stop_token_ids": [ord(" ") + 3]})
         assert r.choices[0].message.content == "short" and r.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram"])
+def test_the_last_event_says_which_stop_ended_it_and_the_text_keeps_it_when_asked(drafter):
+    """vLLM's stop_reason (the stop string, or the stop token id; None at EOS and at the length)
+    and include_stop_str_in_output, alike speculating or not."""
+    tok = tiny.make_tokenizer()
+    model = tiny.ScriptedModel()
+    engine = Engine(model, tok, drafter=drafter)
+    ask = [{"role": "user", "content": "go"}]
+    model.say(tok.encode("one, two; three. four", add_special_tokens=False) + [EOS],
+              len(encode_prompt(ask, tok, tiny.VOCAB)))
+    r = engine.generate(ask, max_tokens=40, stop=[".", ";"])
+    assert (r.text, r.finish_reason, r.stop_reason) == ("one, two", "stop", ";")
+    r = engine.generate(ask, max_tokens=40, stop=[".", ";"], include_stop_str_in_output=True)
+    assert (r.text, r.stop_reason) == ("one, two;", ";")
+    comma = tok.encode(",", add_special_tokens=False)[0]
+    r = engine.generate(ask, max_tokens=40, stop_token_ids=[comma])
+    assert (r.text, r.stop_reason) == ("one", comma)
+    r = engine.generate(ask, max_tokens=40)
+    assert (r.text, r.finish_reason, r.stop_reason) == ("one, two; three. four", "stop", None)
+    assert engine.generate(ask, max_tokens=3).stop_reason is None
+    with pytest.raises(InvalidArgumentError, match="include_stop_str_in_output must be True or False"):
+        engine.generate(ask, max_tokens=3, include_stop_str_in_output="yes")
+
+
+def test_stop_reason_and_include_stop_str_in_output_through_the_server():
+    engine, tok = scripted("one, two; three. four")
+    with running_server(engine, model_id="s") as (url, _):
+        client = openai_client(url)
+        r = client.chat.completions.create(model="s", messages=ASK, max_tokens=40, stop=[";"])
+        assert r.choices[0].message.content == "one, two" and r.choices[0].model_extra["stop_reason"] == ";"
+        prompt = tok.decode(encode_prompt(ASK, tok, tiny.VOCAB))  # the same prompt, as text
+        r = client.completions.create(model="s", prompt=prompt, max_tokens=40, stop=["."],
+                                      extra_body={"include_stop_str_in_output": True})
+        assert r.choices[0].text == "one, two; three." and r.choices[0].model_extra["stop_reason"] == "."
+        chunks = list(client.chat.completions.create(model="s", messages=ASK, max_tokens=40, stop=[";"],
+                                                     stream=True, extra_body={"include_stop_str_in_output": True}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "one, two;"
+        last = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason][0]
+        assert last.model_extra["stop_reason"] == ";"
+        r = client.chat.completions.create(model="s", messages=ASK, max_tokens=40, extra_body={
+            "stop_token_ids": [tok.encode(",", add_special_tokens=False)[0]]})
+        assert r.choices[0].model_extra["stop_reason"] == tok.encode(",", add_special_tokens=False)[0]
+        assert client.chat.completions.create(model="s", messages=ASK, max_tokens=40).choices[0].model_extra[
+            "stop_reason"] is None

@@ -166,3 +166,18 @@ def test_an_engine_failure_is_an_api_error_whole_or_mid_stream():
     name, data = event.decode().strip().split("\n")
     assert name == "event: error" and json.loads(data[len("data: "):]) == {
         "type": "error", "error": {"type": "overloaded_error", "message": "the server is shutting down"}}
+
+
+def test_a_stop_sequence_is_named():
+    tok = tiny.make_tokenizer()
+    model = tiny.ScriptedModel()
+    model.say(tok.encode("one, two; three", add_special_tokens=False) + END, len(encode_prompt(ASK, tok, tiny.VOCAB)))
+    with running_server(Engine(model, tok, drafter="ngram"), model_id="s") as (url, _):
+        client = anthropic.Anthropic(base_url=url, api_key="unused")
+        r = client.messages.create(model="s", max_tokens=40, messages=ASK, stop_sequences=[";"])
+        assert (r.content[0].text, r.stop_reason, r.stop_sequence) == ("one, two", "stop_sequence", ";")
+        with client.messages.stream(model="s", max_tokens=40, messages=ASK, stop_sequences=[";"]) as stream:
+            final = stream.get_final_message()
+        assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", ";")
+        r = client.messages.create(model="s", max_tokens=40, messages=ASK)
+        assert (r.stop_reason, r.stop_sequence) == ("end_turn", None)

@@ -133,3 +133,22 @@ def test_each_token_decodes_a_window_not_the_whole_output():
         a.add(t)
     assert a.text == tok.tokenizer.decode(ids)
     assert tok.decoded <= 8 * len(ids)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("text, stops, matched, cut", [
+    ("say ab then abc", ["abc", "ab"], "ab", 4),  # the earliest found wins
+    ("say abc", ["bc", "abc"], "abc", 4),  # both end with the same token: the one that starts first
+    ("x END y", ["END"], "END", 2),
+])
+def test_the_stop_string_found_is_named_and_kept_when_asked(text, stops, matched, cut, keep):
+    tok = make_tokenizer()
+    asm = TextAssembler(tok, stops, keep_stop=keep)
+    out, stopped = "", False
+    for t in tok.encode(text, add_special_tokens=False):
+        piece, stopped = asm.add(t)
+        out += piece
+        if stopped:
+            break
+    assert stopped and asm.matched == matched
+    assert out == text[:cut] + (matched if keep else "")

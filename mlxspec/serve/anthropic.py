@@ -151,10 +151,13 @@ def error_response(error: APIError) -> JSONResponse:
                         headers=error.headers)
 
 
-def stop_reason(finish: Optional[str], calls) -> str:
+def stop_reason(finish: Optional[str], calls, stopped_by=None) -> str:
+    """Anthropic's stop_reason; `stopped_by`: the engine's (a stop string, a stop token id, None)."""
     if finish == "length":
         return "max_tokens"
-    return "tool_use" if calls else "end_turn"
+    if calls:
+        return "tool_use"
+    return "stop_sequence" if isinstance(stopped_by, str) else "end_turn"
 
 
 class MessageBuilder:
@@ -167,7 +170,7 @@ class MessageBuilder:
         self.open: Optional[str] = None  # the type of the block being streamed
         self.called = False
 
-    def whole(self, reasoning: str, text: str, calls: list, finish: str, usage: dict, stats) -> dict:
+    def whole(self, reasoning: str, text: str, calls: list, finish: str, usage: dict, stats, stopped_by=None) -> dict:
         content = []
         if reasoning:
             content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
@@ -175,7 +178,8 @@ class MessageBuilder:
             content.append({"type": "text", "text": text})
         content += [self._tool_use(c) for c in calls]
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": stop_reason(finish, calls), "stop_sequence": None, "usage": _usage(usage),
+                "stop_reason": stop_reason(finish, calls, stopped_by), "stop_sequence": _sequence(stopped_by, calls),
+                "usage": _usage(usage),
                 "mlxspec": figures(stats)}
 
     # -- streamed ------------------------------------------------------------------------------
@@ -202,11 +206,11 @@ class MessageBuilder:
             self.called = True
         return _sse(out)
 
-    def finish(self, finish: str, usage: dict, stats) -> List[bytes]:
+    def finish(self, finish: str, usage: dict, stats, stopped_by=None) -> List[bytes]:
         out = [] if self.blocks else self._open("text", {"type": "text", "text": ""})
         out += self._close()
-        delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason(finish, self.called),
-                                                    "stop_sequence": None},
+        delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason(finish, self.called, stopped_by),
+                                                    "stop_sequence": _sequence(stopped_by, self.called)},
                  "usage": _usage(usage), "mlxspec": figures(stats)}
         return _sse(out + [("message_delta", delta), ("message_stop", {"type": "message_stop"})])
 
@@ -242,6 +246,11 @@ class MessageBuilder:
                 args = {}
         return {"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": call["function"]["name"],
                 "input": args}
+
+
+def _sequence(stopped_by, calls) -> Optional[str]:
+    """The stop sequence that ended the answer, as Anthropic reports it."""
+    return stopped_by if isinstance(stopped_by, str) and not calls else None
 
 
 def _usage(usage: dict) -> dict:

@@ -237,6 +237,7 @@ class _Choice:
         self.pieces: list = []
         self.events: list = []
         self.finish: Optional[str] = None
+        self.stop_reason = None  # the stop string or stop token that ended it (vLLM's)
         self.stats = None
         self.started = False
         self.called = 0  # tool calls streamed so far
@@ -257,7 +258,7 @@ class _Choice:
         reasoning, text, calls = _read("".join(self.pieces), self.splitter, self.reader, last=True)
         lp = self.logprobs.whole(self.events) if self.logprobs is not None else None
         return self.shapes.choice(self.index, self.echo + text, _finish(self.finish, calls), calls,
-                                  joined(self.prompt_lp, lp), reasoning)
+                                  joined(self.prompt_lp, lp), reasoning, self.stop_reason)
 
     def stream(self, events: list):
         """The SSE chunks of a streamed answer's events: first the role (chat) or the echoed
@@ -276,13 +277,14 @@ class _Choice:
         if self.finish is not None:
             yield from self._deltas(*_read("", self.splitter, self.reader, last=True))  # what was held back
             yield sse(self.shapes.chunk(finish_reason=_finish(self.finish, self.called), stats=self.stats,
-                                        include_usage=self.usage, index=self.index))
+                                        include_usage=self.usage, index=self.index, stop_reason=self.stop_reason))
 
     def _note(self, events: list) -> None:
         if self.prompt_lp is None and events[0].prompt_logprobs is not None:
             self.prompt_lp = prompt_logprobs(events[0].prompt_logprobs, self.state.token_bytes)
         if events[-1].finish_reason:
             self.finish, self.stats = ("length" if self.drop else events[-1].finish_reason), events[-1].stats
+            self.stop_reason = None if self.drop else events[-1].stop_reason
 
     def _deltas(self, reasoning: str, text: str, calls: list, events=()):
         lp = self.logprobs.feed(events) if self.logprobs is not None and events else None
@@ -421,17 +423,18 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
             streaming = True
             return EventStream(_built_events(state, job, builder, first, req, splitter, reader, next_events, endpoint),
                                on_close=lambda: state.queue.cancel(job))
-        pieces, finish, events = [], None, first
+        pieces, end, events = [], None, first
         while events:
             pieces.extend(ev.text for ev in events)
-            finish = events[-1].finish_reason or finish
+            end = events[-1] if events[-1].finish_reason else end
             events = await next_events()
-        if not job.stats or finish is None:  # cancelled: the client is gone
+        if not job.stats or end is None:  # cancelled: the client is gone
             state.metrics.cancelled += 1
             return Response(status_code=499)
         _done(state, builder.id, endpoint, req, job)
         reasoning, text, calls = _read("".join(pieces), splitter, reader, last=True)
-        return JSONResponse(builder.whole(reasoning, text, calls, finish, _usage(job, req), job.stats[-1]))
+        return JSONResponse(builder.whole(reasoning, text, calls, end.finish_reason, _usage(job, req), job.stats[-1],
+                                          end.stop_reason))
     finally:
         watcher.cancel()
         if not streaming:
@@ -445,18 +448,18 @@ async def _built_events(state: ServerState, job: Job, builder, first, req: schem
     for chunk in builder.start(first[0].stats.prompt_tokens):
         yield chunk
     try:
-        events, finish = first, None
+        events, end = first, None
         while events:
-            finish = events[-1].finish_reason or finish
+            end = events[-1] if events[-1].finish_reason else end
             for chunk in builder.feed(*_read("".join(ev.text for ev in events), splitter, reader)):
                 yield chunk
             events = await next_events()
-        if not job.stats or finish is None:  # cancelled without an error: the client is gone
+        if not job.stats or end is None:  # cancelled without an error: the client is gone
             state.metrics.cancelled += 1
             return
         for chunk in builder.feed(*_read("", splitter, reader, last=True)):
             yield chunk
-        for chunk in builder.finish(finish, _usage(job, req), job.stats[-1]):
+        for chunk in builder.finish(end.finish_reason, _usage(job, req), job.stats[-1], end.stop_reason):
             yield chunk
         _done(state, builder.id, endpoint, req, job)
     except APIError as e:  # the engine failed (or the server is stopping) mid-stream

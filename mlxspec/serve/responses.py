@@ -66,17 +66,20 @@ class Shapes:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def choice(self, index: int, text: str, finish_reason: str, tool_calls: Optional[list] = None,
-               logprobs: Optional[dict] = None, reasoning: str = "") -> dict:
+               logprobs: Optional[dict] = None, reasoning: str = "", stop_reason=None) -> dict:
         """One choice of a whole answer (`content` null when only tools were called; a thinking
-        model's reasoning in `reasoning`, mlx-lm's key, or `serve --reasoning-key`'s)."""
+        model's reasoning in `reasoning`, mlx-lm's key, or `serve --reasoning-key`'s). `stop_reason`:
+        vLLM's, the stop string or stop token id that ended it (None at EOS or the length)."""
         if not self.chat:
-            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+                    "stop_reason": stop_reason}
         message = {"role": "assistant", "content": text or (None if tool_calls else "")}
         if reasoning:
             message[self.reasoning_key] = reasoning
         if tool_calls:
             message["tool_calls"] = tool_calls
-        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason,
+                "stop_reason": stop_reason}
 
     def completion(self, choices: List[dict], usage_body: dict, stats: GenerationStats) -> dict:
         """The whole answer of a request without `stream`."""
@@ -87,7 +90,7 @@ class Shapes:
     def chunk(self, text: Optional[str] = None, *, first: bool = False, finish_reason: Optional[str] = None,
               stats: Optional[GenerationStats] = None, include_usage: bool = False,
               tool_calls: Optional[list] = None, logprobs: Optional[dict] = None, reasoning: str = "",
-              index: int = 0) -> dict:
+              index: int = 0, stop_reason=None) -> dict:
         """A stream chunk of choice `index`: the role (first), new reasoning or text or tool calls
         (each whole, with its `index` among the answer's calls), or the finish reason with the
         choice's mlxspec figures."""
@@ -104,6 +107,8 @@ class Shapes:
         else:
             choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._head("text_completion")
+        if finish_reason is not None:
+            choice["stop_reason"] = stop_reason
         body["choices"] = [choice]
         if include_usage:
             body["usage"] = None  # OpenAI: null on every chunk but the usage one

@@ -200,7 +200,7 @@ class ResponseBuilder:
         self.text = {"reasoning": "", "message": ""}
 
     # -- whole ---------------------------------------------------------------------------------
-    def whole(self, reasoning: str, text: str, calls: list, finish: str, usage: dict, stats) -> dict:
+    def whole(self, reasoning: str, text: str, calls: list, finish: str, usage: dict, stats, stop_reason=None) -> dict:
         if reasoning:
             self.items.append(self._reasoning_item(reasoning, "completed"))
         if text or not calls:
@@ -271,7 +271,7 @@ class ResponseBuilder:
             self.items.append(item)
         return out
 
-    def finish(self, finish: str, usage: dict, stats) -> List[bytes]:
+    def finish(self, finish: str, usage: dict, stats, stop_reason=None) -> List[bytes]:
         if not self.items and self.open is None:
             out = self._open("message")  # an empty answer is still a message
         else:

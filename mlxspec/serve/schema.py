@@ -36,7 +36,7 @@ EXTENSIONS = {"repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0, "length_pen
               "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
               "add_generation_prompt": True, "continue_final_message": False,
               "role_mapping": {}, "adapters": None, "bad_words": [], "allowed_token_ids": None,
-              "include_stop_str_in_output": False, "truncate_prompt_tokens": None}
+              "truncate_prompt_tokens": None}
 # vLLM's fields for what OpenAI's response_format says (one of them, or response_format, per request).
 GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice"}
 # mlx-lm's server names for what is chosen here otherwise (a draft model is the server's to load).
@@ -267,6 +267,8 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
         opts["ignore_eos"] = _flag(body, "ignore_eos", False)
     if body.get("min_tokens") is not None:
         opts["min_tokens"] = body["min_tokens"]
+    if _flag(body, "include_stop_str_in_output", False):
+        opts["include_stop_str_in_output"] = True
     # Its shape here; whether its ids are in the vocabulary is the engine's to say.
     bias = _check(lambda b: check_logit_bias(b, None), body.get("logit_bias"), "logit_bias")
     if bias:
