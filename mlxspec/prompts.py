@@ -21,15 +21,24 @@ def check_text(text: str, what: str = "prompt") -> str:
     return text
 
 
-def _message_text(content, i: int) -> str:
-    """A message's content: a string, or OpenAI's list of text parts (joined by newlines, as the server does)."""
+def text_of(content) -> Optional[str]:
+    """A string, or a list of {"type": "text", "text": ...} parts (OpenAI's and Anthropic's)
+    joined by newlines; None for anything else."""
     if isinstance(content, str):
         return content
     if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text"
                                          and isinstance(part.get("text"), str) for part in content):
         return "\n".join(part["text"] for part in content)
-    raise InvalidArgumentError(f"message {i}'s content must be a string or a list of "
-                               f"{{'type': 'text', 'text': str}} parts, got {str(content)[:40]!r}")
+    return None
+
+
+def _message_text(content, i: int) -> str:
+    """A message's content: a string, or OpenAI's list of text parts (joined by newlines, as the server does)."""
+    text = text_of(content)
+    if text is None:
+        raise InvalidArgumentError(f"message {i}'s content must be a string or a list of "
+                                   f"{{'type': 'text', 'text': str}} parts, got {str(content)[:40]!r}")
+    return text
 
 
 def as_mlx_lm_tokenizer(tokenizer):

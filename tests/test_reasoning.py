@@ -27,6 +27,16 @@ OPENING = tiny.CHAT_TEMPLATE + "{% if add_generation_prompt %}<think>\n{% endif 
 ASK = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
+def scripted_thinker(says: str, ask=ASK) -> Engine:
+    """An engine whose model, asked `ask`, writes `says` inside the thinking block the template
+    opened (e.g. "Add them.</think>It is 4."), then ends."""
+    tok = tiny.make_tokenizer(OPENING, added=THINKING)
+    model = tiny.ScriptedModel(vocab=VOCAB)
+    model.say(tok.encode(says, add_special_tokens=False) + [tiny.SPECIALS.index("<|im_end|>")],
+              len(encode_prompt(ask, tok, VOCAB)))
+    return Engine(model, tok, drafter="ngram")
+
+
 def split(text, chunks, inside=False):
     s = ReasoningSplitter(MARKERS, inside)
     got = [s.feed(text[a:b]) for a, b in zip(chunks, chunks[1:])] + [s.finish()]

@@ -10,7 +10,7 @@ import tiny
 from mlxspec.engine import Engine
 from mlxspec.prompts import encode_prompt
 from serve_helpers import TIMEOUT, running_server, tiny_engine
-from test_reasoning import OPENING, THINKING, VOCAB as THINKING_VOCAB
+from test_reasoning import scripted_thinker
 
 anthropic = pytest.importorskip("anthropic")
 
@@ -106,12 +106,8 @@ def test_tool_use_and_the_tool_result_in_the_next_turn():
 
 
 def test_a_thinking_model_s_reasoning_is_a_thinking_block():
-    tok = tiny.make_tokenizer(OPENING, added=THINKING)
-    model = tiny.ScriptedModel(vocab=THINKING_VOCAB)
     ask = [{"role": "user", "content": "What is 2 + 2?"}]
-    model.say(tok.encode("Add them.</think>It is 4.", add_special_tokens=False) + END,
-              len(encode_prompt(ask, tok, THINKING_VOCAB)))
-    with running_server(Engine(model, tok, drafter="ngram"), model_id="thinker") as (url, _):
+    with running_server(scripted_thinker("Add them.</think>It is 4.", ask), model_id="thinker") as (url, _):
         client = anthropic.Anthropic(base_url=url, api_key="unused")
         r = client.messages.create(model="thinker", max_tokens=60, messages=ask)
         assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in r.content] == [

@@ -10,7 +10,7 @@ import tiny
 from mlxspec.engine import Engine
 from mlxspec.prompts import encode_prompt
 from serve_helpers import TIMEOUT, openai_client, running_server, tiny_engine
-from test_reasoning import OPENING, THINKING, VOCAB as THINKING_VOCAB
+from test_reasoning import scripted_thinker
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -116,12 +116,8 @@ def test_text_format_makes_the_answer_follow_a_schema(served):
 
 
 def test_a_thinking_model_s_reasoning_is_a_reasoning_item():
-    tok = tiny.make_tokenizer(OPENING, added=THINKING)
-    model = tiny.ScriptedModel(vocab=THINKING_VOCAB)
     ask = [{"role": "user", "content": "What is 2 + 2?"}]
-    model.say(tok.encode("Add them.</think>It is 4.", add_special_tokens=False) + END,
-              len(encode_prompt(ask, tok, THINKING_VOCAB)))
-    with running_server(Engine(model, tok, drafter="ngram"), model_id="thinker") as (url, _):
+    with running_server(scripted_thinker("Add them.</think>It is 4.", ask), model_id="thinker") as (url, _):
         client = openai_client(url)
         r = client.responses.create(model="thinker", input=ask, max_output_tokens=60)
         assert [item.type for item in r.output] == ["reasoning", "message"]

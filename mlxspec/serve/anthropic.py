@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional
 from starlette.responses import JSONResponse
 
 from ..errors import shown
+from ..prompts import text_of
 from .errors import APIError, invalid, unsupported
 from .responses import figures
 
@@ -62,12 +63,10 @@ def to_chat(body: dict) -> dict:
 
 def _text(content, where: str) -> str:
     """A string, or text blocks joined."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text"
-                                         and isinstance(b.get("text"), str) for b in content):
-        return "\n".join(b["text"] for b in content)
-    raise invalid(f"{where} must be a string or a list of text blocks, got {shown(content)}", where)
+    text = text_of(content)
+    if text is None:
+        raise invalid(f"{where} must be a string or a list of text blocks, got {shown(content)}", where)
+    return text
 
 
 def _message(message, where: str) -> List[dict]:
