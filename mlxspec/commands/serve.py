@@ -23,13 +23,16 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description=(
-            "Serve one target (+ draft) over the OpenAI API:\n"
-            "  POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health\n\n"
+            "Serve one target (+ draft) over the OpenAI API (and Anthropic's Messages API):\n"
+            "  POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   GET /v1/models\n"
+            "  POST /v1/messages[/count_tokens]   POST /tokenize   POST /detokenize   GET /metrics\n"
+            "  GET /health\n\n"
             "Requests run one at a time on one engine, in arrival order; a conversation resent in full\n"
             "reuses the caches of its previous turn (usage.prompt_tokens_details.cached_tokens), also\n"
             "after other conversations in between (--prompt-cache-size). Tool calls, logprobs and\n"
-            "structured output (response_format: a JSON schema every token follows) are answered in\n"
-            "OpenAI's shapes, and a thinking model's reasoning as 'reasoning' (mlx-lm's key); web pages\n"
+            "structured output (response_format: a JSON schema every token follows), n choices, echo\n"
+            "with the prompt's logprobs and fill-in-the-middle (suffix) are answered in OpenAI's\n"
+            "shapes, and a thinking model's reasoning as 'reasoning' (mlx-lm's key); web pages\n"
             "of this machine may call it (CORS). Each answer carries an extra 'mlxspec' object with the\n"
             "speculation figures. A request may add\n"
             "\"speculative\": false, \"num_draft\": N, \"drafter\", \"tree\" or \"lookup\" (as the Python API's).\n"
@@ -37,7 +40,8 @@ def register(subparsers) -> None:
         epilog=("examples:\n  mlxspec serve\n"
                 "  mlxspec serve --pair qwen2.5-coder-7b --drafter ngram --max-kv-size 8192\n"
                 "  mlxspec serve --host 0.0.0.0 --api-key \"$(openssl rand -hex 16)\"\n\n"
-                "then point any OpenAI client at http://127.0.0.1:8080/v1"),
+                "then point any OpenAI client at http://127.0.0.1:8080/v1 (Anthropic's clients at\n"
+                "http://127.0.0.1:8080)"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     add_drafting_args(p, per_request=True)
