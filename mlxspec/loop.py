@@ -120,10 +120,12 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     mx.reset_peak_memory()
 
     t0 = clock()
-    engine.prompt_cache.recall(engine, ids)  # an earlier conversation's caches, if it comes back
     scorer = None
-    if prompt_logprobs is not None:  # every prompt row is computed: none may come from a cache
+    if prompt_logprobs is None:
+        engine.prompt_cache.recall(engine, ids)  # an earlier conversation's caches, if it comes back
+    else:  # every prompt row is computed: none may come from a cache (the live ones are parked)
         scorer = PromptScorer(ids, prompt_logprobs)
+        engine.prompt_cache.set_aside(engine)
         target.reset()
         for d in engine.drafters.values():  # a feature head's entries were made from that history
             if getattr(d, "target", None) is target:

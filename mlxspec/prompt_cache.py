@@ -70,6 +70,17 @@ class PromptCache:
         if len(target.tokens) - live >= max(MIN_PARK, len(target.tokens) / 2):
             self.park({name: seq.copy_state() for name, seq in seqs.items()})
 
+    def set_aside(self, engine) -> None:
+        """Before a request that computes its prompt whole (`prompt_logprobs`): park the live
+        histories as they are (the request starts from empty caches), none taken back."""
+        if self.size <= 0:
+            return
+        seqs = _sequences(engine)
+        if not engine.target.dirty:
+            self.park({name: seq.take_state() for name, seq in seqs.items()})
+        for seq in seqs.values():
+            seq.reset()
+
     def park(self, slot: Dict[str, SeqState]) -> None:
         """Keep `slot` (a history's states by sequence name), the most recently used."""
         tokens = slot["target"].tokens

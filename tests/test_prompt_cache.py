@@ -195,3 +195,20 @@ def test_regenerating_an_answer_does_not_park_copies_of_the_conversation():
     assert first_tokens(engine) == [3]
     r = engine.generate(prompt(0) + [9], max_tokens=2)
     assert r.stats.prefilled_tokens < 5
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_a_request_scoring_its_prompt_parks_the_live_conversation_and_takes_none_back(drafter, tmp_path):
+    """prompt_logprobs computes the prompt whole, from empty caches: the live conversation is
+    parked, and a parked one it shares a prefix with stays parked (taken back, it would be lost)."""
+    from mlxspec.prompts import encode_prompt
+
+    engine = engine_for(drafter, 2, tmp_path)
+    first = engine.generate(CHAT, max_tokens=8)
+    engine.generate(SIDE, max_tokens=8)  # another conversation: CHAT's caches are parked
+    ids = encode_prompt(CHAT, engine.tokenizer, engine.vocab_size)
+    scored = engine.generate(ids[:len(ids) // 2], max_tokens=4, prompt_logprobs=0)
+    assert scored.stats.prefilled_tokens == len(ids) // 2
+    again = engine.generate(CHAT, max_tokens=8)
+    assert again.stats.prefilled_tokens == 1 and again.tokens == first.tokens  # CHAT's parked caches
+    assert engine.generate(SIDE, max_tokens=8).stats.prefilled_tokens == 1  # parked by the scoring request
