@@ -64,3 +64,10 @@ def test_bad_bodies_are_400_naming_the_field(served, path, body, param, says):
 def test_the_api_key_guards_them_too(served):
     assert post(served[0], "/tokenize", {"prompt": "a"}, key="wrong").status_code == 401
     assert post(served[0], "/detokenize", {"tokens": [5]}, key="wrong").status_code == 401
+
+
+def test_the_base_url_says_what_is_served_without_a_key(served):
+    url, _ = served
+    r = httpx.get(f"{url}/", timeout=TIMEOUT)
+    assert r.status_code == 200 and r.json()["model"] == "t" and "POST /v1/messages" in r.json()["routes"]
+    assert httpx.head(f"{url}/", timeout=TIMEOUT).status_code == 200  # as Claude Code probes it

@@ -45,7 +45,7 @@ from .queue import EngineQueue, Job
 from .responses import DONE, LogprobStream, Shapes, combined, joined, prompt_logprobs, sse, usage
 
 log = logging.getLogger("mlxspec.serve")
-OPEN_PATHS = ("/health",)  # answered without the API key (load balancers and scripts probe it)
+OPEN_PATHS = ("/health", "/")  # answered without the API key (load balancers, scripts and agents probe them)
 ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, "
                "GET /v1/models, GET /health, POST /tokenize, POST /detokenize, GET /metrics")
 
@@ -115,6 +115,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/", root, methods=["GET"]),
         Route("/tokenize", tokenize_route, methods=["POST"]),
         Route("/detokenize", detokenize_route, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -572,6 +573,14 @@ async def metrics(request: Request) -> Response:
     q = state.queue
     return PlainTextResponse(state.metrics.render(q.running is not None, q.waiting, q.limit),
                              media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def root(request: Request) -> Response:
+    """What this server is (agents probe the base URL before their first request)."""
+    from .. import __version__
+
+    state: ServerState = request.app.state.mlxspec
+    return JSONResponse({"name": "mlxspec", "version": __version__, "model": state.model_id, "routes": ROUTES_HELP})
 
 
 async def health(request: Request) -> Response:
