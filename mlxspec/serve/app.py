@@ -446,7 +446,7 @@ async def _built_events(state: ServerState, job: Job, builder, first, req: schem
                         splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader],
                         next_events: Callable, endpoint: str):
     """A single answer's stream in its API's events (`_one_answer`)."""
-    for chunk in builder.start(first[0].stats.prompt_tokens):
+    for chunk in builder.start(first[0].stats.prompt_tokens if first else 0):  # (none: cancelled already)
         yield chunk
     try:
         events, end = first, None
