@@ -103,6 +103,7 @@ def test_namespaced_functions_are_offered_and_tools_run_by_openai_left_out(scrip
     r = openai_client(url).responses.create(model="s", input=ask, tools=tools, max_output_tokens=100)
     (call,) = r.output
     assert call.name == "get_weather" and call.namespace == "geo" and json.loads(call.arguments) == {"city": "Paris"}
+    assert r.model_extra["mlxspec"]["tools_left_out"] == ["web_search"]
 
 
 def test_text_format_makes_the_answer_follow_a_schema(served):

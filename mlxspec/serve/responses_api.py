@@ -139,7 +139,7 @@ def _tools(tools) -> list:
     the agent that sent them still works with the rest (Codex sends web_search)."""
     if not isinstance(tools, list):
         raise invalid(f"tools must be a list of function tools, got {shown(tools)}", "tools")
-    out, left_out = [], []
+    out = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise invalid(f"tools[{i}] must be a tool object, got {shown(tool)}", f"tools[{i}]")
@@ -151,10 +151,18 @@ def _tools(tools) -> list:
                 out.append({"type": "function", "function": {key: fn[key] for key in
                                                              ("name", "description", "parameters", "strict")
                                                              if key in fn}})
-            else:
-                left_out.append(str(fn.get("name") or fn.get("type")) if isinstance(fn, dict) else shown(fn))
-    if left_out:
-        log.info("tools the model cannot call here were left out of the prompt: %s", ", ".join(left_out))
+    if left_out(tools):
+        log.info("tools the model cannot call here were left out of the prompt: %s", ", ".join(left_out(tools)))
+    return out
+
+
+def left_out(tools) -> List[str]:
+    """The tools of a request the model is not shown (`_tools`), by name (or type)."""
+    out = []
+    for tool in tools if isinstance(tools, list) else []:
+        inner = tool.get("tools") if isinstance(tool, dict) and tool.get("type") == "namespace" else [tool]
+        out += [str(fn.get("name") or fn.get("type")) for fn in inner or []
+                if isinstance(fn, dict) and fn.get("type") != "function"]
     return out
 
 
@@ -228,6 +236,8 @@ class ResponseBuilder:
                             "total_tokens": usage["total_tokens"]}
         if stats is not None:
             out["mlxspec"] = figures(stats)
+            if left_out(b.get("tools")):  # said, since the tools list above echoes what was sent
+                out["mlxspec"]["tools_left_out"] = left_out(b.get("tools"))
         return out
 
     # -- streamed ------------------------------------------------------------------------------
