@@ -106,6 +106,50 @@ def test_namespaced_functions_are_offered_and_tools_run_by_openai_left_out(scrip
     assert r.model_extra["mlxspec"]["tools_left_out"] == ["web_search"]
 
 
+def test_previous_response_id_continues_a_stored_conversation(served):
+    """The earlier input and answer come first, not the earlier instructions; store false keeps
+    nothing; GET /v1/responses/{id} gives a stored response back."""
+    url, ref = served
+    client = openai_client(url)
+    first = client.responses.create(model="t", instructions="Be brief.", input="Tell me about rivers.",
+                                    max_output_tokens=8)
+    second = client.responses.create(model="t", previous_response_id=first.id, input="And the sea?",
+                                     max_output_tokens=8)
+    chat = [{"role": "user", "content": "Tell me about rivers."}, {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "And the sea?"}]
+    want = ref.generate(chat, max_tokens=8)
+    assert second.output_text == want.text and second.usage.input_tokens == want.stats.prompt_tokens
+    assert second.previous_response_id == first.id and second.store is True
+    streamed = list(client.responses.create(model="t", previous_response_id=second.id, input="Why?",
+                                            max_output_tokens=4, stream=True))
+    want = ref.generate(chat + [{"role": "assistant", "content": second.output_text},
+                                {"role": "user", "content": "Why?"}], max_tokens=4)
+    assert streamed[-1].response.output_text == want.text
+    fetched = httpx.get(f"{url}/v1/responses/{second.id}", timeout=TIMEOUT).json()
+    assert fetched["id"] == second.id and fetched["output"][0]["content"][0]["text"] == second.output_text
+    assert httpx.get(f"{url}/v1/responses/resp_nope", timeout=TIMEOUT).status_code == 404
+    unstored = client.responses.create(model="t", input="Hi", max_output_tokens=2, store=False)
+    r = httpx.post(f"{url}/v1/responses", json={"model": "t", "input": "x", "previous_response_id": unstored.id},
+                   timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
+
+
+def test_a_function_call_s_output_continues_its_stored_response(scripted):
+    url, say = scripted
+    client = openai_client(url)
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    say(PARIS, ask, [CHAT_WEATHER])
+    first = client.responses.create(model="s", input=ask, tools=[WEATHER], max_output_tokens=100)
+    (call,) = first.output
+    as_chat = ask + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.call_id, "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny"}]
+    say("Sunny, it says.", as_chat, [CHAT_WEATHER])
+    r = client.responses.create(model="s", previous_response_id=first.id, tools=[WEATHER], max_output_tokens=100,
+                                input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}])
+    assert r.output_text == "Sunny, it says."
+
+
 def test_text_format_makes_the_answer_follow_a_schema(served):
     url, _ = served
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
@@ -129,7 +173,8 @@ def test_a_thinking_model_s_reasoning_is_a_reasoning_item():
 
 
 @pytest.mark.parametrize("body, param, says", [
-    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id", "stores none"),
+    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id", "is not stored here"),
+    ({"input": "hi", "conversation": "conv_1"}, "conversation", "not supported"),
     ({"input": []}, "input", "non-empty list"),
     ({"input": [{"type": "image_generation_call"}]}, "input[0]", "not supported"),
     ({"input": "hi", "tools": [{"type": "namespace", "name": "x", "tools": 5}]}, "tools[0]", "list of function"),
@@ -155,3 +200,17 @@ def test_a_stream_that_fails_ends_with_an_error_event():
     assert name == "event: error"
     assert json.loads(data[len("data: "):]) == {"type": "error", "sequence_number": 2, "code": "engine_error",
                                                 "message": "the engine failed", "param": None}
+
+
+def test_the_store_keeps_the_last_responses_only():
+    from mlxspec.serve.response_store import ResponseStore
+
+    store = ResponseStore(size=2)
+    for i in range(3):
+        output = [{"type": "message", "content": [{"type": "output_text", "text": f"answer {i}"}]}]
+        store.remember({"id": f"resp_{i}", "output": output}, [{"role": "user", "content": f"q {i}"}])
+    assert store.conversation("resp_2") == [{"role": "user", "content": "q 2"},
+                                            {"role": "assistant", "content": "answer 2"}]
+    assert store.get("resp_1")["id"] == "resp_1"
+    with pytest.raises(Exception, match="not stored here"):
+        store.conversation("resp_0")

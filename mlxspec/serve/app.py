@@ -40,6 +40,7 @@ from .errors import APIError, from_engine, invalid
 from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
 from .metrics import Metrics
+from .response_store import ResponseStore
 from .options import REASONING_KEYS, ServeOptions
 from .queue import EngineQueue, Job
 from .responses import DONE, LogprobStream, Shapes, combined, joined, prompt_logprobs, sse, usage
@@ -60,6 +61,7 @@ class ServerState:
         self.model_id = options.model_id or getattr(engine, "pair_name", None) or _target_ref(engine) or "mlxspec"
         self.created = int(time.time())
         self.metrics = Metrics(self.model_id, getattr(engine, "default_drafter", None))
+        self.responses = ResponseStore()  # the Responses API's stored responses
         self._other_names: set = set()
         # Read at start, not on a first request: a template without a known marker makes mlx-lm
         # look through the whole vocabulary.
@@ -110,6 +112,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/v1/chat/completions", _endpoint(schema.parse_chat), methods=["POST"]),
         Route("/v1/completions", _endpoint(schema.parse_completion), methods=["POST"]),
         Route("/v1/responses", create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
         Route("/v1/messages", create_message, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
@@ -470,10 +473,27 @@ async def _built_events(state: ServerState, job: Job, builder, first, req: schem
 
 
 async def create_response(request: Request) -> Response:
-    """POST /v1/responses: OpenAI's Responses API, answered as a chat (`serve/responses_api.py`)."""
-    return await _one_answer(request, responses_api.to_chat,
-                             lambda state, req, body: responses_api.ResponseBuilder(state.model_id, body),
-                             "responses", "input", responses_api.renamed)
+    """POST /v1/responses: OpenAI's Responses API, answered as a chat (`serve/responses_api.py`);
+    answered responses are stored (unless `store` is false) for `previous_response_id`."""
+    store = request.app.state.mlxspec.responses
+    conversation: list = []
+
+    def translate(body: dict) -> dict:
+        previous = body.get("previous_response_id")
+        chat, conversation[:] = responses_api.to_chat(body, store.conversation(previous) if previous else [])
+        return chat
+
+    def builder_of(state, req, body):
+        keep = body.get("store") is not False
+        return responses_api.ResponseBuilder(state.model_id, body,
+                                             (lambda r: store.remember(r, conversation)) if keep else None)
+
+    return await _one_answer(request, translate, builder_of, "responses", "input", responses_api.renamed)
+
+
+async def get_response(request: Request) -> Response:
+    """GET /v1/responses/{id}: a stored response."""
+    return JSONResponse(request.app.state.mlxspec.responses.get(request.path_params["response_id"]))
 
 
 def _anthropic_errors(handler: Callable) -> Callable:

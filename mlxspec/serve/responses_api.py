@@ -4,9 +4,8 @@ A request is translated into a chat request (`to_chat`): `instructions` becomes 
 message, `input` items become messages (a string is one user message; `function_call` and
 `function_call_output` items become the assistant's tool calls and the tool messages that
 answer them), `tools` in the Responses' flat shape become chat tools, `text.format` becomes
-`response_format`, `max_output_tokens` becomes `max_tokens`. Nothing is stored: a response
-cannot be fetched again or continued by `previous_response_id` (a 400 says to send the
-conversation as `input`, as stateless clients do).
+`response_format`, `max_output_tokens` becomes `max_tokens`. `previous_response_id` puts a
+stored response's conversation (`response_store`) before the input.
 
 `ResponseBuilder` shapes what the model wrote (reasoning, text, tool calls, as `app._read`
 splits them) into output items: a `reasoning` item, a `message` with one `output_text`, and
@@ -19,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import shown
 from .errors import APIError, invalid, unsupported
@@ -37,13 +36,13 @@ PASSED = ("model", "temperature", "top_p", "parallel_tool_calls", "stream", "see
           "stop_token_ids", "ignore_eos", "min_tokens")
 
 
-def to_chat(body: dict) -> dict:
-    """A Responses request body -> the chat completions body that answers it (400s name the
-    Responses' own fields)."""
-    if body.get("previous_response_id") is not None or body.get("conversation") is not None:
-        raise unsupported("previous_response_id and conversation need stored responses, and this server stores "
-                          "none: send the whole conversation as input (its earlier output items included)",
-                          "previous_response_id")
+def to_chat(body: dict, history: List[dict] = ()) -> tuple:
+    """A Responses request body -> (the chat completions body that answers it, its conversation
+    without the instructions: what a later request continues). `history`: the conversation of
+    the response it continues (`previous_response_id`). 400s name the Responses' own fields."""
+    if body.get("conversation") is not None:
+        raise unsupported("conversation objects are not supported by this server: send previous_response_id, or "
+                          "the whole conversation as input", "conversation")
     if body.get("background"):
         raise unsupported("background responses are not supported by this server: send the request and wait, or "
                           "stream it", "background")
@@ -54,8 +53,8 @@ def to_chat(body: dict) -> dict:
         if not isinstance(instructions, str):
             raise invalid(f"instructions must be a string, got {shown(instructions)}", "instructions")
         messages.append({"role": "system", "content": instructions})
-    messages += _input_messages(body.get("input"))
-    chat["messages"] = messages
+    conversation = list(history) + _input_messages(body.get("input"))
+    chat["messages"] = messages + conversation
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
     if body.get("tools") is not None:
@@ -68,7 +67,7 @@ def to_chat(body: dict) -> dict:
                       "text")
     if fmt is not None:
         chat["response_format"] = _format(fmt)
-    return chat
+    return chat, conversation
 
 
 def param_of(chat_param: Optional[str]) -> Optional[str]:
@@ -196,8 +195,10 @@ def _format(fmt) -> dict:
 class ResponseBuilder:
     """One response's output items, whole or as the Responses' stream events."""
 
-    def __init__(self, model: str, body: dict):
+    def __init__(self, model: str, body: dict, remember: Optional[Callable[[dict], None]] = None):
+        """`remember(response)`: called with the whole answered response (`store`)."""
         self.id = "resp_" + uuid.uuid4().hex[:24]
+        self.remember = remember
         self.created = int(time.time())
         self.model = model
         self.body = body
@@ -214,7 +215,7 @@ class ResponseBuilder:
         if text or not calls:
             self.items.append(self._message_item(text, "completed" if finish != "length" else "incomplete"))
         self.items += [self._call_item(c) for c in calls]
-        return self.response(finish, usage, stats)
+        return self._answered(self.response(finish, usage, stats))
 
     def response(self, finish: Optional[str], usage: Optional[dict], stats, status: Optional[str] = None) -> dict:
         b = self.body
@@ -223,10 +224,12 @@ class ResponseBuilder:
                "model": self.model, "output": list(self.items), "error": None,
                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                "instructions": b.get("instructions"), "max_output_tokens": b.get("max_output_tokens"),
-               "parallel_tool_calls": b.get("parallel_tool_calls", True), "previous_response_id": None,
+               "parallel_tool_calls": b.get("parallel_tool_calls", True),
+               "previous_response_id": b.get("previous_response_id"),
                "temperature": b.get("temperature"), "top_p": b.get("top_p"), "tools": b.get("tools") or [],
                "tool_choice": b.get("tool_choice", "auto"), "text": b.get("text") or {"format": {"type": "text"}},
-               "metadata": b.get("metadata") or {}, "store": False, "truncation": "disabled", "usage": None}
+               "metadata": b.get("metadata") or {}, "store": b.get("store") is not False, "truncation": "disabled",
+               "usage": None}
         if usage is not None:
             out["usage"] = {"input_tokens": usage["prompt_tokens"],
                             "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
@@ -287,9 +290,14 @@ class ResponseBuilder:
         else:
             out = []
         out += self._close("incomplete" if finish == "length" else "completed")
-        response = self.response(finish, usage, stats)
+        response = self._answered(self.response(finish, usage, stats))
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         return _sse(out + [self.event(kind, response=response)])
+
+    def _answered(self, response: dict) -> dict:
+        if self.remember is not None:
+            self.remember(response)
+        return response
 
     def error(self, e: APIError) -> bytes:
         return sse_event(self.event("error", code=e.code, message=e.message, param=e.param))
