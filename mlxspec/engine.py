@@ -288,7 +288,8 @@ class Engine:
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty=None,
                repetition_context_size: int = 20, stop_token_ids=None, ignore_eos: bool = False,
                min_tokens: int = 0, prompt_logprobs: Optional[int] = None, suffix: Optional[str] = None,
-               include_stop_str_in_output: bool = False, **other) -> Iterator[TokenEvent]:
+               include_stop_str_in_output: bool = False, continue_final_message: bool = False,
+               **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -343,6 +344,9 @@ class Engine:
                 "function": {"name": ...}} (one call of that function), forced by a grammar in the
                 model's call format (Qwen2.5's and Hermes' <tool_call> JSON), its arguments
                 following the tool's parameters schema.
+            continue_final_message: the answer continues the last message, the assistant's (a
+                prefill: the template renders no new turn; vLLM's, and what Anthropic's API does
+                with a last assistant message); needs chat messages.
             chat_template_kwargs: extra variables for the chat template, e.g. {"enable_thinking":
                 False} for Qwen3's (needs chat messages).
             logit_bias: OpenAI's {token id: bias in [-100, 100]}, added to the target's logits
@@ -365,9 +369,10 @@ class Engine:
         tree = check_tree(tree) if tree is not None else self.tree
         lookup = check_lookup(lookup) if lookup is not None else self.lookup
         stop = check_stop(stop)
-        if not isinstance(include_stop_str_in_output, bool):
-            raise InvalidArgumentError(f"include_stop_str_in_output must be True or False, got "
-                                       f"{include_stop_str_in_output!r}")
+        for flag, value in (("include_stop_str_in_output", include_stop_str_in_output),
+                            ("continue_final_message", continue_final_message)):
+            if not isinstance(value, bool):
+                raise InvalidArgumentError(f"{flag} must be True or False, got {value!r}")
         seed = check_seed(seed)
         cancel = check_cancel(cancel)
         logprobs = check_logprobs(logprobs)
@@ -395,9 +400,10 @@ class Engine:
         name = "none" if not speculative else (drafter or self.default_drafter)  # the default is always there
         template_kwargs = check_template_kwargs(chat_template_kwargs)
         if check_suffix(suffix, prompt) is None:
-            ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, tools=tools, template_kwargs=template_kwargs)
+            ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, tools=tools, template_kwargs=template_kwargs,
+                                continue_final=continue_final_message)
         else:
-            ids = self._fim_prompt(prompt, suffix, tools or template_kwargs)
+            ids = self._fim_prompt(prompt, suffix, tools or template_kwargs or continue_final_message)
             endings["stop_ids"] = sorted(set(endings["stop_ids"]) | set(self.fim_format.ends))
         if self.context is not None and len(ids) >= self.context:
             raise ContextLengthError(
@@ -427,8 +433,8 @@ class Engine:
     def _fim_prompt(self, prefix: str, suffix: str, chat_only) -> List[int]:
         """The ids of a fill-in-the-middle prompt in this model's format."""
         if chat_only:
-            raise InvalidArgumentError("suffix takes a string prompt, and tools and chat_template_kwargs need chat "
-                                       "messages; send one or the other")
+            raise InvalidArgumentError("suffix takes a string prompt, and tools, chat_template_kwargs and "
+                                       "continue_final_message need chat messages; send one or the other")
         if self.fim_format is None:
             raise no_fim_error()
         ids = self.fim_format.encode(self.tokenizer, check_text(prefix), check_text(suffix, "suffix"))

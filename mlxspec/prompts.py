@@ -85,15 +85,16 @@ def check_template_kwargs(kwargs) -> dict:
 
 
 def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = None,
-                  template_kwargs: Optional[dict] = None) -> List[int]:
+                  template_kwargs: Optional[dict] = None, continue_final: bool = False) -> List[int]:
     """str (used as is), list[int] (or a 1-D integer array), or a list of chat messages
     {"role", "content"} -> ids. `tools` (OpenAI's function tools, checked by
     `mlxspec.tools.check_tools`) go to the chat template with the messages, and so do
-    `template_kwargs` (checked by `check_template_kwargs`)."""
+    `template_kwargs` (checked by `check_template_kwargs`); `continue_final`: see `render_chat`."""
     if not isinstance(prompt, (str, list, tuple)) and getattr(prompt, "ndim", None) == 1:
         prompt = prompt.tolist()  # an mx.array or numpy array of token ids, as mlx-lm takes them
     chat = is_chat(prompt)
-    for name, given in (("tools", tools), ("chat_template_kwargs", template_kwargs)):
+    for name, given in (("tools", tools), ("chat_template_kwargs", template_kwargs),
+                        ("continue_final_message", continue_final)):
         if given and not chat:
             raise InvalidArgumentError(f"{name} need a prompt of chat messages (the chat template renders them); "
                                        f"got a {'string' if isinstance(prompt, str) else 'token-id'} prompt")
@@ -106,7 +107,8 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = No
         bos = getattr(tokenizer, "bos_token", None)
         ids = tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
     elif chat:
-        ids = tokenizer.encode(render_chat(prompt, tokenizer, tools, template_kwargs), add_special_tokens=False)
+        ids = tokenizer.encode(render_chat(prompt, tokenizer, tools, template_kwargs, continue_final),
+                               add_special_tokens=False)
     elif isinstance(prompt, (list, tuple)):
         if not prompt:
             raise InvalidArgumentError("prompt is empty: give a non-empty string, token-id list or message list")
@@ -135,8 +137,11 @@ def is_chat(prompt) -> bool:
     return isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
 
 
-def render_chat(prompt: list, tokenizer, tools: Optional[list] = None, template_kwargs: Optional[dict] = None) -> str:
-    """Chat messages -> the text their chat template makes of them, generation prompt included."""
+def render_chat(prompt: list, tokenizer, tools: Optional[list] = None, template_kwargs: Optional[dict] = None,
+                continue_final: bool = False) -> str:
+    """Chat messages -> the text their chat template makes of them, generation prompt included;
+    with `continue_final`, ending inside the last message, the assistant's, which the answer
+    continues (a prefill: vLLM's continue_final_message, Anthropic's last assistant message)."""
     if tokenizer is None:
         raise InvalidArgumentError("chat messages need a tokenizer with a chat template; this engine has none")
     if not has_chat_template(tokenizer):
@@ -144,6 +149,10 @@ def render_chat(prompt: list, tokenizer, tools: Optional[list] = None, template_
             "this model's tokenizer has no chat template, so chat messages cannot be formatted; send the "
             "text itself as a string prompt (mlxspec generate does when the model has no template; the "
             "server's /v1/completions takes it)")
+    if continue_final and (not prompt or prompt[-1].get("role") != "assistant"):
+        raise InvalidArgumentError(f"continue_final_message needs the last message to be the assistant's (the text "
+                                   f"the answer continues), got role {prompt[-1].get('role')!r}" if prompt else
+                                   "continue_final_message needs messages")
     messages = []
     for i, m in enumerate(prompt):
         if "role" not in m or "content" not in m:
@@ -152,18 +161,22 @@ def render_chat(prompt: list, tokenizer, tools: Optional[list] = None, template_
             messages.append(dict(m, content=""))
             continue
         messages.append(dict(m, content=check_text(_message_text(m["content"], i), f"message {i}'s content")))
-    text = _render(tokenizer, messages, tools, template_kwargs)
-    if tools and text == _render(tokenizer, messages, None, template_kwargs):
+    text = _render(tokenizer, messages, tools, template_kwargs, continue_final)
+    if tools and text == _render(tokenizer, messages, None, template_kwargs, continue_final):
         raise InvalidArgumentError("tools: this model's chat template does not render tools, so the model "
                                    "would never see them; send the messages without tools (or describe the "
                                    "tools in a message), or use a model trained for tool calling")
     return text
 
 
-def _render(tokenizer, messages: list, tools: Optional[list], template_kwargs: Optional[dict] = None) -> str:
+def _render(tokenizer, messages: list, tools: Optional[list], template_kwargs: Optional[dict] = None,
+            continue_final: bool = False) -> str:
     extra = dict(template_kwargs or {}, **({"tools": tools} if tools else {}))
+    if continue_final:
+        extra["continue_final_message"] = True
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=not continue_final, tokenize=False,
+                                             **extra)
     except Exception as e:  # jinja2's errors: a template that refuses these messages, or is broken
         raise InvalidArgumentError(f"the model's chat template failed on these messages "
                                    f"({type(e).__name__}: {one_line(e)}); e.g. some templates need roles to "

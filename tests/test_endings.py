@@ -128,3 +128,34 @@ def test_stop_reason_and_include_stop_str_in_output_through_the_server():
         assert r.choices[0].model_extra["stop_reason"] == tok.encode(",", add_special_tokens=False)[0]
         assert client.chat.completions.create(model="s", messages=ASK, max_tokens=40).choices[0].model_extra[
             "stop_reason"] is None
+
+
+def test_continue_final_message_prefills_the_answer():
+    """The answer continues the last (assistant) message: the template renders no new turn, and
+    the text is only what follows the prefill."""
+    tok = tiny.make_tokenizer()
+    model = tiny.ScriptedModel()
+    engine = Engine(model, tok, drafter="ngram")
+    prefilled = ASK + [{"role": "assistant", "content": "The answer is"}]
+    ids = encode_prompt(prefilled, tok, tiny.VOCAB, continue_final=True)
+    assert tok.decode(ids).endswith("<|im_start|>assistant\nThe answer is")
+    model.say(tok.encode(" 4.", add_special_tokens=False) + [EOS], len(ids))
+    r = engine.generate(prefilled, max_tokens=20, continue_final_message=True)
+    assert (r.text, r.stats.prompt_tokens) == (" 4.", len(ids))
+    with pytest.raises(InvalidArgumentError, match="continue_final_message needs the last message to be the "
+                                                   "assistant's"):
+        engine.generate(ASK, max_tokens=2, continue_final_message=True)
+    with pytest.raises(InvalidArgumentError, match="continue_final_message need.* chat messages"):
+        engine.generate("a string", max_tokens=2, continue_final_message=True)
+    with running_server(engine, model_id="s") as (url, _):
+        client = openai_client(url)
+        r = client.chat.completions.create(model="s", messages=prefilled, max_tokens=20,
+                                           extra_body={"continue_final_message": True, "add_generation_prompt": False})
+        assert r.choices[0].message.content == " 4." and r.usage.prompt_tokens == len(ids)
+        import httpx
+
+        for body, param in (({"continue_final_message": True, "add_generation_prompt": True}, "add_generation_prompt"),
+                            ({"add_generation_prompt": False}, "add_generation_prompt"),
+                            ({"continue_final_message": True, "messages": ASK}, "continue_final_message")):
+            r = httpx.post(f"{url}/v1/chat/completions", json=dict({"messages": prefilled, "max_tokens": 2}, **body))
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -177,3 +177,16 @@ def test_a_stop_sequence_is_named():
         assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", ";")
         r = client.messages.create(model="s", max_tokens=40, messages=ASK)
         assert (r.stop_reason, r.stop_sequence) == ("end_turn", None)
+
+
+def test_a_last_assistant_message_is_a_prefill_the_answer_continues():
+    tok = tiny.make_tokenizer()
+    model = tiny.ScriptedModel()
+    prefilled = ASK + [{"role": "assistant", "content": "Rivers are"}]
+    model.say(tok.encode(" long.", add_special_tokens=False) + END,
+              len(encode_prompt(prefilled, tok, tiny.VOCAB, continue_final=True)))
+    with running_server(Engine(model, tok, drafter="ngram"), model_id="s") as (url, _):
+        client = anthropic.Anthropic(base_url=url, api_key="unused")
+        r = client.messages.create(model="s", max_tokens=20, messages=prefilled)
+        assert r.content[0].text == " long." and r.stop_reason == "end_turn"
+        assert client.messages.count_tokens(model="s", messages=prefilled).input_tokens == r.usage.input_tokens

@@ -144,7 +144,7 @@ UNSUPPORTED = [
     ({"messages": HI, "role_mapping": {"user": "Q:"}}, "role_mapping"),
     ({"messages": HI, "num_draft_tokens": 3}, "num_draft_tokens"),
     ({"messages": HI, "draft_model": "mlx-community/x"}, "draft_model"),
-    ({"messages": HI, "continue_final_message": True}, "continue_final_message"),
+    ({"messages": HI, "add_generation_prompt": False}, "add_generation_prompt"),
 ]
 
 

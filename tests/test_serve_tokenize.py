@@ -31,6 +31,10 @@ def test_a_prompt_and_a_chat_are_the_ids_the_engine_generates_from(served):
     assert r["token_strs"] == engine.tokenizer.convert_ids_to_tokens(want)
     completion = post(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2}).json()
     assert completion["usage"]["prompt_tokens"] == r["count"]  # what a request of it counts
+    prefilled = CHAT + [{"role": "assistant", "content": "The Danube"}]
+    r = post(url, "/tokenize", {"messages": prefilled, "continue_final_message": True,
+                                "add_generation_prompt": False}).json()
+    assert r["tokens"] == encode_prompt(prefilled, engine.tokenizer, engine.vocab_size, continue_final=True)
     assert post(url, "/tokenize", {"content": "abc"}).json()["tokens"] == \
         encode_prompt("abc", engine.tokenizer, engine.vocab_size)  # llama.cpp's field
 

@@ -45,6 +45,8 @@ def to_chat(body: dict) -> dict:
     for i, message in enumerate(given):
         messages += _message(message, f"messages[{i}]")
     chat["messages"] = messages
+    if messages[-1]["role"] == "assistant":  # a prefill: the answer continues it, as Anthropic's API does
+        chat["continue_final_message"] = True
     if body.get("stop_sequences") is not None:
         chat["stop"] = body["stop_sequences"]
     if body.get("tools") is not None:

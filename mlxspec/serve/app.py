@@ -217,7 +217,8 @@ async def _thinking_start(state: ServerState, req: schema.GenerationRequest) -> 
         return None
     try:
         text = await asyncio.to_thread(render_chat, req.prompt, state.engine.tokenizer, req.tools,
-                                       req.options.get("chat_template_kwargs"))
+                                       req.options.get("chat_template_kwargs"),
+                                       req.options.get("continue_final_message", False))
     except InvalidArgumentError:  # the engine says what is wrong with these messages
         text = ""
     return state.thinking, starts_inside(text, state.thinking)
@@ -531,7 +532,8 @@ async def count_message_tokens(request: Request) -> Response:
     engine = state.engine
     try:
         ids = await asyncio.to_thread(encode_prompt, req.prompt, engine.tokenizer, engine.vocab_size, req.tools,
-                                      req.options.get("chat_template_kwargs"))
+                                      req.options.get("chat_template_kwargs"),
+                                      req.options.get("continue_final_message", False))
     except InvalidArgumentError as e:
         raise invalid(str(e), "messages") from None
     return JSONResponse({"input_tokens": len(ids)})

@@ -55,7 +55,7 @@ def shutting_down() -> APIError:
 
 # Request fields the engine checks (its messages start with the field's name): a 400 names them.
 ENGINE_CHECKED = ("drafter", "tools", "tool_choice", "response_format", "chat_template_kwargs", "logit_bias",
-                  "stop_token_ids", "ignore_eos", "min_tokens", "suffix")
+                  "stop_token_ids", "ignore_eos", "min_tokens", "suffix", "continue_final_message")
 
 
 def from_engine(exc: BaseException, prompt_param: str) -> APIError:

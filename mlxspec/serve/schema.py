@@ -34,7 +34,6 @@ SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 EXTENSIONS = {"repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0, "length_penalty": 1.0,
               "use_beam_search": False, "mirostat": 0, "guided_grammar": None, "grammar": None,
               "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
-              "add_generation_prompt": True, "continue_final_message": False,
               "role_mapping": {}, "adapters": None, "bad_words": [], "allowed_token_ids": None,
               "truncate_prompt_tokens": None}
 # vLLM's fields for what OpenAI's response_format says (one of them, or response_format, per request).
@@ -109,6 +108,9 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
             raise unsupported("response_format with tools is not supported by this server: its grammar would leave "
                               "the model no way to write a tool call; send one or the other (or tool_choice "
                               "\"none\")", "response_format")
+    # vLLM's prefill: the answer continues the last (assistant) message instead of a new turn
+    if _continues(body):
+        req.options["continue_final_message"] = True
     # vLLM's and mlx-lm's template variables ({"enable_thinking": false}), over the server's (--chat-template-args)
     kwargs = dict((defaults or ServeOptions()).chat_template_args or {})
     kwargs.update(_check(check_template_kwargs, body.get("chat_template_kwargs"), "chat_template_kwargs"))
@@ -124,6 +126,20 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
         raise invalid(f"top_logprobs needs \"logprobs\": true, got top_logprobs={_show(top)} without it",
                       "top_logprobs")
     return req
+
+
+def _continues(body: dict) -> bool:
+    """vLLM's continue_final_message (with add_generation_prompt false, or left out)."""
+    keep_going = _flag(body, "continue_final_message", False)
+    new_turn = _flag(body, "add_generation_prompt", True)
+    if keep_going and body.get("add_generation_prompt") is True:
+        raise invalid("continue_final_message continues the last message, and add_generation_prompt starts a new "
+                      "turn: send add_generation_prompt false (or leave it out) with it", "add_generation_prompt")
+    if not new_turn and not keep_going:
+        raise unsupported("add_generation_prompt false alone is not supported by this server (the model would "
+                          "write its own turn header); send continue_final_message true to continue the last "
+                          "assistant message", "add_generation_prompt")
+    return keep_going
 
 
 def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> GenerationRequest:

@@ -34,12 +34,15 @@ def tokenize(engine, body: dict, messages) -> dict:
             ids = (encode_prompt(text, tokenizer, engine.vocab_size) if _flag(body, "add_special_tokens", True)
                    else tokenizer.encode(text, add_special_tokens=False)) if text else []
         else:
-            if body.get("add_generation_prompt") is False:
-                raise invalid("add_generation_prompt false is not supported: a chat is tokenized as the model "
-                              "reads it, its generation prompt included", "add_generation_prompt")
+            keep_going = _flag(body, "continue_final_message", False)
+            if body.get("add_generation_prompt") is False and not keep_going:
+                raise invalid("add_generation_prompt false alone is not supported: a chat is tokenized as the model "
+                              "reads it, its generation prompt included (or, with continue_final_message true, "
+                              "ending inside its last message)", "add_generation_prompt")
             ids = encode_prompt(messages(body["messages"]), tokenizer, engine.vocab_size,
                                 tools=check_tools(body.get("tools")) or None,
-                                template_kwargs=check_template_kwargs(body.get("chat_template_kwargs")))
+                                template_kwargs=check_template_kwargs(body.get("chat_template_kwargs")),
+                                continue_final=keep_going)
     except InvalidArgumentError as e:
         raise invalid(str(e), "messages" if text is None else "prompt") from None
     out = {"count": len(ids), "max_model_len": getattr(engine, "context", None), "tokens": ids, "token_strs": None}
