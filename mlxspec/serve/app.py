@@ -137,20 +137,26 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
 
 
 # -- generation --------------------------------------------------------------------------------------
-def _endpoint(parse: Callable) -> Callable:
+def _guarded(handler: Callable) -> Callable:
+    """A route whose unforeseen failures are a 500 answered here: Starlette re-raises what reaches
+    the app-wide handler after answering, and the server then drops the client's keep-alive
+    connection."""
     async def endpoint(request: Request) -> Response:
         try:
-            return await answer(request)
+            return await handler(request)
         except (APIError, HTTPException):
             raise
         except ClientDisconnect:  # the client left while sending its body: nobody to answer
             return Response(status_code=499)
         except Exception as e:
-            # Answered here, not by the app-wide handler: Starlette re-raises what reaches that one
-            # after answering, and the server then drops the client's keep-alive connection.
             log.error("%s %s failed", request.method, request.url.path, exc_info=e)
             raise _internal(e) from e
 
+    return endpoint
+
+
+def _endpoint(parse: Callable) -> Callable:
+    @_guarded
     async def answer(request: Request) -> Response:
         state: ServerState = request.app.state.mlxspec
         req = parse(await read_json(request, state.options.max_body_size, state.options.client_timeout),
@@ -181,7 +187,7 @@ def _endpoint(parse: Callable) -> Callable:
             if not streaming:
                 state.queue.cancel(job)  # no-op once done; frees the engine if this task was cancelled
 
-    return endpoint
+    return answer
 
 
 def _tool_reader(fmt, req: schema.GenerationRequest) -> Optional[ToolCallReader]:
@@ -473,6 +479,7 @@ async def _built_events(state: ServerState, job: Job, builder, first, req: schem
         yield builder.error(e)
 
 
+@_guarded
 async def create_response(request: Request) -> Response:
     """POST /v1/responses: OpenAI's Responses API, answered as a chat (`serve/responses_api.py`);
     answered responses are stored (unless `store` is false) for `previous_response_id`."""
