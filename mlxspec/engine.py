@@ -337,7 +337,7 @@ class Engine:
                 "json_schema": {"name": ..., "schema": {...}}}; beyond OpenAI's, {"type": "regex",
                 "regex": ...}, {"type": "choice", "choice": [...]} and {"type": "lark", "lark": ...}
                 (see `mlxspec.grammar`). Output stays the constrained target's; rounds then draft
-                chains (plain decoding's steps pick each token once its predecessor is read). Where the chat template
+                chains, and plain steps wait for their predecessor's token. Where the chat template
                 opened a thinking block at the end of the prompt, the grammar applies after it closes.
             tool_choice: with `tools`, None or "auto" (the model decides), "none" (the tools are
                 not shown), "required" (the answer is one or more calls) or {"type": "function",

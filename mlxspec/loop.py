@@ -44,7 +44,7 @@ from .errors import CacheRollbackError, NumericalError, StreamOvertakenError
 from .logprobs import PromptScorer
 from .prompts import MAX_DRAFT
 from . import treeplan
-from .rounds import Pass, plain_forward, plain_pick, plain_step, read, tree_round, verify_round
+from .rounds import Pass, plain_step, read, tree_round, verify_round
 from .sampling import SamplingParams
 from .stats import GenerationStats, TokenEvent
 from .text import TextAssembler
@@ -54,10 +54,6 @@ LOOKUP = "ngram"  # a model drafter's free companion
 # A model drafter's fixed-shape trees (`treeplan.static_leaves`) before its read ones; False keeps
 # read trees only (for side-by-side measurements).
 STATIC_TREES = True
-# Under a grammar, plain decoding's next step has its forward chained before its predecessor's read
-# and its token picked once the mask is known (`rounds.plain_forward`); False waits for the read
-# (for side-by-side measurements).
-CHAIN_CONSTRAINED = True
 
 
 def draw_seed() -> int:
@@ -84,9 +80,8 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     its stream were closed, between two chunks of the prompt or after the next event.
     `logprobs`: each event also carries its token's log-probability and that many top choices.
     `constraint` (`mlxspec.grammar.Constraint`): a grammar every token follows. Each pass's masks
-    are computed on the host from the committed tokens: a chained plain step (plain decoding
-    only) is fed before its predecessor's read and picks its token after it, and rounds draft
-    chains (a tree's rows would need one mask per branch). `bias`: the
+    are computed on the host from the committed tokens, so plain steps are not chained ahead of
+    their read, and rounds draft chains (a tree's rows would need one mask per branch). `bias`: the
     request's logit_bias row (`sampling.bias_row`), added to every row of every pass. `penalties`
     (`mlxspec.penalties.Penalties`): presence, frequency and repetition penalties, row by row;
     rounds then draft chains, read on the host. `stop_ids`: more tokens that end the answer as
@@ -372,21 +367,14 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             model_k = None
             chained = 0.0
             guess = pending.shadow  # a proposal's guess of the token pending will give
-            deferred = None  # a constrained plain step's (start, logits), its token picked after the read
-            # Under a grammar only when nothing is drafted: a speculating round drafts the tokens the
-            # grammar forces next, known only after the read (chaining cost the n-gram drafter 7.5 %).
-            plain_only = name == "none" or k_fixed == 0
-            if pending.k == 0 and room() >= 2 and not dist and (constraint is None or CHAIN_CONSTRAINED and plain_only):
+            if pending.k == 0 and room() >= 2 and not dist and constraint is None:
                 chain, early_guess, model_k = decide_early()
                 guess = early_guess or guess
                 if chain:
                     t_chain = clock()
-                    if constraint is None:
-                        nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs,
-                                         bias=shaping(Draft([]), pending.token))
-                        nxt.pipelined, nxt.src = True, name
-                    else:  # its mask needs pending's token: the forward now, the pick after the read
-                        deferred = plain_forward(target, pending.token)
+                    nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs,
+                                     bias=shaping(Draft([]), pending.token))
+                    nxt.pipelined, nxt.src = True, name
                     chained = clock() - t_chain
 
             t_wait = clock()
@@ -407,21 +395,14 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 target.keep_path(pending.start, pending.path)
             else:
                 target.rollback(pending.k - n)
-            if nxt is not None or deferred is not None:
-                target.settle(nxt.start if nxt is not None else deferred[0], new)
+            if nxt is not None:
+                target.settle(nxt.start, new)
             hist.extend(new)
             committed += len(new)
             if constraint is not None:
                 constraint.commit(new)
             if penalties is not None:
                 penalties.commit(new)
-            if deferred is not None:
-                if any(t in eos for t in new) or room() <= 0:  # the end: nothing to pick (and no mask after it)
-                    target.rollback(1)
-                else:
-                    nxt = plain_pick(*deferred, params, seed, len(hist), logprobs, constraint.rows([]),
-                                     shaping(Draft([])))
-                    nxt.pipelined, nxt.src = True, name
             # Read and committed: from here on only the chained plain step (if any) is in flight,
             # which is all `finally` may roll back, whatever ends the request.
             done, pending = pending, nxt

@@ -90,24 +90,6 @@ def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
     the logits that applies it and the penalties (`mlxspec.penalties`)."""
     start = len(target.tokens)
     logits = target.forward(token if isinstance(token, mx.array) else [token], batched=True)
-    return plain_pick(start, logits, params, seed, out_pos, logprobs, mask, bias)
-
-
-def plain_forward(target, token: mx.array) -> tuple:
-    """The first half of a plain step whose mask must wait for its predecessor's read (a
-    grammar's): feed the lazy token and start computing its logits now, so the device works
-    while the host reads the predecessor and computes the mask. Returns (start, logits) for
-    `plain_pick`."""
-    start = len(target.tokens)
-    logits = target.forward(token, batched=True)
-    mx.async_eval(logits)
-    return start, logits
-
-
-def plain_pick(start: int, logits: mx.array, params: SamplingParams, seed: int, out_pos: int,
-               logprobs: Optional[int] = None, mask: Optional[mx.array] = None,
-               bias: Optional[mx.array] = None) -> Pass:
-    """The second half of a plain step: pick the next token from its logits (1, 1, V)."""
     if params.greedy:
         nxt, ok = _argmax_checked(_constrained(logits, mask, bias))
     else:

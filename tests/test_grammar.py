@@ -73,35 +73,6 @@ def test_output_follows_the_grammar_and_is_constrained_plain_decoding(drafter, o
         assert fast.stats.accepted > 0 and fast.stats.rounds < len(fast.tokens)  # drafts were verified and kept
 
 
-@pytest.mark.parametrize("options", [{}, {"temperature": 0.8, "seed": 3},
-                                     {"frequency_penalty": 0.6, "min_tokens": 12, "logprobs": 2}])
-@pytest.mark.parametrize("fmt", [WORDS, MOOD], ids=["regex", "json_schema"])
-def test_chained_constrained_plain_steps_pick_what_waiting_ones_do(options, fmt, tmp_path, monkeypatch):
-    """Plain decoding under a grammar chains each step's forward before the read and picks its token
-    once the mask is known: the same tokens (and logprobs) as waiting for the read."""
-    from mlxspec import loop, rounds
-
-    engine, _ = engine_for("none", tmp_path)
-    chained = []
-    monkeypatch.setattr(loop, "plain_forward", lambda *a: chained.append(1) or rounds.plain_forward(*a))
-    fast = engine.generate(ASK, max_tokens=120, response_format=fmt, speculative=False, **options)
-    cached = list(engine.target.tokens)
-    monkeypatch.setattr(loop, "CHAIN_CONSTRAINED", False)
-    engine.reset()
-    slow = engine.generate(ASK, max_tokens=120, response_format=fmt, speculative=False, **options)
-    assert fast.tokens == slow.tokens and fast.finish_reason == slow.finish_reason == "stop"
-    assert cached == engine.target.tokens  # the step chained after the end-of-text token rolled back
-    assert len(chained) >= len(fast.tokens) - 2  # every step but the first and the last was chained
-    if "logprobs" in options:
-        assert fast.logprobs == pytest.approx(slow.logprobs, abs=1e-5)
-        assert [[t for t, _ in top] for top in fast.top_logprobs] == [[t for t, _ in top] for top in slow.top_logprobs]
-    engine.reset()
-    cut = engine.generate(ASK, max_tokens=5, response_format=fmt, speculative=False,
-                          **dict(options, min_tokens=min(5, options.get("min_tokens", 0))))
-    assert cut.tokens == slow.tokens[:5] and cut.finish_reason == "length"
-    assert len(engine.target.tokens) == cut.stats.prompt_tokens + 4  # the chained forward past the end rolled back
-
-
 def test_free_text_differs_so_the_grammar_did_something(tmp_path):
     engine, _ = engine_for("none", tmp_path)
     free = engine.generate(ASK, max_tokens=30)
