@@ -505,19 +505,15 @@ async def get_response(request: Request) -> Response:
 
 
 def _anthropic_errors(handler: Callable) -> Callable:
-    """Errors of the Messages routes in Anthropic's shape (counted like the others)."""
+    """A `_guarded` route whose errors take Anthropic's shape (counted like the others)."""
+    guarded = _guarded(handler)
+
     async def route(request: Request) -> Response:
         try:
-            return await handler(request)
+            return await guarded(request)
         except APIError as e:
             _count_error(request, e.status)
             return anthropic.error_response(e)
-        except ClientDisconnect:
-            return Response(status_code=499)
-        except Exception as e:
-            log.error("%s %s failed", request.method, request.url.path, exc_info=e)
-            _count_error(request, 500)
-            return anthropic.error_response(_internal(e))
 
     return route
 
