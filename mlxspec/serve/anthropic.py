@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse
 from ..errors import shown
 from ..prompts import text_of
 from .errors import APIError, invalid, unsupported
-from .responses import figures
+from .responses import figures, sse
 
 # Fields passed to the chat request as they are (OpenAI-style extensions of this server's included).
 PASSED = ("model", "max_tokens", "temperature", "top_p", "top_k", "stream", "seed", "min_p", "speculative",
@@ -142,14 +142,17 @@ def _tool_choice(choice):
                   f"{{\"type\": \"tool\", \"name\": ...}}, got {shown(choice)}", "tool_choice")
 
 
-def error_response(error: APIError) -> JSONResponse:
+def error_body(error: APIError) -> dict:
     """An error in Anthropic's shape."""
     kind = ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
     message = error.message
     if error.param is not None and error.param not in message:
         message = f"{error.param}: {message}"
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=error.status,
-                        headers=error.headers)
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error_body(error), status_code=error.status, headers=error.headers)
 
 
 def stop_reason(finish: Optional[str], calls, stopped_by=None) -> str:
@@ -217,7 +220,7 @@ class MessageBuilder:
 
     @staticmethod
     def error(e: APIError) -> bytes:
-        return sse_event("error", json.loads(error_response(e).body))
+        return sse(error_body(e), "error")
 
     def _open(self, kind: str, block: dict, force: bool = False) -> List[tuple]:
         if self.open == kind and not force:
@@ -260,10 +263,5 @@ def _usage(usage: dict) -> dict:
             "cache_creation_input_tokens": 0}
 
 
-def sse_event(name: str, body: dict) -> bytes:
-    data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {name}\ndata: {data}\n\n".encode()
-
-
 def _sse(events: List[tuple]) -> List[bytes]:
-    return [sse_event(name, body) for name, body in events]
+    return [sse(body, name) for name, body in events]

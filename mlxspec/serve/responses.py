@@ -210,10 +210,11 @@ def _legacy_name(raw: bytes) -> str:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
 
-def sse(body) -> bytes:
-    """One server-sent event carrying a JSON body (or the closing `[DONE]`)."""
+def sse(body, event: Optional[str] = None) -> bytes:
+    """One server-sent event carrying a JSON body (or the closing `[DONE]`), named `event` when
+    given (the Responses' and Anthropic's streams name theirs)."""
     data = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
+    return ((f"event: {event}\n" if event else "") + f"data: {data}\n\n").encode()
 
 
 DONE = sse("[DONE]")

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import shown
 from .errors import APIError, invalid, unsupported
-from .responses import figures
+from .responses import figures, sse
 
 log = logging.getLogger("mlxspec.serve")
 
@@ -300,7 +300,7 @@ class ResponseBuilder:
         return response
 
     def error(self, e: APIError) -> bytes:
-        return sse_event(self.event("error", code=e.code, message=e.message, param=e.param))
+        return sse(self.event("error", code=e.code, message=e.message, param=e.param), "error")
 
     def _open(self, kind: str) -> List[dict]:
         if self.open is not None and self.open["type"] == kind:
@@ -374,11 +374,6 @@ def renamed(error: APIError) -> APIError:
     return APIError(error.status, message, param=param, code=error.code, headers=error.headers)
 
 
-def sse_event(body: dict) -> bytes:
-    """One Responses stream event: its type as the SSE event name, its body as data."""
-    data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {body['type']}\ndata: {data}\n\n".encode()
-
-
 def _sse(events: List[dict]) -> List[bytes]:
-    return [sse_event(e) for e in events]
+    """Responses stream events: each named by its type."""
+    return [sse(e, e["type"]) for e in events]
