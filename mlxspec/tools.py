@@ -196,6 +196,17 @@ def parse_calls(body: str, fmt: ToolFormat, tools: Optional[list]) -> Optional[L
     return calls or None
 
 
+def arguments_object(args) -> dict:
+    """A tool call's arguments as an object: OpenAI's JSON string read (an object given as such
+    kept), {} where they are not a JSON object (for the APIs that send objects)."""
+    if isinstance(args, str):
+        try:
+            args = json.loads(args or "{}")
+        except ValueError:
+            return {}
+    return args if isinstance(args, dict) else {}
+
+
 class ToolCallReader:
     """Generated text -> (plain text, OpenAI tool calls), as it streams.
 

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse
 
 from ..errors import shown
 from ..prompts import text_of
+from ..tools import arguments_object
 from .errors import APIError, invalid, unsupported
 from .responses import figures, sse
 
@@ -242,14 +243,8 @@ class MessageBuilder:
 
     @staticmethod
     def _tool_use(call: dict) -> dict:
-        args = call["function"]["arguments"]
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                args = {}
         return {"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": call["function"]["name"],
-                "input": args}
+                "input": arguments_object(call["function"]["arguments"])}
 
 
 def _sequence(stopped_by, calls) -> Optional[str]:

@@ -9,11 +9,11 @@ As OpenAI's, a continued conversation keeps the earlier input and output, not th
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from typing import List
 
 from ..errors import shown
+from ..tools import arguments_object
 from .errors import APIError, invalid
 
 SIZE = 256  # responses kept
@@ -51,15 +51,8 @@ def answer_messages(output: List[dict]) -> List[dict]:
     chat templates drop it): the assistant's text and its tool calls, in one message."""
     text = "".join(part.get("text", "") for item in output if item["type"] == "message" for part in item["content"])
     calls = [{"id": item["call_id"], "type": "function",
-              "function": {"name": item["name"], "arguments": _arguments(item["arguments"])}}
+              "function": {"name": item["name"], "arguments": arguments_object(item["arguments"])}}
              for item in output if item["type"] == "function_call"]
     message = {"role": "assistant", "content": text or (None if calls else "")}
     return [dict(message, tool_calls=calls) if calls else message]
 
-
-def _arguments(text: str) -> dict:
-    try:
-        args = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return args if isinstance(args, dict) else {}
