@@ -26,9 +26,6 @@ from .responses import figures, sse
 
 log = logging.getLogger("mlxspec.serve")
 
-# Responses fields that change nothing here (accepted and echoed or ignored).
-IGNORED = ("store", "metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier", "truncation",
-           "background", "include", "reasoning", "stream_options", "prompt_cache_retention")
 # Fields passed to the chat request as they are (OpenAI's and this server's own).
 PASSED = ("model", "temperature", "top_p", "parallel_tool_calls", "stream", "seed", "top_k", "min_p", "stop",
           "speculative", "num_draft", "drafter", "tree", "lookup", "logit_bias", "presence_penalty",
@@ -150,8 +147,9 @@ def _tools(tools) -> list:
                 out.append({"type": "function", "function": {key: fn[key] for key in
                                                              ("name", "description", "parameters", "strict")
                                                              if key in fn}})
-    if left_out(tools):
-        log.info("tools the model cannot call here were left out of the prompt: %s", ", ".join(left_out(tools)))
+    skipped = left_out(tools)
+    if skipped:
+        log.info("tools the model cannot call here were left out of the prompt: %s", ", ".join(skipped))
     return out
 
 
@@ -203,6 +201,7 @@ class ResponseBuilder:
         self.model = model
         self.body = body
         self.namespace = namespaces(body.get("tools") if isinstance(body.get("tools"), list) else None)
+        self.left_out = left_out(body.get("tools"))  # said in the answer: its tools list echoes what was sent
         self.seq = 0
         self.items: List[dict] = []  # finished items
         self.open: Optional[dict] = None  # the item being streamed (reasoning or message)
@@ -239,8 +238,8 @@ class ResponseBuilder:
                             "total_tokens": usage["total_tokens"]}
         if stats is not None:
             out["mlxspec"] = figures(stats)
-            if left_out(b.get("tools")):  # said, since the tools list above echoes what was sent
-                out["mlxspec"]["tools_left_out"] = left_out(b.get("tools"))
+            if self.left_out:
+                out["mlxspec"]["tools_left_out"] = self.left_out
         return out
 
     # -- streamed ------------------------------------------------------------------------------
