@@ -121,10 +121,6 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     else:  # every prompt row is computed: none may come from a cache (the live ones are parked)
         scorer = PromptScorer(ids, prompt_logprobs)
         engine.prompt_cache.set_aside(engine)
-        target.reset()
-        for d in engine.drafters.values():  # a feature head's entries were made from that history
-            if getattr(d, "target", None) is target:
-                d.reset()
     todo = target.sync(ids)
     # A long prompt can take minutes on a slow device: a cancelled request stops between two of
     # its chunks (not with several ranks, which run each chunk's collectives together).

@@ -60,9 +60,7 @@ class PromptCache:
             for name, seq in seqs.items():
                 if name in slot:
                     seq.put_state(slot[name])
-            for d in engine.drafters.values():  # a feature head's entries were made from the other history
-                if getattr(d, "target", None) is target:
-                    d.reset()
+            _forget_features(engine)  # a feature head's entries were made from the other history
             live = shared[best]
         # Only when the request keeps less than half of it: another conversation, not the same one
         # with its last answer regenerated or a late turn edited (those copies would push whole
@@ -72,14 +70,11 @@ class PromptCache:
 
     def set_aside(self, engine) -> None:
         """Before a request that computes its prompt whole (`prompt_logprobs`): park the live
-        histories as they are (the request starts from empty caches), none taken back."""
-        if self.size <= 0:
-            return
-        seqs = _sequences(engine)
-        if not engine.target.dirty:
-            self.park({name: seq.take_state() for name, seq in seqs.items()})
-        for seq in seqs.values():
-            seq.reset()
+        histories as they are, none taken back, and start the target's caches empty."""
+        if self.size > 0 and not engine.target.dirty:
+            self.park({name: seq.take_state() for name, seq in _sequences(engine).items()})
+        engine.target.reset()
+        _forget_features(engine)  # a feature head's entries were made from that history
 
     def park(self, slot: Dict[str, SeqState]) -> None:
         """Keep `slot` (a history's states by sequence name), the most recently used."""
@@ -92,6 +87,13 @@ class PromptCache:
         del self.parked[: max(0, len(self.parked) - self.size)]
         while self.max_bytes is not None and self.parked and self.nbytes > self.max_bytes:
             del self.parked[0]
+
+
+def _forget_features(engine) -> None:
+    """Reset the drafters whose entries come from the target's history (a feature head's)."""
+    for d in engine.drafters.values():
+        if getattr(d, "target", None) is engine.target:
+            d.reset()
 
 
 def _sequences(engine) -> Dict[str, Sequence]:
