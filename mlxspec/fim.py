@@ -20,15 +20,13 @@ class FimFormat:
     prefix: int  # the markers' token ids
     suffix: int
     middle: Optional[int]  # None: the middle follows the prefix (suffix first, Codestral's)
-    suffix_first: bool
     ends: Tuple[int, ...]  # tokens that end a middle besides EOS (present in this vocabulary)
-    names: Tuple[str, ...]  # the markers as written, for messages
 
     def encode(self, tokenizer, prefix: str, suffix: str) -> List[int]:
         """The ids of a fill-in-the-middle prompt (the tokenizer's BOS first where it adds one)."""
         pre = tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
         suf = tokenizer.encode(suffix, add_special_tokens=False) if suffix else []
-        if self.suffix_first:
+        if self.middle is None:  # suffix first
             ids = [self.suffix, *suf, self.prefix, *pre]
         else:
             ids = [self.prefix, *pre, self.suffix, *suf, self.middle]
@@ -59,7 +57,7 @@ def fim_format(tokenizer) -> Optional[FimFormat]:
             prefix, suffix, middle = (vocab.get(name) if name is not None else None for name in style)
             markers = {i for i in (prefix, suffix, middle) if i is not None}
             ends = tuple(sorted({vocab[name] for name in ENDS if name in vocab} | markers))
-            return FimFormat(prefix, suffix, middle, middle is None, ends, tuple(n for n in style if n))
+            return FimFormat(prefix, suffix, middle, ends)
     return None
 
 
