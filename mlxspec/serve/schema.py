@@ -200,10 +200,10 @@ def _choices(body: dict) -> int:
 def _check_choices(req: GenerationRequest) -> None:
     count = req.per_prompt * len(req.prompts)
     if count > MAX_CHOICES:
-        each = f"best_of={req.best_of}" if req.best_of > req.n else f"n={req.n}"
-        raise invalid(f"this request asks for {count} generations ({len(req.prompts)} prompts x {each}); at most "
-                      f"{MAX_CHOICES} per request: send fewer prompts or a smaller {each.split('=')[0]}",
-                      each.split("=")[0])
+        name = "best_of" if req.best_of > req.n else "n"
+        raise invalid(f"this request asks for {count} generations ({len(req.prompts)} prompts x {name}="
+                      f"{req.per_prompt}); at most {MAX_CHOICES} per request: send fewer prompts or a smaller "
+                      f"{name}", name)
 
 
 def _best_of(body: dict, n: int, stream: bool) -> int:
