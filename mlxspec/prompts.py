@@ -149,10 +149,9 @@ def render_chat(prompt: list, tokenizer, tools: Optional[list] = None, template_
             "this model's tokenizer has no chat template, so chat messages cannot be formatted; send the "
             "text itself as a string prompt (mlxspec generate does when the model has no template; the "
             "server's /v1/completions takes it)")
-    if continue_final and (not prompt or prompt[-1].get("role") != "assistant"):
+    if continue_final and prompt[-1].get("role") != "assistant":  # (chat prompts are never empty)
         raise InvalidArgumentError(f"continue_final_message needs the last message to be the assistant's (the text "
-                                   f"the answer continues), got role {prompt[-1].get('role')!r}" if prompt else
-                                   "continue_final_message needs messages")
+                                   f"the answer continues), got role {prompt[-1].get('role')!r}")
     messages = []
     for i, m in enumerate(prompt):
         if "role" not in m or "content" not in m:
