@@ -58,9 +58,10 @@ def test_the_answer_equals_one_without_them_and_they_equal_the_answer_s_own_logp
     """Asking for them changes no token; fed back as a prompt, the answer's tokens score what
     generation reported for them."""
     engine, _ = engine_for("eagle", tmp_path)
-    plain = engine.generate(ASK, max_tokens=30, logprobs=0)
+    # A fixed k: every round drafts, whatever the cost model would make of this machine's timings
+    plain = engine.generate(ASK, max_tokens=30, logprobs=0, num_draft=3)
     engine.reset()
-    scored = engine.generate(ASK, max_tokens=30, logprobs=0, prompt_logprobs=0)
+    scored = engine.generate(ASK, max_tokens=30, logprobs=0, prompt_logprobs=0, num_draft=3)
     assert scored.tokens == plain.tokens and scored.stats.accepted > 0
     ids = encode_prompt(ASK, engine.tokenizer, engine.vocab_size)
     back = engine.generate(ids + plain.tokens, max_tokens=1, prompt_logprobs=0).prompt_logprobs
