@@ -144,10 +144,10 @@ def test_tokenizer_special_tokens_and_chat_template(tiny):
 def test_unsupported_tensor_type_is_named(tmp_path):
     import gguf
 
-    raw = np.zeros((4, gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_K][1]), dtype=np.uint8)
+    raw = np.zeros((4, gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_K][1]), dtype=np.uint8)
     path = tmp_path / "k.gguf"
-    write_tiny_gguf(path, extra={"blk.0.extra.weight": (raw, "Q4_K")})
-    with pytest.raises(MlxSpecError, match=r"Q4_K.*blk\.0\.extra\.weight.*supported types"):
+    write_tiny_gguf(path, extra={"blk.0.extra.weight": (raw, "Q8_K")})
+    with pytest.raises(MlxSpecError, match=r"Q8_K.*blk\.0\.extra\.weight.*supported types.*Q4_K"):
         load_model(path)
 
 

@@ -52,12 +52,14 @@ def train_bpe(pre: str = "default", vocab_size: int = 330):
 
 
 def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
-                    rope_freqs=False):
+                    rope_freqs=False, hidden=HIDDEN, ffn=FFN):
     """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes.
 
     `types` overrides DEFAULT_TYPES per role; `extra` adds `{name: (uint8 bytes array, ggml type name)}`;
-    `rope_freqs` adds llama 3's per-pair RoPE period factors (`rope_freqs.weight`).
+    `rope_freqs` adds llama 3's per-pair RoPE period factors (`rope_freqs.weight`); K-quants need
+    `hidden` and `ffn` to be multiples of 256 (their blocks' width).
     """
+    head_dim = hidden // HEADS
     import json
 
     import gguf
@@ -75,14 +77,14 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(256)
-    w.add_embedding_length(HIDDEN)
+    w.add_embedding_length(hidden)
     w.add_block_count(LAYERS)
-    w.add_feed_forward_length(FFN)
+    w.add_feed_forward_length(ffn)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_rope_freq_base(THETA)
     w.add_layer_norm_rms_eps(EPS)
-    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
@@ -100,28 +102,30 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
             w.add_tensor(name, array.astype(np.float32))
         elif qtype == T.F16:
             w.add_tensor(name, array.astype(np.float16))
+        elif qtype.name in _FP16_FIELDS:
+            w.add_tensor(name, random_blocks(qtype.name, array.shape, float(array.std()), rng), raw_dtype=qtype)
         else:
             w.add_tensor(name, gguf.quants.quantize(array.astype(np.float32), qtype), raw_dtype=qtype)
 
     def rand(*shape, scale=None):
         return rng.normal(0.0, scale or shape[-1] ** -0.5, size=shape)
 
-    add("token_embd.weight", "token_embd", rand(len(tokens), HIDDEN, scale=1.0))
+    add("token_embd.weight", "token_embd", rand(len(tokens), hidden, scale=1.0))
     for i in range(LAYERS):
-        add(f"blk.{i}.attn_norm.weight", None, 1.0 + 0.1 * rand(HIDDEN, scale=1.0))
-        add(f"blk.{i}.attn_q.weight", "attn_q", _permute(rand(HEADS * HEAD_DIM, HIDDEN), HEADS))
-        add(f"blk.{i}.attn_k.weight", "attn_k", _permute(rand(KV_HEADS * HEAD_DIM, HIDDEN), KV_HEADS))
-        add(f"blk.{i}.attn_v.weight", "attn_v", rand(KV_HEADS * HEAD_DIM, HIDDEN))
-        add(f"blk.{i}.attn_output.weight", "attn_output", rand(HIDDEN, HEADS * HEAD_DIM))
-        add(f"blk.{i}.ffn_norm.weight", None, 1.0 + 0.1 * rand(HIDDEN, scale=1.0))
-        add(f"blk.{i}.ffn_gate.weight", "ffn_gate", rand(FFN, HIDDEN))
-        add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(FFN, HIDDEN))
-        add(f"blk.{i}.ffn_down.weight", "ffn_down", rand(HIDDEN, FFN))
-    add("output_norm.weight", None, 1.0 + 0.1 * rand(HIDDEN, scale=1.0))
+        add(f"blk.{i}.attn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
+        add(f"blk.{i}.attn_q.weight", "attn_q", _permute(rand(HEADS * head_dim, hidden), HEADS))
+        add(f"blk.{i}.attn_k.weight", "attn_k", _permute(rand(KV_HEADS * head_dim, hidden), KV_HEADS))
+        add(f"blk.{i}.attn_v.weight", "attn_v", rand(KV_HEADS * head_dim, hidden))
+        add(f"blk.{i}.attn_output.weight", "attn_output", rand(hidden, HEADS * head_dim))
+        add(f"blk.{i}.ffn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
+        add(f"blk.{i}.ffn_gate.weight", "ffn_gate", rand(ffn, hidden))
+        add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(ffn, hidden))
+        add(f"blk.{i}.ffn_down.weight", "ffn_down", rand(hidden, ffn))
+    add("output_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
     if not tied:
-        add("output.weight", "token_embd", rand(len(tokens), HIDDEN))
+        add("output.weight", "token_embd", rand(len(tokens), hidden))
     if rope_freqs:
-        add("rope_freqs.weight", None, np.linspace(1.0, 8.0, HEAD_DIM // 2))
+        add("rope_freqs.weight", None, np.linspace(1.0, 8.0, head_dim // 2))
     for name, (raw, type_name) in (extra or {}).items():
         w.add_tensor(name, raw, raw_dtype=T[type_name])
     w.write_header_to_file()
@@ -129,6 +133,34 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     w.write_tensors_to_file()
     w.close()
     return tok
+
+
+# Byte offsets of the float16 scales (d, dmin) in a block of the types gguf cannot quantize.
+_FP16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,), "Q2_K": (80, 82)}
+
+
+def random_blocks(type_name, shape, std, rng):
+    """Random `type_name` blocks for a (rows, cols) tensor whose weights have about `std`.
+
+    gguf writes K-quants but cannot make them, so every code and sub-scale is drawn at
+    random (which exercises every bit of the layout) and the block scales are set so the
+    dequantized weights have the wanted spread. The reference reads them back like any file.
+    """
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[type_name]
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    rows, cols = shape
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+
+    def set_scales(value):
+        for at in _FP16_FIELDS[type_name]:
+            raw[..., at:at + 2] = np.full(raw.shape[:-1], value, np.float16).view(np.uint8).reshape(*raw.shape[:-1], 2)
+
+    set_scales(1.0)  # the weights are linear in the block scales: set them once at 1, then rescale
+    spread = gguf.quants.dequantize(raw.reshape(rows, -1), kind).std()
+    set_scales(std / spread)
+    return raw.reshape(rows, -1)
 
 
 def _permute(weights, n_head):
@@ -155,10 +187,11 @@ def reference_weights(path) -> dict[str, np.ndarray]:
 def reference_logits(path, tokens) -> np.ndarray:
     """Float64 NumPy forward pass of the GGUF at `path` on `tokens`: (len(tokens), vocab)."""
     W = reference_weights(path)
+    head_dim = W["blk.0.attn_q.weight"].shape[0] // HEADS
     n = len(tokens)
     x = W["token_embd.weight"][np.asarray(tokens)]
     pos = np.arange(n)[:, None]
-    inv = THETA ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM) / W.get("rope_freqs.weight", 1.0)
+    inv = THETA ** (-np.arange(0, head_dim, 2) / head_dim) / W.get("rope_freqs.weight", 1.0)
     cos, sin = np.cos(pos * inv), np.sin(pos * inv)  # (n, hd/2)
 
     def norm(v, w):
@@ -176,15 +209,15 @@ def reference_logits(path, tokens) -> np.ndarray:
     for i in range(LAYERS):
         p = f"blk.{i}."
         h = norm(x, W[p + "attn_norm.weight"])
-        q = rope_interleaved((h @ W[p + "attn_q.weight"].T).reshape(n, HEADS, HEAD_DIM))
-        k = rope_interleaved((h @ W[p + "attn_k.weight"].T).reshape(n, KV_HEADS, HEAD_DIM))
-        v = (h @ W[p + "attn_v.weight"].T).reshape(n, KV_HEADS, HEAD_DIM)
+        q = rope_interleaved((h @ W[p + "attn_q.weight"].T).reshape(n, HEADS, head_dim))
+        k = rope_interleaved((h @ W[p + "attn_k.weight"].T).reshape(n, KV_HEADS, head_dim))
+        v = (h @ W[p + "attn_v.weight"].T).reshape(n, KV_HEADS, head_dim)
         rep = HEADS // KV_HEADS
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(HEAD_DIM) + mask
+        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(head_dim) + mask
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
-        attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, HEADS * HEAD_DIM)
+        attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, HEADS * head_dim)
         x = x + attn @ W[p + "attn_output.weight"].T
         h = norm(x, W[p + "ffn_norm.weight"])
         g = h @ W[p + "ffn_gate.weight"].T

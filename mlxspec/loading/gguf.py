@@ -1,18 +1,23 @@
 """Load a llama-family GGUF (llama, Mistral-style, SmolLM2) into mlx-lm's `llama.Model`.
 
-`mx.load(path, return_metadata=True)` returns Q4_0 / Q4_1 / Q8_0 tensors as MLX affine
-quantized triples (`weight` packed uint32, `scales`, `biases`; group size 32), which map
-one-to-one onto `nn.QuantizedLinear` / `nn.QuantizedEmbedding`, so the weights stay
-quantized: each layer gets the bits of its own tensor (SmolLM2's embedding is Q8_0, the
-rest Q4_1). F32 / F16 / BF16 tensors load as they are.
+Quantized tensors stay quantized when the model is kept quantized, each layer with the bits
+of its own tensor (SmolLM2's demo file: Q8_0 embedding, Q4_1 elsewhere):
+- files of Q4_0 / Q4_1 / Q8_0 / F32 / F16 / BF16 only are read by `mx.load`, which returns
+  the quantized ones as MLX affine triples (`weight` packed uint32, `scales`, `biases`;
+  group size 32) that map one-to-one onto `nn.QuantizedLinear` / `nn.QuantizedEmbedding`;
+- any other file (K-quants: Q4_K_M, Q5_K_S, ...) is read here, tensor by tensor from the
+  memory-mapped file, because `mx.load` would expand it all to float16 first. Q4_0-Q5_1,
+  Q8_0, Q4_K and Q5_K become the same triples bit for bit (`gguf_blocks`); types whose
+  groups are 16 wide (Q6_K, Q3_K, Q2_K) or codebooks (IQ*) have no such form and are held
+  at 8 bits in groups of 32, requantized from their exact values: close to the file's
+  weights, not equal to them.
+When the model will run in a float dtype anyway (`float_dtype`), every tensor is decoded
+straight to it instead, through float32, where every ggml type's values are exact.
 
 llama.cpp's converter permutes the rows of the Q and K projections (per head, from HF's
 "rotate half" layout to interleaved pairs); we undo it so mlx-lm's non-traditional RoPE is
 right. Rows are output features, so a permutation of rows applies to the packed weight,
 its scales and its biases alike.
-
-Other tensor types (K-quants, Q5_x, IQ*) are refused rather than silently expanded to
-float16 (which `mx.load` would do).
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import IncompatibleModelsError, MlxSpecError, one_line
-from .gguf_header import read_tensor_table
+from .gguf_blocks import AFFINE, as_affine, as_float
+from .gguf_header import read_header, read_tensor_table
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
+FLOAT_TYPES = ("F32", "F16", "BF16")
+MX_LOAD_TYPES = FLOAT_TYPES + ("Q4_0", "Q4_1", "Q8_0")  # what mx.load keeps as stored
+REQUANTIZED_BITS = 8  # types with no exact MLX form, when kept quantized
 SUPPORTED_ARCHITECTURES = ("llama",)
-GROUP_SIZE = 32  # every GGUF type mx.load keeps quantized has blocks of 32
+GROUP_SIZE = 32  # MLX's groups; every ggml type kept as stored has groups of 32
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -50,31 +58,104 @@ _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|scales|biases|bias)$")
 _GLOBAL = re.compile(r"(\w+)\.(weight|scales|biases|bias)$")
 
 
-def read_gguf(path: str | Path) -> tuple[dict, dict, dict[str, str]]:
+def supported_types() -> tuple[str, ...]:
+    """Every ggml tensor type this loader reads: floats, those `gguf_blocks` rewrites, and those
+    `gguf`'s dequantizer knows (its registry is private: without it, the first two)."""
+    from gguf import GGMLQuantizationType, quants
+
+    dequantized = getattr(quants, "_type_traits", {})
+    ours = MX_LOAD_TYPES + tuple(t for t in AFFINE if t not in MX_LOAD_TYPES)
+    return ours + tuple(t.name for t in GGMLQuantizationType if t in dequantized and t.name not in ours)
+
+
+def requantized(types: dict[str, str]) -> list[str]:
+    """The ggml types among `types` held at REQUANTIZED_BITS (not bit for bit) when kept quantized."""
+    return sorted({t for t in types.values() if t not in FLOAT_TYPES and t not in AFFINE})
+
+
+def read_gguf(path: str | Path, float_dtype=None) -> tuple[dict, dict, dict[str, str]]:
     """Read a GGUF file: `(tensors, metadata, {tensor name: ggml type})`.
 
+    Args:
+        float_dtype: an `mx` float dtype the model will be dequantized to anyway: tensors this
+            module reads itself are decoded straight to it. None: keep them quantized.
+
     Raises:
-        MlxSpecError: the file is unreadable or truncated, or holds a tensor type other
-            than SUPPORTED_TYPES (the message names the tensor and its type).
+        MlxSpecError: the file is unreadable or truncated, or holds a tensor type no reader
+            here knows (the message names the tensor and its type).
     """
     path = Path(path)
     if not path.is_file():
         raise MlxSpecError(f"GGUF file {path} does not exist")
     table = read_tensor_table(path)
     types = {t.name: t.type_name for t in table}
-    bad = {n: t for n, t in types.items() if t not in SUPPORTED_TYPES}
+    known = supported_types()
+    bad = {n: t for n, t in types.items() if t not in known}
     if bad:
         listed = ", ".join(f"{n} ({t})" for n, t in list(bad.items())[:4])
         kinds = sorted(set(bad.values()))
         raise MlxSpecError(
             f"{path}: tensor type(s) {kinds} are not supported, e.g. {listed}; supported "
-            f"types are {list(SUPPORTED_TYPES)} (use a Q4_0, Q4_1, Q8_0 or F16 GGUF)"
+            f"types are {list(known)}"
         )
-    try:
-        tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)  # also x.GGUF
-    except (RuntimeError, ValueError) as e:
-        raise MlxSpecError(f"cannot load GGUF {path}: {e}") from e
-    return tensors, metadata, types
+    if all(t in MX_LOAD_TYPES for t in types.values()):
+        try:
+            tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)  # also x.GGUF
+        except (RuntimeError, ValueError) as e:
+            raise MlxSpecError(f"cannot load GGUF {path}: {e}") from e
+        return tensors, metadata, types
+    metadata, infos = read_header(path)
+    return _read_tensors(path, infos, float_dtype), metadata, types
+
+
+def _read_tensors(path: Path, infos, float_dtype) -> dict:
+    """The file's tensors, one at a time from its memory map (see the module docstring)."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors = {}
+    for t in infos:
+        added = {}
+        cols, rows = t.shape[0], int(np.prod(t.shape[1:], dtype=np.int64))
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[t.type_name]]
+        if cols % block:
+            raise MlxSpecError(f"{path}: tensor {t.name} has rows of {cols}, not a whole number of "
+                               f"{t.type_name} blocks of {block}")
+        end = t.offset + rows * cols // block * size
+        if end > len(data):
+            raise MlxSpecError(f"{path} is truncated: tensor {t.name} ends at byte {end} of "
+                               f"{len(data)}; download it again")
+        raw = data[t.offset:end]
+        base = t.name.removesuffix(".weight")
+        shape = tuple(reversed(t.shape))
+        if t.type_name in FLOAT_TYPES:
+            array = _float_tensor(raw, t.type_name).reshape(shape)
+            added[t.name] = array.astype(float_dtype) if float_dtype is not None else array
+        elif float_dtype is not None or len(shape) != 2:
+            exact = mx.array(as_float(raw, t.type_name, rows, cols))
+            added[t.name] = exact.reshape(shape).astype(float_dtype or mx.float16)
+        else:
+            if t.type_name in AFFINE:
+                weight, scales, biases, _ = as_affine(raw, t.type_name, rows, cols)
+                weight, scales, biases = mx.array(weight), mx.array(scales), mx.array(biases)
+            else:
+                exact = mx.array(as_float(raw, t.type_name, rows, cols))
+                weight, scales, biases = mx.quantize(exact, group_size=GROUP_SIZE, bits=REQUANTIZED_BITS)
+            # float16 scales and biases, as mx.load gives: the model then runs in float16 too
+            added = {t.name: weight, base + ".scales": scales.astype(mx.float16),
+                     base + ".biases": biases.astype(mx.float16)}
+        mx.eval(list(added.values()))  # so at most one tensor's float32 is ever held
+        tensors.update(added)
+    return tensors
+
+
+def _float_tensor(raw, type_name: str) -> mx.array:
+    import numpy as np
+
+    if type_name == "BF16":
+        return mx.array(np.asarray(raw).view(np.uint16)).view(mx.bfloat16)
+    return mx.array(np.asarray(raw).view(np.float32 if type_name == "F32" else np.float16))
 
 
 def model_args_from_metadata(metadata: dict, tensor_names) -> "llama.ModelArgs":  # noqa: F821
@@ -152,8 +233,9 @@ def model_args_from_metadata(metadata: dict, tensor_names) -> "llama.ModelArgs":
     )
 
 
-def load_gguf_model(path: str | Path):
-    """Build mlx-lm's `llama.Model` from a GGUF file, keeping quantized tensors quantized.
+def load_gguf_model(path: str | Path, float_dtype=None):
+    """Build mlx-lm's `llama.Model` from a GGUF file, keeping quantized tensors quantized
+    (or, given `float_dtype`, decoding those `mx.load` cannot keep straight to it: see `read_gguf`).
 
     Returns:
         `(model, metadata, types)`: the evaluated model, the GGUF metadata dict (for the
@@ -165,7 +247,7 @@ def load_gguf_model(path: str | Path):
     """
     from mlx_lm.models import llama
 
-    tensors, metadata, types = read_gguf(path)
+    tensors, metadata, types = read_gguf(path, float_dtype)
     args = model_args_from_metadata(metadata, tensors)
     rope_freqs = tensors.pop("rope_freqs.weight", None)
     weights = {_mlx_name(path, k): v for k, v in tensors.items()}

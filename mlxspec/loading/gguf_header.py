@@ -1,9 +1,10 @@
-"""Read the tensor table of a GGUF file (names, shapes, storage types) without its data.
+"""Read a GGUF file's header: its metadata and tensor table (names, shapes, types, offsets).
 
 `mx.load` reads GGUF tensors and metadata fast, but it silently dequantizes the types it
 cannot keep quantized (K-quants become float16), so the storage type of each tensor comes
-from here. `gguf.GGUFReader` gives the same answer but parses every metadata array into
-NumPy objects (seconds for a 49k-token vocabulary); this scanner skips values instead.
+from here, and so does the metadata of files `mx.load` should not read (`read_header`).
+`gguf.GGUFReader` gives the same answers but parses every metadata array into NumPy objects
+(seconds for a 49k-token vocabulary); `read_tensor_table` skips values instead.
 """
 
 from __future__ import annotations
@@ -20,11 +21,54 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 _STRING, _ARRAY = 8, 9
 
 
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
+          12: "<f8"}
+DEFAULT_ALIGNMENT = 32  # GGUF's, when general.alignment is absent
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
     shape: tuple[int, ...]  # GGUF order: innermost (columns) first, like ggml's ne[]
     type_name: str  # ggml type, e.g. "Q4_1", "F32"
+    offset: int = 0  # of its data, from the start of the file
+
+
+def read_header(path: str | Path) -> tuple[dict, list[TensorInfo]]:
+    """`(metadata, tensors)` of the GGUF file at `path`, reading no tensor data.
+
+    Metadata values come as `mx.load(..., return_metadata=True)` gives them: strings as
+    `str`, arrays of strings as `list[str]`, numbers and arrays of numbers as `mx.array`.
+
+    Raises:
+        MlxSpecError: the file is not GGUF, its header is truncated, or a tensor's data
+            would lie past the end of the file.
+    """
+    from gguf import GGMLQuantizationType
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            metadata, table, end = _scan(buf, values=True)
+            align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+            if align < 1:
+                raise ValueError(f"general.alignment is {align}")
+            start = -(-end // align) * align
+            size = len(buf)
+    except (struct.error, ValueError, UnicodeDecodeError, OverflowError) as e:
+        raise _unreadable(path, e) from e
+    tensors = [TensorInfo(name, shape, _type_name(GGMLQuantizationType, t), start + offset)
+               for name, shape, t, offset in table]
+    for t in tensors:
+        if t.offset > size:
+            raise _unreadable(path, f"tensor {t.name}'s data starts past the end of the file")
+    return metadata, tensors
+
+
+def _unreadable(path, why) -> MlxSpecError:
+    return MlxSpecError(
+        f"{path} is not a readable GGUF file (truncated or corrupt header: {why}); download it again"
+    )
 
 
 def read_tensor_table(path: str | Path) -> list[TensorInfo]:
@@ -38,15 +82,10 @@ def read_tensor_table(path: str | Path) -> list[TensorInfo]:
     path = Path(path)
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return [
-                TensorInfo(name, shape, _type_name(GGMLQuantizationType, t))
-                for name, shape, t in _scan(buf)
-            ]
+            _, table, _ = _scan(buf)
+            return [TensorInfo(name, shape, _type_name(GGMLQuantizationType, t)) for name, shape, t, _ in table]
     except (struct.error, ValueError, UnicodeDecodeError, OverflowError) as e:
-        raise MlxSpecError(
-            f"{path} is not a readable GGUF file (truncated or corrupt header: {e}); "
-            "download it again"
-        ) from e
+        raise _unreadable(path, e) from e
 
 
 def _type_name(enum, t: int) -> str:
@@ -56,27 +95,32 @@ def _type_name(enum, t: int) -> str:
         return f"unknown type {t}"
 
 
-def _scan(buf):
+def _scan(buf, values: bool = False):
+    """`(metadata, [(name, shape, type, offset)], end of the header)`; metadata only if `values`."""
     if buf[:4] != b"GGUF":
         raise ValueError("no GGUF magic number")
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
     if not 2 <= version <= 3:
         raise ValueError(f"GGUF version {version} is not read (versions 2 and 3 are)")
     pos = 24
+    metadata = {}
     for _ in range(n_kv):
-        _, pos = _string(buf, pos)
+        key, pos = _string(buf, pos)
         (vtype,), pos = struct.unpack_from("<I", buf, pos), pos + 4
-        pos = _skip_value(buf, pos, vtype)
+        if values:
+            metadata[key], pos = _value(buf, pos, vtype)
+        else:
+            pos = _skip_value(buf, pos, vtype)
     out = []
     for _ in range(n_tensors):
         name, pos = _string(buf, pos)
         (n_dims,) = struct.unpack_from("<I", buf, pos)
         shape = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
         pos += 4 + 8 * n_dims
-        ttype, _offset = struct.unpack_from("<IQ", buf, pos)
+        ttype, offset = struct.unpack_from("<IQ", buf, pos)
         pos += 12
-        out.append((name, tuple(shape), ttype))
-    return out
+        out.append((name, tuple(shape), ttype, offset))
+    return metadata, out, pos
 
 
 def _string(buf, pos):
@@ -85,6 +129,31 @@ def _string(buf, pos):
     if end > len(buf):
         raise ValueError("a string extends past the end of the file")
     return bytes(buf[pos + 8 : end]).decode("utf-8"), end
+
+
+def _value(buf, pos, vtype):
+    """One metadata value and the position after it, in mx.load's conventions."""
+    import mlx.core as mx
+    import numpy as np
+
+    if vtype in _NUMPY:
+        return mx.array(np.frombuffer(buf, _NUMPY[vtype], 1, pos)[0]), pos + struct.calcsize(_SCALARS[vtype])
+    if vtype == _STRING:
+        return _string(buf, pos)
+    if vtype == _ARRAY:
+        item, count = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if item in _NUMPY:
+            end = pos + count * struct.calcsize(_SCALARS[item])
+            if end > len(buf):
+                raise ValueError("an array extends past the end of the file")
+            return mx.array(np.frombuffer(buf, _NUMPY[item], count, pos)), end
+        items = []
+        for _ in range(count):
+            value, pos = _value(buf, pos, item)
+            items.append(value)
+        return items, pos
+    raise ValueError(f"unknown metadata value type {vtype}")
 
 
 def _skip_value(buf, pos, vtype):

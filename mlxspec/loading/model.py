@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from mlx.utils import tree_flatten
 
 from ..errors import MlxSpecError, one_line
 from ..modelmeta import declared_vocab, weights_bytes
-from .precision import apply_dtype
+from .precision import apply_dtype, auto_dtype_for, resolve_dtype
 from .resolve import Resolved, resolve_model
 
 
@@ -50,7 +51,8 @@ def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = Tr
     """
     res = resolve_model(ref, download=download)
     if res.format == "gguf":
-        model, tokenizer, quant, context = _load_gguf(res)
+        dtype = gguf_dtype(res.path, dtype)
+        model, tokenizer, quant, context = _load_gguf(res, dtype)
     else:
         model, tokenizer, quant, context = _load_mlx(res, lazy=lazy)
     applied = apply_dtype(model, dtype)
@@ -62,12 +64,26 @@ def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = Tr
     return model, tokenizer, info
 
 
-def _load_gguf(res: Resolved):
-    from .gguf import load_gguf_model
+def gguf_dtype(path, dtype: str | None) -> str:
+    """The concrete precision for the GGUF at `path` (None / "auto": see `precision.auto_dtype`),
+    chosen before the file is read, so a file read tensor by tensor is decoded straight to it."""
+    if dtype not in (None, "auto"):
+        return resolve_dtype(dtype)
+    from .gguf_header import read_tensor_table
+
+    try:
+        count = sum(math.prod(t.shape) for t in read_tensor_table(path))
+    except MlxSpecError:
+        return resolve_dtype(None)  # the load that follows says what is wrong with the file
+    return auto_dtype_for(lambda itemsize: count * itemsize)
+
+
+def _load_gguf(res: Resolved, dtype: str):
+    from .gguf import load_gguf_model, requantized
     from .gguf_tokenizer import tokenizer_from_gguf
 
     try:
-        model, metadata, types = load_gguf_model(res.path)
+        model, metadata, types = load_gguf_model(res.path, None if dtype == "quantized" else getattr(mx, dtype))
         tokenizer = tokenizer_from_gguf(metadata)
     except MlxSpecError as e:  # said of the file (a target and a draft are two)
         named = "" if str(res.path) in str(e) else f"{res.path}: "
@@ -80,9 +96,16 @@ def _load_gguf(res: Resolved):
                            f"({type(e).__name__}: {one_line(e)})") from None
     matrices = {n: t for n, t in types.items() if not n.endswith("norm.weight")}
     main = Counter(matrices.values()).most_common(1)[0][0] if matrices else "?"
-    roles = {re.sub(r"^blk\.\d+\.", "", n.removesuffix(".weight")): t for n, t in matrices.items() if t != main}
-    odd = ", ".join(f"{r} {t}" for r, t in roles.items())
-    return model, tokenizer, f"GGUF {main}" + (f" ({odd})" if odd else ""), model.args.max_position_embeddings
+    roles: dict[str, list[str]] = {}  # role -> its types other than the main one (Q4_K_M mixes two in ffn_down)
+    for n, t in matrices.items():
+        kinds = roles.setdefault(re.sub(r"^blk\.\d+\.", "", n.removesuffix(".weight")), [])
+        if t != main and t not in kinds:
+            kinds.append(t)
+    odd = ", ".join(f"{r} {'/'.join(kinds)}" for r, kinds in roles.items() if kinds)
+    quant = f"GGUF {main}" + (f" ({odd})" if odd else "")
+    if dtype == "quantized" and (held := requantized(types)):
+        quant += f"; {', '.join(held)} held as 8-bit"
+    return model, tokenizer, quant, model.args.max_position_embeddings
 
 
 def _load_mlx(res: Resolved, *, lazy: bool = False):

@@ -41,11 +41,17 @@ def default_dtype() -> str:
 def auto_dtype(model) -> str:
     """The backend's default for `model`; on the CPU, fall back from float32 to bfloat16, then to
     quantized, while the float weights would take more than AUTO_MEMORY_FRACTION of physical memory."""
+    return auto_dtype_for(lambda itemsize: dequantized_bytes(model, itemsize))
+
+
+def auto_dtype_for(float_bytes) -> str:
+    """`auto_dtype` for a model not built yet: `float_bytes(itemsize)` is what its weights would
+    take as floats of `itemsize` bytes."""
     choice = default_dtype()
     budget = AUTO_MEMORY_FRACTION * physical_memory()
-    if choice == "float32" and dequantized_bytes(model, 4) > budget:
+    if choice == "float32" and float_bytes(4) > budget:
         choice = "bfloat16"
-    if choice != "quantized" and dequantized_bytes(model, 2) > budget:
+    if choice != "quantized" and float_bytes(2) > budget:
         return "quantized"
     return choice
 
