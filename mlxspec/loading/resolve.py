@@ -7,7 +7,9 @@ Order, first match wins:
   3. a local folder in mlx-lm's layout (config.json + *.safetensors);
   4. a `.gguf` file;
   5. a Hugging Face repo id "owner/name", through `huggingface_hub.snapshot_download`,
-     which honours HF_HOME / HF_HUB_CACHE / HF_HUB_OFFLINE and draws its own progress bars.
+     which honours HF_HOME / HF_HUB_CACHE / HF_HUB_OFFLINE and draws its own progress bars;
+     "owner/name:TAG" is one GGUF file of a repo (llama.cpp's `-hf` convention): TAG is a
+     quantization named in the file name, any case ("Q4_K_M"), or the file's name.
 
 Every failure is a `ModelNotFoundError` that names the reference, what was looked for,
 and what to run.
@@ -33,6 +35,10 @@ BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data"
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "tiktoken.model",
                 "*.txt", "*.jinja"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HUB_GGUF = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+):([\w.-]+)$")
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split parts
+# A quantization's name inside a GGUF file name (Q4_K_M, IQ4_XS, Q8_0, BF16, ...), for suggestions.
+_QUANT_TAG = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
     path = Path(ref).expanduser()
     if path.is_dir():
         return Resolved(ref, check_mlx_folder(path), "mlx", "local")
-    if path.suffix.lower() == ".gguf":
+    if path.suffix.lower() == ".gguf" and (path.is_file() or not _HUB_GGUF.match(ref)):
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file {path} does not exist")
         return Resolved(ref, path, "gguf", "local")
@@ -83,16 +89,26 @@ def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
         raise ModelNotFoundError(
             f"{path} is neither a model folder (config.json + *.safetensors) nor a .gguf file"
         )
+    if m := _HUB_GGUF.match(ref):
+        return Resolved(ref, _hub_gguf(*m.groups(), download=download), "gguf", "hub")
     if not _REPO_ID.match(ref) or ref.startswith((".", "~", "/")):
         raise ModelNotFoundError(
             f"model {ref!r} not found: it is not a pair name in models.toml (see `mlxspec models`), "
             "not an existing folder or .gguf file, and not a Hugging Face repo id (owner/name)" + _did_you_mean(ref)
         )
+    fetched = False
     try:
-        return Resolved(ref, check_mlx_folder(_hub_snapshot(ref, download=download)), "mlx", "hub")
+        folder = _hub_snapshot(ref, download=download)
+        fetched = download and not _offline()  # the hub answered: it can be asked what the repo holds
+        return Resolved(ref, check_mlx_folder(folder), "mlx", "hub")
     except ModelNotFoundError as e:
         if path.parent.is_dir():  # owner/name, and ./owner exists here: more likely a local path's typo
             raise ModelNotFoundError(f"{e} (nor is there a folder {path} here, though {path.parent} exists)") from None
+        if fetched and (tags := _gguf_tags(ref)):  # a repo of GGUF files only: say how to name one
+            raise ModelNotFoundError(
+                f"{ref!r} holds GGUF files, not an mlx-lm model: name one as {ref}:TAG, e.g. "
+                + ", ".join(f"{ref}:{t}" for t in tags[:6]) + (", ..." if len(tags) > 6 else "")
+            ) from None
         raise
 
 
@@ -158,3 +174,86 @@ def _hub_snapshot(repo_id: str, *, download: bool) -> Path:
         ) from e
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise ModelNotFoundError(f"cannot fetch {repo_id!r} from the Hugging Face hub: {e}") from e
+
+
+def _hub_gguf(repo_id: str, tag: str, *, download: bool) -> Path:
+    """The one GGUF file of `repo_id` that `tag` names (see the module docstring), fetched alone."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    local_only = _offline() or not download
+    names = _cached_ggufs(repo_id, tag) if local_only else _repo_ggufs(repo_id)
+    exact = tag.lower().endswith(".gguf")
+    found = [n for n in names if (n.rsplit("/", 1)[-1].lower() == tag.lower() if exact else _names_tag(n, tag))]
+    if not found:
+        tags = _tags(names)
+        where = "in the Hugging Face cache" if local_only else "in the repo"
+        raise ModelNotFoundError(
+            f"{repo_id!r} has no GGUF file {'called' if exact else 'whose name has the quantization'} {tag!r} "
+            f"{where}" + (f"; there: {', '.join(tags)}" if tags else "")
+            + ("" if not local_only else f" (with network access, `mlxspec pull {repo_id}:{tag}` fetches it)")
+        )
+    if parts := [n for n in found if _SPLIT.search(n)]:
+        raise ModelNotFoundError(
+            f"{repo_id}:{tag} is a GGUF split into {int(_SPLIT.search(parts[0]).group(2))} parts ({parts[0]}, "
+            "...), which is not read; merge them into one file with llama.cpp's "
+            "`llama-gguf-split --merge FIRST_PART OUT.gguf` and pass that file"
+        )
+    if len(found) > 1:
+        raise ModelNotFoundError(
+            f"{repo_id}:{tag} matches {len(found)} GGUF files ({', '.join(found[:6])}); name one by its "
+            f"file name, e.g. {repo_id}:{found[0].rsplit('/', 1)[-1]}"
+        )
+    try:
+        return Path(hf_hub_download(repo_id, found[0], local_files_only=local_only))
+    except LocalEntryNotFoundError as e:
+        raise ModelNotFoundError(f"{repo_id}/{found[0]} is not in the Hugging Face cache; run "
+                                 f"`mlxspec pull {repo_id}:{tag}` with network access") from e
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise ModelNotFoundError(f"cannot fetch {found[0]} of {repo_id!r} from the Hugging Face hub: {e}") from e
+
+
+def _repo_ggufs(repo_id: str) -> list[str]:
+    """The GGUF files of `repo_id` on the hub (paths inside it)."""
+    from huggingface_hub import list_repo_files
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        return [n for n in list_repo_files(repo_id) if n.lower().endswith(".gguf")]
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise ModelNotFoundError(f"cannot list the files of {repo_id!r} on the Hugging Face hub: {e}") from e
+
+
+def _cached_ggufs(repo_id: str, tag: str) -> list[str]:
+    """The GGUF files of `repo_id` already in the Hugging Face cache (paths inside it)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(repo_id, allow_patterns=["*.gguf"], local_files_only=True))
+    except LocalEntryNotFoundError as e:
+        why = "HF_HUB_OFFLINE is set" if _offline() else "downloading was not asked for"
+        raise ModelNotFoundError(
+            f"nothing of {repo_id!r} is in the Hugging Face cache and {why}; with network access run "
+            f"`mlxspec pull {repo_id}:{tag}`, or pass a local .gguf file"
+        ) from e
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.name.lower().endswith(".gguf"))
+
+
+def _names_tag(file_name: str, tag: str) -> bool:
+    """Whether `tag` appears in `file_name` as a whole quantization name (Q4_K is not Q4_K_M's)."""
+    return any(m.group(1).lower() == tag.lower() for m in _QUANT_TAG.finditer(file_name.removesuffix(".gguf")))
+
+
+def _tags(names) -> list[str]:
+    """The quantizations GGUF file names are named by, sorted, each once."""
+    return sorted({m.group(1).upper() for name in names
+                   for m in _QUANT_TAG.finditer(name.rsplit("/", 1)[-1].removesuffix(".gguf"))})
+
+
+def _gguf_tags(repo_id: str) -> list[str]:
+    """The quantizations the repo's GGUF files are named by; [] when the hub cannot say."""
+    try:
+        return _tags(_repo_ggufs(repo_id))
+    except ModelNotFoundError:  # only a suggestion: the caller's own error stands without it
+        return []

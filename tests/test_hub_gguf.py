@@ -1,0 +1,138 @@
+"""`owner/name:TAG` references: one GGUF file of a Hugging Face repo, against a stand-in hub.
+
+The hub cannot be reached from the tests, so `huggingface_hub`'s three calls the resolver
+makes are replaced by a stand-in that serves a folder of files, downloads into a cache
+folder, and records what was fetched (the point of a tag is to fetch one file of many).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import shutil
+
+import pytest
+
+import huggingface_hub
+from huggingface_hub.errors import LocalEntryNotFoundError
+
+from mlxspec.errors import ModelNotFoundError
+from mlxspec.loading import load_model
+from mlxspec.loading.resolve import resolve_model
+
+from tiny_gguf import write_tiny_gguf
+
+REPO = "someone/Tiny-GGUF"
+
+
+class FakeHub:
+    def __init__(self, tmp_path, files: dict[str, bytes | None]):
+        self.remote = tmp_path / "remote"
+        self.cache = tmp_path / "cache"
+        self.cache.mkdir()
+        for name, data in files.items():
+            (self.remote / name).parent.mkdir(parents=True, exist_ok=True)
+            (self.remote / name).write_bytes(data or b"GGUF")
+        self.fetched: list[str] = []
+        self.listed = 0
+
+    def list_repo_files(self, repo_id, **kwargs):
+        self.listed += 1
+        assert repo_id == REPO
+        return sorted(str(p.relative_to(self.remote)) for p in self.remote.rglob("*") if p.is_file())
+
+    def hf_hub_download(self, repo_id, filename, local_files_only=False, **kwargs):
+        target = self.cache / filename
+        if not target.is_file():
+            if local_files_only:
+                raise LocalEntryNotFoundError(f"{filename} not cached")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.remote / filename, target)
+            self.fetched.append(filename)
+        return str(target)
+
+    def snapshot_download(self, repo_id, allow_patterns=None, local_files_only=False, **kwargs):
+        assert local_files_only and repo_id == REPO
+        if not any(self.cache.iterdir()):
+            raise LocalEntryNotFoundError("not cached")
+        assert all(fnmatch.fnmatch("x.gguf", p) for p in allow_patterns)
+        return str(self.cache)
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    model = tmp_path / "model.gguf"
+    write_tiny_gguf(model)
+    fake = FakeHub(tmp_path, {
+        "tiny-q4_k_m.gguf": model.read_bytes(), "tiny-Q4_K_S.gguf": None, "tiny-Q8_0.gguf": None,
+        "big/big-Q6_K-00001-of-00002.gguf": None, "big/big-Q6_K-00002-of-00002.gguf": None,
+        "tiny-IQ4_XS.gguf": None, "other-IQ4_XS.gguf": None, "README.md": None,
+    })
+    for name in ("list_repo_files", "hf_hub_download", "snapshot_download"):
+        monkeypatch.setattr(huggingface_hub, name, getattr(fake, name))
+    return fake
+
+
+def test_a_tag_fetches_that_one_file_whatever_its_case(hub):
+    found = resolve_model(f"{REPO}:Q4_K_M")
+    assert found.format == "gguf" and found.source == "hub" and found.path.name == "tiny-q4_k_m.gguf"
+    assert hub.fetched == ["tiny-q4_k_m.gguf"]  # not Q4_K_S, not the rest
+    model, tokenizer, info = load_model(f"{REPO}:q4_k_m", dtype="float32")
+    assert info.format == "gguf" and info.vocab_size == 330
+    assert hub.fetched == ["tiny-q4_k_m.gguf"]  # cached: not fetched again
+
+
+def test_a_tag_is_a_whole_quantization_name(hub):
+    with pytest.raises(ModelNotFoundError, match=r"no GGUF file whose name has the quantization 'Q4_K' "
+                                                 r"in the repo; there: IQ4_XS, Q4_K_M, Q4_K_S, Q6_K, Q8_0"):
+        resolve_model(f"{REPO}:Q4_K")
+    assert hub.fetched == []
+
+
+def test_a_file_name_is_a_tag_too(hub):
+    assert resolve_model(f"{REPO}:tiny-Q8_0.gguf").path.name == "tiny-Q8_0.gguf"
+    assert hub.fetched == ["tiny-Q8_0.gguf"]
+
+
+def test_several_matches_ask_for_a_file_name(hub):
+    with pytest.raises(ModelNotFoundError, match=r"matches 2 GGUF files \(other-IQ4_XS.gguf, tiny-IQ4_XS.gguf\); "
+                                                 rf"name one by its file name, e.g. {REPO}:other-IQ4_XS.gguf"):
+        resolve_model(f"{REPO}:IQ4_XS")
+    assert hub.fetched == []
+
+
+def test_a_split_gguf_says_how_to_merge_it(hub):
+    with pytest.raises(ModelNotFoundError, match=r"split into 2 parts .*llama-gguf-split --merge"):
+        resolve_model(f"{REPO}:Q6_K")
+    assert hub.fetched == []
+
+
+def test_offline_uses_the_cache_and_says_what_to_pull(hub, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotFoundError, match=rf"nothing of '{REPO}' is in the Hugging Face cache and "
+                                                 rf"HF_HUB_OFFLINE is set; .*mlxspec pull {REPO}:Q4_K_M"):
+        resolve_model(f"{REPO}:Q4_K_M")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    resolve_model(f"{REPO}:Q4_K_M")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    listed = hub.listed
+    assert resolve_model(f"{REPO}:Q4_K_M").path.name == "tiny-q4_k_m.gguf"
+    assert hub.listed == listed  # offline: the cache alone answered
+    with pytest.raises(ModelNotFoundError, match=r"'Q8_0' in the Hugging Face cache; there: Q4_K_M \(with "
+                                                 rf"network access, `mlxspec pull {REPO}:Q8_0` fetches it\)"):
+        resolve_model(f"{REPO}:Q8_0")
+
+
+def test_a_gguf_only_repo_named_bare_suggests_tags(hub, monkeypatch):
+    def no_model(repo_id, allow_patterns=None, local_files_only=False, **kwargs):
+        return str(hub.remote)  # what the hub gives for mlx-lm's patterns: README.md, no config.json
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_model)
+    with pytest.raises(ModelNotFoundError, match=rf"'{REPO}' holds GGUF files, not an mlx-lm model: name one "
+                                                 rf"as {REPO}:TAG, e.g. {REPO}:IQ4_XS, {REPO}:Q4_K_M"):
+        resolve_model(REPO)
+    # asked not to download (`mlxspec models` checking its cache), the hub is never asked
+    listed = hub.listed
+    with pytest.raises(ModelNotFoundError, match="has no config.json"):
+        resolve_model(REPO, download=False)
+    assert hub.listed == listed
