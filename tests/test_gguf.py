@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from tiny import float32_tol
 from mlxspec.errors import IncompatibleModelsError, MlxSpecError
@@ -85,6 +87,51 @@ def test_logits_match_numpy_reference(tiny, dtype, tol):
     scale = np.abs(ref).max()
     assert np.abs(got - ref).max() <= tol * scale
     assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("arch, head_dim", [("qwen2", None), ("qwen3", 24)])
+@pytest.mark.parametrize("dtype, tol", [("float32", None), ("quantized", 2e-3)])
+def test_qwen_family_logits_match_numpy_reference(tmp_path, arch, head_dim, dtype, tol):
+    # qwen2: Q/K/V biases; qwen3: per-head Q/K norms and a head dim other than hidden / heads;
+    # both keep HF's rows and rotate halves (the reference agrees with llama.cpp's to 3e-4 on
+    # float32 files of both, as it does for llama: the loader's README).
+    tol = tol or float32_tol()
+    path = tmp_path / f"{arch}.gguf"
+    trained = write_tiny_gguf(path, arch=arch, pre="qwen2", head_dim=head_dim, tied=False, seed=7)
+    model, _, _ = load_model(path, dtype=dtype)
+    assert type(model).__module__ == f"mlx_lm.models.{arch}"
+    ids = trained.encode("def hello(name): 12345 🤖").ids
+    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
+    ref = reference_logits(path, ids)
+    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_reference_tells_qwen_from_llama_rows(tmp_path, monkeypatch):
+    # The qwen test can fail: un-permuting qwen's rows as llama's breaks the match.
+    path = tmp_path / "qwen2.gguf"
+    trained = write_tiny_gguf(path, arch="qwen2", pre="qwen2")
+    real = gguf_loader._unpermute_qk
+    monkeypatch.setattr(gguf_loader, "_unpermute_qk", lambda weights, args: None)
+    monkeypatch.setattr(gguf_loader, "load_gguf_model", _always_unpermuting(gguf_loader.load_gguf_model, real))
+    ids = trained.encode("def hello(name): 12345").ids
+    model, _, _ = load_model(path, dtype="float32")
+    got = np.array(model(mx.array([ids])))[0]
+    ref = reference_logits(path, ids)
+    assert np.abs(got - ref).max() > 1e-2 * np.abs(ref).max()
+
+
+def _always_unpermuting(load, unpermute):
+    def wrapped(path, float_dtype=None):
+        model, metadata, types = load(path, float_dtype)
+        weights = dict(tree_flatten(model.parameters()))
+        unpermute(weights, argparse.Namespace(head_dim=model.args.hidden_size // model.args.num_attention_heads,
+                                              num_hidden_layers=model.args.num_hidden_layers,
+                                              num_attention_heads=model.args.num_attention_heads,
+                                              num_key_value_heads=model.args.num_key_value_heads))
+        model.load_weights(list(weights.items()))
+        return model, metadata, types
+    return wrapped
 
 
 def test_reference_detects_a_missing_qk_unpermute(tiny, monkeypatch):

@@ -52,14 +52,17 @@ def train_bpe(pre: str = "default", vocab_size: int = 330):
 
 
 def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
-                    rope_freqs=False, hidden=HIDDEN, ffn=FFN):
+                    rope_freqs=False, hidden=HIDDEN, ffn=FFN, head_dim=None):
     """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes.
 
     `types` overrides DEFAULT_TYPES per role; `extra` adds `{name: (uint8 bytes array, ggml type name)}`;
     `rope_freqs` adds llama 3's per-pair RoPE period factors (`rope_freqs.weight`); K-quants need
-    `hidden` and `ffn` to be multiples of 256 (their blocks' width).
+    `hidden` and `ffn` to be multiples of 256 (their blocks' width). `arch` "qwen2" adds Q/K/V
+    biases, "qwen3" per-head Q/K norms (and `head_dim` may differ from hidden / heads); both keep
+    HF's rows, as llama.cpp's converter does for them (their RoPE rotates halves, "NEOX").
     """
-    head_dim = hidden // HEADS
+    head_dim = head_dim or hidden // HEADS
+    permute = _permute if arch == "llama" else (lambda weights, n_head: weights)
     import json
 
     import gguf
@@ -85,6 +88,9 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     w.add_rope_freq_base(THETA)
     w.add_layer_norm_rms_eps(EPS)
     w.add_rope_dimension_count(head_dim)
+    if head_dim != hidden // HEADS:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
@@ -113,9 +119,15 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     add("token_embd.weight", "token_embd", rand(len(tokens), hidden, scale=1.0))
     for i in range(LAYERS):
         add(f"blk.{i}.attn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
-        add(f"blk.{i}.attn_q.weight", "attn_q", _permute(rand(HEADS * head_dim, hidden), HEADS))
-        add(f"blk.{i}.attn_k.weight", "attn_k", _permute(rand(KV_HEADS * head_dim, hidden), KV_HEADS))
+        add(f"blk.{i}.attn_q.weight", "attn_q", permute(rand(HEADS * head_dim, hidden), HEADS))
+        add(f"blk.{i}.attn_k.weight", "attn_k", permute(rand(KV_HEADS * head_dim, hidden), KV_HEADS))
         add(f"blk.{i}.attn_v.weight", "attn_v", rand(KV_HEADS * head_dim, hidden))
+        if arch == "qwen2":
+            for part, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
+                add(f"blk.{i}.attn_{part}.bias", None, rand(n * head_dim, scale=0.5))
+        if arch == "qwen3":
+            add(f"blk.{i}.attn_q_norm.weight", None, 1.0 + 0.1 * rand(head_dim, scale=1.0))
+            add(f"blk.{i}.attn_k_norm.weight", None, 1.0 + 0.1 * rand(head_dim, scale=1.0))
         add(f"blk.{i}.attn_output.weight", "attn_output", rand(hidden, HEADS * head_dim))
         add(f"blk.{i}.ffn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
         add(f"blk.{i}.ffn_gate.weight", "ffn_gate", rand(ffn, hidden))
@@ -186,6 +198,9 @@ def reference_weights(path) -> dict[str, np.ndarray]:
 
 def reference_logits(path, tokens) -> np.ndarray:
     """Float64 NumPy forward pass of the GGUF at `path` on `tokens`: (len(tokens), vocab)."""
+    import gguf
+
+    arch = bytes(gguf.GGUFReader(str(path)).fields["general.architecture"].parts[-1]).decode()
     W = reference_weights(path)
     head_dim = W["blk.0.attn_q.weight"].shape[0] // HEADS
     n = len(tokens)
@@ -205,13 +220,28 @@ def reference_logits(path, tokens) -> np.ndarray:
         out[..., 1::2] = a * s + b * c
         return out
 
+    def rope_halves(v):  # rotate pairs (i, i + hd/2): llama.cpp's "NEOX" mode, qwen2's and qwen3's
+        half = v.shape[-1] // 2
+        a, b = v[..., :half], v[..., half:]
+        c, s = cos[:, None, :], sin[:, None, :]
+        return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+
+    rope = rope_interleaved if arch == "llama" else rope_halves
+
+    def project(h, p, part, heads):
+        out = h @ W[p + f"attn_{part}.weight"].T + W.get(p + f"attn_{part}.bias", 0.0)
+        out = out.reshape(n, heads, head_dim)
+        if p + f"attn_{part}_norm.weight" in W:  # qwen3: each head normed before RoPE
+            out = norm(out, W[p + f"attn_{part}_norm.weight"])
+        return out
+
     mask = np.triu(np.full((n, n), -np.inf), 1)
     for i in range(LAYERS):
         p = f"blk.{i}."
         h = norm(x, W[p + "attn_norm.weight"])
-        q = rope_interleaved((h @ W[p + "attn_q.weight"].T).reshape(n, HEADS, head_dim))
-        k = rope_interleaved((h @ W[p + "attn_k.weight"].T).reshape(n, KV_HEADS, head_dim))
-        v = (h @ W[p + "attn_v.weight"].T).reshape(n, KV_HEADS, head_dim)
+        q = rope(project(h, p, "q", HEADS))
+        k = rope(project(h, p, "k", KV_HEADS))
+        v = (h @ W[p + "attn_v.weight"].T + W.get(p + "attn_v.bias", 0.0)).reshape(n, KV_HEADS, head_dim)
         rep = HEADS // KV_HEADS
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(head_dim) + mask

@@ -1,4 +1,4 @@
-"""Load a llama-family GGUF (llama, Mistral-style, SmolLM2) into mlx-lm's `llama.Model`.
+"""Load a GGUF (llama: Llama, Mistral-style, SmolLM2; qwen2; qwen3) into mlx-lm's model of its kind.
 
 Quantized tensors stay quantized when the model is kept quantized, each layer with the bits
 of its own tensor (SmolLM2's demo file: Q8_0 embedding, Q4_1 elsewhere):
@@ -35,7 +35,8 @@ from .gguf_header import read_header, read_tensor_table
 FLOAT_TYPES = ("F32", "F16", "BF16")
 MX_LOAD_TYPES = FLOAT_TYPES + ("Q4_0", "Q4_1", "Q8_0")  # what mx.load keeps as stored
 REQUANTIZED_BITS = 8  # types with no exact MLX form, when kept quantized
-SUPPORTED_ARCHITECTURES = ("llama",)
+# GGUF architecture -> mlx-lm model module. Mistral-style and SmolLM2 files say "llama".
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 GROUP_SIZE = 32  # MLX's groups; every ggml type kept as stored has groups of 32
 
 _GLOBAL_NAMES = {
@@ -53,6 +54,8 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # qwen3
+    "attn_k_norm": "self_attn.k_norm",
 }
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|scales|biases|bias)$")
 _GLOBAL = re.compile(r"(\w+)\.(weight|scales|biases|bias)$")
@@ -158,20 +161,22 @@ def _float_tensor(raw, type_name: str) -> mx.array:
     return mx.array(np.asarray(raw).view(np.float32 if type_name == "F32" else np.float16))
 
 
-def model_args_from_metadata(metadata: dict, tensor_names) -> "llama.ModelArgs":  # noqa: F821
-    """mlx-lm `llama.ModelArgs` from GGUF metadata (keys `<arch>.*`).
+def model_args_from_metadata(metadata: dict, tensor_names):
+    """mlx-lm `ModelArgs` of the file's architecture (`args.model_type` names its module:
+    `mlx_lm.models.llama`, `.qwen2` or `.qwen3`) from GGUF metadata (keys `<arch>.*`).
 
     Raises:
-        IncompatibleModelsError: the architecture is not llama-family, is a mixture of
-            experts, or uses partial rotary embeddings.
+        IncompatibleModelsError: the architecture is not one of SUPPORTED_ARCHITECTURES, is a
+            mixture of experts, or uses partial rotary embeddings.
     """
-    from mlx_lm.models import llama
+    import importlib
 
     arch = str(metadata.get("general.architecture", "?"))
     if arch not in SUPPORTED_ARCHITECTURES:
         raise IncompatibleModelsError(
             f"GGUF architecture {arch!r} is not supported; supported: "
-            f"{list(SUPPORTED_ARCHITECTURES)} (llama, Mistral-style and SmolLM2 files say 'llama')"
+            f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Mistral-style and SmolLM2 files say 'llama'; "
+            "Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3')"
         )
 
     def get(key, default=None):
@@ -194,7 +199,7 @@ def model_args_from_metadata(metadata: dict, tensor_names) -> "llama.ModelArgs":
     if (get("expert_count", 0) or 0) > 0:
         raise IncompatibleModelsError(
             f"mixture-of-experts GGUF ({get('expert_count')} experts) is not supported; "
-            "only dense llama-family models are"
+            "only dense models are"
         )
     heads = need("attention.head_count", int)
     hidden = need("embedding_length", int)
@@ -215,26 +220,32 @@ def model_args_from_metadata(metadata: dict, tensor_names) -> "llama.ModelArgs":
     vocab = get("vocab_size") or (len(tokens) if tokens is not None else None)
     if vocab is None:
         raise IncompatibleModelsError(f"GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-    return llama.ModelArgs(
-        model_type="llama",
+    args = dict(
+        model_type=arch,
         hidden_size=hidden,
         num_hidden_layers=need("block_count", int),
         intermediate_size=need("feed_forward_length", int),
         num_attention_heads=heads,
         num_key_value_heads=need("attention.head_count_kv", int, heads),
-        head_dim=head_dim,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         vocab_size=int(vocab),
         rope_theta=float(get("rope.freq_base", 10000.0)),
         rope_scaling=rope_scaling,
         max_position_embeddings=int(get("context_length", 4096)),
-        attention_bias="blk.0.attn_q.bias" in names,
         tie_word_embeddings="output.weight" not in names,
     )
+    if arch == "llama":
+        args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)
+    elif arch == "qwen3":
+        args.update(head_dim=head_dim)
+    elif head_dim != hidden // heads:  # qwen2's mlx-lm model derives it
+        raise IncompatibleModelsError(f"a qwen2 GGUF whose head dim ({head_dim}) is not hidden / heads "
+                                      f"({hidden} / {heads}) is not supported")
+    return importlib.import_module(f"mlx_lm.models.{arch}").ModelArgs(**args)
 
 
 def load_gguf_model(path: str | Path, float_dtype=None):
-    """Build mlx-lm's `llama.Model` from a GGUF file, keeping quantized tensors quantized
+    """Build mlx-lm's model (llama, qwen2, qwen3) from a GGUF file, keeping quantized tensors quantized
     (or, given `float_dtype`, decoding those `mx.load` cannot keep straight to it: see `read_gguf`).
 
     Returns:
@@ -245,15 +256,16 @@ def load_gguf_model(path: str | Path, float_dtype=None):
         MlxSpecError / IncompatibleModelsError: see `read_gguf`, `model_args_from_metadata`;
             also when a tensor has no place in the model or the model lacks one.
     """
-    from mlx_lm.models import llama
+    import importlib
 
     tensors, metadata, types = read_gguf(path, float_dtype)
     args = model_args_from_metadata(metadata, tensors)
     rope_freqs = tensors.pop("rope_freqs.weight", None)
     weights = {_mlx_name(path, k): v for k, v in tensors.items()}
-    _unpermute_qk(weights, args)
+    if args.model_type == "llama":  # llama.cpp permutes only llama's rows (qwen's RoPE rotates halves)
+        _unpermute_qk(weights, args)
 
-    model = llama.Model(args)
+    model = importlib.import_module(f"mlx_lm.models.{args.model_type}").Model(args)
     bits = {
         k[: -len(".scales")]: weights[k[: -len(".scales")] + ".weight"].shape[-1] // v.shape[-1]
         for k, v in weights.items()
@@ -267,7 +279,7 @@ def load_gguf_model(path: str | Path, float_dtype=None):
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
         # mlx lists every weight missing or extra: the first few say enough
-        raise MlxSpecError(f"{path}: the tensors do not fit a llama model: {one_line(e)}") from None
+        raise MlxSpecError(f"{path}: the tensors do not fit a {args.model_type} model: {one_line(e)}") from None
     if rope_freqs is not None:
         _use_rope_freqs(model, args, rope_freqs)
     mx.eval(model.parameters())
@@ -282,7 +294,7 @@ def _mlx_name(path, name: str) -> str:
     elif (m := _GLOBAL.match(name)) and m.group(1) in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
     raise IncompatibleModelsError(
-        f"{path}: tensor {name!r} has no place in a llama model; known tensors are "
+        f"{path}: tensor {name!r} has no place in a llama-family model; known tensors are "
         f"{sorted(_GLOBAL_NAMES)} and blk.N.{{{', '.join(_BLOCK_NAMES)}}}"
     )
 
@@ -316,7 +328,7 @@ class FreqsRoPE(nn.Module):
 
 def _use_rope_freqs(model, args, rope_freqs: mx.array) -> None:
     # llama.cpp: theta_i = pos * base^(-2i/d) / rope_freqs[i]  ->  period_i = base^(2i/d) * rope_freqs[i]
-    d = args.head_dim
+    d = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
     periods = (args.rope_theta ** (mx.arange(0, d, 2, dtype=mx.float32) / d)) * rope_freqs.astype(mx.float32)
     for layer in model.model.layers:
         layer.self_attn.rope = FreqsRoPE(d, periods)
