@@ -188,6 +188,61 @@ def test_tokenizer_special_tokens_and_chat_template(tiny):
     assert tok.decode(tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)) == text
 
 
+@pytest.fixture(scope="module")
+def spm_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("spm") / "spm.gguf"
+    sp = write_tiny_gguf(path, pre="spm")
+    return path, sp
+
+
+SPM_TEXTS = TEXTS + [" ", "a  b   c    d", "zzz qqq XYZ ñ", "The quick brown fox jumps over the lazy dog."]
+
+
+def test_sentencepiece_vocabulary_tokenizes_as_sentencepiece(spm_file):
+    # Llama 2 / Mistral / TinyLlama files: pieces and scores, no merges. These texts also
+    # tokenized identically with llama.cpp's tokenizer on this file (the loader's README).
+    path, sp = spm_file
+    _, tok, _ = load_model(path, dtype="float32")
+    bos = sp.bos_id()
+    for text in SPM_TEXTS:
+        ids = tok.encode(text)
+        assert ids == [bos] + sp.encode(text), text
+        assert tok.decode(ids, skip_special_tokens=True) == text
+    assert any(sp.id_to_piece(i).startswith("<0x") for i in sp.encode("日本語 🤖"))  # byte fallback exercised
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi there"}], add_generation_prompt=True)
+    start, end = (tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>"))
+    assert chat[0] == start and end in chat and tok.eos_token_id == sp.eos_id()  # the template writes no BOS
+
+
+def test_sentencepiece_streaming_text_is_the_decoded_text(spm_file):
+    from mlxspec import Engine
+
+    path, _ = spm_file
+    model, tok, _ = load_model(path, dtype="float32")
+    engine = Engine(model, tok, None, drafter="ngram")
+    events = list(engine.stream("日本語 and 🤖 hello", max_tokens=40, temperature=1.0, seed=3))
+    ids = [t for ev in events for t in ([ev.token] if isinstance(ev.token, int) else ev.token or [])]
+    assert len(ids) >= 10
+    assert "".join(ev.text for ev in events) == tok.decode(ids)
+    detokenizer = tok.detokenizer  # mlx-lm's own streaming, as its generate (the bench's peer) runs it
+    detokenizer.reset()
+    for t in ids:
+        detokenizer.add_token(t)
+    detokenizer.finalize()
+    assert detokenizer.text == tok.decode(ids)
+
+
+def test_sentencepiece_files_without_a_bos_flag_start_with_bos(spm_file):
+    # llama.cpp's default for sentencepiece vocabularies; older Llama 2 files carry no flag
+    from mlxspec.loading.gguf_header import read_header
+    from mlxspec.loading.gguf_tokenizer import tokenizer_from_gguf
+
+    path, sp = spm_file
+    metadata, _ = read_header(path)
+    del metadata["tokenizer.ggml.add_bos_token"]
+    assert tokenizer_from_gguf(metadata).encode("hello") == [sp.bos_id()] + sp.encode("hello")
+
+
 def test_unsupported_tensor_type_is_named(tmp_path):
     import gguf
 
@@ -247,6 +302,9 @@ def test_metadata_it_cannot_build_from_is_said(tiny, changes, says):
     ({"tokenizer__ggml__merges": None}, "no merges"),  # one token per byte: it loaded and spoke garbage
     ({"tokenizer__ggml__merges": ["zzqq xxyy"]}, "do not fit together"),
     ({"tokenizer__ggml__eos_token_id": mx.array(10**6)}, "end-of-text token id 1000000 is outside"),
+    ({"tokenizer__ggml__model": "llama"}, r"sentencepiece vocabulary has no scores"),
+    ({"tokenizer__ggml__model": "bert"}, r"'bert' is not supported; supported: byte-level BPE \('gpt2'.*"
+                                         r"sentencepiece BPE \('llama'"),
 ])
 def test_a_tokenizer_it_cannot_build_is_said(tiny, changes, says):
     from mlxspec.loading.gguf_tokenizer import tokenizer_from_gguf

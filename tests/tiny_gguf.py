@@ -51,9 +51,30 @@ def train_bpe(pre: str = "default", vocab_size: int = 330):
     return tok
 
 
+def train_spm(vocab_size: int = 420):
+    """A sentencepiece BPE model trained on CORPUS as Llama 2's was set up (identity normalization,
+    spaces kept, digits split, byte fallback): `(SentencePieceProcessor, ModelProto)`."""
+    import io
+
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS.split("\n")), model_writer=buf, model_type="bpe", vocab_size=vocab_size,
+        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        character_coverage=0.98, unk_id=0, bos_id=1, eos_id=2, user_defined_symbols=SPECIALS[1:],
+        allow_whitespace_only_pieces=True, minloglevel=2, num_threads=1,
+    )
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(buf.getvalue())
+    return spm.SentencePieceProcessor(model_proto=buf.getvalue()), proto
+
+
 def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
                     rope_freqs=False, hidden=HIDDEN, ffn=FFN, head_dim=None):
-    """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes.
+    """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes (for
+    `pre` "spm" a `SentencePieceProcessor`, the vocabulary written as llama.cpp writes Llama 2's).
 
     `types` overrides DEFAULT_TYPES per role; `extra` adds `{name: (uint8 bytes array, ggml type name)}`;
     `rope_freqs` adds llama 3's per-pair RoPE period factors (`rope_freqs.weight`); K-quants need
@@ -68,13 +89,18 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     import gguf
     from gguf import GGMLQuantizationType as T
 
-    tok = train_bpe(pre)
-    spec = json.loads(tok.to_str())["model"]
-    vocab = spec["vocab"]
-    tokens = [None] * len(vocab)
-    for t, i in vocab.items():
-        tokens[i] = t
-    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["merges"]]
+    if pre == "spm":  # sentencepiece, written as llama.cpp's converter writes Llama 2's
+        tok, proto = train_spm()
+        tokens = [p.piece for p in proto.pieces]
+        vocab = {t: i for i, t in enumerate(tokens)}
+    else:
+        tok = train_bpe(pre)
+        spec = json.loads(tok.to_str())["model"]
+        vocab = spec["vocab"]
+        tokens = [None] * len(vocab)
+        for t, i in vocab.items():
+            tokens[i] = t
+        merges = [m if isinstance(m, str) else " ".join(m) for m in spec["merges"]]
     types = {**DEFAULT_TYPES, **(types or {})}
     rng = np.random.default_rng(seed)
 
@@ -92,14 +118,26 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(vocab["<|im_start|>"])
-    w.add_eos_token_id(vocab["<|im_end|>"])
-    w.add_add_bos_token(False)
+    if pre == "spm":
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores([p.score for p in proto.pieces])
+        w.add_token_types([p.type for p in proto.pieces])  # sentencepiece's numbering is llama.cpp's
+        w.add_add_space_prefix(proto.normalizer_spec.add_dummy_prefix)
+        w.add_unk_token_id(proto.trainer_spec.unk_id)
+        w.add_bos_token_id(proto.trainer_spec.bos_id)
+        w.add_eos_token_id(proto.trainer_spec.eos_id)
+        w.add_add_bos_token(True)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+        w.add_token_merges(merges)
+        w.add_bos_token_id(vocab["<|im_start|>"])
+        w.add_eos_token_id(vocab["<|im_end|>"])
+        w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
 
     def add(name, role, array):

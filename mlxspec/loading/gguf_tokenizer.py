@@ -1,11 +1,14 @@
 """A Hugging Face tokenizer rebuilt from GGUF metadata, wrapped like mlx-lm wraps tokenizers.
 
-Only byte-level BPE vocabularies (`tokenizer.ggml.model == "gpt2"`: SmolLM2, Llama 3,
-Qwen2) are built. The split regex before BPE comes from `tokenizer.ggml.pre`, as llama.cpp
-chooses it (`llama-vocab.cpp`); SmolLM2 says "smollm": each digit alone, then GPT-2's regex.
+Two kinds are built:
+- byte-level BPE (`tokenizer.ggml.model == "gpt2"`: SmolLM2, Llama 3, Qwen). The split regex
+  before BPE comes from `tokenizer.ggml.pre`, as llama.cpp chooses it (`llama-vocab.cpp`);
+  SmolLM2 says "smollm": each digit alone, then GPT-2's regex.
+- sentencepiece BPE (`"llama"`: Llama 2, Mistral, TinyLlama): pieces with scores and no merges,
+  so the merges are recovered from the scores (`_merges_by_score`), with byte fallback.
 
 Result: `mlx_lm.tokenizer_utils.TokenizerWrapper` around a `PreTrainedTokenizerFast`, with
-mlx-lm's BPE streaming detokenizer, the file's chat template and its EOS id(s).
+mlx-lm's streaming detokenizer of that kind, the file's chat template and its EOS id(s).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ PRE_TOKENIZERS = {
     "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3,
     "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
 }
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
+NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp token types
 
 
 def _value(metadata, key, default=None):
@@ -50,42 +53,39 @@ def tokenizer_from_gguf(metadata: dict):
         `mlx_lm.tokenizer_utils.TokenizerWrapper`.
 
     Raises:
-        IncompatibleModelsError: the vocabulary is not byte-level BPE, or its
-            pre-tokenizer is unknown (the message lists the known ones).
+        IncompatibleModelsError: the vocabulary is neither byte-level BPE nor sentencepiece
+            BPE, or its pre-tokenizer is unknown (the message lists the known ones).
     """
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer, TokenizerWrapper
+    from tokenizers import AddedToken, processors
     from transformers import PreTrainedTokenizerFast
 
     kind = _value(metadata, "tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         raise IncompatibleModelsError(
-            f"GGUF tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2', as in "
-            "SmolLM2, Llama 3 and Qwen2 files) is"
-        )
-    pre = _value(metadata, "tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
-        raise IncompatibleModelsError(
-            f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(PRE_TOKENIZERS)}"
+            f"GGUF tokenizer model {kind!r} is not supported; supported: byte-level BPE ('gpt2', as in "
+            "SmolLM2, Llama 3 and Qwen files) and sentencepiece BPE ('llama', as in Llama 2, Mistral "
+            "and TinyLlama files)"
         )
     if metadata.get("tokenizer.ggml.tokens") is None:
         raise IncompatibleModelsError("the GGUF has no vocabulary (tokenizer.ggml.tokens)")
-    if not metadata.get("tokenizer.ggml.merges"):  # BPE without merges: one token per byte, garbage
-        raise IncompatibleModelsError("the GGUF's byte-level BPE vocabulary has no merges (tokenizer.ggml.merges)")
     tokens = list(metadata["tokenizer.ggml.tokens"])
     types = metadata.get("tokenizer.ggml.token_type")
-    types = types.tolist() if types is not None else [1] * len(tokens)
+    types = types.tolist() if types is not None else [NORMAL] * len(tokens)
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)
-    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
 
-    try:
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    except Exception as e:  # the tokenizers library raises a bare Exception for a merge of unknown tokens
-        raise IncompatibleModelsError(f"the GGUF's BPE vocabulary and merges do not fit together ({e})") from None
-    tok.pre_tokenizer = _pre_tokenizer(PRE_TOKENIZERS[pre], pre_tokenizers, Regex)
-    tok.decoder = decoders.ByteLevel()
+    def token(key):
+        i = _value(metadata, f"tokenizer.ggml.{key}")
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+    if kind == "gpt2":
+        tok = _byte_level_bpe(metadata, vocab)
+        detokenizer = BPEStreamingDetokenizer
+    else:
+        tok = _sentencepiece_bpe(metadata, tokens, types, vocab, token("unknown_token_id"))
+        detokenizer = SPMStreamingDetokenizer
     tok.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL]
     )
@@ -93,12 +93,9 @@ def tokenizer_from_gguf(metadata: dict):
         [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED]
     )
 
-    def token(key):
-        i = _value(metadata, f"tokenizer.ggml.{key}")
-        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
-
     bos = token("bos_token_id")
-    if bool(_value(metadata, "tokenizer.ggml.add_bos_token", False)) and bos is not None:
+    # llama.cpp starts a sentencepiece vocabulary's text with BOS unless the file says otherwise
+    if bool(_value(metadata, "tokenizer.ggml.add_bos_token", kind == "llama")) and bos is not None:
         bos_id = vocab[bos]
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
@@ -119,7 +116,62 @@ def tokenizer_from_gguf(metadata: dict):
     if bad:  # generation would never stop on it
         raise IncompatibleModelsError(f"the GGUF's end-of-text token id {bad[0]} is outside its vocabulary of "
                                       f"{len(tokens)} tokens")
-    return TokenizerWrapper(fast, BPEStreamingDetokenizer, eos_token_ids=eos_ids)
+    return TokenizerWrapper(fast, detokenizer, eos_token_ids=eos_ids)
+
+
+def _byte_level_bpe(metadata, vocab):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    pre = _value(metadata, "tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise IncompatibleModelsError(
+            f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(PRE_TOKENIZERS)}"
+        )
+    if not metadata.get("tokenizer.ggml.merges"):  # BPE without merges: one token per byte, garbage
+        raise IncompatibleModelsError("the GGUF's byte-level BPE vocabulary has no merges (tokenizer.ggml.merges)")
+    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    except Exception as e:  # the tokenizers library raises a bare Exception for a merge of unknown tokens
+        raise IncompatibleModelsError(f"the GGUF's BPE vocabulary and merges do not fit together ({e})") from None
+    tok.pre_tokenizer = _pre_tokenizer(PRE_TOKENIZERS[pre], pre_tokenizers, Regex)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _sentencepiece_bpe(metadata, tokens, types, vocab, unk):
+    """Sentencepiece's BPE as llama.cpp runs it: spaces are "\u2581" (one before the text when
+    `add_space_prefix`, the default), then adjacent pieces merge, highest-scored result first,
+    and what no piece covers falls back to <0xXX> byte tokens."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    scores = metadata.get("tokenizer.ggml.scores")
+    if scores is None:
+        raise IncompatibleModelsError("the GGUF's sentencepiece vocabulary has no scores (tokenizer.ggml.scores)")
+    scores = scores.tolist()
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=_merges_by_score(tokens, types, scores, vocab), unk_token=unk,
+                               fuse_unk=True, byte_fallback=True))
+    prefix = bool(_value(metadata, "tokenizer.ggml.add_space_prefix", True))
+    steps = [normalizers.Prepend("\u2581")] if prefix else []
+    tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "\u2581")])
+    undo = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(undo + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tok
+
+
+def _merges_by_score(tokens, types, scores, vocab) -> list[tuple[str, str]]:
+    """Every way to join two normal pieces into a third, the third's score deciding the order:
+    BPE applying them by rank merges as sentencepiece does, best-scored first."""
+    merges = []
+    for piece, kind, score in zip(tokens, types, scores):
+        if kind != NORMAL or len(piece) < 2:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                merges.append((-score, vocab[left], vocab[right], left, right))
+    merges.sort()
+    return [(left, right) for *_, left, right in merges]
 
 
 def _pre_tokenizer(rule, pre_tokenizers, Regex):
