@@ -158,7 +158,7 @@ def test_untied_head_and_llama3_rope_freqs(tmp_path):
     assert np.abs(got - ref).max() <= float32_tol() * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("pre", ["default", "smollm"])
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm"])
 def test_tokenizer_matches_the_trained_tokenizer_and_round_trips(tmp_path, pre):
     path = tmp_path / f"{pre}.gguf"
     trained = write_tiny_gguf(path, pre=pre)
@@ -175,6 +175,31 @@ def test_tokenizer_matches_the_trained_tokenizer_and_round_trips(tmp_path, pre):
         assert detok.text == (text[1:] if text.startswith(" ") else text)  # mlx-lm drops one leading space
     if pre == "smollm":
         assert len(tok.encode("12345", add_special_tokens=False)) == 5  # each digit alone
+
+
+@pytest.mark.parametrize("pre, text, pieces", [
+    # llama.cpp's "default" (also files naming none): punctuation runs, GPT-2's words, digit runs,
+    # then threes; not GPT-2's rule alone
+    ("default", "Numbers 12345 and 2024-01-01. a+b",
+     ["Numbers", "Ġ", "123", "45", "Ġand", "Ġ", "202", "4", "-", "01", "-", "01", ".", "Ġa", "+", "b"]),
+    # Mistral's Tekken: words split where the case changes, digits one by one
+    ("tekken", "CamelCaseWord HTTPServer 123", ["Camel", "Case", "Word", "ĠHTTPServer", "Ġ", "1", "2", "3"]),
+    ("llama-bpe", "I'm 12345", ["I", "'m", "Ġ", "123", "45"]),
+])
+def test_pre_tokenizer_splits_as_llama_cpp(tmp_path, pre, text, pieces):
+    # The rules of all 28 names in PRE_TOKENIZERS gave llama.cpp's tokens on 19 texts (the
+    # loader's README); these pin three of them here.
+    from mlxspec.loading.gguf_header import read_header
+    from mlxspec.loading.gguf_tokenizer import tokenizer_from_gguf
+
+    path = tmp_path / f"{pre}.gguf"
+    write_tiny_gguf(path, pre=pre)
+    metadata, _ = read_header(path)
+    tok = tokenizer_from_gguf(metadata)
+    assert [p for p, _ in tok._tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)] == pieces
+    del metadata["tokenizer.ggml.add_bos_token"]  # no flag: llama.cpp starts Llama 3 and Tekken text with BOS
+    starts = tokenizer_from_gguf(metadata).encode("hi")[0] == tok.bos_token_id
+    assert starts == (pre in ("tekken", "llama-bpe"))
 
 
 def test_tokenizer_special_tokens_and_chat_template(tiny):

@@ -27,14 +27,40 @@ _QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# tokenizer.ggml.pre -> split rule (llama.cpp's grouping).
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_TEKKEN = (  # Mistral Nemo / Small 3: words split at case changes
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*|\p{{N}}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_GPT4O = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTION}|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTION}"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# llama.cpp's rule for "default" (and for files naming no pre-tokenizer): four splits in turn
+_DEFAULT = (
+    r"[\p{P}\$\+<=>\^~\|]+",
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+    r"\p{N}+",
+    r"[0-9][0-9][0-9]",
+)
+# tokenizer.ggml.pre -> split rule, with llama.cpp's names for each (`llama-vocab.cpp`).
 PRE_TOKENIZERS = {
-    "default": _GPT2, "gpt2": _GPT2, "gpt-2": _GPT2, "mpt": _GPT2, "olmo": _GPT2,
+    "default": _DEFAULT,
+    "gpt2": _GPT2, "gpt-2": _GPT2, "phi-2": _GPT2, "mpt": _GPT2, "olmo": _GPT2, "jais": _GPT2,
+    "exaone4": _GPT2,
     "smollm": _DIGITS_THEN_GPT2, "starcoder": _DIGITS_THEN_GPT2, "refact": _DIGITS_THEN_GPT2,
-    "codeshell": _DIGITS_THEN_GPT2, "command-r": _DIGITS_THEN_GPT2,
-    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3,
-    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+    "codeshell": _DIGITS_THEN_GPT2, "command-r": _DIGITS_THEN_GPT2, "exaone": _DIGITS_THEN_GPT2,
+    "minerva-7b": _DIGITS_THEN_GPT2,
+    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "falcon3": _LLAMA3, "pixtral": _LLAMA3,
+    "smaug-bpe": _LLAMA3, "dbrx": _LLAMA3,
+    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2, "stablelm2": _QWEN2, "megrez": _QWEN2,
+    "tekken": _TEKKEN,
+    "gpt-4o": _GPT4O, "llama4": _GPT4O,
 }
+# Families llama.cpp reads with `ignore_merges` (a pre-token that is a token is taken whole) and
+# starts with BOS unless the file says otherwise.
+_WHOLE_WORDS_AND_BOS = {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken"}
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp token types
 
 
@@ -94,8 +120,10 @@ def tokenizer_from_gguf(metadata: dict):
     )
 
     bos = token("bos_token_id")
-    # llama.cpp starts a sentencepiece vocabulary's text with BOS unless the file says otherwise
-    if bool(_value(metadata, "tokenizer.ggml.add_bos_token", kind == "llama")) and bos is not None:
+    # llama.cpp starts a sentencepiece vocabulary's text with BOS unless the file says otherwise,
+    # and a Llama 3 or Tekken one
+    bos_first = kind == "llama" or _value(metadata, "tokenizer.ggml.pre") in _WHOLE_WORDS_AND_BOS
+    if bool(_value(metadata, "tokenizer.ggml.add_bos_token", bos_first)) and bos is not None:
         bos_id = vocab[bos]
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
@@ -122,7 +150,7 @@ def tokenizer_from_gguf(metadata: dict):
 def _byte_level_bpe(metadata, vocab):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    pre = _value(metadata, "tokenizer.ggml.pre", "default")
+    pre = _value(metadata, "tokenizer.ggml.pre", "default") or "default"
     if pre not in PRE_TOKENIZERS:
         raise IncompatibleModelsError(
             f"GGUF pre-tokenizer {pre!r} is not supported; known: {sorted(PRE_TOKENIZERS)}"
@@ -131,7 +159,8 @@ def _byte_level_bpe(metadata, vocab):
         raise IncompatibleModelsError("the GGUF's byte-level BPE vocabulary has no merges (tokenizer.ggml.merges)")
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
     try:
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False,
+                                   ignore_merges=pre in _WHOLE_WORDS_AND_BOS))
     except Exception as e:  # the tokenizers library raises a bare Exception for a merge of unknown tokens
         raise IncompatibleModelsError(f"the GGUF's BPE vocabulary and merges do not fit together ({e})") from None
     tok.pre_tokenizer = _pre_tokenizer(PRE_TOKENIZERS[pre], pre_tokenizers, Regex)
@@ -182,7 +211,8 @@ def _pre_tokenizer(rule, pre_tokenizers, Regex):
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ])
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(rule), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    rules = rule if isinstance(rule, tuple) else (rule,)
+    return pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in rules]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
