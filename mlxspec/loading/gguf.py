@@ -145,7 +145,8 @@ def _read_tensors(path: Path, infos, float_dtype) -> dict:
             else:
                 exact = mx.array(as_float(raw, t.type_name, rows, cols))
                 weight, scales, biases = mx.quantize(exact, group_size=GROUP_SIZE, bits=REQUANTIZED_BITS)
-            # float16 scales and biases, as mx.load gives: the model then runs in float16 too
+            # float16 scales and biases, as mx.load gives them (Q4_0-Q8_0 store them so): half the
+            # bytes of float32; for K-quants d * sc rounds by 2^-12 at most
             added = {t.name: weight, base + ".scales": scales.astype(mx.float16),
                      base + ".biases": biases.astype(mx.float16)}
         mx.eval(list(added.values()))  # so at most one tensor's float32 is ever held
