@@ -136,3 +136,20 @@ def test_a_gguf_only_repo_named_bare_suggests_tags(hub, monkeypatch):
     with pytest.raises(ModelNotFoundError, match="has no config.json"):
         resolve_model(REPO, download=False)
     assert hub.listed == listed
+
+
+def test_an_unreachable_hub_falls_back_to_the_cache(hub, monkeypatch):
+    resolve_model(f"{REPO}:Q4_K_M")  # fetched once
+
+    def unreachable(repo_id, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", unreachable)
+    assert resolve_model(f"{REPO}:Q4_K_M").path.name == "tiny-q4_k_m.gguf"
+    with pytest.raises(ModelNotFoundError, match=r"no GGUF file whose name has the quantization 'Q8_0' in the "
+                                                 r"Hugging Face cache"):
+        resolve_model(f"{REPO}:Q8_0")
+    shutil.rmtree(hub.cache)
+    hub.cache.mkdir()
+    with pytest.raises(ModelNotFoundError, match=rf"cannot list the files of '{REPO}'.*network is unreachable"):
+        resolve_model(f"{REPO}:Q4_K_M")

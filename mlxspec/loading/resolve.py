@@ -182,7 +182,16 @@ def _hub_gguf(repo_id: str, tag: str, *, download: bool) -> Path:
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     local_only = _offline() or not download
-    names = _cached_ggufs(repo_id, tag) if local_only else _repo_ggufs(repo_id)
+    if local_only:
+        names = _cached_ggufs(repo_id, tag)
+    else:
+        try:
+            names = _repo_ggufs(repo_id)
+        except ModelNotFoundError as unreachable:  # the hub did not answer: what the cache holds will do
+            try:
+                names, local_only = _cached_ggufs(repo_id, tag), True
+            except ModelNotFoundError:
+                raise unreachable from None
     exact = tag.lower().endswith(".gguf")
     found = [n for n in names if (n.rsplit("/", 1)[-1].lower() == tag.lower() if exact else _names_tag(n, tag))]
     if not found:
