@@ -82,29 +82,23 @@ def test_a_tag_fetches_that_one_file_whatever_its_case(hub):
     assert hub.fetched == ["tiny-q4_k_m.gguf"]  # cached: not fetched again
 
 
-def test_a_tag_is_a_whole_quantization_name(hub):
-    with pytest.raises(ModelNotFoundError, match=r"no GGUF file whose name has the quantization 'Q4_K' "
-                                                 r"in the repo; there: IQ4_XS, Q4_K_M, Q4_K_S, Q6_K, Q8_0"):
-        resolve_model(f"{REPO}:Q4_K")
+@pytest.mark.parametrize("tag, says", [
+    # a tag is a whole quantization name: Q4_K is neither Q4_K_M nor Q4_K_S
+    ("Q4_K", r"no GGUF file whose name has the quantization 'Q4_K' in the repo; there: IQ4_XS, Q4_K_M, Q4_K_S, "
+             r"Q6_K, Q8_0"),
+    ("IQ4_XS", r"matches 2 GGUF files \(other-IQ4_XS.gguf, tiny-IQ4_XS.gguf\); name one by its file name, "
+               rf"e.g. {REPO}:other-IQ4_XS.gguf"),
+    ("Q6_K", r"split into 2 parts .*llama-gguf-split --merge"),
+])
+def test_a_tag_that_names_no_single_file_fetches_nothing(hub, tag, says):
+    with pytest.raises(ModelNotFoundError, match=says):
+        resolve_model(f"{REPO}:{tag}")
     assert hub.fetched == []
 
 
 def test_a_file_name_is_a_tag_too(hub):
     assert resolve_model(f"{REPO}:tiny-Q8_0.gguf").path.name == "tiny-Q8_0.gguf"
     assert hub.fetched == ["tiny-Q8_0.gguf"]
-
-
-def test_several_matches_ask_for_a_file_name(hub):
-    with pytest.raises(ModelNotFoundError, match=r"matches 2 GGUF files \(other-IQ4_XS.gguf, tiny-IQ4_XS.gguf\); "
-                                                 rf"name one by its file name, e.g. {REPO}:other-IQ4_XS.gguf"):
-        resolve_model(f"{REPO}:IQ4_XS")
-    assert hub.fetched == []
-
-
-def test_a_split_gguf_says_how_to_merge_it(hub):
-    with pytest.raises(ModelNotFoundError, match=r"split into 2 parts .*llama-gguf-split --merge"):
-        resolve_model(f"{REPO}:Q6_K")
-    assert hub.fetched == []
 
 
 def test_offline_uses_the_cache_and_says_what_to_pull(hub, monkeypatch):
