@@ -107,6 +107,37 @@ def test_qwen_family_logits_match_numpy_reference(tmp_path, arch, head_dim, dtyp
     assert (got.argmax(-1) == ref.argmax(-1)).all()
 
 
+@pytest.mark.parametrize("dtype, tol", [("float32", None), ("quantized", 2e-3)])
+def test_gemma3_logits_match_numpy_reference(tmp_path, dtype, tol):
+    # Gemma 3: norms stored as 1 + w each side of attention and the MLP, per-head Q/K norms, GELU,
+    # a scaled input, a sliding window of 4 on 5 layers in 6 with their own RoPE base, a head dim
+    # other than hidden / heads, a tied output, Gemma's sentencepiece vocabulary without a space
+    # prefix. The reference agrees with llama.cpp's forward to 8e-5 on a float32 file like this.
+    tol = tol or float32_tol()
+    path = tmp_path / "gemma3.gguf"
+    sp = write_tiny_gguf(path, arch="gemma3", pre="spm-no-prefix", layers=7, window=4, head_dim=24, seed=11)
+    model, tok, _ = load_model(path, dtype=dtype)
+    assert type(model).__module__ == "mlx_lm.models.gemma3_text" and model.tie_word_embeddings
+    text = "def hello(name): 12345 and more words, past the window"
+    ids = tok.encode(text)
+    assert ids == [sp.bos_id()] + sp.encode(text) and len(ids) > 3 * 4
+    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
+    ref = reference_logits(path, ids)
+    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_gemma3_speculation_stays_lossless_across_the_window(tmp_path):
+    from mlxspec import Engine
+
+    path = tmp_path / "gemma3.gguf"
+    write_tiny_gguf(path, arch="gemma3", pre="spm-no-prefix", layers=6, window=4, seed=12)
+    model, tok, _ = load_model(path, dtype="float32")
+    plain = Engine(model, tok, None, drafter="none").generate("hello hello hello world", max_tokens=32)
+    spec = Engine(model, tok, None, drafter="ngram", num_draft=3).generate("hello hello hello world", max_tokens=32)
+    assert spec.tokens == plain.tokens and len(plain.tokens) == 32 and spec.stats.drafted > 0
+
+
 def test_reference_tells_qwen_from_llama_rows(tmp_path, monkeypatch):
     # The qwen test can fail: un-permuting qwen's rows as llama's breaks the match.
     path = tmp_path / "qwen2.gguf"
@@ -213,10 +244,10 @@ def test_tokenizer_special_tokens_and_chat_template(tiny):
     assert tok.decode(tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)) == text
 
 
-@pytest.fixture(scope="module")
-def spm_file(tmp_path_factory):
+@pytest.fixture(scope="module", params=["spm", "spm-no-prefix"])
+def spm_file(tmp_path_factory, request):
     path = tmp_path_factory.mktemp("spm") / "spm.gguf"
-    sp = write_tiny_gguf(path, pre="spm")
+    sp = write_tiny_gguf(path, pre=request.param)
     return path, sp
 
 

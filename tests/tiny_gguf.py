@@ -51,7 +51,7 @@ def train_bpe(pre: str = "default", vocab_size: int = 330):
     return tok
 
 
-def train_spm(vocab_size: int = 420):
+def train_spm(vocab_size: int = 420, space_prefix: bool = True):
     """A sentencepiece BPE model trained on CORPUS as Llama 2's was set up (identity normalization,
     spaces kept, digits split, byte fallback): `(SentencePieceProcessor, ModelProto)`."""
     import io
@@ -64,7 +64,7 @@ def train_spm(vocab_size: int = 420):
         sentence_iterator=iter(CORPUS.split("\n")), model_writer=buf, model_type="bpe", vocab_size=vocab_size,
         byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
         character_coverage=0.98, unk_id=0, bos_id=1, eos_id=2, user_defined_symbols=SPECIALS[1:],
-        allow_whitespace_only_pieces=True, minloglevel=2, num_threads=1,
+        allow_whitespace_only_pieces=True, minloglevel=2, num_threads=1, add_dummy_prefix=space_prefix,
     )
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(buf.getvalue())
@@ -72,15 +72,18 @@ def train_spm(vocab_size: int = 420):
 
 
 def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
-                    rope_freqs=False, hidden=HIDDEN, ffn=FFN, head_dim=None):
+                    rope_freqs=False, hidden=HIDDEN, ffn=FFN, head_dim=None, layers=LAYERS, window=None):
     """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes (for
-    `pre` "spm" a `SentencePieceProcessor`, the vocabulary written as llama.cpp writes Llama 2's).
+    `pre` "spm" or "spm-no-prefix" a `SentencePieceProcessor`, the vocabulary written as llama.cpp
+    writes Llama 2's, or Gemma's without the leading space).
 
     `types` overrides DEFAULT_TYPES per role; `extra` adds `{name: (uint8 bytes array, ggml type name)}`;
     `rope_freqs` adds llama 3's per-pair RoPE period factors (`rope_freqs.weight`); K-quants need
     `hidden` and `ffn` to be multiples of 256 (their blocks' width). `arch` "qwen2" adds Q/K/V
     biases, "qwen3" per-head Q/K norms (and `head_dim` may differ from hidden / heads); both keep
     HF's rows, as llama.cpp's converter does for them (their RoPE rotates halves, "NEOX").
+    "gemma3" adds Gemma 3's norms each side of attention and of the MLP, with the converter's
+    1 + w, and a sliding `window` (one layer in 6 sees everything: give `layers` >= 6).
     """
     head_dim = head_dim or hidden // HEADS
     permute = _permute if arch == "llama" else (lambda weights, n_head: weights)
@@ -89,8 +92,8 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     import gguf
     from gguf import GGMLQuantizationType as T
 
-    if pre == "spm":  # sentencepiece, written as llama.cpp's converter writes Llama 2's
-        tok, proto = train_spm()
+    if pre in ("spm", "spm-no-prefix"):  # sentencepiece, written as llama.cpp's converter writes Llama 2's
+        tok, proto = train_spm(space_prefix=pre == "spm")  # Gemma's has no space prefix
         tokens = [p.piece for p in proto.pieces]
         vocab = {t: i for i, t in enumerate(tokens)}
     else:
@@ -107,7 +110,9 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(256)
     w.add_embedding_length(hidden)
-    w.add_block_count(LAYERS)
+    w.add_block_count(layers)
+    if arch == "gemma3":
+        w.add_sliding_window(window or 4)
     w.add_feed_forward_length(ffn)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
@@ -118,7 +123,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_vocab_size(len(tokens))
-    if pre == "spm":
+    if pre in ("spm", "spm-no-prefix"):
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
         w.add_token_list(tokens)
@@ -155,7 +160,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
         return rng.normal(0.0, scale or shape[-1] ** -0.5, size=shape)
 
     add("token_embd.weight", "token_embd", rand(len(tokens), hidden, scale=1.0))
-    for i in range(LAYERS):
+    for i in range(layers):
         add(f"blk.{i}.attn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
         add(f"blk.{i}.attn_q.weight", "attn_q", permute(rand(HEADS * head_dim, hidden), HEADS))
         add(f"blk.{i}.attn_k.weight", "attn_k", permute(rand(KV_HEADS * head_dim, hidden), KV_HEADS))
@@ -163,7 +168,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
         if arch == "qwen2":
             for part, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
                 add(f"blk.{i}.attn_{part}.bias", None, rand(n * head_dim, scale=0.5))
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             add(f"blk.{i}.attn_q_norm.weight", None, 1.0 + 0.1 * rand(head_dim, scale=1.0))
             add(f"blk.{i}.attn_k_norm.weight", None, 1.0 + 0.1 * rand(head_dim, scale=1.0))
         add(f"blk.{i}.attn_output.weight", "attn_output", rand(hidden, HEADS * head_dim))
@@ -171,6 +176,9 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
         add(f"blk.{i}.ffn_gate.weight", "ffn_gate", rand(ffn, hidden))
         add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(ffn, hidden))
         add(f"blk.{i}.ffn_down.weight", "ffn_down", rand(hidden, ffn))
+        if arch == "gemma3":
+            add(f"blk.{i}.post_attention_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
+            add(f"blk.{i}.post_ffw_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
     add("output_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
     if not tied:
         add("output.weight", "token_embd", rand(len(tokens), hidden))
@@ -274,21 +282,36 @@ def reference_logits(path, tokens) -> np.ndarray:
         return out
 
     mask = np.triu(np.full((n, n), -np.inf), 1)
-    for i in range(LAYERS):
+    layers = 1 + max(int(k.split(".")[1]) for k in W if k.startswith("blk."))
+    gemma = arch == "gemma3"
+    if gemma:  # llama.cpp's Gemma 3: a window on 5 layers in 6, their RoPE base 10,000, GELU, scaled input
+        window = int(gguf.GGUFReader(str(path)).fields["gemma3.attention.sliding_window"].parts[-1][0])
+        local = mask + np.where(np.subtract.outer(np.arange(n), np.arange(n)) >= window, -np.inf, 0.0)
+        inv_local = 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
+        cos_local, sin_local = np.cos(pos * inv_local), np.sin(pos * inv_local)
+        cos_global, sin_global = cos, sin
+        x = x * np.sqrt(x.shape[-1])
+    for i in range(layers):
         p = f"blk.{i}."
+        sliding = gemma and (i + 1) % 6 != 0
+        if gemma:
+            cos, sin = (cos_local, sin_local) if sliding else (cos_global, sin_global)
         h = norm(x, W[p + "attn_norm.weight"])
         q = rope(project(h, p, "q", HEADS))
         k = rope(project(h, p, "k", KV_HEADS))
         v = (h @ W[p + "attn_v.weight"].T + W.get(p + "attn_v.bias", 0.0)).reshape(n, KV_HEADS, head_dim)
         rep = HEADS // KV_HEADS
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(head_dim) + mask
+        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(head_dim) + (local if sliding else mask)
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, HEADS * head_dim)
-        x = x + attn @ W[p + "attn_output.weight"].T
+        out = attn @ W[p + "attn_output.weight"].T
+        x = x + (norm(out, W[p + "post_attention_norm.weight"]) if gemma else out)
         h = norm(x, W[p + "ffn_norm.weight"])
         g = h @ W[p + "ffn_gate.weight"].T
-        x = x + ((g / (1 + np.exp(-g))) * (h @ W[p + "ffn_up.weight"].T)) @ W[p + "ffn_down.weight"].T
+        act = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) if gemma else g / (1 + np.exp(-g))
+        out = (act * (h @ W[p + "ffn_up.weight"].T)) @ W[p + "ffn_down.weight"].T
+        x = x + (norm(out, W[p + "post_ffw_norm.weight"]) if gemma else out)
     head = W.get("output.weight", W["token_embd.weight"])
     return norm(x, W["output_norm.weight"]) @ head.T

@@ -1,4 +1,4 @@
-"""Load a GGUF (llama: Llama, Mistral-style, SmolLM2; qwen2; qwen3) into mlx-lm's model of its kind.
+"""Load a GGUF (llama: Llama, Mistral-style, SmolLM2; qwen2; qwen3; gemma3) into mlx-lm's model of its kind.
 
 Quantized tensors stay quantized when the model is kept quantized, each layer with the bits
 of its own tensor (SmolLM2's demo file: Q8_0 embedding, Q4_1 elsewhere):
@@ -36,7 +36,8 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 MX_LOAD_TYPES = FLOAT_TYPES + ("Q4_0", "Q4_1", "Q8_0")  # what mx.load keeps as stored
 REQUANTIZED_BITS = 8  # types with no exact MLX form, when kept quantized
 # GGUF architecture -> mlx-lm model module. Mistral-style and SmolLM2 files say "llama".
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+SUPPORTED_ARCHITECTURES = tuple(MODULES)
 GROUP_SIZE = 32  # MLX's groups; every ggml type kept as stored has groups of 32
 
 _GLOBAL_NAMES = {
@@ -56,6 +57,13 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_q_norm": "self_attn.q_norm",  # qwen3
     "attn_k_norm": "self_attn.k_norm",
+}
+# Gemma 3 norms each side of attention and of the MLP; llama.cpp calls the one before the MLP ffn_norm.
+_GEMMA3_BLOCK_NAMES = {
+    **_BLOCK_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|scales|biases|bias)$")
 _GLOBAL = re.compile(r"(\w+)\.(weight|scales|biases|bias)$")
@@ -177,7 +185,7 @@ def model_args_from_metadata(metadata: dict, tensor_names):
         raise IncompatibleModelsError(
             f"GGUF architecture {arch!r} is not supported; supported: "
             f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Mistral-style and SmolLM2 files say 'llama'; "
-            "Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3')"
+            "Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 3 'gemma3')"
         )
 
     def get(key, default=None):
@@ -222,7 +230,7 @@ def model_args_from_metadata(metadata: dict, tensor_names):
     if vocab is None:
         raise IncompatibleModelsError(f"GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
     args = dict(
-        model_type=arch,
+        model_type=MODULES[arch],
         hidden_size=hidden,
         num_hidden_layers=need("block_count", int),
         intermediate_size=need("feed_forward_length", int),
@@ -239,14 +247,23 @@ def model_args_from_metadata(metadata: dict, tensor_names):
         args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)
     elif arch == "qwen3":
         args.update(head_dim=head_dim)
+    elif arch == "gemma3":
+        if (get("final_logit_softcapping", 0) or 0) > 0:
+            raise IncompatibleModelsError("a gemma3 GGUF with final logit soft-capping is not supported")
+        layers = args["num_hidden_layers"]
+        # llama.cpp's fixed Gemma 3 choices: local layers' RoPE base 10,000, one global layer in 6,
+        # and the query scale of Gemma's reference code (hidden / heads for the 62-layer 27B)
+        args.update(head_dim=head_dim, rope_local_base_freq=10000.0, sliding_window_pattern=6,
+                    sliding_window=need("attention.sliding_window", int),
+                    query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim)
     elif head_dim != hidden // heads:  # qwen2's mlx-lm model derives it
         raise IncompatibleModelsError(f"a qwen2 GGUF whose head dim ({head_dim}) is not hidden / heads "
                                       f"({hidden} / {heads}) is not supported")
-    return importlib.import_module(f"mlx_lm.models.{arch}").ModelArgs(**args)
+    return importlib.import_module(f"mlx_lm.models.{MODULES[arch]}").ModelArgs.from_dict(args)
 
 
 def load_gguf_model(path: str | Path, float_dtype=None):
-    """Build mlx-lm's model (llama, qwen2, qwen3) from a GGUF file, keeping quantized tensors quantized
+    """Build mlx-lm's model (llama, qwen2, qwen3, gemma3_text) from a GGUF file, keeping quantized tensors quantized
     (or, given `float_dtype`, decoding those `mx.load` cannot keep straight to it: see `read_gguf`).
 
     Returns:
@@ -262,11 +279,15 @@ def load_gguf_model(path: str | Path, float_dtype=None):
     tensors, metadata, types = read_gguf(path, float_dtype)
     args = model_args_from_metadata(metadata, tensors)
     rope_freqs = tensors.pop("rope_freqs.weight", None)
-    weights = {_mlx_name(path, k): v for k, v in tensors.items()}
+    gemma = args.model_type == "gemma3_text"
+    weights = {_mlx_name(path, k, _GEMMA3_BLOCK_NAMES if gemma else _BLOCK_NAMES): v for k, v in tensors.items()}
     if args.model_type == "llama":  # llama.cpp permutes only llama's rows (qwen's RoPE rotates halves)
         _unpermute_qk(weights, args)
+    if gemma:  # llama.cpp's converter stores Gemma's norms as 1 + w; mlx-lm's norm adds the 1 itself
+        weights = {k: v - 1 if k.endswith("norm.weight") else v for k, v in weights.items()}
 
     model = importlib.import_module(f"mlx_lm.models.{args.model_type}").Model(args)
+    weights = model.sanitize(weights)  # e.g. Gemma 3 drops its output layer when the embedding is tied
     bits = {
         k[: -len(".scales")]: weights[k[: -len(".scales")] + ".weight"].shape[-1] // v.shape[-1]
         for k, v in weights.items()
@@ -287,16 +308,16 @@ def load_gguf_model(path: str | Path, float_dtype=None):
     return model, metadata, types
 
 
-def _mlx_name(path, name: str) -> str:
+def _mlx_name(path, name: str, block_names: dict) -> str:
     if m := _BLOCK.match(name):
         i, part, kind = m.groups()
-        if part in _BLOCK_NAMES:
-            return f"model.layers.{i}.{_BLOCK_NAMES[part]}.{kind}"
+        if part in block_names:
+            return f"model.layers.{i}.{block_names[part]}.{kind}"
     elif (m := _GLOBAL.match(name)) and m.group(1) in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
     raise IncompatibleModelsError(
-        f"{path}: tensor {name!r} has no place in a llama-family model; known tensors are "
-        f"{sorted(_GLOBAL_NAMES)} and blk.N.{{{', '.join(_BLOCK_NAMES)}}}"
+        f"{path}: tensor {name!r} has no place in the model; known tensors are "
+        f"{sorted(_GLOBAL_NAMES)} and blk.N.{{{', '.join(block_names)}}}"
     )
 
 

@@ -13,6 +13,8 @@ mlx-lm's streaming detokenizer of that kind, the file's chat template and its EO
 
 from __future__ import annotations
 
+from functools import partial
+
 import mlx.core as mx
 
 from ..errors import IncompatibleModelsError
@@ -111,7 +113,9 @@ def tokenizer_from_gguf(metadata: dict):
         detokenizer = BPEStreamingDetokenizer
     else:
         tok = _sentencepiece_bpe(metadata, tokens, types, vocab, token("unknown_token_id"))
-        detokenizer = SPMStreamingDetokenizer
+        # without a space prefix (Gemma) a text's own leading space is real: mlx-lm's rule too
+        prefix = bool(_value(metadata, "tokenizer.ggml.add_space_prefix", True))
+        detokenizer = SPMStreamingDetokenizer if prefix else partial(SPMStreamingDetokenizer, trim_space=False)
     tok.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL]
     )
