@@ -11,7 +11,6 @@ import mlx.nn as nn
 
 from tiny import float32_tol
 from mlxspec.errors import MlxSpecError
-from mlxspec.loading import gguf as gguf_loader
 from mlxspec.loading import load_model
 from mlxspec.loading.gguf_blocks import AFFINE, as_affine, pack
 from mlxspec.loading.precision import dequantized_weight
