@@ -8,6 +8,7 @@ import pytest
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from tiny import float32_tol
 from mlxspec.errors import MlxSpecError
@@ -184,3 +185,26 @@ def test_header_metadata_reads_as_mx_load_gives_it(kfile, tmp_path):
         else:
             assert ours[key] == value, key
     assert len(tensors) == len({t.name for t in tensors}) > 0 and all(t.offset > 0 for t in tensors)
+
+
+def test_a_split_gguf_loads_as_the_whole_file(tmp_path):
+    # Split files are read part by part (never by mx.load, which reads one file): the same
+    # layers, bit for bit, as mx.load gives for the whole file, whichever part is named.
+    whole, split = tmp_path / "whole.gguf", tmp_path / "model.gguf"
+    write_tiny_gguf(whole, seed=4)
+    write_tiny_gguf(split, seed=4, split=9)
+    parts = sorted(tmp_path.glob("model-*-of-*.gguf"))
+    assert len(parts) == 3 and parts[0].name == "model-00001-of-00003.gguf"
+    reference, _, info = load_model(whole, dtype="quantized")
+    assert info.quantization.startswith("GGUF ")
+    for named in (parts[0], parts[2]):
+        model, tok, info = load_model(named, dtype="quantized")
+        ours, theirs = dict(tree_flatten(model.parameters())), dict(tree_flatten(reference.parameters()))
+        assert ours.keys() == theirs.keys()
+        for name, value in theirs.items():
+            assert ours[name].dtype == value.dtype and mx.array_equal(ours[name], value).item(), name
+    assert tok.encode("hello") == load_model(whole)[1].encode("hello")
+    parts[1].unlink()
+    with pytest.raises(MlxSpecError, match=r"part 1 of a GGUF split in 3, and 1 part\(s\) are missing beside it: "
+                                           r"model-00002-of-00003.gguf"):
+        load_model(parts[0])

@@ -88,12 +88,21 @@ def test_a_tag_fetches_that_one_file_whatever_its_case(hub):
              r"Q6_K, Q8_0"),
     ("IQ4_XS", r"matches 2 GGUF files \(other-IQ4_XS.gguf, tiny-IQ4_XS.gguf\); name one by its file name, "
                rf"e.g. {REPO}:other-IQ4_XS.gguf"),
-    ("Q6_K", r"split into 2 parts .*llama-gguf-split --merge"),
 ])
 def test_a_tag_that_names_no_single_file_fetches_nothing(hub, tag, says):
     with pytest.raises(ModelNotFoundError, match=says):
         resolve_model(f"{REPO}:{tag}")
     assert hub.fetched == []
+
+
+def test_a_split_gguf_fetches_every_part(hub):
+    found = resolve_model(f"{REPO}:Q6_K")
+    assert found.path.name == "big-Q6_K-00001-of-00002.gguf"
+    assert hub.fetched == ["big/big-Q6_K-00001-of-00002.gguf", "big/big-Q6_K-00002-of-00002.gguf"]
+    assert (found.path.parent / "big-Q6_K-00002-of-00002.gguf").is_file()  # beside it, as the loader looks
+    (hub.remote / "big/big-Q6_K-00002-of-00002.gguf").unlink()
+    with pytest.raises(ModelNotFoundError, match=r"is a GGUF split in 2 parts, but the repo has 1 of them"):
+        resolve_model(f"{REPO}:q6_k")
 
 
 def test_a_file_name_is_a_tag_too(hub):

@@ -72,7 +72,8 @@ def train_spm(vocab_size: int = 420, space_prefix: bool = True):
 
 
 def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
-                    rope_freqs=False, hidden=HIDDEN, ffn=FFN, head_dim=None, layers=LAYERS, window=None):
+                    rope_freqs=False, hidden=HIDDEN, ffn=FFN, head_dim=None, layers=LAYERS, window=None,
+                    split=0):
     """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes (for
     `pre` "spm" or "spm-no-prefix" a `SentencePieceProcessor`, the vocabulary written as llama.cpp
     writes Llama 2's, or Gemma's without the leading space).
@@ -84,6 +85,8 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     HF's rows, as llama.cpp's converter does for them (their RoPE rotates halves, "NEOX").
     "gemma3" adds Gemma 3's norms each side of attention and of the MLP, with the converter's
     1 + w, and a sliding `window` (one layer in 6 sees everything: give `layers` >= 6).
+    `split` > 0 writes parts of that many tensors, named as llama.cpp's gguf-split names them
+    (`path`'s stem + "-00001-of-0000N.gguf"), with the same weights as unsplit.
     """
     head_dim = head_dim or hidden // HEADS
     permute = _permute if arch == "llama" else (lambda weights, n_head: weights)
@@ -107,7 +110,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     types = {**DEFAULT_TYPES, **(types or {})}
     rng = np.random.default_rng(seed)
 
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split)
     w.add_context_length(256)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)

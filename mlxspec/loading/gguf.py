@@ -98,8 +98,8 @@ def read_gguf(path: str | Path, float_dtype=None) -> tuple[dict, dict, dict[str,
     path = Path(path)
     if not path.is_file():
         raise MlxSpecError(f"GGUF file {path} does not exist")
-    table = read_tensor_table(path)
-    types = {t.name: t.type_name for t in table}
+    parts = gguf_parts(path)
+    types = {t.name: t.type_name for t in tensor_table(path)}
     known = supported_types()
     bad = {n: t for n, t in types.items() if t not in known}
     if bad:
@@ -109,14 +109,49 @@ def read_gguf(path: str | Path, float_dtype=None) -> tuple[dict, dict, dict[str,
             f"{path}: tensor type(s) {kinds} are not supported, e.g. {listed}; supported "
             f"types are {list(known)}"
         )
-    if all(t in MX_LOAD_TYPES for t in types.values()):
+    if len(parts) == 1 and all(t in MX_LOAD_TYPES for t in types.values()):
         try:
             tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)  # also x.GGUF
         except (RuntimeError, ValueError) as e:
             raise MlxSpecError(f"cannot load GGUF {path}: {e}") from e
         return tensors, metadata, types
-    metadata, infos = read_header(path)
-    return _read_tensors(path, infos, float_dtype), metadata, types
+    metadata, tensors = None, {}
+    for part in parts:  # a split file's metadata is its first part's; each part holds some tensors
+        part_metadata, infos = read_header(part)
+        metadata = metadata or part_metadata
+        tensors.update(_read_tensors(part, infos, float_dtype))
+    return tensors, metadata, types
+
+
+_PART = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split names
+
+
+def gguf_parts(path: str | Path) -> list[Path]:
+    """The files of the GGUF at `path`: `[path]`, or every part of a split file (llama.cpp's
+    `NAME-00001-of-00003.gguf`), first to last, whichever part `path` names.
+
+    Raises:
+        MlxSpecError: a part is missing, or the first part's `split.count` says another number.
+    """
+    path = Path(path)
+    m = _PART.match(path.name)
+    if not m:
+        return [path]
+    prefix, _, count = m.groups()
+    n = int(count)
+    parts = [path.with_name(f"{prefix}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
+    if missing := [p.name for p in parts if not p.is_file()]:
+        raise MlxSpecError(f"{path} is part {int(m.group(2))} of a GGUF split in {n}, and {len(missing)} "
+                           f"part(s) are missing beside it: {', '.join(missing[:4])}; download every part")
+    said = read_header(parts[0])[0].get("split.count")
+    if said is not None and int(said.item()) != n:
+        raise MlxSpecError(f"{parts[0]} says its GGUF is split in {int(said.item())}, its name says {n}")
+    return parts
+
+
+def tensor_table(path: str | Path) -> list:
+    """The tensor table (`gguf_header.TensorInfo`s) of the GGUF at `path`, over all its parts."""
+    return [t for part in gguf_parts(path) for t in read_tensor_table(part)]
 
 
 def _read_tensors(path: Path, infos, float_dtype) -> dict:

@@ -69,10 +69,10 @@ def gguf_dtype(path, dtype: str | None) -> str:
     chosen before the file is read, so a file read tensor by tensor is decoded straight to it."""
     if dtype not in (None, "auto"):
         return resolve_dtype(dtype)
-    from .gguf_header import read_tensor_table
+    from .gguf import tensor_table
 
     try:
-        count = sum(math.prod(t.shape) for t in read_tensor_table(path))
+        count = sum(math.prod(t.shape) for t in tensor_table(path))
     except MlxSpecError:
         return resolve_dtype(None)  # the load that follows says what is wrong with the file
     return auto_dtype_for(lambda itemsize: count * itemsize)

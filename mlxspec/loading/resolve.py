@@ -9,7 +9,8 @@ Order, first match wins:
   5. a Hugging Face repo id "owner/name", through `huggingface_hub.snapshot_download`,
      which honours HF_HOME / HF_HUB_CACHE / HF_HUB_OFFLINE and draws its own progress bars;
      "owner/name:TAG" is one GGUF file of a repo (llama.cpp's `-hf` convention): TAG is a
-     quantization named in the file name, any case ("Q4_K_M"), or the file's name.
+     quantization named in the file name, any case ("Q4_K_M"), or the file's name; a file
+     split in parts is fetched whole.
 
 Every failure is a `ModelNotFoundError` that names the reference, what was looked for,
 and what to run.
@@ -177,10 +178,8 @@ def _hub_snapshot(repo_id: str, *, download: bool) -> Path:
 
 
 def _hub_gguf(repo_id: str, tag: str, *, download: bool) -> Path:
-    """The one GGUF file of `repo_id` that `tag` names (see the module docstring), fetched alone."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
+    """The one GGUF file of `repo_id` that `tag` names (see the module docstring), fetched alone;
+    for a file split in parts, every part is fetched and the first one's path returned."""
     local_only = _offline() or not download
     if local_only:
         names = _cached_ggufs(repo_id, tag)
@@ -202,24 +201,32 @@ def _hub_gguf(repo_id: str, tag: str, *, download: bool) -> Path:
             f"{where}" + (f"; there: {', '.join(tags)}" if tags else "")
             + ("" if not local_only else f" (with network access, `mlxspec pull {repo_id}:{tag}` fetches it)")
         )
-    if parts := [n for n in found if _SPLIT.search(n)]:
-        raise ModelNotFoundError(
-            f"{repo_id}:{tag} is a GGUF split into {int(_SPLIT.search(parts[0]).group(2))} parts ({parts[0]}, "
-            "...), which is not read; merge them into one file with llama.cpp's "
-            "`llama-gguf-split --merge FIRST_PART OUT.gguf` and pass that file"
-        )
+    splits = {_SPLIT.sub("", n) for n in found if _SPLIT.search(n)}
+    if len(splits) == 1 and all(_SPLIT.search(n) for n in found):  # the parts of one split file
+        count = int(_SPLIT.search(found[0]).group(2))
+        if len(found) != count:
+            raise ModelNotFoundError(f"{repo_id}:{tag} is a GGUF split in {count} parts, but "
+                                     f"{'the cache holds' if local_only else 'the repo has'} {len(found)} of them")
+        return [_hub_file(repo_id, n, tag, local_only) for n in sorted(found)][0]  # the loader finds the rest beside it
     if len(found) > 1:
         raise ModelNotFoundError(
             f"{repo_id}:{tag} matches {len(found)} GGUF files ({', '.join(found[:6])}); name one by its "
             f"file name, e.g. {repo_id}:{found[0].rsplit('/', 1)[-1]}"
         )
+    return _hub_file(repo_id, found[0], tag, local_only)
+
+
+def _hub_file(repo_id: str, name: str, tag: str, local_only: bool) -> Path:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
     try:
-        return Path(hf_hub_download(repo_id, found[0], local_files_only=local_only))
+        return Path(hf_hub_download(repo_id, name, local_files_only=local_only))
     except LocalEntryNotFoundError as e:
-        raise ModelNotFoundError(f"{repo_id}/{found[0]} is not in the Hugging Face cache; run "
+        raise ModelNotFoundError(f"{repo_id}/{name} is not in the Hugging Face cache; run "
                                  f"`mlxspec pull {repo_id}:{tag}` with network access") from e
     except (HfHubHTTPError, OSError, ValueError) as e:
-        raise ModelNotFoundError(f"cannot fetch {found[0]} of {repo_id!r} from the Hugging Face hub: {e}") from e
+        raise ModelNotFoundError(f"cannot fetch {name} of {repo_id!r} from the Hugging Face hub: {e}") from e
 
 
 def _repo_ggufs(repo_id: str) -> list[str]:
