@@ -18,7 +18,7 @@ from mlxspec.loading import gguf as gguf_loader
 from mlxspec.loading import load_model
 from mlxspec.loading.gguf_header import read_tensor_table
 
-from tiny_gguf import reference_logits, reference_weights, write_tiny_gguf
+from tiny_gguf import HIDDEN, reference_logits, reference_weights, write_tiny_gguf
 
 TEXTS = [
     "def hello(name):\n    return f'hello {name}'\n",
@@ -89,18 +89,21 @@ def test_logits_match_numpy_reference(tiny, dtype, tol):
     assert (got.argmax(-1) == ref.argmax(-1)).all()
 
 
-@pytest.mark.parametrize("arch, head_dim", [("qwen2", None), ("qwen3", 24)])
+@pytest.mark.parametrize("arch, head_dim", [("qwen2", None), ("qwen3", 24), ("phi3", None)])
 @pytest.mark.parametrize("dtype, tol", [("float32", None), ("quantized", 2e-3)])
-def test_qwen_family_logits_match_numpy_reference(tmp_path, arch, head_dim, dtype, tol):
+def test_qwen_and_phi3_logits_match_numpy_reference(tmp_path, arch, head_dim, dtype, tol):
     # qwen2: Q/K/V biases; qwen3: per-head Q/K norms and a head dim other than hidden / heads;
-    # both keep HF's rows and rotate halves (the reference agrees with llama.cpp's to 3e-4 on
-    # float32 files of both, as it does for llama: the loader's README).
+    # phi3: Q, K, V in one matrix, gate and up in another, a sentencepiece vocabulary. All keep
+    # HF's rows and rotate halves (the reference agrees with llama.cpp's to 3-4e-4 on float32
+    # files of each, as it does for llama: the loader's README).
     tol = tol or float32_tol()
     path = tmp_path / f"{arch}.gguf"
-    trained = write_tiny_gguf(path, arch=arch, pre="qwen2", head_dim=head_dim, tied=False, seed=7)
+    trained = write_tiny_gguf(path, arch=arch, pre="spm" if arch == "phi3" else "qwen2", head_dim=head_dim,
+                              tied=False, seed=7)
     model, _, _ = load_model(path, dtype=dtype)
     assert type(model).__module__ == f"mlx_lm.models.{arch}"
-    ids = trained.encode("def hello(name): 12345 🤖").ids
+    text = "def hello(name): 12345 🤖"
+    ids = [trained.bos_id()] + trained.encode(text) if arch == "phi3" else trained.encode(text).ids
     got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
     ref = reference_logits(path, ids)
     assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
@@ -136,6 +139,14 @@ def test_gemma3_speculation_stays_lossless_across_the_window(tmp_path):
     plain = Engine(model, tok, None, drafter="none").generate("hello hello hello world", max_tokens=32)
     spec = Engine(model, tok, None, drafter="ngram", num_draft=3).generate("hello hello hello world", max_tokens=32)
     assert spec.tokens == plain.tokens and len(plain.tokens) == 32 and spec.stats.drafted > 0
+
+
+def test_phi3_with_longrope_factors_is_refused(tmp_path):
+    factors = np.linspace(1.0, 2.0, HIDDEN // 4 // 2).astype(np.float32).view(np.uint8)
+    path = tmp_path / "phi3-128k.gguf"
+    write_tiny_gguf(path, arch="phi3", pre="spm", extra={"rope_factors_long.weight": (factors, "F32")})
+    with pytest.raises(IncompatibleModelsError, match=r"LongRoPE factors .* is not supported; the 4k Phi-3"):
+        load_model(path)
 
 
 def test_reference_tells_qwen_from_llama_rows(tmp_path, monkeypatch):

@@ -84,7 +84,8 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     biases, "qwen3" per-head Q/K norms (and `head_dim` may differ from hidden / heads); both keep
     HF's rows, as llama.cpp's converter does for them (their RoPE rotates halves, "NEOX").
     "gemma3" adds Gemma 3's norms each side of attention and of the MLP, with the converter's
-    1 + w, and a sliding `window` (one layer in 6 sees everything: give `layers` >= 6).
+    1 + w, and a sliding `window` (one layer in 6 sees everything: give `layers` >= 6). "phi3"
+    fuses Q, K, V in one matrix and the MLP's gate and up in another.
     `split` > 0 writes parts of that many tensors, named as llama.cpp's gguf-split names them
     (`path`'s stem + "-00001-of-0000N.gguf"), with the same weights as unsplit.
     """
@@ -165,9 +166,12 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     add("token_embd.weight", "token_embd", rand(len(tokens), hidden, scale=1.0))
     for i in range(layers):
         add(f"blk.{i}.attn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
-        add(f"blk.{i}.attn_q.weight", "attn_q", permute(rand(HEADS * head_dim, hidden), HEADS))
-        add(f"blk.{i}.attn_k.weight", "attn_k", permute(rand(KV_HEADS * head_dim, hidden), KV_HEADS))
-        add(f"blk.{i}.attn_v.weight", "attn_v", rand(KV_HEADS * head_dim, hidden))
+        if arch == "phi3":  # one matrix for Q, K, V (its rows in that order), typed as attn_q
+            add(f"blk.{i}.attn_qkv.weight", "attn_q", rand((HEADS + 2 * KV_HEADS) * head_dim, hidden))
+        else:
+            add(f"blk.{i}.attn_q.weight", "attn_q", permute(rand(HEADS * head_dim, hidden), HEADS))
+            add(f"blk.{i}.attn_k.weight", "attn_k", permute(rand(KV_HEADS * head_dim, hidden), KV_HEADS))
+            add(f"blk.{i}.attn_v.weight", "attn_v", rand(KV_HEADS * head_dim, hidden))
         if arch == "qwen2":
             for part, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
                 add(f"blk.{i}.attn_{part}.bias", None, rand(n * head_dim, scale=0.5))
@@ -176,8 +180,11 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
             add(f"blk.{i}.attn_k_norm.weight", None, 1.0 + 0.1 * rand(head_dim, scale=1.0))
         add(f"blk.{i}.attn_output.weight", "attn_output", rand(hidden, HEADS * head_dim))
         add(f"blk.{i}.ffn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
-        add(f"blk.{i}.ffn_gate.weight", "ffn_gate", rand(ffn, hidden))
-        add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(ffn, hidden))
+        if arch == "phi3":  # gate's rows, then up's, in one matrix
+            add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(2 * ffn, hidden))
+        else:
+            add(f"blk.{i}.ffn_gate.weight", "ffn_gate", rand(ffn, hidden))
+            add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(ffn, hidden))
         add(f"blk.{i}.ffn_down.weight", "ffn_down", rand(hidden, ffn))
         if arch == "gemma3":
             add(f"blk.{i}.post_attention_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
@@ -251,6 +258,13 @@ def reference_logits(path, tokens) -> np.ndarray:
 
     arch = bytes(gguf.GGUFReader(str(path)).fields["general.architecture"].parts[-1]).decode()
     W = reference_weights(path)
+    for key in [k for k in W if k.endswith("attn_qkv.weight")]:  # phi3: split as llama.cpp does
+        qkv = W.pop(key)
+        head_dim = qkv.shape[0] // (HEADS + 2 * KV_HEADS)
+        p = key.removesuffix("attn_qkv.weight")
+        W[p + "attn_q.weight"], W[p + "attn_k.weight"], W[p + "attn_v.weight"] = np.split(
+            qkv, [HEADS * head_dim, (HEADS + KV_HEADS) * head_dim])
+        W[p + "ffn_gate.weight"], W[p + "ffn_up.weight"] = np.split(W[p + "ffn_up.weight"], 2)
     head_dim = W["blk.0.attn_q.weight"].shape[0] // HEADS
     n = len(tokens)
     x = W["token_embd.weight"][np.asarray(tokens)]

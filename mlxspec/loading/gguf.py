@@ -1,4 +1,4 @@
-"""Load a GGUF (llama: Llama, Mistral-style, SmolLM2; qwen2; qwen3; gemma3) into mlx-lm's model of its kind.
+"""Load a GGUF (llama: Llama, Mistral-style, SmolLM2; qwen2; qwen3; gemma3; phi3) into mlx-lm's model of its kind.
 
 Quantized tensors stay quantized when the model is kept quantized, each layer with the bits
 of its own tensor (SmolLM2's demo file: Q8_0 embedding, Q4_1 elsewhere):
@@ -36,7 +36,7 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 MX_LOAD_TYPES = FLOAT_TYPES + ("Q4_0", "Q4_1", "Q8_0")  # what mx.load keeps as stored
 REQUANTIZED_BITS = 8  # types with no exact MLX form, when kept quantized
 # GGUF architecture -> mlx-lm model module. Mistral-style and SmolLM2 files say "llama".
-MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text", "phi3": "phi3"}
 SUPPORTED_ARCHITECTURES = tuple(MODULES)
 GROUP_SIZE = 32  # MLX's groups; every ggml type kept as stored has groups of 32
 
@@ -65,6 +65,8 @@ _GEMMA3_BLOCK_NAMES = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# Phi-3 keeps Q, K and V in one matrix, and the MLP's gate and up in another (gate first).
+_PHI3_BLOCK_NAMES = {**_BLOCK_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|scales|biases|bias)$")
 _GLOBAL = re.compile(r"(\w+)\.(weight|scales|biases|bias)$")
 
@@ -207,7 +209,8 @@ def _float_tensor(raw, type_name: str) -> mx.array:
 
 def model_args_from_metadata(metadata: dict, tensor_names):
     """mlx-lm `ModelArgs` of the file's architecture (`args.model_type` names its module:
-    `mlx_lm.models.llama`, `.qwen2` or `.qwen3`) from GGUF metadata (keys `<arch>.*`).
+    `mlx_lm.models.llama`, `.qwen2`, `.qwen3`, `.gemma3_text` or `.phi3`) from GGUF metadata
+    (keys `<arch>.*`).
 
     Raises:
         IncompatibleModelsError: the architecture is not one of SUPPORTED_ARCHITECTURES, is a
@@ -220,7 +223,7 @@ def model_args_from_metadata(metadata: dict, tensor_names):
         raise IncompatibleModelsError(
             f"GGUF architecture {arch!r} is not supported; supported: "
             f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Mistral-style and SmolLM2 files say 'llama'; "
-            "Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 3 'gemma3')"
+            "Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 3 'gemma3'; Phi-3 'phi3')"
         )
 
     def get(key, default=None):
@@ -291,14 +294,21 @@ def model_args_from_metadata(metadata: dict, tensor_names):
         args.update(head_dim=head_dim, rope_local_base_freq=10000.0, sliding_window_pattern=6,
                     sliding_window=need("attention.sliding_window", int),
                     query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim)
-    elif head_dim != hidden // heads:  # qwen2's mlx-lm model derives it
-        raise IncompatibleModelsError(f"a qwen2 GGUF whose head dim ({head_dim}) is not hidden / heads "
+    elif head_dim != hidden // heads:  # qwen2's and phi3's mlx-lm models derive it
+        raise IncompatibleModelsError(f"a {arch} GGUF whose head dim ({head_dim}) is not hidden / heads "
                                       f"({hidden} / {heads}) is not supported")
+    elif arch == "phi3":
+        if {"rope_factors_long.weight", "rope_factors_short.weight"} & names:
+            # llama.cpp picks the short or long factors by context size, mlx-lm always the long ones
+            raise IncompatibleModelsError("a phi3 GGUF with LongRoPE factors (the 128k Phi-3 and Phi-3.5 "
+                                          "files) is not supported; the 4k Phi-3 files are")
+        args.update(original_max_position_embeddings=int(get("rope.scaling.original_context_length",
+                                                              args["max_position_embeddings"])))
     return importlib.import_module(f"mlx_lm.models.{MODULES[arch]}").ModelArgs.from_dict(args)
 
 
 def load_gguf_model(path: str | Path, float_dtype=None):
-    """Build mlx-lm's model (llama, qwen2, qwen3, gemma3_text) from a GGUF file, keeping quantized tensors quantized
+    """Build mlx-lm's model (llama, qwen2, qwen3, gemma3_text, phi3) from a GGUF file, keeping quantized tensors quantized
     (or, given `float_dtype`, decoding those `mx.load` cannot keep straight to it: see `read_gguf`).
 
     Returns:
@@ -315,14 +325,16 @@ def load_gguf_model(path: str | Path, float_dtype=None):
     args = model_args_from_metadata(metadata, tensors)
     rope_freqs = tensors.pop("rope_freqs.weight", None)
     gemma = args.model_type == "gemma3_text"
-    weights = {_mlx_name(path, k, _GEMMA3_BLOCK_NAMES if gemma else _BLOCK_NAMES): v for k, v in tensors.items()}
+    names = {"gemma3_text": _GEMMA3_BLOCK_NAMES, "phi3": _PHI3_BLOCK_NAMES}.get(args.model_type, _BLOCK_NAMES)
+    weights = {_mlx_name(path, k, names): v for k, v in tensors.items()}
     if args.model_type == "llama":  # llama.cpp permutes only llama's rows (qwen's RoPE rotates halves)
         _unpermute_qk(weights, args)
     if gemma:  # llama.cpp's converter stores Gemma's norms as 1 + w; mlx-lm's norm adds the 1 itself
         weights = {k: v - 1 if k.endswith("norm.weight") else v for k, v in weights.items()}
 
     model = importlib.import_module(f"mlx_lm.models.{args.model_type}").Model(args)
-    weights = model.sanitize(weights)  # e.g. Gemma 3 drops its output layer when the embedding is tied
+    if hasattr(model, "sanitize"):  # e.g. Gemma 3 drops its output layer when the embedding is tied
+        weights = model.sanitize(weights)
     bits = {
         k[: -len(".scales")]: weights[k[: -len(".scales")] + ".weight"].shape[-1] // v.shape[-1]
         for k, v in weights.items()
