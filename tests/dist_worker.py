@@ -108,6 +108,9 @@ def main(out_dir: Path, scenario: str) -> None:
     out["reference"] = want
     for name in ("ngram", "model"):
         out[f"greedy_{name}"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter=name))
+        # a fixed k too: automatic k may decline to draft on a loaded machine, this one drafts
+        out[f"greedy_{name}_k3"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter=name,
+                                                          num_draft=3))
 
     # Seeded sampling: the same tokens on every rank (compared by the test).
     for name in ("ngram", "model"):
@@ -116,8 +119,8 @@ def main(out_dir: Path, scenario: str) -> None:
 
     # A grammar: each rank masks its own rows the same way, and equals constrained plain decoding.
     grammar = {"type": "regex", "regex": r"[a-z(), :+*\n-]{1,40}"}
-    out["constrained"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram",
-                                                response_format=grammar))
+    out["constrained"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram", num_draft=3,
+                                                response_format=grammar))  # fixed k: the test asserts drafts
     out["constrained_reference"] = reference.generate(PROMPT, max_tokens=MAX_TOKENS, speculative=False,
                                                       response_format=grammar).tokens
 

@@ -70,12 +70,14 @@ def test_two_ranks_shard_the_target(ranks):
 
 @pytest.mark.parametrize("drafter", ["ngram", "model"])
 def test_greedy_equals_unsharded_with_identical_decisions(ranks, drafter):
-    runs = [r[f"greedy_{drafter}"] for r in ranks]
-    for r, run in zip(ranks, runs):
-        assert run["tokens"] == r["reference"]
-    # Rank 1 is slower, so its own cost model would choose other lengths: the decisions are rank 0's.
-    assert runs[0] == runs[1]
-    assert runs[0]["drafted"] > 0  # speculation actually ran
+    for key in (f"greedy_{drafter}", f"greedy_{drafter}_k3"):
+        runs = [r[key] for r in ranks]
+        for r, run in zip(ranks, runs):
+            assert run["tokens"] == r["reference"], key
+        # Rank 1 is slower, so its own cost model would choose other lengths: the decisions are rank 0's.
+        assert runs[0] == runs[1], key
+    # Speculation actually ran (at a fixed k: the automatic one may decline on a loaded machine).
+    assert ranks[0][f"greedy_{drafter}_k3"]["drafted"] > 0
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "model"])
