@@ -112,9 +112,9 @@ def tokenizer_from_gguf(metadata: dict):
         tok = _byte_level_bpe(metadata, vocab)
         detokenizer = BPEStreamingDetokenizer
     else:
-        tok = _sentencepiece_bpe(metadata, tokens, types, vocab, token("unknown_token_id"))
-        # without a space prefix (Gemma) a text's own leading space is real: mlx-lm's rule too
         prefix = bool(_value(metadata, "tokenizer.ggml.add_space_prefix", True))
+        tok = _sentencepiece_bpe(metadata, tokens, types, vocab, token("unknown_token_id"), prefix)
+        # without a space prefix (Gemma) a text's own leading space is real: mlx-lm's rule too
         detokenizer = SPMStreamingDetokenizer if prefix else partial(SPMStreamingDetokenizer, trim_space=False)
     tok.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL]
@@ -172,10 +172,10 @@ def _byte_level_bpe(metadata, vocab):
     return tok
 
 
-def _sentencepiece_bpe(metadata, tokens, types, vocab, unk):
+def _sentencepiece_bpe(metadata, tokens, types, vocab, unk, prefix: bool):
     """Sentencepiece's BPE as llama.cpp runs it: spaces are "\u2581" (one before the text when
-    `add_space_prefix`, the default), then adjacent pieces merge, highest-scored result first,
-    and what no piece covers falls back to <0xXX> byte tokens."""
+    `prefix`, the file's `add_space_prefix`, true by default), then adjacent pieces merge,
+    highest-scored result first, and what no piece covers falls back to <0xXX> byte tokens."""
     from tokenizers import Tokenizer, decoders, models, normalizers
 
     scores = metadata.get("tokenizer.ggml.scores")
@@ -184,7 +184,6 @@ def _sentencepiece_bpe(metadata, tokens, types, vocab, unk):
     scores = scores.tolist()
     tok = Tokenizer(models.BPE(vocab=vocab, merges=_merges_by_score(tokens, types, scores, vocab), unk_token=unk,
                                fuse_unk=True, byte_fallback=True))
-    prefix = bool(_value(metadata, "tokenizer.ggml.add_space_prefix", True))
     steps = [normalizers.Prepend("\u2581")] if prefix else []
     tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "\u2581")])
     undo = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
