@@ -204,7 +204,11 @@ def test_a_split_gguf_loads_as_the_whole_file(tmp_path):
         for name, value in theirs.items():
             assert ours[name].dtype == value.dtype and mx.array_equal(ours[name], value).item(), name
     assert tok.encode("hello") == load_model(whole)[1].encode("hello")
-    parts[1].unlink()
-    with pytest.raises(MlxSpecError, match=r"part 1 of a GGUF split in 3, and 1 part\(s\) are missing beside it: "
-                                           r"model-00002-of-00003.gguf"):
-        load_model(parts[0])
+    for i in (0, 1):  # named as a split in 2: the first part's split.count says 3
+        parts[i].rename(tmp_path / f"two-{i + 1:05d}-of-00002.gguf")
+    with pytest.raises(MlxSpecError, match=r"two-00001-of-00002.gguf says its GGUF is split in 3, its name says 2"):
+        load_model(tmp_path / "two-00002-of-00002.gguf")
+    (tmp_path / "two-00002-of-00002.gguf").unlink()
+    with pytest.raises(MlxSpecError, match=r"part 1 of a GGUF split in 2, and 1 part\(s\) are missing beside it: "
+                                           r"two-00002-of-00002.gguf"):
+        load_model(tmp_path / "two-00001-of-00002.gguf")

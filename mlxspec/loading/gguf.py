@@ -30,7 +30,7 @@ import mlx.nn as nn
 
 from ..errors import IncompatibleModelsError, MlxSpecError, one_line
 from .gguf_blocks import AFFINE, as_affine, as_float
-from .gguf_header import read_header, read_tensor_table
+from .gguf_header import SPLIT_PART, read_header, read_tensor_table
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 MX_LOAD_TYPES = FLOAT_TYPES + ("Q4_0", "Q4_1", "Q8_0")  # what mx.load keeps as stored
@@ -101,7 +101,7 @@ def read_gguf(path: str | Path, float_dtype=None) -> tuple[dict, dict, dict[str,
     if not path.is_file():
         raise MlxSpecError(f"GGUF file {path} does not exist")
     parts = gguf_parts(path)
-    types = {t.name: t.type_name for t in tensor_table(path)}
+    types = {t.name: t.type_name for part in parts for t in read_tensor_table(part)}
     known = supported_types()
     bad = {n: t for n, t in types.items() if t not in known}
     if bad:
@@ -120,12 +120,13 @@ def read_gguf(path: str | Path, float_dtype=None) -> tuple[dict, dict, dict[str,
     metadata, tensors = None, {}
     for part in parts:  # a split file's metadata is its first part's; each part holds some tensors
         part_metadata, infos = read_header(part)
-        metadata = metadata or part_metadata
+        if metadata is None:
+            metadata = part_metadata
+            said = metadata.get("split.count")
+            if said is not None and int(said.item()) != len(parts):
+                raise MlxSpecError(f"{part} says its GGUF is split in {int(said.item())}, its name says {len(parts)}")
         tensors.update(_read_tensors(part, infos, float_dtype))
     return tensors, metadata, types
-
-
-_PART = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split names
 
 
 def gguf_parts(path: str | Path) -> list[Path]:
@@ -133,10 +134,10 @@ def gguf_parts(path: str | Path) -> list[Path]:
     `NAME-00001-of-00003.gguf`), first to last, whichever part `path` names.
 
     Raises:
-        MlxSpecError: a part is missing, or the first part's `split.count` says another number.
+        MlxSpecError: a part is missing (`read_gguf` checks the first part's `split.count`).
     """
     path = Path(path)
-    m = _PART.match(path.name)
+    m = SPLIT_PART.match(path.name)
     if not m:
         return [path]
     prefix, _, count = m.groups()
@@ -145,9 +146,6 @@ def gguf_parts(path: str | Path) -> list[Path]:
     if missing := [p.name for p in parts if not p.is_file()]:
         raise MlxSpecError(f"{path} is part {int(m.group(2))} of a GGUF split in {n}, and {len(missing)} "
                            f"part(s) are missing beside it: {', '.join(missing[:4])}; download every part")
-    said = read_header(parts[0])[0].get("split.count")
-    if said is not None and int(said.item()) != n:
-        raise MlxSpecError(f"{parts[0]} says its GGUF is split in {int(said.item())}, its name says {n}")
     return parts
 
 

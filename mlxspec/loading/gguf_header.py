@@ -10,6 +10,7 @@ from here, and so does the metadata of files `mx.load` should not read (`read_he
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ _STRING, _ARRAY = 8, 9
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
           12: "<f8"}
 DEFAULT_ALIGNMENT = 32  # GGUF's, when general.alignment is absent
+# A part of a file split by llama.cpp's gguf-split: (name, part number, parts), e.g. NAME-00001-of-00003.gguf
+SPLIT_PART = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 from ..choices import WEIGHTLESS_DRAFTERS
 from ..errors import ModelNotFoundError
 from . import demo
+from .gguf_header import SPLIT_PART
 from .registry import Pair, get_pair, pairs
 
 BUILTIN = "builtin:"
@@ -37,7 +38,6 @@ HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken",
                 "*.txt", "*.jinja"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_GGUF = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+):([\w.-]+)$")
-_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split parts
 # A quantization's name inside a GGUF file name (Q4_K_M, IQ4_XS, Q8_0, BF16, ...), for suggestions.
 _QUANT_TAG = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
 
@@ -201,9 +201,9 @@ def _hub_gguf(repo_id: str, tag: str, *, download: bool) -> Path:
             f"{where}" + (f"; there: {', '.join(tags)}" if tags else "")
             + ("" if not local_only else f" (with network access, `mlxspec pull {repo_id}:{tag}` fetches it)")
         )
-    splits = {_SPLIT.sub("", n) for n in found if _SPLIT.search(n)}
-    if len(splits) == 1 and all(_SPLIT.search(n) for n in found):  # the parts of one split file
-        count = int(_SPLIT.search(found[0]).group(2))
+    parts = [SPLIT_PART.match(n) for n in found]
+    if all(parts) and len({m.group(1) for m in parts}) == 1:  # the parts of one split file
+        count = int(parts[0].group(3))
         if len(found) != count:
             raise ModelNotFoundError(f"{repo_id}:{tag} is a GGUF split in {count} parts, but "
                                      f"{'the cache holds' if local_only else 'the repo has'} {len(found)} of them")
