@@ -135,39 +135,40 @@ def _tools(tools) -> list:
     the agent that sent them still works with the rest (Codex sends web_search)."""
     if not isinstance(tools, list):
         raise invalid(f"tools must be a list of function tools, got {shown(tools)}", "tools")
-    out = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise invalid(f"tools[{i}] must be a tool object, got {shown(tool)}", f"tools[{i}]")
-        inner = tool.get("tools") if tool.get("type") == "namespace" else [tool]
-        if not isinstance(inner, list):
-            raise invalid(f"tools[{i}].tools must be a list of function tools, got {shown(inner)}", f"tools[{i}]")
-        for fn in inner:
-            if isinstance(fn, dict) and fn.get("type") == "function":
-                out.append({"type": "function", "function": {key: fn[key] for key in
-                                                             ("name", "description", "parameters", "strict")
-                                                             if key in fn}})
+        if tool.get("type") == "namespace" and not isinstance(tool.get("tools"), list):
+            raise invalid(f"tools[{i}].tools must be a list of function tools, got {shown(tool.get('tools'))}",
+                          f"tools[{i}]")
+    out = [{"type": "function", "function": {key: fn[key] for key in ("name", "description", "parameters", "strict")
+                                             if key in fn}}
+           for _, fn in _members(tools) if fn.get("type") == "function"]
     skipped = left_out(tools)
     if skipped:
         log.info("tools the model cannot call here were left out of the prompt: %s", ", ".join(skipped))
     return out
 
 
+def _members(tools):
+    """(the namespace's name or None, tool) for each tool object of a request, a namespace's
+    members in its place; anything that is not an object is passed over (`_tools` refuses it)."""
+    for tool in tools if isinstance(tools, list) else []:
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            members = tool.get("tools") if isinstance(tool.get("tools"), list) else []
+            yield from ((tool.get("name"), fn) for fn in members if isinstance(fn, dict))
+        elif isinstance(tool, dict):
+            yield None, tool
+
+
 def left_out(tools) -> List[str]:
     """The tools of a request the model is not shown (`_tools`), by name (or type)."""
-    out = []
-    for tool in tools if isinstance(tools, list) else []:
-        inner = tool.get("tools") if isinstance(tool, dict) and tool.get("type") == "namespace" else [tool]
-        out += [str(fn.get("name") or fn.get("type")) for fn in inner or []
-                if isinstance(fn, dict) and fn.get("type") != "function"]
-    return out
+    return [str(fn.get("name") or fn.get("type")) for _, fn in _members(tools) if fn.get("type") != "function"]
 
 
 def namespaces(tools) -> Dict[str, str]:
     """Function name -> the namespace tool it came in (its calls say so)."""
-    return {fn.get("name"): tool.get("name") for tool in tools or [] if isinstance(tool, dict)
-            and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list)
-            for fn in tool["tools"] if isinstance(fn, dict)}
+    return {fn.get("name"): name for name, fn in _members(tools) if name is not None}
 
 
 def _tool_choice(choice):
@@ -200,7 +201,7 @@ class ResponseBuilder:
         self.created = int(time.time())
         self.model = model
         self.body = body
-        self.namespace = namespaces(body.get("tools") if isinstance(body.get("tools"), list) else None)
+        self.namespace = namespaces(body.get("tools"))
         self.left_out = left_out(body.get("tools"))  # said in the answer: its tools list echoes what was sent
         self.seq = 0
         self.items: List[dict] = []  # finished items
