@@ -177,9 +177,25 @@ def _render(tokenizer, messages: list, tools: Optional[list], template_kwargs: O
         return tokenizer.apply_chat_template(messages, add_generation_prompt=not continue_final, tokenize=False,
                                              **extra)
     except Exception as e:  # jinja2's errors: a template that refuses these messages, or is broken
+        if (folded := fold_system(messages)) is not None:
+            try:
+                return tokenizer.apply_chat_template(folded, add_generation_prompt=not continue_final,
+                                                     tokenize=False, **extra)
+            except Exception:
+                pass  # the first error is the one to tell
         raise InvalidArgumentError(f"the model's chat template failed on these messages "
                                    f"({type(e).__name__}: {one_line(e)}); e.g. some templates need roles to "
                                    f"alternate user/assistant, or send a string prompt") from None
+
+
+def fold_system(messages: list) -> Optional[list]:
+    """`messages` with a leading system message put before the first user message's text, as
+    Gemma 3's template does itself (Gemma 2's refuses a system role); None when they do not start
+    with a system message followed by a user message."""
+    if len(messages) < 2 or messages[0].get("role") != "system" or messages[1].get("role") != "user":
+        return None
+    first = dict(messages[1], content=f"{messages[0]['content']}\n\n{messages[1]['content']}")
+    return [first, *messages[2:]]
 
 
 def check_endings(stop_token_ids, ignore_eos, min_tokens, max_tokens: int, vocab_size: int) -> tuple:

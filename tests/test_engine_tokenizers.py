@@ -49,6 +49,32 @@ def test_a_chat_template_that_refuses_the_messages_is_said(target):
         Engine(target, tok).generate([{"role": "user", "content": "hi"}], max_tokens=2)
 
 
+GEMMA2_TEMPLATE = (  # Gemma 2's own, which refuses a system message
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
+
+
+def test_a_system_message_a_template_refuses_goes_before_the_first_user_message(target):
+    from mlxspec.prompts import render_chat
+
+    tok = copy.deepcopy(tiny.make_tokenizer()._tokenizer)
+    tok.chat_template = GEMMA2_TEMPLATE
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
+    text = render_chat(msgs, tok)
+    assert text == render_chat([{"role": "user", "content": "Be brief.\n\nhi"}, *msgs[2:]], tok)
+    assert "<start_of_turn>user\nBe brief.\n\nhi<end_of_turn>" in text and "system" not in text
+    assert len(Engine(target, tok).generate(msgs, max_tokens=2).tokens) == 2
+    # a template that refuses the folded messages too: its first refusal is told
+    with pytest.raises(InvalidArgumentError, match="System role not supported"):
+        render_chat([msgs[0], msgs[2]], tok)
+
+
 @pytest.mark.parametrize("make", [mx.array, np.array], ids=["mx", "numpy"])
 def test_a_1d_integer_array_is_a_token_id_prompt(target, make):
     engine = Engine(target, tiny.make_tokenizer())
