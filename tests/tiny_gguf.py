@@ -73,7 +73,7 @@ def train_spm(vocab_size: int = 420, space_prefix: bool = True):
 
 def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
                     rope_freqs=False, hidden=HIDDEN, ffn=FFN, head_dim=None, layers=LAYERS, window=None,
-                    split=0):
+                    split=0, softcaps=(2.0, 20.0)):
     """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes (for
     `pre` "spm" or "spm-no-prefix" a `SentencePieceProcessor`, the vocabulary written as llama.cpp
     writes Llama 2's, or Gemma's without the leading space).
@@ -84,7 +84,10 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     biases, "qwen3" per-head Q/K norms (and `head_dim` may differ from hidden / heads); both keep
     HF's rows, as llama.cpp's converter does for them (their RoPE rotates halves, "NEOX").
     "gemma3" adds Gemma 3's norms each side of attention and of the MLP, with the converter's
-    1 + w, and a sliding `window` (one layer in 6 sees everything: give `layers` >= 6). "phi3"
+    1 + w, and a sliding `window` (one layer in 6 sees everything: give `layers` >= 6); "gemma2"
+    the same norms without Q/K norms, the `window` on every other layer, and `softcaps` (attention
+    and final logits; Gemma 2's own are 50 and 30: random scores would never reach 50, and a cap
+    other than the default shows that the file's is read). "phi3"
     fuses Q, K, V in one matrix and the MLP's gate and up in another.
     `split` > 0 writes parts of that many tensors, named as llama.cpp's gguf-split names them
     (`path`'s stem + "-00001-of-0000N.gguf"), with the same weights as unsplit.
@@ -115,8 +118,11 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     w.add_context_length(256)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
-    if arch == "gemma3":
+    if arch in ("gemma2", "gemma3"):
         w.add_sliding_window(window or 4)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(softcaps[0])
+        w.add_final_logit_softcapping(softcaps[1])
     w.add_feed_forward_length(ffn)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
@@ -186,7 +192,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
             add(f"blk.{i}.ffn_gate.weight", "ffn_gate", rand(ffn, hidden))
             add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(ffn, hidden))
         add(f"blk.{i}.ffn_down.weight", "ffn_down", rand(hidden, ffn))
-        if arch == "gemma3":
+        if arch in ("gemma2", "gemma3"):
             add(f"blk.{i}.post_attention_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
             add(f"blk.{i}.post_ffw_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
     add("output_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
@@ -300,17 +306,25 @@ def reference_logits(path, tokens) -> np.ndarray:
 
     mask = np.triu(np.full((n, n), -np.inf), 1)
     layers = 1 + max(int(k.split(".")[1]) for k in W if k.startswith("blk."))
-    gemma = arch == "gemma3"
-    if gemma:  # llama.cpp's Gemma 3: a window on 5 layers in 6, their RoPE base 10,000, GELU, scaled input
-        window = int(gguf.GGUFReader(str(path)).fields["gemma3.attention.sliding_window"].parts[-1][0])
+    gemma = arch in ("gemma2", "gemma3")
+    fields = gguf.GGUFReader(str(path)).fields
+
+    def value(key, default=None):
+        return fields[key].parts[-1][0] if key in fields else default
+
+    # llama.cpp's Gemma 2: a window on the even layers, tanh caps on attention scores and logits
+    attn_cap, final_cap = value("gemma2.attn_logit_softcapping"), value("gemma2.final_logit_softcapping")
+    if gemma:  # llama.cpp's Gemma 3: a window on 5 layers in 6, their RoPE base 10,000; both: GELU, scaled input
+        window = int(value(f"{arch}.attention.sliding_window"))
         local = mask + np.where(np.subtract.outer(np.arange(n), np.arange(n)) >= window, -np.inf, 0.0)
-        inv_local = 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
+        base_local = 10000.0 if arch == "gemma3" else THETA
+        inv_local = base_local ** (-np.arange(0, head_dim, 2) / head_dim)
         cos_local, sin_local = np.cos(pos * inv_local), np.sin(pos * inv_local)
         cos_global, sin_global = cos, sin
         x = x * np.sqrt(x.shape[-1])
     for i in range(layers):
         p = f"blk.{i}."
-        sliding = gemma and (i + 1) % 6 != 0
+        sliding = (arch == "gemma3" and (i + 1) % 6 != 0) or (arch == "gemma2" and i % 2 == 0)
         if gemma:
             cos, sin = (cos_local, sin_local) if sliding else (cos_global, sin_global)
         h = norm(x, W[p + "attn_norm.weight"])
@@ -319,7 +333,10 @@ def reference_logits(path, tokens) -> np.ndarray:
         v = (h @ W[p + "attn_v.weight"].T + W.get(p + "attn_v.bias", 0.0)).reshape(n, KV_HEADS, head_dim)
         rep = HEADS // KV_HEADS
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(head_dim) + (local if sliding else mask)
+        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(head_dim)
+        if attn_cap:
+            scores = attn_cap * np.tanh(scores / attn_cap)
+        scores = scores + (local if sliding else mask)
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, HEADS * head_dim)
@@ -331,4 +348,5 @@ def reference_logits(path, tokens) -> np.ndarray:
         out = (act * (h @ W[p + "ffn_up.weight"].T)) @ W[p + "ffn_down.weight"].T
         x = x + (norm(out, W[p + "post_ffw_norm.weight"]) if gemma else out)
     head = W.get("output.weight", W["token_embd.weight"])
-    return norm(x, W["output_norm.weight"]) @ head.T
+    logits = norm(x, W["output_norm.weight"]) @ head.T
+    return final_cap * np.tanh(logits / final_cap) if final_cap else logits

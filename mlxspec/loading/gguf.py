@@ -1,4 +1,5 @@
-"""Load a GGUF (llama: Llama, Mistral-style, SmolLM2; qwen2; qwen3; gemma3; phi3) into mlx-lm's model of its kind.
+"""Load a GGUF (llama: Llama, Mistral-style, SmolLM2; qwen2; qwen3; gemma2; gemma3; phi3) into mlx-lm's model of its kind
+(Gemma 2: `mlxspec.models.gemma2`, mlx-lm's with its sliding window).
 
 Quantized tensors stay quantized when the model is kept quantized, each layer with the bits
 of its own tensor (SmolLM2's demo file: Q8_0 embedding, Q4_1 elsewhere):
@@ -28,6 +29,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from .. import models
 from ..errors import IncompatibleModelsError, MlxSpecError, one_line
 from .gguf_blocks import AFFINE, as_affine, as_float
 from .gguf_header import SPLIT_PART, read_header, read_tensor_table
@@ -35,8 +37,10 @@ from .gguf_header import SPLIT_PART, read_header, read_tensor_table
 FLOAT_TYPES = ("F32", "F16", "BF16")
 MX_LOAD_TYPES = FLOAT_TYPES + ("Q4_0", "Q4_1", "Q8_0")  # what mx.load keeps as stored
 REQUANTIZED_BITS = 8  # types with no exact MLX form, when kept quantized
-# GGUF architecture -> mlx-lm model module. Mistral-style and SmolLM2 files say "llama".
-MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text", "phi3": "phi3"}
+# GGUF architecture -> mlx-lm model type (`models.module` finds its module). Mistral-style and
+# SmolLM2 files say "llama".
+MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
+           "phi3": "phi3"}
 SUPPORTED_ARCHITECTURES = tuple(MODULES)
 GROUP_SIZE = 32  # MLX's groups; every ggml type kept as stored has groups of 32
 
@@ -58,8 +62,8 @@ _BLOCK_NAMES = {
     "attn_q_norm": "self_attn.q_norm",  # qwen3
     "attn_k_norm": "self_attn.k_norm",
 }
-# Gemma 3 norms each side of attention and of the MLP; llama.cpp calls the one before the MLP ffn_norm.
-_GEMMA3_BLOCK_NAMES = {
+# Gemma 2 and 3 norm each side of attention and of the MLP; llama.cpp calls the one before the MLP ffn_norm.
+_GEMMA_BLOCK_NAMES = {
     **_BLOCK_NAMES,
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
@@ -207,21 +211,19 @@ def _float_tensor(raw, type_name: str) -> mx.array:
 
 def model_args_from_metadata(metadata: dict, tensor_names):
     """mlx-lm `ModelArgs` of the file's architecture (`args.model_type` names its module:
-    `mlx_lm.models.llama`, `.qwen2`, `.qwen3`, `.gemma3_text` or `.phi3`) from GGUF metadata
-    (keys `<arch>.*`).
+    `mlx_lm.models.llama`, `.qwen2`, `.qwen3`, `.gemma3_text`, `.phi3`, or `mlxspec.models.gemma2`)
+    from GGUF metadata (keys `<arch>.*`).
 
     Raises:
         IncompatibleModelsError: the architecture is not one of SUPPORTED_ARCHITECTURES, is a
             mixture of experts, or uses partial rotary embeddings.
     """
-    import importlib
-
     arch = str(metadata.get("general.architecture", "?"))
     if arch not in SUPPORTED_ARCHITECTURES:
         raise IncompatibleModelsError(
             f"GGUF architecture {arch!r} is not supported; supported: "
             f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Mistral-style and SmolLM2 files say 'llama'; "
-            "Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 3 'gemma3'; Phi-3 'phi3')"
+            "Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 2 'gemma2'; Gemma 3 'gemma3'; Phi-3 'phi3')"
         )
 
     def get(key, default=None):
@@ -283,6 +285,13 @@ def model_args_from_metadata(metadata: dict, tensor_names):
         args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)
     elif arch == "qwen3":
         args.update(head_dim=head_dim)
+    elif arch == "gemma2":
+        # llama.cpp's fixed Gemma 2 choices: the query scale is hidden / heads for the 46-layer 27B
+        # (as its HF config says), the head dim otherwise; the caps default to Gemma 2's, as there
+        args.update(head_dim=head_dim, sliding_window=need("attention.sliding_window", int),
+                    query_pre_attn_scalar=hidden // heads if args["num_hidden_layers"] == 46 else head_dim,
+                    attn_logit_softcapping=need("attn_logit_softcapping", float, 50.0),
+                    final_logit_softcapping=need("final_logit_softcapping", float, 30.0))
     elif arch == "gemma3":
         if (get("final_logit_softcapping", 0) or 0) > 0:
             raise IncompatibleModelsError("a gemma3 GGUF with final logit soft-capping is not supported")
@@ -302,11 +311,11 @@ def model_args_from_metadata(metadata: dict, tensor_names):
                                           "files) is not supported; the 4k Phi-3 files are")
         args.update(original_max_position_embeddings=int(get("rope.scaling.original_context_length",
                                                               args["max_position_embeddings"])))
-    return importlib.import_module(f"mlx_lm.models.{MODULES[arch]}").ModelArgs.from_dict(args)
+    return models.module(MODULES[arch]).ModelArgs.from_dict(args)
 
 
 def load_gguf_model(path: str | Path, float_dtype=None):
-    """Build mlx-lm's model (llama, qwen2, qwen3, gemma3_text, phi3) from a GGUF file, keeping quantized tensors quantized
+    """Build mlx-lm's model (llama, qwen2, qwen3, gemma3_text, phi3; our gemma2) from a GGUF file, keeping quantized tensors quantized
     (or, given `float_dtype`, decoding those `mx.load` cannot keep straight to it: see `read_gguf`).
 
     Returns:
@@ -317,20 +326,18 @@ def load_gguf_model(path: str | Path, float_dtype=None):
         MlxSpecError / IncompatibleModelsError: see `read_gguf`, `model_args_from_metadata`;
             also when a tensor has no place in the model or the model lacks one.
     """
-    import importlib
-
     tensors, metadata, types = read_gguf(path, float_dtype)
     args = model_args_from_metadata(metadata, tensors)
     rope_freqs = tensors.pop("rope_freqs.weight", None)
-    gemma = args.model_type == "gemma3_text"
-    names = {"gemma3_text": _GEMMA3_BLOCK_NAMES, "phi3": _PHI3_BLOCK_NAMES}.get(args.model_type, _BLOCK_NAMES)
+    gemma = args.model_type in ("gemma2", "gemma3_text")
+    names = _GEMMA_BLOCK_NAMES if gemma else {"phi3": _PHI3_BLOCK_NAMES}.get(args.model_type, _BLOCK_NAMES)
     weights = {_mlx_name(path, k, names): v for k, v in tensors.items()}
     if args.model_type == "llama":  # llama.cpp permutes only llama's rows (qwen's RoPE rotates halves)
         _unpermute_qk(weights, args)
     if gemma:  # llama.cpp's converter stores Gemma's norms as 1 + w; mlx-lm's norm adds the 1 itself
         weights = {k: v - 1 if k.endswith("norm.weight") else v for k, v in weights.items()}
 
-    model = importlib.import_module(f"mlx_lm.models.{args.model_type}").Model(args)
+    model = models.module(args.model_type).Model(args)
     if hasattr(model, "sanitize"):  # e.g. Gemma 3 drops its output layer when the embedding is tied
         weights = model.sanitize(weights)
     bits = {

@@ -109,11 +109,19 @@ def _load_gguf(res: Resolved, dtype: str):
 
 
 def _load_mlx(res: Resolved, *, lazy: bool = False):
-    from mlx_lm.utils import load_model as mlx_load_model
+    from mlx_lm.utils import load_config, load_model as mlx_load_model
     from mlx_lm.utils import load_tokenizer
 
+    from .. import models
+
     try:
-        model, config = mlx_load_model(res.path, lazy=lazy)
+        kind = load_config(res.path).get("model_type")
+        if kind in models.OURS:  # mlx-lm's module for it is not the reference model (mlxspec.models)
+            ours = models.module(kind)
+            model, config = mlx_load_model(res.path, lazy=lazy, get_model_classes=lambda config: (ours.Model,
+                                                                                                  ours.ModelArgs))
+        else:
+            model, config = mlx_load_model(res.path, lazy=lazy)
         tokenizer = load_tokenizer(res.path, eos_token_ids=config.get("eos_token_id"))
     except Exception as e:  # mlx-lm's and transformers' errors, in one line naming the folder
         raise MlxSpecError(f"cannot load the model in {res.path}: {type(e).__name__}: {one_line(e)}") from None

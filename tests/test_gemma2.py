@@ -1,0 +1,113 @@
+"""Gemma 2 (`mlxspec.models.gemma2`): its GGUF files against the NumPy reference, the sliding
+window that mlx-lm's own `gemma2` leaves out, and lossless speculation across that window."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mlx.core as mx
+
+from tiny import float32_tol
+from mlxspec import Engine
+from mlxspec.loading import load_model
+
+from tiny_gguf import reference_logits, write_tiny_gguf
+
+WINDOW = 4
+TEXT = "def hello(name): 12345 and more words, well past the window"
+
+
+@pytest.fixture(scope="module")
+def gemma2_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma2") / "gemma2.gguf"
+    sp = write_tiny_gguf(path, arch="gemma2", pre="spm-no-prefix", layers=4, window=WINDOW, head_dim=24,
+                         seed=21)
+    return path, sp
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", None), ("quantized", 2e-3)])
+def test_gemma2_logits_match_numpy_reference(gemma2_file, dtype, tol):
+    # Gemma 2: Gemma's four norms per layer stored as 1 + w, GELU, a scaled input, a window on
+    # the even layers, tanh caps on the attention scores and the logits, a head dim other than
+    # hidden / heads, a tied output, Gemma's vocabulary without a space prefix.
+    tol = tol or float32_tol()
+    path, sp = gemma2_file
+    model, tok, info = load_model(path, dtype=dtype)
+    assert type(model).__module__ == "mlxspec.models.gemma2" and info.context_length == 256
+    ids = tok.encode(TEXT)
+    assert ids == [sp.bos_id()] + sp.encode(TEXT) and len(ids) > 3 * WINDOW
+    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
+    ref = reference_logits(path, ids)
+    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_mlx_lms_own_gemma2_has_no_window(gemma2_file):
+    # Why the module exists: the same weights in mlx-lm's gemma2 attend past the window, so its
+    # logits leave the reference once the text is longer than the window (and only then).
+    from mlx_lm.models import gemma2
+
+    path, _ = gemma2_file
+    ours, tok, _ = load_model(path, dtype="float32")
+    theirs = gemma2.Model(ours.args)
+    theirs.update(ours.parameters())
+    ids = mx.array([tok.encode(TEXT)])
+    a, b = np.array(ours(ids)[0]), np.array(theirs(ids)[0])
+    scale = np.abs(a).max()
+    assert np.abs(a[:WINDOW] - b[:WINDOW]).max() <= float32_tol() * scale
+    assert np.abs(a[2 * WINDOW:] - b[2 * WINDOW:]).max() > 100 * float32_tol() * scale
+
+
+def test_gemma2_decodes_as_the_reference(gemma2_file):
+    # Token by token through the engine's caches (the window in a ring), each greedy token is
+    # the reference's argmax wherever a rounding cannot flip it.
+    from mlxspec.cache import WindowKVCache, make_cache
+
+    path, _ = gemma2_file
+    model, tok, _ = load_model(path, dtype="float32")
+    # the windowed layers keep a ring of the window (and rollback headroom), not the whole text
+    assert [isinstance(c, WindowKVCache) for c in make_cache(model)] == [True, False, True, False]
+    prompt = tok.encode("hello hello hello world")
+    plain = Engine(model, tok, None, drafter="none").generate(prompt, max_tokens=24)
+    ref = reference_logits(path, prompt + list(plain.tokens))[len(prompt) - 1 : -1]
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-3 * np.abs(ref).max()
+    assert clear.sum() >= 20 and (ref.argmax(-1) == np.array(plain.tokens))[clear].all()
+
+
+@pytest.mark.parametrize("max_kv", [None, 12])
+def test_gemma2_speculation_stays_lossless_across_the_window(gemma2_file, max_kv):
+    # Chains and trees roll the windowed layers' rings back; the tokens stay plain decoding's.
+    from test_engine_trees import PROMPT, flat_curve
+
+    path, _ = gemma2_file
+    model, tok, _ = load_model(path, dtype="float32")
+    plain = Engine(model, tok, None, drafter="none", max_kv_size=max_kv).generate(PROMPT, max_tokens=40)
+    chain = Engine(model, tok, None, drafter="ngram", num_draft=3, tree="off", max_kv_size=max_kv)
+    trees = flat_curve(Engine(model, tok, None, drafter="ngram", max_kv_size=max_kv))
+    for engine in (chain, trees):
+        r = engine.generate(PROMPT, max_tokens=40)
+        assert r.tokens == plain.tokens and r.stats.drafted > 0
+    assert r.stats.tree_rounds > 0
+
+
+def test_an_mlx_folder_of_gemma2_gets_the_window(tmp_path):
+    # mlx-lm's folder loader builds our Gemma 2 for model_type "gemma2" (its config names the window).
+    from mlx_lm.utils import save_config, save_model
+
+    from mlxspec.models import gemma2
+
+    args = gemma2.ModelArgs(model_type="gemma2", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
+                            vocab_size=300, sliding_window=5, max_position_embeddings=512,
+                            query_pre_attn_scalar=16)
+    model = gemma2.Model(args)
+    save_model(tmp_path, model)
+    save_config(dict(vars(args)), tmp_path / "config.json")
+    import tiny
+
+    tiny.make_tokenizer().save_pretrained(str(tmp_path))
+    loaded, _, info = load_model(tmp_path)
+    assert type(loaded).__module__ == "mlxspec.models.gemma2"
+    assert loaded.args.sliding_window == 5 and info.context_length == 512
