@@ -98,7 +98,9 @@ def test_demo_tokenizer_round_trips_and_chat_template(smollm):
     assert tok.encode("123", add_special_tokens=False) == [33, 34, 35]  # "smollm": one token per digit
     text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
-    assert tok.eos_token_ids == {2} and tok.convert_ids_to_tokens(2) == "<|im_end|>"
+    assert tok.eos_token_id == 2 and tok.convert_ids_to_tokens(2) == "<|im_end|>"
+    # and llama.cpp's other end-of-generation tokens of this vocabulary (its `llama_vocab_is_eog`)
+    assert tok.eos_token_ids == {0, 2, 4} and tok.convert_ids_to_tokens([0, 4]) == ["<|endoftext|>", "<reponame>"]
 
 
 @pytest.mark.demo

@@ -255,6 +255,28 @@ def test_tokenizer_special_tokens_and_chat_template(tiny):
     assert tok.decode(tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)) == text
 
 
+def _ends(tokens, **ids):
+    from mlxspec.loading.gguf_tokenizer import end_ids
+
+    metadata = {f"tokenizer.ggml.{k}": mx.array(v) for k, v in ids.items()}
+    return end_ids(metadata, tokens, {t: i for i, t in enumerate(tokens)})
+
+
+def test_generation_ends_where_llama_cpp_ends_it():
+    # Converters often name only EOS; a chat turn ends on another token, which llama.cpp finds by
+    # its text (checked against llama.cpp's own set on 39 files, the demo's among them: ids 0, 2, 4).
+    gemma = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "a"]
+    assert _ends(gemma, eos_token_id=1) == [1, 5]
+    phi3 = ["<unk>", "<s>", "</s>", "a", "<|assistant|>", "<|end|>", "<|endoftext|>"]
+    assert _ends(phi3, eos_token_id=6) == [6, 2, 5]
+    smollm = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>", "<file_sep>"]
+    assert _ends(smollm, eos_token_id=2) == [2, 0, 4]  # llama.cpp's FIM repository token too
+    qwen = ["a", "<|endoftext|>", "<|im_end|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "b"]
+    assert _ends(qwen, eos_token_id=2, eot_token_id=2) == [2, 1, 3, 4, 5]
+    assert _ends(qwen, eos_token_id=2, fim_pad_token_id=6) == [2, 1, 4, 5, 6]  # the file's key over the text
+    assert _ends(["a", "b"], eos_token_id=1) == [1]
+
+
 @pytest.fixture(scope="module", params=["spm", "spm-no-prefix"])
 def spm_file(tmp_path_factory, request):
     path = tmp_path_factory.mktemp("spm") / "spm.gguf"

@@ -8,7 +8,8 @@ Two kinds are built:
   so the merges are recovered from the scores (`_merges_by_score`), with byte fallback.
 
 Result: `mlx_lm.tokenizer_utils.TokenizerWrapper` around a `PreTrainedTokenizerFast`, with
-mlx-lm's streaming detokenizer of that kind, the file's chat template and its EOS id(s).
+mlx-lm's streaming detokenizer of that kind, the file's chat template and the ids llama.cpp ends
+generation on (`end_ids`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,17 @@ PRE_TOKENIZERS = {
 # starts with BOS unless the file says otherwise.
 _WHOLE_WORDS_AND_BOS = {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken"}
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp token types
+# Tokens llama.cpp ends generation on by their text (`llama-vocab.cpp`), beside the file's eos /
+# eot / eom ids: converters often write only EOS, the end of a document, while a chat turn ends
+# with another token (Gemma's <end_of_turn>, Phi-3's <|end|>, Qwen's <|im_end|> in base models).
+END_NAMES = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>",
+             "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<\uff5cend\u2581of\u2581sentence\uff5c>")
+# ... and its fill-in-the-middle pad, repository and file-separator tokens: by key, else by text
+FIM_ENDS = {
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
 
 
 def _value(metadata, key, default=None):
@@ -139,16 +151,29 @@ def tokenizer_from_gguf(metadata: dict):
     template = _value(metadata, "tokenizer.chat_template")
     if template:
         fast.chat_template = template
-    eos_ids = [
-        int(_value(metadata, f"tokenizer.ggml.{k}"))
-        for k in ("eos_token_id", "eot_token_id", "eom_token_id")
-        if _value(metadata, f"tokenizer.ggml.{k}") is not None
-    ]
-    bad = [i for i in eos_ids if not 0 <= i < len(tokens)]
-    if bad:  # generation would never stop on it
+    return TokenizerWrapper(fast, detokenizer, eos_token_ids=end_ids(metadata, tokens, vocab))
+
+
+def end_ids(metadata: dict, tokens: list, vocab: dict) -> list[int]:
+    """The ids generation ends on, as llama.cpp chooses them: the file's eos / eot / eom ids
+    (EOS first), END_NAMES in the vocabulary, and the FIM_ENDS tokens.
+
+    Raises:
+        IncompatibleModelsError: an id the file names is outside the vocabulary.
+    """
+    named = [int(_value(metadata, f"tokenizer.ggml.{k}")) for k in ("eos_token_id", "eot_token_id", "eom_token_id")
+             if _value(metadata, f"tokenizer.ggml.{k}") is not None]
+    if bad := [i for i in named if not 0 <= i < len(tokens)]:  # generation would never stop on it
         raise IncompatibleModelsError(f"the GGUF's end-of-text token id {bad[0]} is outside its vocabulary of "
                                       f"{len(tokens)} tokens")
-    return TokenizerWrapper(fast, detokenizer, eos_token_ids=eos_ids)
+    found = [vocab[t] for t in END_NAMES if t in vocab]
+    for key, names in FIM_ENDS.items():
+        said = _value(metadata, f"tokenizer.ggml.{key}_token_id")
+        if said is not None:
+            found += [int(said)] if 0 <= int(said) < len(tokens) else []
+        else:
+            found += [vocab[t] for t in names if t in vocab][:1]
+    return list(dict.fromkeys(named + sorted(found)))
 
 
 def _byte_level_bpe(metadata, vocab):
