@@ -282,6 +282,36 @@ def test_dequantize_replaces_quantized_layers():
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == mx.bfloat16
 
 
+def test_a_mixtures_quantized_experts_are_dequantized_and_counted():
+    # mlx-lm's experts (QuantizedSwitchLinear) are quantized layers too: dequantized with the rest,
+    # and counted at their float size when the precision is chosen
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3_moe
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+
+    from mlxspec.loading import precision
+    from tiny import float32_tol
+
+    args = qwen3_moe.ModelArgs(
+        model_type="qwen3_moe", hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+        num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=64,
+        rms_norm_eps=1e-6, vocab_size=300, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+        tie_word_embeddings=True, max_position_embeddings=512, norm_topk_prob=True)
+    mx.random.seed(3)
+    model = qwen3_moe.Model(args)
+    float_bytes = sum(v.size * 4 for _, v in tree_flatten(model.parameters()))
+    nn.quantize(model, group_size=32, bits=4)
+    assert any(isinstance(m, QuantizedSwitchLinear) for _, m in model.named_modules())
+    assert precision.dequantized_bytes(model, 4) == float_bytes
+    ids = mx.array([[3, 14, 15, 92]])
+    before = np.array(model(ids))
+    assert apply_dtype(model, "float32") == "float32"
+    assert not any(isinstance(m, precision.quantized_layers()) for _, m in model.named_modules())
+    assert isinstance(model.model.layers[0].mlp.switch_mlp.up_proj, SwitchLinear)
+    tol = float32_tol(1e-3)
+    np.testing.assert_allclose(np.array(model(ids)), before, rtol=tol, atol=tol)
+
+
 def test_auto_precision_per_backend_and_memory(monkeypatch):
     from mlxspec.loading import precision
     from tiny import make_llama

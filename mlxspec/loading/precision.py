@@ -6,7 +6,8 @@
   "quantized"    keep the weights as stored (quantized layers stay quantized);
   "bfloat16", "float16", "float32"
                  dequantize every quantized layer (`mx.dequantize`, QuantizedLinear ->
-                 Linear, QuantizedEmbedding -> Embedding) and cast all float parameters.
+                 Linear, QuantizedEmbedding -> Embedding, a mixture's QuantizedSwitchLinear
+                 -> SwitchLinear) and cast all float parameters.
 
 Defaults come from `scripts/measure_precision.py` (figures in `mlxspec/loading/README.md`):
 on a GPU (Metal, or MLX's CUDA backend), quantized (memory bandwidth bound, fewer bytes
@@ -29,6 +30,14 @@ from ..errors import InvalidArgumentError
 
 DEFAULTS = {"metal": "quantized", "cuda": "quantized", "cpu": "bfloat16"}
 AUTO_MEMORY_FRACTION = 0.25  # "auto" dequantizes only models whose float weights fit in this share of RAM
+
+
+def quantized_layers():
+    """The quantized layer classes this module dequantizes (mlx's, and mlx-lm's experts)."""
+    import mlx.nn as nn
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    return nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear
 
 
 def default_dtype() -> str:
@@ -58,13 +67,12 @@ def auto_dtype_for(float_bytes) -> str:
 
 def dequantized_bytes(model, itemsize: int) -> int:
     """Bytes of the model's parameters if every weight were a float of `itemsize` bytes."""
-    import mlx.nn as nn
     from mlx.utils import tree_flatten
 
     total = 0
     for _, m in model.named_modules():
-        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-            total += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits * itemsize
+        if isinstance(m, quantized_layers()):
+            total += m.weight.size * 32 // m.bits * itemsize
     quantized = ("weight", "scales", "biases")
     for name, v in tree_flatten(model.parameters()):
         if not (name.endswith(quantized) and _owner_is_quantized(model, name)):
@@ -73,12 +81,10 @@ def dequantized_bytes(model, itemsize: int) -> int:
 
 
 def _owner_is_quantized(model, name: str) -> bool:
-    import mlx.nn as nn
-
     owner = model
     for part in name.split(".")[:-1]:
         owner = owner[int(part)] if isinstance(owner, list) else owner[part]
-    return isinstance(owner, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    return isinstance(owner, quantized_layers())
 
 
 def physical_memory() -> int:
@@ -113,21 +119,27 @@ def apply_dtype(model, dtype: str | None):
 
 
 def dequantize(model, dtype) -> None:
-    """Replace QuantizedLinear / QuantizedEmbedding by Linear / Embedding, in place.
+    """Replace QuantizedLinear / QuantizedEmbedding / QuantizedSwitchLinear by Linear / Embedding /
+    SwitchLinear, in place.
 
     The product scale * q + bias is formed in float32 and rounded once to `dtype`
     (float16 scales would otherwise round it to float16 first).
     """
     import mlx.nn as nn
     from mlx.utils import tree_unflatten
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
     replaced = []
     for name, m in model.named_modules():
-        if not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        if not isinstance(m, quantized_layers()):
             continue
         w = dequantized_weight(m).astype(dtype)
         if isinstance(m, nn.QuantizedEmbedding):
             new = nn.Embedding(*w.shape)
+        elif isinstance(m, QuantizedSwitchLinear):  # (experts, out, in)
+            new = SwitchLinear(w.shape[2], w.shape[1], w.shape[0], bias="bias" in m)
+            if "bias" in m:
+                new.bias = m.bias
         else:
             new = nn.Linear(w.shape[1], w.shape[0], bias="bias" in m)
             if "bias" in m:
@@ -139,7 +151,7 @@ def dequantize(model, dtype) -> None:
 
 
 def dequantized_weight(m) -> mx.array:
-    """A QuantizedLinear's or QuantizedEmbedding's weight in float32, scale * q + bias formed in
+    """A quantized layer's weight (`quantized_layers`) in float32, scale * q + bias formed in
     float32 (float16 scales would otherwise round it to float16 first)."""
     biases = m.get("biases")
     return mx.dequantize(m.weight, m.scales.astype(mx.float32),
