@@ -15,6 +15,7 @@ from mlx.utils import tree_flatten
 from tiny import float32_tol
 from mlxspec.errors import IncompatibleModelsError, MlxSpecError
 from mlxspec.loading import gguf as gguf_loader
+from mlxspec.loading import gguf_arch
 from mlxspec.loading import load_model
 from mlxspec.loading.gguf_header import read_tensor_table
 
@@ -383,7 +384,7 @@ def _metadata(tiny, **changes):
 def test_metadata_it_cannot_build_from_is_said(tiny, changes, says):
     metadata = _metadata(tiny, **changes)
     with pytest.raises(IncompatibleModelsError, match=re.escape(says)):
-        gguf_loader.model_args_from_metadata(metadata, [])
+        gguf_arch.model_args_from_metadata(metadata, [])
 
 
 @pytest.mark.parametrize("changes,says", [

@@ -73,7 +73,7 @@ def train_spm(vocab_size: int = 420, space_prefix: bool = True):
 
 def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
                     rope_freqs=False, hidden=HIDDEN, ffn=FFN, head_dim=None, layers=LAYERS, window=None,
-                    split=0, softcaps=(2.0, 20.0)):
+                    split=0, softcaps=(2.0, 20.0), experts=0, used=2, expert_ffn=64, shared_ffn=96):
     """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes (for
     `pre` "spm" or "spm-no-prefix" a `SentencePieceProcessor`, the vocabulary written as llama.cpp
     writes Llama 2's, or Gemma's without the leading space).
@@ -88,12 +88,16 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     the same norms without Q/K norms, the `window` on every other layer, and `softcaps` (attention
     and final logits; Gemma 2's own are 50 and 30: random scores would never reach 50, and a cap
     other than the default shows that the file's is read). "phi3"
-    fuses Q, K, V in one matrix and the MLP's gate and up in another.
+    fuses Q, K, V in one matrix and the MLP's gate and up in another. `experts` > 0 makes each MLP a
+    mixture (a router, `experts` stacked experts of `expert_ffn`, `used` per token): with "llama"
+    Mixtral's, with "qwen3moe" Qwen3's (Q/K norms), with "qwen2moe" Qwen2's (Q/K/V biases and a
+    gated shared expert of `shared_ffn`).
     `split` > 0 writes parts of that many tensors, named as llama.cpp's gguf-split names them
     (`path`'s stem + "-00001-of-0000N.gguf"), with the same weights as unsplit.
     """
     head_dim = head_dim or hidden // HEADS
     permute = _permute if arch == "llama" else (lambda weights, n_head: weights)
+    qk_norms, qkv_biases = arch in ("qwen3", "qwen3moe", "gemma3"), arch in ("qwen2", "qwen2moe")
     import json
 
     import gguf
@@ -124,6 +128,13 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
         w.add_attn_logit_softcapping(softcaps[0])
         w.add_final_logit_softcapping(softcaps[1])
     w.add_feed_forward_length(ffn)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(used)
+        if arch != "llama":  # Mixtral's experts are feed_forward_length wide
+            w.add_expert_feed_forward_length(expert_ffn)
+        if arch == "qwen2moe":
+            w.add_expert_shared_feed_forward_length(shared_ffn)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_rope_freq_base(THETA)
@@ -178,20 +189,32 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
             add(f"blk.{i}.attn_q.weight", "attn_q", permute(rand(HEADS * head_dim, hidden), HEADS))
             add(f"blk.{i}.attn_k.weight", "attn_k", permute(rand(KV_HEADS * head_dim, hidden), KV_HEADS))
             add(f"blk.{i}.attn_v.weight", "attn_v", rand(KV_HEADS * head_dim, hidden))
-        if arch == "qwen2":
+        if qkv_biases:
             for part, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
                 add(f"blk.{i}.attn_{part}.bias", None, rand(n * head_dim, scale=0.5))
-        if arch in ("qwen3", "gemma3"):
+        if qk_norms:
             add(f"blk.{i}.attn_q_norm.weight", None, 1.0 + 0.1 * rand(head_dim, scale=1.0))
             add(f"blk.{i}.attn_k_norm.weight", None, 1.0 + 0.1 * rand(head_dim, scale=1.0))
         add(f"blk.{i}.attn_output.weight", "attn_output", rand(hidden, HEADS * head_dim))
         add(f"blk.{i}.ffn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
         if arch == "phi3":  # gate's rows, then up's, in one matrix
             add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(2 * ffn, hidden))
+        elif experts:  # a router, then each projection's experts stacked (experts, rows, cols)
+            width = ffn if arch == "llama" else expert_ffn
+            add(f"blk.{i}.ffn_gate_inp.weight", None, rand(experts, hidden, scale=1.0))
+            add(f"blk.{i}.ffn_gate_exps.weight", "ffn_gate", rand(experts, width, hidden))
+            add(f"blk.{i}.ffn_up_exps.weight", "ffn_up", rand(experts, width, hidden))
+            add(f"blk.{i}.ffn_down_exps.weight", "ffn_down", rand(experts, hidden, width))
+            if arch == "qwen2moe":
+                add(f"blk.{i}.ffn_gate_inp_shexp.weight", None, rand(hidden))
+                add(f"blk.{i}.ffn_gate_shexp.weight", "ffn_gate", rand(shared_ffn, hidden))
+                add(f"blk.{i}.ffn_up_shexp.weight", "ffn_up", rand(shared_ffn, hidden))
+                add(f"blk.{i}.ffn_down_shexp.weight", "ffn_down", rand(hidden, shared_ffn))
         else:
             add(f"blk.{i}.ffn_gate.weight", "ffn_gate", rand(ffn, hidden))
             add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(ffn, hidden))
-        add(f"blk.{i}.ffn_down.weight", "ffn_down", rand(hidden, ffn))
+        if not experts:
+            add(f"blk.{i}.ffn_down.weight", "ffn_down", rand(hidden, ffn))
         if arch in ("gemma2", "gemma3"):
             add(f"blk.{i}.post_attention_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
             add(f"blk.{i}.post_ffw_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
@@ -214,7 +237,7 @@ _FP16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q3_K": (108,), 
 
 
 def random_blocks(type_name, shape, std, rng):
-    """Random `type_name` blocks for a (rows, cols) tensor whose weights have about `std`.
+    """Random `type_name` blocks for a (..., rows, cols) tensor whose weights have about `std`.
 
     gguf writes K-quants but cannot make them, so every code and sub-scale is drawn at
     random (which exercises every bit of the layout) and the block scales are set so the
@@ -224,7 +247,7 @@ def random_blocks(type_name, shape, std, rng):
 
     kind = gguf.GGMLQuantizationType[type_name]
     block, size = gguf.GGML_QUANT_SIZES[kind]
-    rows, cols = shape
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
 
     def set_scales(value):
@@ -234,7 +257,7 @@ def random_blocks(type_name, shape, std, rng):
     set_scales(1.0)  # the weights are linear in the block scales: set them once at 1, then rescale
     spread = gguf.quants.dequantize(raw.reshape(rows, -1), kind).std()
     set_scales(std / spread)
-    return raw.reshape(rows, -1)
+    return raw.reshape(*shape[:-1], -1)
 
 
 def _permute(weights, n_head):
@@ -314,6 +337,7 @@ def reference_logits(path, tokens) -> np.ndarray:
 
     # llama.cpp's Gemma 2: a window on the even layers, tanh caps on attention scores and logits
     attn_cap, final_cap = value("gemma2.attn_logit_softcapping"), value("gemma2.final_logit_softcapping")
+    used = int(value(f"{arch}.expert_used_count", 0))
     if gemma:  # llama.cpp's Gemma 3: a window on 5 layers in 6, their RoPE base 10,000; both: GELU, scaled input
         window = int(value(f"{arch}.attention.sliding_window"))
         local = mask + np.where(np.subtract.outer(np.arange(n), np.arange(n)) >= window, -np.inf, 0.0)
@@ -343,9 +367,29 @@ def reference_logits(path, tokens) -> np.ndarray:
         out = attn @ W[p + "attn_output.weight"].T
         x = x + (norm(out, W[p + "post_attention_norm.weight"]) if gemma else out)
         h = norm(x, W[p + "ffn_norm.weight"])
-        g = h @ W[p + "ffn_gate.weight"].T
-        act = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) if gemma else g / (1 + np.exp(-g))
-        out = (act * (h @ W[p + "ffn_up.weight"].T)) @ W[p + "ffn_down.weight"].T
+
+        def mlp(h, gate, up, down):
+            g = h @ gate.T
+            act = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) if gemma else g / (1 + np.exp(-g))
+            return (act * (h @ up.T)) @ down.T
+
+        if p + "ffn_gate_inp.weight" in W:  # llama.cpp's mixtures: softmax router, top k, weights summed
+            logits = h @ W[p + "ffn_gate_inp.weight"].T
+            probs = np.exp(logits - logits.max(-1, keepdims=True))
+            probs /= probs.sum(-1, keepdims=True)
+            top = np.argsort(-probs, axis=-1)[:, :used]
+            weight = np.take_along_axis(probs, top, -1)
+            if arch != "qwen2moe":  # to 1 (Mixtral's and Qwen3's), Qwen2's as they are
+                weight /= weight.sum(-1, keepdims=True)
+            out = np.zeros_like(h)
+            for row in range(n):
+                for e, wt in zip(top[row], weight[row]):
+                    out[row] += wt * mlp(h[row], *(W[p + f"ffn_{k}_exps.weight"][e] for k in ("gate", "up", "down")))
+            if p + "ffn_gate_inp_shexp.weight" in W:
+                shared = mlp(h, *(W[p + f"ffn_{k}_shexp.weight"] for k in ("gate", "up", "down")))
+                out += shared / (1 + np.exp(-(h @ W[p + "ffn_gate_inp_shexp.weight"])))[:, None]
+        else:
+            out = mlp(h, W[p + "ffn_gate.weight"], W[p + "ffn_up.weight"], W[p + "ffn_down.weight"])
         x = x + (norm(out, W[p + "post_ffw_norm.weight"]) if gemma else out)
     head = W.get("output.weight", W["token_embd.weight"])
     logits = norm(x, W["output_norm.weight"]) @ head.T

@@ -1,0 +1,210 @@
+"""What a GGUF's architecture is in mlx-lm: its model type, its `ModelArgs` from the file's
+metadata (with what llama.cpp fixes that the file does not say), and its tensors' names.
+
+Architectures (`general.architecture`): llama (Llama 2/3, Mistral, TinyLlama, SmolLM2; with
+experts, Mixtral), qwen2, qwen3, qwen2moe, qwen3moe, gemma2 (`mlxspec.models.gemma2`: mlx-lm's
+with its sliding window), gemma3 and phi3.
+"""
+
+from __future__ import annotations
+
+import re
+
+import mlx.core as mx
+
+from .. import models
+from ..errors import IncompatibleModelsError
+
+# GGUF architecture -> mlx-lm model type (`models.module` finds its module). Mistral-style and
+# SmolLM2 files say "llama".
+MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
+           "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+SUPPORTED_ARCHITECTURES = tuple(MODULES)
+
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # qwen3
+    "attn_k_norm": "self_attn.k_norm",
+}
+# Gemma 2 and 3 norm each side of attention and of the MLP; llama.cpp calls the one before the MLP ffn_norm.
+_GEMMA_BLOCK_NAMES = {
+    **_BLOCK_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# A mixture's router and experts (each stacked: experts x rows x cols); Qwen2's also a shared expert.
+_MOE_NAMES = {
+    "ffn_gate_inp": "gate", "ffn_gate_exps": "switch_mlp.gate_proj", "ffn_up_exps": "switch_mlp.up_proj",
+    "ffn_down_exps": "switch_mlp.down_proj", "ffn_gate_inp_shexp": "shared_expert_gate",
+    "ffn_gate_shexp": "shared_expert.gate_proj", "ffn_up_shexp": "shared_expert.up_proj",
+    "ffn_down_shexp": "shared_expert.down_proj",
+}
+_QWEN_MOE_BLOCK_NAMES = {**_BLOCK_NAMES, **{k: f"mlp.{v}" for k, v in _MOE_NAMES.items()}}
+_MIXTRAL_BLOCK_NAMES = {**_BLOCK_NAMES, **{k: f"block_sparse_moe.{v}" for k, v in _MOE_NAMES.items()}}
+MIXTURES = ("qwen2_moe", "qwen3_moe", "mixtral")
+_PER_EXPERT = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight$")
+# Phi-3 keeps Q, K and V in one matrix, and the MLP's gate and up in another (gate first).
+_PHI3_BLOCK_NAMES = {**_BLOCK_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|scales|biases|bias)$")
+_GLOBAL = re.compile(r"(\w+)\.(weight|scales|biases|bias)$")
+
+
+def model_args_from_metadata(metadata: dict, tensor_names):
+    """mlx-lm `ModelArgs` of the file's architecture (`args.model_type` names its module:
+    `mlx_lm.models.llama`, `.qwen2`, `.qwen3`, `.qwen2_moe`, `.qwen3_moe`, `.mixtral`, `.gemma3_text`,
+    `.phi3`, or `mlxspec.models.gemma2`) from GGUF metadata (keys `<arch>.*`).
+
+    Raises:
+        IncompatibleModelsError: the architecture is not one of SUPPORTED_ARCHITECTURES, has
+            experts where it should not (or none where it should), or uses partial rotary embeddings.
+    """
+    arch = str(metadata.get("general.architecture", "?"))
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise IncompatibleModelsError(
+            f"GGUF architecture {arch!r} is not supported; supported: "
+            f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Mistral-style and SmolLM2 files say 'llama'; "
+            "Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 2 'gemma2'; Gemma 3 'gemma3'; Phi-3 'phi3'; "
+            "Mixtral 'llama' with experts; Qwen1.5-MoE and Qwen2-57B 'qwen2moe'; Qwen3's MoE 'qwen3moe')"
+        )
+
+    def get(key, default=None):
+        value = metadata.get(f"{arch}.{key}", default)
+        return value.item() if isinstance(value, mx.array) else value
+
+    def need(key, kind, default=None):
+        """`{arch}.{key}` as a positive `kind` (int or float); what is wrong with it, said."""
+        value = get(key, default)
+        try:
+            number = kind(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not number > 0:
+            said = "is missing" if value is None else f"is {value!r}"
+            wanted = "an integer >= 1" if kind is int else "a number > 0"
+            raise IncompatibleModelsError(f"GGUF metadata {arch}.{key} {said}; {wanted} is needed")
+        return number
+
+    names = set(tensor_names)
+    experts = int(get("expert_count", 0) or 0)
+    model_type = "mixtral" if arch == "llama" and experts else MODULES[arch]
+    if model_type in MIXTURES and not experts:
+        raise IncompatibleModelsError(f"GGUF metadata {arch}.expert_count is missing; a {arch} file needs it")
+    if model_type not in MIXTURES and experts:
+        raise IncompatibleModelsError(f"a {arch} GGUF with {experts} experts is not supported; mixtures of "
+                                      "experts are read from llama (Mixtral), qwen2moe and qwen3moe files")
+    if any(_PER_EXPERT.match(n) for n in names):
+        raise IncompatibleModelsError("this GGUF stores each expert in its own tensor (blk.N.ffn_gate.E.weight, "
+                                      "the layout before llama.cpp merged them in 2024); convert or download a "
+                                      "current file")
+    heads = need("attention.head_count", int)
+    hidden = need("embedding_length", int)
+    head_dim = need("attention.key_length", int, hidden // heads)
+    rope_dims = need("rope.dimension_count", int, head_dim)
+    if rope_dims != head_dim:
+        raise IncompatibleModelsError(
+            f"partial rotary embeddings (rope dims {rope_dims} of head dim {head_dim}) are not supported"
+        )
+    rope_scaling = None
+    scaling = get("rope.scaling.type")
+    if scaling == "linear":
+        rope_scaling = {"type": "linear", "factor": need("rope.scaling.factor", float)}
+    elif scaling not in (None, "none"):  # run unscaled, it would answer with garbage past a short context
+        raise IncompatibleModelsError(f"GGUF rope scaling {scaling!r} is not supported; only 'linear' is")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    vocab = get("vocab_size") or (len(tokens) if tokens is not None else None)
+    if vocab is None:
+        raise IncompatibleModelsError(f"GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+    args = dict(
+        model_type=model_type,
+        hidden_size=hidden,
+        num_hidden_layers=need("block_count", int),
+        intermediate_size=need("feed_forward_length", int),
+        num_attention_heads=heads,
+        num_key_value_heads=need("attention.head_count_kv", int, heads),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        vocab_size=int(vocab),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        max_position_embeddings=int(get("context_length", 4096)),
+        tie_word_embeddings="output.weight" not in names,
+    )
+    if experts:  # llama.cpp's choices: Qwen3's and Mixtral's top-k weights sum to 1, Qwen2's do not
+        expert_ffn = need("expert_feed_forward_length", int, args["intermediate_size"])
+        args.update(num_experts=experts, num_local_experts=experts, moe_intermediate_size=expert_ffn,
+                    num_experts_per_tok=need("expert_used_count", int), norm_topk_prob=True,
+                    decoder_sparse_step=1, mlp_only_layers=[])
+        if arch == "qwen2moe":
+            args.update(shared_expert_intermediate_size=need("expert_shared_feed_forward_length", int))
+    if model_type == "llama":
+        args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)
+    elif arch in ("qwen3", "qwen3moe"):
+        args.update(head_dim=head_dim)
+    elif arch == "gemma2":
+        # llama.cpp's fixed Gemma 2 choices: the query scale is hidden / heads for the 46-layer 27B
+        # (as its HF config says), the head dim otherwise; the caps default to Gemma 2's, as there
+        args.update(head_dim=head_dim, sliding_window=need("attention.sliding_window", int),
+                    query_pre_attn_scalar=hidden // heads if args["num_hidden_layers"] == 46 else head_dim,
+                    attn_logit_softcapping=need("attn_logit_softcapping", float, 50.0),
+                    final_logit_softcapping=need("final_logit_softcapping", float, 30.0))
+    elif arch == "gemma3":
+        if (get("final_logit_softcapping", 0) or 0) > 0:
+            raise IncompatibleModelsError("a gemma3 GGUF with final logit soft-capping is not supported")
+        layers = args["num_hidden_layers"]
+        # llama.cpp's fixed Gemma 3 choices: local layers' RoPE base 10,000, one global layer in 6,
+        # and the query scale of Gemma's reference code (hidden / heads for the 62-layer 27B)
+        args.update(head_dim=head_dim, rope_local_base_freq=10000.0, sliding_window_pattern=6,
+                    sliding_window=need("attention.sliding_window", int),
+                    query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim)
+    elif head_dim != hidden // heads:  # qwen2's, qwen2_moe's, mixtral's and phi3's mlx-lm models derive it
+        raise IncompatibleModelsError(f"a {arch} GGUF whose head dim ({head_dim}) is not hidden / heads "
+                                      f"({hidden} / {heads}) is not supported")
+    elif arch == "phi3":
+        if {"rope_factors_long.weight", "rope_factors_short.weight"} & names:
+            # llama.cpp picks the short or long factors by context size, mlx-lm always the long ones
+            raise IncompatibleModelsError("a phi3 GGUF with LongRoPE factors (the 128k Phi-3 and Phi-3.5 "
+                                          "files) is not supported; the 4k Phi-3 files are")
+        args.update(original_max_position_embeddings=int(get("rope.scaling.original_context_length",
+                                                              args["max_position_embeddings"])))
+    built = models.module(model_type).ModelArgs.from_dict(args)
+    # mlx-lm's mixtral and qwen2_moe args drop the trained context; the engine bounds prompts by it
+    built.max_position_embeddings = args["max_position_embeddings"]
+    return built
+
+
+def mlx_weights(path, tensors: dict, model_type: str) -> dict:
+    """The file's tensors under the names mlx-lm's `model_type` model gives them.
+
+    Raises:
+        IncompatibleModelsError: a tensor has no place in such a model (the message lists those that do).
+    """
+    block_names = _GEMMA_BLOCK_NAMES if model_type in ("gemma2", "gemma3_text") else {
+        "phi3": _PHI3_BLOCK_NAMES, "qwen2_moe": _QWEN_MOE_BLOCK_NAMES, "qwen3_moe": _QWEN_MOE_BLOCK_NAMES,
+        "mixtral": _MIXTRAL_BLOCK_NAMES}.get(model_type, _BLOCK_NAMES)
+    return {_mlx_name(path, k, block_names): v for k, v in tensors.items()}
+
+
+def _mlx_name(path, name: str, block_names: dict) -> str:
+    if m := _BLOCK.match(name):
+        i, part, kind = m.groups()
+        if part in block_names:
+            return f"model.layers.{i}.{block_names[part]}.{kind}"
+    elif (m := _GLOBAL.match(name)) and m.group(1) in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
+    raise IncompatibleModelsError(
+        f"{path}: tensor {name!r} has no place in the model; known tensors are "
+        f"{sorted(_GLOBAL_NAMES)} and blk.N.{{{', '.join(block_names)}}}"
+    )
