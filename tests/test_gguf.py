@@ -142,11 +142,37 @@ def test_gemma3_speculation_stays_lossless_across_the_window(tmp_path):
     assert spec.tokens == plain.tokens and len(plain.tokens) == 32 and spec.stats.drafted > 0
 
 
-def test_phi3_with_longrope_factors_is_refused(tmp_path):
-    factors = np.linspace(1.0, 2.0, HIDDEN // 4 // 2).astype(np.float32).view(np.uint8)
+@pytest.mark.parametrize("rope_dims, longrope", [(12, True), (16, True), (8, False)],
+                         ids=["phi4-mini", "phi3.5", "partial"])
+@pytest.mark.parametrize("dtype, tol", [("float32", None), ("quantized", 2e-3)])
+def test_phi3_longrope_and_partial_rotary_match_numpy_reference(tmp_path, rope_dims, longrope, dtype, tol):
+    # Phi-3.5 and the 128k Phi-3: LongRoPE, run as mlx-lm runs them (the long factors, its
+    # attention factor on the rotated dims); Phi-4-mini also rotates 3/4 of each head. Past the
+    # original context of 32 here, where llama.cpp takes the long factors too (against it on
+    # float32 files like these, 64 tokens: 2.1e-4-2.3e-4 of the largest logit, the reference alike).
+    tol = tol or float32_tol()
+    path = tmp_path / "phi3.gguf"
+    trained = write_tiny_gguf(path, arch="phi3", pre="spm", rope_dims=rope_dims, longrope=longrope, seed=7)
+    model, _, _ = load_model(path, dtype=dtype)
+    rope = model.model.layers[0].self_attn.rope
+    assert type(rope).__name__ == ("SuScaledRoPE" if longrope else "RoPE") and model.args.partial_rotary_factor == (
+        rope_dims / 16)
+    ids = [trained.bos_id()] + trained.encode("def hello(name): 12345 and more words, " * 3)
+    assert len(ids) > 32
+    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
+    ref = reference_logits(path, ids)
+    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_phi3_longrope_it_cannot_run_as_the_file_says_is_refused(tmp_path):
     path = tmp_path / "phi3-128k.gguf"
+    factors = np.linspace(1.0, 2.0, 5).astype(np.float32).view(np.uint8)  # 5 values for 8 rotated pairs
     write_tiny_gguf(path, arch="phi3", pre="spm", extra={"rope_factors_long.weight": (factors, "F32")})
-    with pytest.raises(IncompatibleModelsError, match=r"LongRoPE factors .* is not supported; the 4k Phi-3"):
+    with pytest.raises(IncompatibleModelsError, match=r"LongRoPE factors have 5 and 5 values; 8 .* are needed"):
+        load_model(path)
+    write_tiny_gguf(path, arch="phi3", pre="spm", longrope=1.5)  # a factor of its own
+    with pytest.raises(IncompatibleModelsError, match=r"attention factor 1.5 is not the 1.2\d* mlx-lm derives"):
         load_model(path)
 
 

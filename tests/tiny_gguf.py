@@ -73,7 +73,8 @@ def train_spm(vocab_size: int = 420, space_prefix: bool = True):
 
 def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
                     rope_freqs=False, hidden=HIDDEN, ffn=FFN, head_dim=None, layers=LAYERS, window=None,
-                    split=0, softcaps=(2.0, 20.0), experts=0, used=2, expert_ffn=64, shared_ffn=96):
+                    split=0, softcaps=(2.0, 20.0), experts=0, used=2, expert_ffn=64, shared_ffn=96, rope_dims=None,
+                    longrope=False):
     """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes (for
     `pre` "spm" or "spm-no-prefix" a `SentencePieceProcessor`, the vocabulary written as llama.cpp
     writes Llama 2's, or Gemma's without the leading space).
@@ -91,7 +92,9 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     fuses Q, K, V in one matrix and the MLP's gate and up in another. `experts` > 0 makes each MLP a
     mixture (a router, `experts` stacked experts of `expert_ffn`, `used` per token): with "llama"
     Mixtral's, with "qwen3moe" Qwen3's (Q/K norms), with "qwen2moe" Qwen2's (Q/K/V biases and a
-    gated shared expert of `shared_ffn`).
+    gated shared expert of `shared_ffn`). `rope_dims` < the head dim rotates only that many of each
+    head's dims (Phi-4-mini); `longrope` adds Phi-3's LongRoPE factors for an original context of 32
+    (of 256) and the attention factor llama.cpp's converter writes (a number: that factor instead).
     `split` > 0 writes parts of that many tensors, named as llama.cpp's gguf-split names them
     (`path`'s stem + "-00001-of-0000N.gguf"), with the same weights as unsplit.
     """
@@ -139,7 +142,11 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     w.add_head_count_kv(KV_HEADS)
     w.add_rope_freq_base(THETA)
     w.add_layer_norm_rms_eps(EPS)
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(rope_dims or head_dim)
+    if longrope:
+        w.add_rope_scaling_orig_ctx_len(32)
+        converted = float(np.sqrt(1 + np.log(256 / 32) / np.log(32)))
+        w.add_rope_scaling_attn_factors(converted if longrope is True else float(longrope))
     if head_dim != hidden // HEADS:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -223,6 +230,9 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
         add("output.weight", "token_embd", rand(len(tokens), hidden))
     if rope_freqs:
         add("rope_freqs.weight", None, np.linspace(1.0, 8.0, head_dim // 2))
+    if longrope:
+        add("rope_factors_long.weight", None, np.linspace(1.0, 12.0, (rope_dims or head_dim) // 2))
+        add("rope_factors_short.weight", None, np.linspace(1.0, 1.5, (rope_dims or head_dim) // 2))
     for name, (raw, type_name) in (extra or {}).items():
         w.add_tensor(name, raw, raw_dtype=T[type_name])
     w.write_header_to_file()
@@ -298,8 +308,18 @@ def reference_logits(path, tokens) -> np.ndarray:
     n = len(tokens)
     x = W["token_embd.weight"][np.asarray(tokens)]
     pos = np.arange(n)[:, None]
-    inv = THETA ** (-np.arange(0, head_dim, 2) / head_dim) / W.get("rope_freqs.weight", 1.0)
-    cos, sin = np.cos(pos * inv), np.sin(pos * inv)  # (n, hd/2)
+    fields = gguf.GGUFReader(str(path)).fields
+
+    def value(key, default=None):
+        return fields[key].parts[-1][0] if key in fields else default
+
+    # the first `rd` dims of a head rotate (Phi-4-mini: 3/4); LongRoPE's long factors, as llama.cpp
+    # takes them with a context past the original one, and its attention factor on cos and sin
+    rd = int(value(f"{arch}.rope.dimension_count", head_dim))
+    factors = W.get("rope_freqs.weight", W.get("rope_factors_long.weight", 1.0))
+    inv = THETA ** (-np.arange(0, rd, 2) / rd) / factors
+    mscale = float(value(f"{arch}.rope.scaling.attn_factor", 1.0))
+    cos, sin = mscale * np.cos(pos * inv), mscale * np.sin(pos * inv)  # (n, rd/2)
 
     def norm(v, w):
         return v / np.sqrt((v * v).mean(-1, keepdims=True) + EPS) * w
@@ -312,11 +332,11 @@ def reference_logits(path, tokens) -> np.ndarray:
         out[..., 1::2] = a * s + b * c
         return out
 
-    def rope_halves(v):  # rotate pairs (i, i + hd/2): llama.cpp's "NEOX" mode, qwen2's and qwen3's
-        half = v.shape[-1] // 2
-        a, b = v[..., :half], v[..., half:]
+    def rope_halves(v):  # rotate pairs (i, i + rd/2): llama.cpp's "NEOX" mode, qwen2's and qwen3's
+        half = rd // 2
+        a, b = v[..., :half], v[..., half:rd]
         c, s = cos[:, None, :], sin[:, None, :]
-        return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+        return np.concatenate([a * c - b * s, a * s + b * c, v[..., rd:]], axis=-1)
 
     rope = rope_interleaved if arch == "llama" else rope_halves
 
@@ -330,10 +350,6 @@ def reference_logits(path, tokens) -> np.ndarray:
     mask = np.triu(np.full((n, n), -np.inf), 1)
     layers = 1 + max(int(k.split(".")[1]) for k in W if k.startswith("blk."))
     gemma = arch in ("gemma2", "gemma3")
-    fields = gguf.GGUFReader(str(path)).fields
-
-    def value(key, default=None):
-        return fields[key].parts[-1][0] if key in fields else default
 
     # llama.cpp's Gemma 2: a window on the even layers, tanh caps on attention scores and logits
     attn_cap, final_cap = value("gemma2.attn_logit_softcapping"), value("gemma2.final_logit_softcapping")

@@ -187,7 +187,8 @@ def load_gguf_model(path: str | Path, float_dtype=None):
             model lacks a tensor.
     """
     tensors, metadata, types = read_gguf(path, float_dtype)
-    args = model_args_from_metadata(metadata, tensors)
+    factors = {k: tensors.pop(k) for k in ("rope_factors_long.weight", "rope_factors_short.weight") if k in tensors}
+    args = model_args_from_metadata(metadata, tensors, factors)
     rope_freqs = tensors.pop("rope_freqs.weight", None)
     gemma = args.model_type in ("gemma2", "gemma3_text")
     weights = mlx_weights(path, tensors, args.model_type)

@@ -8,6 +8,7 @@ with its sliding window), gemma3 and phi3.
 
 from __future__ import annotations
 
+import math
 import re
 
 import mlx.core as mx
@@ -63,21 +64,23 @@ _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|scales|biases|bias)$")
 _GLOBAL = re.compile(r"(\w+)\.(weight|scales|biases|bias)$")
 
 
-def model_args_from_metadata(metadata: dict, tensor_names):
+def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | None = None):
     """mlx-lm `ModelArgs` of the file's architecture (`args.model_type` names its module:
     `mlx_lm.models.llama`, `.qwen2`, `.qwen3`, `.qwen2_moe`, `.qwen3_moe`, `.mixtral`, `.gemma3_text`,
-    `.phi3`, or `mlxspec.models.gemma2`) from GGUF metadata (keys `<arch>.*`).
+    `.phi3`, or `mlxspec.models.gemma2`) from GGUF metadata (keys `<arch>.*`). `rope_factors`:
+    the file's LongRoPE tensors (`rope_factors_long.weight`, `rope_factors_short.weight`), if any.
 
     Raises:
         IncompatibleModelsError: the architecture is not one of SUPPORTED_ARCHITECTURES, has
-            experts where it should not (or none where it should), or uses partial rotary embeddings.
+            experts where it should not (or none where it should), or uses partial rotary
+            embeddings (Phi-3's family may).
     """
     arch = str(metadata.get("general.architecture", "?"))
     if arch not in SUPPORTED_ARCHITECTURES:
         raise IncompatibleModelsError(
             f"GGUF architecture {arch!r} is not supported; supported: "
             f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Mistral-style and SmolLM2 files say 'llama'; "
-            "Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 2 'gemma2'; Gemma 3 'gemma3'; Phi-3 'phi3'; "
+            "Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 2 'gemma2'; Gemma 3 'gemma3'; Phi-3, Phi-3.5 and Phi-4-mini 'phi3'; "
             "Mixtral 'llama' with experts; Qwen1.5-MoE and Qwen2-57B 'qwen2moe'; Qwen3's MoE 'qwen3moe')"
         )
 
@@ -114,7 +117,7 @@ def model_args_from_metadata(metadata: dict, tensor_names):
     hidden = need("embedding_length", int)
     head_dim = need("attention.key_length", int, hidden // heads)
     rope_dims = need("rope.dimension_count", int, head_dim)
-    if rope_dims != head_dim:
+    if rope_dims != head_dim and arch != "phi3":
         raise IncompatibleModelsError(
             f"partial rotary embeddings (rope dims {rope_dims} of head dim {head_dim}) are not supported"
         )
@@ -172,17 +175,37 @@ def model_args_from_metadata(metadata: dict, tensor_names):
     elif head_dim != hidden // heads:  # qwen2's, qwen2_moe's, mixtral's and phi3's mlx-lm models derive it
         raise IncompatibleModelsError(f"a {arch} GGUF whose head dim ({head_dim}) is not hidden / heads "
                                       f"({hidden} / {heads}) is not supported")
-    elif arch == "phi3":
-        if {"rope_factors_long.weight", "rope_factors_short.weight"} & names:
-            # llama.cpp picks the short or long factors by context size, mlx-lm always the long ones
-            raise IncompatibleModelsError("a phi3 GGUF with LongRoPE factors (the 128k Phi-3 and Phi-3.5 "
-                                          "files) is not supported; the 4k Phi-3 files are")
+    elif arch == "phi3":  # Phi-4-mini rotates 3/4 of each head
         args.update(original_max_position_embeddings=int(get("rope.scaling.original_context_length",
-                                                              args["max_position_embeddings"])))
+                                                              args["max_position_embeddings"])),
+                    partial_rotary_factor=rope_dims / head_dim)
+        factors = rope_factors or {}
+        if (long := factors.get("rope_factors_long.weight")) is not None:
+            args["rope_scaling"] = _longrope(long, factors.get("rope_factors_short.weight", long),
+                                             get("rope.scaling.attn_factor"), rope_dims,
+                                             args["max_position_embeddings"], args["original_max_position_embeddings"])
     built = models.module(model_type).ModelArgs.from_dict(args)
     # mlx-lm's mixtral and qwen2_moe args drop the trained context; the engine bounds prompts by it
     built.max_position_embeddings = args["max_position_embeddings"]
     return built
+
+
+def _longrope(long: mx.array, short: mx.array, attn_factor, rope_dims: int, context: int, original: int) -> dict:
+    """mlx-lm's `rope_scaling` for Phi-3's LongRoPE (128k Phi-3, Phi-3.5, Phi-4-mini), which runs as
+    mlx-lm runs these models from their own files: the long factors at every length (llama.cpp
+    takes them when its context exceeds the original one, else the short ones), and the
+    attention factor mlx-lm derives from the two contexts, which must be the file's (llama.cpp's
+    converter computes it so)."""
+    if long.size != rope_dims // 2 or short.size != rope_dims // 2:
+        raise IncompatibleModelsError(f"the GGUF's LongRoPE factors have {long.size} and {short.size} values; "
+                                      f"{rope_dims // 2} (half the rotated dims) are needed")
+    ours = math.sqrt(1 + math.log(context / original) / math.log(original)) if context > original else 1.0
+    if attn_factor is not None and not math.isclose(float(attn_factor), ours, rel_tol=1e-5):
+        raise IncompatibleModelsError(f"the GGUF's LongRoPE attention factor {float(attn_factor):.6g} is not the "
+                                      f"{ours:.6g} mlx-lm derives from its contexts ({context} / {original}); "
+                                      "such a file is not supported")
+    return {"type": "longrope", "long_factor": long.astype(mx.float32).tolist(),
+            "short_factor": short.astype(mx.float32).tolist()}
 
 
 def mlx_weights(path, tensors: dict, model_type: str) -> dict:
