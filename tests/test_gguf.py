@@ -142,6 +142,22 @@ def test_gemma3_speculation_stays_lossless_across_the_window(tmp_path):
     assert spec.tokens == plain.tokens and len(plain.tokens) == 32 and spec.stats.drafted > 0
 
 
+@pytest.mark.parametrize("dtype, tol", [("float32", None), ("quantized", 2e-3)])
+def test_smollm3_logits_match_numpy_reference(tmp_path, dtype, tol):
+    # SmolLM3: llama's rows and RoPE, but no RoPE in every 4th layer (against llama.cpp on a
+    # float32 file like this: 2.6e-4 of the largest logit, the reference alike)
+    tol = tol or float32_tol()
+    path = tmp_path / "smollm3.gguf"
+    trained = write_tiny_gguf(path, arch="smollm3", pre="llama-bpe", layers=5, seed=8)
+    model, _, _ = load_model(path, dtype=dtype)
+    assert type(model).__module__ == "mlx_lm.models.smollm3" and model.args.no_rope_layers == [1, 1, 1, 0, 1]
+    ids = trained.encode("def hello(name): 12345 and more words").ids
+    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
+    ref = reference_logits(path, ids)
+    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
 @pytest.mark.parametrize("rope_dims, longrope", [(12, True), (16, True), (8, False)],
                          ids=["phi4-mini", "phi3.5", "partial"])
 @pytest.mark.parametrize("dtype, tol", [("float32", None), ("quantized", 2e-3)])

@@ -99,7 +99,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     (`path`'s stem + "-00001-of-0000N.gguf"), with the same weights as unsplit.
     """
     head_dim = head_dim or hidden // HEADS
-    permute = _permute if arch == "llama" else (lambda weights, n_head: weights)
+    permute = _permute if arch in ("llama", "smollm3") else (lambda weights, n_head: weights)
     qk_norms, qkv_biases = arch in ("qwen3", "qwen3moe", "gemma3"), arch in ("qwen2", "qwen2moe")
     import json
 
@@ -338,7 +338,7 @@ def reference_logits(path, tokens) -> np.ndarray:
         c, s = cos[:, None, :], sin[:, None, :]
         return np.concatenate([a * c - b * s, a * s + b * c, v[..., rd:]], axis=-1)
 
-    rope = rope_interleaved if arch == "llama" else rope_halves
+    rope = rope_interleaved if arch in ("llama", "smollm3") else rope_halves
 
     def project(h, p, part, heads):
         out = h @ W[p + f"attn_{part}.weight"].T + W.get(p + f"attn_{part}.bias", 0.0)
@@ -368,8 +368,10 @@ def reference_logits(path, tokens) -> np.ndarray:
         if gemma:
             cos, sin = (cos_local, sin_local) if sliding else (cos_global, sin_global)
         h = norm(x, W[p + "attn_norm.weight"])
-        q = rope(project(h, p, "q", HEADS))
-        k = rope(project(h, p, "k", KV_HEADS))
+        # SmolLM3: no RoPE in every 4th layer (llama.cpp's n_no_rope_layer_step)
+        rotate = rope if not (arch == "smollm3" and (i + 1) % 4 == 0) else (lambda v: v)
+        q = rotate(project(h, p, "q", HEADS))
+        k = rotate(project(h, p, "k", KV_HEADS))
         v = (h @ W[p + "attn_v.weight"].T + W.get(p + "attn_v.bias", 0.0)).reshape(n, KV_HEADS, head_dim)
         rep = HEADS // KV_HEADS
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)

@@ -29,7 +29,7 @@ import mlx.nn as nn
 
 from .. import models
 from ..errors import MlxSpecError, one_line
-from .gguf_arch import mlx_weights, model_args_from_metadata
+from .gguf_arch import LLAMA_ROWS, mlx_weights, model_args_from_metadata
 from .gguf_blocks import AFFINE, as_affine, as_float
 from .gguf_header import SPLIT_PART, read_header, read_tensor_table
 
@@ -192,7 +192,7 @@ def load_gguf_model(path: str | Path, float_dtype=None):
     rope_freqs = tensors.pop("rope_freqs.weight", None)
     gemma = args.model_type in ("gemma2", "gemma3_text")
     weights = mlx_weights(path, tensors, args.model_type)
-    if args.model_type in ("llama", "mixtral"):  # llama.cpp permutes only llama's rows (qwen's RoPE rotates halves)
+    if args.model_type in LLAMA_ROWS:  # llama.cpp permutes only llama's rows (qwen's RoPE rotates halves)
         _unpermute_qk(weights, args)
     for k in [k for k in weights if k.endswith("shared_expert_gate.weight")]:  # a vector in the file
         weights[k] = weights[k].reshape(1, -1)

@@ -2,8 +2,8 @@
 metadata (with what llama.cpp fixes that the file does not say), and its tensors' names.
 
 Architectures (`general.architecture`): llama (Llama 2/3, Mistral, TinyLlama, SmolLM2; with
-experts, Mixtral), qwen2, qwen3, qwen2moe, qwen3moe, gemma2 (`mlxspec.models.gemma2`: mlx-lm's
-with its sliding window), gemma3 and phi3.
+experts, Mixtral), smollm3, qwen2, qwen3, qwen2moe, qwen3moe, gemma2 (`mlxspec.models.gemma2`:
+mlx-lm's with its sliding window), gemma3 and phi3.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from ..errors import IncompatibleModelsError
 # GGUF architecture -> mlx-lm model type (`models.module` finds its module). Mistral-style and
 # SmolLM2 files say "llama".
 MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
-           "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+           "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "smollm3": "smollm3"}
+LLAMA_ROWS = ("llama", "mixtral", "smollm3")  # model types whose Q/K rows llama.cpp's converter permutes
 SUPPORTED_ARCHITECTURES = tuple(MODULES)
 
 _GLOBAL_NAMES = {
@@ -80,8 +81,9 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
         raise IncompatibleModelsError(
             f"GGUF architecture {arch!r} is not supported; supported: "
             f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Mistral-style and SmolLM2 files say 'llama'; "
-            "Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 2 'gemma2'; Gemma 3 'gemma3'; Phi-3, Phi-3.5 and Phi-4-mini 'phi3'; "
-            "Mixtral 'llama' with experts; Qwen1.5-MoE and Qwen2-57B 'qwen2moe'; Qwen3's MoE 'qwen3moe')"
+            "SmolLM3 'smollm3'; Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 2 'gemma2'; Gemma 3 'gemma3'; "
+            "Phi-3, Phi-3.5 and Phi-4-mini 'phi3'; Mixtral 'llama' with experts; Qwen1.5-MoE and Qwen2-57B "
+            "'qwen2moe'; Qwen3's MoE 'qwen3moe')"
         )
 
     def get(key, default=None):
@@ -152,7 +154,7 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
                     decoder_sparse_step=1, mlp_only_layers=[])
         if arch == "qwen2moe":
             args.update(shared_expert_intermediate_size=need("expert_shared_feed_forward_length", int))
-    if model_type == "llama":
+    if model_type in ("llama", "smollm3"):  # SmolLM3: llama with no RoPE in every 4th layer (mlx-lm's, llama.cpp's)
         args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)
     elif arch in ("qwen3", "qwen3moe"):
         args.update(head_dim=head_dim)
