@@ -19,7 +19,7 @@ from mlxspec.loading import gguf_arch
 from mlxspec.loading import load_model
 from mlxspec.loading.gguf_header import read_tensor_table
 
-from tiny_gguf import HIDDEN, reference_logits, reference_weights, write_tiny_gguf
+from tiny_gguf import reference_logits, reference_weights, write_tiny_gguf
 
 TEXTS = [
     "def hello(name):\n    return f'hello {name}'\n",
@@ -142,15 +142,20 @@ def test_gemma3_speculation_stays_lossless_across_the_window(tmp_path):
     assert spec.tokens == plain.tokens and len(plain.tokens) == 32 and spec.stats.drafted > 0
 
 
+@pytest.mark.parametrize("arch", ["smollm3", "granite"])
 @pytest.mark.parametrize("dtype, tol", [("float32", None), ("quantized", 2e-3)])
-def test_smollm3_logits_match_numpy_reference(tmp_path, dtype, tol):
-    # SmolLM3: llama's rows and RoPE, but no RoPE in every 4th layer (against llama.cpp on a
-    # float32 file like this: 2.6e-4 of the largest logit, the reference alike)
+def test_llama_variants_match_numpy_reference(tmp_path, arch, dtype, tol):
+    # llama's rows and RoPE, and: SmolLM3 no RoPE in every 4th layer; Granite four scales (of the
+    # embeddings, of what each block adds, of attention scores, of the logits), none at its
+    # default here. Against llama.cpp on float32 files like these: SmolLM3 2.6e-4 of the largest
+    # logit, Granite 2.9e-5, the reference alike.
     tol = tol or float32_tol()
-    path = tmp_path / "smollm3.gguf"
-    trained = write_tiny_gguf(path, arch="smollm3", pre="llama-bpe", layers=5, seed=8)
+    path = tmp_path / f"{arch}.gguf"
+    trained = write_tiny_gguf(path, arch=arch, pre="llama-bpe", layers=5, seed=8)
     model, _, _ = load_model(path, dtype=dtype)
-    assert type(model).__module__ == "mlx_lm.models.smollm3" and model.args.no_rope_layers == [1, 1, 1, 0, 1]
+    assert type(model).__module__ == f"mlx_lm.models.{arch}"
+    if arch == "smollm3":
+        assert model.args.no_rope_layers == [1, 1, 1, 0, 1]
     ids = trained.encode("def hello(name): 12345 and more words").ids
     got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
     ref = reference_logits(path, ids)

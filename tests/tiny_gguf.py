@@ -14,6 +14,8 @@ import numpy as np
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, FFN = 64, 4, 2, 2, 128
 HEAD_DIM = HIDDEN // HEADS
+LLAMA_ROWS = ("llama", "smollm3", "granite")  # architectures whose Q/K rows llama.cpp's converter permutes
+GRANITE_SCALES = {"embedding": 2.0, "residual": 0.5, "attention": 0.2, "logit": 4.0}  # none at its default
 EPS, THETA = 1e-5, 10000.0
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -92,14 +94,14 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     fuses Q, K, V in one matrix and the MLP's gate and up in another. `experts` > 0 makes each MLP a
     mixture (a router, `experts` stacked experts of `expert_ffn`, `used` per token): with "llama"
     Mixtral's, with "qwen3moe" Qwen3's (Q/K norms), with "qwen2moe" Qwen2's (Q/K/V biases and a
-    gated shared expert of `shared_ffn`). `rope_dims` < the head dim rotates only that many of each
+    gated shared expert of `shared_ffn`). "granite" adds GRANITE_SCALES. `rope_dims` < the head dim rotates only that many of each
     head's dims (Phi-4-mini); `longrope` adds Phi-3's LongRoPE factors for an original context of 32
     (of 256) and the attention factor llama.cpp's converter writes (a number: that factor instead).
     `split` > 0 writes parts of that many tensors, named as llama.cpp's gguf-split names them
     (`path`'s stem + "-00001-of-0000N.gguf"), with the same weights as unsplit.
     """
     head_dim = head_dim or hidden // HEADS
-    permute = _permute if arch in ("llama", "smollm3") else (lambda weights, n_head: weights)
+    permute = _permute if arch in LLAMA_ROWS else (lambda weights, n_head: weights)
     qk_norms, qkv_biases = arch in ("qwen3", "qwen3moe", "gemma3"), arch in ("qwen2", "qwen2moe")
     import json
 
@@ -127,6 +129,11 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     w.add_block_count(layers)
     if arch in ("gemma2", "gemma3"):
         w.add_sliding_window(window or 4)
+    if arch == "granite":
+        w.add_embedding_scale(GRANITE_SCALES["embedding"])
+        w.add_residual_scale(GRANITE_SCALES["residual"])
+        w.add_attention_scale(GRANITE_SCALES["attention"])
+        w.add_logit_scale(GRANITE_SCALES["logit"])
     if arch == "gemma2":
         w.add_attn_logit_softcapping(softcaps[0])
         w.add_final_logit_softcapping(softcaps[1])
@@ -338,7 +345,7 @@ def reference_logits(path, tokens) -> np.ndarray:
         c, s = cos[:, None, :], sin[:, None, :]
         return np.concatenate([a * c - b * s, a * s + b * c, v[..., rd:]], axis=-1)
 
-    rope = rope_interleaved if arch in ("llama", "smollm3") else rope_halves
+    rope = rope_interleaved if arch in LLAMA_ROWS else rope_halves
 
     def project(h, p, part, heads):
         out = h @ W[p + f"attn_{part}.weight"].T + W.get(p + f"attn_{part}.bias", 0.0)
@@ -354,6 +361,9 @@ def reference_logits(path, tokens) -> np.ndarray:
     # llama.cpp's Gemma 2: a window on the even layers, tanh caps on attention scores and logits
     attn_cap, final_cap = value("gemma2.attn_logit_softcapping"), value("gemma2.final_logit_softcapping")
     used = int(value(f"{arch}.expert_used_count", 0))
+    # Granite's scales: of the embeddings, of what each block adds, of attention scores, of logits
+    x = x * float(value(f"{arch}.embedding_scale", 1.0))
+    residual = float(value(f"{arch}.residual_scale", 1.0))
     if gemma:  # llama.cpp's Gemma 3: a window on 5 layers in 6, their RoPE base 10,000; both: GELU, scaled input
         window = int(value(f"{arch}.attention.sliding_window"))
         local = mask + np.where(np.subtract.outer(np.arange(n), np.arange(n)) >= window, -np.inf, 0.0)
@@ -375,7 +385,7 @@ def reference_logits(path, tokens) -> np.ndarray:
         v = (h @ W[p + "attn_v.weight"].T + W.get(p + "attn_v.bias", 0.0)).reshape(n, KV_HEADS, head_dim)
         rep = HEADS // KV_HEADS
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(head_dim)
+        scores = np.einsum("qhd,khd->hqk", q, k) * float(value(f"{arch}.attention.scale", head_dim**-0.5))
         if attn_cap:
             scores = attn_cap * np.tanh(scores / attn_cap)
         scores = scores + (local if sliding else mask)
@@ -383,7 +393,7 @@ def reference_logits(path, tokens) -> np.ndarray:
         probs /= probs.sum(-1, keepdims=True)
         attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, HEADS * head_dim)
         out = attn @ W[p + "attn_output.weight"].T
-        x = x + (norm(out, W[p + "post_attention_norm.weight"]) if gemma else out)
+        x = x + (norm(out, W[p + "post_attention_norm.weight"]) if gemma else out * residual)
         h = norm(x, W[p + "ffn_norm.weight"])
 
         def mlp(h, gate, up, down):
@@ -408,7 +418,7 @@ def reference_logits(path, tokens) -> np.ndarray:
                 out += shared / (1 + np.exp(-(h @ W[p + "ffn_gate_inp_shexp.weight"])))[:, None]
         else:
             out = mlp(h, W[p + "ffn_gate.weight"], W[p + "ffn_up.weight"], W[p + "ffn_down.weight"])
-        x = x + (norm(out, W[p + "post_ffw_norm.weight"]) if gemma else out)
+        x = x + (norm(out, W[p + "post_ffw_norm.weight"]) if gemma else out * residual)
     head = W.get("output.weight", W["token_embd.weight"])
-    logits = norm(x, W["output_norm.weight"]) @ head.T
+    logits = norm(x, W["output_norm.weight"]) @ head.T / float(value(f"{arch}.logit_scale", 1.0))
     return final_cap * np.tanh(logits / final_cap) if final_cap else logits

@@ -2,7 +2,7 @@
 metadata (with what llama.cpp fixes that the file does not say), and its tensors' names.
 
 Architectures (`general.architecture`): llama (Llama 2/3, Mistral, TinyLlama, SmolLM2; with
-experts, Mixtral), smollm3, qwen2, qwen3, qwen2moe, qwen3moe, gemma2 (`mlxspec.models.gemma2`:
+experts, Mixtral), smollm3, granite, qwen2, qwen3, qwen2moe, qwen3moe, gemma2 (`mlxspec.models.gemma2`:
 mlx-lm's with its sliding window), gemma3 and phi3.
 """
 
@@ -19,8 +19,8 @@ from ..errors import IncompatibleModelsError
 # GGUF architecture -> mlx-lm model type (`models.module` finds its module). Mistral-style and
 # SmolLM2 files say "llama".
 MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
-           "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "smollm3": "smollm3"}
-LLAMA_ROWS = ("llama", "mixtral", "smollm3")  # model types whose Q/K rows llama.cpp's converter permutes
+           "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "smollm3": "smollm3", "granite": "granite"}
+LLAMA_ROWS = ("llama", "mixtral", "smollm3", "granite")  # model types whose Q/K rows llama.cpp's converter permutes
 SUPPORTED_ARCHITECTURES = tuple(MODULES)
 
 _GLOBAL_NAMES = {
@@ -82,7 +82,7 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
             f"GGUF architecture {arch!r} is not supported; supported: "
             f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Mistral-style and SmolLM2 files say 'llama'; "
             "SmolLM3 'smollm3'; Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 2 'gemma2'; Gemma 3 'gemma3'; "
-            "Phi-3, Phi-3.5 and Phi-4-mini 'phi3'; Mixtral 'llama' with experts; Qwen1.5-MoE and Qwen2-57B "
+            "Phi-3, Phi-3.5 and Phi-4-mini 'phi3'; Granite 3 'granite'; Mixtral 'llama' with experts; Qwen1.5-MoE and Qwen2-57B "
             "'qwen2moe'; Qwen3's MoE 'qwen3moe')"
         )
 
@@ -177,6 +177,12 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
     elif head_dim != hidden // heads:  # qwen2's, qwen2_moe's, mixtral's and phi3's mlx-lm models derive it
         raise IncompatibleModelsError(f"a {arch} GGUF whose head dim ({head_dim}) is not hidden / heads "
                                       f"({hidden} / {heads}) is not supported")
+    elif arch == "granite":  # IBM's four scales (embeddings, residuals, attention scores, logits)
+        args.update(embedding_multiplier=float(get("embedding_scale", 1.0)),
+                    residual_multiplier=float(get("residual_scale", 1.0)),
+                    attention_multiplier=float(get("attention.scale", 0.0) or head_dim**-0.5),
+                    logits_scaling=float(get("logit_scale", 1.0)),
+                    attention_bias="blk.0.attn_q.bias" in names, mlp_bias="blk.0.ffn_up.bias" in names)
     elif arch == "phi3":  # Phi-4-mini rotates 3/4 of each head
         args.update(original_max_position_embeddings=int(get("rope.scaling.original_context_length",
                                                               args["max_position_embeddings"])),
