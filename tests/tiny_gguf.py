@@ -86,6 +86,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     `hidden` and `ffn` to be multiples of 256 (their blocks' width). `arch` "qwen2" adds Q/K/V
     biases, "qwen3" per-head Q/K norms (and `head_dim` may differ from hidden / heads); both keep
     HF's rows, as llama.cpp's converter does for them (their RoPE rotates halves, "NEOX").
+    "olmo2" norms after attention and the MLP only, and Q and K whole (not per head).
     "gemma3" adds Gemma 3's norms each side of attention and of the MLP, with the converter's
     1 + w, and a sliding `window` (one layer in 6 sees everything: give `layers` >= 6); "gemma2"
     the same norms without Q/K norms, the `window` on every other layer, and `softcaps` (attention
@@ -196,7 +197,8 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
 
     add("token_embd.weight", "token_embd", rand(len(tokens), hidden, scale=1.0))
     for i in range(layers):
-        add(f"blk.{i}.attn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
+        if arch != "olmo2":  # OLMo 2 norms after attention and the MLP only
+            add(f"blk.{i}.attn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
         if arch == "phi3":  # one matrix for Q, K, V (its rows in that order), typed as attn_q
             add(f"blk.{i}.attn_qkv.weight", "attn_q", rand((HEADS + 2 * KV_HEADS) * head_dim, hidden))
         else:
@@ -206,11 +208,15 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
         if qkv_biases:
             for part, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
                 add(f"blk.{i}.attn_{part}.bias", None, rand(n * head_dim, scale=0.5))
+        if arch == "olmo2":  # Q and K normed as a whole, before the heads are split
+            add(f"blk.{i}.attn_q_norm.weight", None, 1.0 + 0.1 * rand(HEADS * head_dim, scale=1.0))
+            add(f"blk.{i}.attn_k_norm.weight", None, 1.0 + 0.1 * rand(KV_HEADS * head_dim, scale=1.0))
         if qk_norms:
             add(f"blk.{i}.attn_q_norm.weight", None, 1.0 + 0.1 * rand(head_dim, scale=1.0))
             add(f"blk.{i}.attn_k_norm.weight", None, 1.0 + 0.1 * rand(head_dim, scale=1.0))
         add(f"blk.{i}.attn_output.weight", "attn_output", rand(hidden, HEADS * head_dim))
-        add(f"blk.{i}.ffn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
+        if arch != "olmo2":
+            add(f"blk.{i}.ffn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
         if arch == "phi3":  # gate's rows, then up's, in one matrix
             add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(2 * ffn, hidden))
         elif experts:  # a router, then each projection's experts stacked (experts, rows, cols)
@@ -229,7 +235,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
             add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(ffn, hidden))
         if not experts:
             add(f"blk.{i}.ffn_down.weight", "ffn_down", rand(hidden, ffn))
-        if arch in ("gemma2", "gemma3"):
+        if arch in ("gemma2", "gemma3", "olmo2"):
             add(f"blk.{i}.post_attention_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
             add(f"blk.{i}.post_ffw_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
     add("output_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
@@ -349,9 +355,12 @@ def reference_logits(path, tokens) -> np.ndarray:
 
     def project(h, p, part, heads):
         out = h @ W[p + f"attn_{part}.weight"].T + W.get(p + f"attn_{part}.bias", 0.0)
+        qk_norm = W.get(p + f"attn_{part}_norm.weight")
+        if qk_norm is not None and qk_norm.size == out.shape[-1]:  # OLMo 2: the whole projection normed
+            out = norm(out, qk_norm)
         out = out.reshape(n, heads, head_dim)
-        if p + f"attn_{part}_norm.weight" in W:  # qwen3: each head normed before RoPE
-            out = norm(out, W[p + f"attn_{part}_norm.weight"])
+        if qk_norm is not None and qk_norm.size == head_dim:  # qwen3: each head normed before RoPE
+            out = norm(out, qk_norm)
         return out
 
     mask = np.triu(np.full((n, n), -np.inf), 1)
@@ -377,7 +386,7 @@ def reference_logits(path, tokens) -> np.ndarray:
         sliding = (arch == "gemma3" and (i + 1) % 6 != 0) or (arch == "gemma2" and i % 2 == 0)
         if gemma:
             cos, sin = (cos_local, sin_local) if sliding else (cos_global, sin_global)
-        h = norm(x, W[p + "attn_norm.weight"])
+        h = norm(x, W[p + "attn_norm.weight"]) if p + "attn_norm.weight" in W else x
         # SmolLM3: no RoPE in every 4th layer (llama.cpp's n_no_rope_layer_step)
         rotate = rope if not (arch == "smollm3" and (i + 1) % 4 == 0) else (lambda v: v)
         q = rotate(project(h, p, "q", HEADS))
@@ -393,8 +402,9 @@ def reference_logits(path, tokens) -> np.ndarray:
         probs /= probs.sum(-1, keepdims=True)
         attn = np.einsum("hqk,khd->qhd", probs, v).reshape(n, HEADS * head_dim)
         out = attn @ W[p + "attn_output.weight"].T
-        x = x + (norm(out, W[p + "post_attention_norm.weight"]) if gemma else out * residual)
-        h = norm(x, W[p + "ffn_norm.weight"])
+        post = W.get(p + "post_attention_norm.weight")
+        x = x + (norm(out, post) if post is not None else out * residual)
+        h = norm(x, W[p + "ffn_norm.weight"]) if p + "ffn_norm.weight" in W else x
 
         def mlp(h, gate, up, down):
             g = h @ gate.T
@@ -418,7 +428,8 @@ def reference_logits(path, tokens) -> np.ndarray:
                 out += shared / (1 + np.exp(-(h @ W[p + "ffn_gate_inp_shexp.weight"])))[:, None]
         else:
             out = mlp(h, W[p + "ffn_gate.weight"], W[p + "ffn_up.weight"], W[p + "ffn_down.weight"])
-        x = x + (norm(out, W[p + "post_ffw_norm.weight"]) if gemma else out * residual)
+        post = W.get(p + "post_ffw_norm.weight")
+        x = x + (norm(out, post) if post is not None else out * residual)
     head = W.get("output.weight", W["token_embd.weight"])
     logits = norm(x, W["output_norm.weight"]) @ head.T / float(value(f"{arch}.logit_scale", 1.0))
     return final_cap * np.tanh(logits / final_cap) if final_cap else logits

@@ -2,7 +2,7 @@
 metadata (with what llama.cpp fixes that the file does not say), and its tensors' names.
 
 Architectures (`general.architecture`): llama (Llama 2/3, Mistral, TinyLlama, SmolLM2; with
-experts, Mixtral), smollm3, granite, qwen2, qwen3, qwen2moe, qwen3moe, gemma2 (`mlxspec.models.gemma2`:
+experts, Mixtral), smollm3, granite, olmo2, qwen2, qwen3, qwen2moe, qwen3moe, gemma2 (`mlxspec.models.gemma2`:
 mlx-lm's with its sliding window), gemma3 and phi3.
 """
 
@@ -19,7 +19,8 @@ from ..errors import IncompatibleModelsError
 # GGUF architecture -> mlx-lm model type (`models.module` finds its module). Mistral-style and
 # SmolLM2 files say "llama".
 MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
-           "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "smollm3": "smollm3", "granite": "granite"}
+           "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "smollm3": "smollm3", "granite": "granite",
+           "olmo2": "olmo2"}
 LLAMA_ROWS = ("llama", "mixtral", "smollm3", "granite")  # model types whose Q/K rows llama.cpp's converter permutes
 SUPPORTED_ARCHITECTURES = tuple(MODULES)
 
@@ -42,6 +43,9 @@ _BLOCK_NAMES = {
     "attn_k_norm": "self_attn.k_norm",
 }
 # Gemma 2 and 3 norm each side of attention and of the MLP; llama.cpp calls the one before the MLP ffn_norm.
+# OLMo 2 norms only after attention and after the MLP (and Q, K as wholes: qwen3's names).
+_OLMO2_BLOCK_NAMES = {**_BLOCK_NAMES, "post_attention_norm": "post_attention_layernorm",
+                      "post_ffw_norm": "post_feedforward_layernorm"}
 _GEMMA_BLOCK_NAMES = {
     **_BLOCK_NAMES,
     "post_attention_norm": "post_attention_layernorm",
@@ -82,7 +86,7 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
             f"GGUF architecture {arch!r} is not supported; supported: "
             f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Mistral-style and SmolLM2 files say 'llama'; "
             "SmolLM3 'smollm3'; Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 2 'gemma2'; Gemma 3 'gemma3'; "
-            "Phi-3, Phi-3.5 and Phi-4-mini 'phi3'; Granite 3 'granite'; Mixtral 'llama' with experts; Qwen1.5-MoE and Qwen2-57B "
+            "Phi-3, Phi-3.5 and Phi-4-mini 'phi3'; Granite 3 'granite'; OLMo 2 'olmo2'; Mixtral 'llama' with experts; Qwen1.5-MoE and Qwen2-57B "
             "'qwen2moe'; Qwen3's MoE 'qwen3moe')"
         )
 
@@ -158,6 +162,8 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
         args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)
     elif arch in ("qwen3", "qwen3moe"):
         args.update(head_dim=head_dim)
+    elif arch == "olmo2":
+        args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)
     elif arch == "gemma2":
         # llama.cpp's fixed Gemma 2 choices: the query scale is hidden / heads for the 46-layer 27B
         # (as its HF config says), the head dim otherwise; the caps default to Gemma 2's, as there
@@ -224,7 +230,7 @@ def mlx_weights(path, tensors: dict, model_type: str) -> dict:
     """
     block_names = _GEMMA_BLOCK_NAMES if model_type in ("gemma2", "gemma3_text") else {
         "phi3": _PHI3_BLOCK_NAMES, "qwen2_moe": _QWEN_MOE_BLOCK_NAMES, "qwen3_moe": _QWEN_MOE_BLOCK_NAMES,
-        "mixtral": _MIXTRAL_BLOCK_NAMES}.get(model_type, _BLOCK_NAMES)
+        "mixtral": _MIXTRAL_BLOCK_NAMES, "olmo2": _OLMO2_BLOCK_NAMES}.get(model_type, _BLOCK_NAMES)
     return {_mlx_name(path, k, block_names): v for k, v in tensors.items()}
 
 
