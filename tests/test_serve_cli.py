@@ -11,7 +11,7 @@ from mlxspec.serve.server import bind_warning
 
 FLAGS = ["--pair", "--target", "--draft", "--drafter", "--host", "--port", "--api-key", "--max-kv-size", "--queue",
          "--num-draft", "--max-tokens", "--temperature", "--max-body-size", "--shutdown-grace", "--dtype",
-         "--prompt-cache-size", "--prompt-cache-bytes", "--allow-origin", "--client-timeout"]
+         "--prompt-cache-size", "--prompt-cache-bytes", "--allow-origin", "--client-timeout", "--responses-dir"]
 
 
 def test_help_explains_every_flag_with_its_default(capsys):
@@ -155,3 +155,14 @@ def test_distributed_ranks_other_than_0_follow_and_rank_0_serves_then_releases(m
         assert served == [engine] and engine.calls == [("release",)]  # the server warms itself up
     else:  # no HTTP: warm up with the server's passes, then run rank 0's requests
         assert served == [] and engine.calls == [("warmup", warmup_temperatures()), ("follow",)]
+
+
+def test_the_responses_folder_is_made_at_start_or_refused(captured, tmp_path, capsys):
+    assert main(["serve"]) == 0 and captured.pop("serve").responses_dir is None
+    assert main(["serve", "--responses-dir", str(tmp_path / "kept" / "here")]) == 0
+    assert captured["serve"].responses_dir == str(tmp_path / "kept" / "here") and (tmp_path / "kept" / "here").is_dir()
+    captured.clear()
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--responses-dir", str(tmp_path / "a-file" / "sub")])
+    assert e.value.code == 2 and "--responses-dir" in capsys.readouterr().err and "load" not in captured

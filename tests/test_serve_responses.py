@@ -202,3 +202,78 @@ def test_the_store_keeps_the_last_responses_only():
     assert store.get("resp_1")["id"] == "resp_1"
     with pytest.raises(Exception, match="not stored here"):
         store.conversation("resp_0")
+
+
+def _remember(store, i):
+    output = [{"type": "message", "content": [{"type": "output_text", "text": f"answer {i}"}]}]
+    store.remember({"id": f"resp_{i}", "output": output}, [{"role": "user", "content": f"q {i}"}])
+
+
+def test_a_folder_gives_back_the_store_in_the_order_it_was_stored(tmp_path, caplog):
+    # ids are random and files a few milliseconds apart share a time: neither says the order
+    from mlxspec.serve.response_store import ResponseStore
+
+    store = ResponseStore(size=3, folder=tmp_path)
+    for i in ("c", "a", "b"):
+        _remember(store, i)
+    assert "kept in memory only" not in caplog.text
+    again = ResponseStore(size=2, folder=tmp_path)  # a smaller store: the oldest leaves, file and all
+    assert list(again._items) == ["resp_a", "resp_b"] and not (tmp_path / "resp_c.json").exists()
+    _remember(again, "d")
+    assert list(ResponseStore(size=2, folder=tmp_path)._items) == ["resp_b", "resp_d"]
+
+
+def test_a_folder_keeps_the_store_across_restarts(tmp_path, caplog):
+    from mlxspec.serve.response_store import ResponseStore
+
+    store = ResponseStore(size=2, folder=tmp_path / "responses")  # made when missing
+    for i in range(3):
+        _remember(store, i)
+    assert sorted(p.name for p in (tmp_path / "responses").iterdir()) == ["resp_1.json", "resp_2.json"]
+    (tmp_path / "responses" / "resp_9.json").write_text('{"response": {"id": "resp_9"')  # cut short
+    again = ResponseStore(size=2, folder=tmp_path / "responses")
+    assert again.conversation("resp_2") == store.conversation("resp_2") and again.get("resp_1")["id"] == "resp_1"
+    assert "skipping" in caplog.text and "resp_9.json" in caplog.text  # read past, left alone
+    again.delete("resp_1")
+    assert not (tmp_path / "responses" / "resp_1.json").exists()
+    with pytest.raises(Exception, match="not stored here"):
+        again.get("resp_1")
+    _remember(again, 3)  # the oldest left goes first, file and all
+    assert ResponseStore(size=2, folder=tmp_path / "responses").conversation("resp_3")[-1]["content"] == "answer 3"
+
+
+def test_a_store_that_cannot_write_keeps_answering_from_memory(tmp_path, monkeypatch, caplog):
+    import tempfile
+
+    from mlxspec.serve.response_store import ResponseStore
+
+    store = ResponseStore(folder=tmp_path)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    _remember(store, 0)
+    assert store.get("resp_0")["id"] == "resp_0" and "kept in memory only" in caplog.text
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_stored_responses_outlive_the_server_and_can_be_deleted(tmp_path):
+    folder = str(tmp_path / "responses")
+    with running_server(tiny_engine(drafter="ngram"), model_id="t", responses_dir=folder) as (url, _):
+        first = openai_client(url).responses.create(model="t", input="Tell me about rivers.", max_output_tokens=6)
+    with running_server(tiny_engine(drafter="ngram"), model_id="t", responses_dir=folder) as (url, _):
+        client = openai_client(url)
+        second = client.responses.create(model="t", previous_response_id=first.id, input="And the sea?",
+                                         max_output_tokens=6)
+        chat = [{"role": "user", "content": "Tell me about rivers."},
+                {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "And the sea?"}]
+        assert second.output_text == tiny_engine().generate(chat, max_tokens=6).text
+        assert httpx.get(f"{url}/v1/responses/{first.id}", timeout=TIMEOUT).json()["id"] == first.id
+        r = httpx.delete(f"{url}/v1/responses/{first.id}", timeout=TIMEOUT)
+        assert r.status_code == 200 and r.json() == {"id": first.id, "object": "response", "deleted": True}
+        assert httpx.get(f"{url}/v1/responses/{first.id}", timeout=TIMEOUT).status_code == 404
+        client.responses.delete(second.id)  # the official client's call
+        r = httpx.delete(f"{url}/v1/responses/{second.id}", timeout=TIMEOUT)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert list((tmp_path / "responses").glob("*.json")) == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from ..errors import MlxSpecError
 from .argtypes import count, non_negative, positive, size_bytes, template_args, web_origin
@@ -25,8 +26,8 @@ def register(subparsers) -> None:
         description=(
             "Serve one target (+ draft) over the OpenAI API (and Anthropic's Messages API):\n"
             "  POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   GET /v1/models\n"
-            "  POST /v1/messages[/count_tokens]   POST /tokenize   POST /detokenize   GET /metrics\n"
-            "  GET /health\n\n"
+            "  GET|DELETE /v1/responses/{id}   POST /v1/messages[/count_tokens]   POST /tokenize\n"
+            "  POST /detokenize   GET /metrics   GET /health\n\n"
             "Requests run one at a time on one engine, in arrival order; a conversation resent in full\n"
             "reuses the caches of its previous turn (usage.prompt_tokens_details.cached_tokens), also\n"
             "after other conversations in between (--prompt-cache-size). Tool calls, logprobs and\n"
@@ -80,6 +81,11 @@ def register(subparsers) -> None:
                         "'reasoning' (mlx-lm's and vLLM's key), 'reasoning_content' (DeepSeek's API's and "
                         "llama.cpp's, which many clients read), or 'none' (left in content, markers and all) "
                         f"(default: {d.reasoning_key})")
+    p.add_argument("--responses-dir", metavar="DIR", default=None,
+                   help="also write the Responses API's stored responses (store: true, OpenAI's default) to DIR, "
+                        "one JSON file each, so previous_response_id and GET /v1/responses/{id} still work after "
+                        "a restart; the conversations are kept there in plain text until DELETE "
+                        "/v1/responses/{id} or the last 256 push them out (default: in memory only)")
     p.add_argument("--max-body-size", type=positive, default=DEFAULT_MAX_BODY, metavar="BYTES",
                    help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY}, {DEFAULT_MAX_BODY >> 20} MiB)")
     p.add_argument("--client-timeout", type=non_negative, default=d.client_timeout, metavar="S",
@@ -109,6 +115,15 @@ def run(args) -> int:
         # An HTTP header carries ASCII: a client could never send another key.
         args._parser.error(f"--api-key (or ${API_KEY_ENV}) must be printable ASCII without surrounding "
                            f"spaces, e.g. from `openssl rand -hex 16`")
+    if args.responses_dir is not None:  # said before the model loads, not after
+        folder = Path(args.responses_dir).expanduser()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            args._parser.error(f"--responses-dir {args.responses_dir}: cannot make that folder ({e.strerror})")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            args._parser.error(f"--responses-dir {args.responses_dir}: that folder is not writable")
+        args.responses_dir = str(folder)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
     engine = modelargs.load_engine(args, prompt_cache_size=args.prompt_cache_size,
                                    prompt_cache_bytes=args.prompt_cache_bytes, **modelargs.drafting_options(args))
@@ -132,7 +147,7 @@ def run(args) -> int:
                            max_body_size=args.max_body_size, shutdown_grace=args.shutdown_grace,
                            log_level=args.log_level, allow_origins=tuple(args.allow_origin),
                            client_timeout=args.client_timeout, chat_template_args=args.chat_template_args,
-                           reasoning_key=args.reasoning_key)
+                           reasoning_key=args.reasoning_key, responses_dir=args.responses_dir)
     try:
         return serve(engine, options)
     finally:

@@ -47,8 +47,9 @@ from .responses import DONE, LogprobStream, Shapes, combined, joined, prompt_log
 
 log = logging.getLogger("mlxspec.serve")
 OPEN_PATHS = ("/health", "/")  # answered without the API key (load balancers, scripts and agents probe them)
-ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, "
-               "GET /v1/models, GET /health, POST /tokenize, POST /detokenize, GET /metrics")
+ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE "
+               "/v1/responses/{id}, POST /v1/messages, GET /v1/models, GET /health, POST /tokenize, "
+               "POST /detokenize, GET /metrics")
 
 
 class ServerState:
@@ -61,7 +62,7 @@ class ServerState:
         self.model_id = options.model_id or getattr(engine, "pair_name", None) or _target_ref(engine) or "mlxspec"
         self.created = int(time.time())
         self.metrics = Metrics(self.model_id, getattr(engine, "default_drafter", None))
-        self.responses = ResponseStore()  # the Responses API's stored responses
+        self.responses = ResponseStore(folder=options.responses_dir)  # the Responses API's stored responses
         self._other_names: set = set()
         # Read at start, not on a first request: a template without a known marker makes mlx-lm
         # look through the whole vocabulary.
@@ -113,6 +114,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/v1/completions", _endpoint(schema.parse_completion), methods=["POST"]),
         Route("/v1/responses", create_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
         Route("/v1/messages", create_message, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
@@ -502,6 +504,13 @@ async def create_response(request: Request) -> Response:
 async def get_response(request: Request) -> Response:
     """GET /v1/responses/{id}: a stored response."""
     return JSONResponse(request.app.state.mlxspec.responses.get(request.path_params["response_id"]))
+
+
+async def delete_response(request: Request) -> Response:
+    """DELETE /v1/responses/{id}: forget a stored response (OpenAI's answer: its id, deleted)."""
+    response_id = request.path_params["response_id"]
+    request.app.state.mlxspec.responses.delete(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
 def _anthropic_errors(handler: Callable) -> Callable:

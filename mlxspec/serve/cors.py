@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from .local import hostname, is_loopback
 
-METHODS = "GET, POST, OPTIONS"
+METHODS = "GET, POST, DELETE, OPTIONS"
 MAX_AGE = "600"  # seconds a browser may reuse a preflight's answer
 
 

@@ -28,4 +28,5 @@ class ServeOptions:
     chat_template_args: Optional[dict] = None  # template variables for every chat request (a request's own win)
     reasoning_key: str = "reasoning"  # one of REASONING_KEYS
     model_id: Optional[str] = None  # the name /v1/models lists; default: the pair's name or the target
+    responses_dir: Optional[str] = None  # where stored Responses API responses are also written (None: memory only)
     log_level: str = "info"

@@ -1,7 +1,9 @@
 """The Responses API's stored responses (`store`, on by default, as OpenAI's): each answered
 response's body, for GET /v1/responses/{id}, and its conversation as chat messages, which a
-later request continues with `previous_response_id`. In memory only (a restarted server
-knows none), the least recently stored leaving first past `size`.
+later request continues with `previous_response_id`; DELETE /v1/responses/{id} forgets one.
+The least recently stored leave first past `size`. In memory only by default (a restarted
+server knows none); with a `folder` (`mlxspec serve --responses-dir`) each is also a JSON file
+there, written whole or not at all, and a server started on the folder knows them again.
 
 As OpenAI's, a continued conversation keeps the earlier input and output, not the earlier
 `instructions` or tools: a request sends its own.
@@ -9,41 +11,116 @@ As OpenAI's, a continued conversation keeps the earlier input and output, not th
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import tempfile
 from collections import OrderedDict
-from typing import List
+from pathlib import Path
+from typing import List, Optional
 
-from ..errors import shown
+from ..errors import MlxSpecError, shown
 from ..tools import arguments_object
 from .errors import APIError, invalid
 
 SIZE = 256  # responses kept
+log = logging.getLogger("mlxspec.serve")
 
 
 class ResponseStore:
-    def __init__(self, size: int = SIZE):
+    def __init__(self, size: int = SIZE, folder: Optional[Path] = None):
         self.size = size
+        self.folder = Path(folder) if folder is not None else None
         self._items: "OrderedDict[str, tuple]" = OrderedDict()  # id -> (response body, conversation)
+        self._count = 0  # responses stored so far, across restarts: a file's place in the order
+        if self.folder is not None:
+            self._load()
+
+    def _where(self) -> str:
+        return f"in {self.folder}" if self.folder is not None else "in memory"
 
     def conversation(self, response_id) -> List[dict]:
         """The chat messages of a stored response's conversation, its answer last."""
         if not isinstance(response_id, str) or response_id not in self._items:
             raise invalid(f"previous response {shown(response_id)} is not stored here: this server keeps the last "
-                          f"{self.size} responses it answered with store true, in memory; send the conversation "
-                          f"as input instead", "previous_response_id")
+                          f"{self.size} responses it answered with store true, {self._where()}; send the "
+                          f"conversation as input instead", "previous_response_id")
         return list(self._items[response_id][1])
 
     def get(self, response_id: str) -> dict:
         if response_id not in self._items:
             raise APIError(404, f"response {shown(response_id)} is not stored here (the last {self.size} responses "
-                           f"answered with store true are, in memory)", param="response_id", code="not_found")
+                           f"answered with store true are, {self._where()})", param="response_id", code="not_found")
         return self._items[response_id][0]
 
     def remember(self, response: dict, conversation: List[dict]) -> None:
         """Keep an answered response, with the chat messages it answered (without its instructions)."""
-        self._items[response["id"]] = (response, list(conversation) + answer_messages(response["output"]))
+        entry = (response, list(conversation) + answer_messages(response["output"]))
+        self._items[response["id"]] = entry
         self._items.move_to_end(response["id"])
+        self._write(response["id"], entry)
         while len(self._items) > self.size:
-            self._items.popitem(last=False)
+            self._unlink(self._items.popitem(last=False)[0])
+
+    def delete(self, response_id: str) -> None:
+        """Forget a stored response (and its file)."""
+        self.get(response_id)  # 404 when it is not stored
+        del self._items[response_id]
+        self._unlink(response_id)
+
+    # -- the folder -------------------------------------------------------------------------------
+
+    def _path(self, response_id: str) -> Path:
+        return self.folder / f"{response_id}.json"  # ids are ours (resp_ + hex), never a client's text
+
+    def _write(self, response_id: str, entry: tuple) -> None:
+        if self.folder is None:
+            return
+        tmp = None
+        self._count += 1
+        try:  # a temporary file renamed over the name: a reader never sees half a response
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"order": self._count, "response": entry[0], "conversation": entry[1]}, f)
+            os.replace(tmp, self._path(response_id))
+        except OSError as e:  # a full disk keeps the server answering, from memory
+            log.warning("response %s is kept in memory only: writing it to %s failed: %s", response_id, self.folder, e)
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def _unlink(self, response_id: str) -> None:
+        if self.folder is not None:
+            try:
+                self._path(response_id).unlink(missing_ok=True)
+            except OSError as e:
+                log.warning("could not remove %s: %s", self._path(response_id), e)
+
+    def _load(self) -> None:
+        """The folder's responses, oldest first (in the order they were stored; a file's time is
+        too coarse for responses a few milliseconds apart), the last `size` of them."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            paths = list(self.folder.glob("resp_*.json"))
+        except OSError as e:
+            raise MlxSpecError(f"cannot keep stored responses in {self.folder}: {e}") from None
+        found = []
+        for path in paths:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                order, response, conversation = data["order"], data["response"], data["conversation"]
+                if response.get("id") != path.stem or not isinstance(conversation, list) or not isinstance(order, int):
+                    raise ValueError("not a stored response of this server")
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # left as it is, not read
+                log.warning("skipping %s: %s", path, e)
+                continue
+            found.append((order, path.stem, response, conversation))
+        for order, response_id, response, conversation in sorted(found, key=lambda f: f[:2]):
+            self._items[response_id] = (response, conversation)
+            self._count = max(self._count, order)
+        while len(self._items) > self.size:
+            self._unlink(self._items.popitem(last=False)[0])
+        if self._items:
+            log.info("%d stored responses read from %s", len(self._items), self.folder)
 
 
 def answer_messages(output: List[dict]) -> List[dict]:
@@ -55,4 +132,3 @@ def answer_messages(output: List[dict]) -> List[dict]:
              for item in output if item["type"] == "function_call"]
     message = {"role": "assistant", "content": text or (None if calls else "")}
     return [dict(message, tool_calls=calls) if calls else message]
-
