@@ -67,6 +67,8 @@ def hub(tmp_path, monkeypatch):
         "tiny-q4_k_m.gguf": model.read_bytes(), "tiny-Q4_K_S.gguf": None, "tiny-Q8_0.gguf": None,
         "big/big-Q6_K-00001-of-00002.gguf": None, "big/big-Q6_K-00002-of-00002.gguf": None,
         "tiny-IQ4_XS.gguf": None, "other-IQ4_XS.gguf": None, "README.md": None,
+        "UD-Q4_K_XL/tiny-UD-Q4_K_XL-00001-of-00002.gguf": None, "UD-Q4_K_XL/tiny-UD-Q4_K_XL-00002-of-00002.gguf": None,
+        "tiny-UD-IQ1_S.gguf": None, "tiny-TQ1_0.gguf": None,
     })
     for name in ("list_repo_files", "hf_hub_download", "snapshot_download"):
         monkeypatch.setattr(huggingface_hub, name, getattr(fake, name))
@@ -85,7 +87,7 @@ def test_a_tag_fetches_that_one_file_whatever_its_case(hub):
 @pytest.mark.parametrize("tag, says", [
     # a tag is a whole quantization name: Q4_K is neither Q4_K_M nor Q4_K_S
     ("Q4_K", r"no GGUF file whose name has the quantization 'Q4_K' in the repo; there: IQ4_XS, Q4_K_M, Q4_K_S, "
-             r"Q6_K, Q8_0"),
+             r"Q6_K, Q8_0, TQ1_0, UD-IQ1_S, UD-Q4_K_XL"),
     ("IQ4_XS", r"matches 2 GGUF files \(other-IQ4_XS.gguf, tiny-IQ4_XS.gguf\); name one by its file name, "
                rf"e.g. {REPO}:other-IQ4_XS.gguf"),
 ])
@@ -103,6 +105,14 @@ def test_a_split_gguf_fetches_every_part(hub):
     (hub.remote / "big/big-Q6_K-00002-of-00002.gguf").unlink()
     with pytest.raises(ModelNotFoundError, match=r"is a GGUF split in 2 parts, but the repo has 1 of them"):
         resolve_model(f"{REPO}:q6_k")
+
+
+@pytest.mark.parametrize("tag", ["UD-Q4_K_XL", "ud-q4_k_xl", "Q4_K_XL"])
+def test_unsloths_dynamic_quantizations_are_named_with_or_without_their_prefix(hub, tag):
+    # unsloth's model cards say `llama-cli -hf unsloth/NAME-GGUF:UD-Q4_K_XL`
+    assert resolve_model(f"{REPO}:{tag}").path.name == "tiny-UD-Q4_K_XL-00001-of-00002.gguf"
+    assert resolve_model(f"{REPO}:UD-IQ1_S").path.name == "tiny-UD-IQ1_S.gguf"
+    assert resolve_model(f"{REPO}:tq1_0").path.name == "tiny-TQ1_0.gguf"
 
 
 def test_a_file_name_is_a_tag_too(hub):

@@ -9,8 +9,8 @@ Order, first match wins:
   5. a Hugging Face repo id "owner/name", through `huggingface_hub.snapshot_download`,
      which honours HF_HOME / HF_HUB_CACHE / HF_HUB_OFFLINE and draws its own progress bars;
      "owner/name:TAG" is one GGUF file of a repo (llama.cpp's `-hf` convention): TAG is a
-     quantization named in the file name, any case ("Q4_K_M"), or the file's name; a file
-     split in parts is fetched whole.
+     quantization named in the file name, any case ("Q4_K_M", unsloth's "UD-Q4_K_XL"), or the
+     file's name; a file split in parts is fetched whole.
 
 Every failure is a `ModelNotFoundError` that names the reference, what was looked for,
 and what to run.
@@ -38,8 +38,11 @@ HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken",
                 "*.txt", "*.jinja"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_GGUF = re.compile(r"^([A-Za-z0-9][\w.-]*/[\w.-]+):([\w.-]+)$")
-# A quantization's name inside a GGUF file name (Q4_K_M, IQ4_XS, Q8_0, BF16, ...), for suggestions.
-_QUANT_TAG = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
+# A quantization's name inside a GGUF file name (Q4_K_M, IQ4_XS, Q8_0, TQ1_0, MXFP4, BF16, ...), and
+# unsloth's "UD-" (their dynamic quantizations: their docs name files `:UD-Q4_K_XL`): group 1 with the
+# prefix, group 2 without.
+_QUANT_TAG = re.compile(r"(?<![A-Za-z0-9])((?:UD-)?(I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|MXFP4|BF16|F16|F32))(?![A-Za-z0-9])",
+                        re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -257,8 +260,10 @@ def _cached_ggufs(repo_id: str, tag: str) -> list[str]:
 
 
 def _names_tag(file_name: str, tag: str) -> bool:
-    """Whether `tag` appears in `file_name` as a whole quantization name (Q4_K is not Q4_K_M's)."""
-    return any(m.group(1).lower() == tag.lower() for m in _QUANT_TAG.finditer(file_name.removesuffix(".gguf")))
+    """Whether `tag` appears in `file_name` as a whole quantization name (Q4_K is not Q4_K_M's),
+    with or without its "UD-" prefix."""
+    return any(tag.lower() in (m.group(1).lower(), m.group(2).lower())
+               for m in _QUANT_TAG.finditer(file_name.removesuffix(".gguf")))
 
 
 def _tags(names) -> list[str]:
