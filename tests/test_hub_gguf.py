@@ -68,7 +68,7 @@ def hub(tmp_path, monkeypatch):
         "big/big-Q6_K-00001-of-00002.gguf": None, "big/big-Q6_K-00002-of-00002.gguf": None,
         "tiny-IQ4_XS.gguf": None, "other-IQ4_XS.gguf": None, "README.md": None,
         "UD-Q4_K_XL/tiny-UD-Q4_K_XL-00001-of-00002.gguf": None, "UD-Q4_K_XL/tiny-UD-Q4_K_XL-00002-of-00002.gguf": None,
-        "tiny-UD-IQ1_S.gguf": None, "tiny-TQ1_0.gguf": None,
+        "tiny-UD-IQ1_S.gguf": None, "tiny-TQ1_0.gguf": None, "tiny-MXFP4.gguf": None,
     })
     for name in ("list_repo_files", "hf_hub_download", "snapshot_download"):
         monkeypatch.setattr(huggingface_hub, name, getattr(fake, name))
@@ -86,8 +86,8 @@ def test_a_tag_fetches_that_one_file_whatever_its_case(hub):
 
 @pytest.mark.parametrize("tag, says", [
     # a tag is a whole quantization name: Q4_K is neither Q4_K_M nor Q4_K_S
-    ("Q4_K", r"no GGUF file whose name has the quantization 'Q4_K' in the repo; there: IQ4_XS, Q4_K_M, Q4_K_S, "
-             r"Q6_K, Q8_0, TQ1_0, UD-IQ1_S, UD-Q4_K_XL"),
+    ("Q4_K", r"no GGUF file whose name has the quantization 'Q4_K' in the repo; there: IQ4_XS, MXFP4, Q4_K_M, "
+             r"Q4_K_S, Q6_K, Q8_0, TQ1_0, UD-IQ1_S, UD-Q4_K_XL"),
     ("IQ4_XS", r"matches 2 GGUF files \(other-IQ4_XS.gguf, tiny-IQ4_XS.gguf\); name one by its file name, "
                rf"e.g. {REPO}:other-IQ4_XS.gguf"),
 ])
@@ -113,6 +113,7 @@ def test_unsloths_dynamic_quantizations_are_named_with_or_without_their_prefix(h
     assert resolve_model(f"{REPO}:{tag}").path.name == "tiny-UD-Q4_K_XL-00001-of-00002.gguf"
     assert resolve_model(f"{REPO}:UD-IQ1_S").path.name == "tiny-UD-IQ1_S.gguf"
     assert resolve_model(f"{REPO}:tq1_0").path.name == "tiny-TQ1_0.gguf"
+    assert resolve_model(f"{REPO}:mxfp4").path.name == "tiny-MXFP4.gguf"
 
 
 def test_a_file_name_is_a_tag_too(hub):
@@ -142,7 +143,7 @@ def test_a_gguf_only_repo_named_bare_suggests_tags(hub, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", no_model)
     with pytest.raises(ModelNotFoundError, match=rf"'{REPO}' holds GGUF files, not an mlx-lm model: name one "
-                                                 rf"as {REPO}:TAG, e.g. {REPO}:IQ4_XS, {REPO}:Q4_K_M"):
+                                                 rf"as {REPO}:TAG, e.g. {REPO}:IQ4_XS, {REPO}:MXFP4, {REPO}:Q4_K_M"):
         resolve_model(REPO)
     # asked not to download (`mlxspec models` checking its cache), the hub is never asked
     listed = hub.listed
