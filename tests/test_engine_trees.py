@@ -24,6 +24,19 @@ def flat_curve(engine):
     return engine
 
 
+def check_chains_and_trees_decode_plainly(model, tokenizer, *, max_kv_size=None, max_tokens=40):
+    """Greedy chains (fixed k = 3) and whole trees (`flat_curve`) give `model` plain decoding's
+    tokens on PROMPT, with drafts made and trees verified: for models of other architectures."""
+    plain = Engine(model, tokenizer, None, drafter="none", max_kv_size=max_kv_size)
+    plain = plain.generate(PROMPT, max_tokens=max_tokens)
+    chain = Engine(model, tokenizer, None, drafter="ngram", num_draft=3, tree="off", max_kv_size=max_kv_size)
+    trees = flat_curve(Engine(model, tokenizer, None, drafter="ngram", max_kv_size=max_kv_size))
+    for engine in (chain, trees):
+        r = engine.generate(PROMPT, max_tokens=max_tokens)
+        assert r.tokens == plain.tokens and r.stats.drafted > 0
+    assert r.stats.tree_rounds > 0, "no tree was verified"
+
+
 @pytest.fixture(scope="module")
 def target():
     return tiny.make_llama(1)

@@ -79,17 +79,11 @@ def test_gemma2_decodes_as_the_reference(gemma2_file):
 @pytest.mark.parametrize("max_kv", [None, 12])
 def test_gemma2_speculation_stays_lossless_across_the_window(gemma2_file, max_kv):
     # Chains and trees roll the windowed layers' rings back; the tokens stay plain decoding's.
-    from test_engine_trees import PROMPT, flat_curve
+    from test_engine_trees import check_chains_and_trees_decode_plainly
 
     path, _ = gemma2_file
     model, tok, _ = load_model(path, dtype="float32")
-    plain = Engine(model, tok, None, drafter="none", max_kv_size=max_kv).generate(PROMPT, max_tokens=40)
-    chain = Engine(model, tok, None, drafter="ngram", num_draft=3, tree="off", max_kv_size=max_kv)
-    trees = flat_curve(Engine(model, tok, None, drafter="ngram", max_kv_size=max_kv))
-    for engine in (chain, trees):
-        r = engine.generate(PROMPT, max_tokens=40)
-        assert r.tokens == plain.tokens and r.stats.drafted > 0
-    assert r.stats.tree_rounds > 0
+    check_chains_and_trees_decode_plainly(model, tok, max_kv_size=max_kv)
 
 
 def test_an_mlx_folder_of_gemma2_gets_the_window(tmp_path):
