@@ -95,8 +95,8 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     fuses Q, K, V in one matrix and the MLP's gate and up in another. `experts` > 0 makes each MLP a
     mixture (a router, `experts` stacked experts of `expert_ffn`, `used` per token): with "llama"
     Mixtral's, with "qwen3moe" Qwen3's (Q/K norms), with "qwen2moe" Qwen2's (Q/K/V biases and a
-    gated shared expert of `shared_ffn`). "granite" adds GRANITE_SCALES. `rope_dims` < the head dim rotates only that many of each
-    head's dims (Phi-4-mini); `longrope` adds Phi-3's LongRoPE factors for an original context of 32
+    gated shared expert of `shared_ffn`). "granite" adds GRANITE_SCALES. `rope_dims` < the head dim
+    rotates only that many of each head's dims (Phi-4-mini); `longrope` adds Phi-3's LongRoPE factors for an original context of 32
     (of 256) and the attention factor llama.cpp's converter writes (a number: that factor instead).
     `split` > 0 writes parts of that many tensors, named as llama.cpp's gguf-split names them
     (`path`'s stem + "-00001-of-0000N.gguf"), with the same weights as unsplit.

@@ -2,8 +2,8 @@
 metadata (with what llama.cpp fixes that the file does not say), and its tensors' names.
 
 Architectures (`general.architecture`): llama (Llama 2/3, Mistral, TinyLlama, SmolLM2; with
-experts, Mixtral), smollm3, granite, olmo2, qwen2, qwen3, qwen2moe, qwen3moe, gemma2 (`mlxspec.models.gemma2`:
-mlx-lm's with its sliding window), gemma3 and phi3.
+experts, Mixtral), smollm3, granite, olmo2, qwen2, qwen3, qwen2moe, qwen3moe, gemma2
+(`mlxspec.models.gemma2`: mlx-lm's with its sliding window), gemma3 and phi3.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from ..errors import IncompatibleModelsError
 # GGUF architecture -> mlx-lm model type (`models.module` finds its module). Mistral-style and
 # SmolLM2 files say "llama".
 MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
-           "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "smollm3": "smollm3", "granite": "granite",
-           "olmo2": "olmo2"}
-LLAMA_ROWS = ("llama", "mixtral", "smollm3", "granite")  # model types whose Q/K rows llama.cpp's converter permutes
+           "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "smollm3": "smollm3",
+           "granite": "granite", "olmo2": "olmo2"}
+LLAMA_ROWS = ("llama", "mixtral", "smollm3", "granite")  # model types whose Q/K rows llama.cpp permutes
 SUPPORTED_ARCHITECTURES = tuple(MODULES)
 
 _GLOBAL_NAMES = {
@@ -42,10 +42,10 @@ _BLOCK_NAMES = {
     "attn_q_norm": "self_attn.q_norm",  # qwen3
     "attn_k_norm": "self_attn.k_norm",
 }
-# Gemma 2 and 3 norm each side of attention and of the MLP; llama.cpp calls the one before the MLP ffn_norm.
 # OLMo 2 norms only after attention and after the MLP (and Q, K as wholes: qwen3's names).
 _OLMO2_BLOCK_NAMES = {**_BLOCK_NAMES, "post_attention_norm": "post_attention_layernorm",
                       "post_ffw_norm": "post_feedforward_layernorm"}
+# Gemma 2 and 3 norm each side of attention and of the MLP; llama.cpp calls the one before the MLP ffn_norm.
 _GEMMA_BLOCK_NAMES = {
     **_BLOCK_NAMES,
     "post_attention_norm": "post_attention_layernorm",
@@ -70,9 +70,8 @@ _GLOBAL = re.compile(r"(\w+)\.(weight|scales|biases|bias)$")
 
 
 def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | None = None):
-    """mlx-lm `ModelArgs` of the file's architecture (`args.model_type` names its module:
-    `mlx_lm.models.llama`, `.qwen2`, `.qwen3`, `.qwen2_moe`, `.qwen3_moe`, `.mixtral`, `.gemma3_text`,
-    `.phi3`, or `mlxspec.models.gemma2`) from GGUF metadata (keys `<arch>.*`). `rope_factors`:
+    """mlx-lm `ModelArgs` of the file's architecture (`args.model_type`: its module is
+    `mlxspec.models.module(model_type)`) from GGUF metadata (keys `<arch>.*`). `rope_factors`:
     the file's LongRoPE tensors (`rope_factors_long.weight`, `rope_factors_short.weight`), if any.
 
     Raises:
@@ -86,8 +85,8 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
             f"GGUF architecture {arch!r} is not supported; supported: "
             f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Mistral-style and SmolLM2 files say 'llama'; "
             "SmolLM3 'smollm3'; Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 2 'gemma2'; Gemma 3 'gemma3'; "
-            "Phi-3, Phi-3.5 and Phi-4-mini 'phi3'; Granite 3 'granite'; OLMo 2 'olmo2'; Mixtral 'llama' with experts; Qwen1.5-MoE and Qwen2-57B "
-            "'qwen2moe'; Qwen3's MoE 'qwen3moe')"
+            "Phi-3, Phi-3.5 and Phi-4-mini 'phi3'; Granite 3 'granite'; OLMo 2 'olmo2'; Mixtral 'llama' with "
+            "experts; Qwen1.5-MoE and Qwen2-57B 'qwen2moe'; Qwen3's MoE 'qwen3moe')"
         )
 
     def get(key, default=None):

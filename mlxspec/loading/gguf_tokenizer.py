@@ -69,7 +69,8 @@ NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp token types
 # eot / eom ids: converters often write only EOS, the end of a document, while a chat turn ends
 # with another token (Gemma's <end_of_turn>, Phi-3's <|end|>, Qwen's <|im_end|> in base models).
 END_NAMES = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>",
-             "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<\uff5cend\u2581of\u2581sentence\uff5c>")
+             "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+             "<\uff5cend\u2581of\u2581sentence\uff5c>")  # DeepSeek's, in full-width bars
 # ... and its fill-in-the-middle pad, repository and file-separator tokens: by key, else by text
 FIM_ENDS = {
     "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
