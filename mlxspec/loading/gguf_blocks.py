@@ -68,10 +68,15 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
         packed = codes
     elif bits == 4:
         packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    else:  # 8 codes make `bits` whole bytes: gather them in a little-endian uint64, keep those bytes
-        eight = codes.reshape(rows, cols // 8, 8).astype("<u8") << (np.arange(8, dtype="<u8") * bits)
-        word = np.bitwise_or.reduce(eight, axis=-1)
-        packed = word[..., None].view(np.uint8)[..., :bits].reshape(rows, cols * bits // 8)
+    else:  # 8 codes make `bits` whole bytes; each code's bits go into the one or two bytes they span
+        eight = codes.reshape(rows, cols // 8, 8)
+        out = np.zeros((rows, cols // 8, bits), np.uint8)
+        for i in range(8):
+            start = i * bits  # code i's first bit in its group's stream
+            for k in range(start // 8, (start + bits - 1) // 8 + 1):
+                shift = start - 8 * k  # uint8 shifts drop what falls outside byte k
+                out[..., k] |= eight[..., i] << shift if shift >= 0 else eight[..., i] >> -shift
+        packed = out.reshape(rows, cols * bits // 8)
     return np.ascontiguousarray(packed).view(np.uint32)
 
 
