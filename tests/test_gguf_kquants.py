@@ -212,3 +212,34 @@ def test_a_split_gguf_loads_as_the_whole_file(tmp_path):
     with pytest.raises(MlxSpecError, match=r"part 1 of a GGUF split in 2, and 1 part\(s\) are missing beside it: "
                                            r"two-00002-of-00002.gguf"):
         load_model(tmp_path / "two-00001-of-00002.gguf")
+
+
+def test_a_large_file_read_tensor_by_tensor_shows_its_progress(kfile, monkeypatch):
+    # on a terminal only (tqdm's disable=None), and only from PROGRESS_BYTES on
+    import gguf
+    import tqdm.auto
+
+    from mlxspec.loading import gguf as gguf_loader
+
+    bars = []
+
+    class Recorder:
+        def __init__(self, total, disable, **kw):
+            self.total, self.disable, self.done, self.closed = total, disable, 0, False
+            bars.append(self)
+
+        def update(self, n):
+            self.done += n
+
+        def close(self):
+            self.closed = True
+
+    path, _ = kfile
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    load_model(path, dtype="quantized")
+    assert bars[-1].disable is True  # a small file: no bar
+    monkeypatch.setattr(gguf_loader, "PROGRESS_BYTES", 1)
+    load_model(path, dtype="quantized")
+    tensor_bytes = sum(t.n_bytes for t in gguf.GGUFReader(str(path)).tensors)
+    bar = bars[-1]
+    assert bar.disable is None and bar.total == path.stat().st_size and bar.done == tensor_bytes and bar.closed

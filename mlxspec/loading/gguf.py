@@ -37,6 +37,7 @@ FLOAT_TYPES = ("F32", "F16", "BF16")
 MX_LOAD_TYPES = FLOAT_TYPES + ("Q4_0", "Q4_1", "Q8_0")  # what mx.load keeps as stored
 REQUANTIZED_BITS = 8  # types with no exact MLX form, when kept quantized
 GROUP_SIZE = 32  # MLX's groups; every ggml type kept as stored has groups of 32
+PROGRESS_BYTES = 2**30  # files read tensor by tensor this large show a progress bar
 
 
 def supported_types() -> tuple[str, ...]:
@@ -123,12 +124,16 @@ def tensor_table(path: str | Path) -> list:
 
 
 def _read_tensors(path: Path, infos, float_dtype) -> dict:
-    """The file's tensors, one at a time from its memory map (see the module docstring)."""
+    """The file's tensors, one at a time from its memory map (see the module docstring); a file
+    of PROGRESS_BYTES or more shows a progress bar on a terminal (decoding takes a while)."""
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from tqdm.auto import tqdm
 
     data = np.memmap(path, dtype=np.uint8, mode="r")
     tensors = {}
+    bar = tqdm(total=len(data), unit="B", unit_scale=True, unit_divisor=1024, desc=f"reading {path.name}",
+               leave=False, disable=None if len(data) >= PROGRESS_BYTES else True)  # None: a terminal only
     for t in infos:
         added = {}
         cols, rows = t.shape[0], int(np.prod(t.shape[1:], dtype=np.int64))
@@ -163,6 +168,8 @@ def _read_tensors(path: Path, infos, float_dtype) -> dict:
                      base + ".biases": biases.astype(mx.float16)}
         mx.eval(list(added.values()))  # so at most one tensor's float32 is ever held
         tensors.update(added)
+        bar.update(end - t.offset)
+    bar.close()
     return tensors
 
 
