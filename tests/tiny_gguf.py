@@ -87,6 +87,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     biases, "qwen3" per-head Q/K norms (and `head_dim` may differ from hidden / heads); both keep
     HF's rows, as llama.cpp's converter does for them (their RoPE rotates halves, "NEOX").
     "olmo2" norms after attention and the MLP only, and Q and K whole (not per head).
+    "gemma" is Gemma 1's layout (llama's names, norms stored as 1 + w, GELU, a scaled input).
     "gemma3" adds Gemma 3's norms each side of attention and of the MLP, with the converter's
     1 + w, and a sliding `window` (one layer in 6 sees everything: give `layers` >= 6); "gemma2"
     the same norms without Q/K norms, the `window` on every other layer, and `softcaps` (attention
@@ -365,7 +366,8 @@ def reference_logits(path, tokens) -> np.ndarray:
 
     mask = np.triu(np.full((n, n), -np.inf), 1)
     layers = 1 + max(int(k.split(".")[1]) for k in W if k.startswith("blk."))
-    gemma = arch in ("gemma2", "gemma3")
+    gemma = arch in ("gemma", "gemma2", "gemma3")  # GELU (tanh), a scaled input; 2 and 3 windows too
+    windowed = arch in ("gemma2", "gemma3")
 
     # llama.cpp's Gemma 2: a window on the even layers, tanh caps on attention scores and logits
     attn_cap, final_cap = value("gemma2.attn_logit_softcapping"), value("gemma2.final_logit_softcapping")
@@ -373,18 +375,19 @@ def reference_logits(path, tokens) -> np.ndarray:
     # Granite's scales: of the embeddings, of what each block adds, of attention scores, of logits
     x = x * float(value(f"{arch}.embedding_scale", 1.0))
     residual = float(value(f"{arch}.residual_scale", 1.0))
-    if gemma:  # llama.cpp's Gemma 3: a window on 5 layers in 6, their RoPE base 10,000; both: GELU, scaled input
+    if gemma:
+        x = x * np.sqrt(x.shape[-1])
+    if windowed:  # llama.cpp's Gemma 3: a window on 5 layers in 6, their RoPE base 10,000
         window = int(value(f"{arch}.attention.sliding_window"))
         local = mask + np.where(np.subtract.outer(np.arange(n), np.arange(n)) >= window, -np.inf, 0.0)
         base_local = 10000.0 if arch == "gemma3" else THETA
         inv_local = base_local ** (-np.arange(0, head_dim, 2) / head_dim)
         cos_local, sin_local = np.cos(pos * inv_local), np.sin(pos * inv_local)
         cos_global, sin_global = cos, sin
-        x = x * np.sqrt(x.shape[-1])
     for i in range(layers):
         p = f"blk.{i}."
         sliding = (arch == "gemma3" and (i + 1) % 6 != 0) or (arch == "gemma2" and i % 2 == 0)
-        if gemma:
+        if windowed:
             cos, sin = (cos_local, sin_local) if sliding else (cos_global, sin_global)
         h = norm(x, W[p + "attn_norm.weight"]) if p + "attn_norm.weight" in W else x
         # SmolLM3: no RoPE in every 4th layer (llama.cpp's n_no_rope_layer_step)

@@ -197,7 +197,7 @@ def load_gguf_model(path: str | Path, float_dtype=None):
     factors = {k: tensors.pop(k) for k in ("rope_factors_long.weight", "rope_factors_short.weight") if k in tensors}
     args = model_args_from_metadata(metadata, tensors, factors)
     rope_freqs = tensors.pop("rope_freqs.weight", None)
-    gemma = args.model_type in ("gemma2", "gemma3_text")
+    gemma = args.model_type in ("gemma", "gemma2", "gemma3_text")
     weights = mlx_weights(path, tensors, args.model_type)
     if args.model_type in LLAMA_ROWS:  # llama.cpp permutes only llama's rows (qwen's RoPE rotates halves)
         _unpermute_qk(weights, args)

@@ -2,8 +2,9 @@
 metadata (with what llama.cpp fixes that the file does not say), and its tensors' names.
 
 Architectures (`general.architecture`): llama (Llama 2/3, Mistral, TinyLlama, SmolLM2; with
-experts, Mixtral), smollm3, granite, olmo2, qwen2, qwen3, qwen2moe, qwen3moe, gemma2
-(`mlxspec.models.gemma2`: mlx-lm's with its sliding window), gemma3 and phi3.
+experts, Mixtral), smollm3, granite, olmo2, qwen2, qwen3, qwen2moe, qwen3moe, gemma
+(`mlxspec.models.gemma`: mlx-lm's with the tanh GELU), gemma2 (`mlxspec.models.gemma2`: mlx-lm's
+with its sliding window), gemma3 and phi3.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from ..errors import IncompatibleModelsError
 
 # GGUF architecture -> mlx-lm model type (`models.module` finds its module). Mistral-style and
 # SmolLM2 files say "llama".
-MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text",
+MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2",
+           "gemma3": "gemma3_text",
            "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "smollm3": "smollm3",
            "granite": "granite", "olmo2": "olmo2"}
 LLAMA_ROWS = ("llama", "mixtral", "smollm3", "granite")  # model types whose Q/K rows llama.cpp permutes
@@ -84,7 +86,8 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
         raise IncompatibleModelsError(
             f"GGUF architecture {arch!r} is not supported; supported: "
             f"{list(SUPPORTED_ARCHITECTURES)} (Llama, Mistral-style and SmolLM2 files say 'llama'; "
-            "SmolLM3 'smollm3'; Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma 2 'gemma2'; Gemma 3 'gemma3'; "
+            "SmolLM3 'smollm3'; Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma and CodeGemma 'gemma'; "
+            "Gemma 2 'gemma2'; Gemma 3 'gemma3'; "
             "Phi-3, Phi-3.5 and Phi-4-mini 'phi3'; Granite 3 'granite'; OLMo 2 'olmo2'; Mixtral 'llama' with "
             "experts; Qwen1.5-MoE and Qwen2-57B 'qwen2moe'; Qwen3's MoE 'qwen3moe')"
         )
@@ -160,6 +163,8 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
     if model_type in ("llama", "smollm3"):  # SmolLM3: llama with no RoPE in every 4th layer (mlx-lm's, llama.cpp's)
         args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)
     elif arch in ("qwen3", "qwen3moe"):
+        args.update(head_dim=head_dim)
+    elif arch == "gemma":  # Gemma 1, CodeGemma: llama's layout, GELU, a head dim of its own (7B: 256)
         args.update(head_dim=head_dim)
     elif arch == "olmo2":
         args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)

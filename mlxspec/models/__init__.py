@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-OURS = {"gemma2": "mlxspec.models.gemma2"}
+OURS = {"gemma": "mlxspec.models.gemma", "gemma2": "mlxspec.models.gemma2"}
 
 
 def module(model_type: str):
