@@ -14,7 +14,8 @@ from tiny import float32_tol
 from mlxspec.loading import load_model
 from mlxspec.models import gemma
 
-from tiny_gguf import reference_logits, write_tiny_gguf
+from gguf_reference import reference_logits
+from tiny_gguf import write_tiny_gguf
 
 
 def _args(**kw):

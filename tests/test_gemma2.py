@@ -12,7 +12,8 @@ from tiny import float32_tol
 from mlxspec import Engine
 from mlxspec.loading import load_model
 
-from tiny_gguf import reference_logits, write_tiny_gguf
+from gguf_reference import reference_logits
+from tiny_gguf import write_tiny_gguf
 
 WINDOW = 4
 TEXT = "def hello(name): 12345 and more words, well past the window"

@@ -19,7 +19,8 @@ from mlxspec.loading import gguf_arch
 from mlxspec.loading import load_model
 from mlxspec.loading.gguf_header import read_tensor_table
 
-from tiny_gguf import reference_logits, reference_weights, write_tiny_gguf
+from gguf_reference import reference_logits, reference_weights
+from tiny_gguf import write_tiny_gguf
 
 TEXTS = [
     "def hello(name):\n    return f'hello {name}'\n",

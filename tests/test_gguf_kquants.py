@@ -16,7 +16,8 @@ from mlxspec.loading import load_model
 from mlxspec.loading.gguf_blocks import AFFINE, as_affine, pack
 from mlxspec.loading.precision import dequantized_weight
 
-from tiny_gguf import HEADS, KV_HEADS, random_blocks, reference_logits, reference_weights, write_tiny_gguf
+from gguf_reference import reference_logits, reference_weights
+from tiny_gguf import HEADS, KV_HEADS, random_blocks, write_tiny_gguf
 
 # The mix of a Q4_K_M file and then some: every type the loader keeps, and three it requantizes.
 K_TYPES = {

@@ -15,7 +15,8 @@ from mlxspec.loading import load_model
 from mlxspec.loading.gguf_blocks import AFFINE
 from mlxspec.loading.precision import dequantized_weight
 
-from tiny_gguf import reference_logits, reference_weights, write_tiny_gguf
+from gguf_reference import reference_logits, reference_weights
+from tiny_gguf import write_tiny_gguf
 
 TEXT = "def hello(name): 12345 and more words"
 # arch -> (mlx-lm module, the experts' parent in the model); Qwen2's files always have an output
