@@ -57,6 +57,26 @@ def test_streamed_chat_equals_the_whole_answer(client):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_chat_echo_starts_the_content_with_the_assistants_prefill(client, server):
+    # vLLM's chat echo: the last message's content first when it is the assistant's; otherwise nothing
+    prefill = HELLO + [{"role": "assistant", "content": "Hello, I am"}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    plain = client.chat.completions.create(model=MODEL, messages=prefill, max_tokens=8, extra_body=extra)
+    echoed = client.chat.completions.create(model=MODEL, messages=prefill, max_tokens=8,
+                                            extra_body=dict(extra, echo=True))
+    assert echoed.choices[0].message.content == "Hello, I am" + plain.choices[0].message.content
+    chunks = list(client.chat.completions.create(model=MODEL, messages=prefill, max_tokens=8, stream=True,
+                                                 extra_body=dict(extra, echo=True)))
+    assert chunks[1].choices[0].delta.content == "Hello, I am"  # after the role chunk, as vLLM sends it
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == echoed.choices[0].message.content
+    asked = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, extra_body={"echo": True})
+    alone = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8)
+    assert asked.choices[0].message.content == alone.choices[0].message.content  # the last message is the user's
+    r = httpx.post(f"{server[0]}/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "echo": "yes"},
+                   timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+
+
 def test_stream_without_include_usage_has_no_usage_and_ends_with_done(server):
     url, _ = server
     body = {"messages": HELLO, "max_tokens": 8, "stream": True}

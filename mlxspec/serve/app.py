@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..errors import InvalidArgumentError, shown as _show
-from ..prompts import encode_prompt, render_chat
+from ..prompts import encode_prompt, render_chat, text_of
 from ..reasoning import ReasoningSplitter, starts_inside, thinking_markers
 from ..stats import acceptance_text
 from ..logprobs import token_bytes
@@ -311,9 +311,13 @@ class _Choice:
 
 
 def _echoed(prompt, state: ServerState) -> str:
-    """The prompt's text, as echo shows it: as sent, or its token ids decoded."""
+    """The prompt's text, as echo shows it: as sent, or its token ids decoded; for chat messages
+    (vLLM's), the last one's content when it is the assistant's (a prefill the answer continues)."""
     if isinstance(prompt, str):
         return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
+        last = prompt[-1]
+        return (text_of(last.get("content")) or "") if last.get("role") == "assistant" else ""
     tokenizer = getattr(state.engine, "tokenizer", None)
     return tokenizer.decode(prompt) if tokenizer is not None else ""
 

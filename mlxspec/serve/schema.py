@@ -54,7 +54,8 @@ class GenerationRequest:
     model: Optional[str] = None  # the name the client asked for
     n: int = 1  # choices per prompt
     more_prompts: List[Any] = field(default_factory=list)  # a completions batch's other prompts
-    echo: bool = False  # completions: the text (and logprobs) start with the prompt's
+    echo: bool = False  # completions: the text (and logprobs) start with the prompt's; chat: the content
+    # starts with the last message's when it is the assistant's (vLLM's), its logprobs not
     score_only: bool = False  # echo with max_tokens 0: the prompt alone, nothing generated
     best_of: int = 1  # completions: generations per prompt, of which the n best are returned (>= n)
     ranking_logprobs: bool = False  # logprobs computed only to rank best_of's generations, not shown
@@ -111,6 +112,8 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
     # vLLM's prefill: the answer continues the last (assistant) message instead of a new turn
     if _continues(body):
         req.options["continue_final_message"] = True
+    # vLLM's chat echo: the answer's content starts with the last message's, when that is the assistant's
+    req.echo = _flag(body, "echo", False)
     # vLLM's and mlx-lm's template variables ({"enable_thinking": false}), over the server's (--chat-template-args)
     kwargs = dict((defaults or ServeOptions()).chat_template_args or {})
     kwargs.update(_check(check_template_kwargs, body.get("chat_template_kwargs"), "chat_template_kwargs"))
