@@ -12,6 +12,17 @@ import numpy as np
 from tiny_gguf import EPS, HEADS, KV_HEADS, LLAMA_ROWS, THETA
 
 
+def check_logits(model, path, ids, tol: float) -> None:
+    """`model`'s logits on `ids` (in float32) within `tol` of the reference's largest logit, and
+    the reference's argmax at every position."""
+    import mlx.core as mx
+
+    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
+    ref = reference_logits(path, ids)
+    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
 def reference_weights(path) -> dict[str, np.ndarray]:
     """Every tensor of the file as float64, (rows, cols), via gguf's reader and dequantizer."""
     import gguf

@@ -19,7 +19,7 @@ from mlxspec.loading import gguf_arch
 from mlxspec.loading import load_model
 from mlxspec.loading.gguf_header import read_tensor_table
 
-from gguf_reference import reference_logits, reference_weights
+from gguf_reference import check_logits, reference_logits, reference_weights
 from tiny_gguf import write_tiny_gguf
 
 TEXTS = [
@@ -84,11 +84,7 @@ def test_logits_match_numpy_reference(tiny, dtype, tol):
     path, trained = tiny
     ids = trained.encode("def hello(name): 12345 🤖").ids
     model, _, _ = load_model(path, dtype=dtype)
-    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
-    ref = reference_logits(path, ids)
-    scale = np.abs(ref).max()
-    assert np.abs(got - ref).max() <= tol * scale
-    assert (got.argmax(-1) == ref.argmax(-1)).all()
+    check_logits(model, path, ids, tol)
 
 
 @pytest.mark.parametrize("arch, head_dim", [("qwen2", None), ("qwen3", 24), ("phi3", None)])
@@ -106,10 +102,7 @@ def test_qwen_and_phi3_logits_match_numpy_reference(tmp_path, arch, head_dim, dt
     assert type(model).__module__ == f"mlx_lm.models.{arch}"
     text = "def hello(name): 12345 🤖"
     ids = [trained.bos_id()] + trained.encode(text) if arch == "phi3" else trained.encode(text).ids
-    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
-    ref = reference_logits(path, ids)
-    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
-    assert (got.argmax(-1) == ref.argmax(-1)).all()
+    check_logits(model, path, ids, tol)
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", None), ("quantized", 2e-3)])
@@ -126,10 +119,7 @@ def test_gemma3_logits_match_numpy_reference(tmp_path, dtype, tol):
     text = "def hello(name): 12345 and more words, past the window"
     ids = tok.encode(text)
     assert ids == [sp.bos_id()] + sp.encode(text) and len(ids) > 3 * 4
-    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
-    ref = reference_logits(path, ids)
-    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
-    assert (got.argmax(-1) == ref.argmax(-1)).all()
+    check_logits(model, path, ids, tol)
 
 
 def test_gemma3_speculation_stays_lossless_across_the_window(tmp_path):
@@ -161,10 +151,7 @@ def test_llama_variants_match_numpy_reference(tmp_path, arch, dtype, tol):
     if arch == "smollm3":
         assert model.args.no_rope_layers == [1, 1, 1, 0, 1]
     ids = trained.encode("def hello(name): 12345 and more words").ids
-    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
-    ref = reference_logits(path, ids)
-    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
-    assert (got.argmax(-1) == ref.argmax(-1)).all()
+    check_logits(model, path, ids, tol)
 
 
 @pytest.mark.parametrize("rope_dims, longrope", [(12, True), (16, True), (8, False)],
@@ -184,10 +171,7 @@ def test_phi3_longrope_and_partial_rotary_match_numpy_reference(tmp_path, rope_d
         rope_dims / 16)
     ids = [trained.bos_id()] + trained.encode("def hello(name): 12345 and more words, " * 3)
     assert len(ids) > 32
-    got = np.array(model(mx.array([ids])).astype(mx.float32))[0]
-    ref = reference_logits(path, ids)
-    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
-    assert (got.argmax(-1) == ref.argmax(-1)).all()
+    check_logits(model, path, ids, tol)
 
 
 def test_phi3_longrope_it_cannot_run_as_the_file_says_is_refused(tmp_path):
