@@ -138,12 +138,10 @@ def dequantize(model, dtype) -> None:
             new = nn.Embedding(*w.shape)
         elif isinstance(m, QuantizedSwitchLinear):  # (experts, out, in)
             new = SwitchLinear(w.shape[2], w.shape[1], w.shape[0], bias="bias" in m)
-            if "bias" in m:
-                new.bias = m.bias
         else:
             new = nn.Linear(w.shape[1], w.shape[0], bias="bias" in m)
-            if "bias" in m:
-                new.bias = m.bias
+        if "bias" in m:
+            new.bias = m.bias
         new.weight = w
         replaced.append((name, new))
     if replaced:
