@@ -116,12 +116,11 @@ def _load_mlx(res: Resolved, *, lazy: bool = False):
 
     try:
         kind = load_config(res.path).get("model_type")
+        classes = {}
         if kind in models.OURS:  # mlx-lm's module for it is not the reference model (mlxspec.models)
             ours = models.module(kind)
-            model, config = mlx_load_model(res.path, lazy=lazy, get_model_classes=lambda config: (ours.Model,
-                                                                                                  ours.ModelArgs))
-        else:
-            model, config = mlx_load_model(res.path, lazy=lazy)
+            classes["get_model_classes"] = lambda config: (ours.Model, ours.ModelArgs)
+        model, config = mlx_load_model(res.path, lazy=lazy, **classes)
         tokenizer = load_tokenizer(res.path, eos_token_ids=config.get("eos_token_id"))
     except Exception as e:  # mlx-lm's and transformers' errors, in one line naming the folder
         raise MlxSpecError(f"cannot load the model in {res.path}: {type(e).__name__}: {one_line(e)}") from None
