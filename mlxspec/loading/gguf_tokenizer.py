@@ -162,8 +162,8 @@ def end_ids(metadata: dict, tokens: list, vocab: dict) -> list[int]:
     Raises:
         IncompatibleModelsError: an id the file names is outside the vocabulary.
     """
-    named = [int(_value(metadata, f"tokenizer.ggml.{k}")) for k in ("eos_token_id", "eot_token_id", "eom_token_id")
-             if _value(metadata, f"tokenizer.ggml.{k}") is not None]
+    said = (_value(metadata, f"tokenizer.ggml.{k}") for k in ("eos_token_id", "eot_token_id", "eom_token_id"))
+    named = [int(i) for i in said if i is not None]
     if bad := [i for i in named if not 0 <= i < len(tokens)]:  # generation would never stop on it
         raise IncompatibleModelsError(f"the GGUF's end-of-text token id {bad[0]} is outside its vocabulary of "
                                       f"{len(tokens)} tokens")
