@@ -103,3 +103,22 @@ def test_an_mlx_folder_of_gemma2_gets_the_window(tmp_path):
     loaded, _, info = load_model(tmp_path)
     assert type(loaded).__module__ == "mlxspec.models.gemma2"
     assert loaded.args.sliding_window == 5 and info.context_length == 512
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_a_batch_of_left_padded_rows_each_gets_its_own_answer(rows):
+    """mlx-lm's batched generation (how `train_eagle.py --target` answers prompts) pads rows on
+    the left and masks each row (B, 1, L, T). Gemma 2's attention groups the heads that share keys
+    as (B, KV heads, repeats, L, T): the mask needs the repeats' axis, else 2 rows (as many as the
+    KV heads here) take each other's padding and 3 raise."""
+    import tiny
+    from mlx_lm.generate import batch_generate
+
+    model = tiny.make_gemma2(4, sliding_window=WINDOW)
+    assert model.args.num_key_value_heads == 2 < model.args.num_attention_heads
+    tok = tiny.make_tokenizer()
+    prompts = [tok.encode(p) for p in ("hi", "a much longer prompt than that", "mid length one")[:rows]]
+    got = batch_generate(model, tok, prompts, max_tokens=12, return_token_ids=True).token_ids
+    for p, g in zip(prompts, got):
+        want = Engine(model, None).generate(p, max_tokens=12, speculative=False).tokens
+        assert list(g)[:len(want)] == want

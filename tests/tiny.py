@@ -87,6 +87,58 @@ def make_gemma3(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, lay
     return model
 
 
+def make_gemma2(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 2,
+                sliding_window: int = 4096, cap: float = 3.0):
+    """A random Gemma 2 (mlxspec's, with its window) whose final logits are soft-capped at `cap`:
+    small enough that the cap bends them (random embeddings give logits of tens)."""
+    from mlxspec.models import gemma2
+
+    args = gemma2.ModelArgs(
+        model_type="gemma2", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=hidden * 2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=vocab_size,
+        rope_theta=10000.0, rope_traditional=False, attn_logit_softcapping=50.0,
+        final_logit_softcapping=cap, query_pre_attn_scalar=16, sliding_window=sliding_window,
+    )
+    mx.random.seed(seed)
+    model = gemma2.Model(args)
+    _scale(model, mx.float32)
+    return model
+
+
+def make_granite(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 2,
+                 logits_scaling: float = 0.25):
+    """A random Granite: IBM's four scales, its logits divided by `logits_scaling`."""
+    from mlx_lm.models import granite
+
+    args = granite.ModelArgs(
+        model_type="granite", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=hidden * 2,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=vocab_size,
+        logits_scaling=logits_scaling, attention_multiplier=0.25, embedding_multiplier=2.0,
+        residual_multiplier=0.5, max_position_embeddings=4096, attention_bias=False, mlp_bias=False,
+        rope_theta=10000.0,
+    )
+    mx.random.seed(seed)
+    model = granite.Model(args)
+    _scale(model, mx.float32)
+    return model
+
+
+def make_cohere(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 2,
+                logit_scale: float = 0.5):
+    """A random Cohere (Command-R): parallel blocks, LayerNorm, its logits times `logit_scale`."""
+    from mlx_lm.models import cohere
+
+    args = cohere.ModelArgs(
+        model_type="cohere", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=hidden * 2,
+        num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, vocab_size=vocab_size,
+        logit_scale=logit_scale,
+    )
+    mx.random.seed(seed)
+    model = cohere.Model(args)
+    _scale(model, mx.float32)
+    return model
+
+
 def _scale(model, dtype):
     # mlx-lm initialises embeddings with N(0,1); a tied head then gives very peaked logits,
     # which is fine, but keep values finite and deterministic across platforms.
@@ -250,9 +302,9 @@ def make_eagle_head(target, path, *, seed: int = 0, draft_ids=None, copy: bool =
         num_layers = len(target.model.layers)
     args = ModelArgs(model_type="llama", hidden_size=a.hidden_size, num_hidden_layers=num_layers,
                      intermediate_size=a.intermediate_size, num_attention_heads=a.num_attention_heads,
-                     num_key_value_heads=a.num_key_value_heads, rms_norm_eps=a.rms_norm_eps,
+                     num_key_value_heads=a.num_key_value_heads, rms_norm_eps=getattr(a, "rms_norm_eps", 1e-6),
                      vocab_size=a.vocab_size, head_dim=a.hidden_size // a.num_attention_heads,
-                     rope_theta=a.rope_theta, max_position_embeddings=a.max_position_embeddings)
+                     rope_theta=a.rope_theta, max_position_embeddings=getattr(a, "max_position_embeddings", 4096))
     mx.random.seed(seed)
     head = EagleHead(args, taps=len(feature_layers), context=context)
     if copy:

@@ -31,6 +31,16 @@ def windowed(i: int) -> bool:
     return i % 2 == 0
 
 
+def grouped(mask, args):
+    """`mask` for mlx-lm's Gemma 2 attention, which groups its queries as (B, KV heads, repeats,
+    L, D) where heads share keys: a per-row mask (B, 1, L, T), as batched caches make, gets an
+    axis for the repeats. Without it the rows' axis lines up with the KV heads': an error, or,
+    with as many rows as KV heads, each row masked with another's padding."""
+    if mask is None or mask.ndim != 4 or args.num_attention_heads == args.num_key_value_heads:
+        return mask
+    return mx.expand_dims(mask, 2)
+
+
 class GemmaModel(gemma2.GemmaModel):
     def __call__(self, inputs: mx.array, cache=None):
         h = self.embed_tokens(inputs)
@@ -39,6 +49,7 @@ class GemmaModel(gemma2.GemmaModel):
             cache = [None] * len(self.layers)
         full = create_attention_mask(h, cache[1] if len(cache) > 1 else None, return_array=True)
         window = create_attention_mask(h, cache[0], window_size=self.args.sliding_window, return_array=True)
+        full, window = grouped(full, self.args), grouped(window, self.args)
         for i, (layer, c) in enumerate(zip(self.layers, cache)):
             h = layer(h, window if windowed(i) else full, c)
         return self.norm(h)
