@@ -4,15 +4,18 @@ mlx-lm's causal LMs compute `logits = head(model.model(tokens, cache))`, where `
 returns the last layer's hidden states after the final norm and `head` is `model.lm_head` or,
 with tied embeddings, `model.model.embed_tokens.as_linear`. Feature-level drafters read those
 hidden states; splitting the call lets a verify pass return them without a second pass.
-Models whose `__call__` does more than that (logit soft-capping, scaled heads) are refused:
-`split_model` checks on one token that backbone + head reproduce the model's own logits.
+Some families map that linear output once more: Gemma 2 soft-caps it (`tanh(x / c) * c`), Granite
+divides it by a scale and Cohere multiplies it by one. `logit_map` names that map, the head
+applies it, and a drafter reading the same output rows applies it too. Any other `__call__` is
+refused: `split_model` checks on one token that backbone + head reproduce the model's own logits.
 `tapped` also returns the outputs of chosen blocks from the same pass (EAGLE-3's features).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence as Seq, Tuple
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence as Seq, Tuple
 
 import mlx.core as mx
 
@@ -22,8 +25,47 @@ from .retype import override_call
 TAP_EPS = 1e-5  # tapped layer outputs are RMS-normalised (no weight) with this epsilon, here and in training
 
 
+@dataclass(frozen=True)
+class LogitMap:
+    """What a family's `__call__` does to its linear head's output: "softcap" (`tanh(x / value) *
+    value`, Gemma 2), "divide" (Granite) or "multiply" (Cohere). Each is increasing, so the top
+    token and the order of the others are the linear output's. Hashable: compiled calls key on it."""
+
+    kind: str
+    value: float
+
+    def __call__(self, x: mx.array) -> mx.array:
+        # The same ops in the same order as mlx-lm's models, so the split head is bit-exact.
+        if self.kind == "softcap":
+            return mx.tanh(x / self.value) * self.value
+        if self.kind == "divide":
+            return x / self.value
+        return x * self.value
+
+
+# model_type -> (the kind of map, where its value lives: an attribute of the model or of its args)
+LOGIT_MAPS = {"gemma2": ("softcap", "final_logit_softcapping"),
+              "granite": ("divide", "logits_scaling"), "granitemoe": ("divide", "logits_scaling"),
+              "cohere": ("multiply", "logit_scale"), "cohere2": ("multiply", "logit_scale")}
+
+
+def logit_map(model) -> Optional[LogitMap]:
+    """The map the model applies after its linear head, or None (a plain head, or a family
+    without one; `split_model` still checks the result)."""
+    args = getattr(model, "args", None)
+    known = LOGIT_MAPS.get(getattr(args, "model_type", None))
+    if known is None:
+        return None
+    kind, field = known
+    value = getattr(model, field, None)
+    if value is None:
+        value = getattr(args, field, None)
+    return LogitMap(kind, float(value)) if value else None
+
+
 def split_model(model, *, check: bool = True) -> Tuple[Callable, Callable]:
-    """(backbone, head): `backbone(tokens (1, S), cache) -> hidden (1, S, H)`, `head(hidden) -> logits`.
+    """(backbone, head): `backbone(tokens (1, S), cache) -> hidden (1, S, H)`, `head(hidden) -> logits`
+    (the linear head, then the family's `logit_map` where it has one).
 
     Args:
         model: an mlx-lm causal LM.
@@ -31,7 +73,7 @@ def split_model(model, *, check: bool = True) -> Tuple[Callable, Callable]:
 
     Raises:
         IncompatibleModelsError: the model has no `model` backbone, or its logits are not
-            a plain linear head of the backbone's output.
+            a linear head of the backbone's output (mapped by its `logit_map`).
     """
     name = type(model).__module__.rsplit(".", 1)[-1]
     backbone = getattr(model, "model", None)
@@ -43,13 +85,20 @@ def split_model(model, *, check: bool = True) -> Tuple[Callable, Callable]:
         head = backbone.embed_tokens.as_linear
     else:
         raise IncompatibleModelsError(f"[backbone] {name} has neither `lm_head` nor tied `embed_tokens`")
+    post = logit_map(model)
+    if post is not None:
+        linear = head
+
+        def head(h):
+            return post(linear(h))
     if check:
         x = mx.array([[1]], dtype=mx.uint32)
         same = mx.array_equal(head(backbone(x)), model(x)).item()
         if not same:
             raise IncompatibleModelsError(
-                f"[backbone] {name}'s logits are not its backbone's hidden states through a linear head "
-                "(soft-capping or scaling in __call__); feature-level drafting needs a plain head")
+                f"[backbone] {name}'s logits are not its backbone's hidden states through a linear head, "
+                f"nor that head soft-capped or scaled as {', '.join(sorted(LOGIT_MAPS))} do; feature-level "
+                "drafting needs a plain head")
     return backbone, head
 
 

@@ -32,7 +32,7 @@ def load_target(ref: str):
 
     try:
         model, tok, _ = load_model(ref)
-        split_model(model)  # a head needs the final hidden states behind a plain linear head
+        split_model(model)  # a head needs the final hidden states behind a linear head (capped or scaled)
     except MlxSpecError as e:
         raise SystemExit(f"--target {ref}: {e}") from None
     return model, tok, Path(str(ref).rstrip("/")).name

@@ -35,8 +35,9 @@ def context_kv(model, rows: mx.array) -> Tuple[mx.array, mx.array]:
 
     layer = model.model.layers[-1]
     cache = KVCache()
-    layer.self_attn(layer.input_layernorm(rows.astype(model.model.norm.weight.dtype)), mask="causal", cache=cache)
     L = rows.shape[1]
+    causal = mx.arange(L)[:, None] >= mx.arange(L)[None]  # an array: Gemma 2's attention takes no "causal"
+    layer.self_attn(layer.input_layernorm(rows.astype(model.model.norm.weight.dtype)), mask=causal, cache=cache)
     k, v = cache.keys[..., :L, :], cache.values[..., :L, :]
     return mx.stop_gradient(k.astype(mx.float32)), mx.stop_gradient(v.astype(mx.float32))
 
@@ -98,7 +99,7 @@ def smooth_l1(d: mx.array) -> mx.array:
 
 
 def loss(head, emb, feat, tgt, weights, w_draft, *, steps: int, unroll_weight: float, ce_weight: float,
-         first: int = 0, context=None):
+         first: int = 0, context=None, post=None):
     """(loss, per-step top-1 agreement counts (steps,)) for one padded batch.
 
     Args:
@@ -109,16 +110,22 @@ def loss(head, emb, feat, tgt, weights, w_draft, *, steps: int, unroll_weight: f
         first: no entry before it has loss (`first_loss_entry(weights)`): entries before the
             steps' windows are computed only as context. 0 computes everything.
         context: for a head that reads the target's context, its (keys, values) (`context_kv`).
+        post: the target's cap or scale after its output rows (`backbone.logit_map`), applied to
+            both laws as the drafter applies it; None: none.
     """
+    def logits(x):
+        z = x @ w_draft.T
+        return z if post is None else post(z)
+
     starts = window_starts(first, steps)
     tgt, weights = tgt[:, starts[0]:], weights[:, starts[0]:]
-    p_t = mx.stop_gradient(mx.softmax(tgt @ w_draft.T, axis=-1))  # the target's next-token law
+    p_t = mx.stop_gradient(mx.softmax(logits(tgt), axis=-1))  # the target's next-token law
     top_t = mx.argmax(p_t, axis=-1)
     n = mx.maximum(weights.sum(), 1.0)
     total, agree = mx.array(0.0), []
     for s, pred in enumerate(unrolled(head, emb, head.lift(feat), steps, first, context)):
         d = starts[s] - starts[0]
-        logq = nn.log_softmax(pred @ w_draft.T, axis=-1)
+        logq = nn.log_softmax(logits(pred), axis=-1)
         reg = (smooth_l1(pred - tgt[:, d:]).mean(-1) * weights[:, d:]).sum() / n
         ce = (-(p_t[:, d:] * logq).sum(-1) * weights[:, d:]).sum() / n
         total = total + (reg + ce_weight * ce) * unroll_weight ** s

@@ -112,11 +112,14 @@ def run_batch(args, rows, model, noise: float, key):
 
 
 def evaluate(head, model, w_draft, held, args):
+    from mlxspec.backbone import logit_map
+
     tot, agree, n = 0.0, np.zeros(args.unroll), 0
     for b in range(0, len(held), args.batch):
         emb, feat, tgt, w, ctx = run_batch(args, held[b:b + args.batch], model, 0.0, None)
         loss, a = obj.loss(head, emb, feat, tgt, w, w_draft, steps=args.unroll, first=obj.first_loss_entry(w),
-                           unroll_weight=args.unroll_weight, ce_weight=args.ce_weight, context=ctx)
+                           unroll_weight=args.unroll_weight, ce_weight=args.ce_weight, context=ctx,
+                           post=logit_map(model))
         k = w.sum().item()
         tot += loss.item() * k
         agree += np.array(a)
@@ -136,7 +139,7 @@ def _save(path: Path, arrays: dict, meta: dict) -> None:
 
 def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     """The head trained as train_eagle.stage_train trains it, in MLX; returns its final file."""
-    from mlxspec.backbone import output_rows
+    from mlxspec.backbone import logit_map, output_rows
     from train_draft import lr_scale
     from train_eagle import epoch_batches, run_tag, train_steps
 
@@ -153,6 +156,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     else:
         init_from_target(head, model)
     w_draft = output_rows(model, mx.array(vocab)).astype(mx.float32)  # (N, H)
+    post = logit_map(model)  # Gemma 2's cap, Granite's or Cohere's scale: the laws are the target's
     nparams = sum(v.size for _, v in tree_flatten(head.parameters()))
     log(f"head: {nparams / 1e6:.2f}M parameters; {len(train)} sequences, "
         f"{sum(len(t[0]) - 1 for t in train)} entries; held out {len(held)}")
@@ -173,7 +177,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
 
     def step_loss(emb, feat, tgt, w, first, ctx):
         return obj.loss(head, emb, feat, tgt, w, w_draft, steps=args.unroll, first=first,
-                        unroll_weight=args.unroll_weight, ce_weight=args.ce_weight, context=ctx)
+                        unroll_weight=args.unroll_weight, ce_weight=args.ce_weight, context=ctx, post=post)
 
     loss_and_grad = nn.value_and_grad(head, step_loss)
     t0 = time.time() - elapsed

@@ -114,23 +114,30 @@ def test_masks_by_hand():
     assert m2[0].tolist() == [0] * 8 + [1, 0, 0, 0]  # nothing real before it: only itself
 
 
-def test_loss_and_agreement_follow_their_definitions():
+@pytest.mark.parametrize("post", [None, "softcap", "divide"])
+def test_loss_and_agreement_follow_their_definitions(post):
+    """The loss by hand; with a target's logit map (Gemma 2's cap at 2, Granite's scale 0.25) both
+    laws are of the mapped logits, as the target's and the drafter's are."""
+    from mlxspec.backbone import LogitMap
+
+    post = post and LogitMap(post, 2.0 if post == "softcap" else 0.25)
+    mapped = (lambda z: z) if post is None else (lambda z: np.array(post(mx.array(z))))
     head = _head()
     mx.random.seed(3)
     B, N = 2, 11
     emb, feat, tgt = mx.random.normal((B, L, H)), mx.random.normal((B, L, H)), mx.random.normal((B, L, H))
     w = mx.random.normal((N, H))
     weights = mx.array(np.array([[0] * 3 + [1] * 6, [1] * 5 + [0] * 4], np.float32))
-    total, agree = obj.loss(head, emb, feat, tgt, weights, w, steps=2, unroll_weight=0.5, ce_weight=0.3)
+    total, agree = obj.loss(head, emb, feat, tgt, weights, w, steps=2, unroll_weight=0.5, ce_weight=0.3, post=post)
     preds = obj.unrolled(head, emb, feat, 2)
     sel = np.array(weights).astype(bool)
-    p_t = np.array(mx.softmax(tgt @ w.T, axis=-1))[sel]
+    p_t = np.array(mx.softmax(mx.array(mapped(np.array(tgt @ w.T))), axis=-1))[sel]
     want, counts = 0.0, []
     for s, pred in enumerate(preds):
         pr, tg = np.array(pred)[sel], np.array(tgt)[sel]
         d = np.abs(pr - tg)
         reg = np.where(d < 1, 0.5 * d * d, d - 0.5).mean()
-        logits = pr @ np.array(w).T
+        logits = mapped(pr @ np.array(w).T)
         logq = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
         ce = -(p_t * logq).sum(-1).mean()
         want += (reg + 0.3 * ce) * 0.5 ** s

@@ -1,5 +1,6 @@
 """scripts/train_eagle.py --target: every stage in MLX, for targets of several families (llama,
-quantized llama, qwen2 with attention biases, gemma3): it answers, keeps the target's features,
+quantized llama, qwen2 with attention biases, gemma3, and gemma2 and granite, whose logits are
+capped or scaled): it answers, keeps the target's features,
 trains (the held-out loss falls), exports a head that loads and drafts losslessly, resumes from
 its cached stages, and refuses bad input with a message that says what is allowed."""
 import json
@@ -57,13 +58,24 @@ FAMILIES = {
     "llama 4-bit": lambda: tiny.make_llama(5, tie_embeddings=False, hidden=64),
     "qwen2": lambda: tiny.make_qwen2(6),
     "gemma3": lambda: tiny.make_gemma3(7, sliding_window=6),
+    # logits soft-capped, scaled: the head's laws are mapped as the target's (`backbone.logit_map`)
+    "gemma2": lambda: tiny.make_gemma2(8, sliding_window=6),
+    "granite": lambda: tiny.make_granite(9),
 }
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_trains_a_head_that_loads_learns_and_drafts_losslessly(family, tmp_path):
-    target = _save(tmp_path / "target", FAMILIES[family](), quantize="4-bit" in family)
+def test_trains_a_head_that_loads_learns_and_drafts_losslessly(family, tmp_path, monkeypatch):
+    from mlxspec.backbone import logit_map
+
+    model = FAMILIES[family]()
+    want_map = logit_map(model)  # the laws trained on are the target's: capped or scaled as it is
+    target = _save(tmp_path / "target", model, quantize="4-bit" in family)
+    maps = []
+    loss = train_eagle_mlx.obj.loss
+    monkeypatch.setattr(train_eagle_mlx.obj, "loss", lambda *a, **kw: maps.append(kw.get("post")) or loss(*a, **kw))
     head = _train(target, tmp_path)
+    assert maps and set(maps) == {want_map} and (want_map is not None) == (family in ("gemma2", "granite"))
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["model_type"] == "eagle_head" and cfg["draft_vocab_size"] <= 96
     assert cfg["training"]["script"] == "scripts/train_eagle.py --target"
@@ -98,7 +110,7 @@ def test_a_continued_head_widens_its_draft_vocabulary_and_stays_lossless(tmp_pat
         _train(target, tmp_path, "--init", str(narrow), "--draft-vocab", "20", out="narrower")
 
 
-@pytest.mark.parametrize("family", ["llama 4-bit", "qwen2", "gemma3"])
+@pytest.mark.parametrize("family", ["llama 4-bit", "qwen2", "gemma3", "gemma2", "granite"])
 def test_a_head_that_reads_the_targets_context_trains_and_drafts_losslessly(family, tmp_path):
     """--context target: the data stage taps the last layer's input, training attends to the
     target's own keys (biases, key norms and sliding windows included), the exported head

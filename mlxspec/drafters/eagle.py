@@ -37,7 +37,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.llama import ModelArgs, TransformerBlock
 
 from .. import kernels
-from ..backbone import layers_fit, output_rows
+from ..backbone import LogitMap, layers_fit, logit_map, output_rows
 from ..cache import make_cache
 from ..errors import IncompatibleModelsError, ModelNotFoundError, shown
 from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
@@ -283,18 +283,25 @@ def _check_target(t: dict, target_model, path: Path) -> None:
 
 
 # One compiled call per greedy step: on a GPU a head this small runs at the host's pace, and
-# every op costs the host time (as in `rounds._argmax_checked`).
-@mx.compile
-def _top_full(h: mx.array, w: mx.array):
-    logits = (h @ w.T)[0].astype(mx.float32)
-    return logits, mx.argmax(logits)
+# every op costs the host time (as in `rounds._argmax_checked`). One per logit map (most
+# targets have none), made at first use.
+_TOPS = {}
 
 
-@mx.compile
-def _top_mapped(h: mx.array, w: mx.array, ids: mx.array):
-    logits = (h @ w.T)[0].astype(mx.float32)
-    local = mx.argmax(logits)
-    return logits, local, mx.take(ids, local)
+def _tops(post: Optional[LogitMap]):
+    """(full, mapped) compiled top-token calls whose logits go through `post` as the target's do."""
+    if post not in _TOPS:
+        def top_full(h: mx.array, w: mx.array):
+            logits = (h @ w.T)[0].astype(mx.float32)
+            logits = logits if post is None else post(logits)
+            return logits, mx.argmax(logits)
+
+        def top_mapped(h: mx.array, w: mx.array, ids: mx.array):
+            logits, local = top_full(h, w)
+            return logits, local, mx.take(ids, local)
+
+        _TOPS[post] = (mx.compile(top_full), mx.compile(top_mapped))
+    return _TOPS[post]
 
 
 # -- the drafter --------------------------------------------------------------------------------
@@ -320,6 +327,11 @@ class EagleDrafter:
         ids = draft_ids if draft_ids is not None else mx.arange(_vocab(target.model))
         self.out_weight = output_rows(target.model, ids)  # (N, H): the target's own output rows
         mx.eval(self.out_weight)
+        # The target's cap or scale after those rows (Gemma 2, Granite, Cohere): q is then the
+        # law the target's own head would give these features, and a greedy chain's confidence
+        # (`chaincopy.blend`) reads probabilities on the target's scale.
+        self.post = logit_map(target.model)
+        self._top_full, self._top_mapped = _tops(self.post)
         self.vocab = _vocab(target.model)
         self.max_kv_size, self.headroom, self.prefill_step = max_kv_size, headroom, prefill_step
         self.copying = True  # greedy chains copy where the text repeats (`chaincopy`); the loop sets it per request
@@ -358,8 +370,10 @@ class EagleDrafter:
         return self.head(self.embed(tokens.astype(mx.uint32)), features, self.caches, mask)
 
     def logits(self, features: mx.array) -> mx.array:
-        """(..., H) features -> (..., N) logits over the draft vocabulary."""
-        return features @ self.out_weight.T
+        """(..., H) features -> (..., N) logits over the draft vocabulary (float32 where the
+        target maps its logits, else the features' dtype)."""
+        logits = features @ self.out_weight.T
+        return logits if self.post is None else self.post(logits.astype(mx.float32))
 
     # -- keeping the cache on the committed history ---------------------------------------------
     @property
@@ -529,9 +543,9 @@ class EagleDrafter:
     def _top(self, h: mx.array) -> Tuple[mx.array, mx.array, mx.array]:
         """(1, H) feature -> ((N,) float32 logits, their argmax, its id in the target's vocabulary)."""
         if self.draft_ids is None:
-            logits, local = _top_full(h, self.out_weight)
+            logits, local = self._top_full(h, self.out_weight)
             return logits, local, local
-        return _top_mapped(h, self.out_weight, self.draft_ids)
+        return self._top_mapped(h, self.out_weight, self.draft_ids)
 
     def _full(self, logits: mx.array) -> mx.array:
         """Draft-vocabulary logits (..., N) -> target-vocabulary logits (..., V), -inf outside."""
