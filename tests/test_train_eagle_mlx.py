@@ -1,5 +1,5 @@
 """scripts/train_eagle.py --target: every stage in MLX, for targets of several families (llama,
-quantized llama, qwen2 with attention biases, gemma3, and gemma2 and granite, whose logits are
+quantized llama, qwen2 with attention biases, gemma3, and gemma2, granite and cohere, whose logits are
 capped or scaled): it answers, keeps the target's features,
 trains (the held-out loss falls), exports a head that loads and drafts losslessly, resumes from
 its cached stages, and refuses bad input with a message that says what is allowed."""
@@ -61,6 +61,7 @@ FAMILIES = {
     # logits soft-capped, scaled: the head's laws are mapped as the target's (`backbone.logit_map`)
     "gemma2": lambda: tiny.make_gemma2(8, sliding_window=6),
     "granite": lambda: tiny.make_granite(9),
+    "cohere": lambda: tiny.make_cohere(10),
 }
 
 
@@ -75,7 +76,7 @@ def test_trains_a_head_that_loads_learns_and_drafts_losslessly(family, tmp_path,
     loss = train_eagle_mlx.obj.loss
     monkeypatch.setattr(train_eagle_mlx.obj, "loss", lambda *a, **kw: maps.append(kw.get("post")) or loss(*a, **kw))
     head = _train(target, tmp_path)
-    assert maps and set(maps) == {want_map} and (want_map is not None) == (family in ("gemma2", "granite"))
+    assert maps and set(maps) == {want_map} and (want_map is not None) == (family in ("gemma2", "granite", "cohere"))
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["model_type"] == "eagle_head" and cfg["draft_vocab_size"] <= 96
     assert cfg["training"]["script"] == "scripts/train_eagle.py --target"
