@@ -35,7 +35,7 @@ from ..reasoning import ReasoningSplitter, starts_inside, thinking_markers
 from ..stats import acceptance_text
 from ..logprobs import token_bytes
 from ..tools import ToolCallReader
-from . import anthropic, responses_api, schema, tokenize
+from . import anthropic, response_items, responses_api, schema, tokenize
 from .errors import APIError, from_engine, invalid
 from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
@@ -115,6 +115,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/v1/responses", create_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
         Route("/v1/messages", create_message, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
@@ -491,16 +492,19 @@ async def create_response(request: Request) -> Response:
     answered responses are stored (unless `store` is false) for `previous_response_id`."""
     store = request.app.state.mlxspec.responses
     conversation: list = []
+    inputs: list = []
 
     def translate(body: dict) -> dict:
         previous = body.get("previous_response_id")
+        body = dict(body, input=response_items.resolve(body.get("input"), store.find_item))
         chat, conversation[:] = responses_api.to_chat(body, store.conversation(previous) if previous else [])
+        inputs[:] = response_items.as_items(body["input"])
         return chat
 
     def builder_of(state, req, body):
         keep = body.get("store") is not False
         return responses_api.ResponseBuilder(state.model_id, body,
-                                             (lambda r: store.remember(r, conversation)) if keep else None)
+                                             (lambda r: store.remember(r, conversation, inputs)) if keep else None)
 
     return await _one_answer(request, translate, builder_of, "responses", "input", responses_api.renamed)
 
@@ -508,6 +512,12 @@ async def create_response(request: Request) -> Response:
 async def get_response(request: Request) -> Response:
     """GET /v1/responses/{id}: a stored response."""
     return JSONResponse(request.app.state.mlxspec.responses.get(request.path_params["response_id"]))
+
+
+async def list_input_items(request: Request) -> Response:
+    """GET /v1/responses/{id}/input_items: a stored response's input items, a page at a time."""
+    items = request.app.state.mlxspec.responses.input_items(request.path_params["response_id"])
+    return JSONResponse(response_items.page(items, request.query_params))
 
 
 async def delete_response(request: Request) -> Response:

@@ -1,6 +1,8 @@
 """The Responses API's stored responses (`store`, on by default, as OpenAI's): each answered
-response's body, for GET /v1/responses/{id}, and its conversation as chat messages, which a
-later request continues with `previous_response_id`; DELETE /v1/responses/{id} forgets one.
+response's body, for GET /v1/responses/{id}, its conversation as chat messages, which a later
+request continues with `previous_response_id`, and its request's input items (GET
+/v1/responses/{id}/input_items; any stored item may be referred to by id in a later input);
+DELETE /v1/responses/{id} forgets one.
 The least recently stored leave first past `size`. In memory only by default (a restarted
 server knows none); with a `folder` (`mlxspec serve --responses-dir`) each is also a JSON file
 there, written whole or not at all, and a server started on the folder knows them again.
@@ -31,7 +33,8 @@ class ResponseStore:
     def __init__(self, size: int = SIZE, folder: Optional[Path] = None):
         self.size = size
         self.folder = Path(folder) if folder is not None else None
-        self._items: "OrderedDict[str, tuple]" = OrderedDict()  # id -> (response body, conversation)
+        # id -> (response body, conversation, the request's input items)
+        self._items: "OrderedDict[str, tuple]" = OrderedDict()
         self._count = 0  # responses stored so far, across restarts: a file's place in the order
         if self.folder is not None:
             self._load()
@@ -53,9 +56,23 @@ class ResponseStore:
                            f"answered with store true are, {self._where()})", param="response_id", code="not_found")
         return self._items[response_id][0]
 
-    def remember(self, response: dict, conversation: List[dict]) -> None:
-        """Keep an answered response, with the chat messages it answered (without its instructions)."""
-        entry = (response, list(conversation) + answer_messages(response["output"]))
+    def input_items(self, response_id: str) -> List[dict]:
+        """The items a stored response's request sent as input (`response_items.as_items`), oldest first."""
+        self.get(response_id)  # 404 when it is not stored
+        return list(self._items[response_id][2])
+
+    def find_item(self, item_id: str) -> Optional[dict]:
+        """A stored response's input or output item of that id (the newest response's first), or None."""
+        for response, _, inputs in reversed(self._items.values()):
+            for item in list(inputs) + list(response.get("output", [])):
+                if item.get("id") == item_id:
+                    return item
+        return None
+
+    def remember(self, response: dict, conversation: List[dict], inputs: List[dict] = ()) -> None:
+        """Keep an answered response, with the chat messages it answered (without its instructions)
+        and the input items its request sent."""
+        entry = (response, list(conversation) + answer_messages(response["output"]), list(inputs))
         self._items[response["id"]] = entry
         self._items.move_to_end(response["id"])
         self._write(response["id"], entry)
@@ -81,7 +98,7 @@ class ResponseStore:
         try:  # a temporary file renamed over the name: a reader never sees half a response
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".", suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"order": self._count, "response": entry[0], "conversation": entry[1]}, f)
+                json.dump({"order": self._count, "response": entry[0], "conversation": entry[1], "input": entry[2]}, f)
             os.replace(tmp, self._path(response_id))
         except OSError as e:  # a full disk keeps the server answering, from memory
             log.warning("response %s is kept in memory only: writing it to %s failed: %s", response_id, self.folder, e)
@@ -108,14 +125,16 @@ class ResponseStore:
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
                 order, response, conversation = data["order"], data["response"], data["conversation"]
-                if response.get("id") != path.stem or not isinstance(conversation, list) or not isinstance(order, int):
+                inputs = data.get("input", [])  # files written before input items were kept have none
+                if response.get("id") != path.stem or not isinstance(conversation, list) or not isinstance(order, int) \
+                        or not isinstance(inputs, list):
                     raise ValueError("not a stored response of this server")
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # left as it is, not read
                 log.warning("skipping %s: %s", path, e)
                 continue
-            found.append((order, path.stem, response, conversation))
-        for order, response_id, response, conversation in sorted(found, key=lambda f: f[:2]):
-            self._items[response_id] = (response, conversation)
+            found.append((order, path.stem, response, conversation, inputs))
+        for order, response_id, response, conversation, inputs in sorted(found, key=lambda f: f[:2]):
+            self._items[response_id] = (response, conversation, inputs)
             self._count = max(self._count, order)
         while len(self._items) > self.size:
             self._unlink(self._items.popitem(last=False)[0])
