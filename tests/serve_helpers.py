@@ -32,6 +32,22 @@ def tiny_engine(seed: int = 0, **kw) -> Engine:
 
 
 @contextlib.contextmanager
+def scripted_server(model_id: str = "s") -> Iterator[tuple]:
+    """A served `tiny.ScriptedModel` with the tools template; yields (base_url, say): `say(text,
+    messages, tools=None)` makes the model answer `text` to exactly that conversation."""
+    from mlxspec.prompts import encode_prompt
+
+    tok = tiny.make_tokenizer(tiny.TOOLS_TEMPLATE)
+    model = tiny.ScriptedModel()
+    end = [tiny.SPECIALS.index("<|im_end|>")]
+    with running_server(Engine(model, tok, drafter="ngram"), model_id=model_id) as (url, _):
+        def say(text, messages, tools=None):
+            model.say(tok.encode(text, add_special_tokens=False) + end,
+                      len(encode_prompt(messages, tok, tiny.VOCAB, tools=tools)))
+        yield url, say
+
+
+@contextlib.contextmanager
 def running_server(engine, **options) -> Iterator[tuple]:
     """Serve `engine` on 127.0.0.1 at a free port; yields (base_url, server). Stops it on exit."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -8,11 +8,12 @@ import httpx
 import pytest
 
 from mlxspec.serve import response_items
-from serve_helpers import TIMEOUT, openai_client, running_server, tiny_engine
-from test_serve_responses import CHAT_WEATHER, PARIS, WEATHER, scripted  # noqa: F401  (the fixture)
+from serve_helpers import TIMEOUT, openai_client, running_server, scripted_server, tiny_engine
+from test_serve_responses import CHAT_WEATHER, PARIS, WEATHER
 
 SENT = [{"role": "system", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "input_text", "text": "Tell me"}, {"type": "input_text", "text": "more"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "Tell me"},
+                                     {"type": "input_text", "text": "more"}]},
         {"type": "message", "role": "assistant", "content": "About what?"},
         {"type": "message", "role": "user", "content": "Rivers.", "id": "msg_mine"}]
 
@@ -87,8 +88,12 @@ def test_a_stored_item_referred_to_by_id_is_the_item_itself(served):
     assert "fc_nope" in bad.json()["error"]["message"]
 
 
-def test_a_referred_function_call_is_the_call(scripted):  # noqa: F811
-    url, say = scripted
+def test_a_referred_function_call_is_the_call():
+    with scripted_server() as (url, say):
+        check_a_referred_call(url, say)
+
+
+def check_a_referred_call(url, say):
     client = openai_client(url)
     ask = [{"role": "user", "content": "Weather in Paris?"}]
     say(PARIS, ask, [CHAT_WEATHER])
@@ -125,7 +130,8 @@ def test_page_by_hand():
     items = [{"id": f"i{n}"} for n in range(5)]
     ids = lambda p: [i["id"] for i in p["data"]]  # noqa: E731
     assert ids(response_items.page(items, {})) == ["i4", "i3", "i2", "i1", "i0"]
-    assert ids(response_items.page(items, {"order": "asc", "after": "i1", "before": "i4", "limit": "2"})) == ["i2", "i3"]
+    between = {"order": "asc", "after": "i1", "before": "i4", "limit": "2"}
+    assert ids(response_items.page(items, between)) == ["i2", "i3"]
     p = response_items.page(items, {"before": "i1", "limit": "2"})  # desc: i4 i3 i2 | i1
     assert ids(p) == ["i3", "i2"] and p["has_more"] and p["first_id"] == "i3"
     empty = response_items.page(items, {"after": "i0"})

@@ -6,17 +6,13 @@ import json
 import httpx
 import pytest
 
-import tiny
-from mlxspec.engine import Engine
-from mlxspec.prompts import encode_prompt
-from serve_helpers import TIMEOUT, openai_client, running_server, tiny_engine
+from serve_helpers import TIMEOUT, openai_client, running_server, scripted_server, tiny_engine
 from test_reasoning import scripted_thinker
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 CHAT_WEATHER = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
 PARIS = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-END = [tiny.SPECIALS.index("<|im_end|>")]
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +23,8 @@ def served():
 
 @pytest.fixture(scope="module")
 def scripted():
-    tok = tiny.make_tokenizer(tiny.TOOLS_TEMPLATE)
-    model = tiny.ScriptedModel()
-    with running_server(Engine(model, tok, drafter="ngram"), model_id="s") as (url, _):
-        def say(text, messages, tools=None):
-            model.say(tok.encode(text, add_special_tokens=False) + END,
-                      len(encode_prompt(messages, tok, tiny.VOCAB, tools=tools)))
-        yield url, say
+    with scripted_server("s") as served:
+        yield served
 
 
 def test_a_response_is_the_chat_answer_with_instructions_as_the_system_message(served):
