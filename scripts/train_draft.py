@@ -644,7 +644,13 @@ def parse_args(argv=None):
 def start(args):
     """Threads capped, seeds set, the work folder made: (work folder, start time). Shared with train_eagle.py."""
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    import torch
+    try:
+        import torch
+    except ModuleNotFoundError:
+        instead = ("; or give --target REF instead of --gguf: every stage then runs in MLX"
+                   if hasattr(args, "target") else "")
+        raise SystemExit("this trainer runs the target in PyTorch, which is not installed: pip install torch "
+                         f"accelerate{instead}") from None
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

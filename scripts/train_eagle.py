@@ -286,6 +286,23 @@ def check_work(work: Path, args, target: str) -> None:
     os.replace(tmp, path)
 
 
+def llama_gguf(path: Path) -> None:
+    """Refuse a --gguf of another architecture than llama's (Llama, Mistral, SmolLM2...): the
+    PyTorch trainer starts the head from the target's last block by llama's names and reads plain
+    logits. Imports mlxspec: call it after torch (see `start`)."""
+    from mlxspec.errors import MlxSpecError
+    from mlxspec.loading.gguf_header import read_header
+
+    try:
+        arch = read_header(path)[0].get("general.architecture")
+    except MlxSpecError as e:
+        raise SystemExit(f"--gguf {path}: {e}") from None
+    if arch != "llama":
+        raise SystemExit(f"--gguf {path}: a {arch!r} GGUF; the PyTorch trainer (--gguf) takes llama GGUFs only, as "
+                         f"the demo head was made. Give --target {path} instead: every stage then runs in MLX, for "
+                         "any family mlxspec loads")
+
+
 def target_digest(path: Path) -> str:
     """The target file's SHA-256: it names the target a --work folder keeps to (two GGUFs of the
     same shapes are other targets) and tells the demo's GGUF apart. Imports mlxspec: call it
@@ -1123,6 +1140,7 @@ def main(argv=None):
         return train_eagle_mlx.main(args)
     work, t0 = train_draft.start(args)
     digest = target_digest(Path(args.gguf))  # the whole file read once
+    llama_gguf(Path(args.gguf))
     args.out = default_out(args, digest)
     check_work(work, args, f"{Path(args.gguf).name} sha256:{digest}")
     prompts = train_draft.stage_prompts(args, work)

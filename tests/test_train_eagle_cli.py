@@ -1,6 +1,6 @@
 """scripts/train_eagle.py's settings, without training (no torch needed): the --feature-layers
 forms, their errors, and run tags that keep other settings' heads apart (resuming must never
-continue a run trained with other settings)."""
+continue a run trained with other settings), and what the --gguf path needs (torch, a llama file)."""
 import argparse
 import json
 import shutil
@@ -288,3 +288,33 @@ def test_evaluation_scripts_refuse_numbers_that_cannot_work(script, argv, says):
                           text=True, cwd=root, timeout=120)
     assert proc.returncode == 2 and says in proc.stderr
 
+
+
+def test_without_torch_the_gguf_path_says_what_to_install_or_use_instead(tmp_path, monkeypatch):
+    import train_draft
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # as where torch is not installed
+    args = ["--gguf", str(tmp_path / "x.gguf"), "--work", str(tmp_path / "w")]
+    with pytest.raises(SystemExit, match=r"PyTorch, which is not installed: pip install torch accelerate; .*--target"):
+        train_eagle.main(args)
+    # the draft model's trainer has no --target to offer
+    with pytest.raises(SystemExit, match=r"not installed: pip install torch accelerate$"):
+        train_draft.main(args)
+
+
+def test_the_gguf_path_takes_llama_files_only(tmp_path, monkeypatch):
+    """The PyTorch trainer starts the head from the target's last block by llama's names: another
+    architecture is refused before anything runs, with --target named instead."""
+    import train_draft
+    from tiny_gguf import write_tiny_gguf
+
+    monkeypatch.setattr(train_draft, "start", lambda args: (tmp_path / "w", 0.0))  # no torch needed up to the check
+    gemma2 = tmp_path / "g.gguf"
+    write_tiny_gguf(gemma2, arch="gemma2", pre="spm-no-prefix", layers=2, window=4, head_dim=24)
+    with pytest.raises(SystemExit, match=rf"--gguf {gemma2}: a 'gemma2' GGUF; .*Give --target {gemma2} instead"):
+        train_eagle.main(["--gguf", str(gemma2), "--work", str(tmp_path / "w")])
+    llama = tmp_path / "l.gguf"
+    write_tiny_gguf(llama)
+    train_eagle.llama_gguf(llama)  # accepted
+    with pytest.raises(SystemExit, match="is not a readable GGUF file"):
+        train_eagle.llama_gguf(Path(__file__))
