@@ -19,7 +19,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 import mlx.core as mx
 
-from . import blas, kernels
+from . import blas, harmony, kernels
 from .cache import WindowKVCache
 from .calibration import check_ratios, priors_for
 from .costmodel import DECAY, MODEL_DECAY, CostModel, TargetCurve
@@ -455,6 +455,8 @@ class Engine:
         one (the grammar applies from the first token: a model that would open a block itself
         answers in the grammar instead)."""
         markers = thinking_markers(self.tokenizer)
+        if markers == harmony.MARKERS:  # gpt-oss: the answer is the final channel's message
+            return self.tokenizer.encode(harmony.FINAL, add_special_tokens=False)
         if markers is None or not starts_inside(self.tokenizer.decode(ids[-64:]), markers):
             return None
         return self.tokenizer.encode(markers[1], add_special_tokens=False)

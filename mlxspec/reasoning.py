@@ -1,5 +1,5 @@
 """Reasoning: the text a thinking model writes between its think markers (Qwen3's and DeepSeek-R1's
-`<think>` ... `</think>`), apart from its answer.
+`<think>` ... `</think>`; gpt-oss's analysis channel, `harmony`), apart from its answer.
 
 The markers are mlx-lm's, inferred from the vocabulary when it wraps a tokenizer
 (`TokenizerWrapper.think_start` / `think_end`). Some chat templates open the block themselves at
@@ -11,15 +11,24 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+from . import harmony
 from .text import partial_marker
 
 
 def thinking_markers(tokenizer) -> Optional[Tuple[str, str]]:
-    """(start, end) of the tokenizer's thinking block, or None when it has none."""
+    """(start, end) of the tokenizer's thinking block, or None when it has none (harmony's
+    analysis channel for gpt-oss: `harmony.MARKERS`, which `make_splitter` reads as the format)."""
+    if tokenizer is not None and harmony.is_harmony(tokenizer):
+        return harmony.MARKERS
     if tokenizer is None or getattr(tokenizer, "has_thinking", False) is not True:
         return None
     start, end = getattr(tokenizer, "think_start", None), getattr(tokenizer, "think_end", None)
     return (start, end) if isinstance(start, str) and isinstance(end, str) and start and end else None
+
+
+def make_splitter(markers: Tuple[str, str], inside: bool = False):
+    """The splitter for these markers: harmony's channels (`harmony.HarmonySplitter`) or a block's."""
+    return harmony.HarmonySplitter() if markers == harmony.MARKERS else ReasoningSplitter(markers, inside)
 
 
 def starts_inside(prompt_text: str, markers: Tuple[str, str]) -> bool:

@@ -37,6 +37,10 @@ class ToolFormat:
 
 def tool_format(tokenizer) -> Optional[ToolFormat]:
     """The tool-call format of `tokenizer`'s chat template, or None when it shows none."""
+    from . import harmony
+
+    if tokenizer is not None and harmony.is_harmony(tokenizer):  # gpt-oss: calls are messages to functions.*
+        return harmony.tool_format()
     if getattr(tokenizer, "has_tool_calling", False) is True:  # mlx-lm loaded it and found one
         parse = tokenizer.tool_parser
         name = getattr(parse, "__module__", "").rpartition("mlx_lm.tool_parsers.")[2]

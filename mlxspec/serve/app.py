@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from ..errors import InvalidArgumentError, shown as _show
 from ..prompts import encode_prompt, render_chat, text_of
-from ..reasoning import ReasoningSplitter, starts_inside, thinking_markers
+from ..reasoning import ReasoningSplitter, make_splitter, starts_inside, thinking_markers
 from ..stats import acceptance_text
 from ..logprobs import token_bytes
 from ..tools import ToolCallReader
@@ -240,7 +240,7 @@ class _Choice:
     def __init__(self, index: int, prompt, req: schema.GenerationRequest, state: ServerState, shapes: Shapes,
                  thinking: Optional[tuple]):
         self.index, self.shapes, self.state = index, shapes, state
-        self.splitter = ReasoningSplitter(*thinking) if thinking is not None else None
+        self.splitter = make_splitter(*thinking) if thinking is not None else None
         self.reader = _tool_reader(state.tool_format, req)
         self.echo = _echoed(prompt, state) if req.echo else ""
         self.drop = req.score_only  # the prompt was only scored: the token generated with it is not shown
@@ -423,7 +423,7 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
     state.note_model(req.model)
     job = state.queue.submit(req.prompt, req.options)
     thinking = await _thinking_start(state, req)
-    splitter = ReasoningSplitter(*thinking) if thinking is not None else None
+    splitter = make_splitter(*thinking) if thinking is not None else None
     reader = _tool_reader(state.tool_format, req)
     builder = builder_of(state, req, body)
 

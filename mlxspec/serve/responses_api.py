@@ -4,8 +4,9 @@ A request is translated into a chat request (`to_chat`): `instructions` becomes 
 message, `input` items become messages (a string is one user message; `function_call` and
 `function_call_output` items become the assistant's tool calls and the tool messages that
 answer them), `tools` in the Responses' flat shape become chat tools, `text.format` becomes
-`response_format`, `max_output_tokens` becomes `max_tokens`. `previous_response_id` puts a
-stored response's conversation (`response_store`) before the input.
+`response_format`, `max_output_tokens` becomes `max_tokens`, `reasoning.effort` becomes
+`reasoning_effort`. `previous_response_id` puts a stored response's conversation
+(`response_store`) before the input.
 
 `ResponseBuilder` shapes what the model wrote (reasoning, text, tool calls, as `app._read`
 splits them) into output items: a `reasoning` item, a `message` with one `output_text`, and
@@ -54,6 +55,13 @@ def to_chat(body: dict, history: List[dict] = ()) -> tuple:
     chat["messages"] = messages + conversation
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict):
+            raise invalid(f"reasoning must be an object like {{\"effort\": \"low\"}}, got {shown(reasoning)}",
+                          "reasoning")
+        if reasoning.get("effort") is not None:
+            chat["reasoning_effort"] = reasoning["effort"]
     if body.get("tools") is not None:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
@@ -73,7 +81,8 @@ def param_of(chat_param: Optional[str]) -> Optional[str]:
         return None
     if chat_param.startswith("messages"):
         return "input"
-    return {"max_tokens": "max_output_tokens", "response_format": "text.format"}.get(chat_param, chat_param)
+    return {"max_tokens": "max_output_tokens", "response_format": "text.format",
+            "reasoning_effort": "reasoning.effort"}.get(chat_param, chat_param)
 
 
 def _input_messages(given) -> List[dict]:

@@ -31,6 +31,7 @@ MAX_CHOICES = 128  # choices per request: n (OpenAI's most) times the prompts of
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
 # would change the answer, with the value that changes nothing: a client that sends another is told.
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning_effort values
 EXTENSIONS = {"repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0, "length_penalty": 1.0,
               "use_beam_search": False, "mirostat": 0, "guided_grammar": None, "grammar": None,
               "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
@@ -116,6 +117,14 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
     req.echo = _flag(body, "echo", False)
     # vLLM's and mlx-lm's template variables ({"enable_thinking": false}), over the server's (--chat-template-args)
     kwargs = dict((defaults or ServeOptions()).chat_template_args or {})
+    # OpenAI's reasoning_effort: the template variable of that name (gpt-oss's template reads it, as
+    # vLLM passes it); a request's own chat_template_kwargs still win
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in EFFORTS:
+            raise invalid(f"reasoning_effort must be one of {', '.join(EFFORTS)}, got {_show(effort)}",
+                          "reasoning_effort")
+        kwargs["reasoning_effort"] = effort
     kwargs.update(_check(check_template_kwargs, body.get("chat_template_kwargs"), "chat_template_kwargs"))
     if kwargs:
         req.options["chat_template_kwargs"] = kwargs
