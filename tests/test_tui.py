@@ -535,3 +535,37 @@ async def test_a_conversation_past_the_context_says_the_chat_s_remedies():
         await send(app, pilot, "/clear")
         await send(app, pilot, "hi")
         assert len(app.conversation.turns) == 1  # a new conversation fits again
+
+
+def test_a_later_turn_sees_the_answer_without_its_reasoning():
+    from mlxspec import harmony
+    from tui.conversation import answer_part
+
+    think = ("<think>", "</think>")
+    assert answer_part("<think>sum</think>\n\nIt is 4.", think) == "It is 4."
+    assert answer_part("sum it</think>It is 4.", think) == "It is 4."  # the template opened the block
+    assert answer_part("It is 4.", think) == answer_part("It is 4.", None) == "It is 4."
+    said = "<|channel|>analysis<|message|>Add.<|end|><|start|>assistant<|channel|>final<|message|>It is 4."
+    assert answer_part(said, harmony.MARKERS) == "It is 4."
+    assert answer_part(said, None) == said
+
+
+@async_test
+async def test_a_gpt_oss_chat_keeps_its_analysis_out_of_the_next_turn():
+    """The pane shows what the model wrote; the next turn's messages hold its final channel only
+    (gpt-oss's template would otherwise render harmony's headers inside the content)."""
+    from mlxspec import harmony
+    from mlxspec.engine import Engine
+    from mlxspec.prompts import encode_prompt
+    from test_harmony import ANSWER, VOCAB, harmony_tokenizer
+
+    tok = harmony_tokenizer()
+    model = tiny.ScriptedModel(vocab=VOCAB)
+    model.say(tok.encode(ANSWER, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|return|>")],
+              len(encode_prompt([{"role": "user", "content": "What is 2 + 2?"}], tok, VOCAB)))
+    app = make_app(Engine(model, tok, drafter="ngram"), max_tokens=200)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "What is 2 + 2?")
+        assert app.conversation.markers == harmony.MARKERS
+        assert app.pane(SPEC).text == ANSWER
+        assert app.conversation.messages(SPEC, "And 3 + 3?")[1] == {"role": "assistant", "content": "It is 4."}

@@ -17,6 +17,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Footer, Input, Static
 
+from mlxspec.reasoning import thinking_markers
+
 from .commands import CommandError, Settings, run_command
 from .conversation import SPEC, VANILLA, Conversation
 from .info import PairInfo, describe
@@ -102,6 +104,7 @@ class ChatApp(App):
     def on_engine_ready(self, message: EngineReady) -> None:
         engine = message.engine
         self.engines = {SPEC: engine, VANILLA: message.vanilla_engine or engine.fork()}
+        self.conversation.markers = thinking_markers(getattr(engine, "tokenizer", None))
         self.info = self.info or describe(engine)
         self.query_one(PairHeader).set_info(self.info)
         if isinstance(self.screen, LoadingScreen):

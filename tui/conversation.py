@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from mlxspec.reasoning import make_splitter
+
 from .stats_view import StatsView
 
 SPEC, VANILLA = "speculative", "vanilla"
@@ -81,18 +83,33 @@ def first_difference(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-class Conversation:
-    """System prompt + finished turns; each side sees its own answers in its message list."""
+def answer_part(text: str, markers: Optional[Tuple[str, str]]) -> str:
+    """What a later turn sees of an answer: without its reasoning (a thinking model's block, or
+    gpt-oss's analysis channel and harmony's headers), as the server's `content` is. The pane
+    shows the whole text."""
+    if markers is None:
+        return text
+    end = text.find(markers[1])
+    inside = end >= 0 and markers[0] not in text[:end]  # the template opened the block: it only closes
+    splitter = make_splitter(markers, inside)
+    _, answer = splitter.feed(text)
+    return answer + splitter.finish()[1]
 
-    def __init__(self, system: str = ""):
+
+class Conversation:
+    """System prompt + finished turns; each side sees its own answers in its message list (their
+    reasoning left out where `markers`, the model's thinking markers, say where it is)."""
+
+    def __init__(self, system: str = "", markers: Optional[Tuple[str, str]] = None):
         self.system = system
+        self.markers = markers
         self.turns: List[Turn] = []
 
     def messages(self, side: str, next_user: Optional[str] = None) -> List[dict]:
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         for t in self.turns:
             msgs.append({"role": "user", "content": t.user})
-            msgs.append({"role": "assistant", "content": t.answers[side].text})
+            msgs.append({"role": "assistant", "content": answer_part(t.answers[side].text, self.markers)})
         if next_user is not None:
             msgs.append({"role": "user", "content": next_user})
         return msgs
