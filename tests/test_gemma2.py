@@ -122,3 +122,45 @@ def test_a_batch_of_left_padded_rows_each_gets_its_own_answer(rows):
     for p, g in zip(prompts, got):
         want = Engine(model, None).generate(p, max_tokens=12, speculative=False).tokens
         assert list(g)[:len(want)] == want
+
+
+def test_gemma2_s_real_window_of_4096_across_its_edge(tmp_path):
+    """The engine's rings at Gemma 2's own window (4,096): plain decoding past the edge is the
+    windowed model's one-pass argmax, mlx-lm's windowless model differs there, and chains and an
+    EAGLE head's trees (its runners-up) give plain decoding's tokens."""
+    import tiny
+    from mlx_lm.models import gemma2 as theirs
+    from test_engine_trees import flat_curve
+
+    model = tiny.make_gemma2(11, sliding_window=4096, cap=30.0)
+    rng = np.random.default_rng(0)
+    block = rng.integers(3, tiny.VOCAB, 61).tolist()
+    prompt = (block * 70)[:4080]  # repeats, so the n-gram drafter drafts; the answer crosses 4,096
+    plain = Engine(model, None, drafter="none").generate(prompt, max_tokens=40)
+    seq = mx.array([prompt + plain.tokens[:-1]])
+    whole = model(seq)[0, len(prompt) - 1:].astype(mx.float32)  # one pass, the window as a mask
+    top2 = mx.sort(whole, axis=-1)[:, -2:]
+    clear = np.array(top2[:, 1] - top2[:, 0] > 1e-3 * mx.abs(whole).max())
+    assert clear.sum() >= 30 and (np.array(mx.argmax(whole, -1)) == np.array(plain.tokens))[clear].all()
+    # the rings' logits past the edge, chunked and rolled back as rounds do, against the one pass
+    from mlxspec.sequence import Sequence
+
+    ring = Sequence(model, max_kv_size=None, headroom=17)
+    ring.prefill(prompt[:-1])
+    answer = [prompt[-1]] + plain.tokens[:-1]
+    got = [ring.forward(answer[:5])[:3]]
+    ring.rollback(2)  # two drafts rejected: their rows too
+    got.append(ring.forward(answer[3:23]))
+    got.append(ring.forward(answer[23:]))
+    got = mx.concatenate(got).astype(mx.float32)
+    assert mx.allclose(got, whole, atol=tiny.float32_tol() * float(mx.abs(whole).max()), rtol=0).item()
+    windowless = theirs.Model(model.args)
+    windowless.update(model.parameters())
+    late = slice(4096 - len(prompt) + 1, None)  # rows whose query sees past the window
+    assert not mx.allclose(windowless(seq)[0, len(prompt) - 1:][late], whole[late], atol=1e-3).item()
+    chain = Engine(model, None, drafter="ngram", num_draft=3, tree="off").generate(prompt, max_tokens=40)
+    head = tiny.make_eagle_head(model, tmp_path, seed=2)
+    trees = flat_curve(Engine(model, None, eagle_head=head, drafter="eagle", lookup=False))
+    trees = trees.generate(prompt, max_tokens=40)
+    assert chain.tokens == trees.tokens == plain.tokens
+    assert chain.stats.drafted > 0 and trees.stats.tree_rounds > 0
