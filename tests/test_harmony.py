@@ -115,6 +115,22 @@ def test_a_message_to_a_function_is_a_tool_call(scripted):
     assert response.output[2].name == "get_weather"
 
 
+def test_anthropic_s_messages_get_a_thinking_block_and_a_tool_use(scripted):
+    anthropic = pytest.importorskip("anthropic")
+    url, say = scripted
+    client = anthropic.Anthropic(base_url=url, api_key="unused")
+    say(ANSWER)
+    r = client.messages.create(model="h", max_tokens=200, messages=ASK)
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in r.content] == [
+        ("thinking", "Add them."), ("text", "It is 4.")]
+    say(CALL, end="<|call|>", tools=[WEATHER])
+    tool = {"name": "get_weather", "description": "The weather in a city",
+            "input_schema": WEATHER["function"]["parameters"]}
+    r = client.messages.create(model="h", max_tokens=400, messages=ASK, tools=[tool])
+    assert [b.type for b in r.content] == ["thinking", "text", "tool_use"] and r.stop_reason == "tool_use"
+    assert r.content[2].name == "get_weather" and r.content[2].input == {"city": "Paris"}
+
+
 def test_forcing_a_call_says_harmony_cannot_be_forced(scripted):
     url, _ = scripted
     r = httpx.post(f"{url}/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER], "tool_choice": "required"},
