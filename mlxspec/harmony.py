@@ -150,8 +150,9 @@ def _first(text: str, markers) -> Tuple[int, str]:
 def parse_call(body: str, tools: Optional[List[dict]] = None) -> dict:
     """A call the splitter wrote (`NAME<|message|>ARGUMENTS`) -> {"name", "arguments"}; raises
     where the arguments are not JSON (the call then stays text)."""
-    name, _, args = body.partition(MESSAGE)
-    return {"name": name.strip(), "arguments": json.loads(args)}
+    header, _, args = body.partition(MESSAGE)
+    name = re.split(r"\s|<\|", header.strip(), maxsplit=1)[0]  # a raw header may go on: " <|constrain|>json"
+    return {"name": name, "arguments": json.loads(args)}
 
 
 def tool_format():

@@ -74,6 +74,15 @@ def test_every_chunking_splits_alike(text, reasoning, answer):
         assert split(text, size) == (reasoning, answer), size
 
 
+def test_a_call_s_body_reads_as_a_name_and_arguments():
+    assert harmony.parse_call('get_weather<|message|>{"city": "Paris"}') == {"name": "get_weather",
+                                                                          "arguments": {"city": "Paris"}}
+    # as written raw (the header's constraint after the name)
+    assert harmony.parse_call('get_weather <|constrain|>json<|message|>{}')["name"] == "get_weather"
+    with pytest.raises(ValueError):  # arguments cut short: the call stays text
+        harmony.parse_call('get_weather<|message|>{"city": "Par')
+
+
 def test_a_harmony_vocabulary_is_recognised():
     tok = harmony_tokenizer()
     assert harmony.is_harmony(tok) and not harmony.is_harmony(tiny.make_tokenizer())
