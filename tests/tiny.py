@@ -53,10 +53,7 @@ def make_llama(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, laye
         rms_norm_eps=1e-5, vocab_size=vocab_size, tie_word_embeddings=tie_embeddings,
         sliding_window=sliding_window, layer_types=layer_types, max_position_embeddings=4096,
     )
-    mx.random.seed(seed)
-    model = llama.Model(args)
-    _scale(model, dtype)
-    return model
+    return _built(llama, args, seed, dtype)
 
 
 def make_qwen2(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 2) -> qwen2.Model:
@@ -66,10 +63,7 @@ def make_qwen2(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, laye
         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=vocab_size,
         tie_word_embeddings=False, max_position_embeddings=4096,
     )
-    mx.random.seed(seed)
-    model = qwen2.Model(args)
-    _scale(model, mx.float32)
-    return model
+    return _built(qwen2, args, seed)
 
 
 def make_gemma3(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 4,
@@ -81,10 +75,7 @@ def make_gemma3(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, lay
         rms_norm_eps=1e-6, vocab_size=vocab_size, sliding_window=sliding_window,
         sliding_window_pattern=pattern, max_position_embeddings=4096,
     )
-    mx.random.seed(seed)
-    model = gemma3_text.Model(args)
-    _scale(model, mx.float32)
-    return model
+    return _built(gemma3_text, args, seed)
 
 
 def make_gemma2(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 2,
@@ -99,10 +90,7 @@ def make_gemma2(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, lay
         rope_theta=10000.0, rope_traditional=False, attn_logit_softcapping=50.0,
         final_logit_softcapping=cap, query_pre_attn_scalar=16, sliding_window=sliding_window,
     )
-    mx.random.seed(seed)
-    model = gemma2.Model(args)
-    _scale(model, mx.float32)
-    return model
+    return _built(gemma2, args, seed)
 
 
 def make_granite(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 2,
@@ -117,10 +105,7 @@ def make_granite(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, la
         residual_multiplier=0.5, max_position_embeddings=4096, attention_bias=False, mlp_bias=False,
         rope_theta=10000.0,
     )
-    mx.random.seed(seed)
-    model = granite.Model(args)
-    _scale(model, mx.float32)
-    return model
+    return _built(granite, args, seed)
 
 
 def make_cohere(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 2,
@@ -133,17 +118,18 @@ def make_cohere(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, lay
         num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, vocab_size=vocab_size,
         logit_scale=logit_scale,
     )
+    return _built(cohere, args, seed)
+
+
+def _built(module, args, seed: int, dtype=mx.float32):
+    """`module.Model(args)` with random weights drawn from `seed`, in `dtype`."""
     mx.random.seed(seed)
-    model = cohere.Model(args)
-    _scale(model, mx.float32)
-    return model
-
-
-def _scale(model, dtype):
+    model = module.Model(args)
     # mlx-lm initialises embeddings with N(0,1); a tied head then gives very peaked logits,
     # which is fine, but keep values finite and deterministic across platforms.
     model.set_dtype(dtype)
     mx.eval(model.parameters())
+    return model
 
 
 def fed_positions(cache, B: int, S: int, dtype=mx.float32) -> mx.array:
