@@ -98,7 +98,7 @@ def split_model(model, *, check: bool = True) -> Tuple[Callable, Callable]:
             raise IncompatibleModelsError(
                 f"[backbone] {name}'s logits are not its backbone's hidden states through a linear head, "
                 f"nor that head soft-capped or scaled as {', '.join(sorted(LOGIT_MAPS))} do; feature-level "
-                "drafting needs a plain head")
+                "drafting needs a plain head, or one mapped as theirs are")
     return backbone, head
 
 

@@ -12,7 +12,7 @@ both end generation). The header names the channel and, for a tool call, the rec
 `HarmonySplitter` streams that into reasoning (the analysis channel) and answer text (the final
 channel and commentary the user is meant to read, OpenAI's preambles), as
 `reasoning.ReasoningSplitter` does for `<think>` blocks. A message to `functions.NAME` goes into the
-answer as `CALL_START NAME <|message|> ARGUMENTS <|call|>`, which `TOOL_FORMAT` reads back as an
+answer as `CALL_START NAME <|message|> ARGUMENTS <|call|>`, which `tool_format()` reads back as an
 OpenAI tool call (`tools.ToolCallReader`), so the server handles harmony's calls as any format's.
 mlx-lm knows neither (its chat template renders the prompt; the output stays raw text there).
 """
@@ -56,7 +56,7 @@ class HarmonySplitter:
     Text that could still grow into a marker is held back until it cannot. Messages of one kind
     are joined by a blank line (two analysis messages, a preamble and the final answer)."""
 
-    def __init__(self, markers=MARKERS, inside: bool = False):
+    def __init__(self):
         self._buf = ""
         self._header: Optional[str] = ""  # "" while a header is read (it waits in _buf); None in content
         self._kind = "answer"  # where the current message's content goes: reasoning, answer or call
@@ -84,10 +84,8 @@ class HarmonySplitter:
                 break
             self._put(self._buf[:at], out)
             self._close(out)
-            self._buf = self._buf[at + (len(marker) if marker != START else 0):]
+            self._buf = self._buf[at + len(marker):]  # a header follows (its <|start|> is read with it)
             self._header = ""
-            if self._buf.startswith(START):
-                self._buf = self._buf[len(START):]
         return "".join(out["reasoning"]), "".join(out["answer"])
 
     def finish(self) -> Tuple[str, str]:
