@@ -26,7 +26,8 @@ def register(subparsers) -> None:
         description=(
             "Serve one target (+ draft) over the OpenAI API (and Anthropic's Messages API):\n"
             "  POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   GET /v1/models\n"
-            "  GET|DELETE /v1/responses/{id}   POST /v1/messages[/count_tokens]   POST /tokenize\n"
+            "  GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items\n"
+            "  POST /v1/messages[/count_tokens]   POST /tokenize\n"
             "  POST /detokenize   GET /metrics   GET /health\n\n"
             "Requests run one at a time on one engine, in arrival order; a conversation resent in full\n"
             "reuses the caches of its previous turn (usage.prompt_tokens_details.cached_tokens), also\n"

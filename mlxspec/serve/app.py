@@ -1,7 +1,7 @@
 """The Starlette app: OpenAI routes, server-sent events, auth, body limits, error shapes.
 
     POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   POST /v1/messages[/count_tokens]
-    GET /v1/models[/{id}]   GET /health
+    GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items   GET /v1/models[/{id}]   GET /health
     POST /tokenize   POST /detokenize   GET /metrics
 
 Every request is answered on the event loop; the model runs on the queue's worker thread.
@@ -48,8 +48,8 @@ from .responses import DONE, LogprobStream, Shapes, combined, joined, prompt_log
 log = logging.getLogger("mlxspec.serve")
 OPEN_PATHS = ("/health", "/")  # answered without the API key (load balancers, scripts and agents probe them)
 ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE "
-               "/v1/responses/{id}, POST /v1/messages, GET /v1/models, GET /health, POST /tokenize, "
-               "POST /detokenize, GET /metrics")
+               "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models, "
+               "GET /health, POST /tokenize, POST /detokenize, GET /metrics")
 
 
 class ServerState:
