@@ -66,6 +66,9 @@ def split(text, size):
     # a built-in tool's call (the browser) and its output are not the user's to read
     ("<|channel|>analysis<|message|>Look.<|end|><|start|>assistant<|channel|>commentary to=browser.search "
      "<|constrain|>json<|message|>{\"q\": \"x\"}<|call|>", "Look.\n\n{\"q\": \"x\"}", ""),
+    # the recipient in the role's part of the header, as harmony allows
+    (THINK + '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}',
+     "Add them.", '<|channel|>commentary to=functions.get_weather<|message|>{"city": "Paris"}<|call|>'),
     ("It is 4.", "", "It is 4."),  # no header at all: an answer as it is
     ("<|channel|>analysis<|message|>cut off mid-thou", "cut off mid-thou", ""),
 ])
