@@ -550,11 +550,8 @@ def test_a_later_turn_sees_the_answer_without_its_reasoning():
     assert answer_part(said, None) == said
 
 
-@async_test
-async def test_a_gpt_oss_chat_keeps_its_analysis_out_of_the_next_turn():
-    """The pane shows what the model wrote; the next turn's messages hold its final channel only
-    (gpt-oss's template would otherwise render harmony's headers inside the content)."""
-    from mlxspec import harmony
+def harmony_engine():
+    """An engine whose model, asked "What is 2 + 2?", answers in harmony (analysis, then final)."""
     from mlxspec.engine import Engine
     from mlxspec.prompts import encode_prompt
     from test_harmony import ANSWER, VOCAB, harmony_tokenizer
@@ -563,7 +560,42 @@ async def test_a_gpt_oss_chat_keeps_its_analysis_out_of_the_next_turn():
     model = tiny.ScriptedModel(vocab=VOCAB)
     model.say(tok.encode(ANSWER, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|return|>")],
               len(encode_prompt([{"role": "user", "content": "What is 2 + 2?"}], tok, VOCAB)))
-    app = make_app(Engine(model, tok, drafter="ngram"), max_tokens=200)
+    return Engine(model, tok, drafter="ngram")
+
+
+@pytest.mark.parametrize("kind", ["harmony", "think"])
+@async_test
+async def test_a_thinking_model_s_reasoning_shows_dimmed_above_its_answer(kind):
+    """The Markdown view splits as the server does: reasoning dimmed above, the answer below,
+    the headers and markers in neither; the coloured view keeps every token; the history shows
+    the answer."""
+    from test_reasoning import scripted_thinker
+
+    # the think model's template opens the block: the app reads that from the prompt
+    engine = harmony_engine() if kind == "harmony" else scripted_thinker("Add them.</think>It is 4.")
+    app = make_app(engine, max_tokens=200)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "What is 2 + 2?")
+        for side in (VANILLA, SPEC):
+            pane = app.pane(side)
+            reasoning = pane.query_one(".reasoning", Static)
+            if side == SPEC:  # coloured: the raw tokens, no split
+                assert pane.colour and not reasoning.display and "Add them." in str(pane._coloured())
+                await pilot.press("ctrl+t")
+                await pilot.pause()
+            assert pane.reasoning == "Add them." and reasoning.display
+            assert pane.query_one(Markdown).source == "It is 4."
+        assert "model It is 4." in history_text(app) and "Add them" not in history_text(app)
+
+
+@async_test
+async def test_a_gpt_oss_chat_keeps_its_analysis_out_of_the_next_turn():
+    """The pane shows what the model wrote; the next turn's messages hold its final channel only
+    (gpt-oss's template would otherwise render harmony's headers inside the content)."""
+    from mlxspec import harmony
+    from test_harmony import ANSWER
+
+    app = make_app(harmony_engine(), max_tokens=200)
     async with app.run_test(size=SIZE) as pilot:
         await send(app, pilot, "What is 2 + 2?")
         assert app.conversation.markers == harmony.MARKERS

@@ -17,7 +17,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Footer, Input, Static
 
-from mlxspec.reasoning import thinking_markers
+from mlxspec.errors import MlxSpecError
+from mlxspec.prompts import render_chat
+from mlxspec.reasoning import starts_inside, thinking_markers
 
 from .commands import CommandError, Settings, run_command
 from .conversation import SPEC, VANILLA, Conversation
@@ -105,6 +107,8 @@ class ChatApp(App):
         engine = message.engine
         self.engines = {SPEC: engine, VANILLA: message.vanilla_engine or engine.fork()}
         self.conversation.markers = thinking_markers(getattr(engine, "tokenizer", None))
+        for side in (SPEC, VANILLA):
+            self.pane(side).markers = self.conversation.markers
         self.info = self.info or describe(engine)
         self.query_one(PairHeader).set_info(self.info)
         if isinstance(self.screen, LoadingScreen):
@@ -140,10 +144,14 @@ class ChatApp(App):
         # or a test that looks in between must already see this turn as under way
         self.busy, self.cancel = True, threading.Event()
         self.query_one(ChatHistory).add_user(text)
+        messages = {side: self.conversation.messages(side, text) for side in (SPEC, VANILLA)}
+        inside = self._starts_inside(messages[SPEC])
+        for side in (SPEC, VANILLA):
+            self.pane(side).inside = inside
         await self._clear_race()
         s = self.settings
         request = TurnRequest(
-            user=text, messages={side: self.conversation.messages(side, text) for side in (SPEC, VANILLA)},
+            user=text, messages=messages,
             temperature=s.temperature, max_tokens=s.max_tokens, num_draft=s.num_draft, drafter=s.drafter,
             tree=s.tree, lookup=s.lookup, sequential=self.sequential, seed=self.seed)
         self._generate(request, self.cancel)
@@ -168,18 +176,29 @@ class ChatApp(App):
             await self.pane(side).reset()
         self.query_one("#verdict", Static).update("")
 
-    def on_turn_finished(self, message: TurnFinished) -> None:
+    def _starts_inside(self, messages) -> bool:
+        """Whether the template opens a thinking block at the end of these messages' prompt."""
+        markers = self.conversation.markers
+        if markers is None:
+            return False
+        try:
+            return starts_inside(render_chat(messages, self.engines[SPEC].tokenizer), markers)
+        except MlxSpecError:  # the turn itself will say what is wrong with these messages
+            return False
+
+    async def on_turn_finished(self, message: TurnFinished) -> None:
         self.busy = False
         turn = message.turn
         for side, answer in turn.answers.items():
             self._show_stats(side, answer.stats)
+            await self.pane(side).finish()
         history = self.query_one(ChatHistory)
         if message.error:
             history.add_notice(f"generation failed: {message.error}", error=True)
         produced = any(a.from_draft for a in turn.answers.values())  # one flag per generated token
         if produced or not message.error:
             self.conversation.turns.append(turn)  # partial answers stay in the conversation
-            history.add_turn(turn)
+            history.add_turn(turn, self.conversation.markers)
             self.query_one("#verdict", Static).update(Text(turn.verdict()))
 
     # -- actions --------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..conversation import SPEC, Turn
+from ..conversation import SPEC, Turn, answer_part
 
 PREVIEW = 240  # characters of each answer kept in the history (the panes show it in full)
 
@@ -20,8 +20,9 @@ class ChatHistory(VerticalScroll):
     def add_user(self, text: str) -> None:
         self._add(Text.assemble(("you ", "bold"), text), "user")
 
-    def add_turn(self, turn: Turn) -> None:
-        answer = turn.answers[SPEC].text.strip()
+    def add_turn(self, turn: Turn, markers=None) -> None:
+        """The turn's answer (without its reasoning, where `markers` say where that is) and verdict."""
+        answer = answer_part(turn.answers[SPEC].text, markers).strip()
         if len(answer) > PREVIEW:
             answer = answer[:PREVIEW] + "…"
         empty = "(stopped before its first token)" if turn.stopped else "(empty)"

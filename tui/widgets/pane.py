@@ -1,13 +1,19 @@
-"""One side of the race: the streamed answer (Markdown, or coloured tokens) and its live stats line."""
+"""One side of the race: the streamed answer (Markdown, or coloured tokens) and its live stats line.
+
+A thinking model's reasoning (its `<think>` block, gpt-oss's analysis channel) shows dimmed above
+the answer's Markdown, split as the server splits it; the coloured view shows every token as
+the model wrote it."""
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Markdown, Static
+
+from mlxspec.reasoning import make_splitter
 
 from ..stats_view import StatsView
 
@@ -25,9 +31,15 @@ class AnswerPane(Vertical):
         self.speculative = speculative
         self.colour = colour and speculative
         self.pieces: List[Tuple[str, bool]] = []
+        self.markers: Optional[Tuple[str, str]] = None  # the model's thinking markers (the app sets them)
+        self.inside = False  # this turn starts inside a block its template opened (the app sets it)
+        self.reasoning = ""
+        self._splitter = None
+        self._done = False
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="body"):
+            yield Static(classes="reasoning")
             yield Markdown(classes="markdown")
             yield Static(classes="coloured")
         if self.speculative:
@@ -45,18 +57,56 @@ class AnswerPane(Vertical):
         body = self.query_one(".body", VerticalScroll)
         follow = body.is_vertical_scroll_end  # keep following the answer unless the user scrolled up
         self.pieces.extend(pieces)
+        reasoning, answer = self._split("".join(t for t, _ in pieces))
+        self._think(reasoning)
         if self.colour:
             self.query_one(".coloured", Static).update(self._coloured())
-        else:
-            await self.query_one(Markdown).append("".join(t for t, _ in pieces))
+        elif answer:
+            await self.query_one(Markdown).append(answer)
         if follow:
             body.scroll_end(animate=False)
 
+    async def finish(self) -> None:
+        """The answer is done: what the splitter held back (a marker's possible start) is shown."""
+        if self._splitter is None:
+            return
+        reasoning, answer = self._splitter.finish()
+        self._splitter, self._done = None, True
+        self._think(reasoning)
+        if answer and not self.colour:
+            await self.query_one(Markdown).append(answer)
+
     async def reset(self) -> None:
-        self.pieces = []
+        """Empty for a new turn (which starts inside a thinking block its template opened where
+        the app set `inside`)."""
+        self.pieces, self.reasoning, self._done = [], "", False
+        self._splitter = make_splitter(self.markers, self.inside) if self.markers is not None else None
+        self._think("")
         self.query_one(".stats", Static).update("— tok/s")
         self.query_one(".coloured", Static).update("")
         await self.query_one(Markdown).update("")
+
+    def parts(self) -> Tuple[str, str]:
+        """(reasoning, answer) of what has been shown so far, split afresh (while the answer
+        streams, what could still be a marker's start is held back, as the live split holds it)."""
+        if self.markers is None:
+            return "", self.text
+        splitter = make_splitter(self.markers, self.inside)
+        r, a = splitter.feed(self.text)
+        if self._done:
+            r2, a2 = splitter.finish()
+            r, a = r + r2, a + a2
+        return r, a
+
+    def _split(self, text: str) -> Tuple[str, str]:
+        return self._splitter.feed(text) if self._splitter is not None else ("", text)
+
+    def _think(self, more: str) -> None:
+        self.reasoning = self.reasoning + more if more else self.reasoning
+        shown = self.query_one(".reasoning", Static)
+        shown.display = bool(self.reasoning) and not self.colour
+        if more or not self.reasoning:
+            shown.update(Text(self.reasoning.strip("\n"), style="dim italic"))
 
     async def set_colour(self, on: bool) -> None:
         if not self.speculative:
@@ -66,7 +116,10 @@ class AnswerPane(Vertical):
         if on:
             self.query_one(".coloured", Static).update(self._coloured())
         else:
-            await self.query_one(Markdown).update(self.text)
+            reasoning, answer = self.parts()
+            self.reasoning = ""
+            self._think(reasoning)
+            await self.query_one(Markdown).update(answer)
 
     def set_stats(self, stats: StatsView) -> None:
         self.query_one(".stats", Static).update(stats.line(self.speculative))
@@ -74,6 +127,7 @@ class AnswerPane(Vertical):
     def _show_mode(self) -> None:
         self.query_one(Markdown).display = not self.colour
         self.query_one(".coloured", Static).display = self.colour
+        self.query_one(".reasoning", Static).display = bool(self.reasoning) and not self.colour
 
     def _coloured(self) -> Text:
         t = Text()
