@@ -192,3 +192,29 @@ def test_reasoning_effort_reaches_the_template(api):
         status, error = prompt_tokens(reasoning_effort="extreme")
         assert status == 400 and error["error"]["param"] == ("reasoning.effort" if api == "responses"
                                                               else "reasoning_effort")
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_generate_prints_the_answer_and_sends_the_analysis_to_stderr(json_out, monkeypatch, capsys):
+    from mlxspec.cli import main
+    from mlxspec.commands import modelargs
+
+    tok = harmony_tokenizer()
+    model = tiny.ScriptedModel(vocab=VOCAB)
+    # an answer whose end could start a marker: held back while it streams, printed at its end
+    model.say(tok.encode(ANSWER + " <", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|return|>")],
+              len(encode_prompt(ASK, tok, VOCAB)))
+    from types import SimpleNamespace
+
+    engine = Engine(model, tok, drafter="ngram")
+    # what `mlxspec.load` records of what it loaded (the command prints it)
+    engine.pair_name, engine.draft_info = None, None
+    engine.target_info = SimpleNamespace(ref="gpt-oss", weights_bytes=2**20, dtype="float32", quantization="none")
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: engine)
+    assert main(["generate", "--max-tokens", "200", *(["--json"] if json_out else []), ASK[0]["content"]]) == 0
+    out, err = capsys.readouterr()
+    if json_out:
+        result = json.loads(out)
+        assert (result["text"], result["reasoning"]) == ("It is 4. <", "Add them.")
+    else:
+        assert out == "It is 4. <\n" and "Add them.\n" in err and "<|" not in out + err

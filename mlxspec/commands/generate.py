@@ -7,8 +7,10 @@ import json
 import sys
 import textwrap
 
+from .. import harmony
 from ..errors import InvalidArgumentError
 from ..prompts import has_chat_template
+from ..reasoning import thinking_markers
 from ..stats import acceptance_text, plural
 from .argtypes import positive, seed
 from . import modelargs
@@ -25,8 +27,9 @@ def register(subparsers) -> None:
             "would produce (greedy: token for token, up to rounding at near-ties in low precision) or "
             "sample (the same distribution). Text streams to stdout; stderr gets one line on what was "
             "loaded before it and one stats line (the prompt's tokens and tokens/s, then tokens/s, "
-            "acceptance, tokens per target pass, peak memory) after it. Without --pair or --target the "
-            "offline 'demo' pair is used."
+            "acceptance, tokens per target pass, peak memory) after it. gpt-oss's harmony channels are "
+            "read: its analysis goes to stderr, its final answer to stdout. Without --pair or --target "
+            "the offline 'demo' pair is used."
         ), width=79),
         epilog="examples:\n  mlxspec generate 'What is the capital of France?'\n"
                "  mlxspec generate --pair qwen2.5-7b --temperature 0.7 --seed 1 'Write a haiku'\n"
@@ -90,9 +93,16 @@ def run(args) -> int:
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
                    stop=args.stop, response_format=fmt, suffix=args.suffix)
+    # gpt-oss writes channels, not text: its answer is the final channel's (the server's split)
+    harmony_split = not raw and thinking_markers(engine.tokenizer) == harmony.MARKERS
     if args.json:
         result = engine.generate(prompt, **options)
-        print(json.dumps({"text": result.text, "finish_reason": result.finish_reason,
+        text, extra = result.text, {}
+        if harmony_split:
+            splitter = harmony.HarmonySplitter()
+            (r, a), (r2, a2) = splitter.feed(text), splitter.finish()
+            text, extra = a + a2, {"reasoning": r + r2}
+        print(json.dumps({"text": text, **extra, "finish_reason": result.finish_reason,
                           "stats": dict(result.stats), "pair": engine.pair_name,
                           "target": _describe(engine.target_info), "draft": _describe(engine.draft_info),
                           "head": _head(engine)}))
@@ -100,7 +110,7 @@ def run(args) -> int:
     no_template = raw != args.no_chat_template and args.suffix is None
     note = "; the model has no chat template: PROMPT is sent as raw text" if no_template else ""
     print(load_line(engine) + note, file=sys.stderr, flush=True)
-    stats = _stream(engine, prompt, options)
+    stats = _stream(engine, prompt, options, harmony.HarmonySplitter() if harmony_split else None)
     print(file=sys.stdout, flush=True)
     if stats:
         print(stats_line(stats), file=sys.stderr)
@@ -160,9 +170,10 @@ def _prompt_text(prompt: str) -> str:
     return check_text(text, "PROMPT")
 
 
-def _stream(engine, prompt, options):
+def _stream(engine, prompt, options, splitter=None):
     """Print events' text as it comes; return the stats (the generator's return value, the
-    last event's `.stats`, or `engine.last_stats`, whichever the engine provides)."""
+    last event's `.stats`, or `engine.last_stats`, whichever the engine provides). With a
+    reasoning `splitter`, the reasoning goes to stderr (dimmed on a terminal), the answer to stdout."""
     events = engine.stream(prompt, **options)
     last = None
     while True:
@@ -171,12 +182,32 @@ def _stream(engine, prompt, options):
         except StopIteration as stop:
             returned = stop.value
             break
-        print(last.text, end="", flush=True)
+        _show(last.text, splitter)
+    if splitter is not None:
+        _show(None, splitter)
     for candidate in (getattr(returned, "stats", returned), getattr(last, "stats", None),
                       getattr(engine, "last_stats", None)):
         if candidate:
             return candidate
     return None
+
+
+def _show(text, splitter) -> None:
+    """Print `text` (None: the end of the answer), its reasoning apart where `splitter` says."""
+    if splitter is None:
+        print(text, end="", flush=True)
+        return
+    reasoning, answer = splitter.feed(text) if text is not None else splitter.finish()
+    if reasoning:
+        dim = sys.stderr.isatty()
+        print(("\033[2m" if dim else "") + reasoning + ("\033[0m" if dim else ""), end="", file=sys.stderr,
+              flush=True)
+        splitter.thought = True
+    if answer:
+        if getattr(splitter, "thought", False):  # the reasoning's last line ends before the answer
+            print(file=sys.stderr, flush=True)
+            splitter.thought = False
+        print(answer, end="", flush=True)
 
 
 def _describe(info):
