@@ -6,9 +6,9 @@
 --target runs every stage in MLX on its default device (a Mac's GPU, an NVIDIA GPU through
 MLX's CUDA backend, or the CPU) for any target mlxspec loads: a Hugging Face repo id, an MLX
 folder (quantized or not) or a GGUF, of the llama, qwen2/qwen3, mistral, phi3 or gemma 1, 2 and 3
-families, granite or cohere (any whose logits are a linear head of its final hidden state, or
-that head soft-capped as Gemma 2's or scaled as Granite's and Cohere's: the head's laws are
-capped or scaled the same way). --gguf runs a llama target in PyTorch on the CPU instead, as
+families, granite, cohere or gpt-oss (any whose logits are a linear head of its final hidden
+state, or that head soft-capped as Gemma 2's or scaled as Granite's and Cohere's: the head's
+laws are capped or scaled the same way). --gguf runs a llama target in PyTorch on the CPU instead, as
 the demo head was made (faster than MLX's CPU backend there).
 
 Stages (each cached under --work, so a rerun skips what is finished; a stopped train stage

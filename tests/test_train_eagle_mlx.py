@@ -1,6 +1,6 @@
 """scripts/train_eagle.py --target: every stage in MLX, for targets of several families (llama,
-quantized llama, qwen2 with attention biases, gemma3, and gemma2, granite and cohere, whose logits are
-capped or scaled): it answers, keeps the target's features,
+quantized llama, qwen2 with attention biases, gemma3, gpt-oss with its experts and sinks, and
+gemma2, granite and cohere, whose logits are capped or scaled): it answers, keeps the target's features,
 trains (the held-out loss falls), exports a head that loads and drafts losslessly, resumes from
 its cached stages, and refuses bad input with a message that says what is allowed."""
 import json
@@ -62,6 +62,7 @@ FAMILIES = {
     "gemma2": lambda: tiny.make_gemma2(8, sliding_window=6),
     "granite": lambda: tiny.make_granite(9),
     "cohere": lambda: tiny.make_cohere(10),
+    "gpt-oss": lambda: tiny.make_gpt_oss(11),  # experts, attention sinks, windowed layers
 }
 
 

@@ -121,6 +121,21 @@ def make_cohere(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, lay
     return _built(cohere, args, seed)
 
 
+def make_gpt_oss(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 4,
+                 sliding_window: int = 6):
+    """A random gpt-oss: 4 experts (2 per token), attention sinks, windowed and full layers."""
+    from mlx_lm.models import gpt_oss
+
+    args = gpt_oss.ModelArgs(num_hidden_layers=layers, num_local_experts=4, num_experts_per_tok=2,
+                             vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden, head_dim=16,
+                             num_attention_heads=4, num_key_value_heads=2, sliding_window=sliding_window)
+    model = _built(gpt_oss, args, seed)
+    for layer in model.model.layers:  # mlx-lm starts the sinks at zero: give them weight
+        layer.self_attn.sinks = mx.random.normal(layer.self_attn.sinks.shape)
+    mx.eval(model.parameters())
+    return model
+
+
 def _built(module, args, seed: int, dtype=mx.float32):
     """`module.Model(args)` with random weights drawn from `seed`, in `dtype`."""
     mx.random.seed(seed)
