@@ -54,9 +54,12 @@ class HarmonySplitter:
     """Streamed harmony text -> (reasoning, answer) pieces, with `ReasoningSplitter`'s interface.
 
     Text that could still grow into a marker is held back until it cannot. Messages of one kind
-    are joined by a blank line (two analysis messages, a preamble and the final answer)."""
+    are joined by a blank line (two analysis messages, a preamble and the final answer).
+    `merged`: the reasoning is answer text too (a server told to leave it in the content), the
+    headers still left out and the calls still read."""
 
-    def __init__(self):
+    def __init__(self, merged: bool = False):
+        self.merged = merged
         self._buf = ""
         self._header: Optional[str] = ""  # "" while a header is read (it waits in _buf); None in content
         self._kind = "answer"  # where the current message's content goes: reasoning, answer or call
@@ -109,11 +112,8 @@ class HarmonySplitter:
             self._kind = "call"
             self._sep("answer", out)
             out["answer"].append(CALL_START + to.group(1)[len("functions."):] + MESSAGE)
-        elif to:  # a built-in tool's message (browser, python): not the user's to read
-            self._kind = "reasoning"
-            self._sep("reasoning", out)
-        else:
-            self._kind = "reasoning" if channel == "analysis" else "answer"
+        else:  # a built-in tool's message (browser, python) is not the user's to read either
+            self._kind = "reasoning" if (to or channel == "analysis") and not self.merged else "answer"
             self._sep(self._kind, out)
 
     def _sep(self, kind: str, out: dict) -> None:

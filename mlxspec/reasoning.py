@@ -26,9 +26,12 @@ def thinking_markers(tokenizer) -> Optional[Tuple[str, str]]:
     return (start, end) if isinstance(start, str) and isinstance(end, str) and start and end else None
 
 
-def make_splitter(markers: Tuple[str, str], inside: bool = False):
-    """The splitter for these markers: harmony's channels (`harmony.HarmonySplitter`) or a block's."""
-    return harmony.HarmonySplitter() if markers == harmony.MARKERS else ReasoningSplitter(markers, inside)
+def make_splitter(markers: Tuple[str, str], inside: bool = False, merged: bool = False):
+    """The splitter for these markers: harmony's channels (`harmony.HarmonySplitter`; `merged`:
+    its reasoning kept in the answer, its headers not) or a block's."""
+    if markers == harmony.MARKERS:
+        return harmony.HarmonySplitter(merged)
+    return ReasoningSplitter(markers, inside)
 
 
 def starts_inside(prompt_text: str, markers: Tuple[str, str]) -> bool:

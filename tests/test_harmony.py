@@ -63,7 +63,7 @@ def split(text, size):
      "<|message|>4", "Add them.\n\nFour.", "4"),
     (CALL, "Add them.", 'Checking.\n\n<|channel|>commentary to=functions.get_weather<|message|>{"city": "Paris"}'
      "<|call|>"),
-    # a built-in tool's call (the browser) and its output are not the user's to read
+    # a built-in tool's call (the browser) is not the user's to read
     ("<|channel|>analysis<|message|>Look.<|end|><|start|>assistant<|channel|>commentary to=browser.search "
      "<|constrain|>json<|message|>{\"q\": \"x\"}<|call|>", "Look.\n\n{\"q\": \"x\"}", ""),
     # the recipient in the role's part of the header, as harmony allows
@@ -141,6 +141,23 @@ def test_anthropic_s_messages_get_a_thinking_block_and_a_tool_use(scripted):
     r = client.messages.create(model="h", max_tokens=400, messages=ASK, tools=[tool])
     assert [b.type for b in r.content] == ["thinking", "text", "tool_use"] and r.stop_reason == "tool_use"
     assert r.content[2].name == "get_weather" and r.content[2].input == {"city": "Paris"}
+
+
+def test_told_to_leave_the_reasoning_in_the_content_harmony_still_reads_its_channels():
+    """serve --reasoning-key none: the analysis stays in the content (without harmony's headers),
+    and a message to a function is still a tool call."""
+    tok = harmony_tokenizer()
+    model = tiny.ScriptedModel(vocab=VOCAB)
+    with running_server(Engine(model, tok, drafter="ngram"), model_id="h", reasoning_key="none") as (url, _):
+        model.say(tok.encode(ANSWER, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|return|>")],
+                  len(encode_prompt(ASK, tok, VOCAB)))
+        r = httpx.post(f"{url}/v1/chat/completions", json={"messages": ASK, "max_tokens": 200}, timeout=TIMEOUT)
+        assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": "Add them.\n\nIt is 4."}
+        model.say(tok.encode(CALL, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|call|>")],
+                  len(encode_prompt(ASK, tok, VOCAB, tools=[WEATHER])))
+        r = openai_client(url).chat.completions.create(model="h", messages=ASK, tools=[WEATHER], max_tokens=400)
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and r.choices[0].message.content == "Add them.\n\nChecking."
 
 
 def test_forcing_a_call_says_harmony_cannot_be_forced(scripted):

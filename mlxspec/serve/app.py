@@ -29,6 +29,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .. import harmony
 from ..errors import InvalidArgumentError, shown as _show
 from ..prompts import encode_prompt, render_chat, text_of
 from ..reasoning import ReasoningSplitter, make_splitter, starts_inside, thinking_markers
@@ -68,8 +69,12 @@ class ServerState:
         # look through the whole vocabulary.
         self.tool_format = getattr(engine, "tool_format", None)
         tokenizer = getattr(engine, "tokenizer", None)
-        # a thinking model's markers: its reasoning is split off (unless the server is told to leave it)
-        self.thinking = thinking_markers(tokenizer) if options.reasoning_key != "none" else None
+        # a thinking model's markers: its reasoning is split off (unless the server is told to leave
+        # it). Harmony's channels are read either way: their headers are not text, and calls are
+        # messages; told to leave the reasoning, it stays in the content (`merged`).
+        markers = thinking_markers(tokenizer)
+        self.merged = options.reasoning_key == "none"
+        self.thinking = markers if not self.merged or markers == harmony.MARKERS else None
         # A token's own bytes, for logprobs (without a tokenizer: its id)
         self.token_bytes = functools.lru_cache(maxsize=65536)(
             lambda t: token_bytes(tokenizer, t) if tokenizer is not None else str(t).encode())
@@ -240,7 +245,7 @@ class _Choice:
     def __init__(self, index: int, prompt, req: schema.GenerationRequest, state: ServerState, shapes: Shapes,
                  thinking: Optional[tuple]):
         self.index, self.shapes, self.state = index, shapes, state
-        self.splitter = make_splitter(*thinking) if thinking is not None else None
+        self.splitter = make_splitter(*thinking, merged=state.merged) if thinking is not None else None
         self.reader = _tool_reader(state.tool_format, req)
         self.echo = _echoed(prompt, state) if req.echo else ""
         self.drop = req.score_only  # the prompt was only scored: the token generated with it is not shown
@@ -423,7 +428,7 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
     state.note_model(req.model)
     job = state.queue.submit(req.prompt, req.options)
     thinking = await _thinking_start(state, req)
-    splitter = make_splitter(*thinking) if thinking is not None else None
+    splitter = make_splitter(*thinking, merged=state.merged) if thinking is not None else None
     reader = _tool_reader(state.tool_format, req)
     builder = builder_of(state, req, body)
 
