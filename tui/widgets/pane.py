@@ -102,7 +102,7 @@ class AnswerPane(Vertical):
         return self._splitter.feed(text) if self._splitter is not None else ("", text)
 
     def _think(self, more: str) -> None:
-        self.reasoning = self.reasoning + more if more else self.reasoning
+        self.reasoning += more
         shown = self.query_one(".reasoning", Static)
         shown.display = bool(self.reasoning) and not self.colour
         if more or not self.reasoning:
