@@ -173,14 +173,17 @@ def _render(tokenizer, messages: list, tools: Optional[list], template_kwargs: O
     extra = dict(template_kwargs or {}, **({"tools": tools} if tools else {}))
     if continue_final:
         extra["continue_final_message"] = True
-    try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=not continue_final, tokenize=False,
+
+    def apply(msgs):
+        return tokenizer.apply_chat_template(msgs, add_generation_prompt=not continue_final, tokenize=False,
                                              **extra)
+
+    try:
+        return apply(messages)
     except Exception as e:  # jinja2's errors: a template that refuses these messages, or is broken
         if (folded := fold_system(messages)) is not None:
             try:
-                return tokenizer.apply_chat_template(folded, add_generation_prompt=not continue_final,
-                                                     tokenize=False, **extra)
+                return apply(folded)
             except Exception:
                 pass  # the first error is the one to tell
         raise InvalidArgumentError(f"the model's chat template failed on these messages "
