@@ -160,14 +160,11 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
                     decoder_sparse_step=1, mlp_only_layers=[])
         if arch == "qwen2moe":
             args.update(shared_expert_intermediate_size=need("expert_shared_feed_forward_length", int))
-    if model_type in ("llama", "smollm3"):  # SmolLM3: llama with no RoPE in every 4th layer (mlx-lm's, llama.cpp's)
+    # SmolLM3: llama with no RoPE in every 4th layer (mlx-lm's, llama.cpp's)
+    if model_type in ("llama", "smollm3", "olmo2"):
         args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)
-    elif arch in ("qwen3", "qwen3moe"):
+    elif arch in ("qwen3", "qwen3moe", "gemma"):  # Gemma 1, CodeGemma: a head dim of its own (7B: 256)
         args.update(head_dim=head_dim)
-    elif arch == "gemma":  # Gemma 1, CodeGemma: llama's layout, GELU, a head dim of its own (7B: 256)
-        args.update(head_dim=head_dim)
-    elif arch == "olmo2":
-        args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)
     elif arch == "gemma2":
         # llama.cpp's fixed Gemma 2 choices: the query scale is hidden / heads for the 46-layer 27B
         # (as its HF config says), the head dim otherwise; the caps default to Gemma 2's, as there
