@@ -34,6 +34,12 @@ def make_splitter(markers: Tuple[str, str], inside: bool = False, merged: bool =
     return ReasoningSplitter(markers, inside)
 
 
+def split_whole(splitter, text: str) -> Tuple[str, str]:
+    """(reasoning, answer) of a whole text through a fresh `splitter` (`make_splitter`), held-back ends included."""
+    (reasoning, answer), (r, a) = splitter.feed(text), splitter.finish()
+    return reasoning + r, answer + a
+
+
 def starts_inside(prompt_text: str, markers: Tuple[str, str]) -> bool:
     """Whether generation starts inside a thinking block the prompt opened and did not close."""
     return prompt_text.rfind(markers[0]) > prompt_text.rfind(markers[1])

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from mlxspec.reasoning import make_splitter
+from mlxspec.reasoning import make_splitter, split_whole
 
 from .stats_view import StatsView
 
@@ -91,9 +91,7 @@ def answer_part(text: str, markers: Optional[Tuple[str, str]]) -> str:
         return text
     end = text.find(markers[1])
     inside = end >= 0 and markers[0] not in text[:end]  # the template opened the block: it only closes
-    splitter = make_splitter(markers, inside)
-    _, answer = splitter.feed(text)
-    return answer + splitter.finish()[1]
+    return split_whole(make_splitter(markers, inside), text)[1]
 
 
 class Conversation:

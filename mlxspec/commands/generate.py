@@ -10,7 +10,7 @@ import textwrap
 from .. import harmony
 from ..errors import InvalidArgumentError
 from ..prompts import has_chat_template
-from ..reasoning import thinking_markers
+from ..reasoning import split_whole, thinking_markers
 from ..stats import acceptance_text, plural
 from .argtypes import positive, seed
 from . import modelargs
@@ -99,9 +99,8 @@ def run(args) -> int:
         result = engine.generate(prompt, **options)
         text, extra = result.text, {}
         if harmony_split:
-            splitter = harmony.HarmonySplitter()
-            (r, a), (r2, a2) = splitter.feed(text), splitter.finish()
-            text, extra = a + a2, {"reasoning": r + r2}
+            reasoning, text = split_whole(harmony.HarmonySplitter(), text)
+            extra = {"reasoning": reasoning}
         print(json.dumps({"text": text, **extra, "finish_reason": result.finish_reason,
                           "stats": dict(result.stats), "pair": engine.pair_name,
                           "target": _describe(engine.target_info), "draft": _describe(engine.draft_info),
@@ -175,16 +174,16 @@ def _stream(engine, prompt, options, splitter=None):
     last event's `.stats`, or `engine.last_stats`, whichever the engine provides). With a
     reasoning `splitter`, the reasoning goes to stderr (dimmed on a terminal), the answer to stdout."""
     events = engine.stream(prompt, **options)
-    last = None
+    last, thought = None, False  # thought: reasoning printed since the last answer text
     while True:
         try:
             last = next(events)
         except StopIteration as stop:
             returned = stop.value
             break
-        _show(last.text, splitter)
+        thought = _show(last.text, splitter, thought)
     if splitter is not None:
-        _show(None, splitter)
+        _show(None, splitter, thought)
     for candidate in (getattr(returned, "stats", returned), getattr(last, "stats", None),
                       getattr(engine, "last_stats", None)):
         if candidate:
@@ -192,22 +191,24 @@ def _stream(engine, prompt, options, splitter=None):
     return None
 
 
-def _show(text, splitter) -> None:
-    """Print `text` (None: the end of the answer), its reasoning apart where `splitter` says."""
+def _show(text, splitter, thought: bool = False) -> bool:
+    """Print `text` (None: the end of the answer), its reasoning apart where `splitter` says;
+    returns whether reasoning is the last thing printed (`thought`: it was before)."""
     if splitter is None:
         print(text, end="", flush=True)
-        return
+        return False
     reasoning, answer = splitter.feed(text) if text is not None else splitter.finish()
     if reasoning:
         dim = sys.stderr.isatty()
         print(("\033[2m" if dim else "") + reasoning + ("\033[0m" if dim else ""), end="", file=sys.stderr,
               flush=True)
-        splitter.thought = True
+        thought = True
     if answer:
-        if getattr(splitter, "thought", False):  # the reasoning's last line ends before the answer
+        if thought:  # the reasoning's last line ends before the answer
             print(file=sys.stderr, flush=True)
-            splitter.thought = False
         print(answer, end="", flush=True)
+        thought = False
+    return thought
 
 
 def _describe(info):

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Markdown, Static
 
-from mlxspec.reasoning import make_splitter
+from mlxspec.reasoning import make_splitter, split_whole
 
 from ..stats_view import StatsView
 
@@ -92,11 +92,7 @@ class AnswerPane(Vertical):
         if self.markers is None:
             return "", self.text
         splitter = make_splitter(self.markers, self.inside)
-        r, a = splitter.feed(self.text)
-        if self._done:
-            r2, a2 = splitter.finish()
-            r, a = r + r2, a + a2
-        return r, a
+        return split_whole(splitter, self.text) if self._done else splitter.feed(self.text)
 
     def _split(self, text: str) -> Tuple[str, str]:
         return self._splitter.feed(text) if self._splitter is not None else ("", text)
