@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from . import harmony
+from .errors import InvalidArgumentError
+from .prompts import render_chat
 from .text import partial_marker
 
 
@@ -43,6 +45,17 @@ def split_whole(splitter, text: str) -> Tuple[str, str]:
 def starts_inside(prompt_text: str, markers: Tuple[str, str]) -> bool:
     """Whether generation starts inside a thinking block the prompt opened and did not close."""
     return prompt_text.rfind(markers[0]) > prompt_text.rfind(markers[1])
+
+
+def chat_starts_inside(messages: list, tokenizer, markers: Tuple[str, str], tools: Optional[list] = None,
+                       template_kwargs: Optional[dict] = None, continue_final: bool = False) -> bool:
+    """`starts_inside` for chat messages, as their template renders them (`prompts.render_chat`);
+    False where the template refuses them (the request that sends them is told why)."""
+    try:
+        text = render_chat(messages, tokenizer, tools, template_kwargs, continue_final)
+    except InvalidArgumentError:
+        return False
+    return starts_inside(text, markers)
 
 
 class ReasoningSplitter:

@@ -17,9 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Footer, Input, Static
 
-from mlxspec.errors import MlxSpecError
-from mlxspec.prompts import render_chat
-from mlxspec.reasoning import starts_inside, thinking_markers
+from mlxspec.reasoning import chat_starts_inside, thinking_markers
 
 from .commands import CommandError, Settings, run_command
 from .conversation import SPEC, VANILLA, Conversation
@@ -179,12 +177,7 @@ class ChatApp(App):
     def _starts_inside(self, messages) -> bool:
         """Whether the template opens a thinking block at the end of these messages' prompt."""
         markers = self.conversation.markers
-        if markers is None:
-            return False
-        try:
-            return starts_inside(render_chat(messages, self.engines[SPEC].tokenizer), markers)
-        except MlxSpecError:  # the turn itself will say what is wrong with these messages
-            return False
+        return markers is not None and chat_starts_inside(messages, self.engines[SPEC].tokenizer, markers)
 
     async def on_turn_finished(self, message: TurnFinished) -> None:
         self.busy = False

@@ -31,8 +31,8 @@ from starlette.routing import Route
 
 from .. import harmony
 from ..errors import InvalidArgumentError, shown as _show
-from ..prompts import encode_prompt, render_chat, text_of
-from ..reasoning import ReasoningSplitter, make_splitter, starts_inside, thinking_markers
+from ..prompts import encode_prompt, text_of
+from ..reasoning import ReasoningSplitter, chat_starts_inside, make_splitter, thinking_markers
 from ..stats import acceptance_text
 from ..logprobs import token_bytes
 from ..tools import ToolCallReader
@@ -229,13 +229,10 @@ async def _thinking_start(state: ServerState, req: schema.GenerationRequest) -> 
     rendered off the event loop). None when nothing is split."""
     if state.thinking is None or req.kind != "chat":
         return None
-    try:
-        text = await asyncio.to_thread(render_chat, req.prompt, state.engine.tokenizer, req.tools,
-                                       req.options.get("chat_template_kwargs"),
-                                       req.options.get("continue_final_message", False))
-    except InvalidArgumentError:  # the engine says what is wrong with these messages
-        text = ""
-    return state.thinking, starts_inside(text, state.thinking)
+    inside = await asyncio.to_thread(chat_starts_inside, req.prompt, state.engine.tokenizer, state.thinking,
+                                     req.tools, req.options.get("chat_template_kwargs"),
+                                     req.options.get("continue_final_message", False))
+    return state.thinking, inside
 
 
 class _Choice:
