@@ -1,6 +1,7 @@
 """A thinking model's reasoning: split from its answer in the server's chat answers (mlx-lm's
 `reasoning` key), streamed or not, and chat_template_kwargs (e.g. enable_thinking) for its template."""
 
+import json
 import re
 
 import httpx
@@ -240,3 +241,38 @@ def test_an_unknown_reasoning_key_is_refused():
 
     with pytest.raises(InvalidArgumentError, match="reasoning_key must be one of reasoning, reasoning_content, none"):
         make_app(Engine(tiny.make_llama(0), tiny.make_tokenizer()), ServeOptions(reasoning_key="thoughts"))
+
+
+@pytest.mark.parametrize("template, says, reasoning", [
+    (OPENING, "Add them.</think>It is 4. <", "Add them."),  # the template opened the block
+    (HYBRID, "<think>Add them.</think>\n\nIt is 4. <", "Add them."),  # the model opens it
+    (tiny.CHAT_TEMPLATE, "It is 4. <", ""),  # a thinking model that does not think this time
+], ids=["the-template-opens-it", "the-model-opens-it", "no-thinking"])
+@pytest.mark.parametrize("json_out", [False, True])
+def test_generate_prints_the_answer_and_sends_the_reasoning_to_stderr(template, says, reasoning, json_out,
+                                                                      monkeypatch, capsys):
+    """`mlxspec generate` with a `<think>` model: the answer alone on stdout (the " <" at its end
+    could have started a marker, so it is held back while streaming and printed at the end),
+    the reasoning on stderr; --json gives both apart."""
+    from types import SimpleNamespace
+
+    from mlxspec.cli import main
+    from mlxspec.commands import modelargs
+
+    tok = tiny.make_tokenizer(template, added=THINKING)
+    model = tiny.ScriptedModel(vocab=VOCAB)
+    model.say(tok.encode(says, add_special_tokens=False) + [tiny.SPECIALS.index("<|im_end|>")],
+              len(encode_prompt(ASK, tok, VOCAB)))
+    engine = Engine(model, tok, drafter="ngram")
+    engine.pair_name, engine.draft_info = None, None  # what `mlxspec.load` records (the command prints it)
+    engine.target_info = SimpleNamespace(ref="thinker", weights_bytes=2**20, dtype="float32", quantization="none")
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: engine)
+    assert main(["generate", *(["--json"] if json_out else []), ASK[0]["content"]]) == 0
+    out, err = capsys.readouterr()
+    if json_out:
+        result = json.loads(out)
+        assert (result["text"], result["reasoning"]) == ("It is 4. <", reasoning)
+    else:
+        assert out == "It is 4. <\n" and "think>" not in out + err
+        # stderr: the load line, the reasoning's lines if any, the stats line
+        assert err.splitlines()[1:-1] == ([reasoning] if reasoning else [])

@@ -7,10 +7,9 @@ import json
 import sys
 import textwrap
 
-from .. import harmony
 from ..errors import InvalidArgumentError
 from ..prompts import has_chat_template
-from ..reasoning import split_whole, thinking_markers
+from ..reasoning import chat_starts_inside, make_splitter, split_whole, thinking_markers
 from ..stats import acceptance_text, plural
 from .argtypes import positive, seed
 from . import modelargs
@@ -27,9 +26,10 @@ def register(subparsers) -> None:
             "would produce (greedy: token for token, up to rounding at near-ties in low precision) or "
             "sample (the same distribution). Text streams to stdout; stderr gets one line on what was "
             "loaded before it and one stats line (the prompt's tokens and tokens/s, then tokens/s, "
-            "acceptance, tokens per target pass, peak memory) after it. gpt-oss's harmony channels are "
-            "read: its analysis goes to stderr, its final answer to stdout. Without --pair or --target "
-            "the offline 'demo' pair is used."
+            "acceptance, tokens per target pass, peak memory) after it. A thinking model's reasoning "
+            "(Qwen3's and DeepSeek-R1's <think> block, gpt-oss's analysis channel) goes to stderr, "
+            "dimmed on a terminal, its answer to stdout; --json gives them as 'reasoning' and 'text'. "
+            "Without --pair or --target the offline 'demo' pair is used."
         ), width=79),
         epilog="examples:\n  mlxspec generate 'What is the capital of France?'\n"
                "  mlxspec generate --pair qwen2.5-7b --temperature 0.7 --seed 1 'Write a haiku'\n"
@@ -93,13 +93,13 @@ def run(args) -> int:
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
                    stop=args.stop, response_format=fmt, suffix=args.suffix)
-    # gpt-oss writes channels, not text: its answer is the final channel's (the server's split)
-    harmony_split = not raw and thinking_markers(engine.tokenizer) == harmony.MARKERS
+    # a thinking model's reasoning apart from its answer, as the server splits them
+    splitter = None if raw else _reasoning_splitter(engine.tokenizer, prompt)
     if args.json:
         result = engine.generate(prompt, **options)
         text, extra = result.text, {}
-        if harmony_split:
-            reasoning, text = split_whole(harmony.HarmonySplitter(), text)
+        if splitter is not None:
+            reasoning, text = split_whole(splitter, text)
             extra = {"reasoning": reasoning}
         print(json.dumps({"text": text, **extra, "finish_reason": result.finish_reason,
                           "stats": dict(result.stats), "pair": engine.pair_name,
@@ -109,11 +109,20 @@ def run(args) -> int:
     no_template = raw != args.no_chat_template and args.suffix is None
     note = "; the model has no chat template: PROMPT is sent as raw text" if no_template else ""
     print(load_line(engine) + note, file=sys.stderr, flush=True)
-    stats = _stream(engine, prompt, options, harmony.HarmonySplitter() if harmony_split else None)
+    stats = _stream(engine, prompt, options, splitter)
     print(file=sys.stdout, flush=True)
     if stats:
         print(stats_line(stats), file=sys.stderr)
     return 0
+
+
+def _reasoning_splitter(tokenizer, messages):
+    """The splitter of the model's thinking block (None: it has none); it starts inside the block
+    where the chat template opens it at the end of the prompt (DeepSeek-R1's distills)."""
+    markers = thinking_markers(tokenizer)
+    if markers is None:
+        return None
+    return make_splitter(markers, inside=chat_starts_inside(messages, tokenizer, markers))
 
 
 def _check_options(args) -> None:
