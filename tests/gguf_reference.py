@@ -40,6 +40,8 @@ def reference_logits(path, tokens) -> np.ndarray:
     import gguf
 
     arch = bytes(gguf.GGUFReader(str(path)).fields["general.architecture"].parts[-1]).decode()
+    if arch == "gpt-oss":
+        return gpt_oss_logits(path, tokens)
     W = reference_weights(path)
     for key in [k for k in W if k.endswith("attn_qkv.weight")]:  # phi3: split as llama.cpp does
         qkv = W.pop(key)
@@ -166,3 +168,80 @@ def reference_logits(path, tokens) -> np.ndarray:
     head = W.get("output.weight", W["token_embd.weight"])
     logits = norm(x, W["output_norm.weight"]) @ head.T / float(value(f"{arch}.logit_scale", 1.0))
     return final_cap * np.tanh(logits / final_cap) if final_cap else logits
+
+
+def gpt_oss_logits(path, tokens) -> np.ndarray:
+    """llama.cpp's gpt-oss (`llm_build_openai_moe_iswa`) in float64: RMS norms, Q/K/V/O with
+    biases, NEOX RoPE with YaRN (ggml's `rope_yarn`: corrected dims, ramp, mscale on cos and
+    sin), attention whose softmax has one more logit per head (its sink) and a window of
+    `sliding_window` keys on the even layers, then the norm named post_attention_norm, a router
+    with a bias whose top k logits are softmaxed, and experts with biases and the clamped SwiGLU
+    (alpha 1.702, limit 7)."""
+    import gguf
+
+    fields = gguf.GGUFReader(str(path)).fields
+
+    def value(key):
+        return fields[f"gpt-oss.{key}"].parts[-1][0]
+
+    W = reference_weights(path)
+    n = len(tokens)
+    heads, kv_heads = int(value("attention.head_count")), int(value("attention.head_count_kv"))
+    head_dim = W["blk.0.attn_q.weight"].shape[0] // heads
+    base, factor = float(value("rope.freq_base")), float(value("rope.scaling.factor"))
+    original, window = int(value("rope.scaling.original_context_length")), int(value("attention.sliding_window"))
+    used, eps = int(value("expert_used_count")), float(value("attention.layer_norm_rms_epsilon"))
+
+    def corr_dim(rotations):  # ggml_rope_yarn_corr_dim
+        return head_dim * np.log(original / (rotations * 2 * np.pi)) / (2 * np.log(base))
+
+    low, high = max(0.0, np.floor(corr_dim(32.0))), min(head_dim - 1.0, np.ceil(corr_dim(1.0)))
+    i = np.arange(head_dim // 2)
+    ramp = 1 - np.clip((i - low) / max(0.001, high - low), 0, 1)  # 1: extrapolate (fast dims), 0: interpolate
+    extrap = np.arange(n)[:, None] * base ** (-2 * i / head_dim)
+    theta = extrap / factor * (1 - ramp) + extrap * ramp
+    mscale = 1 + 0.1 * np.log(factor)
+    cos, sin = mscale * np.cos(theta)[:, None, :], mscale * np.sin(theta)[:, None, :]
+
+    def rope(v):  # NEOX: pairs (j, j + head_dim / 2)
+        a, b = v[..., : head_dim // 2], v[..., head_dim // 2:]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+    def norm(v, w):
+        return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * w
+
+    def linear(h, name):
+        return h @ W[name + ".weight"].T + W[name + ".bias"]
+
+    ago = np.subtract.outer(np.arange(n), np.arange(n))
+    x = W["token_embd.weight"][np.asarray(tokens)]
+    layers = 1 + max(int(k.split(".")[1]) for k in W if k.startswith("blk."))
+    for layer in range(layers):
+        p = f"blk.{layer}."
+        h = norm(x, W[p + "attn_norm.weight"])
+        q = rope(linear(h, p + "attn_q").reshape(n, heads, head_dim))
+        k = rope(linear(h, p + "attn_k").reshape(n, kv_heads, head_dim))
+        v = linear(h, p + "attn_v").reshape(n, kv_heads, head_dim)
+        k, v = np.repeat(k, heads // kv_heads, axis=1), np.repeat(v, heads // kv_heads, axis=1)
+        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(head_dim)
+        hidden = (ago < 0) | ((ago >= window) if layer % 2 == 0 else False)
+        scores = np.where(hidden, -np.inf, scores)
+        sink = W[p + "attn_sinks.weight"].reshape(heads, 1, 1) * np.ones((1, n, 1))
+        scores = np.concatenate([scores, sink], axis=-1)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs = (probs / probs.sum(-1, keepdims=True))[..., :n]  # the sink takes its share, then goes
+        x = x + linear(np.einsum("hqk,khd->qhd", probs, v).reshape(n, heads * head_dim), p + "attn_output")
+        h = norm(x, W[p + "post_attention_norm.weight"])
+        router = linear(h, p + "ffn_gate_inp")
+        out = np.zeros_like(h)
+        for row in range(n):
+            top = np.argsort(-router[row])[:used]
+            weight = np.exp(router[row, top] - router[row, top].max())
+            for e, wt in zip(top, weight / weight.sum()):
+                def expert(part, v):
+                    return v @ W[p + f"ffn_{part}_exps.weight"][e].T + W[p + f"ffn_{part}_exps.bias"][e]
+                gate = np.minimum(expert("gate", h[row]), 7.0)
+                up = np.clip(expert("up", h[row]), -7.0, 7.0)
+                out[row] += wt * expert("down", gate / (1 + np.exp(-1.702 * gate)) * (up + 1))
+        x = x + out
+    return norm(x, W["output_norm.weight"]) @ W["output.weight"].T

@@ -15,6 +15,7 @@ HEAD_DIM = HIDDEN // HEADS
 LLAMA_ROWS = ("llama", "smollm3", "granite")  # architectures whose Q/K rows llama.cpp's converter permutes
 GRANITE_SCALES = {"embedding": 2.0, "residual": 0.5, "attention": 0.2, "logit": 4.0}  # none at its default
 EPS, THETA = 1e-5, 10000.0
+YARN_FACTOR, YARN_ORIGINAL = 32.0, 4096  # gpt-oss's own: its ramp spans dims 5-12 of a head of 32 here
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -32,8 +33,9 @@ DEFAULT_TYPES = {
 }
 
 
-def train_bpe(pre: str = "default", vocab_size: int = 330):
-    """A byte-level BPE `tokenizers.Tokenizer` trained on CORPUS; `pre` is a GGUF pre-tokenizer name."""
+def train_bpe(pre: str = "default", vocab_size: int = 330, added=()):
+    """A byte-level BPE `tokenizers.Tokenizer` trained on CORPUS; `pre` is a GGUF pre-tokenizer name,
+    `added` special tokens beyond SPECIALS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -44,7 +46,7 @@ def train_bpe(pre: str = "default", vocab_size: int = 330):
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size, special_tokens=SPECIALS + list(added), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator([CORPUS], trainer)
@@ -74,7 +76,7 @@ def train_spm(vocab_size: int = 420, space_prefix: bool = True):
 def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
                     rope_freqs=False, hidden=HIDDEN, ffn=FFN, head_dim=None, layers=LAYERS, window=None,
                     split=0, softcaps=(2.0, 20.0), experts=0, used=2, expert_ffn=64, shared_ffn=96, rope_dims=None,
-                    longrope=False):
+                    longrope=False, specials=(), chat_template=CHAT_TEMPLATE):
     """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes (for
     `pre` "spm" or "spm-no-prefix" a `SentencePieceProcessor`, the vocabulary written as llama.cpp
     writes Llama 2's, or Gemma's without the leading space).
@@ -97,12 +99,18 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     gated shared expert of `shared_ffn`). "granite" adds GRANITE_SCALES. `rope_dims` < the head dim
     rotates only that many of each head's dims (Phi-4-mini); `longrope` adds Phi-3's LongRoPE factors for an original context of 32
     (of 256) and the attention factor llama.cpp's converter writes (a number: that factor instead).
+    "gpt-oss" is gpt-oss's layout (give `experts`): biases on Q, K, V, O, the router and the
+    experts, a sink per head, the norm before the MLP named post_attention_norm, a `window` on
+    every other layer, and YaRN RoPE (gpt-oss's: factor 32 over an original context of 4,096); `types`
+    "ffn_gate"/"ffn_up"/"ffn_down" "MXFP4" store the experts as its files do.
+    `specials` adds special tokens to the BPE vocabulary, `chat_template` replaces CHAT_TEMPLATE.
     `split` > 0 writes parts of that many tensors, named as llama.cpp's gguf-split names them
     (`path`'s stem + "-00001-of-0000N.gguf"), with the same weights as unsplit.
     """
     head_dim = head_dim or hidden // HEADS
     permute = _permute if arch in LLAMA_ROWS else (lambda weights, n_head: weights)
-    qk_norms, qkv_biases = arch in ("qwen3", "qwen3moe", "gemma3"), arch in ("qwen2", "qwen2moe")
+    qk_norms, qkv_biases = arch in ("qwen3", "qwen3moe", "gemma3"), arch in ("qwen2", "qwen2moe", "gpt-oss")
+    oss = arch == "gpt-oss"
     import json
 
     import gguf
@@ -113,7 +121,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
         tokens = [p.piece for p in proto.pieces]
         vocab = {t: i for i, t in enumerate(tokens)}
     else:
-        tok = train_bpe(pre)
+        tok = train_bpe(pre, added=specials)
         spec = json.loads(tok.to_str())["model"]
         vocab = spec["vocab"]
         tokens = [None] * len(vocab)
@@ -127,8 +135,12 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     w.add_context_length(256)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
-    if arch in ("gemma2", "gemma3"):
+    if arch in ("gemma2", "gemma3", "gpt-oss"):
         w.add_sliding_window(window or 4)
+    if oss:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(YARN_FACTOR)
+        w.add_rope_scaling_orig_ctx_len(YARN_ORIGINAL)
     if arch == "granite":
         w.add_embedding_scale(GRANITE_SCALES["embedding"])
         w.add_residual_scale(GRANITE_SCALES["residual"])
@@ -173,12 +185,12 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre(pre)
         w.add_token_list(tokens)
-        w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+        w.add_token_types([3 if t in SPECIALS or t in specials else 1 for t in tokens])
         w.add_token_merges(merges)
         w.add_bos_token_id(vocab["<|im_start|>"])
         w.add_eos_token_id(vocab["<|im_end|>"])
         w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(chat_template)
 
     def add(name, role, array):
         qtype = T[types[role]] if role else T.F32
@@ -214,7 +226,11 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
             add(f"blk.{i}.attn_q_norm.weight", None, 1.0 + 0.1 * rand(head_dim, scale=1.0))
             add(f"blk.{i}.attn_k_norm.weight", None, 1.0 + 0.1 * rand(head_dim, scale=1.0))
         add(f"blk.{i}.attn_output.weight", "attn_output", rand(hidden, HEADS * head_dim))
-        if arch != "olmo2":
+        if oss:
+            add(f"blk.{i}.attn_output.bias", None, rand(hidden, scale=0.5))
+            add(f"blk.{i}.attn_sinks.weight", None, rand(HEADS, scale=1.0))
+            add(f"blk.{i}.post_attention_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
+        elif arch != "olmo2":
             add(f"blk.{i}.ffn_norm.weight", None, 1.0 + 0.1 * rand(hidden, scale=1.0))
         if arch == "phi3":  # gate's rows, then up's, in one matrix
             add(f"blk.{i}.ffn_up.weight", "ffn_up", rand(2 * ffn, hidden))
@@ -224,6 +240,10 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
             add(f"blk.{i}.ffn_gate_exps.weight", "ffn_gate", rand(experts, width, hidden))
             add(f"blk.{i}.ffn_up_exps.weight", "ffn_up", rand(experts, width, hidden))
             add(f"blk.{i}.ffn_down_exps.weight", "ffn_down", rand(experts, hidden, width))
+            if oss:
+                add(f"blk.{i}.ffn_gate_inp.bias", None, rand(experts, scale=1.0))
+                for part, rows in (("gate", width), ("up", width), ("down", hidden)):
+                    add(f"blk.{i}.ffn_{part}_exps.bias", None, rand(experts, rows, scale=0.5))
             if arch == "qwen2moe":
                 add(f"blk.{i}.ffn_gate_inp_shexp.weight", None, rand(hidden))
                 add(f"blk.{i}.ffn_gate_shexp.weight", "ffn_gate", rand(shared_ffn, hidden))

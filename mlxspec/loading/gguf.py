@@ -7,7 +7,8 @@ of its own tensor (SmolLM2's demo file: Q8_0 embedding, Q4_1 elsewhere):
   group size 32) that map one-to-one onto `nn.QuantizedLinear` / `nn.QuantizedEmbedding`;
 - any other file (K-quants: Q4_K_M, Q5_K_S, ...) is read here, tensor by tensor from the
   memory-mapped file, because `mx.load` would expand it all to float16 first. Q4_0-Q5_1,
-  Q8_0, Q4_K and Q5_K become the same triples bit for bit (`gguf_blocks`); types whose
+  Q8_0, Q4_K and Q5_K become the same triples bit for bit (`gguf_blocks`), MXFP4 (gpt-oss's
+  experts) MLX's "mxfp4" pairs (`weight`, `scales`), bit for bit too; types whose
   groups are 16 wide (Q6_K, Q3_K, Q2_K) or codebooks (IQ*) have no such form and are held
   at 8 bits in groups of 32, requantized from their exact values: close to the file's
   weights, not equal to them.
@@ -30,11 +31,12 @@ import mlx.nn as nn
 from .. import models
 from ..errors import MlxSpecError, one_line
 from .gguf_arch import LLAMA_ROWS, mlx_weights, model_args_from_metadata
-from .gguf_blocks import AFFINE, as_affine, as_float
+from .gguf_blocks import AFFINE, as_affine, as_float, as_mxfp4
 from .gguf_header import SPLIT_PART, read_header, read_tensor_table
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 MX_LOAD_TYPES = FLOAT_TYPES + ("Q4_0", "Q4_1", "Q8_0")  # what mx.load keeps as stored
+EXACT_TYPES = tuple(AFFINE) + ("MXFP4",)  # kept quantized bit for bit (MXFP4 in MLX's "mxfp4" mode)
 REQUANTIZED_BITS = 8  # types with no exact MLX form, when kept quantized
 GROUP_SIZE = 32  # MLX's groups; every ggml type kept as stored has groups of 32
 PROGRESS_BYTES = 2**30  # files read tensor by tensor this large show a progress bar
@@ -52,7 +54,7 @@ def supported_types() -> tuple[str, ...]:
 
 def requantized(types: dict[str, str]) -> list[str]:
     """The ggml types among `types` held at REQUANTIZED_BITS (not bit for bit) when kept quantized."""
-    return sorted({t for t in types.values() if t not in FLOAT_TYPES and t not in AFFINE})
+    return sorted({t for t in types.values() if t not in FLOAT_TYPES + EXACT_TYPES})
 
 
 def read_gguf(path: str | Path, float_dtype=None) -> tuple[dict, dict, dict[str, str]]:
@@ -155,6 +157,14 @@ def _read_tensors(path: Path, infos, float_dtype) -> dict:
             exact = mx.array(as_float(raw, t.type_name, rows, cols))
             added[t.name] = exact.reshape(shape).astype(float_dtype or mx.float16)
         else:  # a matrix, or a mixture's experts stacked (experts, rows, cols): each row quantized alike
+            if t.type_name == "MXFP4":  # MLX's own mode: no biases, scale bytes kept as they are
+                weight, scales = as_mxfp4(raw, rows, cols)
+                added = {t.name: mx.array(weight).reshape(*shape[:-1], -1),
+                         base + ".scales": mx.array(scales).reshape(*shape[:-1], -1)}
+                mx.eval(list(added.values()))
+                tensors.update(added)
+                bar.update(end - t.offset)
+                continue
             if t.type_name in AFFINE:
                 weight, scales, biases, _ = as_affine(raw, t.type_name, rows, cols)
                 weight, scales, biases = mx.array(weight), mx.array(scales), mx.array(biases)
@@ -209,15 +219,13 @@ def load_gguf_model(path: str | Path, float_dtype=None):
     model = models.module(args.model_type).Model(args)
     if hasattr(model, "sanitize"):  # e.g. Gemma 3 drops its output layer when the embedding is tied
         weights = model.sanitize(weights)
-    bits = {
-        k[: -len(".scales")]: weights[k[: -len(".scales")] + ".weight"].shape[-1] // v.shape[-1]
-        for k, v in weights.items()
-        if k.endswith(".scales")
+    layers = [k[: -len(".scales")] for k in weights if k.endswith(".scales")]
+    quantized = {  # each quantized layer's bits (uint32 words per group of 32) and mode (MXFP4: no biases)
+        p: {"group_size": GROUP_SIZE, "bits": weights[p + ".weight"].shape[-1] // weights[p + ".scales"].shape[-1],
+            "mode": "affine" if p + ".biases" in weights else "mxfp4"}
+        for p in layers
     }
-    nn.quantize(
-        model,
-        class_predicate=lambda p, m: {"group_size": GROUP_SIZE, "bits": bits[p]} if p in bits else False,
-    )
+    nn.quantize(model, class_predicate=lambda p, m: quantized.get(p, False))
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:

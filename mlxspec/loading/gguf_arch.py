@@ -4,7 +4,7 @@ metadata (with what llama.cpp fixes that the file does not say), and its tensors
 Architectures (`general.architecture`): llama (Llama 2/3, Mistral, TinyLlama, SmolLM2; with
 experts, Mixtral), smollm3, granite, olmo2, qwen2, qwen3, qwen2moe, qwen3moe, gemma
 (`mlxspec.models.gemma`: mlx-lm's with the tanh GELU), gemma2 (`mlxspec.models.gemma2`: mlx-lm's
-with its sliding window), gemma3 and phi3.
+with its sliding window), gemma3, phi3 and gpt-oss (its experts' MXFP4 kept as MLX's "mxfp4").
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..errors import IncompatibleModelsError
 MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2",
            "gemma3": "gemma3_text",
            "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "smollm3": "smollm3",
-           "granite": "granite", "olmo2": "olmo2"}
+           "granite": "granite", "olmo2": "olmo2", "gpt-oss": "gpt_oss"}
 LLAMA_ROWS = ("llama", "mixtral", "smollm3", "granite")  # model types whose Q/K rows llama.cpp permutes
 SUPPORTED_ARCHITECTURES = tuple(MODULES)
 
@@ -63,7 +63,14 @@ _MOE_NAMES = {
 }
 _QWEN_MOE_BLOCK_NAMES = {**_BLOCK_NAMES, **{k: f"mlp.{v}" for k, v in _MOE_NAMES.items()}}
 _MIXTRAL_BLOCK_NAMES = {**_BLOCK_NAMES, **{k: f"block_sparse_moe.{v}" for k, v in _MOE_NAMES.items()}}
-MIXTURES = ("qwen2_moe", "qwen3_moe", "mixtral")
+# gpt-oss: biases on Q, K, V, O, the router and the experts; a sink per head; norms as Gemma 2
+# names them; its experts are `experts`, its router `router`.
+_GPT_OSS_BLOCK_NAMES = {**_BLOCK_NAMES, "post_attention_norm": "post_attention_layernorm",
+                        "attn_sinks": "self_attn.sinks", "ffn_gate_inp": "mlp.router",
+                        "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+                        "ffn_down_exps": "mlp.experts.down_proj"}
+_BARE = ("self_attn.sinks",)  # parameters of their own, not a layer's `.weight`
+MIXTURES = ("qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss")
 _PER_EXPERT = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight$")
 # Phi-3 keeps Q, K and V in one matrix, and the MLP's gate and up in another (gate first).
 _PHI3_BLOCK_NAMES = {**_BLOCK_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
@@ -89,7 +96,7 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
             "SmolLM3 'smollm3'; Qwen2 and Qwen2.5 'qwen2'; Qwen3 'qwen3'; Gemma and CodeGemma 'gemma'; "
             "Gemma 2 'gemma2'; Gemma 3 'gemma3'; "
             "Phi-3, Phi-3.5 and Phi-4-mini 'phi3'; Granite 3 'granite'; OLMo 2 'olmo2'; Mixtral 'llama' with "
-            "experts; Qwen1.5-MoE and Qwen2-57B 'qwen2moe'; Qwen3's MoE 'qwen3moe')"
+            "experts; Qwen1.5-MoE and Qwen2-57B 'qwen2moe'; Qwen3's MoE 'qwen3moe'; gpt-oss 'gpt-oss')"
         )
 
     def get(key, default=None):
@@ -116,7 +123,7 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
         raise IncompatibleModelsError(f"GGUF metadata {arch}.expert_count is missing; a {arch} file needs it")
     if model_type not in MIXTURES and experts:
         raise IncompatibleModelsError(f"a {arch} GGUF with {experts} experts is not supported; mixtures of "
-                                      "experts are read from llama (Mixtral), qwen2moe and qwen3moe files")
+                                      "experts are read from llama (Mixtral), qwen2moe, qwen3moe and gpt-oss files")
     if any(_PER_EXPERT.match(n) for n in names):
         raise IncompatibleModelsError("this GGUF stores each expert in its own tensor (blk.N.ffn_gate.E.weight, "
                                       "the layout before llama.cpp merged them in 2024); convert or download a "
@@ -133,8 +140,14 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
     scaling = get("rope.scaling.type")
     if scaling == "linear":
         rope_scaling = {"type": "linear", "factor": need("rope.scaling.factor", float)}
+    elif scaling == "yarn" and arch == "gpt-oss":  # llama.cpp's defaults for the betas
+        rope_scaling = {"type": "yarn", "factor": need("rope.scaling.factor", float),
+                        "original_max_position_embeddings": need("rope.scaling.original_context_length", int),
+                        "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
+                        "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0))}
     elif scaling not in (None, "none"):  # run unscaled, it would answer with garbage past a short context
-        raise IncompatibleModelsError(f"GGUF rope scaling {scaling!r} is not supported; only 'linear' is")
+        also = "; 'yarn' for gpt-oss" if scaling == "yarn" else ""
+        raise IncompatibleModelsError(f"GGUF rope scaling {scaling!r} is not supported for {arch}; 'linear' is{also}")
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab = get("vocab_size") or (len(tokens) if tokens is not None else None)
     if vocab is None:
@@ -165,6 +178,9 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
         args.update(head_dim=head_dim, attention_bias="blk.0.attn_q.bias" in names)
     elif arch in ("qwen3", "qwen3moe", "gemma"):  # Gemma 1, CodeGemma: a head dim of its own (7B: 256)
         args.update(head_dim=head_dim)
+    elif arch == "gpt-oss":  # a window on every other layer, the first included (llama.cpp's and mlx-lm's)
+        args.update(head_dim=head_dim, sliding_window=need("attention.sliding_window", int),
+                    intermediate_size=args["moe_intermediate_size"])
     elif arch == "gemma2":
         # llama.cpp's fixed Gemma 2 choices: the query scale is hidden / heads for the 46-layer 27B
         # (as its HF config says), the head dim otherwise; the caps default to Gemma 2's, as there
@@ -231,7 +247,8 @@ def mlx_weights(path, tensors: dict, model_type: str) -> dict:
     """
     block_names = _GEMMA_BLOCK_NAMES if model_type in ("gemma2", "gemma3_text") else {
         "phi3": _PHI3_BLOCK_NAMES, "qwen2_moe": _QWEN_MOE_BLOCK_NAMES, "qwen3_moe": _QWEN_MOE_BLOCK_NAMES,
-        "mixtral": _MIXTRAL_BLOCK_NAMES, "olmo2": _OLMO2_BLOCK_NAMES}.get(model_type, _BLOCK_NAMES)
+        "mixtral": _MIXTRAL_BLOCK_NAMES, "olmo2": _OLMO2_BLOCK_NAMES,
+        "gpt_oss": _GPT_OSS_BLOCK_NAMES}.get(model_type, _BLOCK_NAMES)
     return {_mlx_name(path, k, block_names): v for k, v in tensors.items()}
 
 
@@ -239,6 +256,8 @@ def _mlx_name(path, name: str, block_names: dict) -> str:
     if m := _BLOCK.match(name):
         i, part, kind = m.groups()
         if part in block_names:
+            if block_names[part] in _BARE and kind == "weight":
+                return f"model.layers.{i}.{block_names[part]}"
             return f"model.layers.{i}.{block_names[part]}.{kind}"
     elif (m := _GLOBAL.match(name)) and m.group(1) in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"

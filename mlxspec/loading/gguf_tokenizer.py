@@ -71,6 +71,9 @@ NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp token types
 END_NAMES = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>",
              "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
              "<\uff5cend\u2581of\u2581sentence\uff5c>")  # DeepSeek's, in full-width bars
+# gpt-oss's harmony ends an answer with <|return|>, or <|call|> before a tool runs; with both in the
+# vocabulary llama.cpp takes <|end|> off its end tokens
+HARMONY_ENDS = ("<|return|>", "<|call|>")
 # ... and its fill-in-the-middle pad, repository and file-separator tokens: by key, else by text
 FIM_ENDS = {
     "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
@@ -157,7 +160,7 @@ def tokenizer_from_gguf(metadata: dict):
 
 def end_ids(metadata: dict, tokens: list, vocab: dict) -> list[int]:
     """The ids generation ends on, as llama.cpp chooses them: the file's eos / eot / eom ids
-    (EOS first), END_NAMES in the vocabulary, and the FIM_ENDS tokens.
+    (EOS first), END_NAMES in the vocabulary, and the FIM_ENDS tokens (harmony's: HARMONY_ENDS).
 
     Raises:
         IncompatibleModelsError: an id the file names is outside the vocabulary.
@@ -174,6 +177,9 @@ def end_ids(metadata: dict, tokens: list, vocab: dict) -> list[int]:
             found += [int(said)] if 0 <= int(said) < len(tokens) else []
         else:
             found += [vocab[t] for t in names if t in vocab][:1]
+    if all(t in vocab for t in HARMONY_ENDS):  # gpt-oss: <|end|> closes a message (its analysis), not the answer
+        found += [vocab[t] for t in HARMONY_ENDS]
+        named, found = ([i for i in ids if i != vocab.get("<|end|>")] for ids in (named, found))
     return list(dict.fromkeys(named + sorted(found)))
 
 
