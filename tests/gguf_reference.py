@@ -65,7 +65,12 @@ def reference_logits(path, tokens) -> np.ndarray:
     factors = W.get("rope_freqs.weight", W.get("rope_factors_long.weight", 1.0))
     inv = THETA ** (-np.arange(0, rd, 2) / rd) / factors
     mscale = float(value(f"{arch}.rope.scaling.attn_factor", 1.0))
-    cos, sin = mscale * np.cos(pos * inv), mscale * np.sin(pos * inv)  # (n, rd/2)
+    angles = pos * inv
+    scaling = fields.get(f"{arch}.rope.scaling.type")
+    if scaling is not None and bytes(scaling.parts[-1]).decode() == "yarn":
+        angles, mscale = yarn(angles, rd, THETA, float(value(f"{arch}.rope.scaling.factor")),
+                              int(value(f"{arch}.rope.scaling.original_context_length")))
+    cos, sin = mscale * np.cos(angles), mscale * np.sin(angles)  # (n, rd/2)
 
     def norm(v, w):
         return v / np.sqrt((v * v).mean(-1, keepdims=True) + EPS) * w
@@ -170,6 +175,18 @@ def reference_logits(path, tokens) -> np.ndarray:
     return final_cap * np.tanh(logits / final_cap) if final_cap else logits
 
 
+def yarn(angles: np.ndarray, dims: int, base: float, factor: float, original: int):
+    """ggml's `rope_yarn` with llama.cpp's defaults (betas 32 and 1, extrapolation mix 1): each
+    pair's angle (`angles`, (n, dims / 2), unscaled) between itself (fast pairs) and itself over
+    `factor` (slow ones), ramped between the corrected dims; and the scale of cos and sin."""
+    def corr_dim(rotations):  # ggml_rope_yarn_corr_dim
+        return dims * np.log(original / (rotations * 2 * np.pi)) / (2 * np.log(base))
+
+    low, high = max(0.0, np.floor(corr_dim(32.0))), min(dims - 1.0, np.ceil(corr_dim(1.0)))
+    ramp = 1 - np.clip((np.arange(dims // 2) - low) / max(0.001, high - low), 0, 1)  # 1: extrapolate
+    return angles / factor * (1 - ramp) + angles * ramp, 1 + 0.1 * np.log(factor)
+
+
 def gpt_oss_logits(path, tokens) -> np.ndarray:
     """llama.cpp's gpt-oss (`llm_build_openai_moe_iswa`) in float64: RMS norms, Q/K/V/O with
     biases, NEOX RoPE with YaRN (ggml's `rope_yarn`: corrected dims, ramp, mscale on cos and
@@ -192,15 +209,8 @@ def gpt_oss_logits(path, tokens) -> np.ndarray:
     original, window = int(value("rope.scaling.original_context_length")), int(value("attention.sliding_window"))
     used, eps = int(value("expert_used_count")), float(value("attention.layer_norm_rms_epsilon"))
 
-    def corr_dim(rotations):  # ggml_rope_yarn_corr_dim
-        return head_dim * np.log(original / (rotations * 2 * np.pi)) / (2 * np.log(base))
-
-    low, high = max(0.0, np.floor(corr_dim(32.0))), min(head_dim - 1.0, np.ceil(corr_dim(1.0)))
     i = np.arange(head_dim // 2)
-    ramp = 1 - np.clip((i - low) / max(0.001, high - low), 0, 1)  # 1: extrapolate (fast dims), 0: interpolate
-    extrap = np.arange(n)[:, None] * base ** (-2 * i / head_dim)
-    theta = extrap / factor * (1 - ramp) + extrap * ramp
-    mscale = 1 + 0.1 * np.log(factor)
+    theta, mscale = yarn(np.arange(n)[:, None] * base ** (-2 * i / head_dim), head_dim, base, factor, original)
     cos, sin = mscale * np.cos(theta)[:, None, :], mscale * np.sin(theta)[:, None, :]
 
     def rope(v):  # NEOX: pairs (j, j + head_dim / 2)

@@ -411,8 +411,13 @@ def _metadata(tiny, **changes):
     ({"llama__attention__head_count": mx.array(0)}, "head_count is 0"),
     ({"llama__attention__head_count": "four"}, "head_count is 'four'"),
     ({"llama__block_count": None}, "llama.block_count is missing"),
+    ({"llama__rope__scaling__type": "dynamic", "llama__rope__scaling__factor": mx.array(4.0)},
+     "rope scaling 'dynamic' is not supported for llama; 'linear' is, and 'yarn' for dense llama"),
     ({"llama__rope__scaling__type": "yarn", "llama__rope__scaling__factor": mx.array(4.0)},
-     "rope scaling 'yarn' is not supported"),
+     "llama.rope.scaling.original_context_length is missing"),
+    ({"llama__rope__scaling__type": "yarn", "llama__rope__scaling__factor": mx.array(4.0),
+      "llama__rope__scaling__original_context_length": mx.array(32), "llama__rope__scaling__yarn_log_multiplier":
+      mx.array(0.1)}, "YaRN sets llama.rope.scaling.yarn_log_multiplier to 0.1; only 0 (llama.cpp's default)"),
     ({"llama__rope__scaling__type": "linear"}, "rope.scaling.factor is missing"),
     ({"llama__vocab_size": None, "tokenizer__ggml__tokens": None}, "neither llama.vocab_size nor"),
 ])

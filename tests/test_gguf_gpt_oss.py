@@ -81,20 +81,17 @@ def test_harmony_ends_an_answer_on_return_and_call_not_on_end():
     assert end_ids({}, phi, {t: i for i, t in enumerate(phi)}) == [1, 2]
 
 
-def test_yarn_is_read_for_gpt_oss_only(oss_file):
+def test_its_metadata_becomes_gpt_oss_args(oss_file):
     path, _ = oss_file
     _, metadata = mx.load(str(path), return_metadata=True)
-    names = ["blk.0.attn_q.weight"]
-    args = gguf_arch.model_args_from_metadata(metadata, names)
+    args = gguf_arch.model_args_from_metadata(metadata, ["blk.0.attn_q.weight"])
     assert args.rope_scaling == {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
                                  "beta_fast": 32.0, "beta_slow": 1.0}
-    assert (args.sliding_window, args.head_dim, args.intermediate_size, args.num_local_experts) == (4, 32, 64, 4)
-    llama = {k.replace("gpt-oss.", "llama."): v for k, v in metadata.items()}
-    llama.update({"general.architecture": "llama"})
-    for k in [k for k in llama if "expert" in k]:
-        del llama[k]
-    with pytest.raises(IncompatibleModelsError, match="rope scaling 'yarn' is not supported for llama"):
-        gguf_arch.model_args_from_metadata(llama, names)
+    assert (args.sliding_window, args.head_dim, args.intermediate_size, args.num_local_experts,
+            args.num_experts_per_tok) == (4, 32, 64, 4, 2)
+    del metadata["gpt-oss.attention.sliding_window"]
+    with pytest.raises(IncompatibleModelsError, match="gpt-oss.attention.sliding_window is missing"):
+        gguf_arch.model_args_from_metadata(metadata, ["blk.0.attn_q.weight"])
 
 
 def test_a_harmony_gguf_ends_on_return_and_call_and_its_template_is_read(tmp_path):

@@ -46,7 +46,8 @@ def train_bpe(pre: str = "default", vocab_size: int = 330, added=()):
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS + list(added), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size, special_tokens=SPECIALS + list(added),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator([CORPUS], trainer)
@@ -76,7 +77,7 @@ def train_spm(vocab_size: int = 420, space_prefix: bool = True):
 def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra=None, arch="llama",
                     rope_freqs=False, hidden=HIDDEN, ffn=FFN, head_dim=None, layers=LAYERS, window=None,
                     split=0, softcaps=(2.0, 20.0), experts=0, used=2, expert_ffn=64, shared_ffn=96, rope_dims=None,
-                    longrope=False, specials=(), chat_template=CHAT_TEMPLATE):
+                    longrope=False, specials=(), chat_template=CHAT_TEMPLATE, yarn=False):
     """Write a random 2-layer llama GGUF at `path`; returns the trained tokenizer it describes (for
     `pre` "spm" or "spm-no-prefix" a `SentencePieceProcessor`, the vocabulary written as llama.cpp
     writes Llama 2's, or Gemma's without the leading space).
@@ -103,6 +104,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     experts, a sink per head, the norm before the MLP named post_attention_norm, a `window` on
     every other layer, and YaRN RoPE (gpt-oss's: factor 32 over an original context of 4,096); `types`
     "ffn_gate"/"ffn_up"/"ffn_down" "MXFP4" store the experts as its files do.
+    `yarn` gives any architecture gpt-oss's YaRN keys (as Qwen2.5's and Qwen3's 128k files have them).
     `specials` adds special tokens to the BPE vocabulary, `chat_template` replaces CHAT_TEMPLATE.
     `split` > 0 writes parts of that many tensors, named as llama.cpp's gguf-split names them
     (`path`'s stem + "-00001-of-0000N.gguf"), with the same weights as unsplit.
@@ -137,7 +139,7 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     w.add_block_count(layers)
     if arch in ("gemma2", "gemma3", "gpt-oss"):
         w.add_sliding_window(window or 4)
-    if oss:
+    if oss or yarn:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(YARN_FACTOR)
         w.add_rope_scaling_orig_ctx_len(YARN_ORIGINAL)

@@ -25,6 +25,9 @@ MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma
            "granite": "granite", "olmo2": "olmo2", "gpt-oss": "gpt_oss"}
 LLAMA_ROWS = ("llama", "mixtral", "smollm3", "granite")  # model types whose Q/K rows llama.cpp permutes
 SUPPORTED_ARCHITECTURES = tuple(MODULES)
+# Model types whose mlx-lm model builds its RoPE from `rope_scaling` (`initialize_rope`), the same on
+# every layer; the others' models (Mixtral's and the Qwen mixtures' among them) would run a YaRN file unscaled.
+YARN_TYPES = ("llama", "qwen2", "qwen3", "granite", "olmo2", "gpt_oss")
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -140,14 +143,12 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
     scaling = get("rope.scaling.type")
     if scaling == "linear":
         rope_scaling = {"type": "linear", "factor": need("rope.scaling.factor", float)}
-    elif scaling == "yarn" and arch == "gpt-oss":  # llama.cpp's defaults for the betas
-        rope_scaling = {"type": "yarn", "factor": need("rope.scaling.factor", float),
-                        "original_max_position_embeddings": need("rope.scaling.original_context_length", int),
-                        "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
-                        "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0))}
+    elif scaling == "yarn" and model_type in YARN_TYPES:
+        rope_scaling = _yarn(get, need, arch)
     elif scaling not in (None, "none"):  # run unscaled, it would answer with garbage past a short context
-        also = "; 'yarn' for gpt-oss" if scaling == "yarn" else ""
-        raise IncompatibleModelsError(f"GGUF rope scaling {scaling!r} is not supported for {arch}; 'linear' is{also}")
+        kind = f"{arch} with experts" if experts and arch == "llama" else arch
+        raise IncompatibleModelsError(f"GGUF rope scaling {scaling!r} is not supported for {kind}; 'linear' is, "
+                                      "and 'yarn' for dense llama, qwen2, qwen3, granite and olmo2 files and gpt-oss")
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab = get("vocab_size") or (len(tokens) if tokens is not None else None)
     if vocab is None:
@@ -219,6 +220,23 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
     # mlx-lm's mixtral and qwen2_moe args drop the trained context; the engine bounds prompts by it
     built.max_position_embeddings = args["max_position_embeddings"]
     return built
+
+
+def _yarn(get, need, arch: str) -> dict:
+    """mlx-lm's `rope_scaling` for a YaRN file (Qwen2.5 and Qwen3 stretched to 128k, gpt-oss):
+    the file's factor and original context, and llama.cpp's betas (32, 1) where it names none.
+    mlx-lm's YaRN then scales cos and sin by 1 + 0.1 ln(factor), as llama.cpp does; a file that
+    sets llama.cpp's other YaRN knobs (an attention factor, an extrapolation mix, a log
+    multiplier) asks for what mlx-lm does not do, and is refused."""
+    for key, default in (("rope.scaling.attn_factor", 1.0), ("rope.scaling.yarn_attn_factor", 1.0),
+                         ("rope.scaling.yarn_ext_factor", 1.0), ("rope.scaling.yarn_log_multiplier", 0.0)):
+        if (value := get(key)) is not None and not math.isclose(float(value), default):
+            raise IncompatibleModelsError(f"the GGUF's YaRN sets {arch}.{key} to {float(value):.6g}; only "
+                                          f"{default:g} (llama.cpp's default) is supported")
+    return {"type": "yarn", "factor": need("rope.scaling.factor", float),
+            "original_max_position_embeddings": need("rope.scaling.original_context_length", int),
+            "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
+            "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0))}
 
 
 def _longrope(long: mx.array, short: mx.array, attn_factor, rope_dims: int, context: int, original: int) -> dict:
