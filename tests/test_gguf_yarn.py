@@ -42,13 +42,19 @@ def test_a_yarn_file_runs_as_llama_cpp_runs_it(tmp_path, arch, head_dim):
     assert np.abs(got - unscaled).max() > 100 * float32_tol() * np.abs(unscaled).max()
 
 
-def test_yarn_is_refused_where_mlx_lm_would_run_it_unscaled(tmp_path):
+@pytest.mark.parametrize("scaling", ["yarn", "linear"])
+def test_scaling_is_refused_where_mlx_lm_would_run_it_unscaled(tmp_path, scaling):
+    # mlx-lm's Mixtral, Qwen mixtures and Gemma 1 and 2 build a plain RoPE, whatever rope_scaling says
     path = tmp_path / "mixtral.gguf"
     write_tiny_gguf(path, arch="llama", experts=4, used=2, yarn=True)
     _, metadata = mx.load(str(path), return_metadata=True)
-    with pytest.raises(IncompatibleModelsError, match="rope scaling 'yarn' is not supported for llama with experts"):
+    metadata["llama.rope.scaling.type"] = scaling
+    with pytest.raises(IncompatibleModelsError, match=f"'{scaling}' is not supported for llama with experts"):
         gguf_arch.model_args_from_metadata(metadata, [])
     metadata.update({"general.architecture": "qwen3moe"})
     metadata = {k.replace("llama.", "qwen3moe."): v for k, v in metadata.items()}
-    with pytest.raises(IncompatibleModelsError, match="'yarn' is not supported for qwen3moe"):
+    with pytest.raises(IncompatibleModelsError, match=f"'{scaling}' is not supported for qwen3moe"):
         gguf_arch.model_args_from_metadata(metadata, [])
+    dense = {k.replace("qwen3moe.", "qwen3."): v for k, v in metadata.items() if "expert" not in k}
+    dense["general.architecture"] = "qwen3"
+    assert gguf_arch.model_args_from_metadata(dense, []).rope_scaling["type"] == scaling  # dense Qwen3 reads it

@@ -28,6 +28,7 @@ SUPPORTED_ARCHITECTURES = tuple(MODULES)
 # Model types whose mlx-lm model builds its RoPE from `rope_scaling` (`initialize_rope`), the same on
 # every layer; the others' models (Mixtral's and the Qwen mixtures' among them) would run a YaRN file unscaled.
 YARN_TYPES = ("llama", "qwen2", "qwen3", "granite", "olmo2", "gpt_oss")
+LINEAR_TYPES = YARN_TYPES + ("smollm3", "gemma3_text", "phi3")  # Gemma 3: its global layers, as llama.cpp
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -141,14 +142,15 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
         )
     rope_scaling = None
     scaling = get("rope.scaling.type")
-    if scaling == "linear":
+    if scaling == "linear" and model_type in LINEAR_TYPES:
         rope_scaling = {"type": "linear", "factor": need("rope.scaling.factor", float)}
     elif scaling == "yarn" and model_type in YARN_TYPES:
         rope_scaling = _yarn(get, need, arch)
     elif scaling not in (None, "none"):  # run unscaled, it would answer with garbage past a short context
         kind = f"{arch} with experts" if experts and arch == "llama" else arch
-        raise IncompatibleModelsError(f"GGUF rope scaling {scaling!r} is not supported for {kind}; 'linear' is, "
-                                      "and 'yarn' for dense llama, qwen2, qwen3, granite and olmo2 files and gpt-oss")
+        raise IncompatibleModelsError(f"GGUF rope scaling {scaling!r} is not supported for {kind}; 'linear' is for "
+                                      "dense llama, smollm3, qwen2, qwen3, granite, olmo2, gemma3, phi3 and gpt-oss "
+                                      "files, 'yarn' for dense llama, qwen2, qwen3, granite and olmo2 files and gpt-oss")
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab = get("vocab_size") or (len(tokens) if tokens is not None else None)
     if vocab is None:
