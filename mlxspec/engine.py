@@ -411,8 +411,10 @@ class Engine:
                 f"or set max_kv_size below it to decode on with a sliding window (the model then reads "
                 f"positions past its trained context, as with mlx-lm's --max-kv-size)")
         if forcing:  # (after the prompt: a template that ignores tools is said first)
-            fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS))
-        think_end = self._thinking_end(ids) if fmt is not None else None
+            fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS, self.tokenizer))
+        # a grammar applies after the thinking block, except harmony's calls, whose grammar reads the analysis
+        harmony_call = forcing and self.tool_format.name == "harmony"
+        think_end = self._thinking_end(ids) if fmt is not None and not harmony_call else None
         # built now: a schema the compiler refuses is said before anything runs
         constraint = self._constraint(fmt, think_end)
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,

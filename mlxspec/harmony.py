@@ -27,6 +27,7 @@ from .text import partial_marker
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 END, RETURN, CALL = "<|end|>", "<|return|>", "<|call|>"
+CONSTRAIN = "<|constrain|>"  # before a call's argument format (json); gpt-oss's vocabulary has it
 TOKENS = (START, CHANNEL, MESSAGE, END, RETURN, CALL)  # a harmony vocabulary has them all
 ENDS = (END, RETURN, CALL)  # what ends a message's content
 # The markers `reasoning.thinking_markers` gives a harmony tokenizer: what opens the reasoning
@@ -39,11 +40,16 @@ RECIPIENT = re.compile(r"to=(\S+?)(?=\s|<\||$)")
 
 def is_harmony(tokenizer) -> bool:
     """Whether the tokenizer's vocabulary holds harmony's tokens (gpt-oss's o200k_harmony does)."""
+    return knows(tokenizer, TOKENS)
+
+
+def knows(tokenizer, tokens) -> bool:
+    """Whether each of `tokens` is a token of `tokenizer`'s vocabulary."""
     convert = getattr(tokenizer, "convert_tokens_to_ids", None)
     if not callable(convert):
         return False
-    try:  # six lookups, not the whole vocabulary (200k entries) built into a dict
-        ids = [convert(t) for t in TOKENS]
+    try:  # a few lookups, not the whole vocabulary (200k entries) built into a dict
+        ids = [convert(t) for t in tokens]
     except Exception:  # a tokenizer that cannot look tokens up is not harmony's
         return False
     unknown = getattr(tokenizer, "unk_token_id", None)
@@ -151,6 +157,24 @@ def parse_call(body: str, tools: Optional[List[dict]] = None) -> dict:
     header, _, args = body.partition(MESSAGE)
     name = re.split(r"\s|<\|", header.strip(), maxsplit=1)[0]  # a raw header may go on: " <|constrain|>json"
     return {"name": name, "arguments": json.loads(args)}
+
+
+def call_lark(functions: List[dict], json_options: dict, constrain_token: bool = True) -> str:
+    """A Lark grammar (llguidance's, where `<|name|>` is that special token) for one call of one
+    of `functions` (OpenAI's function objects): an analysis message first if the model writes one,
+    free (it reasons as it would), then a call's header and its arguments, which follow the
+    function's `parameters`; the model then ends on <|call|>. `constrain_token`: <|constrain|> is
+    a token of the vocabulary (gpt-oss's), else it is written as text."""
+    constrain = CONSTRAIN if constrain_token else json.dumps(CONSTRAIN)
+    calls = [f"call{i}: {json.dumps(f['name'] + ' ')} {constrain} \"json\" <|message|> %json "
+             + json.dumps(dict(f.get("parameters") or {"type": "object"}, **{"x-guidance": json_options}))
+             for i, f in enumerate(functions)]
+    return "\n".join([
+        'start: analysis? <|channel|> "commentary to=functions." call',
+        'analysis: <|channel|> "analysis" <|message|> TEXT <|end|> <|start|> "assistant"',
+        "TEXT: /(?s:.*)/",  # special tokens are no text: <|end|> ends it
+        "call: " + " | ".join(f"call{i}" for i in range(len(functions))),
+        *calls]) + "\n"
 
 
 def tool_format():

@@ -88,8 +88,9 @@ def check_tools(tools) -> Optional[List[dict]]:
 
 
 # Formats whose calls a grammar can force (`call_grammar`): a JSON object {"name", "arguments"}
-# between two text markers (Qwen2.5's and Hermes' <tool_call> ... </tool_call>).
-FORCEABLE = ("json_tools",)
+# between two text markers (Qwen2.5's and Hermes' <tool_call> ... </tool_call>), and gpt-oss's
+# harmony (a message to functions.NAME after the model's analysis).
+FORCEABLE = ("json_tools", "harmony")
 
 
 def check_tool_choice(choice, tools: Optional[List[dict]]):
@@ -113,17 +114,24 @@ def check_tool_choice(choice, tools: Optional[List[dict]]):
     return choice
 
 
-def call_grammar(fmt: Optional[ToolFormat], tools: List[dict], choice, json_options: dict) -> dict:
+def call_grammar(fmt: Optional[ToolFormat], tools: List[dict], choice, json_options: dict,
+                 tokenizer=None) -> dict:
     """A `response_format` (Lark, see `mlxspec.grammar`) that makes the model write tool calls in
-    its own format: one or more of any tool for "required", one of the named function otherwise.
-    Each call's arguments follow its tool's `parameters` schema."""
+    its own format: one or more of any tool for "required" (harmony: one, its turn ends with it),
+    one of the named function otherwise. Each call's arguments follow its tool's `parameters`
+    schema. `tokenizer`: the model's (harmony's grammar names its special tokens)."""
     if fmt is None or fmt.name not in FORCEABLE:
         raise InvalidArgumentError(
             f"tool_choice {shown(choice)} needs a tool-call format mlxspec can force with a grammar "
-            f"({', '.join(FORCEABLE)}: Qwen2.5's and Hermes' <tool_call> JSON); this model's is "
+            f"(json_tools: Qwen2.5's and Hermes' <tool_call> JSON; harmony: gpt-oss's); this model's is "
             f"{(fmt.name or 'unnamed') if fmt else 'unknown'}: send tool_choice \"auto\"")
     wanted = [t["function"] for t in tools
               if choice == "required" or t["function"]["name"] == choice["function"]["name"]]
+    if fmt.name == "harmony":  # one call per turn, after any analysis (the grammar reads that too)
+        from . import harmony
+
+        constrain = tokenizer is not None and harmony.knows(tokenizer, [harmony.CONSTRAIN])
+        return {"type": "lark", "lark": harmony.call_lark(wanted, json_options, constrain)}
     schema = {"anyOf": [{"type": "object", "properties": {"name": {"const": f["name"]},
                                                           "arguments": f.get("parameters") or {"type": "object"}},
                          "required": ["name", "arguments"], "additionalProperties": False} for f in wanted],

@@ -1,6 +1,7 @@
 """gpt-oss's harmony format: its analysis channel is reasoning, its final channel and preambles the
 answer, its messages to functions.* tool calls, in the server's chat and Responses answers
-(whole and streamed), and a response_format applies to the final channel only."""
+(whole and streamed); a response_format applies to the final channel only, and a forced
+tool_choice after the analysis."""
 
 import json
 
@@ -160,11 +161,55 @@ def test_told_to_leave_the_reasoning_in_the_content_harmony_still_reads_its_chan
         assert call.function.name == "get_weather" and r.choices[0].message.content == "Add them.\n\nChecking."
 
 
-def test_forcing_a_call_says_harmony_cannot_be_forced(scripted):
-    url, _ = scripted
-    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER], "tool_choice": "required"},
-                   timeout=TIMEOUT)
-    assert r.status_code == 400 and "harmony" in r.json()["error"]["message"]
+CITY = {"type": "function", "function": {"name": "get_city", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Rome", "Paris"]}}, "required": ["city"],
+    "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_city"}}])
+def test_a_forced_call_comes_after_the_analysis_the_model_writes(scripted, choice):
+    """The model would reason, then answer; forced, it reasons as it would (the analysis is
+    free), then calls: the grammar writes the call's header and its arguments follow the schema.
+    (Where the model is indifferent this scripted one takes the lowest id: get_city, "Paris".)"""
+    url, say = scripted
+    say(ANSWER, tools=[WEATHER, CITY])
+    client = openai_client(url)
+    free = client.chat.completions.create(model="h", messages=ASK, tools=[WEATHER, CITY], max_tokens=200)
+    assert free.choices[0].message.content == "It is 4." and not free.choices[0].message.tool_calls
+    r = client.chat.completions.create(model="h", messages=ASK, tools=[WEATHER, CITY], tool_choice=choice,
+                                       max_tokens=200)
+    (out,) = r.choices
+    assert out.finish_reason == "tool_calls" and not out.message.content and out.message.reasoning == "Add them."
+    (call,) = out.message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_city" and args == {"city": "Paris"}
+    chunks = list(client.chat.completions.create(model="h", messages=ASK, tools=[WEATHER, CITY], tool_choice=choice,
+                                                 max_tokens=200, stream=True))
+    streamed = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls
+                for tc in c.choices[0].delta.tool_calls]
+    assert [(tc.function.name, tc.function.arguments) for tc in streamed] == [("get_city", call.function.arguments)]
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+@pytest.mark.parametrize("options", [{}, {"num_draft": 3}, {"temperature": 0.8, "seed": 4}])
+def test_forced_harmony_calls_are_constrained_plain_decoding(seed, options):
+    """A random model, which left to itself writes bytes and no harmony at all, forced: speculation
+    gives plain decoding's tokens under the same grammar, and greedy it writes the call's header."""
+    import tiny
+
+    tok = harmony_tokenizer()
+    engine = Engine(tiny.make_llama(seed, vocab_size=VOCAB, tie_embeddings=False), tok, drafter="ngram")
+    named = {"type": "function", "function": {"name": "get_city"}}
+    assert "<|" not in engine.generate(ASK, tools=[WEATHER, CITY], max_tokens=30).text
+    engine.reset()
+    plain = engine.generate(ASK, tools=[WEATHER, CITY], tool_choice=named, max_tokens=120, speculative=False, **options)
+    engine.reset()
+    forced = engine.generate(ASK, tools=[WEATHER, CITY], tool_choice=named, max_tokens=120, **options)
+    assert forced.tokens == plain.tokens
+    if not options:
+        header = "<|channel|>commentary to=functions.get_city <|constrain|>json<|message|>"
+        assert forced.finish_reason == "stop" and forced.text.startswith(header)
+        assert json.loads(forced.text[len(header):]) in ({"city": "Rome"}, {"city": "Paris"})
 
 
 def test_a_response_format_applies_to_the_final_channel(scripted):
@@ -235,3 +280,17 @@ def test_generate_prints_the_answer_and_sends_the_analysis_to_stderr(json_out, m
         assert (result["text"], result["reasoning"]) == ("It is 4. <", "Add them.")
     else:
         assert out == "It is 4. <\n" and "Add them.\n" in err and "<|" not in out + err
+
+
+def test_a_vocabulary_without_constrain_gets_it_written_as_text():
+    import tiny
+
+    tokens = [t for t in TOKENS if t != "<|constrain|>"]
+    tok = tiny.make_tokenizer(TEMPLATE, added=tokens)
+    for end in ("<|return|>", "<|call|>"):
+        tok.add_eos_token(end)
+    engine = Engine(tiny.make_llama(3, vocab_size=tiny.VOCAB + len(tokens), tie_embeddings=False), tok)
+    r = engine.generate(ASK, tools=[CITY], tool_choice="required", max_tokens=120)
+    header = "<|channel|>commentary to=functions.get_city <|constrain|>json<|message|>"
+    assert r.finish_reason == "stop" and r.text.startswith(header)
+    assert json.loads(r.text[len(header):]) == {"city": "Paris"}
