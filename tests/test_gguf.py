@@ -412,7 +412,7 @@ def _metadata(tiny, **changes):
     ({"llama__attention__head_count": "four"}, "head_count is 'four'"),
     ({"llama__block_count": None}, "llama.block_count is missing"),
     ({"llama__rope__scaling__type": "dynamic", "llama__rope__scaling__factor": mx.array(4.0)},
-     "rope scaling 'dynamic' is not supported for llama; 'linear' is for dense llama"),
+     "rope scaling 'dynamic' is not supported for llama; 'linear' and 'yarn' are for llama"),
     ({"llama__rope__scaling__type": "yarn", "llama__rope__scaling__factor": mx.array(4.0)},
      "llama.rope.scaling.original_context_length is missing"),
     ({"llama__rope__scaling__type": "yarn", "llama__rope__scaling__factor": mx.array(4.0),

@@ -41,7 +41,7 @@ def test_mixture_logits_match_numpy_reference(moe_file, dtype, tol):
     arch, path, tok = moe_file
     module, parent = KINDS[arch]
     model, _, info = load_model(path, dtype=dtype)
-    assert type(model).__module__ == f"mlx_lm.models.{module}" and info.context_length == 256
+    assert type(model).__module__ == f"mlxspec.models.{module}" and info.context_length == 256  # scaled_rope
     experts = dict(model.named_modules())[f"model.layers.1.{parent}.switch_mlp.up_proj"]
     assert isinstance(experts, QuantizedSwitchLinear if dtype == "quantized" else SwitchLinear)
     assert experts.weight.shape[0] == 4

@@ -42,19 +42,49 @@ def test_a_yarn_file_runs_as_llama_cpp_runs_it(tmp_path, arch, head_dim):
     assert np.abs(got - unscaled).max() > 100 * float32_tol() * np.abs(unscaled).max()
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2moe", "qwen3moe"])
+def test_a_mixture_s_yarn_file_runs_scaled(tmp_path, arch):
+    """mlx-lm's Mixtral and Qwen mixtures build a plain RoPE whatever the config says; ours
+    (`mlxspec.models.scaled_rope`) build the scaled one, as llama.cpp runs the file."""
+    path = tmp_path / f"{arch}.gguf"
+    tok = write_tiny_gguf(path, arch=arch, types=F32, experts=4, used=2, yarn=True, seed=5,
+                          tied=arch != "qwen2moe")
+    model, _, _ = load_model(path, dtype="float32")
+    assert type(model.model.layers[0].self_attn.rope).__name__ == "YarnRoPE"
+    check_logits(model, path, tok.encode(TEXT).ids, float32_tol())
+
+
 @pytest.mark.parametrize("scaling", ["yarn", "linear"])
-def test_scaling_is_refused_where_mlx_lm_would_run_it_unscaled(tmp_path, scaling):
-    # mlx-lm's Mixtral, Qwen mixtures and Gemma 1 and 2 build a plain RoPE, whatever rope_scaling says
-    path = tmp_path / "mixtral.gguf"
-    write_tiny_gguf(path, arch="llama", experts=4, used=2, yarn=True)
+def test_scaling_is_refused_where_the_model_would_run_it_unscaled(tmp_path, scaling):
+    # mlx-lm's Gemma 1 and 2 build a plain RoPE whatever rope_scaling says
+    path = tmp_path / "gemma2.gguf"
+    write_tiny_gguf(path, arch="gemma2", yarn=True)
     _, metadata = mx.load(str(path), return_metadata=True)
-    metadata["llama.rope.scaling.type"] = scaling
-    with pytest.raises(IncompatibleModelsError, match=f"'{scaling}' is not supported for llama with experts"):
+    metadata["gemma2.rope.scaling.type"] = scaling
+    with pytest.raises(IncompatibleModelsError, match=f"'{scaling}' is not supported for gemma2"):
         gguf_arch.model_args_from_metadata(metadata, [])
-    metadata.update({"general.architecture": "qwen3moe"})
-    metadata = {k.replace("llama.", "qwen3moe."): v for k, v in metadata.items()}
-    with pytest.raises(IncompatibleModelsError, match=f"'{scaling}' is not supported for qwen3moe"):
-        gguf_arch.model_args_from_metadata(metadata, [])
-    dense = {k.replace("qwen3moe.", "qwen3."): v for k, v in metadata.items() if "expert" not in k}
-    dense["general.architecture"] = "qwen3"
-    assert gguf_arch.model_args_from_metadata(dense, []).rope_scaling["type"] == scaling  # dense Qwen3 reads it
+
+
+@pytest.mark.parametrize("scaling", [{"type": "linear", "factor": 4.0},
+                                     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}])
+def test_an_mlx_mixture_s_config_scaling_reaches_its_rope(scaling):
+    """An MLX folder's config (Qwen3-30B-A3B with YaRN, as Qwen's card enables it): the model
+    `models.module` builds scales its RoPE; mlx-lm's own ignores the setting."""
+    from mlx_lm.models import qwen3_moe
+
+    from mlxspec import models
+
+    args = dict(model_type="qwen3_moe", hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                num_attention_heads=4, num_experts=2, num_experts_per_tok=1, decoder_sparse_step=1,
+                mlp_only_layers=[], moe_intermediate_size=32, rms_norm_eps=1e-6, vocab_size=16,
+                num_key_value_heads=2, head_dim=8, rope_theta=10000.0, tie_word_embeddings=True,
+                max_position_embeddings=128, norm_topk_prob=True, rope_scaling=scaling)
+    module = models.module("qwen3_moe")
+    ours = module.Model(module.ModelArgs.from_dict(args)).model.layers[0].self_attn.rope
+    theirs = qwen3_moe.Model(qwen3_moe.ModelArgs.from_dict(args)).model.layers[0].self_attn.rope
+    x = mx.random.normal((1, 4, 6, 8), key=mx.random.key(0))
+    plain = theirs(x, offset=40)
+    assert not mx.allclose(ours(x, offset=40), plain).item()
+    if "type" in scaling:  # linear: positions divided by the factor
+        assert mx.allclose(ours(x, offset=40), mx.fast.rope(x, 8, traditional=False, base=10000.0, scale=0.25,
+                                                            offset=40), atol=1e-6).item()

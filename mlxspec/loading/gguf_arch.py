@@ -25,9 +25,9 @@ MODULES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma
            "granite": "granite", "olmo2": "olmo2", "gpt-oss": "gpt_oss"}
 LLAMA_ROWS = ("llama", "mixtral", "smollm3", "granite")  # model types whose Q/K rows llama.cpp permutes
 SUPPORTED_ARCHITECTURES = tuple(MODULES)
-# Model types whose mlx-lm model builds its RoPE from `rope_scaling` (`initialize_rope`), the same on
-# every layer; the others' models (Mixtral's and the Qwen mixtures' among them) would run a YaRN file unscaled.
-YARN_TYPES = ("llama", "qwen2", "qwen3", "granite", "olmo2", "gpt_oss")
+# Model types whose model builds its RoPE from `rope_scaling` (mlx-lm's `initialize_rope`; the
+# mixtures through `mlxspec.models.scaled_rope`), the same on every layer; Gemma 1 and 2 would run it unscaled.
+YARN_TYPES = ("llama", "qwen2", "qwen3", "granite", "olmo2", "gpt_oss", "mixtral", "qwen2_moe", "qwen3_moe")
 LINEAR_TYPES = YARN_TYPES + ("smollm3", "gemma3_text", "phi3")  # Gemma 3: its global layers, as llama.cpp
 
 _GLOBAL_NAMES = {
@@ -147,10 +147,9 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
     elif scaling == "yarn" and model_type in YARN_TYPES:
         rope_scaling = _yarn(get, need, arch)
     elif scaling not in (None, "none"):  # run unscaled, it would answer with garbage past a short context
-        kind = f"{arch} with experts" if experts and arch == "llama" else arch
-        raise IncompatibleModelsError(f"GGUF rope scaling {scaling!r} is not supported for {kind}; 'linear' is for "
-                                      "dense llama, smollm3, qwen2, qwen3, granite, olmo2, gemma3, phi3 and gpt-oss "
-                                      "files, 'yarn' for dense llama, qwen2, qwen3, granite and olmo2 files and gpt-oss")
+        raise IncompatibleModelsError(f"GGUF rope scaling {scaling!r} is not supported for {arch}; 'linear' and "
+                                      "'yarn' are for llama (Mixtral too), qwen2, qwen3, their mixtures, granite, "
+                                      "olmo2 and gpt-oss files, and 'linear' for smollm3, gemma3 and phi3 ones")
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab = get("vocab_size") or (len(tokens) if tokens is not None else None)
     if vocab is None:

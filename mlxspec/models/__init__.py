@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 
-OURS = {"gemma": "mlxspec.models.gemma", "gemma2": "mlxspec.models.gemma2"}
+OURS = {"gemma": "mlxspec.models.gemma", "gemma2": "mlxspec.models.gemma2", "mixtral": "mlxspec.models.mixtral",
+        "qwen2_moe": "mlxspec.models.qwen2_moe", "qwen3_moe": "mlxspec.models.qwen3_moe"}
 
 
 def module(model_type: str):
