@@ -16,6 +16,9 @@ from .errors import InvalidArgumentError
 from .prompts import render_chat
 from .text import partial_marker
 
+# OpenAI's reasoning_effort values; a chat template reads the variable of that name (gpt-oss's does)
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
 
 def thinking_markers(tokenizer) -> Optional[Tuple[str, str]]:
     """(start, end) of the tokenizer's thinking block, or None when it has none (harmony's

@@ -496,3 +496,41 @@ def test_the_stats_line_starts_with_the_prompt():
                         seconds=1.0)
     assert stats_line(s).startswith("prompt 40 tokens at 58 tok/s (10 reused); 8 tokens in 1.00 s, 8.0 tok/s")
     assert stats_line(GenerationStats(tokens=1, seconds=1.0)).startswith("1 token in 1.00 s")  # no prompt counted
+
+
+def test_generate_passes_chat_template_variables(made, tiny_gguf_path, capsys):
+    main(["generate", "--target", str(tiny_gguf_path), "--reasoning-effort", "high", "--chat-template-args",
+          '{"enable_thinking": false}', "Capital?"])
+    assert made[0].calls[0][1]["chat_template_kwargs"] == {"reasoning_effort": "high", "enable_thinking": False}
+    main(["generate", "--target", str(tiny_gguf_path), "--reasoning-effort", "low", "--chat-template-args",
+          '{"reasoning_effort": "medium"}', "Capital?"])
+    assert made[1].calls[0][1]["chat_template_kwargs"] == {"reasoning_effort": "medium"}  # the JSON wins
+    main(["generate", "--target", str(tiny_gguf_path), "Capital?"])
+    assert made[2].calls[0][1]["chat_template_kwargs"] is None
+    for raw in (["--no-chat-template"], ["--suffix", "x"]):
+        assert main(["generate", "--target", str(tiny_gguf_path), *raw, "--reasoning-effort", "low", "hi"]) == 1
+        assert "are chat template variables" in capsys.readouterr().err and len(made) == 3  # before loading
+    with pytest.raises(SystemExit):
+        main(["generate", "--reasoning-effort", "extreme", "hi"])
+    assert "invalid choice: 'extreme'" in capsys.readouterr().err
+
+
+def test_chat_hands_its_settings_to_the_app(monkeypatch):
+    """`mlxspec chat`'s flags reach the app it runs (the models load in it, behind its loading screen)."""
+    import tui
+
+    built = []
+
+    class App:
+        return_code = 0
+
+        def run(self):
+            built.append("ran")
+
+    monkeypatch.setattr(tui, "make_app", lambda **kw: built.append(kw) or App())
+    assert main(["chat", "--reasoning-effort", "high", "--chat-template-args", '{"enable_thinking": true}',
+                 "--seed", "3", "--temperature", "0.5", "--system", "Be brief."]) == 0
+    kw, ran = built
+    assert ran == "ran" and callable(kw["loader"])
+    assert kw["template_kwargs"] == {"reasoning_effort": "high", "enable_thinking": True}
+    assert (kw["seed"], kw["temperature"], kw["system"]) == (3, 0.5, "Be brief.")

@@ -276,3 +276,25 @@ def test_generate_prints_the_answer_and_sends_the_reasoning_to_stderr(template, 
         assert out == "It is 4. <\n" and "think>" not in out + err
         # stderr: the load line, the reasoning's lines if any, the stats line
         assert err.splitlines()[1:-1] == ([reasoning] if reasoning else [])
+
+
+def test_generate_splits_where_the_template_variables_open_the_block(monkeypatch, capsys):
+    """A template that opens the thinking block only when told to (a variable): the split starts
+    inside it as the prompt rendered with --chat-template-args says."""
+    from types import SimpleNamespace
+
+    from mlxspec.cli import main
+    from mlxspec.commands import modelargs
+
+    template = tiny.CHAT_TEMPLATE + "{% if add_generation_prompt and think %}<think>\n{% endif %}"
+    tok = tiny.make_tokenizer(template, added=THINKING)
+    model = tiny.ScriptedModel(vocab=VOCAB)
+    model.say(tok.encode("Add them.</think>It is 4.", add_special_tokens=False) + [tiny.SPECIALS.index("<|im_end|>")],
+              len(encode_prompt(ASK, tok, VOCAB, template_kwargs={"think": True})))
+    engine = Engine(model, tok, drafter="ngram")
+    engine.pair_name, engine.draft_info = None, None
+    engine.target_info = SimpleNamespace(ref="thinker", weights_bytes=2**20, dtype="float32", quantization="none")
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: engine)
+    assert main(["generate", "--chat-template-args", '{"think": true}', ASK[0]["content"]]) == 0
+    out, err = capsys.readouterr()
+    assert out == "It is 4.\n" and err.splitlines()[1:-1] == ["Add them."]

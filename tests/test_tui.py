@@ -601,3 +601,28 @@ async def test_a_gpt_oss_chat_keeps_its_analysis_out_of_the_next_turn():
         assert app.conversation.markers == harmony.MARKERS
         assert app.pane(SPEC).text == ANSWER
         assert app.conversation.messages(SPEC, "And 3 + 3?")[1] == {"role": "assistant", "content": "It is 4."}
+
+
+@async_test
+async def test_template_variables_reach_both_sides_and_the_split():
+    """--chat-template-args: a template that opens the thinking block only when told to; both
+    sides' prompts are rendered with it (the scripted model answers only that prompt) and the
+    panes split inside the block it opened."""
+    from mlxspec.engine import Engine
+    from mlxspec.prompts import encode_prompt
+    from test_reasoning import ASK, THINKING, VOCAB as THINK_VOCAB
+
+    template = tiny.CHAT_TEMPLATE + "{% if add_generation_prompt and think %}<think>\n{% endif %}"
+    tok = tiny.make_tokenizer(template, added=THINKING)
+    model = tiny.ScriptedModel(vocab=THINK_VOCAB)
+    model.say(tok.encode("Add them.</think>It is 4.", add_special_tokens=False) + [tiny.SPECIALS.index("<|im_end|>")],
+              len(encode_prompt(ASK, tok, THINK_VOCAB, template_kwargs={"think": True})))
+    app = make_app(Engine(model, tok, drafter="ngram"), max_tokens=200, template_kwargs={"think": True})
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, ASK[0]["content"])
+        for side in (VANILLA, SPEC):
+            pane = app.pane(side)
+            if pane.colour:
+                await pilot.press("ctrl+t")
+                await pilot.pause()
+            assert pane.reasoning == "Add them." and pane.query_one(Markdown).source == "It is 4."

@@ -151,7 +151,8 @@ class ChatApp(App):
         request = TurnRequest(
             user=text, messages=messages,
             temperature=s.temperature, max_tokens=s.max_tokens, num_draft=s.num_draft, drafter=s.drafter,
-            tree=s.tree, lookup=s.lookup, sequential=self.sequential, seed=self.seed)
+            tree=s.tree, lookup=s.lookup, sequential=self.sequential, seed=self.seed,
+            template_kwargs=s.template_kwargs)
         self._generate(request, self.cancel)
 
     @work(thread=True, exclusive=True, group="generate")
@@ -177,7 +178,8 @@ class ChatApp(App):
     def _starts_inside(self, messages) -> bool:
         """Whether the template opens a thinking block at the end of these messages' prompt."""
         markers = self.conversation.markers
-        return markers is not None and chat_starts_inside(messages, self.engines[SPEC].tokenizer, markers)
+        return markers is not None and chat_starts_inside(messages, self.engines[SPEC].tokenizer, markers,
+                                                          template_kwargs=self.settings.template_kwargs)
 
     async def on_turn_finished(self, message: TurnFinished) -> None:
         self.busy = False
@@ -283,15 +285,17 @@ def make_app(engine=None, *, vanilla_engine=None, sequential: bool = False, temp
              max_tokens: int = 256, num_draft=None, drafter: Optional[str] = None, tree=None,
              lookup: Optional[bool] = None, system: str = "", colour: bool = True,
              loader: Optional[Callable[[], object]] = None, loading_label: str = "the models",
-             info: Optional[PairInfo] = None, seed: Optional[int] = None) -> ChatApp:
+             info: Optional[PairInfo] = None, seed: Optional[int] = None,
+             template_kwargs: Optional[dict] = None) -> ChatApp:
     """Build the chat app around `engine` (speculative side) and `vanilla_engine` (default: engine.fork()).
 
     Pass `loader` instead of `engine` to load in a worker behind a loading screen. `num_draft`:
     None or "auto" lets the cost model choose; `tree` and `lookup` as `Engine.generate`'s (None: the
-    engine's); `info` overrides what the header says about the pair.
+    engine's); `info` overrides what the header says about the pair; `template_kwargs`: the chat
+    template's variables, as `Engine.generate`'s chat_template_kwargs.
     """
     settings = Settings(temperature=temperature, max_tokens=max_tokens,
                         num_draft=None if num_draft in (None, "auto") else int(num_draft),
-                        drafter=drafter, tree=tree, lookup=lookup, system=system)
+                        drafter=drafter, tree=tree, lookup=lookup, system=system, template_kwargs=template_kwargs)
     return ChatApp(engine, vanilla_engine=vanilla_engine, loader=loader, loading_label=loading_label,
                    sequential=sequential, settings=settings, colour=colour, info=info, seed=seed)

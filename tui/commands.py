@@ -35,6 +35,7 @@ class Settings:
     tree: Optional[object] = None  # None: the engine's ("auto"); "off" or a cap on a round's drafts
     lookup: Optional[bool] = None  # None: the engine's (on)
     system: str = ""
+    template_kwargs: Optional[dict] = None  # chat template variables (--chat-template-args, --reasoning-effort)
 
     def as_dict(self) -> dict:
         d = asdict(self)

@@ -32,6 +32,7 @@ class TurnRequest:
     lookup: Optional[bool] = None  # None: the engine's
     sequential: bool = False
     seed: Optional[int] = None
+    template_kwargs: Optional[dict] = None  # the chat template's variables
 
 
 def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading.Event,
@@ -54,7 +55,7 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
     try:
         # `cancel` also stops a side in the middle of a long prompt, before its first token (Esc).
         common = dict(max_tokens=request.max_tokens, temperature=request.temperature, seed=request.seed,
-                      cancel=cancel)
+                      chat_template_kwargs=request.template_kwargs, cancel=cancel)
         streams = {
             SPEC: engines[SPEC].stream(request.messages[SPEC], speculative=True, num_draft=request.num_draft,
                                        drafter=request.drafter, tree=request.tree, lookup=request.lookup,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .argtypes import non_negative, positive, seed
 from . import modelargs
-from .modelargs import DEFAULT_PAIR, add_drafting_args, add_model_args
+from .modelargs import DEFAULT_PAIR, add_drafting_args, add_model_args, add_template_args
 
 
 def register(subparsers) -> None:
@@ -21,6 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=non_negative, default=0.0, metavar="T", help="0 = greedy (default)")
     p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="answer length limit (default 256)")
     p.add_argument("--system", default="", metavar="TEXT", help="system prompt")
+    add_template_args(p)
     p.add_argument("--sequential", action="store_true",
                    help="run speculative to the end, then vanilla (default: interleave so both panes fill together)")
     p.add_argument("--no-colour", dest="colour", action="store_false", help="start with Markdown, not token colours")
@@ -42,6 +43,7 @@ def run(args) -> int:
     from tui import make_app
 
     app = make_app(loader=loader, loading_label=label, sequential=args.sequential, temperature=args.temperature,
-                   max_tokens=args.max_tokens, system=args.system, colour=args.colour, seed=args.seed, **drafting)
+                   max_tokens=args.max_tokens, system=args.system, colour=args.colour, seed=args.seed,
+                   template_kwargs=modelargs.template_options(args), **drafting)
     app.run()
     return app.return_code or 0

@@ -13,7 +13,7 @@ from ..reasoning import chat_starts_inside, make_splitter, split_whole, thinking
 from ..stats import acceptance_text, plural
 from .argtypes import positive, seed
 from . import modelargs
-from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, quiet_unless_main
+from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, add_template_args, quiet_unless_main
 
 
 def register(subparsers) -> None:
@@ -35,6 +35,7 @@ def register(subparsers) -> None:
                "  mlxspec generate --pair qwen2.5-7b --temperature 0.7 --seed 1 'Write a haiku'\n"
                "  mlxspec generate --target model.gguf --drafter ngram --json 'Hello'\n"
                "  mlxspec generate --json-schema cat.schema.json 'Describe a cat as JSON'\n"
+               "  mlxspec generate --target Qwen3-8B-Q4_K_M.gguf --chat-template-args '{\"enable_thinking\": false}' 'Hi'\n"
                "  mlxspec generate --pair qwen2.5-coder-7b --suffix \"$(cat after.py)\" \"$(cat before.py)\"",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -57,6 +58,7 @@ def register(subparsers) -> None:
                    help="a system message before PROMPT (default: the chat template's own, if any)")
     p.add_argument("--no-chat-template", action="store_true",
                    help="send PROMPT as raw text, without the chat template (default: with it, if the model has one)")
+    add_template_args(p)
     p.add_argument("--suffix", metavar="TEXT", default=None,
                    help="fill in the middle: PROMPT is the text before the insertion point (raw, without the "
                         "chat template) and TEXT the text after it; the model writes what goes between. Needs "
@@ -88,13 +90,17 @@ def run(args) -> int:
     if raw and args.system is not None:
         raise InvalidArgumentError("--system needs a chat template to place it and this model has none; put the "
                                    "text in PROMPT itself")
+    template_kwargs = modelargs.template_options(args)
+    if raw and template_kwargs:
+        raise InvalidArgumentError("--chat-template-args and --reasoning-effort are chat template variables, and "
+                                   "PROMPT goes without the template here; leave them out")
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
     prompt = text if raw else system + [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
-                   stop=args.stop, response_format=fmt, suffix=args.suffix)
+                   stop=args.stop, response_format=fmt, suffix=args.suffix, chat_template_kwargs=template_kwargs)
     # a thinking model's reasoning apart from its answer, as the server splits them
-    splitter = None if raw else _reasoning_splitter(engine.tokenizer, prompt)
+    splitter = None if raw else _reasoning_splitter(engine.tokenizer, prompt, template_kwargs)
     if args.json:
         result = engine.generate(prompt, **options)
         text, extra = result.text, {}
@@ -116,13 +122,14 @@ def run(args) -> int:
     return 0
 
 
-def _reasoning_splitter(tokenizer, messages):
+def _reasoning_splitter(tokenizer, messages, template_kwargs=None):
     """The splitter of the model's thinking block (None: it has none); it starts inside the block
     where the chat template opens it at the end of the prompt (DeepSeek-R1's distills)."""
     markers = thinking_markers(tokenizer)
     if markers is None:
         return None
-    return make_splitter(markers, inside=chat_starts_inside(messages, tokenizer, markers))
+    return make_splitter(markers, inside=chat_starts_inside(messages, tokenizer, markers,
+                                                            template_kwargs=template_kwargs))
 
 
 def _check_options(args) -> None:
@@ -133,6 +140,10 @@ def _check_options(args) -> None:
     SamplingParams(args.temperature, args.top_p, args.top_k, args.min_p)
     check_max_tokens(args.max_tokens)
     check_stop(args.stop)
+    if (args.no_chat_template or args.suffix is not None) and (args.chat_template_args or args.reasoning_effort):
+        raise InvalidArgumentError("--chat-template-args and --reasoning-effort are chat template variables, and "
+                                   f"{'--no-chat-template' if args.no_chat_template else '--suffix'} sends PROMPT "
+                                   "without the template; send one or the other")
     if args.system is not None and args.no_chat_template:
         raise InvalidArgumentError("--system needs the chat template to place it; with --no-chat-template put the "
                                    "text in PROMPT itself")

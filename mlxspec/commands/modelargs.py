@@ -58,6 +58,27 @@ def drafting_options(args) -> dict:
                 **({} if args.lookup is None else {"lookup": args.lookup == "on"}))
 
 
+def add_template_args(p) -> None:
+    """--chat-template-args and --reasoning-effort: variables for the chat template, as the
+    server's chat_template_kwargs and reasoning_effort give them."""
+    from ..reasoning import EFFORTS
+    from .argtypes import template_args
+
+    p.add_argument("--chat-template-args", type=template_args, default=None, metavar="JSON",
+                   help="variables for the chat template, e.g. '{\"enable_thinking\": false}' for Qwen3 to answer "
+                        "without thinking (default: none)")
+    p.add_argument("--reasoning-effort", choices=EFFORTS, default=None,
+                   help="how long a reasoning model thinks (gpt-oss: low, medium, high), the template variable "
+                        "reasoning_effort; --chat-template-args wins (default: the template's own)")
+
+
+def template_options(args) -> dict | None:
+    """`add_template_args`'s flags as `Engine.generate`'s chat_template_kwargs (None: none given)."""
+    kwargs = {} if args.reasoning_effort is None else {"reasoning_effort": args.reasoning_effort}
+    kwargs.update(args.chat_template_args or {})
+    return kwargs or None
+
+
 def add_distributed_arg(p) -> None:
     """`--distributed`: for `generate`, `bench` and `serve` (see `quiet_unless_main`)."""
     p.add_argument("--distributed", action="store_true",

@@ -19,6 +19,7 @@ from ..grammar import check_response_format
 from ..prompts import (MAX_SEED, check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop,
                        check_template_kwargs, check_text, check_tree)
 from ..penalties import CONTEXT, check_penalty, check_repetition
+from ..reasoning import EFFORTS
 from ..sampling import check_logit_bias, validate as validate_sampling
 from ..logprobs import MAX_TOP, is_top_count
 from ..tools import check_tool_choice, check_tools
@@ -31,7 +32,6 @@ MAX_CHOICES = 128  # choices per request: n (OpenAI's most) times the prompts of
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
 # would change the answer, with the value that changes nothing: a client that sends another is told.
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning_effort values
 EXTENSIONS = {"repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0, "length_penalty": 1.0,
               "use_beam_search": False, "mirostat": 0, "guided_grammar": None, "grammar": None,
               "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
