@@ -156,15 +156,11 @@ def _read_tensors(path: Path, infos, float_dtype) -> dict:
         elif float_dtype is not None or len(shape) < 2:
             exact = mx.array(as_float(raw, t.type_name, rows, cols))
             added[t.name] = exact.reshape(shape).astype(float_dtype or mx.float16)
+        elif t.type_name == "MXFP4":  # MLX's own mode (experts stacked alike): no biases, the scale bytes as stored
+            weight, scales = as_mxfp4(raw, rows, cols)
+            added = {t.name: mx.array(weight).reshape(*shape[:-1], -1),
+                     base + ".scales": mx.array(scales).reshape(*shape[:-1], -1)}
         else:  # a matrix, or a mixture's experts stacked (experts, rows, cols): each row quantized alike
-            if t.type_name == "MXFP4":  # MLX's own mode: no biases, scale bytes kept as they are
-                weight, scales = as_mxfp4(raw, rows, cols)
-                added = {t.name: mx.array(weight).reshape(*shape[:-1], -1),
-                         base + ".scales": mx.array(scales).reshape(*shape[:-1], -1)}
-                mx.eval(list(added.values()))
-                tensors.update(added)
-                bar.update(end - t.offset)
-                continue
             if t.type_name in AFFINE:
                 weight, scales, biases, _ = as_affine(raw, t.type_name, rows, cols)
                 weight, scales, biases = mx.array(weight), mx.array(scales), mx.array(biases)

@@ -67,8 +67,8 @@ _MOE_NAMES = {
 }
 _QWEN_MOE_BLOCK_NAMES = {**_BLOCK_NAMES, **{k: f"mlp.{v}" for k, v in _MOE_NAMES.items()}}
 _MIXTRAL_BLOCK_NAMES = {**_BLOCK_NAMES, **{k: f"block_sparse_moe.{v}" for k, v in _MOE_NAMES.items()}}
-# gpt-oss: biases on Q, K, V, O, the router and the experts; a sink per head; norms as Gemma 2
-# names them; its experts are `experts`, its router `router`.
+# gpt-oss: biases on Q, K, V, O, the router and the experts; a sink per head; the norm before the
+# MLP is the file's post_attention_norm (HF's and mlx-lm's name); its experts are `experts`, its router `router`.
 _GPT_OSS_BLOCK_NAMES = {**_BLOCK_NAMES, "post_attention_norm": "post_attention_layernorm",
                         "attn_sinks": "self_attn.sinks", "ffn_gate_inp": "mlp.router",
                         "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
