@@ -626,3 +626,37 @@ async def test_template_variables_reach_both_sides_and_the_split():
                 await pilot.press("ctrl+t")
                 await pilot.pause()
             assert pane.reasoning == "Add them." and pane.query_one(Markdown).source == "It is 4."
+
+
+def test_template_and_effort_commands():
+    from tui.commands import CommandError, Settings, run_command
+
+    s = run_command('/template {"enable_thinking": false, "Name": "X"}', Settings(), drafters=["ngram"]).settings
+    assert s.template_kwargs == {"enable_thinking": False, "Name": "X"}  # the JSON's case kept
+    s = run_command("/effort HIGH", s, drafters=["ngram"]).settings
+    assert s.template_kwargs == {"enable_thinking": False, "Name": "X", "reasoning_effort": "high"}
+    assert run_command("/template", s, drafters=["ngram"]).settings.template_kwargs is None
+    for line, says in (("/template [1]", "JSON object of template variables"), ("/template {", "JSON object"),
+                       ("/effort extreme", "/effort needs one of none, minimal, low")):
+        with pytest.raises(CommandError, match=re.escape(says)):
+            run_command(line, s, drafters=["ngram"])
+
+
+@async_test
+async def test_effort_reaches_the_next_turn_s_prompt():
+    """/effort changes the variable the template reads, from the next turn on: the scripted model
+    answers only the prompt rendered with it."""
+    from mlxspec.engine import Engine
+    from mlxspec.prompts import encode_prompt
+
+    tok = tiny.make_tokenizer(tiny.CHAT_TEMPLATE.replace("{% for m", "Reasoning: {{ reasoning_effort }}\n{% for m"))
+    model = tiny.ScriptedModel()
+    ask = [{"role": "user", "content": "hi"}]
+    model.say(tok.encode("Hello there.", add_special_tokens=False) + [tiny.SPECIALS.index("<|im_end|>")],
+              len(encode_prompt(ask, tok, tiny.VOCAB, template_kwargs={"reasoning_effort": "high"})))
+    app = make_app(Engine(model, tok, drafter="ngram"), max_tokens=40, colour=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "/effort high")
+        await send(app, pilot, "hi")
+        for side in (VANILLA, SPEC):
+            assert app.pane(side).query_one(Markdown).source == "Hello there."

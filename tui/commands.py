@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from argparse import ArgumentTypeError
+import json
 from dataclasses import asdict, dataclass, replace
 from typing import Optional, Sequence
 
-from mlxspec.commands.argtypes import non_negative, num_draft, on_off, positive, tree
+from mlxspec.commands.argtypes import non_negative, num_draft, on_off, positive, template_args, tree
+from mlxspec.reasoning import EFFORTS
 
 HELP = """\
 /temp T          sampling temperature (0 = greedy, the default)
@@ -16,6 +18,8 @@ HELP = """\
 /lookup on|off   a model drafter hands rounds where the text repeats to prompt lookup (on)
 /maxtokens N     answer length limit
 /system TEXT     system prompt for the next turns (/system alone clears it)
+/template JSON   chat template variables, e.g. {"enable_thinking": false} (/template alone clears them)
+/effort LEVEL    reasoning effort (gpt-oss: low, medium, high), the template variable reasoning_effort
 /save PATH       write the conversation and its stats to PATH.json and PATH.md
 /clear           forget the conversation (also Ctrl-L)
 /help            this list
@@ -87,6 +91,17 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
         return Outcome(replace(settings, lookup=on), "lookup rounds " + ("on" if on else "off (the model drafts alone)"))
     if name == "/system":
         return Outcome(replace(settings, system=arg), f"system prompt set to {arg!r}" if arg else "system prompt cleared")
+    if name == "/template":
+        if not arg:
+            return Outcome(replace(settings, template_kwargs=None), "chat template variables cleared")
+        variables = _parsed(name, arg, template_args, lower=False)
+        return Outcome(replace(settings, template_kwargs=variables or None),
+                       f"chat template variables set to {json.dumps(variables)}")
+    if name == "/effort":
+        if arg.lower() not in EFFORTS:
+            raise CommandError(f"/effort needs one of {', '.join(EFFORTS)}, got {arg!r}")
+        variables = dict(settings.template_kwargs or {}, reasoning_effort=arg.lower())
+        return Outcome(replace(settings, template_kwargs=variables), f"reasoning effort set to {arg.lower()}")
     if name == "/save":
         if not arg:
             raise CommandError("/save needs a path, e.g. /save chat (writes chat.json and chat.md)")
@@ -96,10 +111,10 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
     raise CommandError(f"unknown command {name!r}; type /help for the list")
 
 
-def _parsed(name: str, arg: str, parse):
+def _parsed(name: str, arg: str, parse, lower: bool = True):
     """`arg` read by the command line's own parser for the same option (`mlxspec chat --tree` ...)."""
     try:
-        return parse(arg.lower())
+        return parse(arg.lower() if lower else arg)
     except ArgumentTypeError as e:
         raise CommandError(f"{name}: {e}") from None
 
