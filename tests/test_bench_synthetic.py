@@ -31,6 +31,26 @@ def test_build_has_the_shape_and_finite_varied_logits(tiny_shapes):
     assert d(mx.array([[1]])).shape[-1] == TINY["vocab_size"]
 
 
+def test_a_mixture_s_experts_are_drawn_like_any_layer(monkeypatch):
+    """qwen3-30b-a3b's kind, small: each expert's packed words random and its scale from its own
+    fan-in, so activations keep their scale through the routed layers too."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    small = dict(synthetic.SHAPES["qwen3-30b-a3b"], hidden_size=128, num_hidden_layers=3, intermediate_size=256,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=256, num_experts=8,
+                 num_experts_per_tok=2, moe_intermediate_size=64)
+    monkeypatch.setitem(synthetic.SHAPES, "tiny-moe", small)
+    m = synthetic.build("tiny-moe")
+    experts = m.model.layers[0].mlp.switch_mlp.down_proj
+    assert isinstance(experts, QuantizedSwitchLinear) and experts.weight.shape[0] == 8
+    assert len({int(w) for w in experts.weight[3].flatten()[:64].tolist()}) > 32  # drawn, not left at zero
+    assert float(experts.scales[0, 0, 0]) == pytest.approx((21.25 * 64) ** -0.5, rel=1e-2)  # bfloat16
+    logits = m(mx.array([[1, 2, 3, 4, 5, 6]]))
+    std = float(logits.astype(mx.float32).std())
+    assert bool(mx.isfinite(logits).all()) and 0.05 < std < 50, std
+    assert len({int(t) for t in mx.argmax(logits[0], axis=-1).tolist()}) > 1
+
+
 def test_unknown_shape_names_the_known_ones():
     with pytest.raises(InvalidArgumentError, match="qwen2.5-7b"):
         synthetic.check_shape("gpt-5")

@@ -41,8 +41,19 @@ SHAPES: Dict[str, dict] = {
     "smollm2-135m": dict(model_type="llama", hidden_size=576, num_hidden_layers=30, intermediate_size=1536,
                          num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0,
                          rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=8192),
+    # A mixture: 128 experts, 8 per token, so a pass over k + 1 tokens reads up to 8 (k + 1)
+    # experts' weights where one token reads 8; its verify curve climbs faster than a dense model's.
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, intermediate_size=6144,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                          rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                          max_position_embeddings=40960, num_experts=128, num_experts_per_tok=8,
+                          moe_intermediate_size=768, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True),
+    "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, num_hidden_layers=28, intermediate_size=3072,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                       rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=40960),
 }
-DRAFT_FOR = {"qwen2.5-7b": "qwen2.5-0.5b", "qwen2.5-1.5b": "qwen2.5-0.5b", "llama3-8b": "llama3.2-1b"}
+DRAFT_FOR = {"qwen2.5-7b": "qwen2.5-0.5b", "qwen2.5-1.5b": "qwen2.5-0.5b", "llama3-8b": "llama3.2-1b",
+             "qwen3-30b-a3b": "qwen3-0.6b"}
 
 
 def check_shape(name: str) -> str:
@@ -54,26 +65,28 @@ def check_shape(name: str) -> str:
 def build(name: str, *, vocab_size: Optional[int] = None, seed: int = 0, dtype=mx.bfloat16):
     """A random 4-bit model of shape `name` (see SHAPES); `vocab_size` overrides the logit width
     (a draft must match its target's). Parameters are evaluated before returning."""
-    from mlx_lm.models import llama, qwen2
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    from .. import models
 
     cfg = dict(SHAPES[check_shape(name)])
     if vocab_size is not None:
         cfg["vocab_size"] = vocab_size
-    module = {"llama": llama, "qwen2": qwen2}[cfg["model_type"]]
+    module = models.module(cfg["model_type"])
     model = module.Model(module.ModelArgs(**cfg))  # lazy: nothing is drawn yet
     nn.quantize(model, group_size=GROUP_SIZE, bits=BITS)
     key = mx.random.key(seed)
     for _, m in model.named_modules():
-        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)):
             key, k1 = mx.random.split(key)
             fan_in = m.scales.shape[-1] * GROUP_SIZE
             # Words of 8 random 4-bit values q in [0, 15]; w = s * q - 7.5 s is centred (a common
             # offset would push every layer's output along one direction) with variance 21.25 s^2,
             # so s = 1 / sqrt(21.25 fan_in) keeps a layer's output at its input's scale.
             # Drawn as bytes: randint over 32-bit words leaves their low bits zero (float uniforms).
-            rows, words = m.weight.shape
-            m.weight = mx.random.randint(0, 256, (rows, 4 * words), dtype=mx.uint8, key=k1).view(mx.uint32)
-            s = (21.25 * fan_in) ** -0.5 if isinstance(m, nn.QuantizedLinear) else 1.0 / 8
+            *rows, words = m.weight.shape  # a mixture's experts: (experts, rows, words)
+            m.weight = mx.random.randint(0, 256, (*rows, 4 * words), dtype=mx.uint8, key=k1).view(mx.uint32)
+            s = 1.0 / 8 if isinstance(m, nn.QuantizedEmbedding) else (21.25 * fan_in) ** -0.5
             m.scales = mx.full(m.scales.shape, s, dtype)
             m.biases = mx.full(m.biases.shape, -7.5 * s, dtype)
             if "bias" in m:
