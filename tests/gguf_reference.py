@@ -67,9 +67,10 @@ def reference_logits(path, tokens) -> np.ndarray:
     mscale = float(value(f"{arch}.rope.scaling.attn_factor", 1.0))
     angles = pos * inv
     scaling = fields.get(f"{arch}.rope.scaling.type")
-    if scaling is not None and bytes(scaling.parts[-1]).decode() == "yarn":
-        angles, mscale = yarn(angles, rd, THETA, float(value(f"{arch}.rope.scaling.factor")),
-                              int(value(f"{arch}.rope.scaling.original_context_length")))
+    if scaling is not None and bytes(scaling.parts[-1]).decode() == "yarn":  # the attention factor times YaRN's
+        angles, magnitude = yarn(angles, rd, THETA, float(value(f"{arch}.rope.scaling.factor")),
+                                 int(value(f"{arch}.rope.scaling.original_context_length")))
+        mscale *= magnitude
     cos, sin = mscale * np.cos(angles), mscale * np.sin(angles)  # (n, rd/2)
 
     def norm(v, w):

@@ -415,9 +415,8 @@ def _metadata(tiny, **changes):
      "rope scaling 'dynamic' is not supported for llama; 'linear' and 'yarn' are for llama"),
     ({"llama__rope__scaling__type": "yarn", "llama__rope__scaling__factor": mx.array(4.0)},
      "llama.rope.scaling.original_context_length is missing"),
-    ({"llama__rope__scaling__type": "yarn", "llama__rope__scaling__factor": mx.array(4.0),
-      "llama__rope__scaling__original_context_length": mx.array(32), "llama__rope__scaling__yarn_log_multiplier":
-      mx.array(0.1)}, "YaRN sets llama.rope.scaling.yarn_log_multiplier to 0.1; only 0 (llama.cpp's default)"),
+    ({"llama__rope__scaling__type": "yarn", "llama__rope__scaling__factor": mx.array(1.0),
+      "llama__rope__scaling__original_context_length": mx.array(32)}, "YaRN factor llama.rope.scaling.factor is 1"),
     ({"llama__rope__scaling__type": "linear"}, "rope.scaling.factor is missing"),
     ({"llama__vocab_size": None, "tokenizer__ggml__tokens": None}, "neither llama.vocab_size nor"),
 ])

@@ -86,7 +86,7 @@ def test_its_metadata_becomes_gpt_oss_args(oss_file):
     _, metadata = mx.load(str(path), return_metadata=True)
     args = gguf_arch.model_args_from_metadata(metadata, ["blk.0.attn_q.weight"])
     assert args.rope_scaling == {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
-                                 "beta_fast": 32.0, "beta_slow": 1.0}
+                                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}
     assert (args.sliding_window, args.head_dim, args.intermediate_size, args.num_local_experts,
             args.num_experts_per_tok) == (4, 32, 64, 4, 2)
     del metadata["gpt-oss.attention.sliding_window"]

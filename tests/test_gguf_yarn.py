@@ -31,7 +31,8 @@ def test_a_yarn_file_runs_as_llama_cpp_runs_it(tmp_path, arch, head_dim):
     model, _, _ = load_model(path, dtype="float32")
     args = model.args
     assert args.rope_scaling == {"type": "yarn", "factor": YARN_FACTOR, "original_max_position_embeddings":
-                                 YARN_ORIGINAL, "beta_fast": 32.0, "beta_slow": 1.0}
+                                 YARN_ORIGINAL, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                                 "mscale_all_dim": 0.0}  # mlx-lm's own YaRN magnitude
     ids = tok.encode(TEXT).ids
     check_logits(model, path, ids, float32_tol())
     # the same weights unscaled are another model: the scaling is not a no-op here
@@ -40,6 +41,24 @@ def test_a_yarn_file_runs_as_llama_cpp_runs_it(tmp_path, arch, head_dim):
     unscaled = reference_logits(plain, ids)
     got = np.array(model(mx.array([ids])))[0]
     assert np.abs(got - unscaled).max() > 100 * float32_tol() * np.abs(unscaled).max()
+
+
+def test_the_attention_factor_counts_and_the_yarn_keys_do_not_as_in_llama_cpp(tmp_path):
+    """llama.cpp multiplies cos and sin by rope.scaling.attn_factor, and reads no rope.scaling.yarn_*
+    key for these architectures (betas, attention factor, extrapolation mix: checked on such a qwen3
+    file, it runs it as without them)."""
+    path = tmp_path / "knobs.gguf"
+    knobs = {"attn_factor": 0.8, "yarn_attn_factor": 0.8782, "yarn_beta_fast": 16.0, "yarn_beta_slow": 2.0,
+             "yarn_ext_factor": 0.5}
+    tok = write_tiny_gguf(path, arch="qwen3", types=F32, yarn=knobs, head_dim=24, seed=7)
+    model, _, _ = load_model(path, dtype="float32")
+    assert model.model.layers[0].self_attn.rope.mscale == pytest.approx(0.8 * (1 + 0.1 * np.log(YARN_FACTOR)))
+    check_logits(model, path, tok.encode(TEXT).ids, float32_tol())
+    plain = tmp_path / "attn-only.gguf"  # the yarn_* keys change nothing
+    write_tiny_gguf(plain, arch="qwen3", types=F32, yarn={"attn_factor": 0.8}, head_dim=24, seed=7)
+    ids = tok.encode(TEXT).ids
+    without, _, _ = load_model(plain, dtype="float32")
+    assert np.array_equal(np.array(model(mx.array([ids]))), np.array(without(mx.array([ids]))))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2moe", "qwen3moe"])

@@ -104,7 +104,8 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
     experts, a sink per head, the norm before the MLP named post_attention_norm, a `window` on
     every other layer, and YaRN RoPE (gpt-oss's: factor 32 over an original context of 4,096); `types`
     "ffn_gate"/"ffn_up"/"ffn_down" "MXFP4" store the experts as its files do.
-    `yarn` gives any architecture gpt-oss's YaRN keys (as Qwen2.5's and Qwen3's 128k files have them).
+    `yarn` gives any architecture gpt-oss's YaRN keys (as Qwen2.5's and Qwen3's 128k files have them);
+    a dict adds `rope.scaling.<key>` floats beside them (e.g. {"attn_factor": 0.8}).
     `specials` adds special tokens to the BPE vocabulary, `chat_template` replaces CHAT_TEMPLATE.
     `split` > 0 writes parts of that many tensors, named as llama.cpp's gguf-split names them
     (`path`'s stem + "-00001-of-0000N.gguf"), with the same weights as unsplit.
@@ -143,6 +144,8 @@ def write_tiny_gguf(path, *, types=None, pre="default", seed=0, tied=True, extra
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(YARN_FACTOR)
         w.add_rope_scaling_orig_ctx_len(YARN_ORIGINAL)
+        for key, value in (yarn if isinstance(yarn, dict) else {}).items():
+            w.add_float32(f"{arch}.rope.scaling.{key}", value)
     if arch == "granite":
         w.add_embedding_scale(GRANITE_SCALES["embedding"])
         w.add_residual_scale(GRANITE_SCALES["residual"])

@@ -224,20 +224,22 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
 
 
 def _yarn(get, need, arch: str) -> dict:
-    """mlx-lm's `rope_scaling` for a YaRN file (Qwen2.5 and Qwen3 stretched to 128k, gpt-oss):
-    the file's factor and original context, and llama.cpp's betas (32, 1) where it names none.
-    mlx-lm's YaRN then scales cos and sin by 1 + 0.1 ln(factor), as llama.cpp does; a file that
-    sets llama.cpp's other YaRN knobs (an attention factor, an extrapolation mix, a log
-    multiplier) asks for what mlx-lm does not do, and is refused."""
-    for key, default in (("rope.scaling.attn_factor", 1.0), ("rope.scaling.yarn_attn_factor", 1.0),
-                         ("rope.scaling.yarn_ext_factor", 1.0), ("rope.scaling.yarn_log_multiplier", 0.0)):
-        if (value := get(key)) is not None and not math.isclose(float(value), default):
-            raise IncompatibleModelsError(f"the GGUF's YaRN sets {arch}.{key} to {float(value):.6g}; only "
-                                          f"{default:g} (llama.cpp's default) is supported")
-    return {"type": "yarn", "factor": need("rope.scaling.factor", float),
+    """mlx-lm's `rope_scaling` for a YaRN file (Qwen2.5 and Qwen3 stretched to 128k, gpt-oss), as
+    llama.cpp runs these architectures: the file's factor and original context, betas 32 and 1,
+    and cos and sin scaled by `rope.scaling.attn_factor` (1 unless the file says) times
+    1 + 0.1 ln(factor). llama.cpp reads the `rope.scaling.yarn_*` keys (betas, an attention
+    factor, an extrapolation mix) for other architectures only; with them in a qwen3 file it gives
+    the logits it gives without them, so they are not read here either (checked against it)."""
+    factor = need("rope.scaling.factor", float)
+    scale = float(get("rope.scaling.attn_factor", 1.0)) * (1 + 0.1 * math.log(factor))
+    if factor <= 1:  # no YaRN magnitude to scale (mlx-lm's then scales nothing)
+        raise IncompatibleModelsError(f"the GGUF's YaRN factor {arch}.rope.scaling.factor is {factor:g}; "
+                                      "a factor above 1 is needed")
+    # mlx-lm's YaRN multiplies by (0.1 mscale ln(factor) + 1) / (0.1 mscale_all_dim ln(factor) + 1)
+    return {"type": "yarn", "factor": factor,
             "original_max_position_embeddings": need("rope.scaling.original_context_length", int),
-            "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
-            "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0))}
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": (scale - 1) / (0.1 * math.log(factor)),
+            "mscale_all_dim": 0.0}
 
 
 def _longrope(long: mx.array, short: mx.array, attn_factor, rope_dims: int, context: int, original: int) -> dict:
