@@ -418,6 +418,9 @@ def _metadata(tiny, **changes):
     ({"llama__rope__scaling__type": "yarn", "llama__rope__scaling__factor": mx.array(1.0),
       "llama__rope__scaling__original_context_length": mx.array(32)}, "YaRN factor llama.rope.scaling.factor is 1"),
     ({"llama__rope__scaling__type": "linear"}, "rope.scaling.factor is missing"),
+    ({"llama__rope__scaling__attn_factor": mx.array(0.8)}, "rope.scaling.attn_factor to 0.8 with no RoPE scaling"),
+    ({"llama__rope__scaling__type": "linear", "llama__rope__scaling__factor": mx.array(2.0),
+      "llama__rope__scaling__attn_factor": mx.array(0.5)}, "to 0.5 with 'linear' RoPE scaling; only 1"),
     ({"llama__vocab_size": None, "tokenizer__ggml__tokens": None}, "neither llama.vocab_size nor"),
 ])
 def test_metadata_it_cannot_build_from_is_said(tiny, changes, says):

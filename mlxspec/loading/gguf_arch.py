@@ -150,6 +150,12 @@ def model_args_from_metadata(metadata: dict, tensor_names, rope_factors: dict | 
         raise IncompatibleModelsError(f"GGUF rope scaling {scaling!r} is not supported for {arch}; 'linear' and "
                                       "'yarn' are for llama (Mixtral too), qwen2, qwen3, their mixtures, granite, "
                                       "olmo2 and gpt-oss files, and 'linear' for smollm3, gemma3 and phi3 ones")
+    # llama.cpp scales cos and sin by it whatever the scaling; YaRN and Phi-3's LongRoPE read it here
+    magnitude = get("rope.scaling.attn_factor")
+    if magnitude is not None and scaling != "yarn" and arch != "phi3" and not math.isclose(float(magnitude), 1.0):
+        raise IncompatibleModelsError(f"the GGUF sets {arch}.rope.scaling.attn_factor to {float(magnitude):.6g} with "
+                                      f"{'no' if scaling in (None, 'none') else repr(scaling)} RoPE scaling; only 1 is "
+                                      "supported there (YaRN files and Phi-3's LongRoPE ones may set it)")
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab = get("vocab_size") or (len(tokens) if tokens is not None else None)
     if vocab is None:
