@@ -55,6 +55,9 @@ def test_flags_reach_the_server_options(captured, monkeypatch):
     captured.pop("serve")
     assert main(["serve", "--chat-template-args", '{"enable_thinking": false}']) == 0
     assert captured["serve"].chat_template_args == {"enable_thinking": False}
+    captured.pop("serve")
+    assert main(["serve", "--reasoning-effort", "high", "--chat-template-args", '{"enable_thinking": false}']) == 0
+    assert captured["serve"].chat_template_args == {"reasoning_effort": "high", "enable_thinking": False}
     assert captured["load"][1] == {"drafter": "none", "num_draft": 4, "tree": None, "prompt_cache_size": 4,
                                    "prompt_cache_bytes": None}
 
@@ -166,3 +169,15 @@ def test_the_responses_folder_is_made_at_start_or_refused(captured, tmp_path, ca
     with pytest.raises(SystemExit) as e:
         main(["serve", "--responses-dir", str(tmp_path / "a-file" / "sub")])
     assert e.value.code == 2 and "--responses-dir" in capsys.readouterr().err and "load" not in captured
+
+
+def test_a_request_s_reasoning_effort_wins_over_the_server_s():
+    from mlxspec.serve.options import ServeOptions
+    from mlxspec.serve.schema import parse_chat
+
+    defaults = ServeOptions(chat_template_args={"reasoning_effort": "high", "enable_thinking": False})
+    ask = {"messages": [{"role": "user", "content": "hi"}]}
+    assert parse_chat(ask, defaults).options["chat_template_kwargs"] == {"reasoning_effort": "high",
+                                                                         "enable_thinking": False}
+    own = parse_chat(dict(ask, reasoning_effort="low"), defaults).options["chat_template_kwargs"]
+    assert own == {"reasoning_effort": "low", "enable_thinking": False}

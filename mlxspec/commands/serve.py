@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from ..errors import MlxSpecError
+from ..reasoning import EFFORTS
 from .argtypes import count, non_negative, positive, size_bytes, template_args, web_origin
 from .modelargs import add_distributed_arg, add_drafting_args, add_model_args
 
@@ -77,6 +78,9 @@ def register(subparsers) -> None:
                    help="variables for the chat template of every chat request, as mlx-lm's server takes them, "
                         "e.g. '{\"enable_thinking\": false}' for Qwen3 (a request's chat_template_kwargs win) "
                         "(default: none)")
+    p.add_argument("--reasoning-effort", choices=EFFORTS, default=None,
+                   help="reasoning effort for requests that set no reasoning_effort (gpt-oss: low, medium, high; "
+                        "the template variable of that name; --chat-template-args wins) (default: the template's own)")
     p.add_argument("--reasoning-key", choices=REASONING_KEYS, default=d.reasoning_key,
                    help="where a thinking model's reasoning (between <think> and </think>) goes in chat answers: "
                         "'reasoning' (mlx-lm's and vLLM's key), 'reasoning_content' (DeepSeek's API's and "
@@ -147,7 +151,7 @@ def run(args) -> int:
                            max_tokens=args.max_tokens, temperature=args.temperature,
                            max_body_size=args.max_body_size, shutdown_grace=args.shutdown_grace,
                            log_level=args.log_level, allow_origins=tuple(args.allow_origin),
-                           client_timeout=args.client_timeout, chat_template_args=args.chat_template_args,
+                           client_timeout=args.client_timeout, chat_template_args=modelargs.template_options(args),
                            reasoning_key=args.reasoning_key, responses_dir=args.responses_dir)
     try:
         return serve(engine, options)
