@@ -163,6 +163,26 @@ def test_warm_up_is_engine_warmup_for_mlxspec_and_untimed_runs_for_the_peer(monk
         assert r["warmup_seconds"] == want
 
 
+def test_no_peer_where_a_sliding_window_would_wrap_in_a_run():
+    """mlx-lm's speculative decoding trims every cache after a rejection, which a sliding-window
+    layer's allows only until its window wraps (it raised, or trimmed wrongly): the bench leaves
+    the peer out where a run's prompt, answer and drafts outgrow the window, and says why."""
+    import tiny
+    from mlxspec.bench.prompts import BenchPrompt
+    from mlxspec.bench.runner import peer_blocker, run_tokens
+
+    target = tiny.make_llama(0, sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+    engine = Engine(target, tiny.make_tokenizer(), tiny.make_llama(1, layers=1))
+    prompt = [BenchPrompt("p", "chat", "Say hello.")]
+    tokens = run_tokens(engine, prompt, 8)
+    assert tokens == len(encode_prompt(prompt[0].messages(), engine.tokenizer, engine.vocab_size)) + 8 + 4 > 16
+    assert "sliding window (16 tokens) would wrap" in peer_blocker(engine, tokens)
+    assert peer_blocker(engine, 16) is None and [s.mode for s in settings_for(engine, tokens=16)][-1] == "mlx-lm"
+    result = run_bench(engine, prompt, max_tokens=8)  # raised in mlx-lm's peer before
+    assert [s.mode for s in result.settings] == ["vanilla", "speculative"]
+    assert all(r.matches_vanilla for r in result.runs)  # speculation past the window stays lossless
+
+
 def test_no_peer_without_a_draft_model_and_bad_drafters_rejected():
     eng = tiny_engine(draft=False)
     assert settings_for(eng) == [Setting("vanilla", None, "0"), Setting("speculative", "ngram", "auto")]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 import mlx.core as mx
 
@@ -111,3 +111,21 @@ def run_peer(model, draft_model, tokenizer, prompt_ids: List[int], *, max_tokens
     (res.rounds, res.drafted, res.accepted, res.accept_histogram,
      res.k_histogram) = rounds_from_flags(flags, num_draft, max_tokens)
     return res
+
+
+def mlx_lm_cannot_trim(target, draft, tokens: int) -> Optional[str]:
+    """Why mlx-lm's speculative decoding cannot run these models over `tokens` positions (prompt,
+    answer and a draft round), or None: it trims every layer's cache after a rejection, and a
+    sliding-window layer's (Gemma 3's, gpt-oss's) only while its window has not wrapped (mlx-lm
+    checks that once, at the start, and trims wrongly after; mlxspec's caches roll back)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    for role, model in (("target", target), ("draft", draft)):
+        for cache in make_prompt_cache(model):
+            window = getattr(cache, "max_size", None)
+            if window is not None and tokens > window:
+                return (f"the {role}'s sliding window ({window} tokens) would wrap within a run ({tokens} "
+                        "tokens of prompt, answer and drafts), and mlx-lm cannot trim a wrapped window")
+            if window is None and not cache.is_trimmable():
+                return f"the {role}'s {type(cache).__name__} caches cannot be trimmed, which mlx-lm needs"
+    return None

@@ -36,7 +36,7 @@ from ..prompts import check_num_draft, check_tree, encode_prompt
 from ..reference import UNCLASSIFIED
 from ..warmup import default_max_j
 from .neartie import GreedyCheck, check_greedy
-from .peer import PEER_NUM_DRAFT, run_peer
+from .peer import PEER_NUM_DRAFT, mlx_lm_cannot_trim, run_peer
 from .prompts import BenchPrompt
 
 WARMUP_TOKENS = 8  # tokens generated per setting in the untimed warm-up
@@ -118,13 +118,13 @@ class BenchResult:
 
 
 def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts: Sequence = ("auto",),
-                 peer: bool = True, trees: Sequence = ("auto",), lookups: Sequence = ("on",)) -> List[Setting]:
+                 peer: bool = True, trees: Sequence = ("auto",), lookups: Sequence = ("on",),
+                 tokens: int = 0) -> List[Setting]:
     """Vanilla, then drafter x num_draft x tree x lookup speculative settings, then the peer (if a
     draft model exists). A drafter that cannot propose trees runs only the first tree setting, and
     one that is free (n-gram) only lookup "on" (the others would repeat it).
 
-    No peer with a KV window (`max_kv_size`): mlx-lm's speculative decoding cannot roll back a
-    wrapped window, and without one it would attend to what vanilla no longer sees.
+    No peer where mlx-lm's speculative decoding cannot run over `tokens` positions (`peer_blocker`).
     """
     for v in lookups:
         if v not in ("on", "off"):
@@ -159,9 +159,24 @@ def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts
 
     out = [Setting("vanilla", None, "0")]
     out += [Setting("speculative", d, k, t, lk) for d in drafters for k in ks for t, lk in variants(d, k)]
-    if peer and engine.draft_model is not None and engine.max_kv_size is None:
+    if peer and engine.draft_model is not None and peer_blocker(engine, tokens) is None:
         out.append(Setting("mlx-lm", "model", str(PEER_NUM_DRAFT)))
     return out
+
+
+def peer_blocker(engine, tokens: int) -> Optional[str]:
+    """Why mlx-lm's speculative decoding cannot run on the engine's models over `tokens` positions
+    (`run_tokens`), or None where it can."""
+    if engine.max_kv_size is not None:  # it cannot roll back a wrapped window, and without one
+        return "it cannot roll back a wrapped KV window (--max-kv-size)"  # it would see what vanilla no longer does
+    return mlx_lm_cannot_trim(engine.target_model, engine.draft_model, tokens)
+
+
+def run_tokens(engine, prompts: List[BenchPrompt], max_tokens: int) -> int:
+    """The most positions one run's caches hold: the longest prompt, the answer and a draft round."""
+    return max(len(encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size)) for p in prompts) \
+        + max_tokens + PEER_NUM_DRAFT + 1
+
 
 
 def default_setting(engine, settings: List[Setting]) -> Setting:
@@ -213,7 +228,7 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     if not temps or any(t < 0 for t in temps):
         raise InvalidArgumentError(f"[bench] temperatures must be >= 0, got {list(temperatures)}")
     settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer, trees=trees,
-                            lookups=lookups)
+                            lookups=lookups, tokens=run_tokens(engine, prompts, max_tokens))
     encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
 
     peer_warm: Dict[float, float] = {}

@@ -64,7 +64,8 @@ def register(subparsers) -> None:
                    "a comma list compares them, e.g. on,off (default on)")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="sampling seed, the same for every run (default 0)")
     p.add_argument("--no-peer", action="store_true", help="skip mlx-lm's speculative decoding (always skipped "
-                   "with --max-kv-size: it cannot roll back a wrapped window)")
+                   "with --max-kv-size, where it cannot roll back a wrapped window, and for models with "
+                   "sliding-window layers, whose caches it cannot trim)")
     p.add_argument("--check", action="store_true", help="exit with status 1 when a greedy output differs from "
                    "vanilla by a bug (a divergence float32 does not explain as rounding)")
     p.add_argument("--json", metavar="PATH", type=argtypes.output_path, help="write the full results as JSON")
@@ -178,11 +179,14 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from ..bench.report import mismatch_line, pair_info, print_report, to_json, write_csv, write_json
-    from ..bench.runner import run_bench, settings_for
+    from ..bench.runner import peer_blocker, run_bench, run_tokens, settings_for
     from ..calibration import apply_prior, calibration_path, curve_for
 
+    tokens = run_tokens(engine, prompts, args.max_tokens)
     settings = settings_for(engine, drafters=drafters, num_drafts=ks, peer=not args.no_peer, trees=trees,
-                            lookups=lookups)
+                            lookups=lookups, tokens=tokens)
+    if not args.no_peer and engine.draft_model is not None and (why := peer_blocker(engine, tokens)):
+        err.print(f"mlx-lm's speculative decoding is left out: {why}")
     ratios, source = curve_for(engine, measure=False)  # a saved curve, if any; the warm-up times V(j) anyway
     apply_prior(engine, ratios)
 
