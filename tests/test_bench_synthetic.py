@@ -51,6 +51,31 @@ def test_a_mixture_s_experts_are_drawn_like_any_layer(monkeypatch):
     assert len({int(t) for t in mx.argmax(logits[0], axis=-1).tolist()}) > 1
 
 
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "gpt-oss-120b"])
+def test_gpt_oss_s_experts_are_mxfp4_as_released(monkeypatch, name):
+    """gpt-oss's kind, small: the experts in MLX's mxfp4 (a power-of-two scale byte per 32 codes,
+    no biases) sized from their fan-in, the rest 4-bit affine, the sinks in the model's dtype."""
+    from mlx_lm.models import gpt_oss
+
+    gpt_oss.ModelArgs(**synthetic.SHAPES[name])  # the real shape's settings are the model's
+    small = dict(synthetic.SHAPES[name], num_hidden_layers=4, num_local_experts=8, hidden_size=128,
+                 intermediate_size=128, head_dim=32, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                 sliding_window=4)
+    monkeypatch.setitem(synthetic.SHAPES, "tiny-oss", small)
+    m = synthetic.build("tiny-oss")
+    experts = m.model.layers[0].mlp.experts.down_proj
+    assert (experts.mode, experts.group_size, experts.scales.dtype) == ("mxfp4", 32, mx.uint8)
+    assert "biases" not in experts
+    scale = 2.0 ** (int(experts.scales[0, 0, 0]) - 127)
+    assert (8.5625 * 128) ** -0.5 / 2 ** 0.5 <= scale <= (8.5625 * 128) ** -0.5 * 2 ** 0.5  # a power of two near
+    attention = m.model.layers[0].self_attn
+    assert attention.q_proj.mode == "affine" and attention.sinks.dtype == mx.bfloat16
+    logits = m(mx.array([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]))  # past the window of 4
+    std = float(logits.astype(mx.float32).std())
+    assert bool(mx.isfinite(logits).all()) and 0.05 < std < 50, std
+    assert len({int(t) for t in mx.argmax(logits[0], axis=-1).tolist()}) > 1
+
+
 def test_unknown_shape_names_the_known_ones():
     with pytest.raises(InvalidArgumentError, match="qwen2.5-7b"):
         synthetic.check_shape("gpt-5")

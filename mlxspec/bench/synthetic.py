@@ -12,6 +12,7 @@ never materialises float weights.
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional
 
 import mlx.core as mx
@@ -20,6 +21,8 @@ import mlx.nn as nn
 from ..errors import InvalidArgumentError
 
 GROUP_SIZE, BITS = 64, 4
+_GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "original_max_position_embeddings": 4096}
 
 # Configurations of the published models (their config.json), by the names users know.
 SHAPES: Dict[str, dict] = {
@@ -48,12 +51,22 @@ SHAPES: Dict[str, dict] = {
                           rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
                           max_position_embeddings=40960, num_experts=128, num_experts_per_tok=8,
                           moe_intermediate_size=768, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True),
+    # gpt-oss: its experts in MXFP4 as OpenAI released them (the rest 4-bit here), 4 of 32 (20b) or
+    # of 128 (120b) per token; windows of 128 on every other layer
+    "gpt-oss-20b": dict(model_type="gpt_oss", num_hidden_layers=24, num_local_experts=32, num_experts_per_tok=4,
+                        vocab_size=201088, hidden_size=2880, intermediate_size=2880, head_dim=64,
+                        num_attention_heads=64, num_key_value_heads=8, sliding_window=128, rope_theta=150000,
+                        rope_scaling=_GPT_OSS_YARN, rms_norm_eps=1e-5),
+    "gpt-oss-120b": dict(model_type="gpt_oss", num_hidden_layers=36, num_local_experts=128, num_experts_per_tok=4,
+                         vocab_size=201088, hidden_size=2880, intermediate_size=2880, head_dim=64,
+                         num_attention_heads=64, num_key_value_heads=8, sliding_window=128, rope_theta=150000,
+                         rope_scaling=_GPT_OSS_YARN, rms_norm_eps=1e-5),
     "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, num_hidden_layers=28, intermediate_size=3072,
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
                        rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=40960),
 }
 DRAFT_FOR = {"qwen2.5-7b": "qwen2.5-0.5b", "qwen2.5-1.5b": "qwen2.5-0.5b", "llama3-8b": "llama3.2-1b",
-             "qwen3-30b-a3b": "qwen3-0.6b"}
+             "qwen3-30b-a3b": "qwen3-0.6b", "gpt-oss-120b": "gpt-oss-20b"}
 
 
 def check_shape(name: str) -> str:
@@ -74,18 +87,32 @@ def build(name: str, *, vocab_size: Optional[int] = None, seed: int = 0, dtype=m
         cfg["vocab_size"] = vocab_size
     module = models.module(cfg["model_type"])
     model = module.Model(module.ModelArgs(**cfg))  # lazy: nothing is drawn yet
-    nn.quantize(model, group_size=GROUP_SIZE, bits=BITS)
+    mxfp4 = cfg["model_type"] == "gpt_oss"  # its experts: FP4 codes, a power-of-two scale per 32
+
+    def kind(path, m):
+        if not hasattr(m, "to_quantized"):
+            return False
+        return {"group_size": 32, "bits": 4, "mode": "mxfp4"} if mxfp4 and ".experts." in f".{path}" else True
+
+    nn.quantize(model, group_size=GROUP_SIZE, bits=BITS, class_predicate=kind)
     key = mx.random.key(seed)
     for _, m in model.named_modules():
         if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)):
             key, k1 = mx.random.split(key)
-            fan_in = m.scales.shape[-1] * GROUP_SIZE
+            fan_in = m.scales.shape[-1] * m.group_size
             # Words of 8 random 4-bit values q in [0, 15]; w = s * q - 7.5 s is centred (a common
             # offset would push every layer's output along one direction) with variance 21.25 s^2,
             # so s = 1 / sqrt(21.25 fan_in) keeps a layer's output at its input's scale.
             # Drawn as bytes: randint over 32-bit words leaves their low bits zero (float uniforms).
             *rows, words = m.weight.shape  # a mixture's experts: (experts, rows, words)
             m.weight = mx.random.randint(0, 256, (*rows, 4 * words), dtype=mx.uint8, key=k1).view(mx.uint32)
+            if getattr(m, "mode", "affine") == "mxfp4":
+                # random FP4 codes: 0, +-0.5 ... +-6, mean square 8.5625; the scale byte is 2^(e - 127)
+                e = 127 + round(math.log2((8.5625 * fan_in) ** -0.5))
+                m.scales = mx.full(m.scales.shape, e, mx.uint8)
+                if "bias" in m:
+                    m.bias = mx.zeros(m.bias.shape, dtype)
+                continue
             s = 1.0 / 8 if isinstance(m, nn.QuantizedEmbedding) else (21.25 * fan_in) ** -0.5
             m.scales = mx.full(m.scales.shape, s, dtype)
             m.biases = mx.full(m.biases.shape, -7.5 * s, dtype)
@@ -94,6 +121,8 @@ def build(name: str, *, vocab_size: Optional[int] = None, seed: int = 0, dtype=m
     for _, m in model.named_modules():
         if isinstance(m, nn.RMSNorm):
             m.weight = mx.ones(m.weight.shape, dtype)
+        if "sinks" in m:  # gpt-oss's attention sinks, in the model's dtype (mlx-lm starts them at zero)
+            m.sinks = mx.zeros(m.sinks.shape, dtype)
     mx.eval(model.parameters())
     return model
 
