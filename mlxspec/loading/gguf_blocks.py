@@ -45,8 +45,12 @@ def as_mxfp4(raw: np.ndarray, rows: int, cols: int):
     """`(weight uint32 packed as MLX packs it, scales uint8)` of an MXFP4 tensor, for MLX's
     "mxfp4" mode (group size 32, 4 bits): the same codes and scale bytes, bit for bit."""
     blocks = np.ascontiguousarray(raw).reshape(rows, cols // GROUP, 1 + GROUP // 2)
-    codes = _nibbles(blocks[..., 1:]).reshape(rows, cols)
-    return pack(codes, 4), np.ascontiguousarray(blocks[..., 0])
+    qs = blocks[..., 1:]
+    even, odd = qs[..., 0::2], qs[..., 1::2]  # ggml bytes 2j, 2j + 1: codes 2j, 2j + 1 low, 2j + 16, 2j + 17 high
+    packed = np.empty(qs.shape, np.uint8)  # MLX byte j: codes 2j (low nibble) and 2j + 1 (high)
+    packed[..., :8] = (even & 0x0F) | (odd << 4)
+    packed[..., 8:] = (even >> 4) | (odd & 0xF0)
+    return packed.reshape(rows, -1).view(np.uint32), np.ascontiguousarray(blocks[..., 0])
 
 
 def as_float(raw: np.ndarray, type_name: str, rows: int, cols: int) -> np.ndarray:
