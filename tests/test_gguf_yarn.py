@@ -107,3 +107,28 @@ def test_an_mlx_mixture_s_config_scaling_reaches_its_rope(scaling):
     if "type" in scaling:  # linear: positions divided by the factor
         assert mx.allclose(ours(x, offset=40), mx.fast.rope(x, 8, traditional=False, base=10000.0, scale=0.25,
                                                             offset=40), atol=1e-6).item()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "qwen2_moe"])
+def test_a_transformers_5_config_s_nested_rope_is_read(model_type):
+    """transformers 5 saves rope_theta and the scaling under rope_parameters: mlx-lm's Qwen3-MoE
+    then fails to load (no rope_theta), and its mixtures run unscaled; these read them."""
+    from mlxspec import models
+
+    base = dict(model_type=model_type, hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=16, rms_norm_eps=1e-6,
+                tie_word_embeddings=False, max_position_embeddings=128,
+                # each mixture's own names for its experts
+                num_experts=2, num_local_experts=2, num_experts_per_tok=1, decoder_sparse_step=1,
+                mlp_only_layers=[], moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                head_dim=8, norm_topk_prob=True,
+                rope_parameters={"rope_type": "yarn", "rope_theta": 5000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 32})
+    module = models.module(model_type)
+    args = module.ModelArgs.from_dict(base)
+    assert args.rope_theta == 5000.0 and args.rope_scaling["factor"] == 4.0
+    rope = module.Model(args).model.layers[0].self_attn.rope
+    assert type(rope).__name__ == "YarnRoPE" and rope.mscale == pytest.approx(1 + 0.1 * np.log(4.0))
+    plain = dict(base, rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+    args = module.ModelArgs.from_dict(plain)
+    assert args.rope_theta == 5000.0 and args.rope_scaling is None
