@@ -58,18 +58,26 @@ def drafting_options(args) -> dict:
                 **({} if args.lookup is None else {"lookup": args.lookup == "on"}))
 
 
-def add_template_args(p) -> None:
+def add_template_args(p, *, per_request: bool = False) -> None:
     """--chat-template-args and --reasoning-effort: variables for the chat template, as the
-    server's chat_template_kwargs and reasoning_effort give them."""
+    server's chat_template_kwargs and reasoning_effort give them (`template_options` reads them);
+    `per_request`: a server's, which a request's own win over."""
     from ..reasoning import EFFORTS
     from .argtypes import template_args
 
-    p.add_argument("--chat-template-args", type=template_args, default=None, metavar="JSON",
-                   help="variables for the chat template, e.g. '{\"enable_thinking\": false}' for Qwen3 to answer "
-                        "without thinking (default: none)")
-    p.add_argument("--reasoning-effort", choices=EFFORTS, default=None,
-                   help="how long a reasoning model thinks (gpt-oss: low, medium, high), the template variable "
-                        "reasoning_effort; --chat-template-args wins (default: the template's own)")
+    if per_request:
+        variables = ("variables for the chat template of every chat request, as mlx-lm's server takes them, "
+                     "e.g. '{\"enable_thinking\": false}' for Qwen3 (a request's chat_template_kwargs win) "
+                     "(default: none)")
+        effort = ("reasoning effort for requests that set no reasoning_effort (gpt-oss: low, medium, high; "
+                  "the template variable of that name; --chat-template-args wins) (default: the template's own)")
+    else:
+        variables = ("variables for the chat template, e.g. '{\"enable_thinking\": false}' for Qwen3 to answer "
+                     "without thinking (default: none)")
+        effort = ("how long a reasoning model thinks (gpt-oss: low, medium, high), the template variable "
+                  "reasoning_effort; --chat-template-args wins (default: the template's own)")
+    p.add_argument("--chat-template-args", type=template_args, default=None, metavar="JSON", help=variables)
+    p.add_argument("--reasoning-effort", choices=EFFORTS, default=None, help=effort)
 
 
 def template_options(args) -> dict | None:

@@ -11,9 +11,8 @@ import os
 from pathlib import Path
 
 from ..errors import MlxSpecError
-from ..reasoning import EFFORTS
-from .argtypes import count, non_negative, positive, size_bytes, template_args, web_origin
-from .modelargs import add_distributed_arg, add_drafting_args, add_model_args
+from .argtypes import count, non_negative, positive, size_bytes, web_origin
+from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, add_template_args
 
 API_KEY_ENV = "MLXSPEC_API_KEY"
 
@@ -74,13 +73,7 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=non_negative, default=d.temperature, metavar="T",
                    help="temperature for requests that set none; 0 is greedy (default: 0; OpenAI's API "
                         "defaults to 1)")
-    p.add_argument("--chat-template-args", type=template_args, default=None, metavar="JSON",
-                   help="variables for the chat template of every chat request, as mlx-lm's server takes them, "
-                        "e.g. '{\"enable_thinking\": false}' for Qwen3 (a request's chat_template_kwargs win) "
-                        "(default: none)")
-    p.add_argument("--reasoning-effort", choices=EFFORTS, default=None,
-                   help="reasoning effort for requests that set no reasoning_effort (gpt-oss: low, medium, high; "
-                        "the template variable of that name; --chat-template-args wins) (default: the template's own)")
+    add_template_args(p, per_request=True)
     p.add_argument("--reasoning-key", choices=REASONING_KEYS, default=d.reasoning_key,
                    help="where a thinking model's reasoning (between <think> and </think>) goes in chat answers: "
                         "'reasoning' (mlx-lm's and vLLM's key), 'reasoning_content' (DeepSeek's API's and "
