@@ -172,11 +172,12 @@ def peer_blocker(engine, tokens: int) -> Optional[str]:
     return mlx_lm_cannot_trim(engine.target_model, engine.draft_model, tokens)
 
 
-def run_tokens(engine, prompts: List[BenchPrompt], max_tokens: int) -> int:
-    """The most positions one run's caches hold: the longest prompt, the answer and a draft round."""
-    return max(len(encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size)) for p in prompts) \
-        + max_tokens + PEER_NUM_DRAFT + 1
-
+def run_tokens(engine, prompts: List[BenchPrompt], max_tokens: int, encoded: Optional[List[List[int]]] = None) -> int:
+    """The most positions one run's caches hold: the longest prompt (`encoded`: the prompts' ids, if
+    already encoded), the answer and a draft round."""
+    if encoded is None:
+        encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
+    return max(len(ids) for ids in encoded) + max_tokens + PEER_NUM_DRAFT + 1
 
 
 def default_setting(engine, settings: List[Setting]) -> Setting:
@@ -227,9 +228,9 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     temps = [float(t) for t in temperatures]
     if not temps or any(t < 0 for t in temps):
         raise InvalidArgumentError(f"[bench] temperatures must be >= 0, got {list(temperatures)}")
-    settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer, trees=trees,
-                            lookups=lookups, tokens=run_tokens(engine, prompts, max_tokens))
     encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
+    settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer, trees=trees,
+                            lookups=lookups, tokens=run_tokens(engine, prompts, max_tokens, encoded))
 
     peer_warm: Dict[float, float] = {}
     engine_warm, curve = None, {}
