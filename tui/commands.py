@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from argparse import ArgumentTypeError
 import json
+from argparse import ArgumentTypeError
 from dataclasses import asdict, dataclass, replace
 from typing import Optional, Sequence
 

@@ -12,13 +12,13 @@ so they are rewritten bit for bit, from the memory-mapped file, one tensor at a 
 | Q4_K, Q5_K | `d * sc * q - dmin * m` (6-bit sc, m per 32; d, dmin per 256) | bits 4 / 5, scale `d * sc`, bias `-dmin * m` |
 
 Scales and biases come back in float32, where `d * sc` is exact (11 + 6 significant bits).
+Types with groups of 16 (Q6_K, Q3_K, Q2_K) or codebooks (IQ*) have no such form (MLX's
+smallest group is 32): `as_float` decodes any type to float32 through `gguf`'s dequantizer.
 
 MXFP4 (gpt-oss's experts) is MLX's "mxfp4" mode exactly: groups of 32 FP4 (E2M1) codes under
 one power-of-two scale byte (E8M0), no bias. ggml stores a block's first 16 codes in the low
 nibbles and the next 16 in the high ones; MLX packs neighbours, so only the order changes
 (`as_mxfp4`).
-Types with groups of 16 (Q6_K, Q3_K, Q2_K) or codebooks (IQ*) have no such form (MLX's
-smallest group is 32): `as_float` decodes any type to float32 through `gguf`'s dequantizer.
 """
 
 from __future__ import annotations
