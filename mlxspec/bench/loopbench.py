@@ -139,10 +139,10 @@ def run_synthetic(target: str, draft: Optional[str] = None, *, max_tokens: int =
                    "acceptance_rate": med(name, "acceptance_rate"),
                    "tokens_per_target_pass": med(name, "tokens_per_target_pass")} for name in runs}
     ratios = {"engine plain / generate_step": ratio("engine plain", "mlx-lm generate_step")}
-    if d_model is not None and no_peer is None:
-        ratios[f"engine model k={PEER_K} / mlx-lm speculative k={PEER_K}"] = ratio(
-            f"engine model k={PEER_K}", f"mlx-lm speculative k={PEER_K}")
     if d_model is not None:
+        if no_peer is None:
+            ratios[f"engine model k={PEER_K} / mlx-lm speculative k={PEER_K}"] = ratio(
+                f"engine model k={PEER_K}", f"mlx-lm speculative k={PEER_K}")
         ratios["engine model k=auto / engine plain"] = ratio("engine model k=auto", "engine plain")
     ratios["engine ngram k=auto / engine plain"] = ratio("engine ngram k=auto", "engine plain")
     return {
