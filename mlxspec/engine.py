@@ -29,6 +29,7 @@ from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
 from .fim import FimFormat, check_suffix, fim_format, no_fim_error
 from .grammar import JSON_OPTIONS, AfterThinking, Constraint, check_response_format, token_table
+from .kvquant import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, kv_quant
 from .logprobs import check_logprobs
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
@@ -79,6 +80,14 @@ class Engine:
         eagle_head: an EAGLE head folder trained for this target (see `mlxspec.drafters.eagle`);
             with it the target's passes keep their hidden states and `drafter="eagle"` is available.
         max_kv_size: sliding window for full-attention layers (first 4 tokens kept), like mlx-lm.
+        kv_bits: quantize the target's growing KV caches to this many bits (2, 3, 4, 5, 6 or 8), as
+            mlx-lm's kv_bits does, once the context reaches `quantized_kv_start` tokens (default
+            None: full precision). Not with `max_kv_size`. Greedy output equals plain decoding's
+            with the same settings up to near-ties, which a quantized cache makes wider than
+            bfloat16 does (`mlxspec.kvquant`); the drafters' own caches stay in full precision.
+        kv_group_size: values sharing one scale and bias (32, 64 or 128; default 64).
+        quantized_kv_start: the context length from which the cache is quantized (default 5000,
+            mlx-lm's command line; 0 quantizes from the first token).
         num_draft: fixed draft length, or None/"auto" to let the cost model choose per round.
         tree: draft trees: None/"auto" (default: the cost model sizes them, a chain where branches
             do not pay), "off" (chains only), or an int N capping what a round drafts, tree or
@@ -114,7 +123,8 @@ class Engine:
     def __init__(self, target_model, tokenizer=None, draft_model=None, *, draft_tokenizer=None,
                  drafter=None, max_kv_size=None, num_draft=None, tree=None, prefill_step: int = 512,
                  cost_prior: Optional[Dict[int, float]] = None, group=None, eagle_head=None, lookup: bool = True,
-                 prompt_cache_size: int = 0, prompt_cache_bytes: Optional[int] = None):
+                 prompt_cache_size: int = 0, prompt_cache_bytes: Optional[int] = None, kv_bits: Optional[int] = None,
+                 kv_group_size: int = DEFAULT_KV_GROUP_SIZE, quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START):
         if drafter is None:
             drafter = "model" if draft_model is not None else "ngram"
         check_drafter(drafter)
@@ -132,6 +142,7 @@ class Engine:
         self.prefill_step = prefill_step
         self.prompt_cache_size = check_prompt_cache_size(prompt_cache_size)
         self.prompt_cache_bytes = check_prompt_cache_bytes(prompt_cache_bytes)
+        self.kv_quant = kv_quant(kv_bits, kv_group_size, quantized_kv_start, model=target_model, max_kv_size=max_kv_size)
         tokenizer, draft_tokenizer = as_mlx_lm_tokenizer(tokenizer), as_mlx_lm_tokenizer(draft_tokenizer)
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.coord = Coordinator(group)
@@ -181,7 +192,8 @@ class Engine:
         headroom = MAX_DRAFT + 1
         self.target = Sequence(self.target_model, max_kv_size=self.max_kv_size, headroom=headroom,
                                prefill_step=self.prefill_step, keep_hidden=self.eagle is not None,
-                               hidden_layers=tuple(self.eagle[2].get("feature_layers") or ()) if self.eagle else ())
+                               hidden_layers=tuple(self.eagle[2].get("feature_layers") or ()) if self.eagle else (),
+                               kv_quant=self.kv_quant)
         self.drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if self.draft_model is not None:
             self.drafters["model"] = ModelDrafter(self.draft_model, target_vocab=self.vocab_size,

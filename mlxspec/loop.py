@@ -158,6 +158,13 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         r = max_tokens - committed
         return r if context is None else min(r, context - len(hist))
 
+    def before_switch(first: int) -> int:
+        """Drafts a round that feeds from position `first` may carry without crossing the point
+        where the target's KV cache turns quantized (`mlxspec.kvquant`): a tree's rows, unlike a
+        chain's, cannot be fed as two passes there."""
+        r = target.pass_room(first)
+        return MAX_DRAFT if r is None else r - 1
+
     def decide_early():
         """Before reading a plain step: (chain a plain step?, guess of its token, a model drafter's k).
 
@@ -168,7 +175,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             return True, None, None
         if k_fixed is not None:
             return False, None, None
-        k_cap = min(room() - 2, longest)
+        k_cap = min(room() - 2, longest, before_switch(len(hist)))  # the round after the pending step
         src, probe = name, None
         if drafter.uses_model:
             k, probe = probe_instead(cost.choose(k_cap))
@@ -213,7 +220,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         """(k, draft or None, shadow, source drafter) of the next pass, decided on the exact
         committed history. k is the draft's length (a tree's node count); a model drafter's
         draft is made when the pass is enqueued (None here); `model_k`: its k, already chosen."""
-        k_cap = min(room() - 1, MAX_DRAFT)
+        k_cap = min(room() - 1, MAX_DRAFT, before_switch(len(hist) - 1))
         if name == "none" or k_cap <= 0:
             return 0, None, None, name
         if k_fixed is not None:

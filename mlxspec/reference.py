@@ -20,6 +20,15 @@ Where float32 matmuls are themselves rounded (MLX's CUDA backend multiplies floa
 ROUNDING_ULPS ulps at TF32's precision are added to the bound (and for a float32 working
 dtype they replace NEAR_TIE_TOL when larger), so a float32 run there can round too.
 
+With a quantized KV cache (`mlxspec.kvquant`) float32 is no reference: a key a float ulp
+from a rounding boundary of its 4-bit (say) grid lands on either side depending on the pass
+that computed it (on the demo about 5 % of the packed key words of a prompt differ between
+feeding it whole and token by token, and one position's gap between its two best tokens was
+0.35-1.15 logits over chunkings of 1-512 tokens where full precision gave 1.15 for all), so
+the target itself, fed in several shapes, is the evidence: rounding iff one of them ranks the
+two tokens like the other path, or the shapes alone move their gap by at least its smallest
+value (`judge_quantized_kv`).
+
 The working dtype is the least precise float dtype among the model's parameters: bfloat16
 or float16 for dequantized weights, and for quantized weights the dtype of their scales
 (their activations and embeddings round to it). ROUNDING_ULPS is measured, not guessed:
@@ -47,6 +56,7 @@ SIGNIFICAND_BITS = {mx.bfloat16: 8, mx.float16: 11, mx.float32: 24}
 ROUNDING_ULPS = 4.0
 FLOAT32_MEMORY_SHARE = 0.5  # a float32 copy may take at most this share of the available memory
 PREFILL_STEP = 512  # reference passes longer than this (or windowed) go through a chunked cache
+SHAPE_PROBE_STEPS = (PREFILL_STEP, 64, 16, 3)  # a quantized KV cache's judge feeds the context so (`judge_quantized_kv`)
 
 ROUNDING, BUG, UNCLASSIFIED = "rounding", "bug", "unclassified"
 
@@ -62,6 +72,7 @@ class Judgement:
     kind: str  # "rounding" | "bug" | "unclassified"
     working_dtype: str  # "bfloat16", "float16" or "float32"
     float32_gap: Optional[float] = None  # z32[expected] - z32[got]; <= 0: float32 ranks like `got`
+    # (with a quantized KV cache: that gap in the working dtype, and `bound` how far chunkings moved it)
     logit_magnitude: Optional[float] = None  # max(|z32[expected]|, |z32[got]|)
     bound: Optional[float] = None  # the largest float32 gap rounding can explain here
     reason: str = ""  # one line: why this kind
@@ -164,29 +175,32 @@ def float32_weights(model, *, max_extra_bytes: Optional[int] = None) -> Iterator
         mx.clear_cache()  # hand the copies' buffers back now, not at the next timed run
 
 
-def next_token_logits(model, ids: List[int], *, max_kv_size: Optional[int] = None) -> mx.array:
+def next_token_logits(model, ids: List[int], *, max_kv_size: Optional[int] = None, kv_quant=None) -> mx.array:
     """Float32 logits (V,) of the token after `ids`, as the model computes them in its own dtypes.
 
     A context of at most PREFILL_STEP tokens without a window is one cache-free call; a longer
     or windowed one goes through the engine's caches in chunks (the window seen as the engine
-    sees it; attention memory bounded).
+    sees it; attention memory bounded), as does one whose KV cache is quantized (`kv_quant`, the
+    engine's `mlxspec.kvquant.KVQuant`).
     """
-    if max_kv_size is None and len(ids) <= PREFILL_STEP:
+    if max_kv_size is None and kv_quant is None and len(ids) <= PREFILL_STEP:
         return model(mx.array(ids, dtype=mx.uint32)[None])[0, -1].astype(mx.float32)
     from .sequence import Sequence
 
-    seq = Sequence(model, max_kv_size=max_kv_size, headroom=1, prefill_step=PREFILL_STEP)
+    seq = Sequence(model, max_kv_size=max_kv_size, headroom=1, prefill_step=PREFILL_STEP, kv_quant=kv_quant)
     seq.prefill(ids[:-1])
     return seq.forward(ids[-1:])[-1].astype(mx.float32)
 
 
 def judge(model, context: List[int], expected: int, got: int, *, max_kv_size: Optional[int] = None,
-          max_extra_bytes: Optional[int] = None) -> Judgement:
+          max_extra_bytes: Optional[int] = None, kv_quant=None) -> Judgement:
     """Classify a greedy divergence after `context`: plain decoding chose `expected`, the other path `got`.
 
     One float32 pass of the target over `context` (outside any timing). See the module docstring
-    for the rule; `max_kv_size` is the engine's window, `max_extra_bytes` as for `float32_weights`.
+    for the rule; `max_kv_size` and `kv_quant` are the engine's, `max_extra_bytes` as for `float32_weights`.
     """
+    if kv_quant is not None:
+        return judge_quantized_kv(model, context, expected, got, kv_quant)
     dtype = working_dtype(model)
     name = dtype_name(dtype)
     try:
@@ -208,3 +222,26 @@ def judge(model, context: List[int], expected: int, got: int, *, max_kv_size: Op
         why = (f"float32 gap {gap:.4f} = {units:.2f} {name} ulp at |logit| {magnitude:.2f}, "
                f"{'within' if kind == ROUNDING else 'beyond'} the rounding bound {bound:.4f}")
     return Judgement(kind, name, gap, magnitude, bound, why)
+
+
+def judge_quantized_kv(model, context: List[int], expected: int, got: int, kv_quant) -> Judgement:
+    """`judge` for a target whose KV cache is quantized: the gap g = z[expected] - z[got] after
+    `context` in the working dtype, with the context fed in chunks of each of SHAPE_PROBE_STEPS.
+    Rounding iff one of them ranks `got` first (g <= 0), or the chunking alone moves g by at least
+    its smallest value (max g - min g >= min g); bug otherwise."""
+    from .sequence import Sequence
+
+    gaps = []
+    for step in SHAPE_PROBE_STEPS:
+        seq = Sequence(model, max_kv_size=None, headroom=1, prefill_step=step, kv_quant=kv_quant)
+        seq.prefill(list(context[:-1]))
+        z = seq.forward(list(context[-1:]))[-1].astype(mx.float32)
+        gaps.append(float(z[expected]) - float(z[got]))
+    low, spread = min(gaps), max(gaps) - min(gaps)
+    kind = ROUNDING if low <= 0 or spread >= low else BUG
+    shown = ", ".join(f"{g:+.4f}" for g in gaps)
+    why = (f"quantized KV cache: gap {shown} fed in chunks of {', '.join(map(str, SHAPE_PROBE_STEPS))} tokens; "
+           + ("one feeding ranks them like the other path" if low <= 0 else
+              f"the chunking moves it by {spread:.4f}, {'at least' if kind == ROUNDING else 'less than'} its "
+              f"smallest value"))
+    return Judgement(kind, dtype_name(working_dtype(model)), gaps[0], None, spread, why)

@@ -12,6 +12,9 @@ token, so a sync before settling rolls the unsettled tokens back rather than tru
 With `keep_hidden=True` every pass also keeps the backbone's final hidden states (the
 features a feature-level drafter reads), computed in the same pass as the logits; with
 `hidden_layers` it keeps the outputs of those blocks instead (`backbone.tapped`).
+
+With `kv_quant` (`mlxspec.kvquant`) its growing caches become quantized ones when a pass would
+first feed position `kv_quant.start`; a pass across that position runs as two.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Callable, List, NamedTuple, Optional, Sequence as Seq, Tuple,
 
 import mlx.core as mx
 
-from .cache import make_cache
+from .cache import GrowingKVCache, make_cache
+from .errors import CacheRollbackError
+from .kvquant import KVQuant, QuantizedGrowingKVCache, quantize_cache
 
 Tokens = Union[Seq[int], mx.array]
 
@@ -61,8 +66,9 @@ def shared_prefix(a: List, b: List, start: int = 0) -> int:
 
 class Sequence:
     def __init__(self, model, *, max_kv_size: Optional[int], headroom: int, prefill_step: int = 512,
-                 keep_hidden: bool = False, hidden_layers: Seq[int] = ()):
+                 keep_hidden: bool = False, hidden_layers: Seq[int] = (), kv_quant: Optional[KVQuant] = None):
         self.model = model
+        self.kv_quant = kv_quant
         self.max_kv_size = max_kv_size
         self.headroom = headroom
         self.prefill_step = prefill_step
@@ -80,6 +86,8 @@ class Sequence:
         self.tokens: List[Optional[int]] = []
         self._hidden: List[Tuple[int, mx.array]] = []  # (first position, (n, H) rows), in order
         self._dirty = False
+        self._quantized = False  # the caches switched to quantized ones (`kv_quant`)
+        self._before_switch = None  # the caches as they were then, until no rollback can reach back
 
     def arrays(self) -> list:
         """What it keeps between passes (cache states, kept features), for `Engine.materialize`."""
@@ -112,6 +120,8 @@ class Sequence:
         """Take up a state `take_state` or `copy_state` gave (of a sequence over the same model)."""
         self.caches, self.tokens, self._hidden = state.caches, state.tokens, state.hidden
         self._dirty = False
+        self._quantized = any(isinstance(c, QuantizedGrowingKVCache) for c in self.caches)
+        self._before_switch = None
 
     def sync(self, tokens: List[int], known: int = 0) -> List[int]:
         """Make the caches hold a prefix of `tokens`; return the tokens still to feed (at least 1).
@@ -151,21 +161,73 @@ class Sequence:
         else:
             ids = mx.array(tokens, dtype=mx.uint32)
         self._dirty = True  # until the caches and self.tokens agree again
-        logits = self._run(ids)
-        self.tokens.extend([None] * ids.shape[0] if lazy else tokens)
+        parts = []
+        for lo, hi in self._spans(ids.shape[0]):
+            parts.append(self._run(ids[lo:hi]))
+            self.tokens.extend([None] * (hi - lo) if lazy else tokens[lo:hi])
         self._dirty = False
+        logits = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
         return logits if batched else logits[0]
+
+    # -- the switch to a quantized cache (`kv_quant`) ----------------------------------------------
+    def pass_room(self, position: int) -> Optional[int]:
+        """Positions a pass starting at `position` can feed before the switch to a quantized
+        cache (None: no switch ahead)."""
+        return None if self.kv_quant is None else self.kv_quant.room(position)
+
+    def _switch(self) -> Optional[int]:
+        """Before a pass: quantize the caches if it starts at or past the switch; returns the
+        positions it may feed before the switch (None: any number)."""
+        if self.kv_quant is None:
+            return None
+        if self._quantized:
+            if len(self.tokens) > self.kv_quant.start:  # a round's rollback no longer reaches the switch
+                self._before_switch = None
+            return None
+        room = self.kv_quant.room(len(self.tokens))
+        if room is None:
+            self._before_switch = self.caches
+            self.caches = [quantize_cache(c, self.kv_quant) if type(c) is GrowingKVCache else c for c in self.caches]
+            self._quantized = True
+        return room
+
+    def _unswitch(self, end: int) -> None:
+        """Roll back to `end`, below the switch of the pass being undone: the full-precision
+        caches (not written since) take over again, cut to `end`."""
+        for i, (c, old) in enumerate(zip(self.caches, self._before_switch)):
+            if c is not old:
+                old.trim(old.offset - end)
+                self.caches[i] = old
+            else:
+                c.trim(c.offset - end)
+        self._quantized, self._before_switch = False, None
+
+    def _spans(self, n: int):
+        """(lo, hi) parts of an n-token pass, split where the caches switch (the caller feeds each
+        part and extends `tokens` before asking for the next)."""
+        room = self._switch()
+        if room is None or n <= room:
+            yield 0, n
+            return
+        yield 0, room
+        self._switch()
+        yield room, n
 
     def forward_tree(self, tokens: Tokens, parents: Seq[int]) -> mx.array:
         """Feed a token tree: tokens[0] is the root (the next token of the sequence), tokens[i+1]
         node i, whose parent is node parents[i] (-1: the root). Returns logits (1, 1+N, V),
         row r computed as a sequential pass along the path to row r would (see mlxspec.tree).
         The caches hold all rows until `keep_path` keeps one path."""
+        from .tree import depths as tree_depths
         from .tree_forward import ensure_token_rope, views
 
         ensure_token_rope(self.model)
         lazy = isinstance(tokens, mx.array)
         ids = (tokens if tokens.dtype == mx.uint32 else tokens.astype(mx.uint32)) if lazy else mx.array(tokens, dtype=mx.uint32)
+        room = self._switch()
+        if room is not None and int(tree_depths(parents).max()) >= room:  # rows cannot be split like a chain's
+            raise ValueError(f"a tree fed at position {len(self.tokens)} would cross the KV cache's quantization "
+                             f"switch at {self.kv_quant.start}; the loop keeps trees to {room - 1} levels there")
         self._dirty = True
         logits = self._run(ids, views(self.caches, parents))
         self.tokens.extend([None] * ids.shape[0] if lazy else tokens)
@@ -197,10 +259,12 @@ class Sequence:
         consistently) and this returns False. `rows(start, logits)`: given each chunk's logits
         (S, V) and where it starts in `tokens`; what it returns is evaluated with the chunk
         (otherwise the logits are never computed)."""
-        for i in range(0, len(tokens), self.prefill_step):
+        i = 0
+        while i < len(tokens):
             if stop is not None and stop():
                 return False
-            chunk = tokens[i : i + self.prefill_step]
+            room = self._switch()
+            chunk = tokens[i : i + min(self.prefill_step, room or self.prefill_step)]
             self._dirty = True
             if self.keep_hidden:
                 logits = self._run(mx.array(chunk, dtype=mx.uint32))
@@ -211,13 +275,21 @@ class Sequence:
             mx.eval([c.state for c in self.caches], kept, rows(i, logits[0]) if rows is not None else [])
             self.tokens.extend(chunk)
             self._dirty = False
+            i += len(chunk)
         return True
 
     def rollback(self, n: int) -> None:
         if n <= 0:
             return
-        for c in self.caches:
-            c.trim(n)
+        end = len(self.tokens) - n
+        if self._quantized and end < self.kv_quant.start:
+            if self._before_switch is None:
+                raise CacheRollbackError(f"cannot roll back to position {end}, below the KV cache's quantization "
+                                         f"switch at {self.kv_quant.start}, once later passes were committed")
+            self._unswitch(end)
+        else:
+            for c in self.caches:
+                c.trim(n)
         del self.tokens[-n:]
         if self._hidden:
             self._trim_hidden(len(self.tokens))

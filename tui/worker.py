@@ -108,7 +108,8 @@ def classify(engine, messages: List[dict], answers: Dict[str, Answer], *, stoppe
         spec, van = spec[: len(van)], van[: len(spec)]
     try:
         ids = encode_prompt(messages, engine.tokenizer, engine.vocab_size)
-        check = check_greedy(engine.target_model, ids, van, spec, max_kv_size=engine.max_kv_size)
+        check = check_greedy(engine.target_model, ids, van, spec, max_kv_size=engine.max_kv_size,
+                             kv_quant=engine.kv_quant)
     except Exception as e:  # a check that cannot run says so; it never fails the turn
         return {"divergence": "unclassified", "position": None, "tokens": None, "reason": f"{type(e).__name__}: {e}"}
     if check.identical:

@@ -59,7 +59,8 @@ def next_token_logprobs(model, ids: List[int]) -> mx.array:
 
 
 def check_greedy(model, prompt_ids: List[int], reference: Sequence[int], candidate: Sequence[int], *,
-                 max_kv_size: Optional[int] = None, max_extra_bytes: Optional[int] = None) -> GreedyCheck:
+                 max_kv_size: Optional[int] = None, max_extra_bytes: Optional[int] = None,
+                 kv_quant=None) -> GreedyCheck:
     """Compare a candidate's greedy output with the reference (vanilla) output.
 
     Args:
@@ -69,6 +70,8 @@ def check_greedy(model, prompt_ids: List[int], reference: Sequence[int], candida
         candidate: the speculative (or peer) output tokens.
         max_kv_size: the engine's KV window, so the judged position sees what the engine saw. Default None.
         max_extra_bytes: memory allowed for the float32 copy (`reference.float32_weights`). Default: its own.
+        kv_quant: the engine's KV quantization (`mlxspec.kvquant.KVQuant`), so the judged position
+            reads the cache the engine read. Default None.
 
     Returns:
         A GreedyCheck; `.divergence` classifies a difference. One output ending where the other
@@ -82,7 +85,7 @@ def check_greedy(model, prompt_ids: List[int], reference: Sequence[int], candida
     if exp is None or got is None:
         return GreedyCheck(False, pos, exp, got)
     context = list(prompt_ids) + list(reference[:pos])
-    z = next_token_logits(model, context, max_kv_size=max_kv_size)
+    z = next_token_logits(model, context, max_kv_size=max_kv_size, kv_quant=kv_quant)
     gap = abs(float(z[exp]) - float(z[got]))  # log-softmax shifts both alike: the logit gap is the log-prob gap
-    j = judge(model, context, exp, got, max_kv_size=max_kv_size, max_extra_bytes=max_extra_bytes)
+    j = judge(model, context, exp, got, max_kv_size=max_kv_size, max_extra_bytes=max_extra_bytes, kv_quant=kv_quant)
     return GreedyCheck(False, pos, exp, got, gap, j.kind == ROUNDING, j)

@@ -70,7 +70,7 @@ def rounds_from_flags(from_draft: List[bool], num_draft: int, max_tokens: int):
 
 
 def run_peer(model, draft_model, tokenizer, prompt_ids: List[int], *, max_tokens: int, temperature: float,
-             seed: int, num_draft: int = PEER_NUM_DRAFT) -> PeerResult:
+             seed: int, num_draft: int = PEER_NUM_DRAFT, kv_quant=None) -> PeerResult:
     """One mlx-lm speculative generation from a cold cache; greedy at temperature 0.
 
     Args:
@@ -78,22 +78,37 @@ def run_peer(model, draft_model, tokenizer, prompt_ids: List[int], *, max_tokens
         prompt_ids: the prompt tokens (chat template already applied).
         max_tokens, temperature, seed: as for the engine runs (mx.random is seeded with `seed`).
         num_draft: mlx-lm's `num_draft_tokens`. Default 3.
+        kv_quant: the engine's KV quantization (`mlxspec.kvquant.KVQuant`), passed on as mlx-lm's
+            kv_bits, kv_group_size and quantized_kv_start (it quantizes the draft's cache too).
+            The prompt is fed as the engine feeds it: its caches turn quantized before position
+            `start` is fed (mlx-lm's own prefill would read full-precision keys up to the end of
+            its first chunk). Past the prompt mlx-lm switches after the pass that reaches `start`.
+            Default None: full precision.
     """
     from mlx_lm import stream_generate
-    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
+    kv_args = {} if kv_quant is None else dict(kv_bits=kv_quant.bits, kv_group_size=kv_quant.group_size,
+                                                quantized_kv_start=kv_quant.start)
     mx.random.seed(seed)
     cache = make_prompt_cache(model) + make_prompt_cache(draft_model)
     n_target = len(model.layers)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
     head = prompt_ids[:-1]
-    for i in range(0, len(head), PREFILL_STEP):  # chunked like mlx-lm's own prefill
-        chunk = mx.array(head[i:i + PREFILL_STEP], dtype=mx.uint32)[None]
+    i = 0
+    while i < len(head):  # chunked like mlx-lm's own prefill
+        room = kv_quant.room(i) if kv_quant is not None else None
+        if room is None and kv_quant is not None:
+            cache = [c.to_quantized(group_size=kv_quant.group_size, bits=kv_quant.bits)
+                     if type(c) is KVCache else c for c in cache]
+        n = min(PREFILL_STEP, room or PREFILL_STEP)
+        chunk = mx.array(head[i:i + n], dtype=mx.uint32)[None]
         model(chunk, cache=cache[:n_target])
         draft_model(chunk, cache=cache[n_target:])
         mx.eval([c.state for c in cache])
+        i += n
     prompt_seconds = time.perf_counter() - t0
 
     tokens: List[int] = []
@@ -102,7 +117,7 @@ def run_peer(model, draft_model, tokenizer, prompt_ids: List[int], *, max_tokens
     t1 = time.perf_counter()
     for resp in stream_generate(model, tokenizer, prompt_ids[-1:], max_tokens=max_tokens, draft_model=draft_model,
                                 num_draft_tokens=num_draft, sampler=make_sampler(temp=temperature),
-                                prompt_cache=cache):
+                                prompt_cache=cache, **kv_args):
         tokens.append(int(resp.token))
         flags.append(bool(resp.from_draft))
         tps = resp.generation_tps
@@ -128,4 +143,23 @@ def mlx_lm_cannot_trim(target, draft, tokens: int) -> Optional[str]:
                         "tokens of prompt, answer and drafts), and mlx-lm cannot trim a wrapped window")
             if window is None and not cache.is_trimmable():
                 return f"the {role}'s {type(cache).__name__} caches cannot be trimmed, which mlx-lm needs"
+    return None
+
+
+def mlx_lm_cannot_quantize(target, draft, quant) -> Optional[str]:
+    """Why mlx-lm's speculative decoding cannot run these models with the engine's quantized KV
+    cache (`mlxspec.kvquant.KVQuant`), or None: it quantizes the draft's cache too, and cannot
+    quantize a sliding-window layer's."""
+    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+    from ..errors import InvalidArgumentError
+    from ..kvquant import kv_quant
+
+    for role, model in (("target", target), ("draft", draft)):
+        if any(isinstance(c, RotatingKVCache) for c in make_prompt_cache(model)):
+            return f"mlx-lm cannot quantize the {role}'s sliding-window caches (--kv-bits)"
+        try:
+            kv_quant(quant.bits, quant.group_size, quant.start, model=model)
+        except InvalidArgumentError as e:
+            return f"mlx-lm would quantize the {role}'s KV cache too, and for it {e}"
     return None

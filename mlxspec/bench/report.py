@@ -42,14 +42,18 @@ def device_line(device: dict) -> str:
 
 
 def pair_info(engine, drafters) -> dict:
-    """{"name", "target", "draft", "drafters"} from a loaded engine (loader attributes if present)."""
+    """{"name", "target", "draft", "drafters", "working_dtype", "kv_cache"} from a loaded engine (loader
+    attributes if present); kv_cache: its KV quantization (`--kv-bits`), None for full precision."""
     t_info, d_info = getattr(engine, "target_info", None), getattr(engine, "draft_info", None)
     target = getattr(t_info, "ref", None) or type(engine.target_model).__module__.rsplit(".", 1)[-1]
     draft = None
     if engine.draft_model is not None:
         draft = getattr(d_info, "ref", None) or type(engine.draft_model).__module__.rsplit(".", 1)[-1]
+    quant = getattr(engine, "kv_quant", None)
     return {"name": getattr(engine, "pair_name", None), "target": target, "draft": draft, "drafters": list(drafters),
-            "working_dtype": dtype_name(working_dtype(engine.target_model))}
+            "working_dtype": dtype_name(working_dtype(engine.target_model)),
+            "kv_cache": None if quant is None else {"bits": quant.bits, "group_size": quant.group_size,
+                                                    "quantized_kv_start": quant.start}}
 
 
 def to_json(result: BenchResult, *, pair: dict, curve: Optional[dict] = None, prompts_source: str = "builtin") -> dict:
@@ -221,7 +225,10 @@ def greedy_line(doc: dict) -> str:
     identical = sum(1 for r in runs if r["matches_vanilla"] is True and not r.get("divergence"))
     dtype = doc["pair"].get("working_dtype") or "?"
     rate = s.get("rounding_divergence_rate")
-    line = (f"greedy checks vs vanilla ({dtype}, float32 reference): {identical} identical, "
+    kv = doc["pair"].get("kv_cache")
+    ref = ("the target fed in several shapes as reference: its KV cache is "
+           f"{kv['bits']}-bit from {kv['quantized_kv_start']} tokens") if kv else "float32 reference"
+    line = (f"greedy checks vs vanilla ({dtype}, {ref}): {identical} identical, "
             f"{s['rounding_divergences']} rounding divergence(s)"
             + (f" ({rate * 1000:.2f} per 1000 tokens)" if rate else "") + f", {s['bugs']} bug(s)")
     if s.get("unclassified"):

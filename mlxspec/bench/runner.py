@@ -36,7 +36,7 @@ from ..prompts import check_num_draft, check_tree, encode_prompt
 from ..reference import UNCLASSIFIED
 from ..warmup import default_max_j
 from .neartie import GreedyCheck, check_greedy
-from .peer import PEER_NUM_DRAFT, mlx_lm_cannot_trim, run_peer
+from .peer import PEER_NUM_DRAFT, mlx_lm_cannot_quantize, mlx_lm_cannot_trim, run_peer
 from .prompts import BenchPrompt
 
 WARMUP_TOKENS = 8  # tokens generated per setting in the untimed warm-up
@@ -169,6 +169,10 @@ def peer_blocker(engine, tokens: int) -> Optional[str]:
     (`run_tokens`), or None where it can."""
     if engine.max_kv_size is not None:  # it cannot roll back a wrapped window, and without one
         return "it cannot roll back a wrapped KV window (--max-kv-size)"  # it would see what vanilla no longer does
+    if engine.kv_quant is not None:
+        why = mlx_lm_cannot_quantize(engine.target_model, engine.draft_model, engine.kv_quant)
+        if why:
+            return why
     return mlx_lm_cannot_trim(engine.target_model, engine.draft_model, tokens)
 
 
@@ -276,7 +280,7 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                     rec.matches_vanilla = True if t == 0 else None
                 elif t == 0 and vanilla is not None:
                     check = check_greedy(engine.target_model, ids, vanilla.output_tokens, rec.output_tokens,
-                                         max_kv_size=engine.max_kv_size)
+                                         max_kv_size=engine.max_kv_size, kv_quant=engine.kv_quant)
                     rec.divergence = check.divergence
                     rec.matches_vanilla = None if rec.divergence == UNCLASSIFIED else check.ok
                     if not check.identical:
@@ -304,7 +308,7 @@ def _run_one(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int
     engine.reset()  # cold prompt cache for every run; the cost model keeps what it learned
     if s.mode == "mlx-lm":
         r = run_peer(engine.target_model, engine.draft_model, engine.tokenizer, ids, max_tokens=max_tokens,
-                     temperature=temperature, seed=seed, num_draft=int(s.num_draft))
+                     temperature=temperature, seed=seed, num_draft=int(s.num_draft), kv_quant=engine.kv_quant)
         n = len(r.tokens)
         return RunRecord(
             p.id, p.category, s.mode, s.drafter, s.num_draft, r.prompt_tokens, r.prompt_seconds, n, r.seconds,

@@ -254,8 +254,10 @@ def load_line(engine) -> str:
     head = getattr(engine, "head_ref", None)
     # A pair's draft model stays loaded when its default drafter on this backend is another one.
     used = getattr(engine, "default_drafter", None)
+    quant = getattr(engine, "kv_quant", None)
+    kv = f"; KV cache {quant.bits}-bit from {quant.start} tokens" if quant is not None else ""
     return (f"{prefix}target {one(engine.target_info)}; {'draft ' if engine.draft_info else ''}{draft}"
-            + (f"; head {head}" if head else "") + (f"; drafter {used}" if used else ""))
+            + (f"; head {head}" if head else "") + (f"; drafter {used}" if used else "") + kv)
 
 
 def stats_line(stats) -> str:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from ..choices import DRAFTERS, DTYPES
+from ..choices import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, DRAFTERS, DTYPES, KV_BITS, KV_GROUP_SIZES
 from ..errors import InvalidArgumentError
-from .argtypes import kv_window, num_draft, on_off, reference, tree
+from .argtypes import count, kv_window, num_draft, on_off, reference, tree
 
 DEFAULT_PAIR = "demo"
 
 
 def add_model_args(p, *, window: bool = True, head: bool = True) -> None:
-    """--pair/--target/--draft/--dtype, and --max-kv-size and --head unless the command has no use for them."""
+    """--pair/--target/--draft/--dtype, and --max-kv-size, the KV quantization flags and --head unless
+    the command has no use for them."""
     src = p.add_mutually_exclusive_group()  # argparse says "not allowed with" at parse time
     src.add_argument("--pair", metavar="NAME", type=reference,
                      help=f"a models.toml pair name, see `mlxspec models` (default: {DEFAULT_PAIR!r} unless --target "
@@ -25,6 +26,17 @@ def add_model_args(p, *, window: bool = True, head: bool = True) -> None:
                    help="weights precision of both models: keep quantized or dequantize (default: auto, per device)")
     if window:
         p.add_argument("--max-kv-size", type=kv_window, default=None, metavar="W", help="KV window in tokens (default: unbounded)")
+        p.add_argument("--kv-bits", type=int, choices=KV_BITS, default=None, metavar="B",
+                       help=f"quantize the target's KV cache to B bits ({', '.join(map(str, KV_BITS))}) once the "
+                            f"context reaches --quantized-kv-start tokens, as mlx-lm's --kv-bits: less memory for "
+                            f"long contexts; greedy text may then part from plain decoding's at near-ties, as in "
+                            f"bfloat16 (see the README); not with --max-kv-size (default: full precision)")
+        p.add_argument("--kv-group-size", type=int, choices=KV_GROUP_SIZES, default=DEFAULT_KV_GROUP_SIZE,
+                       metavar="G", help=f"values sharing a scale with --kv-bits ({', '.join(map(str, KV_GROUP_SIZES))}; "
+                                         f"default: {DEFAULT_KV_GROUP_SIZE})")
+        p.add_argument("--quantized-kv-start", type=count, default=DEFAULT_QUANTIZED_KV_START, metavar="N",
+                       help=f"context length from which --kv-bits quantizes the cache; 0: from the first token "
+                            f"(default: {DEFAULT_QUANTIZED_KV_START}, as mlx-lm)")
     if head:
         p.add_argument("--head", metavar="REF", default=None,
                        help="EAGLE head folder or builtin:NAME trained for the target (default: the pair's, if it "
@@ -123,4 +135,11 @@ def load_engine(args, **kw):
     ref = args.pair or args.target or DEFAULT_PAIR
     kw.setdefault("distributed", getattr(args, "distributed", False))
     return load(ref, args.draft, dtype=args.dtype, max_kv_size=getattr(args, "max_kv_size", None),
-                        head=getattr(args, "head", None), **kw)
+                head=getattr(args, "head", None), **kv_options(args), **kw)
+
+
+def kv_options(args) -> dict:
+    """The KV quantization flags as `load`'s keywords (none for a command without them)."""
+    if getattr(args, "kv_bits", None) is None:
+        return {}
+    return dict(kv_bits=args.kv_bits, kv_group_size=args.kv_group_size, quantized_kv_start=args.quantized_kv_start)

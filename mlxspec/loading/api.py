@@ -9,7 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..choices import WEIGHTLESS_DRAFTERS
+from ..choices import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, WEIGHTLESS_DRAFTERS
 from ..device import backend
 from ..errors import IncompatibleModelsError, InvalidArgumentError, ModelNotFoundError, shown
 from .model import load_model
@@ -22,7 +22,9 @@ KV_TOKENS_FOR_WARNING = 4096  # tokens of KV counted in the memory check when ma
 
 def load(target: str, draft: str | None = None, *, dtype: str | None = None, drafter=None,
          max_kv_size: int | None = None, num_draft=None, tree=None, head: str | None = None, distributed: bool = False,
-         lookup: bool | None = None, prompt_cache_size: int = 0, prompt_cache_bytes: int | None = None, **kw):
+         lookup: bool | None = None, prompt_cache_size: int = 0, prompt_cache_bytes: int | None = None,
+         kv_bits: int | None = None, kv_group_size: int = DEFAULT_KV_GROUP_SIZE,
+         quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START, **kw):
     """Load a target (and a draft) and return a ready `mlxspec.engine.Engine`.
 
     Args:
@@ -47,6 +49,9 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         prompt_cache_size: earlier conversations whose caches are kept for when they come back
             (see `Engine`). Default: 0.
         prompt_cache_bytes: bytes those may hold together (see `Engine`). Default: None (no bound).
+        kv_bits, kv_group_size, quantized_kv_start: quantize the target's KV cache to kv_bits
+            (2-8) in groups of kv_group_size once the context reaches quantized_kv_start tokens,
+            as mlx-lm does (see `Engine`). Default: None, 64, 5000 (no quantization).
         distributed: join the `mx.distributed` group this process was launched in (`mlx.launch`)
             and shard the target over it (tensor-parallel or pipeline, see `mlxspec.shard`); the
             draft is loaded whole on every rank. Every rank must then make the same calls (or
@@ -64,6 +69,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         (DistributedError when the ranks' weights or tokenizers differ, or one failed to load).
     """
     from ..cache import check_max_kv_size
+    from ..kvquant import kv_quant
     from ..compat import check_tokenizers
 
     download = kw.pop("download", True)
@@ -78,6 +84,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
                                    f"file or a repo id), got {shown(target)}")
     resolve_dtype(dtype)
     check_max_kv_size(max_kv_size)
+    kv_quant(kv_bits, kv_group_size, quantized_kv_start, max_kv_size=max_kv_size)
     check_prompt_cache_size(prompt_cache_size)
     check_prompt_cache_bytes(prompt_cache_bytes)
     check_num_draft(num_draft)
@@ -133,7 +140,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         except IncompatibleModelsError as e:  # which two files
             raise IncompatibleModelsError(f"the draft {draft_ref} cannot draft for the target {target_ref}: {e}") \
                 from None
-    _report_memory(target_info, draft_info, max_kv_size)
+    _report_memory(target_info, draft_info, max_kv_size, kv_quant(kv_bits, kv_group_size, quantized_kv_start))
 
     from ..engine import Engine
 
@@ -142,6 +149,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
                     **({"tree": tree} if tree is not None else {}),
                     **({"lookup": lookup} if lookup is not None else {}),
                     prompt_cache_size=prompt_cache_size, prompt_cache_bytes=prompt_cache_bytes,
+                    kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
                     **({"eagle_head": head_path} if head_path is not None else {}))
     engine.target_info = target_info
     engine.draft_info = draft_info
@@ -150,15 +158,18 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     return engine
 
 
-def _report_memory(target_info, draft_info, max_kv_size) -> int:
+def _report_memory(target_info, draft_info, max_kv_size, quant=None) -> int:
     """Log the weights sizes; warn when weights + KV exceed Metal's recommended working set."""
+    from ..kvquant import quant_share
+
     total = target_info.weights_bytes + (draft_info.weights_bytes if draft_info else 0)
     log.info("weights: target %.1f MB, draft %s", target_info.weights_bytes / 1e6,
              f"{draft_info.weights_bytes / 1e6:.1f} MB" if draft_info else "none")
     tokens = max_kv_size or KV_TOKENS_FOR_WARNING
     for info in (target_info, draft_info):
         if info is not None and info.kv_bytes_per_token:
-            total += info.kv_bytes_per_token * tokens
+            full = tokens if quant is None or info is draft_info else min(tokens, quant.start)
+            total += info.kv_bytes_per_token * (full + (tokens - full) * quant_share(quant))
     if mx.metal.is_available():
         device_info = getattr(mx, "device_info", None) or mx.metal.device_info
         limit = device_info().get("max_recommended_working_set_size")

@@ -86,7 +86,8 @@ class ServerState:
                 "mlxspec": {"target": _target_ref(engine), "draft": getattr(draft, "ref", None),
                             "drafter": getattr(engine, "default_drafter", None),
                             "context": getattr(engine, "context", None),
-                            "max_kv_size": getattr(engine, "max_kv_size", None)}}
+                            "max_kv_size": getattr(engine, "max_kv_size", None),
+                            "kv_bits": getattr(getattr(engine, "kv_quant", None), "bits", None)}}
 
     def note_model(self, name: Optional[str]) -> None:
         """Any model name is served by the one loaded model; say so once per unknown name."""
