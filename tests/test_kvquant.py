@@ -301,3 +301,13 @@ def test_generate_says_which_cache_it_runs():
     assert load_line(engine).endswith("; drafter ngram; KV cache 4-bit from 5000 tokens")
     engine.kv_quant = None
     assert "KV cache" not in load_line(engine)
+
+
+def test_passes_of_several_rows_read_a_dequantized_copy_through_fused_attention():
+    keys = mx.random.normal((1, 2, 9, 32))
+    c = QuantizedGrowingKVCache(32, 4)
+    k, v = c.update_and_fetch(keys[..., :8, :], keys[..., :8, :])
+    assert not hasattr(c, "bits") and k.dtype == mx.float32 and k.shape == (1, 2, 8, 32)  # mx.fast attention
+    assert mx.array_equal(k, c.stored(8)[0])
+    k, v = c.update_and_fetch(keys[..., 8:, :], keys[..., 8:, :])
+    assert c.bits == 4 and isinstance(k, tuple) and k[0].shape[2] == 9  # mlx-lm's quantized attention
