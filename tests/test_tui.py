@@ -486,6 +486,23 @@ async def test_the_header_names_who_drafts_and_weighs_its_weights(tmp_path):
         assert "draft ngram drafter" in header_text(app) and ", draft " not in header_text(app)
 
 
+@async_test
+async def test_the_header_says_when_the_kv_cache_is_quantized():
+    from textual.geometry import Region
+
+    from mlxspec import Engine
+    from tui.widgets import PairHeader
+
+    target = tiny.make_llama(1, heads=2, kv_heads=1, tie_embeddings=False)  # head dimension 32
+    engine = Engine(target, tiny.make_tokenizer(), drafter="ngram", kv_bits=4, kv_group_size=32, quantized_kv_start=0)
+    app = make_app(engine, max_tokens=4)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await pilot.pause()
+        header = app.query_one(PairHeader)
+        text = " ".join(s.text for s in header.render_lines(Region(0, 0, header.size.width, header.size.height)))
+        assert "(4-bit from 0 tokens)" in text
+
+
 def test_tree_and_lookup_commands():
     from tui.commands import CommandError, Settings, run_command
 

@@ -14,6 +14,7 @@ class PairInfo:
     device: str
     target_weights_bytes: int = 0
     draft_weights_bytes: int = 0
+    kv_cache: str = ""  # the target's KV quantization (--kv-bits), e.g. "4-bit from 5000 tokens"; "": none
 
     def line(self) -> str:
         return f"{self.name}: {self.target} ← {self.draft} · {self.precision} · {self.device}"
@@ -33,10 +34,12 @@ def describe(engine, *, name: str = None, drafter: str = None) -> PairInfo:
         draft, draft_bytes = "EAGLE head", engine.eagle_weights_bytes
     else:
         draft = f"{drafter} drafter"
+    quant = getattr(engine, "kv_quant", None)
     return PairInfo(
         name=name or getattr(engine, "pair_name", None) or "custom",
         target=target, draft=draft, precision=_precision(engine.target_model), device=_device(),
         target_weights_bytes=engine.target_weights_bytes, draft_weights_bytes=draft_bytes,
+        kv_cache=f"{quant.bits}-bit from {quant.start} tokens" if quant is not None else "",
     )
 
 

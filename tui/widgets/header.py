@@ -43,5 +43,6 @@ class PairHeader(Static):
         t.append(f"weights: target {format_bytes(i.target_weights_bytes)}")
         if i.draft_weights_bytes:
             t.append(f", draft {format_bytes(i.draft_weights_bytes)}")
-        t.append(f" · KV {format_bytes(kv)} · peak {format_bytes(peak) if peak else '—'}")
+        t.append(f" · KV {format_bytes(kv)}" + (f" ({i.kv_cache})" if i.kv_cache else "")
+                 + f" · peak {format_bytes(peak) if peak else '—'}")
         self.update(t)
