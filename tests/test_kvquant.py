@@ -311,3 +311,8 @@ def test_passes_of_several_rows_read_a_dequantized_copy_through_fused_attention(
     assert mx.array_equal(k, c.stored(8)[0])
     k, v = c.update_and_fetch(keys[..., 8:, :], keys[..., 8:, :])
     assert c.bits == 4 and isinstance(k, tuple) and k[0].shape[2] == 9  # mlx-lm's quantized attention
+
+
+def test_a_generate_call_with_mlx_lm_s_keyword_is_told_where_it_goes(target):
+    with pytest.raises(InvalidArgumentError, match=r"'kv_bits' \(mlx-lm's; here: Engine\(\.\.\., kv_bits=\)"):
+        Engine(target, drafter="none").generate(IDS, max_tokens=2, kv_bits=4)
