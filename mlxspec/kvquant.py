@@ -152,7 +152,7 @@ class QuantizedGrowingKVCache(QuantizedKVCache):
                 s[..., prev : self.offset, :] = x
         self._dense = n >= self.DENSE_ROWS
         if self._dense:
-            return self.stored(self.offset)[:2]
+            return self._dequantized(self.offset)
         return self.keys_and_values()
 
     def can_trim(self, n: int) -> bool:
@@ -167,9 +167,12 @@ class QuantizedGrowingKVCache(QuantizedKVCache):
 
     def stored(self, end: int):
         """(keys, values, positions) of positions 0..end-1, dequantized (a drafter reads them)."""
-        k, v = (mx.dequantize(*(x[..., :end, :] for x in t), group_size=self.group_size, bits=self._bits)
-                for t in (self.keys, self.values))
-        return k, v, np.arange(end, dtype=np.int64)
+        return (*self._dequantized(end), np.arange(end, dtype=np.int64))
+
+    def _dequantized(self, end: int):
+        """(keys, values) of positions 0..end-1 in the dtype they were written in."""
+        return tuple(mx.dequantize(*(x[..., :end, :] for x in t), group_size=self.group_size, bits=self._bits)
+                     for t in (self.keys, self.values))
 
     def move(self, src: List[int], dst: List[int]) -> None:
         if not src:
