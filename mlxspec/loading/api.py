@@ -84,7 +84,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
                                    f"file or a repo id), got {shown(target)}")
     resolve_dtype(dtype)
     check_max_kv_size(max_kv_size)
-    kv_quant(kv_bits, kv_group_size, quantized_kv_start, max_kv_size=max_kv_size)
+    quant = kv_quant(kv_bits, kv_group_size, quantized_kv_start, max_kv_size=max_kv_size)
     check_prompt_cache_size(prompt_cache_size)
     check_prompt_cache_bytes(prompt_cache_bytes)
     check_num_draft(num_draft)
@@ -140,7 +140,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         except IncompatibleModelsError as e:  # which two files
             raise IncompatibleModelsError(f"the draft {draft_ref} cannot draft for the target {target_ref}: {e}") \
                 from None
-    _report_memory(target_info, draft_info, max_kv_size, kv_quant(kv_bits, kv_group_size, quantized_kv_start))
+    _report_memory(target_info, draft_info, max_kv_size, quant)
 
     from ..engine import Engine
 
