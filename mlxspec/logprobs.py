@@ -4,8 +4,7 @@ They are computed on the device in the pass that picks the tokens and read with 
 for them adds no wait. They are the model's own: the log-softmax of the target's raw logits,
 before temperature, top-k/p and min-p, as mlx-lm and vLLM report them. Every emitted token
 is the token its row chose (a greedy argmax or a position-keyed sample, which accepted
-drafts equal), except in a round decided by rejection sampling against a drafter's q, where
-the rows before the first rejection hold the accepted drafts and the next row its replacement.
+drafts equal).
 """
 
 from __future__ import annotations
@@ -33,14 +32,6 @@ def row_logprobs(rows: mx.array, tokens: mx.array, top: int) -> Tuple[mx.array, 
         return chosen, empty, empty.astype(mx.float32)
     ids = mx.argpartition(-lp, kth=top - 1, axis=-1)[:, :top]  # (S, top), unordered
     return chosen, ids, mx.take_along_axis(lp, ids, axis=-1)
-
-
-def decided_tokens(drafts: mx.array, decision: mx.array) -> mx.array:
-    """The emitted token of each row of a round decided on the device: drafts (k,) while accepted,
-    then the replacement; decision = [n accepted, next token]. Rows past n are unused."""
-    k = drafts.shape[0]
-    padded = mx.concatenate([drafts.astype(mx.int32), mx.zeros((1,), mx.int32)])
-    return mx.where(mx.arange(k + 1) == decision[0], decision[1].astype(mx.int32), padded)
 
 
 def read_rows(lp: Optional[tuple], rows: List[int]) -> Optional[List[TokenLogprob]]:

@@ -284,12 +284,12 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
         if draft is None:  # a model (or a fixed k) drafts the same tokens on every rank: same history, same seed
             draft = drafter.propose(hist, k, params, seed) if k else Draft([])
         elif draft.parents is None and len(draft) != k:  # a chain proposal, cut to (rank 0's) k
-            draft = Draft(draft.tokens[:k], None, draft.kind)
+            draft = Draft(draft.tokens[:k], kind=draft.kind)
         mask, forced = None, False
         if constraint is not None:
             draft, mask, forced = constrain(draft)
         if penalties is not None and not isinstance(draft.tokens, list):
-            draft = Draft(draft.tokens.tolist(), draft.probs, draft.kind)
+            draft = Draft(draft.tokens.tolist(), kind=draft.kind)
         row_bias = shaping(draft)
         if not len(draft):
             p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, mask, row_bias)
@@ -319,19 +319,17 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     def constrain(draft: Draft) -> tuple:
         """(the draft on the host, its rows' masks, whether it is the grammar's forced tokens).
 
-        A deterministic draft is cut before what the grammar refuses; when speculating, a draft
-        that does not begin with the tokens the grammar forces next becomes them (as many as a
-        pass may verify). A sampled draft keeps its length and tokens: cutting or replacing them
-        where the grammar refuses one would change what rejection sampling emits there."""
+        A draft is cut before what the grammar refuses (the target, masked, could not sample it);
+        when speculating, a draft that does not begin with the tokens the grammar forces next
+        becomes them (as many as a pass may verify)."""
         tokens = draft.tokens if isinstance(draft.tokens, list) else draft.tokens.tolist()
         forced = False
-        if draft.probs is None:
-            tokens = tokens[:constraint.allowed(tokens)]
-            if name != "none" and k_fixed != 0:
-                ff = constraint.forced()[:max(0, min(room() - 1, longest))]
-                if ff and tokens[:len(ff)] != ff:
-                    tokens, forced = ff, True
-        return Draft(tokens, draft.probs, draft.kind), constraint.rows(tokens), forced
+        tokens = tokens[:constraint.allowed(tokens)]
+        if name != "none" and k_fixed != 0:
+            ff = constraint.forced()[:max(0, min(room() - 1, longest))]
+            if ff and tokens[:len(ff)] != ff:
+                tokens, forced = ff, True
+        return Draft(tokens, kind=draft.kind), constraint.rows(tokens), forced
 
     consumer = 0.0  # seconds spent outside the generator (the consumer's), excluded from every timing
     t_read, consumer_at_read = clock(), 0.0

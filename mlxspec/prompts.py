@@ -292,7 +292,7 @@ def check_stop(stop) -> List[str]:
     return [check_text(s, f"stop string {i}") for i, s in enumerate(stop) if s]
 
 
-MAX_SEED = 2**64  # 64 bits of a seed key the random streams (`sampling.position_uniforms`): more would alias
+MAX_SEED = 2**64  # 64 bits of a seed key the random streams (`sampling.race_noise`): more would alias
 
 
 def check_cancel(cancel):

@@ -4,14 +4,14 @@ A pass feeds the last committed token plus k drafts (k = 0: a plain step) and le
 few small arrays to read in one wait: the target's token for every fed row (greedy argmax
 or a position-keyed sample) and a finiteness flag; the drafts too when they were still
 on the device. The host then keeps the drafts that agree with the rows, a loop over at
-most 16 ints that is cheaper than the device ops it replaces. Sampled drafts (a model's
-q) are instead decided on the device by rejection sampling, which needs p and q. A plain step
+most 16 ints that is cheaper than the device ops it replaces. A plain step
 also exposes its next token as a lazy array, so the next step can be enqueued before this
 one is read: that is the pipelining `generate_step` does, and it hides the host's work.
 
-Randomness is position-keyed (`sampling.position_uniforms`): row i of a pass decides the
-token at absolute position `out_pos + i`. Deterministic drafts are checked by sampling
-the target row and comparing, which is lossless and gives plain decoding's own tokens.
+Randomness is position-keyed (`sampling.race`): row i of a pass samples the token at
+absolute position `out_pos + i`. Every draft is a function of the history and the seed (a
+model drafter races its q with the target's noise), so drafts are checked by sampling the
+target's rows and comparing, which is lossless and gives plain decoding's own tokens.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import mlx.core as mx
 from . import kernels
 from .drafters import Draft
 from .grammar import masked
-from .logprobs import decided_tokens, read_rows, row_logprobs
-from .sampling import ACCEPT, SAMPLE, SamplingParams, position_uniforms, sample_rows
+from .logprobs import read_rows, row_logprobs
+from .sampling import SamplingParams, position_keys, sample_race
 from .verify import walk_tree
 
 
@@ -40,7 +40,6 @@ class Pass:
     kind: str = ""  # the proposal's kind (acceptance is estimated per kind)
     pipelined: bool = False  # enqueued before its predecessor was read
     shadow: Optional[tuple] = None  # (token, kind): a proposal's guess of this pass's first output token
-    decided: bool = False  # `out[0]` is [n_accepted, next] decided on the device, not the target's row tokens
     parents: Optional[List[int]] = None  # a tree round: the drafts' parents (see mlxspec.tree); None = a chain
     path: Optional[List[int]] = None  # a tree round, once read: the accepted nodes root-to-leaf
     drafted: Optional[int] = None  # a model drafter's steps, when fewer than k (a tree's side leaves)
@@ -95,7 +94,7 @@ def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
     else:
         row = logits[0, -1]
         p = kernels.probabilities(_constrained(logits, mask, bias)[0, -1], params)
-        nxt = sample_rows(p, position_uniforms(seed, mx.array([out_pos]), SAMPLE)).astype(mx.uint32)
+        nxt = sample_race(p[None], position_keys(seed, [out_pos])).astype(mx.uint32)
         ok = _finite(row)
     lp = None if logprobs is None else row_logprobs(logits[0], nxt, logprobs)
     mx.async_eval(nxt, ok, *(lp or ()))
@@ -105,15 +104,14 @@ def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
 def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int,
                  logprobs: Optional[int] = None, mask: Optional[mx.array] = None,
                  bias: Optional[mx.array] = None) -> Pass:
-    """Feed [last] + drafts and pick the target's tokens for every row (or, for sampled drafts,
-    decide acceptance on the device); the host compares the rows with the drafts after the read."""
+    """Feed [last] + drafts and pick the target's tokens for every row; the host compares the rows
+    with the drafts after the read."""
     start = len(target.tokens)
     k = len(draft)
     on_host = isinstance(draft.tokens, list)
     feed = [last, *draft.tokens] if on_host else mx.concatenate([mx.array([last], mx.uint32),
                                                                  draft.tokens.astype(mx.uint32)])
     logits = target.forward(feed, batched=True)  # (1, k+1, V)
-    decided = False
     if params.greedy:
         tokens, ok = _argmax_checked(_constrained(logits, mask, bias))
     else:
@@ -121,21 +119,11 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
         positions = mx.arange(out_pos, out_pos + k + 1)
         p = kernels.probabilities(_constrained(logits, mask, bias)[0], params)
         ok = _finite(rows)
-        if draft.probs is None:  # deterministic drafts: sample the target's rows, keep the drafts that agree
-            tokens = sample_rows(p, position_uniforms(seed, positions, SAMPLE))
-        else:  # sampled drafts: Leviathan rejection sampling against the drafter's q, on the device
-            drafts = mx.array(draft.tokens, dtype=mx.int32) if on_host else draft.tokens
-            u = mx.concatenate([position_uniforms(seed, positions[:k], ACCEPT),
-                                position_uniforms(seed, positions[:1], SAMPLE)])
-            tokens, decided = kernels.verify_with_uniforms(p, draft.probs, drafts, u), True
+        tokens = sample_race(p, position_keys(seed, positions))
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
-    lp = None
-    if logprobs is not None:
-        emitted = decided_tokens(drafts, tokens) if decided else tokens
-        lp = row_logprobs(logits[0], emitted, logprobs)
+    lp = None if logprobs is None else row_logprobs(logits[0], tokens, logprobs)
     mx.async_eval(*out, *(lp or ()))
-    return Pass(start, k + 1, k, out, None, list(draft.tokens) if on_host else None, draft.kind, decided=decided,
-                lp=lp)
+    return Pass(start, k + 1, k, out, None, list(draft.tokens) if on_host else None, draft.kind, lp=lp)
 
 
 def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int,
@@ -157,8 +145,8 @@ def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: in
     else:
         rows = logits[0]
         positions = (out_pos + depths(draft.parents)).tolist()
-        tokens = sample_rows(kernels.probabilities(_constrained(logits, None, bias)[0], params),
-                             position_uniforms(seed, positions, SAMPLE))
+        tokens = sample_race(kernels.probabilities(_constrained(logits, None, bias)[0], params),
+                             position_keys(seed, positions))
         ok = _finite(rows)
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
     lp = None if logprobs is None else row_logprobs(logits[0], tokens, logprobs)
@@ -180,12 +168,9 @@ def read(p: Pass):
         p.path, nxt = walk_tree(first, drafts, p.parents)
         p.logprobs = read_rows(p.lp, [0] + [1 + i for i in p.path])  # the rows that chose the committed tokens
         return [drafts[i] for i in p.path] + [nxt], len(p.path), finite, drafts
-    if p.decided:
-        n, nxt = first
-    else:  # the target's token for every row: drafts stand while they agree with it
-        n = 0
-        while n < p.k and drafts[n] == first[n]:
-            n += 1
-        nxt = first[n]
+    n = 0  # the target's token for every row: drafts stand while they agree with it
+    while n < p.k and drafts[n] == first[n]:
+        n += 1
+    nxt = first[n]
     p.logprobs = read_rows(p.lp, list(range(n + 1)))
     return drafts[:n] + [nxt], n, finite, drafts

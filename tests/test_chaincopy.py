@@ -66,7 +66,7 @@ def test_sampled_chains_never_copy(target, random_head):
     a = ready(target, random_head, HISTORY).propose(HISTORY, 4, params, 7)
     b = ready(target, random_head, HISTORY, False).propose(HISTORY, 4, params, 7)
     assert a.tokens.tolist() == b.tokens.tolist()
-    assert a.probs is not None and mx.array_equal(a.probs, b.probs)
+    assert a.tokens.tolist()[:len(COPY)] != COPY  # (the greedy chain copies these)
 
 
 def test_a_fixed_shape_trees_side_leaf_is_the_heads_top_where_the_chain_copied(target, random_head):

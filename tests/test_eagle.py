@@ -13,7 +13,7 @@ from mlxspec import Engine
 from mlxspec.drafters import chaincopy
 from mlxspec.drafters.eagle import FEED_WHOLE, EagleDrafter, load_head
 from mlxspec.errors import IncompatibleModelsError, InvalidArgumentError, ModelNotFoundError
-from mlxspec.sampling import SamplingParams
+from mlxspec.sampling import SamplingParams, probabilities, race, race_noise
 from mlxspec.sequence import Sequence
 from test_engine import assert_same_greedy, reference
 from test_engine_sampling import VOCAB as SAMPLING_VOCAB, assert_first_two_follow_the_target
@@ -256,16 +256,21 @@ def test_sampling_follows_the_target(tmp_path):
     assert_first_two_follow_the_target(Engine(t, None, eagle_head=head, drafter="eagle", num_draft=2), t, params)
 
 
-def test_sampled_drafts_carry_q_and_stay_in_the_draft_vocabulary(target, random_head):
+def test_a_sampled_draft_is_the_targets_race_run_on_the_heads_law(target, random_head):
+    """At a temperature the head's draft token is the race the target runs at that position
+    (`sampling.race`, noise keyed by the seed, the position and the target's token ids) run on
+    the head's q over its draft vocabulary: a function of the seed, never outside the vocabulary."""
     seq, drafter = drafter_for(target, random_head)
     seq.prefill(PROMPT[:-1])
-    d = drafter.propose(PROMPT, 5, SamplingParams(1.0), 3)
-    toks = d.tokens.tolist()
-    assert d.probs.shape == (5, tiny.VOCAB)
-    assert all(t % 3 == 0 for t in toks)  # draft_ids = every third id
-    q = np.array(d.probs)
-    assert np.allclose(q.sum(-1), 1, atol=1e-5) and (q[:, 1::3] == 0).all()
-    assert all(q[i, t] > 0 for i, t in enumerate(toks))
+    params = SamplingParams(1.0)
+    drafts = [drafter.propose(PROMPT, 5, params, seed).tokens.tolist() for seed in range(24)]
+    assert all(t % 3 == 0 for d in drafts for t in d)  # draft_ids = every third id
+    _, logits = head_outputs(drafter, PROMPT, 1)
+    q = probabilities(logits, params)[None]  # the first step's law over the draft vocabulary
+    ids = mx.array(list(range(0, tiny.VOCAB, 3)))
+    raced = [int(ids[race(q, race_noise(seed, [len(PROMPT)], ids))[0]].item()) for seed in range(24)]
+    assert [d[0] for d in drafts] == raced
+    assert len(set(raced)) > 3  # it sampled: the seeds gave different tokens
 
 
 def test_warmup_runs_the_head(target, random_head, monkeypatch):

@@ -10,7 +10,7 @@ import tiny
 from mlxspec import Engine
 from mlxspec.backbone import LogitMap, logit_map, split_model
 from mlxspec.drafters.eagle import EagleDrafter, load_head
-from mlxspec.sampling import SamplingParams
+from mlxspec.sampling import SamplingParams, probabilities, race, race_noise
 from mlxspec.sequence import Sequence
 from test_engine_sampling import VOCAB as SAMPLING_VOCAB, assert_first_two_follow_the_target
 from test_engine_trees import flat_curve
@@ -105,17 +105,21 @@ def test_sampling_follows_the_target(name, tmp_path):
     assert_first_two_follow_the_target(Engine(t, None, eagle_head=head, drafter="eagle", num_draft=2), t, params)
 
 
-def test_sampled_q_is_the_mapped_law(tmp_path):
-    """At T = 1 a sampled draft's q is the softmax of the mapped logits: its most likely token is
-    no more likely than the cap allows (a plain head would put nearly all of q on it)."""
+def test_sampled_drafts_race_on_the_mapped_law(tmp_path):
+    """At T = 1 a sampled draft races on the softmax of the mapped logits: its most likely token is
+    no more likely than the cap allows (a plain head would put nearly all of q on it), and the
+    drafts are that race's winners."""
     t = tiny.make_gemma2(5, cap=1.0)
     head = tiny.make_eagle_head(t, tmp_path, seed=8)
     loaded, ids, _ = load_head(head, t)
     seq = Sequence(t, max_kv_size=None, headroom=8, keep_hidden=True)
     drafter = EagleDrafter(loaded, ids, seq, max_kv_size=None, headroom=8)
     seq.prefill(PROMPT[:-1])
-    d = drafter.propose(PROMPT, 3, SamplingParams(1.0), 0)
-    q = np.array(d.probs)
+    params = SamplingParams(1.0)
+    firsts = [drafter.propose(PROMPT, 3, params, seed).tokens.tolist()[0] for seed in range(16)]
+    drafter._sync(PROMPT)
+    q = probabilities(drafter.logits(drafter._feed(PROMPT, len(PROMPT) - 1)[0]).astype(mx.float32), params)
     # Logits within [-1, 1]: no token's probability exceeds e^2 times another's.
-    assert (q.max(-1) <= np.exp(2.0) * q.min(-1) * (1 + 1e-4)).all()
-    assert np.allclose(q.sum(-1), 1, atol=1e-5)
+    assert float(mx.max(q)) <= np.exp(2.0) * float(mx.min(q)) * (1 + 1e-4)
+    vocab = mx.arange(q.shape[-1])  # (this head drafts over the whole vocabulary)
+    assert firsts == [int(race(q[None], race_noise(seed, [len(PROMPT)], vocab))[0].item()) for seed in range(16)]

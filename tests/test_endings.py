@@ -47,23 +47,17 @@ def test_min_tokens_bans_the_end_until_then_on_every_row(drafter, options):
     target = tiny.make_llama(0, tie_embeddings=False)
     kw = {"draft_model": tiny.make_llama(0, tie_embeddings=False)} if drafter == "model" else {}
     engine = Engine(target, tiny.make_tokenizer(), drafter=drafter, **kw)
-    # A seeded run repeats itself, but for a model drafter's samples at an automatic draft length
-    # (README: Seeds): the cost model's timings pick the lengths, so those runs may differ.
-    repeats = not (drafter == "model" and "temperature" in options)
     ending = engine.generate(ASK, max_tokens=30, **options).tokens[2]  # made an ending token: the answer ends early
     engine.reset()
     free = engine.generate(ASK, max_tokens=30, stop_token_ids=[ending], **options)
-    assert ending not in free.tokens[:-1]
-    if repeats:
-        assert len(free.tokens) <= 3 and free.finish_reason == "stop"
+    assert len(free.tokens) <= 3 and free.finish_reason == "stop"  # a seeded run repeats itself, whatever drafts
     engine.reset()
     plain = engine.generate(ASK, max_tokens=30, stop_token_ids=[ending], min_tokens=12, speculative=False, **options)
     engine.reset()
     fast = engine.generate(ASK, max_tokens=30, stop_token_ids=[ending], min_tokens=12, **options)
     for r in (plain, fast):
         assert len(r.tokens) >= 12 and ending not in r.tokens[:12] and EOS not in r.tokens[:12]
-    if repeats:
-        assert fast.tokens == plain.tokens
+    assert fast.tokens == plain.tokens
 
 
 @pytest.mark.parametrize("kw, says", [

@@ -53,20 +53,42 @@ def assert_first_two_follow_the_target(engine, target, params):
     assert tv <= tol, f"TV {tv:.4f} > {tol:.4f}"
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "model", "eagle"])
 @pytest.mark.parametrize("num_draft", [3, None])
-def test_seeded_ngram_speculation_samples_the_plain_tokens(num_draft):
-    """Deterministic drafts are checked against the token plain decoding would sample at that
-    position (the uniform is keyed by seed and position), so a seed gives the same text with
-    and without speculation, whatever the draft lengths were."""
+def test_seeded_speculation_samples_the_plain_tokens(num_draft, drafter, tmp_path):
+    """Every draft is checked against the token plain decoding would sample at that position (the
+    race's noise is keyed by seed, position and token), and a model drafter races its q with that
+    same noise, so a seed gives the same text with and without speculation, whatever drafted and
+    whatever the draft lengths were."""
     model = tiny.make_llama(seed=5, vocab_size=VOCAB, hidden=32)
-    engine = Engine(model, None, drafter="ngram")
+    kw = {"ngram": {}, "model": {"draft_model": tiny.make_llama(6, vocab_size=VOCAB, hidden=16, layers=1)},
+          "eagle": {"eagle_head": tiny.make_eagle_head(model, tmp_path, seed=7)}}[drafter]
+    engine = Engine(model, None, drafter=drafter, **kw)
     prompt = PROMPT * 4
     params = dict(max_tokens=32, temperature=0.9, top_p=0.95)
-    drafted = 0
+    drafted = accepted = 0
     for seed in range(4):
         plain = engine.generate(prompt, speculative=False, seed=seed, **params).tokens
         spec = engine.generate(prompt, num_draft=num_draft, seed=seed, **params)
         assert spec.tokens == plain, seed
-        drafted += spec.stats.drafted
+        drafted, accepted = drafted + spec.stats.drafted, accepted + spec.stats.accepted
     if num_draft is not None:
-        assert drafted > 0  # the comparison covered verified drafts, not only plain steps
+        assert drafted > 0 and accepted > 0  # the comparison covered verified drafts, kept and not
+        assert accepted < drafted
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle"])
+def test_a_drafter_with_the_targets_law_has_every_sampled_draft_accepted(drafter, tmp_path):
+    """The coupling: a drafter whose q is the target's p (the target's copy, or a head built from
+    its one layer that attends to its keys) runs the very race the target runs at each
+    position, so at a temperature its drafts are all accepted, as greedy drafts of a copy are.
+    A drafter racing with other noise would match about sum p^2 of the time."""
+    model = tiny.make_llama(seed=5, vocab_size=VOCAB, hidden=32, layers=1)
+    kw = {"model": {"draft_model": tiny.make_llama(seed=5, vocab_size=VOCAB, hidden=32, layers=1)},
+          "eagle": {"eagle_head": tiny.make_eagle_head(model, tmp_path, copy=True, context="target")}}[drafter]
+    engine = Engine(model, None, drafter=drafter, num_draft=3, **kw)
+    drafted = accepted = 0
+    for seed in range(6):
+        s = engine.generate(PROMPT, max_tokens=24, temperature=1.0, seed=seed).stats
+        drafted, accepted = drafted + s.drafted, accepted + s.accepted
+    assert drafted >= 6 * 3 * 5 and accepted == drafted

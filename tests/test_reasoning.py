@@ -166,8 +166,9 @@ def test_a_grammar_after_a_thinking_block_the_template_opened(scripted):
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "model", "eagle"])
-@pytest.mark.parametrize("options", [{}, {"num_draft": 3}, {"temperature": 0.8, "seed": 1}])
-@pytest.mark.parametrize("seed, bias", [(0, 0.5), (1, 1.5)])  # the block closes after 7 and 11 tokens
+# Greedy, the block closes after 7 and 11 tokens; sampled with seed 4, after 26 and 25.
+@pytest.mark.parametrize("options", [{}, {"num_draft": 3}, {"temperature": 0.8, "seed": 4}])
+@pytest.mark.parametrize("seed, bias", [(0, 0.5), (1, 1.5)])
 def test_speculation_after_thinking_is_the_gated_plain_decoding(drafter, options, seed, bias, tmp_path):
     target = tiny.make_llama(seed, vocab_size=VOCAB, tie_embeddings=False)
     kw = {}
@@ -183,12 +184,8 @@ def test_speculation_after_thinking_is_the_gated_plain_decoding(drafter, options
     plain = engine.generate(ASK, speculative=False, **request)
     engine.reset()
     fast = engine.generate(ASK, **request)
-    sampled_q = drafter in ("model", "eagle") and "temperature" in options  # a sample of the same law
-    if not sampled_q:
-        assert fast.tokens == plain.tokens
+    assert fast.tokens == plain.tokens
     for r in (plain, fast):
-        if r is fast and sampled_q and end not in r.tokens:
-            continue  # (this sample's block did not close)
         assert end in r.tokens
         reasoning, answer = r.text.split("</think>")
         assert re.fullmatch("[a-c]+", answer) and not re.fullmatch("[a-c]*", reasoning), r.text

@@ -37,7 +37,7 @@ def test_a_message_is_the_chat_answer_with_system_first(served):
     want = ref.generate([{"role": "system", "content": "Be brief."}] + ASK, max_tokens=20, temperature=0.8, seed=4)
     assert r.type == "message" and r.role == "assistant" and r.id.startswith("msg_") and r.model == "t"
     assert [b.type for b in r.content] == ["text"] and r.content[0].text == want.text
-    assert r.stop_reason == "max_tokens"
+    assert r.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[want.finish_reason]
     assert (r.usage.input_tokens, r.usage.output_tokens) == (want.stats.prompt_tokens, want.stats.tokens)
     assert r.model_extra["mlxspec"]["drafter"] == "ngram"
 

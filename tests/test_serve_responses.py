@@ -36,7 +36,10 @@ def test_a_response_is_the_chat_answer_with_instructions_as_the_system_message(s
                          {"role": "user", "content": "Tell me about rivers."}], max_tokens=20, temperature=0.8, seed=3)
     assert r.object == "response" and r.id.startswith("resp_")
     assert r.output_text == want.text and [item.type for item in r.output] == ["message"]
-    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    if want.finish_reason == "length":
+        assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    else:
+        assert r.status == "completed" and r.incomplete_details is None
     assert (r.usage.input_tokens, r.usage.output_tokens) == (want.stats.prompt_tokens, want.stats.tokens)
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
     assert r.model_extra["mlxspec"]["drafter"] == "ngram"

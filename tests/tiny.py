@@ -234,7 +234,7 @@ def accept_every_draft(p):
     from mlxspec.rounds import read
 
     tokens, n, finite, drafts = read(p)
-    if p.k == 0 or p.decided or n == p.k:
+    if p.k == 0 or n == p.k:
         return tokens, n, finite, drafts
     rows = p.out[0].tolist()  # the target's argmax for every fed row (already on the host)
     return drafts + [rows[p.k]], p.k, finite, drafts

@@ -48,10 +48,8 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens; 0 disables (default: 0)")
     p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P x the top probability; 0 disables (default: 0)")
     p.add_argument("--seed", type=seed, default=None,
-                   help="random seed for sampling (default: none). The same seed gives the same text with "
-                        "--drafter ngram or none, or a fixed --num-draft; with a model drafter (the draft "
-                        "model or the EAGLE head) and automatic draft length the text is a sample from the "
-                        "same distribution, not always the same one (README: Seeds)")
+                   help="random seed for sampling (default: none). The same seed gives the same text "
+                        "whatever drafts it, plain decoding included (README: Seeds)")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="end the answer before TEXT (the text is not printed); repeat for several")
     p.add_argument("--system", "--system-prompt", metavar="TEXT", default=None,

@@ -14,8 +14,10 @@ leaves, ranked EAGLE-2-style by its own probability of reaching them (`sidetree`
 
 Drafts may stay on the device: `Draft.tokens` is a list of ints (a free drafter) or a lazy
 int array (a model drafter), which the engine reads together with the verification result.
-Randomness comes from `seed` through position-keyed uniforms (`mlxspec.sampling`), so a
-drafter never touches MLX's global random state.
+A draft is a function of the history and the seed: a model drafter at a temperature races
+its q with the target's position-keyed noise (`mlxspec.sampling.race`), so the engine checks
+every draft by comparing it with the target's own sample, and never touches MLX's global
+random state.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from ..sampling import SamplingParams
 @dataclass
 class Draft:
     tokens: Union[List[int], mx.array]  # proposed continuation, length <= k (may be empty); ints or a lazy (k,) int array
-    probs: Optional[mx.array] = None  # (len, V) processed probabilities they were sampled from; None = deterministic (one-hot)
     kind: str = ""  # label of the proposal's reliability class (acceptance is estimated per kind)
     parents: Optional[List[int]] = None  # a tree: parents[i] is node i's parent (-1: the root); None = a chain
     scores: Optional[List[float]] = None  # a tree: each node's drafter confidence given its parent, in [0, 1]

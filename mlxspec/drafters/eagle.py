@@ -40,7 +40,7 @@ from .. import kernels
 from ..backbone import LogitMap, layers_fit, logit_map, output_rows
 from ..cache import make_cache
 from ..errors import IncompatibleModelsError, ModelNotFoundError, shown
-from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
+from ..sampling import SamplingParams, position_keys, sample_race
 from ..sequence import shared_prefix
 from . import chaincopy
 from .context import ContextCache, check_context
@@ -506,10 +506,10 @@ class EagleDrafter:
         self._sync(history)
         h = self._feed(history, len(history) - 1)  # (1, H): predicted f[n-1], n = len(history)
         start = len(history)  # absolute position of the first draft token
-        u = None if params.greedy else position_uniforms(seed, mx.arange(start, start + k), DRAFT)
+        keys = None if params.greedy else position_keys(seed, mx.arange(start, start + k))
         match, copy = self.copier.copy(history, k) if params.greedy and self.copying else (0, [])
         following = mx.array(True)
-        tokens, rows, side = [], [], []
+        tokens, side = [], []
         for i in range(k):
             if i:
                 h = self.head_step(tokens[-1].reshape(1, 1), h[None])[0]
@@ -525,10 +525,11 @@ class EagleDrafter:
                     other = other if self.draft_ids is None else mx.take(self.draft_ids, other)
                     side.append(other if tok is top else mx.where(tok == top, other, top))
             else:
-                logits = self.logits(h[0]).astype(mx.float32)  # (N,)
-                q = kernels.probabilities(self._full(logits), params)  # (V,): zero outside the draft vocabulary
-                tok = sample_rows(q, u[i])
-                rows.append(q)
+                # The target's own race at this position, run on q over the draft vocabulary
+                # (the target's ids key the noise; tokens outside it have q = 0 and never win).
+                q = kernels.probabilities(self.logits(h[0]).astype(mx.float32), params)  # (N,)
+                tok = sample_race(q[None], keys[i : i + 1], self.draft_ids)[0]
+                tok = tok if self.draft_ids is None else mx.take(self.draft_ids, tok)
             tok = tok.astype(mx.int32)
             mx.async_eval(tok)  # the device starts on this step while the host builds the next
             tokens.append(tok)
@@ -538,7 +539,7 @@ class EagleDrafter:
         if side:  # the fixed-shape tree, still on the device
             return Draft(mx.concatenate([mx.stack(tokens), mx.stack(side).astype(mx.int32)]),
                          parents=static_parents(k, len(side)))
-        return Draft(mx.stack(tokens), mx.stack(rows) if rows else None)
+        return Draft(mx.stack(tokens))
 
     def _top(self, h: mx.array) -> Tuple[mx.array, mx.array, mx.array]:
         """(1, H) feature -> ((N,) float32 logits, their argmax, its id in the target's vocabulary)."""

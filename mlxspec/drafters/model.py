@@ -7,7 +7,7 @@ from typing import List, Optional
 import mlx.core as mx
 
 from .. import kernels
-from ..sampling import DRAFT, SamplingParams, position_uniforms, sample_rows
+from ..sampling import SamplingParams, position_keys, sample_race
 from ..sequence import Sequence
 from .base import Draft
 from .sidetree import read_tree, runner_up, runners_up, static_parents
@@ -112,8 +112,8 @@ class ModelDrafter:
             return Draft([])
         logits = self.catch_up(history)
         start = len(history)  # absolute position of the first draft token
-        u = None if params.greedy else position_uniforms(seed, mx.arange(start, start + k), DRAFT)
-        tokens, rows, side = [], [], []
+        keys = None if params.greedy else position_keys(seed, mx.arange(start, start + k))
+        tokens, side = [], []
         for i in range(k):
             if i:
                 logits = self.seq.forward(tokens[-1].reshape(1))[-1]
@@ -125,9 +125,9 @@ class ModelDrafter:
                 elif i < static:
                     side.append(runner_up(logits, tok).astype(mx.int32))
             else:
-                q = kernels.probabilities(logits, params)
-                tok = sample_rows(q, u[i])
-                rows.append(q)
+                # The target's own race at this position, run on q (`sampling.race`): the draft
+                # is what the target samples whenever q ranks the winner as p does.
+                tok = sample_race(kernels.probabilities(logits, params)[None], keys[i : i + 1])[0]
             mx.async_eval(tok)  # the device starts on this step while the host builds the next
             tokens.append(tok)
         drafts = mx.stack(tokens)
@@ -137,4 +137,4 @@ class ModelDrafter:
             return read_tree(tokens, side, size)
         if side:
             return Draft(mx.concatenate([drafts, mx.stack(side)]), parents=static_parents(k, len(side)))
-        return Draft(drafts, mx.stack(rows) if rows else None)
+        return Draft(drafts)
