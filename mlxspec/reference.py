@@ -20,6 +20,11 @@ Where float32 matmuls are themselves rounded (MLX's CUDA backend multiplies floa
 ROUNDING_ULPS ulps at TF32's precision are added to the bound (and for a float32 working
 dtype they replace NEAR_TIE_TOL when larger), so a float32 run there can round too.
 
+A sampled divergence is judged the same way: every sampled token is the winner of a race,
+argmax z / T - log E with noise E fixed by the seed and the position (`mlxspec.sampling`),
+so plain decoding and the other path ranked the two tokens by z gap - T (log E[expected] -
+log E[got]), and only rounding in z can make them rank differently.
+
 With a quantized KV cache (`mlxspec.kvquant`) float32 is no reference: a key a float ulp
 from a rounding boundary of its 4-bit (say) grid lands on either side depending on the pass
 that computed it (on the demo about 5 % of the packed key words of a prompt differ between
@@ -71,7 +76,7 @@ class Judgement:
 
     kind: str  # "rounding" | "bug" | "unclassified"
     working_dtype: str  # "bfloat16", "float16" or "float32"
-    float32_gap: Optional[float] = None  # z32[expected] - z32[got]; <= 0: float32 ranks like `got`
+    float32_gap: Optional[float] = None  # z32[expected] - z32[got] (less a sampled race's noise_gap); <= 0: float32 ranks like `got`
     # (with a quantized KV cache: that gap in the working dtype, and `bound` how far chunkings moved it)
     logit_magnitude: Optional[float] = None  # max(|z32[expected]|, |z32[got]|)
     bound: Optional[float] = None  # the largest float32 gap rounding can explain here
@@ -193,14 +198,17 @@ def next_token_logits(model, ids: List[int], *, max_kv_size: Optional[int] = Non
 
 
 def judge(model, context: List[int], expected: int, got: int, *, max_kv_size: Optional[int] = None,
-          max_extra_bytes: Optional[int] = None, kv_quant=None) -> Judgement:
+          max_extra_bytes: Optional[int] = None, kv_quant=None, noise_gap: float = 0.0) -> Judgement:
     """Classify a greedy divergence after `context`: plain decoding chose `expected`, the other path `got`.
 
     One float32 pass of the target over `context` (outside any timing). See the module docstring
     for the rule; `max_kv_size` and `kv_quant` are the engine's, `max_extra_bytes` as for `float32_weights`.
+    `noise_gap`: a sampled divergence's share of the race (`sampling.race`), T (log E[expected] -
+    log E[got]): the race ranks z / T - log E, so the logit gap it compares is z gap - noise_gap,
+    and rounding in the logits moves that gap as it moves a greedy one.
     """
     if kv_quant is not None:
-        return judge_quantized_kv(model, context, expected, got, kv_quant)
+        return judge_quantized_kv(model, context, expected, got, kv_quant, noise_gap)
     dtype = working_dtype(model)
     name = dtype_name(dtype)
     try:
@@ -209,7 +217,7 @@ def judge(model, context: List[int], expected: int, got: int, *, max_kv_size: Op
             z_e, z_g = float(z[expected]), float(z[got])
     except ReferenceUnavailable as e:
         return Judgement(UNCLASSIFIED, name, reason=f"no float32 reference: {e}")
-    gap, magnitude = z_e - z_g, max(abs(z_e), abs(z_g))
+    gap, magnitude = z_e - z_g - noise_gap, max(abs(z_e), abs(z_g))
     bound = rounding_bound(dtype, magnitude)
     if dtype == mx.float32:
         kind = ROUNDING if abs(gap) < bound else BUG
@@ -224,7 +232,8 @@ def judge(model, context: List[int], expected: int, got: int, *, max_kv_size: Op
     return Judgement(kind, name, gap, magnitude, bound, why)
 
 
-def judge_quantized_kv(model, context: List[int], expected: int, got: int, kv_quant) -> Judgement:
+def judge_quantized_kv(model, context: List[int], expected: int, got: int, kv_quant,
+                       noise_gap: float = 0.0) -> Judgement:
     """`judge` for a target whose KV cache is quantized: the gap g = z[expected] - z[got] after
     `context` in the working dtype, with the context fed in chunks of each of SHAPE_PROBE_STEPS.
     Rounding iff one of them ranks `got` first (g <= 0), or the chunking alone moves g by at least
@@ -236,7 +245,7 @@ def judge_quantized_kv(model, context: List[int], expected: int, got: int, kv_qu
         seq = Sequence(model, max_kv_size=None, headroom=1, prefill_step=step, kv_quant=kv_quant)
         seq.prefill(list(context[:-1]))
         z = seq.forward(list(context[-1:]))[-1].astype(mx.float32)
-        gaps.append(float(z[expected]) - float(z[got]))
+        gaps.append(float(z[expected]) - float(z[got]) - noise_gap)
     low, spread = min(gaps), max(gaps) - min(gaps)
     kind = ROUNDING if low <= 0 or spread >= low else BUG
     shown = ", ".join(f"{g:+.4f}" for g in gaps)

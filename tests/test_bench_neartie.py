@@ -1,9 +1,13 @@
 """Near-tie logic on a fake target whose logits the test controls."""
 
+import math
+
+import mlx.core as mx
 import pytest
 from bench_helpers import FakeTarget
 
 from mlxspec.bench.neartie import NEAR_TIE_TOL, check_greedy, first_divergence
+from mlxspec.sampling import race_noise
 
 V = 8
 PROMPT = [1, 2, 3]
@@ -56,3 +60,22 @@ def test_big_gap_is_a_mismatch():
 def test_an_output_that_ends_early_is_a_mismatch():
     c = check_greedy(FakeTarget(V, {}), PROMPT, [2, 3], [2])
     assert not c.ok and c.position == 1 and c.got is None and c.divergence == "bug"
+
+
+def test_a_sampled_divergence_is_judged_on_the_races_scores():
+    """At a temperature both paths ranked the two tokens by z / T - log E, with the noise E the
+    seed fixes at that position: a logit gap the noise cancels is a tie, and a logit tie that the
+    noise breaks is a bug (the speculative path took the token that lost the race)."""
+    T, seed = 0.8, 5
+    e = race_noise(seed, [len(PROMPT)], mx.arange(V))[0].tolist()  # the first output token's position
+    shift = T * (math.log(e[2]) - math.log(e[3]))  # what the noise adds to z2 - z3, in logits
+    assert abs(shift) > 10 * NEAR_TIE_TOL
+    tie = FakeTarget(V, {3: logits_with(t2=1.0 + shift, t3=1.0)})
+    c = check_greedy(tie, PROMPT, [2], [3], temperature=T, seed=seed)
+    assert c.divergence == "rounding" and c.judgement.float32_gap == pytest.approx(0.0, abs=1e-5)
+    flat = FakeTarget(V, {3: logits_with(t2=1.0, t3=1.0)})
+    assert check_greedy(flat, PROMPT, [2], [3]).divergence == "rounding"  # greedy: a tie
+    sampled = check_greedy(flat, PROMPT, [2], [3], temperature=T, seed=seed)
+    assert sampled.divergence == "bug" and sampled.judgement.float32_gap == pytest.approx(-shift, abs=1e-5)
+    with pytest.raises(ValueError, match="seed"):
+        check_greedy(flat, PROMPT, [2], [3], temperature=T)

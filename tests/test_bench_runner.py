@@ -71,10 +71,31 @@ def test_each_run_starts_cold_and_each_setting_learns_in_its_own_cost_models(mon
     assert eng.curve.measured() or eng.curve.plain.value()  # and the shared curve observed target passes
 
 
-def test_sampling_runs_are_not_compared(engine):
-    res = run_bench(engine, PROMPTS[:1], max_tokens=4, temperatures=[0.0, 0.7], warmup=False)
-    assert [r.temperature for r in res.runs] == [0.0] * 3 + [0.7] * 3
-    assert [r.matches_vanilla for r in res.runs if r.temperature == 0.7] == [None, None, None]
+def test_sampled_runs_are_compared_but_mlx_lms(engine):
+    """With the bench's seed a speculative sample is vanilla's, token for token; mlx-lm samples
+    otherwise and is not compared."""
+    res = run_bench(engine, PROMPTS[:2], max_tokens=8, temperatures=[0.0, 0.7], warmup=False)
+    assert [r.temperature for r in res.runs] == ([0.0] * 3 + [0.7] * 3) * 2
+    sampled = {r.mode: r for r in res.runs if r.temperature == 0.7 and r.prompt_id == PROMPTS[0].id}
+    assert sampled["speculative"].matches_vanilla is True and sampled["speculative"].divergence is None
+    assert sampled["speculative"].output_tokens == sampled["vanilla"].output_tokens
+    assert sampled["mlx-lm"].matches_vanilla is None
+    assert sum(r.drafted for r in res.runs if r.temperature == 0.7 and r.mode == "speculative") > 0
+
+
+def test_a_wrong_sampled_output_is_a_bug(engine, monkeypatch):
+    """A verifier that keeps every draft: at a temperature its output is not vanilla's sample, and
+    the race's scores say so."""
+    from mlxspec import loop
+    from tiny import accept_every_draft
+
+    monkeypatch.setattr(loop, "read", accept_every_draft)
+    loud = []
+    res = run_bench(engine, PROMPTS, max_tokens=12, temperatures=[1.0], drafters=["model"], num_drafts=[4],
+                    peer=False, warmup=False, on_mismatch=loud.append)
+    bugs = [r for r in res.runs if r.divergence == "bug"]
+    assert bugs and loud == bugs and all(r.matches_vanilla is False and r.mode == "speculative" for r in bugs)
+    assert summarize(res)["bugs"] == len(bugs)
 
 
 def test_a_wrong_output_is_counted_and_reported(engine, monkeypatch):

@@ -439,7 +439,25 @@ def test_a_difference_after_a_sampled_turn_does_not_blame_a_stop():
     from tui.conversation import Answer, Turn
 
     turn = Turn("q", {SPEC: Answer(text="a"), VANILLA: Answer(text="b")}, same_history=False)
-    assert "sampled or stopped" in turn.verdict()
+    assert "stopped or parted by rounding" in turn.verdict()
+
+
+@async_test
+async def test_sampled_turns_without_a_seed_write_the_same_text_on_both_sides():
+    """No --seed: each turn draws one seed for both sides, so speculation samples vanilla's text,
+    the verdict says so, and the next turn starts from equal histories."""
+    app = make_app(tiny_engine(), max_tokens=16)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "/temp 1.0")
+        await send(app, pilot, "first")
+        await send(app, pilot, "second")
+        first, second = app.conversation.turns
+        for turn in (first, second):
+            assert turn.temperature == 1.0 and turn.same_history and turn.identical
+            assert turn.answers[SPEC].stats.tokens > 0
+        assert first.answers[SPEC].text != second.answers[SPEC].text  # (a fresh seed per turn)
+        assert "sampled (T=1) outputs identical" in verdict(app)
+        assert sum(t.answers[SPEC].stats.drafted for t in (first, second)) > 0
 
 
 @async_test

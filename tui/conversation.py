@@ -30,8 +30,9 @@ class Turn:
     answers: Dict[str, Answer]
     temperature: float = 0.0
     stopped: bool = False  # Esc stopped it; the partial answers stay
-    same_history: bool = True  # both sides started from the same messages (not so after a sampled or stopped turn)
-    # Greedy answers that differ, classified by the worker (`mlxspec.bench.neartie.check_greedy`):
+    same_history: bool = True  # both sides started from the same messages (not so after a stopped turn)
+    # Answers that differ (greedy, or sampled with the turn's one seed), classified by the worker
+    # (`mlxspec.bench.neartie.check_greedy`):
     # {"divergence": "rounding" | "bug" | "unclassified", "position": first differing token,
     #  "tokens": speculative tokens from there on, "reason": the float32 evidence}; None otherwise.
     divergence: Optional[dict] = None
@@ -44,7 +45,7 @@ class Turn:
 
     @property
     def identical(self) -> bool:
-        """Greedy outputs match (when stopped early: the shorter one is a prefix of the other)."""
+        """The outputs match (when stopped early: the shorter one is a prefix of the other)."""
         a, b = self.answers[SPEC].text, self.answers[VANILLA].text
         if self.stopped:
             n = min(len(a), len(b))
@@ -52,30 +53,30 @@ class Turn:
         return a == b
 
     def verdict(self) -> str:
-        """One line: the speedup and whether the two greedy outputs agree.
+        """One line: the speedup and whether the two outputs agree (sampled ones too: both sides
+        sample with one seed, which fixes every token's race, so they write the same text).
 
-        Greedy outputs that differ only after a rounding divergence (float32 ranks the two tokens
-        within the working dtype's rounding) read "identical up to rounding (n tokens)", n being
-        the speculative answer's tokens from that divergence on.
+        Outputs that differ only after a rounding divergence (float32 ranks the two tokens within
+        the working dtype's rounding) read "identical up to rounding (n tokens)", n being the
+        speculative answer's tokens from that divergence on.
         """
         s, v = self.answers[SPEC].stats, self.answers[VANILLA].stats
         sp = self.speedup
         head = (f"speedup {sp:.2f}× ({s.tokens_per_second:.1f} vs {v.tokens_per_second:.1f} tok/s)"
                 if sp is not None else "speedup n/a (a side produced no tokens)")
-        if self.temperature > 0:
-            same = f"sampled at T={self.temperature:g}: outputs are not expected to match"
-        elif self.identical:
-            same = "greedy outputs identical" + (" so far" if self.stopped else "")
+        kind = f"sampled (T={self.temperature:g})" if self.temperature > 0 else "greedy"
+        if self.identical:
+            same = f"{kind} outputs identical" + (" so far" if self.stopped else "")
         elif not self.same_history:
             same = ("outputs differ, as expected: the two conversations already differed "
-                    "(an earlier turn was sampled or stopped)")
+                    "(an earlier turn was stopped or parted by rounding)")
         elif self.divergence and self.divergence["divergence"] == "rounding":
-            same = f"greedy outputs identical up to rounding ({self.divergence['tokens']} tokens)"
+            same = f"{kind} outputs identical up to rounding ({self.divergence['tokens']} tokens)"
         else:
             at = first_difference(self.answers[SPEC].text, self.answers[VANILLA].text)
-            same = (f"greedy outputs differ from character {at} (unclassified: {self.divergence['reason']})"
+            same = (f"{kind} outputs differ from character {at} (unclassified: {self.divergence['reason']})"
                     if self.divergence and self.divergence["divergence"] == "unclassified"
-                    else f"greedy outputs DIFFER from character {at}")
+                    else f"{kind} outputs DIFFER from character {at}")
         return f"{head} · {same}" + (" · stopped" if self.stopped else "")
 
 

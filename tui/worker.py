@@ -10,6 +10,7 @@ from typing import Callable, Dict, List, Optional, TypeVar
 
 from mlxspec.device import clear_streams
 from mlxspec.errors import ContextLengthError
+from mlxspec.loop import draw_seed
 
 from .conversation import SIDES, SPEC, VANILLA, Answer, Turn
 from .messages import StatsUpdated, TokensAdded, TurnFinished
@@ -52,9 +53,13 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
             post(StatsUpdated(side, StatsView.of(stats)))
         latest.clear()
 
+    # One seed for both sides (drawn per turn when none was given): every sampled token is a race
+    # the seed fixes (`mlxspec.sampling.race`), so the two sides sample the same text and a
+    # difference is judged like a greedy one.
+    seed = request.seed if request.seed is not None or request.temperature == 0 else draw_seed()
     try:
         # `cancel` also stops a side in the middle of a long prompt, before its first token (Esc).
-        common = dict(max_tokens=request.max_tokens, temperature=request.temperature, seed=request.seed,
+        common = dict(max_tokens=request.max_tokens, temperature=request.temperature, seed=seed,
                       chat_template_kwargs=request.template_kwargs, cancel=cancel)
         streams = {
             SPEC: engines[SPEC].stream(request.messages[SPEC], speculative=True, num_draft=request.num_draft,
@@ -89,14 +94,17 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
         a.stats = a.stats if isinstance(a.stats, StatsView) else StatsView.of(a.stats)
     turn = Turn(request.user, answers, temperature=request.temperature, stopped=cancel.is_set(),
                 same_history=request.messages[SPEC] == request.messages[VANILLA])
-    if turn.temperature == 0 and turn.same_history and not turn.identical:
-        turn.divergence = classify(engines[SPEC], request.messages[SPEC], answers, stopped=turn.stopped)
+    if turn.same_history and not turn.identical:
+        turn.divergence = classify(engines[SPEC], request.messages[SPEC], answers, stopped=turn.stopped,
+                                   temperature=turn.temperature, seed=seed)
     post(TurnFinished(turn, error))
     return turn
 
 
-def classify(engine, messages: List[dict], answers: Dict[str, Answer], *, stopped: bool) -> Optional[dict]:
-    """Classify where two greedy answers part (float32 reference pass; after the timing). None: they do not.
+def classify(engine, messages: List[dict], answers: Dict[str, Answer], *, stopped: bool,
+             temperature: float = 0.0, seed: Optional[int] = None) -> Optional[dict]:
+    """Classify where two answers part, greedy or sampled with one `seed` (float32 reference pass;
+    after the timing). None: they do not.
 
     A stopped turn compares only as far as both sides got.
     """
@@ -109,7 +117,7 @@ def classify(engine, messages: List[dict], answers: Dict[str, Answer], *, stoppe
     try:
         ids = encode_prompt(messages, engine.tokenizer, engine.vocab_size)
         check = check_greedy(engine.target_model, ids, van, spec, max_kv_size=engine.max_kv_size,
-                             kv_quant=engine.kv_quant)
+                             kv_quant=engine.kv_quant, temperature=temperature, seed=seed)
     except Exception as e:  # a check that cannot run says so; it never fails the turn
         return {"divergence": "unclassified", "position": None, "tokens": None, "reason": f"{type(e).__name__}: {e}"}
     if check.identical:

@@ -1,22 +1,27 @@
-"""Greedy output check: is a differing output a rounding divergence or a bug?
+"""Output check: is a differing output a rounding divergence or a bug?
 
-At temperature 0 speculative decoding must reproduce plain decoding token for token; where
+At temperature 0 speculative decoding must reproduce plain decoding token for token, and with
+a seed at any temperature too (every sampled token is a race whose noise the seed and the
+position fix, `mlxspec.sampling.race`, and which drafters run too); where
 the target's two best tokens are within rounding of each other, the argmax may flip between
 a verify pass and a one-row step, and after that the texts legitimately part. So only the
 first diverging position is judged, by `mlxspec.reference.judge`: the target recomputes that
 position in float32 and the two candidates are compared there against the rounding the
 working dtype allows (float32: the old 1e-3 near-tie rule). The working-dtype log-prob gap
-is kept beside it as `logprob_gap`.
+is kept beside it as `logprob_gap`. A sampled divergence is judged on the race's scores: the
+logit gap less T times the two tokens' log-noise gap (`mlxspec.reference.judge`'s `noise_gap`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import mlx.core as mx
 
 from ..reference import BUG, NEAR_TIE_TOL, ROUNDING, Judgement, judge, next_token_logits
+from ..sampling import race_noise
 
 __all__ = ["GreedyCheck", "NEAR_TIE_TOL", "check_greedy", "first_divergence", "next_token_logprobs"]
 
@@ -60,8 +65,8 @@ def next_token_logprobs(model, ids: List[int]) -> mx.array:
 
 def check_greedy(model, prompt_ids: List[int], reference: Sequence[int], candidate: Sequence[int], *,
                  max_kv_size: Optional[int] = None, max_extra_bytes: Optional[int] = None,
-                 kv_quant=None) -> GreedyCheck:
-    """Compare a candidate's greedy output with the reference (vanilla) output.
+                 kv_quant=None, temperature: float = 0.0, seed: Optional[int] = None) -> GreedyCheck:
+    """Compare a candidate's greedy (or seeded sampled) output with the reference (vanilla) output.
 
     Args:
         model: the target model (called as `model(ids[None]) -> logits`).
@@ -72,6 +77,8 @@ def check_greedy(model, prompt_ids: List[int], reference: Sequence[int], candida
         max_extra_bytes: memory allowed for the float32 copy (`reference.float32_weights`). Default: its own.
         kv_quant: the engine's KV quantization (`mlxspec.kvquant.KVQuant`), so the judged position
             reads the cache the engine read. Default None.
+        temperature, seed: of sampled outputs (temperature alone: no top-k, top-p or min-p, whose
+            thresholds rounding could move too), both generated with this seed. Default greedy.
 
     Returns:
         A GreedyCheck; `.divergence` classifies a difference. One output ending where the other
@@ -87,5 +94,12 @@ def check_greedy(model, prompt_ids: List[int], reference: Sequence[int], candida
     context = list(prompt_ids) + list(reference[:pos])
     z = next_token_logits(model, context, max_kv_size=max_kv_size, kv_quant=kv_quant)
     gap = abs(float(z[exp]) - float(z[got]))  # log-softmax shifts both alike: the logit gap is the log-prob gap
-    j = judge(model, context, exp, got, max_kv_size=max_kv_size, max_extra_bytes=max_extra_bytes, kv_quant=kv_quant)
+    noise_gap = 0.0
+    if temperature > 0 and seed is None:
+        raise ValueError("a sampled output is checked with the seed both outputs were drawn with; got seed=None")
+    if temperature > 0:  # the race's noise at that position (its absolute index in the sequence)
+        e = race_noise(seed, [len(context)], mx.array([exp, got]))[0].tolist()
+        noise_gap = temperature * (math.log(e[0]) - math.log(e[1]))
+    j = judge(model, context, exp, got, max_kv_size=max_kv_size, max_extra_bytes=max_extra_bytes, kv_quant=kv_quant,
+              noise_gap=noise_gap)
     return GreedyCheck(False, pos, exp, got, gap, j.kind == ROUNDING, j)

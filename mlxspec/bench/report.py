@@ -8,6 +8,8 @@ Greedy checks (added): pair.working_dtype; per run `divergence` (null | "roundin
 "unclassified") and, when outputs differ, `mismatch` with the float32 evidence (float32_gap,
 logit_magnitude, rounding_bound, reason); summary{bugs, rounding_divergences, unclassified,
 rounding_divergence_rate} and the same counts per settings row. `mismatches` counts bugs only.
+Sampled runs (temperature > 0) of mlxspec's modes are checked too (the same seed gives vanilla's
+tokens); mlx-lm's sampled runs keep `matches_vanilla` null.
 Warm-up (added): summary.engine_warmup_seconds (one `engine.warmup()`, shared by vanilla and every
 speculative setting), summary.peer_warmup_seconds (mlx-lm's untimed runs), summary.warmup_seconds
 (both), and per settings row `warmup_seconds` with `warmup` ("engine.warmup (shared)" | "untimed
@@ -193,13 +195,14 @@ def print_report(doc: dict, console) -> None:
                       "shared by vanilla and every speculative setting"
                       + (f"; mlx-lm's untimed runs {s['peer_warmup_seconds']:.1f} s"
                          if s.get("peer_warmup_seconds") is not None else ""))
-    if 0 not in doc["settings"]["temperatures"]:
-        console.print("outputs not compared (temperature > 0)")
-        return
     if s["mismatches"]:
-        console.print(f"[bold red]{s['mismatches']} greedy output(s) differ from vanilla beyond a near-tie: "
+        console.print(f"[bold red]{s['mismatches']} output(s) differ from vanilla beyond a near-tie: "
                       "a faster but different output is a bug, not a result.[/bold red]")
-    console.print(greedy_line(doc))
+    temps = doc["settings"]["temperatures"]
+    if 0 in temps:
+        console.print(greedy_line(doc))
+    if any(t > 0 for t in temps):
+        console.print(greedy_line(doc, sampled=True))
     for line in rounding_lines(doc):
         console.print(line)
 
@@ -218,21 +221,24 @@ def interval_line(doc: dict) -> Optional[str]:
             + ", ".join(parts))
 
 
-def greedy_line(doc: dict) -> str:
-    """The counted line of greedy checks: identical, rounding divergences, bugs (and unclassified)."""
-    s = doc["summary"]
-    runs = [r for r in doc["runs"] if r["mode"] != "vanilla" and r["temperature"] == 0]
+def greedy_line(doc: dict, sampled: bool = False) -> str:
+    """The counted line of greedy checks (or, `sampled`, of the seeded sampled runs' checks):
+    identical, rounding divergences, bugs (and unclassified)."""
+    runs = [r for r in doc["runs"] if r["mode"] != "vanilla" and (r["temperature"] > 0) == sampled
+            and (r["matches_vanilla"] is not None or r.get("divergence"))]
+    count = lambda kind: sum(1 for r in runs if r.get("divergence") == kind)  # noqa: E731
     identical = sum(1 for r in runs if r["matches_vanilla"] is True and not r.get("divergence"))
     dtype = doc["pair"].get("working_dtype") or "?"
-    rate = s.get("rounding_divergence_rate")
     kv = doc["pair"].get("kv_cache")
     ref = ("the target fed in several shapes as reference: its KV cache is "
            f"{kv['bits']}-bit from {kv['quantized_kv_start']} tokens") if kv else "float32 reference"
-    line = (f"greedy checks vs vanilla ({dtype}, {ref}): {identical} identical, "
-            f"{s['rounding_divergences']} rounding divergence(s)"
-            + (f" ({rate * 1000:.2f} per 1000 tokens)" if rate else "") + f", {s['bugs']} bug(s)")
-    if s.get("unclassified"):
-        line += f", [yellow]{s['unclassified']} unclassified (no float32 reference; see --json)[/yellow]"
+    what = (f"sampled checks vs vanilla (seed {doc['settings'].get('seed')}: the same tokens, mlx-lm's not "
+            f"compared; " if sampled else "greedy checks vs vanilla (")
+    rate = None if sampled else doc["summary"].get("rounding_divergence_rate")
+    line = (f"{what}{dtype}, {ref}): {identical} identical, {count('rounding')} rounding divergence(s)"
+            + (f" ({rate * 1000:.2f} per 1000 tokens)" if rate else "") + f", {count('bug')} bug(s)")
+    if count("unclassified"):
+        line += f", [yellow]{count('unclassified')} unclassified (no float32 reference; see --json)[/yellow]"
     return line
 
 

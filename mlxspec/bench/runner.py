@@ -19,9 +19,10 @@ temperature, one per verify length it can use.
 
 All modes are timed the same way: tokens generated / seconds after prompt processing
 (the engine's own `GenerationStats.seconds`; the peer is prefilled to the same point).
-At temperature 0 each non-vanilla output is checked against vanilla (see `neartie`): a
-divergence is "rounding", "bug" or "unclassified", judged by a float32 reference pass
-outside the timing.
+Each non-vanilla output is checked against vanilla (see `neartie`), mlxspec's sampled ones
+too (with the bench's seed a sampled output is vanilla's, token for token; mlx-lm's sampled
+runs are not compared): a divergence is "rounding", "bug" or "unclassified", judged by a
+float32 reference pass outside the timing.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class RunRecord:
     tokens_per_target_pass: float
     peak_memory_bytes: int
     matches_vanilla: Optional[bool]  # True: identical or a rounding divergence; False: a bug; None: not
-    # compared (sampling) or unclassified (no float32 reference could run); vanilla itself: True
+    # compared (mlx-lm sampling) or unclassified (no float32 reference could run); vanilla itself: True
     # -- extras ---------------------------------------------------------------------------------
     order: int = 0  # execution index within the bench (0, 1, 2, ...)
     repeat: int = 0  # which pass over the prompts (`run_bench(repeats=...)`); runs pair within one
@@ -275,12 +276,15 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                     on_run(rec)
             # Each output against vanilla's, outside the timing (vanilla may have run last).
             vanilla = next((r for r in done if r.mode == "vanilla"), None)
+            # Sampled outputs too: a seed gives plain decoding's tokens whatever drafts (the race,
+            # `mlxspec.sampling`); mlx-lm samples otherwise, so its sampled runs are not compared.
             for rec in done:
                 if rec.mode == "vanilla":
-                    rec.matches_vanilla = True if t == 0 else None
-                elif t == 0 and vanilla is not None:
+                    rec.matches_vanilla = True
+                elif (t == 0 or rec.mode == "speculative") and vanilla is not None:
                     check = check_greedy(engine.target_model, ids, vanilla.output_tokens, rec.output_tokens,
-                                         max_kv_size=engine.max_kv_size, kv_quant=engine.kv_quant)
+                                         max_kv_size=engine.max_kv_size, kv_quant=engine.kv_quant,
+                                         temperature=t, seed=seed)
                     rec.divergence = check.divergence
                     rec.matches_vanilla = None if rec.divergence == UNCLASSIFIED else check.ok
                     if not check.identical:

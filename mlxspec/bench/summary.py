@@ -152,7 +152,8 @@ def judged_interval(runs: List[RunRecord]) -> Optional[list]:
 
 
 def divergence_counts(runs: List[RunRecord]) -> dict:
-    """Greedy divergences from vanilla by kind; `mismatches` counts the bugs (what fails `--check`)."""
+    """Divergences from vanilla by kind (greedy and seeded sampled runs); `mismatches` counts the bugs
+    (what fails `--check`)."""
     bugs = sum(1 for r in runs if r.divergence == "bug")
     return {"mismatches": bugs, "bugs": bugs,
             "rounding_divergences": sum(1 for r in runs if r.divergence == "rounding"),
@@ -165,7 +166,7 @@ def rounding_divergence_rate(runs: List[RunRecord]) -> Optional[float]:
     A run counts its tokens up to and including its first divergence (after it nothing is
     comparable), so this estimates the chance that a given token flips by rounding.
     """
-    compared = [r for r in runs if r.mode != "vanilla" and r.matches_vanilla is not None]  # greedy, classified
+    compared = [r for r in runs if r.mode != "vanilla" and r.matches_vanilla is not None and r.temperature == 0]
     tokens = sum(r.mismatch["position"] + 1 if r.mismatch else r.tokens for r in compared)
     return sum(1 for r in compared if r.divergence == "rounding") / tokens if tokens else None
 

@@ -2,7 +2,7 @@
 
     mlxspec bench                                   # demo pair, 8 prompts x 64 tokens
     mlxspec bench --full --num-draft auto,1,2,4,8 --drafter ngram,model --json out.json
-    mlxspec bench --check                           # exit 1 if a greedy output shows a bug
+    mlxspec bench --check                           # exit 1 if an output shows a bug
     mlxspec bench --synthetic qwen2.5-7b --synthetic-draft qwen2.5-0.5b   # no download: random 4-bit weights
     mlxspec bench --drafter ngram --tree auto,off   # draft trees vs chains side by side
     mlxspec bench --drafter eagle --lookup on,off   # the head with and without its lookup companion
@@ -14,7 +14,11 @@ speculative path, or their float32 gap is within what the working dtype's roundi
 at that logit magnitude (bfloat16/float16: a few ulps; float32: 1e-3); "bug" otherwise;
 "unclassified" when a float32 copy of the weights would not fit in memory. Bugs print a
 loud line; rounding divergences are counted. With --check the exit status is 1 when there
-is a bug (rounding divergences never fail it); without it, 0.
+is a bug (rounding divergences never fail it); without it, 0. Sampled outputs (--temperature
+above 0) are checked the same way: with the bench's --seed every sampled token is the winner
+of a race whose noise the seed and the position fix, which drafters run too, so a speculative
+output is vanilla's, token for token, and a divergence is judged on the race's scores (mlx-lm
+samples otherwise: its sampled runs are not compared).
 
 What "identical" means, per precision: with float32 weights speculative greedy output is
 plain decoding's, token for token. With bfloat16, float16 or quantized weights it is
@@ -66,8 +70,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-peer", action="store_true", help="skip mlx-lm's speculative decoding (always skipped "
                    "with --max-kv-size, where it cannot roll back a wrapped window, and for models with "
                    "sliding-window layers, whose caches it cannot trim)")
-    p.add_argument("--check", action="store_true", help="exit with status 1 when a greedy output differs from "
-                   "vanilla by a bug (a divergence float32 does not explain as rounding)")
+    p.add_argument("--check", action="store_true", help="exit with status 1 when an output (greedy, or sampled "
+                   "with the --seed) differs from vanilla by a bug (a divergence float32 does not explain as "
+                   "rounding)")
     p.add_argument("--json", metavar="PATH", type=argtypes.output_path, help="write the full results as JSON")
     p.add_argument("--csv", metavar="PATH", type=argtypes.output_path, help="write one row per run as CSV")
     p.add_argument("--plot", metavar="PATH.png", type=argtypes.output_path, help="write charts (needs matplotlib)")

@@ -15,8 +15,9 @@ def register(subparsers) -> None:
     add_model_args(p)
     add_drafting_args(p, none=False)
     p.add_argument("--seed", type=seed, default=None,
-                   help="random seed for sampled answers: both sides and every turn draw with it, so the two "
-                        "sides write the same text (README: Seeds) (default: none)")
+                   help="random seed for sampled answers: both sides and every turn draw with it (default: "
+                        "none, a fresh seed per turn, shared by both sides); either way the two sides write "
+                        "the same text (README: Seeds)")
     p.add_argument("--temperature", type=non_negative, default=0.0, metavar="T", help="0 = greedy (default)")
     p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="answer length limit (default 256)")
     p.add_argument("--system", default="", metavar="TEXT", help="system prompt")
