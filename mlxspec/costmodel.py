@@ -447,7 +447,7 @@ class CostModel:
 
     def set_greedy(self, greedy: bool) -> None:
         """Per request, before `new_request`. A greedy draft is accepted when it is the target's
-        top token, a sampled one with probability sum min(p, q): different rates, so each mode
+        top token, a sampled one when it is the target's race winner: different rates, so each mode
         keeps its own counts, and a sampled turn cannot stop the next greedy one from drafting
         (nor the other way round)."""
         if greedy != self.greedy:

@@ -13,9 +13,10 @@ target verifies, both caches roll back):
   not independent draws: counting them so understates the spread about 2x)
 T = 0.7, exact: along each greedy output, one target pass gives p at every position and one
 head pass over the target's real features gives the head's first-step q there;
-    sum_x min(p, q)  = the probability that rejection sampling accepts a first draft token.
+    sum_x min(p, q)  = the probability that rejection sampling accepts a first draft token
+                       (the engine's race accepts a little less: README, Seeds).
 T = 0.7, sampled: the engine decodes at T = 0.7 with the same k; accepted / drafted there
-includes the later, harder draft steps.
+(the race's matches) includes the later, harder draft steps.
 Greedy first step, teacher-forced, from the same head pass: how often the head's top token
 (top 5) is the target's, how many of the target's tokens its draft vocabulary holds, and how
 often its top token would be right with the target's whole vocabulary instead.

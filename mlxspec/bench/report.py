@@ -232,8 +232,8 @@ def greedy_line(doc: dict, sampled: bool = False) -> str:
     kv = doc["pair"].get("kv_cache")
     ref = ("the target fed in several shapes as reference: its KV cache is "
            f"{kv['bits']}-bit from {kv['quantized_kv_start']} tokens") if kv else "float32 reference"
-    what = (f"sampled checks vs vanilla (seed {doc['settings'].get('seed')}: the same tokens, mlx-lm's not "
-            f"compared; " if sampled else "greedy checks vs vanilla (")
+    # (mlx-lm samples otherwise: its sampled runs are not counted)
+    what = f"sampled checks vs vanilla (seed {doc['settings'].get('seed')}, " if sampled else "greedy checks vs vanilla ("
     rate = None if sampled else doc["summary"].get("rounding_divergence_rate")
     line = (f"{what}{dtype}, {ref}): {identical} identical, {count('rounding')} rounding divergence(s)"
             + (f" ({rate * 1000:.2f} per 1000 tokens)" if rate else "") + f", {count('bug')} bug(s)")
