@@ -129,6 +129,32 @@ def test_same_seed_same_sample(client, extra):
     assert a == b and a != c
 
 
+def test_a_seed_and_the_fingerprint_fix_the_text_whatever_drafts_it(client):
+    """OpenAI's system_fingerprint names the backend configuration; with the same seed and
+    fingerprint the sampled text is the same whether and however the request drafted."""
+    def sample(**extra):
+        return client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=1.0,
+                                              seed=11, extra_body=extra)
+
+    answers = [sample(speculative=False), sample(num_draft=3), sample()]
+    assert answers[1].model_extra["mlxspec"]["drafted"] > 0
+    assert len({a.choices[0].message.content for a in answers}) == 1
+    fps = {a.system_fingerprint for a in answers}
+    chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, stream=True))
+    fps |= {c.system_fingerprint for c in chunks}
+    fps.add(client.completions.create(model=MODEL, prompt="hi", max_tokens=2).system_fingerprint)
+    (fp,) = fps
+    assert fp.startswith("fp_") and len(fp) == 13
+
+
+def test_the_fingerprint_follows_what_decides_a_seeded_text_and_not_the_drafter():
+    from mlxspec.serve.fingerprint import system_fingerprint
+
+    base = system_fingerprint(tiny_engine())
+    assert system_fingerprint(tiny_engine(drafter="ngram")) == base
+    assert system_fingerprint(tiny_engine(max_kv_size=64)) != base
+
+
 def test_speculative_false_and_num_draft(client):
     plain = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16,
                                            extra_body={"speculative": False})

@@ -38,6 +38,7 @@ from ..logprobs import token_bytes
 from ..tools import ToolCallReader
 from . import anthropic, response_items, responses_api, schema, tokenize
 from .errors import APIError, from_engine, invalid
+from .fingerprint import system_fingerprint
 from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
 from .metrics import Metrics
@@ -62,6 +63,7 @@ class ServerState:
         self.queue = EngineQueue(engine, limit=options.queue)
         self.model_id = options.model_id or getattr(engine, "pair_name", None) or _target_ref(engine) or "mlxspec"
         self.created = int(time.time())
+        self.fingerprint = system_fingerprint(engine)
         self.metrics = Metrics(self.model_id, getattr(engine, "default_drafter", None))
         self.responses = ResponseStore(folder=options.responses_dir)  # the Responses API's stored responses
         self._other_names: set = set()
@@ -173,7 +175,7 @@ def _endpoint(parse: Callable) -> Callable:
         state.note_model(req.model)
         runs = req.runs()
         job = state.queue.submit(*runs[0], then=tuple(runs[1:]))  # one slot: the choices run back to back
-        shapes = Shapes(req.kind, state.model_id, state.options.reasoning_key)
+        shapes = Shapes(req.kind, state.model_id, state.options.reasoning_key, state.fingerprint)
         thinking = await _thinking_start(state, req)
         choices = [_Choice(i, prompt, req, state, shapes, thinking) for i, (prompt, _) in enumerate(runs)]
         watcher = asyncio.create_task(_cancel_on_disconnect(request, state.queue, job))

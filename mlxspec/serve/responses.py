@@ -55,15 +55,19 @@ def figures(stats: GenerationStats) -> dict:
 class Shapes:
     """Builds every body of one request's answer (same id, `created` and `model` throughout)."""
 
-    def __init__(self, kind: str, model: str, reasoning_key: str = "reasoning"):
+    def __init__(self, kind: str, model: str, reasoning_key: str = "reasoning", fingerprint: Optional[str] = None):
         self.chat = kind == "chat"
+        self.fingerprint = fingerprint  # OpenAI's system_fingerprint (`serve.fingerprint`)
         self.reasoning_key = reasoning_key  # where a thinking model's reasoning goes (`serve --reasoning-key`)
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = model
 
     def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        head = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if self.fingerprint is not None:
+            head["system_fingerprint"] = self.fingerprint
+        return head
 
     def choice(self, index: int, text: str, finish_reason: str, tool_calls: Optional[list] = None,
                logprobs: Optional[dict] = None, reasoning: str = "", stop_reason=None) -> dict:
