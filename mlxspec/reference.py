@@ -76,7 +76,8 @@ class Judgement:
 
     kind: str  # "rounding" | "bug" | "unclassified"
     working_dtype: str  # "bfloat16", "float16" or "float32"
-    float32_gap: Optional[float] = None  # z32[expected] - z32[got] (less a sampled race's noise_gap); <= 0: float32 ranks like `got`
+    # z32[expected] - z32[got] (less a sampled race's `noise_gap`); <= 0: float32 ranks like `got`
+    float32_gap: Optional[float] = None
     # (with a quantized KV cache: that gap in the working dtype, and `bound` how far chunkings moved it)
     logit_magnitude: Optional[float] = None  # max(|z32[expected]|, |z32[got]|)
     bound: Optional[float] = None  # the largest float32 gap rounding can explain here

@@ -4,9 +4,9 @@ A pass feeds the last committed token plus k drafts (k = 0: a plain step) and le
 few small arrays to read in one wait: the target's token for every fed row (greedy argmax
 or a position-keyed sample) and a finiteness flag; the drafts too when they were still
 on the device. The host then keeps the drafts that agree with the rows, a loop over at
-most 16 ints that is cheaper than the device ops it replaces. A plain step
-also exposes its next token as a lazy array, so the next step can be enqueued before this
-one is read: that is the pipelining `generate_step` does, and it hides the host's work.
+most 16 ints that is cheaper than the device ops it replaces. A plain step also exposes its
+next token as a lazy array, so the next step can be enqueued before this one is read: that
+is the pipelining `generate_step` does, and it hides the host's work.
 
 Randomness is position-keyed (`sampling.race`): row i of a pass samples the token at
 absolute position `out_pos + i`. Every draft is a function of the history and the seed (a

@@ -17,6 +17,7 @@ drafter give the very same tokens for a seed, whatever draft lengths the cost mo
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -157,9 +158,16 @@ def sample_race(probs: mx.array, keys: mx.array, ids: Optional[mx.array] = None)
     """`race(probs, race_noise(...))` in one compiled call: rows (R, N) of probabilities, `keys` (R,)
     from `position_keys`, `ids` (N,) the token ids of the columns (None: 0..N-1) -> int32 (R,)
     column indices."""
-    if ids is None:
-        ids = mx.arange(probs.shape[-1], dtype=mx.uint32)
-    return _race_rows(probs, keys, ids.astype(mx.uint32))
+    ids = _all_ids(probs.shape[-1]) if ids is None else ids
+    return _race_rows(probs, keys, ids if ids.dtype == mx.uint32 else ids.astype(mx.uint32))
+
+
+@functools.lru_cache(maxsize=8)
+def _all_ids(n: int) -> mx.array:
+    # Made once per vocabulary size: a step should not launch an arange of 150k ids.
+    ids = mx.arange(n, dtype=mx.uint32)
+    mx.eval(ids)
+    return ids
 
 
 def sample_rows(probs: mx.array, u: mx.array) -> mx.array:

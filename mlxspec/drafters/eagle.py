@@ -326,7 +326,8 @@ class EagleDrafter:
         self.embed = target.model.model.embed_tokens
         ids = draft_ids if draft_ids is not None else mx.arange(_vocab(target.model))
         self.out_weight = output_rows(target.model, ids)  # (N, H): the target's own output rows
-        mx.eval(self.out_weight)
+        self.race_ids = ids.astype(mx.uint32)  # what keys a sampled step's noise (`sampling.sample_race`)
+        mx.eval(self.out_weight, self.race_ids)
         # The target's cap or scale after those rows (Gemma 2, Granite, Cohere): q is then the
         # law the target's own head would give these features, and a greedy chain's confidence
         # (`chaincopy.blend`) reads probabilities on the target's scale.
@@ -528,7 +529,7 @@ class EagleDrafter:
                 # The target's own race at this position, run on q over the draft vocabulary
                 # (the target's ids key the noise; tokens outside it have q = 0 and never win).
                 q = kernels.probabilities(self.logits(h[0]).astype(mx.float32), params)  # (N,)
-                tok = sample_race(q[None], keys[i : i + 1], self.draft_ids)[0]
+                tok = sample_race(q[None], keys[i : i + 1], self.race_ids)[0]
                 tok = tok if self.draft_ids is None else mx.take(self.draft_ids, tok)
             tok = tok.astype(mx.int32)
             mx.async_eval(tok)  # the device starts on this step while the host builds the next
