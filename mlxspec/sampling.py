@@ -4,8 +4,7 @@ Target and draft rows go through the *same* function, so a drafter's race (below
 target's compare like with like. Order: temperature, then top-k, top-p and min-p, each a
 threshold on the temperature-scaled probabilities, then renormalisation. Ties at a threshold
 are kept (a threshold is a value, not a rank), which a one-pass GPU kernel can reproduce
-exactly.
-Temperature 0 is greedy: a one-hot row at the argmax (the first index on ties).
+exactly. Temperature 0 is greedy: a one-hot row at the argmax (the first index on ties).
 
 Randomness is keyed by position: the token at absolute position o is picked by an
 exponential race (`race`) whose noise is a hash of (seed, o, token id), so a seeded
@@ -74,11 +73,6 @@ def _real(value):
         return math.inf if value > 0 else -math.inf
 
 
-# The stream of position-keyed randomness that picks a position's token (`race_noise`); the
-# hash takes a stream number so that another use would not reuse its numbers.
-SAMPLE = 0
-
-
 def _fmix32(h: mx.array) -> mx.array:
     # MurmurHash3's finaliser: full avalanche on uint32 (arithmetic wraps modulo 2^32).
     h = h ^ (h >> 16)
@@ -86,14 +80,6 @@ def _fmix32(h: mx.array) -> mx.array:
     h = h ^ (h >> 13)
     h = h * mx.array(0xC2B2AE35, dtype=mx.uint32)
     return h ^ (h >> 16)
-
-
-def _position_hash(seed: int, positions, stream: int) -> mx.array:
-    """A uint32 per absolute position, keyed by (seed, stream): 64 bits of the seed are used."""
-    pos = mx.array(positions, dtype=mx.uint32) if not isinstance(positions, mx.array) else positions.astype(mx.uint32)
-    lo, hi = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
-    h = _fmix32(pos * mx.array(0x9E3779B9, dtype=mx.uint32) + mx.array(lo ^ (stream * 0x632BE5AB & 0xFFFFFFFF), dtype=mx.uint32))
-    return _fmix32(h ^ mx.array(hi ^ 0x27D4EB2F, dtype=mx.uint32))
 
 
 # The largest float32 below 1: a uniform is capped there so that every exponential is finite.
@@ -111,7 +97,7 @@ def race_noise(seed: int, positions, ids: mx.array) -> mx.array:
         positions: an int array or list of absolute positions.
         ids: (N,) token ids: mx.arange(V) for a whole row, or a drafter's smaller vocabulary.
     """
-    return _noise(_position_hash(seed, positions, SAMPLE), ids.astype(mx.uint32))
+    return _noise(position_keys(seed, positions), ids.astype(mx.uint32))
 
 
 def _noise(h: mx.array, ids: mx.array) -> mx.array:
@@ -150,8 +136,12 @@ def _race_rows(probs: mx.array, h: mx.array, ids: mx.array) -> mx.array:
 
 
 def position_keys(seed: int, positions) -> mx.array:
-    """The per-position keys of `sample_race` (uint32, one per position), made once for a round."""
-    return _position_hash(seed, positions, SAMPLE)
+    """The per-position keys of `sample_race` (uint32, one per absolute position), made once for a
+    round: a hash of the position and the seed, whose 64 bits are all used."""
+    pos = mx.array(positions, dtype=mx.uint32) if not isinstance(positions, mx.array) else positions.astype(mx.uint32)
+    lo, hi = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+    h = _fmix32(pos * mx.array(0x9E3779B9, dtype=mx.uint32) + mx.array(lo, dtype=mx.uint32))
+    return _fmix32(h ^ mx.array(hi ^ 0x27D4EB2F, dtype=mx.uint32))
 
 
 def sample_race(probs: mx.array, keys: mx.array, ids: Optional[mx.array] = None) -> mx.array:

@@ -95,9 +95,9 @@ def check_greedy(model, prompt_ids: List[int], reference: Sequence[int], candida
     z = next_token_logits(model, context, max_kv_size=max_kv_size, kv_quant=kv_quant)
     gap = abs(float(z[exp]) - float(z[got]))  # log-softmax shifts both alike: the logit gap is the log-prob gap
     noise_gap = 0.0
-    if temperature > 0 and seed is None:
-        raise ValueError("a sampled output is checked with the seed both outputs were drawn with; got seed=None")
     if temperature > 0:  # the race's noise at that position (its absolute index in the sequence)
+        if seed is None:
+            raise ValueError("a sampled output is checked with the seed both outputs were drawn with; got seed=None")
         e = race_noise(seed, [len(context)], mx.array([exp, got]))[0].tolist()
         noise_gap = temperature * (math.log(e[0]) - math.log(e[1]))
     j = judge(model, context, exp, got, max_kv_size=max_kv_size, max_extra_bytes=max_extra_bytes, kv_quant=kv_quant,
