@@ -320,7 +320,7 @@ class Engine:
                 "auto", "off" (chains only), or an int N capping what a round drafts at N tokens
                 (unused with a fixed num_draft: every round is then a chain).
             lookup: None for the engine's setting (default True); whether a model drafter's
-                rounds may draft by prompt lookup instead, and an EAGLE head's greedy chains copy
+                rounds may draft by prompt lookup instead, and an EAGLE head's chains copy
                 (see `Engine`).
             cancel: a threading.Event (anything with `is_set()`) another thread may set: the
                 generation then ends as if its stream were closed, also between two chunks of a

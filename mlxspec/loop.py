@@ -106,7 +106,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     read_pass = coord.watched(read)
     # Not with several ranks: each rank's cost models would pick differently.
     companion = LOOKUP if lookup and drafter.uses_model and k_fixed is None and not dist else None
-    if hasattr(drafter, "copying"):  # its greedy chains copy where the text repeats (`drafters.chaincopy`)
+    if hasattr(drafter, "copying"):  # its chains copy where the text repeats (`drafters.chaincopy`)
         drafter.copying = lookup
     clock = time.perf_counter
     if engine.generation is not None:  # a stream left open: it ends here, as if closed, and may not resume

@@ -173,7 +173,7 @@ def main(argv=None):
                    help="of the sampled pass, whose first step's sum min(p, q) is reported (default 0.7)")
     p.add_argument("--reps", type=positive_int, default=20, help="timed steps (default 20)")
     p.add_argument("--lookup", choices=("on", "off"), default="on",
-                   help="greedy chains copy where the text repeats (the engine's default, on), or the head drafts "
+                   help="chains copy where the text repeats (the engine's default, on), or the head drafts "
                         "alone (off); at a fixed k no round is handed to prompt lookup either way")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)

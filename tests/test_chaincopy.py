@@ -61,12 +61,57 @@ def test_without_a_repeat_the_chain_is_the_heads(target, random_head):
     assert ready(target, random_head, history, False).propose(history, 4, GREEDY, 0).tokens.tolist() == with_copy
 
 
-def test_sampled_chains_never_copy(target, random_head):
+def test_blend_sampled_copies_where_the_heads_q_of_its_winner_is_below_the_copys_precision():
+    head, yes, no = mx.array(3, dtype=mx.int32), mx.array(True), mx.array(False)
+    bar = chaincopy.precision(6)
+    tok, follows = chaincopy.blend_sampled(head, mx.array(bar - 0.01), 7, 6, yes, 0.5)
+    assert (tok.item(), follows.item()) == (7, True)
+    tok, follows = chaincopy.blend_sampled(head, mx.array(bar + 0.01), 7, 6, yes, 0.5)
+    assert (tok.item(), follows.item()) == (3, False)
+    tok, follows = chaincopy.blend_sampled(head, mx.array(0.01), 7, 6, no, 0.5)  # an earlier step left the copy
+    assert (tok.item(), follows.item()) == (3, False)
+    tok, follows = chaincopy.blend_sampled(head, mx.array(0.01), 7, 1, yes, 0.5)  # a match too short to copy
+    assert (tok.item(), follows.item()) == (3, False)
+    # A drafter whose own sampled drafts stand more often than the copy would: it keeps its token
+    tok, follows = chaincopy.blend_sampled(head, mx.array(0.01), 7, 6, yes, bar + 0.01)
+    assert (tok.item(), follows.item()) == (3, False)
+    tok, follows = chaincopy.blend_sampled(head, mx.array(0.01), 3, 6, yes, bar + 0.01)  # it says the copy's
+    assert (tok.item(), follows.item()) == (3, True)
+
+
+def test_own_rate_counts_the_judged_steps_of_the_drafters_own_tokens():
+    rate = chaincopy.OwnRate()
+    assert rate.rate == 0.5  # the prior
+    history = [1, 2, 3]
+    # own [4, 5, 6, 7], proposed [4, 9, 6, 7] (a copy at the second step); the target said 4, 9, 8:
+    # steps 1-3 were judged (the third proposal was rejected); own hit at the first only
+    rate.expect(history, 3, mx.array([4, 5, 6, 7]), mx.array([4, 9, 6, 7]))
+    history += [4, 9, 8]
+    rate.settle(history)
+    d = chaincopy.OwnRate.DECAY
+    assert rate.hits == pytest.approx(1 * d + 1) and rate.judged == pytest.approx(2 * d + 3)
+    rate.expect(history, 6, mx.array([1, 1]), mx.array([1, 1]))
+    rate.settle(list(history) + [1, 1])  # another request's history: nothing counted
+    assert rate.judged == pytest.approx(2 * d + 3)
+    rate.settle(history + [1])  # nothing pending any more
+    assert rate.judged == pytest.approx(2 * d + 3)
+
+
+def test_a_sampled_chain_copies_tokens_its_race_cannot_propose(target, random_head):
     params = SamplingParams(temperature=0.8)
-    a = ready(target, random_head, HISTORY).propose(HISTORY, 4, params, 7)
-    b = ready(target, random_head, HISTORY, False).propose(HISTORY, 4, params, 7)
-    assert a.tokens.tolist() == b.tokens.tolist()
-    assert a.tokens.tolist()[:len(COPY)] != COPY  # (the greedy chain copies these)
+    for seed in range(4):
+        copied = ready(target, random_head, HISTORY).propose(HISTORY, 4, params, seed).tokens.tolist()
+        own = ready(target, random_head, HISTORY, False).propose(HISTORY, 4, params, seed).tokens.tolist()
+        assert copied == COPY  # the random head is far less sure of any token than a copy of 7
+        assert all(t % 3 == 0 for t in own)  # its race, over its draft vocabulary
+
+
+def test_without_a_repeat_a_sampled_chain_is_the_heads_race(target, random_head):
+    params = SamplingParams(temperature=0.8)
+    history = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    for seed in range(4):
+        with_copy = ready(target, random_head, history).propose(history, 4, params, seed).tokens.tolist()
+        assert ready(target, random_head, history, False).propose(history, 4, params, seed).tokens.tolist() == with_copy
 
 
 def test_a_fixed_shape_trees_side_leaf_is_the_heads_top_where_the_chain_copied(target, random_head):
@@ -91,3 +136,18 @@ def test_copying_stays_lossless_and_lets_a_poor_head_draft_repeats(target, rando
     assert off.tokens == on.tokens
     # The tiny target falls into loops, which copies follow and the random head does not.
     assert on.stats.accepted > off.stats.accepted
+
+
+def test_sampled_copying_keeps_the_seeded_text_and_lets_a_poor_head_draft_repeats(target, random_head):
+    """At a temperature the target's race decides every token with the same noise, so copies
+    change which drafts stand, never the text; where the tiny target loops, more stand."""
+    e = Engine(target, None, eagle_head=random_head, drafter="eagle", num_draft=4)
+    params = dict(max_tokens=48, temperature=0.5)
+    on_accepted = off_accepted = 0
+    for seed in range(3):
+        plain = e.generate(HISTORY, speculative=False, seed=seed, **params).tokens
+        on = e.generate(HISTORY, seed=seed, **params)
+        off = e.generate(HISTORY, seed=seed, lookup=False, **params)
+        assert on.tokens == off.tokens == plain, seed
+        on_accepted, off_accepted = on_accepted + on.stats.accepted, off_accepted + off.stats.accepted
+    assert on_accepted > off_accepted

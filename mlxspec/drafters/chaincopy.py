@@ -6,8 +6,11 @@ hold. Prompt lookup (`NgramDrafter.copy`) finds where the history's tail occurre
 what followed it. At each step of a greedy chain the copy's token replaces the drafter's top
 token when the chain still follows the copy and the drafter is less sure of its top token
 than copies that long are right. It all stays on the device (no read per step), and greedy
-verification keeps the output the target's whatever is proposed. Sampled chains never copy:
-their q must be the drafter's.
+verification keeps the output the target's whatever is proposed. Sampled chains copy by the
+same rule, with the drafter's probability of its race winner as its sureness, while its own
+sampled drafts stand less often than the copy would (`OwnRate`): the target's race decides every
+token with the same noise (`sampling.race`), so a copied token is kept exactly when it is the
+target's own sample, and nothing is lost.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ MIN_COPY = 2  # shorter matches are right about a fifth of the time: never worth
 # How often a copy's next token was the target's, by match length (2, 3, 4-5, 6+), along the
 # greedy answers of 84 prompts never trained on (public, templated, the bench suite; 1,209 positions
 # with a match of 2 or more): 0.50, 0.61, 0.71, 0.88. The demo's EAGLE head's own top token
-# was right 0.48-0.53 of the time at those positions.
+# was right 0.48-0.53 of the time at those positions. A sampled chain uses the same bars: at
+# T = 0.7 they beat copying always on held-out public prompts and trailed it a little on the
+# bench suite (README, "Lookup rounds for model drafters").
 PRECISION = ((6, 0.88), (4, 0.71), (3, 0.61), (2, 0.50))
 
 
@@ -29,12 +34,18 @@ def precision(match: int) -> float:
     return next((p for n, p in PRECISION if match >= n), 0.0)
 
 
+def _take(head_token, sure, copy_token, bar, following):
+    token = mx.where(following & (sure < bar), copy_token, head_token)
+    return token, following & (token == copy_token)
+
+
+# One compiled call each: every op costs host time per step, as in `rounds._argmax_checked`.
 @mx.compile
 def _blend(head_token, logits, copy_token, bar, following):
-    # One compiled call: every op costs host time per step, as in `rounds._argmax_checked`.
-    p_top = mx.exp(mx.max(logits) - mx.logsumexp(logits))
-    token = mx.where(following & (p_top < bar), copy_token, head_token)
-    return token, following & (token == copy_token)
+    return _take(head_token, mx.exp(mx.max(logits) - mx.logsumexp(logits)), copy_token, bar, following)
+
+
+_blend_sampled = mx.compile(_take)
 
 
 def blend(head_token: mx.array, logits: mx.array, copy_token: int, match: int,
@@ -46,3 +57,59 @@ def blend(head_token: mx.array, logits: mx.array, copy_token: int, match: int,
     `following` (every earlier step took the copy's token)."""
     return _blend(head_token, logits, mx.array(copy_token, dtype=head_token.dtype),
                   mx.array(precision(match), dtype=mx.float32), following)
+
+
+def blend_sampled(head_token: mx.array, q_head: mx.array, copy_token: int, match: int,
+                  following: mx.array, own_rate: float) -> Tuple[mx.array, mx.array]:
+    """`blend` for a sampled chain: `head_token` is the drafter's race winner (the target's id)
+    and `q_head` its probability under the drafter's q at the request's temperature. The copy's
+    token replaces it by the same rule (while the chain follows the copy and q_head is below the
+    copy's precision), and only while the drafter's own sampled drafts have been the target's
+    less often than that (`own_rate`, `OwnRate`): a drafter whose q is close to the target's p
+    wins the target's race with it even where q is flat, and no copy should stand in its way.
+    Lossless whatever it proposes: the target's own race (`sampling.race`, the same noise)
+    decides every token."""
+    bar = precision(match)
+    return _blend_sampled(head_token, q_head, mx.array(copy_token, dtype=head_token.dtype),
+                          mx.array(bar if own_rate < bar else 0.0, dtype=mx.float32), following)
+
+
+class OwnRate:
+    """How often a drafter's own sampled drafts (its race winners, before a copy replaced any)
+    were the target's tokens, at the steps the target judged: exponentially weighted counts
+    from a prior of 1 in 2. `expect` a round's drafts, `settle` them against the history that
+    came back (the next round's): the read is of arrays the round already computed."""
+
+    DECAY = 0.95  # about the last 20 rounds count
+
+    def __init__(self):
+        self.hits, self.judged = 1.0, 2.0
+        self._pending = None
+
+    @property
+    def rate(self) -> float:
+        return self.hits / self.judged
+
+    def expect(self, history: list, start: int, own: mx.array, proposed: mx.array) -> None:
+        """The drafter's own tokens and the ones it proposed for positions start.. of `history`."""
+        self._pending = (history, start, mx.stack([own, proposed]))
+
+    def settle(self, history: list) -> None:
+        """Count the pending round's judged steps, if `history` is the one it drafted for (the
+        loop's grows in place within a request; another request's drafts are dropped)."""
+        if self._pending is None:
+            return
+        drafted_for, start, pair = self._pending
+        self._pending = None
+        got = history[start:]
+        if drafted_for is not history or not got:
+            return
+        own, proposed = pair.tolist()
+        hits = judged = 0
+        for o, p, g in zip(own, proposed, got):  # judged up to and with the first rejected draft
+            judged += 1
+            hits += o == g
+            if p != g:
+                break
+        self.hits = self.hits * self.DECAY + hits
+        self.judged = self.judged * self.DECAY + judged

@@ -335,7 +335,7 @@ class EagleDrafter:
         self._top_full, self._top_mapped = _tops(self.post)
         self.vocab = _vocab(target.model)
         self.max_kv_size, self.headroom, self.prefill_step = max_kv_size, headroom, prefill_step
-        self.copying = True  # greedy chains copy where the text repeats (`chaincopy`); the loop sets it per request
+        self.copying = True  # chains copy where the text repeats (`chaincopy`); the loop sets it per request
         # The engine's n-gram drafter, whose index of the history its lookup rounds keep anyway. Its
         # owner resets it: a copy depends on the current history alone, never on what it archived.
         self.copier = copier if copier is not None else NgramDrafter()
@@ -356,6 +356,7 @@ class EagleDrafter:
         # `covered` is still its prefix and need not be compared (a long history's compare and
         # copy would cost every round).
         self._history = None
+        self.own = chaincopy.OwnRate()  # how often its sampled chains' own tokens stood (copying's guard)
 
     def arrays(self) -> list:
         """What it keeps between rounds, for `Engine.materialize` (its features stay with the target)."""
@@ -508,9 +509,11 @@ class EagleDrafter:
         h = self._feed(history, len(history) - 1)  # (1, H): predicted f[n-1], n = len(history)
         start = len(history)  # absolute position of the first draft token
         keys = None if params.greedy else position_keys(seed, mx.arange(start, start + k))
-        match, copy = self.copier.copy(history, k) if params.greedy and self.copying else (0, [])
+        match, copy = self.copier.copy(history, k) if self.copying else (0, [])
         following = mx.array(True)
-        tokens, side = [], []
+        tokens, side, own = [], [], []
+        if not params.greedy and self.copying:
+            self.own.settle(history)
         for i in range(k):
             if i:
                 h = self.head_step(tokens[-1].reshape(1, 1), h[None])[0]
@@ -527,14 +530,21 @@ class EagleDrafter:
                     side.append(other if tok is top else mx.where(tok == top, other, top))
             else:
                 # The target's own race at this position, run on q over the draft vocabulary
-                # (the target's ids key the noise; tokens outside it have q = 0 and never win).
+                # (the target's ids key the noise; tokens outside it have q = 0 and never win
+                # it, though a copy may propose them).
                 q = kernels.probabilities(self.logits(h[0]).astype(mx.float32), params)  # (N,)
-                tok = sample_race(q[None], keys[i : i + 1], self.race_ids)[0]
-                tok = tok if self.draft_ids is None else mx.take(self.draft_ids, tok)
+                local = sample_race(q[None], keys[i : i + 1], self.race_ids)[0]
+                tok = (local if self.draft_ids is None else mx.take(self.draft_ids, local)).astype(mx.int32)
+                own.append(tok)
+                if i < len(copy):
+                    tok, following = chaincopy.blend_sampled(tok, mx.take(q, local), copy[i], match + i,
+                                                             following, self.own.rate)
             tok = tok.astype(mx.int32)
             mx.async_eval(tok)  # the device starts on this step while the host builds the next
             tokens.append(tok)
         self.drafted = k - 1
+        if own and self.copying:
+            self.own.expect(history, start, mx.stack(own), mx.stack(tokens))
         if size:
             return read_tree(tokens, side, size, ids_map=self.draft_ids)
         if side:  # the fixed-shape tree, still on the device
