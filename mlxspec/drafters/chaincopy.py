@@ -69,7 +69,7 @@ def blend_sampled(head_token: mx.array, q_head: mx.array, copy_token: int, match
     wins the target's race with it even where q is flat, and no copy should stand in its way.
     Lossless whatever it proposes: the target's own race (`sampling.race`, the same noise)
     decides every token."""
-    bar = precision(match)
+    bar = precision(match)  # a bar of 0 takes nothing (q is never below it) but still tracks the copy
     return _blend_sampled(head_token, q_head, mx.array(copy_token, dtype=head_token.dtype),
                           mx.array(bar if own_rate < bar else 0.0, dtype=mx.float32), following)
 
@@ -92,7 +92,9 @@ class OwnRate:
 
     def expect(self, history: list, start: int, own: mx.array, proposed: mx.array) -> None:
         """The drafter's own tokens and the ones it proposed for positions start.. of `history`."""
-        self._pending = (history, start, mx.stack([own, proposed]))
+        pair = mx.stack([own, proposed])
+        mx.async_eval(pair)  # computed beside the round's pass: `settle` then reads without waiting
+        self._pending = (history, start, pair)
 
     def settle(self, history: list) -> None:
         """Count the pending round's judged steps, if `history` is the one it drafted for (the

@@ -543,14 +543,15 @@ class EagleDrafter:
             mx.async_eval(tok)  # the device starts on this step while the host builds the next
             tokens.append(tok)
         self.drafted = k - 1
-        if own and self.copying:
-            self.own.expect(history, start, mx.stack(own), mx.stack(tokens))
         if size:
             return read_tree(tokens, side, size, ids_map=self.draft_ids)
+        chain = mx.stack(tokens)
+        if own and self.copying:
+            self.own.expect(history, start, mx.stack(own), chain)
         if side:  # the fixed-shape tree, still on the device
-            return Draft(mx.concatenate([mx.stack(tokens), mx.stack(side).astype(mx.int32)]),
+            return Draft(mx.concatenate([chain, mx.stack(side).astype(mx.int32)]),
                          parents=static_parents(k, len(side)))
-        return Draft(mx.stack(tokens))
+        return Draft(chain)
 
     def _top(self, h: mx.array) -> Tuple[mx.array, mx.array, mx.array]:
         """(1, H) feature -> ((N,) float32 logits, their argmax, its id in the target's vocabulary)."""
