@@ -145,11 +145,12 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     hist = list(ids)
     longest = longest_draft(engine)  # most drafts a round the cost model sizes may verify
     tree = min(tree, longest) if constraint is None and penalties is None else 0  # most nodes a tree round verifies
-    # A model drafter's tree: its greedy chain plus runners-up (`drafters.sidetree`). Sampled rounds
-    # keep its chain: its race's winners (`sampling.race`).
-    model_trees = (bool(tree) and drafter.uses_model and params.greedy and k_fixed is None
-                   and hasattr(drafter, "propose_tree"))
-    static_trees = model_trees and STATIC_TREES and hasattr(drafter, "propose_static_tree")
+    # A model drafter's tree: its chain plus runners-up (`drafters.sidetree`). Fixed-shape trees at
+    # any temperature (sampled: its race's winners, each step's runner-up beside them,
+    # `sampling.sample_race_two`); trees whose leaves are picked by probability, greedy only.
+    trees_from_model = bool(tree) and drafter.uses_model and k_fixed is None
+    model_trees = trees_from_model and params.greedy and hasattr(drafter, "propose_tree")
+    static_trees = trees_from_model and STATIC_TREES and hasattr(drafter, "propose_static_tree")
     committed = 0  # tokens generated and committed (emitted or about to be)
     talking = dist  # other ranks run this request: an end they cannot see coming must be told
     checked = [0, 0]  # (hash of hist[:upto], upto): every rank's history is compared at each decision
@@ -272,16 +273,16 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     def enqueue(step: tuple) -> Pass:
         k, draft, shadow, src = step
         drafted, read_first, static = None, False, False
-        if draft is None and k and model_trees and not cost.exploring:
-            # Greedy: the chain plus runners-up as side leaves, where their rows pay. First the
-            # fixed-shape tree, drafted and verified on the device like a chain; else the tree
-            # whose leaves are picked by probability, which the host must read first. Not for a
+        if draft is None and k and (model_trees or static_trees) and not cost.exploring:
+            # The chain plus runners-up as side leaves, where their rows pay. First the
+            # fixed-shape tree, drafted and verified on the device like a chain; else (greedy) the
+            # tree whose leaves are picked by probability, which the host must read first. Not for a
             # round that re-times a pass length (`CostModel._explore`): side leaves would make its
             # pass longer than the one it is to time, which would stay warm-up's guess.
             m = treeplan.static_leaves(cost, k, tree) if static_trees else 0
             if m:
                 draft, drafted, static = drafter.propose_static_tree(hist, k, m, params, seed), k, True
-            elif treeplan.could_widen(cost, k, tree):
+            elif model_trees and treeplan.could_widen(cost, k, tree):
                 proposal = drafter.propose_tree(hist, k, k + tree, params, seed)
                 draft, drafted, read_first = treeplan.widen(proposal, cost, tree), k, True
         if draft is None:  # a model (or a fixed k) drafts the same tokens on every rank: same history, same seed

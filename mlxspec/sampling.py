@@ -152,6 +152,23 @@ def sample_race(probs: mx.array, keys: mx.array, ids: Optional[mx.array] = None)
     return _race_rows(probs, keys, ids if ids.dtype == mx.uint32 else ids.astype(mx.uint32))
 
 
+@mx.compile
+def _race_two_rows(probs: mx.array, h: mx.array, ids: mx.array) -> mx.array:
+    scores = probs / _noise(h, ids)
+    first = mx.argmax(scores, axis=-1)
+    cols = mx.arange(scores.shape[-1])
+    second = mx.argmax(mx.where(cols == first[..., None], -1.0, scores), axis=-1)
+    return mx.stack([first, second], axis=-1).astype(mx.int32)
+
+
+def sample_race_two(probs: mx.array, keys: mx.array, ids: Optional[mx.array] = None) -> mx.array:
+    """`sample_race`'s winner and the race's runner-up (the second-largest p(x) / E(x)): int32
+    (R, 2) column indices. A drafter's runner-up is its next guess at the target's sample where
+    its winner is not it (a side leaf of a sampled tree, `drafters.sidetree`)."""
+    ids = _all_ids(probs.shape[-1]) if ids is None else ids
+    return _race_two_rows(probs, keys, ids if ids.dtype == mx.uint32 else ids.astype(mx.uint32))
+
+
 @functools.lru_cache(maxsize=8)
 def _all_ids(n: int) -> mx.array:
     # Made once per vocabulary size: a step should not launch an arange of 150k ids.

@@ -160,11 +160,13 @@ def _warm_drafter(engine, name: str, drafter: ModelDrafter, ids, params: Samplin
 
 
 def _warm_tree_drafts(engine, drafter, ids, params: SamplingParams, seed: int) -> None:
-    """A model drafter's greedy trees (its runners-up, on the device and read), untimed."""
-    if not (engine.tree and params.greedy and not engine.coord.active and hasattr(drafter, "propose_tree")):
+    """A model drafter's trees, untimed: fixed-shape ones (on the device; sampled too, their
+    runners-up from `sampling.sample_race_two`) and, greedy, read ones."""
+    if not (engine.tree and not engine.coord.active and hasattr(drafter, "propose_static_tree")):
         return
     drafter.propose_static_tree(ids[:PREFIX], 2, 1, params, seed).tokens.tolist()
-    drafter.propose_tree(ids[:PREFIX], 2, 4, params, seed)
+    if params.greedy:
+        drafter.propose_tree(ids[:PREFIX], 2, 4, params, seed)
     drafter.reset()
 
 

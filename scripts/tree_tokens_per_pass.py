@@ -3,6 +3,7 @@
     python scripts/tree_tokens_per_pass.py [--drafter eagle] [--chain 4] [--caps 8,16] [--prompts 6]
     python scripts/tree_tokens_per_pass.py --suite bench --prompts 24 --caps 8 --lookup on,off
     python scripts/tree_tokens_per_pass.py --prompts 12 --caps 8 --shapes static,read
+    python scripts/tree_tokens_per_pass.py --suite bench --prompts 24 --caps 8 --temperature 0.7
 
 On a CPU the cost model rightly keeps chains (a pass over 9 rows costs ~4x one), so
 `mlxspec bench --tree auto,off` cannot show what trees would do on a GPU. This script makes
@@ -14,6 +15,9 @@ target's tokens, not on the device, so they carry over; multiply by V(chain + 1)
 measured on the device for its speedup.
 Greedy output is checked against plain decoding; a difference is judged as the bench judges
 it (a rounding divergence at a near-tie, or a bug: then the script exits with status 1).
+With --temperature, prompt i is sampled with seed i and checked against plain decoding's
+sample with that seed the same way (the race makes them the same tokens); a model drafter's
+trees are then fixed-shape ones (its race winners and their runners-up), whatever --shapes says.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ def main(argv=None):
                    help="a model drafter's trees: static (fixed-shape trees first, the engine's default), read "
                         "(leaves picked by probability, read on the host), or static,read to compare")
     p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampled decoding at this temperature, prompt i with seed i, checked against plain "
+                        "decoding with the same seed (default 0: greedy)")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     import mlxspec
@@ -69,7 +76,11 @@ def main(argv=None):
     engine.costs[args.drafter].k_max = engine.costs["ngram"].k_max = args.chain
     tok = engine.tokenizer
     prompts = [chat_ids(tok, ex["prompt"]) for ex in eval_suite(args.suite)[: args.prompts]]
-    plain = [engine.generate(ids, max_tokens=args.max_tokens, speculative=False).tokens for ids in prompts]
+    T = args.temperature
+    sampled = {"temperature": T} if T > 0 else {}
+    seed = (lambda i: {"seed": i}) if T > 0 else (lambda i: {})
+    plain = [engine.generate(ids, max_tokens=args.max_tokens, speculative=False, **sampled, **seed(i)).tokens
+             for i, ids in enumerate(prompts)]
     out, bugs = {}, 0
     for lk in lookups:
         # keys: the tree setting ("off", "8"), with "/lookup=on|off" when both are compared
@@ -80,15 +91,16 @@ def main(argv=None):
             key = f"{tree}{'/' + shape if len(shapes) > 1 and shape else ''}{tag}"
             tokens = passes = nodes = trees = same = by_lookup = 0
             kinds = collections.Counter()  # divergences by kind: rounding, bug, unclassified
-            for ids, ref in zip(prompts, plain):
+            for i, (ids, ref) in enumerate(zip(prompts, plain)):
                 # Fresh caches and drafters: n-gram trees also copy earlier histories, and an earlier
                 # run of the same prompt would hand them its answer.
                 engine.reset()
-                r = engine.generate(ids, max_tokens=args.max_tokens, tree=tree, lookup=lk == "on")
+                r = engine.generate(ids, max_tokens=args.max_tokens, tree=tree, lookup=lk == "on", **sampled, **seed(i))
                 s = r.stats
                 tokens, passes, nodes, trees = tokens + s.tokens, passes + s.rounds, nodes + s.drafted, trees + s.tree_rounds
                 by_lookup += s.lookup_rounds
-                check = check_greedy(engine.target_model, ids, ref, r.tokens, max_kv_size=engine.max_kv_size)
+                check = check_greedy(engine.target_model, ids, ref, r.tokens, max_kv_size=engine.max_kv_size,
+                                     temperature=T, seed=i if T > 0 else None)
                 same += check.identical
                 if not check.identical:
                     kinds[check.divergence] += 1
@@ -98,13 +110,14 @@ def main(argv=None):
                                          "identical": f"{same}/{len(prompts)}", "divergences": dict(kinds)}
             chain = out[f"off{tag}"]
             print(f"tree={tree!s:4s} {shape:6s} lookup={lk:3s} tokens/pass {row['tokens_per_pass']:.2f}  nodes/pass "
-                  f"{row['nodes_per_pass']:.1f}  tree rounds {trees}/{passes}  lookup rounds {by_lookup}  greedy "
-                  f"identical {row['identical']}"
+                  f"{row['nodes_per_pass']:.1f}  tree rounds {trees}/{passes}  lookup rounds {by_lookup}  "
+                  f"{'sampled' if T > 0 else 'greedy'} identical {row['identical']}"
                   + "".join(f", {n} {kind}" for kind, n in sorted(kinds.items()))
                   + (f"  ({row['tokens_per_pass'] / chain['tokens_per_pass']:.2f}x the chain's)" if tree != "off" else ""),
                   flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"drafter": args.drafter, "chain": args.chain, **out}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"drafter": args.drafter, "chain": args.chain, "temperature": T, **out},
+                                              indent=1) + "\n")
     if bugs:
         sys.exit(f"{bugs} greedy output(s) differ from plain decoding beyond rounding")
 

@@ -121,6 +121,21 @@ def test_a_fixed_shape_trees_side_leaf_is_the_heads_top_where_the_chain_copied(t
     assert tree.parents == [-1, 0, 1, 2, -1]
 
 
+def test_a_sampled_fixed_shape_trees_side_leaves_are_the_heads_race_winners_where_the_chain_copied(target,
+                                                                                                  random_head):
+    params = SamplingParams(temperature=0.8)
+    for seed in range(4):
+        own = ready(target, random_head, HISTORY, False).propose(HISTORY, 2, params, seed).tokens.tolist()
+        tree = ready(target, random_head, HISTORY).propose_static_tree(HISTORY, 2, 2, params, seed)
+        t = tree.tokens.tolist()
+        assert t[:3] == COPY[:2] + own[:1]  # where the copy took a step, the head's winner stands beside it
+        assert t[3] != COPY[1] and t[3] % 3 == 0  # (the second step's race follows the copied first token)
+        assert tree.parents == [-1, 0, -1, 0]
+        # Without the copy, the chain is the race's winners and the leaves its runners-up.
+        alone = ready(target, random_head, HISTORY, False).propose_static_tree(HISTORY, 2, 2, params, seed).tokens.tolist()
+        assert alone[:2] == own and alone[2] != own[0] and alone[3] != own[1] and alone[2] % 3 == 0
+
+
 @pytest.mark.parametrize("window", [None, 16])
 def test_copying_stays_lossless_and_lets_a_poor_head_draft_repeats(target, random_head, window):
     prompt = HISTORY

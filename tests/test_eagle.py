@@ -287,6 +287,9 @@ def test_warmup_runs_the_head(target, random_head, monkeypatch):
     e.warmup()
     assert sorted(trees) == ["propose_static_tree", "propose_tree"]
     assert set(range(1, FEED_WHOLE + 1)) <= set(fed) and blends
+    trees.clear()  # at a temperature: its fixed-shape trees too (their races' runners-up), never read ones
+    e.warmup(temperatures=(0.7,))
+    assert trees == ["propose_static_tree"]
     assert e.costs["eagle"].c.value() > 0  # the head's per-token cost is measured, not a prior
     assert e.target.tokens == [] and e.drafters["eagle"].entries == 0
     r = e.generate(PROMPT, max_tokens=20)

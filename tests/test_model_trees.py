@@ -314,9 +314,26 @@ def test_eagle_trees_equal_plain_decoding(tied, head, paths, shape, max_kv):
     assert e.generate(PROMPT, max_tokens=60, tree="off").tokens == plain.tokens
 
 
-def test_sampled_rounds_keep_the_chain_with_q(target, draft):
-    e = flat_curve(Engine(target, None, draft, drafter="model"))
-    r = e.generate(PROMPT, max_tokens=30, temperature=0.8, seed=1)
-    assert r.stats.tree_rounds == 0 and r.stats.drafted > 0
-    off = flat_curve(Engine(target, None, draft, drafter="model")).generate(PROMPT, max_tokens=30, tree="off")
-    assert off.stats.tree_rounds == 0
+@pytest.mark.parametrize("drafter", ["model", "eagle"])
+def test_sampled_rounds_verify_fixed_shape_trees_of_the_races_runners_up(target, draft, tied, head, paths, shape,
+                                                                         drafter):
+    """At a temperature every node is checked against the target's own race (the same noise), so
+    a tree of the drafter's race winners and each step's runner-up gives the seeded text plain
+    decoding gives. Read trees stay greedy: sampled rounds then keep the chain. (No lookup rounds:
+    their n-gram trees are sampled too, and every tree here is the drafter's.)"""
+    model = target if drafter == "model" else tied
+    kw = dict(drafter="model", draft_model=draft) if drafter == "model" else dict(drafter="eagle", eagle_head=head)
+    e = flat_curve(Engine(model, None, **kw))
+    params = dict(max_tokens=40, temperature=0.8, lookup=False)
+    trees = 0
+    for seed in range(3):
+        plain = Engine(model, drafter="none").generate(PROMPT, seed=seed, max_tokens=40, temperature=0.8).tokens
+        r = e.generate(PROMPT, seed=seed, **params)
+        assert r.tokens == plain, seed
+        assert e.generate(PROMPT, seed=seed, tree="off", **params).tokens == plain
+        trees += r.stats.tree_rounds
+    if shape["kind"] == "static":
+        assert trees > 0 and shape["static"] > 0
+        assert through_a_side_leaf(paths), "no runner-up was accepted"
+    else:
+        assert trees == 0 and shape["read"] == 0

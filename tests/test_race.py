@@ -6,10 +6,10 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from mlxspec.sampling import position_keys, race, race_noise, sample_race
+from mlxspec.sampling import position_keys, race, race_noise, sample_race, sample_race_two
 
 # Chi-square critical values at P = 1e-3 by degrees of freedom.
-CHI2_999 = {1: 10.83, 4: 18.47}
+CHI2_999 = {1: 10.83, 3: 16.27, 4: 18.47}
 
 
 def raced(p, n, seed=0, start=0):
@@ -75,3 +75,27 @@ def test_a_race_over_part_of_the_vocabulary_is_the_whole_race_with_zeros_elsewhe
     keys = position_keys(5, mx.arange(100, 108))
     part = np.array(sample_race(mx.array(q), keys, mx.array(ids)))
     assert ids[part].tolist() == np.array(sample_race(mx.array(full), keys)).tolist()
+
+
+def test_the_races_runner_up_follows_its_law_and_its_winner_is_sample_races():
+    """The runner-up (a sampled tree's side leaf) is x with probability sum over y != x of
+    p(y) p(x) / (1 - p(y)): x comes second when y arrives first and x first among the rest."""
+    p = np.array([0.4, 0.3, 0.2, 0.1, 0.0])
+    n = 60_000
+    rows = mx.broadcast_to(mx.array(p, dtype=mx.float32), (n, len(p)))
+    keys = position_keys(7, mx.arange(n))
+    two = np.array(sample_race_two(rows, keys))
+    assert two[:, 0].tolist() == np.array(sample_race(rows, keys)).tolist()
+    assert (two[:, 0] != two[:, 1]).all()
+    second = np.bincount(two[:, 1], minlength=len(p))
+    assert second[4] == 0  # zero mass never comes second while two tokens have mass
+    law = np.array([sum(p[y] * p[x] / (1 - p[y]) for y in range(4) if y != x) for x in range(4)])
+    assert abs(law.sum() - 1) < 1e-12
+    chi2 = float(((second[:4] - n * law) ** 2 / (n * law)).sum())
+    assert chi2 < CHI2_999[3], (chi2, second, n * law)
+    # Over part of the vocabulary, keyed by the target's ids, as a drafter with fewer ids races.
+    ids = mx.array([3, 10, 11, 40, 41], dtype=mx.uint32)
+    part = np.array(sample_race_two(rows[:200], keys[:200], ids))
+    full = np.zeros((200, 50), np.float32)
+    full[:, np.array(ids)] = p
+    assert np.array(ids)[part].tolist() == np.array(sample_race_two(mx.array(full), keys[:200])).tolist()

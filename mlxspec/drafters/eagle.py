@@ -40,7 +40,7 @@ from .. import kernels
 from ..backbone import LogitMap, layers_fit, logit_map, output_rows
 from ..cache import make_cache
 from ..errors import IncompatibleModelsError, ModelNotFoundError, shown
-from ..sampling import SamplingParams, position_keys, sample_race
+from ..sampling import SamplingParams, position_keys, sample_race, sample_race_two
 from ..sequence import shared_prefix
 from . import chaincopy
 from .context import ContextCache, check_context
@@ -497,10 +497,11 @@ class EagleDrafter:
         return self._draft(history, depth, SamplingParams(temperature=0.0), seed, size=size)
 
     def propose_static_tree(self, history, depth, leaves, params: SamplingParams, seed: int) -> Draft:
-        """The greedy chain of `depth` tokens plus the runner-up of each of its first `leaves`
-        steps as side leaves (`sidetree.static_parents`): a fixed shape, so the tokens stay on
-        the device, unread, like a chain's."""
-        return self._draft(history, depth, SamplingParams(temperature=0.0), seed, static=leaves)
+        """The chain of `depth` tokens plus the runner-up of each of its first `leaves` steps as
+        side leaves (`sidetree.static_parents`): a fixed shape, so the tokens stay on the device,
+        unread, like a chain's. Greedy: the head's second likeliest token; sampled: its race's
+        runner-up with the target's noise (`sampling.sample_race_two`)."""
+        return self._draft(history, depth, params, seed, static=leaves)
 
     def _draft(self, history, k, params: SamplingParams, seed: int, size: int = 0, static: int = 0) -> Draft:
         if k <= 0 or len(history) < 2:
@@ -533,12 +534,19 @@ class EagleDrafter:
                 # (the target's ids key the noise; tokens outside it have q = 0 and never win
                 # it, though a copy may propose them).
                 q = kernels.probabilities(self.logits(h[0]).astype(mx.float32), params)  # (N,)
-                local = sample_race(q[None], keys[i : i + 1], self.race_ids)[0]
+                if i < static:  # with the race's runner-up, the side leaf beside this step
+                    local, other = sample_race_two(q[None], keys[i : i + 1], self.race_ids)[0]
+                    other = other if self.draft_ids is None else mx.take(self.draft_ids, other)
+                else:
+                    local = sample_race(q[None], keys[i : i + 1], self.race_ids)[0]
                 tok = (local if self.draft_ids is None else mx.take(self.draft_ids, local)).astype(mx.int32)
                 own.append(tok)
+                winner = tok
                 if i < len(copy):
                     tok, following = chaincopy.blend_sampled(tok, mx.take(q, local), copy[i], match + i,
                                                              following, self.own.rate)
+                if i < static:  # as a greedy chain's: the winner's place goes to the copy, if it took it
+                    side.append(mx.where(tok == winner, other, winner) if i < len(copy) else other)
             tok = tok.astype(mx.int32)
             mx.async_eval(tok)  # the device starts on this step while the host builds the next
             tokens.append(tok)

@@ -7,7 +7,7 @@ from typing import List, Optional
 import mlx.core as mx
 
 from .. import kernels
-from ..sampling import SamplingParams, position_keys, sample_race
+from ..sampling import SamplingParams, position_keys, sample_race, sample_race_two
 from ..sequence import Sequence
 from .base import Draft
 from .sidetree import read_tree, runner_up, runners_up, static_parents
@@ -96,14 +96,15 @@ class ModelDrafter:
 
     def propose_tree(self, history, depth, size, params: SamplingParams, seed: int) -> Draft:
         """The greedy chain of `depth` tokens plus side leaves, at most `size` nodes (`sidetree`).
-        Deterministic candidates (the engine uses trees from a model at temperature 0); the host
-        reads the draft, since the tree's shape depends on it."""
+        Deterministic candidates (the engine uses these read trees at temperature 0 only); the
+        host reads the draft, since the tree's shape depends on it."""
         return self._draft(history, depth, SamplingParams(temperature=0.0), seed, size=size)
 
     def propose_static_tree(self, history, depth, leaves, params: SamplingParams, seed: int) -> Draft:
-        """The greedy chain of `depth` tokens plus the runner-up of each of its first `leaves`
-        steps (`sidetree.static_parents`): a fixed shape, left on the device like a chain."""
-        return self._draft(history, depth, SamplingParams(temperature=0.0), seed, static=leaves)
+        """The chain of `depth` tokens plus the runner-up of each of its first `leaves` steps
+        (`sidetree.static_parents`): a fixed shape, left on the device like a chain. Greedy: the
+        second likeliest token; sampled: the race's runner-up (`sampling.sample_race_two`)."""
+        return self._draft(history, depth, params, seed, static=leaves)
 
     def _draft(self, history, k, params: SamplingParams, seed: int, size: int = 0, static: int = 0) -> Draft:
         """k tokens drafted on the device; with `size`, also a tree of them and their runners-up
@@ -127,7 +128,12 @@ class ModelDrafter:
             else:
                 # The target's own race at this position, run on q (`sampling.race`): the draft
                 # is what the target samples whenever q ranks the winner as p does.
-                tok = sample_race(kernels.probabilities(logits, params)[None], keys[i : i + 1])[0]
+                q = kernels.probabilities(logits, params)[None]
+                if i < static:  # with the race's runner-up, the side leaf beside this step
+                    tok, other = sample_race_two(q, keys[i : i + 1])[0]
+                    side.append(other)
+                else:
+                    tok = sample_race(q, keys[i : i + 1])[0]
             mx.async_eval(tok)  # the device starts on this step while the host builds the next
             tokens.append(tok)
         drafts = mx.stack(tokens)

@@ -13,7 +13,9 @@ cache, and the first wrong chain step is where a side branch pays most.
 Such a tree is read on the host before its pass (its shape depends on the probabilities), and
 the device waits meanwhile. A fixed-shape tree does not: the chain plus the runner-up of each
 of its first m steps (EAGLE-1's and Medusa's static trees), drafted and verified on the device
-like a chain (`static_parents`, `runner_up`).
+like a chain (`static_parents`, `runner_up`). It is the one shape sampled rounds grow: their
+chain is the drafter's race winners and a leaf the runner-up of its step's race
+(`sampling.sample_race_two`), so the shape is still known before drafting.
 """
 
 from __future__ import annotations
