@@ -119,7 +119,7 @@ def main(argv=None):
         Path(args.json).write_text(json.dumps({"drafter": args.drafter, "chain": args.chain, "temperature": T, **out},
                                               indent=1) + "\n")
     if bugs:
-        sys.exit(f"{bugs} greedy output(s) differ from plain decoding beyond rounding")
+        sys.exit(f"{bugs} {'sampled' if T > 0 else 'greedy'} output(s) differ from plain decoding beyond rounding")
 
 
 if __name__ == "__main__":
