@@ -148,8 +148,7 @@ def sample_race(probs: mx.array, keys: mx.array, ids: Optional[mx.array] = None)
     """`race(probs, race_noise(...))` in one compiled call: rows (R, N) of probabilities, `keys` (R,)
     from `position_keys`, `ids` (N,) the token ids of the columns (None: 0..N-1) -> int32 (R,)
     column indices."""
-    ids = _all_ids(probs.shape[-1]) if ids is None else ids
-    return _race_rows(probs, keys, ids if ids.dtype == mx.uint32 else ids.astype(mx.uint32))
+    return _race_rows(probs, keys, _column_ids(probs, ids))
 
 
 @mx.compile
@@ -165,8 +164,13 @@ def sample_race_two(probs: mx.array, keys: mx.array, ids: Optional[mx.array] = N
     """`sample_race`'s winner and the race's runner-up (the second-largest p(x) / E(x)): int32
     (R, 2) column indices. A drafter's runner-up is its next guess at the target's sample where
     its winner is not it (a side leaf of a sampled tree, `drafters.sidetree`)."""
+    return _race_two_rows(probs, keys, _column_ids(probs, ids))
+
+
+def _column_ids(probs: mx.array, ids: Optional[mx.array]) -> mx.array:
+    """The uint32 token ids that key the noise of `probs`' columns (None: 0..N-1)."""
     ids = _all_ids(probs.shape[-1]) if ids is None else ids
-    return _race_two_rows(probs, keys, ids if ids.dtype == mx.uint32 else ids.astype(mx.uint32))
+    return ids if ids.dtype == mx.uint32 else ids.astype(mx.uint32)
 
 
 @functools.lru_cache(maxsize=8)

@@ -525,10 +525,8 @@ class EagleDrafter:
                     tok, following = chaincopy.blend(top, logits, copy[i], match + i, following)
                 if size:
                     side.append(runners_up(logits))
-                elif i < static:  # the head's runner-up, or its top where the chain copied instead
-                    other = runner_up(logits, local)
-                    other = other if self.draft_ids is None else mx.take(self.draft_ids, other)
-                    side.append(other if tok is top else mx.where(tok == top, other, top))
+                elif i < static:
+                    side.append(self._leaf(tok, top, runner_up(logits, local)))
             else:
                 # The target's own race at this position, run on q over the draft vocabulary
                 # (the target's ids key the noise; tokens outside it have q = 0 and never win
@@ -536,7 +534,6 @@ class EagleDrafter:
                 q = kernels.probabilities(self.logits(h[0]).astype(mx.float32), params)  # (N,)
                 if i < static:  # with the race's runner-up, the side leaf beside this step
                     local, other = sample_race_two(q[None], keys[i : i + 1], self.race_ids)[0]
-                    other = other if self.draft_ids is None else mx.take(self.draft_ids, other)
                 else:
                     local = sample_race(q[None], keys[i : i + 1], self.race_ids)[0]
                 tok = (local if self.draft_ids is None else mx.take(self.draft_ids, local)).astype(mx.int32)
@@ -545,8 +542,8 @@ class EagleDrafter:
                 if i < len(copy):
                     tok, following = chaincopy.blend_sampled(tok, mx.take(q, local), copy[i], match + i,
                                                              following, self.own.rate)
-                if i < static:  # as a greedy chain's: the winner's place goes to the copy, if it took it
-                    side.append(mx.where(tok == winner, other, winner) if i < len(copy) else other)
+                if i < static:
+                    side.append(self._leaf(tok, winner, other))
             tok = tok.astype(mx.int32)
             mx.async_eval(tok)  # the device starts on this step while the host builds the next
             tokens.append(tok)
@@ -560,6 +557,12 @@ class EagleDrafter:
             return Draft(mx.concatenate([chain, mx.stack(side).astype(mx.int32)]),
                          parents=static_parents(k, len(side)))
         return Draft(chain)
+
+    def _leaf(self, tok: mx.array, own: mx.array, other: mx.array) -> mx.array:
+        """A fixed-shape tree's side leaf beside a chain step: the head's runner-up there (`other`,
+        in the draft vocabulary), or its own token `own` where the chain took a copy's instead."""
+        other = other if self.draft_ids is None else mx.take(self.draft_ids, other)
+        return other if tok is own else mx.where(tok == own, other, own)
 
     def _top(self, h: mx.array) -> Tuple[mx.array, mx.array, mx.array]:
         """(1, H) feature -> ((N,) float32 logits, their argmax, its id in the target's vocabulary)."""
