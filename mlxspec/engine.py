@@ -95,9 +95,9 @@ class Engine:
         lookup: a model drafter ("model", "eagle") may hand a round to prompt lookup (the n-gram
             drafter) where the cost models expect that to be faster, e.g. where the answer
             copies the prompt (default True; False: the model drafts every round it drafts).
-            Never with a fixed num_draft or several ranks. With it an EAGLE head's greedy chains
-            also copy, step by step, where the text repeats and the head is unsure
-            (`drafters.chaincopy`; also with a fixed num_draft).
+            Never with a fixed num_draft or several ranks. With it a model drafter's chains (the
+            draft model's or an EAGLE head's) also copy, step by step, where the text repeats and
+            the drafter is unsure (`drafters.chaincopy`; also with a fixed num_draft).
         prefill_step: prompt tokens fed per pass (default 512); a cancelled request stops between two.
         prompt_cache_size: earlier histories kept for when their conversation comes back (default
             0: the caches hold the last request's only; `mlxspec.prompt_cache`). A request that
@@ -197,7 +197,8 @@ class Engine:
         self.drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if self.draft_model is not None:
             self.drafters["model"] = ModelDrafter(self.draft_model, target_vocab=self.vocab_size,
-                                                  max_kv_size=self.max_kv_size, headroom=headroom)
+                                                  max_kv_size=self.max_kv_size, headroom=headroom,
+                                                  copier=self.drafters["ngram"])
         if self.eagle is not None:
             head, draft_ids, _ = self.eagle
             self.drafters["eagle"] = EagleDrafter(head, draft_ids, self.target, max_kv_size=self.max_kv_size,
@@ -320,7 +321,7 @@ class Engine:
                 "auto", "off" (chains only), or an int N capping what a round drafts at N tokens
                 (unused with a fixed num_draft: every round is then a chain).
             lookup: None for the engine's setting (default True); whether a model drafter's
-                rounds may draft by prompt lookup instead, and an EAGLE head's chains copy
+                rounds may draft by prompt lookup instead, and its chains copy
                 (see `Engine`).
             cancel: a threading.Event (anything with `is_set()`) another thread may set: the
                 generation then ends as if its stream were closed, also between two chunks of a

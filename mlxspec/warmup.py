@@ -155,8 +155,16 @@ def _warm_drafter(engine, name: str, drafter: ModelDrafter, ids, params: Samplin
         drafter.reset()
         drafter.catch_up(ids[: n + 1])
     drafter.reset()
+    if params.greedy:  # (its top token is int32, as in `ModelDrafter._draft`)
+        _warm_copy_step(mx.zeros((drafter.target_vocab,), mx.float32), mx.array(0, dtype=mx.int32))
     _time_drafts(engine, name, drafter, ids, params, seed, max_j, timed=timed)
     _warm_tree_drafts(engine, drafter, ids, params, seed)
+
+
+def _warm_copy_step(logits: mx.array, top: mx.array) -> None:
+    """A greedy chain's copy step (`chaincopy.blend`, compiled per width of the drafter's (N,)
+    logits and its top token's dtype): the synthetic prefix never repeats, so no warm-up draft copies."""
+    mx.eval(chaincopy.blend(top, logits, 0, chaincopy.MIN_COPY, mx.array(True)))
 
 
 def _warm_tree_drafts(engine, drafter, ids, params: SamplingParams, seed: int) -> None:
@@ -190,8 +198,8 @@ def _warm_eagle(engine, name: str, drafter: EagleDrafter, ids, params: SamplingP
         drafter.reset()
         mx.eval(drafter._feed(ids, n), drafter.arrays())
     drafter.reset()
-    if params.greedy:  # a chain's copy step: the synthetic prefix never repeats, so no draft below copies
+    if params.greedy:
         logits, _, top = drafter._top(mx.zeros((1, drafter.out_weight.shape[1]), drafter.out_weight.dtype))
-        mx.eval(chaincopy.blend(top, logits, 0, chaincopy.MIN_COPY, mx.array(True)))
+        _warm_copy_step(logits, top)
     _time_drafts(engine, name, drafter, ids, params, seed, max_j, timed=timed)
     _warm_tree_drafts(engine, drafter, ids, params, seed)

@@ -322,8 +322,10 @@ def test_repeated_values_and_fixed_lengths_run_each_distinct_setting_once(engine
                        trees=["auto", "off", "off"], lookups=["on", "off"], peer=False)
     spec = [s for s in got if s.mode == "speculative"]
     assert len(spec) == len(set(spec))
-    # A fixed length drafts chains by the drafter alone: no tree or lookup variants of it.
+    # A fixed length drafts chains by the drafter alone: no tree variants of it, and lookup ones only
+    # where the drafter's chains copy or not by it (the draft model's do; the n-gram drafter's are copies).
     assert [s for s in spec if s.num_draft == "2"] == [Setting("speculative", "model", "2", "auto", "on"),
+                                                       Setting("speculative", "model", "2", "auto", "off"),
                                                        Setting("speculative", "ngram", "2", "auto", "on")]
     assert {(s.tree, s.lookup) for s in spec if s.drafter == "model" and s.num_draft == "auto"} == {
         ("auto", "on"), ("auto", "off"), ("off", "on"), ("off", "off")}

@@ -1,4 +1,4 @@
-"""Copying inside the EAGLE head's greedy chains (`mlxspec.drafters.chaincopy`)."""
+"""Copying inside model drafters' chains: the EAGLE head's and the draft model's (`mlxspec.drafters.chaincopy`)."""
 
 import mlx.core as mx
 import pytest
@@ -166,3 +166,74 @@ def test_sampled_copying_keeps_the_seeded_text_and_lets_a_poor_head_draft_repeat
         assert on.tokens == off.tokens == plain, seed
         on_accepted, off_accepted = on_accepted + on.stats.accepted, off_accepted + off.stats.accepted
     assert on_accepted > off_accepted
+
+
+# -- a draft model's chains copy by the same rule ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def flat_draft():
+    """A draft model unsure of every token (its output head scaled down): any copy beats it."""
+    import tiny
+
+    d = tiny.make_llama(7, layers=1, hidden=32, tie_embeddings=False)
+    d.lm_head.weight = d.lm_head.weight * 1e-3
+    return d
+
+
+def model_drafter(draft, copying=True):
+    from mlxspec.drafters.model import ModelDrafter
+
+    d = ModelDrafter(draft, target_vocab=draft.args.vocab_size, max_kv_size=None, headroom=5)
+    d.copying = copying
+    return d
+
+
+def test_a_draft_models_greedy_chain_copies_where_it_is_unsure(flat_draft):
+    assert model_drafter(flat_draft).propose(HISTORY, 4, GREEDY, 0).tokens.tolist() == COPY
+    own = model_drafter(flat_draft, False).propose(HISTORY, 4, GREEDY, 0).tokens.tolist()
+    assert own != COPY
+    # A fixed-shape tree keeps the drafter's own top token beside the copied step.
+    tree = model_drafter(flat_draft).propose_static_tree(HISTORY, 4, 1, GREEDY, 0)
+    assert tree.tokens.tolist() == COPY + own[:1] and tree.parents == [-1, 0, 1, 2, -1]
+    history = [5, 6, 7, 8, 9, 10, 11, 12, 13]  # nothing recurs: the chain is the drafter's
+    assert (model_drafter(flat_draft).propose(history, 4, GREEDY, 0).tokens.tolist()
+            == model_drafter(flat_draft, False).propose(history, 4, GREEDY, 0).tokens.tolist())
+
+
+def test_a_draft_models_sampled_chain_copies_and_keeps_its_winner_as_the_leaf(flat_draft):
+    params = SamplingParams(temperature=0.8)
+    for seed in range(4):
+        assert model_drafter(flat_draft).propose(HISTORY, 4, params, seed).tokens.tolist() == COPY
+        own = model_drafter(flat_draft, False).propose(HISTORY, 2, params, seed).tokens.tolist()
+        tree = model_drafter(flat_draft).propose_static_tree(HISTORY, 2, 1, params, seed).tokens.tolist()
+        assert tree == COPY[:2] + own[:1]
+
+
+def test_a_draft_models_copying_stays_lossless_and_drafts_repeats(target, flat_draft):  # noqa: F811
+    """Greedy and seeded sampled text equal plain decoding's whatever the chain copies; where the
+    tiny target loops, copies stand that the unsure draft's own tokens never would."""
+    e = Engine(target, None, flat_draft, drafter="model", num_draft=4)
+    plain = Engine(target, drafter="none")
+    for params in (dict(), dict(temperature=0.5, seed=1), dict(temperature=0.5, seed=2)):
+        want = plain.generate(HISTORY, max_tokens=48, **params).tokens
+        on = e.generate(HISTORY, max_tokens=48, **params)
+        off = e.generate(HISTORY, max_tokens=48, lookup=False, **params)
+        assert on.tokens == off.tokens == want, params
+        assert on.stats.accepted > off.stats.accepted, params
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle"])
+def test_warm_up_compiles_the_copy_step_a_reply_uses(target, random_head, flat_draft, drafter,  # noqa: F811
+                                                     monkeypatch):
+    """`_blend` compiles per width of the drafter's logits and dtype of its token: warm-up runs the
+    very one a greedy reply's copying chain calls, so no reply compiles it."""
+    seen = []
+    monkeypatch.setattr(chaincopy, "_blend", lambda head, logits, *a, _o=chaincopy._blend:
+                        seen.append((logits.shape, head.dtype)) or _o(head, logits, *a))
+    kw = dict(draft_model=flat_draft) if drafter == "model" else dict(eagle_head=random_head)
+    e = Engine(target, None, drafter=drafter, num_draft=4, **kw)
+    e.warmup()
+    warmed = set(seen)
+    seen.clear()
+    e.generate(HISTORY, max_tokens=24)
+    assert seen and set(seen) <= warmed, (seen, warmed)

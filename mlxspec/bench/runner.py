@@ -152,7 +152,7 @@ def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts
 
     def variants(d: str, k: str):
         # A fixed length drafts chains by the drafter alone: trees and lookup rounds never run
-        # (a head's chains still copy or not, by lookup), so those settings would repeat one run.
+        # (a model drafter's chains still copy or not, by lookup), so those settings would repeat one run.
         drafter, fixed = engine.drafters[d], k != "auto"
         trees_d = tree_opts if hasattr(drafter, "propose_tree") and not fixed else tree_opts[:1]
         looks = lookups if drafter.uses_model and (not fixed or hasattr(drafter, "copying")) else ["on"]

@@ -63,7 +63,7 @@ def register(subparsers) -> None:
     p.add_argument("--tree", default="auto", help="draft trees: auto (the cost model sizes them), off "
                    "(chains only) or a node cap; a comma list compares them, e.g. auto,off (default auto)")
     p.add_argument("--lookup", default="on", help="a model drafter's (model, eagle) lookup companion: on (rounds "
-                   "where prompt lookup is expected to draft faster go to it; the eagle head's greedy chains also copy where "
+                   "where prompt lookup is expected to draft faster go to it; the model's or head's chains also copy where "
                    "the text repeats) or off (the model drafts alone); "
                    "a comma list compares them, e.g. on,off (default on)")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="sampling seed, the same for every run (default 0)")

@@ -59,7 +59,7 @@ def add_drafting_args(p, *, none: bool = True, per_request: bool = False) -> Non
                         "most N drafted tokens a round")
     p.add_argument("--lookup", type=on_off, default=None, metavar="on|off",
                    help=f"with the draft model or the EAGLE head{when}: on (default) hands the rounds where the "
-                        "text repeats to prompt lookup, and the head's chains copy there; off: the model "
+                        "text repeats to prompt lookup, and the model's or head's chains copy there; off: the model "
                         "drafts alone")
 
 

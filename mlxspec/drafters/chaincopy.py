@@ -10,7 +10,9 @@ verification keeps the output the target's whatever is proposed. Sampled chains 
 same rule, with the drafter's probability of its race winner as its sureness, while its own
 sampled drafts stand less often than the copy would (`OwnRate`): the target's race decides every
 token with the same noise (`sampling.race`), so a copied token is kept exactly when it is the
-target's own sample, and nothing is lost.
+target's own sample, and nothing is lost. (That guard on greedy chains too cost the demo's
+EAGLE head 0.006 of its per-token rate on the bench suite, so greedy chains have none: a
+drafter right even where it is unsure, such as the target as its own draft, can be overruled.)
 """
 
 from __future__ import annotations
@@ -72,6 +74,43 @@ def blend_sampled(head_token: mx.array, q_head: mx.array, copy_token: int, match
     bar = precision(match)  # a bar of 0 takes nothing (q is never below it) but still tracks the copy
     return _blend_sampled(head_token, q_head, mx.array(copy_token, dtype=head_token.dtype),
                           mx.array(bar if own_rate < bar else 0.0, dtype=mx.float32), following)
+
+
+class Round:
+    """One chain's copying, step by step: what prompt lookup (`copier`, the engine's n-gram
+    drafter) proposes after the history's tail, and whether the chain still follows it. A
+    drafter makes one per drafted chain and passes each step's own token through `greedy` or
+    `sampled`; off (`on` False), both give the drafter's token back. `own` is the drafter's
+    `OwnRate`: a sampled round settles the last round's drafts first and `expect`s its own."""
+
+    def __init__(self, copier, history: list, k: int, *, on: bool, greedy: bool, own: "OwnRate"):
+        self.on, self.own, self.history = on, own, history
+        self.match, self.copy = copier.copy(history, k) if on else (0, [])
+        self.following = mx.array(True)
+        if on and not greedy:
+            own.settle(history)
+
+    def greedy(self, i: int, top: mx.array, logits: mx.array) -> mx.array:
+        """Step i's token: the drafter's `top` (the argmax of its (N,) float32 `logits`, the
+        target's id) or the copy's (`blend`)."""
+        if i >= len(self.copy):  # (below MIN_COPY, blend keeps the drafter's token and tracks the copy)
+            return top
+        tok, self.following = blend(top, logits, self.copy[i], self.match + i, self.following)
+        return tok
+
+    def sampled(self, i: int, winner: mx.array, q: mx.array, local: mx.array) -> mx.array:
+        """Step i's token: the drafter's race `winner` (the target's id; `local` its index in the
+        drafter's (N,) law `q`) or the copy's (`blend_sampled`)."""
+        if i >= len(self.copy):
+            return winner
+        tok, self.following = blend_sampled(winner, mx.take(q, local), self.copy[i], self.match + i,
+                                            self.following, self.own.rate)
+        return tok
+
+    def expect(self, start: int, own: list, chain: mx.array) -> None:
+        """A sampled round's own race winners and the chain it proposed from position `start`."""
+        if self.on and own:
+            self.own.expect(self.history, start, mx.stack(own), chain)
 
 
 class OwnRate:

@@ -47,7 +47,7 @@ from .context import ContextCache, check_context
 from .base import Draft
 from .model import power_of_two_chunks
 from .ngram import NgramDrafter
-from .sidetree import read_tree, runner_up, runners_up, static_parents
+from .sidetree import beside, read_tree, runner_up, runners_up, static_parents
 
 # Most real entries fed in one head call: a round's catch-up (its accepted drafts and the
 # target's token) is one call, not a power-of-two split; warm-up runs each size up to it.
@@ -510,19 +510,14 @@ class EagleDrafter:
         h = self._feed(history, len(history) - 1)  # (1, H): predicted f[n-1], n = len(history)
         start = len(history)  # absolute position of the first draft token
         keys = None if params.greedy else position_keys(seed, mx.arange(start, start + k))
-        match, copy = self.copier.copy(history, k) if self.copying else (0, [])
-        following = mx.array(True)
+        copying = chaincopy.Round(self.copier, history, k, on=self.copying, greedy=params.greedy, own=self.own)
         tokens, side, own = [], [], []
-        if not params.greedy and self.copying:
-            self.own.settle(history)
         for i in range(k):
             if i:
                 h = self.head_step(tokens[-1].reshape(1, 1), h[None])[0]
             if params.greedy:
                 logits, local, top = self._top(h)
-                tok = top
-                if i < len(copy):  # (below MIN_COPY, blend keeps the head's token and tracks the copy)
-                    tok, following = chaincopy.blend(top, logits, copy[i], match + i, following)
+                tok = copying.greedy(i, top, logits)
                 if size:
                     side.append(runners_up(logits))
                 elif i < static:
@@ -539,9 +534,7 @@ class EagleDrafter:
                 tok = (local if self.draft_ids is None else mx.take(self.draft_ids, local)).astype(mx.int32)
                 own.append(tok)
                 winner = tok
-                if i < len(copy):
-                    tok, following = chaincopy.blend_sampled(tok, mx.take(q, local), copy[i], match + i,
-                                                             following, self.own.rate)
+                tok = copying.sampled(i, winner, q, local)
                 if i < static:
                     side.append(self._leaf(tok, winner, other))
             tok = tok.astype(mx.int32)
@@ -551,8 +544,7 @@ class EagleDrafter:
         if size:
             return read_tree(tokens, side, size, ids_map=self.draft_ids)
         chain = mx.stack(tokens)
-        if own and self.copying:
-            self.own.expect(history, start, mx.stack(own), chain)
+        copying.expect(start, own, chain)
         if side:  # the fixed-shape tree, still on the device
             return Draft(mx.concatenate([chain, mx.stack(side).astype(mx.int32)]),
                          parents=static_parents(k, len(side)))
@@ -561,8 +553,7 @@ class EagleDrafter:
     def _leaf(self, tok: mx.array, own: mx.array, other: mx.array) -> mx.array:
         """A fixed-shape tree's side leaf beside a chain step: the head's runner-up there (`other`,
         in the draft vocabulary), or its own token `own` where the chain took a copy's instead."""
-        other = other if self.draft_ids is None else mx.take(self.draft_ids, other)
-        return other if tok is own else mx.where(tok == own, other, own)
+        return beside(tok, own, other if self.draft_ids is None else mx.take(self.draft_ids, other))
 
     def _top(self, h: mx.array) -> Tuple[mx.array, mx.array, mx.array]:
         """(1, H) feature -> ((N,) float32 logits, their argmax, its id in the target's vocabulary)."""

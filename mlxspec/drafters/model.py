@@ -9,8 +9,10 @@ import mlx.core as mx
 from .. import kernels
 from ..sampling import SamplingParams, position_keys, sample_race, sample_race_two
 from ..sequence import Sequence
+from . import chaincopy
 from .base import Draft
-from .sidetree import read_tree, runner_up, runners_up, static_parents
+from .ngram import NgramDrafter
+from .sidetree import beside, read_tree, runner_up, runners_up, static_parents
 
 
 def power_of_two_chunks(n: int) -> List[int]:
@@ -27,25 +29,31 @@ class ModelDrafter:
     values are settled from the (by then evaluated) draft array, rejected drafts roll back,
     and tokens the draft has not seen (plain rounds in between) are fed in power-of-two
     chunks, so catching up uses a handful of shapes that `Engine.warmup` compiles once.
+
+    Its chains copy where the text repeats (`chaincopy`, as an EAGLE head's do): `copier` is the
+    engine's n-gram drafter, whose index of the history its lookup rounds keep anyway.
     """
 
     name = "model"
     uses_model = True
 
-    def __init__(self, model, *, target_vocab: int, max_kv_size: Optional[int], headroom: int):
+    def __init__(self, model, *, target_vocab: int, max_kv_size: Optional[int], headroom: int,
+                 copier: Optional[NgramDrafter] = None):
         self.model = model
         self.target_vocab = target_vocab
         self.seq = Sequence(model, max_kv_size=max_kv_size, headroom=headroom)
+        self.copying = True  # chains copy where the text repeats (`chaincopy`); the loop sets it per request
+        self.copier = copier if copier is not None else NgramDrafter()
+        self.reset()
+
+    def reset(self) -> None:
+        self.seq.reset()
         self._drafted = None  # (first position, lazy (k-1,) tokens fed as drafts) of the last round
         # The history last synced to, and its length then: the loop's history only grows within a
         # request, so the next sync to the same list need not compare what it held (a long
         # history's compare costs every round).
         self._history, self._synced = None, 0
-
-    def reset(self) -> None:
-        self.seq.reset()
-        self._drafted = None
-        self._history, self._synced = None, 0
+        self.own = chaincopy.OwnRate()  # how often its sampled chains' own tokens stood (copying's guard)
 
     def _sync(self, history: List[int]) -> List[int]:
         known = self._synced if history is self._history else 0
@@ -114,26 +122,32 @@ class ModelDrafter:
         logits = self.catch_up(history)
         start = len(history)  # absolute position of the first draft token
         keys = None if params.greedy else position_keys(seed, mx.arange(start, start + k))
-        tokens, side = [], []
+        copying = chaincopy.Round(self.copier, history, k, on=self.copying, greedy=params.greedy, own=self.own)
+        tokens, side, own = [], [], []
         for i in range(k):
             if i:
                 logits = self.seq.forward(tokens[-1].reshape(1))[-1]
             logits = self._fit(logits.astype(mx.float32))
             if params.greedy:
-                tok = mx.argmax(logits).astype(mx.int32)
+                top = mx.argmax(logits).astype(mx.int32)
+                tok = copying.greedy(i, top, logits)
                 if size:
                     side.append(runners_up(logits))
                 elif i < static:
-                    side.append(runner_up(logits, tok).astype(mx.int32))
+                    side.append(beside(tok, top, runner_up(logits, top).astype(mx.int32)))
             else:
                 # The target's own race at this position, run on q (`sampling.race`): the draft
                 # is what the target samples whenever q ranks the winner as p does.
                 q = kernels.probabilities(logits, params)[None]
                 if i < static:  # with the race's runner-up, the side leaf beside this step
-                    tok, other = sample_race_two(q, keys[i : i + 1])[0]
-                    side.append(other)
+                    winner, other = sample_race_two(q, keys[i : i + 1])[0]
                 else:
-                    tok = sample_race(q, keys[i : i + 1])[0]
+                    winner = sample_race(q, keys[i : i + 1])[0]
+                winner = winner.astype(mx.int32)
+                own.append(winner)
+                tok = copying.sampled(i, winner, q[0], winner)
+                if i < static:
+                    side.append(beside(tok, winner, other.astype(mx.int32)))
             mx.async_eval(tok)  # the device starts on this step while the host builds the next
             tokens.append(tok)
         drafts = mx.stack(tokens)
@@ -141,6 +155,7 @@ class ModelDrafter:
             self._drafted = (start, drafts[: k - 1])
         if size:
             return read_tree(tokens, side, size)
+        copying.expect(start, own, drafts)
         if side:
             return Draft(mx.concatenate([drafts, mx.stack(side)]), parents=static_parents(k, len(side)))
         return Draft(drafts)

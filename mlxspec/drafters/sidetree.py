@@ -51,6 +51,13 @@ def runner_up(logits: mx.array, top: mx.array) -> mx.array:
     return mx.where(two[0] == top, two[1], two[0])
 
 
+def beside(tok: mx.array, own: mx.array, other: mx.array) -> mx.array:
+    """A fixed-shape tree's side leaf beside a chain step whose token is `tok`: the drafter's
+    runner-up there (`other`), or its own token `own` where the chain took a copy's instead
+    (`chaincopy`), so the drafter's choice is still verified."""
+    return other if tok is own else mx.where(tok == own, other, own)
+
+
 def grow(chain: Sequence[int], candidates: Sequence[Tuple[Sequence[int], Sequence[float]]], size: int,
          kind: str = "") -> Draft:
     """The chain plus at most size - len(chain) side leaves, depth-first with the chain first.
