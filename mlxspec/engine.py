@@ -26,6 +26,7 @@ from .costmodel import DECAY, MODEL_DECAY, CostModel, TargetCurve
 from .device import backend
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
+from .drafters.eagle import head_window
 from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
 from .fim import FimFormat, check_suffix, fim_format, no_fim_error
 from .grammar import JSON_OPTIONS, AfterThinking, Constraint, check_response_format, token_table
@@ -200,10 +201,10 @@ class Engine:
                                                   max_kv_size=self.max_kv_size, headroom=headroom,
                                                   copier=self.drafters["ngram"])
         if self.eagle is not None:
-            head, draft_ids, _ = self.eagle
+            head, draft_ids, cfg = self.eagle
             self.drafters["eagle"] = EagleDrafter(head, draft_ids, self.target, max_kv_size=self.max_kv_size,
                                                   headroom=headroom, prefill_step=self.prefill_step,
-                                                  copier=self.drafters["ngram"])
+                                                  copier=self.drafters["ngram"], window=head_window(cfg))
         self.curve = TargetCurve(prior_ratios=self._cost_prior, prior_slope=self._prior_slope)
         self.costs = {name: CostModel(self.curve, draft_is_free=not d.uses_model,
                                       decay=MODEL_DECAY if d.uses_model else DECAY,

@@ -23,7 +23,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 import eagle_objective as obj
-from train_eagle import reads_target
+from train_eagle import reads_target, window_config
 from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
 import train_draft
 from train_draft import log
@@ -230,7 +230,7 @@ def stage_export(args, final: Path, vocab, model, name: str) -> None:
     cfg = meta["cfg"]
     head = make_head(cfg, len(vocab))
     head.load_weights(list(train_draft.read_work(final, lambda p: mx.load(str(p))).items()), strict=True)
-    extra = {"training": {"script": "scripts/train_eagle.py --target", "backend": backend(),
+    extra = {**window_config(args), "training": {"script": "scripts/train_eagle.py --target", "backend": backend(),
                           "seed": args.seed, "train_minutes": round(meta["train_seconds"] / 60, 1),
                           "steps": meta["steps"], "sequences": meta["sequences"], "entries": meta["entries"],
                           "held_out": meta["history"][-1] if meta["history"] else None,

@@ -249,6 +249,16 @@ def test_numbers_that_cannot_work_are_refused_when_parsed(flag, value, capsys):
     assert f"argument {flag}: '{value}': give a" in capsys.readouterr().err
 
 
+def test_a_window_is_at_least_5_or_0_for_none(capsys):
+    with pytest.raises(SystemExit):
+        train_eagle.parse_args(["--gguf", "x.gguf", "--work", "w", "--out", "o", "--window", "3"])
+    assert "--window 3: at least 5" in capsys.readouterr().err
+    args = train_eagle.parse_args(["--gguf", "x.gguf", "--work", "w", "--out", "o", "--window", "0"])
+    assert train_eagle.window_config(args) == {}  # the exported head attends to all its entries
+    args = train_eagle.parse_args(["--gguf", "x.gguf", "--work", "w", "--out", "o"])
+    assert train_eagle.window_config(args) == {"window": train_eagle.WINDOW}
+
+
 def test_out_never_overwrites_a_file_or_a_folder_that_is_no_head(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     model = tmp_path / "model"

@@ -81,6 +81,7 @@ def test_trains_a_head_that_loads_learns_and_drafts_losslessly(family, tmp_path,
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["model_type"] == "eagle_head" and cfg["draft_vocab_size"] <= 96
     assert cfg["training"]["script"] == "scripts/train_eagle.py --target"
+    assert cfg["window"] == train_eagle.WINDOW  # the head attends to its latest entries (`--window`)
     (final,) = (tmp_path / "work").glob("head_final-*-mlx.json")
     history = json.loads(final.read_text())["history"]
     assert history[0]["step"] == 0 and history[-1]["held_loss"] < 0.9 * history[0]["held_loss"]
@@ -121,6 +122,7 @@ def test_a_head_that_reads_the_targets_context_trains_and_drafts_losslessly(fami
     head = _train(target, tmp_path, "--context", "target")
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["context"] == "target" and cfg["num_layers"] == 1 and cfg["feature_layers"] == []
+    assert "window" not in cfg  # it keeps no cache of its own to window
     (final,) = (tmp_path / "work").glob("head_final-*-mlx.json")
     history = json.loads(final.read_text())["history"]
     assert history[-1]["held_loss"] < 0.9 * history[0]["held_loss"]

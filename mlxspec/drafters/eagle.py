@@ -213,6 +213,7 @@ def load_head(path, target_model, coord=None) -> Tuple[EagleHead, Optional[mx.ar
                 f"[eagle] a head with context 'target' in {cfg_path} must have one decoder layer and read the "
                 f"final hidden state (num_layers 1, feature_layers []), got {depth} and {taps}")
         check_context(args, target_model, coord)
+    head_window(cfg, cfg_path)
     head = EagleHead(args, taps=len(taps), context=context)
     draft_ids = weights.pop("draft_ids", None)
     want = dict(tree_flatten(head.parameters()))
@@ -235,6 +236,23 @@ def load_head(path, target_model, coord=None) -> Tuple[EagleHead, Optional[mx.ar
     head.set_dtype(dtype)
     mx.eval(head.parameters())
     return head, (draft_ids.astype(mx.int32) if draft_ids is not None else None), cfg
+
+
+def head_window(cfg: dict, cfg_path="config.json") -> Optional[int]:
+    """The config's `window`: how many of its latest entries (plus the first 4) the head's own
+    cache keeps and attends to, or None (absent or null: all of them). A head trained on short
+    sequences drafts worse the further back it attends (the demo head's model card, "Long
+    conversations"); a head that reads the target's cache keeps none of its own to window."""
+    w = cfg.get("window")
+    if w is None:
+        return None
+    if isinstance(w, bool) or not isinstance(w, int) or w < 5:
+        raise IncompatibleModelsError(f"[eagle] window {w!r} in {cfg_path} must be a whole number >= 5 (the head's "
+                                      f"latest entries it attends to, 4 first ones kept besides) or null (all)")
+    if cfg.get("context", "head") == "target":
+        raise IncompatibleModelsError(f"[eagle] a head with context 'target' in {cfg_path} keeps no cache of its own "
+                                      f"to window: drop its window {w}")
+    return w
 
 
 def _layer_args(layer, depth: int, vocab: int, cfg_path: Path) -> ModelArgs:
@@ -313,13 +331,16 @@ class EagleDrafter:
         head, draft_ids: from `load_head`.
         target: the engine's target `Sequence`, built with keep_hidden=True.
         max_kv_size, headroom: the head's cache, like the target's (a window wraps the same way).
+        window: the head's own window (its config's, `head_window`), where it is narrower than
+            the target's: it then attends to its latest `window` entries and the first 4 only.
     """
 
     name = "eagle"
     uses_model = True
 
     def __init__(self, head: EagleHead, draft_ids: Optional[mx.array], target, *, max_kv_size: Optional[int],
-                 headroom: int, prefill_step: int = 512, copier: Optional[NgramDrafter] = None):
+                 headroom: int, prefill_step: int = 512, copier: Optional[NgramDrafter] = None,
+                 window: Optional[int] = None):
         if not target.keep_hidden:
             raise ValueError("[eagle] the target Sequence must keep hidden states (keep_hidden=True)")
         self.head, self.draft_ids, self.target = head, draft_ids, target
@@ -334,6 +355,8 @@ class EagleDrafter:
         self.post = logit_map(target.model)
         self._top_full, self._top_mapped = _tops(self.post)
         self.vocab = _vocab(target.model)
+        if window is not None and not self.reads_target:  # the narrower of the two windows
+            max_kv_size = window if max_kv_size is None else min(max_kv_size, window)
         self.max_kv_size, self.headroom, self.prefill_step = max_kv_size, headroom, prefill_step
         self.copying = True  # chains copy where the text repeats (`chaincopy`); the loop sets it per request
         # The engine's n-gram drafter, whose index of the history its lookup rounds keep anyway. Its
