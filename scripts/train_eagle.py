@@ -1054,7 +1054,7 @@ def parse_args(argv=None):
                    help="entries of its own cache the exported head attends to (its latest, plus the first 4), "
                         "written to its config as `window`; 0: all of them. A head learns on sequences of a few "
                         "hundred tokens and drafts worse the further back it attends: after 3,000 tokens of "
-                        "conversation the demo head's per-token acceptance was 0.27 attending to all and 0.58 with "
+                        "conversation the demo head's per-token acceptance was 0.27 attending to all and 0.60 with "
                         f"a window of 256 (model card, \"Long conversations\"). Default {WINDOW}; "
                         "with --context target it is not used (that head keeps no cache of its own)")
     p.add_argument("--feature-layers", default="final",
