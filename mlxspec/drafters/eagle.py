@@ -355,6 +355,9 @@ class EagleDrafter:
         self.post = logit_map(target.model)
         self._top_full, self._top_mapped = _tops(self.post)
         self.vocab = _vocab(target.model)
+        # The target's window bounds the features it keeps for the head; the head's own window only
+        # its cache (a request may roll back past it, and the head then feeds again from them).
+        self.target_window = max_kv_size
         if window is not None and not self.reads_target:  # the narrower of the two windows
             max_kv_size = window if max_kv_size is None else min(max_kv_size, window)
         self.max_kv_size, self.headroom, self.prefill_step = max_kv_size, headroom, prefill_step
@@ -466,14 +469,14 @@ class EagleDrafter:
             i += n
         # The target's features stay with it (its rollbacks drop them): a later request that shares
         # a prefix rolls the head back to it and needs them again, without re-running the target.
-        # Behind a window, only those a rollback can reach: the window plus the rollback room
+        # Behind the target's window, only those a rollback can reach: the window plus the rollback room
         # (twice: the head's and the target's) bound them, so a long stream does not grow.
         # `covered` is a prefix of `history` here (`_sync` kept only what agrees): extend it
         del self.covered[upto + 1:]
         self.covered.extend(history[len(self.covered): upto + 1])
         self._history = history
-        if self.max_kv_size:
-            self.target.release_hidden(upto - self.max_kv_size - 2 * self.headroom)
+        if self.target_window:
+            self.target.release_hidden(upto - self.target_window - 2 * self.headroom)
         return out[0, -1:]
 
     def _feed_context(self, history: List[int], upto: int) -> Optional[mx.array]:
