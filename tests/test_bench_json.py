@@ -211,3 +211,22 @@ def test_calibrate_rejects_bad_counts_when_parsed(option, capsys):
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["calibrate", option, "0"])
     assert f"argument {option}: expected an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_a_suite_of_conversations_runs_whole_conversations(monkeypatch, tmp_path):
+    from bench_helpers import tiny_engine
+
+    from mlxspec.prompts import encode_prompt
+
+    chat = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello there, friend."},
+            {"role": "user", "content": "Again."}]
+    suite = tmp_path / "chats.jsonl"
+    suite.write_text(json.dumps({"id": "long", "category": "chat", "messages": chat}) + "\n")
+    eng = tiny_engine()
+    doc = bench_cli_json(monkeypatch, tmp_path, "--prompts", str(suite), "--max-tokens", "4", "--drafter", "ngram",
+                         "--no-peer", engine=eng)
+    whole = len(encode_prompt(chat, eng.tokenizer, eng.vocab_size))
+    assert whole > len(encode_prompt(chat[-1:], eng.tokenizer, eng.vocab_size))
+    assert {r["prompt_id"] for r in doc["runs"]} == {"long"}
+    assert {r["prompt_tokens"] for r in doc["runs"]} == {whole}
+    assert all(r["matches_vanilla"] for r in doc["runs"])

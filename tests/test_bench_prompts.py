@@ -94,3 +94,57 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path):
     f.write_bytes('{"prompt": "ok"}\n{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
     with pytest.raises(InvalidArgumentError, match="not UTF-8 text .*line 2"):
         load_prompts(f)
+
+
+def test_a_line_may_be_a_whole_conversation(tmp_path):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello! How can I help?"},
+            {"role": "user", "content": [{"type": "text", "text": "Name a"}, {"type": "text", "text": "colour."}]}]
+    f = tmp_path / "chats.jsonl"
+    f.write_text(json.dumps({"messages": chat, "id": "c", "category": "long"}) + "\n" + json.dumps({"prompt": "q"}) + "\n")
+    conv, plain = load_prompts(f)
+    assert conv.messages() == chat and conv.messages() is not conv.messages()  # a fresh copy each time
+    assert (conv.id, conv.category, conv.prompt) == ("c", "long", "Name a\ncolour.")
+    assert plain.messages() == [{"role": "user", "content": "q"}]
+    assert select([conv, plain], full=False, limit=None) == [conv, plain]
+
+
+def test_a_conversation_encodes_through_the_chat_template():
+    from mlxspec.prompts import encode_prompt
+
+    class Tok:  # renders each turn as "role: text", so the whole conversation must reach it
+        chat_template = "x"
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize, **kw):
+            assert add_generation_prompt and not tokenize
+            return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
+
+        def encode(self, text, add_special_tokens):
+            return [ord(c) for c in text]
+
+    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    p = parse_suite(json.dumps({"messages": chat}))[0]
+    assert "".join(map(chr, encode_prompt(p.messages(), Tok(), 256))) == "user:a|assistant:b|user:c|assistant:"
+
+
+@pytest.mark.parametrize("line, words", [
+    ({"messages": []}, "'messages' must be a non-empty list"),
+    ({"messages": "hi"}, "'messages' must be a non-empty list"),
+    ({"messages": [{"content": "hi"}]}, "message 0 must be an object with a string 'role'"),
+    ({"messages": [{"role": "user", "content": 5}]}, "message 0's content must be a string or a list"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+     "its role must be user or tool, got 'assistant'"),
+    ({"messages": [{"role": "user", "content": "  "}]}, "the last message's content must be non-empty"),
+    ({"messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}, "'prompt' or 'messages', not both"),
+])
+def test_bad_conversations_are_named(line, words):
+    with pytest.raises(InvalidArgumentError, match=f"line 1: .*{words}"):
+        parse_suite(json.dumps(line))
+
+
+def test_an_assistant_turn_with_tool_calls_needs_no_content():
+    chat = [{"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function",
+                                                                     "function": {"name": "w", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "1", "content": "sunny"}]
+    assert parse_suite(json.dumps({"messages": chat}))[0].messages() == chat

@@ -52,7 +52,8 @@ def register(subparsers) -> None:
     add_model_args(p)
     add_distributed_arg(p)
     p.add_argument("--prompts", metavar="FILE.jsonl", help="your own suite: one JSON object per line with "
-                   "'prompt' and optional 'id', 'category' (default: the builtin suite)")
+                   "'prompt' (or 'messages', a whole conversation in OpenAI's chat format ending with the turn to "
+                   "answer) and optional 'id', 'category' (default: the builtin suite)")
     p.add_argument("--full", action="store_true", help="all 24 builtin prompts (default: 8 covering every category; a --prompts file always runs in full)")
     p.add_argument("--limit", type=int, default=None, help="run only the first N selected prompts")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=f"tokens per run (default {DEFAULT_MAX_TOKENS})")
