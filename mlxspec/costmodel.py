@@ -17,6 +17,10 @@ estimate only what the pace does not explain. Choices compare costs, so they nev
 spells of the host: before, a slower spell's rounds charged their whole excess to the draft
 cost and stopped drafting where it paid. The price: a length whose cost changes alone is learnt
 only while most timings are of other lengths (a run of one length reads as the host's pace).
+Every pass also reads the keys of the positions before it, so a request far longer or shorter
+than the last (`TargetCurve.at_context`) starts a new pace: on this project's 2-core CPU a pass
+of one row took 1.7x as long after 3,000 positions as after 64, and a request there, timed at
+the old pace, had its new lengths learnt 1.7x too dear and then scaled by the new pace again.
 
 Costs are robust estimates (`Estimate`): the median of the last few samples (their
 minimum while there are fewer than three), and a sample several times the estimate is
@@ -78,6 +82,9 @@ GUESS_EVERY = 8
 # costs, tests/test_engine_costs.py: 90 % of rounds drafted at 0.85, all but one at 0.97).
 DECAY, MODEL_DECAY = 0.85, 0.97
 PACE_N = 5  # the pace is the median of this many timings over their estimates
+# A pass's context this much longer or shorter than the one the pace was read at (by JUMP_TOKENS
+# and by a factor of JUMP_RATIO) starts a new pace; a chat growing turn by turn never does.
+JUMP_TOKENS, JUMP_RATIO = 512, 1.5
 
 
 def chain_reach(alpha: float, k: int) -> List[float]:
@@ -174,6 +181,12 @@ class TargetCurve:
         # pace does not explain; choices, which compare costs, then never mix two spells.
         self.pace = 1.0
         self._ratios: deque = deque(maxlen=PACE_N)
+        self.context: Optional[int] = None  # positions before the passes timed next (`at_context`)
+        self.pace_context: Optional[int] = None  # the context the pace was last read at
+        # The pace is being read anew (`at_context`): no timing is learnt until one gives it.
+        self.pace_open = False
+        self._growth = 1.0  # after a jump, how much longer the context got (the first sample's stall bar)
+        self._fresh = False  # since the jump, fewer than 3 pace samples: the pace is their minimum
 
     @property
     def prior_ratios(self) -> Dict[int, float]:
@@ -198,6 +211,8 @@ class TargetCurve:
             return
         if not trusted:
             self.pace_sample(seconds, self.v.get(j))
+            if self.pace_open:
+                return  # no pace to learn it at yet
         self.add_verify(j, seconds / self.pace, trusted=trusted)
 
     def add_verify(self, j: int, x: float, *, trusted: bool = False) -> None:
@@ -215,16 +230,41 @@ class TargetCurve:
         if e.add(x, self.now, provisional=trusted, guess=guess):
             self._known, self._interp = None, {}
 
+    def at_context(self, n: int) -> None:
+        """The passes timed next attend to `n` positions before their own. Far from where the pace
+        was read (JUMP_TOKENS and JUMP_RATIO), its samples are forgotten and it is read anew
+        (`pace_open`): the next timing of work timed before sets it, and timings of work never
+        timed are not learnt until then (at the old pace they would be learnt as dear as the
+        context made them, and then scaled by the new pace again)."""
+        self.context = n
+        ref = self.pace_context
+        if ref is None:
+            self.pace_context = n
+        elif abs(n - ref) >= JUMP_TOKENS and max(n, ref) >= JUMP_RATIO * max(1, min(n, ref)):
+            self._ratios.clear()
+            self.pace_open, self._fresh = True, True
+            self._growth = max(1.0, n / max(1, ref))
+            self.pace_context = n
+
     def pace_sample(self, seconds: float, e: Optional[Estimate]) -> None:
-        """A timing of the work `e` prices at pace 1: a pace sample where `e` is settled. A stall's
-        is no pace (a first-use compile slows one round, not the host)."""
-        if e is None or not e.settled():
+        """A timing of the work `e` prices at pace 1: a pace sample where `e` is settled (while the
+        pace is read anew, where it was timed at all). A stall's is no pace (a first-use compile
+        slows one round, not the host)."""
+        if e is None or not len(e) or not (self.pace_open or e.settled()):
             return
         expected = e.value()
-        if not expected or seconds <= 0 or seconds > STALL * self.pace * expected:
+        bar = STALL * self.pace * (self._growth if self.pace_open else 1.0)
+        if not expected or seconds <= 0 or seconds > bar * expected:
             return
         self._ratios.append(seconds / expected)
-        self.pace = statistics.median(self._ratios)
+        if self._fresh and len(self._ratios) < 3:
+            self.pace = min(self._ratios)  # stalls only slow a sample down, as in `Estimate`
+        else:
+            self._fresh = False
+            self.pace = statistics.median(self._ratios)
+        self.pace_open = False
+        if self.context is not None:
+            self.pace_context = self.context
 
     def touch(self, j: int) -> None:
         """V(j) was confirmed, not re-timed (a model drafter's round was no faster than it)."""
@@ -244,7 +284,8 @@ class TargetCurve:
         if seconds <= 0:  # hidden behind a slow consumer (its time is not the pass's): no timing
             return
         self.pace_sample(seconds, self.plain)
-        self.plain.add(seconds / self.pace, self.now)
+        if not self.pace_open:
+            self.plain.add(seconds / self.pace, self.now)
 
     def measured(self) -> Dict[int, float]:
         """{j: V(j)} for the lengths timed so far, at pace 1."""
@@ -370,6 +411,12 @@ class CostModel:
             over = self.read if read else self.static if static else None
             if v is None:
                 return
+            typical = self.round_seconds.setdefault((k, steps, read, static), Estimate())
+            paced = curve.pace_open
+            if paced:
+                curve.pace_sample(seconds, typical)  # a shape timed before reads the new pace
+                if curve.pace_open:
+                    return  # nothing to read it at: no timing is learnt at the old pace
             # V is never taken below a plain step: a draft cost that absorbed other work must not
             # make a pass look free.
             floor = curve.plain.value() or 0.0
@@ -384,8 +431,8 @@ class CostModel:
             # Judge the typical round of this shape, not this one: a single round's noise would
             # go to the draft cost when slow and to V when fast, and the two would drift apart
             # (V down, c up, so long drafts would look dearer than they are).
-            typical = self.round_seconds.setdefault((k, steps, read, static), Estimate())
-            curve.pace_sample(seconds, typical)  # a shape's rounds tell the host's pace, as plain steps do
+            if not paced:
+                curve.pace_sample(seconds, typical)  # a shape's rounds tell the host's pace, as plain steps do
             x = seconds / curve.pace
             # A shape's first round is judged against what it should cost (later ones, against the estimate).
             expected = None

@@ -417,6 +417,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
             period = (now - t_read) - (consumer - consumer_at_read) - chained + carried
             t_read, consumer_at_read, carried = now, consumer, chained
             made = engine.costs[done.src]
+            engine.curve.at_context(done.start)  # a pass's cost grows with the keys it reads
             if name == "none" or done.forced:
                 pass  # plain decoding decides nothing; the grammar's forced tokens say nothing of the drafter
             elif done.pipelined:

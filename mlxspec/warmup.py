@@ -69,6 +69,7 @@ def warm_up(engine, *, max_j: Optional[int] = None, temperatures: Iterable[float
     V = logit_width(engine.target_model)
     ids = [(17 + 31 * i) % V for i in range(PREFIX + max_j)]
     target.prefill(ids[: PREFIX - 1])
+    engine.curve.at_context(PREFIX)  # its timings are of passes after PREFIX positions
     last = ids[PREFIX - 1]
     drafts = ids[PREFIX : PREFIX + max_j]
     seed = 0

@@ -132,6 +132,86 @@ def test_a_stall_does_not_move_the_pace():
     assert curve.pace == 1.0 and curve.plain_seconds() == 1.0
 
 
+def _warmed_at(context, v, plain):
+    """A curve timed at `context` positions, as warm-up leaves it (and a loop's rounds confirm)."""
+    curve = TargetCurve()
+    curve.at_context(context)
+    for _ in range(5):  # settled, and the pace read from them
+        for j, s in v.items():
+            curve.observe(j, s)
+        if plain is not None:
+            curve.observe_plain(plain)
+    return curve
+
+
+def test_a_far_longer_context_reads_the_pace_before_learning_new_lengths():
+    """The 2-core CPU's case: after 3,000 positions every pass took 1.7-2.3x as long as after 64.
+    The first timing of a length never timed there has nothing to be read against, so it is not
+    learnt; the plain step, timed before, gives the pace at once; a new length is then learnt at
+    that pace. Before, it was learnt at the old pace (1.7x too dear) and then scaled by the new
+    one again: V(6) read 1.7 x 1.7 its cost, and the head stopped drafting lengths it paid at."""
+    curve = _warmed_at(32, {1: 1.0, 2: 1.2, 3: 1.4}, 1.0)
+    guess = curve.verify_seconds(6)
+    curve.at_context(3000)
+    assert curve.pace_open
+    curve.observe(6, 2.9)  # never timed: no pace yet to learn it at
+    assert curve.age(6) is None and curve.verify_seconds(6) == pytest.approx(guess)
+    curve.observe_plain(1.7)
+    assert not curve.pace_open and curve.pace == pytest.approx(1.7)
+    assert curve.plain_seconds() == pytest.approx(1.7)
+    curve.observe(6, 2.9)
+    assert curve.verify_seconds(6) == pytest.approx(2.9)  # its own cost, not 1.7 x 2.9
+    assert curve.verify_seconds(2) == pytest.approx(1.7 * 1.2)
+
+
+def test_a_model_drafters_round_reads_the_new_pace_and_keeps_its_draft_cost():
+    m = trained({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6}, 0.05, 0.6, plain=1.0)
+    m.curve.at_context(32)
+    for _ in range(3):
+        m.observe_round(2, 1.4 + 2 * 0.05)  # the truth at 32 positions
+    assert m.draft_seconds() == pytest.approx(0.05)
+    m.curve.at_context(3000)
+    m.observe_round(5, 2.0 * 1.9 + 5 * 0.1)  # a shape never timed: nothing to read the pace against
+    assert m.curve.pace_open and m.curve.age(6) is None
+    m.observe_round(2, 2.0 * 1.5)  # the shape timed before: the pace (2.0) from it alone
+    assert not m.curve.pace_open and m.curve.pace == pytest.approx(2.0)
+    assert m.draft_seconds() == pytest.approx(0.1)  # 0.05 at the new pace, not the excess of a slower host
+
+
+def test_a_step_never_timed_waits_for_the_pace_too():
+    curve = _warmed_at(32, {1: 1.0, 2: 1.2}, None)
+    curve.at_context(3000)
+    curve.observe_plain(1.7)  # nothing to read it against
+    assert curve.pace_open and curve.plain.value() is None
+    curve.observe(2, 2.4)
+    assert curve.pace == pytest.approx(2.0)
+    curve.observe_plain(1.7)
+    assert curve.plain.value() == pytest.approx(1.7 / 2.0)
+
+
+def test_a_chat_growing_turn_by_turn_keeps_its_pace():
+    curve = _warmed_at(32, {1: 1.0, 2: 1.2}, 1.0)
+    for n in range(300, 6000, 300):  # each turn a few hundred positions longer
+        curve.at_context(n)
+        assert not curve.pace_open, n
+        curve.observe_plain(1.0 + n / 10000)
+    assert len(curve._ratios) == 5  # never forgotten
+    curve.at_context(100)  # a new, short conversation after 5,700 positions
+    assert curve.pace_open
+
+
+def test_the_first_pace_after_a_jump_is_no_stall():
+    curve = _warmed_at(100, {1: 1.0, 2: 1.2}, 1.0)
+    curve.at_context(1000)  # 10x the positions: a pass may take up to 4 x 10 x its estimate and count
+    curve.observe_plain(45.0)  # a first-use compile
+    assert curve.pace_open and curve.pace == 1.0
+    curve.observe_plain(1.3)
+    curve.observe_plain(1.35)
+    assert curve.pace == pytest.approx(1.3)  # the least of the first samples: stalls only slow one down
+    curve.observe_plain(1.4)
+    assert curve.pace == pytest.approx(1.35)  # then their median, as before
+
+
 def test_calibrated_curve_is_scaled_from_the_nearest_timed_length():
     c = TargetCurve(prior_ratios={1: 1.0, 2: 1.1, 3: 1.2, 4: 3.0, 5: 3.1})
     c.observe(1, 0.2)

@@ -447,3 +447,39 @@ def test_a_stale_draft_cost_is_re_timed_while_lookup_drafts(target, clock, monke
     assert r.tokens == answer
     assert r.stats.rounds > C_STALE and r.stats.lookup_rounds > 0.5 * r.stats.rounds  # lookup drafted most rounds
     assert cost.draft_seconds() < 3 * c, cost.draft_seconds()
+
+
+class ContextModel(StallingModel):
+    """Passes whose cost also grows with the positions before them, as attention reads every key:
+    (base + per_token * length) * (1 + positions / half) seconds of virtual time."""
+
+    def __init__(self, model, clock: VirtualClock, half: float):
+        super().__init__(model, clock, stall=0.0)
+        self.half = half
+
+    def cost(self, n: int, before: int) -> float:
+        return (self.base + self.per_token * n) * (1 + before / self.half)
+
+    def __call__(self, inputs, cache=None, **kw):
+        before = int(mx.array(getattr(cache[0], "offset", 0)).min().item()) if cache else 0  # a tree's: per row
+        out = self.model(inputs, cache=cache, **kw)
+        self.clock.t += self.cost(inputs.shape[1], before)
+        return out
+
+
+def test_a_long_prompt_learns_its_passes_at_their_own_pace(target, clock):
+    """Warm-up times passes after 32 positions; a prompt of 1,200 makes every pass 3.4x as dear.
+    Each length the request timed is learnt at what it costs there, not that times the new
+    pace again (before: lengths first timed in the request, at warm-up's pace, read up to 3x
+    their cost once the pace caught up, and were not drafted again)."""
+    model = ContextModel(target, clock, half=500.0)
+    e = Engine(model, None, drafter="ngram")
+    e.warmup(max_j=4)
+    prompt = (PROMPT * 120)[:1200]
+    r = e.generate(prompt, max_tokens=120)
+    assert e.curve.pace == pytest.approx(model.cost(1, 1200) / model.cost(1, 32), rel=0.1)
+    timed = [j for j in e.curve.measured() if e.curve.age(j) is not None and not e.curve.provisional(j)]
+    assert any(j > 4 for j in timed)  # lengths warm-up never timed were learnt in the request
+    for j in timed:
+        assert e.curve.verify_seconds(j) == pytest.approx(model.cost(j, 1260), rel=0.15), j
+    assert r.tokens == Engine(target, None).generate(prompt, max_tokens=120, speculative=False).tokens
