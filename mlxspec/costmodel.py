@@ -83,7 +83,7 @@ GUESS_EVERY = 8
 DECAY, MODEL_DECAY = 0.85, 0.97
 PACE_N = 5  # the pace is the median of this many timings over their estimates
 # A pass's context this much longer or shorter than the one the pace was read at (by JUMP_TOKENS
-# and by a factor of JUMP_RATIO) starts a new pace; a chat growing turn by turn never does.
+# and by a factor of JUMP_RATIO) starts a new pace; a chat's turns of ordinary length never do.
 JUMP_TOKENS, JUMP_RATIO = 512, 1.5
 
 
