@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxspec.costmodel import C_STALE, EXPLORE_EVERY, STALE_ROUNDS, UNSURE_EVERY, CostModel, Estimate, TargetCurve
+from mlxspec.costmodel import C_STALE, STALL, EXPLORE_EVERY, STALE_ROUNDS, UNSURE_EVERY, CostModel, Estimate, TargetCurve
 
 # Verify-pass seconds measured on an H100 through MLX's CUDA backend for a 4-bit Qwen2.5-7B shape:
 # not monotonic (the quantized matmul switches kernels at 8 rows).
@@ -210,6 +210,19 @@ def test_the_first_pace_after_a_jump_is_no_stall():
     assert curve.pace == pytest.approx(1.3)  # the least of the first samples: stalls only slow one down
     curve.observe_plain(1.4)
     assert curve.pace == pytest.approx(1.35)  # then their median, as before
+
+
+def test_a_context_slowing_passes_past_the_stall_bar_still_sets_the_pace():
+    """Passes 5x dearer after 20x the positions: above the stall bar (STALL x the old pace), yet
+    the context's growth explains them, so the first timing sets the new pace."""
+    assert 5.0 > STALL
+    curve = _warmed_at(100, {1: 1.0, 2: 1.2}, 1.0)
+    curve.at_context(2000)
+    curve.observe_plain(5.0)
+    assert not curve.pace_open and curve.pace == pytest.approx(5.0)
+    curve.at_context(100)  # back to short requests: no growth, the usual bar
+    curve.observe_plain(STALL * 5.0 * 1.5)  # a compile stall
+    assert curve.pace_open
 
 
 def test_calibrated_curve_is_scaled_from_the_nearest_timed_length():
