@@ -209,10 +209,8 @@ class TargetCurve:
         self.now += 1
         if seconds <= 0:
             return
-        if not trusted:
-            self.pace_sample(seconds, self.v.get(j))
-            if self.pace_open:
-                return  # no pace to learn it at yet
+        if not trusted and not self.pace_sample(seconds, self.v.get(j)):
+            return  # no pace to learn it at yet
         self.add_verify(j, seconds / self.pace, trusted=trusted)
 
     def add_verify(self, j: int, x: float, *, trusted: bool = False) -> None:
@@ -246,16 +244,16 @@ class TargetCurve:
             self._growth = max(1.0, n / max(1, ref))
             self.pace_context = n
 
-    def pace_sample(self, seconds: float, e: Optional[Estimate]) -> None:
+    def pace_sample(self, seconds: float, e: Optional[Estimate]) -> bool:
         """A timing of the work `e` prices at pace 1: a pace sample where `e` is settled (while the
         pace is read anew, where it was timed at all). A stall's is no pace (a first-use compile
-        slows one round, not the host)."""
+        slows one round, not the host). False while there is no pace to learn timings at."""
         if e is None or not len(e) or not (self.pace_open or e.settled()):
-            return
+            return not self.pace_open
         expected = e.value()
         bar = STALL * self.pace * (self._growth if self.pace_open else 1.0)
         if not expected or seconds <= 0 or seconds > bar * expected:
-            return
+            return not self.pace_open
         self._ratios.append(seconds / expected)
         if self._fresh and len(self._ratios) < 3:
             self.pace = min(self._ratios)  # stalls only slow a sample down, as in `Estimate`
@@ -265,6 +263,7 @@ class TargetCurve:
         self.pace_open = False
         if self.context is not None:
             self.pace_context = self.context
+        return True
 
     def touch(self, j: int) -> None:
         """V(j) was confirmed, not re-timed (a model drafter's round was no faster than it)."""
@@ -283,8 +282,7 @@ class TargetCurve:
         self.now += 1
         if seconds <= 0:  # hidden behind a slow consumer (its time is not the pass's): no timing
             return
-        self.pace_sample(seconds, self.plain)
-        if not self.pace_open:
+        if self.pace_sample(seconds, self.plain):
             self.plain.add(seconds / self.pace, self.now)
 
     def measured(self) -> Dict[int, float]:
@@ -412,11 +410,11 @@ class CostModel:
             if v is None:
                 return
             typical = self.round_seconds.setdefault((k, steps, read, static), Estimate())
-            paced = curve.pace_open
-            if paced:
-                curve.pace_sample(seconds, typical)  # a shape timed before reads the new pace
-                if curve.pace_open:
-                    return  # nothing to read it at: no timing is learnt at the old pace
+            # A shape's rounds tell the host's pace, as plain steps do (a shape never timed yet, as
+            # always in the first-timing branch below, tells nothing); while the pace is read anew,
+            # no timing is learnt at the old one.
+            if not curve.pace_sample(seconds, typical):
+                return
             # V is never taken below a plain step: a draft cost that absorbed other work must not
             # make a pass look free.
             floor = curve.plain.value() or 0.0
@@ -431,8 +429,6 @@ class CostModel:
             # Judge the typical round of this shape, not this one: a single round's noise would
             # go to the draft cost when slow and to V when fast, and the two would drift apart
             # (V down, c up, so long drafts would look dearer than they are).
-            if not paced:
-                curve.pace_sample(seconds, typical)  # a shape's rounds tell the host's pace, as plain steps do
             x = seconds / curve.pace
             # A shape's first round is judged against what it should cost (later ones, against the estimate).
             expected = None
