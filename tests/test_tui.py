@@ -89,10 +89,9 @@ async def test_escape_stops_a_long_generation_and_the_next_message_works():
         last = app.conversation.turns[-1]
         assert not last.stopped and last.answers[VANILLA].finish_reason in ("length", "stop")
         assert 0 < last.answers[VANILLA].stats.tokens <= 6
-        # Each side continues its own partial answer, and the stop cut the two at different
-        # points (whenever Esc landed): only equal histories must give equal greedy answers.
-        if last.same_history:
-            assert last.answers[SPEC].text == last.answers[VANILLA].text
+        # The stop cut the two at different points (whenever Esc landed), but both continue the
+        # conversation the history shows, so their greedy answers are equal.
+        assert last.same_history and last.answers[SPEC].text == last.answers[VANILLA].text
 
 
 @async_test
@@ -369,15 +368,28 @@ async def test_after_a_stopped_turn_a_difference_is_explained_not_flagged():
             await asyncio.sleep(0.02)
         await pilot.press("escape")
         await wait_idle(app, pilot, timeout=10)
-        stopped = app.conversation.turns[-1]
-        diverged = stopped.answers[SPEC].text != stopped.answers[VANILLA].text
         await send(app, pilot, "/maxtokens 6")
         await send(app, pilot, "next")
         assert len(app.conversation.turns) == 2, history_text(app)
         turn = app.conversation.turns[-1]
-        assert turn.same_history is not diverged
-        if not turn.identical:
-            assert "as expected" in verdict(app) and "DIFFER" not in verdict(app)
+        # however far each side got before Esc, both answer the conversation the history shows
+        assert turn.same_history
+        assert "DIFFER" not in verdict(app) and "as expected" not in verdict(app)
+
+
+def test_both_sides_continue_the_conversation_the_history_shows():
+    """A stopped turn cuts the two sides at different tokens (and a rounding near-tie can part
+    them): the next prompt is still one, with the speculative answer the history shows, so the
+    race compares the two on the same work."""
+    from tui.conversation import Answer, Conversation, Turn
+
+    conv = Conversation("be brief")
+    conv.turns.append(Turn("count", {SPEC: Answer(text="1, 2, 3, 4, 5"), VANILLA: Answer(text="1, 2, 3, 4,")},
+                           stopped=True))
+    conv.turns.append(Turn("again", {SPEC: Answer(text="Hello! I am"), VANILLA: Answer(text="Hello.")}))
+    spec, van = conv.messages(SPEC, "next"), conv.messages(VANILLA, "next")
+    assert spec == van
+    assert [m["content"] for m in spec if m["role"] == "assistant"] == ["1, 2, 3, 4, 5", "Hello! I am"]
 
 
 @async_test

@@ -30,7 +30,7 @@ class Turn:
     answers: Dict[str, Answer]
     temperature: float = 0.0
     stopped: bool = False  # Esc stopped it; the partial answers stay
-    same_history: bool = True  # both sides started from the same messages (not so after a stopped turn)
+    same_history: bool = True  # both sides started from the same messages (the chat always gives them so)
     # Answers that differ (greedy, or sampled with the turn's one seed), classified by the worker
     # (`mlxspec.bench.neartie.check_greedy`):
     # {"divergence": "rounding" | "bug" | "unclassified", "position": first differing token,
@@ -96,8 +96,10 @@ def answer_part(text: str, markers: Optional[Tuple[str, str]]) -> str:
 
 
 class Conversation:
-    """System prompt + finished turns; each side sees its own answers in its message list (their
-    reasoning left out where `markers`, the model's thinking markers, say where it is)."""
+    """System prompt + finished turns. Both sides see one conversation, the one the history shows:
+    the speculative answers (their reasoning left out where `markers`, the model's thinking
+    markers, say where it is). After a stopped turn (the two sides cut at different tokens) or
+    one that parted at a rounding near-tie, the next turn still races on the same prompt."""
 
     def __init__(self, system: str = "", markers: Optional[Tuple[str, str]] = None):
         self.system = system
@@ -105,10 +107,11 @@ class Conversation:
         self.turns: List[Turn] = []
 
     def messages(self, side: str, next_user: Optional[str] = None) -> List[dict]:
+        """The message list `side` answers next (the same for both sides)."""
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         for t in self.turns:
             msgs.append({"role": "user", "content": t.user})
-            msgs.append({"role": "assistant", "content": answer_part(t.answers[side].text, self.markers)})
+            msgs.append({"role": "assistant", "content": answer_part(t.answers[SPEC].text, self.markers)})
         if next_user is not None:
             msgs.append({"role": "user", "content": next_user})
         return msgs
