@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import types
 
@@ -153,3 +154,39 @@ def test_an_unclassified_divergence_says_why():
     turn.divergence = {"divergence": "unclassified", "position": 2, "tokens": 4,
                        "reason": "no float32 reference: a float32 copy of the weights needs 900 MiB"}
     assert "differ from character" in turn.verdict() and "unclassified: no float32 reference" in turn.verdict()
+
+
+def test_between_runs_only_where_no_side_is_timed(monkeypatch):
+    """The caller draws in `between()`: at each switch of sides (after the side that stops has
+    waited for its pass), never in the middle of a side's run, where drawing would be on its
+    clock; once one side is done, after each slice of the other."""
+    import tui.race
+
+    monkeypatch.setattr(tui.race, "time", types.SimpleNamespace(perf_counter=CLOCK))
+    monkeypatch.setattr(tui.race._Side, "pause", lambda self: log.append("pause"))
+    log = []
+    spec = fake_stream([3] * 4, 0.02, [])  # 4 rounds of 20 ms
+    van = fake_stream([0] * 24, 0.01, [])  # 24 steps of 10 ms: 2 after each of the first 3 rounds
+    for side, evs in race({SPEC: spec, VANILLA: van}, cancel=threading.Event(),
+                          between=lambda: log.append("between")):
+        log.append(side)
+    text = " ".join(log)
+    # while both run: speculative's round (paused before it is handed over), between; then
+    # vanilla's steps, its pause, between; alone, vanilla draws after each step
+    both = rf"(pause {SPEC} between( {VANILLA})+ pause between )+"
+    alone = rf"( {VANILLA} between)+"
+    assert re.fullmatch(both + rf"pause {SPEC} between" + alone, text), text
+    assert text.count(f"{VANILLA} between") == 24 - 3 * 2, text
+
+
+def test_run_turn_waits_for_the_screen_after_each_flush():
+    """Every batch of pane updates is followed by `settle()` before the race goes on (drawing off
+    both sides' clocks); the turn's last message comes after the last one."""
+    engine = tiny_engine()
+    log = []
+    req = TurnRequest("hi", {s: Conversation().messages(s, "hi") for s in (SPEC, VANILLA)}, max_tokens=12)
+    run_turn(req, {SPEC: engine, VANILLA: engine.fork()}, threading.Event(), log.append,
+             settle=lambda: log.append("settle"))
+    assert "settle" in log and isinstance(log[-1], TurnFinished) and log[-2] == "settle"
+    groups = " ".join("s" if m == "settle" else "m" for m in log[:-1]).split("s")
+    assert all(g.strip() for g in groups[:-1])  # no settle without something posted before it

@@ -22,10 +22,13 @@ from mlxspec.reasoning import chat_starts_inside, thinking_markers
 from .commands import CommandError, Settings, run_command
 from .conversation import SPEC, VANILLA, Conversation
 from .info import PairInfo, describe
-from .messages import EngineReady, LoadFailed, StatsUpdated, TokensAdded, TurnFinished
+from .messages import EngineReady, LoadFailed, Settle, StatsUpdated, TokensAdded, TurnFinished
 from .screens import ErrorScreen, LoadingScreen
 from .widgets import AnswerPane, ChatHistory, PairHeader
 from .worker import TurnRequest, on_own_thread, run_turn
+
+
+SETTLE_TIMEOUT = 1.0  # seconds the worker waits for the screen at most
 
 
 class ChatApp(App):
@@ -157,7 +160,16 @@ class ChatApp(App):
 
     @work(thread=True, exclusive=True, group="generate")
     def _generate(self, request: TurnRequest, cancel: threading.Event) -> None:
-        on_own_thread(run_turn, request, self.engines, cancel, self.post_message)
+        on_own_thread(run_turn, request, self.engines, cancel, self.post_message, self._settle)
+
+    def _settle(self) -> None:
+        """From the worker: return once what it posted is drawn (or after a second: a closing app)."""
+        done = threading.Event()
+        self.post_message(Settle(done))
+        done.wait(SETTLE_TIMEOUT)
+
+    def on_settle(self, message: Settle) -> None:
+        self.call_after_refresh(message.done.set)
 
     async def on_tokens_added(self, message: TokensAdded) -> None:
         await self.pane(message.side).add(message.pieces)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+import threading
 from typing import Any, Optional, Tuple
 
 from textual.message import Message
@@ -53,3 +54,12 @@ class TurnFinished(Message):
 
     turn: Turn
     error: Optional[str] = None
+
+
+@dataclass
+class Settle(Message):
+    """The worker waits for `done` before it times more work: the app sets it once the messages
+    posted before this one are handled and the screen has repainted, so drawing them never runs
+    beside a side's timed steps (on a shared CPU it slowed whichever side ran then)."""
+
+    done: threading.Event

@@ -37,14 +37,19 @@ class TurnRequest:
 
 
 def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading.Event,
-             post: Callable[[object], object]) -> Turn:
-    """Stream both sides, post TokensAdded/StatsUpdated as they go and one TurnFinished at the end."""
+             post: Callable[[object], object], settle: Optional[Callable[[], object]] = None) -> Turn:
+    """Stream both sides, post TokensAdded/StatsUpdated as they go and one TurnFinished at the end.
+
+    `settle()`, when given, returns once the UI has drawn what was posted: the worker calls it
+    after each flush, between timed steps, so drawing is never on either side's clock.
+    """
     answers = {side: Answer() for side in SIDES}
     pending: Dict[str, list] = {side: [] for side in SIDES}
     latest: Dict[str, object] = {}
     error = None
 
     def flush():
+        posted = bool(latest) or any(pending.values())
         for side in SIDES:
             if pending[side]:
                 post(TokensAdded(side, tuple(pending[side])))
@@ -52,6 +57,8 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
         for side, stats in latest.items():
             post(StatsUpdated(side, StatsView.of(stats)))
         latest.clear()
+        if posted and settle is not None and not cancel.is_set():
+            settle()
 
     # One seed for both sides (drawn per turn when none was given): every sampled token is a race
     # the seed fixes (`mlxspec.sampling.race`), so the two sides sample the same text and a
@@ -67,15 +74,18 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
                                        **common),
             VANILLA: engines[VANILLA].stream(request.messages[VANILLA], speculative=False, **common),
         }
-        last_flush = time.perf_counter()
-        slices = closing(race(streams, cancel=cancel, sequential=request.sequential))  # closes the streams
-        with slices as racing:
+        last_flush = [time.perf_counter()]
+
+        def between():  # nothing is timed now: show what came, at most every FLUSH_SECONDS
+            if time.perf_counter() - last_flush[0] >= FLUSH_SECONDS:
+                flush()
+                last_flush[0] = time.perf_counter()
+
+        slices = closing(race(streams, cancel=cancel, sequential=request.sequential, between=between))
+        with slices as racing:  # closing: the streams end with it
             for side, events in racing:
                 _record(answers[side], pending[side], events)
                 latest[side] = events[-1].stats
-                if time.perf_counter() - last_flush >= FLUSH_SECONDS:
-                    flush()
-                    last_flush = time.perf_counter()
     except ContextLengthError as e:  # the conversation outgrew the model: say the chat's remedies
         error = (f"the conversation no longer fits the model ({e}). Type /clear to start a new one, or restart "
                  f"the chat with --max-kv-size W (below the context) for a sliding window")
