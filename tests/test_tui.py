@@ -707,3 +707,31 @@ async def test_effort_reaches_the_next_turn_s_prompt():
         await send(app, pilot, "hi")
         for side in (VANILLA, SPEC):
             assert app.pane(side).query_one(Markdown).source == "Hello there."
+
+
+@async_test
+async def test_a_multi_line_paste_is_sent_whole():
+    """Textual's Input keeps only a paste's first line; the chat keeps all of it (shown as a
+    marker in the one-line box) and sends it where it was pasted."""
+    from textual import events
+
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        prompt = app.query_one("#prompt")
+        prompt.value = "Summarize: "
+        prompt.cursor_position = len(prompt.value)
+        prompt.post_message(events.Paste("- apples\r\n- bananas\n- cherries\n"))
+        await pilot.pause()
+        assert prompt.value == "Summarize: [pasted text #1: 3 lines]"
+        prompt.insert_text_at_cursor(" thanks")
+        prompt.post_message(events.Paste("one line only\n"))  # a single line goes in as typed
+        await pilot.pause()
+        assert prompt.value.endswith(" thanks" + "one line only")
+        await pilot.press("enter")
+        await wait_idle(app, pilot)
+        sent = app.conversation.turns[-1].user
+        assert sent == "Summarize: - apples\n- bananas\n- cherries thanksone line only"
+        assert "cherries" in history_text(app)
+        prompt.post_message(events.Paste("a\nb"))  # the next message starts a new count
+        await pilot.pause()
+        assert prompt.value == "[pasted text #1: 2 lines]"

@@ -24,7 +24,7 @@ from .conversation import SPEC, VANILLA, Conversation
 from .info import PairInfo, describe
 from .messages import EngineReady, LoadFailed, Settle, StatsUpdated, TokensAdded, TurnFinished
 from .screens import ErrorScreen, LoadingScreen
-from .widgets import AnswerPane, ChatHistory, PairHeader
+from .widgets import AnswerPane, ChatHistory, PairHeader, PromptInput
 from .worker import TurnRequest, on_own_thread, run_turn
 
 
@@ -66,7 +66,7 @@ class ChatApp(App):
             yield AnswerPane("Speculative", speculative=True, colour=self.colour, id="speculative")
             yield AnswerPane("Vanilla", speculative=False, id="vanilla")
         yield Static("", id="verdict")
-        yield Input(placeholder="Type a message and press Enter · /help for commands", id="prompt")
+        yield PromptInput(placeholder="Type a message and press Enter · /help for commands", id="prompt")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -126,7 +126,7 @@ class ChatApp(App):
     # -- sending --------------------------------------------------------------------------
     @on(Input.Submitted, "#prompt")
     async def send(self, event: Input.Submitted) -> None:
-        text = event.value.strip()
+        text = self.query_one("#prompt", PromptInput).message().strip()
         if not text:
             event.input.clear()  # blanks only: nothing to send, nothing worth keeping
             return
