@@ -110,6 +110,7 @@ async def test_escape_during_a_long_prompt_stops_before_its_first_token():
         assert gate.entered.is_set() and app.busy
         await pilot.press("escape")
         await asyncio.sleep(0.1)
+        assert "stopping" in verdict(app)  # said at once: the chunk in progress still ends first
         gate.release.set()  # the chunk in progress finishes; the prompt's other chunks are never fed
         await wait_idle(app, pilot, timeout=10)
         (turn,) = app.conversation.turns
@@ -156,6 +157,9 @@ async def test_ctrl_c_stops_too():
         await wait_idle(app, pilot, timeout=10)
         assert app.conversation.turns[-1].stopped
         assert app.is_running
+        await pilot.press("ctrl+c")  # nothing runs: it says how to quit, and quits nothing
+        await pilot.pause()
+        assert "Ctrl-Q quits" in history_text(app) and app.is_running
 
 
 @async_test

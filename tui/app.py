@@ -36,7 +36,7 @@ class ChatApp(App):
     TITLE = "mlxspec chat"
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
-        Binding("ctrl+c", "stop", "Stop", show=False, priority=True),
+        Binding("ctrl+c", "interrupt", "Stop", show=False, priority=True),
         Binding("ctrl+t", "toggle_colour", "Colours", priority=True),
         Binding("ctrl+l", "clear", "Clear", priority=True),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -79,7 +79,7 @@ class ChatApp(App):
 
     def check_action(self, action: str, parameters) -> Optional[bool]:
         """Chat keys only mean something once the engines are ready (not on the loading/error screens)."""
-        if action in ("stop", "toggle_colour", "clear"):
+        if action in ("stop", "interrupt", "toggle_colour", "clear"):
             return bool(self.engines) and not isinstance(self.screen, (LoadingScreen, ErrorScreen))
         return True
 
@@ -210,8 +210,17 @@ class ChatApp(App):
 
     # -- actions --------------------------------------------------------------------------
     def action_stop(self) -> None:
-        if self.busy:
+        if self.busy and not self.cancel.is_set():
             self.cancel.set()  # the worker checks it after every step and closes both streams
+            # A step, or a 512-token chunk of a long prompt, ends first: seconds on a slow CPU.
+            self.query_one("#verdict", Static).update("stopping…")
+
+    def action_interrupt(self) -> None:
+        """Ctrl-C: stop the answer, as Esc does; with none running, say how to quit instead."""
+        if self.busy:
+            self.action_stop()
+        else:
+            self.notice("nothing to stop: Ctrl-Q quits")
 
     async def action_quit(self) -> None:
         self.cancel.set()  # else the process outlives its screen until the answer is done
