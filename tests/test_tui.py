@@ -739,3 +739,16 @@ async def test_a_multi_line_paste_is_sent_whole():
         prompt.post_message(events.Paste("a\nb"))  # the next message starts a new count
         await pilot.pause()
         assert prompt.value == "[pasted text #1: 2 lines]"
+
+
+@async_test
+async def test_the_markdown_view_keeps_the_answer_s_line_breaks():
+    """A poem without blank lines stays one line per line in the Markdown view (CommonMark would
+    join its lines with spaces), as in the coloured view and the saved text."""
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.pane(VANILLA)
+        await pane.add([("In the sea,\nwhere stars are\n\nA new verse", False)])
+        await pilot.pause()
+        paragraphs = [str(p.render()) for p in pane.query_one(Markdown).query("MarkdownParagraph")]
+        assert paragraphs == ["In the sea,\nwhere stars are", "A new verse"]

@@ -17,6 +17,23 @@ from mlxspec.reasoning import make_splitter, split_whole
 
 from ..stats_view import StatsView
 
+def chat_markdown():
+    """Textual's Markdown parser with every line break kept: a model's poem or list without blank
+    lines would otherwise run together (CommonMark joins soft breaks with a space), unlike the
+    coloured view and the saved text. Chat UIs show newlines as written, as GitHub comments do."""
+    from markdown_it import MarkdownIt
+
+    def hard_breaks(state) -> None:
+        for token in state.tokens:
+            for child in token.children or ():
+                if child.type == "softbreak":
+                    child.type = "hardbreak"
+
+    md = MarkdownIt("gfm-like")
+    md.core.ruler.push("chat_hard_breaks", hard_breaks)
+    return md
+
+
 DRAFT_STYLE = "bold green"  # accepted draft tokens: the target only confirmed them
 TARGET_STYLE = "yellow"  # tokens the target produced itself
 LEGEND = Text.assemble(("■ accepted draft", DRAFT_STYLE), "  ", ("■ target", TARGET_STYLE))
@@ -40,7 +57,7 @@ class AnswerPane(Vertical):
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="body"):
             yield Static(classes="reasoning")
-            yield Markdown(classes="markdown")
+            yield Markdown(classes="markdown", parser_factory=chat_markdown)
             yield Static(classes="coloured")
         if self.speculative:
             yield Static(LEGEND, classes="legend")
