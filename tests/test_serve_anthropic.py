@@ -38,7 +38,7 @@ def test_a_message_is_the_chat_answer_with_system_first(served):
     assert r.type == "message" and r.role == "assistant" and r.id.startswith("msg_") and r.model == "t"
     assert [b.type for b in r.content] == ["text"] and r.content[0].text == want.text
     assert r.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[want.finish_reason]
-    assert (r.usage.input_tokens, r.usage.output_tokens) == (want.stats.prompt_tokens, want.stats.tokens)
+    assert (prompt_tokens(r.usage), r.usage.output_tokens) == (want.stats.prompt_tokens, want.stats.tokens)
     assert r.model_extra["mlxspec"]["drafter"] == "ngram"
 
 
@@ -65,14 +65,31 @@ def test_system_messages_among_the_messages_are_taken_as_claude_code_sends_them(
     r = httpx.post(f"{url}/v1/messages", json={"model": "t", "max_tokens": 6, "messages": messages},
                    headers={"x-api-key": "k"}, timeout=TIMEOUT).json()
     want = ref.generate(messages, max_tokens=6)
-    assert r["content"][0]["text"] == want.text and r["usage"]["input_tokens"] == want.stats.prompt_tokens
+    u = r["usage"]
+    assert r["content"][0]["text"] == want.text and u["input_tokens"] + u["cache_read_input_tokens"] == \
+        want.stats.prompt_tokens
 
 
 def test_count_tokens_is_what_a_message_counts(served):
     client, _, _ = served
     r = client.messages.create(model="t", max_tokens=2, system="Be brief.", messages=ASK)
     counted = client.messages.count_tokens(model="t", system="Be brief.", messages=ASK)
-    assert counted.input_tokens == r.usage.input_tokens
+    assert counted.input_tokens == prompt_tokens(r.usage)  # the whole prompt, cached or not
+
+
+def test_cache_reads_are_not_counted_as_input_too(served):
+    client, _, ref = served
+    ask = [{"role": "user", "content": "Tell me about the cache."}]
+    whole = ref.generate(ask, max_tokens=4).stats.prompt_tokens
+    client.messages.create(model="t", max_tokens=4, messages=ask)
+    again = client.messages.create(model="t", max_tokens=4, messages=ask).usage
+    assert again.cache_read_input_tokens > 0 and prompt_tokens(again) == whole
+    with client.messages.stream(model="t", max_tokens=4, messages=ask) as stream:
+        events = list(stream)
+    started = events[0].message.usage
+    assert started.cache_read_input_tokens > 0 and prompt_tokens(started) == whole
+    ended = [e for e in events if e.type == "message_delta"][0].usage
+    assert ended.cache_read_input_tokens > 0 and prompt_tokens(ended) == whole
 
 
 def test_tool_use_and_the_tool_result_in_the_next_turn():
@@ -189,4 +206,9 @@ def test_a_last_assistant_message_is_a_prefill_the_answer_continues():
         client = anthropic.Anthropic(base_url=url, api_key="unused")
         r = client.messages.create(model="s", max_tokens=20, messages=prefilled)
         assert r.content[0].text == " long." and r.stop_reason == "end_turn"
-        assert client.messages.count_tokens(model="s", messages=prefilled).input_tokens == r.usage.input_tokens
+        assert client.messages.count_tokens(model="s", messages=prefilled).input_tokens == prompt_tokens(r.usage)
+
+
+def prompt_tokens(usage) -> int:
+    """The whole prompt, as Anthropic's usage splits it."""
+    return usage.input_tokens + (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)

@@ -188,10 +188,11 @@ class MessageBuilder:
                 "mlxspec": figures(stats)}
 
     # -- streamed ------------------------------------------------------------------------------
-    def start(self, prompt_tokens: int) -> List[bytes]:
+    def start(self, prompt_tokens: int, cached_tokens: int = 0) -> List[bytes]:
         message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                    "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
+                   "usage": _usage({"prompt_tokens": prompt_tokens, "completion_tokens": 0,
+                                    "prompt_tokens_details": {"cached_tokens": cached_tokens}})}
         return _sse([("message_start", {"type": "message_start", "message": message})])
 
     def feed(self, reasoning: str, text: str, calls: list) -> List[bytes]:
@@ -253,9 +254,11 @@ def _sequence(stopped_by, calls) -> Optional[str]:
 
 
 def _usage(usage: dict) -> dict:
-    return {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
-            "cache_read_input_tokens": usage["prompt_tokens_details"]["cached_tokens"],
-            "cache_creation_input_tokens": 0}
+    """OpenAI's usage in Anthropic's terms: its input_tokens leave out the cache reads (the whole
+    prompt is input + cache_creation + cache_read input tokens)."""
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    return {"input_tokens": usage["prompt_tokens"] - cached, "output_tokens": usage["completion_tokens"],
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
 def _sse(events: List[tuple]) -> List[bytes]:

@@ -468,7 +468,10 @@ async def _built_events(state: ServerState, job: Job, builder, first, req: schem
                         splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader],
                         next_events: Callable, endpoint: str):
     """A single answer's stream in its API's events (`_one_answer`)."""
-    for chunk in builder.start(first[0].stats.prompt_tokens if first else 0):  # (none: cancelled already)
+    stats = first[0].stats if first else None  # (none: cancelled already)
+    # (the whole prompt, and the part of it the caches held)
+    prompt = (stats.prompt_tokens, stats.prompt_tokens - stats.prefilled_tokens) if stats else (0, 0)
+    for chunk in builder.start(*prompt):
         yield chunk
     try:
         events, end = first, None

@@ -258,7 +258,7 @@ class ResponseBuilder:
         self.seq += 1
         return body
 
-    def start(self, prompt_tokens: int) -> List[bytes]:
+    def start(self, prompt_tokens: int, cached_tokens: int = 0) -> List[bytes]:
         shell = self.response(None, None, None, status="in_progress")
         return _sse([self.event("response.created", response=shell),
                      self.event("response.in_progress", response=shell)])
