@@ -1,5 +1,6 @@
 """One engine, many clients: arrival order, 429 past the queue, disconnects, and a load test."""
 
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -91,6 +92,29 @@ def test_a_client_that_gives_up_while_waiting_leaves_the_queue():
         holder.join(TIMEOUT)
         assert chat(url, {}).status_code == 200
         assert engine.started == 2  # the abandoned request never reached the engine
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_is_counted_and_logged_as_cancelled_not_answered(path, stream, caplog):
+    from test_serve_metrics import scrape
+
+    engine = GatedEngine(tiny_engine(), per_token_seconds=0.02)
+    body = {"messages": HI, "max_tokens": 1000, "stream": stream}
+    with running_server(engine) as (url, server), caplog.at_level(logging.INFO, logger="mlxspec.serve"):
+        if stream:  # reads a few events, then hangs up
+            with httpx.stream("POST", f"{url}{path}", json=body, timeout=TIMEOUT) as r:
+                assert len([line for line, _ in zip(r.iter_lines(), range(6))]) == 6
+        else:  # gives up waiting for the answer
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{url}{path}", json=body, timeout=0.5)
+        wait_until(lambda: engine.produced, "the cancelled generation ends")
+        assert engine.produced[0] < 1000
+        wait_until(lambda: scrape(url)["mlxspec_requests_cancelled_total"] == 1, "the request counts as cancelled")
+        m = scrape(url)
+    assert sum(v for k, v in m.items() if k.startswith("mlxspec_requests_total")) == 0
+    assert m["mlxspec_generation_tokens_total"] == 0 == m["mlxspec_generations_total"]
+    assert len([r for r in caplog.records if "the client went away" in r.getMessage()]) == 1
 
 
 def _prompts():

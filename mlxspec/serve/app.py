@@ -158,7 +158,7 @@ def _guarded(handler: Callable) -> Callable:
         except (APIError, HTTPException):
             raise
         except ClientDisconnect:  # the client left while sending its body: nobody to answer
-            return Response(status_code=499)
+            return _gone(request.app.state.mlxspec, f"{request.method} {request.url.path}", "while sending its body")
         except Exception as e:
             log.error("%s %s failed", request.method, request.url.path, exc_info=e)
             raise _internal(e) from e
@@ -185,12 +185,11 @@ def _endpoint(parse: Callable) -> Callable:
             if req.stream:
                 streaming = True
                 return EventStream(_events(state, job, shapes, first, req, choices),
-                                   on_close=lambda: state.queue.cancel(job))
+                                   on_close=_closer(state, job, shapes.id))
             async for index, events in _by_choice(job, first, req.prompt_param):
                 choices[index].add(events)
-            if job.stats is None or len(job.stats) < len(choices):  # cancelled: the client is gone
-                state.metrics.cancelled += 1
-                return Response(status_code=499)
+            if not job.complete:  # cancelled: the client is gone
+                return _gone(state, shapes.id)
             _done(state, shapes.id, req.kind, req, job)
             return JSONResponse(shapes.completion(_best(choices, req), _usage(job, req), combined(job.stats)))
         finally:
@@ -378,18 +377,44 @@ async def _next(job: Job, prompt_param: str):
 
 
 class EventStream(StreamingResponse):
-    """Server-sent events that call `on_close` however they end (done, failed, client gone, never started)."""
+    """Server-sent events that call `on_close(ended)` however they end (done, failed, client gone,
+    never started); `ended`: the body ran to its end (the client left after, if at all)."""
 
-    def __init__(self, content, *, on_close: Callable[[], None]):
-        super().__init__(content, media_type="text/event-stream",
+    def __init__(self, content, *, on_close: Callable[[bool], None]):
+        self.ended = False
+        super().__init__(self._watched(content), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.on_close = on_close
+
+    async def _watched(self, content):
+        async for chunk in content:
+            yield chunk
+        self.ended = True
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.on_close()
+            self.on_close(self.ended)
+
+
+def _closer(state: ServerState, job: Job, request_id: str) -> Callable[[bool], None]:
+    """A stream's `on_close`: its job stops (a no-op once done), and a stream whose client left
+    before its end is counted and logged here (Starlette cancels the body where it waits, so
+    the body cannot say it)."""
+    def close(ended: bool) -> None:
+        state.queue.cancel(job)
+        if not ended:
+            _gone(state, request_id)
+
+    return close
+
+
+def _gone(state: ServerState, request_id: str, when: str = "before its answer was whole") -> Response:
+    """A request whose client went away: counted as cancelled (not answered), logged once."""
+    state.metrics.cancelled += 1
+    log.info("%s: cancelled: the client went away %s", request_id, when)
+    return Response(status_code=499)
 
 
 async def _events(state: ServerState, job: Job, shapes: Shapes, first, req: schema.GenerationRequest,
@@ -400,8 +425,8 @@ async def _events(state: ServerState, job: Job, shapes: Shapes, first, req: sche
         async for index, events in _by_choice(job, first, req.prompt_param):
             for chunk in choices[index].stream(events):
                 yield chunk
-        if job.stats is None or len(job.stats) < len(choices):  # cancelled without an error: the client is gone
-            state.metrics.cancelled += 1
+        if not job.complete:  # cancelled without an error: the client is gone
+            _gone(state, shapes.id)
             return
         if req.include_usage:
             yield sse(shapes.usage_chunk(_usage(job, req), combined(job.stats)))
@@ -445,15 +470,14 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
         if req.stream:
             streaming = True
             return EventStream(_built_events(state, job, builder, first, req, splitter, reader, next_events, endpoint),
-                               on_close=lambda: state.queue.cancel(job))
+                               on_close=_closer(state, job, builder.id))
         pieces, end, events = [], None, first
         while events:
             pieces.extend(ev.text for ev in events)
             end = events[-1] if events[-1].finish_reason else end
             events = await next_events()
-        if not job.stats or end is None:  # cancelled: the client is gone
-            state.metrics.cancelled += 1
-            return Response(status_code=499)
+        if not job.complete or end is None:  # cancelled: the client is gone
+            return _gone(state, builder.id)
         _done(state, builder.id, endpoint, req, job)
         reasoning, text, calls = _read("".join(pieces), splitter, reader, last=True)
         return JSONResponse(builder.whole(reasoning, text, calls, end.finish_reason, _usage(job, req), job.stats[-1],
@@ -480,8 +504,8 @@ async def _built_events(state: ServerState, job: Job, builder, first, req: schem
             for chunk in builder.feed(*_read("".join(ev.text for ev in events), splitter, reader)):
                 yield chunk
             events = await next_events()
-        if not job.stats or end is None:  # cancelled without an error: the client is gone
-            state.metrics.cancelled += 1
+        if not job.complete or end is None:  # cancelled without an error: the client is gone
+            _gone(state, builder.id)
             return
         for chunk in builder.feed(*_read("", splitter, reader, last=True)):
             yield chunk

@@ -49,6 +49,7 @@ def warmup_temperatures() -> tuple:
 class _End:
     stats: Optional[List[GenerationStats]] = None  # per generation run to its end, copies, final
     error: Optional[BaseException] = None
+    complete: bool = False  # every generation reached its finish_reason (none was cut short by a cancel)
 
 
 class Job:
@@ -60,6 +61,9 @@ class Job:
         self.runs = [(prompt, options), *then]  # (prompt, Engine.stream options) per generation
         self.state = WAITING
         self.stats: Optional[List[GenerationStats]] = None  # final statistics per generation, once the job has ended
+        # Once the job has ended: whether every generation ran to its end. A cancelled one still
+        # has stats (what it did before it stopped), so their count does not say it.
+        self.complete = False
         self._loop = loop
         self._items: deque = deque()  # TokenEvents, then one _End; appended by the worker
         self._wake = asyncio.Event()
@@ -99,7 +103,7 @@ class Job:
             while self._items:
                 item = self._items.popleft()
                 if isinstance(item, _End):
-                    self._end, self.stats = item, item.stats
+                    self._end, self.stats, self.complete = item, item.stats, item.complete
                 else:
                     events.append(item)
             if events:
@@ -266,6 +270,7 @@ class EngineQueue:
     def _run(self, job: Job) -> _End:
         """Stream the job's generations into it, one after another; stop between tokens when cancelled."""
         done: List[GenerationStats] = []
+        finished = 0  # generations that reached their finish_reason
         for prompt, options in job.runs:
             events = last = None
             try:
@@ -285,8 +290,11 @@ class EngineQueue:
             finally:
                 if events is not None:
                     events.close()  # the engine's own cleanup: caches consistent for the next job
-            done.append(last.stats if last is not None and last.finish_reason else
+            ended = last is not None and bool(last.finish_reason)
+            finished += ended
+            done.append(last.stats if ended else
                         copy.deepcopy(last.stats if last is not None else self.engine.last_stats))
             if job._cancel.is_set():
                 break
-        return _End(done, error=job._cancel_error if job._cancel.is_set() else None)
+        return _End(done, error=job._cancel_error if job._cancel.is_set() else None,
+                    complete=finished == len(job.runs))
