@@ -142,6 +142,8 @@ def test_a_thinking_model_s_reasoning_is_a_thinking_block():
     ({"max_tokens": 5, "messages": ASK, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
      "only client tools"),
     ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "sometimes"}}, "tool_choice must be"),
+    ({"max_tokens": 5, "messages": ASK, "temperature": 1.5}, "temperature must be a number in 0..1"),  # Anthropic's
+    ({"max_tokens": 5, "messages": ASK, "temperature": "warm"}, "temperature must be a number in 0..1"),
 ])
 def test_errors_take_anthropic_s_shape(served, body, says):
     _, url, _ = served

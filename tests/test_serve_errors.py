@@ -41,6 +41,7 @@ CHAT_CASES = [
     ({"messages": HI, "temperature": "hot"}, "temperature", "finite number"),
     ({"messages": HI, "temperature": -1}, "temperature", ">= 0"),
     ({"messages": HI, "temperature": True}, "temperature", "number"),
+    ({"messages": HI, "temperature": 2.5}, "temperature", "in 0..2"),  # OpenAI's range
     ({"messages": HI, "top_p": 0}, "top_p", "(0, 1]"),
     ({"messages": HI, "top_k": 1.5}, "top_k", "integer"),
     ({"messages": HI, "min_p": 1}, "min_p", "[0, 1)"),
@@ -148,6 +149,11 @@ UNSUPPORTED = [
 ]
 
 
+def test_temperature_takes_openai_s_whole_range(server):
+    r = post(server[0], "/v1/chat/completions", {"messages": HI, "max_tokens": 2, "temperature": 2, "seed": 1})
+    assert r.status_code == 200, r.text
+
+
 def test_other_servers_fields_at_their_neutral_values_are_accepted(server):
     body = {"messages": HI, "max_tokens": 3, "repetition_penalty": 1, "typical_p": 1.0, "min_tokens": 0,
             "ignore_eos": False, "stop_token_ids": [], "modalities": ["text"], "guided_json": None,
@@ -184,6 +190,7 @@ def test_unsupported_features_are_400_saying_so(server, body, param):
     ({"prompt": "a", "n": 129}, "n", "1..128"),
     ({"prompt": "a", "echo": "yes"}, "echo", "true or false"),
     ({"prompt": "a", "max_tokens": 0}, "max_tokens", ">= 1"),
+    ({"prompt": "a", "temperature": 100}, "temperature", "in 0..2"),
     ({"prompt": "a", "logprobs": 21}, "logprobs", "0..20"),
     ({"prompt": "a", "logprobs": True}, "logprobs", "0..20"),
     ({"prompt": "a", "suffix": "b"}, "suffix", "no fill-in-the-middle markers"),

@@ -161,6 +161,7 @@ def test_a_thinking_model_s_reasoning_is_a_reasoning_item():
     ({"input": [{"type": "image_generation_call"}]}, "input[0]", "not supported"),
     ({"input": "hi", "tools": [{"type": "namespace", "name": "x", "tools": 5}]}, "tools[0]", "list of function"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens", ">= 1"),
+    ({"input": "hi", "temperature": 2.5}, "temperature", "in 0..2"),
     ({"input": [{"role": "wizard", "content": "x"}]}, "input", "must be one of"),
     ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format", "json_schema"),
     ({"input": "hi", "instructions": 5}, "instructions", "must be a string"),

@@ -34,6 +34,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 
 def to_chat(body: dict) -> dict:
     """A Messages request body -> the chat completions body that answers it."""
+    _check_temperature(body.get("temperature"))
     chat: Dict[str, Any] = {key: body[key] for key in PASSED if key in body}
     messages: List[dict] = []
     system = body.get("system")
@@ -62,6 +63,15 @@ def to_chat(body: dict) -> dict:
     if isinstance(thinking, dict) and thinking.get("type") == "disabled":  # as the template names it
         chat["chat_template_kwargs"] = dict(chat.get("chat_template_kwargs") or {}, enable_thinking=False)
     return chat
+
+
+def _check_temperature(value) -> None:
+    """Anthropic's range is 0..1 (the chat path's own, OpenAI's 0..2, would let 1.5 through)."""
+    if value is None:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and 0 <= value <= 1):  # (NaN fails the comparison)
+        raise invalid(f"temperature must be a number in 0..1 (0 = greedy), got {shown(value)}", "temperature")
 
 
 def _text(content, where: str) -> str:

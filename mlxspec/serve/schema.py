@@ -30,6 +30,7 @@ ROLES = ("system", "user", "assistant", "tool")  # what a chat template renders;
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
 MAX_CHOICES = 128  # choices per request: n (OpenAI's most) times the prompts of a completions batch
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+MAX_TEMPERATURE = 2  # OpenAI's bound (the engine takes any finite temperature: a request past it is a typo)
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
 # would change the answer, with the value that changes nothing: a client that sends another is told.
 EXTENSIONS = {"repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0, "length_penalty": 1.0,
@@ -257,6 +258,8 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
             raise invalid(f"{key} must be a number, got {_show(value)}", key)
         # One field at a time (the others at their neutral value), so the error names its field.
         _check(lambda v, key=key: validate_sampling(**dict(SAMPLING_DEFAULTS, **{key: v})), value, key)
+        if key == "temperature" and body.get(key) is not None and value > MAX_TEMPERATURE:
+            raise invalid(f"temperature must be in 0..{MAX_TEMPERATURE} (0 = greedy), got {_show(value)}", key)
         sampling[key] = value
     opts.update(sampling)
     opts["seed"] = _check(check_seed, body.get("seed"), "seed")
