@@ -190,6 +190,21 @@ def test_max_completion_tokens_and_any_model_name(client):
     assert r.choices[0].finish_reason == "length" or r.usage.completion_tokens < 3
 
 
+def test_unknown_fields_are_answered_and_named_once_in_the_log(client, server, caplog):
+    def ignored():
+        return [r.getMessage() for r in caplog.records if "ignored fields" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="mlxspec.serve"):
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2, user="u", store=False,
+                                       extra_body={"top_k": 5, "speculative": False, "chat_template_kwargs": {}})
+        assert ignored() == []  # OpenAI's own fields and this server's: nothing to say
+        r = httpx.post(f"{server[0]}/v1/chat/completions", timeout=TIMEOUT,
+                       json={"messages": HELLO, "max_tokens": 2, "max_token": 9, "vendor_extra": 1})
+    assert r.status_code == 200 and "max_token" not in r.text  # answered; told to the log only
+    (line,) = ignored()
+    assert "'max_token', 'vendor_extra'" in line and "/v1/chat/completions" in line
+
+
 def test_multi_turn_prefills_only_the_new_turn(client):
     turn1 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "How are you?"}]  # answer: clean ASCII
     r1 = client.chat.completions.create(model=MODEL, messages=turn1, max_tokens=10)

@@ -36,7 +36,7 @@ from ..reasoning import ReasoningSplitter, chat_starts_inside, make_splitter, th
 from ..stats import acceptance_text
 from ..logprobs import token_bytes
 from ..tools import ToolCallReader
-from . import anthropic, response_items, responses_api, schema, tokenize
+from . import anthropic, fields, response_items, responses_api, schema, tokenize
 from .errors import APIError, from_engine, invalid
 from .fingerprint import system_fingerprint
 from .cors import CrossOrigin, Origins
@@ -701,6 +701,11 @@ async def read_json(request: Request, limit: int, timeout: float = 0) -> dict:
         raise invalid("the request body nests JSON too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise invalid(f"the request body must be a JSON object, got a JSON {type(data).__name__}", code="invalid_json")
+    ignored = fields.unknown(data)
+    if ignored:  # told to the log, not the client: vendor extras are normal, a typo is not
+        more = f" and {len(ignored) - fields.SHOWN} more" if len(ignored) > fields.SHOWN else ""
+        log.warning("%s %s: ignored fields no endpoint here knows: %s%s", request.method, request.url.path,
+                    ", ".join(_show(key) for key in ignored[:fields.SHOWN]), more)
     return data
 
 
