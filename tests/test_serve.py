@@ -177,11 +177,23 @@ def test_a_request_may_name_the_drafter_tree_and_lookup(client, server):
     for body, param, says in [({"drafter": "model"}, "drafter", "not available on this engine"),
                               ({"drafter": "bogus"}, "drafter", "model, eagle, ngram, none"),
                               ({"tree": -1}, "tree", "'auto', 'off'"), ({"tree": "yes"}, "tree", "'auto', 'off'"),
-                              ({"lookup": "maybe"}, "lookup", "true or false")]:
+                              ({"lookup": "maybe"}, "lookup", 'true or false (or "on" or "off"')]:
         r = httpx.post(f"{url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 4, **body},
                        timeout=TIMEOUT)
         assert r.status_code == 400 and r.json()["error"]["param"] == param and says in r.json()["error"]["message"], \
             (body, r.text)
+
+
+def test_lookup_takes_the_flag_s_on_and_off_too():
+    engine, seen = GatedEngine(tiny_engine()), []  # what reaches the engine
+    stream = engine.stream
+    engine.stream = lambda prompt, **kw: seen.append(kw.get("lookup")) or stream(prompt, **kw)
+    with running_server(engine, model_id=MODEL) as (url, _):
+        for given in ("on", "off", "OFF", True):
+            r = httpx.post(f"{url}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2, "lookup": given},
+                           timeout=TIMEOUT)
+            assert r.status_code == 200, r.text
+    assert seen == [True, False, False, True]
 
 
 def test_max_completion_tokens_and_any_model_name(client):

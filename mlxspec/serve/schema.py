@@ -275,7 +275,7 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
         _check(check_tree, body["tree"], "tree")
         opts["tree"] = body["tree"]  # as given: Engine.stream reads "auto" / "off" / N itself
     if body.get("lookup") is not None:
-        opts["lookup"] = _flag(body, "lookup", None)
+        opts["lookup"] = _on_off(body["lookup"], "lookup")
     if body.get("drafter") is not None:
         opts["drafter"] = _check(check_drafter, body["drafter"], "drafter")
     fmt = _response_format(body)
@@ -353,6 +353,16 @@ def _flag(body: dict, key: str, default: bool, param: Optional[str] = None) -> b
         return default
     if not isinstance(value, bool):
         raise invalid(f"{param or key} must be true or false, got {_show(value)}", param or key)
+    return value
+
+
+def _on_off(value, key: str) -> bool:
+    """A switch given as JSON's true/false or as its `serve` flag's on/off."""
+    if isinstance(value, str) and value.lower() in ("on", "off"):
+        return value.lower() == "on"
+    if not isinstance(value, bool):
+        raise invalid(f"{key} must be true or false (or \"on\" or \"off\", as serve --{key} takes), got "
+                      f"{_show(value)}", key)
     return value
 
 
