@@ -195,6 +195,9 @@ def _common(body: dict, kind: str, prompt, defaults: ServeOptions) -> Generation
     if stream_options is not None and not isinstance(stream_options, dict):
         raise invalid(f"stream_options must be an object like {{\"include_usage\": true}}, got {_show(stream_options)}",
                       "stream_options")
+    if stream_options is not None and not stream:  # as OpenAI refuses it: it would change nothing here
+        raise invalid("stream_options is only allowed when stream is true: send \"stream\": true with it, or leave "
+                      "it out", "stream_options")
     include_usage = _flag(stream_options or {}, "include_usage", False, "stream_options.include_usage")
     return GenerationRequest(kind, prompt, _options(body, defaults), stream=stream, include_usage=include_usage,
                              model=model, n=_choices(body))
