@@ -136,6 +136,7 @@ def test_a_thinking_model_s_reasoning_is_a_thinking_block():
 
 @pytest.mark.parametrize("body, says", [
     ({"max_tokens": 0, "messages": ASK}, "max_tokens must be an integer >= 1"),
+    ({"messages": ASK}, "max_tokens is required"),  # as Anthropic's API: no default
     ({"max_tokens": 5, "messages": []}, "messages must be a non-empty list"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
      "blocks of type 'image' are not supported"),

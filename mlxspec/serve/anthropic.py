@@ -35,6 +35,9 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 def to_chat(body: dict) -> dict:
     """A Messages request body -> the chat completions body that answers it."""
     _check_temperature(body.get("temperature"))
+    if body.get("max_tokens") is None:  # Anthropic's API has no default: a client that leaves it out is told
+        raise invalid("max_tokens is required: the most tokens the answer may have (an integer >= 1)", "max_tokens",
+                      code="missing_required_parameter")
     chat: Dict[str, Any] = {key: body[key] for key in PASSED if key in body}
     messages: List[dict] = []
     system = body.get("system")
