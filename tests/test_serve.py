@@ -200,6 +200,8 @@ def test_max_completion_tokens_and_any_model_name(client):
     r = client.chat.completions.create(model="gpt-4o", messages=HELLO, max_completion_tokens=3)
     assert r.model == MODEL and r.usage.completion_tokens <= 3
     assert r.choices[0].finish_reason == "length" or r.usage.completion_tokens < 3
+    both = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, max_completion_tokens=3)
+    assert both.choices[0].message.content == r.choices[0].message.content  # the same limit, said twice
 
 
 def test_unknown_fields_are_answered_and_named_once_in_the_log(client, server, caplog):

@@ -53,6 +53,8 @@ CHAT_CASES = [
      "max_completion_tokens must be an integer >= 1"),
     ({"messages": HI, "max_tokens": -5, "max_completion_tokens": 3}, "max_tokens",  # not passed over
      "max_tokens must be an integer >= 1"),
+    ({"messages": HI, "max_tokens": 5, "max_completion_tokens": 3}, "max_tokens",  # neither wins silently
+     "max_tokens (5) and max_completion_tokens (3) disagree"),
     ({"messages": HI, "seed": -1}, "seed", ">= 0"),
     ({"messages": HI, "seed": "abc"}, "seed", "integer"),
     ({"messages": HI, "seed": 2**64}, "seed", "2**64"),

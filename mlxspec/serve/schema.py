@@ -247,9 +247,14 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
                 raise InvalidArgumentError(str(e).replace("max_tokens", name, 1)) from None
         return check
 
-    # OpenAI's newer name wins; both are checked, so a bad value is never silently passed over.
+    # Two names for one limit (OpenAI deprecates max_tokens): both are checked, and both given must
+    # agree, so neither is silently passed over.
     limits = {name: _check(check_limit(name), body[name], name) for name in ("max_tokens", "max_completion_tokens")
               if body.get(name) is not None}
+    if len(set(limits.values())) > 1:
+        raise invalid(f"max_tokens ({limits['max_tokens']}) and max_completion_tokens "
+                      f"({limits['max_completion_tokens']}) disagree: they are the same limit; send "
+                      f"max_completion_tokens alone", "max_tokens")
     limit = limits.get("max_completion_tokens", limits.get("max_tokens", defaults.max_tokens))
     opts = {"max_tokens": limit}
     sampling = {}
