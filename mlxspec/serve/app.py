@@ -719,7 +719,7 @@ def _too_large(limit: int, what: str) -> APIError:
 
 
 class BearerAuth:
-    """ASGI middleware: every path but /health needs `Authorization: Bearer <key>` (or
+    """ASGI middleware: every path but OPEN_PATHS needs `Authorization: Bearer <key>` (or
     Anthropic's `x-api-key: <key>`)."""
 
     def __init__(self, app, key: str):

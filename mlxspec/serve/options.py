@@ -17,7 +17,7 @@ REASONING_KEYS = ("reasoning", "reasoning_content", "none")
 class ServeOptions:
     host: str = "127.0.0.1"  # loopback only; anything else should come with an api_key
     port: int = 8080
-    api_key: Optional[str] = None  # when set, /v1/* needs "Authorization: Bearer <api_key>"
+    api_key: Optional[str] = None  # when set, every route but /health and / needs "Authorization: Bearer <api_key>"
     queue: int = 16  # requests that may wait while one generates; more get 429
     max_tokens: int = 512  # for requests that give neither max_tokens nor max_completion_tokens
     temperature: float = 0.0  # for requests that give none (0 = greedy; OpenAI's own default is 1)
