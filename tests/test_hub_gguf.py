@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import fnmatch
 import shutil
+from types import SimpleNamespace
 
+import httpx
 import pytest
 
 import huggingface_hub
@@ -35,10 +37,11 @@ class FakeHub:
         self.fetched: list[str] = []
         self.listed = 0
 
-    def list_repo_files(self, repo_id, **kwargs):
+    def model_info(self, repo_id, **kwargs):
         self.listed += 1
         assert repo_id == REPO
-        return sorted(str(p.relative_to(self.remote)) for p in self.remote.rglob("*") if p.is_file())
+        return SimpleNamespace(siblings=[SimpleNamespace(rfilename=str(p.relative_to(self.remote)))
+                                         for p in sorted(self.remote.rglob("*")) if p.is_file()])
 
     def hf_hub_download(self, repo_id, filename, local_files_only=False, **kwargs):
         target = self.cache / filename
@@ -70,7 +73,7 @@ def hub(tmp_path, monkeypatch):
         "UD-Q4_K_XL/tiny-UD-Q4_K_XL-00001-of-00002.gguf": None, "UD-Q4_K_XL/tiny-UD-Q4_K_XL-00002-of-00002.gguf": None,
         "tiny-UD-IQ1_S.gguf": None, "tiny-TQ1_0.gguf": None, "tiny-MXFP4.gguf": None,
     })
-    for name in ("list_repo_files", "hf_hub_download", "snapshot_download"):
+    for name in ("model_info", "hf_hub_download", "snapshot_download"):
         monkeypatch.setattr(huggingface_hub, name, getattr(fake, name))
     return fake
 
@@ -152,18 +155,36 @@ def test_a_gguf_only_repo_named_bare_suggests_tags(hub, monkeypatch):
     assert hub.listed == listed
 
 
-def test_an_unreachable_hub_falls_back_to_the_cache(hub, monkeypatch):
+@pytest.mark.parametrize("error", [OSError("network is unreachable"),
+                                   httpx.ConnectError("[Errno -2] Name or service not known")])
+def test_an_unreachable_hub_falls_back_to_the_cache(hub, monkeypatch, error):
     resolve_model(f"{REPO}:Q4_K_M")  # fetched once
 
     def unreachable(repo_id, **kwargs):
-        raise OSError("network is unreachable")
+        raise error  # what the hub's HTTP client raises with no network (httpx's is no OSError)
 
-    monkeypatch.setattr(huggingface_hub, "list_repo_files", unreachable)
+    for name in ("model_info", "list_repo_files"):
+        monkeypatch.setattr(huggingface_hub, name, unreachable)
     assert resolve_model(f"{REPO}:Q4_K_M").path.name == "tiny-q4_k_m.gguf"
     with pytest.raises(ModelNotFoundError, match=r"no GGUF file whose name has the quantization 'Q8_0' in the "
                                                  r"Hugging Face cache"):
         resolve_model(f"{REPO}:Q8_0")
     shutil.rmtree(hub.cache)
     hub.cache.mkdir()
-    with pytest.raises(ModelNotFoundError, match=rf"cannot list the files of '{REPO}'.*network is unreachable"):
+    # as a bare repo id is told: not cached, and why
+    with pytest.raises(ModelNotFoundError, match=rf"nothing of '{REPO}' is in the Hugging Face cache and the hub "
+                                                 r"cannot be reached"):
+        resolve_model(f"{REPO}:Q4_K_M")
+
+
+def test_a_repo_the_hub_does_not_know_is_said(hub, monkeypatch):
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    def unknown(repo_id, **kwargs):
+        raise RepositoryNotFoundError("404 Client Error: Repository Not Found",
+                                      response=httpx.Response(404, request=httpx.Request("GET", "http://hub/")))
+
+    monkeypatch.setattr(huggingface_hub, "model_info", unknown)
+    with pytest.raises(ModelNotFoundError, match=rf"cannot list the files of '{REPO}' on the Hugging Face hub: "
+                                                 r"404 Client Error"):
         resolve_model(f"{REPO}:Q4_K_M")

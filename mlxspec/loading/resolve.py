@@ -184,16 +184,10 @@ def _hub_gguf(repo_id: str, tag: str, *, download: bool) -> Path:
     """The one GGUF file of `repo_id` that `tag` names (see the module docstring), fetched alone;
     for a file split in parts, every part is fetched and the first one's path returned."""
     local_only = _offline() or not download
-    if local_only:
-        names = _cached_ggufs(repo_id, tag)
-    else:
-        try:
-            names = _repo_ggufs(repo_id)
-        except ModelNotFoundError as unreachable:  # the hub did not answer: what the cache holds will do
-            try:
-                names, local_only = _cached_ggufs(repo_id, tag), True
-            except ModelNotFoundError:
-                raise unreachable from None
+    names = None if local_only else _repo_ggufs(repo_id)
+    if names is None:  # offline, or the hub did not answer: what the cache holds will do
+        why = None if local_only else "the hub cannot be reached"
+        names, local_only = _cached_ggufs(repo_id, tag, why), True
     exact = tag.lower().endswith(".gguf")
     found = [n for n in names if (n.rsplit("/", 1)[-1].lower() == tag.lower() if exact else _names_tag(n, tag))]
     if not found:
@@ -232,26 +226,40 @@ def _hub_file(repo_id: str, name: str, tag: str, local_only: bool) -> Path:
         raise ModelNotFoundError(f"cannot fetch {name} of {repo_id!r} from the Hugging Face hub: {e}") from e
 
 
-def _repo_ggufs(repo_id: str) -> list[str]:
-    """The GGUF files of `repo_id` on the hub (paths inside it)."""
-    from huggingface_hub import list_repo_files
+def _repo_ggufs(repo_id: str) -> list[str] | None:
+    """The GGUF files of `repo_id` on the hub (paths inside it); None when the hub cannot be reached."""
+    from huggingface_hub import model_info
     from huggingface_hub.errors import HfHubHTTPError
 
+    # model_info asks once; list_repo_files retries a dead connection for ~25 s first.
     try:
-        return [n for n in list_repo_files(repo_id) if n.lower().endswith(".gguf")]
-    except (HfHubHTTPError, OSError, ValueError) as e:
+        siblings = model_info(repo_id).siblings or []
+    except (HfHubHTTPError, ValueError) as e:  # the hub answered: no such repo, gated, ...
         raise ModelNotFoundError(f"cannot list the files of {repo_id!r} on the Hugging Face hub: {e}") from e
+    except Exception as e:
+        if _unreachable(e):
+            return None
+        raise
+    return [s.rfilename for s in siblings if s.rfilename.lower().endswith(".gguf")]
 
 
-def _cached_ggufs(repo_id: str, tag: str) -> list[str]:
-    """The GGUF files of `repo_id` already in the Hugging Face cache (paths inside it)."""
+def _unreachable(error: Exception) -> bool:
+    """Whether `error` is the hub's HTTP client failing to connect: an OSError (requests), or
+    httpx's TransportError (connect, timeout, proxy), which is none; by name, as the client and its
+    module differ with the huggingface_hub version."""
+    return isinstance(error, OSError) or any(c.__name__ == "TransportError" for c in type(error).__mro__)
+
+
+def _cached_ggufs(repo_id: str, tag: str, why: str | None = None) -> list[str]:
+    """The GGUF files of `repo_id` already in the Hugging Face cache (paths inside it); `why` the
+    hub was not asked, for the error (default: offline or not downloading)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
         folder = Path(snapshot_download(repo_id, allow_patterns=["*.gguf"], local_files_only=True))
     except LocalEntryNotFoundError as e:
-        why = "HF_HUB_OFFLINE is set" if _offline() else "downloading was not asked for"
+        why = why or ("HF_HUB_OFFLINE is set" if _offline() else "downloading was not asked for")
         raise ModelNotFoundError(
             f"nothing of {repo_id!r} is in the Hugging Face cache and {why}; with network access run "
             f"`mlxspec pull {repo_id}:{tag}`, or pass a local .gguf file"
@@ -275,6 +283,6 @@ def _tags(names) -> list[str]:
 def _gguf_tags(repo_id: str) -> list[str]:
     """The quantizations the repo's GGUF files are named by; [] when the hub cannot say."""
     try:
-        return _tags(_repo_ggufs(repo_id))
+        return _tags(_repo_ggufs(repo_id) or [])
     except ModelNotFoundError:  # only a suggestion: the caller's own error stands without it
         return []
