@@ -400,6 +400,18 @@ def test_load_checks_max_kv_size_before_loading(monkeypatch):
             api.load(bad)
 
 
+def test_an_unknown_keyword_is_told_with_every_keyword_load_takes(monkeypatch):
+    import inspect
+
+    from mlxspec.loading import api
+
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: pytest.fail("loaded despite an unknown keyword"))
+    with pytest.raises(InvalidArgumentError, match=r"unknown keyword argument \['bogus'\]; allowed: draft, dtype, ") as e:
+        api.load("demo", bogus=1)
+    named = set(inspect.signature(api.load).parameters) - {"target", "kw"}
+    assert set(str(e.value).split("allowed: ")[1].split(", ")) == named | {"download"}
+
+
 def test_memory_warning_when_metal_working_set_is_exceeded(fake_engine, tiny_gguf_path, monkeypatch):
     from mlxspec.loading import api, load
 

@@ -74,7 +74,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
 
     download = kw.pop("download", True)
     if kw:
-        raise InvalidArgumentError(f"[load] unknown keyword arguments {sorted(kw)}; allowed: download")
+        raise InvalidArgumentError(f"[load] unknown keyword argument{'s' if len(kw) > 1 else ''} {sorted(kw)}; "
+                                   f"allowed: {', '.join(_keywords())}")
     from ..prompts import (check_drafter, check_lookup, check_num_draft, check_prompt_cache_bytes,
                            check_prompt_cache_size, check_tree)
 
@@ -156,6 +157,15 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     engine.head_ref = head_ref if head_path is not None else None
     engine.pair_name = pair.name if pair else None
     return engine
+
+
+def _keywords() -> list[str]:
+    """Every keyword `load` takes, in its signature's order, and those **kw reads."""
+    import inspect
+
+    named = [n for n, p in inspect.signature(load).parameters.items()
+             if n != "target" and p.kind is not p.VAR_KEYWORD]
+    return named + ["download"]
 
 
 def _report_memory(target_info, draft_info, max_kv_size, quant=None) -> int:
