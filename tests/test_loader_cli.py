@@ -386,6 +386,17 @@ def test_a_missing_head_is_said_in_a_heads_terms_before_loading(monkeypatch, tmp
         api.load("demo", drafter="eagle", head=str(tmp_path))
 
 
+def test_a_head_given_as_a_model_is_said_before_loading(monkeypatch, role):
+    from mlxspec.loading import api
+
+    monkeypatch.setattr(api, "load_model", lambda *a, **k: pytest.fail("loaded before looking at what was given"))
+    refs = {"target": "builtin:smollm2-eagle"} if role == "target" else {"target": "demo",
+                                                                          "draft": "builtin:smollm2-eagle"}
+    with pytest.raises(InvalidArgumentError, match=rf"{role}='builtin:smollm2-eagle' is an EAGLE head, not a {role} "
+                                                   r"model: pass it as head='builtin:smollm2-eagle'"):
+        api.load(**refs)
+
+
 def test_load_checks_max_kv_size_before_loading(monkeypatch):
     from mlxspec.loading import api
 

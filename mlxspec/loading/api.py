@@ -110,6 +110,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             "[load] drafter='eagle' needs a head: pass head=<folder or builtin:name> or a pair that names one")
     if drafter in ("ngram", "none"):
         draft_ref = head_ref = None  # asked for explicitly: the draft model and head would go unused
+    for role, ref in (("target", target_ref), ("draft", draft_ref)):
+        _refuse_a_head(role, ref)
     # A draft model named here drafts (as mlx-lm's --draft-model); the pair's default is for its own.
     pair_default = pair.drafter_on(backend()) if drafter is None and pair and draft is None else ""
     head_path = _head_folder(head_ref, download) if head_ref is not None else None  # before minutes of loading
@@ -157,6 +159,27 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     engine.head_ref = head_ref if head_path is not None else None
     engine.pair_name = pair.name if pair else None
     return engine
+
+
+def _refuse_a_head(role: str, ref) -> None:
+    """An EAGLE head given as a model is said as such before minutes of loading (mlx-lm would say
+    "Model type eagle_head not supported" after them). Only local folders are looked at: cheap."""
+    import json
+
+    from .resolve import BUILTIN, BUILTIN_DIR
+
+    if ref is None:
+        return
+    ref = str(ref)
+    folder = BUILTIN_DIR / ref[len(BUILTIN):] if ref.startswith(BUILTIN) else Path(ref).expanduser()
+    try:
+        kind = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return  # not a local model folder: resolving it says what is wrong
+    if kind == "eagle_head":
+        raise InvalidArgumentError(
+            f"[load] {role}={ref!r} is an EAGLE head, not a {role} model: pass it as head={ref!r} (drafter='eagle' "
+            f"drafts with it)" + ("" if role == "draft" else ", with the target it was trained for as target"))
 
 
 def _keywords() -> list[str]:
