@@ -397,6 +397,13 @@ def test_a_head_given_as_a_model_is_said_before_loading(monkeypatch, role):
         api.load(**refs)
 
 
+def test_a_pair_name_that_is_no_pair_lists_the_pairs(made, capsys):
+    assert main(["generate", "--pair", "qwen2.5-7", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert "--pair 'qwen2.5-7' is not a pair in models.toml; pairs: demo, qwen2.5-7b," in err
+    assert "did you mean 'qwen2.5-7b'" in err and made == []
+
+
 def test_load_checks_max_kv_size_before_loading(monkeypatch):
     from mlxspec.loading import api
 

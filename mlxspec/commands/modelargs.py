@@ -132,10 +132,24 @@ def load_engine(args, **kw):
         raise InvalidArgumentError(f"give --pair or --target, not both (got --pair {args.pair!r} --target {args.target!r})")
     from ..loading import load
 
+    check_pair(args)
     ref = args.pair or args.target or DEFAULT_PAIR
     kw.setdefault("distributed", getattr(args, "distributed", False))
     return load(ref, args.draft, dtype=args.dtype, max_kv_size=getattr(args, "max_kv_size", None),
                 head=getattr(args, "head", None), **kv_options(args), **kw)
+
+
+def check_pair(args) -> None:
+    """--pair names a pair of models.toml (`load` would take any model reference, and its error
+    would say so rather than list the pairs)."""
+    from ..errors import ModelNotFoundError
+    from ..loading.registry import pairs
+    from ..loading.resolve import did_you_mean
+
+    if args.pair and args.pair not in (known := pairs()):
+        raise ModelNotFoundError(f"--pair {args.pair!r} is not a pair in models.toml; pairs: {', '.join(known)} "
+                                 f"(`mlxspec models` describes them; --target takes any model)"
+                                 + did_you_mean(args.pair))
 
 
 def kv_options(args) -> dict:

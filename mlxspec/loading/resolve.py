@@ -98,7 +98,7 @@ def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
     if not _REPO_ID.match(ref) or ref.startswith((".", "~", "/")):
         raise ModelNotFoundError(
             f"model {ref!r} not found: it is not a pair name in models.toml (see `mlxspec models`), "
-            "not an existing folder or .gguf file, and not a Hugging Face repo id (owner/name)" + _did_you_mean(ref)
+            "not an existing folder or .gguf file, and not a Hugging Face repo id (owner/name)" + did_you_mean(ref)
         )
     fetched = False
     try:
@@ -116,7 +116,7 @@ def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
         raise
 
 
-def _did_you_mean(ref: str) -> str:
+def did_you_mean(ref: str) -> str:
     """"; did you mean ...?" for the pair names (and weightless drafters) close to `ref`, else ""."""
     import difflib
 
