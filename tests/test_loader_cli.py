@@ -386,6 +386,7 @@ def test_a_missing_head_is_said_in_a_heads_terms_before_loading(monkeypatch, tmp
         api.load("demo", drafter="eagle", head=str(tmp_path))
 
 
+@pytest.mark.parametrize("role", ["draft", "target"])
 def test_a_head_given_as_a_model_is_said_before_loading(monkeypatch, role):
     from mlxspec.loading import api
 
@@ -402,6 +403,26 @@ def test_a_pair_name_that_is_no_pair_lists_the_pairs(made, capsys):
     err = capsys.readouterr().err
     assert "--pair 'qwen2.5-7' is not a pair in models.toml; pairs: demo, qwen2.5-7b," in err
     assert "did you mean 'qwen2.5-7b'" in err and made == []
+
+
+def test_pull_without_the_hub_does_not_tell_to_run_pull(monkeypatch, capsys):
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def unreachable(*args, **kwargs):  # what snapshot_download raises when the hub does not answer
+        raise LocalEntryNotFoundError("cannot reach the hub and not cached")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda *a, **k: (_ for _ in ()).throw(OSError("no network")))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for ref in ("someone/model", "someone/model-GGUF:Q4_K_M"):
+        assert main(["pull", ref]) == 1
+        err = capsys.readouterr().err
+        assert f"cannot fetch '{ref}': the hub cannot be reached; check the network connection" in err
+        assert "run `mlxspec pull" not in err
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["pull", "someone/model"]) == 1
+    assert "HF_HUB_OFFLINE is set; unset it" in capsys.readouterr().err
 
 
 def test_load_checks_max_kv_size_before_loading(monkeypatch):

@@ -31,6 +31,14 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+# What to do when the hub was not asked, by the reason `NotCachedError` gives.
+_WHAT_NOW = {
+    "HF_HUB_OFFLINE is set": "unset it (`unset HF_HUB_OFFLINE`) and pull again",
+    "": "check the network connection (behind a proxy: HTTPS_PROXY; a hub mirror: HF_ENDPOINT) and pull "
+        "again; commands also take a local model folder or .gguf file instead",
+}
+
+
 def _terminated(signum, frame):
     raise SystemExit(128 + signum)  # unwinds, so a half-fetched download's temporary folder is removed
 
@@ -38,7 +46,8 @@ def _terminated(signum, frame):
 def run(args) -> int:
     from ..loading import demo
     from ..loading.registry import get_pair
-    from ..loading.resolve import resolve_model
+    from ..errors import ModelNotFoundError
+    from ..loading.resolve import NotCachedError, resolve_model
 
     signal.signal(signal.SIGTERM, _terminated)
     if args.name == "demo" or args.name.startswith(demo.PREFIX):
@@ -57,7 +66,11 @@ def run(args) -> int:
     refs = ([pair.target] + ([pair.draft] if pair.draft_is_model else []) + ([pair.head] if pair.head else [])
             if pair else [args.name])
     for ref in refs:
-        found = resolve_model(ref, download=True)
+        try:
+            found = resolve_model(ref, download=True)
+        except NotCachedError as e:  # its message says to run `mlxspec pull`: this very command
+            raise ModelNotFoundError(f"cannot fetch {ref!r}: {e.why}; {_WHAT_NOW.get(e.why, _WHAT_NOW[''])}") \
+                from None
         if found.source == "local" and found.format == "gguf":
             from ..loading.gguf_header import read_tensor_table
 

@@ -45,6 +45,15 @@ _QUANT_TAG = re.compile(r"(?<![A-Za-z0-9])((?:UD-)?(I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d
                         re.IGNORECASE)
 
 
+class NotCachedError(ModelNotFoundError):
+    """Not in the Hugging Face cache, and the hub was not asked (`why`: offline, not downloading,
+    unreachable); its message tells to fetch it with `mlxspec pull`, which `pull` itself rewords."""
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why
+
+
 @dataclass(frozen=True)
 class Resolved:
     ref: str  # the reference as given
@@ -171,10 +180,10 @@ def _hub_snapshot(repo_id: str, *, download: bool) -> Path:
     except LocalEntryNotFoundError as e:
         why = ("HF_HUB_OFFLINE is set" if _offline() else
                "downloading was not asked for" if not download else "the hub cannot be reached")
-        raise ModelNotFoundError(
+        raise NotCachedError(
             f"model {repo_id!r} is not in the Hugging Face cache and {why}. With network access "
             f"run `mlxspec pull {repo_id}` (or `huggingface-cli download {repo_id}`), or pass a "
-            "local folder or .gguf file instead"
+            "local folder or .gguf file instead", why
         ) from e
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise ModelNotFoundError(f"cannot fetch {repo_id!r} from the Hugging Face hub: {e}") from e
@@ -220,8 +229,8 @@ def _hub_file(repo_id: str, name: str, tag: str, local_only: bool) -> Path:
     try:
         return Path(hf_hub_download(repo_id, name, local_files_only=local_only))
     except LocalEntryNotFoundError as e:
-        raise ModelNotFoundError(f"{repo_id}/{name} is not in the Hugging Face cache; run "
-                                 f"`mlxspec pull {repo_id}:{tag}` with network access") from e
+        raise NotCachedError(f"{repo_id}/{name} is not in the Hugging Face cache; run "
+                             f"`mlxspec pull {repo_id}:{tag}` with network access", "the hub cannot be reached") from e
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise ModelNotFoundError(f"cannot fetch {name} of {repo_id!r} from the Hugging Face hub: {e}") from e
 
@@ -260,9 +269,9 @@ def _cached_ggufs(repo_id: str, tag: str, why: str | None = None) -> list[str]:
         folder = Path(snapshot_download(repo_id, allow_patterns=["*.gguf"], local_files_only=True))
     except LocalEntryNotFoundError as e:
         why = why or ("HF_HUB_OFFLINE is set" if _offline() else "downloading was not asked for")
-        raise ModelNotFoundError(
+        raise NotCachedError(
             f"nothing of {repo_id!r} is in the Hugging Face cache and {why}; with network access run "
-            f"`mlxspec pull {repo_id}:{tag}`, or pass a local .gguf file"
+            f"`mlxspec pull {repo_id}:{tag}`, or pass a local .gguf file", why
         ) from e
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.name.lower().endswith(".gguf"))
 
