@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a reader that left shows here, not as a traceback at the interpreter's exit
         return status
     except MlxSpecError as e:
-        print(f"{command}: error: {e}", file=sys.stderr)
+        from .commands.wording import for_command_line
+
+        print(f"{command}: error: {for_command_line(str(e))}", file=sys.stderr)
         return 1
     except (PermissionError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError) as e:
         # A folder it cannot use (MLXSPEC_HOME read-only, a path through a file): what and where, not a traceback.

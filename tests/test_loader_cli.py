@@ -405,6 +405,29 @@ def test_a_pair_name_that_is_no_pair_lists_the_pairs(made, capsys):
     assert "did you mean 'qwen2.5-7b'" in err and made == []
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--drafter", "model", "--draft", "none"],
+     "error: --drafter model needs a draft model: pass --draft <model reference> or a pair whose draft is a model\n"),
+    (["--target", "builtin:smollm2-draft", "--drafter", "eagle"],
+     "error: --drafter eagle needs a head: pass --head <folder or builtin:name> or a pair that names one\n"),
+    (["--draft", "builtin:smollm2-eagle"], "error: --draft builtin:smollm2-eagle is an EAGLE head, not a draft model: "
+                                          "pass it as --head builtin:smollm2-eagle (--drafter eagle drafts with it)\n"),
+])
+def test_the_command_line_says_the_api_s_errors_with_its_flags(argv, says, made, capsys):
+    assert main(["generate", *argv, "hi"]) == 1
+    assert capsys.readouterr().err == f"mlxspec generate: {says}" and made == []
+
+
+def test_keywords_become_flags_and_origin_tags_go():
+    from mlxspec.commands.wording import for_command_line
+
+    assert for_command_line("[bench] --limit must be >= 1, got 0") == "--limit must be >= 1, got 0"
+    assert for_command_line("[load] target='' is x; max_kv_size=4096 or num_draft=<N>") == \
+        "--target '' is x; --max-kv-size 4096 or --num-draft <N>"
+    assert for_command_line("max_kv_size must be >= 5; response_format={...}; a [load] tag") == \
+        "max_kv_size must be >= 5; response_format={...}; a [load] tag"  # no flag, no tag at the start: kept
+
+
 def test_pull_without_the_hub_does_not_tell_to_run_pull(monkeypatch, capsys):
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
