@@ -602,9 +602,52 @@ def test_chat_hands_its_settings_to_the_app(monkeypatch):
             built.append("ran")
 
     monkeypatch.setattr(tui, "make_app", lambda **kw: built.append(kw) or App())
+    monkeypatch.setattr("mlxspec.commands.chat._on_a_terminal", lambda: True)
     assert main(["chat", "--reasoning-effort", "high", "--chat-template-args", '{"enable_thinking": true}',
                  "--seed", "3", "--temperature", "0.5", "--system", "Be brief."]) == 0
     kw, ran = built
     assert ran == "ran" and callable(kw["loader"])
     assert kw["template_kwargs"] == {"reasoning_effort": "high", "enable_thinking": True}
     assert (kw["seed"], kw["temperature"], kw["system"]) == (3, 0.5, "Be brief.")
+
+
+def test_chat_needs_a_terminal(monkeypatch, capsys):
+    """Piped or redirected, the full-screen UI would write escape codes and wait for keys forever."""
+    import tui
+
+    monkeypatch.setattr(tui, "make_app", lambda **kw: pytest.fail("the UI started without a terminal"))
+    assert main(["chat"]) == 1  # pytest's stdin and stdout are no terminals
+    assert "chat is a full-screen terminal app, and its stdin or stdout is not a terminal" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--target", "/nonexistent.gguf"], "GGUF file /nonexistent.gguf does not exist"),
+    (["--pair", "nosuch"], "--pair 'nosuch' is not a pair in models.toml"),
+    (["--draft", "builtin:nosuch"], "no model 'nosuch' ships with mlxspec"),
+])
+def test_chat_says_a_bad_reference_before_its_ui_starts(argv, says, monkeypatch, capsys):
+    import tui
+
+    monkeypatch.setattr(tui, "make_app", lambda **kw: pytest.fail("the UI started with a bad reference"))
+    monkeypatch.setattr("mlxspec.commands.chat._on_a_terminal", lambda: True)
+    assert main(["chat", *argv]) == 1
+    assert says in capsys.readouterr().err
+
+
+def test_chat_leaves_what_is_not_cached_yet_to_its_loader(monkeypatch, tmp_path):
+    """Not cached is no error before the UI: its loader fetches it behind the loading screen."""
+    import tui
+
+    built = []
+
+    class App:
+        return_code = 0
+
+        def run(self):
+            pass
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))  # the demo is not cached here
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(tui, "make_app", lambda **kw: built.append(kw) or App())
+    monkeypatch.setattr("mlxspec.commands.chat._on_a_terminal", lambda: True)
+    assert main(["chat", "--draft", "someone/not-cached-model"]) == 0 and len(built) == 1

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+from ..errors import InvalidArgumentError
 from .argtypes import non_negative, positive, seed
 from . import modelargs
 from .modelargs import DEFAULT_PAIR, add_drafting_args, add_model_args, add_template_args
@@ -32,6 +35,11 @@ def run(args) -> int:
     if args.draft == "none":
         args._parser.error("--draft none leaves the speculative side nothing to draft with; give a draft model, "
                            "ngram, or leave it out for the pair's")
+    if not _on_a_terminal():  # the full-screen UI would write escape codes into the file and wait for keys
+        raise InvalidArgumentError("mlxspec chat is a full-screen terminal app, and its stdin or stdout is not a "
+                                   "terminal; for answers in a script or a file use `mlxspec generate` (or "
+                                   "`mlxspec serve`)")
+    _check_references(args)
     ref = args.target or args.pair or DEFAULT_PAIR
     label = (f"{ref} + {args.draft}" if args.draft else ref) if args.target else f"the {ref} pair"
 
@@ -47,3 +55,24 @@ def run(args) -> int:
                    template_kwargs=modelargs.template_options(args), **drafting)
     app.run()
     return app.return_code or 0
+
+
+def _on_a_terminal() -> bool:
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def _check_references(args) -> None:
+    """The models named resolve to files, before the UI starts: a bad reference is one line here,
+    not a screen. Cheap: nothing is loaded, and nothing fetched (what is not cached yet the loader
+    fetches behind its loading screen)."""
+    from ..choices import WEIGHTLESS_DRAFTERS
+    from ..loading.resolve import NotCachedError, resolve_model
+
+    modelargs.check_pair(args)
+    for ref in (args.target or args.pair or DEFAULT_PAIR, args.draft, args.head):
+        if ref is None or ref in WEIGHTLESS_DRAFTERS:
+            continue
+        try:
+            resolve_model(ref, download=False)
+        except NotCachedError:
+            pass

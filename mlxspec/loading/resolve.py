@@ -83,7 +83,8 @@ def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
         return resolve_model(pair.target, download=download)
     if ref.startswith(demo.PREFIX):
         if not download and not demo.is_cached(ref):
-            raise ModelNotFoundError(f"the demo model {ref!r} is not in the cache; run `mlxspec pull demo`")
+            raise NotCachedError(f"the demo model {ref!r} is not in the cache; run `mlxspec pull demo`",
+                                 "downloading was not asked for")
         return Resolved(ref, demo.ensure(ref), "gguf", "demo")
     if ref.startswith(BUILTIN):
         name = ref[len(BUILTIN):]
@@ -170,6 +171,11 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _not_asked() -> str:
+    """Why the hub was not asked when it was not."""
+    return "HF_HUB_OFFLINE is set" if _offline() else "downloading was not asked for"
+
+
 def _hub_snapshot(repo_id: str, *, download: bool) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
@@ -178,8 +184,7 @@ def _hub_snapshot(repo_id: str, *, download: bool) -> Path:
     try:
         return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_files_only=local_only))
     except LocalEntryNotFoundError as e:
-        why = ("HF_HUB_OFFLINE is set" if _offline() else
-               "downloading was not asked for" if not download else "the hub cannot be reached")
+        why = _not_asked() if _offline() or not download else "the hub cannot be reached"
         raise NotCachedError(
             f"model {repo_id!r} is not in the Hugging Face cache and {why}. With network access "
             f"run `mlxspec pull {repo_id}` (or `huggingface-cli download {repo_id}`), or pass a "
@@ -194,35 +199,35 @@ def _hub_gguf(repo_id: str, tag: str, *, download: bool) -> Path:
     for a file split in parts, every part is fetched and the first one's path returned."""
     local_only = _offline() or not download
     names = None if local_only else _repo_ggufs(repo_id)
+    why = _not_asked() if local_only else "the hub cannot be reached"
     if names is None:  # offline, or the hub did not answer: what the cache holds will do
-        why = None if local_only else "the hub cannot be reached"
         names, local_only = _cached_ggufs(repo_id, tag, why), True
     exact = tag.lower().endswith(".gguf")
     found = [n for n in names if (n.rsplit("/", 1)[-1].lower() == tag.lower() if exact else _names_tag(n, tag))]
     if not found:
         tags = _tags(names)
         where = "in the Hugging Face cache" if local_only else "in the repo"
-        raise ModelNotFoundError(
-            f"{repo_id!r} has no GGUF file {'called' if exact else 'whose name has the quantization'} {tag!r} "
-            f"{where}" + (f"; there: {', '.join(tags)}" if tags else "")
-            + ("" if not local_only else f" (with network access, `mlxspec pull {repo_id}:{tag}` fetches it)")
-        )
+        missing = (f"{repo_id!r} has no GGUF file {'called' if exact else 'whose name has the quantization'} "
+                   f"{tag!r} {where}" + (f"; there: {', '.join(tags)}" if tags else ""))
+        if local_only:  # the hub may have it
+            raise NotCachedError(f"{missing} (with network access, `mlxspec pull {repo_id}:{tag}` fetches it)", why)
+        raise ModelNotFoundError(missing)
     parts = [SPLIT_PART.match(n) for n in found]
     if all(parts) and len({m.group(1) for m in parts}) == 1:  # the parts of one split file
         count = int(parts[0].group(3))
         if len(found) != count:
             raise ModelNotFoundError(f"{repo_id}:{tag} is a GGUF split in {count} parts, but "
                                      f"{'the cache holds' if local_only else 'the repo has'} {len(found)} of them")
-        return [_hub_file(repo_id, n, tag, local_only) for n in sorted(found)][0]  # the loader finds the rest beside it
+        return [_hub_file(repo_id, n, tag, local_only, why) for n in sorted(found)][0]  # the loader finds the rest beside it
     if len(found) > 1:
         raise ModelNotFoundError(
             f"{repo_id}:{tag} matches {len(found)} GGUF files ({', '.join(found[:6])}); name one by its "
             f"file name, e.g. {repo_id}:{found[0].rsplit('/', 1)[-1]}"
         )
-    return _hub_file(repo_id, found[0], tag, local_only)
+    return _hub_file(repo_id, found[0], tag, local_only, why)
 
 
-def _hub_file(repo_id: str, name: str, tag: str, local_only: bool) -> Path:
+def _hub_file(repo_id: str, name: str, tag: str, local_only: bool, why: str) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -230,7 +235,7 @@ def _hub_file(repo_id: str, name: str, tag: str, local_only: bool) -> Path:
         return Path(hf_hub_download(repo_id, name, local_files_only=local_only))
     except LocalEntryNotFoundError as e:
         raise NotCachedError(f"{repo_id}/{name} is not in the Hugging Face cache; run "
-                             f"`mlxspec pull {repo_id}:{tag}` with network access", "the hub cannot be reached") from e
+                             f"`mlxspec pull {repo_id}:{tag}` with network access", why) from e
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise ModelNotFoundError(f"cannot fetch {name} of {repo_id!r} from the Hugging Face hub: {e}") from e
 
@@ -268,7 +273,7 @@ def _cached_ggufs(repo_id: str, tag: str, why: str | None = None) -> list[str]:
     try:
         folder = Path(snapshot_download(repo_id, allow_patterns=["*.gguf"], local_files_only=True))
     except LocalEntryNotFoundError as e:
-        why = why or ("HF_HUB_OFFLINE is set" if _offline() else "downloading was not asked for")
+        why = why or _not_asked()
         raise NotCachedError(
             f"nothing of {repo_id!r} is in the Hugging Face cache and {why}; with network access run "
             f"`mlxspec pull {repo_id}:{tag}`, or pass a local .gguf file", why
