@@ -289,7 +289,11 @@ def check_stop(stop) -> List[str]:
         stop = [stop]
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise InvalidArgumentError(f"stop must be a string or a list of strings, got {shown(stop)}")
-    return [check_text(s, f"stop string {i}") for i, s in enumerate(stop) if s]
+    for i, s in enumerate(stop):
+        if s == "":  # dropping it would quietly ignore what was asked for
+            raise InvalidArgumentError(f"stop string {i} is empty; a stop string needs at least one character "
+                                       "(leave it out to stop only at the end of the answer)")
+    return [check_text(s, f"stop string {i}") for i, s in enumerate(stop)]
 
 
 MAX_SEED = 2**64  # 64 bits of a seed key the random streams (`sampling.race_noise`): more would alias

@@ -40,6 +40,9 @@ def engine():
     ({"num_draft": "many"}, "num_draft"),
     ({"seed": -5}, "seed"),
     ({"stop": 5}, "stop"),
+    ({"stop": [""]}, "stop string 0 is empty"),  # once dropped quietly: asked for, and nothing happened
+    ({"stop": ["ok", ""]}, "stop string 1 is empty"),
+    ({"stop": ""}, "stop string 0 is empty"),
     ({"drafter": "tree"}, "drafter"),
     ({"drafter": "tree", "speculative": False}, "drafter"),  # checked though plain decoding ignores it
     ({"drafter": "eagle"}, "not available on this engine"),  # no head

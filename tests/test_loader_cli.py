@@ -344,7 +344,7 @@ def test_pull_errors_are_reported_not_raised(monkeypatch, tmp_path, capsys):
 
 @pytest.mark.parametrize("option,value,says", [
     ("--temperature", "-1", "temperature must be"), ("--top-p", "0", "top_p must be"),
-    ("--min-p", "1", "min_p must be"),
+    ("--min-p", "1", "min_p must be"), ("--stop", "", "stop string 0 is empty"),
 ])
 def test_generate_refuses_bad_settings_before_loading(option, value, says, made, capsys):
     assert main(["generate", option, value, "hi"]) == 1

@@ -64,6 +64,7 @@ CHAT_CASES = [
     ({"messages": HI, "stop": 5}, "stop", "string or a list of strings"),
     ({"messages": HI, "stop": ["ok", 1]}, "stop", "string or a list of strings"),
     ({"messages": HI, "stop": [str(i) for i in range(17)]}, "stop", "at most 16"),
+    ({"messages": HI, "stop": ["ok", ""]}, "stop", "stop string 1 is empty"),
     ({"messages": HI, "speculative": "no"}, "speculative", "true or false"),
     ({"messages": HI, "num_draft": 99}, "num_draft", "[0, 32]"),
     ({"messages": HI, "model": 5}, "model", "string"),
