@@ -277,6 +277,16 @@ def test_help_explains(command, capsys):
     assert e.value.code == 0 and len(capsys.readouterr().out) > 400
 
 
+@pytest.mark.parametrize("command, has_drafter", [("calibrate", False), ("generate", True), ("bench", True)])
+def test_draft_s_help_names_drafter_only_where_the_command_has_it(command, has_drafter):
+    import argparse
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    assert any("--drafter" in action.option_strings for action in sub._actions) == has_drafter
+    draft = next(action for action in sub._actions if "--draft" in action.option_strings)
+    assert ("--drafter" in draft.help) == has_drafter
+
+
 def test_models_lists_every_pair_with_cache_state(monkeypatch, tmp_path, capsys):
     from mlxspec.loading.registry import pairs
 

@@ -24,7 +24,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("calibrate", help="measure the target's verify-cost curve on this device",
                               description=__doc__)
-    add_model_args(p, window=False, head=False)  # the curve is timed without a window; a head is not timed
+    # the curve is timed without a window; a head is not timed; the drafter plays no part
+    add_model_args(p, window=False, head=False, drafter=False)
     p.add_argument("--max-j", type=pass_length, default=MAX_J,
                    help=f"longest pass timed, tokens, at most 33 (default {MAX_J})")
     p.add_argument("--prefix", type=positive, default=PREFIX, help=f"KV tokens before each pass (default {PREFIX})")

@@ -9,9 +9,10 @@ from .argtypes import count, kv_window, num_draft, on_off, reference, tree
 DEFAULT_PAIR = "demo"
 
 
-def add_model_args(p, *, window: bool = True, head: bool = True) -> None:
+def add_model_args(p, *, window: bool = True, head: bool = True, drafter: bool = True) -> None:
     """--pair/--target/--draft/--dtype, and --max-kv-size, the KV quantization flags and --head unless
-    the command has no use for them."""
+    the command has no use for them; `drafter`: whether the command has --drafter, which --draft's
+    help names."""
     src = p.add_mutually_exclusive_group()  # argparse says "not allowed with" at parse time
     src.add_argument("--pair", metavar="NAME", type=reference,
                      help=f"a models.toml pair name, see `mlxspec models` (default: {DEFAULT_PAIR!r} unless --target "
@@ -21,7 +22,7 @@ def add_model_args(p, *, window: bool = True, head: bool = True) -> None:
                           "of a repo as owner/name:QUANT, e.g. :Q4_K_M (default: the pair's target)")
     p.add_argument("--draft", metavar="REF", type=reference,
                    help="draft model reference, or 'ngram' / 'none' (default: the pair's draft; a model given here "
-                        "replaces it and drafts, unless --drafter says otherwise)")
+                        "replaces it" + (" and drafts, unless --drafter says otherwise)" if drafter else ")"))
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="weights precision of both models: keep quantized or dequantize (default: auto, per device)")
     if window:
