@@ -292,9 +292,10 @@ def test_models_lists_every_pair_with_cache_state(monkeypatch, tmp_path, capsys)
 
     monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("COLUMNS", "400")  # wide enough for the table
     assert main(["models"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split()[:3] == ["NAME", "TARGET", "DRAFT"]
+    assert out[0].split()[:4] == ["NAME", "TARGET", "DRAFT", "HEAD"]
     assert [line.split()[0] for line in out[1:]] == list(pairs())
     demo_row = next(line for line in out if line.startswith("demo "))
     assert demo_row.split()[-1] == "no"  # empty MLXSPEC_HOME
@@ -305,6 +306,22 @@ def test_models_lists_every_pair_with_cache_state(monkeypatch, tmp_path, capsys)
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows[0]["name"] == "demo" and rows[0]["cached"] is False
     assert rows[0]["drafter_here"] == pairs()["demo"].default_drafter(here)
+
+
+def test_models_fits_a_narrow_terminal_and_names_the_head(monkeypatch, tmp_path, capsys):
+    from mlxspec.loading.registry import pairs
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 80
+    demo = out.split("\n\n")[0].splitlines()
+    assert demo[0] == "demo  (cached: no)"
+    assert f"  head     {pairs()['demo'].head}" in demo
+    assert f"  drafter  {pairs()['demo'].default_drafter(backend())} on {backend()}" in demo
+    assert [block.split()[0] for block in out.split("\n\n")] == list(pairs())
 
 
 def test_default_drafter_follows_load_s_rule():

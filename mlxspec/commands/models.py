@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 
 def register(subparsers) -> None:
@@ -50,13 +51,23 @@ def run(args) -> int:
         for r in rows:
             print(json.dumps(r))
         return 0
-    head = ("NAME", "TARGET", "DRAFT", "SIZE GB", "CONTEXT", "WINDOW", f"DRAFTER ({here.upper()})", "CACHED")
-    table = [head] + [
-        (r["name"], r["target"], r["draft"], f"{r['target_gb']:g} + {r['draft_gb']:g}", str(r["context"]),
-         str(r["window"] or "-"), r["drafter_here"], "yes" if r["cached"] else "no")
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    table = [("NAME", "TARGET", "DRAFT", "HEAD", "SIZE GB", "CONTEXT", "WINDOW", f"DRAFTER ({here.upper()})",
+              "CACHED")] + [_cells(r) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    if sum(widths) + 2 * (len(widths) - 1) <= shutil.get_terminal_size().columns:
+        for row in table:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        return 0
+    # Too wide for the terminal (repo ids are long): a short block per pair.
+    for i, r in enumerate(rows):
+        window = f", window {r['window']}" if r["window"] else ""
+        print(("\n" if i else "") + f"{r['name']}  (cached: {'yes' if r['cached'] else 'no'})")
+        print(f"  target   {r['target']}\n  draft    {r['draft']}" + (f"\n  head     {r['head']}" if r["head"] else ""))
+        print(f"  size     {r['target_gb']:g} + {r['draft_gb']:g} GB, context {r['context']}{window}")
+        print(f"  drafter  {r['drafter_here']} on {here}")
     return 0
+
+
+def _cells(r: dict) -> tuple:
+    return (r["name"], r["target"], r["draft"], r["head"] or "-", f"{r['target_gb']:g} + {r['draft_gb']:g}",
+            str(r["context"]), str(r["window"] or "-"), r["drafter_here"], "yes" if r["cached"] else "no")
