@@ -27,6 +27,7 @@ from .. import __version__, blas
 from ..device import describe as describe_device
 from ..files import write_atomic
 from ..reference import dtype_name, working_dtype
+from ..stats import plural
 from .peer import PEER_NUM_DRAFT
 from .runner import BenchResult, RunRecord, Setting
 from .summary import label, setting_of, summarize
@@ -179,7 +180,7 @@ def print_report(doc: dict, console) -> None:
             + f": {_x(s['speedup_vs_vanilla'])} vanilla"
             + (f", {_x(s['speedup_vs_chain'])} chain" if s.get("speedup_vs_chain") is not None else "")
             + (f", {_x(s['speedup_vs_mlx_lm'])} mlx-lm" if s["speedup_vs_mlx_lm"] is not None else "")
-            + f"[/bold] (median of per-prompt ratios, {doc['settings']['prompt_count']} prompts"
+            + f"[/bold] (median of per-prompt ratios, {plural(doc['settings']['prompt_count'], 'prompt')}"
             + (f" x {doc['settings']['repeats']} passes" if doc['settings'].get('repeats', 1) > 1 else "") + ", "
             f"{doc['settings']['max_tokens']} tokens, {device_line(doc['device'])})")
     console.print(head)
@@ -282,4 +283,5 @@ def report_console():
     from rich.console import Console
 
     console = Console()
-    return console if console.is_terminal else Console(width=140)
+    # soft_wrap: a long line stays one line in a file (wrapped at 140 it broke inside a value)
+    return console if console.is_terminal else Console(width=140, soft_wrap=True)

@@ -142,6 +142,8 @@ def run(args) -> int:
     from . import modelargs
 
     err = Console(stderr=True)
+    if not err.is_terminal:  # a log gets lines, not a spinner it cannot show
+        err.print("loading models…")
     with err.status("loading models"):
         engine = modelargs.load_engine(args)
     if is_distributed(engine):
@@ -179,6 +181,29 @@ def run_synthetic(args) -> int:
     return 0
 
 
+class ProgressLines:
+    """The progress bar's news as plain lines, for stderr that is no terminal (a CI log, a file):
+    one line at most every `every` seconds, and one at the end."""
+
+    def __init__(self, console, total: int, every: float = 10.0):
+        import time
+
+        self.console, self.total, self.every, self.clock = console, total, every, time.monotonic
+        self.done, self.start = 0, self.clock()
+        self.last = self.start
+
+    def advance(self, what: str) -> None:
+        self.done += 1
+        now = self.clock()
+        if self.done < self.total and now - self.last < self.every:
+            return
+        self.last = now
+        elapsed = now - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        eta = f", about {left:.0f} s left" if self.done < self.total else f" in {elapsed:.0f} s"
+        self.console.print(f"bench: {self.done}/{self.total} runs ({what}){eta}", soft_wrap=True, highlight=False)
+
+
 def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompts_source, trees=("auto",),
                  lookups=("on",)) -> int:
     """Everything after loading: curve, interleaved runs with a progress bar, report and files."""
@@ -199,12 +224,15 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     repeats = getattr(args, "repeats", None) or 1
     total = repeats * len(prompts) * len(temps) * len(settings)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
+    log = None if err.is_terminal else ProgressLines(err, total)  # a pipe or a file: plain lines
+    with Progress(*columns, console=err, transient=True, disable=log is not None) as bar:
         task = bar.add_task("bench", total=total)
 
         def on_run(rec):
-            bar.update(task, advance=1, description=f"{rec.prompt_id} {rec.mode}"
-                       + (f" (pass {rec.repeat + 1}/{repeats})" if repeats > 1 else ""))
+            what = f"{rec.prompt_id} {rec.mode}" + (f" (pass {rec.repeat + 1}/{repeats})" if repeats > 1 else "")
+            bar.update(task, advance=1, description=what)
+            if log is not None:
+                log.advance(what)
 
         result = run_bench(engine, prompts, max_tokens=args.max_tokens, temperatures=temps, num_drafts=ks,
                            drafters=drafters, seed=args.seed, peer=not args.no_peer, trees=trees, lookups=lookups,
