@@ -52,7 +52,8 @@ def register(subparsers) -> None:
                    "anything else should come with --api-key)")
     p.add_argument("--port", type=int, default=d.port, help=f"port to listen on (default: {d.port})")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
-                   help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} if set, else no key)")
+                   help=f"require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but /health and / "
+                        f"(default: ${API_KEY_ENV} if set, else no key)")
     p.add_argument("--allow-origin", type=web_origin, action="append", default=[], metavar="ORIGIN",
                    help="a web page origin (https://chat.example.com) whose browser requests may call the API and "
                         "read its answers (CORS), besides this machine's own pages; repeat for several, * for "
