@@ -687,6 +687,16 @@ def test_template_and_effort_commands():
     s = run_command("/effort HIGH", s, drafters=["ngram"]).settings
     assert s.template_kwargs == {"enable_thinking": False, "Name": "X", "reasoning_effort": "high"}
     assert run_command("/template", s, drafters=["ngram"]).settings.template_kwargs is None
+    # new variables keep the effort /effort set (it is its own command), unless they set it
+    out = run_command('/template {"enable_thinking": true}', s, drafters=["ngram"])
+    assert out.settings.template_kwargs == {"enable_thinking": True, "reasoning_effort": "high"}
+    assert "reasoning effort high kept" in out.reply
+    out = run_command('/template {"reasoning_effort": "low"}', s, drafters=["ngram"])
+    assert out.settings.template_kwargs == {"reasoning_effort": "low"}
+    # /effort alone clears the effort only
+    s = run_command("/effort", s, drafters=["ngram"]).settings
+    assert s.template_kwargs == {"enable_thinking": False, "Name": "X"}
+    assert run_command("/effort", Settings(), drafters=["ngram"]).settings.template_kwargs is None
     for line, says in (("/template [1]", "JSON object of template variables"), ("/template {", "JSON object"),
                        ("/effort extreme", "/effort needs one of none, minimal, low")):
         with pytest.raises(CommandError, match=re.escape(says)):

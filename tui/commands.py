@@ -20,6 +20,7 @@ HELP = """\
 /system TEXT     system prompt for the next turns (/system alone clears it)
 /template JSON   chat template variables, e.g. {"enable_thinking": false} (/template alone clears them)
 /effort LEVEL    reasoning effort (gpt-oss: low, medium, high), the template variable reasoning_effort
+                 (/effort alone clears it; /template keeps it unless its JSON sets it)
 /save PATH       write the conversation and its stats to PATH.json and PATH.md
 /clear           forget the conversation (also Ctrl-L)
 /help            this list
@@ -91,15 +92,25 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
         return Outcome(replace(settings, lookup=on), "lookup rounds " + ("on" if on else "off (the model drafts alone)"))
     if name == "/system":
         return Outcome(replace(settings, system=arg), f"system prompt set to {arg!r}" if arg else "system prompt cleared")
+    effort = (settings.template_kwargs or {}).get("reasoning_effort")
     if name == "/template":
         if not arg:
-            return Outcome(replace(settings, template_kwargs=None), "chat template variables cleared")
+            return Outcome(replace(settings, template_kwargs=None), "chat template variables cleared"
+                           + (f" (the reasoning effort {effort} too)" if effort else ""))
         variables = _parsed(name, arg, template_args, lower=False)
+        kept = effort is not None and "reasoning_effort" not in variables
+        if kept:  # /effort set it apart from the other variables: it stays until /effort changes it
+            variables = dict(variables, reasoning_effort=effort)
         return Outcome(replace(settings, template_kwargs=variables or None),
-                       f"chat template variables set to {json.dumps(variables)}")
+                       f"chat template variables set to {json.dumps(variables)}"
+                       + (f" (reasoning effort {effort} kept; /effort alone clears it)" if kept else ""))
     if name == "/effort":
+        if not arg:
+            variables = {k: v for k, v in (settings.template_kwargs or {}).items() if k != "reasoning_effort"}
+            return Outcome(replace(settings, template_kwargs=variables or None),
+                           "reasoning effort cleared (the template's default)")
         if arg.lower() not in EFFORTS:
-            raise CommandError(f"/effort needs one of {', '.join(EFFORTS)}, got {arg!r}")
+            raise CommandError(f"/effort needs one of {', '.join(EFFORTS)} (or nothing, to clear it), got {arg!r}")
         variables = dict(settings.template_kwargs or {}, reasoning_effort=arg.lower())
         return Outcome(replace(settings, template_kwargs=variables), f"reasoning effort set to {arg.lower()}")
     if name == "/save":
