@@ -221,7 +221,11 @@ async def test_save_writes_json_and_markdown(tmp_path):
         assert turn[side]["stats"]["tokens_per_second"] > 0
     assert turn["identical"] is True and turn["speedup"] > 0
     md = (tmp_path / "chat.md").read_text()
-    assert "what is MLX?" in md and "### Speculative" in md and "### Vanilla" in md and "tok/s" in md
+    assert "what is MLX?" in md and "tok/s" in md
+    # each turn says its own drafter and temperature, and an answer cut at the token limit says so
+    drafter = turn[SPEC]["stats"]["drafter"]
+    assert f"_greedy · drafter {drafter}_" in md and drafter != "none"
+    assert "### Speculative (cut at the token limit)" in md and "### Vanilla (cut at the token limit)" in md
 
 
 @async_test

@@ -142,10 +142,16 @@ class Conversation:
         if self.system:
             out += [f"**System:** {self.system}", ""]
         for i, t in enumerate(self.turns, 1):
-            out += [f"## Turn {i}", "", f"**You:** {t.user}", ""]
+            # a turn's own settings: /drafter and /temp can change between turns
+            how = "greedy" if t.temperature == 0 else f"T={t.temperature:g}"
+            out += [f"## Turn {i}", "", f"**You:** {t.user}", "",
+                    f"_{how} · drafter {t.answers[SPEC].stats.drafter}_", ""]
             for side in SIDES:
                 a = t.answers[side]
-                out += [f"### {side.capitalize()}", "", a.text or "_(empty)_", "",
+                end = {"length": " (cut at the token limit)"}.get(a.finish_reason, "")
+                if t.stopped and a.finish_reason is None:
+                    end = " (stopped)"
+                out += [f"### {side.capitalize()}{end}", "", a.text or "_(empty)_", "",
                         f"_{a.stats.line(side == SPEC)}_", ""]
             out += [f"**Verdict:** {t.verdict()}", ""]
         return "\n".join(out)
