@@ -108,6 +108,7 @@ async def test_escape_during_a_long_prompt_stops_before_its_first_token():
             if gate.entered.is_set():
                 break
         assert gate.entered.is_set() and app.busy
+        assert "reading the prompt" in stats_line(app, SPEC)  # not only "— tok/s" for seconds
         await pilot.press("escape")
         await asyncio.sleep(0.1)
         assert "stopping" in verdict(app)  # said at once: the chunk in progress still ends first
@@ -117,6 +118,8 @@ async def test_escape_during_a_long_prompt_stops_before_its_first_token():
         assert turn.stopped and turn.answers[SPEC].tokens == []
         assert len(engine.target.tokens) == 4  # one chunk of the prompt fed, the rest never
         assert "(stopped before its first token)" in history_text(app)
+        assert verdict(app) == "stopped before the first token (nothing to compare)"
+        assert "reading" not in stats_line(app, SPEC)
         gate.armed = False
         await send(app, pilot, "/maxtokens 6")
         await send(app, pilot, "and now?")
@@ -133,10 +136,10 @@ async def test_a_turn_is_busy_from_enter_not_only_once_the_panes_are_cleared():
         seen = []
         clear = app._clear_race
 
-        async def slow_clear():
+        async def slow_clear(**kwargs):
             seen.append(app.busy)
             await asyncio.sleep(0.2)
-            await clear()
+            await clear(**kwargs)
 
         app._clear_race = slow_clear
         app.query_one("#prompt").value = "hello"
@@ -347,6 +350,8 @@ def test_chat_options_reach_the_loader_and_the_first_turn(monkeypatch):
         return App()
 
     monkeypatch.setattr(tui, "make_app", make_app)
+    monkeypatch.setattr("mlxspec.commands.chat._on_a_terminal", lambda: True)  # (pytest's stdout is none)
+    monkeypatch.setattr("mlxspec.commands.chat._check_references", lambda args: None)  # ("h" is no head)
     monkeypatch.setattr("mlxspec.loading.load", lambda *a, **k: loaded.update(args=a, kw=k) or "engine")
     args = build_parser().parse_args(["chat", "--pair", "demo", "--draft", "ngram", "--tree", "3", "--lookup", "off",
                                       "--seed", "5", "--head", "h", "--drafter", "ngram", "--max-kv-size", "64"])

@@ -149,7 +149,7 @@ class ChatApp(App):
         inside = self._starts_inside(messages[SPEC])
         for side in (SPEC, VANILLA):
             self.pane(side).inside = inside
-        await self._clear_race()
+        await self._clear_race(reading=True)
         s = self.settings
         request = TurnRequest(
             user=text, messages=messages,
@@ -181,10 +181,10 @@ class ChatApp(App):
         self.pane(side).set_stats(stats)
         self.query_one(PairHeader).set_stats(side, stats)
 
-    async def _clear_race(self) -> None:
-        """Empty both panes and the verdict line."""
+    async def _clear_race(self, reading: bool = False) -> None:
+        """Empty both panes and the verdict line (`reading`: a turn starts by reading its prompt)."""
         for side in (SPEC, VANILLA):
-            await self.pane(side).reset()
+            await self.pane(side).reset(reading)
         self.query_one("#verdict", Static).update("")
 
     def _starts_inside(self, messages) -> bool:

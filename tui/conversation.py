@@ -65,6 +65,8 @@ class Turn:
         head = (f"speedup {sp:.2f}× ({s.tokens_per_second:.1f} vs {v.tokens_per_second:.1f} tok/s)"
                 if sp is not None else "speedup n/a (a side produced no tokens)")
         kind = f"sampled (T={self.temperature:g})" if self.temperature > 0 else "greedy"
+        if self.stopped and not (self.answers[SPEC].text or self.answers[VANILLA].text):
+            return "stopped before the first token (nothing to compare)"
         if self.identical:
             same = f"{kind} outputs identical" + (" so far" if self.stopped else "")
         elif not self.same_history:

@@ -93,13 +93,14 @@ class AnswerPane(Vertical):
         if answer and not self.colour:
             await self.query_one(Markdown).append(answer)
 
-    async def reset(self) -> None:
+    async def reset(self, reading: bool = False) -> None:
         """Empty for a new turn (which starts inside a thinking block its template opened where
-        the app set `inside`)."""
+        the app set `inside`); `reading`: the turn's prompt is being read (a long one takes
+        seconds before the first token: say so, not only "— tok/s")."""
         self.pieces, self.reasoning, self._done = [], "", False
         self._splitter = make_splitter(self.markers, self.inside) if self.markers is not None else None
         self._think("")
-        self.query_one(".stats", Static).update("— tok/s")
+        self.query_one(".stats", Static).update("— tok/s · reading the prompt…" if reading else "— tok/s")
         self.query_one(".coloured", Static).update("")
         await self.query_one(Markdown).update("")
 
