@@ -114,17 +114,17 @@ async def test_escape_during_a_long_prompt_stops_before_its_first_token():
         assert "stopping" in verdict(app)  # said at once: the chunk in progress still ends first
         gate.release.set()  # the chunk in progress finishes; the prompt's other chunks are never fed
         await wait_idle(app, pilot, timeout=10)
-        (turn,) = app.conversation.turns
-        assert turn.stopped and turn.answers[SPEC].tokens == []
+        assert app.conversation.turns == []  # a message with no answer is left out of the conversation
         assert len(engine.target.tokens) == 4  # one chunk of the prompt fed, the rest never
-        assert "(stopped before its first token)" in history_text(app)
+        assert "(stopped before its first token; left out of the conversation)" in history_text(app)
         assert verdict(app) == "stopped before the first token (nothing to compare)"
         assert "reading" not in stats_line(app, SPEC)
         gate.armed = False
         await send(app, pilot, "/maxtokens 6")
         await send(app, pilot, "and now?")
-        last = app.conversation.turns[-1]
+        (last,) = app.conversation.turns
         assert not last.stopped and 0 < last.answers[SPEC].stats.tokens <= 6
+        assert [m["content"] for m in app.conversation.messages(SPEC)] == ["and now?", last.answers[SPEC].text]
 
 
 @async_test
@@ -771,3 +771,18 @@ async def test_the_markdown_view_keeps_the_answer_s_line_breaks():
         await pilot.pause()
         paragraphs = [str(p.render()) for p in pane.query_one(Markdown).query("MarkdownParagraph")]
         assert paragraphs == ["In the sea,\nwhere stars are", "A new verse"]
+
+
+def test_the_saved_markdown_renders_an_answer_s_line_breaks_and_keeps_its_code():
+    from markdown_it import MarkdownIt
+
+    from tui.conversation import Answer, Conversation, Turn
+
+    poem = "In the sea,\nwhere stars are\n\n```python\nx = 1  \ny = 2\n```\nThe end"
+    conv = Conversation()
+    conv.turns.append(Turn("a poem", {SPEC: Answer(text=poem), VANILLA: Answer(text=poem)}))
+    tokens = MarkdownIt("commonmark").parse(conv.to_markdown())
+    breaks = [t.children for t in tokens if t.type == "inline" and "In the sea," in t.content]
+    assert breaks and all("hardbreak" in [c.type for c in children] for children in breaks)
+    code = [t.content for t in tokens if t.type == "fence"]
+    assert code == ["x = 1  \ny = 2\n"] * 2  # the code exactly as written

@@ -204,7 +204,10 @@ class ChatApp(App):
             history.add_notice(f"generation failed: {message.error}", error=True)
         produced = any(a.from_draft for a in turn.answers.values())  # one flag per generated token
         if produced or not message.error:
-            self.conversation.turns.append(turn)  # partial answers stay in the conversation
+            # Partial answers stay in the conversation; a message stopped before any answer does
+            # not (the next turn would answer it with an empty reply in between).
+            if produced:
+                self.conversation.turns.append(turn)
             history.add_turn(turn, self.conversation.markers)
             self.query_one("#verdict", Static).update(Text(turn.verdict()))
 

@@ -82,6 +82,19 @@ class Turn:
         return f"{head} · {same}" + (" · stopped" if self.stopped else "")
 
 
+def hard_breaks(text: str) -> str:
+    """`text` for a Markdown file that renders its line breaks as written (as the chat shows them):
+    two trailing spaces on each line followed by another within a paragraph; fenced code as is."""
+    lines, fence = text.split("\n"), None
+    for i, line in enumerate(lines[:-1]):
+        mark = line.lstrip()[:3]
+        if mark in ("```", "~~~"):
+            fence = None if fence == mark else (fence or mark)
+        elif fence is None and line.strip() and lines[i + 1].strip():
+            lines[i] = line + "  "
+    return "\n".join(lines)
+
+
 def first_difference(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -153,7 +166,7 @@ class Conversation:
                 end = {"length": " (cut at the token limit)"}.get(a.finish_reason, "")
                 if t.stopped and a.finish_reason is None:
                     end = " (stopped)"
-                out += [f"### {side.capitalize()}{end}", "", a.text or "_(empty)_", "",
+                out += [f"### {side.capitalize()}{end}", "", hard_breaks(a.text) or "_(empty)_", "",
                         f"_{a.stats.line(side == SPEC)}_", ""]
             out += [f"**Verdict:** {t.verdict()}", ""]
         return "\n".join(out)

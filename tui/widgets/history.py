@@ -25,7 +25,7 @@ class ChatHistory(VerticalScroll):
         answer = answer_part(turn.answers[SPEC].text, markers).strip()
         if len(answer) > PREVIEW:
             answer = answer[:PREVIEW] + "…"
-        empty = "(stopped before its first token)" if turn.stopped else "(empty)"
+        empty = "(stopped before its first token; left out of the conversation)" if turn.stopped else "(empty)"
         self._add(Text.assemble(("model ", "bold"), answer or empty), "answer")
         self._add(Text(turn.verdict()), "verdict")
 
