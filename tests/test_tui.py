@@ -786,3 +786,15 @@ def test_the_saved_markdown_renders_an_answer_s_line_breaks_and_keeps_its_code()
     assert breaks and all("hardbreak" in [c.type for c in children] for children in breaks)
     code = [t.content for t in tokens if t.type == "fence"]
     assert code == ["x = 1  \ny = 2\n"] * 2  # the code exactly as written
+
+
+def test_a_speedup_over_a_few_tokens_is_flagged_as_noise():
+    from tui.conversation import Answer, Turn
+    from tui.stats_view import StatsView
+
+    def turn(n):
+        return Turn("q", {SPEC: Answer(text="a", stats=StatsView(tokens=n, tokens_per_second=20.0)),
+                          VANILLA: Answer(text="a", stats=StatsView(tokens=n, tokens_per_second=16.0))})
+
+    assert turn(8).verdict().startswith("speedup 1.25× (20.0 vs 16.0 tok/s) · 8 tokens: too few to time well ·")
+    assert "too few" not in turn(16).verdict()

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from mlxspec.reasoning import make_splitter, split_whole
+from mlxspec.stats import plural
 
 from .stats_view import StatsView
 
 SPEC, VANILLA = "speculative", "vanilla"
+FEW_TOKENS = 16  # below this, a turn's speedup is flagged as noise
 SIDES = (SPEC, VANILLA)
 
 
@@ -64,6 +66,9 @@ class Turn:
         sp = self.speedup
         head = (f"speedup {sp:.2f}× ({s.tokens_per_second:.1f} vs {v.tokens_per_second:.1f} tok/s)"
                 if sp is not None else "speedup n/a (a side produced no tokens)")
+        if sp is not None and min(s.tokens, v.tokens) < FEW_TOKENS:
+            # one slow step moves a rate over a handful of tokens by tens of per cent
+            head += f" · {plural(min(s.tokens, v.tokens), 'token')}: too few to time well"
         kind = f"sampled (T={self.temperature:g})" if self.temperature > 0 else "greedy"
         if self.stopped and not (self.answers[SPEC].text or self.answers[VANILLA].text):
             return "stopped before the first token (nothing to compare)"
