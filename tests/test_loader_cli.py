@@ -678,3 +678,15 @@ def test_chat_leaves_what_is_not_cached_yet_to_its_loader(monkeypatch, tmp_path)
     monkeypatch.setattr(tui, "make_app", lambda **kw: built.append(kw) or App())
     monkeypatch.setattr("mlxspec.commands.chat._on_a_terminal", lambda: True)
     assert main(["chat", "--draft", "someone/not-cached-model"]) == 0 and len(built) == 1
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--drafter", "none", "--tree", "4", "--num-draft", "3"], "note: --drafter none: nothing drafts, so "
+                                                              "--num-draft and --tree change nothing"),
+    (["--drafter", "ngram", "--lookup", "off"], "note: --lookup sets a model drafter's (model, eagle) lookup rounds"),
+    (["--drafter", "ngram", "--tree", "off", "--num-draft", "3"], None),  # both mean something there
+])
+def test_generate_says_drafting_flags_its_drafter_makes_moot(argv, says, made, tiny_gguf_path, capsys):
+    assert main(["generate", "--target", str(tiny_gguf_path), *argv, "hi"]) == 0
+    err = capsys.readouterr().err
+    assert (says in err) if says else ("note: --" not in err)

@@ -81,6 +81,8 @@ def run(args) -> int:
     text = _prompt_text(args.prompt)
     _check_options(args)
     fmt = _response_format(args)
+    for note in modelargs.drafting_notes(args):
+        print(f"note: {note}", file=sys.stderr)
     engine = modelargs.load_engine(args, **modelargs.drafting_options(args))  # the engine keeps lookup
     quiet_unless_main(engine)
     # as mlx-lm: no template, raw text (and the text before the insertion point is raw text)

@@ -71,6 +71,19 @@ def drafting_options(args) -> dict:
                 **({} if args.lookup is None else {"lookup": args.lookup == "on"}))
 
 
+def drafting_notes(args) -> list:
+    """Drafting flags that the chosen --drafter makes moot: said, not silently ignored."""
+    notes = []
+    moot = [f for f, v in (("--num-draft", args.num_draft), ("--tree", args.tree), ("--lookup", args.lookup))
+            if v is not None]
+    if args.drafter == "none" and moot:
+        notes.append(f"--drafter none: nothing drafts, so {' and '.join(moot)} change nothing")
+    elif args.drafter == "ngram" and args.lookup is not None:
+        notes.append("--lookup sets a model drafter's (model, eagle) lookup rounds; with --drafter ngram every "
+                     "round is a lookup, so it changes nothing")
+    return notes
+
+
 def add_template_args(p, *, per_request: bool = False) -> None:
     """--chat-template-args and --reasoning-effort: variables for the chat template, as the
     server's chat_template_kwargs and reasoning_effort give them (`template_options` reads them);

@@ -124,6 +124,8 @@ def run(args) -> int:
             args._parser.error(f"--responses-dir {args.responses_dir}: that folder is not writable")
         args.responses_dir = str(folder)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
+    for note in modelargs.drafting_notes(args):
+        logging.warning(note)
     engine = modelargs.load_engine(args, prompt_cache_size=args.prompt_cache_size,
                                    prompt_cache_bytes=args.prompt_cache_bytes, **modelargs.drafting_options(args))
     if is_distributed(engine) and not engine.coord.is_main:
