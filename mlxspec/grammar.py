@@ -56,7 +56,7 @@ def check_response_format(fmt) -> Optional[dict]:
         if not isinstance(schema, (dict, bool)):
             raise InvalidArgumentError(f"response_format json_schema.schema must be a JSON Schema object, got "
                                        f"{shown(schema)}")
-        return {"type": kind, "json_schema": {"schema": schema}}  # (a checked format checks again as itself)
+        return _valid({"type": kind, "json_schema": {"schema": schema}})  # (a checked format checks again as itself)
     value = fmt.get(kind)
     if kind == "choice":
         if (not isinstance(value, list) or not value
@@ -66,7 +66,21 @@ def check_response_format(fmt) -> Optional[dict]:
         return {"type": kind, kind: list(value)}
     if not isinstance(value, str) or not value:
         raise InvalidArgumentError(f"response_format {kind} must be a non-empty string, got {shown(value)}")
-    return {"type": kind, kind: value}
+    return _valid({"type": kind, kind: value})
+
+
+def _valid(fmt: dict) -> dict:
+    """`fmt` once llguidance has parsed its grammar (no tokenizer needed): a bad regex, schema or
+    Lark grammar is said before a model loads or a request queues, not at its first token."""
+    from llguidance import LLMatcher
+
+    error = LLMatcher.validate_grammar(grammar_of(fmt))
+    if error:  # without the position in the wrapped grammar and its caret lines, which name no user text
+        lines = [ln for ln in error.splitlines() if ln.strip() != "^" and not re.match(r"\s*\d+ \|", ln)]
+        error = re.sub(r"^at \d+\(\d+\): ", "", "\n".join(lines))
+        what = {"json_schema": "its JSON schema"}.get(fmt["type"], f"its {fmt['type']}")
+        raise InvalidArgumentError(f"response_format was refused ({what}): {_said(error)}")
+    return fmt
 
 
 def grammar_of(fmt: dict) -> str:

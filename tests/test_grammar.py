@@ -245,3 +245,18 @@ def test_the_demo_target_answers_in_json_with_every_drafter():
         assert set(cat) == {"name", "age"} and isinstance(cat["age"], int) and r.finish_reason == "stop"
         outputs.append(r.tokens)
     assert all(o == outputs[0] for o in outputs)
+
+
+@pytest.mark.parametrize("fmt,says", [
+    ({"type": "regex", "regex": "(("}, "response_format was refused (its regex): invalid regex \"((\""),
+    ({"type": "lark", "lark": "start: nothing_here"}, "response_format was refused (its lark): unknown name"),
+    ({"type": "json_schema", "json_schema": {"schema": {"type": "objectt"}}},
+     "response_format was refused (its JSON schema): Invalid type: objectt"),
+])
+def test_a_bad_grammar_is_refused_by_the_check_alone(fmt, says):
+    """No tokenizer or model needed: `generate --regex` and the server say it before loading or queueing."""
+    with pytest.raises(InvalidArgumentError, match=re.escape(says)):
+        check_response_format(fmt)
+    good = {"regex": {"type": "regex", "regex": "[a-z]+"}, "lark": {"type": "lark", "lark": 'start: "a"'},
+            "json_schema": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}[fmt["type"]]
+    assert check_response_format(good) == good

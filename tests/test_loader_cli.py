@@ -690,3 +690,10 @@ def test_generate_says_drafting_flags_its_drafter_makes_moot(argv, says, made, t
     assert main(["generate", "--target", str(tiny_gguf_path), *argv, "hi"]) == 0
     err = capsys.readouterr().err
     assert (says in err) if says else ("note: --" not in err)
+
+
+@pytest.mark.parametrize("argv", [["--regex", "("], ["--json-schema", '{"type": "bogus"}']])
+def test_generate_refuses_a_bad_grammar_before_loading(argv, made, capsys):
+    assert main(["generate", *argv, "hi"]) == 1
+    assert "response_format was refused" in capsys.readouterr().err
+    assert made == []

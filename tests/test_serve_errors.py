@@ -119,13 +119,13 @@ CHAT_CASES = [
     ({"messages": HI, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs",
      "may not set add_generation_prompt"),
     ({"messages": HI, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "needs tools"),
-    # structured output: the shape here, the schema by the engine's compiler (in the worker)
+    # structured output: the shape and the grammar (parsed by llguidance) here, before the queue
     ({"messages": HI, "response_format": {"type": "xml"}}, "response_format", "json_object, json_schema"),
     ({"messages": HI, "response_format": "json"}, "response_format", "an object with a \"type\""),
     ({"messages": HI, "response_format": {"type": "json_schema"}}, "response_format", "json_schema must be an object"),
     ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "objectt"}}}}, "response_format", "refused"),
-    ({"messages": HI, "guided_regex": "(("}, "response_format", "refused"),
+    ({"messages": HI, "guided_regex": "(("}, "guided_regex", "refused"),  # named as sent (parsed up front)
     ({"messages": HI, "guided_choice": []}, "guided_choice", "non-empty list"),
     ({"messages": HI, "guided_json": "{nope"}, "guided_json", "JSON schema"),
     ({"messages": HI, "response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex",
