@@ -693,7 +693,7 @@ def test_generate_says_drafting_flags_its_drafter_makes_moot(argv, says, made, t
 
 
 @pytest.mark.parametrize("argv", [["--regex", "("], ["--json-schema", '{"type": "bogus"}']])
-def test_generate_refuses_a_bad_grammar_before_loading(argv, made, capsys):
+def test_generate_refuses_a_grammar_llguidance_cannot_parse_before_loading(argv, made, capsys):
     assert main(["generate", *argv, "hi"]) == 1
     assert "response_format was refused" in capsys.readouterr().err
     assert made == []
