@@ -13,6 +13,7 @@ with them (SGLang's "jump forward", verified here like any draft).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Iterable, List, Optional
 
@@ -72,15 +73,24 @@ def check_response_format(fmt) -> Optional[dict]:
 def _valid(fmt: dict) -> dict:
     """`fmt` once llguidance has parsed its grammar (no tokenizer needed): a bad regex, schema or
     Lark grammar is said before a model loads or a request queues, not at its first token."""
-    from llguidance import LLMatcher
-
-    error = LLMatcher.validate_grammar(grammar_of(fmt))
-    if error:  # without the position in the wrapped grammar and its caret lines, which name no user text
-        lines = [ln for ln in error.splitlines() if ln.strip() != "^" and not re.match(r"\s*\d+ \|", ln)]
-        error = re.sub(r"^at \d+\(\d+\): ", "", "\n".join(lines))
+    error = _grammar_error(grammar_of(fmt))
+    if error:
         what = {"json_schema": "its JSON schema"}.get(fmt["type"], f"its {fmt['type']}")
         raise InvalidArgumentError(f"response_format was refused ({what}): {_said(error)}")
     return fmt
+
+
+@functools.lru_cache(maxsize=32)
+def _grammar_error(grammar: str) -> str:
+    """llguidance's complaint about `grammar` ("" when it parses). Cached: a request's format is
+    checked where it arrives (the server) and again by the engine, and a tool set's call grammar
+    comes back with every request that offers those tools."""
+    from llguidance import LLMatcher
+
+    error = LLMatcher.validate_grammar(grammar)
+    # without the position in the wrapped grammar and its caret lines, which name no user text
+    lines = [ln for ln in error.splitlines() if ln.strip() != "^" and not re.match(r"\s*\d+ \|", ln)]
+    return re.sub(r"^at \d+\(\d+\): ", "", "\n".join(lines))
 
 
 def grammar_of(fmt: dict) -> str:
