@@ -161,22 +161,26 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     return engine
 
 
+def _is_head(folder: Path) -> bool:
+    """Whether `folder` holds an EAGLE head, by its config.json; False for anything else (no folder,
+    no config, not JSON: resolving it says what is wrong)."""
+    import json
+
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type") == "eagle_head"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _refuse_a_head(role: str, ref) -> None:
     """An EAGLE head given as a model is said as such before minutes of loading (mlx-lm would say
     "Model type eagle_head not supported" after them). Only local folders are looked at: cheap."""
-    import json
-
     from .resolve import BUILTIN, BUILTIN_DIR
 
     if ref is None:
         return
     ref = str(ref)
-    folder = BUILTIN_DIR / ref[len(BUILTIN):] if ref.startswith(BUILTIN) else Path(ref).expanduser()
-    try:
-        kind = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return  # not a local model folder: resolving it says what is wrong
-    if kind == "eagle_head":
+    if _is_head(BUILTIN_DIR / ref[len(BUILTIN):] if ref.startswith(BUILTIN) else Path(ref).expanduser()):
         raise InvalidArgumentError(
             f"[load] {role}={ref!r} is an EAGLE head, not a {role} model: pass it as head={ref!r} (drafter='eagle' "
             f"drafts with it)" + ("" if role == "draft" else ", with the target it was trained for as target"))
@@ -223,8 +227,7 @@ def _head_folder(ref: str, download: bool):
     try:
         return resolve_model(ref, download=download).path
     except ModelNotFoundError as e:
-        shipped = ", ".join(sorted(BUILTIN + p.parent.name for p in BUILTIN_DIR.glob("*/config.json")
-                                   if '"eagle_head"' in p.read_text(encoding="utf-8")))
+        shipped = ", ".join(sorted(BUILTIN + p.name for p in BUILTIN_DIR.iterdir() if _is_head(p)))
         found = f"; {e}" if Path(ref).expanduser().exists() else ""  # a folder that is there, but no head
         raise ModelNotFoundError(
             f"EAGLE head {ref!r} not found: give a head folder (config.json + model.safetensors, as "
