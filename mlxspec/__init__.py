@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 from . import errors  # noqa: E402
 from .errors import (  # noqa: E402
     ContextLengthError,
+    EngineBusyError,
     IncompatibleModelsError,
     InvalidArgumentError,
     MlxSpecError,
@@ -64,4 +65,5 @@ __all__ = [
     "ContextLengthError",
     "NumericalError",
     "StreamOvertakenError",
+    "EngineBusyError",
 ]

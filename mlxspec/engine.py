@@ -34,6 +34,7 @@ from .kvquant import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, kv_quant
 from .logprobs import check_logprobs
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
+from .occupancy import Occupancy
 from .penalties import Penalties, check_penalty, check_repetition
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
@@ -114,8 +115,9 @@ class Engine:
             methods in the same order (or follow rank 0 with `follow()`); rank 0's requests
             and decisions are used on all of them.
 
-    The engine is not thread-safe; one thread at a time may use it. MLX keeps per-thread
-    streams: a thread that used the engine and ends should call `mx.clear_streams()`.
+    One thread at a time may run a generation: a request from another thread while one runs
+    raises `EngineBusyError` (give each thread its own `fork()`). MLX keeps per-thread
+    streams; a thread that ran a generation frees its own as it ends.
     It runs one generation at a time: a new request ends a stream still open (which raises
     `StreamOvertakenError` if resumed); `fork()` gives a second engine over the same weights.
     On a GPU call `warmup()` once before timing anything (the first pass of each shape compiles).
@@ -214,6 +216,7 @@ class Engine:
         self.last_stats: Optional[GenerationStats] = None
         # The open generation's release (`loop.generate`): a later request calls it to end that one.
         self.generation: Optional[Callable[[], None]] = None
+        self.occupancy = Occupancy()  # the thread running a generation now (`mlxspec.occupancy`)
 
     def set_cost_prior(self, ratios: Optional[Dict[int, float]]) -> None:
         """Start the cost model (and future forks) from these V(j)/V(1) ratios."""
@@ -251,12 +254,14 @@ class Engine:
     def reset(self) -> None:
         """Drop every cache (the next request prefills from scratch); learned costs are kept.
         A stream still open ends first, as if closed (`StreamOvertakenError` if it resumes)."""
-        if self.generation is not None:
-            self.generation()
-        self.target.reset()
-        self.prompt_cache.clear()
-        for d in self.drafters.values():
-            d.reset()
+        self.occupancy.enter(then=lambda: self.generation and self.generation())
+        try:
+            self.target.reset()
+            self.prompt_cache.clear()
+            for d in self.drafters.values():
+                d.reset()
+        finally:
+            self.occupancy.leave()
 
     def materialize(self) -> None:
         """Evaluate every array the engine keeps between requests (caches, kept features, a model

@@ -46,5 +46,9 @@ class CacheRollbackError(MlxSpecError):
     """A KV cache was asked to roll back further than it keeps history for."""
 
 
+class EngineBusyError(MlxSpecError, RuntimeError):
+    """A thread asked an engine for a generation while another thread's was running on it."""
+
+
 class StreamOvertakenError(MlxSpecError, RuntimeError):
     """A stream was resumed after a later generate/stream call on the same engine took it over."""

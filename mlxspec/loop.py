@@ -38,6 +38,7 @@ from typing import Iterator, List, Optional
 
 import mlx.core as mx
 
+from .device import clear_streams_at_thread_exit
 from .distributed import history_hash
 from .drafters import Draft
 from .errors import CacheRollbackError, NumericalError, StreamOvertakenError
@@ -54,6 +55,9 @@ LOOKUP = "ngram"  # a model drafter's free companion
 # A model drafter's fixed-shape trees (`treeplan.static_leaves`) before its read ones; False keeps
 # read trees only (for side-by-side measurements).
 STATIC_TREES = True
+OVERTAKEN = ("this stream was overtaken: the engine ran another request (or was reset) before it finished, "
+             "and an engine runs one generation at a time; finish or close a stream before the next request, "
+             "or give each its own engine (engine.fork())")
 
 
 def draw_seed() -> int:
@@ -68,7 +72,34 @@ def forget_drafts(engine) -> None:
         d.reset()
 
 
-def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
+def generate(engine, ids: List[int], params: SamplingParams, **options) -> Iterator[TokenEvent]:
+    """Run one request on `engine` (`_generate`, which documents `options`), held by this thread
+    while it steps, not while the consumer has an event (`mlxspec.occupancy`): a request from
+    another thread meanwhile raises EngineBusyError; one that comes while the stream waits for
+    its consumer overtakes it, from whichever thread."""
+    clear_streams_at_thread_exit()
+    occupancy = engine.occupancy
+    occupancy.enter(then=lambda: engine.generation and engine.generation())  # a stream left open ends here
+    held = True
+    inner = _generate(engine, ids, params, **options)
+    try:
+        for event in inner:
+            occupancy.leave()
+            held = False
+            yield event
+            if not occupancy.try_enter():  # another thread's request took the engine meanwhile
+                raise StreamOvertakenError(OVERTAKEN)
+            held = True
+    finally:
+        # Closed between events: end it here, unless another thread's request has already ended it.
+        if held or occupancy.try_enter():
+            try:
+                inner.close()
+            finally:
+                occupancy.leave()
+
+
+def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int, seed: Optional[int], name: str,
              k_fixed: Optional[int], stop: List[str], stats: GenerationStats, tree: int = 0,
              lookup: bool = False, cancel=None, logprobs: Optional[int] = None,
              constraint=None, bias: Optional[mx.array] = None, penalties=None, stop_ids=(),
@@ -109,8 +140,6 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
     if hasattr(drafter, "copying"):  # its chains copy where the text repeats (`drafters.chaincopy`)
         drafter.copying = lookup
     clock = time.perf_counter
-    if engine.generation is not None:  # a stream left open: it ends here, as if closed, and may not resume
-        engine.generation()
     engine.last_stats = stats
     mx.reset_peak_memory()
 
@@ -487,10 +516,7 @@ def generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int,
                 if end or (cancel is not None and cancel.is_set()):  # complete, even if the consumer
                     return  # started the next request on this last event; or cancelled: as if closed
                 if engine.generation is not release:
-                    raise StreamOvertakenError(
-                        "this stream was overtaken: the engine ran another request (or was reset) before it "
-                        "finished, and an engine runs one generation at a time; finish or close a stream "
-                        "before the next request, or give each its own engine (engine.fork())")
+                    raise StreamOvertakenError(OVERTAKEN)
                 t_resume = clock()
                 consumer += t_resume - t_yield
     finally:
