@@ -19,7 +19,7 @@ import hmac
 import json
 import logging
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -67,6 +67,7 @@ class ServerState:
         self.metrics = Metrics(self.model_id, getattr(engine, "default_drafter", None))
         self.responses = ResponseStore(folder=options.responses_dir)  # the Responses API's stored responses
         self._other_names: set = set()
+        self._told_fields: set = set()  # (route, ignored field names) the log has named
         # Read at start, not on a first request: a template without a known marker makes mlx-lm
         # look through the whole vocabulary.
         self.tool_format = getattr(engine, "tool_format", None)
@@ -98,6 +99,15 @@ class ServerState:
                 return
             self._other_names.add(name)
             log.info("a request named model %s; this server serves %r and answers with it", _show(name), self.model_id)
+
+    def first_told(self, route: str, ignored: List[str]) -> bool:
+        """Whether the log has yet to name these ignored fields on this route: a client that sends
+        the same extras with every request gets one line, not one per request."""
+        key = (route, frozenset(ignored))
+        if key in self._told_fields or len(self._told_fields) >= 256:  # past 256 kinds: a flood, said enough
+            return False
+        self._told_fields.add(key)
+        return True
 
 
 def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
@@ -702,10 +712,11 @@ async def read_json(request: Request, limit: int, timeout: float = 0) -> dict:
     if not isinstance(data, dict):
         raise invalid(f"the request body must be a JSON object, got a JSON {type(data).__name__}", code="invalid_json")
     ignored = fields.unknown(data)
-    if ignored:  # told to the log, not the client: vendor extras are normal, a typo is not
+    # told to the log, not the client: vendor extras are normal, a typo is not
+    if ignored and request.app.state.mlxspec.first_told(request.url.path, ignored):
         more = f" and {len(ignored) - fields.SHOWN} more" if len(ignored) > fields.SHOWN else ""
-        log.warning("%s %s: ignored fields no endpoint here knows: %s%s", request.method, request.url.path,
-                    ", ".join(_show(key) for key in ignored[:fields.SHOWN]), more)
+        log.warning("%s %s: ignored fields no endpoint here knows: %s%s (said once per route and set of fields)",
+                    request.method, request.url.path, ", ".join(_show(key) for key in ignored[:fields.SHOWN]), more)
     return data
 
 
