@@ -153,6 +153,38 @@ UNSUPPORTED = [
 ]
 
 
+def test_request_bodies_are_checked_off_the_event_loop(server, monkeypatch):
+    """A format's grammar takes llguidance tens of milliseconds to read: never on the event loop,
+    where it would stall every other client's stream, on any route that takes one."""
+    import asyncio
+
+    from mlxspec.serve import schema
+
+    checked_on_loop = []
+
+    def check(fmt):
+        try:
+            asyncio.get_running_loop()
+            checked_on_loop.append(True)
+        except RuntimeError:
+            checked_on_loop.append(False)
+        return real(fmt)
+
+    real = schema.check_response_format
+    monkeypatch.setattr(schema, "check_response_format", check)
+    url = server[0]
+    regex = {"type": "regex", "regex": "ab+"}
+    for path, body in (("/v1/chat/completions", {"messages": HI, "max_tokens": 2, "response_format": regex}),
+                       ("/v1/completions", {"prompt": "x", "max_tokens": 2, "response_format": regex}),
+                       ("/v1/responses", {"input": "hi", "max_output_tokens": 2,
+                                          "text": {"format": {"type": "json_object"}}}),
+                       ("/v1/messages", {"messages": HI, "max_tokens": 2}),
+                       ("/v1/messages/count_tokens", {"messages": HI})):
+        r = post(url, path, body)
+        assert r.status_code == 200, (path, r.text)
+    assert checked_on_loop == [False] * 5
+
+
 def test_temperature_takes_openai_s_whole_range(server):
     r = post(server[0], "/v1/chat/completions", {"messages": HI, "max_tokens": 2, "temperature": 2, "seed": 1})
     assert r.status_code == 200, r.text

@@ -176,12 +176,18 @@ def _guarded(handler: Callable) -> Callable:
     return endpoint
 
 
+async def _parsed(parse: Callable, body: dict, options: ServeOptions) -> "schema.GenerationRequest":
+    """A body checked on a worker thread: llguidance reads a format's grammar there (31 ms for a
+    200-property schema), which on the event loop would hold up every other client's stream."""
+    return await asyncio.to_thread(parse, body, options)
+
+
 def _endpoint(parse: Callable) -> Callable:
     @_guarded
     async def answer(request: Request) -> Response:
         state: ServerState = request.app.state.mlxspec
-        req = parse(await read_json(request, state.options.max_body_size, state.options.client_timeout),
-                    state.options)
+        body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+        req = await _parsed(parse, body, state.options)
         state.note_model(req.model)
         runs = req.runs()
         job = state.queue.submit(*runs[0], then=tuple(runs[1:]))  # one slot: the choices run back to back
@@ -457,7 +463,7 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
     state: ServerState = request.app.state.mlxspec
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
     try:
-        req = schema.parse_chat(translate(body), state.options)
+        req = await _parsed(schema.parse_chat, translate(body), state.options)
     except APIError as e:
         raise rename(e) from None
     state.note_model(req.model)
@@ -596,7 +602,7 @@ async def count_message_tokens(request: Request) -> Response:
     """POST /v1/messages/count_tokens: {"input_tokens": the prompt's tokens}, as a request of it counts them."""
     state: ServerState = request.app.state.mlxspec
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
-    req = schema.parse_chat(anthropic.to_chat(dict(body, max_tokens=1)), state.options)
+    req = await _parsed(schema.parse_chat, anthropic.to_chat(dict(body, max_tokens=1)), state.options)
     engine = state.engine
     try:
         ids = await asyncio.to_thread(encode_prompt, req.prompt, engine.tokenizer, engine.vocab_size, req.tools,
