@@ -101,6 +101,21 @@ def test_a_draft_model_given_drafts_though_its_pair_defaults_to_another_drafter(
     assert load("p", str(tiny_gguf_path), drafter="ngram").args["drafter"] == "ngram"
 
 
+def test_distributed_outside_a_launcher_says_the_target_runs_here_whole(fake_engine, tiny_gguf_path, recwarn):
+    import warnings
+
+    from mlxspec.loading import load
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        engine = load(str(tiny_gguf_path), dtype="float32", distributed=True)
+        assert engine.args.get("group") is None  # a group of one: the single-process engine
+        said = [str(w.message) for w in recwarn if "distributed" in str(w.message)]
+        assert len(said) == 1 and "only rank" in said[0] and "mlx.launch" in said[0]
+        load(str(tiny_gguf_path), dtype="float32")
+        assert len([w for w in recwarn if "distributed" in str(w.message)]) == 1  # not asked: nothing said
+
+
 def test_load_refuses_an_incompatible_draft(fake_engine, tiny_gguf_path, tmp_path):
     from mlx_lm.utils import save_config, save_model
 
