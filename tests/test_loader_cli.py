@@ -101,6 +101,25 @@ def test_a_draft_model_given_drafts_though_its_pair_defaults_to_another_drafter(
     assert load("p", str(tiny_gguf_path), drafter="ngram").args["drafter"] == "ngram"
 
 
+def test_a_pair_with_a_weightless_draft_and_a_head_defaults_to_its_head(fake_engine, tiny_gguf_path, monkeypatch):
+    from mlxspec.loading import api, load
+    from mlxspec.loading.registry import Pair
+
+    pair = Pair("p", str(tiny_gguf_path), "ngram", "", 0.1, 0.0, 64, 0, "f32", drafter="eagle",
+                head="builtin:smollm2-eagle")
+    monkeypatch.setattr(api, "resolve_pair", lambda ref: pair if ref == "p" else None)
+    assert pair.default_drafter("cpu") == "eagle"  # what `mlxspec models` says, as load does
+    a = load("p").args
+    assert a["drafter"] == "eagle" and a["eagle_head"] is not None and a["draft_model"] is None
+    for asked in ({"drafter": "ngram"}, {"draft": "none"}):  # asked for: the head would go unused
+        a = load("p", **asked).args
+        assert a["drafter"] == next(iter(asked.values())) and a["eagle_head"] is None
+    plain = Pair("q", str(tiny_gguf_path), "ngram", "", 0.1, 0.0, 64, 0, "f32", head="builtin:smollm2-eagle")
+    monkeypatch.setattr(api, "resolve_pair", lambda ref: plain)
+    a = load("q").args  # no default drafter named: its weightless draft drafts, the head stays selectable
+    assert a["drafter"] == "ngram" and a["eagle_head"] is not None and plain.default_drafter("cpu") == "ngram"
+
+
 def test_distributed_outside_a_launcher_says_the_target_runs_here_whole(fake_engine, tiny_gguf_path, recwarn):
     import warnings
 
@@ -348,7 +367,8 @@ def test_default_drafter_follows_load_s_rule():
     assert demo.default_drafter("cpu") == "eagle" and demo.default_drafter("cuda") == "ngram"
     assert replace(demo, drafter="").default_drafter("cpu") == "model"
     assert replace(demo, drafter={"cuda": "ngram"}).default_drafter("cpu") == "model"
-    assert replace(demo, draft="ngram").default_drafter("cpu") == "ngram"  # a weightless draft is the drafter
+    assert replace(demo, draft="ngram", drafter="").default_drafter("cpu") == "ngram"  # a weightless draft drafts
+    assert replace(demo, draft="ngram").default_drafter("cpu") == "eagle"  # unless the pair names its head's
 
 
 def test_a_reader_that_leaves_early_ends_the_command_quietly():

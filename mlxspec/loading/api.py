@@ -97,6 +97,9 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     pair = resolve_pair(target)
     target_ref = pair.target if pair else target
     draft_ref = draft if draft is not None else (pair.draft if pair else None)
+    asked = drafter or (draft if draft in WEIGHTLESS_DRAFTERS else None)  # a weightless drafter asked for here
+    # The pair's default drafter, unless one is asked for or a draft given here replaces the pair's.
+    pair_default = pair.drafter_on(backend()) if drafter is None and pair and draft is None else ""
     if draft_ref in WEIGHTLESS_DRAFTERS:
         drafter = drafter or draft_ref
         draft_ref = None
@@ -108,12 +111,10 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     if drafter == "eagle" and head_ref is None:
         raise InvalidArgumentError(
             "[load] drafter='eagle' needs a head: pass head=<folder or builtin:name> or a pair that names one")
-    if drafter in ("ngram", "none"):
-        draft_ref = head_ref = None  # asked for explicitly: the draft model and head would go unused
+    if asked in ("ngram", "none"):  # asked for here: the draft model and head would go unused
+        draft_ref = head_ref = None
     for role, ref in (("target", target_ref), ("draft", draft_ref)):
         _refuse_a_head(role, ref)
-    # A draft model named here drafts (as mlx-lm's --draft-model); the pair's default is for its own.
-    pair_default = pair.drafter_on(backend()) if drafter is None and pair and draft is None else ""
     head_path = _head_folder(head_ref, download) if head_ref is not None else None  # before minutes of loading
 
     group = None

@@ -52,11 +52,9 @@ class Pair:
         return self.drafter
 
     def default_drafter(self, backend: str) -> str:
-        """Who drafts on `backend` when nothing is overridden, as `mlxspec.load` decides: a
-        weightless draft itself, else the pair's drafter there, else the draft model."""
-        if not self.draft_is_model:
-            return self.draft
-        return self.drafter_on(backend) or "model"
+        """Who drafts on `backend` when nothing is overridden, as `mlxspec.load` decides: the
+        pair's drafter there, else the draft (a weightless one itself, else the draft model)."""
+        return self.drafter_on(backend) or ("model" if self.draft_is_model else self.draft)
 
 
 def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
