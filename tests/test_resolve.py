@@ -125,6 +125,15 @@ def test_a_users_own_pairs_join_the_packaged_ones(empty_cache):
     mine.write_text(demo_entry.replace('name = "demo"', 'name = " "'))
     with pytest.raises(MlxSpecError, match="the name is blank"):
         pairs()
+    # There only a name and a target are needed; a curated file (load_pairs' default) needs every field.
+    mine.write_text('[[pair]]\nname = "bare"\ntarget = "demo:smollm2-135m"\n\n[[pair]]\nname = "headed"\n'
+                    'target = "demo:smollm2-135m"\nhead = "builtin:smollm2-eagle"\ndrafter = "eagle"\n')
+    bare, headed = pairs()["bare"], pairs()["headed"]
+    assert (bare.draft, bare.context, bare.target_gb, bare.note, bare.default_drafter("cpu")) == ("ngram", 0, 0, "",
+                                                                                                 "ngram")
+    assert headed.draft == "ngram" and headed.default_drafter("metal") == "eagle"
+    with pytest.raises(MlxSpecError, match=r"missing fields \['context', 'draft'"):
+        load_pairs(mine)
 
 
 def test_models_says_a_pair_whose_head_is_missing_is_not_cached(empty_cache, monkeypatch, capsys):

@@ -63,11 +63,18 @@ def run(args) -> int:
         window = f", window {r['window']}" if r["window"] else ""
         print(("\n" if i else "") + f"{r['name']}  (cached: {'yes' if r['cached'] else 'no'})")
         print(f"  target   {r['target']}\n  draft    {r['draft']}" + (f"\n  head     {r['head']}" if r["head"] else ""))
-        print(f"  size     {r['target_gb']:g} + {r['draft_gb']:g} GB, context {r['context']}{window}")
+        print(f"  size     {_size(r)} GB, context {r['context'] or '?'}{window}")
         print(f"  drafter  {r['drafter_here']} on {here}")
     return 0
 
 
 def _cells(r: dict) -> tuple:
-    return (r["name"], r["target"], r["draft"], r["head"] or "-", f"{r['target_gb']:g} + {r['draft_gb']:g}",
-            str(r["context"]), str(r["window"] or "-"), r["drafter_here"], "yes" if r["cached"] else "no")
+    return (r["name"], r["target"], r["draft"], r["head"] or "-", _size(r),
+            str(r["context"] or "?"), str(r["window"] or "-"), r["drafter_here"], "yes" if r["cached"] else "no")
+
+
+def _size(r: dict) -> str:
+    """Target + draft GB; "?" where a user's own pair leaves the size out (0)."""
+    if not r["target_gb"]:
+        return "?"
+    return f"{r['target_gb']:g} + {r['draft_gb']:g}"

@@ -57,11 +57,19 @@ class Pair:
         return self.drafter_on(backend) or ("model" if self.draft_is_model else self.draft)
 
 
-def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
+# In a user's own file only `name` and `target` are needed: the rest describes a pair for the
+# curated list (sizes, context, a note) or has a default that works for any target.
+OWN_DEFAULTS = {"draft": "ngram", "note": "", "target_gb": 0.0, "draft_gb": 0.0, "context": 0, "window": 0,
+                "quantization": ""}
+
+
+def load_pairs(path: str | Path = PACKAGED, *, own: bool = False) -> dict[str, Pair]:
     """Parse a models.toml file into `{name: Pair}`, in file order.
 
     Args:
         path: the file to read. Default: the copy shipped in the package.
+        own: a user's own file, where fields other than `name` and `target` may be left out
+            (`OWN_DEFAULTS`: the n-gram drafter, sizes and context 0 for unknown).
 
     Raises:
         MlxSpecError: the file is missing, is not TOML, or an entry lacks a field, has an
@@ -76,7 +84,7 @@ def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
         raise MlxSpecError(f"cannot read the pair registry {path}: it is not UTF-8 text (byte {e.start}: "
                            f"{e.object[e.start:e.start + 1]!r}); save it as UTF-8, as TOML requires") from None
     known = {f.name: f.type for f in fields(Pair)}
-    optional = {f.name for f in fields(Pair) if f.default is not MISSING}
+    optional = {f.name for f in fields(Pair) if f.default is not MISSING} | (set(OWN_DEFAULTS) if own else set())
     out: dict[str, Pair] = {}
     if set(data) - {"pair"}:
         raise MlxSpecError(f"{path}: unknown top-level keys {sorted(set(data) - {'pair'})}; a pair registry holds "
@@ -111,7 +119,7 @@ def load_pairs(path: str | Path = PACKAGED) -> dict[str, Pair]:
             value = entry.get(key)
             if value and (value.startswith(("./", "../")) or (path.parent / value).exists()):
                 entry = {**entry, key: str((path.parent / value).resolve())}
-        pair = Pair(**entry)
+        pair = Pair(**{**(OWN_DEFAULTS if own else {}), **entry})
         _check_drafter(pair, where)
         out[entry["name"]] = pair
     return out
@@ -132,8 +140,8 @@ def _check_drafter(pair: Pair, where: str) -> None:
 
 
 @lru_cache(maxsize=8)
-def _parsed(path: Path, stamp: tuple) -> dict[str, Pair]:
-    return load_pairs(path)
+def _parsed(path: Path, stamp: tuple, own: bool = False) -> dict[str, Pair]:
+    return load_pairs(path, own=own)
 
 
 def pairs() -> dict[str, Pair]:
@@ -146,7 +154,7 @@ def pairs() -> dict[str, Pair]:
         st = mine.stat()
     except OSError:
         return out
-    out.update(_parsed(mine, (st.st_mtime_ns, st.st_size)))
+    out.update(_parsed(mine, (st.st_mtime_ns, st.st_size), own=True))
     return out
 
 
