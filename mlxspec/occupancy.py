@@ -32,9 +32,9 @@ class Occupancy:
             held = self.thread
             if held is not None and held is not me and held.is_alive():
                 return False
-            self.thread = me
-            if then is not None:
+            if then is not None:  # first: if it fails, the engine is not left held by this thread
                 then()
+            self.thread = me
             return True
 
     def enter(self, then: Optional[Callable[[], None]] = None) -> None:

@@ -119,3 +119,14 @@ def test_a_thread_that_ran_a_generation_frees_its_streams_as_it_ends(target, mon
     t.start()
     t.join()
     assert before_end == [] and cleared == idents
+
+
+def test_a_takeover_that_fails_leaves_the_engine_to_other_threads():
+    from mlxspec.occupancy import Occupancy
+
+    occupancy = Occupancy()
+    with pytest.raises(ZeroDivisionError):  # ending the open stream failed (say, a rank lost)
+        occupancy.enter(then=lambda: 1 / 0)
+    t, box = run_on_thread(occupancy.try_enter)
+    t.join(10)
+    assert box.get("result") is True
