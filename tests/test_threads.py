@@ -6,21 +6,10 @@ import threading
 
 import pytest
 
-import tiny
 from mlxspec import Engine, EngineBusyError, StreamOvertakenError
+from test_engine import PROMPT, draft, target  # noqa: F401 (the engine tests' models, as fixtures)
 
-PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 11, 12]
 OTHER = list(range(30, 42))
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny.make_llama(1)
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return tiny.make_llama(2, layers=1, hidden=32)
 
 
 class Rendezvous:
