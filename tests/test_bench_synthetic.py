@@ -69,7 +69,7 @@ def test_gpt_oss_s_experts_are_mxfp4_as_released(monkeypatch, name):
     scale = 2.0 ** (int(experts.scales[0, 0, 0]) - 127)
     assert (8.5625 * 128) ** -0.5 / 2 ** 0.5 <= scale <= (8.5625 * 128) ** -0.5 * 2 ** 0.5  # a power of two near
     attention = m.model.layers[0].self_attn
-    assert attention.q_proj.mode == "affine" and attention.sinks.dtype == mx.bfloat16
+    assert attention.q_proj.mode == "affine" and attention.sinks.dtype == attention.q_proj.scales.dtype
     logits = m(mx.array([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]))  # past the window of 4
     std = float(logits.astype(mx.float32).std())
     assert bool(mx.isfinite(logits).all()) and 0.05 < std < 50, std
@@ -108,3 +108,36 @@ def test_cli_rejects_synthetic_with_a_pair(tiny_shapes, capsys):
     assert "--synthetic builds its own" in capsys.readouterr().err
     assert main(["bench", "--synthetic-draft", "tiny-d"]) != 0
     assert "needs --synthetic" in capsys.readouterr().err
+
+
+def test_cli_refuses_the_options_synthetic_would_ignore_and_writes_nothing(tiny_shapes, capsys, tmp_path):
+    from mlxspec.cli import main
+
+    csv = tmp_path / "runs.csv"
+    assert main(["bench", "--synthetic", "tiny-t", "--csv", str(csv), "--check", "--temperature", "0.7",
+                 "--drafter", "eagle"]) == 1
+    err = capsys.readouterr().err
+    assert "does not take --temperature, --drafter, --check, --csv: drop them" in err and not csv.exists()
+    assert main(["bench", "--synthetic", "tiny-t", "--lookup", "off"]) == 1
+    assert "does not take --lookup: drop it" in capsys.readouterr().err
+
+
+def test_cli_synthetic_off_a_terminal_says_each_step_and_writes_its_json(tiny_shapes, capsys, tmp_path):
+    import json
+
+    from mlxspec.cli import main
+
+    out = tmp_path / "syn.json"
+    assert main(["bench", "--synthetic", "tiny-t", "--max-tokens", "4", "--repeats", "1", "--json", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "bench: warming up" in err and "bench: repeat 1/1: engine plain" in err  # a log sees progress
+    assert json.loads(out.read_text())["settings"]["engine plain"]["tokens_per_second"] > 0
+
+
+def test_build_runs_float32_on_a_cpu_and_bfloat16_on_a_gpu(tiny_shapes, monkeypatch):
+    from mlxspec import device
+
+    for gpu, dtype in ((False, mx.float32), (True, mx.bfloat16)):
+        monkeypatch.setattr(device, "is_gpu", lambda: gpu)
+        m = synthetic.build("tiny-t")
+        assert m.model.norm.weight.dtype == dtype and m.model.layers[0].self_attn.q_proj.scales.dtype == dtype

@@ -75,9 +75,15 @@ def check_shape(name: str) -> str:
     return name
 
 
-def build(name: str, *, vocab_size: Optional[int] = None, seed: int = 0, dtype=mx.bfloat16):
+def build(name: str, *, vocab_size: Optional[int] = None, seed: int = 0, dtype=None):
     """A random 4-bit model of shape `name` (see SHAPES); `vocab_size` overrides the logit width
-    (a draft must match its target's). Parameters are evaluated before returning."""
+    (a draft must match its target's). Parameters are evaluated before returning. `dtype` (scales,
+    norms, activations): default bfloat16 on a GPU, float32 on a CPU, where MLX's 4-bit products
+    with bfloat16 scales ran 8x slower (smollm2-135m: 0.79 s a token against 0.094 s)."""
+    from ..device import is_gpu
+
+    if dtype is None:
+        dtype = mx.bfloat16 if is_gpu() else mx.float32
     from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
     from .. import models

@@ -92,6 +92,7 @@ def register(subparsers) -> None:
                    "machine, at N times the time (default 1); with --synthetic: interleaved repetitions "
                    "(default 5)")
     p.set_defaults(func=run)
+    p.set_defaults(bench_defaults=vars(p.parse_args([])))  # what --synthetic refuses when changed
 
 
 def parse_list(text: str, what: str, convert) -> list:
@@ -155,9 +156,16 @@ def run(args) -> int:
     return code
 
 
+# What --synthetic reads; any other option changed from its default is refused there.
+SYNTHETIC_OWN = {"command", "func", "bench_defaults", "synthetic", "synthetic_draft", "max_tokens", "repeats", "json",
+                 "pair", "target", "draft"}
+
+
 def run_synthetic(args) -> int:
     """`--synthetic SHAPE [--synthetic-draft SHAPE]`: see `mlxspec.bench.loopbench`."""
     from rich.console import Console
+
+    from ..device import is_gpu
 
     from ..bench.loopbench import print_synthetic, run_synthetic as measure
     from ..bench.report import report_console, write_json
@@ -167,13 +175,28 @@ def run_synthetic(args) -> int:
         raise InvalidArgumentError("--synthetic-draft needs --synthetic SHAPE (the target's shape)")
     if args.pair or args.target or args.draft:
         raise InvalidArgumentError("--synthetic builds its own random models: drop --pair/--target/--draft")
+    defaults = getattr(args, "bench_defaults", {})
+    moot = [f"--{dest.replace('_', '-')}" for dest, default in defaults.items()
+            if dest not in SYNTHETIC_OWN and getattr(args, dest, default) != default]
+    if moot:
+        raise InvalidArgumentError(f"--synthetic runs its own fixed settings on random weights and does not take "
+                                   f"{', '.join(moot)}: drop {'it' if len(moot) == 1 else 'them'} (it takes "
+                                   f"--synthetic-draft, --max-tokens, --repeats and --json)")
     check_shape(args.synthetic)
     if args.synthetic_draft:
         check_shape(args.synthetic_draft)
     err = Console(stderr=True)
-    with err.status("synthetic bench") as status:
+    if not is_gpu():
+        err.print("note: on a CPU, MLX multiplies 4-bit weights row by row (no BLAS), so a pass over j tokens "
+                  "costs about j one-token passes and this takes minutes even for the smallest shape; the "
+                  "synthetic bench is meant for GPUs", soft_wrap=True, highlight=False)
+    if err.is_terminal:
+        with err.status("synthetic bench") as status:
+            doc = measure(args.synthetic, args.synthetic_draft, max_tokens=args.max_tokens,
+                          repeats=args.repeats or 5, progress=lambda label: status.update(label))
+    else:  # a log gets a line per step, not a spinner it cannot show
         doc = measure(args.synthetic, args.synthetic_draft, max_tokens=args.max_tokens, repeats=args.repeats or 5,
-                      progress=lambda label: status.update(label))
+                      progress=lambda label: err.print(f"bench: {label}", soft_wrap=True, highlight=False))
     print_synthetic(doc, report_console())
     if args.json:
         write_json(doc, args.json)
