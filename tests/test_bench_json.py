@@ -130,6 +130,43 @@ def test_curve_is_reported(bench_json):
     assert curve["ratios"]["1"] == pytest.approx(1.0) and len(curve["ratios"]) == default_max_j()
 
 
+def test_a_calibration_curve_the_cost_models_started_from_is_named(monkeypatch, tmp_path, capsys):
+    from mlxspec.calibration import calibrate, calibration_path, save
+
+    assert bench_exit(monkeypatch, tmp_path, tiny_engine(), "--json", str(tmp_path / "none.json")) == 0
+    assert json.loads((tmp_path / "none.json").read_text())["curve"]["prior"] is None
+    assert "calibration file" not in capsys.readouterr().out
+    engine = tiny_engine()
+    save(calibrate(engine.target_model, max_j=4, prefix=8, repeats=1))  # in the test's MLXSPEC_HOME
+    assert bench_exit(monkeypatch, tmp_path, engine, "--json", str(tmp_path / "cal.json")) == 0
+    curve = json.loads((tmp_path / "cal.json").read_text())["curve"]
+    assert curve["prior"] == str(calibration_path()) and curve["source"] == "warm-up"
+    assert f"started from the calibration file {calibration_path()}" in capsys.readouterr().out
+
+
+def test_outputs_that_name_one_file_are_refused_before_loading(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(modelargs, "load_engine", lambda *a, **k: pytest.fail("must fail before loading"))
+    same = str(tmp_path / "out.x")
+    assert cli.main(["bench", "--json", same, "--csv", str(tmp_path / "." / "out.x")]) == 1
+    assert f"--json and --csv name the same file {same!r}" in capsys.readouterr().err
+
+
+def test_a_file_that_cannot_be_written_at_the_end_is_named_and_the_others_are_written(monkeypatch, tmp_path,
+                                                                                      capsys):
+    from mlxspec.bench import report
+
+    def fail(doc, path):
+        raise FileNotFoundError(2, "No such file or directory", str(tmp_path / ".b.json-x.tmp"))
+
+    monkeypatch.setattr(report, "write_json", fail)
+    csv_path = tmp_path / "b.csv"
+    assert bench_exit(monkeypatch, tmp_path, tiny_engine(), "--json", str(tmp_path / "b.json"), "--csv",
+                      str(csv_path)) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write --json {tmp_path / 'b.json'}: No such file or directory" in err and ".tmp" not in err
+    assert csv_path.exists() and f"wrote {csv_path}" in err
+
+
 def test_csv_has_one_row_per_run(bench_json):
     _, doc, path = bench_json
     rows = list(csv.DictReader(path.open()))

@@ -13,7 +13,8 @@ tokens); mlx-lm's sampled runs keep `matches_vanilla` null.
 Warm-up (added): summary.engine_warmup_seconds (one `engine.warmup()`, shared by vanilla and every
 speculative setting), summary.peer_warmup_seconds (mlx-lm's untimed runs), summary.warmup_seconds
 (both), and per settings row `warmup_seconds` with `warmup` ("engine.warmup (shared)" | "untimed
-runs"), none of it inside any timed run. The `curve` is the warm-up's V(j) (source "warm-up").
+runs"), none of it inside any timed run. The `curve` is the warm-up's V(j) (source "warm-up");
+its `prior` is the path of the `mlxspec calibrate` file the cost models started from, or null.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ per setting ("warm-up s", JSON `warmup_seconds`), apart from the timed runs.
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..errors import InvalidArgumentError
 from . import argtypes
@@ -131,6 +132,13 @@ def run(args) -> int:
     trees = parse_list(args.tree, "tree", argtypes.tree)
     lookups = parse_list(args.lookup, "lookup", argtypes.on_off)
     drafters = parse_list(args.drafter, "drafter", _drafter_name) if args.drafter else None
+    named = [(flag, path) for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot))
+             if path]
+    for i, (flag, path) in enumerate(named):
+        for other, second in named[i + 1:]:
+            if os.path.abspath(path) == os.path.abspath(second):
+                raise InvalidArgumentError(f"{flag} and {other} name the same file {path!r}: one would overwrite "
+                                           f"the other; give each its own")
     suite = load_prompts(args.prompts) if args.prompts else builtin_suite()  # fail before loading models
     prompts = select(suite, full=args.full or bool(args.prompts), limit=args.limit)
     if args.plot:
@@ -263,20 +271,35 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
                            on_mismatch=lambda rec: err.print(mismatch_line(rec)))
 
     used = list(dict.fromkeys(s.drafter for s in result.settings if s.mode == "speculative"))
+    # The cost models' prior: a `mlxspec calibrate` curve if one was saved (said here, since the
+    # warm-up's own V(j) is what the report shows when there is one)
+    prior = str(calibration_path()) if source == "calibration file" else None
     if result.curve:  # what the cost model started from: the warm-up's V(j), on this device, this run
         ratios, source = {j: v / result.curve[1] for j, v in result.curve.items()}, "warm-up"
-    curve = {"source": source, "path": str(calibration_path()) if source == "calibration file" else None, "ratios": {str(j): r for j, r in sorted(ratios.items())} if ratios else None}
+    curve = {"source": source, "path": str(calibration_path()) if source == "calibration file" else None,
+             "ratios": {str(j): r for j, r in sorted(ratios.items())} if ratios else None, "prior": prior}
     doc = to_json(result, pair=pair_info(engine, used), curve=curve, prompts_source=prompts_source)
     print_report(doc, out)
-    if args.json:
-        write_json(doc, args.json)
-        err.print(f"wrote {args.json}")
-    if args.csv:
-        write_csv(result, args.csv)
-        err.print(f"wrote {args.csv}")
-    if args.plot:
-        from ..bench.plot import write_plot
+    if prior:
+        out.print(f"the cost models started from the calibration file {prior} (mlxspec calibrate)", soft_wrap=True,
+                  highlight=False)
 
-        write_plot(doc, args.plot)
-        err.print(f"wrote {args.plot}")
-    return 1 if args.check and doc["summary"]["bugs"] else 0
+    def write_plot(doc, path):
+        from ..bench.plot import write_plot as plot
+
+        plot(doc, path)
+
+    failed = False
+    for flag, path, write, what in (("--json", args.json, write_json, doc), ("--csv", args.csv, write_csv, result),
+                                    ("--plot", args.plot, write_plot, doc)):
+        if not path:
+            continue
+        try:
+            write(what, path)
+        except OSError as e:  # the folder was checked at the start; it can still fail now: say which file
+            err.print(f"mlxspec bench: error: cannot write {flag} {path}: {e.strerror or e}", soft_wrap=True,
+                      highlight=False, markup=False)
+            failed = True
+            continue
+        err.print(f"wrote {path}", soft_wrap=True, highlight=False)
+    return 1 if failed or (args.check and doc["summary"]["bugs"]) else 0
