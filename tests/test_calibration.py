@@ -79,6 +79,18 @@ def test_cli_prints_and_saves(home, monkeypatch, capsys):
     assert len(json.loads((home / "calibration.json").read_text())["models"][cal.model_key(eng.target_model)]["ratios"]) == 3
 
 
+def test_cli_refuses_passes_past_the_context(home, monkeypatch, capsys):
+    from mlxspec.modelmeta import context_length
+
+    eng = tiny_engine()
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: eng)
+    context = context_length(eng.target_model)
+    assert cli.main(["calibrate", "--max-j", "4", "--prefix", str(context - 3), "--repeats", "1"]) == 1
+    assert f"past the target's context of {context} tokens: use --prefix {context - 4} or less" in \
+        capsys.readouterr().err
+    assert not (home / "calibration.json").exists()
+
+
 def _saved_entry(model, **changes) -> dict:
     entry = cal.calibrate(model, max_j=3, prefix=4, repeats=1)
     entry.update(changes)

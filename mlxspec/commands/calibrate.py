@@ -51,6 +51,15 @@ def calibrate_engine(engine, args, *, out, err) -> int:
 
     from ..calibration import calibrate, calibration_path, save, unreadable
 
+    from ..errors import InvalidArgumentError
+    from ..modelmeta import context_length
+
+    for role, model in (("target", engine.target_model), ("draft", engine.draft_model)):
+        context = context_length(model) if model is not None else None
+        if context is not None and args.prefix + args.max_j > context:  # timed past it, the passes mean nothing
+            raise InvalidArgumentError(f"--prefix {args.prefix} and --max-j {args.max_j} time passes up to position "
+                                       f"{args.prefix + args.max_j}, past the {role}'s context of {context} tokens: "
+                                       f"use --prefix {context - args.max_j} or less")
     broken = False if args.no_save else bool(unreadable())
     if broken:  # said before minutes of timing, not after
         err.print(f"warning: {calibration_path()} is not a readable calibration file; this calibration "
