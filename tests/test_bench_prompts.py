@@ -57,6 +57,7 @@ def test_user_file_defaults_and_blank_lines(tmp_path):
     ('{"prompt": "ok"}\n{"id": "x"}\n', 2, "'prompt' must be a non-empty string"),
     ('["a list"]\n', 1, "expected a JSON object"),
     ('{"prompt": "a", "category": 3}\n', 1, "'category' must be a string"),
+    ('{"prompt": "a", "id": true}\n', 1, "'id' must be a string or an integer"),
     ('{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n', 2, "duplicate id"),
 ])
 def test_bad_lines_are_named(tmp_path, text, line, words):
@@ -64,6 +65,12 @@ def test_bad_lines_are_named(tmp_path, text, line, words):
     f.write_text(text)
     with pytest.raises(InvalidArgumentError, match=f"line {line}: .*{words}"):
         load_prompts(f)
+
+
+def test_a_byte_order_mark_and_integer_ids_are_read(tmp_path):
+    f = tmp_path / "notepad.jsonl"
+    f.write_bytes('{"prompt": "one", "id": 7}\n{"prompt": "two"}\n'.encode("utf-8-sig"))
+    assert [(p.id, p.prompt) for p in load_prompts(f)] == [("7", "one"), ("line-2", "two")]
 
 
 def test_empty_and_missing_files(tmp_path):

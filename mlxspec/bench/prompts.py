@@ -56,7 +56,7 @@ def load_prompts(path) -> List[BenchPrompt]:
     """Read a user's JSONL suite; raises InvalidArgumentError naming the first bad line."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is no part of line 1
     except OSError as e:
         raise InvalidArgumentError(f"[bench] cannot read prompts file {str(p)!r}: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
@@ -90,9 +90,12 @@ def parse_suite(text: str, *, source: str = "<prompts>") -> List[BenchPrompt]:
             if not isinstance(prompt, str) or not prompt.strip():
                 raise InvalidArgumentError(f"[bench] {where}: 'prompt' must be a non-empty string (or give "
                                            f"'messages', a conversation), got {prompt!r}")
+        if isinstance(obj.get("id"), int) and not isinstance(obj["id"], bool):  # "id": 7 names it as well
+            obj["id"] = str(obj["id"])
         for key in ("id", "category"):
             if key in obj and not isinstance(obj[key], str):
-                raise InvalidArgumentError(f"[bench] {where}: {key!r} must be a string, got {obj[key]!r}")
+                kinds = "a string or an integer" if key == "id" else "a string"
+                raise InvalidArgumentError(f"[bench] {where}: {key!r} must be {kinds}, got {obj[key]!r}")
         pid = obj.get("id") or f"line-{lineno}"
         if pid in seen:
             raise InvalidArgumentError(f"[bench] {where}: duplicate id {pid!r}; ids must be unique")
