@@ -427,7 +427,7 @@ class Engine:
         if self.context is not None and len(ids) >= self.context:
             raise ContextLengthError(
                 f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
-                f"or set max_kv_size below it to decode on with a sliding window (the model then reads "
+                f"or set max_kv_size=<window> below it to decode on with a sliding window (the model then reads "
                 f"positions past its trained context, as with mlx-lm's --max-kv-size)")
         if forcing:  # (after the prompt: a template that ignores tools is said first)
             fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS, self.tokenizer))

@@ -167,6 +167,17 @@ def test_a_file_that_cannot_be_written_at_the_end_is_named_and_the_others_are_wr
     assert csv_path.exists() and f"wrote {csv_path}" in err
 
 
+def test_a_prompt_past_the_context_is_named_before_any_run(monkeypatch, tmp_path, capsys):
+    engine = tiny_engine()
+    suite = tmp_path / "s.jsonl"
+    suite.write_text(json.dumps({"prompt": "x " * engine.context, "id": "huge"}) + "\n")  # (bench_exit: --limit 1)
+    monkeypatch.setattr(Engine, "warmup", lambda *a, **k: pytest.fail("no run before the check"))
+    assert bench_exit(monkeypatch, tmp_path, engine, "--prompts", str(suite), "--json", str(tmp_path / "o.json")) == 1
+    err = capsys.readouterr().err
+    assert "prompt 'huge' has" in err and f"the model's context is {engine.context}" in err
+    assert "--max-kv-size" in err and not (tmp_path / "o.json").exists()
+
+
 def test_csv_has_one_row_per_run(bench_json):
     _, doc, path = bench_json
     rows = list(csv.DictReader(path.open()))

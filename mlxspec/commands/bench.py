@@ -243,8 +243,17 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     from ..bench.report import mismatch_line, pair_info, print_report, to_json, write_csv, write_json
     from ..bench.runner import peer_blocker, run_bench, run_tokens, settings_for
     from ..calibration import apply_prior, calibration_path, curve_for
+    from ..errors import ContextLengthError
+    from ..prompts import encode_prompt
 
-    tokens = run_tokens(engine, prompts, args.max_tokens)
+    encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
+    context = getattr(engine, "context", None)
+    for p, ids in zip(prompts, encoded):  # which prompt, before any run (the engine would say "the prompt")
+        if context is not None and len(ids) >= context:
+            raise ContextLengthError(f"prompt {p.id!r} has {len(ids)} tokens but the model's context is {context}; "
+                                     f"shorten it or leave it out, or set --max-kv-size below the context to decode "
+                                     f"on with a sliding window")
+    tokens = run_tokens(engine, prompts, args.max_tokens, encoded)
     settings = settings_for(engine, drafters=drafters, num_drafts=ks, peer=not args.no_peer, trees=trees,
                             lookups=lookups, tokens=tokens)
     if not args.no_peer and engine.draft_model is not None and (why := peer_blocker(engine, tokens)):
