@@ -207,8 +207,10 @@ def test_no_peer_where_a_sliding_window_would_wrap_in_a_run():
 def test_no_peer_without_a_draft_model_and_bad_drafters_rejected():
     eng = tiny_engine(draft=False)
     assert settings_for(eng) == [Setting("vanilla", None, "0"), Setting("speculative", "ngram", "auto")]
-    with pytest.raises(InvalidArgumentError, match="no draft model"):
+    with pytest.raises(InvalidArgumentError, match="no draft model is loaded"):
         settings_for(eng, drafters=["model"])
+    with pytest.raises(InvalidArgumentError, match="no EAGLE head is loaded.*--head gives one"):
+        settings_for(eng, drafters=["eagle"])
     windowed = Engine(eng.target_model, eng.tokenizer, tiny_engine().draft_model, max_kv_size=64)
     assert [s.mode for s in settings_for(windowed)] == ["vanilla", "speculative"]  # mlx-lm cannot window
     with pytest.raises(InvalidArgumentError, match="num_draft"):

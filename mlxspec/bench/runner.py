@@ -136,7 +136,9 @@ def settings_for(engine, *, drafters: Optional[Sequence[str]] = None, num_drafts
     for d in drafters:
         if d not in engine.drafters or d == "none":
             allowed = ", ".join(n for n in engine.drafters if n != "none")
-            hint = " (the pair has no draft model)" if d == "model" else ""
+            hint = {"model": " (no draft model is loaded: the pair has none, or --draft ngram/none left it out)",
+                    "eagle": " (no EAGLE head is loaded: the pair names none, or --draft ngram/none left it out; "
+                             "--head gives one)"}.get(d, "")
             raise InvalidArgumentError(f"[bench] drafter {d!r} is not available{hint}; allowed: {allowed}")
     ks = []
     for k in num_drafts:
