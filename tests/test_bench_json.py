@@ -178,6 +178,27 @@ def test_a_prompt_past_the_context_is_named_before_any_run(monkeypatch, tmp_path
     assert "--max-kv-size" in err and not (tmp_path / "o.json").exists()
 
 
+def test_json_to_stdout_leaves_the_report_to_stderr(monkeypatch, tmp_path, capsys):
+    assert bench_exit(monkeypatch, tmp_path, tiny_engine(), "--json", "-") == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)  # stdout is the document alone, for a pipe into jq
+    assert doc["runs"] and "greedy checks vs vanilla" in err and "wrote" not in err
+    assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("where, says", [
+    ("{tmp}", "is a folder; give a file path in it"),
+    ("{tmp}/no-such-folder/b.json", "does not exist; create it"),
+    ("{tmp}/a-file/b.json", "/a-file' is a file, not a folder"),
+])
+def test_output_paths_are_checked_when_parsed(monkeypatch, tmp_path, capsys, where, says):
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setattr(modelargs, "load_engine", lambda *a, **k: pytest.fail("must fail before loading"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--json", where.format(tmp=tmp_path)])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
 def test_csv_has_one_row_per_run(bench_json):
     _, doc, path = bench_json
     rows = list(csv.DictReader(path.open()))

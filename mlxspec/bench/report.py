@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from typing import Optional
 
 from .. import __version__, blas
@@ -29,6 +30,8 @@ from ..device import describe as describe_device
 from ..files import write_atomic
 from ..reference import dtype_name, working_dtype
 from ..stats import plural
+
+STDOUT = "-"  # `--json -` / `--csv -`: the data on stdout, the report on stderr
 from .peer import PEER_NUM_DRAFT
 from .runner import BenchResult, RunRecord, Setting
 from .summary import label, setting_of, summarize
@@ -85,7 +88,16 @@ def to_json(result: BenchResult, *, pair: dict, curve: Optional[dict] = None, pr
 
 
 def write_json(doc: dict, path) -> None:
-    write_atomic(path, json.dumps(doc, indent=2) + "\n")  # an interrupted bench keeps the old file whole
+    """To `path`, or to stdout for "-"."""
+    _write(path, json.dumps(doc, indent=2) + "\n")
+
+
+def _write(path, text: str) -> None:
+    if str(path) == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        write_atomic(path, text)  # an interrupted bench keeps the old file whole
 
 
 CSV_COLUMNS = list(RunRecord.__dataclass_fields__)[:-1]  # every field but output_tokens
@@ -101,7 +113,7 @@ def write_csv(result: BenchResult, path) -> None:
         for k in ("accept_histogram", "k_histogram", "mismatch"):
             d[k] = json.dumps(d[k]) if d[k] is not None else ""
         w.writerow(d)
-    write_atomic(path, out.getvalue())
+    _write(path, out.getvalue())
 
 
 # -- terminal ------------------------------------------------------------------------------------
@@ -279,10 +291,11 @@ def mismatch_line(r: RunRecord) -> str:
                else " (outputs end differently)") + "[/red]")
 
 
-def report_console():
-    """stdout console; piped output (not a terminal) gets 140 columns so tables are not cut."""
+def report_console(stderr: bool = False):
+    """stdout console (stderr's when stdout carries `--json -`); piped output (not a terminal) gets
+    140 columns so tables are not cut."""
     from rich.console import Console
 
-    console = Console()
+    console = Console(stderr=stderr)
     # soft_wrap: a long line stays one line in a file (wrapped at 140 it broke inside a value)
-    return console if console.is_terminal else Console(width=140, soft_wrap=True)
+    return console if console.is_terminal else Console(width=140, soft_wrap=True, stderr=stderr)

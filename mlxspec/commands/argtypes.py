@@ -140,11 +140,18 @@ def output_path(s: str) -> str:
     folder = os.path.dirname(os.path.abspath(s))
     if os.path.isdir(s):
         raise argparse.ArgumentTypeError(f"{s!r} is a folder; give a file path in it")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{folder!r} is a file, not a folder; give a path in a folder")
     if not os.path.isdir(folder):
         raise argparse.ArgumentTypeError(f"the folder {folder!r} does not exist; create it or give another path")
     if not os.access(folder, os.W_OK):
         raise argparse.ArgumentTypeError(f"the folder {folder!r} is not writable")
     return s
+
+
+def data_path(s: str) -> str:
+    """`output_path`, or "-" for stdout."""
+    return s if s == "-" else output_path(s)
 
 
 def reference(s: str) -> str:

@@ -75,8 +75,10 @@ def register(subparsers) -> None:
     p.add_argument("--check", action="store_true", help="exit with status 1 when an output (greedy, or sampled "
                    "with the --seed) differs from vanilla by a bug (a divergence float32 does not explain as "
                    "rounding)")
-    p.add_argument("--json", metavar="PATH", type=argtypes.output_path, help="write the full results as JSON")
-    p.add_argument("--csv", metavar="PATH", type=argtypes.output_path, help="write one row per run as CSV")
+    p.add_argument("--json", metavar="PATH", type=argtypes.data_path, help="write the full results as JSON ('-': "
+                   "to stdout, the report then going to stderr)")
+    p.add_argument("--csv", metavar="PATH", type=argtypes.data_path, help="write one row per run as CSV ('-': to "
+                   "stdout, the report then going to stderr)")
     p.add_argument("--plot", metavar="PATH.png", type=argtypes.output_path, help="write charts (needs matplotlib)")
     from ..bench.synthetic import SHAPES
 
@@ -120,7 +122,7 @@ def _drafter_name(name: str) -> str:
 def run(args) -> int:
     from rich.console import Console
 
-    from ..bench.report import report_console
+    from ..bench.report import STDOUT, report_console
     from ..bench.prompts import builtin_suite, load_prompts, select
 
     if args.max_tokens < 1:
@@ -160,7 +162,8 @@ def run(args) -> int:
         err = Console(stderr=True)  # rebound to the (possibly silenced) stderr
         args.no_peer = True  # mlx-lm's loop decides on each rank alone: its passes would not line up
     code = bench_engine(engine, prompts, args, temps=temps, ks=ks, drafters=drafters, trees=trees, lookups=lookups, err=err,
-                        out=report_console(), prompts_source=args.prompts or "builtin")
+                        out=report_console(stderr=STDOUT in (args.json, args.csv)),
+                        prompts_source=args.prompts or "builtin")
     return code
 
 
@@ -176,7 +179,7 @@ def run_synthetic(args) -> int:
     from ..device import is_gpu
 
     from ..bench.loopbench import print_synthetic, run_synthetic as measure
-    from ..bench.report import report_console, write_json
+    from ..bench.report import STDOUT, report_console, write_json
     from ..bench.synthetic import check_shape
 
     if not args.synthetic:
@@ -205,10 +208,11 @@ def run_synthetic(args) -> int:
     else:  # a log gets a line per step, not a spinner it cannot show
         doc = measure(args.synthetic, args.synthetic_draft, max_tokens=args.max_tokens, repeats=args.repeats or 5,
                       progress=lambda label: err.print(f"bench: {label}", soft_wrap=True, highlight=False))
-    print_synthetic(doc, report_console())
+    print_synthetic(doc, report_console(stderr=args.json == STDOUT))
     if args.json:
         write_json(doc, args.json)
-        err.print(f"wrote {args.json}")
+        if args.json != STDOUT:
+            err.print(f"wrote {args.json}")
     return 0
 
 
@@ -240,7 +244,7 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     """Everything after loading: curve, interleaved runs with a progress bar, report and files."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from ..bench.report import mismatch_line, pair_info, print_report, to_json, write_csv, write_json
+    from ..bench.report import STDOUT, mismatch_line, pair_info, print_report, to_json, write_csv, write_json
     from ..bench.runner import peer_blocker, run_bench, run_tokens, settings_for
     from ..calibration import apply_prior, calibration_path, curve_for
     from ..errors import ContextLengthError
@@ -310,5 +314,6 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
                       highlight=False, markup=False)
             failed = True
             continue
-        err.print(f"wrote {path}", soft_wrap=True, highlight=False)
+        if path != STDOUT:
+            err.print(f"wrote {path}", soft_wrap=True, highlight=False)
     return 1 if failed or (args.check and doc["summary"]["bugs"]) else 0
