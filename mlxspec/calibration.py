@@ -219,13 +219,19 @@ def _model_cost(entry: dict) -> Optional[float]:
     return float(value) if _positive(value) else None
 
 
+_SAID: set = set()  # warnings about an unreadable file already given
+
+
 def load_entry(model, path: Optional[Path] = None) -> Optional[dict]:
     """The saved entry for this model on this backend, or None (no file, no entry, unreadable file:
     said in a warning, as the engine then starts from its guess)."""
     try:
         doc = read_file(path)
     except MlxSpecError as e:
-        warnings.warn(f"{e} (until then the engine starts from its guess of this device's costs)", stacklevel=3)
+        said = f"{e} (until then the engine starts from its guess of this device's costs)"
+        if said not in _SAID:  # once per process: loading and the bench both read the file
+            _SAID.add(said)
+            warnings.warn(said, stacklevel=3)
         return None
     entry = doc["models"].get(model_key(model))
     return entry if isinstance(entry, dict) else None

@@ -211,7 +211,9 @@ def test_calibrate_max_j_is_bounded_and_it_has_no_window_or_head_flags(capsys):
 def test_an_unreadable_calibration_file_is_said_when_an_engine_starts_without_it(home, capsys):
     eng = tiny_engine()
     (home / "calibration.json").write_text("{ broken")
-    with pytest.warns(UserWarning, match=r"cannot read .*calibration.json.*delete it.*starts from its guess"):
+    with pytest.warns(UserWarning, match=r"cannot read .*calibration.json.*delete it.*starts from its guess") as said:
         assert cal.priors_for(eng.target_model) == (None, None)
+        assert cal.curve_for(eng, measure=False) == (None, "none")  # the bench reads it again: said once
+    assert len(said) == 1
     # at a terminal: one line, not Python's file:line and source line
     assert cli._warning_line("the message", UserWarning, "engine.py", 129) == "warning: the message\n"
