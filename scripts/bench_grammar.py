@@ -50,10 +50,10 @@ def fmt_of(schema):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="demo")
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--reps", type=int, default=2)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", default="demo", help="the pair to load (default demo)")
+    ap.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (default 96)")
+    ap.add_argument("--reps", type=int, default=2, help="passes over the prompts, interleaved (default 2)")
     args = ap.parse_args()
     engine = mlxspec.load(args.pair)
     drafters = [d for d in ("ngram", "eagle", "model") if d in engine.drafters]
