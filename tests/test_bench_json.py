@@ -199,6 +199,16 @@ def test_output_paths_are_checked_when_parsed(monkeypatch, tmp_path, capsys, whe
     assert e.value.code == 2 and says in capsys.readouterr().err
 
 
+def test_options_that_compare_nothing_are_said(monkeypatch, tmp_path, capsys):
+    assert bench_exit(monkeypatch, tmp_path, tiny_engine(), "--drafter", "ngram", "--lookup", "on,off") == 0
+    assert "note: --lookup off changes nothing here" in capsys.readouterr().err
+    assert bench_exit(monkeypatch, tmp_path, tiny_engine(), "--drafter", "model", "--tree", "auto,off") == 0
+    err = capsys.readouterr().err  # bench_exit's fixed --num-draft 2 drafts chains
+    assert "note: --tree compares nothing here" in err and "--lookup" not in err
+    assert bench_exit(monkeypatch, tmp_path, tiny_engine(), "--drafter", "model", "--lookup", "on,off") == 0
+    assert "note:" not in capsys.readouterr().err  # a model drafter's chains copy or not: two settings
+
+
 def test_csv_has_one_row_per_run(bench_json):
     _, doc, path = bench_json
     rows = list(csv.DictReader(path.open()))

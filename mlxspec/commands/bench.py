@@ -260,6 +260,13 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     tokens = run_tokens(engine, prompts, args.max_tokens, encoded)
     settings = settings_for(engine, drafters=drafters, num_drafts=ks, peer=not args.no_peer, trees=trees,
                             lookups=lookups, tokens=tokens)
+    speculative = [x for x in settings if x.mode == "speculative"]
+    if "off" in lookups and not any(x.lookup == "off" for x in speculative):
+        err.print("note: --lookup off changes nothing here: only a model drafter (model, eagle) has a lookup "
+                  "companion to turn off", soft_wrap=True, highlight=False)
+    if len(trees) > 1 and len({x.tree for x in speculative}) < len(trees):
+        err.print("note: --tree compares nothing here: these settings draft chains only (a drafter without trees, "
+                  "or a fixed --num-draft), so each runs once", soft_wrap=True, highlight=False)
     if not args.no_peer and engine.draft_model is not None and (why := peer_blocker(engine, tokens)):
         err.print(f"mlx-lm's speculative decoding is left out: {why}")
     ratios, source = curve_for(engine, measure=False)  # a saved curve, if any; the warm-up times V(j) anyway
