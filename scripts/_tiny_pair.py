@@ -27,3 +27,7 @@ def load(pair):
     import mlxspec
 
     return pair, mlxspec.load(pair)
+
+
+if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
+    raise SystemExit("scripts/_tiny_pair.py is imported by bench_engine.py, bench_overhead.py and bench_serve.py, and is no command of its own: run one of those (--help)")

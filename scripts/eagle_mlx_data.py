@@ -158,3 +158,7 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
         log(f"generate {n + 1}/{len(batches)} {name} (T={temp:g}): {made} answer tokens in {el:.0f}s "
             f"({made / el:.1f} tok/s)")
     return paths
+
+
+if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
+    raise SystemExit("scripts/eagle_mlx_data.py is imported by train_eagle.py, and is no command of its own: run that (--help)")

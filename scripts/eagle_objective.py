@@ -131,3 +131,7 @@ def loss(head, emb, feat, tgt, weights, w_draft, *, steps: int, unroll_weight: f
         total = total + (reg + ce_weight * ce) * unroll_weight ** s
         agree.append(((mx.argmax(logq, axis=-1) == top_t[:, d:]) * weights[:, d:]).sum())
     return total, mx.stack(agree)
+
+
+if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
+    raise SystemExit("scripts/eagle_objective.py is imported by train_eagle.py, and is no command of its own: run that (--help)")

@@ -68,3 +68,7 @@ def load_target(gguf_path, dtype=None):
     model.set_dtype(dtype or mx.bfloat16)
     mx.eval(model.parameters())
     return model
+
+
+if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
+    raise SystemExit("scripts/smollm2_mlx.py is imported by eval_draft.py, and is no command of its own: run that (--help)")

@@ -283,3 +283,7 @@ def main(args) -> None:
         return
     stage_export(args, final, vocab, model, name)
     log(f"export done: {args.out} ({time.time() - t0:.0f}s in all)")
+
+
+if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
+    raise SystemExit("scripts/train_eagle_mlx.py is imported by train_eagle.py (--target), and is no command of its own: run that (--help)")
