@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import threading
+import weakref
 
 from . import blas
 
@@ -56,9 +57,17 @@ def float32_matmul_roundoff() -> float:
 
 def clear_streams() -> None:
     """Free the calling thread's MLX streams; a thread that used MLX calls this as it ends.
+    What registered to settle first on this thread (`clear_streams_at_thread_exit`) does so now.
 
     MLX keeps streams per thread and, left behind, they can abort the process at exit.
     """
+    sweeper = getattr(_swept, "sweeper", None)
+    if sweeper is not None:
+        sweeper.settle()
+    _clear_mlx_streams()
+
+
+def _clear_mlx_streams() -> None:
     import mlx.core as mx
 
     clear = getattr(mx, "clear_streams", None)  # MLX >= 0.30
@@ -67,26 +76,47 @@ def clear_streams() -> None:
 
 
 class _Sweeper:
-    """Held in a threading.local: CPython drops it on its own thread as that thread ends."""
+    """Held in a threading.local: CPython drops it on its own thread as that thread ends, while
+    MLX's streams for the thread still exist."""
 
     def __init__(self) -> None:
         self.ident = threading.get_ident()
+        self.keepers: "weakref.WeakSet" = weakref.WeakSet()  # objects whose thread_ending() runs first
+
+    def settle(self) -> None:
+        """Each keeper's thread_ending(), once: the streams go next."""
+        keepers, self.keepers = list(self.keepers), weakref.WeakSet()
+        for keeper in keepers:
+            try:
+                keeper.thread_ending()
+            except Exception:  # a thread's end has nobody to tell; the next use says what is wrong
+                pass
 
     def __del__(self) -> None:
-        if threading.get_ident() == self.ident:  # not at interpreter shutdown, from another thread
-            clear_streams()
+        if threading.get_ident() != self.ident:  # not at interpreter shutdown, from another thread
+            return
+        self.settle()
+        _clear_mlx_streams()
 
 
 _swept = threading.local()
 
 
-def clear_streams_at_thread_exit() -> None:
+def clear_streams_at_thread_exit(keeper=None) -> None:
     """Free the calling thread's MLX streams when it ends (not the main thread's, which the
-    process frees). For threads mlxspec does not own (a user's pool running `Engine.generate`):
-    without it, such a process aborted at exit about one run in five (MLX 0.32). A thread cannot
-    free them any earlier: after `clear_streams` it cannot use MLX again."""
-    if threading.current_thread() is not threading.main_thread() and not hasattr(_swept, "sweeper"):
-        _swept.sweeper = _Sweeper()
+    process frees), after `keeper.thread_ending()` (weakly held; e.g. an engine evaluating the
+    arrays it keeps, which would otherwise die with the streams that were to compute them).
+
+    For threads mlxspec does not own (a user's pool running `Engine.generate`): without it, such
+    a process aborted at exit about one run in five (MLX 0.32). A thread cannot free them any
+    earlier: after `clear_streams` it cannot use MLX again."""
+    if threading.current_thread() is threading.main_thread():
+        return
+    sweeper = getattr(_swept, "sweeper", None)
+    if sweeper is None:
+        sweeper = _swept.sweeper = _Sweeper()
+    if keeper is not None:
+        sweeper.keepers.add(keeper)
 
 
 def device_name() -> str:

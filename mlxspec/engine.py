@@ -273,6 +273,16 @@ class Engine:
         kept = [self.target.arrays()] + [d.arrays() for d in self.drafters.values() if hasattr(d, "arrays")]
         mx.eval([v for _, v in tree_flatten(kept) if isinstance(v, mx.array)])
 
+    def thread_ending(self) -> None:
+        """A thread that ran a generation is ending (`device.clear_streams_at_thread_exit`): what
+        the engine keeps is evaluated now, on that thread's streams, unless another thread runs
+        it. A stream it left suspended can then resume, and later requests run, on any thread."""
+        if self.occupancy.try_enter():
+            try:
+                self.materialize()
+            finally:
+                self.occupancy.leave()
+
     # -- public API ---------------------------------------------------------------------------
     def generate(self, prompt, **kwargs) -> GenerationResult:
         """Generate to completion; same keywords as `stream`. Returns a GenerationResult: tokens,

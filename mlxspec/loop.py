@@ -77,7 +77,7 @@ def generate(engine, ids: List[int], params: SamplingParams, **options) -> Itera
     while it steps, not while the consumer has an event (`mlxspec.occupancy`): a request from
     another thread meanwhile raises EngineBusyError; one that comes while the stream waits for
     its consumer overtakes it, from whichever thread."""
-    clear_streams_at_thread_exit()
+    clear_streams_at_thread_exit(engine)  # a pool thread that ends: the engine's arrays first, then its streams
     occupancy = engine.occupancy
     occupancy.enter(then=lambda: engine.generation and engine.generation())  # a stream left open ends here
     held = True

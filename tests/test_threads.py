@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+import tiny
 from mlxspec import Engine, EngineBusyError, StreamOvertakenError
 from test_engine import PROMPT, draft, target  # noqa: F401 (the engine tests' models, as fixtures)
 
@@ -92,7 +93,7 @@ def test_a_thread_that_ran_a_generation_frees_its_streams_as_it_ends(target, mon
     from mlxspec import device
 
     cleared = []
-    monkeypatch.setattr(device, "clear_streams", lambda: cleared.append(threading.get_ident()))
+    monkeypatch.setattr(device, "_clear_mlx_streams", lambda: cleared.append(threading.get_ident()))
     e = Engine(target, None, drafter="none")
     e.generate(PROMPT, max_tokens=4)  # the main thread: the process frees its streams
     assert cleared == []
@@ -108,6 +109,37 @@ def test_a_thread_that_ran_a_generation_frees_its_streams_as_it_ends(target, mon
     t.start()
     t.join()
     assert before_end == [] and cleared == idents
+
+
+@pytest.fixture(scope="module")
+def head(target, tmp_path_factory):
+    return tiny.make_eagle_head(target, tmp_path_factory.mktemp("head"), seed=3)
+
+
+@pytest.mark.parametrize("drafter, clears", [("eagle", False), ("eagle", True), ("model", False), ("ngram", False)])
+def test_a_stream_whose_thread_ended_resumes_elsewhere_and_the_engine_serves_on(target, draft, head, drafter,
+                                                                                clears):
+    """A pool thread that ends (an idle worker) leaves arrays it built, which die with its streams:
+    the engine evaluates what it keeps first. (With the head, both used to fail with 'There is no
+    Stream(cpu, 1) in current thread', before and after its streams were freed.)"""
+    make = lambda: Engine(target, None, draft, eagle_head=head, drafter=drafter, num_draft=4)  # noqa: E731
+    fresh = {tuple(p): make().generate(p, max_tokens=20).tokens for p in (PROMPT, OTHER)}
+    e = make()
+    box = {}
+
+    def start():
+        box["stream"] = e.stream(PROMPT, max_tokens=20)
+        box["said"] = [next(box["stream"]).token for _ in range(4)]
+        if clears:  # as the chat's and the server's own threads do as they end: the engine settles first
+            from mlxspec.device import clear_streams
+
+            clear_streams()
+
+    t = threading.Thread(target=start)
+    t.start()
+    t.join()
+    assert box["said"] + [ev.token for ev in box["stream"]] == fresh[tuple(PROMPT)]
+    assert e.generate(OTHER, max_tokens=20).tokens == fresh[tuple(OTHER)]
 
 
 def test_a_takeover_that_fails_leaves_the_engine_to_other_threads():
