@@ -179,6 +179,7 @@ def test_a_prompt_past_the_context_is_named_before_any_run(monkeypatch, tmp_path
 
 
 def test_json_to_stdout_leaves_the_report_to_stderr(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)  # where a file named "-" would land
     assert bench_exit(monkeypatch, tmp_path, tiny_engine(), "--json", "-") == 0
     out, err = capsys.readouterr()
     doc = json.loads(out)  # stdout is the document alone, for a pipe into jq
