@@ -40,7 +40,28 @@ def captured(monkeypatch):
 
     monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: calls.setdefault("load", (args, kw)) and "engine")
     monkeypatch.setattr(server_module, "serve", lambda engine, options: calls.setdefault("serve", options) and 0)
+    monkeypatch.setattr(server_module, "check_address", lambda host, port: None)  # a server on 8080 here is fine
     return calls
+
+
+def test_a_taken_port_or_unknown_host_is_said_before_the_model_loads(monkeypatch, capsys):
+    import socket
+
+    from mlxspec.commands import modelargs
+
+    monkeypatch.setattr(modelargs, "load_engine", lambda *a, **k: pytest.fail("must fail before loading"))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 1
+        assert f"cannot listen on 127.0.0.1:{port}: Address already in use (another server is listening there" \
+            in capsys.readouterr().err
+    finally:
+        taken.close()
+    assert main(["serve", "--host", "no-such-host.invalid"]) == 1
+    assert "--host 'no-such-host.invalid': no such address here" in capsys.readouterr().err
 
 
 def test_flags_reach_the_server_options(captured, monkeypatch):

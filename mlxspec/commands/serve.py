@@ -123,6 +123,10 @@ def run(args) -> int:
         if not os.access(folder, os.W_OK | os.X_OK):
             args._parser.error(f"--responses-dir {args.responses_dir}: that folder is not writable")
         args.responses_dir = str(folder)
+    if not args.distributed:  # (with several ranks only rank 0 listens; uvicorn says it there)
+        from ..serve.server import check_address
+
+        check_address(args.host, args.port)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
     for note in modelargs.drafting_notes(args):
         logging.warning(note)

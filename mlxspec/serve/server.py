@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import Optional
@@ -20,6 +22,7 @@ from typing import Optional
 import uvicorn
 
 from ..distributed import is_distributed
+from ..errors import InvalidArgumentError
 from .app import make_app
 from .local import is_loopback
 from .options import ServeOptions
@@ -126,6 +129,28 @@ def serve(engine, options: ServeOptions) -> int:
         print("stopped at once (a second Ctrl-C): the running request was cut off", file=sys.stderr)
         return 130
     return 0 if server.started else 1
+
+
+def check_address(host: str, port: int) -> None:
+    """Whether the server could listen on host:port, asked before minutes of loading a model
+    (uvicorn says "address already in use" only once the model is loaded and warmed up).
+    InvalidArgumentError saying why not. Binds and closes at once, as uvicorn binds (SO_REUSEADDR)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise InvalidArgumentError(f"--host {host!r}: no such address here ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        hint = (" (another server is listening there: stop it or choose another --port)"
+                if e.errno == errno.EADDRINUSE else
+                " (ports below 1024 need privileges: choose another --port)" if e.errno == errno.EACCES else "")
+        raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}") from None
+    finally:
+        sock.close()
 
 
 def bind_warning(host: str, api_key: Optional[str]) -> Optional[str]:
