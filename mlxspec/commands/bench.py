@@ -247,17 +247,8 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     from ..bench.report import STDOUT, mismatch_line, pair_info, print_report, to_json, write_csv, write_json
     from ..bench.runner import peer_blocker, run_bench, run_tokens, settings_for
     from ..calibration import apply_prior, calibration_path, curve_for
-    from ..errors import ContextLengthError
-    from ..prompts import encode_prompt
 
-    encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
-    context = getattr(engine, "context", None)
-    for p, ids in zip(prompts, encoded):  # which prompt, before any run (the engine would say "the prompt")
-        if context is not None and len(ids) >= context:
-            raise ContextLengthError(f"prompt {p.id!r} has {len(ids)} tokens but the model's context is {context}; "
-                                     f"shorten it or leave it out, or set --max-kv-size below the context to decode "
-                                     f"on with a sliding window")
-    tokens = run_tokens(engine, prompts, args.max_tokens, encoded)
+    tokens = run_tokens(engine, prompts, args.max_tokens)
     settings = settings_for(engine, drafters=drafters, num_drafts=ks, peer=not args.no_peer, trees=trees,
                             lookups=lookups, tokens=tokens)
     speculative = [x for x in settings if x.mode == "speculative"]
@@ -296,7 +287,7 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     prior = str(calibration_path()) if source == "calibration file" else None
     if result.curve:  # what the cost model started from: the warm-up's V(j), on this device, this run
         ratios, source = {j: v / result.curve[1] for j, v in result.curve.items()}, "warm-up"
-    curve = {"source": source, "path": str(calibration_path()) if source == "calibration file" else None,
+    curve = {"source": source, "path": prior if source == "calibration file" else None,
              "ratios": {str(j): r for j, r in sorted(ratios.items())} if ratios else None, "prior": prior}
     doc = to_json(result, pair=pair_info(engine, used), curve=curve, prompts_source=prompts_source)
     print_report(doc, out)
