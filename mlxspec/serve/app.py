@@ -66,8 +66,8 @@ class ServerState:
         self.fingerprint = system_fingerprint(engine)
         self.metrics = Metrics(self.model_id, getattr(engine, "default_drafter", None))
         self.responses = ResponseStore(folder=options.responses_dir)  # the Responses API's stored responses
-        self._other_names: set = set()
-        self._told_fields: set = set()  # (route, ignored field names) the log has named
+        self._other_names = SaidOnce(32)  # model names other than ours, said once each for the first few
+        self._told_fields = SaidOnce(256)  # (route, ignored field names) the log has named
         # Read at start, not on a first request: a template without a known marker makes mlx-lm
         # look through the whole vocabulary.
         self.tool_format = getattr(engine, "tool_format", None)
@@ -94,20 +94,31 @@ class ServerState:
 
     def note_model(self, name: Optional[str]) -> None:
         """Any model name is served by the one loaded model; say so once per unknown name."""
-        if name and name != self.model_id and name not in self._other_names:
-            if len(self._other_names) >= 32:  # said once each for the first few; clients may send anything
-                return
-            self._other_names.add(name)
+        if name and name != self.model_id and self._other_names.first(name):
             log.info("a request named model %s; this server serves %r and answers with it", _show(name), self.model_id)
 
     def first_told(self, route: str, ignored: List[str]) -> bool:
         """Whether the log has yet to name these ignored fields on this route: a client that sends
         the same extras with every request gets one line, not one per request."""
-        key = (route, frozenset(ignored))
-        if key in self._told_fields or len(self._told_fields) >= 256:  # past 256 kinds: a flood, said enough
+        return self._told_fields.first((route, frozenset(ignored)))
+
+
+class SaidOnce:
+    """What the log has said, each key once, for the first `limit` keys (clients may send anything:
+    past that, nothing more is said)."""
+
+    def __init__(self, limit: int):
+        self.limit, self._seen = limit, set()
+
+    def first(self, key) -> bool:
+        """True the first time `key` comes (and it is kept), False after, or once `limit` are kept."""
+        if key in self._seen or len(self._seen) >= self.limit:
             return False
-        self._told_fields.add(key)
+        self._seen.add(key)
         return True
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
