@@ -254,7 +254,7 @@ class Engine:
     def reset(self) -> None:
         """Drop every cache (the next request prefills from scratch); learned costs are kept.
         A stream still open ends first, as if closed (`StreamOvertakenError` if it resumes)."""
-        self.occupancy.enter(then=lambda: self.generation and self.generation())
+        self.occupancy.enter(then=self.end_open_stream)
         try:
             self.target.reset()
             self.prompt_cache.clear()
@@ -262,6 +262,11 @@ class Engine:
                 d.reset()
         finally:
             self.occupancy.leave()
+
+    def end_open_stream(self) -> None:
+        """A stream still open ends here, as if closed (`StreamOvertakenError` if it resumes)."""
+        if self.generation is not None:
+            self.generation()
 
     def materialize(self) -> None:
         """Evaluate every array the engine keeps between requests (caches, kept features, a model

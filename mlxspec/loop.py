@@ -79,7 +79,7 @@ def generate(engine, ids: List[int], params: SamplingParams, **options) -> Itera
     its consumer overtakes it, from whichever thread."""
     clear_streams_at_thread_exit(engine)  # a pool thread that ends: the engine's arrays first, then its streams
     occupancy = engine.occupancy
-    occupancy.enter(then=lambda: engine.generation and engine.generation())  # a stream left open ends here
+    occupancy.enter(then=engine.end_open_stream)
     held = True
     inner = _generate(engine, ids, params, **options)
     try:
