@@ -125,9 +125,9 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             check_timeout(os.environ[TIMEOUT_ENV])
         group = init_group()
         if group.size() == 1:  # not started by mlx.launch: say so rather than look sharded
-            warnings.warn("--distributed (distributed=True) is set, but this process is the only rank (mx.distributed found no group: "
-                          "start every rank with mlx.launch, e.g. `mlx.launch --hosts mac1,mac2 -- mlxspec ... "
-                          "--distributed`); the whole target runs here")
+            warnings.warn("--distributed (distributed=True) is set, but this process is the only rank "
+                          "(mx.distributed found no group: start every rank with mlx.launch, e.g. `mlx.launch "
+                          "--hosts mac1,mac2 -- mlxspec ... --distributed`); the whole target runs here")
     if group is not None and group.size() > 1:
         from .sharded import load_sharded
 
