@@ -30,6 +30,7 @@ from . import blas
 from .device import backend, device_name
 from .errors import InvalidArgumentError, MlxSpecError
 from .files import locked, write_atomic
+from .once import SaidOnce
 from .paths import cache_dir
 
 FORMAT = 1
@@ -219,7 +220,7 @@ def _model_cost(entry: dict) -> Optional[float]:
     return float(value) if _positive(value) else None
 
 
-_SAID: set = set()  # warnings about an unreadable file already given
+_SAID = SaidOnce(64)  # warnings about an unreadable file already given (loading and the bench both read it)
 
 
 def load_entry(model, path: Optional[Path] = None) -> Optional[dict]:
@@ -229,8 +230,7 @@ def load_entry(model, path: Optional[Path] = None) -> Optional[dict]:
         doc = read_file(path)
     except MlxSpecError as e:
         said = f"{e} (until then the engine starts from its guess of this device's costs)"
-        if said not in _SAID:  # once per process: loading and the bench both read the file
-            _SAID.add(said)
+        if _SAID.first(said):
             warnings.warn(said, stacklevel=3)
         return None
     entry = doc["models"].get(model_key(model))

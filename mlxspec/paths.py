@@ -1,4 +1,4 @@
-"""Where mlxspec keeps its files: one home folder (`MLXSPEC_HOME`)."""
+"""Where mlxspec keeps its files: one home folder (`MLXSPEC_HOME`), and the models it ships."""
 
 from __future__ import annotations
 
@@ -18,3 +18,8 @@ def cache_dir() -> Path:
 def user_pairs_path() -> Path:
     """The user's own pairs, read after (and over) the packaged models.toml when it exists."""
     return cache_dir() / "models.toml"
+
+
+def shipped_dir() -> Path:
+    """The folder of the models shipped inside the package, each a `builtin:<name>` reference."""
+    return Path(__file__).resolve().parent / "data"

@@ -349,3 +349,15 @@ def test_builtin_reference_errors_name_what_ships():
 
     with pytest.raises(ModelNotFoundError, match="no model 'nope' ships with mlxspec"):
         resolve_model("builtin:nope")
+
+
+def test_builtin_references_name_folders_of_the_package_only():
+    from mlxspec.loading.resolve import BUILTIN_DIR, builtin_folder, resolve_model
+
+    assert builtin_folder("builtin:smollm2-eagle") == BUILTIN_DIR / "smollm2-eagle"
+    assert (BUILTIN_DIR / "smollm2-eagle" / "config.json").is_file()  # the package's own data folder
+    assert resolve_model("builtin:smollm2-draft").path == builtin_folder("builtin:smollm2-draft")
+    assert builtin_folder("smollm2-eagle") is None and builtin_folder("demo") is None
+    for escape in ("builtin:../data/smollm2-draft", "builtin:", "builtin:smollm2-draft/"):
+        with pytest.raises(ModelNotFoundError, match="ships with mlxspec; shipped: .*smollm2-draft"):
+            resolve_model(escape)

@@ -180,12 +180,12 @@ def _is_head(folder: Path) -> bool:
 def _refuse_a_head(role: str, ref) -> None:
     """An EAGLE head given as a model is said as such before minutes of loading (mlx-lm would say
     "Model type eagle_head not supported" after them). Only local folders are looked at: cheap."""
-    from .resolve import BUILTIN, BUILTIN_DIR
+    from .resolve import builtin_folder
 
     if ref is None:
         return
     ref = str(ref)
-    if _is_head(BUILTIN_DIR / ref[len(BUILTIN):] if ref.startswith(BUILTIN) else Path(ref).expanduser()):
+    if _is_head(builtin_folder(ref) or Path(ref).expanduser()):
         raise InvalidArgumentError(
             f"[load] {role}={ref!r} is an EAGLE head, not a {role} model: pass it as head={ref!r} (drafter='eagle' "
             f"drafts with it)" + ("" if role == "draft" else ", with the target it was trained for as target"))

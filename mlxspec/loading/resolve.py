@@ -26,12 +26,13 @@ from pathlib import Path
 
 from ..choices import WEIGHTLESS_DRAFTERS
 from ..errors import ModelNotFoundError
+from ..paths import shipped_dir
 from . import demo
 from .gguf_header import SPLIT_PART
 from .registry import Pair, get_pair, pairs
 
 BUILTIN = "builtin:"
-BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data"
+BUILTIN_DIR = shipped_dir()
 
 # Files an mlx-lm model needs; no *.py (no remote code), no other weight formats.
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "tiktoken.model",
@@ -62,6 +63,12 @@ class Resolved:
     source: str  # "demo", "builtin", "local", "hub"
 
 
+def builtin_folder(ref: str) -> Path | None:
+    """The folder a "builtin:<name>" reference names, whether or not it is there; None for any
+    other reference."""
+    return BUILTIN_DIR / ref[len(BUILTIN):] if ref.startswith(BUILTIN) else None
+
+
 def resolve_pair(ref: str) -> Pair | None:
     """The models.toml pair called `ref`, or None (then `ref` is a model reference)."""
     return get_pair(ref)
@@ -86,12 +93,11 @@ def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
             raise NotCachedError(f"the demo model {ref!r} is not in the cache; run `mlxspec pull demo`",
                                  "downloading was not asked for")
         return Resolved(ref, demo.ensure(ref), "gguf", "demo")
-    if ref.startswith(BUILTIN):
-        name = ref[len(BUILTIN):]
+    if (folder := builtin_folder(ref)) is not None:
         shipped = sorted(p.name for p in BUILTIN_DIR.iterdir() if p.is_dir()) if BUILTIN_DIR.is_dir() else []
-        if name not in shipped:
+        if (name := ref[len(BUILTIN):]) not in shipped:
             raise ModelNotFoundError(f"no model {name!r} ships with mlxspec; shipped: {', '.join(shipped) or 'none'}")
-        return Resolved(ref, check_mlx_folder(BUILTIN_DIR / name), "mlx", "builtin")
+        return Resolved(ref, check_mlx_folder(folder), "mlx", "builtin")
     path = Path(ref).expanduser()
     if path.is_dir():
         return Resolved(ref, check_mlx_folder(path), "mlx", "local")

@@ -35,6 +35,7 @@ from ..prompts import encode_prompt, text_of
 from ..reasoning import ReasoningSplitter, chat_starts_inside, make_splitter, thinking_markers
 from ..stats import acceptance_text
 from ..logprobs import token_bytes
+from ..once import SaidOnce
 from ..tools import ToolCallReader
 from . import anthropic, fields, response_items, responses_api, schema, tokenize
 from .errors import APIError, from_engine, invalid
@@ -101,24 +102,6 @@ class ServerState:
         """Whether the log has yet to name these ignored fields on this route: a client that sends
         the same extras with every request gets one line, not one per request."""
         return self._told_fields.first((route, frozenset(ignored)))
-
-
-class SaidOnce:
-    """What the log has said, each key once, for the first `limit` keys (clients may send anything:
-    past that, nothing more is said)."""
-
-    def __init__(self, limit: int):
-        self.limit, self._seen = limit, set()
-
-    def first(self, key) -> bool:
-        """True the first time `key` comes (and it is kept), False after, or once `limit` are kept."""
-        if key in self._seen or len(self._seen) >= self.limit:
-            return False
-        self._seen.add(key)
-        return True
-
-    def __len__(self) -> int:
-        return len(self._seen)
 
 
 def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
