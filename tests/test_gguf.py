@@ -394,6 +394,20 @@ def test_truncated_gguf_names_the_file(tiny, tmp_path):
             load_model(bad)
 
 
+def test_a_cut_header_is_said_in_the_file_s_terms(tiny, tmp_path):
+    data = tiny[0].read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:20])  # within the counts after the magic: version, tensors, keys (20 bytes from byte 4)
+    with pytest.raises(MlxSpecError, match=r"not a readable GGUF file \(truncated or corrupt header: 20 bytes read at "
+                                           r"byte 4 run past the end of the file \(20 bytes\)\); download it again") as e:
+        load_model(cut)
+    assert "unpack_from" not in str(e.value)  # the struct module's words stay out of it
+    garbled = tmp_path / "garbled.gguf"
+    garbled.write_bytes(data[:32] + b"\xff" + data[33:])  # the first key's name (after its length at byte 24)
+    with pytest.raises(MlxSpecError, match=r"corrupt header: a string in it is not UTF-8 text\)"):
+        load_model(garbled)
+
+
 def _metadata(tiny, **changes):
     """The tiny GGUF's metadata with keys replaced (None: removed)."""
     _, metadata = mx.load(str(tiny[0]), return_metadata=True)

@@ -70,8 +70,21 @@ def read_header(path: str | Path) -> tuple[dict, list[TensorInfo]]:
 
 def _unreadable(path, why) -> MlxSpecError:
     return MlxSpecError(
-        f"{path} is not a readable GGUF file (truncated or corrupt header: {why}); download it again"
+        f"{path} is not a readable GGUF file (truncated or corrupt header: {_said(why)}); download it again"
     )
+
+
+_PAST_END = re.compile(r"unpacking (\d+) bytes at offset (\d+) \(actual buffer size is (\d+)\)")
+
+
+def _said(why) -> str:
+    """Why a header did not read, in the file's terms rather than the struct module's."""
+    if isinstance(why, struct.error) and (m := _PAST_END.search(str(why))):
+        n, at, size = map(int, m.groups())
+        return f"{n} bytes read at byte {at:,} run past the end of the file ({size:,} bytes)"
+    if isinstance(why, UnicodeDecodeError):
+        return "a string in it is not UTF-8 text"
+    return str(why)
 
 
 def read_tensor_table(path: str | Path) -> list[TensorInfo]:
