@@ -294,6 +294,31 @@ def test_oversized_body_is_413(server):
     assert_error(post(server[0], "/v1/chat/completions", content=chunked()), 413, code="request_too_large")
 
 
+@pytest.mark.parametrize("path,body,field,instead", [
+    ("/v1/responses", {"input": "hi", "max_tokens": 5}, "max_tokens", "send max_output_tokens instead (got 5)"),
+    ("/v1/responses", {"input": "hi", "max_completion_tokens": 5}, "max_completion_tokens", "max_output_tokens"),
+    ("/v1/responses", {"input": "hi", "response_format": {"type": "json_object"}}, "response_format", "text.format"),
+    ("/v1/responses", {"messages": HI}, "messages", "send input instead"),
+    ("/v1/chat/completions", {"messages": HI, "max_output_tokens": 5}, "max_output_tokens", "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": HI, "instructions": "Be brief."}, "instructions", "role \"system\""),
+    ("/v1/completions", {"prompt": "hi", "stop_sequences": ["x"]}, "stop_sequences", "send stop instead"),
+    ("/v1/messages", {"messages": HI, "max_tokens": 5, "stop": ["x"]}, "stop", "send stop_sequences instead"),
+])
+def test_another_api_s_name_for_a_field_is_400_naming_this_route_s(server, path, body, field, instead):
+    """Every route knows every API's field names, so these would otherwise be dropped unseen (a
+    length limit the answer then ignores)."""
+    r = post(server[0], path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"].startswith(f"{field} is not read at {path}: ") and instead in err["message"]
+    if path != "/v1/messages":  # (Anthropic's error objects have no param)
+        assert err["param"] == field and err["code"] == "unsupported_parameter"
+    fine = dict(body, **{field: None})  # null is as good as left out
+    if path == "/v1/responses" and field == "messages":
+        fine["input"] = "hi"
+    assert post(server[0], path, dict(fine, max_tokens=2) if path != "/v1/responses" else fine).status_code == 200
+
+
 def test_unknown_route_and_wrong_method_are_openai_errors(server):
     assert_error(httpx.get(f"{server[0]}/v1/nothing", timeout=TIMEOUT), 404, says="POST /v1/chat/completions")
     r = httpx.get(f"{server[0]}/v1/chat/completions", timeout=TIMEOUT)

@@ -38,7 +38,7 @@ from ..logprobs import token_bytes
 from ..once import SaidOnce
 from ..tools import ToolCallReader
 from . import anthropic, fields, response_items, responses_api, schema, tokenize
-from .errors import APIError, from_engine, invalid
+from .errors import APIError, from_engine, invalid, unsupported
 from .fingerprint import system_fingerprint
 from .cors import CrossOrigin, Origins
 from .local import LoopbackOnly, is_loopback
@@ -711,6 +711,10 @@ async def read_json(request: Request, limit: int, timeout: float = 0) -> dict:
         raise invalid("the request body nests JSON too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise invalid(f"the request body must be a JSON object, got a JSON {type(data).__name__}", code="invalid_json")
+    if (wrong := fields.moved(request.url.path, data)) is not None:
+        key, instead = wrong
+        raise unsupported(f"{key} is not read at {request.url.path}: send {instead} instead (got {_show(data[key])})",
+                          key)
     ignored = fields.unknown(data)
     # told to the log, not the client: vendor extras are normal, a typo is not
     if ignored and request.app.state.mlxspec.first_told(request.url.path, ignored):

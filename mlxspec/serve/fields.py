@@ -1,5 +1,6 @@
 """Request fields no endpoint of this server knows: named in the log (a typo such as `max_token`
 would otherwise fall back to the default unseen), never refused, since clients send vendor extras.
+And fields one API names otherwise, sent to another's route: refused, naming the route's own.
 
 The list is the union of every endpoint's fields, including those the APIs define that are
 accepted and change nothing here (`user`, `metadata`, `store`...), so one set serves all routes.
@@ -7,7 +8,7 @@ accepted and change nothing here (`user`, `metadata`, `store`...), so one set se
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional, Tuple
 
 from .schema import EXTENSIONS, GUIDED, RENAMED
 
@@ -35,3 +36,25 @@ SHOWN = 8  # names per log line: a body of junk keys makes one short line, not a
 def unknown(body: dict) -> List[str]:
     """The top-level keys of `body` that no endpoint here reads, in the order sent."""
     return [key for key in body if key not in KNOWN]
+
+
+# Another API's name for what a route reads under its own. Every route knows every API's names (the
+# log names only those no route reads), so these would be dropped unseen: a client porting from chat
+# completions would get the server's default length for its max_tokens on /v1/responses.
+_TO_MESSAGES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens", "max_output_tokens": "max_tokens"}
+MOVED = {
+    "/v1/chat/completions": {"max_output_tokens": "max_completion_tokens (or max_tokens)", "stop_sequences": "stop",
+                             "instructions": "a first message with role \"system\""},
+    "/v1/completions": {"max_output_tokens": "max_tokens", "stop_sequences": "stop"},
+    "/v1/responses": {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
+                      "messages": "input", "response_format": "text.format", "reasoning_effort": "reasoning.effort"},
+    "/v1/messages": _TO_MESSAGES,
+    "/v1/messages/count_tokens": _TO_MESSAGES,
+}
+
+
+def moved(route: str, body: dict) -> Optional[Tuple[str, str]]:
+    """(field, what `route` reads instead) for the first field of `body` that another API names so
+    (null ones are as good as left out), or None."""
+    names = MOVED.get(route, {})
+    return next(((key, names[key]) for key in body if key in names and body[key] is not None), None)
