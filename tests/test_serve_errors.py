@@ -303,6 +303,8 @@ def test_oversized_body_is_413(server):
     ("/v1/chat/completions", {"messages": HI, "instructions": "Be brief."}, "instructions", "role \"system\""),
     ("/v1/completions", {"prompt": "hi", "stop_sequences": ["x"]}, "stop_sequences", "send stop instead"),
     ("/v1/messages", {"messages": HI, "max_tokens": 5, "stop": ["x"]}, "stop", "send stop_sequences instead"),
+    ("/v1/chat/completions", {"messages": HI, "system": "Be brief."}, "system", "role \"system\""),
+    ("/v1/responses", {"input": "hi", "system": "Be brief."}, "system", "send instructions instead"),
 ])
 def test_another_api_s_name_for_a_field_is_400_naming_this_route_s(server, path, body, field, instead):
     """Every route knows every API's field names, so these would otherwise be dropped unseen (a

@@ -41,13 +41,16 @@ def unknown(body: dict) -> List[str]:
 # Another API's name for what a route reads under its own. Every route knows every API's names (the
 # log names only those no route reads), so these would be dropped unseen: a client porting from chat
 # completions would get the server's default length for its max_tokens on /v1/responses.
-_TO_MESSAGES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens", "max_output_tokens": "max_tokens"}
+_TO_MESSAGES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens", "max_output_tokens": "max_tokens",
+                "instructions": "system"}
+_SYSTEM = "a first message with role \"system\""
 MOVED = {
     "/v1/chat/completions": {"max_output_tokens": "max_completion_tokens (or max_tokens)", "stop_sequences": "stop",
-                             "instructions": "a first message with role \"system\""},
+                             "instructions": _SYSTEM, "system": _SYSTEM, "reasoning": "reasoning_effort"},
     "/v1/completions": {"max_output_tokens": "max_tokens", "stop_sequences": "stop"},
     "/v1/responses": {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
-                      "messages": "input", "response_format": "text.format", "reasoning_effort": "reasoning.effort"},
+                      "messages": "input", "response_format": "text.format", "reasoning_effort": "reasoning.effort",
+                      "system": "instructions", "stop_sequences": "stop"},
     "/v1/messages": _TO_MESSAGES,
     "/v1/messages/count_tokens": _TO_MESSAGES,
 }
