@@ -332,13 +332,30 @@ MLX_LM_KEYWORDS = {
 }
 
 
+# Other libraries' names for what `stream` takes under its own: (whose, what answers it here).
+OTHER_KEYWORDS = {
+    "max_new_tokens": ("Hugging Face's", "max_tokens="),
+    "max_completion_tokens": ("OpenAI's", "max_tokens="),
+    "max_output_tokens": ("OpenAI's", "max_tokens="),
+    "stop_sequences": ("Anthropic's", "stop="),
+    "eos_token_id": ("Hugging Face's", "stop_token_ids="),
+    "do_sample": ("Hugging Face's", "temperature= (0: greedy, > 0: sampled)"),
+    "random_seed": ("vLLM's", "seed="),
+}
+
+
 def check_no_other_options(options: dict, allowed) -> None:
-    """Refuse keywords `stream` does not take, naming mlxspec's way where mlx-lm has the keyword."""
+    """Refuse keywords `stream` does not take, naming mlxspec's way where mlx-lm (or another
+    library a user may come from) has the keyword, or the allowed name a typo is closest to."""
     if not options:
         return
+    import difflib
+
     said = []
     for name in options:
-        hint = MLX_LM_KEYWORDS.get(name)
-        said.append(f"{name!r} (mlx-lm's; here: {hint})" if hint else repr(name))
+        whose, hint = ("mlx-lm's", MLX_LM_KEYWORDS[name]) if name in MLX_LM_KEYWORDS else OTHER_KEYWORDS.get(name, ("", ""))
+        close = difflib.get_close_matches(str(name), list(allowed), n=1, cutoff=0.8) if not hint else []
+        said.append(f"{name!r} ({whose}; here: {hint})" if hint else
+                    f"{name!r} (did you mean {close[0]}=?)" if close else repr(name))
     raise InvalidArgumentError(f"unknown option{'s' if len(said) > 1 else ''} {', '.join(said)}; allowed: "
                                f"{', '.join(allowed)}")

@@ -95,3 +95,15 @@ def test_mlx_lm_keywords_are_refused_with_mlxspec_s_way(target):
     with pytest.raises(InvalidArgumentError, match=r"unknown options 'sampler' .*'colour'"):
         engine.stream(PROMPT, sampler=None, colour=1)  # refused when called, before any work
     assert len(engine.generate(PROMPT, max_tokens=3).tokens) == 3
+
+
+@pytest.mark.parametrize("given,says", [
+    ({"max_new_tokens": 3}, r"'max_new_tokens' \(Hugging Face's; here: max_tokens=\)"),
+    ({"stop_sequences": ["x"]}, r"'stop_sequences' \(Anthropic's; here: stop=\)"),
+    ({"max_token": 3}, r"'max_token' \(did you mean max_tokens=\?\)"),
+    ({"temprature": 0.5}, r"'temprature' \(did you mean temperature=\?\)"),
+    ({"colour": 1}, r"unknown option 'colour'; allowed"),  # nothing close: just the list
+])
+def test_other_libraries_names_and_typos_are_refused_with_the_name_here(target, given, says):
+    with pytest.raises(InvalidArgumentError, match=says):
+        Engine(target, tiny.make_tokenizer()).generate(PROMPT, **given)
