@@ -240,6 +240,65 @@ async def test_save_to_an_unwritable_place_says_so(tmp_path):
 
 
 @async_test
+async def test_a_saved_conversation_loads_and_goes_on_as_if_never_left(tmp_path):
+    """/load in a fresh app: the history shows the saved turns, and the next answer is the one
+    the first app gave after them (greedy): the model read the saved turns."""
+    first = make_app(tiny_engine(), max_tokens=12)
+    async with first.run_test(size=SIZE) as pilot:
+        await send(first, pilot, "/system be terse")
+        await send(first, pilot, "what is MLX?")
+        await send(first, pilot, f"/save {tmp_path / 'chat'}")
+        await send(first, pilot, "and speculative decoding?")
+        went_on = first.conversation.turns[-1].answers[SPEC].text
+    resumed = make_app(tiny_engine(), max_tokens=12)
+    async with resumed.run_test(size=SIZE) as pilot:
+        await send(resumed, pilot, "something else first")
+        await send(resumed, pilot, f"/load {tmp_path / 'chat.md'}")  # the Markdown's name finds the JSON
+        (turn,) = resumed.conversation.turns
+        assert turn.user == "what is MLX?" and resumed.settings.system == "be terse"
+        shown = history_text(resumed)
+        assert "something else first" not in shown and "what is MLX?" in shown and turn.verdict() in shown
+        assert "loaded 1 turn from" in shown and "'be terse'" in shown
+        await send(resumed, pilot, "and speculative decoding?")
+        assert resumed.conversation.turns[-1].answers[SPEC].text == went_on != ""
+        await send(resumed, pilot, f"/save {tmp_path / 'again'}")  # a loaded turn saves as it was saved
+    again, before = (json.loads((tmp_path / name).read_text()) for name in ("again.json", "chat.json"))
+    assert again["turns"][0] == before["turns"][0]
+
+
+@async_test
+async def test_a_file_load_cannot_read_leaves_the_conversation_as_it_was(tmp_path):
+    (tmp_path / "notjson.json").write_text("{ nope")
+    (tmp_path / "other.json").write_text(json.dumps({"turns": [{"user": "hi"}]}))
+    app = make_app(tiny_engine(), max_tokens=6)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "hello")
+        for path, says in ((tmp_path / "none", "cannot read the saved conversation"), (tmp_path / "notjson", "not JSON"),
+                           (tmp_path / "other", "turn 1 has no speculative answer text")):
+            await send(app, pilot, f"/load {path}")
+            assert says in history_text(app).splitlines()[-1]
+            assert [t.user for t in app.conversation.turns] == ["hello"]
+        await send(app, pilot, "/load")
+        assert "/load needs the path" in history_text(app)
+
+
+def test_chat_resume_reads_the_file_before_the_ui_starts(monkeypatch, tmp_path, capsys):
+    import tui
+    from mlxspec.cli import main
+
+    made = {}
+    monkeypatch.setattr("mlxspec.commands.chat._on_a_terminal", lambda: True)
+    monkeypatch.setattr(tui, "make_app", lambda **kw: made.update(kw))
+    assert main(["chat", "--resume", str(tmp_path / "missing")]) == 1
+    assert "cannot read the saved conversation" in capsys.readouterr().err and not made
+    saved = {"system": "s", "turns": [{"user": "u", SPEC: {"text": "a"}, VANILLA: {"text": "a"}}]}
+    (tmp_path / "c.json").write_text(json.dumps(saved))
+    with pytest.raises(AttributeError):  # (the stand-in app has no run())
+        main(["chat", "--resume", str(tmp_path / "c"), "--system", "t"])
+    assert [t.user for t in made["resume"].turns] == ["u"] and made["resume"].system == "t"  # --system wins
+
+
+@async_test
 async def test_clear_forgets_the_conversation_and_resets_the_caches():
     app = make_app(tiny_engine(), max_tokens=6)
     async with app.run_test(size=SIZE) as pilot:

@@ -17,10 +17,12 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Footer, Input, Static
 
+from mlxspec.errors import InvalidArgumentError
 from mlxspec.reasoning import chat_starts_inside, thinking_markers
+from mlxspec.stats import plural
 
 from .commands import CommandError, Settings, run_command
-from .conversation import SPEC, VANILLA, Conversation
+from .conversation import SPEC, VANILLA, Conversation, Saved, read_saved
 from .info import PairInfo, describe
 from .messages import EngineReady, LoadFailed, Settle, StatsUpdated, TokensAdded, TurnFinished
 from .screens import ErrorScreen, LoadingScreen
@@ -44,7 +46,8 @@ class ChatApp(App):
 
     def __init__(self, engine=None, *, vanilla_engine=None, loader: Optional[Callable[[], object]] = None,
                  loading_label: str = "the models", sequential: bool = False, settings: Settings = Settings(),
-                 colour: bool = True, info: Optional[PairInfo] = None, seed: Optional[int] = None):
+                 colour: bool = True, info: Optional[PairInfo] = None, seed: Optional[int] = None,
+                 resume: Optional[Saved] = None):
         super().__init__()
         if engine is None and loader is None:
             raise ValueError("[ChatApp] give an engine or a loader")
@@ -53,6 +56,7 @@ class ChatApp(App):
         self.sequential, self.settings, self.colour, self.info, self.seed = sequential, settings, colour, info, seed
         self.engines: dict = {}
         self.conversation = Conversation(settings.system)
+        self._resume = resume  # a saved conversation to go on with, shown once the engines are ready
         self.cancel = threading.Event()
         self.busy = False
 
@@ -115,6 +119,9 @@ class ChatApp(App):
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
         self.refresh_bindings()
+        if self._resume is not None:
+            self.take_up(self._resume)
+            self._resume = None
         prompt = self.query_one("#prompt", Input)
         prompt.disabled = False
         prompt.focus()
@@ -268,6 +275,8 @@ class ChatApp(App):
             await self.action_clear()
         elif outcome.action == "save":
             self.save(outcome.argument)
+        elif outcome.action == "load":
+            await self.load(outcome.argument)
 
     def save(self, path: str) -> None:
         info = self.info
@@ -279,6 +288,38 @@ class ChatApp(App):
             self.notice(f"/save {path}: could not write ({e.strerror or e})", error=True)
             return
         self.notice(f"saved {js} and {md}")
+
+    async def load(self, path: str) -> None:
+        """/load: go on with a saved conversation in place of this one."""
+        if self.busy:
+            self.notice("stop the answer first (Esc), then load", error=True)
+            return
+        try:
+            saved = read_saved(path)
+        except InvalidArgumentError as e:  # this conversation stays as it was
+            self.notice(f"/load {path}: {e}", error=True)
+            return
+        await self._clear_race()
+        self.take_up(saved)
+
+    def take_up(self, saved: Saved) -> None:
+        """Make `saved` the conversation: its turns in the history, its system prompt, and the next
+        message answered after them (the engines reuse whatever prefix their caches share with it)."""
+        self.conversation.turns[:] = saved.turns
+        self.conversation.system = saved.system
+        self.settings = replace(self.settings, system=saved.system)
+        history = self.query_one(ChatHistory)
+        history.clear()
+        for turn in saved.turns:
+            history.add_user(turn.user)
+            history.add_turn(turn, self.conversation.markers)
+        said = f"loaded {plural(len(saved.turns), 'turn')} from {saved.path}"
+        if saved.system:
+            said += f", with the system prompt {saved.system!r}"
+        then = saved.pair.get("target")
+        if then and self.info is not None and then != self.info.target:
+            said += f"; its answers came from {then}, the next ones from {self.info.target}"
+        self.notice(said + "; the settings are this session's (/help)")
 
     def notice(self, text: str, *, error: bool = False) -> None:
         self.query_one(ChatHistory).add_notice(text, error=error)
@@ -310,16 +351,17 @@ def make_app(engine=None, *, vanilla_engine=None, sequential: bool = False, temp
              lookup: Optional[bool] = None, system: str = "", colour: bool = True,
              loader: Optional[Callable[[], object]] = None, loading_label: str = "the models",
              info: Optional[PairInfo] = None, seed: Optional[int] = None,
-             template_kwargs: Optional[dict] = None) -> ChatApp:
+             template_kwargs: Optional[dict] = None, resume: Optional[Saved] = None) -> ChatApp:
     """Build the chat app around `engine` (speculative side) and `vanilla_engine` (default: engine.fork()).
 
     Pass `loader` instead of `engine` to load in a worker behind a loading screen. `num_draft`:
     None or "auto" lets the cost model choose; `tree` and `lookup` as `Engine.generate`'s (None: the
     engine's); `info` overrides what the header says about the pair; `template_kwargs`: the chat
-    template's variables, as `Engine.generate`'s chat_template_kwargs.
+    template's variables, as `Engine.generate`'s chat_template_kwargs; `resume`: a conversation
+    `/save` wrote (`conversation.read_saved`), shown and continued once the engines are ready.
     """
     settings = Settings(temperature=temperature, max_tokens=max_tokens,
                         num_draft=None if num_draft in (None, "auto") else int(num_draft),
                         drafter=drafter, tree=tree, lookup=lookup, system=system, template_kwargs=template_kwargs)
     return ChatApp(engine, vanilla_engine=vanilla_engine, loader=loader, loading_label=loading_label,
-                   sequential=sequential, settings=settings, colour=colour, info=info, seed=seed)
+                   sequential=sequential, settings=settings, colour=colour, info=info, seed=seed, resume=resume)

@@ -22,6 +22,7 @@ HELP = """\
 /effort LEVEL    reasoning effort (gpt-oss: low, medium, high), the template variable reasoning_effort
                  (/effort alone clears it; /template keeps it unless its JSON sets it)
 /save PATH       write the conversation and its stats to PATH.json and PATH.md
+/load PATH       go on with a conversation /save wrote (PATH.json), in place of this one
 /clear           forget the conversation (also Ctrl-L)
 /help            this list
 Keys: Enter send · Esc or Ctrl-C stop · Ctrl-T token colours · Ctrl-L clear · Ctrl-Q quit"""
@@ -52,7 +53,7 @@ class Settings:
 class Outcome:
     settings: Settings
     reply: str  # shown in the chat
-    action: Optional[str] = None  # "save" | "clear" | None
+    action: Optional[str] = None  # "save" | "load" | "clear" | None
     argument: str = ""
 
 
@@ -117,6 +118,10 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
         if not arg:
             raise CommandError("/save needs a path, e.g. /save chat (writes chat.json and chat.md)")
         return Outcome(settings, "", action="save", argument=arg)
+    if name == "/load":
+        if not arg:
+            raise CommandError("/load needs the path /save was given, e.g. /load chat (reads chat.json)")
+        return Outcome(settings, "", action="load", argument=arg)
     if name == "/clear":
         return Outcome(settings, "conversation cleared", action="clear")
     raise CommandError(f"unknown command {name!r}; type /help for the list")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
+
+from mlxspec.errors import InvalidArgumentError
 
 from mlxspec.reasoning import make_splitter, split_whole
 from mlxspec.stats import plural
@@ -179,10 +181,80 @@ class Conversation:
     def save(self, path: str, *, settings: Optional[dict] = None, pair: Optional[dict] = None,
              pair_line: str = "") -> Tuple[Path, Path]:
         """Write PATH.json and PATH.md (a trailing .json or .md on PATH is dropped). Returns both paths."""
-        base = Path(path).expanduser()
-        if base.suffix in (".json", ".md"):
-            base = base.with_suffix("")
-        js, md = base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
+        js, md = saved_paths(path)
         js.write_text(json.dumps(self.as_dict(settings, pair), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         md.write_text(self.to_markdown(pair_line) + "\n", encoding="utf-8")
         return js, md
+
+
+def saved_paths(path: str) -> Tuple[Path, Path]:
+    """PATH.json and PATH.md, as /save names them (a trailing .json or .md on PATH is dropped)."""
+    base = Path(path).expanduser()
+    if base.suffix in (".json", ".md"):
+        base = base.with_suffix("")
+    return base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
+
+
+@dataclass
+class Saved:
+    """A conversation /save wrote, read back: its system prompt, turns, and the pair that answered."""
+
+    path: Path
+    system: str
+    turns: List[Turn]
+    pair: dict
+
+
+def read_saved(path: str) -> Saved:
+    """The conversation in PATH.json (as /save wrote it; PATH, PATH.json or PATH.md may be given).
+
+    Raises:
+        InvalidArgumentError: no such file, not JSON, or not the shape /save writes (the message
+            says where).
+    """
+    js, _ = saved_paths(path)
+    try:
+        doc = json.loads(js.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read the saved conversation {str(js)!r}: {e.strerror or e}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidArgumentError(f"{str(js)!r} is not a conversation /save wrote (not JSON: {e})") from None
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise InvalidArgumentError(f"{str(js)!r} is not a conversation /save wrote: {what}")
+
+    need(isinstance(doc, dict) and isinstance(doc.get("turns"), list), "it has no list of turns")
+    system = doc.get("system") or ""
+    need(isinstance(system, str), "its system prompt is not text")
+    turns = []
+    for i, t in enumerate(doc["turns"], 1):
+        need(isinstance(t, dict) and isinstance(t.get("user"), str), f"turn {i} has no user message")
+        answers = {}
+        for side in SIDES:
+            a = t.get(side)
+            need(isinstance(a, dict) and isinstance(a.get("text"), str), f"turn {i} has no {side} answer text")
+            answers[side] = Answer(text=a["text"], from_draft=list(a.get("from_draft") or []),
+                                   finish_reason=a.get("finish_reason"), stats=_stats(a.get("stats")))
+        temperature = t.get("temperature", 0.0)
+        need(isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 0,
+             f"turn {i}'s temperature is not a number >= 0")
+        divergence = t.get("divergence")
+        turns.append(Turn(t["user"], answers, temperature=float(temperature), stopped=bool(t.get("stopped")),
+                          divergence=divergence if isinstance(divergence, dict) else None))
+    pair = doc.get("pair")
+    return Saved(js, system, turns, pair if isinstance(pair, dict) else {})
+
+
+def _stats(saved) -> StatsView:
+    """A saved answer's figures (those a StatsView has; others, and damaged ones, left at zero)."""
+    if not isinstance(saved, dict):
+        return StatsView()
+    kept = {}
+    for f in fields(StatsView):
+        value = saved.get(f.name)
+        if isinstance(value, type(f.default)) and not (isinstance(value, bool) and not isinstance(f.default, bool)):
+            kept[f.name] = value
+        elif isinstance(f.default, float) and isinstance(value, int) and not isinstance(value, bool):
+            kept[f.name] = float(value)
+    return StatsView(**kept)

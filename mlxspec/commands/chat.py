@@ -24,6 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=non_negative, default=0.0, metavar="T", help="0 = greedy (default)")
     p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="answer length limit (default 256)")
     p.add_argument("--system", default="", metavar="TEXT", help="system prompt")
+    p.add_argument("--resume", metavar="PATH", help="go on with a conversation /save wrote (PATH.json): its turns "
+                                                    "and system prompt (--system replaces it); the settings are "
+                                                    "this session's")
     add_template_args(p)
     p.add_argument("--sequential", action="store_true",
                    help="run speculative to the end, then vanilla (default: interleave so both panes fill together)")
@@ -40,6 +43,12 @@ def run(args) -> int:
                                    "terminal; for answers in a script or a file use `mlxspec generate` (or "
                                    "`mlxspec serve`)")
     _check_references(args)
+    resume = None
+    if args.resume is not None:  # read before the UI starts: a bad file is one line here
+        from tui.conversation import read_saved
+
+        resume = read_saved(args.resume)
+        resume.system = args.system or resume.system
     ref = args.target or args.pair or DEFAULT_PAIR
     label = (f"{ref} + {args.draft}" if args.draft else ref) if args.target else f"the {ref} pair"
 
@@ -52,7 +61,7 @@ def run(args) -> int:
 
     app = make_app(loader=loader, loading_label=label, sequential=args.sequential, temperature=args.temperature,
                    max_tokens=args.max_tokens, system=args.system, colour=args.colour, seed=args.seed,
-                   template_kwargs=modelargs.template_options(args), **drafting)
+                   template_kwargs=modelargs.template_options(args), resume=resume, **drafting)
     app.run()
     return app.return_code or 0
 
