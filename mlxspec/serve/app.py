@@ -715,12 +715,13 @@ async def read_json(request: Request, limit: int, timeout: float = 0) -> dict:
         key, instead = wrong
         raise unsupported(f"{key} is not read at {request.url.path}: send {instead} instead (got {_show(data[key])})",
                           key)
-    ignored = fields.unknown(data)
+    ignored = fields.unread(request.url.path, data)
     # told to the log, not the client: vendor extras are normal, a typo is not
     if ignored and request.app.state.mlxspec.first_told(request.url.path, ignored):
         more = f" and {len(ignored) - fields.SHOWN} more" if len(ignored) > fields.SHOWN else ""
-        log.warning("%s %s: ignored fields no endpoint here knows: %s%s (said once per route and set of fields)",
-                    request.method, request.url.path, ", ".join(_show(key) for key in ignored[:fields.SHOWN]), more)
+        log.warning("%s %s: ignored fields this endpoint does not read: %s%s (said once per route and set of "
+                    "fields)", request.method, request.url.path,
+                    ", ".join(_show(key) for key in ignored[:fields.SHOWN]), more)
     return data
 
 

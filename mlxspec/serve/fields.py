@@ -1,9 +1,10 @@
-"""Request fields no endpoint of this server knows: named in the log (a typo such as `max_token`
-would otherwise fall back to the default unseen), never refused, since clients send vendor extras.
+"""Request fields a route does not read: named in the log (a typo such as `max_token` would
+otherwise fall back to the default unseen), never refused, since clients send vendor extras.
 And fields one API names otherwise, sent to another's route: refused, naming the route's own.
 
-The list is the union of every endpoint's fields, including those the APIs define that are
-accepted and change nothing here (`user`, `metadata`, `store`...), so one set serves all routes.
+`KNOWN` is the union of every endpoint's fields, including those the APIs define that are
+accepted and change nothing here (`user`, `metadata`, `store`...). The chat and completions
+routes read most of it; the routes that translate another API read only theirs (`READS`).
 """
 
 from __future__ import annotations
@@ -33,9 +34,29 @@ KNOWN = frozenset(OPENAI | ANTHROPIC | OTHERS | OWN | set(EXTENSIONS) | set(GUID
 SHOWN = 8  # names per log line: a body of junk keys makes one short line, not a long one
 
 
-def unknown(body: dict) -> List[str]:
-    """The top-level keys of `body` that no endpoint here reads, in the order sent."""
-    return [key for key in body if key not in KNOWN]
+def _reads() -> dict:
+    """What the routes that translate another API's request read (their own fields, and those the
+    API defines that are accepted and change nothing here): any other API's field is dropped there."""
+    from . import anthropic, responses_api
+
+    messages = set(anthropic.PASSED) | {"messages", "system", "stop_sequences", "tools", "tool_choice", "thinking",
+                                        "metadata", "service_tier", "container", "mcp_servers", "context_management"}
+    responses = set(responses_api.PASSED) | {
+        "input", "instructions", "max_output_tokens", "reasoning", "tools", "tool_choice", "text", "store", "include",
+        "previous_response_id", "conversation", "background", "truncation", "metadata", "user", "max_tool_calls",
+        "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier", "stream_options"}
+    return {"/v1/messages": messages, "/v1/messages/count_tokens": messages, "/v1/responses": responses}
+
+
+READS = _reads()
+
+
+def unread(route: str, body: dict) -> List[str]:
+    """The top-level keys of `body` that `route` does not read, in the order sent: those no endpoint
+    here reads, and on a route that translates another API (Responses, Anthropic's Messages) the
+    other APIs' fields too (`n` or `logit_bias` on /v1/messages)."""
+    reads = READS.get(route)
+    return [key for key in body if key not in KNOWN or (reads is not None and key not in reads)]
 
 
 # Another API's name for what a route reads under its own. Every route knows every API's names (the
