@@ -353,7 +353,8 @@ def check_no_other_options(options: dict, allowed) -> None:
 
     said = []
     for name in options:
-        whose, hint = ("mlx-lm's", MLX_LM_KEYWORDS[name]) if name in MLX_LM_KEYWORDS else OTHER_KEYWORDS.get(name, ("", ""))
+        whose, hint = (("mlx-lm's", MLX_LM_KEYWORDS[name]) if name in MLX_LM_KEYWORDS
+                       else OTHER_KEYWORDS.get(name, ("", "")))
         close = difflib.get_close_matches(str(name), list(allowed), n=1, cutoff=0.8) if not hint else []
         said.append(f"{name!r} ({whose}; here: {hint})" if hint else
                     f"{name!r} (did you mean {close[0]}=?)" if close else repr(name))

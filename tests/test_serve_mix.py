@@ -48,7 +48,8 @@ class Mix:
 
     def message(self):
         roles = ["user", "assistant", "system", "developer", "tool", "bogus"] if self.careless else ["user"]
-        m = {"role": self.rng.choice(roles), "content": self.pick(["hi", "Hello there", [{"type": "text", "text": "x"}]])}
+        m = {"role": self.rng.choice(roles),
+             "content": self.pick(["hi", "Hello there", [{"type": "text", "text": "x"}]])}
         if m["role"] == "assistant" and self.rng.random() < 0.3:
             m["tool_calls"] = [{"id": "c1", "type": "function",
                                 "function": {"name": "f", "arguments": self.pick(['{"a": 1}', "{bad"])}}]
@@ -123,6 +124,7 @@ def test_a_mix_of_requests_valid_and_not_gets_answers_never_a_crash(seed):
             check_answer(route, body, status, text)
             statuses[route in GENERATING, status] += 1
         assert client.get("/health").status_code == 200
-        last = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        last = client.post("/v1/chat/completions",
+                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
         assert last.status_code == 200 and last.json()["usage"]["completion_tokens"] >= 1
     assert statuses[True, 200] >= REQUESTS // 5 and statuses[True, 400] >= REQUESTS // 10, statuses  # both kinds ran

@@ -273,7 +273,8 @@ async def test_a_file_load_cannot_read_leaves_the_conversation_as_it_was(tmp_pat
     app = make_app(tiny_engine(), max_tokens=6)
     async with app.run_test(size=SIZE) as pilot:
         await send(app, pilot, "hello")
-        for path, says in ((tmp_path / "none", "cannot read the saved conversation"), (tmp_path / "notjson", "not JSON"),
+        for path, says in ((tmp_path / "none", "cannot read the saved conversation"),
+                           (tmp_path / "notjson", "not JSON"),
                            (tmp_path / "other", "turn 1 has no speculative answer text")):
             await send(app, pilot, f"/load {path}")
             assert says in history_text(app).splitlines()[-1]

@@ -67,7 +67,7 @@ _TO_MESSAGES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens",
 _SYSTEM = "a first message with role \"system\""
 MOVED = {
     "/v1/chat/completions": {"max_output_tokens": "max_completion_tokens (or max_tokens)", "stop_sequences": "stop",
-                             "instructions": _SYSTEM, "system": _SYSTEM, "reasoning": "reasoning_effort"},
+                             "instructions": _SYSTEM, "system": _SYSTEM},
     "/v1/completions": {"max_output_tokens": "max_tokens", "stop_sequences": "stop"},
     "/v1/responses": {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
                       "messages": "input", "response_format": "text.format", "reasoning_effort": "reasoning.effort",
