@@ -160,6 +160,22 @@ def test_generate_streams_text_then_one_stats_line(fake_engine, tiny_gguf_path, 
     assert "4.0 tok/s" in err and "acceptance 50%" in err and "2.00 tokens/target pass" in err and "1 MiB" in err
 
 
+def test_ctrl_c_in_generate_prints_what_came_and_its_figures_then_exits_130(fake_engine, tiny_gguf_path,
+                                                                            monkeypatch, capsys):
+    live = {"tokens": 1, "seconds": 0.25, "tokens_per_second": 4.0, "drafted": 0, "accepted": 0}
+
+    def stream(self, prompt, **options):
+        yield types.SimpleNamespace(text="Par", stats=live)
+        raise KeyboardInterrupt  # as Ctrl-C lands in the middle of a step
+
+    monkeypatch.setattr(FakeEngine, "stream", stream)
+    assert main(["generate", "--target", str(tiny_gguf_path), "--drafter", "ngram", "Capital?"]) == 130
+    out, err = capsys.readouterr()
+    assert out == "Par\n"
+    assert "1 token in 0.25 s, 4.0 tok/s, acceptance - (nothing drafted)" in err and "(stopped by Ctrl-C)" in err
+    assert err.rstrip().endswith("interrupted")
+
+
 def test_generate_json(fake_engine, tiny_gguf_path, capsys):
     assert main(["generate", "--target", str(tiny_gguf_path), "--json", "--no-chat-template", "Capital?"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -195,13 +195,20 @@ def _stream(engine, prompt, options, splitter=None):
     reasoning `splitter`, the reasoning goes to stderr (dimmed on a terminal), the answer to stdout."""
     events = engine.stream(prompt, **options)
     last, thought = None, False  # thought: reasoning printed since the last answer text
-    while True:
-        try:
-            last = next(events)
-        except StopIteration as stop:
-            returned = stop.value
-            break
-        thought = _show(last.text, splitter, thought)
+    try:
+        while True:
+            try:
+                last = next(events)
+            except StopIteration as stop:
+                returned = stop.value
+                break
+            thought = _show(last.text, splitter, thought)
+    except KeyboardInterrupt:  # Ctrl-C: what was generated, and its figures so far
+        events.close()
+        print(file=sys.stdout, flush=True)
+        if getattr(last, "stats", None):
+            print(stats_line(last.stats) + " (stopped by Ctrl-C)", file=sys.stderr, flush=True)
+        raise
     if splitter is not None:
         _show(None, splitter, thought)
     for candidate in (getattr(returned, "stats", returned), getattr(last, "stats", None),
