@@ -821,6 +821,35 @@ async def test_a_multi_line_paste_is_sent_whole():
 
 
 @async_test
+async def test_up_and_down_recall_what_was_sent_pastes_and_all():
+    from textual import events
+
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        prompt = app.query_one("#prompt")
+        await pilot.press("up")
+        assert prompt.value == ""  # nothing sent yet: nothing to recall
+        prompt.post_message(events.Paste("a\nb"))
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_idle(app, pilot)
+        for line in ("/temp 0", "/temp 0", "hello"):  # the same line twice in a row is kept once
+            await send(app, pilot, line)
+        prompt.value = "half written"
+        shown = []
+        for key in ("up", "up", "up", "up", "down", "down", "down", "down"):
+            await pilot.press(key)
+            shown.append(prompt.value)
+        assert shown == ["hello", "/temp 0", "[pasted text #1: 2 lines]", "[pasted text #1: 2 lines]",
+                         "/temp 0", "hello", "half written", "half written"]
+        for key in ("up", "up", "up"):
+            await pilot.press(key)
+        await pilot.press("enter")  # a recalled paste is sent whole again
+        await wait_idle(app, pilot)
+        assert app.conversation.turns[-1].user == "a\nb" and prompt.value == ""
+
+
+@async_test
 async def test_the_markdown_view_keeps_the_answer_s_line_breaks():
     """A poem without blank lines stays one line per line in the Markdown view (CommonMark would
     join its lines with spaces), as in the coloured view and the saved text."""

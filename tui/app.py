@@ -141,6 +141,7 @@ class ChatApp(App):
             # The message stays in the box, to send once the answer is done (or stopped).
             self.notice("still answering: press Esc to stop it first, then Enter to send your message", error=True)
             return
+        self.query_one("#prompt", PromptInput).remember()
         event.input.clear()
         if text.startswith("/"):
             await self.command(text)

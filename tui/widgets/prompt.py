@@ -1,4 +1,5 @@
-"""The message box: one line, but a paste of several lines is kept whole.
+"""The message box: one line, but a paste of several lines is kept whole; Up and Down recall
+what was sent, as a shell's line editor does.
 
 Textual's Input keeps only the first line of a paste, which silently dropped the rest of a
 pasted list or code block. Here a multi-line paste shows as one marker, `[pasted text #n: k
@@ -7,16 +8,48 @@ lines]`, and `message()` puts the pasted text back in its place when the message
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List, Optional, Tuple
 
 from textual import events
+from textual.binding import Binding
 from textual.widgets import Input
+
+KEPT = 500  # lines Up can go back to
 
 
 class PromptInput(Input):
+    BINDINGS = [Binding("up", "recall(-1)", "Previous", show=False),
+                Binding("down", "recall(1)", "Next", show=False)]
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._pastes: Dict[str, str] = {}
+        self._sent: List[Tuple[str, Dict[str, str]]] = []  # (the box's text, its pastes), oldest first
+        self._at: Optional[int] = None  # the line recalled now; None: a new one being written
+        self._draft: Tuple[str, Dict[str, str]] = ("", {})  # the new one, while older ones are shown
+
+    def remember(self) -> None:
+        """Keep the box's text for Up (not twice in a row); the next Up starts from it."""
+        line = (self.value, dict(self._pastes))
+        if self.value.strip() and (not self._sent or self._sent[-1] != line):
+            self._sent = self._sent[-(KEPT - 1):] + [line]
+        self._at = None
+
+    def action_recall(self, step: int) -> None:
+        """Up (-1): the line sent before the one shown; Down (+1): the one after, and past the
+        newest, what was being written."""
+        if self._at is None:
+            if step > 0 or not self._sent:
+                return
+            self._draft, self._at = (self.value, dict(self._pastes)), len(self._sent)
+        at = self._at + step
+        if at < 0:
+            return
+        self._at = at if at < len(self._sent) else None
+        value, pastes = self._sent[at] if self._at is not None else self._draft
+        self._pastes = dict(pastes)
+        self.value = value
+        self.cursor_position = len(value)
 
     def _on_paste(self, event: events.Paste) -> None:
         text = event.text.replace("\r\n", "\n").replace("\r", "\n")
