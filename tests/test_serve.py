@@ -284,3 +284,5 @@ def test_the_engine_warms_up_once_before_the_server_accepts_requests(caplog):
         openai_client(url).chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
     assert engine.calls == ["warmup", "stream"]
     assert any(r.getMessage().startswith("engine warmed up in ") for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serving ")]
+    assert len(said) == 1 and f"OpenAI clients' base URL {url}/v1, Anthropic's {url} " in said[0], said

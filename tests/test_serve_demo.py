@@ -58,5 +58,8 @@ def test_demo_server_exits_0_on_ctrl_c(demo_server):
     log = stop_process(proc)
     assert proc.returncode == 0, log
     assert "Traceback" not in log
+    # what serves, before the warm-up, and where its clients reach it
+    assert "pair demo: target demo:smollm2-135m (" in log and f"; drafter {DEFAULT}" in log
+    assert f"serving 'demo': OpenAI clients' base URL {url}/v1, Anthropic's {url} (" in log
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=TIMEOUT)

@@ -104,6 +104,11 @@ class ServerState:
         return self._told_fields.first((route, frozenset(ignored)))
 
 
+def _base_url(options: ServeOptions) -> str:
+    host = f"[{options.host}]" if ":" in options.host else options.host  # an IPv6 address goes in brackets
+    return f"http://{host}:{options.port}"
+
+
 def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
     """The ASGI app serving `engine`; its worker thread starts and stops with the app's lifespan."""
     options = options or ServeOptions()
@@ -116,6 +121,9 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
     async def lifespan(app):
         seconds = await asyncio.wrap_future(state.queue.start())  # before uvicorn accepts connections
         log.info("engine warmed up in %.1f s", seconds)
+        log.info("serving %r%s (a request naming another model is answered by it too)", state.model_id,
+                 f": OpenAI clients' base URL {_base_url(options)}/v1, Anthropic's {_base_url(options)}"
+                 if options.port else "")
         try:
             yield
         finally:
