@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from mlxspec.errors import InvalidArgumentError
-
 from mlxspec.reasoning import make_splitter, split_whole
 from mlxspec.stats import plural
 
