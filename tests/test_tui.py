@@ -264,6 +264,11 @@ async def test_a_saved_conversation_loads_and_goes_on_as_if_never_left(tmp_path)
         await send(resumed, pilot, f"/save {tmp_path / 'again'}")  # a loaded turn saves as it was saved
     again, before = (json.loads((tmp_path / name).read_text()) for name in ("again.json", "chat.json"))
     assert again["turns"][0] == before["turns"][0]
+    (tmp_path / "other.json").write_text(json.dumps(dict(before, pair=dict(before["pair"], target="another-model"))))
+    third = make_app(tiny_engine(), max_tokens=4)
+    async with third.run_test(size=SIZE) as pilot:
+        await send(third, pilot, f"/load {tmp_path / 'other'}")
+        assert f"its answers came from another-model, the next ones from {third.info.target}" in history_text(third)
 
 
 @async_test
