@@ -39,6 +39,7 @@ def captured(monkeypatch):
     from mlxspec.commands import modelargs
 
     monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: calls.setdefault("load", (args, kw)) and "engine")
+    monkeypatch.setattr("mlxspec.commands.generate.load_line", lambda engine: f"loaded {engine}")  # (no real engine)
     monkeypatch.setattr(server_module, "serve", lambda engine, options: calls.setdefault("serve", options) and 0)
     monkeypatch.setattr(server_module, "check_address", lambda host, port: None)  # a server on 8080 here is fine
     return calls
@@ -173,6 +174,7 @@ def test_distributed_ranks_other_than_0_follow_and_rank_0_serves_then_releases(m
 
     engine, served = _ShardedEngine(is_main), []
     monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: engine)
+    monkeypatch.setattr("mlxspec.commands.generate.load_line", lambda e: "loaded")  # (a stand-in engine)
     monkeypatch.setattr(server_module, "serve", lambda e, options: served.append(e) or 0)
     assert main(["serve", "--distributed"]) == 0
     if is_main:

@@ -149,8 +149,7 @@ def run(args) -> int:
         return 0
     from .generate import load_line
 
-    if getattr(engine, "target_info", None) is not None:  # (what `load` made: the pair, the drafter)
-        logging.getLogger("mlxspec.serve").info("%s", load_line(engine))  # what serves, before warm-up
+    logging.getLogger("mlxspec.serve").info("%s", load_line(engine))  # what serves, before warm-up
     options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key, queue=args.queue,
                            max_tokens=args.max_tokens, temperature=args.temperature,
                            max_body_size=args.max_body_size, shutdown_grace=args.shutdown_grace,
