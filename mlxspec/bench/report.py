@@ -30,11 +30,11 @@ from ..device import describe as describe_device
 from ..files import write_atomic
 from ..reference import dtype_name, working_dtype
 from ..stats import plural
-
-STDOUT = "-"  # `--json -` / `--csv -`: the data on stdout, the report on stderr
 from .peer import PEER_NUM_DRAFT
 from .runner import BenchResult, RunRecord, Setting
 from .summary import label, setting_of, summarize
+
+STDOUT = "-"  # `--json -` / `--csv -`: the data on stdout, the report on stderr
 
 
 def device_line(device: dict) -> str:
