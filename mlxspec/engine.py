@@ -27,7 +27,7 @@ from .device import backend
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .drafters.eagle import head_window
-from .errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError
+from .errors import IncompatibleModelsError, InvalidArgumentError
 from .fim import FimFormat, check_suffix, fim_format, no_fim_error
 from .grammar import JSON_OPTIONS, AfterThinking, Constraint, check_response_format, token_table
 from .kvquant import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, kv_quant
@@ -39,8 +39,8 @@ from .penalties import Penalties, check_penalty, check_repetition
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
-                      check_endings, check_seed, check_stop, check_template_kwargs, check_text, check_tree,
-                      encode_prompt)
+                      check_endings, check_fits, check_seed, check_stop, check_template_kwargs, check_text,
+                      check_tree, encode_prompt)
 from .reasoning import starts_inside, thinking_markers
 from .sampling import SamplingParams, bias_row, check_logit_bias
 from .sequence import Sequence
@@ -439,11 +439,7 @@ class Engine:
         else:
             ids = self._fim_prompt(prompt, suffix, tools or template_kwargs or continue_final_message)
             endings["stop_ids"] = sorted(set(endings["stop_ids"]) | set(self.fim_format.ends))
-        if self.context is not None and len(ids) >= self.context:
-            raise ContextLengthError(
-                f"the prompt has {len(ids)} tokens but the model's context is {self.context}; shorten it "
-                f"or set max_kv_size=<window> below it to decode on with a sliding window (the model then reads "
-                f"positions past its trained context, as with mlx-lm's --max-kv-size)")
+        check_fits(len(ids), self.context)
         if forcing:  # (after the prompt: a template that ignores tools is said first)
             fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS, self.tokenizer))
         # a grammar applies after the thinking block, except harmony's calls, whose grammar reads the analysis

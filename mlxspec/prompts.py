@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from typing import List, Optional
 
-from .errors import InvalidArgumentError, one_line, shown
+from .errors import ContextLengthError, InvalidArgumentError, one_line, shown
 
 MAX_DRAFT = 32  # largest draft length a request may ask for (caches keep this much rollback room)
 
@@ -230,6 +230,16 @@ def check_prompt_cache_bytes(limit) -> Optional[int]:
         raise InvalidArgumentError(f"prompt_cache_bytes must be None or an integer >= 0 (bytes the parked "
                                    f"conversations may hold together), got {shown(limit)}")
     return limit
+
+
+def check_fits(n_tokens: int, context: Optional[int], *, what: str = "the prompt",
+               remedy: str = "shorten it") -> None:
+    """ContextLengthError when a prompt of `n_tokens` does not fit a model's `context` (None: any does)."""
+    if context is not None and n_tokens >= context:
+        raise ContextLengthError(
+            f"{what} has {n_tokens} tokens but the model's context is {context}; {remedy} or set "
+            f"max_kv_size=<window> below it to decode on with a sliding window (the model then reads positions "
+            f"past its trained context, as with mlx-lm's --max-kv-size)")
 
 
 def check_max_tokens(max_tokens) -> int:

@@ -32,8 +32,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ..errors import ContextLengthError, InvalidArgumentError
-from ..prompts import check_num_draft, check_tree, encode_prompt
+from ..errors import InvalidArgumentError
+from ..prompts import check_fits, check_num_draft, check_tree, encode_prompt
 from ..reference import UNCLASSIFIED
 from ..warmup import default_max_j
 from .neartie import GreedyCheck, check_greedy
@@ -236,12 +236,9 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     if not temps or any(t < 0 for t in temps):
         raise InvalidArgumentError(f"[bench] temperatures must be >= 0, got {list(temperatures)}")
     encoded = [encode_prompt(p.messages(), engine.tokenizer, engine.vocab_size) for p in prompts]
-    context = getattr(engine, "context", None)
     for p, ids in zip(prompts, encoded):  # which prompt, before any run (the engine would say "the prompt")
-        if context is not None and len(ids) >= context:
-            raise ContextLengthError(f"[bench] prompt {p.id!r} has {len(ids)} tokens but the model's context is "
-                                     f"{context}; shorten it or leave it out, or set max_kv_size=<window> below the "
-                                     f"context to decode on with a sliding window")
+        check_fits(len(ids), getattr(engine, "context", None), what=f"[bench] prompt {p.id!r}",
+                   remedy="shorten it or leave it out,")
     settings = settings_for(engine, drafters=drafters, num_drafts=num_drafts, peer=peer, trees=trees,
                             lookups=lookups, tokens=run_tokens(engine, prompts, max_tokens, encoded))
 
