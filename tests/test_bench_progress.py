@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console
 
@@ -31,6 +32,23 @@ def test_a_line_at_most_every_few_seconds_and_one_at_the_end():
                      "bench: 10/10 runs (p9 speculative) in 30 s"]  # one line each, never wrapped at 40
 
 
+def test_the_time_left_counts_from_the_first_run_not_from_the_warm_up():
+    # A GPU's first process compiles for minutes before run 1: timed from the start, the first
+    # line said "about 38490 s left" for a bench that ended five minutes later.
+    out = io.StringIO()
+    log = ProgressLines(Console(file=out, width=60), total=10, every=10.0)
+    log.clock = clock = Clock()
+    log.start = log.last = 0.0
+    clock.t = 200.0  # the warm-up
+    log.restart()
+    for i in range(10):
+        clock.t += 3.0
+        log.advance(f"p{i} vanilla")
+    assert out.getvalue().splitlines() == ["bench: 4/10 runs (p3 vanilla), about 18 s left",
+                                           "bench: 8/10 runs (p7 vanilla), about 6 s left",
+                                           "bench: 10/10 runs (p9 vanilla) in 30 s"]
+
+
 def test_a_bench_piped_to_a_file_says_its_progress_in_lines_and_one_prompt_in_the_singular(
         monkeypatch, tmp_path, capsys):
     from bench_helpers import bench_cli_json
@@ -39,4 +57,9 @@ def test_a_bench_piped_to_a_file_says_its_progress_in_lines_and_one_prompt_in_th
     captured = capsys.readouterr()  # neither is a terminal here
     assert "loading models…" in captured.err
     assert "bench: 2/2 runs (" in captured.err  # vanilla and the n-gram drafter on the one prompt
+    lines = captured.err.splitlines()  # the warm-up is said before it starts and when it ends, before any run
+    warming = lines.index("bench: warming up: every pass shape compiles once, untimed…")
+    warmed = next(i for i, line in enumerate(lines) if re.fullmatch(r"bench: warmed up in \d+\.\d s", line))
+    first_run = next(i for i, line in enumerate(lines) if line.startswith("bench: ") and " runs (" in line)
+    assert warming < warmed < first_run
     assert "(median of per-prompt ratios, 1 prompt," in captured.out

@@ -204,7 +204,7 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
               num_drafts: Sequence = ("auto",), drafters: Optional[Sequence[str]] = None, seed: int = 0,
               peer: bool = True, warmup: bool = True, trees: Sequence = ("auto",), lookups: Sequence = ("on",),
               on_run: Optional[Callable[[RunRecord], None]] = None, on_mismatch: Optional[Callable[[RunRecord], None]] = None,
-              repeats: int = 1) -> BenchResult:
+              repeats: int = 1, on_warmup: Optional[Callable[[float], None]] = None) -> BenchResult:
     """Run every setting on every prompt, interleaved, and return the records in execution order.
 
     Args:
@@ -225,6 +225,8 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
             rounding divergence (`rec.divergence` is "bug" or "unclassified").
         repeats: passes over the whole suite, each run paired with the vanilla run of its own pass
             (a machine's slow minute then moves one pair, not a category's median). Default 1.
+        on_warmup: called with the warm-up's seconds (the engine's and the peer's) once it is done,
+            before the first timed run (a progress line's clock starts there).
     """
     if not prompts:
         raise InvalidArgumentError("[bench] no prompts to run")
@@ -254,6 +256,8 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                 for t in temps:
                     peer_warm[t] = _warm_up_peer(engine, s, prompts[0], encoded[0], min(WARMUP_TOKENS, max_tokens),
                                                  t, seed)
+        if on_warmup is not None:
+            on_warmup(time.perf_counter() - t0)
 
     # Each setting learns into cost models of its own (the warm-up's timings to start from), so
     # two settings of one drafter (lookup on/off, trees auto/off) do not teach each other and

@@ -224,8 +224,12 @@ class ProgressLines:
         import time
 
         self.console, self.total, self.every, self.clock = console, total, every, time.monotonic
-        self.done, self.start = 0, self.clock()
-        self.last = self.start
+        self.done = 0
+        self.restart()
+
+    def restart(self) -> None:
+        """Time from now: the warm-up before the first run is no run's pace."""
+        self.start = self.last = self.clock()
 
     def advance(self, what: str) -> None:
         self.done += 1
@@ -267,8 +271,18 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     total = repeats * len(prompts) * len(temps) * len(settings)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     log = None if err.is_terminal else ProgressLines(err, total)  # a pipe or a file: plain lines
+    # Compiling every pass shape takes seconds on a CPU and minutes on a GPU's first process: say so.
+    warming = "warming up: every pass shape compiles once, untimed"
     with Progress(*columns, console=err, transient=True, disable=log is not None) as bar:
-        task = bar.add_task("bench", total=total)
+        task = bar.add_task(warming, total=total)
+        if log is not None:
+            err.print(f"bench: {warming}…", soft_wrap=True, highlight=False)
+
+        def on_warmup(seconds):
+            bar.update(task, description="bench")
+            if log is not None:
+                err.print(f"bench: warmed up in {seconds:.1f} s", soft_wrap=True, highlight=False)
+                log.restart()
 
         def on_run(rec):
             what = f"{rec.prompt_id} {rec.mode}" + (f" (pass {rec.repeat + 1}/{repeats})" if repeats > 1 else "")
@@ -278,7 +292,7 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
 
         result = run_bench(engine, prompts, max_tokens=args.max_tokens, temperatures=temps, num_drafts=ks,
                            drafters=drafters, seed=args.seed, peer=not args.no_peer, trees=trees, lookups=lookups,
-                           on_run=on_run, repeats=repeats,
+                           on_run=on_run, repeats=repeats, on_warmup=on_warmup,
                            on_mismatch=lambda rec: err.print(mismatch_line(rec)))
 
     used = list(dict.fromkeys(s.drafter for s in result.settings if s.mode == "speculative"))
