@@ -379,8 +379,11 @@ def test_default_drafter_follows_load_s_rule():
 
     from mlxspec.loading.registry import pairs
 
-    demo = pairs()["demo"]  # draft model, per-backend drafters {cpu: eagle, metal/cuda: ngram}
-    assert demo.default_drafter("cpu") == "eagle" and demo.default_drafter("cuda") == "ngram"
+    demo = pairs()["demo"]  # a draft model, and the head drafts on every backend
+    assert demo.default_drafter("cpu") == "eagle" and demo.default_drafter("cuda") == "eagle"
+    per_backend = replace(demo, drafter={"cpu": "eagle", "cuda": "ngram"})
+    assert (per_backend.default_drafter("cpu"), per_backend.default_drafter("cuda"),
+            per_backend.default_drafter("metal")) == ("eagle", "ngram", "model")  # a backend left out: the model
     assert replace(demo, drafter="").default_drafter("cpu") == "model"
     assert replace(demo, drafter={"cuda": "ngram"}).default_drafter("cpu") == "model"
     assert replace(demo, draft="ngram", drafter="").default_drafter("cpu") == "ngram"  # a weightless draft drafts
