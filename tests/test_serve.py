@@ -223,12 +223,12 @@ def test_unknown_fields_are_answered_and_named_once_in_the_log(client, server, c
     with caplog.at_level(logging.WARNING, logger="mlxspec.serve"):
         for path, body in (("/v1/messages", {"messages": HELLO, "max_tokens": 2, "n": 2, "logit_bias": {"5": 1},
                                              "metadata": {"user_id": "u"}}),
-                           ("/v1/responses", {"input": "hi", "max_output_tokens": 2, "top_logprobs": 3, "store": False})):
+                           ("/v1/responses", {"input": "hi", "max_output_tokens": 2, "n": 2, "store": False})):
             r = httpx.post(f"{server[0]}{path}", json=body, timeout=TIMEOUT)
             assert r.status_code == 200, r.text
     messages, responses = ignored()[2:]
     assert "/v1/messages: ignored fields this endpoint does not read: 'n', 'logit_bias' (" in messages
-    assert "/v1/responses: ignored fields this endpoint does not read: 'top_logprobs' (" in responses
+    assert "/v1/responses: ignored fields this endpoint does not read: 'n' (" in responses
 
 
 def test_multi_turn_prefills_only_the_new_turn(client):

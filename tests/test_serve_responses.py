@@ -152,6 +152,41 @@ def test_a_thinking_model_s_reasoning_is_a_reasoning_item():
         events = list(client.responses.create(model="thinker", input=ask, max_output_tokens=60, stream=True))
         assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "Add them."
         assert [item.type for item in events[-1].response.output] == ["reasoning", "message"]
+        # logprobs cover every generated token, reasoning included, as chat's do
+        r = client.responses.create(model="thinker", input=ask, max_output_tokens=60, include=LOGPROBS)
+        assert "".join(lp.token for lp in r.output[-1].content[0].logprobs) == "Add them.</think>It is 4."
+
+
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_asks_for_logprobs_and_top_logprobs_sizes_their_alternatives(served, stream):
+    url, ref = served
+    client = openai_client(url)
+    ask = [{"role": "user", "content": "Tell me a long story about rivers and the sea."}]
+    expected = ref.generate(ask, max_tokens=12, logprobs=3)
+    asked = dict(model="t", input=ask, max_output_tokens=12, include=LOGPROBS, top_logprobs=3)
+    if stream:
+        events = list(client.responses.create(stream=True, **asked))
+        deltas = [e for e in events if e.type == "response.output_text.delta"]
+        done = next(e for e in events if e.type == "response.output_text.done")
+        r = events[-1].response
+        # each delta carries the logprobs of the tokens its text came from, the done event all of them
+        carried = [(lp.token, lp.logprob) for e in deltas for lp in e.logprobs]
+        whole = [(lp.token, lp.logprob) for lp in done.logprobs]
+        assert whole == [(lp.token, lp.logprob) for lp in r.output[0].content[0].logprobs]
+        assert carried == whole[:len(carried)] and len(carried) >= len(whole) - 1  # the last may wait for the end
+    else:
+        r = client.responses.create(**asked)
+    logprobs = r.output[0].content[0].logprobs
+    assert r.output_text == expected.text and r.top_logprobs == 3
+    assert [lp.logprob for lp in logprobs] == pytest.approx(expected.logprobs, abs=1e-5)
+    assert "".join(lp.token for lp in logprobs) == r.output_text  # they spell the text
+    assert all(len(lp.top_logprobs) == 3 and lp.top_logprobs[0].logprob >= lp.logprob - 1e-6 for lp in logprobs)
+    # without include, none (as OpenAI's API: top_logprobs alone gives an empty list, and the log says why)
+    plain = client.responses.create(model="t", input=ask, max_output_tokens=4, top_logprobs=3)
+    assert plain.output[0].content[0].logprobs == []
 
 
 @pytest.mark.parametrize("body, param, says", [
@@ -165,6 +200,9 @@ def test_a_thinking_model_s_reasoning_is_a_reasoning_item():
     ({"input": [{"role": "wizard", "content": "x"}]}, "input", "must be one of"),
     ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format", "json_schema"),
     ({"input": "hi", "instructions": 5}, "instructions", "must be a string"),
+    ({"input": "hi", "include": "message.output_text.logprobs"}, "include", "list of strings"),
+    ({"input": "hi", "include": LOGPROBS, "top_logprobs": 21}, "top_logprobs", "0..20"),
+    ({"input": "hi", "top_logprobs": -1}, "top_logprobs", "0..20"),
 ])
 def test_bad_requests_are_400_in_the_responses_terms(served, body, param, says):
     r = httpx.post(f"{served[0]}/v1/responses", json=dict({"model": "t"}, **body), timeout=TIMEOUT)

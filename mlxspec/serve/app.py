@@ -474,6 +474,7 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
     splitter = make_splitter(*thinking, merged=state.merged) if thinking is not None else None
     reader = _tool_reader(state.tool_format, req)
     builder = builder_of(state, req, body)
+    tokens = getattr(builder, "tokens", lambda events: None)  # the events behind the text (logprobs)
 
     async def next_events():
         try:
@@ -492,6 +493,7 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
         pieces, end, events = [], None, first
         while events:
             pieces.extend(ev.text for ev in events)
+            tokens(events)
             end = events[-1] if events[-1].finish_reason else end
             events = await next_events()
         if not job.complete or end is None:  # cancelled: the client is gone
@@ -519,6 +521,7 @@ async def _built_events(state: ServerState, job: Job, builder, first, req: schem
         events, end = first, None
         while events:
             end = events[-1] if events[-1].finish_reason else end
+            getattr(builder, "tokens", lambda events: None)(events)
             for chunk in builder.feed(*_read("".join(ev.text for ev in events), splitter, reader)):
                 yield chunk
             events = await next_events()
@@ -554,7 +557,8 @@ async def create_response(request: Request) -> Response:
     def builder_of(state, req, body):
         keep = body.get("store") is not False
         return responses_api.ResponseBuilder(state.model_id, body,
-                                             (lambda r: store.remember(r, conversation, inputs)) if keep else None)
+                                             (lambda r: store.remember(r, conversation, inputs)) if keep else None,
+                                             token_bytes=state.token_bytes)
 
     return await _one_answer(request, translate, builder_of, "responses", "input", responses_api.renamed)
 

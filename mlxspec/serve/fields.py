@@ -44,7 +44,8 @@ def _reads() -> dict:
     responses = set(responses_api.PASSED) | {
         "input", "instructions", "max_output_tokens", "reasoning", "tools", "tool_choice", "text", "store", "include",
         "previous_response_id", "conversation", "background", "truncation", "metadata", "user", "max_tool_calls",
-        "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier", "stream_options"}
+        "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier", "stream_options",
+        "top_logprobs"}
     return {"/v1/messages": messages, "/v1/messages/count_tokens": messages, "/v1/responses": responses}
 
 

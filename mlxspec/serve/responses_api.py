@@ -6,7 +6,8 @@ message, `input` items become messages (a string is one user message; `function_
 answer them), `tools` in the Responses' flat shape become chat tools, `text.format` becomes
 `response_format`, `max_output_tokens` becomes `max_tokens`, `reasoning.effort` becomes
 `reasoning_effort`. `previous_response_id` puts a stored response's conversation
-(`response_store`) before the input.
+(`response_store`) before the input. `include: ["message.output_text.logprobs"]` asks for
+logprobs (with `top_logprobs` alternatives per token), as chat's `logprobs: true`.
 
 `ResponseBuilder` shapes what the model wrote (reasoning, text, tool calls, as `app._read`
 splits them) into output items: a `reasoning` item, a `message` with one `output_text`, and
@@ -22,8 +23,9 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import shown
+from ..logprobs import MAX_TOP, is_top_count
 from .errors import APIError, invalid, unsupported
-from .responses import figures, sse
+from .responses import LogprobStream, figures, sse
 
 log = logging.getLogger("mlxspec.serve")
 
@@ -32,6 +34,13 @@ PASSED = ("model", "temperature", "top_p", "parallel_tool_calls", "stream", "see
           "speculative", "num_draft", "drafter", "tree", "lookup", "logit_bias", "presence_penalty",
           "frequency_penalty", "repetition_penalty", "repetition_context_size", "chat_template_kwargs",
           "stop_token_ids", "ignore_eos", "min_tokens")
+LOGPROBS = "message.output_text.logprobs"  # what `include` names to have them (OpenAI's)
+
+
+def wants_logprobs(body: dict) -> bool:
+    """Whether the request's `include` asks for the output text's logprobs."""
+    include = body.get("include")
+    return isinstance(include, list) and LOGPROBS in include
 
 
 def to_chat(body: dict, history: List[dict] = ()) -> tuple:
@@ -45,6 +54,19 @@ def to_chat(body: dict, history: List[dict] = ()) -> tuple:
         raise unsupported("background responses are not supported by this server: send the request and wait, or "
                           "stream it", "background")
     chat: Dict[str, Any] = {key: body[key] for key in PASSED if key in body}
+    include = body.get("include")
+    if include is not None and not (isinstance(include, list) and all(isinstance(x, str) for x in include)):
+        raise invalid(f"include must be a list of strings like [\"{LOGPROBS}\"], got {shown(include)}", "include")
+    top = body.get("top_logprobs")
+    if wants_logprobs(body):
+        chat["logprobs"] = True
+        if top is not None:
+            chat["top_logprobs"] = top
+    elif top is not None:
+        if not is_top_count(top):
+            raise invalid(f"top_logprobs must be an integer in 0..{MAX_TOP}, got {shown(top)}", "top_logprobs")
+        # OpenAI's API answers such a request without logprobs too (an empty list): say why here
+        log.info("top_logprobs=%s without include [\"%s\"]: the answer has no logprobs, as OpenAI's", top, LOGPROBS)
     messages: List[dict] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -203,8 +225,10 @@ def _format(fmt) -> dict:
 class ResponseBuilder:
     """One response's output items, whole or as the Responses' stream events."""
 
-    def __init__(self, model: str, body: dict, remember: Optional[Callable[[dict], None]] = None):
-        """`remember(response)`: called with the whole answered response (`store`)."""
+    def __init__(self, model: str, body: dict, remember: Optional[Callable[[dict], None]] = None,
+                 token_bytes: Optional[Callable[[int], bytes]] = None):
+        """`remember(response)`: called with the whole answered response (`store`). `token_bytes`:
+        a token's own bytes, for logprobs when `include` asks for them."""
         self.id = "resp_" + uuid.uuid4().hex[:24]
         self.remember = remember
         self.created = int(time.time())
@@ -216,13 +240,28 @@ class ResponseBuilder:
         self.items: List[dict] = []  # finished items
         self.open: Optional[dict] = None  # the item being streamed (reasoning or message)
         self.text = {"reasoning": "", "message": ""}
+        # Logprobs (as chat's: every generated token, reasoning and tool-call markup included) go
+        # out with the next text delta, and each message's content holds those its deltas carried.
+        wanted = token_bytes is not None and wants_logprobs(body)
+        self.logprobs = LogprobStream(True, token_bytes) if wanted else None
+        self.pending: List[dict] = []  # logprobs out of the stream, not yet on a text delta
+        self.carried: List[dict] = []  # those on the open message's deltas
+
+    def tokens(self, events: list) -> None:
+        """The engine's events behind the text fed next (their logprobs, when asked for)."""
+        if self.logprobs is not None and events:
+            out = self.logprobs.feed(events)
+            if out:
+                self.pending += out["content"]
 
     # -- whole ---------------------------------------------------------------------------------
     def whole(self, reasoning: str, text: str, calls: list, finish: str, usage: dict, stats, stop_reason=None) -> dict:
         if reasoning:
             self.items.append(self._reasoning_item(reasoning, "completed"))
         if text or not calls:
-            self.items.append(self._message_item(text, "completed" if finish != "length" else "incomplete"))
+            self.items.append(self._message_item(text, "completed" if finish != "length" else "incomplete",
+                                                 self.pending))
+            self.pending = []
         self.items += [self._call_item(c) for c in calls]
         return self._answered(self.response(finish, usage, stats))
 
@@ -238,6 +277,7 @@ class ResponseBuilder:
                "temperature": b.get("temperature"), "top_p": b.get("top_p"), "tools": b.get("tools") or [],
                "tool_choice": b.get("tool_choice", "auto"), "text": b.get("text") or {"format": {"type": "text"}},
                "metadata": b.get("metadata") or {}, "store": b.get("store") is not False, "truncation": "disabled",
+               "top_logprobs": b.get("top_logprobs"),
                "usage": None}
         if usage is not None:
             out["usage"] = {"input_tokens": usage["prompt_tokens"],
@@ -276,8 +316,10 @@ class ResponseBuilder:
             self.text["reasoning"] += reasoning
         if text:
             out += self._open("message")
+            lp, self.pending = self.pending, []
+            self.carried += lp
             out.append(self.event("response.output_text.delta", item_id=self.open["id"], output_index=len(self.items),
-                                  content_index=0, delta=text, logprobs=[]))
+                                  content_index=0, delta=text, logprobs=lp))
             self.text["message"] += text
         for call in calls:
             out += self._close()
@@ -325,6 +367,7 @@ class ResponseBuilder:
                          "role": "assistant", "content": []}
             part = {"type": "output_text", "text": "", "annotations": []}
         self.text[kind] = ""
+        self.carried = []
         out.append(self.event("response.output_item.added", output_index=index, item=dict(self.open)))
         out.append(self.event("response.content_part.added", item_id=self.open["id"], output_index=index,
                               content_index=0, part=part))
@@ -341,10 +384,11 @@ class ResponseBuilder:
             done = [self.event("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0,
                                text=text)]
         else:
-            item = dict(self._message_item(text, status), id=item_id)
+            logprobs, self.pending = self.carried + self.pending, []  # with those whose text was held back
+            item = dict(self._message_item(text, status, logprobs), id=item_id)
             part = item["content"][0]
             done = [self.event("response.output_text.done", item_id=item_id, output_index=index, content_index=0,
-                               text=text, logprobs=[])]
+                               text=text, logprobs=logprobs)]
         done.append(self.event("response.content_part.done", item_id=item_id, output_index=index, content_index=0,
                                part=part))
         done.append(self.event("response.output_item.done", output_index=index, item=item))
@@ -359,9 +403,9 @@ class ResponseBuilder:
                 "content": [{"type": "reasoning_text", "text": text}], "status": status}
 
     @staticmethod
-    def _message_item(text: str, status: str) -> dict:
+    def _message_item(text: str, status: str, logprobs: List[dict] = ()) -> dict:
         return {"type": "message", "id": "msg_" + uuid.uuid4().hex[:24], "status": status, "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs)}]}
 
     def _call_item(self, call: dict) -> dict:
         args, name = call["function"]["arguments"], call["function"]["name"]
