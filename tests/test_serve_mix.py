@@ -31,7 +31,7 @@ FIELDS = {
     "tool_choice": ["auto", "none", "required", {"type": "function", "function": {"name": "f"}}],
     "speculative": [True, False], "num_draft": ["auto", 0, 3], "tree": ["auto", "off", 4], "lookup": [True, False],
     "drafter": ["model", "ngram", "none"], "echo": [True], "suffix": ["end"], "best_of": [2], "user": ["u"],
-    "model": ["s", "another"],
+    "model": ["s", "another"], "include": [["message.output_text.logprobs"], [], ["reasoning.encrypted_content"]],
 }
 
 
