@@ -188,6 +188,9 @@ class MessageBuilder:
         self.open: Optional[str] = None  # the type of the block being streamed
         self.called = False
 
+    def tokens(self, events: list) -> None:
+        """The engine's events behind the text fed next: Anthropic's Messages carry no logprobs."""
+
     def whole(self, reasoning: str, text: str, calls: list, finish: str, usage: dict, stats, stopped_by=None) -> dict:
         content = []
         if reasoning:

@@ -460,8 +460,8 @@ async def _events(state: ServerState, job: Job, shapes: Shapes, first, req: sche
 async def _one_answer(request: Request, translate: Callable, builder_of: Callable, endpoint: str, param: str,
                       rename: Callable = lambda e: e) -> Response:
     """A request of another API, answered as a chat: `translate` makes its body a chat body,
-    `builder_of(state, req, body)` shapes the answer (whole: `whole`; streamed: `start`, `feed`,
-    `finish`, `error`, each giving SSE bytes); `rename` puts a chat error in its API's terms."""
+    `builder_of(state, req, body)` shapes the answer (`tokens` takes each batch of events before
+    its text; whole: `whole`; streamed: `start`, `feed`, `finish`, `error`, each giving SSE bytes); `rename` puts a chat error in its API's terms."""
     state: ServerState = request.app.state.mlxspec
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
     try:
@@ -474,7 +474,6 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
     splitter = make_splitter(*thinking, merged=state.merged) if thinking is not None else None
     reader = _tool_reader(state.tool_format, req)
     builder = builder_of(state, req, body)
-    tokens = getattr(builder, "tokens", lambda events: None)  # the events behind the text (logprobs)
 
     async def next_events():
         try:
@@ -493,7 +492,7 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
         pieces, end, events = [], None, first
         while events:
             pieces.extend(ev.text for ev in events)
-            tokens(events)
+            builder.tokens(events)  # the events behind the text (logprobs)
             end = events[-1] if events[-1].finish_reason else end
             events = await next_events()
         if not job.complete or end is None:  # cancelled: the client is gone
@@ -521,7 +520,7 @@ async def _built_events(state: ServerState, job: Job, builder, first, req: schem
         events, end = first, None
         while events:
             end = events[-1] if events[-1].finish_reason else end
-            getattr(builder, "tokens", lambda events: None)(events)
+            builder.tokens(events)
             for chunk in builder.feed(*_read("".join(ev.text for ev in events), splitter, reader)):
                 yield chunk
             events = await next_events()
