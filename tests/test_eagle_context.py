@@ -126,7 +126,11 @@ def test_target_positions_past_the_history_are_not_seen(target, random_head, max
     clean = _chain_features(drafter, history, [20, 21, 22])
     seq.forward([history[-1], 30, 31, 32])  # a verify pass whose drafts were rejected
     dirty = _chain_features(drafter, history, [20, 21, 22])
-    assert mx.array_equal(dirty, clean).item()
+    # Equal up to float32 rounding: behind a window the cache holds the rejected keys in other
+    # slots, and a BLAS may then sum the same products in another order (OpenBLAS's kernels on
+    # some x86 chips do). Reading a rejected position would move the features far more.
+    tol = tiny.float32_tol(1e-5)
+    assert mx.allclose(dirty, clean, rtol=tol, atol=tol).item(), mx.abs(dirty - clean).max().item()
 
 
 def test_teacher_forced_rows_are_each_entrys_first_step(target, random_head):
