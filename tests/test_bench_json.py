@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import sys
 
 import mlx.core as mx
@@ -178,6 +179,16 @@ def test_a_prompt_past_the_context_is_named_before_any_run(monkeypatch, tmp_path
     assert "--max-kv-size" in err and not (tmp_path / "o.json").exists()
 
 
+def test_an_output_path_checked_leaves_its_folder_as_it_was(tmp_path):
+    from mlxspec.commands.argtypes import output_path
+
+    (tmp_path / "old.json").write_text("{}")
+    assert output_path(str(tmp_path / "new.json")) == str(tmp_path / "new.json")
+    assert output_path(str(tmp_path / "old.json")) == str(tmp_path / "old.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]  # no probe left, nothing created
+    assert (tmp_path / "old.json").read_text() == "{}"
+
+
 def test_json_to_stdout_leaves_the_report_to_stderr(monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)  # where a file named "-" would land
     assert bench_exit(monkeypatch, tmp_path, tiny_engine(), "--json", "-") == 0
@@ -191,6 +202,10 @@ def test_json_to_stdout_leaves_the_report_to_stderr(monkeypatch, tmp_path, capsy
     ("{tmp}", "is a folder; give a file path in it"),
     ("{tmp}/no-such-folder/b.json", "does not exist; create it"),
     ("{tmp}/a-file/b.json", "/a-file' is a file, not a folder"),
+    # permission bits pass there (as root, or a read-only mount), but no file can be made
+    pytest.param("/proc/b.json", "cannot write in the folder '/proc'" if os.access("/proc", os.W_OK)
+                 else "the folder '/proc' is not writable",
+                 marks=pytest.mark.skipif(not os.path.isdir("/proc"), reason="no /proc here")),
 ])
 def test_output_paths_are_checked_when_parsed(monkeypatch, tmp_path, capsys, where, says):
     (tmp_path / "a-file").write_text("x")

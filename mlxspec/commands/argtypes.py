@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 
 def num_draft(s: str):
@@ -146,6 +147,16 @@ def output_path(s: str) -> str:
         raise argparse.ArgumentTypeError(f"the folder {folder!r} does not exist; create it or give another path")
     if not os.access(folder, os.W_OK):
         raise argparse.ArgumentTypeError(f"the folder {folder!r} is not writable")
+    if os.path.exists(s) and not os.access(s, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{s!r} exists and is not writable")
+    # Permission bits do not tell everything (root passes them; /proc, a read-only mount): a file
+    # made and removed there now does, and leaves nothing behind.
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".mlxspec-probe-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write in the folder {folder!r}: {e.strerror or e}") from None
     return s
 
 
