@@ -176,6 +176,28 @@ def test_ctrl_c_in_generate_prints_what_came_and_its_figures_then_exits_130(fake
     assert err.rstrip().endswith("interrupted")
 
 
+@pytest.mark.parametrize("prompt_tokens, said", [(8, True), (7, False)])
+@pytest.mark.parametrize("json_out", [False, True])
+def test_generate_says_when_the_context_not_max_tokens_ended_the_answer(fake_engine, tiny_gguf_path, monkeypatch,
+                                                                         capsys, prompt_tokens, said, json_out):
+    stats = {"prompt_tokens": prompt_tokens, "tokens": 2, "seconds": 0.5, "tokens_per_second": 4.0}
+    monkeypatch.setattr(FakeEngine, "context", 10, raising=False)  # 8 + 2 fills it; 7 + 2 does not
+
+    def stream(self, prompt, **options):
+        yield Event(1, "Par", False)
+        return types.SimpleNamespace(stats=stats)
+
+    monkeypatch.setattr(FakeEngine, "stream", stream)
+    monkeypatch.setattr(FakeEngine, "generate", lambda self, prompt, **o: types.SimpleNamespace(
+        text="Par", tokens=[1, 2], finish_reason="length", stats=stats))
+    args = ["--json"] if json_out else []
+    assert main(["generate", "--target", str(tiny_gguf_path), "--max-tokens", "50", *args, "Capital?"]) == 0
+    err = capsys.readouterr().err
+    note = (f"note: stopped at the model's context of 10 tokens ({prompt_tokens} of prompt, 2 generated), before "
+            "--max-tokens 50")
+    assert (note in err) == said, err
+
+
 def test_generate_json(fake_engine, tiny_gguf_path, capsys):
     assert main(["generate", "--target", str(tiny_gguf_path), "--json", "--no-chat-template", "Capital?"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -98,3 +98,6 @@ def test_the_cli_stats_line_counts_tree_and_lookup_rounds():
     line = stats_line(s)
     assert "acceptance 75% (6/8)" in line and "2 rounds by lookup (3/4)" in line and "1 tree round," in line
     assert "tree round" not in stats_line(GenerationStats(tokens=3, seconds=1.0, rounds=3))
+    one = GenerationStats(tokens=5, seconds=1.0, rounds=3, drafted=2, accepted=1, lookup_rounds=1, lookup_drafted=2,
+                          lookup_accepted=1)
+    assert "1 round by lookup (1/2)" in stats_line(one)

@@ -111,6 +111,7 @@ def run(args) -> int:
                           "stats": dict(result.stats), "pair": engine.pair_name,
                           "target": _describe(engine.target_info), "draft": _describe(engine.draft_info),
                           "head": _head(engine)}))
+        _note_context(result.stats, args.max_tokens, getattr(engine, "context", None))
         return 0
     no_template = raw != args.no_chat_template and args.suffix is None
     note = "; the model has no chat template: PROMPT is sent as raw text" if no_template else ""
@@ -119,7 +120,16 @@ def run(args) -> int:
     print(file=sys.stdout, flush=True)
     if stats:
         print(stats_line(stats), file=sys.stderr)
+        _note_context(stats, args.max_tokens, getattr(engine, "context", None))
     return 0
+
+
+def _note_context(stats, max_tokens: int, context) -> None:
+    """Said when the model's context, not --max-tokens, ended the answer (it ends as "length" both ways)."""
+    prompt, tokens = int(_stat(stats, "prompt_tokens")), int(_stat(stats, "tokens"))
+    if context and tokens < max_tokens and prompt + tokens >= context:
+        print(f"note: stopped at the model's context of {context} tokens ({prompt} of prompt, {tokens} generated), "
+              f"before --max-tokens {max_tokens}; shorten the prompt for a longer answer", file=sys.stderr)
 
 
 def _reasoning_splitter(tokenizer, messages, template_kwargs=None):
@@ -267,14 +277,19 @@ def load_line(engine) -> str:
             + (f"; head {head}" if head else "") + (f"; drafter {used}" if used else "") + kv)
 
 
+def _stat(stats, key: str, default=0.0):
+    """A figure of the stats, a mapping (engine stand-ins) or the engine's object."""
+    try:
+        return stats[key] or default
+    except (KeyError, TypeError):
+        return getattr(stats, key, default) or default
+
+
 def stats_line(stats) -> str:
     """One line: the prompt (tokens, tokens/s, reused), then tokens, tokens/s, acceptance, tokens per
     target pass, peak memory."""
     def get(key, default=0.0):
-        try:
-            return stats[key] or default
-        except (KeyError, TypeError):
-            return getattr(stats, key, default) or default
+        return _stat(stats, key, default)
 
     prompt, reused = int(get("prompt_tokens")), int(get("prompt_tokens")) - int(get("prefilled_tokens"))
     return (
@@ -284,7 +299,7 @@ def stats_line(stats) -> str:
         + f"{plural(int(get('tokens')), 'token')} in {get('seconds'):.2f} s, {get('tokens_per_second'):.1f} tok/s, "
         f"acceptance {acceptance_text(int(get('accepted')), int(get('drafted')))}, "
         f"{get('tokens_per_target_pass'):.2f} tokens/target pass, "
-        + (f"{int(get('lookup_rounds'))} rounds by lookup ({int(get('lookup_accepted'))}/{int(get('lookup_drafted'))}), "
+        + (f"{plural(int(get('lookup_rounds')), 'round')} by lookup ({int(get('lookup_accepted'))}/{int(get('lookup_drafted'))}), "
            if get('lookup_rounds') else "")
         + (f"{plural(int(get('tree_rounds')), 'tree round')}, " if get('tree_rounds') else "")
         + f"peak memory {get('peak_memory_bytes') / 2**20:.0f} MiB"
