@@ -277,7 +277,8 @@ def test_generate_passes_a_json_schema_or_a_regex(made, tiny_gguf_path, tmp_path
 @pytest.mark.parametrize("argv, says", [
     (["--json-schema", "missing.json"], "neither a JSON schema nor a file"),
     (["--json-schema", "{\"type\":"], "--json-schema is not valid JSON"),
-    (["--regex", ""], "regex must be a non-empty string"),
+    (["--regex", ""], "error: --regex must be a non-empty string"),
+    (["--json-schema", "[1]"], "error: --json-schema must be a JSON Schema object, got [1]"),
 ])
 def test_generate_refuses_a_bad_grammar_before_loading(argv, says, made, capsys):
     assert main(["generate", *argv, "Capital?"]) == 1
@@ -771,5 +772,6 @@ def test_generate_says_drafting_flags_its_drafter_makes_moot(argv, says, made, t
 @pytest.mark.parametrize("argv", [["--regex", "("], ["--json-schema", '{"type": "bogus"}']])
 def test_generate_refuses_a_grammar_llguidance_cannot_parse_before_loading(argv, made, capsys):
     assert main(["generate", *argv, "hi"]) == 1
-    assert "response_format was refused" in capsys.readouterr().err
+    err = capsys.readouterr().err  # in the terms of the flag given, not the API's response_format
+    assert f"error: {argv[0]} was refused: " in err and "response_format" not in err, err
     assert made == []
