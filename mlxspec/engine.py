@@ -403,7 +403,7 @@ class Engine:
         tree = check_tree(tree) if tree is not None else self.tree
         lookup = check_lookup(lookup) if lookup is not None else self.lookup
         stop = check_stop(stop)
-        for flag, value in (("include_stop_str_in_output", include_stop_str_in_output),
+        for flag, value in (("speculative", speculative), ("include_stop_str_in_output", include_stop_str_in_output),
                             ("continue_final_message", continue_final_message)):
             if not isinstance(value, bool):
                 raise InvalidArgumentError(f"{flag} must be True or False, got {value!r}")

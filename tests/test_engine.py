@@ -288,6 +288,18 @@ def test_a_cancelled_request_stops_and_the_engine_stays_right(target, draft, dra
     check_cancelled_requests(lambda: Engine(target, None, draft, drafter=drafter, num_draft=num_draft))
 
 
+@pytest.mark.parametrize("given", ["no", "false", 0, None, 1])
+def test_speculative_must_be_a_bool(target, draft, given):
+    """A "false" from a config file would otherwise be truthy and draft."""
+    from mlxspec.errors import InvalidArgumentError
+
+    e = Engine(target, None, draft, drafter="model", num_draft=2)
+    with pytest.raises(InvalidArgumentError, match=f"speculative must be True or False, got {given!r}"):
+        e.generate(PROMPT, max_tokens=4, speculative=given)
+    assert e.generate(PROMPT, max_tokens=4, speculative=False).stats.drafted == 0  # usable after
+    assert e.generate(PROMPT, max_tokens=4, speculative=True).stats.drafter == "model"
+
+
 def test_cancel_must_be_an_event(target):
     from mlxspec.errors import InvalidArgumentError
 
