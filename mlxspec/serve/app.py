@@ -461,7 +461,8 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
                       rename: Callable = lambda e: e) -> Response:
     """A request of another API, answered as a chat: `translate` makes its body a chat body,
     `builder_of(state, req, body)` shapes the answer (`tokens` takes each batch of events before
-    its text; whole: `whole`; streamed: `start`, `feed`, `finish`, `error`, each giving SSE bytes); `rename` puts a chat error in its API's terms."""
+    its text; whole: `whole`; streamed: `start`, `feed`, `finish`, `error`, each giving SSE
+    bytes); `rename` puts a chat error in its API's terms."""
     state: ServerState = request.app.state.mlxspec
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
     try:

@@ -23,9 +23,9 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import shown
-from ..logprobs import MAX_TOP, is_top_count
 from .errors import APIError, invalid, unsupported
 from .responses import LogprobStream, figures, sse
+from .schema import check_top_logprobs
 
 log = logging.getLogger("mlxspec.serve")
 
@@ -63,8 +63,7 @@ def to_chat(body: dict, history: List[dict] = ()) -> tuple:
         if top is not None:
             chat["top_logprobs"] = top
     elif top is not None:
-        if not is_top_count(top):
-            raise invalid(f"top_logprobs must be an integer in 0..{MAX_TOP}, got {shown(top)}", "top_logprobs")
+        check_top_logprobs(top)
         # OpenAI's API answers such a request without logprobs too (an empty list): say why here
         log.info("top_logprobs=%s without include [\"%s\"]: the answer has no logprobs, as OpenAI's", top, LOGPROBS)
     messages: List[dict] = []

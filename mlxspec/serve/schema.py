@@ -132,13 +132,18 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
     # OpenAI's chat: logprobs true, and top_logprobs (0..20) alternatives per token with it
     top = body.get("top_logprobs")
     if _flag(body, "logprobs", False):
-        if top is not None and not is_top_count(top):
-            raise invalid(f"top_logprobs must be an integer in 0..{MAX_TOP}, got {_show(top)}", "top_logprobs")
-        req.options["logprobs"] = 0 if top is None else top
+        req.options["logprobs"] = 0 if top is None else check_top_logprobs(top)
     elif top is not None:
         raise invalid(f"top_logprobs needs \"logprobs\": true, got top_logprobs={_show(top)} without it",
                       "top_logprobs")
     return req
+
+
+def check_top_logprobs(top) -> int:
+    """OpenAI's top_logprobs: alternatives per token, 0..MAX_TOP (a 400 naming it otherwise)."""
+    if not is_top_count(top):
+        raise invalid(f"top_logprobs must be an integer in 0..{MAX_TOP}, got {_show(top)}", "top_logprobs")
+    return top
 
 
 def _continues(body: dict) -> bool:
