@@ -704,6 +704,46 @@ def train_steps(sequences: int, args) -> tuple:
     return total, max(1, total // 30)
 
 
+class TimeBudget:
+    """--train-minutes: the train stage's steps cut to what fits in its wall-clock budget.
+
+    The run's schedule (warm-up, then cosine) is laid out over its --epochs; PROBE[1] steps are
+    timed after the first PROBE[0] (which compile), and if the rest would not fit, the run's
+    total becomes the steps that do, at that pace with 5 % to spare, so the cosine still ends.
+    Every REFIT steps after that the fit is made again at the pace since the probe (held-out
+    checks and a machine that slowed included; on an H200 the probe's 40 ms a step became 47),
+    never past the --epochs. Past the budget anyway, the run ends at the next step. Either way it
+    saves and exports a head; the log says where it was cut. `clock` is time.time."""
+
+    PROBE, REFIT = (10, 50), 500
+
+    def __init__(self, minutes: float, step: int, clock=time.time):
+        self.minutes, self.clock = minutes, clock
+        self.end, self.start, self.mark, self.cap = clock() + minutes * 60, step, None, None
+
+    def total(self, step: int, total: int, warm: int) -> int:
+        """The run's total after `step` (of `total`, `warm` of them warm-up) has finished."""
+        now = self.clock()
+        if now >= self.end:
+            if step < total:
+                log(f"--train-minutes {self.minutes:g}: the budget ran out; the run ends at step {step} of {total}")
+            return min(step, total)
+        if self.mark is None:
+            if step == self.start + self.PROBE[0]:
+                self.mark = (step, now)
+            return total
+        since = step - self.mark[0]
+        if since < self.PROBE[1] or (self.cap is not None and since % self.REFIT):
+            return total
+        self.cap = total if self.cap is None else self.cap  # the --epochs' total: a refit never goes past it
+        pace = (now - self.mark[1]) / since
+        fit = min(max(step + int(0.95 * (self.end - now) / max(pace, 1e-9)), warm + 1), self.cap)
+        if fit != total:
+            log(f"--train-minutes {self.minutes:g}: at {pace * 1000:.1f} ms a step, {fit} of the run's {self.cap} "
+                "steps fit; its schedule now ends there")
+        return fit
+
+
 def epoch_batches(train, batch: int, rng: random.Random) -> list:
     """One epoch's batches of indices into `train`: shuffled, sorted by length within windows of
     16 batches (little padding, still shuffled), the batches shuffled again."""
@@ -903,7 +943,9 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
         step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
         epoch_state, in_epoch = ck["epoch_state"], ck["in_epoch"]
         gen.set_state(ck["gen"])
+        total = ck.get("total", total)  # a run cut by --train-minutes resumes to its cut
         log(f"resumed at step {step}/{total}")
+    budget = TimeBudget(args.train_minutes, step) if args.train_minutes else None
     t0 = time.time() - elapsed
     run = [0.0, [0.0] * args.unroll, 0]
     while step < total:
@@ -922,6 +964,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
             opt.step()
             step += 1
             in_epoch += 1
+            total = budget.total(step, total, warm) if budget else total
             run[0] += loss.item() * n
             run[1] = [a + x for a, x in zip(run[1], agree)]
             run[2] += n
@@ -937,7 +980,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
                 log(f"held-out after step {step}: loss {vl:.4f}, top-1 per step {' '.join(f'{a:.3f}' for a in va)}")
                 torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step,
                             "elapsed": time.time() - t0, "history": history, "epoch_state": epoch_state,
-                            "in_epoch": in_epoch, "gen": gen.get_state()}, ckpt.with_suffix(".tmp"))
+                            "in_epoch": in_epoch, "gen": gen.get_state(), "total": total}, ckpt.with_suffix(".tmp"))
                 os.replace(ckpt.with_suffix(".tmp"), ckpt)
         epoch_state, in_epoch = rng.getstate(), 0
     torch.save({"cfg": cfg, "head": head.state_dict(), "train_seconds": time.time() - t0, "steps": total,
@@ -1067,6 +1110,10 @@ def parse_args(argv=None):
                         "minutes from scratch on 2 CPU cores (bench-suite per-token acceptance 0.40 after 4, 0.42 after "
                         "8; 4 more with --init at --lr 3e-4 gave 0.43 but no speed); the shipped, twice as wide head "
                         "8 and then 4 more that way")
+    p.add_argument("--train-minutes", type=train_draft.positive_float, metavar="M",
+                   help="a wall-clock budget for the train stage: after timing its first steps, a run that would "
+                        "take longer is cut to the steps that fit, its learning-rate schedule ending there (the log "
+                        "says where); for a GPU lent by the hour. Default: no budget, all --epochs")
     p.add_argument("--batch", type=train_draft.positive_int, default=8, help="sequences per step (default 8)")
     p.add_argument("--lr", type=train_draft.positive_float, default=1e-3,
                    help="AdamW's peak learning rate, after a 3 %% warm-up, then cosine (default 1e-3)")

@@ -141,7 +141,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     """The head trained as train_eagle.stage_train trains it, in MLX; returns its final file."""
     from mlxspec.backbone import logit_map, output_rows
     from train_draft import lr_scale
-    from train_eagle import epoch_batches, run_tag, train_steps
+    from train_eagle import TimeBudget, epoch_batches, run_tag, train_steps
 
     tag = run_tag(args, train) + "-mlx"
     final, ckpt = work / f"head_final-{tag}.safetensors", work / f"head_ckpt-{tag}.safetensors"
@@ -169,6 +169,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
         head.load_weights([(k[5:], v) for k, v in saved.items() if k.startswith("head.")], strict=True)
         opt.state = tree_unflatten([(k[4:], v) for k, v in saved.items() if k.startswith("opt.")])
         step, elapsed, history, epoch, in_epoch = (meta[k] for k in ("step", "elapsed", "history", "epoch", "in_epoch"))
+        total = meta.get("total", total)  # a run cut by --train-minutes resumes to its cut
         log(f"resumed at step {step}/{total}")
     elif not history:
         vl, va = evaluate(head, model, w_draft, held, args)
@@ -180,6 +181,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
                         unroll_weight=args.unroll_weight, ce_weight=args.ce_weight, context=ctx, post=post)
 
     loss_and_grad = nn.value_and_grad(head, step_loss)
+    budget = TimeBudget(args.train_minutes, step) if args.train_minutes else None
     t0 = time.time() - elapsed
     run = [0.0, np.zeros(args.unroll), 0.0]
     while step < total:
@@ -196,6 +198,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
             mx.eval(head.parameters(), opt.state, loss, agree)
             step += 1
             in_epoch += 1
+            total = budget.total(step, total, warm) if budget else total
             k = w.sum().item()
             run = [run[0] + loss.item() * k, run[1] + np.array(agree), run[2] + k]
             if step % 20 == 0 or step == total:
@@ -211,7 +214,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
                 arrays = {**{f"head.{k}": v for k, v in tree_flatten(head.parameters())},
                           **{f"opt.{k}": v for k, v in tree_flatten(opt.state)}}
                 _save(ckpt, arrays, {"step": step, "elapsed": time.time() - t0, "history": history,
-                                     "epoch": epoch, "in_epoch": in_epoch})
+                                     "epoch": epoch, "in_epoch": in_epoch, "total": total})
         epoch, in_epoch = epoch + 1, 0
     _save(final, dict(tree_flatten(head.parameters())),
           {"cfg": cfg, "train_seconds": time.time() - t0, "steps": total, "sequences": len(train),

@@ -242,7 +242,8 @@ def test_the_target_digest_tells_same_sized_files_apart(tmp_path):
 @pytest.mark.parametrize("flag,value", [("--batch", "0"), ("--ckpt-every", "0"), ("--unroll", "0"),
                                         ("--held-out", "0"), ("--max-new", "0"), ("--epochs", "0"),
                                         ("--lr", "-1"), ("--temperature", "-1"), ("--intermediate", "0"),
-                                        ("--prompts", "-1"), ("--threads", "0"), ("--noise", "nan")])
+                                        ("--prompts", "-1"), ("--threads", "0"), ("--noise", "nan"),
+                                        ("--train-minutes", "0")])
 def test_numbers_that_cannot_work_are_refused_when_parsed(flag, value, capsys):
     with pytest.raises(SystemExit):
         train_eagle.parse_args(["--gguf", "x.gguf", "--work", "w", "--out", "o", flag, value])
@@ -328,3 +329,93 @@ def test_the_gguf_path_takes_llama_files_only(tmp_path, monkeypatch):
     train_eagle.llama_gguf(llama)  # accepted
     with pytest.raises(SystemExit, match="is not a readable GGUF file"):
         train_eagle.llama_gguf(Path(__file__))
+
+
+class _Clock:
+    """A clock that moves only when the test moves it."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def _steps(budget, clock, total, warm, pace, until=None, step=None):
+    """Run `budget` over steps taking `pace` seconds each, from `step` (default its start) to
+    `until` or the run's end; returns (the last step, the run's total)."""
+    step = budget.start if step is None else step
+    while step < total and (until is None or step < until):
+        clock.now += pace
+        step += 1
+        total = budget.total(step, total, warm)
+    return step, total
+
+
+def test_a_time_budget_cuts_the_run_to_the_steps_that_fit(capsys):
+    """1 minute at 0.1 s a step holds about 600 steps of a 2,000-step run: cut after the timed
+    probe to 95 % of what the rest of the minute holds, refitted later at the same pace, the run
+    ends by its schedule (not by running out) within the minute, having used at least 95 % of it."""
+    clock = _Clock()
+    budget = train_eagle.TimeBudget(1.0, 0, clock=clock)
+    step, total = _steps(budget, clock, 2000, 66, 0.1)
+    out = capsys.readouterr().out
+    probe_end = sum(train_eagle.TimeBudget.PROBE)
+    first = probe_end + 0.95 * (60 - 0.1 * probe_end) / 0.1
+    assert f"{int(first) - 1} of the run's 2000 steps fit" in out or f"{int(first)} of the run's 2000" in out
+    assert total == step and "ran out" not in out
+    assert 0.95 * 60 <= clock.now - 1000.0 <= 60.0
+
+
+def test_a_slower_pace_after_the_probe_is_refitted_before_the_budget_runs_out(capsys):
+    """Probed at 0.1 s a step, the run then takes 0.12 s (held-out checks, a busier machine): the
+    refit moves the schedule's end so that it still ends by it, inside the minute."""
+    clock = _Clock()
+    budget = train_eagle.TimeBudget(1.0, 0, clock=clock)
+    step, total = _steps(budget, clock, 2000, 66, 0.1, until=sum(train_eagle.TimeBudget.PROBE))
+    step, total = _steps(budget, clock, total, 66, 0.12, step=step)
+    out = capsys.readouterr().out
+    assert total == step and "ran out" not in out
+    assert out.count("steps fit") >= 2
+    assert clock.now - 1000.0 <= 60.0
+
+
+def test_a_run_that_fits_its_budget_is_not_cut():
+    clock = _Clock()
+    budget = train_eagle.TimeBudget(10.0, 0, clock=clock)
+    assert _steps(budget, clock, 2000, 66, 0.1) == (2000, 2000)
+
+
+def test_a_run_that_slows_past_its_budget_ends_at_the_budget():
+    """Cut at 0.1 s a step, the machine then slows to 1 s a step: the run ends once the minute is
+    spent, not at its fitted total."""
+    clock = _Clock()
+    budget = train_eagle.TimeBudget(1.0, 0, clock=clock)
+    step, total = _steps(budget, clock, 2000, 66, 0.1, until=100)
+    fitted = total
+    step, total = _steps(budget, clock, total, 66, 1.0, step=step)
+    assert step == total < fitted
+    assert 60.0 <= clock.now - 1000.0 < 61.0
+
+
+def test_a_resumed_run_times_its_probe_from_where_it_resumed(capsys):
+    """Resumed at step 500, the probe times steps 511-560: the first fit is 560 + 95 % of the
+    54 s left at 0.1 s a step (and the run ends within its minute)."""
+    clock = _Clock()
+    budget = train_eagle.TimeBudget(1.0, 500, clock=clock)
+    step, total = _steps(budget, clock, 2000, 66, 0.1)
+    first = int(capsys.readouterr().out.split(" of the run's")[0].rsplit(" ", 1)[1])
+    probe_end = sum(train_eagle.TimeBudget.PROBE)
+    assert abs(first - (500 + probe_end + 0.95 * (60 - 0.1 * probe_end) / 0.1)) <= 1  # int() of a float's rounding
+    assert total == step and clock.now - 1000.0 <= 60.0
+
+
+def test_a_fitted_total_keeps_the_schedule_whole_and_the_budget_still_ends_it():
+    """A budget shorter than the warm-up: the fitted total stays past the warm-up (the cosine's
+    length is never zero), and the run still ends when the budget is spent."""
+    clock = _Clock()
+    budget = train_eagle.TimeBudget(0.01, 0, clock=clock)  # 0.6 s at 1 ms a step: 600 steps
+    step, total = _steps(budget, clock, 2000, 1000, 0.001, until=sum(train_eagle.TimeBudget.PROBE) + 1)
+    assert total == 1001
+    step, total = _steps(budget, clock, total, 1000, 0.001, step=step)
+    assert step == total and abs(step - 600) <= 1

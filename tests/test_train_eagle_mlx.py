@@ -258,6 +258,48 @@ def test_a_stopped_training_resumes_to_the_same_head(tmp_path, monkeypatch):
         assert mx.array_equal(a[k], b[k]).item(), k
 
 
+class _TickingBudget(train_eagle.TimeBudget):
+    """--train-minutes on a clock that moves one second each time it is read (once a step)."""
+
+    PROBE = (2, 4)
+
+    def __init__(self, minutes, step, clock=None):
+        seconds = iter(range(10 ** 6))
+        super().__init__(minutes, step, clock=lambda: float(next(seconds)))
+
+
+def test_a_run_cut_by_its_time_budget_exports_and_resumes_to_the_same_cut(tmp_path, monkeypatch, capsys):
+    """40 steps at a second each in a 15-second budget: timed over steps 3-6, the run is cut to
+    the 14 that fit (6 + 95 % of the 9 s left), exports a head that says so, and a run stopped
+    after its step-8 checkpoint (at the next one's log line) resumes to the same 14 steps and the
+    same head."""
+    monkeypatch.setattr(train_eagle, "TimeBudget", _TickingBudget)
+    target = _save(tmp_path / "target", tiny.make_llama(15, tie_embeddings=False))
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    whole = _train(target, tmp_path / "a", "--epochs", "8", "--train-minutes", "0.25", "--ckpt-every", "4", out="whole")
+    assert "14 of the run's 40 steps fit" in capsys.readouterr().out
+    training = json.loads((whole / "config.json").read_text())["training"]
+    assert training["steps"] == 14 and training["held_out"]["step"] == 14
+    real_log = train_eagle_mlx.log
+
+    def stop_before_saving_12(msg):
+        real_log(msg)
+        if msg.startswith("held-out after step 12"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_eagle_mlx, "log", stop_before_saving_12)
+    with pytest.raises(KeyboardInterrupt):
+        _train(target, tmp_path / "b", "--epochs", "8", "--train-minutes", "0.25", "--ckpt-every", "4", out="resumed")
+    monkeypatch.setattr(train_eagle_mlx, "log", real_log)
+    resumed = _train(target, tmp_path / "b", "--epochs", "8", "--train-minutes", "0.25", "--ckpt-every", "4", out="resumed")
+    assert "resumed at step 8/14" in capsys.readouterr().out
+    a, b = mx.load(str(whole / "model.safetensors")), mx.load(str(resumed / "model.safetensors"))
+    assert set(a) == set(b)
+    for k in a:
+        assert mx.array_equal(a[k], b[k]).item(), k
+
+
 def test_a_head_with_a_wider_mlp_starts_as_the_targets_last_layer():
     """--intermediate above the target's: the target's units first, the extra units silent (zero
     down-projection columns) but live (random gate and up rows, so gradients reach them)."""
