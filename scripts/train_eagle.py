@@ -813,7 +813,9 @@ def run_tag(args, train) -> str:
                           + ([args.layers] if args.layers else []) + ([init["digest"]] if init else [])
                           + ([f"L{args.head_layers}"] if args.head_layers != 1 else [])
                           + (["context-target"] if reads_target(args) else [])
-                          + ([args.precision] if getattr(args, "precision", "float32") != "float32" else []))
+                          + ([args.precision] if getattr(args, "precision", "float32") != "float32" else [])
+                          # a run cut to a budget is not the whole run: a later one without it trains all --epochs
+                          + ([f"minutes {args.train_minutes:g}"] if getattr(args, "train_minutes", None) else []))
     return f"n{len(train)}{data_tag(args)}-" + hashlib.sha1(settings.encode()).hexdigest()[:8]
 
 
@@ -1113,7 +1115,8 @@ def parse_args(argv=None):
     p.add_argument("--train-minutes", type=train_draft.positive_float, metavar="M",
                    help="a wall-clock budget for the train stage: after timing its first steps, a run that would "
                         "take longer is cut to the steps that fit, its learning-rate schedule ending there (the log "
-                        "says where); for a GPU lent by the hour. Default: no budget, all --epochs")
+                        "says where); for a GPU lent by the hour. A cut run is a run of its own: the same command without the "
+                        "budget trains all --epochs rather than reusing it. Default: no budget, all --epochs")
     p.add_argument("--batch", type=train_draft.positive_int, default=8, help="sequences per step (default 8)")
     p.add_argument("--lr", type=train_draft.positive_float, default=1e-3,
                    help="AdamW's peak learning rate, after a 3 %% warm-up, then cosine (default 1e-3)")

@@ -43,6 +43,10 @@ def test_run_tags_follow_data_and_settings():
     assert tag != train_eagle.run_tag(_args(precision="bfloat16"), train)  # other arithmetic, another run
     assert tag == train_eagle.run_tag(_args(generate_precision="float32"), train)
     assert tag != train_eagle.run_tag(_args(generate_precision="bfloat16"), train)  # other answers, another run
+    # a head cut to a --train-minutes budget is never taken for the whole run, nor the whole for it
+    assert tag == train_eagle.run_tag(_args(train_minutes=None), train)
+    assert tag != train_eagle.run_tag(_args(train_minutes=2.5), train)
+    assert train_eagle.run_tag(_args(train_minutes=2.5), train) == train_eagle.run_tag(_args(train_minutes=2.5), train)
 
 
 def test_bfloat16_answers_are_kept_apart_from_float32s(tmp_path):
