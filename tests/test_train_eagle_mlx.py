@@ -239,20 +239,29 @@ def test_a_stopped_training_resumes_to_the_same_head(tmp_path, monkeypatch):
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
     whole = _train(target, tmp_path / "a", out="whole")
+    resumed = _stopped_then_resumed(monkeypatch, target, tmp_path / "b", "held-out after step 16")
+    _assert_same_weights(whole, resumed)
+
+
+def _stopped_then_resumed(monkeypatch, target, folder, stop_at, *extra):
+    """Train in `folder`, stopped (Ctrl-C) at the log line starting `stop_at`, then run again."""
     real_log = train_eagle_mlx.log
 
-    def stop_after_16(msg):
+    def stop(msg):
         real_log(msg)
-        if msg.startswith("held-out after step 16"):
+        if msg.startswith(stop_at):
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(train_eagle_mlx, "log", stop_after_16)
+    monkeypatch.setattr(train_eagle_mlx, "log", stop)
     with pytest.raises(KeyboardInterrupt):
-        _train(target, tmp_path / "b", out="resumed")
+        _train(target, folder, *extra, out="resumed")
     monkeypatch.setattr(train_eagle_mlx, "log", real_log)
-    assert not list((tmp_path / "b" / "work").glob("head_final-*"))
-    resumed = _train(target, tmp_path / "b", out="resumed")
-    a, b = mx.load(str(whole / "model.safetensors")), mx.load(str(resumed / "model.safetensors"))
+    assert not list((folder / "work").glob("head_final-*"))
+    return _train(target, folder, *extra, out="resumed")
+
+
+def _assert_same_weights(x: Path, y: Path):
+    a, b = mx.load(str(x / "model.safetensors")), mx.load(str(y / "model.safetensors"))
     assert set(a) == set(b)
     for k in a:
         assert mx.array_equal(a[k], b[k]).item(), k
@@ -277,27 +286,14 @@ def test_a_run_cut_by_its_time_budget_exports_and_resumes_to_the_same_cut(tmp_pa
     target = _save(tmp_path / "target", tiny.make_llama(15, tie_embeddings=False))
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
-    whole = _train(target, tmp_path / "a", "--epochs", "8", "--train-minutes", "0.25", "--ckpt-every", "4", out="whole")
+    budget = ("--epochs", "8", "--train-minutes", "0.25", "--ckpt-every", "4")
+    whole = _train(target, tmp_path / "a", *budget, out="whole")
     assert "14 of the run's 40 steps fit" in capsys.readouterr().out
     training = json.loads((whole / "config.json").read_text())["training"]
     assert training["steps"] == 14 and training["held_out"]["step"] == 14
-    real_log = train_eagle_mlx.log
-
-    def stop_before_saving_12(msg):
-        real_log(msg)
-        if msg.startswith("held-out after step 12"):
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(train_eagle_mlx, "log", stop_before_saving_12)
-    with pytest.raises(KeyboardInterrupt):
-        _train(target, tmp_path / "b", "--epochs", "8", "--train-minutes", "0.25", "--ckpt-every", "4", out="resumed")
-    monkeypatch.setattr(train_eagle_mlx, "log", real_log)
-    resumed = _train(target, tmp_path / "b", "--epochs", "8", "--train-minutes", "0.25", "--ckpt-every", "4", out="resumed")
+    resumed = _stopped_then_resumed(monkeypatch, target, tmp_path / "b", "held-out after step 12", *budget)
     assert "resumed at step 8/14" in capsys.readouterr().out
-    a, b = mx.load(str(whole / "model.safetensors")), mx.load(str(resumed / "model.safetensors"))
-    assert set(a) == set(b)
-    for k in a:
-        assert mx.array_equal(a[k], b[k]).item(), k
+    _assert_same_weights(whole, resumed)
 
 
 def test_a_head_with_a_wider_mlp_starts_as_the_targets_last_layer():
