@@ -29,13 +29,19 @@ FORMATS = ("text", "json_object", "json_schema", "regex", "choice", "lark")
 JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})"}
 
 
-def check_response_format(fmt) -> Optional[dict]:
+def check_response_format(fmt, flag: Optional[str] = None) -> Optional[dict]:
     """OpenAI's `response_format` (and a few extensions), checked: None when it constrains nothing.
 
     {"type": "text"}; {"type": "json_object"} (any JSON object); {"type": "json_schema",
     "json_schema": {"name": ..., "schema": {...}, "strict": ...}}; and, beyond OpenAI's,
     {"type": "regex", "regex": "..."}, {"type": "choice", "choice": ["yes", "no"]} and
-    {"type": "lark", "lark": "..."} (llguidance's Lark dialect)."""
+    {"type": "lark", "lark": "..."} (llguidance's Lark dialect). `flag`: the command-line flag
+    that gave the format's value (`generate --regex`), which errors then name instead of the
+    API's field."""
+
+    def field(path: str) -> str:  # what an error calls the value at `path`
+        return flag or f"response_format {path}"
+
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
@@ -51,32 +57,34 @@ def check_response_format(fmt) -> Optional[dict]:
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict):
-            raise InvalidArgumentError(f"response_format json_schema must be an object {{\"name\": ..., \"schema\": "
+            raise InvalidArgumentError(f"{field('json_schema')} must be an object {{\"name\": ..., \"schema\": "
                                        f"{{...}}}}, got {shown(spec)}")
         schema = spec.get("schema", {})  # OpenAI's default: any JSON
         if not isinstance(schema, (dict, bool)):
-            raise InvalidArgumentError(f"response_format json_schema.schema must be a JSON Schema object, got "
+            raise InvalidArgumentError(f"{field('json_schema.schema')} must be a JSON Schema object, got "
                                        f"{shown(schema)}")
-        return _valid({"type": kind, "json_schema": {"schema": schema}})  # (a checked format checks again as itself)
+        # (a checked format checks again as itself)
+        return _valid({"type": kind, "json_schema": {"schema": schema}}, flag)
     value = fmt.get(kind)
     if kind == "choice":
         if (not isinstance(value, list) or not value
                 or not all(isinstance(v, str) and v for v in value)):
-            raise InvalidArgumentError(f"response_format choice must be a non-empty list of non-empty strings, "
+            raise InvalidArgumentError(f"{field('choice')} must be a non-empty list of non-empty strings, "
                                        f"got {shown(value)}")
         return {"type": kind, kind: list(value)}
     if not isinstance(value, str) or not value:
-        raise InvalidArgumentError(f"response_format {kind} must be a non-empty string, got {shown(value)}")
-    return _valid({"type": kind, kind: value})
+        raise InvalidArgumentError(f"{field(kind)} must be a non-empty string, got {shown(value)}")
+    return _valid({"type": kind, kind: value}, flag)
 
 
-def _valid(fmt: dict) -> dict:
+def _valid(fmt: dict, flag: Optional[str] = None) -> dict:
     """`fmt` once llguidance has parsed its grammar (no tokenizer needed): a bad regex, schema or
     Lark grammar is said before a model loads or a request queues, not at its first token."""
-    error = _grammar_error(grammar_of(fmt))
+    error = _grammar_error(grammar_of(fmt, flag))
     if error:
         what = {"json_schema": "its JSON schema"}.get(fmt["type"], f"its {fmt['type']}")
-        raise InvalidArgumentError(f"response_format was refused ({what}): {_said(error)}")
+        refused = f"{flag} was refused" if flag else f"response_format was refused ({what})"
+        raise InvalidArgumentError(f"{refused}: {_said(error)}")
     return fmt
 
 
@@ -93,8 +101,8 @@ def _grammar_error(grammar: str) -> str:
     return re.sub(r"^at \d+\(\d+\): ", "", "\n".join(lines))
 
 
-def grammar_of(fmt: dict) -> str:
-    """llguidance's grammar for a checked format."""
+def grammar_of(fmt: dict, flag: Optional[str] = None) -> str:
+    """llguidance's grammar for a checked format (`flag`: as in `check_response_format`)."""
     from llguidance import LLMatcher
 
     kind = fmt["type"]
@@ -103,7 +111,8 @@ def grammar_of(fmt: dict) -> str:
         try:
             return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         except (ValueError, TypeError) as e:
-            raise InvalidArgumentError(f"response_format's JSON schema was refused: {e}") from None
+            who = flag or "response_format's JSON schema"
+            raise InvalidArgumentError(f"{who} was refused: {e}") from None
     if kind == "regex":
         return LLMatcher.grammar_from_regex(fmt["regex"])
     if kind == "choice":

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import re
 import sys
 import textwrap
 
@@ -172,8 +170,7 @@ def _response_format(args):
     from ..grammar import check_response_format
 
     if args.regex is not None:
-        with _in_flag_terms("--regex"):
-            return check_response_format({"type": "regex", "regex": args.regex})
+        return check_response_format({"type": "regex", "regex": args.regex}, flag="--regex")
     if args.json_schema is None:
         return None
     text = args.json_schema
@@ -187,21 +184,7 @@ def _response_format(args):
         schema = json.loads(text)
     except ValueError as e:
         raise InvalidArgumentError(f"--json-schema is not valid JSON ({e})") from None
-    with _in_flag_terms("--json-schema"):
-        return check_response_format({"type": "json_schema", "json_schema": {"schema": schema}})
-
-
-@contextlib.contextmanager
-def _in_flag_terms(flag: str):
-    """The grammar checks speak of the API's `response_format`: here the user gave `flag`."""
-    try:
-        yield
-    except InvalidArgumentError as e:
-        said = str(e)
-        said = re.sub(r"^response_format(?: was refused \(its [^)]*\)|'s JSON schema was refused)", flag + " was refused",
-                      said)
-        said = re.sub(r"^response_format (?:regex|json_schema(?:\.schema)?) ", flag + " ", said)
-        raise InvalidArgumentError(said) from None
+    return check_response_format({"type": "json_schema", "json_schema": {"schema": schema}}, flag="--json-schema")
 
 
 def _prompt_text(prompt: str) -> str:
