@@ -15,6 +15,7 @@ speculative setting), summary.peer_warmup_seconds (mlx-lm's untimed runs), summa
 (both), and per settings row `warmup_seconds` with `warmup` ("engine.warmup (shared)" | "untimed
 runs"), none of it inside any timed run. The `curve` is the warm-up's V(j) (source "warm-up");
 its `prior` is the path of the `mlxspec calibrate` file the cost models started from, or null.
+Adapter (added): pair.adapter, the fine-tuned adapter on the target ({path, kind}) or null.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def device_line(device: dict) -> str:
 
 
 def pair_info(engine, drafters) -> dict:
-    """{"name", "target", "draft", "drafters", "working_dtype", "kv_cache"} from a loaded engine (loader
-    attributes if present); kv_cache: its KV quantization (`--kv-bits`), None for full precision."""
+    """{"name", "target", "draft", "drafters", "working_dtype", "kv_cache", "adapter"} from a loaded engine
+    (loader attributes if present); kv_cache: its KV quantization (`--kv-bits`), None for full precision;
+    adapter: the fine-tuned adapter on the target (`--adapter-path`: {"path", "kind"}), None for none."""
     t_info, d_info = getattr(engine, "target_info", None), getattr(engine, "draft_info", None)
     target = getattr(t_info, "ref", None) or type(engine.target_model).__module__.rsplit(".", 1)[-1]
     draft = None
@@ -60,7 +62,9 @@ def pair_info(engine, drafters) -> dict:
     return {"name": getattr(engine, "pair_name", None), "target": target, "draft": draft, "drafters": list(drafters),
             "working_dtype": dtype_name(working_dtype(engine.target_model)),
             "kv_cache": None if quant is None else {"bits": quant.bits, "group_size": quant.group_size,
-                                                    "quantized_kv_start": quant.start}}
+                                                    "quantized_kv_start": quant.start},
+            "adapter": ({"path": t_info.adapter, "kind": t_info.adapter_kind}
+                        if getattr(t_info, "adapter", None) else None)}
 
 
 def to_json(result: BenchResult, *, pair: dict, curve: Optional[dict] = None, prompts_source: str = "builtin") -> dict:

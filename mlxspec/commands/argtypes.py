@@ -172,6 +172,13 @@ def reference(s: str) -> str:
     return s
 
 
+def folder(s: str) -> str:
+    """A folder's path (whether it exists and what it holds is said by whoever reads it): not blank."""
+    if not s.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder's path, got {s!r}")
+    return s
+
+
 def kv_window(s: str) -> int:
     """--max-kv-size: the engine's rule (`cache.check_max_kv_size`), said in the flag's terms."""
     n = positive(s)

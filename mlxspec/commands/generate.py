@@ -251,7 +251,10 @@ def _show(text, splitter, thought: bool = False) -> bool:
 def _describe(info):
     if info is None:
         return None
-    return {"ref": info.ref, "weights_bytes": info.weights_bytes, "dtype": info.dtype, "stored": info.quantization}
+    described = {"ref": info.ref, "weights_bytes": info.weights_bytes, "dtype": info.dtype, "stored": info.quantization}
+    if getattr(info, "adapter", None):
+        described.update(adapter=info.adapter, adapter_kind=info.adapter_kind)
+    return described
 
 
 def _head(engine):
@@ -264,7 +267,8 @@ def _head(engine):
 def load_line(engine) -> str:
     """One line on what was loaded (references, precision, weights sizes) and which drafter drafts."""
     def one(info):
-        return f"{info.ref} ({info.weights_bytes / 2**20:.0f} MiB {info.dtype}, stored {info.quantization})"
+        adapter = f" + adapter {info.adapter} ({info.adapter_kind})" if getattr(info, "adapter", None) else ""
+        return f"{info.ref} ({info.weights_bytes / 2**20:.0f} MiB {info.dtype}, stored {info.quantization}){adapter}"
 
     prefix = f"pair {engine.pair_name}: " if engine.pair_name else ""
     draft = one(engine.draft_info) if engine.draft_info else "no draft model"

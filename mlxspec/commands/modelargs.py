@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..choices import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, DRAFTERS, DTYPES, KV_BITS, KV_GROUP_SIZES
 from ..errors import InvalidArgumentError
-from .argtypes import count, kv_window, num_draft, on_off, reference, tree
+from .argtypes import count, folder, kv_window, num_draft, on_off, reference, tree
 
 DEFAULT_PAIR = "demo"
 
@@ -25,6 +25,10 @@ def add_model_args(p, *, window: bool = True, head: bool = True, drafter: bool =
                         "replaces it" + (" and drafts, unless --drafter says otherwise)" if drafter else ")"))
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="weights precision of both models: keep quantized or dequantize (default: auto, per device)")
+    p.add_argument("--adapter-path", metavar="PATH", type=folder, default=None,
+                   help="a fine-tuned adapter folder written by mlx_lm.lora (adapter_config.json, "
+                        "adapters.safetensors), applied to the target as mlx-lm's --adapter-path applies it: the "
+                        "output is the adapted target's; the draft and head draft as they are (default: none)")
     if window:
         p.add_argument("--max-kv-size", type=kv_window, default=None, metavar="W", help="KV window in tokens (default: unbounded)")
         p.add_argument("--kv-bits", type=int, choices=KV_BITS, default=None, metavar="B",
@@ -150,7 +154,7 @@ def load_engine(args, **kw):
     ref = args.pair or args.target or DEFAULT_PAIR
     kw.setdefault("distributed", getattr(args, "distributed", False))
     return load(ref, args.draft, dtype=args.dtype, max_kv_size=getattr(args, "max_kv_size", None),
-                head=getattr(args, "head", None), **kv_options(args), **kw)
+                head=getattr(args, "head", None), adapter_path=args.adapter_path, **kv_options(args), **kw)
 
 
 def check_pair(args) -> None:

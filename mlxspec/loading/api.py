@@ -24,7 +24,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
          max_kv_size: int | None = None, num_draft=None, tree=None, head: str | None = None, distributed: bool = False,
          lookup: bool | None = None, prompt_cache_size: int = 0, prompt_cache_bytes: int | None = None,
          kv_bits: int | None = None, kv_group_size: int = DEFAULT_KV_GROUP_SIZE,
-         quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START, **kw):
+         quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START, adapter_path: str | os.PathLike | None = None, **kw):
     """Load a target (and a draft) and return a ready `mlxspec.engine.Engine`.
 
     Args:
@@ -52,6 +52,11 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         kv_bits, kv_group_size, quantized_kv_start: quantize the target's KV cache to kv_bits
             (2-8) in groups of kv_group_size once the context reaches quantized_kv_start tokens,
             as mlx-lm does (see `Engine`). Default: None, 64, 5000 (no quantization).
+        adapter_path: a fine-tuned adapter folder written by `mlx_lm.lora` (adapter_config.json and
+            adapters.safetensors), applied to the target as `mlx_lm.load(..., adapter_path=...)`
+            applies it, unfused; the output is then the adapted target's. The draft and head are
+            used as they are (trained for the base target, they may draft less well). Not with a
+            target sharded over several ranks. Default: None.
         distributed: join the `mx.distributed` group this process was launched in (`mlx.launch`)
             and shard the target over it (tensor-parallel or pipeline, see `mlxspec.shard`); the
             draft is loaded whole on every rank. Every rank must then make the same calls (or
@@ -116,6 +121,10 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     for role, ref in (("target", target_ref), ("draft", draft_ref)):
         _refuse_a_head(role, ref)
     head_path = _head_folder(head_ref, download) if head_ref is not None else None  # before minutes of loading
+    if adapter_path is not None:
+        from .adapters import adapter_folder, read_config
+
+        read_config(adapter_folder(adapter_path))  # before minutes of loading
 
     group = None
     if distributed:
@@ -131,11 +140,17 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     if group is not None and group.size() > 1:
         from .sharded import load_sharded
 
+        if adapter_path is not None:  # its LoRA layers would wrap the sharded linears: not built
+            raise InvalidArgumentError(f"[load] adapter_path cannot be applied to a target sharded over "
+                                       f"{group.size()} ranks; fuse it into the target first (mlx_lm.fuse "
+                                       f"--adapter-path {adapter_path}) and load the fused model")
+
         target_model, tokenizer, target_info, draft_model, draft_tokenizer, draft_info = load_sharded(
             target_ref, draft_ref, group=group, dtype=dtype, download=download)
     else:
         group = None
-        target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download)
+        target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download,
+                                                          adapter_path=adapter_path)
         draft_model = draft_tokenizer = draft_info = None
         if draft_ref is not None:
             draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download)

@@ -30,9 +30,12 @@ class ModelInfo:
     context_length: int | None  # trained context, tokens
     kv_bytes_per_token: int | None  # KV cache bytes one token costs (all layers), as loaded
     sharding: str = "none"  # how the model is split over distributed ranks (see mlxspec.shard)
+    adapter: str | None = None  # the fine-tuned adapter's folder applied to it (mlxspec.loading.adapters)
+    adapter_kind: str | None = None  # what that adapter is, e.g. "LoRA rank 8 on 16 layers"
 
 
-def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = True, lazy: bool = False):
+def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = True, lazy: bool = False,
+               adapter_path: str | Path | None = None):
     """Resolve `ref` (see `mlxspec.loading.resolve`) and load model + tokenizer.
 
     Args:
@@ -42,6 +45,8 @@ def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = Tr
         download: fetch what is not cached. Default: True.
         lazy: leave an MLX folder's weights unread until evaluated (so a shard reads only its
             part). Default: False.
+        adapter_path: an `mlx_lm.lora` adapter folder to apply after the precision, unfused, as
+            mlx-lm's `load(..., adapter_path=...)` does. Default: None.
 
     Returns:
         `(model, tokenizer, info)`: an mlx-lm model, an mlx-lm `TokenizerWrapper`, a `ModelInfo`.
@@ -56,10 +61,16 @@ def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = Tr
     else:
         model, tokenizer, quant, context = _load_mlx(res, lazy=lazy)
     applied = apply_dtype(model, dtype)
+    adapter_kind = None
+    if adapter_path is not None:
+        from .adapters import apply_adapter
+
+        adapter_kind = apply_adapter(model, adapter_path)
     info = ModelInfo(
         ref=str(ref), source=res.source, format=res.format, path=str(res.path), quantization=quant,
         dtype=applied, weights_bytes=weights_bytes(model), vocab_size=declared_vocab(model),
         context_length=context, kv_bytes_per_token=_kv_bytes_per_token(model),
+        adapter=None if adapter_path is None else str(adapter_path), adapter_kind=adapter_kind,
     )
     return model, tokenizer, info
 

@@ -30,4 +30,6 @@ def system_fingerprint(engine) -> str:
              "target": getattr(info, "ref", None), "dtype": dtype_name(working_dtype(model)) if model else None,
              "max_kv_size": getattr(engine, "max_kv_size", None),
              "kv": None if quant is None else [quant.bits, quant.group_size, quant.start]}
+    if adapter := getattr(info, "adapter", None):  # only then: servers without one keep their fingerprints
+        parts["adapter"] = adapter
     return "fp_" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]

@@ -1,0 +1,105 @@
+"""A fine-tuned adapter on the target (`mlx_lm.lora`'s output folder), applied as mlx-lm applies it.
+
+`mlx_lm.lora` saves `adapter_config.json` and `adapters.safetensors`; `mlx_lm.generate
+--adapter-path` wraps the target's linears in LoRA (or DoRA) layers and loads them, unfused.
+`apply_adapter` does the same through mlx-lm's own `load_adapters`, so the adapted target is
+the model mlx-lm runs, and speculative decoding stays lossless against it (a draft model or
+head trained for the base target still drafts; it may be right less often). What mlx-lm leaves
+unchecked is checked first: the folder's two files, the config's kind, and that the file holds
+every tensor the config implies (a missing DoRA magnitude would silently change the model).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import IncompatibleModelsError, InvalidArgumentError, MlxSpecError, ModelNotFoundError, one_line, shown
+
+CONFIG, WEIGHTS = "adapter_config.json", "adapters.safetensors"
+KINDS = ("lora", "dora", "full")  # adapter_config.json's fine_tune_type (mlx-lm's; lora when absent)
+LEAVES = ("lora_a", "lora_b", "m")  # the parameters a LoRA / DoRA layer adds
+
+
+def adapter_folder(path) -> Path:
+    """`path` checked as an adapter folder (it exists and holds both files), before any model loads."""
+    if not isinstance(path, (str, Path)) or not str(path).strip():
+        raise InvalidArgumentError(f"adapter_path must be a folder written by mlx_lm.lora, got {shown(path)}")
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        what = "is a file" if folder.exists() else "does not exist"
+        raise ModelNotFoundError(f"the adapter folder {folder} {what}: give the folder mlx_lm.lora wrote "
+                                 f"(holding {CONFIG} and {WEIGHTS})")
+    missing = [name for name in (CONFIG, WEIGHTS) if not (folder / name).is_file()]
+    if missing:
+        raise ModelNotFoundError(f"the adapter folder {folder} has no {' and no '.join(missing)}: an mlx_lm.lora "
+                                 f"adapter folder holds {CONFIG} and {WEIGHTS}")
+    return folder
+
+
+def read_config(folder: Path) -> dict:
+    """adapter_config.json, with its kind and (for LoRA / DoRA) its layer count checked."""
+    try:
+        config = json.loads((folder / CONFIG).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MlxSpecError(f"{folder / CONFIG} is not readable JSON: {one_line(e)}") from None
+    if not isinstance(config, dict):
+        raise MlxSpecError(f"{folder / CONFIG} must hold a JSON object, got {shown(config)}")
+    kind = config.get("fine_tune_type", "lora")
+    if kind not in KINDS:
+        raise MlxSpecError(f"{folder / CONFIG}: fine_tune_type must be one of {', '.join(KINDS)}, got {shown(kind)}")
+    if kind != "full":
+        layers, params = config.get("num_layers"), config.get("lora_parameters")
+        if isinstance(layers, bool) or not isinstance(layers, int) or not isinstance(params, dict):
+            raise MlxSpecError(f"{folder / CONFIG}: a {kind} adapter needs num_layers (an integer, -1 for all) and "
+                               f"lora_parameters (an object with rank and scale), got num_layers {shown(layers)} "
+                               f"and lora_parameters {shown(params)}")
+    return config
+
+
+def apply_adapter(model, path) -> str:
+    """Apply the adapter in `path` to `model` in place, as `mlx_lm.load(..., adapter_path=path)` does.
+    Returns what it was, e.g. "LoRA rank 8 on 16 layers".
+
+    Raises:
+        ModelNotFoundError: the folder or one of its files is missing.
+        MlxSpecError: its config is unreadable or not an adapter's.
+        IncompatibleModelsError: it was trained for another model (names and shapes that differ).
+    """
+    from mlx.utils import tree_flatten
+    from mlx_lm.tuner.utils import load_adapters
+
+    folder = adapter_folder(path)
+    config = read_config(folder)
+    kind = config.get("fine_tune_type", "lora")
+    try:
+        load_adapters(model, str(folder))
+    except ValueError as e:  # mlx-lm lists the tensors that do not fit this model
+        raise IncompatibleModelsError(f"the adapter in {folder} was not trained for this target: "
+                                      f"{_short(str(e))}") from None
+    except Exception as e:  # a layer kind it cannot wrap, a config key it lacks, an unreadable file
+        raise MlxSpecError(f"cannot apply the adapter in {folder}: {type(e).__name__}: {one_line(e)}") from None
+    if kind == "full":
+        return "full fine-tune"
+    import mlx.core as mx
+
+    stored = set(mx.load(str(folder / WEIGHTS)))
+    added = [name for name, _ in tree_flatten(model.parameters()) if name.rsplit(".", 1)[-1] in LEAVES]
+    lacking = [name for name in added if name not in stored]
+    if lacking:
+        raise IncompatibleModelsError(
+            f"the adapter in {folder} lacks {len(lacking)} of the {len(added)} tensors its {CONFIG} puts on this "
+            f"target (num_layers {config['num_layers']}), e.g. {lacking[0]}: it was trained for another model or "
+            f"with another config")
+    layers = len({name.split(".layers.", 1)[1].split(".", 1)[0] for name in added if ".layers." in name})
+    rank = config["lora_parameters"].get("rank")
+    return f"{'DoRA' if kind == 'dora' else 'LoRA'}{f' rank {rank}' if rank else ''} on {layers} layers"
+
+
+def _short(message: str, lines: int = 4) -> str:
+    """mlx-lm's list of misfits in one line: the first few, and how many more."""
+    rows = [r.strip() for r in message.splitlines()[1:] if r.strip()]
+    if not rows:
+        return one_line(message)
+    more = f"; and {len(rows) - lines} more" if len(rows) > lines else ""
+    return "; ".join(rows[:lines]) + more

@@ -1,0 +1,226 @@
+"""A fine-tuned adapter (mlx_lm.lora's folder) on the target: the output is the adapted target's,
+exactly as mlx-lm runs it, whoever drafts; and adapters that are not one, or not for this target, are
+refused by name before anything is generated."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step
+from mlx_lm.tuner.utils import linear_to_lora_layers, load_adapters
+
+import tiny
+from test_engine_trees import flat_curve
+from mlxspec import Engine
+from mlxspec.cli import main
+from mlxspec.errors import IncompatibleModelsError, InvalidArgumentError, MlxSpecError, ModelNotFoundError
+from mlxspec.loading.adapters import apply_adapter
+
+EOS = 2  # the tiny tokenizer's <|im_end|>
+PROMPTS = [[5, 9, 14, 200, 31], [7] * 3 + [60, 61, 62, 63, 7, 7, 7, 60], list(range(40, 90, 3))]
+
+
+def base():
+    return tiny.make_llama(0, tie_embeddings=False)  # its text depends on what it reads
+
+
+def write_adapter(make, folder, *, kind="lora", num_layers=2, rank=4, seed=1):
+    """An adapter folder as mlx_lm.lora writes one, for the model `make()` builds, its tensors
+    random (a trained adapter's lora_b is not the zeros it starts from)."""
+    model = make()
+    model.freeze()
+    config = {"fine_tune_type": kind, "num_layers": num_layers, "model": "tiny"}
+    if kind == "full":
+        for layer in model.layers[-num_layers:]:
+            layer.unfreeze()
+    else:
+        config["lora_parameters"] = {"rank": rank, "scale": 2.0, "dropout": 0.0}
+        linear_to_lora_layers(model, num_layers, config["lora_parameters"], use_dora=kind == "dora")
+    keys = mx.random.split(mx.random.key(seed), len(tree_flatten(model.trainable_parameters())))
+    weights = {}
+    for i, (name, w) in enumerate(tree_flatten(model.trainable_parameters())):
+        noise = mx.random.normal(w.shape, key=keys[i])
+        weights[name] = w + 0.3 * noise * (1.0 if name.endswith("lora_b") else mx.abs(w).mean())
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(folder / "adapters.safetensors"), weights)
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def mlx_lm_greedy(model, ids, n):
+    out = [int(t) for t, _ in generate_step(mx.array(ids), model, max_tokens=n)]
+    return out[: out.index(EOS) + 1] if EOS in out else out
+
+
+@pytest.mark.parametrize("kind", ["lora", "dora", "full"])
+def test_the_adapted_target_decodes_as_mlx_lm_runs_it_whoever_drafts(tmp_path, kind):
+    folder = write_adapter(base, tmp_path / kind, kind=kind)
+    target = base()
+    said = apply_adapter(target, folder)
+    reference = load_adapters(base(), str(folder))  # mlx-lm's own path, on another copy
+    assert said == {"lora": "LoRA rank 4 on 2 layers", "dora": "DoRA rank 4 on 2 layers", "full": "full fine-tune"}[kind]
+    head = tiny.make_eagle_head(base(), tmp_path / "head", copy=True, noise=0.05)  # trained for the base
+    engine = Engine(target, tiny.make_tokenizer(), draft_model=base(), eagle_head=head)
+    trees = flat_curve(Engine(target, tiny.make_tokenizer(), draft_model=base(), eagle_head=head))  # trees pay
+    plain = base()
+    differs = drafted = tree_rounds = 0
+    for ids in PROMPTS:
+        want = mlx_lm_greedy(reference, ids, 24)
+        differs += want != mlx_lm_greedy(plain, ids, 24)
+        for drafter in ("model", "eagle", "ngram", "none"):
+            chains = engine.generate(ids, max_tokens=24, drafter=drafter, num_draft=4)
+            assert chains.tokens == want, f"{kind}, drafter {drafter}, chains, prompt {ids}"
+            drafted += chains.stats.drafted
+            if drafter != "none":
+                tree = trees.generate(ids, max_tokens=24, drafter=drafter)
+                assert tree.tokens == want, f"{kind}, drafter {drafter}, trees, prompt {ids}"
+                tree_rounds += tree.stats.tree_rounds
+    assert differs and drafted and tree_rounds  # the adapter changed the text; chains and trees were checked against it
+
+
+def test_a_sampled_answer_of_the_adapted_target_is_the_one_plain_decoding_samples(tmp_path):
+    folder = write_adapter(base, tmp_path / "lora")
+    target = base()
+    apply_adapter(target, folder)
+    engine = Engine(target, tiny.make_tokenizer(), draft_model=base())
+    alone = Engine(target, tiny.make_tokenizer(), drafter="none")
+    for seed in range(4):
+        got = engine.generate(PROMPTS[1], max_tokens=32, temperature=0.8, seed=seed, num_draft=3)
+        want = alone.generate(PROMPTS[1], max_tokens=32, temperature=0.8, seed=seed)
+        assert got.tokens == want.tokens and got.stats.drafted > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    from tiny_gguf import write_tiny_gguf
+
+    path = tmp_path_factory.mktemp("adapter") / "tiny.gguf"
+    write_tiny_gguf(path, tied=False)
+    return path
+
+
+def test_load_applies_it_to_the_target_and_says_so(tiny_gguf, tmp_path):
+    from mlxspec import load
+    from mlxspec.loading.model import load_model
+
+    folder = write_adapter(lambda: load_model(str(tiny_gguf))[0], tmp_path / "a", num_layers=1, rank=2)
+    engine = load(str(tiny_gguf), drafter="ngram", adapter_path=str(folder))
+    assert engine.target_info.adapter == str(folder)
+    assert engine.target_info.adapter_kind == "LoRA rank 2 on 1 layers"
+    reference = load_adapters(load_model(str(tiny_gguf))[0], str(folder))
+    plain = load_model(str(tiny_gguf))[0]
+    ids = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    want = mlx_lm_greedy(reference, ids, 20)
+    assert engine.generate(ids, max_tokens=20).tokens == want != mlx_lm_greedy(plain, ids, 20)
+    from mlxspec.bench.report import pair_info
+
+    assert pair_info(engine, ["ngram"])["adapter"] == {"path": str(folder), "kind": "LoRA rank 2 on 1 layers"}
+    plain_engine = load(str(tiny_gguf), drafter="ngram")
+    assert pair_info(plain_engine, ["ngram"])["adapter"] is None  # the bench's JSON says which
+    from mlxspec.serve.fingerprint import system_fingerprint
+    from tui.info import describe
+
+    # A seeded answer's text depends on the adapter: so does the server's system_fingerprint.
+    assert system_fingerprint(engine) != system_fingerprint(plain_engine)
+    assert describe(engine).target == f"{tiny_gguf} + adapter a"  # the chat's header, and what /save records
+    assert describe(plain_engine).target == str(tiny_gguf)
+
+
+@pytest.mark.parametrize("layout,error,words", [
+    ("missing", ModelNotFoundError, "does not exist"),
+    ("a file", ModelNotFoundError, "is a file"),
+    ("no weights", ModelNotFoundError, "has no adapters.safetensors: an mlx_lm.lora adapter folder holds"),
+    ("empty", ModelNotFoundError, "has no adapter_config.json and no adapters.safetensors"),
+    ("not JSON", MlxSpecError, "adapter_config.json is not readable JSON"),
+    ("a list", MlxSpecError, "must hold a JSON object"),
+    ("another kind", MlxSpecError, "fine_tune_type must be one of lora, dora, full, got 'qlora'"),
+    ("no layers", MlxSpecError, "needs num_layers (an integer, -1 for all) and lora_parameters"),
+    ("another model", IncompatibleModelsError, "was not trained for this target: "),
+    ("fewer layers", IncompatibleModelsError, "lacks 14 of the 28 tensors its adapter_config.json puts on this target"),
+])
+def test_what_is_not_an_adapter_for_this_target_is_refused_by_name(tmp_path, layout, error, words):
+    folder = tmp_path / "adapter"
+    if layout == "a file":
+        folder.write_text("x")
+    elif layout != "missing":
+        write_adapter(base, folder)
+    config = folder / "adapter_config.json"
+    if layout == "no weights":
+        (folder / "adapters.safetensors").unlink()
+    elif layout == "empty":
+        for f in folder.iterdir():
+            f.unlink()
+    elif layout == "not JSON":
+        config.write_text("{num_layers: 2")
+    elif layout == "a list":
+        config.write_text("[]")
+    elif layout == "another kind":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "fine_tune_type": "qlora"}))
+    elif layout == "no layers":
+        config.write_text(json.dumps({"fine_tune_type": "lora", "lora_parameters": {"rank": 4, "scale": 2.0}}))
+    elif layout == "another model":
+        write_adapter(lambda: tiny.make_llama(0, hidden=32, tie_embeddings=False), folder)
+    elif layout == "fewer layers":  # trained on 1 layer, the config says 2: half the layers would stay base
+        write_adapter(base, folder, num_layers=1)
+        config.write_text(json.dumps({**json.loads(config.read_text()), "num_layers": 2}))
+    with pytest.raises(error) as got:
+        apply_adapter(base(), folder)
+    assert words in str(got.value) and str(folder) in str(got.value)
+    if layout == "another model":
+        assert "model.layers.1.self_attn.q_proj.lora_a: adapter shape (32, 4) does not match" in str(got.value)
+
+
+def test_a_blank_adapter_path_is_refused_as_an_argument():
+    with pytest.raises(InvalidArgumentError, match="adapter_path must be a folder written by mlx_lm.lora, got ' '"):
+        apply_adapter(base(), " ")
+
+
+def test_load_checks_the_folder_before_loading_any_model(tiny_gguf, tmp_path, monkeypatch):
+    from mlxspec import load
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded before the adapter folder was checked")
+
+    monkeypatch.setattr("mlxspec.loading.api.load_model", no_load)
+    with pytest.raises(ModelNotFoundError, match="the adapter folder .* does not exist"):
+        load(str(tiny_gguf), drafter="ngram", adapter_path=str(tmp_path / "nowhere"))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "adapters.safetensors").write_bytes(b"")
+    (tmp_path / "bad" / "adapter_config.json").write_text('{"fine_tune_type": "qlora"}')
+    with pytest.raises(MlxSpecError, match="fine_tune_type must be one of"):
+        load(str(tiny_gguf), drafter="ngram", adapter_path=str(tmp_path / "bad"))
+
+
+def test_a_target_sharded_over_ranks_refuses_an_adapter_and_says_to_fuse_it(tiny_gguf, tmp_path, monkeypatch):
+    from mlxspec import load
+
+    folder = write_adapter(base, tmp_path / "a")
+    monkeypatch.setattr("mlxspec.distributed.init_group", lambda: types.SimpleNamespace(size=lambda: 2))
+    with pytest.raises(InvalidArgumentError, match=r"sharded over 2 ranks; fuse it into the target first \(mlx_lm.fuse"):
+        load(str(tiny_gguf), drafter="ngram", adapter_path=str(folder), distributed=True)
+
+
+def test_generate_takes_adapter_path_and_names_the_adapter(tiny_gguf, tmp_path, capsys):
+    from mlxspec.loading.model import load_model
+
+    folder = write_adapter(lambda: load_model(str(tiny_gguf))[0], tmp_path / "a", num_layers=1, rank=2)
+    assert main(["generate", "--target", str(tiny_gguf), "--drafter", "ngram", "--adapter-path", str(folder),
+                 "--max-tokens", "4", "--no-chat-template", "--json", "abc"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["target"]["adapter"] == str(folder) and result["target"]["adapter_kind"] == "LoRA rank 2 on 1 layers"
+    assert main(["generate", "--target", str(tiny_gguf), "--drafter", "ngram", "--adapter-path", str(folder),
+                 "--max-tokens", "4", "--no-chat-template", "abc"]) == 0
+    assert f"+ adapter {folder} (LoRA rank 2 on 1 layers);" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "bench", "calibrate"])
+def test_every_command_that_loads_a_target_takes_adapter_path(command, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["mlxspec"])
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "--adapter-path PATH" in capsys.readouterr().out
