@@ -224,3 +224,37 @@ def test_every_command_that_loads_a_target_takes_adapter_path(command, capsys, m
     with pytest.raises(SystemExit):
         main([command, "--help"])
     assert "--adapter-path PATH" in capsys.readouterr().out
+
+
+def test_an_own_pair_may_name_an_adapter_beside_its_file(tiny_gguf, tmp_path, monkeypatch, capsys):
+    from mlxspec import load
+    from mlxspec.loading.model import load_model
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    folder = write_adapter(lambda: load_model(str(tiny_gguf))[0], tmp_path / "pirate", num_layers=1, rank=2)
+    (tmp_path / "models.toml").write_text(f'[[pair]]\nname = "mine"\ntarget = "{tiny_gguf}"\nadapter = "./pirate"\n')
+    engine = load("mine")
+    assert engine.target_info.adapter == str(folder) and engine.target_info.adapter_kind == "LoRA rank 2 on 1 layers"
+    assert load("mine", adapter_path=str(write_adapter(lambda: load_model(str(tiny_gguf))[0], tmp_path / "other",
+                                                       num_layers=2))).target_info.adapter_kind == \
+        "LoRA rank 4 on 2 layers"  # one given here replaces the pair's
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["models"]) == 0
+    block = capsys.readouterr().out.split("\n\n")[-1].splitlines()
+    assert block[1:3] == [f"  target   {tiny_gguf}", f"  adapter  {folder}"]
+    assert main(["models", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["adapter"] == str(folder)
+    monkeypatch.setenv("COLUMNS", "1000")
+    assert main(["models"]) == 0
+    assert f"{tiny_gguf} + adapter {folder}" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_a_request_naming_an_adapter_is_told_the_server_applies_its_own():
+    from mlxspec.serve.errors import APIError
+    from mlxspec.serve.schema import parse_chat
+
+    with pytest.raises(APIError) as got:  # mlx-lm's server takes one per request; here it is the server's
+        parse_chat({"messages": [{"role": "user", "content": "hi"}], "adapters": "my-lora"})
+    assert "applied when the server starts (mlxspec serve --adapter-path)" in got.value.message
+    assert got.value.status == 400 and got.value.param == "adapters" and got.value.code == "unsupported_parameter"
+    parse_chat({"messages": [{"role": "user", "content": "hi"}], "adapters": None})  # null: as if left out

@@ -62,14 +62,16 @@ def run(args) -> int:
     for i, r in enumerate(rows):
         window = f", window {r['window']}" if r["window"] else ""
         print(("\n" if i else "") + f"{r['name']}  (cached: {'yes' if r['cached'] else 'no'})")
-        print(f"  target   {r['target']}\n  draft    {r['draft']}" + (f"\n  head     {r['head']}" if r["head"] else ""))
+        print(f"  target   {r['target']}" + (f"\n  adapter  {r['adapter']}" if r["adapter"] else "")
+              + f"\n  draft    {r['draft']}" + (f"\n  head     {r['head']}" if r["head"] else ""))
         print(f"  size     {_size(r)} GB, context {r['context'] or '?'}{window}")
         print(f"  drafter  {r['drafter_here']} on {here}")
     return 0
 
 
 def _cells(r: dict) -> tuple:
-    return (r["name"], r["target"], r["draft"], r["head"] or "-", _size(r),
+    target = f"{r['target']} + adapter {r['adapter']}" if r["adapter"] else r["target"]
+    return (r["name"], target, r["draft"], r["head"] or "-", _size(r),
             str(r["context"] or "?"), str(r["window"] or "-"), r["drafter_here"], "yes" if r["cached"] else "no")
 
 

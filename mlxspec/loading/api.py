@@ -56,7 +56,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             adapters.safetensors), applied to the target as `mlx_lm.load(..., adapter_path=...)`
             applies it, unfused; the output is then the adapted target's. The draft and head are
             used as they are (trained for the base target, they may draft less well). Not with a
-            target sharded over several ranks. Default: None.
+            target sharded over several ranks. Default: None (the pair's `adapter`, when `target`
+            names a pair that has one).
         distributed: join the `mx.distributed` group this process was launched in (`mlx.launch`)
             and shard the target over it (tensor-parallel or pipeline, see `mlxspec.shard`); the
             draft is loaded whole on every rank. Every rank must then make the same calls (or
@@ -113,6 +114,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             "[load] drafter='model' needs a draft model: pass draft=<model reference> or a pair whose draft is a model"
         )
     head_ref = head if head is not None else (pair.head if pair and pair.head else None)
+    if adapter_path is None and pair and pair.adapter:  # the pair's fine-tuned target
+        adapter_path = pair.adapter
     if drafter == "eagle" and head_ref is None:
         raise InvalidArgumentError(
             "[load] drafter='eagle' needs a head: pass head=<folder or builtin:name> or a pair that names one")

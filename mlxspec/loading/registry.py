@@ -40,6 +40,7 @@ class Pair:
     # metal = "ngram", cuda = "ngram"}: whichever the bench measured faster there); "" = the draft model
     drafter: str = ""
     head: str = ""  # optional EAGLE head ("builtin:<name>" or a folder) trained for the target
+    adapter: str = ""  # optional fine-tuned adapter folder (mlx_lm.lora's) applied to the target
 
     @property
     def draft_is_model(self) -> bool:
@@ -115,7 +116,7 @@ def load_pairs(path: str | Path = PACKAGED, *, own: bool = False) -> dict[str, P
             raise MlxSpecError(f"{where}: the name {entry['name']!r} appears twice")
         if not entry["name"].strip():
             raise MlxSpecError(f"{where}: the name is blank; a pair needs a name to be chosen by")
-        for key in ("target", "draft", "head"):  # a relative path means one beside this file, not the cwd
+        for key in ("target", "draft", "head", "adapter"):  # a relative path means one beside this file, not the cwd
             value = entry.get(key)
             if value and (value.startswith(("./", "../")) or (path.parent / value).exists()):
                 entry = {**entry, key: str((path.parent / value).resolve())}

@@ -36,14 +36,16 @@ MAX_TEMPERATURE = 2  # OpenAI's bound (the engine takes any finite temperature: 
 EXTENSIONS = {"repeat_penalty": 1.0, "typical_p": 1.0, "tfs_z": 1.0, "length_penalty": 1.0,
               "use_beam_search": False, "mirostat": 0, "guided_grammar": None, "grammar": None,
               "audio": None, "modalities": ["text"], "xtc_probability": 0, "chat_template": None,
-              "role_mapping": {}, "adapters": None, "bad_words": [], "allowed_token_ids": None,
+              "role_mapping": {}, "bad_words": [], "allowed_token_ids": None,
               "truncate_prompt_tokens": None}
 # vLLM's fields for what OpenAI's response_format says (one of them, or response_format, per request).
 GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice"}
-# mlx-lm's server names for what is chosen here otherwise (a draft model is the server's to load).
+# mlx-lm's server names for what is chosen here otherwise (a draft model and an adapter are the server's to load).
 RENAMED = {"num_draft_tokens": "send num_draft instead (tokens drafted per round, or \"auto\")",
            "draft_model": "the draft is loaded when the server starts (mlxspec serve --draft/--drafter); "
-                          "a request may choose among those loaded with \"drafter\""}
+                          "a request may choose among those loaded with \"drafter\"",
+           "adapters": "the target's adapter is applied when the server starts (mlxspec serve --adapter-path), "
+                       "for every request"}
 
 
 @dataclass
