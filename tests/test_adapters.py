@@ -131,6 +131,27 @@ def test_load_applies_it_to_the_target_and_says_so(tiny_gguf, tmp_path):
     assert describe(plain_engine).target == str(tiny_gguf)
 
 
+def test_an_adapter_on_a_target_kept_quantized_wraps_its_quantized_layers(tiny_gguf, tmp_path):
+    import mlx.nn as nn
+    from mlx_lm.tuner.lora import LoRALinear
+
+    from mlxspec import load
+    from mlxspec.bench.neartie import check_greedy
+    from mlxspec.loading.model import load_model
+
+    quantized = lambda: load_model(str(tiny_gguf), dtype="quantized")[0]  # noqa: E731
+    folder = write_adapter(quantized, tmp_path / "q", num_layers=2)
+    engine = load(str(tiny_gguf), drafter="ngram", dtype="quantized", adapter_path=str(folder))
+    wrapped = [m for _, m in engine.target_model.named_modules() if isinstance(m, LoRALinear)]
+    assert len(wrapped) == 14 and sum(isinstance(m.linear, nn.QuantizedLinear) for m in wrapped) >= 10  # (F16 rows stay)
+    reference, plain = load_adapters(quantized(), str(folder)), quantized()
+    ids = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    want, got = mlx_lm_greedy(reference, ids, 24), engine.generate(ids, max_tokens=24, num_draft=3)
+    assert want != mlx_lm_greedy(plain, ids, 24) and got.stats.drafted > 0
+    if got.tokens != want:  # float16 activations: only rounding at a near-tie may part them
+        assert check_greedy(reference, ids, want, got.tokens).ok, (want, got.tokens)
+
+
 @pytest.mark.parametrize("layout,error,words", [
     ("missing", ModelNotFoundError, "does not exist"),
     ("a file", ModelNotFoundError, "is a file"),
