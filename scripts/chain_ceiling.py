@@ -177,7 +177,7 @@ def collect(args) -> List[dict]:
     from mlxspec.loading import demo
 
     engine = mlxspec.load(args.target or str(demo.gguf_path()), "none", drafter="eagle", head=args.head,
-                          download=False)
+                          download=False, adapter_path=args.adapter_path)
     target, d = engine.target, engine.drafters["eagle"]
     out = []
     t0 = time.time()
@@ -245,6 +245,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", "--gguf", dest="target", metavar="REF", help="default: the demo GGUF in the mlxspec cache")
     p.add_argument("--head", default=str(ROOT / "mlxspec" / "data" / "smollm2-eagle"), help="default: the shipped head")
+    p.add_argument("--adapter-path", metavar="PATH", default=None,
+                   help="a fine-tuned adapter folder (mlx_lm.lora's) on the target, as mlxspec --adapter-path")
     from draft_prompts import SUITE_HELP
 
     p.add_argument("--suite", default="bench", metavar="held-out|bench|FILE.jsonl", help=SUITE_HELP)

@@ -24,18 +24,30 @@ from train_draft import log
 
 # ---------------------------------------------------------------- the target
 
-def load_target(ref: str):
-    """(model, tokenizer, name): mlxspec's own loading path, in the engine's precision."""
+def load_target(ref: str, adapter_path=None):
+    """(model, tokenizer, name): mlxspec's own loading path, in the engine's precision, with the
+    fine-tuned adapter applied as the engine applies it (`adapter_path`)."""
     from mlxspec.backbone import split_model
     from mlxspec.errors import MlxSpecError
     from mlxspec.loading.model import load_model
 
     try:
-        model, tok, _ = load_model(ref)
+        model, tok, _ = load_model(ref, adapter_path=adapter_path)
         split_model(model)  # a head needs the final hidden states behind a linear head (capped or scaled)
     except MlxSpecError as e:
-        raise SystemExit(f"--target {ref}: {e}") from None
+        flag = "--adapter-path" if adapter_path and "adapter" in str(e) else "--target"
+        raise SystemExit(f"{flag} {adapter_path if flag == '--adapter-path' else ref}: {e}") from None
     return model, tok, Path(str(ref).rstrip("/")).name
+
+
+def adapter_digest(adapter_path) -> str:
+    """A fine-tuned adapter's weights and config, hashed: answers and heads of an adapted target are its."""
+    from mlxspec.loading.adapters import CONFIG, WEIGHTS
+
+    h = hashlib.sha1()
+    for name in (CONFIG, WEIGHTS):
+        h.update((Path(adapter_path).expanduser() / name).read_bytes())
+    return h.hexdigest()[:10]
 
 
 def target_config(model) -> dict:
@@ -52,11 +64,15 @@ def target_config(model) -> dict:
             "rope_theta": float(getattr(a, "rope_theta", 10000.0)), "model_type": a.model_type}
 
 
-def gen_dir(work: Path, model) -> Path:
-    """Answer shards per target (its embedding's fingerprint), so two targets never share them."""
+def gen_dir(work: Path, model, adapter_path=None) -> Path:
+    """Answer shards per target (its embedding's fingerprint, and its adapter's digest: an adapter
+    leaves the embedding as it was), so two targets never share them."""
     from mlxspec.drafters.eagle import embedding_fingerprint
 
-    key = hashlib.sha1(json.dumps(embedding_fingerprint(model)).encode()).hexdigest()[:8]
+    identity = embedding_fingerprint(model)
+    if adapter_path:  # only then: a plain target's shards keep their folder
+        identity = [identity, adapter_digest(adapter_path)]
+    key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:8]
     return work / f"eagle-gen-mlx-{key}"
 
 
@@ -127,7 +143,7 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
     """train_eagle.py's shards (same batches, names and format), made by the MLX target."""
     from train_eagle import gen_batches, layers_path, save_layers, save_shard
 
-    out_dir = gen_dir(work, model)
+    out_dir = gen_dir(work, model, getattr(args, "adapter_path", None))
     out_dir.mkdir(parents=True, exist_ok=True)
     t0, made, paths = time.time(), 0, []
     batches = gen_batches(args, prompts)

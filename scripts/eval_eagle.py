@@ -163,6 +163,8 @@ def main(argv=None):
                    help="the head's target: a GGUF, an MLX folder or a Hugging Face repo id already in the cache "
                         "(default: the demo GGUF in the mlxspec cache)")
     p.add_argument("--head", default=str(HEAD), help="head folder (default: the shipped one)")
+    p.add_argument("--adapter-path", metavar="PATH", default=None,
+                   help="a fine-tuned adapter folder (mlx_lm.lora's) on the target, as mlxspec --adapter-path")
     p.add_argument("--seed", type=non_negative_int, default=0, help="prompt seed used by the training scripts (default 0)")
     p.add_argument("--held-out", type=positive_int, default=32, help="held-out prompts in the training scripts (default 32)")
     p.add_argument("--suite", default="held-out", metavar="held-out|bench|FILE.jsonl", help=SUITE_HELP)
@@ -180,7 +182,8 @@ def main(argv=None):
     import mlxspec
 
     target = args.target or str(demo.gguf_path())
-    engine = mlxspec.load(target, "none", drafter="eagle", head=args.head, download=False)
+    engine = mlxspec.load(target, "none", drafter="eagle", head=args.head, download=False,
+                          adapter_path=args.adapter_path)
     tok = engine.tokenizer
     suite = eval_suite(args.suite, args.held_out, args.seed)
     engine.warmup(temperatures=(0.0, args.temperature))

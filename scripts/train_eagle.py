@@ -1053,6 +1053,10 @@ def parse_args(argv=None):
     which.add_argument("--target", metavar="REF",
                        help="any target mlxspec loads (Hugging Face repo id, MLX folder, quantized or not, or GGUF), "
                             "run by MLX on its default device: a Mac's GPU, an NVIDIA GPU or the CPU; no PyTorch")
+    p.add_argument("--adapter-path", metavar="PATH",
+                   help="with --target: a fine-tuned adapter folder written by mlx_lm.lora, applied to the target "
+                        "as mlxspec --adapter-path applies it; the head learns the adapted target's answers and "
+                        "features (use it with --adapter-path, or a pair naming both; default: none)")
     p.add_argument("--work", required=True, help="work dir for cached stages (shared with train_draft.py)")
     p.add_argument("--out", help="the head folder to write (default with --gguf: the shipped demo head's; "
                                  "required with --target)")
@@ -1161,6 +1165,8 @@ def parse_args(argv=None):
         if args.target and value != "float32":
             p.error(f"{flag} {value}: only the PyTorch trainer (--gguf) autocasts; --target runs in MLX, "
                     "in the target's own precision")
+    if args.adapter_path and not args.target:
+        p.error("--adapter-path needs --target: the PyTorch trainer (--gguf) runs the demo target as it is")
     if args.target and not args.out:
         p.error("--target needs --out: the folder to write its head to (the default is the demo head's)")
     if args.out and (why := unwritable_out(Path(args.out))):

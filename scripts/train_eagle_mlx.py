@@ -24,7 +24,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 import eagle_objective as obj
 from train_eagle import reads_target, window_config
-from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
+from eagle_mlx_data import adapter_digest, gen_dir, load_target, stage_generate, target_config
 import train_draft
 from train_draft import log
 
@@ -237,7 +237,10 @@ def stage_export(args, final: Path, vocab, model, name: str) -> None:
                           "seed": args.seed, "train_minutes": round(meta["train_seconds"] / 60, 1),
                           "steps": meta["steps"], "sequences": meta["sequences"], "entries": meta["entries"],
                           "held_out": meta["history"][-1] if meta["history"] else None,
-                          **({"init": meta["init"]} if meta.get("init") else {})}}
+                          **({"init": meta["init"]} if meta.get("init") else {}),
+                          # the adapted target's head: which adapter (a folder's name, its digest)
+                          **({"adapter": {"name": Path(args.adapter_path).name,
+                                          "digest": adapter_digest(args.adapter_path)}} if args.adapter_path else {})}}
     out = Path(args.out)
     save_head(out, head, mx.array(vocab), model, name=name, extra=extra,
               feature_layers=cfg.get("feature_layers") or [])
@@ -260,8 +263,8 @@ def main(args) -> None:
     prompts = train_draft.stage_prompts(args, work)
     prompts.update(train_draft.logged_prompt_files(args.prompt_file))
     log(f"loading {args.target} (MLX, {backend()})")
-    model, tok, name = load_target(args.target)
-    check_work(work, args, gen_dir(work, model).name)  # named by the target's embedding fingerprint
+    model, tok, name = load_target(args.target, args.adapter_path)
+    check_work(work, args, gen_dir(work, model, args.adapter_path).name)  # named by the target's fingerprint
     tcfg = target_config(model)
     args.vocab_size, args.intermediate = tcfg["vocab_size"], args.intermediate or tcfg["intermediate_size"]
     args.init_head = init_head(args.init, args.target, Path(args.out)) if args.init else None

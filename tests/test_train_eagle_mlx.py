@@ -361,3 +361,37 @@ def test_ctrl_c_is_one_line_and_exit_status_130(capsys):
     with pytest.raises(SystemExit) as e:
         train_draft.run_main(stopped)
     assert e.value.code == 130 and "interrupted: the same command resumes" in capsys.readouterr().err
+
+
+def test_a_head_for_a_fine_tuned_target_learns_the_adapted_answers_and_drafts_losslessly(tmp_path, capsys):
+    from test_adapters import write_adapter
+
+    from mlxspec.loading.model import load_model
+
+    target = _save(tmp_path / "target", tiny.make_llama(14, tie_embeddings=False))
+    adapter = write_adapter(lambda: load_model(str(target))[0], tmp_path / "pirate", num_layers=2)
+    head = _train(target, tmp_path, "--adapter-path", str(adapter))
+    training = json.loads((head / "config.json").read_text())["training"]
+    assert training["adapter"] == {"name": "pirate", "digest": eagle_mlx_data.adapter_digest(adapter)}
+    base = load_model(str(target))[0]
+    (shards,) = (tmp_path / "work").glob("eagle-gen-mlx-*")  # the adapted target's answers, apart from the base's
+    assert shards == eagle_mlx_data.gen_dir(tmp_path / "work", base, adapter) != eagle_mlx_data.gen_dir(
+        tmp_path / "work", base)
+    spec = mlxspec.load(str(target), "none", drafter="eagle", head=str(head), num_draft=3, adapter_path=str(adapter))
+    plain = mlxspec.load(str(target), "none", adapter_path=str(adapter))
+    unadapted = mlxspec.load(str(target), "none")
+    differs = 0
+    for prompt in ("tell me a story", "what is two plus two?"):
+        want = plain.generate(prompt, max_tokens=24, speculative=False)
+        got = spec.generate(prompt, max_tokens=24)
+        assert got.tokens == want.tokens and got.stats.drafted > got.stats.lookup_drafted
+        differs += want.tokens != unadapted.generate(prompt, max_tokens=24, speculative=False).tokens
+    assert differs  # the adapter changed what the target says
+    with pytest.raises(SystemExit, match=r"holds answers made otherwise \(target 'eagle-gen-mlx-"):
+        _train(target, tmp_path, out="base-head")  # the same work folder, without the adapter
+    (tmp_path / "other").mkdir()
+    with pytest.raises(SystemExit, match=r"--adapter-path .*nowhere: the adapter folder .* does not exist"):
+        _train(target, tmp_path / "other", "--adapter-path", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit):
+        train_eagle.parse_args(["--gguf", "x.gguf", "--work", str(tmp_path), "--adapter-path", str(adapter)])
+    assert "--adapter-path needs --target" in capsys.readouterr().err
