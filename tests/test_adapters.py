@@ -63,7 +63,8 @@ def test_the_adapted_target_decodes_as_mlx_lm_runs_it_whoever_drafts(tmp_path, k
     target = base()
     said = apply_adapter(target, folder)
     reference = load_adapters(base(), str(folder))  # mlx-lm's own path, on another copy
-    assert said == {"lora": "LoRA rank 4 on 2 layers", "dora": "DoRA rank 4 on 2 layers", "full": "full fine-tune"}[kind]
+    said_as = {"lora": "LoRA rank 4 on 2 layers", "dora": "DoRA rank 4 on 2 layers", "full": "full fine-tune"}
+    assert said == said_as[kind]
     head = tiny.make_eagle_head(base(), tmp_path / "head", copy=True, noise=0.05)  # trained for the base
     engine = Engine(target, tiny.make_tokenizer(), draft_model=base(), eagle_head=head)
     trees = flat_curve(Engine(target, tiny.make_tokenizer(), draft_model=base(), eagle_head=head))  # trees pay
@@ -143,7 +144,8 @@ def test_an_adapter_on_a_target_kept_quantized_wraps_its_quantized_layers(tiny_g
     folder = write_adapter(quantized, tmp_path / "q", num_layers=2)
     engine = load(str(tiny_gguf), drafter="ngram", dtype="quantized", adapter_path=str(folder))
     wrapped = [m for _, m in engine.target_model.named_modules() if isinstance(m, LoRALinear)]
-    assert len(wrapped) == 14 and sum(isinstance(m.linear, nn.QuantizedLinear) for m in wrapped) >= 10  # (F16 rows stay)
+    quantized_rows = sum(isinstance(m.linear, nn.QuantizedLinear) for m in wrapped)
+    assert len(wrapped) == 14 and quantized_rows == 10  # (the file's F16 matrices stay float)
     reference, plain = load_adapters(quantized(), str(folder)), quantized()
     ids = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
     want, got = mlx_lm_greedy(reference, ids, 24), engine.generate(ids, max_tokens=24, num_draft=3)
@@ -222,7 +224,7 @@ def test_a_target_sharded_over_ranks_refuses_an_adapter_and_says_to_fuse_it(tiny
 
     folder = write_adapter(base, tmp_path / "a")
     monkeypatch.setattr("mlxspec.distributed.init_group", lambda: types.SimpleNamespace(size=lambda: 2))
-    with pytest.raises(InvalidArgumentError, match=r"sharded over 2 ranks; fuse it into the target first \(mlx_lm.fuse"):
+    with pytest.raises(InvalidArgumentError, match=r"over 2 ranks; fuse it into the target first \(mlx_lm.fuse"):
         load(str(tiny_gguf), drafter="ngram", adapter_path=str(folder), distributed=True)
 
 

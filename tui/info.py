@@ -27,7 +27,8 @@ def describe(engine, *, name: str = None, drafter: str = None) -> PairInfo:
     draft's weights are that drafter's (the head's for "eagle", none for "ngram")."""
     drafter = drafter or engine.default_drafter
     target = _label(getattr(engine, "target_info", None)) or _model_label(engine.target_model)
-    if adapter := getattr(getattr(engine, "target_info", None), "adapter", None):  # the answers are the adapted target's
+    adapter = getattr(getattr(engine, "target_info", None), "adapter", None)
+    if adapter:  # the answers are the adapted target's
         target += f" + adapter {Path(adapter).name}"
     draft_bytes = 0
     if engine.draft_model is not None and drafter == "model":

@@ -28,8 +28,8 @@ def add_model_args(p, *, window: bool = True, head: bool = True, drafter: bool =
     p.add_argument("--adapter-path", metavar="PATH", type=folder, default=None,
                    help="a fine-tuned adapter folder written by mlx_lm.lora (adapter_config.json, "
                         "adapters.safetensors), applied to the target as mlx-lm's --adapter-path applies it: the "
-                        "output is the adapted target's; the draft and head draft as they are (default: the pair's adapter, "
-                        "if it names one)")
+                        "output is the adapted target's; the draft and head draft as they are (default: the pair's "
+                        "adapter, if it names one)")
     if window:
         p.add_argument("--max-kv-size", type=kv_window, default=None, metavar="W", help="KV window in tokens (default: unbounded)")
         p.add_argument("--kv-bits", type=int, choices=KV_BITS, default=None, metavar="B",
