@@ -29,14 +29,19 @@ def load_target(ref: str, adapter_path=None):
     fine-tuned adapter applied as the engine applies it (`adapter_path`)."""
     from mlxspec.backbone import split_model
     from mlxspec.errors import MlxSpecError
+    from mlxspec.loading.adapters import apply_adapter
     from mlxspec.loading.model import load_model
 
     try:
-        model, tok, _ = load_model(ref, adapter_path=adapter_path)
+        model, tok, _ = load_model(ref)
         split_model(model)  # a head needs the final hidden states behind a linear head (capped or scaled)
     except MlxSpecError as e:
-        flag = "--adapter-path" if adapter_path and "adapter" in str(e) else "--target"
-        raise SystemExit(f"{flag} {adapter_path if flag == '--adapter-path' else ref}: {e}") from None
+        raise SystemExit(f"--target {ref}: {e}") from None
+    if adapter_path:  # after the precision, as load_model(..., adapter_path=...) applies it for the engine
+        try:
+            apply_adapter(model, adapter_path)
+        except MlxSpecError as e:
+            raise SystemExit(f"--adapter-path {adapter_path}: {e}") from None
     return model, tok, Path(str(ref).rstrip("/")).name
 
 
@@ -64,14 +69,14 @@ def target_config(model) -> dict:
             "rope_theta": float(getattr(a, "rope_theta", 10000.0)), "model_type": a.model_type}
 
 
-def gen_dir(work: Path, model, adapter_path=None) -> Path:
-    """Answer shards per target (its embedding's fingerprint, and its adapter's digest: an adapter
-    leaves the embedding as it was), so two targets never share them."""
+def gen_dir(work: Path, model, adapter=None) -> Path:
+    """Answer shards per target (its embedding's fingerprint, and its adapter's `adapter_digest`:
+    an adapter leaves the embedding as it was), so two targets never share them."""
     from mlxspec.drafters.eagle import embedding_fingerprint
 
     identity = embedding_fingerprint(model)
-    if adapter_path:  # only then: a plain target's shards keep their folder
-        identity = [identity, adapter_digest(adapter_path)]
+    if adapter:  # only then: a plain target's shards keep their folder
+        identity = [identity, adapter]
     key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:8]
     return work / f"eagle-gen-mlx-{key}"
 
@@ -143,7 +148,7 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
     """train_eagle.py's shards (same batches, names and format), made by the MLX target."""
     from train_eagle import gen_batches, layers_path, save_layers, save_shard
 
-    out_dir = gen_dir(work, model, getattr(args, "adapter_path", None))
+    out_dir = gen_dir(work, model, getattr(args, "adapter_digest", None))
     out_dir.mkdir(parents=True, exist_ok=True)
     t0, made, paths = time.time(), 0, []
     batches = gen_batches(args, prompts)

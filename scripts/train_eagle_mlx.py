@@ -240,7 +240,7 @@ def stage_export(args, final: Path, vocab, model, name: str) -> None:
                           **({"init": meta["init"]} if meta.get("init") else {}),
                           # the adapted target's head: which adapter (a folder's name, its digest)
                           **({"adapter": {"name": Path(args.adapter_path).name,
-                                          "digest": adapter_digest(args.adapter_path)}} if args.adapter_path else {})}}
+                                          "digest": args.adapter_digest}} if args.adapter_path else {})}}
     out = Path(args.out)
     save_head(out, head, mx.array(vocab), model, name=name, extra=extra,
               feature_layers=cfg.get("feature_layers") or [])
@@ -264,7 +264,8 @@ def main(args) -> None:
     prompts.update(train_draft.logged_prompt_files(args.prompt_file))
     log(f"loading {args.target} (MLX, {backend()})")
     model, tok, name = load_target(args.target, args.adapter_path)
-    check_work(work, args, gen_dir(work, model, args.adapter_path).name)  # named by the target's fingerprint
+    args.adapter_digest = adapter_digest(args.adapter_path) if args.adapter_path else None  # read once
+    check_work(work, args, gen_dir(work, model, args.adapter_digest).name)  # named by the target's fingerprint
     tcfg = target_config(model)
     args.vocab_size, args.intermediate = tcfg["vocab_size"], args.intermediate or tcfg["intermediate_size"]
     args.init_head = init_head(args.init, args.target, Path(args.out)) if args.init else None

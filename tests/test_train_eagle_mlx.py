@@ -375,7 +375,8 @@ def test_a_head_for_a_fine_tuned_target_learns_the_adapted_answers_and_drafts_lo
     assert training["adapter"] == {"name": "pirate", "digest": eagle_mlx_data.adapter_digest(adapter)}
     base = load_model(str(target))[0]
     (shards,) = (tmp_path / "work").glob("eagle-gen-mlx-*")  # the adapted target's answers, apart from the base's
-    assert shards == eagle_mlx_data.gen_dir(tmp_path / "work", base, adapter) != eagle_mlx_data.gen_dir(
+    digest = eagle_mlx_data.adapter_digest(adapter)
+    assert shards == eagle_mlx_data.gen_dir(tmp_path / "work", base, digest) != eagle_mlx_data.gen_dir(
         tmp_path / "work", base)
     spec = mlxspec.load(str(target), "none", drafter="eagle", head=str(head), num_draft=3, adapter_path=str(adapter))
     plain = mlxspec.load(str(target), "none", adapter_path=str(adapter))
