@@ -1056,7 +1056,8 @@ def parse_args(argv=None):
     p.add_argument("--adapter-path", metavar="PATH",
                    help="with --target: a fine-tuned adapter folder written by mlx_lm.lora, applied to the target "
                         "as mlxspec --adapter-path applies it; the head learns the adapted target's answers and "
-                        "features (use it with --adapter-path, or a pair naming both; default: none)")
+                        "features (draft with the head under the same adapter: mlxspec --adapter-path, or a pair naming "
+                        "both; default: none)")
     p.add_argument("--work", required=True, help="work dir for cached stages (shared with train_draft.py)")
     p.add_argument("--out", help="the head folder to write (default with --gguf: the shipped demo head's; "
                                  "required with --target)")
