@@ -51,7 +51,9 @@ and draft cost (`CostModel`) are per drafter. Acceptance is kept per *kind* of p
 the n-gram drafter labels drafts by match length (a 3-token match is far more reliable than
 a 1-token one), and a free drafter proposes first so the engine picks k for that kind.
 Lookup's kinds come and go with the text and are forgotten fast; a model drafter's acceptance is
-mostly the pair's and is forgotten slowly (`MODEL_DECAY`). A model drafter that stopped drafting
+mostly the pair's and is forgotten slowly (`MODEL_DECAY`). A new request weakens every estimate
+toward what its kind did over the last few hundred rounds (`LONG_DECAY`), so short requests do
+not each relearn a poor drafter from a uniform prior. A model drafter that stopped drafting
 is re-tested by probes: greedy, a guess of the next token checked for free, every GUESS_EVERY
 plain rounds; sampled, a k = 1 round, at intervals that double while they fail.
 """
@@ -81,6 +83,11 @@ GUESS_EVERY = 8
 # misses (one in twenty at 0.45) reads as 0.18 and stops it until probes restore it (on H100-shaped
 # costs, tests/test_engine_costs.py: 90 % of rounds drafted at 0.85, all but one at 0.97).
 DECAY, MODEL_DECAY = 0.85, 0.97
+# A new request starts each kind's estimate from what the kind has done over the last few hundred
+# rounds (forgotten this slowly, per round), not from the uniform prior: on short requests (a chat's
+# 16-token answers) a drafter far worse than 0.5 spent most of each request relearning that it was
+# (a head for the base target under a fine-tuned adapter ran at 0.98x plain decoding).
+LONG_DECAY = 0.995
 PACE_N = 5  # the pace is the median of this many timings over their estimates
 # A pass's context this much longer or shorter than the one the pace was read at (by JUMP_TOKENS
 # and by a factor of JUMP_RATIO) starts a new pace; a chat's turns of ordinary length never do.
@@ -377,6 +384,7 @@ class CostModel:
         self.static = Estimate()  # what a fixed-shape tree's pass adds to a chain pass of its length
         self.counts: Dict[str, list] = {}  # kind -> [successes, failures], from a Beta prior (1, 1 unless given)
         self.priors: Dict[str, tuple] = {}  # kind -> its Beta prior, when not (1, 1)
+        self.longrun: Dict[str, list] = {}  # kind -> [successes, failures] across requests (LONG_DECAY)
         self.margin = margin  # drafting must beat plain decoding by this factor: estimates are noisy
         self.rounds_since_draft = 0
         self.probe_every = PROBE_FIRST  # plain rounds between probes of a model drafter (doubles while probes fail)
@@ -387,6 +395,7 @@ class CostModel:
         self.rounds_since_explore = 0
         self.greedy = False  # whose acceptance `counts` holds: greedy or sampled requests' (`set_greedy`)
         self._other_counts: Dict[str, list] = {}  # the other mode's
+        self._other_longrun: Dict[str, list] = {}
 
     # -- observations -----------------------------------------------------------------------
     def observe_round(self, k: int, seconds: float, drafted: Optional[int] = None,
@@ -480,13 +489,15 @@ class CostModel:
             return
         if kind not in self.counts:
             self.counts[kind], self.priors[kind] = list(prior), tuple(prior)
+        longrun = self.longrun.setdefault(kind, list(self.priors.get(kind, prior)))
         if kind == self.probe_out:  # a probe's outcome: back off while probes fail, start over when one holds
             self.probe_out = None
             if not self.guess_probes:
                 self.probe_every = PROBE_FIRST if accepted >= 1 else min(2 * self.probe_every, PROBE_LAST)
-        c = self.counts[kind]
-        c[0] = self.decay * c[0] + accepted
-        c[1] = self.decay * c[1] + min(1.0, drafted - accepted)
+        failed = min(1.0, drafted - accepted)
+        for c, decay in ((self.counts[kind], self.decay), (longrun, LONG_DECAY)):
+            c[0] = decay * c[0] + accepted
+            c[1] = decay * c[1] + failed
 
     def set_greedy(self, greedy: bool) -> None:
         """Per request, before `new_request`. A greedy draft is accepted when it is the target's
@@ -495,16 +506,21 @@ class CostModel:
         (nor the other way round)."""
         if greedy != self.greedy:
             self.counts, self._other_counts = self._other_counts, self.counts
+            self.longrun, self._other_longrun = self._other_longrun, self.longrun
             self.greedy = greedy
 
     def new_request(self, keep: float = 0.25) -> None:
         """A new prompt may be a different kind of text: keep the acceptance estimates but
-        weaken them, so this request's own rounds soon outweigh the last one's, and probe a
-        model drafter that stopped drafting at the first interval again (probes that failed on
-        the last prompt say little about this one)."""
+        weaken them toward what the kind did over recent requests (`longrun`, at the strength of
+        its prior), so this request's own rounds soon outweigh the last one's; and probe a model
+        drafter that stopped drafting at the first interval again (probes that failed on the
+        last prompt say little about this one)."""
         self.probe_every = PROBE_FIRST
         for kind, c in self.counts.items():
             s0, f0 = self.priors.get(kind, (1.0, 1.0))
+            ls, lf = self.longrun.get(kind, (s0, f0))
+            mean = ls / (ls + lf)
+            s0, f0 = mean * (s0 + f0), (1.0 - mean) * (s0 + f0)
             c[0] = s0 + keep * (c[0] - s0)
             c[1] = f0 + keep * (c[1] - f0)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxspec.costmodel import C_STALE, STALL, EXPLORE_EVERY, STALE_ROUNDS, UNSURE_EVERY, CostModel, Estimate, TargetCurve
+from mlxspec.costmodel import C_STALE, MODEL_DECAY, STALL, EXPLORE_EVERY, STALE_ROUNDS, UNSURE_EVERY, CostModel, Estimate, TargetCurve
 
 # Verify-pass seconds measured on an H100 through MLX's CUDA backend for a 4-bit Qwen2.5-7B shape:
 # not monotonic (the quantized matmul switches kernels at 8 rows).
@@ -783,3 +783,45 @@ def test_the_loop_gives_each_mode_its_counts():
     assert sampled and not e.costs["model"].greedy
     e.generate([5, 6, 7, 8], max_tokens=12)
     assert e.costs["model"].greedy and e.costs["model"]._other_counts == sampled  # set aside, untouched
+
+
+def short_requests(alpha, requests=20, rounds=5):
+    """A model drafter (CPU-like costs: a pass of j rows costs 1 + 0.13 (j - 1) plain steps, a
+    drafting step 6 % of one) after `requests` requests of `rounds` rounds of 2 drafts, each
+    accepting alpha of a draft on average."""
+    m = trained({j: 10e-3 * (1 + 0.13 * (j - 1)) for j in range(1, 10)}, 0.6e-3, 0.5, plain=10e-3)
+    m.decay = MODEL_DECAY
+    m.counts = {}  # nothing learnt yet
+    for _ in range(requests):
+        m.new_request()
+        for _ in range(rounds):
+            m.observe_acceptance(2, 2 * alpha)
+    m.new_request()
+    return m
+
+
+def test_short_requests_start_from_the_drafters_recent_rate():
+    # A poor drafter (a head under a fine-tuned adapter: 0.12 per token) on short requests: each
+    # new request starts from what its rounds have shown, so it does not draft where that does
+    # not pay, as it did when each request started again near the uniform prior.
+    poor = short_requests(0.12)
+    assert poor.alpha_of("") < 0.2 and poor.choose(8) == 0
+    # ... while its own rounds still outweigh the past within a few: the text may suit it.
+    for _ in range(4):
+        poor.observe_acceptance(2, 2.0)
+    assert poor.alpha_of("") > 0.6 and poor.choose(8) > 1
+    # A good drafter starts its requests drafting long chains.
+    good = short_requests(0.8)
+    assert good.alpha_of("") > 0.7 and good.choose(8) >= 4
+    # Nothing seen yet: the uniform prior.
+    assert short_requests(0.8, requests=0).alpha_of("") == pytest.approx(0.5)
+
+
+def test_recent_rates_are_kept_per_mode():
+    m = short_requests(0.8)
+    m.set_greedy(not m.greedy)
+    m.new_request()
+    assert m.alpha_of("") == pytest.approx(0.5)  # the other mode has seen nothing
+    m.set_greedy(not m.greedy)
+    m.new_request()
+    assert m.alpha_of("") > 0.7

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxspec import treeplan
+from mlxspec import costmodel, treeplan
 from mlxspec.costmodel import CostModel, TargetCurve
 from mlxspec.drafters import Draft
 
@@ -53,6 +53,13 @@ def test_observe_learns_alpha_and_side_rates():
     for _ in range(10):
         treeplan.observe(m, TREE, [6])  # the chain failed at once, the root's branch matched, then failed
     assert m.alpha_of("n3") < a0 and m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR) > b0
-    # A cold side rate starts pessimistic and a new request pulls it back there, not to 1/2.
+    # A cold side rate starts pessimistic, and a new request pulls it back toward what the side
+    # branches did over the requests so far (the prior and these 10 matches, forgotten slowly),
+    # not to 1/2.
+    learnt = m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR)
     m.new_request(keep=0.0)
-    assert m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR) == pytest.approx(b0)
+    d = costmodel.LONG_DECAY
+    s = treeplan.SIDE_PRIOR[0] * d ** 10 + sum(d ** i for i in range(10))
+    f = treeplan.SIDE_PRIOR[1] * d ** 10
+    assert m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR) == pytest.approx(s / (s + f))
+    assert b0 < s / (s + f) and m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR) < learnt
