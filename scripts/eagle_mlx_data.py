@@ -45,16 +45,6 @@ def load_target(ref: str, adapter_path=None):
     return model, tok, Path(str(ref).rstrip("/")).name
 
 
-def adapter_digest(adapter_path) -> str:
-    """A fine-tuned adapter's weights and config, hashed: answers and heads of an adapted target are its."""
-    from mlxspec.loading.adapters import CONFIG, WEIGHTS
-
-    h = hashlib.sha1()
-    for name in (CONFIG, WEIGHTS):
-        h.update((Path(adapter_path).expanduser() / name).read_bytes())
-    return h.hexdigest()[:10]
-
-
 def target_config(model) -> dict:
     """The fields train_eagle.py reads of a target, from an mlx-lm model's args."""
     a = model.args

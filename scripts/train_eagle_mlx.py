@@ -24,7 +24,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 import eagle_objective as obj
 from train_eagle import reads_target, window_config
-from eagle_mlx_data import adapter_digest, gen_dir, load_target, stage_generate, target_config
+from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
 import train_draft
 from train_draft import log
 
@@ -254,6 +254,7 @@ def stage_export(args, final: Path, vocab, model, name: str) -> None:
 def main(args) -> None:
     """train_eagle.py's stages for --target (its parsed arguments)."""
     from mlxspec.device import backend
+    from mlxspec.loading.adapters import adapter_digest
     from train_eagle import (check_work, feature_layers, head_config, init_head, load_features, settle_draft_vocab,
                              stage_vocab, tapped_layers)
 

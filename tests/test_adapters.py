@@ -281,3 +281,55 @@ def test_a_request_naming_an_adapter_is_told_the_server_applies_its_own():
     assert "applied when the server starts (mlxspec serve --adapter-path)" in got.value.message
     assert got.value.status == 400 and got.value.param == "adapters" and got.value.code == "unsupported_parameter"
     parse_chat({"messages": [{"role": "user", "content": "hi"}], "adapters": None})  # null: as if left out
+
+
+def test_a_head_trained_under_another_adapter_than_the_targets_is_named(tiny_gguf, tmp_path):
+    # The head still drafts losslessly, but less often right: the load line, the bench's note and
+    # its JSON say so, so a slow head is not a mystery.
+    from mlxspec import load
+    from mlxspec.bench.report import pair_info
+    from mlxspec.commands.generate import load_line
+    from mlxspec.loading.adapters import adapter_digest
+    from mlxspec.loading.model import load_model
+
+    def make():
+        return load_model(str(tiny_gguf))[0]
+
+    pirate = write_adapter(make, tmp_path / "pirate", num_layers=1, rank=2)
+    tutor = write_adapter(make, tmp_path / "tutor", num_layers=1, rank=2, seed=2)
+    retrained = write_adapter(make, tmp_path / "v2" / "pirate", num_layers=1, rank=2, seed=3)  # same name
+    base_head = tiny.make_eagle_head(make(), tmp_path / "base-head")
+    pirate_head = tiny.make_eagle_head(make(), tmp_path / "pirate-head")
+    cfg = json.loads((pirate_head / "config.json").read_text())
+    cfg.setdefault("training", {})["adapter"] = {"name": "pirate", "digest": adapter_digest(pirate)}
+    (pirate_head / "config.json").write_text(json.dumps(cfg))
+    cases = [(base_head, None, None),
+             (base_head, pirate, "trained for the target without adapter pirate"),
+             (pirate_head, pirate, None),
+             (pirate_head, None, "trained under adapter pirate, which this target lacks"),
+             (pirate_head, tutor, "trained under adapter pirate, not this tutor"),
+             (pirate_head, retrained, "trained under another adapter named pirate (its weights or config differ)")]
+    for head, adapter, note in cases:
+        engine = load(str(tiny_gguf), "none", drafter="eagle", head=str(head),
+                      adapter_path=None if adapter is None else str(adapter))
+        assert engine.head_note == note, (head.name, adapter)
+        assert (f"head {head} ({note})" if note else f"head {head};") in load_line(engine)
+        assert pair_info(engine, ["eagle"])["head"] == str(head)
+        assert pair_info(engine, ["eagle"])["head_note"] == note
+    assert load(str(tiny_gguf), drafter="ngram", adapter_path=str(pirate)).head_note is None  # no head, no note
+
+
+def test_the_bench_says_when_its_head_was_trained_under_another_adapter(tiny_gguf, tmp_path, capsys):
+    from mlxspec.loading.model import load_model
+
+    pirate = write_adapter(lambda: load_model(str(tiny_gguf))[0], tmp_path / "pirate", num_layers=1, rank=2)
+    head = tiny.make_eagle_head(load_model(str(tiny_gguf))[0], tmp_path / "base-head")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hello there"}) + "\n")
+    common = ["bench", "--target", str(tiny_gguf), "--head", str(head), "--prompts", str(prompts), "--max-tokens",
+              "4", "--no-peer", "--num-draft", "2"]
+    assert main([*common, "--drafter", "eagle", "--adapter-path", str(pirate)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"the head {head} was trained for the target without adapter pirate, so it may draft less" in err
+    assert main([*common, "--drafter", "eagle"]) == 0  # the target it was trained for
+    assert "may draft less" not in capsys.readouterr().err

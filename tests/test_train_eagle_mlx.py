@@ -14,6 +14,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import mlxspec
+from mlxspec.loading.adapters import adapter_digest
 import tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -372,15 +373,18 @@ def test_a_head_for_a_fine_tuned_target_learns_the_adapted_answers_and_drafts_lo
     adapter = write_adapter(lambda: load_model(str(target))[0], tmp_path / "pirate", num_layers=2)
     head = _train(target, tmp_path, "--adapter-path", str(adapter))
     training = json.loads((head / "config.json").read_text())["training"]
-    assert training["adapter"] == {"name": "pirate", "digest": eagle_mlx_data.adapter_digest(adapter)}
+    assert training["adapter"] == {"name": "pirate", "digest": adapter_digest(adapter)}
     base = load_model(str(target))[0]
     (shards,) = (tmp_path / "work").glob("eagle-gen-mlx-*")  # the adapted target's answers, apart from the base's
-    digest = eagle_mlx_data.adapter_digest(adapter)
+    digest = adapter_digest(adapter)
     assert shards == eagle_mlx_data.gen_dir(tmp_path / "work", base, digest) != eagle_mlx_data.gen_dir(
         tmp_path / "work", base)
     spec = mlxspec.load(str(target), "none", drafter="eagle", head=str(head), num_draft=3, adapter_path=str(adapter))
     plain = mlxspec.load(str(target), "none", adapter_path=str(adapter))
     unadapted = mlxspec.load(str(target), "none")
+    assert spec.head_note is None  # the exported config names the adapter it was trained under
+    assert mlxspec.load(str(target), "none", drafter="eagle", head=str(head)).head_note == \
+        "trained under adapter pirate, which this target lacks"
     differs = 0
     for prompt in ("tell me a story", "what is two plus two?"):
         want = plain.generate(prompt, max_tokens=24, speculative=False)

@@ -50,9 +50,11 @@ def device_line(device: dict) -> str:
 
 
 def pair_info(engine, drafters) -> dict:
-    """{"name", "target", "draft", "drafters", "working_dtype", "kv_cache", "adapter"} from a loaded engine
-    (loader attributes if present); kv_cache: its KV quantization (`--kv-bits`), None for full precision;
-    adapter: the fine-tuned adapter on the target (`--adapter-path`: {"path", "kind"}), None for none."""
+    """{"name", "target", "draft", "drafters", "working_dtype", "kv_cache", "adapter", "head", "head_note"}
+    from a loaded engine (loader attributes if present); kv_cache: its KV quantization (`--kv-bits`),
+    None for full precision; adapter: the fine-tuned adapter on the target (`--adapter-path`: {"path",
+    "kind"}), None for none; head: the EAGLE head's reference, None for none; head_note: how the
+    adapter it was trained under differs from the target's, in words, None when they agree."""
     t_info, d_info = getattr(engine, "target_info", None), getattr(engine, "draft_info", None)
     target = getattr(t_info, "ref", None) or type(engine.target_model).__module__.rsplit(".", 1)[-1]
     draft = None
@@ -64,7 +66,8 @@ def pair_info(engine, drafters) -> dict:
             "kv_cache": None if quant is None else {"bits": quant.bits, "group_size": quant.group_size,
                                                     "quantized_kv_start": quant.start},
             "adapter": ({"path": t_info.adapter, "kind": t_info.adapter_kind}
-                        if getattr(t_info, "adapter", None) else None)}
+                        if getattr(t_info, "adapter", None) else None),
+            "head": getattr(engine, "head_ref", None), "head_note": getattr(engine, "head_note", None)}
 
 
 def to_json(result: BenchResult, *, pair: dict, curve: Optional[dict] = None, prompts_source: str = "builtin") -> dict:

@@ -262,6 +262,10 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     if len(trees) > 1 and len({x.tree for x in speculative}) < len(trees):
         err.print("note: --tree compares nothing here: these settings draft chains only (a drafter without trees, "
                   "or a fixed --num-draft), so each runs once", soft_wrap=True, highlight=False)
+    if getattr(engine, "head_note", None) and any(x.drafter == "eagle" for x in speculative):  # not a mystery
+        err.print(f"note: the head {engine.head_ref} was {engine.head_note}, so it may draft less often right "
+                  f"here (scripts/train_eagle.py --adapter-path trains one for an adapted target in minutes: "
+                  f"README, 'Feature-level drafting')", soft_wrap=True, highlight=False)
     if not args.no_peer and engine.draft_model is not None and (why := peer_blocker(engine, tokens)):
         err.print(f"mlx-lm's speculative decoding is left out: {why}")
     ratios, source = curve_for(engine, measure=False)  # a saved curve, if any; the warm-up times V(j) anyway

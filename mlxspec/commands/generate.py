@@ -273,6 +273,8 @@ def load_line(engine) -> str:
     prefix = f"pair {engine.pair_name}: " if engine.pair_name else ""
     draft = one(engine.draft_info) if engine.draft_info else "no draft model"
     head = getattr(engine, "head_ref", None)
+    note = getattr(engine, "head_note", None)
+    head = f"{head} ({note})" if head and note else head
     # A pair's draft model stays loaded when its default drafter on this backend is another one.
     used = getattr(engine, "default_drafter", None)
     quant = getattr(engine, "kv_quant", None)

@@ -11,8 +11,10 @@ every tensor the config implies (a missing DoRA magnitude would silently change 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
+from typing import Optional
 
 from ..errors import IncompatibleModelsError, InvalidArgumentError, MlxSpecError, ModelNotFoundError, one_line, shown
 
@@ -35,6 +37,33 @@ def adapter_folder(path) -> Path:
         raise ModelNotFoundError(f"the adapter folder {folder} has no {' and no '.join(missing)}: an mlx_lm.lora "
                                  f"adapter folder holds {CONFIG} and {WEIGHTS}")
     return folder
+
+
+def adapter_digest(path) -> str:
+    """The adapter's config and weights, hashed (10 hex digits): a head trained for the adapted
+    target names its adapter by it (`scripts/train_eagle.py --adapter-path`)."""
+    h = hashlib.sha1()
+    for name in (CONFIG, WEIGHTS):
+        h.update((Path(path).expanduser() / name).read_bytes())
+    return h.hexdigest()[:10]
+
+
+def head_mismatch(trained_under: Optional[dict], path) -> Optional[str]:
+    """How the adapter a head was trained under (its config's `training.adapter`, {name, digest};
+    None: the base target) differs from the one on the target (`path`; None: none), in words;
+    None when they are the same. The head still drafts losslessly, only less often right."""
+    if not trained_under and path is None:
+        return None
+    if path is None:
+        return f"trained under adapter {trained_under.get('name')}, which this target lacks"
+    name = Path(path).expanduser().name
+    if not trained_under:
+        return f"trained for the target without adapter {name}"
+    if trained_under.get("digest") == adapter_digest(path):
+        return None
+    if trained_under.get("name") == name:
+        return f"trained under another adapter named {name} (its weights or config differ)"
+    return f"trained under adapter {trained_under.get('name')}, not this {name}"
 
 
 def read_config(folder: Path) -> dict:

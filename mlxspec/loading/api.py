@@ -68,7 +68,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
 
     Returns:
         An `Engine` with attributes `target_info`, `draft_info` (ModelInfo or None), `head_ref`
-        (the EAGLE head's reference, or None) and `pair_name` (str or None).
+        (the EAGLE head's reference, or None), `head_note` (how the adapter the head was trained
+        under differs from the target's, in words, or None) and `pair_name` (str or None).
 
     Raises:
         ModelNotFoundError, IncompatibleModelsError, InvalidArgumentError, MlxSpecError
@@ -180,6 +181,13 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     engine.target_info = target_info
     engine.draft_info = draft_info
     engine.head_ref = head_ref if head_path is not None else None
+    # A head trained under another adapter (or none) than the target's drafts right less often:
+    # said on the load line, so a slow head is not a mystery (`scripts/train_eagle.py --adapter-path`).
+    engine.head_note = None
+    if engine.eagle is not None:
+        from .adapters import head_mismatch
+
+        engine.head_note = head_mismatch((engine.eagle[2].get("training") or {}).get("adapter"), adapter_path)
     engine.pair_name = pair.name if pair else None
     return engine
 
