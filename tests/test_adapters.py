@@ -303,7 +303,15 @@ def test_a_head_trained_under_another_adapter_than_the_targets_is_named(tiny_ggu
     cfg = json.loads((pirate_head / "config.json").read_text())
     cfg.setdefault("training", {})["adapter"] = {"name": "pirate", "digest": adapter_digest(pirate)}
     (pirate_head / "config.json").write_text(json.dumps(cfg))
-    cases = [(base_head, None, None),
+    odd_head = tiny.make_eagle_head(make(), tmp_path / "odd-head")  # a hand-edited config: no adapter it can read
+    cfg["training"] = "by hand"
+    (odd_head / "config.json").write_text(json.dumps(cfg))
+    odder_head = tiny.make_eagle_head(make(), tmp_path / "odder-head")
+    cfg["training"] = {"adapter": "pirate"}  # not the {name, digest} the trainer writes
+    (odder_head / "config.json").write_text(json.dumps(cfg))
+    cases = [(odd_head, pirate, "trained for the target without adapter pirate"), (odd_head, None, None),
+             (odder_head, pirate, "trained for the target without adapter pirate"), (odder_head, None, None),
+             (base_head, None, None),
              (base_head, pirate, "trained for the target without adapter pirate"),
              (pirate_head, pirate, None),
              (pirate_head, None, "trained under adapter pirate, which this target lacks"),

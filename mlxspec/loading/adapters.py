@@ -52,6 +52,7 @@ def head_mismatch(trained_under: Optional[dict], path) -> Optional[str]:
     """How the adapter a head was trained under (its config's `training.adapter`, {name, digest};
     None: the base target) differs from the one on the target (`path`; None: none), in words;
     None when they are the same. The head still drafts losslessly, only less often right."""
+    trained_under = trained_under if isinstance(trained_under, dict) else None  # a hand-edited config's
     if not trained_under and path is None:
         return None
     if path is None:

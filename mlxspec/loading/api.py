@@ -187,7 +187,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     if engine.eagle is not None:
         from .adapters import head_mismatch
 
-        engine.head_note = head_mismatch((engine.eagle[2].get("training") or {}).get("adapter"), adapter_path)
+        training = engine.eagle[2].get("training")
+        engine.head_note = head_mismatch(training.get("adapter") if isinstance(training, dict) else None, adapter_path)
     engine.pair_name = pair.name if pair else None
     return engine
 
