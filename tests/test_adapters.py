@@ -291,6 +291,7 @@ def test_a_head_trained_under_another_adapter_than_the_targets_is_named(tiny_ggu
     from mlxspec.commands.generate import load_line
     from mlxspec.loading.adapters import adapter_digest
     from mlxspec.loading.model import load_model
+    from tui.info import describe
 
     def make():
         return load_model(str(tiny_gguf))[0]
@@ -324,6 +325,7 @@ def test_a_head_trained_under_another_adapter_than_the_targets_is_named(tiny_ggu
         assert (f"head {head} ({note})" if note else f"head {head};") in load_line(engine)
         assert pair_info(engine, ["eagle"])["head"] == str(head)
         assert pair_info(engine, ["eagle"])["head_note"] == note
+        assert describe(engine).draft == (f"EAGLE head ({note})" if note else "EAGLE head")  # the chat's header
     assert load(str(tiny_gguf), drafter="ngram", adapter_path=str(pirate)).head_note is None  # no head, no note
 
 

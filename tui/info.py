@@ -36,6 +36,8 @@ def describe(engine, *, name: str = None, drafter: str = None) -> PairInfo:
         draft_bytes = engine.draft_weights_bytes
     elif drafter == "eagle":
         draft, draft_bytes = "EAGLE head", engine.eagle_weights_bytes
+        if getattr(engine, "head_note", None):  # trained under another adapter: a slow race is not a mystery
+            draft += f" ({engine.head_note})"
     else:
         draft = f"{drafter} drafter"
     quant = getattr(engine, "kv_quant", None)
