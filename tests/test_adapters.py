@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from unittest.mock import ANY
 
 import mlx.core as mx
 import pytest
@@ -343,3 +344,7 @@ def test_the_bench_says_when_its_head_was_trained_under_another_adapter(tiny_ggu
     assert f"the head {head} was trained for the target without adapter pirate, so it may draft less" in err
     assert main([*common, "--drafter", "eagle"]) == 0  # the target it was trained for
     assert "may draft less" not in capsys.readouterr().err
+    for adapter, note in ((pirate, "trained for the target without adapter pirate"), (None, None)):
+        assert main(["generate", "--target", str(tiny_gguf), "--head", str(head), "--drafter", "eagle", "--max-tokens",
+                     "2", "--json", "abc", *(["--adapter-path", str(adapter)] if adapter else [])]) == 0
+        assert json.loads(capsys.readouterr().out)["head"] == {"ref": str(head), "weights_bytes": ANY, "note": note}

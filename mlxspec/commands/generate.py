@@ -261,7 +261,8 @@ def _head(engine):
     """The EAGLE head, if the engine has one ("draft" is the draft model; stats' draft figures are
     the drafter's that ran)."""
     ref = getattr(engine, "head_ref", None)
-    return {"ref": ref, "weights_bytes": engine.eagle_weights_bytes} if ref else None
+    return {"ref": ref, "weights_bytes": engine.eagle_weights_bytes,
+            "note": getattr(engine, "head_note", None)} if ref else None  # note: trained under another adapter
 
 
 def load_line(engine) -> str:
