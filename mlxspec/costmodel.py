@@ -88,6 +88,10 @@ DECAY, MODEL_DECAY = 0.85, 0.97
 # 16-token answers) a drafter far worse than 0.5 spent most of each request relearning that it was
 # (a head for the base target under a fine-tuned adapter ran at 0.98x plain decoding).
 LONG_DECAY = 0.995
+# ... from the kind's prior at the weight of this many rounds: a few unlucky first rounds must not
+# set where every later short request starts (a head whose drafts win 41 % of sampled rounds lost
+# its first 5 and, its requests too short for a probe, never drafted again).
+LONG_PRIOR = 20.0
 PACE_N = 5  # the pace is the median of this many timings over their estimates
 # A pass's context this much longer or shorter than the one the pace was read at (by JUMP_TOKENS
 # and by a factor of JUMP_RATIO) starts a new pace; a chat's turns of ordinary length never do.
@@ -489,7 +493,10 @@ class CostModel:
             return
         if kind not in self.counts:
             self.counts[kind], self.priors[kind] = list(prior), tuple(prior)
-        longrun = self.longrun.setdefault(kind, list(self.priors.get(kind, prior)))
+        if kind not in self.longrun:
+            s0, f0 = self.priors.get(kind, prior)
+            self.longrun[kind] = [LONG_PRIOR * s0 / (s0 + f0), LONG_PRIOR * f0 / (s0 + f0)]
+        longrun = self.longrun[kind]
         if kind == self.probe_out:  # a probe's outcome: back off while probes fail, start over when one holds
             self.probe_out = None
             if not self.guess_probes:

@@ -58,8 +58,8 @@ def test_observe_learns_alpha_and_side_rates():
     # not to 1/2.
     learnt = m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR)
     m.new_request(keep=0.0)
-    d = costmodel.LONG_DECAY
-    s = treeplan.SIDE_PRIOR[0] * d ** 10 + sum(d ** i for i in range(10))
-    f = treeplan.SIDE_PRIOR[1] * d ** 10
+    d, w = costmodel.LONG_DECAY, costmodel.LONG_PRIOR / sum(treeplan.SIDE_PRIOR)
+    s = w * treeplan.SIDE_PRIOR[0] * d ** 10 + sum(d ** i for i in range(10))
+    f = w * treeplan.SIDE_PRIOR[1] * d ** 10
     assert m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR) == pytest.approx(s / (s + f))
     assert b0 < s / (s + f) and m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR) < learnt
