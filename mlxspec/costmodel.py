@@ -89,8 +89,8 @@ DECAY, MODEL_DECAY = 0.85, 0.97
 # (a head for the base target under a fine-tuned adapter ran at 0.98x plain decoding).
 LONG_DECAY = 0.995
 # ... from the kind's prior at the weight of this many rounds: a few unlucky first rounds must not
-# set where every later short request starts (a head whose drafts win 41 % of sampled rounds lost
-# its first 5 and, its requests too short for a probe, never drafted again).
+# set where every later short request starts (a test's head, sampled, lost its first 5 drafts and,
+# its 2-token requests too short for a probe and lookup drafting the rest, never drafted again).
 LONG_PRIOR = 20.0
 PACE_N = 5  # the pace is the median of this many timings over their estimates
 # A pass's context this much longer or shorter than the one the pace was read at (by JUMP_TOKENS
