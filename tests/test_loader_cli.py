@@ -31,6 +31,7 @@ class FakeEngine:
                          draft_tokenizer=draft_tokenizer, drafter=drafter, max_kv_size=max_kv_size, num_draft=num_draft,
                          eagle_head=eagle_head, **more)
         self.tokenizer = tokenizer
+        self.eagle = None  # as the engine's attribute: no head is loaded here
         self.calls = []
 
     def stream(self, prompt, **options):

@@ -184,7 +184,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     # A head trained under another adapter (or none) than the target's drafts right less often:
     # said on the load line, so a slow head is not a mystery (`scripts/train_eagle.py --adapter-path`).
     engine.head_note = None
-    if getattr(engine, "eagle", None) is not None:  # (an engine class of a test's may have none)
+    if engine.eagle is not None:
         from .adapters import head_mismatch
 
         training = engine.eagle[2].get("training")
