@@ -595,6 +595,21 @@ async def test_the_header_names_who_drafts_and_weighs_its_weights(tmp_path):
 
 
 @async_test
+async def test_a_head_trained_under_another_adapter_is_said_in_full_in_the_history(tmp_path):
+    from tiny import make_eagle_head
+
+    head = make_eagle_head(tiny_engine().target_model, tmp_path / "head")
+    note = "trained for the target without adapter pirate"
+    for said in (note, None):
+        engine = tiny_engine(eagle_head=head, drafter="eagle")
+        engine.head_note = said  # what mlxspec.load sets (tests/test_adapters.py checks that)
+        app = make_app(engine, max_tokens=4)
+        async with app.run_test(size=(80, 30)) as pilot:  # too narrow for the header to hold the note
+            await pilot.pause()
+            assert (f"the EAGLE head was {note}" in history_text(app).replace("\n", " ")) == (said is not None)
+
+
+@async_test
 async def test_the_header_says_when_the_kv_cache_is_quantized():
     from textual.geometry import Region
 
