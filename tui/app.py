@@ -122,8 +122,8 @@ class ChatApp(App):
         if self._resume is not None:
             self.take_up(self._resume)
             self._resume = None
-        note = getattr(engine, "head_note", None)  # set by mlxspec.load; the header may cut it short
-        if note and "eagle" in engine.drafters:
+        note = getattr(engine, "head_note", None)  # set by mlxspec.load, only with a head; the header may cut it short
+        if note:
             self.notice(f"note: the EAGLE head was {note}, so it may draft less often right here (the answers "
                         f"are the target's all the same; /drafter ngram drafts without it)")
         prompt = self.query_one("#prompt", Input)
