@@ -22,7 +22,7 @@ import mlx.core as mx
 from . import blas, harmony, kernels
 from .cache import WindowKVCache
 from .calibration import check_ratios, priors_for
-from .costmodel import DECAY, MODEL_DECAY, CostModel, TargetCurve
+from .costmodel import DECAY, MODEL_DECAY, CostModel
 from .device import backend
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
@@ -45,6 +45,7 @@ from .reasoning import starts_inside, thinking_markers
 from .sampling import SamplingParams, bias_row, check_logit_bias
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
+from .target_curve import TargetCurve
 from .tools import ToolFormat, call_grammar, check_tool_choice, check_tools, tool_format
 
 # V(j)/V(1) = 1 + slope * (j - 1) until measured (and no calibration file says otherwise): GPUs verify

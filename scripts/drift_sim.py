@@ -42,7 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlxspec.costmodel import MODEL_DECAY, CostModel, TargetCurve  # noqa: E402
+from mlxspec.costmodel import MODEL_DECAY, CostModel  # noqa: E402
+from mlxspec.target_curve import TargetCurve  # noqa: E402
 
 PLAIN, HEAD, CATCH_UP = 6.2e-3, 0.6e-3, 1.6e-3  # seconds, at the host's speed 1
 TRUTH = ("none", "costs", "all")

@@ -2,7 +2,8 @@
 
 import pytest
 
-from mlxspec.costmodel import C_STALE, MODEL_DECAY, STALL, EXPLORE_EVERY, STALE_ROUNDS, UNSURE_EVERY, CostModel, Estimate, TargetCurve
+from mlxspec.costmodel import C_STALE, MODEL_DECAY, EXPLORE_EVERY, STALE_ROUNDS, UNSURE_EVERY, CostModel
+from mlxspec.target_curve import TargetCurve
 
 # Verify-pass seconds measured on an H100 through MLX's CUDA backend for a 4-bit Qwen2.5-7B shape:
 # not monotonic (the quantized matmul switches kernels at 8 rows).
@@ -68,30 +69,8 @@ def test_a_pipelined_plain_step_is_the_unit_of_comparison():
     assert trained(flat, 0.0, 0.3, free=True, plain=0.7).choose() == 0
 
 
-def test_unmeasured_lengths_are_interpolated_and_extrapolated():
-    c = TargetCurve()
-    c.observe(1, 1.0)
-    c.observe(3, 2.0)
-    assert c.verify_seconds(2) == pytest.approx(1.5)
-    assert c.verify_seconds(5) == pytest.approx(3.0)
-
-
 def test_first_round_times_a_plain_step():
     assert CostModel().choose() == 0
-
-
-def test_a_round_of_1_from_a_faster_spell_does_not_stand_in_for_todays_plain_step():
-    curve = TargetCurve()
-    for _ in range(3):
-        curve.observe(2, 1.5)
-        curve.observe_plain(1.2)
-    assert curve.plain_seconds() == 1.2  # V(1) only interpolated
-    for _ in range(3):
-        curve.observe(1, 1.0)
-    assert curve.plain_seconds() == 1.0  # a round of 1 timed after the step's latest sample
-    for _ in range(3):
-        curve.observe_plain(1.25)  # the host slowed since
-    assert curve.plain_seconds() == pytest.approx(1.25)  # today's step at today's pace, not V(1)
 
 
 def test_a_slower_host_moves_the_pace_not_the_shape():
@@ -110,60 +89,6 @@ def test_a_slower_host_moves_the_pace_not_the_shape():
     assert m.choose(4) == 2
 
 
-def test_a_length_cheaper_than_the_others_is_learnt_while_they_are_timed_too():
-    """Against the pace, a length's own change shows only beside the others: timed with them,
-    V(3) learns its new cost and the pace stays."""
-    curve = TargetCurve()
-    for j in (1, 2, 3):
-        for _ in range(3):
-            curve.observe(j, 1.0)
-    for _ in range(9):
-        for j, s in ((1, 1.0), (2, 1.0), (3, 0.8)):
-            curve.observe(j, s)
-    assert curve.pace == pytest.approx(1.0)
-    assert curve.verify_seconds(3) == pytest.approx(0.8) and curve.verify_seconds(2) == pytest.approx(1.0)
-
-
-def test_a_stall_does_not_move_the_pace():
-    curve = TargetCurve()
-    for _ in range(5):
-        curve.observe_plain(1.0)
-    curve.observe_plain(20.0)  # a first-use compile
-    assert curve.pace == 1.0 and curve.plain_seconds() == 1.0
-
-
-def _warmed_at(context, v, plain):
-    """A curve timed at `context` positions, as warm-up leaves it (and a loop's rounds confirm)."""
-    curve = TargetCurve()
-    curve.at_context(context)
-    for _ in range(5):  # settled, and the pace read from them
-        for j, s in v.items():
-            curve.observe(j, s)
-        if plain is not None:
-            curve.observe_plain(plain)
-    return curve
-
-
-def test_a_far_longer_context_reads_the_pace_before_learning_new_lengths():
-    """The 2-core CPU's case: after 3,000 positions every pass took 1.7-2.3x as long as after 64.
-    The first timing of a length never timed there has nothing to be read against, so it is not
-    learnt; the plain step, timed before, gives the pace at once; a new length is then learnt at
-    that pace. Before, it was learnt at the old pace (1.7x too dear) and then scaled by the new
-    one again: V(6) read 1.7 x 1.7 its cost, and the head stopped drafting lengths it paid at."""
-    curve = _warmed_at(32, {1: 1.0, 2: 1.2, 3: 1.4}, 1.0)
-    guess = curve.verify_seconds(6)
-    curve.at_context(3000)
-    assert curve.pace_open
-    curve.observe(6, 2.9)  # never timed: no pace yet to learn it at
-    assert curve.age(6) is None and curve.verify_seconds(6) == pytest.approx(guess)
-    curve.observe_plain(1.7)
-    assert not curve.pace_open and curve.pace == pytest.approx(1.7)
-    assert curve.plain_seconds() == pytest.approx(1.7)
-    curve.observe(6, 2.9)
-    assert curve.verify_seconds(6) == pytest.approx(2.9)  # its own cost, not 1.7 x 2.9
-    assert curve.verify_seconds(2) == pytest.approx(1.7 * 1.2)
-
-
 def test_a_model_drafters_round_reads_the_new_pace_and_keeps_its_draft_cost():
     m = trained({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6}, 0.05, 0.6, plain=1.0)
     m.curve.at_context(32)
@@ -176,63 +101,6 @@ def test_a_model_drafters_round_reads_the_new_pace_and_keeps_its_draft_cost():
     m.observe_round(2, 2.0 * 1.5)  # the shape timed before: the pace (2.0) from it alone
     assert not m.curve.pace_open and m.curve.pace == pytest.approx(2.0)
     assert m.draft_seconds() == pytest.approx(0.1)  # 0.05 at the new pace, not the excess of a slower host
-
-
-def test_a_step_never_timed_waits_for_the_pace_too():
-    curve = _warmed_at(32, {1: 1.0, 2: 1.2}, None)
-    curve.at_context(3000)
-    curve.observe_plain(1.7)  # nothing to read it against
-    assert curve.pace_open and curve.plain.value() is None
-    curve.observe(2, 2.4)
-    assert curve.pace == pytest.approx(2.0)
-    curve.observe_plain(1.7)
-    assert curve.plain.value() == pytest.approx(1.7 / 2.0)
-
-
-def test_a_chat_growing_turn_by_turn_keeps_its_pace():
-    curve = _warmed_at(32, {1: 1.0, 2: 1.2}, 1.0)
-    for n in range(300, 6000, 300):  # each turn a few hundred positions longer
-        curve.at_context(n)
-        assert not curve.pace_open, n
-        curve.observe_plain(1.0 + n / 10000)
-    assert len(curve._ratios) == 5  # never forgotten
-    curve.at_context(100)  # a new, short conversation after 5,700 positions
-    assert curve.pace_open
-
-
-def test_the_first_pace_after_a_jump_is_no_stall():
-    curve = _warmed_at(100, {1: 1.0, 2: 1.2}, 1.0)
-    curve.at_context(1000)  # 10x the positions: a pass may take up to 4 x 10 x its estimate and count
-    curve.observe_plain(45.0)  # a first-use compile
-    assert curve.pace_open and curve.pace == 1.0
-    curve.observe_plain(1.3)
-    curve.observe_plain(1.35)
-    assert curve.pace == pytest.approx(1.3)  # the least of the first samples: stalls only slow one down
-    curve.observe_plain(1.4)
-    assert curve.pace == pytest.approx(1.35)  # then their median, as before
-
-
-def test_a_context_slowing_passes_past_the_stall_bar_still_sets_the_pace():
-    """Passes 5x dearer after 20x the positions: above the stall bar (STALL x the old pace), yet
-    the context's growth explains them, so the first timing sets the new pace."""
-    assert 5.0 > STALL
-    curve = _warmed_at(100, {1: 1.0, 2: 1.2}, 1.0)
-    curve.at_context(2000)
-    curve.observe_plain(5.0)
-    assert not curve.pace_open and curve.pace == pytest.approx(5.0)
-    curve.at_context(100)  # back to short requests: no growth, the usual bar
-    curve.observe_plain(STALL * 5.0 * 1.5)  # a compile stall
-    assert curve.pace_open
-
-
-def test_calibrated_curve_is_scaled_from_the_nearest_timed_length():
-    c = TargetCurve(prior_ratios={1: 1.0, 2: 1.1, 3: 1.2, 4: 3.0, 5: 3.1})
-    c.observe(1, 0.2)
-    assert c.verify_seconds(4) == pytest.approx(0.6)
-    c.observe(3, 0.3)  # slower than the curve said: lengths near 3 follow the measurement
-    assert c.verify_seconds(4) == pytest.approx(0.3 * 3.0 / 1.2)
-    c.prior_ratios = {1: 1.0, 3: 1.5, 4: 2.0}  # a new prior replaces the cached interpolations
-    assert c.verify_seconds(4) == pytest.approx(0.3 * 2.0 / 1.5)
 
 
 def test_calibrated_draft_cost_is_used_until_measured():
@@ -331,23 +199,6 @@ def test_a_model_drafter_that_stopped_drafting_re_times_a_stale_length(warm_up):
     assert m.choose(1) == 1 and not m.probing  # now it pays on the measured V(2)
     m.observe_round(1, 1.2)  # a slower round confirms V(2) is not too high: no re-timing soon
     assert curve.age(2) == 0
-
-
-def test_loop_timings_replace_warm_ups_which_a_median_would_keep():
-    e = Estimate()
-    for s in (1.3, 1.25):
-        e.add(s, provisional=True)
-    assert e.provisional and e.value() == 1.25
-    e.add(1.05)  # the loop's first timing replaces warm-up's instead of sitting beside them
-    assert not e.provisional and e.value() == 1.05
-    e.add(1.2, provisional=True)  # a later warm-up (a new pair) joins the loop's, as any timing
-    assert not e.provisional and len(e) == 2
-    e = Estimate()
-    e.add(1.0, provisional=True)
-    assert not e.add(9.0) and e.value() == 1.0  # a stall is still held back, not a replacement
-    assert not e.add(9.5)
-    e.add(8.0)  # the third in a row: a new regime of the three, with warm-up's timing gone
-    assert list(e.samples) == [9.0, 9.5, 8.0] and not e.provisional and e.value() == 9.0
 
 
 def test_an_h200s_inflated_warm_up_does_not_keep_the_head_from_drafting():
@@ -497,28 +348,6 @@ def test_drafting_needs_a_margin_over_plain_decoding():
 
 
 # -- robustness: stalls and stale estimates ---------------------------------------------------------
-def test_estimate_is_the_minimum_while_few_then_the_median():
-    e = Estimate()
-    e.add(5.0)
-    e.add(1.0)
-    assert e.value() == 1.0  # a first sample that was a stall does not survive a second one
-    for x in (1.2, 0.9, 1.1):
-        e.add(x)
-    assert e.value() == pytest.approx(1.1)
-
-
-def test_a_stall_is_held_back_unless_it_repeats():
-    e = Estimate()
-    for _ in range(5):
-        e.add(1.0)
-    assert not e.add(100.0) and e.value() == 1.0
-    e.add(1.0)
-    assert e.value() == 1.0
-    # A lasting change (a longer context, a busier machine) is accepted after it repeats.
-    results = [e.add(10.0) for _ in range(8)]
-    assert results[:2] == [False, False] and all(results[2:]) and e.value() == 10.0
-
-
 def test_a_stalled_first_pass_of_a_new_length_does_not_stick():
     m = trained({1: 1.0, 2: 1.05}, 0.0, 0.9, free=True)
     assert m.choose(4) == 4  # V(5) is interpolated: drafting 4 pays
@@ -561,28 +390,6 @@ def test_greedy_guesses_never_back_off():
     at = probes(m, 200)
     assert len(at) > 10 and {b - a for a, b in zip(at, at[1:])} == {GUESS_EVERY}
     assert m.probe_every == 16  # the round probes' interval is left alone
-
-
-def test_a_run_of_stalls_taken_for_a_new_regime_is_undone_when_the_old_level_returns():
-    e = Estimate()
-    for _ in range(5):
-        e.add(1.0)
-    assert [e.add(x) for x in (90.0, 40.0, 150.0)] == [False, False, True]  # three in a row: a "regime"
-    assert e.value() == 90.0
-    e.add(1.1)  # back at the old level: they were stalls (a stall only ever slows a sample down)
-    assert e.value() == pytest.approx(1.0)
-    for x in (90.0, 40.0, 150.0, 80.0):  # a regime that its next sample confirms stays
-        e.add(x)
-    e.add(1.0)
-    assert e.value() > 40.0
-
-
-def test_a_first_sample_far_over_its_guess_is_held_back():
-    e = Estimate()
-    assert not e.add(50.0, guess=1.0) and e.value() is None
-    assert e.add(1.2, guess=1.0) and e.value() == 1.2
-    e2 = Estimate()
-    assert [e2.add(50.0, guess=1.0) for _ in range(3)] == [False, False, True]  # it repeats: it is the cost
 
 
 def h100_head(stalls, at=1, rounds=600, alpha=0.5, slow=lambda r: 1.0, model=None):
@@ -745,13 +552,6 @@ def test_a_round_faster_than_its_drafting_estimate_never_makes_a_pass_free():
     ngram = CostModel(curve, draft_is_free=True)
     ngram.observe_acceptance(10, 9)
     assert ngram.choose() >= 1  # priced, not divided by zero
-
-
-def test_a_pass_timed_at_zero_seconds_teaches_nothing():
-    curve = TargetCurve()
-    curve.add_verify(2, 0.0)
-    curve.add_verify(2, -1e-3)
-    assert curve.measured() == {}
 
 
 def test_greedy_and_sampled_requests_keep_their_own_acceptance():

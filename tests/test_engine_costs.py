@@ -75,7 +75,7 @@ def drafting_tail(events, n=40):
 def spy_timings(monkeypatch) -> dict:
     """Records the loop's timings as the target's curve receives them: {"v1": V(1) samples outside
     warm-up, "plain": pipelined steps}."""
-    from mlxspec.costmodel import TargetCurve
+    from mlxspec.target_curve import TargetCurve
 
     seen = {"v1": [], "plain": []}
     observe, observe_plain = TargetCurve.observe, TargetCurve.observe_plain

@@ -14,7 +14,8 @@ from mlx_lm.models.cache import RotatingKVCache
 import tiny
 from mlxspec import Engine, loop, treeplan
 from mlxspec.drafters import Draft
-from mlxspec.costmodel import STALE_ROUNDS, CostModel, TargetCurve
+from mlxspec.costmodel import STALE_ROUNDS, CostModel
+from mlxspec.target_curve import TargetCurve
 from mlxspec.drafters.sidetree import MIN_P, grow, runner_up, runners_up, static_parents
 from mlxspec.sequence import Sequence
 from test_engine import assert_same_greedy, reference

@@ -3,7 +3,8 @@
 import pytest
 
 from mlxspec import costmodel, treeplan
-from mlxspec.costmodel import CostModel, TargetCurve
+from mlxspec.costmodel import CostModel
+from mlxspec.target_curve import TargetCurve
 from mlxspec.drafters import Draft
 
 # A chain of 6 with a frequent branch at the root and one under the first node.
