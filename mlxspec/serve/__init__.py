@@ -1,6 +1,11 @@
 """`mlxspec serve`: an OpenAI-compatible HTTP server in front of one speculative engine.
 
-    app.py        Starlette routes, server-sent events, auth, body limits
+    app.py        the Starlette app: routes, middleware, error shapes, shared state
+    generation.py chat and text completions, whole or as server-sent events
+    translated.py the Responses and Messages APIs, answered as chats
+    choice.py     one choice's answer: reasoning split off, tool calls, logprobs
+    body.py       request bodies: size limit, JSON, unread fields
+    auth.py       the API key
     schema.py     request bodies -> checked engine arguments (400s name the field)
     responses.py  OpenAI response and chunk shapes, usage, the `mlxspec` figures
     queue.py      one engine on one worker thread; ordered, bounded, cancellable jobs

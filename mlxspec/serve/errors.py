@@ -74,3 +74,8 @@ def from_engine(exc: BaseException, prompt_param: str) -> APIError:
         return APIError(500, str(exc), code="numerical_error")
     return APIError(500, f"the engine failed ({type(exc).__name__}: {exc}); the server keeps serving",
                     code="engine_error")
+
+
+def internal(exc: Exception) -> APIError:
+    return APIError(500, f"internal server error ({type(exc).__name__}); the details are in the server's log",
+                    code="internal_error")

@@ -9,7 +9,7 @@ answer them), `tools` in the Responses' flat shape become chat tools, `text.form
 (`response_store`) before the input. `include: ["message.output_text.logprobs"]` asks for
 logprobs (with `top_logprobs` alternatives per token), as chat's `logprobs: true`.
 
-`ResponseBuilder` shapes what the model wrote (reasoning, text, tool calls, as `app._read`
+`ResponseBuilder` shapes what the model wrote (reasoning, text, tool calls, as `choice.read_answer`
 splits them) into output items: a `reasoning` item, a `message` with one `output_text`, and
 one `function_call` item per call; streamed, as the Responses' typed events.
 """

@@ -4,7 +4,7 @@ uvicorn closes a keep-alive connection that stays idle after an answer, but it w
 for a request head that never completes: a few thousand such connections (a "slowloris") exhaust
 the process's open files, and nobody else is served. Here a client has `seconds` from connecting,
 or from the end of its previous answer, to send a whole request head; the app gives it as long
-between two pieces of a body (`read_json`). Nothing bounds an answer: once its head has come, a
+between two pieces of a body (`body.read_json`). Nothing bounds an answer: once its head has come, a
 request may wait in the queue and stream for as long as it takes.
 """
 

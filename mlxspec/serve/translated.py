@@ -1,0 +1,191 @@
+"""Other APIs' single answers, each answered as a chat: OpenAI's Responses API (stored for
+`previous_response_id`) and Anthropic's Messages API, whole or streamed in their own events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Callable, Optional
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..errors import InvalidArgumentError
+from ..prompts import encode_prompt
+from ..reasoning import ReasoningSplitter, make_splitter
+from ..tools import ToolCallReader
+from . import anthropic, response_items, responses_api, schema
+from .body import read_json
+from .choice import read_answer, tool_reader
+from .errors import APIError, invalid
+from .generation import (EventStream, answered, cancel_on_disconnect, closer, count_error, gone, guarded, job_events,
+                         parsed, thinking_start, usage_of)
+from .queue import Job
+
+if TYPE_CHECKING:
+    from .app import ServerState
+
+log = logging.getLogger("mlxspec.serve")
+
+
+async def _one_answer(request: Request, translate: Callable, builder_of: Callable, endpoint: str, param: str,
+                      rename: Callable = lambda e: e) -> Response:
+    """A request of another API, answered as a chat: `translate` makes its body a chat body,
+    `builder_of(state, req, body)` shapes the answer (`tokens` takes each batch of events before
+    its text; whole: `whole`; streamed: `start`, `feed`, `finish`, `error`, each giving SSE
+    bytes); `rename` puts a chat error in its API's terms."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    try:
+        req = await parsed(schema.parse_chat, translate(body), state.options)
+    except APIError as e:
+        raise rename(e) from None
+    state.note_model(req.model)
+    job = state.queue.submit(req.prompt, req.options)
+    thinking = await thinking_start(state, req)
+    splitter = make_splitter(*thinking, merged=state.merged) if thinking is not None else None
+    reader = tool_reader(state.tool_format, req)
+    builder = builder_of(state, req, body)
+
+    async def next_events():
+        try:
+            return await job_events(job, param)
+        except APIError as e:
+            raise rename(e) from None
+
+    watcher = asyncio.create_task(cancel_on_disconnect(request, state.queue, job))
+    streaming = False
+    try:
+        first = await next_events()
+        if req.stream:
+            streaming = True
+            return EventStream(_built_events(state, job, builder, first, req, splitter, reader, next_events, endpoint),
+                               on_close=closer(state, job, builder.id))
+        pieces, end, events = [], None, first
+        while events:
+            pieces.extend(ev.text for ev in events)
+            builder.tokens(events)  # the events behind the text (logprobs)
+            end = events[-1] if events[-1].finish_reason else end
+            events = await next_events()
+        if not job.complete or end is None:  # cancelled: the client is gone
+            return gone(state, builder.id)
+        answered(state, builder.id, endpoint, req, job)
+        reasoning, text, calls = read_answer("".join(pieces), splitter, reader, last=True)
+        return JSONResponse(builder.whole(reasoning, text, calls, end.finish_reason, usage_of(job, req), job.stats[-1],
+                                          end.stop_reason))
+    finally:
+        watcher.cancel()
+        if not streaming:
+            state.queue.cancel(job)
+
+
+async def _built_events(state: ServerState, job: Job, builder, first, req: schema.GenerationRequest,
+                        splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader],
+                        next_events: Callable, endpoint: str):
+    """A single answer's stream in its API's events (`_one_answer`)."""
+    stats = first[0].stats if first else None  # (none: cancelled already)
+    # (the whole prompt, and the part of it the caches held)
+    prompt = (stats.prompt_tokens, stats.prompt_tokens - stats.prefilled_tokens) if stats else (0, 0)
+    for chunk in builder.start(*prompt):
+        yield chunk
+    try:
+        events, end = first, None
+        while events:
+            end = events[-1] if events[-1].finish_reason else end
+            builder.tokens(events)
+            for chunk in builder.feed(*read_answer("".join(ev.text for ev in events), splitter, reader)):
+                yield chunk
+            events = await next_events()
+        if not job.complete or end is None:  # cancelled without an error: the client is gone
+            gone(state, builder.id)
+            return
+        for chunk in builder.feed(*read_answer("", splitter, reader, last=True)):
+            yield chunk
+        for chunk in builder.finish(end.finish_reason, usage_of(job, req), job.stats[-1], end.stop_reason):
+            yield chunk
+        answered(state, builder.id, endpoint, req, job)
+    except APIError as e:  # the engine failed (or the server is stopping) mid-stream
+        state.metrics.errors[e.status] += 1
+        log.warning("%s: stream ended early: %s", builder.id, e.message)
+        yield builder.error(e)
+
+
+@guarded
+async def create_response(request: Request) -> Response:
+    """POST /v1/responses: OpenAI's Responses API, answered as a chat (`serve/responses_api.py`);
+    answered responses are stored (unless `store` is false) for `previous_response_id`."""
+    store = request.app.state.mlxspec.responses
+    conversation: list = []
+    inputs: list = []
+
+    def translate(body: dict) -> dict:
+        previous = body.get("previous_response_id")
+        body = dict(body, input=response_items.resolve(body.get("input"), store.find_item))
+        chat, conversation[:] = responses_api.to_chat(body, store.conversation(previous) if previous else [])
+        inputs[:] = response_items.as_items(body["input"])
+        return chat
+
+    def builder_of(state, req, body):
+        keep = body.get("store") is not False
+        return responses_api.ResponseBuilder(state.model_id, body,
+                                             (lambda r: store.remember(r, conversation, inputs)) if keep else None,
+                                             token_bytes=state.token_bytes)
+
+    return await _one_answer(request, translate, builder_of, "responses", "input", responses_api.renamed)
+
+
+async def get_response(request: Request) -> Response:
+    """GET /v1/responses/{id}: a stored response."""
+    return JSONResponse(request.app.state.mlxspec.responses.get(request.path_params["response_id"]))
+
+
+async def list_input_items(request: Request) -> Response:
+    """GET /v1/responses/{id}/input_items: a stored response's input items, a page at a time."""
+    items = request.app.state.mlxspec.responses.input_items(request.path_params["response_id"])
+    return JSONResponse(response_items.page(items, request.query_params))
+
+
+async def delete_response(request: Request) -> Response:
+    """DELETE /v1/responses/{id}: forget a stored response (OpenAI's answer: its id, deleted)."""
+    response_id = request.path_params["response_id"]
+    request.app.state.mlxspec.responses.delete(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+def _anthropic_errors(handler: Callable) -> Callable:
+    """A `guarded` route whose errors take Anthropic's shape (counted like the others)."""
+    inner = guarded(handler)
+
+    async def route(request: Request) -> Response:
+        try:
+            return await inner(request)
+        except APIError as e:
+            count_error(request, e.status)
+            return anthropic.error_response(e)
+
+    return route
+
+
+@_anthropic_errors
+async def create_message(request: Request) -> Response:
+    """POST /v1/messages: Anthropic's Messages API, answered as a chat (`serve/anthropic.py`)."""
+    return await _one_answer(request, anthropic.to_chat,
+                             lambda state, req, body: anthropic.MessageBuilder(req.model or state.model_id),
+                             "messages", "messages")
+
+
+@_anthropic_errors
+async def count_message_tokens(request: Request) -> Response:
+    """POST /v1/messages/count_tokens: {"input_tokens": the prompt's tokens}, as a request of it counts them."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    req = await parsed(schema.parse_chat, anthropic.to_chat(dict(body, max_tokens=1)), state.options)
+    engine = state.engine
+    try:
+        ids = await asyncio.to_thread(encode_prompt, req.prompt, engine.tokenizer, engine.vocab_size, req.tools,
+                                      req.options.get("chat_template_kwargs"),
+                                      req.options.get("continue_final_message", False))
+    except InvalidArgumentError as e:
+        raise invalid(str(e), "messages") from None
+    return JSONResponse({"input_tokens": len(ids)})
