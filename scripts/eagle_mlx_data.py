@@ -62,7 +62,7 @@ def target_config(model) -> dict:
 def gen_dir(work: Path, model, adapter=None) -> Path:
     """Answer shards per target (its embedding's fingerprint, and its adapter's `adapter_digest`:
     an adapter leaves the embedding as it was), so two targets never share them."""
-    from mlxspec.drafters.eagle import embedding_fingerprint
+    from mlxspec.drafters.eagle_files import embedding_fingerprint
 
     identity = embedding_fingerprint(model)
     if adapter:  # only then: a plain target's shards keep their folder

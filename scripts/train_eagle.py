@@ -1,4 +1,4 @@
-"""Train an EAGLE head (mlxspec/drafters/eagle.py) for a target by self-distillation (offline).
+"""Train an EAGLE head (mlxspec/drafters/eagle_head.py, drafted with by eagle.py) for a target by self-distillation (offline).
 
     python scripts/train_eagle.py --target REF --work WORKDIR --out my-head --prompt-file chats.jsonl
     python scripts/train_eagle.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --work WORKDIR --seed 0

@@ -69,7 +69,8 @@ def init_from_target(head, model) -> None:
 def make_head(cfg: dict, vocab_size: int):
     from mlx_lm.models.llama import ModelArgs
 
-    from mlxspec.drafters.eagle import LAYER_FIELDS, EagleHead
+    from mlxspec.drafters.eagle_files import LAYER_FIELDS
+    from mlxspec.drafters.eagle_head import EagleHead
 
     layer = {k: cfg[k] for k in LAYER_FIELDS}
     head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=cfg.get("num_layers", 1),
