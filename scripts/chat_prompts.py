@@ -118,10 +118,10 @@ def main(argv=None):
 
     import torch
 
-    import train_eagle
+    import eagle_data
 
     torch.set_num_threads(args.threads)
-    tok, model = train_eagle.load_target(gguf)
+    tok, model = eagle_data.load_target(gguf)
     eos = tok.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
     metas = meta_prompts(args.n, args.seed)
@@ -130,8 +130,8 @@ def main(argv=None):
         chunk = metas[b:b + args.batch]
         ids = [chat_ids(tok, m[2]) for m in chunk]
         gen = torch.Generator().manual_seed(args.seed * 100003 + b)
-        rows = train_eagle.generate_batch(model, ids, max_new=args.max_new, temperature=args.temperature,
-                                          gen=gen, eos=eos, pad=pad)
+        rows = eagle_data.generate_batch(model, ids, max_new=args.max_new, temperature=args.temperature,
+                                         gen=gen, eos=eos, pad=pad)
         for (intent, topic, _), (seq, _, _), p_ids in zip(chunk, rows, ids):
             answer = seq[len(p_ids):]
             finished = len(answer) and int(answer[-1]) == eos

@@ -136,7 +136,7 @@ def features(model, seqs: list, layers=(), max_tokens: int = 4096) -> list:
 
 def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> list:
     """train_eagle.py's shards (same batches, names and format), made by the MLX target."""
-    from train_eagle import gen_batches, layers_path, save_layers, save_shard
+    from eagle_data import gen_batches, layers_path, save_layers, save_shard
 
     out_dir = gen_dir(work, model, getattr(args, "adapter_digest", None))
     out_dir.mkdir(parents=True, exist_ok=True)

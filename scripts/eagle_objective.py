@@ -1,6 +1,6 @@
 """The EAGLE head's training objective in MLX: teacher-forced and unrolled drafting steps.
 
-The same objective as scripts/train_eagle.py's PyTorch `losses`, on mlxspec's own `EagleHead`
+The same objective as scripts/eagle_torch.py's PyTorch `losses`, on mlxspec's own `EagleHead`
 (so a trained head is exported as is). Entry j of a sequence reads the token x[j+1] and a
 feature, and predicts f[j+1]:
   step 0   every entry reads the target's real f[j] (teacher forcing, with input noise);
@@ -24,7 +24,7 @@ from typing import List, Tuple
 import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one)
 import mlx.core as mx
 import mlx.nn as nn
-from train_eagle import context_mask, first_loss_entry, step_mask, window_starts  # noqa: F401  (numpy, shared)
+from eagle_training import context_mask, first_loss_entry, step_mask, window_starts  # noqa: F401  (numpy, shared)
 
 
 def context_kv(model, rows: mx.array) -> Tuple[mx.array, mx.array]:

@@ -23,8 +23,11 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 import eagle_objective as obj
-from train_eagle import reads_target, window_config
+from eagle_data import check_work, feature_layers, load_features, stage_vocab
 from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
+from eagle_training import (TimeBudget, epoch_batches, head_config, init_head, padded_batch, reads_target, run_tag,
+                            settle_draft_vocab, split_context, tapped_layers, train_steps, widened, wider_mlp,
+                            window_config)
 import train_draft
 from train_draft import log
 
@@ -54,7 +57,6 @@ def init_from_target(head, model) -> None:
     if family not in LLAMA_BLOCKS:
         log(f"{family} blocks are not llama's: the head's layers start from random weights")
         return
-    from train_eagle import wider_mlp, widened
 
     for mine, theirs in zip(head.layers, model.model.layers[-len(head.layers):]):
         have = float_block(theirs)
@@ -81,10 +83,9 @@ def make_head(cfg: dict, vocab_size: int):
 
 
 def batch_arrays(batch, model, noise: float, key, answers_only: bool = True, context: bool = False):
-    """train_eagle.padded_batch as MLX arrays: embeddings of x[j+1], input features (noised),
+    """eagle_training.padded_batch as MLX arrays: embeddings of x[j+1], input features (noised),
     targets f[j+1], loss weights (1.0 where the loss applies); with `context`, also the target's
     last-layer (keys, values) from the batch's tapped rows (`eagle_objective.context_kv`)."""
-    from train_eagle import padded_batch, split_context
 
     ctx = None
     if context:
@@ -139,10 +140,9 @@ def _save(path: Path, arrays: dict, meta: dict) -> None:
 
 
 def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
-    """The head trained as train_eagle.stage_train trains it, in MLX; returns its final file."""
+    """The head trained as eagle_torch.stage_train trains it, in MLX; returns its final file."""
     from mlxspec.backbone import logit_map, output_rows
     from train_draft import lr_scale
-    from train_eagle import TimeBudget, epoch_batches, run_tag, train_steps
 
     tag = run_tag(args, train) + "-mlx"
     final, ckpt = work / f"head_final-{tag}.safetensors", work / f"head_ckpt-{tag}.safetensors"
@@ -256,8 +256,6 @@ def main(args) -> None:
     """train_eagle.py's stages for --target (its parsed arguments)."""
     from mlxspec.device import backend
     from mlxspec.loading.adapters import adapter_digest
-    from train_eagle import (check_work, feature_layers, head_config, init_head, load_features, settle_draft_vocab,
-                             stage_vocab, tapped_layers)
 
     random.seed(args.seed)
     work, t0 = Path(args.work), time.time()

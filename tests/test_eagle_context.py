@@ -25,7 +25,8 @@ from test_engine import assert_same_greedy, reference
 from test_engine_sampling import VOCAB as SAMPLING_VOCAB, assert_first_two_follow_the_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import train_eagle  # noqa: E402  (numpy only at import)
+import eagle_torch  # noqa: E402  (numpy only at import)
+import eagle_training  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -178,10 +179,10 @@ def test_the_mlx_trainer_computes_what_drafting_does(window):
 
 
 def test_context_masks_by_hand():
-    m = train_eagle.context_mask(4, 0, [0, 0])
+    m = eagle_training.context_mask(4, 0, [0, 0])
     want = np.concatenate([np.tril(np.ones((4, 4))), np.eye(4)], axis=1).astype(bool)
     assert (m == want).all()  # entry j: the target's positions 0..j and itself
-    m1 = train_eagle.context_mask(4, 1, [0, 0])
+    m1 = eagle_training.context_mask(4, 1, [0, 0])
     assert m1.shape == (4, 12)
     # step 1 of entry 3: the target's 0..2, step 0's entry 2 (the bonus token's), itself
     assert m1[3].tolist() == [1, 1, 1, 0] + [0, 0, 1, 0] + [0, 0, 0, 1]
@@ -226,7 +227,7 @@ def test_the_pytorch_trainer_computes_what_drafting_does(tmp_path):
     cfg = {"hidden_size": H, "intermediate_size": 2 * H, "num_attention_heads": 4, "num_key_value_heads": 2,
            "head_dim": 16, "rms_norm_eps": 1e-5, "rope_theta": float(t.args.rope_theta), "num_layers": 1,
            "feature_layers": [], "context": "target"}
-    theirs = train_eagle.make_head(cfg)
+    theirs = eagle_torch.make_head(cfg)
     theirs.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in tree_flatten(head.parameters())}, strict=True)
     last = t.model.layers[-1]
 
@@ -237,7 +238,7 @@ def test_the_pytorch_trainer_computes_what_drafting_does(tmp_path):
 
     w_norm = torch.from_numpy(np.array(last.input_layernorm.weight))
     norm = lambda x: w_norm * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)  # noqa: E731
-    context = train_eagle.context_kv_of(norm, linear(last.self_attn.k_proj.weight), linear(last.self_attn.v_proj.weight), cfg)
+    context = eagle_torch.context_kv_of(norm, linear(last.self_attn.k_proj.weight), linear(last.self_attn.v_proj.weight), cfg)
     history = PROMPT + [3, 4, 5, 6, 7]
     seq = Sequence(t, max_kv_size=None, headroom=17, keep_hidden=True)
     drafter = EagleDrafter(head, None, seq, max_kv_size=None, headroom=17)
@@ -261,7 +262,7 @@ def test_the_pytorch_trainer_computes_what_drafting_does(tmp_path):
         return out
 
     theirs.step = step
-    train_eagle.losses(theirs, emb, w, batch, args, None, train=False, context=context)
+    eagle_torch.losses(theirs, emb, w, batch, args, None, train=False, context=context)
     tol = 10 * tiny.float32_tol()
     L = len(history) - 1
     for j in range(1, L - 1):

@@ -156,14 +156,14 @@ def test_matches_the_pytorch_objective_on_the_same_weights_and_batch(layers):
     torch = pytest.importorskip("torch")
     import argparse
 
+    import eagle_torch
     import tiny
-    import train_eagle
     import train_eagle_mlx
     from mlx.utils import tree_flatten
 
     model = tiny.make_llama(3, tie_embeddings=False, hidden=H, heads=4, kv_heads=2)
     head = _head(layers=layers)
-    theirs = train_eagle.make_head(_torch_cfg(layers))
+    theirs = eagle_torch.make_head(_torch_cfg(layers))
     mine = {k: np.array(v) for k, v in tree_flatten(head.parameters())}
     theirs.load_state_dict({k: torch.from_numpy(v) for k, v in mine.items()}, strict=True)
     rng = np.random.default_rng(0)
@@ -177,7 +177,7 @@ def test_matches_the_pytorch_objective_on_the_same_weights_and_batch(layers):
     w = output_rows(model, mx.array(vocab)).astype(mx.float32)
     args = argparse.Namespace(noise=0.0, loss_on="answers", unroll=2, unroll_weight=0.8, ce_weight=0.3)
     emb_t = torch.from_numpy(np.array(model.model.embed_tokens.weight.astype(mx.float32)))
-    loss_t, agree_t, _ = train_eagle.losses(theirs, emb_t, torch.from_numpy(np.array(w)), batch, args, None,
+    loss_t, agree_t, _ = eagle_torch.losses(theirs, emb_t, torch.from_numpy(np.array(w)), batch, args, None,
                                             train=False)
     loss_t.backward()
     emb, feat, tgt, wt = train_eagle_mlx.batch_arrays(batch, model, 0.0, None)
@@ -225,10 +225,11 @@ def test_bfloat16_steps_compute_the_float32_loss_to_bfloat16s_precision():
     torch = pytest.importorskip("torch")
     import argparse
 
-    import train_eagle
+    import eagle_data
+    import eagle_torch
 
     torch.manual_seed(0)
-    head = train_eagle.make_head(_torch_cfg(1))
+    head = eagle_torch.make_head(_torch_cfg(1))
     rng = np.random.default_rng(0)
     batch = [(rng.integers(0, 50, n).astype(np.int32), rng.normal(size=(n, H)).astype(np.float16), p, None)
              for n, p in ((12, 6), (9, 5), (10, 7))]
@@ -238,8 +239,8 @@ def test_bfloat16_steps_compute_the_float32_loss_to_bfloat16s_precision():
     out = {}
     for precision in ("float32", "bfloat16"):
         head.zero_grad()
-        with train_eagle.step_arithmetic(precision):
-            loss, _, _ = train_eagle.losses(head, emb, w, batch, args, None, train=False)
+        with eagle_data.step_arithmetic(precision):
+            loss, _, _ = eagle_torch.losses(head, emb, w, batch, args, None, train=False)
         loss.backward()
         assert loss.dtype == torch.float32
         grad = torch.cat([q.grad.flatten() for q in head.parameters()])

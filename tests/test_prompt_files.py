@@ -14,7 +14,6 @@ import code_prompts  # noqa: E402
 import public_prompts  # noqa: E402
 import split_prompts  # noqa: E402
 import draft_prompts  # noqa: E402
-import train_eagle  # noqa: E402
 from draft_prompts import chat_ids, read_prompt_file  # noqa: E402
 
 

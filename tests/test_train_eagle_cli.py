@@ -11,17 +11,19 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import train_eagle  # noqa: E402
+import eagle_data  # noqa: E402
+import eagle_training  # noqa: E402
 
 
 @pytest.mark.parametrize("spec,want", [("final", []), ("auto", [2, 14, 26]), ("0,15,29", [0, 15, 29]), ("7", [7])])
 def test_feature_layer_forms(spec, want):
-    assert train_eagle.feature_layers(spec, 30) == want
+    assert eagle_data.feature_layers(spec, 30) == want
 
 
 @pytest.mark.parametrize("spec", ["3,3", "30", "-1", "a,b", "", "1,,2"])
 def test_bad_feature_layers_say_what_is_allowed(spec):
     with pytest.raises(SystemExit, match=r"distinct layer indices in 0\.\.29, or 'auto' or 'final'"):
-        train_eagle.feature_layers(spec, 30)
+        eagle_data.feature_layers(spec, 30)
 
 
 def _args(**kw):
@@ -32,21 +34,21 @@ def _args(**kw):
 
 def test_run_tags_follow_data_and_settings():
     train = [None] * 10
-    tag = train_eagle.run_tag(_args(), train)
-    assert tag == train_eagle.run_tag(_args(), train)  # resuming finds the same files
-    others = {train_eagle.run_tag(_args(unroll=4), train), train_eagle.run_tag(_args(layers=[2, 14, 26]), train),
-              train_eagle.run_tag(_args(lr=3e-3), train), train_eagle.run_tag(_args(), train[:9]),
-              train_eagle.run_tag(_args(head_layers=2), train), train_eagle.run_tag(_args(context="target"), train)}
+    tag = eagle_training.run_tag(_args(), train)
+    assert tag == eagle_training.run_tag(_args(), train)  # resuming finds the same files
+    others = {eagle_training.run_tag(_args(unroll=4), train), eagle_training.run_tag(_args(layers=[2, 14, 26]), train),
+              eagle_training.run_tag(_args(lr=3e-3), train), eagle_training.run_tag(_args(), train[:9]),
+              eagle_training.run_tag(_args(head_layers=2), train), eagle_training.run_tag(_args(context="target"), train)}
     assert tag not in others and len(others) == 6
-    assert tag == train_eagle.run_tag(_args(context="head"), train)  # the default names no new run
-    assert tag == train_eagle.run_tag(_args(precision="float32"), train)
-    assert tag != train_eagle.run_tag(_args(precision="bfloat16"), train)  # other arithmetic, another run
-    assert tag == train_eagle.run_tag(_args(generate_precision="float32"), train)
-    assert tag != train_eagle.run_tag(_args(generate_precision="bfloat16"), train)  # other answers, another run
+    assert tag == eagle_training.run_tag(_args(context="head"), train)  # the default names no new run
+    assert tag == eagle_training.run_tag(_args(precision="float32"), train)
+    assert tag != eagle_training.run_tag(_args(precision="bfloat16"), train)  # other arithmetic, another run
+    assert tag == eagle_training.run_tag(_args(generate_precision="float32"), train)
+    assert tag != eagle_training.run_tag(_args(generate_precision="bfloat16"), train)  # other answers, another run
     # a head cut to a --train-minutes budget is never taken for the whole run, nor the whole for it
-    assert tag == train_eagle.run_tag(_args(train_minutes=None), train)
-    assert tag != train_eagle.run_tag(_args(train_minutes=2.5), train)
-    assert train_eagle.run_tag(_args(train_minutes=2.5), train) == train_eagle.run_tag(_args(train_minutes=2.5), train)
+    assert tag == eagle_training.run_tag(_args(train_minutes=None), train)
+    assert tag != eagle_training.run_tag(_args(train_minutes=2.5), train)
+    assert eagle_training.run_tag(_args(train_minutes=2.5), train) == eagle_training.run_tag(_args(train_minutes=2.5), train)
 
 
 def test_bfloat16_answers_are_kept_apart_from_float32s(tmp_path):
@@ -55,13 +57,13 @@ def test_bfloat16_answers_are_kept_apart_from_float32s(tmp_path):
     import numpy as np
 
     f32, b16 = _args(generate_precision="float32"), _args(generate_precision="bfloat16")
-    assert train_eagle.gen_dir(f32, tmp_path) == tmp_path / "eagle-gen"  # earlier work dirs still resume
-    assert train_eagle.gen_dir(b16, tmp_path) == tmp_path / "eagle-gen-bfloat16"  # as --help names it
+    assert eagle_data.gen_dir(f32, tmp_path) == tmp_path / "eagle-gen"  # earlier work dirs still resume
+    assert eagle_data.gen_dir(b16, tmp_path) == tmp_path / "eagle-gen-bfloat16"  # as --help names it
     vocabs = []
     for args, token in ((f32, 7), (b16, 9)):  # the same count of answers, other tokens
         args.draft_vocab, args.vocab_size, args.init_head = 1, 16, None
         train = [(np.array([1, token, token], np.int32), None, 1, None)] * 3
-        vocabs.append(train_eagle.stage_vocab(args, tmp_path, train).tolist())
+        vocabs.append(eagle_data.stage_vocab(args, tmp_path, train).tolist())
     assert vocabs == [[7], [9]]
     assert len(list(tmp_path.glob("vocab-*.npy"))) == 2
 
@@ -70,25 +72,25 @@ def test_another_answer_batch_has_its_own_shards_vocabulary_and_runs():
     """Batch n of 192 prompts holds other prompts than batch n of 48 (and other ones at T): its
     shards, vocabulary and runs are named apart. The held-out shard is one batch at any size."""
     prompts = {"held_out": [{"prompt": "h"}] * 3, "train": [{"prompt": "t"}] * 400}
-    plans = {n: train_eagle.gen_batches(_args(gen_batch=n, temperature=0.7), prompts) for n in (48, 192)}
+    plans = {n: eagle_data.gen_batches(_args(gen_batch=n, temperature=0.7), prompts) for n in (48, 192)}
     assert [b[0] for b in plans[48][:3]] == ["held_out-000", "train-000", "train-001"]  # the names of old
     assert plans[192][0] == plans[48][0]
     assert not {b[0] for b in plans[48][1:]} & {b[0] for b in plans[192][1:]}
     assert sorted(i for b in plans[192][1:] for _, i in b[2]) == list(range(400))
     train = [None] * 400
-    tags = {train_eagle.run_tag(_args(gen_batch=n, generate_precision=p), train)
+    tags = {eagle_training.run_tag(_args(gen_batch=n, generate_precision=p), train)
             for n in (48, 192) for p in ("float32", "bfloat16")}
     assert len(tags) == 4
-    assert train_eagle.data_tag(_args(gen_batch=192, generate_precision="bfloat16")) == "-gen-bfloat16-batch192"
-    assert train_eagle.gen_dir(_args(gen_batch=192), Path("w")) == Path("w") / "eagle-gen"  # names differ
+    assert eagle_data.data_tag(_args(gen_batch=192, generate_precision="bfloat16")) == "-gen-bfloat16-batch192"
+    assert eagle_data.gen_dir(_args(gen_batch=192), Path("w")) == Path("w") / "eagle-gen"  # names differ
 
 
 def test_continuing_a_head_is_its_own_run():
     train = [None] * 10
-    a = train_eagle.run_tag(_args(init_head={"digest": "aaaaaaaaaa"}), train)
-    b = train_eagle.run_tag(_args(init_head={"digest": "bbbbbbbbbb"}), train)
-    assert len({a, b, train_eagle.run_tag(_args(), train)}) == 3
-    assert a == train_eagle.run_tag(_args(init_head={"digest": "aaaaaaaaaa"}), train)  # and resumes
+    a = eagle_training.run_tag(_args(init_head={"digest": "aaaaaaaaaa"}), train)
+    b = eagle_training.run_tag(_args(init_head={"digest": "bbbbbbbbbb"}), train)
+    assert len({a, b, eagle_training.run_tag(_args(), train)}) == 3
+    assert a == eagle_training.run_tag(_args(init_head={"digest": "aaaaaaaaaa"}), train)  # and resumes
 
 
 def test_a_continued_head_keeps_its_shape_and_vocabulary():
@@ -98,12 +100,12 @@ def test_a_continued_head_keeps_its_shape_and_vocabulary():
              "head_dim": 16, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256}
     init = {"layer": layer, "feature_layers": [1, 2], "num_layers": 2, "vocab": np.array([3, 5, 8], np.int32)}
     args = _args(init_head=init, intermediate=1536, draft_vocab=None, layers=[1, 2], head_layers=1)
-    train_eagle.settle_draft_vocab(args)
+    eagle_training.settle_draft_vocab(args)
     assert args.draft_vocab == 3  # no --draft-vocab: the head's own
-    assert train_eagle.head_config(args, target_cfg=None) == {"feature_layers": [1, 2], "num_layers": 2, **layer}
-    assert train_eagle.stage_vocab(args, work=None, train=None) is init["vocab"]  # no new vocabulary
+    assert eagle_training.head_config(args, target_cfg=None) == {"feature_layers": [1, 2], "num_layers": 2, **layer}
+    assert eagle_data.stage_vocab(args, work=None, train=None) is init["vocab"]  # no new vocabulary
     init = {**init, "feature_layers": [], "num_layers": 1, "context": "target"}  # a head that reads the target's keys
-    assert train_eagle.head_config(_args(init_head=init), target_cfg=None) == {
+    assert eagle_training.head_config(_args(init_head=init), target_cfg=None) == {
         "feature_layers": [], "num_layers": 1, "context": "target", **layer}
 
 
@@ -121,18 +123,18 @@ def test_a_continued_heads_vocabulary_widens_by_the_datas_most_frequent_tokens(t
     # answers (after each prompt's 1 or 2 tokens): 7 x4, 9 x3, 5 x2, 3 x1, 6 x1; prompt tokens 1 and 2 never count
     train = _answers((1, [1, 7, 7, 9, 5, 6]), (2, [2, 1, 7, 7, 9, 9, 5, 3]))
     args = _args(init_head=init, draft_vocab=4, vocab_size=16)
-    train_eagle.settle_draft_vocab(args)
-    got = train_eagle.stage_vocab(args, work=tmp_path, train=train)
+    eagle_training.settle_draft_vocab(args)
+    got = eagle_data.stage_vocab(args, work=tmp_path, train=train)
     assert got.tolist() == [3, 5, 7, 9]  # the head's 3 and 9 stay, the two most frequent others join
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab-4-n2-waaaaaaaaaa.npy"]  # cached by head and data
     fresh = _args(draft_vocab=None, vocab_size=16)
-    train_eagle.settle_draft_vocab(fresh)
+    eagle_training.settle_draft_vocab(fresh)
     assert fresh.draft_vocab == 16  # from scratch: the default, 4096, capped at the target's 16 tokens
     big = _args(draft_vocab=None, vocab_size=49152)
-    train_eagle.settle_draft_vocab(big)
+    eagle_training.settle_draft_vocab(big)
     assert big.draft_vocab == 4096
     fresh.draft_vocab = 2
-    assert train_eagle.stage_vocab(fresh, work=tmp_path, train=train).tolist() == [7, 9]
+    assert eagle_data.stage_vocab(fresh, work=tmp_path, train=train).tolist() == [7, 9]
 
 
 @pytest.mark.parametrize("n,init,says", [(1, True, "can be widened .* not narrowed"),
@@ -144,7 +146,7 @@ def test_a_draft_vocabulary_that_cannot_be_says_why(n, init, says):
 
     args = _args(draft_vocab=n, init_head={"vocab": np.array([3, 9], np.int32)} if init else None, vocab_size=16)
     with pytest.raises(SystemExit, match=says):
-        train_eagle.settle_draft_vocab(args)
+        eagle_training.settle_draft_vocab(args)
 
 
 @pytest.mark.parametrize("argv,says", [
@@ -183,7 +185,7 @@ def test_init_reads_the_shipped_head_for_the_demo_target(tmp_path):
     if not demo.is_cached():
         pytest.skip("the demo GGUF is not cached (mlxspec pull demo)")
     gguf = demo.gguf_path()
-    init = train_eagle.init_head("builtin:smollm2-eagle", gguf, tmp_path / "out")
+    init = eagle_training.init_head("builtin:smollm2-eagle", gguf, tmp_path / "out")
     target, _, _ = load_model(str(gguf), download=False)
     head, ids, cfg = load_head(BUILTIN_DIR / "smollm2-eagle", target)
     assert init["layer"] == cfg["layer"] and init["feature_layers"] == [] and init["num_layers"] == 1
@@ -195,9 +197,9 @@ def test_init_reads_the_shipped_head_for_the_demo_target(tmp_path):
     about = json.loads((BUILTIN_DIR / "smollm2-eagle" / "config.json").read_text())["training"]
     assert init["lineage"] == {"head": "builtin:smollm2-eagle", "weights": init["digest"], "training": about}
     copy = shutil.copytree(BUILTIN_DIR / "smollm2-eagle", tmp_path / "my-head")
-    assert train_eagle.init_head(str(copy), gguf, tmp_path / "out")["lineage"]["head"] == "my-head"
+    assert eagle_training.init_head(str(copy), gguf, tmp_path / "out")["lineage"]["head"] == "my-head"
     with pytest.raises(SystemExit, match="--init and --out are the same folder"):
-        train_eagle.init_head("builtin:smollm2-eagle", gguf, BUILTIN_DIR / "smollm2-eagle")
+        eagle_training.init_head("builtin:smollm2-eagle", gguf, BUILTIN_DIR / "smollm2-eagle")
 
 
 def test_importing_the_pytorch_trainer_loads_no_mlx():
@@ -218,7 +220,7 @@ def test_a_grown_last_batch_is_not_taken_for_the_shorter_one():
     """--prompts 3 then 6 (batches of 2): batch 1 held one prompt, then two; its shard must be made anew."""
     small = {"held_out": [{"prompt": "h"}], "train": [{"prompt": "t"}] * 3}
     grown = {"held_out": [{"prompt": "h"}], "train": [{"prompt": "t"}] * 6}
-    names = {n: [b[0] for b in train_eagle.gen_batches(_args(gen_batch=2, temperature=0.7), p)]
+    names = {n: [b[0] for b in eagle_data.gen_batches(_args(gen_batch=2, temperature=0.7), p)]
              for n, p in (("small", small), ("grown", grown))}
     assert names["small"] == ["held_out-000", "train-000-b2", "train-001-b2-n1"]
     assert names["grown"] == ["held_out-000", "train-000-b2", "train-001-b2", "train-002-b2"]
@@ -226,21 +228,21 @@ def test_a_grown_last_batch_is_not_taken_for_the_shorter_one():
 
 def test_a_work_folder_keeps_to_one_target_and_one_way_of_answering(tmp_path):
     args = _args(max_new=16, temperature=0.7, seed=0, held_out=2)
-    train_eagle.check_work(tmp_path, args, "a.gguf sha1:1")
-    train_eagle.check_work(tmp_path, args, "a.gguf sha1:1")  # the same: resumes
+    eagle_data.check_work(tmp_path, args, "a.gguf sha1:1")
+    eagle_data.check_work(tmp_path, args, "a.gguf sha1:1")  # the same: resumes
     for target, change, says in (("b.gguf sha1:2", {}, "target 'a.gguf sha1:1' there, 'b.gguf sha1:2' now"),
                                  ("a.gguf sha1:1", {"max_new": 40}, "max_new 16 there, 40 now"),
                                  ("a.gguf sha1:1", {"seed": 1}, "seed 0 there, 1 now"),
                                  ("a.gguf sha1:1", {"held_out": 3}, "held_out 2 there, 3 now")):
         with pytest.raises(SystemExit, match=f"holds answers made otherwise .*{says}.*another --work"):
-            train_eagle.check_work(tmp_path, _args(**{**vars(args), **change}), target)
+            eagle_data.check_work(tmp_path, _args(**{**vars(args), **change}), target)
 
 
 def test_the_target_digest_tells_same_sized_files_apart(tmp_path):
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     a.write_bytes(b"x" * 100)
     b.write_bytes(b"y" * 100)
-    assert train_eagle.target_digest(a) != train_eagle.target_digest(b)
+    assert eagle_data.target_digest(a) != eagle_data.target_digest(b)
 
 
 @pytest.mark.parametrize("flag,value", [("--batch", "0"), ("--ckpt-every", "0"), ("--unroll", "0"),
@@ -259,9 +261,9 @@ def test_a_window_is_at_least_5_or_0_for_none(capsys):
         train_eagle.parse_args(["--gguf", "x.gguf", "--work", "w", "--out", "o", "--window", "3"])
     assert "--window 3: at least 5" in capsys.readouterr().err
     args = train_eagle.parse_args(["--gguf", "x.gguf", "--work", "w", "--out", "o", "--window", "0"])
-    assert train_eagle.window_config(args) == {}  # the exported head attends to all its entries
+    assert eagle_training.window_config(args) == {}  # the exported head attends to all its entries
     args = train_eagle.parse_args(["--gguf", "x.gguf", "--work", "w", "--out", "o"])
-    assert train_eagle.window_config(args) == {"window": train_eagle.WINDOW}
+    assert eagle_training.window_config(args) == {"window": eagle_training.WINDOW}
 
 
 def test_out_never_overwrites_a_file_or_a_folder_that_is_no_head(tmp_path, capsys):
@@ -283,7 +285,7 @@ def test_out_never_overwrites_a_file_or_a_folder_that_is_no_head(tmp_path, capsy
 def test_the_shipped_head_is_the_default_out_for_the_demo_target_only(tmp_path):
     other = tmp_path / "other.gguf"
     other.write_bytes(b"GGUF" + bytes(100))
-    digest = train_eagle.target_digest(other)
+    digest = eagle_data.target_digest(other)
     with pytest.raises(SystemExit, match="give --out FOLDER"):
         train_eagle.default_out(argparse.Namespace(out=None, gguf=str(other)), digest)
     assert train_eagle.default_out(argparse.Namespace(out="mine", gguf=str(other)), digest) == "mine"
@@ -330,9 +332,9 @@ def test_the_gguf_path_takes_llama_files_only(tmp_path, monkeypatch):
         train_eagle.main(["--gguf", str(gemma2), "--work", str(tmp_path / "w")])
     llama = tmp_path / "l.gguf"
     write_tiny_gguf(llama)
-    train_eagle.llama_gguf(llama)  # accepted
+    eagle_data.llama_gguf(llama)  # accepted
     with pytest.raises(SystemExit, match="is not a readable GGUF file"):
-        train_eagle.llama_gguf(Path(__file__))
+        eagle_data.llama_gguf(Path(__file__))
 
 
 class _Clock:
@@ -361,10 +363,10 @@ def test_a_time_budget_cuts_the_run_to_the_steps_that_fit(capsys):
     probe to 95 % of what the rest of the minute holds, refitted later at the same pace, the run
     ends by its schedule (not by running out) within the minute, having used at least 95 % of it."""
     clock = _Clock()
-    budget = train_eagle.TimeBudget(1.0, 0, clock=clock)
+    budget = eagle_training.TimeBudget(1.0, 0, clock=clock)
     step, total = _steps(budget, clock, 2000, 66, 0.1)
     out = capsys.readouterr().out
-    probe_end = sum(train_eagle.TimeBudget.PROBE)
+    probe_end = sum(eagle_training.TimeBudget.PROBE)
     first = probe_end + 0.95 * (60 - 0.1 * probe_end) / 0.1
     assert f"{int(first) - 1} of the run's 2000 steps fit" in out or f"{int(first)} of the run's 2000" in out
     assert total == step and "ran out" not in out
@@ -375,8 +377,8 @@ def test_a_slower_pace_after_the_probe_is_refitted_before_the_budget_runs_out(ca
     """Probed at 0.1 s a step, the run then takes 0.12 s (held-out checks, a busier machine): the
     refit moves the schedule's end so that it still ends by it, inside the minute."""
     clock = _Clock()
-    budget = train_eagle.TimeBudget(1.0, 0, clock=clock)
-    step, total = _steps(budget, clock, 2000, 66, 0.1, until=sum(train_eagle.TimeBudget.PROBE))
+    budget = eagle_training.TimeBudget(1.0, 0, clock=clock)
+    step, total = _steps(budget, clock, 2000, 66, 0.1, until=sum(eagle_training.TimeBudget.PROBE))
     step, total = _steps(budget, clock, total, 66, 0.12, step=step)
     out = capsys.readouterr().out
     assert total == step and "ran out" not in out
@@ -386,7 +388,7 @@ def test_a_slower_pace_after_the_probe_is_refitted_before_the_budget_runs_out(ca
 
 def test_a_run_that_fits_its_budget_is_not_cut():
     clock = _Clock()
-    budget = train_eagle.TimeBudget(10.0, 0, clock=clock)
+    budget = eagle_training.TimeBudget(10.0, 0, clock=clock)
     assert _steps(budget, clock, 2000, 66, 0.1) == (2000, 2000)
 
 
@@ -394,7 +396,7 @@ def test_a_run_that_slows_past_its_budget_ends_at_the_budget():
     """Cut at 0.1 s a step, the machine then slows to 1 s a step: the run ends once the minute is
     spent, not at its fitted total."""
     clock = _Clock()
-    budget = train_eagle.TimeBudget(1.0, 0, clock=clock)
+    budget = eagle_training.TimeBudget(1.0, 0, clock=clock)
     step, total = _steps(budget, clock, 2000, 66, 0.1, until=100)
     fitted = total
     step, total = _steps(budget, clock, total, 66, 1.0, step=step)
@@ -406,10 +408,10 @@ def test_a_resumed_run_times_its_probe_from_where_it_resumed(capsys):
     """Resumed at step 500, the probe times steps 511-560: the first fit is 560 + 95 % of the
     54 s left at 0.1 s a step (and the run ends within its minute)."""
     clock = _Clock()
-    budget = train_eagle.TimeBudget(1.0, 500, clock=clock)
+    budget = eagle_training.TimeBudget(1.0, 500, clock=clock)
     step, total = _steps(budget, clock, 2000, 66, 0.1)
     first = int(capsys.readouterr().out.split(" of the run's")[0].rsplit(" ", 1)[1])
-    probe_end = sum(train_eagle.TimeBudget.PROBE)
+    probe_end = sum(eagle_training.TimeBudget.PROBE)
     assert abs(first - (500 + probe_end + 0.95 * (60 - 0.1 * probe_end) / 0.1)) <= 1  # int() of a float's rounding
     assert total == step and clock.now - 1000.0 <= 60.0
 
@@ -418,8 +420,8 @@ def test_a_fitted_total_keeps_the_schedule_whole_and_the_budget_still_ends_it():
     """A budget shorter than the warm-up: the fitted total stays past the warm-up (the cosine's
     length is never zero), and the run still ends when the budget is spent."""
     clock = _Clock()
-    budget = train_eagle.TimeBudget(0.01, 0, clock=clock)  # 0.6 s at 1 ms a step: 600 steps
-    step, total = _steps(budget, clock, 2000, 1000, 0.001, until=sum(train_eagle.TimeBudget.PROBE) + 1)
+    budget = eagle_training.TimeBudget(0.01, 0, clock=clock)  # 0.6 s at 1 ms a step: 600 steps
+    step, total = _steps(budget, clock, 2000, 1000, 0.001, until=sum(eagle_training.TimeBudget.PROBE) + 1)
     assert total == 1001
     step, total = _steps(budget, clock, total, 1000, 0.001, step=step)
     assert step == total and abs(step - 600) <= 1

@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import train_eagle  # noqa: E402
+import eagle_data  # noqa: E402
 
 PAD, V = 0, 64
 TOL = 1e-4  # float32; padding only changes the summation layout of masked attention
@@ -26,7 +27,7 @@ def _model():
 
 
 def _gen(model, prompts, eos, layers=(), temperature=0.0):
-    return train_eagle.generate_batch(model, prompts, max_new=12, temperature=temperature,
+    return eagle_data.generate_batch(model, prompts, max_new=12, temperature=temperature,
                                       gen=torch.Generator().manual_seed(0), eos=eos, pad=PAD, layers=layers)
 
 
@@ -91,7 +92,7 @@ def test_bfloat16_generation_gives_float32s_features_to_bfloat16s_precision():
     prompts = [list(rng.integers(1, V, n)) for n in (6, 9, 7)]
     out = {}
     for precision in ("float32", "bfloat16"):
-        with train_eagle.step_arithmetic(precision):
+        with eagle_data.step_arithmetic(precision):
             out[precision] = _gen(model, prompts, eos=-1)
     for p, a, b in zip(prompts, out["float32"], out["bfloat16"]):
         fa, fb = (r[1][:len(p)].astype(np.float32) for r in (a, b))
@@ -102,7 +103,7 @@ def test_bfloat16_generation_gives_float32s_features_to_bfloat16s_precision():
 def test_a_batch_reports_progress_while_it_runs(monkeypatch):
     monkeypatch.setattr(train_eagle.train_draft, "HEARTBEAT", 0.0)
     calls = []
-    train_eagle.generate_batch(_model(), [[3, 4, 5], [6, 7]], max_new=12, temperature=0.0,
+    eagle_data.generate_batch(_model(), [[3, 4, 5], [6, 7]], max_new=12, temperature=0.0,
                                gen=torch.Generator().manual_seed(0), eos=-1, pad=PAD,
                                progress=lambda step, finished: calls.append((step, finished)))
     # a heartbeat of 0 s: every step says how far it got; no answer ends (no end token)

@@ -19,6 +19,7 @@ import tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import train_eagle  # noqa: E402
+import eagle_training  # noqa: E402
 import eagle_mlx_data  # noqa: E402
 import train_eagle_mlx  # noqa: E402
 
@@ -82,7 +83,7 @@ def test_trains_a_head_that_loads_learns_and_drafts_losslessly(family, tmp_path,
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["model_type"] == "eagle_head" and cfg["draft_vocab_size"] <= 96
     assert cfg["training"]["script"] == "scripts/train_eagle.py --target"
-    assert cfg["window"] == train_eagle.WINDOW  # the head attends to its latest entries (`--window`)
+    assert cfg["window"] == eagle_training.WINDOW  # the head attends to its latest entries (`--window`)
     (final,) = (tmp_path / "work").glob("head_final-*-mlx.json")
     history = json.loads(final.read_text())["history"]
     assert history[0]["step"] == 0 and history[-1]["held_loss"] < 0.9 * history[0]["held_loss"]
@@ -268,7 +269,7 @@ def _assert_same_weights(x: Path, y: Path):
         assert mx.array_equal(a[k], b[k]).item(), k
 
 
-class _TickingBudget(train_eagle.TimeBudget):
+class _TickingBudget(eagle_training.TimeBudget):
     """--train-minutes on a clock that moves one second each time it is read (once a step)."""
 
     PROBE = (2, 4)
@@ -283,7 +284,7 @@ def test_a_run_cut_by_its_time_budget_exports_and_resumes_to_the_same_cut(tmp_pa
     the 14 that fit (6 + 95 % of the 9 s left), exports a head that says so, and a run stopped
     after its step-8 checkpoint (at the next one's log line) resumes to the same 14 steps and the
     same head."""
-    monkeypatch.setattr(train_eagle, "TimeBudget", _TickingBudget)
+    monkeypatch.setattr(train_eagle_mlx, "TimeBudget", _TickingBudget)
     target = _save(tmp_path / "target", tiny.make_llama(15, tie_embeddings=False))
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
@@ -331,11 +332,11 @@ def test_wider_mlp_accepts_only_a_widened_mlp():
          "mlp.up_proj.weight": np.zeros((12, 8)), "mlp.down_proj.weight": np.zeros((8, 12))}
     wide = {**t, "mlp.gate_proj.weight": np.zeros((20, 8)), "mlp.up_proj.weight": np.zeros((20, 8)),
             "mlp.down_proj.weight": np.zeros((8, 20))}
-    assert train_eagle.wider_mlp(t, wide) and train_eagle.wider_mlp(t, t)
-    assert not train_eagle.wider_mlp(wide, t)  # narrower
-    assert not train_eagle.wider_mlp(t, {**wide, "self_attn.q_proj.weight": np.zeros((16, 8))})
-    assert not train_eagle.wider_mlp(t, {**wide, "mlp.bias": np.zeros(8)})
-    w = train_eagle.widened(t | {"mlp.down_proj.weight": np.ones((8, 12))}, wide | {"mlp.down_proj.weight": np.ones((8, 20))})
+    assert eagle_training.wider_mlp(t, wide) and eagle_training.wider_mlp(t, t)
+    assert not eagle_training.wider_mlp(wide, t)  # narrower
+    assert not eagle_training.wider_mlp(t, {**wide, "self_attn.q_proj.weight": np.zeros((16, 8))})
+    assert not eagle_training.wider_mlp(t, {**wide, "mlp.bias": np.zeros(8)})
+    w = eagle_training.widened(t | {"mlp.down_proj.weight": np.ones((8, 12))}, wide | {"mlp.down_proj.weight": np.ones((8, 20))})
     assert w["mlp.down_proj.weight"][:, :12].sum() == 96 and w["mlp.down_proj.weight"][:, 12:].sum() == 0
 
 
