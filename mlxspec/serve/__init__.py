@@ -7,6 +7,7 @@
     body.py       request bodies: size limit, JSON, unread fields
     auth.py       the API key
     schema.py     request bodies -> checked engine arguments (400s name the field)
+    messages.py   chat messages and completions' prompts, checked
     responses.py  OpenAI response and chunk shapes, usage, the `mlxspec` figures
     queue.py      one engine on one worker thread; ordered, bounded, cancellable jobs
     errors.py     OpenAI error objects and the status of each engine error

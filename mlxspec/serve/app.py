@@ -40,6 +40,7 @@ from .errors import APIError, internal
 from .fingerprint import system_fingerprint
 from .generation import count_error, openai_route
 from .local import LoopbackOnly, is_loopback
+from .messages import chat_messages
 from .metrics import Metrics
 from .options import REASONING_KEYS, ServeOptions
 from .queue import EngineQueue
@@ -176,7 +177,7 @@ async def tokenize_route(request: Request) -> Response:
     state: ServerState = request.app.state.mlxspec
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
     state.note_model(tokenize.model_param(body))
-    return JSONResponse(await asyncio.to_thread(tokenize.tokenize, state.engine, body, schema.chat_messages))
+    return JSONResponse(await asyncio.to_thread(tokenize.tokenize, state.engine, body, chat_messages))
 
 
 async def detokenize_route(request: Request) -> Response:

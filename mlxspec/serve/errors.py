@@ -6,7 +6,7 @@ Everything the server refuses goes through `APIError`, so a client never sees a 
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from starlette.responses import JSONResponse
 
@@ -46,6 +46,17 @@ def invalid(message: str, param: Optional[str] = None, code: str = "invalid_valu
 def unsupported(message: str, param: str) -> APIError:
     """A 400 for an OpenAI feature this server does not implement (n > 1, logprobs, forced tool calls...)."""
     return APIError(400, message, param=param, code="unsupported_parameter")
+
+
+def checked(rule: Callable, value, param: str):
+    """Run one of the engine's argument checks; its InvalidArgumentError becomes a 400 naming `param`."""
+    try:
+        return rule(value)
+    except InvalidArgumentError as e:
+        message = str(e)
+        if not message.startswith(param):
+            message = f"{param}: {message}"
+        raise invalid(message, param) from None
 
 
 def shutting_down() -> APIError:

@@ -4,14 +4,15 @@ Only what can be checked without the model happens here (types, ranges, unsuppor
 features); the engine checks the rest (the prompt's length against the context, token
 ids against the vocabulary) in the worker, before it generates anything. Fields the
 OpenAI API defines but that change nothing here (`user`, `metadata`, `store`...) are
-ignored; fields that would change the answer and are not implemented are refused.
+ignored; fields that would change the answer and are not implemented are refused. The
+prompt's own checks (chat messages, completions' prompts) are in messages.py.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..errors import InvalidArgumentError, shown as _show
 from ..fim import check_suffix
@@ -23,10 +24,10 @@ from ..reasoning import EFFORTS
 from ..sampling import check_logit_bias, validate as validate_sampling
 from ..logprobs import MAX_TOP, is_top_count
 from ..tools import check_tool_choice, check_tools
-from .errors import invalid, unsupported
+from .errors import checked, invalid, unsupported
+from .messages import chat_messages, completion_prompts
 from .options import ServeOptions
 
-ROLES = ("system", "user", "assistant", "tool")  # what a chat template renders; "developer" is read as "system"
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
 MAX_CHOICES = 128  # choices per request: n (OpenAI's most) times the prompts of a completions batch
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
@@ -100,9 +101,9 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
     """POST /v1/chat/completions body -> GenerationRequest; `defaults` fill the fields left out."""
     _refuse_unsupported(body, chat=True)
     req = _common(body, "chat", chat_messages(body.get("messages")), defaults or ServeOptions())
-    tools = _check(check_tools, body.get("tools"), "tools")
+    tools = checked(check_tools, body.get("tools"), "tools")
     # "required" and a named function are forced by a grammar in the model's call format (the engine's)
-    choice = _check(lambda c: check_tool_choice(c, tools), body.get("tool_choice"), "tool_choice")
+    choice = checked(lambda c: check_tool_choice(c, tools), body.get("tool_choice"), "tool_choice")
     if body.get("parallel_tool_calls") is not None:
         _flag(body, "parallel_tool_calls", True)  # checked, not enforced: the model writes the calls it writes
     if tools and choice != "none":  # "none": the model is not shown them, so it cannot call them
@@ -128,7 +129,7 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
             raise invalid(f"reasoning_effort must be one of {', '.join(EFFORTS)}, got {_show(effort)}",
                           "reasoning_effort")
         kwargs["reasoning_effort"] = effort
-    kwargs.update(_check(check_template_kwargs, body.get("chat_template_kwargs"), "chat_template_kwargs"))
+    kwargs.update(checked(check_template_kwargs, body.get("chat_template_kwargs"), "chat_template_kwargs"))
     if kwargs:
         req.options["chat_template_kwargs"] = kwargs
     # OpenAI's chat: logprobs true, and top_logprobs (0..20) alternatives per token with it
@@ -170,14 +171,14 @@ def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> Gen
     score_only = echo and body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
     if score_only:
         body = dict(body, max_tokens=1)
-    prompts = _completion_prompts(body.get("prompt"))
+    prompts = completion_prompts(body.get("prompt"))
     req = _common(body, "completion", prompts[0], defaults or ServeOptions())
     req.more_prompts, req.echo, req.score_only = prompts[1:], echo, score_only
     req.best_of = _best_of(body, req.n, req.stream)
     if body.get("suffix") is not None:  # fill in the middle: each prompt is the text before the insertion point
         for i, prompt in enumerate(prompts):
-            _check(lambda p: check_suffix(body["suffix"], p), prompt, "suffix" if len(prompts) == 1 else f"prompt[{i}]")
-        req.options["suffix"] = _check(lambda text: check_text(text, "suffix"), body["suffix"], "suffix")
+            checked(lambda p: check_suffix(body["suffix"], p), prompt, "suffix" if len(prompts) == 1 else f"prompt[{i}]")
+        req.options["suffix"] = checked(lambda text: check_text(text, "suffix"), body["suffix"], "suffix")
     _check_choices(req)
     lp = body.get("logprobs")
     if lp is not None:  # the legacy API's: how many alternatives per token
@@ -256,7 +257,7 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
 
     # Two names for one limit (OpenAI deprecates max_tokens): both are checked, and both given must
     # agree, so neither is silently passed over.
-    limits = {name: _check(check_limit(name), body[name], name) for name in ("max_tokens", "max_completion_tokens")
+    limits = {name: checked(check_limit(name), body[name], name) for name in ("max_tokens", "max_completion_tokens")
               if body.get(name) is not None}
     if len(set(limits.values())) > 1:
         raise invalid(f"max_tokens ({limits['max_tokens']}) and max_completion_tokens "
@@ -272,37 +273,37 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
         if isinstance(value, bool):
             raise invalid(f"{key} must be a number, got {_show(value)}", key)
         # One field at a time (the others at their neutral value), so the error names its field.
-        _check(lambda v, key=key: validate_sampling(**dict(SAMPLING_DEFAULTS, **{key: v})), value, key)
+        checked(lambda v, key=key: validate_sampling(**dict(SAMPLING_DEFAULTS, **{key: v})), value, key)
         if key == "temperature" and body.get(key) is not None and value > MAX_TEMPERATURE:
             raise invalid(f"temperature must be in 0..{MAX_TEMPERATURE} (0 = greedy), got {_show(value)}", key)
         sampling[key] = value
     opts.update(sampling)
-    opts["seed"] = _check(check_seed, body.get("seed"), "seed")
-    stop = _check(check_stop, body.get("stop"), "stop")
+    opts["seed"] = checked(check_seed, body.get("seed"), "seed")
+    stop = checked(check_stop, body.get("stop"), "stop")
     if len(stop) > MAX_STOP:
         raise invalid(f"stop takes at most {MAX_STOP} strings, got {len(stop)}", "stop")
     opts["stop"] = stop
     opts["speculative"] = _flag(body, "speculative", True)
-    opts["num_draft"] = _check(check_num_draft, body.get("num_draft"), "num_draft")
+    opts["num_draft"] = checked(check_num_draft, body.get("num_draft"), "num_draft")
     # The engine's own settings, per request when given (None: the server's); whether this engine
     # has the drafter asked for is the engine's to say.
     if body.get("tree") is not None:
-        _check(check_tree, body["tree"], "tree")
+        checked(check_tree, body["tree"], "tree")
         opts["tree"] = body["tree"]  # as given: Engine.stream reads "auto" / "off" / N itself
     if body.get("lookup") is not None:
         opts["lookup"] = _on_off(body["lookup"], "lookup")
     if body.get("drafter") is not None:
-        opts["drafter"] = _check(check_drafter, body["drafter"], "drafter")
+        opts["drafter"] = checked(check_drafter, body["drafter"], "drafter")
     fmt = _response_format(body)
     if fmt is not None:
         opts["response_format"] = fmt
     for key in ("presence_penalty", "frequency_penalty"):
-        penalty = _check(lambda v, key=key: check_penalty(v, key), body.get(key), key)
+        penalty = checked(lambda v, key=key: check_penalty(v, key), body.get(key), key)
         if penalty:
             opts[key] = penalty
     # mlx-lm's server's repetition penalty (0 or 1: off), over its last repetition_context_size tokens
     context = body.get("repetition_context_size")
-    repetition, context = _check(lambda v: check_repetition(v, CONTEXT if context is None else context),
+    repetition, context = checked(lambda v: check_repetition(v, CONTEXT if context is None else context),
                                  body.get("repetition_penalty"), "repetition_penalty")
     if repetition is not None:
         opts.update(repetition_penalty=repetition, repetition_context_size=context)
@@ -316,7 +317,7 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
     if _flag(body, "include_stop_str_in_output", False):
         opts["include_stop_str_in_output"] = True
     # Its shape here; whether its ids are in the vocabulary is the engine's to say.
-    bias = _check(lambda b: check_logit_bias(b, None), body.get("logit_bias"), "logit_bias")
+    bias = checked(lambda b: check_logit_bias(b, None), body.get("logit_bias"), "logit_bias")
     if bias:
         opts["logit_bias"] = bias
     return opts
@@ -333,7 +334,7 @@ def _response_format(body: dict) -> Optional[dict]:
     if len(given) > 1:
         raise invalid(f"send one of response_format, {', '.join(GUIDED)}; got {', '.join(given)}", given[1])
     if not given or given[0] == "response_format":
-        return _check(check_response_format, fmt, "response_format")
+        return checked(check_response_format, fmt, "response_format")
     key = given[0]
     value = body[key]
     if key == "guided_json":
@@ -349,17 +350,6 @@ def _response_format(body: dict) -> Optional[dict]:
         return check_response_format(value)
     except InvalidArgumentError as e:
         raise invalid(str(e).replace("response_format " + GUIDED[key], key, 1), key) from None
-
-
-def _check(rule: Callable, value, param: str):
-    """Run one of the engine's argument checks; its InvalidArgumentError becomes a 400 naming `param`."""
-    try:
-        return rule(value)
-    except InvalidArgumentError as e:
-        message = str(e)
-        if not message.startswith(param):
-            message = f"{param}: {message}"
-        raise invalid(message, param) from None
 
 
 def _flag(body: dict, key: str, default: bool, param: Optional[str] = None) -> bool:
@@ -379,126 +369,6 @@ def _on_off(value, key: str) -> bool:
         raise invalid(f"{key} must be true or false (or \"on\" or \"off\", as serve --{key} takes), got "
                       f"{_show(value)}", key)
     return value
-
-
-# -- prompts ---------------------------------------------------------------------------------------
-def chat_messages(messages) -> List[dict]:
-    if messages is None:
-        raise invalid("messages is required: a list of {\"role\", \"content\"} objects", "messages",
-                      code="missing_required_parameter")
-    if not isinstance(messages, list):
-        raise invalid(f"messages must be a list of {{\"role\", \"content\"}} objects, got {_show(messages)}",
-                      "messages")
-    if not messages:
-        raise invalid("messages is empty: give at least one message", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        param = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise invalid(f"{param} must be an object with 'role' and 'content', got {_show(m)}", param)
-        role = m.get("role")
-        if role == "function" or m.get("function_call"):
-            raise unsupported(f"{param}: function messages (OpenAI's deprecated function calling) are not "
-                              "supported by this server; send tool messages", param)
-        if role == "developer":
-            role = "system"
-        if role not in ROLES:
-            raise invalid(f"{param}.role must be one of {', '.join(ROLES)} (or developer, read as system), "
-                          f"got {_show(role)}", f"{param}.role")
-        calls = m.get("tool_calls")
-        if calls is not None and role != "assistant":
-            raise invalid(f"{param}: only assistant messages carry tool_calls, this one is {role}",
-                          f"{param}.tool_calls")
-        message = {"role": role}
-        if calls:
-            message["tool_calls"] = _tool_calls(calls, f"{param}.tool_calls")
-            content = m.get("content")
-            message["content"] = None if content is None else _content(content, f"{param}.content")
-        else:
-            message["content"] = _content(m.get("content"), f"{param}.content")
-        if role == "tool":
-            call_id = m.get("tool_call_id")
-            if not isinstance(call_id, str):
-                raise invalid(f"{param}.tool_call_id must be the id of the call this message answers, got "
-                              f"{_show(call_id)}", f"{param}.tool_call_id")
-            message["tool_call_id"] = call_id
-            if isinstance(m.get("name"), str):
-                message["name"] = m["name"]
-        out.append(message)
-    return out
-
-
-def _tool_calls(calls, param: str) -> List[dict]:
-    """An assistant message's tool_calls, with each call's `arguments` as an object: chat templates
-    write them back with `tojson`, and OpenAI sends them as a JSON string."""
-    if not isinstance(calls, list):
-        raise invalid(f"{param} must be a list of tool calls, got {_show(calls)}", param)
-    out = []
-    for j, call in enumerate(calls):
-        where = f"{param}[{j}]"
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise invalid(f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
-                          f"\"arguments\"}}}}, got {_show(call)}", where)
-        if call.get("type", "function") != "function":
-            raise invalid(f"{where}.type must be \"function\", got {_show(call.get('type'))}", f"{where}.type")
-        args = fn.get("arguments", "{}")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError as e:
-                raise invalid(f"{where}.function.arguments must be JSON (an object as a string), got "
-                              f"{_show(args)} ({e})", f"{where}.function.arguments") from None
-        if not isinstance(args, dict):
-            raise invalid(f"{where}.function.arguments must be a JSON object (as a string), got {_show(args)}",
-                          f"{where}.function.arguments")
-        out.append({"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
-    return out
-
-
-def _content(content, param: str) -> str:
-    """A string, or a list of {"type": "text", "text": ...} parts (joined with newlines)."""
-    if isinstance(content, str):
-        return _check(lambda text: check_text(text, param), content, param)
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise invalid(f"{param}[{j}] must be a text part {{\"type\": \"text\", \"text\": \"...\"}}; "
-                              f"only text is supported, got {_show(kind)}", f"{param}[{j}]")
-            where = f"{param}[{j}].text"
-            texts.append(_check(lambda text: check_text(text, where), part["text"], where))
-        return "\n".join(texts)
-    raise invalid(f"{param} must be a string or a list of text parts, got {_show(content)}", param)
-
-
-def _completion_prompts(prompt) -> list:
-    """OpenAI's four shapes: a string, a list of token ids, or a batch (a list) of either; each
-    prompt of a batch gets its own choices, in order."""
-    if prompt is None:
-        raise invalid("prompt is required: a string or a list of token ids (or a list of those)", "prompt",
-                      code="missing_required_parameter")
-    if _is_ids(prompt):
-        return [prompt]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        return [_one_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
-    return [_one_prompt(prompt, "prompt")]
-
-
-def _one_prompt(prompt, param: str):
-    if isinstance(prompt, str):
-        if not prompt:
-            raise invalid(f"{param} is empty: give a non-empty string", param)
-        return _check(check_text, prompt, param)
-    if _is_ids(prompt):
-        return prompt
-    raise invalid(f"{param} must be a non-empty string or list of token ids, got {_show(prompt)}", param)
-
-
-def _is_ids(prompt) -> bool:
-    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool)
-                                                             for t in prompt)
 
 
 # -- what is refused -------------------------------------------------------------------------------
