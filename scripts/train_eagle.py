@@ -159,7 +159,7 @@ def parse_args(argv=None):
                         "values of them (EAGLE; the shipped demo head), or the target's own last-layer keys and "
                         "values from the target's cache (as GLIDE does; Du et al. 2024): then the head keeps only "
                         "the current round's entries, and training taps the input of the target's last layer. For the "
-                        "demo target it learnt faster at first and ended 0.011 per token behind (model card)")
+                        "demo target it learnt faster at first and ended 0.011 per token behind (the demo head's EXPERIMENTS.md)")
     p.add_argument("--window", type=train_draft.non_negative_int, default=WINDOW,
                    help="entries of its own cache the exported head attends to (its latest, plus the first 4), "
                         "written to its config as `window`; 0: all of them. A head learns on sequences of a few "
