@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-import train_draft
+import draft_answers
+import torch_target
+import train_common
 from draft_prompts import chat_ids
-from train_draft import log
+from train_common import log
 
 
 def step_arithmetic(precision: str):
@@ -31,7 +33,7 @@ def load_target(gguf: Path):
     """(tokenizer, fp32 torch model with weights rounded to bfloat16, the engine's CPU precision)."""
     import torch
 
-    tok, model = train_draft.load_target(gguf)
+    tok, model = torch_target.load_target(gguf)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).float())
@@ -47,15 +49,15 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
     target's final norm, and the outputs of `layers` (`tap_rows`); the last answer token is
     never fed. Finished rows leave the batch (once an eighth of it has finished, so the KV
     cache is not copied at every step): the batch no longer runs at the longest answer's cost.
-    `progress(step, finished)` is called every `train_draft.HEARTBEAT` seconds while it runs.
+    `progress(step, finished)` is called every `train_common.HEARTBEAT` seconds while it runs.
     """
     import torch
 
     B = len(prompts_ids)
-    ids, mask, pos = train_draft.left_padded(prompts_ids, pad)
+    ids, mask, pos = torch_target.left_padded(prompts_ids, pad)
     L = ids.shape[1]
-    cache = train_draft.kv_cache(L + max_new)
-    cache_arg = train_draft.cache_kw(model.model, cache)  # looked up once, not at every step
+    cache = torch_target.kv_cache(L + max_new)
+    cache_arg = torch_target.cache_kw(model.model, cache)  # looked up once, not at every step
 
     def run(**kw):
         out = model.model(**cache_arg, use_cache=True, output_hidden_states=bool(layers), **kw)
@@ -72,7 +74,7 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, gen,
         last = first[:, -1]
         beat = time.time()
         for t in range(max_new):
-            if progress is not None and time.time() - beat >= train_draft.HEARTBEAT:
+            if progress is not None and time.time() - beat >= train_common.HEARTBEAT:
                 progress(t, int((lens < max_new).sum()))
                 beat = time.time()
             logits = model.lm_head(last).float()  # (rows, V)
@@ -145,7 +147,7 @@ def layers_path(shard: Path, layers) -> Path:
 
 def save_layers(shard: Path, layers, rows: np.ndarray) -> None:
     """Write a shard's layer features atomically: a stopped run never leaves half a file."""
-    train_draft.save_array(layers_path(shard, layers), rows)
+    train_common.save_array(layers_path(shard, layers), rows)
 
 
 def stage_layers(args, shards: list, layers) -> None:
@@ -159,7 +161,7 @@ def stage_layers(args, shards: list, layers) -> None:
     _, model = load_target(Path(args.gguf))
     t0, done = time.time(), 0
     for n, shard in enumerate(todo):
-        ids, lens = train_draft.read_arrays(shard, "ids", "lens")
+        ids, lens = train_common.read_arrays(shard, "ids", "lens")
         out, o = [], 0
         with torch.inference_mode():
             for b in range(0, len(lens), 16):  # right-padded rows: causal, so padding changes nothing before it
@@ -186,7 +188,7 @@ def gen_batches(args, prompts: dict) -> list:
     train prompts alternately greedy and at T, then each prompt file's, --gen-batch a shard."""
     batches = [("held_out-000", 0.0, [("held_out", i) for i in range(len(prompts["held_out"]))])]
     train = list(range(len(prompts["train"])))
-    mark = train_draft.batch_mark(args)  # the held-out shard is one batch whatever the size
+    mark = draft_answers.batch_mark(args)  # the held-out shard is one batch whatever the size
     for b in range(0, len(train), args.gen_batch):  # batch b: greedy when b is even, else at T
         temp = 0.0 if (b // args.gen_batch) % 2 == 0 else args.temperature
         rows = train[b:b + args.gen_batch]
@@ -218,7 +220,7 @@ def check_work(work: Path, args, target: str) -> None:
     path = work / "answers.json"
     mine = {"target": target, **{k: getattr(args, k) for k in ANSWER_SETTINGS}}
     if path.exists():
-        theirs = train_draft.read_work(path, lambda p: json.loads(p.read_text(encoding="utf-8")))
+        theirs = train_common.read_work(path, lambda p: json.loads(p.read_text(encoding="utf-8")))
         differ = [f"{k} {theirs.get(k)!r} there, {v!r} now" for k, v in mine.items() if theirs.get(k) != v]
         if differ:
             raise SystemExit(f"{work} holds answers made otherwise ({'; '.join(differ)}): its shards, vocabulary "
@@ -276,8 +278,8 @@ def answer_marks(args) -> list:
     (other answers and features), a --gen-batch other than 48 (other prompts sampled at T, other
     padding). Empty for the defaults, so earlier work dirs keep their names."""
     prec = getattr(args, "generate_precision", "float32")
-    size = getattr(args, "gen_batch", train_draft.GEN_BATCH)
-    return ([] if prec == "float32" else [prec]) + ([] if size == train_draft.GEN_BATCH else [f"batch{size}"])
+    size = getattr(args, "gen_batch", draft_answers.GEN_BATCH)
+    return ([] if prec == "float32" else [prec]) + ([] if size == draft_answers.GEN_BATCH else [f"batch{size}"])
 
 
 def data_tag(args) -> str:
@@ -320,7 +322,7 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
         gen = torch.Generator().manual_seed(args.seed * 100003 + n)
         eos = tok.eos_token_id
         with step_arithmetic(args.generate_precision):
-            say = train_draft.batch_progress(n, len(batches), name)
+            say = train_common.batch_progress(n, len(batches), name)
             rows = generate_batch(model, ids, max_new=args.max_new, temperature=temp, gen=gen, eos=eos,
                                   pad=tok.pad_token_id if tok.pad_token_id is not None else eos, layers=layers,
                                   progress=lambda step, finished: say(f"step {step}/{args.max_new}, "
@@ -338,8 +340,8 @@ def load_features(shards: list, layers=()):
     (L, len(layers) * H) float16 or None)]; f[j] belongs to ids[j]."""
     train, held = [], []
     for shard in shards:
-        ids, feats, lens, plens = train_draft.read_arrays(shard, "ids", "feats", "lens", "plens")
-        multi = train_draft.read_work(layers_path(shard, layers), np.load) if layers else None
+        ids, feats, lens, plens = train_common.read_arrays(shard, "ids", "feats", "lens", "plens")
+        multi = train_common.read_work(layers_path(shard, layers), np.load) if layers else None
         o = 0
         for n, p in zip(lens, plens):
             m = multi[o:o + n] if layers else None
@@ -360,14 +362,14 @@ def stage_vocab(args, work: Path, train) -> np.ndarray:
     tag = f"-w{init['digest']}" if init else ""
     path = work / f"vocab-{args.draft_vocab}-n{len(train)}{tag}{data_tag(args)}.npy"  # more answers, a new vocabulary
     if path.exists():
-        return train_draft.read_work(path, np.load)
+        return train_common.read_work(path, np.load)
     counts = np.zeros(args.vocab_size, np.int64)
     for ids, _, p, _ in train:
         np.add.at(counts, ids[p:], 1)
     order = np.argsort(-counts, kind="stable")
     extra = order[~np.isin(order, base)][: args.draft_vocab - len(base)]
     top = np.sort(np.concatenate([base, extra])).astype(np.int32)
-    train_draft.save_array(path, top)
+    train_common.save_array(path, top)
     log(f"draft vocabulary: {len(top)} tokens ({len(extra)} added to the --init head's {len(base)})" if init else
         f"draft vocabulary: {len(top)} tokens")
     log(f"they cover {counts[top].sum() / counts.sum():.4f} of answer tokens")
@@ -384,3 +386,7 @@ def target_config(gguf: Path) -> dict:
     rope = getattr(c, "rope_parameters", None) or {}  # newer transformers keep rope_theta there
     out["rope_theta"] = float(rope.get("rope_theta") or getattr(c, "rope_theta"))
     return out
+
+
+if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
+    raise SystemExit("scripts/eagle_data.py is imported by train_eagle.py, and is no command of its own: run that (--help)")

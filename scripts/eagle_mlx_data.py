@@ -18,8 +18,8 @@ import mlx.core as mx
 import numpy as np
 
 from draft_prompts import chat_ids
-import train_draft
-from train_draft import log
+import train_common
+from train_common import log
 
 
 # ---------------------------------------------------------------- the target
@@ -85,7 +85,7 @@ def answer(model, tok, prompts: list, *, max_new: int, temperature: float, seed:
            progress=None) -> list:
     """The target's answers (token lists, their end-of-sequence token included) by mlx-lm's
     batched generation: greedy at temperature 0, else sampled at it. `progress(finished,
-    tokens)` is called every `train_draft.HEARTBEAT` seconds while it runs."""
+    tokens)` is called every `train_common.HEARTBEAT` seconds while it runs."""
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.sample_utils import make_sampler
 
@@ -101,7 +101,7 @@ def answer(model, tok, prompts: list, *, max_new: int, temperature: float, seed:
             out[r.uid].append(int(r.token))
             tokens += 1
             finished += r.finish_reason is not None
-        if progress is not None and time.time() - last >= train_draft.HEARTBEAT:
+        if progress is not None and time.time() - last >= train_common.HEARTBEAT:
             progress(finished, tokens)
             last = time.time()
     gen.close()
@@ -146,7 +146,7 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
         path = out_dir / f"{name}.npz"
         if path.exists():
             if layers and not layers_path(path, layers).exists():  # answers kept, these layers not yet
-                ids, lens = train_draft.read_arrays(path, "ids", "lens")
+                ids, lens = train_common.read_arrays(path, "ids", "lens")
                 stored = np.split(ids, np.cumsum(lens)[:-1])
                 rows = features(model, [s.tolist() for s in stored], layers)
                 save_layers(path, layers, np.concatenate([r[1] for r in rows]))
@@ -155,7 +155,7 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
         if args.finished_only:
             continue
         ids = [prompt_ids(tok, prompts[sp][i]["prompt"]) for sp, i in jobs]
-        say = train_draft.batch_progress(n, len(batches), name)
+        say = train_common.batch_progress(n, len(batches), name)
         answers = answer(model, tok, ids, max_new=args.max_new, temperature=temp,
                          seed=args.seed * 100003 + n, batch=args.gen_batch,
                          progress=lambda finished, tokens: say(f"{finished}/{len(ids)} answers finished, "

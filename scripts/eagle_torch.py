@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
+import train_common
 import train_draft
 from eagle_data import load_target, step_arithmetic, target_config
 from eagle_training import (TimeBudget, batch_tensors, context_mask, epoch_batches, first_loss_entry, head_config,
                             run_tag, split_context, step_mask, train_steps, widened, wider_mlp, window_starts)
-from train_draft import log
+from train_common import log
 
 
 def rope(x, pos, theta: float):
@@ -235,7 +236,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
     step, elapsed, history = 0, 0.0, []
     epoch_state, in_epoch = rng.getstate(), 0  # the current epoch's shuffle replays from this on resume
     if ckpt.exists():
-        ck = train_draft.read_work(ckpt, lambda p: torch.load(p, weights_only=False))
+        ck = train_common.read_work(ckpt, lambda p: torch.load(p, weights_only=False))
         head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
         step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
@@ -252,7 +253,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
             if step >= total:
                 break
             for g in opt.param_groups:
-                g["lr"] = args.lr * train_draft.lr_scale(step, total, warm)
+                g["lr"] = args.lr * train_common.lr_scale(step, total, warm)
             with step_arithmetic(args.precision):
                 loss, agree, n = losses(head, emb, w_draft, [train[i] for i in b], args, gen, train=True,
                                         context=context)
@@ -300,3 +301,7 @@ def evaluate(head, emb, w_draft, held, args, context=None):
             n += k
     head.train()
     return tot / max(n, 1), [a / max(n, 1) for a in agree]
+
+
+if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
+    raise SystemExit("scripts/eagle_torch.py is imported by train_eagle.py, and is no command of its own: run that (--help)")

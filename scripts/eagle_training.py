@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from eagle_data import data_tag
-from train_draft import log
+from train_common import log
 
 
 # The exported head's window (`--window`): about as long as most sequences the demo recipe trains
@@ -188,7 +188,7 @@ def batch_tensors(batch, noise: float, gen, answers_only: bool = True):
 
 def train_steps(sequences: int, args) -> tuple:
     """(optimiser steps, warm-up steps) of a run over `sequences` answers, for either trainer:
-    --epochs passes of --batch sequences, 3 % of them warm-up (train_draft.lr_scale)."""
+    --epochs passes of --batch sequences, 3 % of them warm-up (train_common.lr_scale)."""
     total = max(1, int(args.epochs * math.ceil(sequences / args.batch)))
     return total, max(1, total // 30)
 
@@ -300,3 +300,7 @@ def widened(theirs: dict, mine: dict) -> dict:
 def window_config(args) -> dict:
     """The exported config's `window` (none for a head that reads the target's cache, or with 0)."""
     return {"window": args.window} if args.window and args.context != "target" else {}
+
+
+if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
+    raise SystemExit("scripts/eagle_training.py is imported by train_eagle.py, and is no command of its own: run that (--help)")

@@ -13,6 +13,8 @@ Stages (each cached under --work, so a rerun skips what is finished):
   4. export    an mlx-lm folder: 8-bit MLX weights, config, the GGUF's tokenizer + chat template
 
 PyTorch is used only here (never by mlxspec at run time); threads are capped at --threads.
+Stage 2 is in draft_answers.py; what the training scripts share, in train_common.py and
+torch_target.py.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -30,149 +31,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_prompts import PROMPT_FILE_HELP, chat_ids, make_prompts, prompt_files, split  # noqa: E402
-
-EOS = 2  # <|im_end|>
-PAD = 2
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def damaged(path, error: BaseException) -> SystemExit:
-    """A work file that cannot be read (a run stopped while writing it, a full disk): which one,
-    why, and what to do, instead of a reader's traceback."""
-    return SystemExit(f"cannot read {path} ({type(error).__name__}: {error}): it is damaged (a run stopped while "
-                      f"writing it, or a full disk?); delete it and run the same command again, which makes it anew")
-
-
-def read_work(path, reader):
-    """`reader(path)`, or `damaged(path)` raised if the file cannot be read."""
-    try:
-        return reader(path)
-    except Exception as e:
-        raise damaged(path, e) from None
-
-
-def read_arrays(path, *keys) -> tuple:
-    """The arrays `keys` of an .npz work file, or `damaged(path)` raised if it cannot be read."""
-    def read(p):
-        z = np.load(p)
-        return tuple(z[k] for k in keys)
-    return read_work(path, read)
-
-
-def save_array(path: Path, array: np.ndarray) -> None:
-    """Write an .npy work file whole or not at all: a later run trusts it because it exists."""
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, array)
-    os.replace(tmp, path)
-
-
-def run_main(main) -> None:
-    """`main()`, with Ctrl-C said in one line and the usual exit status (130)."""
-    try:
-        main()
-    except KeyboardInterrupt:
-        print("\ninterrupted: the same command resumes from the last finished stage, shard or checkpoint",
-              file=sys.stderr)
-        sys.exit(130)
-
-
-HEARTBEAT = 30.0  # seconds between progress lines inside one batch of answers (minutes on a CPU)
-
-
-def batch_progress(n: int, count: int, name: str):
-    """A logger for batch n (0-based) of `count` answer batches: `say(what)` prints how far it got
-    and the seconds since this call."""
-    t0 = time.time()
-
-    def say(what: str) -> None:
-        log(f"  batch {n + 1}/{count} {name}: {what}, {time.time() - t0:.0f}s")
-    return say
-
-
-def load_target(gguf: Path):
-    """(tokenizer, fp32 torch model) dequantized from the GGUF by transformers."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    return tok, model.eval()
-
-
-def cache_kw(model, cache) -> dict:
-    """The KV-cache keyword of this transformers' forward: `cache` in newer releases (which
-    deprecate `past_key_values`, to be removed), `past_key_values` in older ones."""
-    import inspect
-
-    return {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
-
-
-def kv_cache(capacity: int = 0):
-    """A transformers KV cache for batched generation that writes each step's keys and values
-    into buffers grown by doubling, instead of concatenating the whole cache at every step
-    (DynamicCache's way, a copy that grows with the prompts).
-    The attention reads views of the buffers. Falls back to DynamicCache where transformers'
-    cache layers differ (releases before cache_utils.DynamicLayer)."""
-    from transformers import DynamicCache
-
-    try:
-        from transformers.cache_utils import Cache, DynamicLayer
-    except ImportError:
-        return DynamicCache()
-
-    class BufferedLayer(DynamicLayer):
-        def lazy_initialization(self, key_states, value_states):
-            super().lazy_initialization(key_states, value_states)
-            self.n, self.kbuf, self.vbuf = 0, None, None
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            n, m = self.n, key_states.shape[-2]
-            if self.kbuf is None or n + m > self.kbuf.shape[-2]:
-                size = max(capacity, 2 * (n + m))
-                kbuf = key_states.new_empty(key_states.shape[:-2] + (size, key_states.shape[-1]))
-                vbuf = value_states.new_empty(value_states.shape[:-2] + (size, value_states.shape[-1]))
-                if n:
-                    kbuf[..., :n, :], vbuf[..., :n, :] = self.keys, self.values
-                self.kbuf, self.vbuf = kbuf, vbuf
-            self.kbuf[..., n:n + m, :] = key_states
-            self.vbuf[..., n:n + m, :] = value_states
-            self.n = n + m
-            self.keys, self.values = self.kbuf[..., :self.n, :], self.vbuf[..., :self.n, :]
-            return self.keys, self.values
-
-        def batch_select_indices(self, indices):
-            if self.is_initialized and self.kbuf is not None:
-                self.kbuf, self.vbuf = self.kbuf[indices], self.vbuf[indices]
-                self.keys, self.values = self.kbuf[..., :self.n, :], self.vbuf[..., :self.n, :]
-
-    return Cache(layer_class_to_replicate=BufferedLayer)
-
-
-def lr_scale(step: int, total: int, warm: int) -> float:
-    """The learning rate's fraction of its peak at `step` of `total`: linear warm-up over `warm`
-    steps, then a cosine to the end, never below 2 % (every trainer here uses this schedule)."""
-    f = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / (total - warm)))
-    return max(f, 0.02)
-
-
-def left_padded(prompts_ids, pad: int):
-    """A batch of prompts, left-padded: (ids (B, L), attention mask (B, L), position ids (B, L))."""
-    import torch
-
-    B = len(prompts_ids)
-    L = max(len(p) for p in prompts_ids)
-    ids = torch.full((B, L), pad, dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.long)
-    for i, p in enumerate(prompts_ids):
-        ids[i, L - len(p):] = torch.tensor(p)
-        mask[i, L - len(p):] = 1
-    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+from draft_answers import GEN_BATCH, PAD, load_generated, stage_generate  # noqa: E402
+from draft_prompts import PROMPT_FILE_HELP, make_prompts, prompt_files, split  # noqa: E402
+import train_common  # noqa: E402
+from train_common import log, lr_scale, positive_int, read_work, run_main  # noqa: E402
 
 
 # ---------------------------------------------------------------- stage 1: prompts
@@ -201,165 +63,7 @@ def logged_prompt_files(paths) -> dict:
     return files
 
 
-# ---------------------------------------------------------------- stage 2: generate
-
-def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_k: int, gen):
-    """Batched generation with left padding and a KV cache.
-
-    Returns per row: (answer ids, top-k ids (T, k) int32, top-k log-probs (T, k) float16),
-    where row t of the soft labels is the target's T=1 distribution for answer token t.
-    """
-    import torch
-
-    B = len(prompts_ids)
-    ids, mask, pos = left_padded(prompts_ids, PAD)
-    cache_arg = cache_kw(model, kv_cache(ids.shape[1] + max_new))  # looked up once, not at every step
-    done = torch.zeros(B, dtype=torch.bool)
-    out_tok, out_ids, out_lp = [], [], []
-    with torch.inference_mode():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_arg,
-                       use_cache=True, logits_to_keep=1).logits[:, -1].float()  # (B, V)
-        for _ in range(max_new):
-            lp = torch.log_softmax(logits, dim=-1)
-            top_lp, top_id = lp.topk(top_k, dim=-1)  # (B, k)
-            if temperature > 0:
-                probs = torch.softmax(logits / temperature, dim=-1)
-                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-            else:
-                nxt = top_id[:, 0]
-            nxt = torch.where(done, torch.full_like(nxt, PAD), nxt)
-            out_tok.append(nxt)
-            out_ids.append(top_id.to(torch.int32))
-            out_lp.append(top_lp.to(torch.float16))
-            done = done | (nxt == EOS)
-            if bool(done.all()):
-                break
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=1)
-            pos = pos[:, -1:] + 1
-            logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, **cache_arg,
-                           use_cache=True).logits[:, -1].float()
-    toks = torch.stack(out_tok, 1).numpy()
-    tids = torch.stack(out_ids, 1).numpy()
-    tlps = torch.stack(out_lp, 1).numpy()
-    rows = []
-    for i in range(B):
-        n = len(toks[i])
-        stop = np.nonzero(toks[i] == EOS)[0]
-        if len(stop):
-            n = int(stop[0]) + 1  # keep <|im_end|>: the draft must predict the end too
-        rows.append((toks[i, :n].astype(np.int32), tids[i, :n], tlps[i, :n]))
-    return rows
-
-
-GEN_BATCH = 48  # the answers' default batch: its shards keep the names they always had
-
-
-def batch_mark(args) -> str:
-    """The suffix of shards a --gen-batch other than the default writes. Batch n of another size
-    holds other prompts, so it must never pass for a finished shard of this size."""
-    return "" if args.gen_batch == GEN_BATCH else f"-b{args.gen_batch}"
-
-
-def _number(kind, low, *, strict: bool, what: str):
-    """An argparse type: a finite `kind` at least (`strict`: above) `low`, or an error naming `what`."""
-    def parse(text: str):
-        try:
-            x = kind(text)
-        except ValueError:
-            x = None
-        if x is None or not math.isfinite(x) or (x <= low if strict else x < low):
-            raise argparse.ArgumentTypeError(f"{text!r}: give {what}")
-        return x
-    return parse
-
-
-positive_int = _number(int, 1, strict=False, what="a whole number of at least 1")
-non_negative_int = _number(int, 0, strict=False, what="a whole number of at least 0")
-positive_float = _number(float, 0.0, strict=True, what="a finite number above 0")
-non_negative_float = _number(float, 0.0, strict=False, what="a finite number of at least 0")
-
-
-def plan_batches(args, prompts: dict) -> list:
-    """(shard name, temperature, [(split, prompt index, temperature)]) per generate batch: held-out
-    prompts greedily, train prompts alternately greedy (even index) and at T, then each prompt
-    file's the same way (shards named by the file's content)."""
-    jobs = [("train", i, 0.0 if i % 2 == 0 else args.temperature) for i in range(len(prompts["train"]))]
-    jobs += [("held_out", i, 0.0) for i in range(len(prompts["held_out"]))]
-    files = sorted(k for k in prompts if k.startswith("file-"))
-    for key in files:
-        jobs += [(key, i, 0.0 if i % 2 == 0 else args.temperature) for i in range(len(prompts[key]))]
-    # Batches in prompt order within each (split, temperature) group, so a larger --prompts
-    # only appends batches: the finished ones stay valid.
-    groups = {}
-    for j in jobs:
-        groups.setdefault((j[0], j[2]), []).append(j)
-    batches = []
-    for (sp, temp), js in sorted(groups.items(), key=lambda kv: (kv[0][0] != "held_out", kv[0][0], kv[0][1])):
-        for b in range(0, len(js), args.gen_batch):
-            batches.append((f"{sp}-t{temp:g}-{b // args.gen_batch:03d}{batch_mark(args)}", temp,
-                            js[b:b + args.gen_batch]))
-
-    def interleaved(prefix):  # greedy and sampled batches alternate, so a stopped run has both kinds
-        greedy = [b for b in batches if b[0].startswith(prefix) and b[1] == 0]
-        sampled = [b for b in batches if b[0].startswith(prefix) and b[1] > 0]
-        return [b for pair in zip(greedy, sampled) for b in pair] + greedy[len(sampled):] + sampled[len(greedy):]
-
-    # files last: adding one appends batches after the finished ones
-    return ([b for b in batches if b[0].startswith("held_out")] + interleaved("train-")
-            + [b for key in files for b in interleaved(key + "-")])
-
-
-def stage_generate(args, work: Path, prompts: dict) -> list:
-    """Answer shards for `plan_batches`' batches (finished ones are kept)."""
-    import torch
-
-    gen_dir = work / "gen"
-    gen_dir.mkdir(exist_ok=True)
-    batches = plan_batches(args, prompts)
-    tok, model = None, None
-    t0, made = time.time(), 0
-    for n, (name, temp, js) in enumerate(batches):
-        path = gen_dir / f"{name}.npz"
-        if path.exists():
-            continue
-        if model is None:
-            log("loading the target (dequantizing the GGUF)")
-            tok, model = load_target(Path(args.gguf))
-        ids = [chat_ids(tok, prompts[j[0]][j[1]]["prompt"]) for j in js]
-        gen = torch.Generator().manual_seed(args.seed * 100003 + n)
-        rows = generate_batch(model, ids, max_new=args.max_new, temperature=temp, top_k=args.top_k, gen=gen)
-        out = {}
-        for k, (j, p, (ans, tid, tlp)) in enumerate(zip(js, ids, rows)):
-            out[f"{k}_prompt"] = np.asarray(p, np.int32)
-            out[f"{k}_answer"], out[f"{k}_topid"], out[f"{k}_toplp"] = ans, tid, tlp
-            out[f"{k}_meta"] = np.asarray([1 if j[0] == "held_out" else 0, j[1], int(temp * 1000)], np.int32)
-        np.savez(path.with_suffix(".tmp.npz"), **out)
-        os.replace(path.with_suffix(".tmp.npz"), path)
-        made += sum(len(r[0]) for r in rows)
-        el = time.time() - t0
-        log(f"generate {n + 1}/{len(batches)} {name}: {made} answer tokens in {el:.0f}s ({made / el:.1f} tok/s)")
-    return [gen_dir / f"{b[0]}.npz" for b in batches]
-
-
-def load_generated(paths):
-    """{'train': [...], 'held_out': [...]} of dicts prompt/answer/topid/toplp/temp from these shards."""
-    data = {"train": [], "held_out": []}
-    for path in paths:
-        def read(path):
-            z = np.load(path)
-            return [(z[f"{k}_meta"], {"prompt": z[f"{k}_prompt"], "answer": z[f"{k}_answer"],
-                                      "topid": z[f"{k}_topid"], "toplp": z[f"{k}_toplp"]})
-                    for k in range(len([f for f in z.files if f.endswith("_meta")]))]
-
-        for (sp, idx, temp), arrays in read_work(path, read):
-            data["train" if sp == 0 else "held_out"].append({"index": int(idx), "temp": temp / 1000, **arrays})
-    for v in data.values():
-        v.sort(key=lambda r: (r["index"], r["temp"]))
-    return data
-
-
-
-# ---------------------------------------------------------------- stage 3: train
+# ---------------------------------------------------------------- stage 3: train (stage 2: draft_answers.py)
 
 def draft_config(args) -> dict:
     """The draft's mlx-lm / transformers llama config (the target's tokenizer, rope, bos/eos)."""
@@ -641,28 +345,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def start(args):
-    """Threads capped, seeds set, the work folder made: (work folder, start time). Shared with train_eagle.py."""
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    try:
-        import torch
-    except ModuleNotFoundError:
-        instead = ("; or give --target REF instead of --gguf: every stage then runs in MLX"
-                   if hasattr(args, "target") else "")
-        raise SystemExit("this trainer runs the target in PyTorch, which is not installed: pip install torch "
-                         f"accelerate{instead}") from None
-
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    return work, time.time()
-
-
 def main(argv=None):
     args = parse_args(argv)
-    work, t0 = start(args)
+    work, t0 = train_common.start(args)
     prompts = stage_prompts(args, work)
     prompts.update(logged_prompt_files(args.prompt_file))
     if args.stop_after == "prompts":

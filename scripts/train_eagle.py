@@ -60,13 +60,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import draft_answers  # noqa: E402
+import train_common  # noqa: E402
 import train_draft  # noqa: E402
 from draft_prompts import PROMPT_FILE_HELP  # noqa: E402
 from eagle_data import (check_work, feature_layers, llama_gguf, load_features, stage_generate,  # noqa: E402
                         stage_layers, stage_vocab, target_config, target_digest)
 from eagle_torch import stage_train  # noqa: E402
 from eagle_training import WINDOW, init_head, settle_draft_vocab, tapped_layers, window_config  # noqa: E402
-from train_draft import log  # noqa: E402
+from train_common import log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,7 +83,7 @@ def stage_export(args, final: Path, vocab) -> None:
     from mlxspec.drafters.eagle import EagleHead, load_head, save_head
     from mlxspec.loading.model import load_model
 
-    ck = train_draft.read_work(final, lambda p: torch.load(p, weights_only=False))
+    ck = train_common.read_work(final, lambda p: torch.load(p, weights_only=False))
     target, _, _ = load_model(str(args.gguf), download=False)  # mlxspec's own loading path
     cfg = dict(ck["cfg"])
     layers = cfg.pop("feature_layers", [])
@@ -121,38 +123,38 @@ def parse_args(argv=None):
     p.add_argument("--work", required=True, help="work dir for cached stages (shared with train_draft.py)")
     p.add_argument("--out", help="the head folder to write (default with --gguf: the shipped demo head's; "
                                  "required with --target)")
-    p.add_argument("--seed", type=train_draft.non_negative_int, default=0,
+    p.add_argument("--seed", type=train_common.non_negative_int, default=0,
                    help="seeds the templated prompts' choice, the sampled answers and training (default 0)")
-    p.add_argument("--threads", type=train_draft.positive_int, default=2,
+    p.add_argument("--threads", type=train_common.positive_int, default=2,
                    help="PyTorch threads (--gguf only; default 2: the performance cores)")
     p.add_argument("--stop-after", choices=["generate", "layers", "train", "export"], default="export",
                    help="end after this stage (default: export, the whole recipe); a later run resumes from it")
     # data (train_draft.py's generate stage)
-    p.add_argument("--prompts", type=train_draft.non_negative_int, default=4032,
+    p.add_argument("--prompts", type=train_common.non_negative_int, default=4032,
                    help="templated train prompts (half answered greedily, half at T); 0 for none")
     p.add_argument("--prompt-file", action="append", default=[], metavar="JSONL", help=PROMPT_FILE_HELP)
-    p.add_argument("--held-out", type=train_draft.positive_int, default=32,
+    p.add_argument("--held-out", type=train_common.positive_int, default=32,
                    help="templated prompts kept out of training, answered greedily, for the agreement printed "
                         "each checkpoint (default 32)")
-    p.add_argument("--max-new", type=train_draft.positive_int, default=128,
+    p.add_argument("--max-new", type=train_common.positive_int, default=128,
                    help="most tokens of each answer (default 128)")
-    p.add_argument("--temperature", type=train_draft.non_negative_float, default=0.7,
+    p.add_argument("--temperature", type=train_common.non_negative_float, default=0.7,
                    help="of the answers not made greedily (every other batch; default 0.7; 0: all greedy)")
-    p.add_argument("--gen-batch", type=train_draft.positive_int, default=train_draft.GEN_BATCH,
+    p.add_argument("--gen-batch", type=train_common.positive_int, default=draft_answers.GEN_BATCH,
                    help="prompts answered together. On 2 cores in bfloat16, 192 answered short prompts 1.5x as "
                    "fast as 48 and long ones (code) 0.8x as fast. Another size writes its own shards, vocabulary "
                    "and runs (its batches hold other prompts)")
     p.add_argument("--finished-only", action="store_true",
                    help="train on the shards a (maybe still running) generate stage has finished; generate nothing")
     # head
-    p.add_argument("--draft-vocab", type=train_draft.positive_int,
+    p.add_argument("--draft-vocab", type=train_common.positive_int,
                    help="tokens the head may propose: the data's most frequent (default 4096; with --init, the "
                    "head's own, and a larger number widens it by the data's most frequent tokens it lacks)")
-    p.add_argument("--intermediate", type=train_draft.positive_int, help="the head's MLP width (default: the target's). A wider one still starts as "
+    p.add_argument("--intermediate", type=train_common.positive_int, help="the head's MLP width (default: the target's). A wider one still starts as "
                    "the target's last layer, its extra units silent. The shipped demo head is 2x (3072): after 8 "
                    "epochs and 4 more with --init at --lr 3e-4 it gained 0.020 per token over the 1x head and "
                    "ran x1.05 as fast on a 2-core CPU, at 1.5x the head step and training time (model card)")
-    p.add_argument("--head-layers", type=train_draft.positive_int, default=1,
+    p.add_argument("--head-layers", type=train_common.positive_int, default=1,
                    help="decoder layers in the head (EAGLE uses 1; each costs about one target layer per draft step)")
     p.add_argument("--context", choices=["head", "target"], default="head",
                    help="what the head's attention reads for the positions the target has run: its own keys and "
@@ -160,7 +162,7 @@ def parse_args(argv=None):
                         "values from the target's cache (as GLIDE does; Du et al. 2024): then the head keeps only "
                         "the current round's entries, and training taps the input of the target's last layer. For the "
                         "demo target it learnt faster at first and ended 0.011 per token behind (the demo head's EXPERIMENTS.md)")
-    p.add_argument("--window", type=train_draft.non_negative_int, default=WINDOW,
+    p.add_argument("--window", type=train_common.non_negative_int, default=WINDOW,
                    help="entries of its own cache the exported head attends to (its latest, plus the first 4), "
                         "written to its config as `window`; 0: all of them. A head learns on sequences of a few "
                         "hundred tokens and drafts worse the further back it attends: after 3,000 tokens of "
@@ -172,26 +174,26 @@ def parse_args(argv=None):
                         "EAGLE-1; the shipped demo head), 'auto' (the outputs of EAGLE-3's low, middle and high "
                         "layer: 2, n/2-1, n-4 of n), or a comma list of layers")
     # training
-    p.add_argument("--epochs", type=train_draft.positive_float, default=3.5,
+    p.add_argument("--epochs", type=train_common.positive_float, default=3.5,
                    help="passes over the answers; the demo head before the wider one used 8 on 5,323 prompts, 86 "
                         "minutes from scratch on 2 CPU cores (bench-suite per-token acceptance 0.40 after 4, 0.42 after "
                         "8; 4 more with --init at --lr 3e-4 gave 0.43 but no speed); the shipped, twice as wide head "
                         "8 and then 4 more that way")
-    p.add_argument("--train-minutes", type=train_draft.positive_float, metavar="M",
+    p.add_argument("--train-minutes", type=train_common.positive_float, metavar="M",
                    help="a wall-clock budget for the train stage: after timing its first steps, a run that would "
                         "take longer is cut to the steps that fit, its learning-rate schedule ending there (the log "
                         "says where); for a GPU lent by the hour. A cut run is a run of its own: the same command without the "
                         "budget trains all --epochs rather than reusing it. Default: no budget, all --epochs")
-    p.add_argument("--batch", type=train_draft.positive_int, default=8, help="sequences per step (default 8)")
-    p.add_argument("--lr", type=train_draft.positive_float, default=1e-3,
+    p.add_argument("--batch", type=train_common.positive_int, default=8, help="sequences per step (default 8)")
+    p.add_argument("--lr", type=train_common.positive_float, default=1e-3,
                    help="AdamW's peak learning rate, after a 3 %% warm-up, then cosine (default 1e-3)")
-    p.add_argument("--noise", type=train_draft.non_negative_float, default=0.1,
+    p.add_argument("--noise", type=train_common.non_negative_float, default=0.1,
                    help="uniform input-feature noise, fraction of feature RMS (default 0.1)")
-    p.add_argument("--unroll", type=train_draft.positive_int, default=2,
+    p.add_argument("--unroll", type=train_common.positive_int, default=2,
                    help="drafting steps simulated per entry (1 = teacher forcing only; default 2)")
-    p.add_argument("--unroll-weight", type=train_draft.non_negative_float, default=0.8,
+    p.add_argument("--unroll-weight", type=train_common.non_negative_float, default=0.8,
                    help="loss weight of each further unrolled step, as a power (default 0.8)")
-    p.add_argument("--ce-weight", type=train_draft.non_negative_float, default=0.3,
+    p.add_argument("--ce-weight", type=train_common.non_negative_float, default=0.3,
                    help="weight of the token loss beside the feature regression (default 0.3)")
     p.add_argument("--loss-on", choices=["answers", "all"], default="answers",
                    help="entries the loss covers: those predicting answer tokens (what the engine drafts), or all")
@@ -205,7 +207,7 @@ def parse_args(argv=None):
                         "features differ from float32's by about 1 %% RMS (the training noise is 5.8 %%) and about "
                         "half its greedy answers part from float32's at a near tie; its answers are kept apart "
                         "(eagle-gen-bfloat16 in --work) and never mixed with float32's")
-    p.add_argument("--ckpt-every", type=train_draft.positive_int, default=100,
+    p.add_argument("--ckpt-every", type=train_common.positive_int, default=100,
                    help="steps between checkpoints (and held-out agreement lines; default 100): a rerun resumes "
                         "from the last one")
     p.add_argument("--init", metavar="HEAD",
@@ -274,7 +276,7 @@ def main(argv=None):
         import train_eagle_mlx
 
         return train_eagle_mlx.main(args)
-    work, t0 = train_draft.start(args)
+    work, t0 = train_common.start(args)
     digest = target_digest(Path(args.gguf))  # the whole file read once
     llama_gguf(Path(args.gguf))
     args.out = default_out(args, digest)
@@ -311,4 +313,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    train_draft.run_main(main)
+    train_common.run_main(main)

@@ -28,8 +28,9 @@ from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
 from eagle_training import (TimeBudget, epoch_batches, head_config, init_head, padded_batch, reads_target, run_tag,
                             settle_draft_vocab, split_context, tapped_layers, train_steps, widened, wider_mlp,
                             window_config)
+import train_common
 import train_draft
-from train_draft import log
+from train_common import log
 
 # Families whose decoder block is llama's (names, shapes and computation), so the head can
 # start from the target's last layer; qwen2's attention biases are left out. Others start random.
@@ -142,7 +143,7 @@ def _save(path: Path, arrays: dict, meta: dict) -> None:
 def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     """The head trained as eagle_torch.stage_train trains it, in MLX; returns its final file."""
     from mlxspec.backbone import logit_map, output_rows
-    from train_draft import lr_scale
+    from train_common import lr_scale
 
     tag = run_tag(args, train) + "-mlx"
     final, ckpt = work / f"head_final-{tag}.safetensors", work / f"head_ckpt-{tag}.safetensors"
@@ -165,8 +166,8 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     total, warm = train_steps(len(train), args)
     step, elapsed, history, epoch, in_epoch = 0, 0.0, [], 0, 0
     if ckpt.exists() and ckpt.with_suffix(".json").exists():
-        meta = train_draft.read_work(ckpt.with_suffix(".json"), lambda p: json.loads(p.read_text()))
-        saved = train_draft.read_work(ckpt, lambda p: mx.load(str(p)))
+        meta = train_common.read_work(ckpt.with_suffix(".json"), lambda p: json.loads(p.read_text()))
+        saved = train_common.read_work(ckpt, lambda p: mx.load(str(p)))
         head.load_weights([(k[5:], v) for k, v in saved.items() if k.startswith("head.")], strict=True)
         opt.state = tree_unflatten([(k[4:], v) for k, v in saved.items() if k.startswith("opt.")])
         step, elapsed, history, epoch, in_epoch = (meta[k] for k in ("step", "elapsed", "history", "epoch", "in_epoch"))
@@ -230,10 +231,10 @@ def stage_export(args, final: Path, vocab, model, name: str) -> None:
     from mlxspec.device import backend
     from mlxspec.drafters.eagle import load_head, save_head
 
-    meta = train_draft.read_work(final.with_suffix(".json"), lambda p: json.loads(p.read_text()))
+    meta = train_common.read_work(final.with_suffix(".json"), lambda p: json.loads(p.read_text()))
     cfg = meta["cfg"]
     head = make_head(cfg, len(vocab))
-    head.load_weights(list(train_draft.read_work(final, lambda p: mx.load(str(p))).items()), strict=True)
+    head.load_weights(list(train_common.read_work(final, lambda p: mx.load(str(p))).items()), strict=True)
     extra = {**window_config(args), "training": {"script": "scripts/train_eagle.py --target", "backend": backend(),
                           "seed": args.seed, "train_minutes": round(meta["train_seconds"] / 60, 1),
                           "steps": meta["steps"], "sequences": meta["sequences"], "entries": meta["entries"],

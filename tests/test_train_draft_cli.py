@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import draft_answers  # noqa: E402
 import train_draft  # noqa: E402
 
 ARGS = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w"])
@@ -48,8 +49,8 @@ def test_generate_plan_answers_every_prompt_once_files_last(tmp_path):
     args = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--prompt-file", str(f), "--gen-batch", "3"])
     files = train_draft.logged_prompt_files(args.prompt_file)
     (key,) = files
-    plain = train_draft.plan_batches(args, _prompts(10, 2))
-    planned = train_draft.plan_batches(args, _prompts(10, 2, files))
+    plain = draft_answers.plan_batches(args, _prompts(10, 2))
+    planned = draft_answers.plan_batches(args, _prompts(10, 2, files))
     assert planned[:len(plain)] == plain  # a file appends batches: the templates' shards and seeds stay
     names = [b[0] for b in planned]
     assert names[0] == "held_out-t0-000-b3" and len(set(names)) == len(names)
@@ -70,7 +71,7 @@ def test_another_batch_size_never_takes_the_defaults_shards():
     default = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w"])
     assert default.gen_batch == 48
     wide = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--gen-batch", "96"])
-    plan = {a.gen_batch: train_draft.plan_batches(a, _prompts(200, 4)) for a in (default, wide)}
+    plan = {a.gen_batch: draft_answers.plan_batches(a, _prompts(200, 4)) for a in (default, wide)}
     assert plan[48][0][0] == "held_out-t0-000" and plan[48][1][0] == "train-t0-000"
     assert not {b[0] for b in plan[48]} & {b[0] for b in plan[96]}
     assert all(len(b[2]) <= 96 for b in plan[96]) and max(len(b[2]) for b in plan[96]) == 96

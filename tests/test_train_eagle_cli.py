@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import train_eagle  # noqa: E402
 import eagle_data  # noqa: E402
 import eagle_training  # noqa: E402
+import train_eagle  # noqa: E402
 
 
 @pytest.mark.parametrize("spec,want", [("final", []), ("auto", [2, 14, 26]), ("0,15,29", [0, 15, 29]), ("7", [7])])
@@ -306,7 +306,6 @@ def test_evaluation_scripts_refuse_numbers_that_cannot_work(script, argv, says):
     assert proc.returncode == 2 and says in proc.stderr
 
 
-
 def test_without_torch_the_gguf_path_says_what_to_install_or_use_instead(tmp_path, monkeypatch):
     import train_draft
 
@@ -322,10 +321,10 @@ def test_without_torch_the_gguf_path_says_what_to_install_or_use_instead(tmp_pat
 def test_the_gguf_path_takes_llama_files_only(tmp_path, monkeypatch):
     """The PyTorch trainer starts the head from the target's last block by llama's names: another
     architecture is refused before anything runs, with --target named instead."""
-    import train_draft
+    import train_common
     from tiny_gguf import write_tiny_gguf
 
-    monkeypatch.setattr(train_draft, "start", lambda args: (tmp_path / "w", 0.0))  # no torch needed up to the check
+    monkeypatch.setattr(train_common, "start", lambda args: (tmp_path / "w", 0.0))  # no torch needed up to the check
     gemma2 = tmp_path / "g.gguf"
     write_tiny_gguf(gemma2, arch="gemma2", pre="spm-no-prefix", layers=2, window=4, head_dim=24)
     with pytest.raises(SystemExit, match=rf"--gguf {gemma2}: a 'gemma2' GGUF; .*Give --target {gemma2} instead"):

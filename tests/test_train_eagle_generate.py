@@ -11,8 +11,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import train_eagle  # noqa: E402
 import eagle_data  # noqa: E402
+import torch_target  # noqa: E402
+import train_common  # noqa: E402
 
 PAD, V = 0, 64
 TOL = 1e-4  # float32; padding only changes the summation layout of masked attention
@@ -64,9 +65,7 @@ def test_features_are_the_final_hidden_states_of_the_fed_tokens():
 
 
 def test_the_buffered_cache_holds_what_concatenation_would():
-    import train_draft
-
-    cache = train_draft.kv_cache(capacity=3)  # smaller than what comes: it must grow
+    cache = torch_target.kv_cache(capacity=3)  # smaller than what comes: it must grow
     g = torch.Generator().manual_seed(0)
     ks, vs = [], []
     for m in (2, 1, 4, 1, 1):
@@ -101,7 +100,7 @@ def test_bfloat16_generation_gives_float32s_features_to_bfloat16s_precision():
 
 
 def test_a_batch_reports_progress_while_it_runs(monkeypatch):
-    monkeypatch.setattr(train_eagle.train_draft, "HEARTBEAT", 0.0)
+    monkeypatch.setattr(train_common, "HEARTBEAT", 0.0)
     calls = []
     eagle_data.generate_batch(_model(), [[3, 4, 5], [6, 7]], max_new=12, temperature=0.0,
                                gen=torch.Generator().manual_seed(0), eos=-1, pad=PAD,

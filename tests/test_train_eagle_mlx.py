@@ -18,9 +18,10 @@ from mlxspec.loading.adapters import adapter_digest
 import tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import train_eagle  # noqa: E402
-import eagle_training  # noqa: E402
 import eagle_mlx_data  # noqa: E402
+import eagle_training  # noqa: E402
+import train_common  # noqa: E402
+import train_eagle  # noqa: E402
 import train_eagle_mlx  # noqa: E402
 
 PROMPTS = ["count to ten", "name three colours", "what is rain?", "say hello twice", "spell cat",
@@ -210,7 +211,7 @@ def test_features_are_the_engines_hidden_states(tmp_path):
 def test_answering_a_batch_reports_progress_while_it_runs(monkeypatch):
     """A batch of answers can take minutes on a CPU: it says how far it got every HEARTBEAT
     seconds (here after every step, so its last call counts every answer and every token)."""
-    monkeypatch.setattr(eagle_mlx_data.train_draft, "HEARTBEAT", 0.0)
+    monkeypatch.setattr(train_common, "HEARTBEAT", 0.0)
     model, tok = tiny.make_llama(12, tie_embeddings=False), tiny.make_tokenizer()
     prompts = [eagle_mlx_data.prompt_ids(tok, p) for p in PROMPTS[:3]]
     calls = []
@@ -355,13 +356,13 @@ def test_a_damaged_work_file_is_named_with_what_to_do(tmp_path):
 
 
 def test_ctrl_c_is_one_line_and_exit_status_130(capsys):
-    import train_draft
+    import train_common
 
     def stopped():
         raise KeyboardInterrupt
 
     with pytest.raises(SystemExit) as e:
-        train_draft.run_main(stopped)
+        train_common.run_main(stopped)
     assert e.value.code == 130 and "interrupted: the same command resumes" in capsys.readouterr().err
 
 

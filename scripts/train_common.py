@@ -1,0 +1,122 @@
+"""What the training scripts here share: the log, the work folder's files (written whole, read
+or said damaged), argparse's number types, progress inside a long batch, the learning-rate
+schedule, and a start and an end (Ctrl-C) that say what to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def damaged(path, error: BaseException) -> SystemExit:
+    """A work file that cannot be read (a run stopped while writing it, a full disk): which one,
+    why, and what to do, instead of a reader's traceback."""
+    return SystemExit(f"cannot read {path} ({type(error).__name__}: {error}): it is damaged (a run stopped while "
+                      f"writing it, or a full disk?); delete it and run the same command again, which makes it anew")
+
+
+def read_work(path, reader):
+    """`reader(path)`, or `damaged(path)` raised if the file cannot be read."""
+    try:
+        return reader(path)
+    except Exception as e:
+        raise damaged(path, e) from None
+
+
+def read_arrays(path, *keys) -> tuple:
+    """The arrays `keys` of an .npz work file, or `damaged(path)` raised if it cannot be read."""
+    def read(p):
+        z = np.load(p)
+        return tuple(z[k] for k in keys)
+    return read_work(path, read)
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    """Write an .npy work file whole or not at all: a later run trusts it because it exists."""
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, array)
+    os.replace(tmp, path)
+
+
+def run_main(main) -> None:
+    """`main()`, with Ctrl-C said in one line and the usual exit status (130)."""
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\ninterrupted: the same command resumes from the last finished stage, shard or checkpoint",
+              file=sys.stderr)
+        sys.exit(130)
+
+
+HEARTBEAT = 30.0  # seconds between progress lines inside one batch of answers (minutes on a CPU)
+
+
+def batch_progress(n: int, count: int, name: str):
+    """A logger for batch n (0-based) of `count` answer batches: `say(what)` prints how far it got
+    and the seconds since this call."""
+    t0 = time.time()
+
+    def say(what: str) -> None:
+        log(f"  batch {n + 1}/{count} {name}: {what}, {time.time() - t0:.0f}s")
+    return say
+
+
+def lr_scale(step: int, total: int, warm: int) -> float:
+    """The learning rate's fraction of its peak at `step` of `total`: linear warm-up over `warm`
+    steps, then a cosine to the end, never below 2 % (every trainer here uses this schedule)."""
+    f = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / (total - warm)))
+    return max(f, 0.02)
+
+
+def _number(kind, low, *, strict: bool, what: str):
+    """An argparse type: a finite `kind` at least (`strict`: above) `low`, or an error naming `what`."""
+    def parse(text: str):
+        try:
+            x = kind(text)
+        except ValueError:
+            x = None
+        if x is None or not math.isfinite(x) or (x <= low if strict else x < low):
+            raise argparse.ArgumentTypeError(f"{text!r}: give {what}")
+        return x
+    return parse
+
+
+positive_int = _number(int, 1, strict=False, what="a whole number of at least 1")
+non_negative_int = _number(int, 0, strict=False, what="a whole number of at least 0")
+positive_float = _number(float, 0.0, strict=True, what="a finite number above 0")
+non_negative_float = _number(float, 0.0, strict=False, what="a finite number of at least 0")
+
+
+def start(args):
+    """Threads capped, seeds set, the work folder made: (work folder, start time). Shared with train_eagle.py."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    try:
+        import torch
+    except ModuleNotFoundError:
+        instead = ("; or give --target REF instead of --gguf: every stage then runs in MLX"
+                   if hasattr(args, "target") else "")
+        raise SystemExit("this trainer runs the target in PyTorch, which is not installed: pip install torch "
+                         f"accelerate{instead}") from None
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    return work, time.time()
+
+
+if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
+    raise SystemExit("scripts/train_common.py is imported by train_draft.py, train_eagle.py and the evaluation scripts, and is no command of its own: run one of those (--help)")
