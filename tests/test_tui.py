@@ -565,6 +565,34 @@ async def test_the_header_keeps_its_memory_line_in_a_narrow_terminal():
 
 
 @async_test
+async def test_a_narrow_header_cuts_the_long_names_not_the_precision_and_device():
+    from dataclasses import replace
+
+    from textual.geometry import Region
+
+    from tui.widgets import PairHeader
+
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=(80, 30)) as pilot:
+        await pilot.pause()
+        header = app.query_one(PairHeader)
+        long = replace(header.info, target="someone/a-target-with-a-long-name + adapter pirate", precision="bfloat16",
+                       device="CPU, OpenBLAS", draft="EAGLE head (trained for the target without adapter pirate)")
+
+        def first_line() -> str:
+            return header.render_lines(Region(0, 0, header.size.width, 1))[0].text.strip()
+
+        header.set_info(long)
+        await pilot.pause()
+        line = first_line()
+        assert "bfloat16 · CPU, OpenBLAS · target someone/" in line and "draft EAGLE" not in line, line
+        await pilot.resize_terminal(200, 30)  # wide enough: the pair first, as it reads
+        await pilot.pause()
+        line = first_line()
+        assert line.endswith("· bfloat16 · CPU, OpenBLAS") and "target someone/" in line.split("·")[0], line
+
+
+@async_test
 async def test_the_header_names_who_drafts_and_weighs_its_weights(tmp_path):
     from textual.geometry import Region
 

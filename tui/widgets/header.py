@@ -20,6 +20,9 @@ class PairHeader(Static):
     def on_mount(self) -> None:
         self._render_text()
 
+    def on_resize(self) -> None:
+        self._render_text()
+
     def set_info(self, info: PairInfo) -> None:
         self.info = info
         self._render_text()
@@ -35,10 +38,17 @@ class PairHeader(Static):
         i = self.info
         kv = sum(s.target_kv_bytes + s.draft_kv_bytes for s in self.stats.values())
         peak = max((s.peak_memory_bytes for s in self.stats.values()), default=0)
+        pair = f"target {i.target} · draft {i.draft}"
+        machine = f"{i.precision} · {i.device}"
         t = Text()
         t.append("mlxspec chat  ", style="bold")
         t.append(f"{i.name}", style="bold cyan")
-        t.append(f"  target {i.target} · draft {i.draft} · {i.precision} · {i.device}\n")
+        line = f"  {pair} · {machine}"
+        if len(t) + len(line) > self.content_size.width > 0:
+            # Too narrow for it all: the short facts first, so the cut falls in the long names
+            # (a head's note is in the history too).
+            line = f"  {machine} · {pair}"
+        t.append(line + "\n")
         t.append("memory  ", style="bold")
         t.append(f"weights: target {format_bytes(i.target_weights_bytes)}")
         if i.draft_weights_bytes:
