@@ -103,7 +103,7 @@ def batch_arrays(batch, model, noise: float, key, answers_only: bool = True, con
 
 
 def optimizer(lr: float):
-    """train_eagle.py's AdamW (0.9, 0.95, no weight decay); MLX's leaves out Adam's bias
+    """eagle_torch.py's AdamW (0.9, 0.95, no weight decay); MLX's leaves out Adam's bias
     correction unless asked, which shrinks the first steps' updates (about 0.45x at step 1)."""
     return optim.AdamW(learning_rate=lr, betas=[0.9, 0.95], weight_decay=0.0, bias_correction=True)
 
