@@ -550,25 +550,28 @@ async def test_sampled_turns_without_a_seed_write_the_same_text_on_both_sides():
         assert sum(t.answers[SPEC].stats.drafted for t in (first, second)) > 0
 
 
-@async_test
-async def test_the_header_keeps_its_memory_line_in_a_narrow_terminal():
+def header_lines(app) -> list:
+    """The chat header's lines as the screen shows them (cut at its width)."""
     from textual.geometry import Region
 
     from tui.widgets import PairHeader
 
+    header = app.query_one(PairHeader)
+    return [s.text.strip() for s in header.render_lines(Region(0, 0, header.size.width, header.size.height))]
+
+
+@async_test
+async def test_the_header_keeps_its_memory_line_in_a_narrow_terminal():
     app = make_app(tiny_engine(), max_tokens=4)
     async with app.run_test(size=(60, 30)) as pilot:
         await pilot.pause()
-        header = app.query_one(PairHeader)
-        lines = [s.text.strip() for s in header.render_lines(Region(0, 0, header.size.width, header.size.height))]
+        lines = header_lines(app)
         assert lines[0].startswith("mlxspec chat") and lines[1].startswith("memory"), lines
 
 
 @async_test
 async def test_a_narrow_header_cuts_the_long_names_not_the_precision_and_device():
     from dataclasses import replace
-
-    from textual.geometry import Region
 
     from tui.widgets import PairHeader
 
@@ -578,25 +581,18 @@ async def test_a_narrow_header_cuts_the_long_names_not_the_precision_and_device(
         header = app.query_one(PairHeader)
         long = replace(header.info, target="someone/a-target-with-a-long-name + adapter pirate", precision="bfloat16",
                        device="CPU, OpenBLAS", draft="EAGLE head (trained for the target without adapter pirate)")
-
-        def first_line() -> str:
-            return header.render_lines(Region(0, 0, header.size.width, 1))[0].text.strip()
-
         header.set_info(long)
         await pilot.pause()
-        line = first_line()
+        line = header_lines(app)[0]
         assert "bfloat16 · CPU, OpenBLAS · target someone/" in line and "draft EAGLE" not in line, line
         await pilot.resize_terminal(200, 30)  # wide enough: the pair first, as it reads
         await pilot.pause()
-        line = first_line()
+        line = header_lines(app)[0]
         assert line.endswith("· bfloat16 · CPU, OpenBLAS") and "target someone/" in line.split("·")[0], line
 
 
 @async_test
 async def test_the_header_names_who_drafts_and_weighs_its_weights(tmp_path):
-    from textual.geometry import Region
-
-    from tui.widgets import PairHeader
     from tui.stats_view import format_bytes
     from tiny import make_eagle_head
 
@@ -606,8 +602,7 @@ async def test_the_header_names_who_drafts_and_weighs_its_weights(tmp_path):
     assert 0 < engine.eagle_weights_bytes != engine.draft_weights_bytes
 
     def header_text(app):
-        header = app.query_one(PairHeader)
-        return " ".join(s.text for s in header.render_lines(Region(0, 0, header.size.width, header.size.height)))
+        return " ".join(header_lines(app))
 
     app = make_app(engine, max_tokens=4)
     async with app.run_test(size=(160, 30)) as pilot:
@@ -639,19 +634,14 @@ async def test_a_head_trained_under_another_adapter_is_said_in_full_in_the_histo
 
 @async_test
 async def test_the_header_says_when_the_kv_cache_is_quantized():
-    from textual.geometry import Region
-
     from mlxspec import Engine
-    from tui.widgets import PairHeader
 
     target = tiny.make_llama(1, heads=2, kv_heads=1, tie_embeddings=False)  # head dimension 32
     engine = Engine(target, tiny.make_tokenizer(), drafter="ngram", kv_bits=4, kv_group_size=32, quantized_kv_start=0)
     app = make_app(engine, max_tokens=4)
     async with app.run_test(size=(160, 30)) as pilot:
         await pilot.pause()
-        header = app.query_one(PairHeader)
-        text = " ".join(s.text for s in header.render_lines(Region(0, 0, header.size.width, header.size.height)))
-        assert "(4-bit from 0 tokens)" in text
+        assert "(4-bit from 0 tokens)" in " ".join(header_lines(app))
 
 
 def test_tree_and_lookup_commands():
