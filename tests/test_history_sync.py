@@ -3,7 +3,6 @@ and a history that changed is still compared: the drafts are the same either way
 
 import pathlib
 
-import mlx.core as mx
 import pytest
 from hypothesis import given, settings, strategies as st
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
 from mlx.nn.layers.distributed import AllToShardedLinear, ShardedToAllLinear
 from tiny import make_gemma3, make_llama, make_tokenizer
