@@ -37,10 +37,6 @@ def target_vocab(target_model) -> int:
     return int(target_model.model.embed_tokens.weight.shape[0])
 
 
-def target_hidden(target_model) -> int:
-    return hidden_size(target_model)
-
-
 # -- files --------------------------------------------------------------------------------------
 
 CONTEXTS = ("head", "target")  # what a head attends to for the positions the target has run
@@ -77,7 +73,7 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
            "feature_layers": [int(i) for i in feature_layers],
            **({"context": "target"} if head.context == "target" else {}),
            "draft_vocab_size": None if draft_ids is None else int(draft_ids.shape[0]),
-           "target": {"name": name, "vocab_size": target_vocab(target_model), "hidden_size": target_hidden(target_model),
+           "target": {"name": name, "vocab_size": target_vocab(target_model), "hidden_size": hidden_size(target_model),
                       "embedding_fingerprint": embedding_fingerprint(target_model)},
            **(extra or {})}
     (path / ".config.json.tmp").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
@@ -202,7 +198,7 @@ def _layer_args(layer, depth: int, vocab: int, cfg_path: Path) -> ModelArgs:
 def _check_target(t: dict, target_model, path: Path) -> None:
     """IncompatibleModelsError naming what differs between the head's recorded target and this one."""
     diffs = []
-    V, H = target_vocab(target_model), target_hidden(target_model)
+    V, H = target_vocab(target_model), hidden_size(target_model)
     if t.get("vocab_size") != V:
         diffs.append(f"vocabulary size {t.get('vocab_size')} vs the target's {V}")
     if t.get("hidden_size") != H:
