@@ -95,7 +95,8 @@ class EagleDrafter:
             raise ValueError("[eagle] the target Sequence must keep hidden states (keep_hidden=True)")
         self.head, self.draft_ids, self.target = head, draft_ids, target
         self.embed = target.model.model.embed_tokens
-        ids = draft_ids if draft_ids is not None else mx.arange(target_vocab(target.model))
+        self.vocab = target_vocab(target.model)
+        ids = draft_ids if draft_ids is not None else mx.arange(self.vocab)
         self.out_weight = output_rows(target.model, ids)  # (N, H): the target's own output rows
         self.race_ids = ids.astype(mx.uint32)  # what keys a sampled step's noise (`sampling.sample_race`)
         mx.eval(self.out_weight, self.race_ids)
@@ -104,7 +105,6 @@ class EagleDrafter:
         # (`chaincopy.blend`) reads probabilities on the target's scale.
         self.post = logit_map(target.model)
         self._top_full, self._top_mapped = _tops(self.post)
-        self.vocab = target_vocab(target.model)
         # The target's window bounds the features it keeps for the head; the head's own window only
         # its cache (a request may roll back past it, and the head then feeds again from them).
         self.target_window = max_kv_size

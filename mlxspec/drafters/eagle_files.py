@@ -96,6 +96,7 @@ def load_head(path, target_model, coord=None) -> Tuple[EagleHead, Optional[mx.ar
             hidden size or embedding fingerprint differ) or its weights have the wrong shapes.
     """
     path = Path(path)
+    V = target_vocab(target_model)
     cfg_path, w_path = path / "config.json", path / "model.safetensors"
     for f in (cfg_path, w_path):
         if not f.is_file():
@@ -113,7 +114,7 @@ def load_head(path, target_model, coord=None) -> Tuple[EagleHead, Optional[mx.ar
     depth = cfg.get("num_layers", 1)  # heads written before deeper ones existed have one layer
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise IncompatibleModelsError(f"[eagle] num_layers {depth!r} in {cfg_path} must be a whole number >= 1")
-    args = _layer_args(cfg.get("layer"), depth, target_vocab(target_model), cfg_path)
+    args = _layer_args(cfg.get("layer"), depth, V, cfg_path)
     taps = cfg.get("feature_layers") or []
     n = len(target_model.model.layers)
     if not isinstance(taps, list) or not layers_fit(taps, n):
@@ -142,10 +143,10 @@ def load_head(path, target_model, coord=None) -> Tuple[EagleHead, Optional[mx.ar
             f"[eagle] the weights in {w_path} do not fit the head its config describes: missing {missing[:4]}, "
             f"unexpected {extra[:4]}, wrong shapes {wrong[:4]}")
     if draft_ids is not None and (draft_ids.ndim != 1 or draft_ids.size == 0
-                                  or int(mx.max(draft_ids).item()) >= target_vocab(target_model)
+                                  or int(mx.max(draft_ids).item()) >= V
                                   or int(mx.min(draft_ids).item()) < 0):  # they index the target's rows
         raise IncompatibleModelsError(
-            f"[eagle] draft_ids in {w_path} must be a 1-D list of ids in 0..{target_vocab(target_model) - 1} (the "
+            f"[eagle] draft_ids in {w_path} must be a 1-D list of ids in 0..{V - 1} (the "
             f"target's vocabulary), got shape {tuple(draft_ids.shape)}")
     head.load_weights(list(weights.items()))
     dtype = target_model.model.norm.weight.dtype  # the engine's float precision
