@@ -6,19 +6,9 @@ the device computes while the host does it. Plain steps go further, as mlx-lm's
 `generate_step` does: the next step is enqueued with the current step's token still on
 the device, before that token is read.
 
-Whether the next pass may be such a pipelined plain step is decided from what the host
-already knows, one token behind: a model drafter asks its cost model; a free drafter
-(n-gram) looks up a proposal on the history so far, whose first token is its guess of the
-token in flight. If drafting would pay, the loop reads first and drafts on the exact
-history (the one bubble a verify round cannot avoid); if not, the guess is checked when
-the token arrives, a free acceptance probe.
-
-A model drafter (a draft model, a feature head) has a free companion, prompt lookup (the
-n-gram drafter): where the text repeats itself (code edits, quotes, lists) a lookup drafts
-better than a small model and costs no drafting. Each round both are judged by their own
-cost models and the faster expected one drafts; each pass then teaches its own drafter's
-model. Which one drafts depends only on the history and past rounds, so greedy output and
-the sampled distribution stay the target's.
+What the next pass is (plain, a chain or a tree, and which drafter drafts it) is decided by
+`mlxspec.planner`, on what the host knows; this loop enqueues it, reads it, commits its tokens
+and teaches the cost models what it cost.
 
 A pass that the end of generation makes useless (EOS, a stop string, a closed stream) is
 rolled back from the caches, which therefore always hold exactly the committed tokens
@@ -43,8 +33,8 @@ from .distributed import history_hash
 from .drafters import Draft
 from .errors import CacheRollbackError, NumericalError, StreamOvertakenError
 from .logprobs import PromptScorer
-from .prompts import MAX_DRAFT
 from . import treeplan
+from .planner import Planner
 from .rounds import Pass, plain_step, read, tree_round, verify_round
 from .sampling import SamplingParams
 from .stats import GenerationStats, TokenEvent
@@ -131,7 +121,6 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
         ban = mx.zeros((engine.vocab_size,), dtype=mx.float32).at[mx.array(sorted(eos))].add(-mx.inf)
     text = TextAssembler(engine.tokenizer, stop, include_stop)
     seed = draw_seed() if seed is None else seed
-    context = engine.context
     coord = engine.coord
     dist = coord.active
     read_pass = coord.watched(read)
@@ -169,125 +158,15 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
     for c in engine.costs.values():  # a companion's too: each mode has its own acceptance counts
         c.set_greedy(params.greedy)
     cost.new_request()
-    cost.guess_probes = params.greedy  # a greedy probe is a guess checked for free (`probe_instead`)
+    cost.guess_probes = params.greedy  # a greedy probe is a guess checked for free (`Planner.probe_instead`)
 
-    hist = list(ids)
-    longest = longest_draft(engine)  # most drafts a round the cost model sizes may verify
-    tree = min(tree, longest) if constraint is None and penalties is None else 0  # most nodes a tree round verifies
-    # A model drafter's tree: its chain plus runners-up (`drafters.sidetree`). Fixed-shape trees at
-    # any temperature (sampled: its race's winners, each step's runner-up beside them,
-    # `sampling.sample_race_two`); trees whose leaves are picked by probability, greedy only.
-    trees_from_model = bool(tree) and drafter.uses_model and k_fixed is None
-    model_trees = trees_from_model and params.greedy and hasattr(drafter, "propose_tree")
-    static_trees = trees_from_model and STATIC_TREES and hasattr(drafter, "propose_static_tree")
-    committed = 0  # tokens generated and committed (emitted or about to be)
+    hist = list(ids)  # the committed history, extended in place as tokens are committed
+    planner = Planner(engine, ids, hist, params, seed, name=name, k_fixed=k_fixed, tree=tree, companion=companion,
+                      longest=longest_draft(engine), max_tokens=max_tokens, constraint=constraint,
+                      penalties=penalties, bias=bias, ban=ban, min_tokens=min_tokens, static_trees=STATIC_TREES)
+    room, plan = planner.room, planner.plan
     talking = dist  # other ranks run this request: an end they cannot see coming must be told
     checked = [0, 0]  # (hash of hist[:upto], upto): every rank's history is compared at each decision
-
-    def room() -> int:
-        r = max_tokens - committed
-        return r if context is None else min(r, context - len(hist))
-
-    def before_switch(first: int) -> int:
-        """Drafts a round that feeds from position `first` may carry without crossing the point
-        where the target's KV cache turns quantized (`mlxspec.kvquant`): a tree's rows, unlike a
-        chain's, cannot be fed as two passes there."""
-        r = target.pass_room(first)
-        return MAX_DRAFT if r is None else r - 1
-
-    def decide_early():
-        """Before reading a plain step: (chain a plain step?, guess of its token, a model drafter's k).
-
-        Judged on the chain alone (a tree adds branches to it): when the chain would not pay, a
-        tree on a device where it could is not tried either, which keeps this early call cheap.
-        A guess is (token, kind, the drafter that made it)."""
-        if name == "none" or k_fixed == 0:
-            return True, None, None
-        if k_fixed is not None:
-            return False, None, None
-        k_cap = min(room() - 2, longest, before_switch(len(hist)))  # the round after the pending step
-        src, probe = name, None
-        if drafter.uses_model:
-            k, probe = probe_instead(cost.choose(k_cap))
-            if k or companion is None:
-                return k == 0, probe, k
-            src = companion  # the model would not draft: would a lookup?
-        proposal = engine.drafters[src].propose(hist, k_cap + 1, params, seed)
-        model_k = 0 if src != name else None
-        if not len(proposal):
-            return True, probe, model_k
-        k = engine.costs[src].choose(len(proposal) - 1, kind=proposal.kind) if len(proposal) > 1 else 0
-        return k == 0, probe or ((proposal.tokens[0], proposal.kind, src) if k == 0 else None), model_k
-
-    def probe_instead(k: int) -> tuple:
-        """(k, guess) for a model drafter's chosen k. When the cost model only wants a probe and
-        decoding is greedy, the probe verifies nothing: the drafter's first token is a guess of
-        the token the next pass gives, checked when that arrives (what a k = 1 round would
-        learn, for one drafting step), and k becomes 0. Sampled rounds keep k = 1 probes. A
-        sampled guess would be as informative (the drafter's race winner is the target's sample
-        exactly when a k = 1 round would accept it, `sampling.race`), but measured slower: on a
-        CPU at T = 0.7, three bench runs each way, the draft model made 0.92-0.96x plain decoding
-        with guesses against 0.96-1.03x with k = 1 probes, which keep a token when they hold."""
-        if not (k and cost.probing and params.greedy):
-            return k, None
-        d = drafter.propose(hist, 1, params, seed)
-        return (0, (d.tokens[0], "", name)) if len(d) else (k, None)
-
-    def free_plan(src: str, k_cap: int) -> tuple:
-        """A free drafter's next pass on the exact history: a chain cut to what pays (the whole
-        proposal travels with k: with several ranks, rank 0's k may be longer) or, with trees
-        on, a tree pruned to what pays; its first token is the shadow guess when nothing is
-        drafted (a free acceptance probe)."""
-        d, c = engine.drafters[src], engine.costs[src]
-        if tree and hasattr(d, "propose_tree"):  # (never with several ranks: see Engine.stream)
-            proposal = d.propose_tree(hist, k_cap, k_cap + tree, params, seed)
-            draft = treeplan.plan(proposal, c, tree)
-            k = len(draft)
-        else:
-            draft = proposal = d.propose(hist, k_cap, params, seed)
-            k = c.choose(len(proposal), kind=proposal.kind) if len(proposal) else 0
-        shadow = (proposal.tokens[0], proposal.kind, src) if len(proposal) and not k else None
-        return k, draft, shadow, src
-
-    def plan(model_k: Optional[int] = None) -> tuple:
-        """(k, draft or None, shadow, source drafter) of the next pass, decided on the exact
-        committed history. k is the draft's length (a tree's node count); a model drafter's
-        draft is made when the pass is enqueued (None here); `model_k`: its k, already chosen."""
-        k_cap = min(room() - 1, MAX_DRAFT, before_switch(len(hist) - 1))
-        if name == "none" or k_cap <= 0:
-            return 0, None, None, name
-        if k_fixed is not None:
-            return min(k_fixed, k_cap), None, None, name
-        k_cap = min(k_cap, longest)
-        if k_cap <= 0:
-            return 0, None, None, name
-        if not drafter.uses_model:
-            return free_plan(name, k_cap)
-        if model_k is not None:  # decided before the last read (`decide_early`)
-            k, guess = min(model_k, k_cap), None
-        else:
-            k, guess = probe_instead(cost.choose(k_cap))
-        if companion is None:
-            return k, None, guess, name
-        free = free_plan(companion, k_cap)
-        # A round that re-times the model's costs (`CostModel._explore`) is not given away: on a GPU
-        # lookup drafts nearly every round (two free drafts cost what one does there), and a stale
-        # draft cost would never be re-timed (an H100's head drafted one round in six prompts).
-        if free[0] and (not k or (not cost.exploring and free_speed(free) > (cost.speed(k) or 0.0))):
-            return free
-        # Its first token still teaches the lookup's model beside the model's round (a free
-        # probe): a companion that stopped learning once it lost could never win again.
-        probe = guess or free[2] or ((free[1].tokens[0], free[1].kind, companion) if free[0] else None)
-        return k, None, probe, name
-
-    def free_speed(step: tuple) -> float:
-        """Expected tokens per second of a free drafter's planned pass (0 when unknown)."""
-        k, draft, _, src = step
-        c = engine.costs[src]
-        if draft.parents is None:
-            return c.speed(k, draft.kind) or 0.0
-        v = c.curve.verify_seconds(k + 1)
-        return (1.0 + sum(treeplan.reach(draft, c))) / v if v else 0.0
 
     def agree(step: tuple) -> Optional[tuple]:
         """Rank 0's step on every rank, or None when rank 0 has ended the request."""
@@ -300,69 +179,19 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
         return (k, *step[1:])
 
     def enqueue(step: tuple) -> Pass:
-        k, draft, shadow, src = step
-        drafted, read_first, static = None, False, False
-        if draft is None and k and (model_trees or static_trees) and not cost.exploring:
-            # The chain plus runners-up as side leaves, where their rows pay. First the
-            # fixed-shape tree, drafted and verified on the device like a chain; else (greedy) the
-            # tree whose leaves are picked by probability, which the host must read first. Not for a
-            # round that re-times a pass length (`CostModel._explore`): side leaves would make its
-            # pass longer than the one it is to time, which would stay warm-up's guess.
-            m = treeplan.static_leaves(cost, k, tree) if static_trees else 0
-            if m:
-                draft, drafted, static = drafter.propose_static_tree(hist, k, m, params, seed), k, True
-            elif model_trees and treeplan.could_widen(cost, k, tree):
-                proposal = drafter.propose_tree(hist, k, k + tree, params, seed)
-                draft, drafted, read_first = treeplan.widen(proposal, cost, tree), k, True
-        if draft is None:  # a model (or a fixed k) drafts the same tokens on every rank: same history, same seed
-            draft = drafter.propose(hist, k, params, seed) if k else Draft([])
-        elif draft.parents is None and len(draft) != k:  # a chain proposal, cut to (rank 0's) k
-            draft = Draft(draft.tokens[:k], kind=draft.kind)
-        mask, forced = None, False
-        if constraint is not None:
-            draft, mask, forced = constrain(draft)
-        if penalties is not None and not isinstance(draft.tokens, list):
-            draft = Draft(draft.tokens.tolist(), kind=draft.kind)
-        row_bias = shaping(draft)
-        if not len(draft):
-            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, mask, row_bias)
-        elif draft.parents is not None:
-            p = tree_round(target, hist[-1], draft, params, seed, len(hist), logprobs, row_bias)
+        """The step's pass, drafted on the exact history and enqueued on the device."""
+        k, _, shadow, src = step
+        d = planner.draft(step)
+        if not len(d.draft):
+            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, d.mask, d.added)
+        elif d.draft.parents is not None:
+            p = tree_round(target, hist[-1], d.draft, params, seed, len(hist), logprobs, d.added)
         else:
-            p = verify_round(target, hist[-1], draft, params, seed, len(hist), logprobs, mask, row_bias)
-        p.shadow, p.drafted, p.src, p.read_first, p.static = shadow, drafted, src, read_first, static
+            p = verify_round(target, hist[-1], d.draft, params, seed, len(hist), logprobs, d.mask, d.added)
+        p.shadow, p.drafted, p.src, p.read_first, p.static = shadow, d.drafted, src, d.read_first, d.static
         p.retime = src == name and bool(k) and cost.exploring
-        p.forced = forced
+        p.forced = d.forced
         return p
-
-    def shaping(draft: Draft, pending: Optional[mx.array] = None):
-        """What a pass adds to its logits before the target's choice: the request's logit_bias,
-        min_tokens' ban on the rows that come before it, and the penalties (`rounds` takes an
-        array to add, or a function of the logits). `pending`: a chained step's predecessor."""
-        added = bias
-        early = min_tokens - (len(hist) - len(ids)) - (pending is not None)  # rows still before min_tokens
-        if ban is not None and early > 0:
-            rows = mx.arange(len(draft) + 1)[:, None] < early
-            added = mx.where(rows, ban, 0.0) + (0.0 if added is None else added)
-        if penalties is None:
-            return added
-        adjust = penalties.rows(hist, draft.tokens, pending)  # (a list: the pass read its drafts)
-        return adjust if added is None else (lambda logits: adjust(logits + added))
-
-    def constrain(draft: Draft) -> tuple:
-        """(the draft on the host, its rows' masks, whether it is the grammar's forced tokens).
-
-        A draft is cut before what the grammar refuses (the target, masked, could not sample it);
-        when speculating, a draft that does not begin with the tokens the grammar forces next
-        becomes them (as many as a pass may verify)."""
-        tokens = draft.tokens if isinstance(draft.tokens, list) else draft.tokens.tolist()
-        forced = False
-        tokens = tokens[:constraint.allowed(tokens)]
-        if name != "none" and k_fixed != 0:
-            ff = constraint.forced()[:max(0, min(room() - 1, longest))]
-            if ff and tokens[:len(ff)] != ff:
-                tokens, forced = ff, True
-        return Draft(tokens, kind=draft.kind), constraint.rows(tokens), forced
 
     consumer = 0.0  # seconds spent outside the generator (the consumer's), excluded from every timing
     t_read, consumer_at_read = clock(), 0.0
@@ -402,12 +231,12 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
             chained = 0.0
             guess = pending.shadow  # a proposal's guess of the token pending will give
             if pending.k == 0 and room() >= 2 and not dist and constraint is None:
-                chain, early_guess, model_k = decide_early()
+                chain, early_guess, model_k = planner.decide_early()
                 guess = early_guess or guess
                 if chain:
                     t_chain = clock()
                     nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs,
-                                     bias=shaping(Draft([]), pending.token))
+                                     bias=planner.shaping(Draft([]), pending.token))
                     nxt.pipelined, nxt.src = True, name
                     chained = clock() - t_chain
 
@@ -432,7 +261,6 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
             if nxt is not None:
                 target.settle(nxt.start, new)
             hist.extend(new)
-            committed += len(new)
             if constraint is not None:
                 constraint.commit(new)
             if penalties is not None:

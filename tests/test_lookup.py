@@ -99,7 +99,7 @@ def test_fixed_draft_length_means_the_model_drafts_every_round(target, weak_head
 def test_greedy_probes_of_a_model_that_does_not_pay_verify_nothing(kind, target, weak_head, steep):
     """Where drafting cannot pay, a model drafter is still re-tested now and then: greedy, its
     first draft token is checked against the token the next plain step gives (no verify rows);
-    sampled, a k = 1 round (measured faster there than a guess, `loop.probe_instead`)."""
+    sampled, a k = 1 round (measured faster there than a guess, `Planner.probe_instead`)."""
     e = engine_for(kind, target, weak_head)
     plain = e.generate(PROMPT, max_tokens=200, speculative=False).tokens
     r = e.generate(PROMPT, max_tokens=200, lookup=False)
