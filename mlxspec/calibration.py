@@ -284,6 +284,29 @@ def priors_for(target_model, draft_model=None) -> tuple:
     return ratios, draft_ratio
 
 
+# V(j)/V(1) = 1 + slope * (j - 1) until measured (and no calibration file says otherwise): GPUs verify
+# several tokens for about the price of one; a CPU's price depends on what its matmuls run on.
+# Measured on 2 x86 cores, demo target, warm-up curves against the pipelined plain step (the
+# interpolation's anchor): float32 on OpenBLAS V(2) = 1.2x (1.5x at 5 tokens), bfloat16 1.5x,
+# quantized 1.9x. A slope too steep is worse than one too shallow: it can keep drafting from
+# ever being tried, while a first round at an optimistic guess times the real V.
+PRIOR_SLOPE = {"metal": 0.1, "cuda": 0.1, "cpu": 0.5}
+CPU_PRIOR_SLOPE = {"float32": 0.2, "bfloat16": 0.5, "float16": 0.5, "quantized": 0.9}
+
+
+def prior_slope(target_model) -> float:
+    """The cost model's V(j)/V(1) slope for this target on this device, before anything is timed."""
+    kind = backend()
+    if kind != "cpu":
+        return PRIOR_SLOPE[kind]
+    from .modelmeta import matmul_precision
+
+    precision = matmul_precision(target_model)
+    if precision == "float32" and not blas.fast():
+        return CPU_PRIOR_SLOPE["quantized"]  # the reference BLAS: k rows cost nearly k single rows
+    return CPU_PRIOR_SLOPE.get(precision, PRIOR_SLOPE["cpu"])
+
+
 def curve_for(engine, *, measure: bool = True, repeats: int = 3) -> tuple:
     """(ratios, source) for the engine's target; source is "calibration file", "measured on the fly" or "none".
 

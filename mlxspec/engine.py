@@ -19,11 +19,10 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 import mlx.core as mx
 
-from . import blas, harmony, kernels
+from . import harmony, kernels
 from .cache import WindowKVCache
-from .calibration import check_ratios, priors_for
+from .calibration import check_ratios, prior_slope, priors_for
 from .costmodel import DECAY, MODEL_DECAY, CostModel
-from .device import backend
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .drafters.eagle import head_window
@@ -33,7 +32,7 @@ from .grammar import JSON_OPTIONS, AfterThinking, Constraint, check_response_for
 from .kvquant import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, kv_quant
 from .logprobs import check_logprobs
 from .loop import draw_seed, generate
-from .modelmeta import context_length, logit_width, matmul_precision, weights_bytes
+from .modelmeta import context_length, logit_width, weights_bytes
 from .occupancy import Occupancy
 from .penalties import Penalties, check_penalty, check_repetition
 from .prompt_cache import PromptCache
@@ -47,27 +46,6 @@ from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
 from .target_curve import TargetCurve
 from .tools import ToolFormat, call_grammar, check_tool_choice, check_tools, tool_format
-
-# V(j)/V(1) = 1 + slope * (j - 1) until measured (and no calibration file says otherwise): GPUs verify
-# several tokens for about the price of one; a CPU's price depends on what its matmuls run on.
-# Measured on 2 x86 cores, demo target, warm-up curves against the pipelined plain step (the
-# interpolation's anchor): float32 on OpenBLAS V(2) = 1.2x (1.5x at 5 tokens), bfloat16 1.5x,
-# quantized 1.9x. A slope too steep is worse than one too shallow: it can keep drafting from
-# ever being tried, while a first round at an optimistic guess times the real V.
-PRIOR_SLOPE = {"metal": 0.1, "cuda": 0.1, "cpu": 0.5}
-CPU_PRIOR_SLOPE = {"float32": 0.2, "bfloat16": 0.5, "float16": 0.5, "quantized": 0.9}
-
-
-def prior_slope(target_model) -> float:
-    """The cost model's V(j)/V(1) slope for this target on this device, before anything is timed."""
-    kind = backend()
-    if kind != "cpu":
-        return PRIOR_SLOPE[kind]
-    precision = matmul_precision(target_model)
-    if precision == "float32" and not blas.fast():
-        return CPU_PRIOR_SLOPE["quantized"]  # the reference BLAS: k rows cost nearly k single rows
-    return CPU_PRIOR_SLOPE.get(precision, PRIOR_SLOPE["cpu"])
-
 
 class Engine:
     """Target model (+ optional draft model) with rollback caches, ready to generate.

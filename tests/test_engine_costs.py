@@ -202,22 +202,22 @@ def test_the_cost_prior_follows_what_the_device_multiplies_in(monkeypatch):
     one-off `mlxspec generate` on a CPU.)"""
     import mlx.nn as nn
 
-    from mlxspec import engine as engine_mod
+    from mlxspec import calibration
 
     f32 = tiny.make_llama(1, layers=1)
     bf16 = tiny.make_llama(1, layers=1, dtype=mx.bfloat16)
     q4 = tiny.make_llama(1, layers=1)
     nn.quantize(q4, group_size=32, bits=4)
-    monkeypatch.setattr(engine_mod, "backend", lambda: "cpu")
-    monkeypatch.setattr(engine_mod.blas, "fast", lambda: True)
-    slopes = [engine_mod.prior_slope(m) for m in (f32, bf16, q4)]
+    monkeypatch.setattr(calibration, "backend", lambda: "cpu")
+    monkeypatch.setattr(calibration.blas, "fast", lambda: True)
+    slopes = [calibration.prior_slope(m) for m in (f32, bf16, q4)]
     assert slopes == [0.2, 0.5, 0.9]
     assert Engine(f32, None).curve.prior_slope == 0.2
-    monkeypatch.setattr(engine_mod.blas, "fast", lambda: False)  # MLX's reference BLAS
-    assert engine_mod.prior_slope(f32) == 0.9
+    monkeypatch.setattr(calibration.blas, "fast", lambda: False)  # MLX's reference BLAS
+    assert calibration.prior_slope(f32) == 0.9
     for gpu in ("metal", "cuda"):
-        monkeypatch.setattr(engine_mod, "backend", lambda gpu=gpu: gpu)
-        assert [engine_mod.prior_slope(m) for m in (f32, bf16, q4)] == [0.1] * 3
+        monkeypatch.setattr(calibration, "backend", lambda gpu=gpu: gpu)
+        assert [calibration.prior_slope(m) for m in (f32, bf16, q4)] == [0.1] * 3
 
 
 def test_a_step_is_timed_alone_when_the_next_was_enqueued_before_it_was_read(target, clock, monkeypatch):
@@ -225,9 +225,9 @@ def test_a_step_is_timed_alone_when_the_next_was_enqueued_before_it_was_read(tar
     the pass in flight. Here each pass costs its virtual time when enqueued, as there. The wait
     belongs to the chained step: a plain round (V(1)) must be timed as one pass, not two, and
     no pipelined step as none."""
-    from mlxspec import engine as engine_mod
+    from mlxspec import blas
 
-    monkeypatch.setattr(engine_mod.blas, "fast", lambda: True)  # the same cost prior with any BLAS
+    monkeypatch.setattr(blas, "fast", lambda: True)  # the same cost prior with any BLAS
     seen = spy_timings(monkeypatch)
     one = 2e-3 + 1e-4  # a pass over one token
     e = Engine(StallingModel(target, clock, stall=0.0), None, drafter="ngram")
