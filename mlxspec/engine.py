@@ -19,7 +19,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 import mlx.core as mx
 
-from . import harmony, kernels
+from . import kernels
 from .cache import WindowKVCache
 from .calibration import check_ratios, prior_slope, priors_for
 from .costmodel import DECAY, MODEL_DECAY, CostModel
@@ -27,7 +27,7 @@ from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .drafters.eagle import head_window
 from .errors import IncompatibleModelsError, InvalidArgumentError
-from .fim import FimFormat, check_suffix, fim_format, no_fim_error
+from .fim import FimFormat, check_suffix, fim_format, fim_prompt
 from .grammar import JSON_OPTIONS, AfterThinking, Constraint, check_response_format, token_table
 from .kvquant import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, kv_quant
 from .logprobs import check_logprobs
@@ -38,9 +38,9 @@ from .penalties import Penalties, check_penalty, check_repetition
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
-                      check_endings, check_fits, check_seed, check_stop, check_template_kwargs, check_text,
+                      check_endings, check_fits, check_seed, check_stop, check_template_kwargs,
                       check_tree, encode_prompt)
-from .reasoning import starts_inside, thinking_markers
+from .reasoning import thinking_end
 from .sampling import SamplingParams, bias_row, check_logit_bias
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
@@ -416,14 +416,15 @@ class Engine:
             ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, tools=tools, template_kwargs=template_kwargs,
                                 continue_final=continue_final_message)
         else:
-            ids = self._fim_prompt(prompt, suffix, tools or template_kwargs or continue_final_message)
+            ids = fim_prompt(self.fim_format, self.tokenizer, prompt, suffix, self.vocab_size,
+                             chat_only=bool(tools or template_kwargs or continue_final_message))
             endings["stop_ids"] = sorted(set(endings["stop_ids"]) | set(self.fim_format.ends))
         check_fits(len(ids), self.context)
         if forcing:  # (after the prompt: a template that ignores tools is said first)
             fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS, self.tokenizer))
         # a grammar applies after the thinking block, except harmony's calls, whose grammar reads the analysis
         harmony_call = forcing and self.tool_format.name == "harmony"
-        think_end = self._thinking_end(ids) if fmt is not None and not harmony_call else None
+        think_end = thinking_end(self.tokenizer, ids) if fmt is not None and not harmony_call else None
         # built now: a schema the compiler refuses is said before anything runs
         constraint = self._constraint(fmt, think_end)
         request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
@@ -441,36 +442,10 @@ class Engine:
             return self._shared(request, cancel)
         return self._run(**request, cancel=cancel, constraint=constraint)
 
-    def _fim_prompt(self, prefix: str, suffix: str, chat_only) -> List[int]:
-        """The ids of a fill-in-the-middle prompt in this model's format."""
-        if chat_only:
-            raise InvalidArgumentError("suffix takes a string prompt, and tools, chat_template_kwargs and "
-                                       "continue_final_message need chat messages; send one or the other")
-        if self.fim_format is None:
-            raise no_fim_error()
-        ids = self.fim_format.encode(self.tokenizer, check_text(prefix), check_text(suffix, "suffix"))
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise InvalidArgumentError(f"suffix: the fill-in-the-middle marker id {bad} is outside the model's "
-                                       f"vocabulary [0, {self.vocab_size})")
-        return ids
-
     @functools.cached_property
     def fim_format(self) -> Optional[FimFormat]:
         """The model's fill-in-the-middle markers (`mlxspec.fim`), or None when it has none."""
         return fim_format(self.tokenizer)
-
-    def _thinking_end(self, ids) -> Optional[List[int]]:
-        """The tokens that close the thinking block the chat template opened at the end of the
-        prompt (the grammar applies after them), or None where generation does not start inside
-        one (the grammar applies from the first token: a model that would open a block itself
-        answers in the grammar instead)."""
-        markers = thinking_markers(self.tokenizer)
-        if markers == harmony.MARKERS:  # gpt-oss: the answer is the final channel's message
-            return self.tokenizer.encode(harmony.FINAL, add_special_tokens=False)
-        if markers is None or not starts_inside(self.tokenizer.decode(ids[-64:]), markers):
-            return None
-        return self.tokenizer.encode(markers[1], add_special_tokens=False)
 
     def _constraint(self, fmt: Optional[dict], think_end: Optional[List[int]] = None):
         """A fresh grammar state for a checked response_format (None for free text); with

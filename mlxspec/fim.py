@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from .errors import InvalidArgumentError, shown
+from .prompts import check_text
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,20 @@ def no_fim_error() -> InvalidArgumentError:
     return InvalidArgumentError(f"suffix: this model's vocabulary has no fill-in-the-middle markers (such as {names}), "
                                 f"so it was not trained to fill in between a prefix and a suffix; use a code model "
                                 f"that was (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder, Codestral), or send no suffix")
+
+
+def fim_prompt(fmt: Optional[FimFormat], tokenizer, prefix, suffix, vocab_size: int, *, chat_only: bool = False) -> List[int]:
+    """The ids of a fill-in-the-middle prompt in the model's format `fmt` (None: it has none, refused).
+    `chat_only`: the request also asked for what needs chat messages (tools, template variables, a
+    continued message), which a prefix and a suffix are not."""
+    if chat_only:
+        raise InvalidArgumentError("suffix takes a string prompt, and tools, chat_template_kwargs and "
+                                   "continue_final_message need chat messages; send one or the other")
+    if fmt is None:
+        raise no_fim_error()
+    ids = fmt.encode(tokenizer, check_text(prefix), check_text(suffix, "suffix"))
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidArgumentError(f"suffix: the fill-in-the-middle marker id {bad} is outside the model's "
+                                   f"vocabulary [0, {vocab_size})")
+    return ids

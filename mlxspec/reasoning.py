@@ -9,7 +9,7 @@ rendered prompt, as mlx-lm's server does. Nothing here changes what the model ge
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from . import harmony
 from .errors import InvalidArgumentError
@@ -106,3 +106,16 @@ class ReasoningSplitter:
                 return
             self._after_block = False
         answer.append(piece)
+
+
+def thinking_end(tokenizer, ids) -> Optional[List[int]]:
+    """The tokens that close the thinking block the chat template opened at the end of the
+    prompt `ids` (a grammar applies after them), or None where generation does not start inside
+    one (the grammar applies from the first token: a model that would open a block itself
+    answers in the grammar instead)."""
+    markers = thinking_markers(tokenizer)
+    if markers == harmony.MARKERS:  # gpt-oss: the answer is the final channel's message
+        return tokenizer.encode(harmony.FINAL, add_special_tokens=False)
+    if markers is None or not starts_inside(tokenizer.decode(ids[-64:]), markers):
+        return None
+    return tokenizer.encode(markers[1], add_special_tokens=False)

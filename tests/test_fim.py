@@ -70,11 +70,20 @@ def test_speculation_fills_in_the_middle_as_plain_decoding_does(drafter, options
     ({"prompt": [{"role": "user", "content": "hi"}], "suffix": "x"}, "suffix needs a string prompt.*got a chat"),
     ({"prompt": [5, 6], "suffix": "x"}, "got a token-id prompt"),
     ({"prompt": PREFIX, "suffix": "\ud800"}, "suffix is not valid Unicode"),
+    ({"prompt": PREFIX, "suffix": "x", "chat_template_kwargs": {"a": 1}}, "need chat messages; send one or the other"),
+    ({"prompt": PREFIX, "suffix": "x", "continue_final_message": True}, "need chat messages; send one or the other"),
 ])
 def test_bad_suffixes_are_refused(kwargs, says):
     engine = Engine(tiny.make_llama(0, vocab_size=tiny.VOCAB + len(QWEN)), qwen_tokenizer())
     with pytest.raises(InvalidArgumentError, match=says):
         engine.generate(max_tokens=2, **kwargs)
+
+
+def test_markers_beyond_the_model_s_vocabulary_are_refused():
+    """A tokenizer whose added markers the model has no rows for (a mismatched pair)."""
+    engine = Engine(tiny.make_llama(0, vocab_size=tiny.VOCAB), qwen_tokenizer())
+    with pytest.raises(InvalidArgumentError, match=r"marker id \d+ is outside the model's vocabulary \[0, "):
+        engine.generate(PREFIX, suffix=SUFFIX, max_tokens=2)
 
 
 def test_a_model_without_markers_is_refused_saying_why():
