@@ -81,8 +81,11 @@ def test_bad_suffixes_are_refused(kwargs, says):
 
 def test_markers_beyond_the_model_s_vocabulary_are_refused():
     """A tokenizer whose added markers the model has no rows for (a mismatched pair)."""
-    engine = Engine(tiny.make_llama(0, vocab_size=tiny.VOCAB), qwen_tokenizer())
-    with pytest.raises(InvalidArgumentError, match=r"marker id \d+ is outside the model's vocabulary \[0, "):
+    tok = qwen_tokenizer()
+    first = ids_of(tok, QWEN[:1])[0]  # the prompt's first marker, the vocabulary's first id past the model's rows
+    assert first == tiny.VOCAB
+    engine = Engine(tiny.make_llama(0, vocab_size=tiny.VOCAB), tok)
+    with pytest.raises(InvalidArgumentError, match=rf"marker id {first} is outside the model's vocabulary \[0, {first}\)"):
         engine.generate(PREFIX, suffix=SUFFIX, max_tokens=2)
 
 
