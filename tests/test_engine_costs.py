@@ -483,3 +483,36 @@ def test_a_long_prompt_learns_its_passes_at_their_own_pace(target, clock):
     for j in timed:
         assert e.curve.verify_seconds(j) == pytest.approx(model.cost(j, 1260), rel=0.15), j
     assert r.tokens == Engine(target, None).generate(prompt, max_tokens=120, speculative=False).tokens
+
+
+def test_a_slow_consumer_does_not_make_passes_look_dearer(target, clock, monkeypatch):
+    """The time a consumer spends between events (a terminal redrawing, a client reading slowly)
+    is not the device's: the passes' timings and the generation's seconds leave it out."""
+    seen = spy_timings(monkeypatch)
+    one = 2e-3 + 1e-4  # a pass over one token
+    e = Engine(StallingModel(target, clock, stall=0.0), None, drafter="ngram")
+    e.curve.observe(1, one, trusted=True)  # as warm-up would
+    events = 0
+    for ev in e.stream(PROMPT, max_tokens=60):
+        clock.t += 0.5  # the consumer's half second, 240 passes' worth
+        events += 1
+    assert events == 60 and seen["v1"] + seen["plain"]
+    assert all(s < 2 * MAX_DRAFT * one for s in seen["v1"] + seen["plain"]), seen
+    assert ev.stats.seconds < 60 * 2 * MAX_DRAFT * one
+
+
+def test_the_host_s_wait_for_the_device_is_counted_apart(target, clock, monkeypatch):
+    """`wait_seconds` is the time spent reading passes (waiting for the device); the rest of a
+    round's seconds is the loop's own host time (`host_seconds_per_round`)."""
+    wait = 1e-3
+    real_read = loop.read
+
+    def read(p):
+        clock.t += wait
+        return real_read(p)
+
+    monkeypatch.setattr(loop, "read", read)
+    e = Engine(StallingModel(target, clock, stall=0.0), None, drafter="ngram")
+    stats = e.generate(PROMPT, max_tokens=40).stats
+    assert stats.wait_seconds == pytest.approx(wait * stats.rounds)
+    assert stats.seconds > stats.wait_seconds
