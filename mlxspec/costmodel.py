@@ -286,7 +286,7 @@ class CostModel:
         t = None if over is None else over.value()
         return 0.0 if t is None or self.curve.now - over.when >= STALE_ROUNDS else t
 
-    def speed(self, k: int, kind: str = "", *, verify_scale: float = 1.0) -> Optional[float]:
+    def speed(self, k: int, kind: str = "") -> Optional[float]:
         """Expected tokens per second when drafting k (None if unknown)."""
         if k == 0:
             p = self.curve.plain_seconds()
@@ -294,7 +294,7 @@ class CostModel:
         v = self.curve.verify_seconds(k + 1)
         if v is None:
             return None
-        return self.expected_tokens(k, kind) / (k * self.draft_seconds() + v * verify_scale)
+        return self.expected_tokens(k, kind) / (k * self.draft_seconds() + v)
 
     def choose(self, k_cap: Optional[int] = None, kind: str = "") -> int:
         """The draft length with the best expected speed, in [0, min(k_max, k_cap)]."""

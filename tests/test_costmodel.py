@@ -2,7 +2,8 @@
 
 import pytest
 
-from mlxspec.costmodel import C_STALE, MODEL_DECAY, EXPLORE_EVERY, STALE_ROUNDS, UNSURE_EVERY, CostModel
+from mlxspec.costmodel import (C_STALE, MODEL_DECAY, EXPLORE_EVERY, PROBE_FIRST, PROBE_LAST, STALE_ROUNDS, UNSURE_EVERY,
+                               CostModel)
 from mlxspec.target_curve import TargetCurve
 
 # Verify-pass seconds measured on an H100 through MLX's CUDA backend for a 4-bit Qwen2.5-7B shape:
@@ -336,6 +337,17 @@ def test_a_probe_that_holds_restarts_the_interval():
     m.observe_acceptance(1, 1.0, "side")
     m.observe_acceptance(1, 0.0)
     assert m.probe_every == 32 and m.probe_out is None
+
+
+def test_a_round_that_drafts_restarts_the_probe_interval():
+    """Probes back off while they fail; once the drafter drafts again (the text turned
+    predictable), the next time it stops it is probed at the first interval again."""
+    m = trained({j: 0.1 + 0.01 * j for j in range(1, 10)}, 0.05, 0.1)  # a GPU's flat curve
+    probes(m, 400)
+    assert m.probe_every == PROBE_LAST
+    m.counts[""] = [190.0, 10.0]  # acceptance 0.95: drafting pays
+    assert m.choose(8) > 1 and not m.probing
+    assert m.probe_every == PROBE_FIRST
 
 
 def test_drafting_needs_a_margin_over_plain_decoding():
