@@ -64,3 +64,39 @@ def test_observe_learns_alpha_and_side_rates():
     f = w * treeplan.SIDE_PRIOR[1] * d ** 10
     assert m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR) == pytest.approx(s / (s + f))
     assert b0 < s / (s + f) and m.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR) < learnt
+
+
+class Rates:
+    """A cost model's acceptance rates only: alpha for chain steps, beta for side branches."""
+
+    def __init__(self, alpha: float, beta: float):
+        self.alpha, self.beta = alpha, beta
+
+    def alpha_of(self, kind, prior=None):
+        return self.beta if kind.endswith("/side") else self.alpha
+
+
+def test_reach_multiplies_down_the_tree():
+    """A first child is reached when its parent is and the step holds (alpha x its score); a
+    later sibling only when the first child failed and the side branch then matched
+    ((1 - alpha) x beta x its score)."""
+    r = treeplan.reach(TREE, Rates(0.8, 0.5))
+    assert r[:3] == pytest.approx([0.8, 0.64, 0.512])
+    assert r[6] == pytest.approx(0.2 * 0.5 * 0.9)  # the root's second child
+    assert r[7] == pytest.approx(r[6] * 0.8)  # its own first child
+    assert r[8] == pytest.approx(0.8 * 0.2 * 0.5 * 0.8)  # node 0's second child
+
+
+def test_a_certain_chain_still_leaves_its_side_branches_a_chance():
+    """An estimated alpha of 1 (a long run of hits) is held below 1: a side branch's reach stays
+    positive, so one that would pay is not ruled out for good."""
+    r = treeplan.reach(TREE, Rates(1.0, 0.5))
+    assert r[6] > 0 and r[0] < 1
+
+
+def test_a_subtree_keeps_the_scores_of_the_nodes_it_keeps():
+    sub = treeplan.subtree(TREE, [0, 1, 6, 8])
+    assert sub.tokens == [1, 2, 7, 9] and sub.parents == [-1, 0, -1, 0]
+    assert sub.scores == [1.0, 1.0, 0.9, 0.8]
+    chain = treeplan.subtree(TREE, [0, 1, 2])
+    assert chain.parents is None and chain.tokens == [1, 2, 3]  # no branch: a chain
