@@ -144,3 +144,44 @@ def test_a_pass_timed_at_zero_seconds_teaches_nothing():
     curve.add_verify(2, 0.0)
     curve.add_verify(2, -1e-3)
     assert curve.measured() == {}
+
+
+def test_a_long_conversation_s_longer_turns_keep_the_pace():
+    """Past a few thousand positions a turn of 600 more (JUMP_TOKENS or over, but by less than
+    JUMP_RATIO) barely changes what a pass reads: the pace stays. From 300 to 1,000 it does not."""
+    curve = _warmed_at(4000, {1: 1.0, 2: 1.2}, 1.0)
+    for n in (4600, 5200, 5800):
+        curve.at_context(n)
+        assert not curve.pace_open, n
+    curve = _warmed_at(300, {1: 1.0, 2: 1.2}, 1.0)
+    curve.at_context(1000)
+    assert curve.pace_open
+
+
+def test_a_confirmed_length_is_no_longer_warm_up_s():
+    curve = TargetCurve()
+    curve.observe(2, 1.0, trusted=True)
+    assert curve.provisional(2)
+    curve.touch(2)
+    assert not curve.provisional(2) and curve.age(2) == 0
+
+
+def test_guesses_follow_the_plain_step_when_it_moves():
+    """Lengths never timed are guessed from the plain step (standing in for V(1)); when the step's
+    estimate moves by more than a tenth, the guesses are made again from it."""
+    curve = TargetCurve(prior_slope=0.5)
+    for _ in range(3):
+        curve.observe_plain(1.0)
+    assert curve.verify_base(3) == pytest.approx(2.0)  # 1 + 0.5 x 2
+    for _ in range(9):
+        curve.plain.add(0.5, curve.now)  # the step got faster (at pace 1)
+    assert curve.plain_base() == pytest.approx(0.5)
+    assert curve.verify_base(3) == pytest.approx(1.0)
+
+
+def test_past_the_longest_timed_length_a_noisy_dip_is_no_discount():
+    """Timings that fall from one length to the next (noise) do not make longer passes cheaper."""
+    c = TargetCurve()
+    c.observe(2, 1.2)
+    c.observe(3, 1.0)
+    assert c.verify_seconds(6) == pytest.approx(1.0)
