@@ -64,3 +64,55 @@ def test_a_first_sample_far_over_its_guess_is_held_back():
     assert e.add(1.2, guess=1.0) and e.value() == 1.2
     e2 = Estimate()
     assert [e2.add(50.0, guess=1.0) for _ in range(3)] == [False, False, True]  # it repeats: it is the cost
+
+
+def test_settled_only_when_timed_thrice_by_the_loop_and_not_between_levels():
+    e = Estimate()
+    for s in (1.0, 1.0):
+        e.add(s)
+    assert not e.settled()  # two samples: the minimum, not yet a median
+    e.add(1.0)
+    assert e.settled()
+    e.add(9.0)
+    assert not e.settled()  # a stall held back: the next sample says whether it was one
+    e.add(1.0)
+    assert e.settled()
+    for _ in range(3):
+        e.add(9.0)  # the third in a row is taken for a new level...
+    assert e.value() == 9.0 and not e.settled()  # ...not settled until one of its own confirms it
+    e.add(9.0)
+    assert e.settled()
+    w = Estimate()
+    for _ in range(3):
+        w.add(1.0, provisional=True)
+    assert not w.settled()  # warm-up's
+
+
+def test_an_estimate_left_untimed_is_replaced_by_a_lower_timing_only():
+    """`fresh_after`: an estimate nothing re-timed for that many rounds (it kept its drafter from
+    drafting) gives way to a lower sample at once; a higher one is an ordinary sample."""
+    e = Estimate()
+    for i in range(5):
+        e.add(0.8, i)
+    e.add(1.0, 50, fresh_after=20)
+    assert e.value() == 0.8  # one higher sample among five lower ones
+    e = Estimate()
+    for i in range(5):
+        e.add(0.8, i)
+    e.add(0.5, 50, fresh_after=20)
+    assert e.value() == 0.5 and len(e) == 1
+    e.add(0.5, 51, fresh_after=20)  # re-timed since: no longer stale, an ordinary sample
+    assert len(e) == 2
+
+
+def test_a_replaced_estimate_forgets_the_level_before_it():
+    """An estimate replaced for staleness starts over: the level a run of stalls replaced long ago
+    is not brought back by the next fast sample."""
+    e = Estimate()
+    for i in range(3):
+        e.add(1.0, i)
+    for i in range(3, 6):
+        e.add(9.0, i)  # taken for a new level; the old one is kept until one of its own confirms it
+    e.add(3.0, 60, fresh_after=20)
+    e.add(0.5, 61)
+    assert e.value() == 0.5 and len(e) == 2
