@@ -97,6 +97,38 @@ def test_own_rate_counts_the_judged_steps_of_the_drafters_own_tokens():
     assert rate.judged == pytest.approx(2 * d + 3)
 
 
+class Copier:
+    """Prompt lookup's answer, fixed: a match of `match` tokens followed by `copy`."""
+
+    def __init__(self, match, copy):
+        self.match, self.tokens = match, copy
+
+    def copy(self, history, k):
+        return self.match, self.tokens[:k]
+
+
+def test_a_chain_that_follows_the_copy_trusts_it_more_at_each_step():
+    """Each step a chain follows the copy makes the match one token longer, so its bar rises:
+    a drafter 55 % sure keeps its own token after a match of 2 (right 50 %) but not after 3."""
+    unsure = mx.log(mx.array([0.55, 0.45]))
+    assert chaincopy.precision(2) < 0.55 < chaincopy.precision(3)
+    r = chaincopy.Round(Copier(2, [7, 8]), [1, 2], 2, on=True, greedy=True, own=chaincopy.OwnRate())
+    assert r.greedy(0, mx.array(7, dtype=mx.int32), unsure).item() == 7  # the drafter agrees with the copy
+    assert r.greedy(1, mx.array(3, dtype=mx.int32), unsure).item() == 8  # now a match of 3: the copy wins
+    r = chaincopy.Round(Copier(2, [7, 8]), [1, 2], 2, on=True, greedy=True, own=chaincopy.OwnRate())
+    assert r.greedy(0, mx.array(3, dtype=mx.int32), unsure).item() == 3  # at a match of 2 the drafter keeps its own
+
+
+def test_a_sampled_round_first_settles_the_last_round_s_drafts():
+    rate = chaincopy.OwnRate()
+    history = [1, 2, 3]
+    rate.expect(history, 3, mx.array([4, 5]), mx.array([4, 5]))
+    history += [4, 5, 6]
+    chaincopy.Round(Copier(0, []), history, 2, on=True, greedy=False, own=rate)
+    d = chaincopy.OwnRate.DECAY
+    assert rate.hits == pytest.approx(d + 2) and rate.judged == pytest.approx(2 * d + 2)  # both were the target's
+
+
 def test_a_sampled_chain_copies_tokens_its_race_cannot_propose(target, random_head):
     params = SamplingParams(temperature=0.8)
     for seed in range(4):
