@@ -70,3 +70,41 @@ def test_ngram_labels_a_longest_match_by_how_far_it_extends_back():
     assert d.propose_tree(h, 2, 4).kind == "n8"
     # In an earlier history only: the same labels, "a" for archived.
     assert d.propose_tree([30, *copied[-9:]], 1, 2).kind == "a8"
+
+
+def test_ngram_copy_says_how_far_back_the_match_reaches_up_to_top():
+    d = NgramDrafter()
+    copied = [10, 11, 12, 13, 14, 15]
+    h = [*copied, 20, 21, *copied]
+    assert d.copy(h, 2) == (6, [20, 21])  # six tokens recur, though the index holds 3-grams
+    assert d.copy(h, 2, top=4) == (4, [20, 21])
+    assert d.copy([1, 2, 3, 4], 2) == (0, [])  # nothing recurs
+    d.propose([1, 2, 3, 1, 2], 1, G, None)
+    assert d.copy([9, 1, 2], 2) == (0, [])  # only an earlier history has it: no copy of this one
+
+
+def test_ngram_trees_merge_the_latest_occurrences_to_a_bounded_depth(monkeypatch):
+    from mlxspec.drafters import ngram
+
+    # [5, 6] occurs four times; each occurrence continues differently.
+    h = [5, 6, 1, 2, 3, 5, 6, 11, 12, 13, 5, 6, 21, 22, 23, 5, 6, 31, 32, 33, 5, 6]
+    monkeypatch.setattr(ngram, "MAX_OCCURRENCES", 3)  # the chain's occurrence and the two before it
+    t = NgramDrafter().propose_tree(h, 3, 20)
+    assert t.tokens[:3] == [31, 32, 33]
+    roots = {t.tokens[i] for i in range(3, len(t)) if t.parents[i] == -1}
+    assert roots == {11, 21}  # not 1: the oldest occurrence is left out
+    monkeypatch.setattr(ngram, "SIDE_DEPTH", 1)
+    t = NgramDrafter().propose_tree(h, 3, 20)
+    assert all(t.parents[i] == -1 for i in range(3, len(t)))  # side branches one level deep
+
+
+def test_ngram_keeps_a_bounded_corpus_of_earlier_histories(monkeypatch):
+    from mlxspec.drafters import ngram
+
+    monkeypatch.setattr(ngram, "MAX_CORPUS", 100)
+    d = NgramDrafter()
+    for i in range(20):
+        d.propose([1000 + i] + [i % 7, 5, 6, 7] * 5, 1, G, None)  # 21 tokens, a new history each time
+        assert len(d._corpus) <= 100
+    t = d.propose_tree([2000, 5, 6], 1, 4)
+    assert len(t) >= 1  # the latest earlier histories are still there to branch from
