@@ -83,7 +83,8 @@ def no_fim_error() -> InvalidArgumentError:
                                 f"that was (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder, Codestral), or send no suffix")
 
 
-def fim_prompt(fmt: Optional[FimFormat], tokenizer, prefix, suffix, vocab_size: int, *, chat_only: bool = False) -> List[int]:
+def fim_prompt(fmt: Optional[FimFormat], tokenizer, prefix, suffix, vocab_size: int, *,
+               chat_only: bool = False) -> List[int]:
     """The ids of a fill-in-the-middle prompt in the model's format `fmt` (None: it has none, refused).
     `chat_only`: the request also asked for what needs chat messages (tools, template variables, a
     continued message), which a prefix and a suffix are not."""
