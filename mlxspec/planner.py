@@ -61,7 +61,8 @@ class Planner:
         self.name, self.drafter, self.cost = name, engine.drafters[name], engine.costs[name]
         self.k_fixed, self.companion, self.longest = k_fixed, companion, longest
         self.max_tokens, self.context = max_tokens, engine.context
-        self.constraint, self.penalties, self.bias, self.ban, self.min_tokens = constraint, penalties, bias, ban, min_tokens
+        self.constraint, self.penalties = constraint, penalties
+        self.bias, self.ban, self.min_tokens = bias, ban, min_tokens
         self.tree = min(tree, longest) if constraint is None and penalties is None else 0
         # A model drafter's tree: its chain plus runners-up (`drafters.sidetree`). Fixed-shape trees at
         # any temperature (sampled: its race's winners, each step's runner-up beside them,
@@ -210,7 +211,8 @@ class Planner:
         min_tokens' ban on the rows that come before it, and the penalties (`rounds` takes an
         array to add, or a function of the logits). `pending`: a chained step's predecessor."""
         added = self.bias
-        early = self.min_tokens - (len(self.hist) - self.prompt_len) - (pending is not None)  # rows still before min_tokens
+        # rows still before min_tokens
+        early = self.min_tokens - (len(self.hist) - self.prompt_len) - (pending is not None)
         if self.ban is not None and early > 0:
             rows = mx.arange(len(draft) + 1)[:, None] < early
             added = mx.where(rows, self.ban, 0.0) + (0.0 if added is None else added)
