@@ -186,6 +186,37 @@ def test_caches_an_interrupted_pass_left_half_written_are_never_parked():
     assert engine.generate(b, max_tokens=12).tokens == plain.generate(b, max_tokens=12).tokens
 
 
+def test_a_half_written_history_is_not_parked_by_a_request_scoring_its_prompt():
+    """The same after an interrupted pass, when the next request computes its prompt whole
+    (`prompt_logprobs`): what it sets aside is only ever a consistent history."""
+    target = tiny.make_llama(0, tie_embeddings=False)
+    failing = FailingOnce(target)
+    engine = Engine(failing, tiny.make_tokenizer(), drafter="ngram", prompt_cache_size=3, prefill_step=32)
+    b = prompt(1, 200)
+    failing.countdown = 3
+    with pytest.raises(MemoryError):
+        engine.generate(b, max_tokens=4)
+    assert engine.target.dirty
+    engine.generate(prompt(2), max_tokens=2, prompt_logprobs=0)
+    assert engine.prompt_cache.parked == []
+
+
+def test_a_draft_model_s_history_is_parked_with_its_last_drafts_written(tmp_path):
+    """A draft model's last round fed its drafts lazily: they are written into its token list
+    before its history is parked, and not into the history swapped in."""
+    engine = engine_for("model", 2, tmp_path)
+    engine.generate(CHAT, max_tokens=16, num_draft=3)
+    engine.generate(SIDE, max_tokens=16, num_draft=3)  # CHAT's caches are parked, the draft's with them
+    from mlxspec.prompts import encode_prompt
+
+    chat = encode_prompt(CHAT, engine.tokenizer, engine.vocab_size)
+    engine.prompt_cache.recall(engine, chat + [5])  # CHAT's come back (its next turn), SIDE's are parked
+    states = [slot["model"] for slot in engine.prompt_cache.parked]
+    assert len(states) == 1 and None not in states[0].tokens
+    live = engine.drafters["model"].seq.tokens
+    assert None not in live and live[:len(chat)] == chat
+
+
 def test_regenerating_an_answer_does_not_park_copies_of_the_conversation():
     engine = Engine(tiny.make_llama(0), tiny.make_tokenizer(), drafter="none", prompt_cache_size=3)
     engine.generate(prompt(0), max_tokens=2)
