@@ -273,6 +273,19 @@ def test_a_sampled_draft_is_the_targets_race_run_on_the_heads_law(target, random
     assert len(set(raced)) > 3  # it sampled: the seeds gave different tokens
 
 
+def test_a_head_s_trees_propose_target_ids_from_its_draft_vocabulary(target, random_head):
+    """A reduced draft vocabulary's runners-up are mapped back to the target's ids, as its chain
+    is: every node of a read tree and of a fixed-shape tree is one of the vocabulary's tokens."""
+    seq, drafter = drafter_for(target, random_head)
+    seq.prefill(PROMPT[:-1])
+    read = drafter.propose_tree(PROMPT, 3, 12, GREEDY, 0)
+    assert read.parents is not None and len(read) > 3  # the chain and side leaves
+    drafter.reset()
+    static = drafter.propose_static_tree(PROMPT, 3, 2, GREEDY, 0)
+    nodes = list(read.tokens) + static.tokens.tolist()
+    assert all(t % 3 == 0 for t in nodes), nodes  # draft_ids = every third id
+
+
 def test_warmup_runs_the_head(target, random_head, monkeypatch):
     e = Engine(target, None, eagle_head=random_head, drafter="eagle")
     trees = []  # the head's tree drafts (runners-up) have kernels of their own: warmed too
