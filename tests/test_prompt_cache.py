@@ -171,7 +171,10 @@ class FailingOnce:
         return getattr(self.model, name)
 
 
-def test_caches_an_interrupted_pass_left_half_written_are_never_parked():
+@pytest.mark.parametrize("next_request", [{}, {"prompt_logprobs": 0}])
+def test_caches_an_interrupted_pass_left_half_written_are_never_parked(next_request):
+    """Whether the next request swaps conversations or computes its prompt whole
+    (`prompt_logprobs`, which sets the live history aside), only consistent histories are parked."""
     target = tiny.make_llama(0, tie_embeddings=False)
     failing = FailingOnce(target)
     engine = Engine(failing, tiny.make_tokenizer(), drafter="ngram", prompt_cache_size=3, prefill_step=32)
@@ -181,24 +184,9 @@ def test_caches_an_interrupted_pass_left_half_written_are_never_parked():
     with pytest.raises(MemoryError):
         engine.generate(b, max_tokens=4)
     assert engine.target.dirty and len(engine.target.tokens) == 64
-    engine.generate(prompt(2), max_tokens=4)  # another conversation: the half-written one is not parked
+    engine.generate(prompt(2), max_tokens=4, **next_request)  # another conversation: the half-written one is not parked
     assert engine.prompt_cache.parked == []
     assert engine.generate(b, max_tokens=12).tokens == plain.generate(b, max_tokens=12).tokens
-
-
-def test_a_half_written_history_is_not_parked_by_a_request_scoring_its_prompt():
-    """The same after an interrupted pass, when the next request computes its prompt whole
-    (`prompt_logprobs`): what it sets aside is only ever a consistent history."""
-    target = tiny.make_llama(0, tie_embeddings=False)
-    failing = FailingOnce(target)
-    engine = Engine(failing, tiny.make_tokenizer(), drafter="ngram", prompt_cache_size=3, prefill_step=32)
-    b = prompt(1, 200)
-    failing.countdown = 3
-    with pytest.raises(MemoryError):
-        engine.generate(b, max_tokens=4)
-    assert engine.target.dirty
-    engine.generate(prompt(2), max_tokens=2, prompt_logprobs=0)
-    assert engine.prompt_cache.parked == []
 
 
 def test_a_draft_model_s_history_is_parked_with_its_last_drafts_written(tmp_path):
