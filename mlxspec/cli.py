@@ -20,8 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlxspec",
         description=(
-            "Lossless speculative decoding on MLX. A small draft (model or n-gram) proposes "
-            "tokens, the target verifies them in one pass; the output is the target's own (greedy: "
+            "Lossless speculative decoding on MLX. A small drafter (an EAGLE head reading the "
+            "target's features, a draft model, or an n-gram drafter) proposes tokens, the target "
+            "verifies them in one pass; the output is the target's own (greedy: "
             "token for token, up to rounding at near-ties in low precision; sampled: the same "
             "distribution)."
         ),
