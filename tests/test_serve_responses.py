@@ -213,7 +213,7 @@ def test_bad_requests_are_400_in_the_responses_terms(served, body, param, says):
 
 def test_a_stream_that_fails_ends_with_an_error_event():
     from mlxspec.serve.errors import APIError
-    from mlxspec.serve.responses_api import ResponseBuilder
+    from mlxspec.serve.responses_output import ResponseBuilder
 
     builder = ResponseBuilder("t", {})
     builder.start(3)

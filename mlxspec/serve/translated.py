@@ -15,7 +15,7 @@ from ..errors import InvalidArgumentError
 from ..prompts import encode_prompt
 from ..reasoning import ReasoningSplitter, make_splitter
 from ..tools import ToolCallReader
-from . import anthropic, response_items, responses_api, schema
+from . import anthropic, response_items, responses_api, responses_output, schema
 from .body import read_json
 from .choice import read_answer, tool_reader
 from .errors import APIError, invalid
@@ -128,7 +128,7 @@ async def create_response(request: Request) -> Response:
 
     def builder_of(state, req, body):
         keep = body.get("store") is not False
-        return responses_api.ResponseBuilder(state.model_id, body,
+        return responses_output.ResponseBuilder(state.model_id, body,
                                              (lambda r: store.remember(r, conversation, inputs)) if keep else None,
                                              token_bytes=state.token_bytes)
 
