@@ -33,6 +33,21 @@ def test_requests_not_addressed_to_this_machine_are_refused(server, headers, why
     for r in (chat(server[0], headers=headers), httpx.get(f"{server[0]}/v1/models", headers=headers)):
         assert r.status_code == 403 and why in r.json()["error"]["message"]
         assert r.json()["error"]["code"] == "forbidden_host"
+    anthropic = httpx.post(f"{server[0]}/v1/messages", headers=headers, timeout=TIMEOUT,
+                           json={"model": "tiny", "max_tokens": 2, "messages": HI})
+    assert anthropic.status_code == 403 and anthropic.json()["type"] == "error"  # Anthropic's shape on its route
+    assert anthropic.json()["error"]["type"] == "permission_error" and why in anthropic.json()["error"]["message"]
+
+
+def test_refusals_are_counted_in_the_metrics(server):
+    def refused():
+        r = httpx.get(f"{server[0]}/metrics", timeout=TIMEOUT)
+        return sum(float(line.rsplit(" ", 1)[1]) for line in r.text.splitlines()
+                   if line.startswith('mlxspec_errors_total{status="403"}'))
+
+    before = refused()
+    assert httpx.get(f"{server[0]}/v1/models", headers={"Origin": "https://x.example"}, timeout=TIMEOUT).status_code == 403
+    assert refused() == before + 1
 
 
 @pytest.mark.parametrize("headers", [{}, {"Origin": "http://localhost:3000"}, {"Host": "localhost:1"},

@@ -10,7 +10,11 @@ ASK = [{"role": "user", "content": "Tell me about rivers and the sea."}]
 
 
 def scrape(url) -> dict:
-    r = httpx.get(f"{url}/metrics", timeout=TIMEOUT)
+    return scrape_with(url, {})
+
+
+def scrape_with(url, headers) -> dict:
+    r = httpx.get(f"{url}/metrics", headers=headers, timeout=TIMEOUT)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     samples = {}
     for line in r.text.splitlines():
@@ -56,4 +60,6 @@ def test_the_counters_add_up_what_the_answers_said():
 def test_metrics_need_the_api_key_when_one_is_set():
     with running_server(tiny_engine(), model_id="t", api_key="k") as (url, _):
         assert httpx.get(f"{url}/metrics", timeout=TIMEOUT).status_code == 401
-        assert httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer k"}, timeout=TIMEOUT).status_code == 200
+        assert httpx.get(f"{url}/v1/models", timeout=TIMEOUT).status_code == 401
+        m = scrape_with(url, {"Authorization": "Bearer k"})
+    assert m['mlxspec_errors_total{status="401"}'] == 2  # refused by the middleware, counted all the same

@@ -38,10 +38,10 @@ from .body import read_json
 from .cors import CrossOrigin, Origins
 from .errors import APIError, internal
 from .fingerprint import system_fingerprint
-from .generation import count_error, openai_route
+from .generation import openai_route
 from .local import LoopbackOnly, is_loopback
 from .messages import chat_messages
-from .metrics import Metrics
+from .metrics import Metrics, count_error
 from .options import REASONING_KEYS, ServeOptions
 from .queue import EngineQueue
 from .response_store import ResponseStore
@@ -214,14 +214,14 @@ async def health(request: Request) -> Response:
 
 # -- errors ------------------------------------------------------------------------------------------
 async def _api_error(request: Request, exc: APIError) -> Response:
-    count_error(request, exc.status)
+    count_error(request.app, exc.status)
     if exc.status >= 500:
         log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
     return exc.response()
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    count_error(request, exc.status_code)
+    count_error(request.app, exc.status_code)
     if exc.status_code == 404:
         message = f"no route {request.url.path}; this server answers {ROUTES_HELP}"
     elif exc.status_code == 405:
@@ -234,7 +234,7 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    count_error(request, 500)
+    count_error(request.app, 500)
     return internal(exc).response()
 
 

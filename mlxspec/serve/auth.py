@@ -8,6 +8,7 @@ from starlette.datastructures import Headers
 
 from . import anthropic
 from .errors import APIError
+from .metrics import count_error
 
 OPEN_PATHS = ("/health", "/")  # answered without the API key (load balancers, scripts and agents probe them)
 
@@ -28,7 +29,14 @@ class BearerAuth:
                 error = APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
                                  "(or 'x-api-key: <key>') with the key the server was started with (--api-key)",
                                  code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                anthropic_path = scope["path"].startswith("/v1/messages")
-                await (anthropic.error_response(error) if anthropic_path else error.response())(scope, receive, send)
+                await refuse(error, scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+async def refuse(error: APIError, scope, receive, send) -> None:
+    """A middleware's error answer: in Anthropic's shape on its routes, and counted in /metrics
+    (Starlette puts the app in the scope before its middleware runs)."""
+    count_error(scope.get("app"), error.status)
+    anthropic_path = scope["path"].startswith("/v1/messages")
+    await (anthropic.error_response(error) if anthropic_path else error.response())(scope, receive, send)

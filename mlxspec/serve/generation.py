@@ -207,9 +207,3 @@ def answered(state: ServerState, request_id: str, endpoint: str, req: schema.Gen
              "%.2f tokens/target pass", request_id, f"{len(runs)} choices, " if len(runs) > 1 else "",
              s.prompt_tokens, s.prompt_tokens - s.prefilled_tokens, s.tokens, s.tokens_per_second, s.drafter,
              acceptance_text(s.accepted, s.drafted), s.tokens_per_target_pass)
-
-
-def count_error(request: Request, status: int) -> None:
-    state = getattr(request.app.state, "mlxspec", None)
-    if state is not None:
-        state.metrics.errors[status] += 1

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 
+from .auth import refuse
 from .errors import APIError
 
 
@@ -59,6 +60,6 @@ class LoopbackOnly:
                                       f"others with --host 0.0.0.0 and --api-key, or through a proxy on this "
                                       f"machine that sends 'Host: localhost'; let a web page's origin in with "
                                       f"--allow-origin", code="forbidden_host")
-                await error.response()(scope, receive, send)
+                await refuse(error, scope, receive, send)
                 return
         await self.app(scope, receive, send)

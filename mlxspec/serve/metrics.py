@@ -16,6 +16,13 @@ from ..stats import GenerationStats
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # seconds
 
 
+def count_error(app, status: int) -> None:
+    """An error answer of `app` (a Starlette app serving an engine), by its HTTP status."""
+    state = getattr(getattr(app, "state", None), "mlxspec", None)
+    if state is not None:
+        state.metrics.errors[status] += 1
+
+
 class Metrics:
     def __init__(self, model: str, drafter: Optional[str]):
         self.model, self.drafter = model, drafter

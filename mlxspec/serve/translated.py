@@ -19,8 +19,9 @@ from . import anthropic, response_items, responses_api, responses_output, schema
 from .body import read_json
 from .choice import read_answer, tool_reader
 from .errors import APIError, invalid
-from .generation import (EventStream, answered, cancel_on_disconnect, closer, count_error, gone, guarded, job_events,
+from .generation import (EventStream, answered, cancel_on_disconnect, closer, gone, guarded, job_events,
                          parsed, thinking_start, usage_of)
+from .metrics import count_error
 from .queue import Job
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ def _anthropic_errors(handler: Callable) -> Callable:
         try:
             return await inner(request)
         except APIError as e:
-            count_error(request, e.status)
+            count_error(request.app, e.status)
             return anthropic.error_response(e)
 
     return route
