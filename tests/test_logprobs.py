@@ -110,7 +110,14 @@ def test_completion_logprobs_in_the_legacy_shape(served):
     assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
     expected = engine.generate("Once upon a time", max_tokens=6, logprobs=3)
     assert lp["token_logprobs"] == pytest.approx(expected.logprobs, abs=1e-5)
-    assert all(1 <= len(top) <= 3 for top in lp["top_logprobs"])  # tokens that print alike share a key
+    assert all(1 <= len(top) <= 4 for top in lp["top_logprobs"])  # tokens that print alike share a key
+    for name, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert top[name] == pytest.approx(value, abs=1e-5)  # the token itself, as OpenAI's "up to logprobs + 1"
+    sampled = httpx.post(f"{url}/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 24, "logprobs": 1,
+                                                        "temperature": 2.0, "seed": 3}, timeout=TIMEOUT).json()
+    lp = sampled["choices"][0]["logprobs"]
+    assert all(top[name] == value for name, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]))
+    assert any(len(top) == 2 for top in lp["top_logprobs"])  # at T = 2 some tokens drawn are not the best
 
 
 def test_served_logprobs_spell_the_text_byte_for_byte():

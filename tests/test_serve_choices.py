@@ -129,7 +129,8 @@ def test_echo_with_logprobs_scores_every_prompt_token(served, stream):
     ref_lp = teacher_forced(ref.target_model, ids)
     for i in range(1, len(ids)):
         assert lp["token_logprobs"][i] == pytest.approx(ref_lp[i - 1, ids[i]].item(), abs=TOL)
-        assert 1 <= len(lp["top_logprobs"][i]) <= 2
+        assert 1 <= len(lp["top_logprobs"][i]) <= 3  # the 2 best, and the prompt's token where it is not one
+        assert lp["top_logprobs"][i][lp["tokens"][i]] == pytest.approx(lp["token_logprobs"][i], abs=TOL)
     assert lp["token_logprobs"][len(ids):] == pytest.approx(answer.logprobs, abs=TOL)
     assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][len(ids)] == len(prompt)
     assert "".join(lp["tokens"][:len(ids)]) == prompt  # byte tokens: each names its character
@@ -142,7 +143,8 @@ def test_max_tokens_0_with_echo_scores_the_prompt_alone(served):
     assert choice["text"] == "The sea is wide" and choice["finish_reason"] == "length"
     assert r["usage"]["completion_tokens"] == 0
     assert len(choice["logprobs"]["tokens"]) == r["usage"]["prompt_tokens"] == len("The sea is wide")
-    assert all(top == {} for top in choice["logprobs"]["top_logprobs"][1:])
+    lp = choice["logprobs"]  # logprobs 0: each position's own token alone, as OpenAI's "up to logprobs + 1"
+    assert lp["top_logprobs"][1:] == [{name: value} for name, value in zip(lp["tokens"][1:], lp["token_logprobs"][1:])]
 
 
 def test_an_evaluation_harness_s_loglikelihood_request(served):

@@ -172,7 +172,8 @@ class LogprobStream:
                                 for ev, raw, _ in ready], "refusal": None}
         return {"tokens": [_legacy_name(raw) for _, raw, _ in ready],
                 "token_logprobs": [ev.logprob for ev, _, _ in ready],
-                "top_logprobs": [_legacy_top(ev.top_logprobs, self.token_bytes) for ev, _, _ in ready],
+                "top_logprobs": [_legacy_top(ev.top_logprobs, self.token_bytes, (ev.token, ev.logprob))
+                                 for ev, _, _ in ready],
                 "text_offset": [self.offset + len(bytes(self._text[:start]).decode("utf-8", "ignore"))
                                 for _, _, start in ready]}
 
@@ -188,7 +189,8 @@ def prompt_logprobs(scored, token_bytes: Callable[[int], bytes]) -> dict:
         chars += len(decoder.decode(raw))
         names.append(_legacy_name(raw))
     return {"tokens": names, "token_logprobs": [lp for _, lp, _ in scored],
-            "top_logprobs": [None if lp is None else _legacy_top(best, token_bytes) for _, lp, best in scored],
+            "top_logprobs": [None if lp is None else _legacy_top(best, token_bytes, (token, lp))
+                             for token, lp, best in scored],
             "text_offset": offsets}
 
 
@@ -199,9 +201,11 @@ def joined(first: Optional[dict], then: Optional[dict]) -> Optional[dict]:
     return {key: first[key] + then[key] for key in first}
 
 
-def _legacy_top(pairs, token_bytes: Callable[[int], bytes]) -> dict:
+def _legacy_top(pairs, token_bytes: Callable[[int], bytes], chosen: tuple) -> dict:
+    """The top choices at one position, and the token there (`chosen`: (id, logprob)) if it is not
+    among them, as OpenAI's legacy API does (up to logprobs + 1 entries)."""
     best: dict = {}
-    for t, lp in pairs:  # best first: tokens that print alike keep the best one's
+    for t, lp in [*pairs, chosen]:  # best first: tokens that print alike keep the best one's
         best.setdefault(_legacy_name(token_bytes(t)), lp)
     return best
 
