@@ -54,7 +54,9 @@ def test_detokenize_gives_the_text_back(served):
     ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens", "true or false"),
     ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "must be one of"),
     ("/tokenize", {"messages": CHAT, "add_generation_prompt": False}, "add_generation_prompt", "not supported"),
-    ("/tokenize", {"messages": CHAT, "chat_template_kwargs": {"tokenize": True}}, "messages", "may not set"),
+    ("/tokenize", {"messages": CHAT, "chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs",
+     "may not set"),  # the field named as /v1/chat/completions names it
+    ("/tokenize", {"messages": CHAT, "tools": [{"type": "function"}]}, "tools", "tools[0]"),
     ("/detokenize", {"tokens": [1, "a"]}, "tokens", "list of token ids"),
     ("/detokenize", {"tokens": [10 ** 6]}, "tokens", "outside the vocabulary"),
 ])

@@ -12,7 +12,7 @@ from typing import Optional
 from ..errors import InvalidArgumentError, shown
 from ..prompts import check_template_kwargs, check_text, encode_prompt
 from ..tools import check_tools
-from .errors import invalid
+from .errors import checked, invalid
 
 
 def tokenize(engine, body: dict, messages) -> dict:
@@ -39,10 +39,10 @@ def tokenize(engine, body: dict, messages) -> dict:
                 raise invalid("add_generation_prompt false alone is not supported: a chat is tokenized as the model "
                               "reads it, its generation prompt included (or, with continue_final_message true, "
                               "ending inside its last message)", "add_generation_prompt")
-            ids = encode_prompt(messages(body["messages"]), tokenizer, engine.vocab_size,
-                                tools=check_tools(body.get("tools")) or None,
-                                template_kwargs=check_template_kwargs(body.get("chat_template_kwargs")),
-                                continue_final=keep_going)
+            tools = checked(check_tools, body.get("tools"), "tools") or None
+            kwargs = checked(check_template_kwargs, body.get("chat_template_kwargs"), "chat_template_kwargs")
+            ids = encode_prompt(messages(body["messages"]), tokenizer, engine.vocab_size, tools=tools,
+                                template_kwargs=kwargs, continue_final=keep_going)
     except InvalidArgumentError as e:
         raise invalid(str(e), "messages" if text is None else "prompt") from None
     out = {"count": len(ids), "max_model_len": getattr(engine, "context", None), "tokens": ids, "token_strs": None}
