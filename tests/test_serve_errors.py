@@ -263,11 +263,12 @@ def test_token_ids_outside_the_vocabulary_are_400(server):
 @pytest.mark.parametrize("content,says", [
     (b"{not json", "not valid JSON"),
     (b"", "empty"),
-    (b"[1, 2]", "JSON object"),
+    (b"[1, 2]", "must be a JSON object, got a JSON array"),
+    (b"null", "must be a JSON object, got a JSON null"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "NaN"),
     (b"\xff\xfe", "not valid JSON"),
     (b"[" * 20_000 + b"]" * 20_000, "too deeply"),
-], ids=["broken", "empty", "array", "NaN", "not-utf8", "deep"])
+], ids=["broken", "empty", "array", "null", "NaN", "not-utf8", "deep"])
 def test_malformed_bodies_are_400(server, content, says):
     r = post(server[0], "/v1/chat/completions", content=content, headers={"content-type": "application/json"})
     assert_error(r, 400, code="invalid_json", says=says)

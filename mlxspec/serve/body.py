@@ -45,7 +45,8 @@ async def read_json(request: Request, limit: int, timeout: float = 0) -> dict:
     except RecursionError:
         raise invalid("the request body nests JSON too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
-        raise invalid(f"the request body must be a JSON object, got a JSON {type(data).__name__}", code="invalid_json")
+        kinds = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+        raise invalid(f"the request body must be a JSON object, got a JSON {kinds[type(data)]}", code="invalid_json")
     if (wrong := fields.moved(request.url.path, data)) is not None:
         key, instead = wrong
         raise unsupported(f"{key} is not read at {request.url.path}: send {instead} instead (got {_show(data[key])})",
