@@ -162,9 +162,13 @@ def closer(state: ServerState, job: Job, request_id: str) -> Callable[[bool], No
 
 
 def gone(state: ServerState, request_id: str, when: str = "before its answer was whole") -> Response:
-    """A request whose client went away: counted as cancelled (not answered), logged once."""
+    """A request whose client went away (or that a forced quit cut off): counted as cancelled
+    (not answered), logged once."""
     state.metrics.cancelled += 1
-    log.info("%s: cancelled: the client went away %s", request_id, when)
+    if state.queue.closed:
+        log.info("%s: cut off %s: the server is stopping", request_id, when)
+    else:
+        log.info("%s: cancelled: the client went away %s", request_id, when)
     return Response(status_code=499)
 
 

@@ -115,16 +115,31 @@ class _QuietWhenForced:
         return self.server is not None and self.server.force_exit
 
 
+class _ForcedCut(logging.Filter):
+    """Drops uvicorn's error for the stream a second Ctrl-C cut off: the cut is what was asked for
+    (and serve() says so as it exits)."""
+
+    def __init__(self, server: Server):
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.server.force_exit and record.getMessage().startswith("ASGI callable returned without"))
+
+
 def serve(engine, options: ServeOptions) -> int:
     """Serve until SIGINT/SIGTERM; returns 0 once stopped (130 after a second Ctrl-C cut it short)."""
     warning = bind_warning(options.host, options.api_key)
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     server = build_server(engine, options)
+    cut = _ForcedCut(server)
+    logging.getLogger("uvicorn.error").addFilter(cut)
     try:
         server.run()
     finally:
         server.mlxspec.queue.stop()  # after a forced quit, lifespan shutdown did not run
+        logging.getLogger("uvicorn.error").removeFilter(cut)
     if server.force_exit:
         print("stopped at once (a second Ctrl-C): the running request was cut off", file=sys.stderr)
         return 130
