@@ -311,12 +311,18 @@ def test_generate_refuses_prompts_it_cannot_run_before_loading(argv, says, made,
     assert made == []
 
 
-def test_generate_reads_the_prompt_from_stdin(made, tiny_gguf_path, monkeypatch):
+@pytest.mark.parametrize("piped, flags, sent", [
+    ("Capital of France?\n", [], [{"role": "user", "content": "Capital of France?"}]),  # echo's newline is not asked
+    ("Capital of France?\r\n", [], [{"role": "user", "content": "Capital of France?"}]),
+    ("Line one\nline two\n\n", [], [{"role": "user", "content": "Line one\nline two\n"}]),  # one newline only
+    ("def f():\n", ["--no-chat-template"], "def f():\n"),  # raw text: the model continues after the newline
+])
+def test_generate_reads_the_prompt_from_stdin(piped, flags, sent, made, tiny_gguf_path, monkeypatch):
     import io
 
-    monkeypatch.setattr(sys, "stdin", io.StringIO("Capital of France?\n"))
-    assert main(["generate", "--target", str(tiny_gguf_path), "-"]) == 0
-    assert made[0].calls[0][0] == [{"role": "user", "content": "Capital of France?\n"}]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(piped))
+    assert main(["generate", "--target", str(tiny_gguf_path), *flags, "-"]) == 0
+    assert made[0].calls[0][0] == sent
 
 
 def test_num_draft_must_be_auto_or_in_range(capsys):

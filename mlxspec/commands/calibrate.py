@@ -76,6 +76,7 @@ def calibrate_engine(engine, args, *, out, err) -> int:
     out.print(t)
     for name, c in entry["draft_cost"].items():
         out.print(f"drafter {name}: {c:.3f} target steps per drafted token")
+    out.print("(an EAGLE head is not timed here: the engine times its steps as it drafts)")
     if args.no_save:
         return 0
     path = save(entry, replace_unreadable=broken)

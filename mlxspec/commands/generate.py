@@ -21,8 +21,8 @@ def register(subparsers) -> None:
         "generate",
         help="generate text for one prompt with speculative decoding",
         description=textwrap.fill((
-            "Generate an answer to PROMPT. A draft (a small model or an n-gram drafter) proposes "
-            "tokens and the target verifies them in one pass, so the output is what the target alone "
+            "Generate an answer to PROMPT. A drafter (an EAGLE head reading the target's features, a "
+            "small model, or an n-gram drafter) proposes tokens and the target verifies them in one pass, so the output is what the target alone "
             "would produce (greedy: token for token, up to rounding at near-ties in low precision) or "
             "sample (the same distribution). Text streams to stdout; stderr gets one line on what was "
             "loaded before it and one stats line (the prompt's tokens and tokens/s, then tokens/s, "
@@ -39,7 +39,8 @@ def register(subparsers) -> None:
                "  mlxspec generate --pair qwen2.5-coder-7b --suffix \"$(cat after.py)\" \"$(cat before.py)\"",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("prompt", metavar="PROMPT", help="the user message ('-' reads it from stdin)")
+    p.add_argument("prompt", metavar="PROMPT", help="the user message ('-' reads it from stdin; the newline "
+                   "that ends it is dropped, unless the text goes without the chat template)")
     add_model_args(p)
     add_drafting_args(p)
     p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="tokens to generate at most (default: 256)")
@@ -95,6 +96,10 @@ def run(args) -> int:
         raise InvalidArgumentError("--chat-template-args and --reasoning-effort are chat template variables, and "
                                    "PROMPT goes without the template here; leave them out")
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    if args.prompt == "-" and not raw:
+        # the newline that ends what `echo` or a file piped in: not part of the message (raw text keeps it,
+        # where the model continues after it)
+        text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
     prompt = text if raw else system + [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
@@ -193,8 +198,10 @@ def _prompt_text(prompt: str) -> str:
 
     text = sys.stdin.read() if prompt == "-" else prompt
     if not text.strip():
-        where = "stdin gave no text" if prompt == "-" else "PROMPT is empty"
-        raise InvalidArgumentError(f"{where}: give the message as PROMPT, or pipe it in with '-' "
+        if prompt == "-":
+            raise InvalidArgumentError("stdin gave no text (or only blanks): pipe the message in, e.g. "
+                                       "`echo 'Hello' | mlxspec generate -`, or give it as PROMPT")
+        raise InvalidArgumentError("PROMPT is empty: give the message as PROMPT, or pipe it in with '-' "
                                    "(e.g. `echo 'Hello' | mlxspec generate -`)")
     return check_text(text, "PROMPT")
 
