@@ -137,6 +137,25 @@ def test_a_users_own_pairs_join_the_packaged_ones(empty_cache):
         load_pairs(mine)
 
 
+def test_a_broken_own_models_toml_stops_only_what_could_be_a_pair(empty_cache, mlx_folder):
+    from mlxspec.paths import user_pairs_path
+
+    mine = user_pairs_path()
+    mine.parent.mkdir(parents=True)
+    mine.write_text("[[pair]\nname = ")  # not TOML
+    with pytest.warns(UserWarning, match=rf"cannot read the pair registry {re.escape(str(mine))}.*without it"):
+        folder = mlx_folder[0]
+        assert resolve_model(str(folder)).path == folder  # a folder given is a folder, whatever the file says
+    with pytest.warns(UserWarning, match="cannot read the pair registry"):
+        assert resolve_pair("builtin:smollm2-eagle") is None
+    for ref in ("demo", "owner/name", "nosuch"):  # could be one of its pairs: the broken file is the answer
+        with pytest.raises(MlxSpecError, match="cannot read the pair registry"):
+            resolve_model(ref)
+    mine.write_text('[[pair]]\nname = "x"\n')
+    with pytest.raises(MlxSpecError, match=r"missing fields \['target'\]; allowed"):  # no empty list of unknowns
+        pairs()
+
+
 def test_models_says_a_pair_whose_head_is_missing_is_not_cached(empty_cache, monkeypatch, capsys):
     import json as _json
 

@@ -99,10 +99,8 @@ def load_pairs(path: str | Path = PACKAGED, *, own: bool = False) -> dict[str, P
         missing = sorted(set(known) - set(entry) - optional)
         unknown = sorted(set(entry) - set(known))
         if missing or unknown:
-            raise MlxSpecError(
-                f"{where}: missing fields {missing}, unknown fields {unknown}; "
-                f"allowed fields are {sorted(known)}"
-            )
+            wrong = [f"missing fields {missing}"] * bool(missing) + [f"unknown fields {unknown}"] * bool(unknown)
+            raise MlxSpecError(f"{where}: {', '.join(wrong)}; allowed fields are {sorted(known)}")
         for key, value in entry.items():
             if key == "drafter" and isinstance(value, dict):
                 if not set(value) <= set(BACKENDS) or not all(isinstance(v, str) for v in value.values()):

@@ -21,11 +21,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..choices import WEIGHTLESS_DRAFTERS
-from ..errors import ModelNotFoundError
+from ..errors import MlxSpecError, ModelNotFoundError
 from ..paths import shipped_dir
 from . import demo
 from .gguf_header import SPLIT_PART
@@ -70,8 +71,16 @@ def builtin_folder(ref: str) -> Path | None:
 
 
 def resolve_pair(ref: str) -> Pair | None:
-    """The models.toml pair called `ref`, or None (then `ref` is a model reference)."""
-    return get_pair(ref)
+    """The models.toml pair called `ref`, or None (then `ref` is a model reference). A user's
+    models.toml that cannot be read stops only references that could be pair names: a file,
+    a folder, "demo:" or "builtin:" loads without it (and a warning says it was not read)."""
+    try:
+        return get_pair(ref)
+    except MlxSpecError as e:
+        if not (ref.startswith((demo.PREFIX, BUILTIN)) or Path(ref).expanduser().exists()):
+            raise
+        warnings.warn(f"{e}; loading {ref} without it")  # here: said once, however often it is asked
+        return None
 
 
 def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
@@ -86,7 +95,7 @@ def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
         ModelNotFoundError: nothing usable matches; the message says what to run.
     """
     ref = str(ref)
-    if (pair := get_pair(ref)) is not None:
+    if (pair := resolve_pair(ref)) is not None:
         return resolve_model(pair.target, download=download)
     if ref.startswith(demo.PREFIX):
         if not download and not demo.is_cached(ref):
