@@ -408,6 +408,7 @@ class Engine:
             raise InvalidArgumentError(f"tool_choice {choice!r} and response_format both say what the answer must be; "
                                        f"send one of them")
         if drafter is not None and drafter not in self.drafters:  # also when speculative=False ignores it
+            check_drafter(drafter)  # a name that is no drafter at all is told so first
             raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
                                        f"{', '.join(self.drafters)}")
         name = "none" if not speculative else (drafter or self.default_drafter)  # the default is always there

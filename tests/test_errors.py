@@ -43,7 +43,8 @@ def engine():
     ({"stop": [""]}, "stop string 0 is empty"),  # once dropped quietly: asked for, and nothing happened
     ({"stop": ["ok", ""]}, "stop string 1 is empty"),
     ({"stop": ""}, "stop string 0 is empty"),
-    ({"drafter": "tree"}, "drafter"),
+    ({"drafter": "tree"}, "drafter must be one of model, eagle, ngram, none, got 'tree'"),  # no drafter at all
+    ({"drafter": "EAGLE"}, "drafter must be one of"),
     ({"drafter": "tree", "speculative": False}, "drafter"),  # checked though plain decoding ignores it
     ({"drafter": "eagle"}, "not available on this engine"),  # no head
 ])
