@@ -121,8 +121,9 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = No
                     raise InvalidArgumentError(f"prompt token {i} is {shown(t)}; token ids must be integers") from None
                 ids[i] = t
     else:
-        raise InvalidArgumentError(
-            f"prompt must be a str, a list of token ids or a list of chat messages, got {type(prompt).__name__}")
+        shape = f" of shape {tuple(prompt.shape)}" if getattr(prompt, "shape", None) is not None else ""
+        raise InvalidArgumentError(f"prompt must be a str, a list (or 1-D array) of token ids or a list of chat "
+                                   f"messages, got {type(prompt).__name__}{shape}")
     ids = [int(t) for t in ids]
     if not ids:
         raise InvalidArgumentError("prompt encodes to no tokens: give a longer prompt")

@@ -62,6 +62,7 @@ def test_bad_generation_arguments(engine, kwargs, match):
     ([5, "x"], "integers"),
     ([{"role": "user"}], "content"),
     (3.14, "prompt must be"),
+    (mx.array([[5, 6]]), r"a list \(or 1-D array\) of token ids .*got array of shape \(1, 2\)"),  # a batch
     ("a\ud800", "not valid Unicode text"),
     ([{"role": "user", "content": "\udc00"}], "message 0's content is not valid Unicode"),
     ([{"role": "user", "content": None}], "message 0's content must be a string"),

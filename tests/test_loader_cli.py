@@ -768,6 +768,9 @@ def test_chat_leaves_what_is_not_cached_yet_to_its_loader(monkeypatch, tmp_path)
     (["--drafter", "none", "--tree", "4", "--num-draft", "3"], "note: --drafter none: nothing drafts, so "
                                                               "--num-draft and --tree change nothing"),
     (["--drafter", "ngram", "--lookup", "off"], "note: --lookup sets a model drafter's (model, eagle) lookup rounds"),
+    (["--drafter", "none", "--tree", "4"], "so --tree changes nothing"),
+    (["--drafter", "ngram", "--head", "builtin:smollm2-eagle"], "note: --head is not loaded: --drafter ngram drafts "
+                                                                "without it"),
     (["--drafter", "ngram", "--tree", "off", "--num-draft", "3"], None),  # both mean something there
 ])
 def test_generate_says_drafting_flags_its_drafter_makes_moot(argv, says, made, tiny_gguf_path, capsys):

@@ -82,10 +82,13 @@ def drafting_notes(args) -> list:
     moot = [f for f, v in (("--num-draft", args.num_draft), ("--tree", args.tree), ("--lookup", args.lookup))
             if v is not None]
     if args.drafter == "none" and moot:
-        notes.append(f"--drafter none: nothing drafts, so {' and '.join(moot)} change nothing")
+        notes.append(f"--drafter none: nothing drafts, so {' and '.join(moot)} "
+                     f"{'changes' if len(moot) == 1 else 'change'} nothing")
     elif args.drafter == "ngram" and args.lookup is not None:
         notes.append("--lookup sets a model drafter's (model, eagle) lookup rounds; with --drafter ngram every "
                      "round is a lookup, so it changes nothing")
+    if getattr(args, "head", None) is not None and args.drafter in ("ngram", "none"):
+        notes.append(f"--head is not loaded: --drafter {args.drafter} drafts without it (--drafter eagle uses it)")
     return notes
 
 

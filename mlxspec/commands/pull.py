@@ -59,7 +59,7 @@ def run(args) -> int:
         return 0
     for flag in ("wheel", "force"):
         if getattr(args, flag):
-            print(f"mlxspec pull: --{flag} applies to 'demo' only (the Hugging Face cache checks its own files)",
+            print(f"mlxspec pull: error: --{flag} applies to 'demo' only (the Hugging Face cache checks its own files)",
                   file=sys.stderr)
             return 2
     pair = get_pair(args.name)
