@@ -32,6 +32,28 @@ def non_negative(s: str) -> float:
     return x
 
 
+def top_p(s: str) -> float:
+    """A nucleus threshold in (0, 1]."""
+    try:
+        x = float(s)
+    except ValueError:
+        x = -1.0
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], 1 disabling it, got {s!r}")
+    return x
+
+
+def min_p(s: str) -> float:
+    """A fraction of the top probability in [0, 1)."""
+    try:
+        x = float(s)
+    except ValueError:
+        x = -1.0
+    if not 0 <= x < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), 0 disabling it, got {s!r}")
+    return x
+
+
 def positive(s: str) -> int:
     try:
         n = int(s)

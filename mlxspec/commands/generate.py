@@ -11,7 +11,7 @@ from ..errors import InvalidArgumentError
 from ..prompts import has_chat_template
 from ..reasoning import chat_starts_inside, make_splitter, split_whole, thinking_markers
 from ..stats import acceptance_text, plural
-from .argtypes import positive, seed
+from .argtypes import count, min_p, non_negative, positive, seed, top_p
 from . import modelargs
 from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, add_template_args, quiet_unless_main
 
@@ -44,10 +44,10 @@ def register(subparsers) -> None:
     add_model_args(p)
     add_drafting_args(p)
     p.add_argument("--max-tokens", type=positive, default=256, metavar="N", help="tokens to generate at most (default: 256)")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus threshold in (0, 1]; 1 disables (default: 1)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens; 0 disables (default: 0)")
-    p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P x the top probability; 0 disables (default: 0)")
+    p.add_argument("--temperature", type=non_negative, default=0.0, metavar="T", help="0 is greedy (default: 0)")
+    p.add_argument("--top-p", type=top_p, default=1.0, metavar="P", help="nucleus threshold in (0, 1]; 1 disables (default: 1)")
+    p.add_argument("--top-k", type=count, default=0, metavar="K", help="keep the K most likely tokens; 0 disables (default: 0)")
+    p.add_argument("--min-p", type=min_p, default=0.0, metavar="P", help="drop tokens below P x the top probability; 0 disables (default: 0)")
     p.add_argument("--seed", type=seed, default=None,
                    help="random seed for sampling (default: none). The same seed gives the same text "
                         "whatever drafts it, plain decoding included (README: Seeds)")
