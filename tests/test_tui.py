@@ -237,6 +237,12 @@ async def test_save_to_an_unwritable_place_says_so(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await send(app, pilot, f"/save {tmp_path / 'missing' / 'dir' / 'chat'}")
         assert "could not write" in history_text(app) and app.is_running
+        for folder in (".", "/", "~", f"{tmp_path}/", str(tmp_path)):  # a folder names no file
+            await send(app, pilot, f"/save {folder}")
+            assert f"'{folder}' is a folder: give a file name in it" in history_text(app).splitlines()[-1]
+            await send(app, pilot, f"/load {folder}")
+            assert f"'{folder}' is a folder" in history_text(app).splitlines()[-1] and app.is_running
+    assert list(tmp_path.iterdir()) == []
 
 
 @async_test
@@ -275,12 +281,25 @@ async def test_a_saved_conversation_loads_and_goes_on_as_if_never_left(tmp_path)
 async def test_a_file_load_cannot_read_leaves_the_conversation_as_it_was(tmp_path):
     (tmp_path / "notjson.json").write_text("{ nope")
     (tmp_path / "other.json").write_text(json.dumps({"turns": [{"user": "hi"}]}))
+    answer = {"text": "a", "from_draft": [True], "finish_reason": "stop"}
+    turn = {"user": "u", SPEC: answer, VANILLA: dict(answer, text="b")}
+    damaged = {"draft": dict(turn, **{SPEC: dict(answer, from_draft=5)}),
+               "finish": dict(turn, **{SPEC: dict(answer, finish_reason="done")}),
+               "rounding": dict(turn, divergence={"divergence": "rounding"}),  # no tokens: the verdict reads them
+               "unclassified": dict(turn, divergence={"divergence": "unclassified", "tokens": 3}),
+               "kind": dict(turn, divergence={"divergence": "maybe"})}
+    for name, t in damaged.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({"turns": [t]}))
     app = make_app(tiny_engine(), max_tokens=6)
     async with app.run_test(size=SIZE) as pilot:
         await send(app, pilot, "hello")
         for path, says in ((tmp_path / "none", "cannot read the saved conversation"),
                            (tmp_path / "notjson", "not JSON"),
-                           (tmp_path / "other", "turn 1 has no speculative answer text")):
+                           (tmp_path / "other", "turn 1 has no speculative answer text"),
+                           (tmp_path / "draft", "turn 1's speculative from_draft is not a list of true/false"),
+                           (tmp_path / "finish", "turn 1's speculative finish_reason is not stop, length or null"),
+                           *((tmp_path / name, "turn 1's divergence is not one the chat writes")
+                             for name in ("rounding", "unclassified", "kind"))):
             await send(app, pilot, f"/load {path}")
             assert says in history_text(app).splitlines()[-1]
             assert [t.user for t in app.conversation.turns] == ["hello"]
@@ -856,6 +875,28 @@ async def test_a_multi_line_paste_is_sent_whole():
         prompt.post_message(events.Paste("a\nb"))  # the next message starts a new count
         await pilot.pause()
         assert prompt.value == "[pasted text #1: 2 lines]"
+
+
+@async_test
+async def test_keys_typed_right_after_enter_stay_in_the_box():
+    """The app reads a message after the box has taken later keys (typed fast, or sent by a
+    terminal multiplexer): the message is what Enter sent, and the later keys wait in the box."""
+    from textual.widgets import Input
+
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        prompt = app.query_one("#prompt")
+        prompt.value = "/temp 0" + "Hello there"  # "Hello there" typed before the app read "/temp 0"
+        prompt.post_message(Input.Submitted(prompt, "/temp 0"))
+        await pilot.pause()
+        assert prompt.value == "Hello there" and "temperature" in history_text(app).lower()
+        assert "expected" not in history_text(app)  # "/temp 0Hello there" would have been refused
+        prompt.value = "hi" + " and more"
+        prompt.post_message(Input.Submitted(prompt, "hi"))
+        await wait_idle(app, pilot)
+        assert app.conversation.turns[-1].user == "hi" and prompt.value == " and more"
+        await pilot.press("up")
+        assert prompt.value == "hi"  # what was sent is what Up recalls
 
 
 @async_test

@@ -137,16 +137,17 @@ class ChatApp(App):
     # -- sending --------------------------------------------------------------------------
     @on(Input.Submitted, "#prompt")
     async def send(self, event: Input.Submitted) -> None:
-        text = self.query_one("#prompt", PromptInput).message().strip()
+        # The text Enter sent is event.value: keys typed after it may be in the box already.
+        box = self.query_one("#prompt", PromptInput)
+        text = box.message(event.value).strip()
         if not text:
-            event.input.clear()  # blanks only: nothing to send, nothing worth keeping
+            box.take(event.value)  # blanks only: nothing to send, nothing worth keeping
             return
         if self.busy and not text.startswith("/"):
             # The message stays in the box, to send once the answer is done (or stopped).
             self.notice("still answering: press Esc to stop it first, then Enter to send your message", error=True)
             return
-        self.query_one("#prompt", PromptInput).remember()
-        event.input.clear()
+        box.take(event.value)
         if text.startswith("/"):
             await self.command(text)
         else:
@@ -291,6 +292,9 @@ class ChatApp(App):
                                             pair_line=info.line() if info else "")
         except OSError as e:
             self.notice(f"/save {path}: could not write ({e.strerror or e})", error=True)
+            return
+        except InvalidArgumentError as e:  # a folder, not a file name
+            self.notice(f"/save {path}: {e}", error=True)
             return
         self.notice(f"saved {js} and {md}")
 

@@ -187,10 +187,17 @@ class Conversation:
 
 
 def saved_paths(path: str) -> Tuple[Path, Path]:
-    """PATH.json and PATH.md, as /save names them (a trailing .json or .md on PATH is dropped)."""
+    """PATH.json and PATH.md, as /save names them (a trailing .json or .md on PATH is dropped).
+
+    Raises:
+        InvalidArgumentError: PATH names a folder (`.`, `~`, `chats/`, one that exists), not a file.
+    """
     base = Path(path).expanduser()
     if base.suffix in (".json", ".md"):
         base = base.with_suffix("")
+    if base.name in ("", ".", "..") or path.endswith(("/", "\\")) or base.is_dir():
+        raise InvalidArgumentError(f"{path!r} is a folder: give a file name in it, e.g. {str(base / 'chat')!r} "
+                                   f"(PATH.json and PATH.md are written)")
     return base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
 
 
@@ -233,16 +240,31 @@ def read_saved(path: str) -> Saved:
         for side in SIDES:
             a = t.get(side)
             need(isinstance(a, dict) and isinstance(a.get("text"), str), f"turn {i} has no {side} answer text")
-            answers[side] = Answer(text=a["text"], from_draft=list(a.get("from_draft") or []),
-                                   finish_reason=a.get("finish_reason"), stats=_stats(a.get("stats")))
+            from_draft = a.get("from_draft") or []
+            need(isinstance(from_draft, list) and all(isinstance(x, bool) for x in from_draft),
+                 f"turn {i}'s {side} from_draft is not a list of true/false")
+            need(a.get("finish_reason") in (None, "stop", "length"),
+                 f"turn {i}'s {side} finish_reason is not stop, length or null")
+            answers[side] = Answer(text=a["text"], from_draft=from_draft, finish_reason=a.get("finish_reason"),
+                                   stats=_stats(a.get("stats")))
         temperature = t.get("temperature", 0.0)
         need(isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature >= 0,
              f"turn {i}'s temperature is not a number >= 0")
         divergence = t.get("divergence")
+        need(divergence is None or _divergence_ok(divergence), f"turn {i}'s divergence is not one the chat writes")
         turns.append(Turn(t["user"], answers, temperature=float(temperature), stopped=bool(t.get("stopped")),
-                          divergence=divergence if isinstance(divergence, dict) else None))
+                          divergence=divergence))
     pair = doc.get("pair")
     return Saved(js, system, turns, pair if isinstance(pair, dict) else {})
+
+
+def _divergence_ok(d) -> bool:
+    """A saved `Turn.divergence` holds what the verdict reads: its kind, and for a rounding one the
+    tokens from it on, for an unclassified one the reason."""
+    if not isinstance(d, dict) or d.get("divergence") not in ("rounding", "bug", "unclassified"):
+        return False
+    number = isinstance(d.get("tokens"), int) and not isinstance(d.get("tokens"), bool)
+    return {"rounding": number, "unclassified": isinstance(d.get("reason"), str)}.get(d["divergence"], True)
 
 
 def _stats(saved) -> StatsView:

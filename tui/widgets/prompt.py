@@ -28,12 +28,20 @@ class PromptInput(Input):
         self._at: Optional[int] = None  # the line recalled now; None: a new one being written
         self._draft: Tuple[str, Dict[str, str]] = ("", {})  # the new one, while older ones are shown
 
-    def remember(self) -> None:
-        """Keep the box's text for Up (not twice in a row); the next Up starts from it."""
-        line = (self.value, dict(self._pastes))
-        if self.value.strip() and (not self._sent or self._sent[-1] != line):
+    def take(self, submitted: str) -> None:
+        """Enter sent `submitted` (the box's text when it was pressed): keep it for Up (not twice in
+        a row; the next Up starts from it), and leave in the box only what was typed after Enter,
+        while the app read the message (keys typed fast, or pasted, after it)."""
+        line = (submitted, dict(self._pastes))
+        if submitted.strip() and (not self._sent or self._sent[-1] != line):
             self._sent = self._sent[-(KEPT - 1):] + [line]
         self._at = None
+        rest = self.value[len(submitted):] if self.value.startswith(submitted) else ""
+        if rest:
+            self.value = rest  # the pastes stay: markers in it still name theirs, new ones count on
+            self.cursor_position = len(rest)
+        else:
+            self.clear()
 
     def action_recall(self, step: int) -> None:
         """Up (-1): the line sent before the one shown; Down (+1): the one after, and past the
@@ -65,9 +73,10 @@ class PromptInput(Input):
         event.prevent_default()  # not Input's handler too (it would add the first line)
         event.stop()
 
-    def message(self) -> str:
-        """The box's text with every paste marker still in it replaced by what was pasted."""
-        value = self.value
+    def message(self, value: Optional[str] = None) -> str:
+        """`value` (default: the box's text) with every paste marker still in it replaced by what
+        was pasted."""
+        value = self.value if value is None else value
         for marker, text in self._pastes.items():
             value = value.replace(marker, text)
         return value
