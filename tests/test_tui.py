@@ -171,14 +171,16 @@ async def test_slash_commands_change_settings_and_bad_ones_explain():
     async with app.run_test(size=SIZE) as pilot:
         await send(app, pilot, "/temp 0.7")
         assert app.settings.temperature == 0.7
-        for bad in ("/temp warm", "/temp -1", "/draft 99", "/draft x", "/drafter foo", "/maxtokens 0", "/nope"):
+        for bad in ("/temp warm", "/temp -1", "/draft 99", "/draft x", "/drafter foo", "/drafter", "/maxtokens 0",
+                    "/nope"):
             await send(app, pilot, bad)
         assert app.settings.temperature == 0.7 and app.settings.num_draft is None
         text = history_text(app)
         assert "/temp: expected a finite number >= 0, got 'warm'" in text
         assert "/draft: expected 'auto' or an integer in 0..32, got '99'" in text
         assert "/maxtokens: expected an integer >= 1, got '0'" in text
-        assert "/drafter needs ngram, model or eagle, got 'foo'" in text
+        assert "/drafter needs one of ngram, model, got 'foo'" in text  # the ones this pair has
+        assert "/drafter needs one of ngram, model (drafting now: the pair default)" in text
         assert "unknown command '/nope'" in text
         await send(app, pilot, "/temp 0")
         await send(app, pilot, "/draft 2")
@@ -612,6 +614,8 @@ async def test_a_narrow_header_cuts_the_long_names_not_the_precision_and_device(
 
 @async_test
 async def test_the_header_names_who_drafts_and_weighs_its_weights(tmp_path):
+    from dataclasses import replace
+
     from tui.stats_view import format_bytes
     from tiny import make_eagle_head
 
@@ -634,6 +638,21 @@ async def test_the_header_names_who_drafts_and_weighs_its_weights(tmp_path):
         await send(app, pilot, "/drafter ngram")
         await pilot.pause()
         assert "draft ngram drafter" in header_text(app) and ", draft " not in header_text(app)
+    app = make_app(engine, max_tokens=100_000)
+    async with app.run_test(size=(160, 30)) as pilot:  # during an answer: the answer keeps its drafter
+        await send(app, pilot, "long", wait=False)
+        while not app.pane(SPEC).text:
+            await asyncio.sleep(0.02)
+        await send(app, pilot, "/drafter ngram", wait=False)
+        await pilot.pause()
+        assert "draft EAGLE head" in header_text(app) and "(from the next answer on)" in history_text(app)
+        await pilot.press("escape")
+        await wait_idle(app, pilot, timeout=10)
+        assert app.conversation.turns[-1].answers[SPEC].stats.drafter == "eagle"
+        app.settings = replace(app.settings, max_tokens=4)
+        await send(app, pilot, "next")
+        assert "draft ngram drafter" in header_text(app)
+        assert app.conversation.turns[-1].answers[SPEC].stats.drafter == "ngram"
 
 
 @async_test
@@ -822,7 +841,8 @@ def test_template_and_effort_commands():
     # /effort alone clears the effort only
     s = run_command("/effort", s, drafters=["ngram"]).settings
     assert s.template_kwargs == {"enable_thinking": False, "Name": "X"}
-    assert run_command("/effort", Settings(), drafters=["ngram"]).settings.template_kwargs is None
+    out = run_command("/effort", Settings(), drafters=["ngram"])
+    assert out.settings.template_kwargs is None and out.reply.startswith("no reasoning effort is set")
     for line, says in (("/template [1]", "JSON object of template variables"), ("/template {", "JSON object"),
                        ("/effort extreme", "/effort needs one of none, minimal, low")):
         with pytest.raises(CommandError, match=re.escape(says)):

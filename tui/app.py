@@ -153,7 +153,16 @@ class ChatApp(App):
         else:
             await self.start_turn(text)
 
+    def _show_drafter(self) -> None:
+        """The header names who drafts the next answer, and its weights."""
+        if self.info is not None and self.engines:
+            d = describe(self.engines[SPEC], drafter=self.settings.drafter)
+            if (d.draft, d.draft_weights_bytes) != (self.info.draft, self.info.draft_weights_bytes):
+                self.info = replace(self.info, draft=d.draft, draft_weights_bytes=d.draft_weights_bytes)
+                self.query_one(PairHeader).set_info(self.info)
+
     async def start_turn(self, text: str) -> None:
+        self._show_drafter()  # a /drafter sent during the last answer
         # busy before the first await: clearing the panes yields to the event loop, and a key
         # or a test that looks in between must already see this turn as under way
         self.busy, self.cancel = True, threading.Event()
@@ -271,12 +280,13 @@ class ChatApp(App):
         drafter_changed = outcome.settings.drafter != self.settings.drafter
         self.settings = outcome.settings
         self.conversation.system = outcome.settings.system
-        if drafter_changed and self.info is not None:  # the header names who drafts and its weights
-            d = describe(self.engines[SPEC], drafter=outcome.settings.drafter)
-            self.info = replace(self.info, draft=d.draft, draft_weights_bytes=d.draft_weights_bytes)
-            self.query_one(PairHeader).set_info(self.info)
-        if outcome.reply and outcome.action != "clear":  # clearing says itself whether it did
-            self.notice(outcome.reply)
+        reply = outcome.reply
+        if drafter_changed and self.busy:  # the running answer keeps its drafter, and the header says so
+            reply += " (from the next answer on)"
+        elif drafter_changed:
+            self._show_drafter()
+        if reply and outcome.action != "clear":  # clearing says itself whether it did
+            self.notice(reply)
         if outcome.action == "clear":
             await self.action_clear()
         elif outcome.action == "save":

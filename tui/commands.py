@@ -80,7 +80,8 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
         arg = arg.lower()
         allowed = [d for d in ("ngram", "model", "eagle") if d in drafters]
         if arg not in ("ngram", "model", "eagle"):
-            raise CommandError(f"/drafter needs ngram, model or eagle, got {arg!r}")
+            got = f", got {arg!r}" if arg else f" (drafting now: {settings.drafter or 'the pair default'})"
+            raise CommandError(f"/drafter needs one of {', '.join(allowed)}{got}")
         if arg not in drafters:
             missing = "EAGLE head" if arg == "eagle" else "draft model"
             raise CommandError(f"/drafter {arg}: this pair has no {missing}; available: {', '.join(allowed)}")
@@ -108,6 +109,9 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
                        + (f" (reasoning effort {effort} kept; /effort alone clears it)" if kept else ""))
     if name == "/effort":
         if not arg:
+            if effort is None:
+                return Outcome(settings, f"no reasoning effort is set (the template's default); /effort "
+                                         f"{'|'.join(EFFORTS)} sets one")
             variables = {k: v for k, v in (settings.template_kwargs or {}).items() if k != "reasoning_effort"}
             return Outcome(replace(settings, template_kwargs=variables or None),
                            "reasoning effort cleared (the template's default)")
