@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from textual.widgets import Markdown, Static
@@ -591,9 +592,27 @@ async def test_the_header_keeps_its_memory_line_in_a_narrow_terminal():
 
 
 @async_test
-async def test_a_narrow_header_cuts_the_long_names_not_the_precision_and_device():
-    from dataclasses import replace
+async def test_the_memory_line_keeps_the_last_answer_s_figures_while_the_next_runs():
+    """A running answer's statistics carry no memory figures (they are read when it ends): the
+    header keeps the last ones instead of showing KV 0 B and no peak."""
+    app = make_app(tiny_engine(), max_tokens=6)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await pilot.pause()
+        assert "peak —" in header_lines(app)[1]  # nothing measured yet
+        await send(app, pilot, "first")
+        measured = header_lines(app)[1]
+        assert "peak —" not in measured and " KV 0 B" not in measured, measured
+        app.settings = replace(app.settings, max_tokens=100_000)
+        await send(app, pilot, "second", wait=False)
+        while len(app.pane(SPEC).text) < 20:
+            await asyncio.sleep(0.02)
+        assert header_lines(app)[1] == measured
+        await pilot.press("escape")
+        await wait_idle(app, pilot, timeout=10)
 
+
+@async_test
+async def test_a_narrow_header_cuts_the_long_names_not_the_precision_and_device():
     from tui.widgets import PairHeader
 
     app = make_app(tiny_engine(), max_tokens=4)
@@ -614,8 +633,6 @@ async def test_a_narrow_header_cuts_the_long_names_not_the_precision_and_device(
 
 @async_test
 async def test_the_header_names_who_drafts_and_weighs_its_weights(tmp_path):
-    from dataclasses import replace
-
     from tui.stats_view import format_bytes
     from tiny import make_eagle_head
 

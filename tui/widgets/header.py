@@ -15,6 +15,7 @@ class PairHeader(Static):
     def __init__(self, info: Optional[PairInfo] = None, **kwargs):
         super().__init__(**kwargs)
         self.info = info
+        # Per side, the last figures a finished answer measured: a running one's read 0 until it ends.
         self.stats: Dict[str, StatsView] = {}
 
     def on_mount(self) -> None:
@@ -28,8 +29,9 @@ class PairHeader(Static):
         self._render_text()
 
     def set_stats(self, side: str, stats: StatsView) -> None:
-        self.stats[side] = stats
-        self._render_text()
+        if stats.peak_memory_bytes or side not in self.stats:
+            self.stats[side] = stats
+            self._render_text()
 
     def _render_text(self) -> None:
         if self.info is None:
