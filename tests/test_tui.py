@@ -591,6 +591,45 @@ async def test_the_header_keeps_its_memory_line_in_a_narrow_terminal():
         assert lines[0].startswith("mlxspec chat") and lines[1].startswith("memory"), lines
 
 
+def shown_lines(app, entry) -> range:
+    """The lines of a history entry that show now, counted from its first (0)."""
+    history = app.query_one(ChatHistory)
+    top, height = history.scroll_offset.y, history.scrollable_content_region.height
+    first = entry.virtual_region.y
+    return range(max(top, first) - first, min(top + height, first + entry.virtual_region.height) - first)
+
+
+@async_test
+async def test_on_an_80x24_screen_help_shows_from_its_top_and_pageup_scrolls_the_chat():
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await send(app, pilot, "hello")
+        await send(app, pilot, "/help")
+        await pilot.pause()
+        entries = list(app.query_one(ChatHistory).query(Static))
+        you, help_ = entries[0], entries[-1]
+        assert "/temp T" in str(help_.render()) and help_.virtual_region.height > 10
+        assert 0 in shown_lines(app, help_) and len(shown_lines(app, help_)) < 10  # its top, on a short screen
+        for _ in range(20):
+            await pilot.press("pagedown")
+        await pilot.pause()
+        assert help_.virtual_region.height - 1 in shown_lines(app, help_)  # its last line
+        for _ in range(20):  # a page is the 3 lines the history has here
+            await pilot.press("pageup")
+        await pilot.pause()
+        assert 0 in shown_lines(app, you)  # back to the first message
+        assert app.query_one("#prompt").has_focus  # the keys scrolled the history from the message box
+
+
+@async_test
+async def test_a_long_message_is_shortened_in_the_history_not_in_the_conversation():
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "word " * 200)
+        assert app.conversation.turns[-1].user == ("word " * 200).strip()
+        assert "… (999 characters)" in history_text(app) and "word " * 60 not in history_text(app)
+
+
 @async_test
 async def test_the_memory_line_keeps_the_last_answer_s_figures_while_the_next_runs():
     """A running answer's statistics carry no memory figures (they are read when it ends): the

@@ -21,7 +21,7 @@ from mlxspec.errors import InvalidArgumentError
 from mlxspec.reasoning import chat_starts_inside, thinking_markers
 from mlxspec.stats import plural
 
-from .commands import CommandError, Settings, run_command
+from .commands import HELP, CommandError, Settings, run_command
 from .conversation import SPEC, VANILLA, Conversation, Saved, read_saved
 from .info import PairInfo, describe
 from .messages import EngineReady, LoadFailed, Settle, StatsUpdated, TokensAdded, TurnFinished
@@ -42,6 +42,8 @@ class ChatApp(App):
         Binding("ctrl+t", "toggle_colour", "Colours", priority=True),
         Binding("ctrl+l", "clear", "Clear", priority=True),
         Binding("ctrl+q", "quit", "Quit", priority=True),
+        Binding("pageup", "scroll_chat(-1)", "Scroll chat", show=False),  # the history never takes focus
+        Binding("pagedown", "scroll_chat(1)", "Scroll chat", show=False),
     ]
 
     def __init__(self, engine=None, *, vanilla_engine=None, loader: Optional[Callable[[], object]] = None,
@@ -286,7 +288,7 @@ class ChatApp(App):
         elif drafter_changed:
             self._show_drafter()
         if reply and outcome.action != "clear":  # clearing says itself whether it did
-            self.notice(reply)
+            self.query_one(ChatHistory).add_notice(reply, from_its_top=outcome.reply == HELP)
         if outcome.action == "clear":
             await self.action_clear()
         elif outcome.action == "save":
@@ -339,6 +341,10 @@ class ChatApp(App):
         if then and self.info is not None and then != self.info.target:
             said += f"; its answers came from {then}, the next ones from {self.info.target}"
         self.notice(said + "; the settings are this session's (/help)")
+
+    def action_scroll_chat(self, pages: int) -> None:
+        history = self.query_one(ChatHistory)
+        history.scroll_page_down(animate=False) if pages > 0 else history.scroll_page_up(animate=False)
 
     def notice(self, text: str, *, error: bool = False) -> None:
         self.query_one(ChatHistory).add_notice(text, error=error)

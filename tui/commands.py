@@ -25,8 +25,8 @@ HELP = """\
 /load PATH       go on with a conversation /save wrote (PATH.json), in place of this one
 /clear           forget the conversation (also Ctrl-L)
 /help            this list
-Keys: Enter send · Up/Down earlier messages · Esc or Ctrl-C stop · Ctrl-T token colours · Ctrl-L clear
-      Ctrl-Q quit"""
+Keys: Enter send · Up/Down earlier messages · PgUp/PgDn scroll the chat · Esc or Ctrl-C stop
+      Ctrl-T token colours · Ctrl-L clear · Ctrl-Q quit"""
 
 
 class CommandError(ValueError):

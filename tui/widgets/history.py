@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from ..conversation import SPEC, Turn, answer_part
 
-PREVIEW = 240  # characters of each answer kept in the history (the panes show it in full)
+PREVIEW = 240  # characters of each message and answer kept in the history (the panes show answers in full)
 
 
 class ChatHistory(VerticalScroll):
@@ -18,6 +20,8 @@ class ChatHistory(VerticalScroll):
         self.anchor()
 
     def add_user(self, text: str) -> None:
+        if len(text) > PREVIEW:  # a long paste: the model reads it whole, /save keeps it whole
+            text = text[:PREVIEW] + f"… ({len(text):,} characters)"
         self._add(Text.assemble(("you ", "bold"), text), "user")
 
     def add_turn(self, turn: Turn, markers=None) -> None:
@@ -29,12 +33,19 @@ class ChatHistory(VerticalScroll):
         self._add(Text.assemble(("model ", "bold"), answer or empty), "answer")
         self._add(Text(turn.verdict()), "verdict")
 
-    def add_notice(self, text: str, *, error: bool = False) -> None:
-        self._add(Text(text), "error" if error else "notice")
+    def add_notice(self, text: str, *, error: bool = False, from_its_top: bool = False) -> None:
+        """`from_its_top`: scrolled so the notice's first line shows (a long one, as /help's, on a
+        short screen), not its last."""
+        entry = self._add(Text(text), "error" if error else "notice")
+        if entry is not None and from_its_top:
+            self.call_after_refresh(self.scroll_to_widget, entry, top=True, animate=False)
 
     def clear(self) -> None:
         self.remove_children()
 
-    def _add(self, text: Text, kind: str) -> None:
-        if self.is_attached:  # a turn that ends while the app quits has no screen left to show it on
-            self.mount(Static(text, classes=f"entry {kind}"))
+    def _add(self, text: Text, kind: str) -> Optional[Static]:
+        if not self.is_attached:  # a turn that ends while the app quits has no screen left to show it on
+            return None
+        entry = Static(text, classes=f"entry {kind}")
+        self.mount(entry)
+        return entry
