@@ -1,7 +1,7 @@
 """Train an EAGLE head (mlxspec/drafters/eagle_head.py, drafted with by eagle.py) for a target by self-distillation (offline).
 
     python scripts/train_eagle.py --target REF --work WORKDIR --out my-head --prompt-file chats.jsonl
-    python scripts/train_eagle.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --work WORKDIR --seed 0
+    python scripts/train_eagle.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --work WORKDIR --seed 0 --out my-head
 
 --target runs every stage in MLX on its default device (a Mac's GPU, an NVIDIA GPU through
 MLX's CUDA backend, or the CPU) for any target mlxspec loads: a Hugging Face repo id, an MLX
@@ -121,8 +121,8 @@ def parse_args(argv=None):
                         "features (draft with the head under the same adapter: mlxspec --adapter-path, or a pair naming "
                         "both; default: none)")
     p.add_argument("--work", required=True, help="work dir for cached stages (shared with train_draft.py)")
-    p.add_argument("--out", help="the head folder to write (default with --gguf: the shipped demo head's; "
-                                 "required with --target)")
+    p.add_argument("--out", help="the head folder to write (required; mlxspec/data/smollm2-eagle, the shipped "
+                                 "demo head's, only for the demo target)")
     p.add_argument("--seed", type=train_common.non_negative_int, default=0,
                    help="seeds the templated prompts' choice, the sampled answers and training (default 0)")
     p.add_argument("--threads", type=train_common.positive_int, default=2,
@@ -230,8 +230,9 @@ def parse_args(argv=None):
                     "in the target's own precision")
     if args.adapter_path and not args.target:
         p.error("--adapter-path needs --target: the PyTorch trainer (--gguf) runs the demo target as it is")
-    if args.target and not args.out:
-        p.error("--target needs --out: the folder to write its head to (the default is the demo head's)")
+    if not args.out:  # no default: a trial run must not replace a head anyone relies on
+        p.error("--out is required: the folder to write the head to (--out mlxspec/data/smollm2-eagle replaces the "
+                "shipped demo head, which only the demo target may)")
     if args.out and (why := unwritable_out(Path(args.out))):
         p.error(f"--out {args.out}: {why}")
     return args
@@ -240,17 +241,14 @@ def parse_args(argv=None):
 SHIPPED = ROOT / "mlxspec/data/smollm2-eagle"
 
 
-def default_out(args, digest: str) -> str:
-    """--out, or for the demo target's GGUF (`digest`: its SHA-256, `target_digest`) the shipped
-    head, which no other target may replace."""
+def check_out(args, digest: str) -> None:
+    """--out may be the shipped head's folder only for the demo target's GGUF (`digest`: its
+    SHA-256, `target_digest`)."""
     from mlxspec.loading.demo import MODELS
 
-    if args.out:
-        return args.out
-    if digest not in {m.gguf_sha256 for m in MODELS.values()}:
-        raise SystemExit(f"--out defaults to the shipped demo head ({SHIPPED}), which only the demo target may "
-                         f"replace; give --out FOLDER for {args.gguf}")
-    return str(SHIPPED)
+    if Path(args.out).resolve() == SHIPPED.resolve() and digest not in {m.gguf_sha256 for m in MODELS.values()}:
+        raise SystemExit(f"--out {args.out} is the shipped demo head, which only the demo target may replace; "
+                         f"give another folder for {args.gguf}")
 
 
 def unwritable_out(out: Path) -> str:
@@ -279,7 +277,7 @@ def main(argv=None):
     work, t0 = train_common.start(args)
     digest = target_digest(Path(args.gguf))  # the whole file read once
     llama_gguf(Path(args.gguf))
-    args.out = default_out(args, digest)
+    check_out(args, digest)
     check_work(work, args, f"{Path(args.gguf).name} sha256:{digest}")
     prompts = train_draft.stage_prompts(args, work)
     prompts.update(train_draft.logged_prompt_files(args.prompt_file))

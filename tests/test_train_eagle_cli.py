@@ -164,11 +164,11 @@ def test_bfloat16_steps_are_the_pytorch_trainers(capsys):
     with pytest.raises(SystemExit):
         train_eagle.parse_args(["--work", "w", "--target", "some/model", "--out", "o", "--precision", "bfloat16"])
     assert "only the PyTorch trainer (--gguf) autocasts" in capsys.readouterr().err
-    assert train_eagle.parse_args(["--work", "w", "--gguf", "t.gguf"]).precision == "float32"  # the default
+    assert train_eagle.parse_args(["--work", "w", "--gguf", "t.gguf", "--out", "o"]).precision == "float32"  # the default
     with pytest.raises(SystemExit):
         train_eagle.parse_args(["--work", "w", "--target", "m", "--out", "o", "--generate-precision", "bfloat16"])
     assert "--generate-precision bfloat16: only the PyTorch trainer" in capsys.readouterr().err
-    assert train_eagle.parse_args(["--work", "w", "--gguf", "t.gguf"]).generate_precision == "float32"
+    assert train_eagle.parse_args(["--work", "w", "--gguf", "t.gguf", "--out", "o"]).generate_precision == "float32"
 
 
 @pytest.mark.demo
@@ -282,13 +282,21 @@ def test_out_never_overwrites_a_file_or_a_folder_that_is_no_head(tmp_path, capsy
         assert train_eagle.parse_args(["--target", "demo", "--work", "w", "--out", str(fine)]).out == str(fine)
 
 
-def test_the_shipped_head_is_the_default_out_for_the_demo_target_only(tmp_path):
+def test_out_is_required_and_the_shipped_head_is_the_demo_target_s_only(tmp_path, capsys):
+    for which in (["--gguf", "x.gguf"], ["--target", "demo"]):  # a trial run must not replace the shipped head
+        with pytest.raises(SystemExit):
+            train_eagle.parse_args([*which, "--work", "w"])
+        assert "--out is required" in capsys.readouterr().err
     other = tmp_path / "other.gguf"
     other.write_bytes(b"GGUF" + bytes(100))
     digest = eagle_data.target_digest(other)
-    with pytest.raises(SystemExit, match="give --out FOLDER"):
-        train_eagle.default_out(argparse.Namespace(out=None, gguf=str(other)), digest)
-    assert train_eagle.default_out(argparse.Namespace(out="mine", gguf=str(other)), digest) == "mine"
+    with pytest.raises(SystemExit, match="only the demo target may replace"):
+        train_eagle.check_out(argparse.Namespace(out=str(train_eagle.SHIPPED), gguf=str(other)), digest)
+    train_eagle.check_out(argparse.Namespace(out="mine", gguf=str(other)), digest)  # any other folder
+    from mlxspec.loading.demo import MODELS
+
+    demo = next(iter(MODELS.values())).gguf_sha256
+    train_eagle.check_out(argparse.Namespace(out=str(train_eagle.SHIPPED), gguf="demo.gguf"), demo)
 
 
 @pytest.mark.parametrize("script,argv,says", [
@@ -310,7 +318,7 @@ def test_without_torch_the_gguf_path_says_what_to_install_or_use_instead(tmp_pat
     import train_draft
 
     monkeypatch.setitem(sys.modules, "torch", None)  # as where torch is not installed
-    args = ["--gguf", str(tmp_path / "x.gguf"), "--work", str(tmp_path / "w")]
+    args = ["--gguf", str(tmp_path / "x.gguf"), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")]
     with pytest.raises(SystemExit, match=r"PyTorch, which is not installed: pip install torch accelerate; .*--target"):
         train_eagle.main(args)
     # the draft model's trainer has no --target to offer
@@ -328,7 +336,7 @@ def test_the_gguf_path_takes_llama_files_only(tmp_path, monkeypatch):
     gemma2 = tmp_path / "g.gguf"
     write_tiny_gguf(gemma2, arch="gemma2", pre="spm-no-prefix", layers=2, window=4, head_dim=24)
     with pytest.raises(SystemExit, match=rf"--gguf {gemma2}: a 'gemma2' GGUF; .*Give --target {gemma2} instead"):
-        train_eagle.main(["--gguf", str(gemma2), "--work", str(tmp_path / "w")])
+        train_eagle.main(["--gguf", str(gemma2), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")])
     llama = tmp_path / "l.gguf"
     write_tiny_gguf(llama)
     eagle_data.llama_gguf(llama)  # accepted
