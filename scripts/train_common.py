@@ -51,13 +51,19 @@ def save_array(path: Path, array: np.ndarray) -> None:
 
 
 def run_main(main) -> None:
-    """`main()`, with Ctrl-C said in one line and the usual exit status (130)."""
+    """`main()`, with Ctrl-C said in one line and the usual exit status (130), and mlxspec's own
+    errors (a model or head not found, a head made for another target) in one line, exit status 1."""
+    from mlxspec.errors import MlxSpecError
+
     try:
         main()
     except KeyboardInterrupt:
         print("\ninterrupted: the same command resumes from the last finished stage, shard or checkpoint",
               file=sys.stderr)
         sys.exit(130)
+    except MlxSpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 HEARTBEAT = 30.0  # seconds between progress lines inside one batch of answers (minutes on a CPU)

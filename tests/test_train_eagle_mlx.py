@@ -366,6 +366,20 @@ def test_ctrl_c_is_one_line_and_exit_status_130(capsys):
     assert e.value.code == 130 and "interrupted: the same command resumes" in capsys.readouterr().err
 
 
+def test_mlxspec_s_own_errors_are_one_line_and_exit_status_1(tmp_path, capsys):
+    """--init with a head for another target, or one that is not there: mlxspec's error, no traceback."""
+    import train_common
+    import train_eagle
+
+    target = _save(tmp_path / "target", tiny.make_llama(14))
+    argv = ["--target", str(target), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+            "--init", str(tmp_path / "nowhere")]
+    with pytest.raises(SystemExit) as e:
+        train_common.run_main(lambda: train_eagle.main(argv))
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.startswith("error: ") and "nowhere" in err and "Traceback" not in err, err
+
+
 def test_a_head_for_a_fine_tuned_target_learns_the_adapted_answers_and_drafts_losslessly(tmp_path, capsys):
     from test_adapters import write_adapter
 
