@@ -325,3 +325,28 @@ def test_a_suite_of_conversations_runs_whole_conversations(monkeypatch, tmp_path
     assert {r["prompt_id"] for r in doc["runs"]} == {"long"}
     assert {r["prompt_tokens"] for r in doc["runs"]} == {whole}
     assert all(r["matches_vanilla"] for r in doc["runs"])
+
+
+@pytest.mark.parametrize("width", [80, 100, 300])
+def test_report_tables_cut_no_figure_on_a_narrow_terminal(bench_json, width):
+    """An 80-column terminal once got every figure cut to "1.…": a narrow console gets the
+    columns in several tables instead, each led by the setting, and no line is wider than it."""
+    import io
+
+    from rich.console import Console
+
+    from mlxspec.bench.report import print_report
+
+    doc = bench_json[1]
+    out = io.StringIO()
+    print_report(doc, Console(file=out, width=width, soft_wrap=False))
+    text = out.getvalue()
+    tables = [line for line in text.splitlines() if line.startswith(("┏", "┃", "│", "┗", "└"))]
+    assert "…" not in "\n".join(tables) and all(len(line) <= width for line in tables)
+    assert all(line.rstrip().endswith(("┓", "┃", "│", "┘")) for line in tables)  # every table whole, to its edge
+    for r in doc["summary"]["settings"]:  # each setting's figures, whole
+        for key in ("tokens_per_second", "tokens_per_target_pass"):
+            assert f"{r[key]:.1f}" in text or f"{r[key]:.2f}" in text
+        if r["speedup_vs_vanilla"] is not None:
+            assert f"{r['speedup_vs_vanilla']:.2f}x" in text
+    assert ("(1 of 2)" in text) == (width < 140)

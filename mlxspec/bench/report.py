@@ -132,62 +132,88 @@ def _f(v: Optional[float], fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def _print_table(console, title: str, columns, rows) -> None:
+    """A table whose figures are never cut. A console too narrow for it whole gets its columns
+    in several tables, each led by the first column, every column as wide as its longest word
+    (a value's or its header's, which wraps between words): at 80 columns the one table had cut
+    every figure to "1.…"."""
+    from rich.table import Table
+    from rich.text import Text
+
+    cells = [[str(v) for v in row] for row in rows]
+    plain = [[Text.from_markup(v).plain for v in row] for row in cells]
+    whole = sum(max(len(columns[i]), *(len(row[i]) for row in plain)) + 3 for i in range(len(columns))) + 1
+    fits = whole <= console.width
+    # each column's width: its longest word, the first column's whole values (never wrapped); +3: rule, padding
+    need = [max(*(len(w) for row in plain for w in row[i].split()), *map(len, columns[i].split())) + 3
+            for i in range(len(columns))]
+    need[0] = max(len(columns[0]), *(len(row[0]) for row in plain)) + 3
+    groups, used = [[0]], need[0] + 1
+    for i in range(1, len(columns)):
+        if not fits and used + need[i] > console.width and len(groups[-1]) > 1:
+            groups.append([0])
+            used = need[0] + 1
+        groups[-1].append(i)
+        used += need[i]
+    for n, group in enumerate(groups):
+        t = Table(title=title + (f" ({n + 1} of {len(groups)})" if len(groups) > 1 else ""))
+        for i in group:
+            t.add_column(columns[i], justify="left" if i == 0 else "right", no_wrap=i == 0,
+                         width=None if fits else need[i] - 3)
+        for row in cells:
+            t.add_row(*(row[i] for i in group))
+        console.print(t)
+
+
 def print_report(doc: dict, console) -> None:
     """Headline, per-setting table, by-k table, per-category table and the V(j) curve."""
-    from rich.table import Table
-
     s = doc["summary"]
     rows = s["settings"]
     many_t = len(doc["settings"]["temperatures"]) > 1
 
-    t = Table(title="Settings (medians over prompts; speedups pair by pair)")
-    for col in ("setting", *(("temp",) if many_t else ()), "tok/s", "vs vanilla", "vs mlx-lm", "accept",
-                "tok/pass", "prefill s", "warm-up s", "peak MiB", "mismatch", "rounding"):
-        t.add_column(col, justify="left" if col == "setting" else "right", no_wrap=col == "setting")
-    for r in rows:
-        t.add_row(r["label"], *((f"{r['temperature']:g}",) if many_t else ()), _f(r["tokens_per_second"]),
-                  _x(r["speedup_vs_vanilla"]), _x(r["speedup_vs_mlx_lm"]), _f(r["acceptance_rate"], "{:.0%}"),
-                  _f(r["tokens_per_target_pass"], "{:.2f}"), _f(r["prompt_seconds"], "{:.3f}"),
-                  _f(r.get("warmup_seconds"), "{:.2f}") + ("*" if (r.get("warmup") or "").startswith("engine") else ""),
-                  f"{r['peak_memory_bytes'] / 2**20:.0f}",
-                  f"[red]{r['mismatches']}[/red]" if r["mismatches"] else "0", str(r.get("rounding_divergences", 0)))
-    console.print(t)
+    _print_table(console, "Settings (medians over prompts; speedups pair by pair)",
+                 ("setting", *(("temp",) if many_t else ()), "tok/s", "vs vanilla", "vs mlx-lm", "accept",
+                  "tok/pass", "prefill s", "warm-up s", "peak MiB", "mismatch", "rounding"),
+                 [(r["label"], *((f"{r['temperature']:g}",) if many_t else ()), _f(r["tokens_per_second"]),
+                   _x(r["speedup_vs_vanilla"]), _x(r["speedup_vs_mlx_lm"]), _f(r["acceptance_rate"], "{:.0%}"),
+                   _f(r["tokens_per_target_pass"], "{:.2f}"), _f(r["prompt_seconds"], "{:.3f}"),
+                   _f(r.get("warmup_seconds"), "{:.2f}") + ("*" if (r.get("warmup") or "").startswith("engine") else ""),
+                   f"{r['peak_memory_bytes'] / 2**20:.0f}",
+                   f"[red]{r['mismatches']}[/red]" if r["mismatches"] else "0", str(r.get("rounding_divergences", 0)))
+                  for r in rows])
 
     spec = [r for r in rows if r["mode"] != "vanilla"]
     if spec:
-        k = Table(title="Acceptance and speedup by draft length k")
         lookups = any(r.get("lookup_rounds") for r in spec)  # a model drafter handed rounds to prompt lookup
-        for col in ("drafter", "k", *(("temp",) if many_t else ()), "accept", "per token", "tok/pass", "vs vanilla",
-                    "vs mlx-lm", *(("lookup rounds (accept)",) if lookups else ()), "chosen k (rounds)",
-                    "accepted per round (rounds)"):
-            k.add_column(col, justify="left" if col == "drafter" else "right", no_wrap=col == "drafter")
+        table = []
         for r in spec:
             name = "mlx-lm" if r["mode"] == "mlx-lm" else (
                 r["drafter"] + ("" if r.get("tree", "auto") == "auto" else f" tree={r['tree']}")
                 + (" lookup=off" if r.get("lookup") == "off" else ""))
             lk = (f"{r['lookup_rounds']} ({_f(r['lookup_acceptance'], '{:.0%}')})" if r.get("lookup_rounds") else "-",)
-            k.add_row(name, r["num_draft"],
-                      *((f"{r['temperature']:g}",) if many_t else ()), _f(r["acceptance_rate"], "{:.0%}"),
-                      _f(r.get("judged_acceptance"), "{:.0%}"), _f(r["tokens_per_target_pass"], "{:.2f}"),
-                      _x(r["speedup_vs_vanilla"]),
-                      _x(r["speedup_vs_mlx_lm"]), *(lk if lookups else ()), _hist(r["k_histogram"]),
-                      _hist(r["accept_histogram"]))
-        console.print(k)
+            table.append((name, r["num_draft"],
+                          *((f"{r['temperature']:g}",) if many_t else ()), _f(r["acceptance_rate"], "{:.0%}"),
+                          _f(r.get("judged_acceptance"), "{:.0%}"), _f(r["tokens_per_target_pass"], "{:.2f}"),
+                          _x(r["speedup_vs_vanilla"]),
+                          _x(r["speedup_vs_mlx_lm"]), *(lk if lookups else ()), _hist(r["k_histogram"]),
+                          _hist(r["accept_histogram"])))
+        _print_table(console, "Acceptance and speedup by draft length k",
+                     ("drafter", "k", *(("temp",) if many_t else ()), "accept", "per token", "tok/pass", "vs vanilla",
+                      "vs mlx-lm", *(("lookup rounds (accept)",) if lookups else ()), "chosen k (rounds)",
+                      "accepted per round (rounds)"), table)
 
     d = s["default_setting"]
     chain = label(Setting("speculative", d["drafter"], d["num_draft"], "off", d.get("lookup", "on")))
     shown = ["vanilla", label_of(d), chain, f"mlx-lm k={doc['settings']['peer_num_draft']}"]
-    c = Table(title=f"By category (temperature {d['temperature']:g}; speedups of {label_of(d)})")
     labels = [x for x in dict.fromkeys(shown)
               if s["by_category"] and x in next(iter(s["by_category"].values()))["tokens_per_second"]]
     vs_chain = s.get("speedup_vs_chain") is not None
-    for col in ("category", *(f"{x} tok/s" for x in labels), "vs vanilla", *(("vs chain",) if vs_chain else ()),
-                "vs mlx-lm"):
-        c.add_column(col, justify="left" if col == "category" else "right", no_wrap=col == "category")
-    for cat, e in s["by_category"].items():
-        c.add_row(cat, *(_f(e["tokens_per_second"][x]) for x in labels), _x(e["speedup_vs_vanilla"]),
-                  *((_x(e["speedup_vs_chain"]),) if vs_chain else ()), _x(e["speedup_vs_mlx_lm"]))
-    console.print(c)
+    _print_table(console, f"By category (temperature {d['temperature']:g}; speedups of {label_of(d)})",
+                 ("category", *(f"{x} tok/s" for x in labels), "vs vanilla", *(("vs chain",) if vs_chain else ()),
+                  "vs mlx-lm"),
+                 [(cat, *(_f(e["tokens_per_second"][x]) for x in labels), _x(e["speedup_vs_vanilla"]),
+                   *((_x(e["speedup_vs_chain"]),) if vs_chain else ()), _x(e["speedup_vs_mlx_lm"]))
+                  for cat, e in s["by_category"].items()])
 
     curve = doc.get("curve")
     if curve and curve.get("ratios"):
