@@ -67,6 +67,7 @@ from draft_prompts import PROMPT_FILE_HELP  # noqa: E402
 from eagle_data import (check_work, feature_layers, llama_gguf, load_features, stage_generate,  # noqa: E402
                         stage_layers, stage_vocab, target_config, target_digest)
 from eagle_torch import stage_train  # noqa: E402
+from eagle_card import training_record, write_card  # noqa: E402
 from eagle_training import WINDOW, init_head, settle_draft_vocab, tapped_layers, window_config  # noqa: E402
 from train_common import log  # noqa: E402
 
@@ -92,16 +93,15 @@ def stage_export(args, final: Path, vocab) -> None:
     head = EagleHead(ModelArgs(model_type="llama", num_hidden_layers=depth, vocab_size=len(vocab), **cfg),
                      taps=len(layers), context=context)
     head.load_weights([(k, mx.array(v.float().numpy())) for k, v in ck["head"].items()], strict=True)
-    extra = {**window_config(args), "training": {"script": "scripts/train_eagle.py", "seed": args.seed,
-                          "train_minutes": round(ck["train_seconds"] / 60, 1), "steps": ck["steps"],
-                          "sequences": ck["sequences"], "entries": ck["entries"],
-                          "held_out": ck["history"][-1] if ck["history"] else None,
-                          **({"init": ck["init"]} if ck.get("init") else {}),
-                          # float32 (the default) is not written: earlier heads' configs stay as they were
-                          **({"precision": ck["precision"]} if ck.get("precision", "float32") != "float32" else {})}}
+    # float32 (the default) is not written: earlier heads' configs stay as they were
+    precision = {"precision": ck["precision"]} if ck.get("precision", "float32") != "float32" else {}
+    record = training_record(args, ck, "scripts/train_eagle.py", **precision)
     out = Path(args.out)
-    save_head(out, head, mx.array(vocab), target, name=Path(args.gguf).stem, extra=extra, feature_layers=layers)
+    save_head(out, head, mx.array(vocab), target, name=Path(args.gguf).stem,
+              extra={**window_config(args), "training": record}, feature_layers=layers)
     load_head(out, target)  # the shipped folder must load against the target it was made for
+    if out.resolve() != SHIPPED.resolve():  # the shipped head's card is written by hand
+        write_card(out, record, str(args.gguf), ck["history"])
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     log(f"exported {out}: {size / 1e6:.1f} MB; training took {ck['train_seconds'] / 60:.1f} min")
 

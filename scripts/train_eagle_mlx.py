@@ -23,6 +23,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 import eagle_objective as obj
+from eagle_card import training_record, write_card
 from eagle_data import check_work, feature_layers, load_features, stage_vocab
 from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
 from eagle_training import (TimeBudget, epoch_batches, head_config, init_head, padded_batch, reads_target, run_tag,
@@ -235,18 +236,15 @@ def stage_export(args, final: Path, vocab, model, name: str) -> None:
     cfg = meta["cfg"]
     head = make_head(cfg, len(vocab))
     head.load_weights(list(train_common.read_work(final, lambda p: mx.load(str(p))).items()), strict=True)
-    extra = {**window_config(args), "training": {"script": "scripts/train_eagle.py --target", "backend": backend(),
-                          "seed": args.seed, "train_minutes": round(meta["train_seconds"] / 60, 1),
-                          "steps": meta["steps"], "sequences": meta["sequences"], "entries": meta["entries"],
-                          "held_out": meta["history"][-1] if meta["history"] else None,
-                          **({"init": meta["init"]} if meta.get("init") else {}),
-                          # the adapted target's head: which adapter (a folder's name, its digest)
-                          **({"adapter": {"name": Path(args.adapter_path).name,
-                                          "digest": args.adapter_digest}} if args.adapter_path else {})}}
+    # the adapted target's head: which adapter (a folder's name, its digest)
+    adapter = {"adapter": {"name": Path(args.adapter_path).name, "digest": args.adapter_digest}} \
+        if args.adapter_path else {}
+    record = training_record(args, meta, "scripts/train_eagle.py --target", backend=backend(), **adapter)
     out = Path(args.out)
-    save_head(out, head, mx.array(vocab), model, name=name, extra=extra,
+    save_head(out, head, mx.array(vocab), model, name=name, extra={**window_config(args), "training": record},
               feature_layers=cfg.get("feature_layers") or [])
     load_head(out, model)  # the folder must load against the target it was made for
+    write_card(out, record, args.target, meta["history"])
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     log(f"exported {out}: {size / 1e6:.1f} MB; training took {meta['train_seconds'] / 60:.1f} min")
 

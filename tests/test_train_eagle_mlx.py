@@ -88,6 +88,15 @@ def test_trains_a_head_that_loads_learns_and_drafts_losslessly(family, tmp_path,
     (final,) = (tmp_path / "work").glob("head_final-*-mlx.json")
     history = json.loads(final.read_text())["history"]
     assert history[0]["step"] == 0 and history[-1]["held_loss"] < 0.9 * history[0]["held_loss"]
+    training = cfg["training"]  # how it was made, in the folder itself
+    assert training["data"] == {"templated_prompts": 8, "held_out_prompts": 4, "prompt_files": {"p.jsonl": len(PROMPTS)},
+                                "max_new_tokens": 16, "temperature": 0.7}
+    assert (training["epochs"], training["batch"], training["lr"]) == (4, 4, 1e-3) and "steps_planned" not in training
+    card = (head / "README.md").read_text()  # the model card: data, time, figures
+    assert card.startswith(f"# An EAGLE head for {target}") and f"8 templated prompts; `p.jsonl`: {len(PROMPTS)} prompts" in card
+    assert f"{training['steps']:,} steps in {training['train_minutes']:g} minutes" in card
+    for h in history:
+        assert f"| {h['step']:,} | {h['held_loss']:.4f} |" in card
     spec = mlxspec.load(str(target), "none", drafter="eagle", head=str(head), num_draft=3)
     plain = mlxspec.load(str(target), "none")
     for prompt in ("tell me a story", "what is two plus two?"):
@@ -293,7 +302,8 @@ def test_a_run_cut_by_its_time_budget_exports_and_resumes_to_the_same_cut(tmp_pa
     whole = _train(target, tmp_path / "a", *budget, out="whole")
     assert "14 of the run's 40 steps fit" in capsys.readouterr().out
     training = json.loads((whole / "config.json").read_text())["training"]
-    assert training["steps"] == 14 and training["held_out"]["step"] == 14
+    assert training["steps"] == 14 and training["held_out"]["step"] == 14 and training["steps_planned"] == 40
+    assert "14 steps (cut by --train-minutes from 40)" in (whole / "README.md").read_text()
     resumed = _stopped_then_resumed(monkeypatch, target, tmp_path / "b", "held-out after step 12", *budget)
     assert "resumed at step 8/14" in capsys.readouterr().out
     _assert_same_weights(whole, resumed)
