@@ -789,3 +789,20 @@ def test_generate_refuses_a_grammar_llguidance_cannot_parse_before_loading(argv,
     err = capsys.readouterr().err  # in the terms of the flag given, not the API's response_format
     assert f"error: {argv[0]} was refused: " in err and "response_format" not in err, err
     assert made == []
+
+
+def test_generate_with_the_head_loads_no_draft_model(monkeypatch, capsys):
+    """One answer drafted by the EAGLE head: the pair's draft model would load for nothing (tens
+    of MiB on the demo pair, hundreds on a 7B pair's); a draft given with --draft is still loaded."""
+    from mlxspec.errors import MlxSpecError
+
+    drafts = []
+
+    def load(target, draft=None, **kw):
+        drafts.append(draft)
+        raise MlxSpecError("stopped before loading")
+
+    monkeypatch.setattr("mlxspec.loading.load", load)
+    for argv in (["--drafter", "eagle"], ["--drafter", "model"], [], ["--drafter", "eagle", "--draft", "x"]):
+        assert main(["generate", *argv, "hi"]) == 1
+    assert drafts == ["none", None, None, "x"]

@@ -84,7 +84,10 @@ def run(args) -> int:
     fmt = _response_format(args)
     for note in modelargs.drafting_notes(args):
         print(f"note: {note}", file=sys.stderr)
-    engine = modelargs.load_engine(args, **modelargs.drafting_options(args))  # the engine keeps lookup
+    drafting = modelargs.drafting_options(args)  # the engine keeps lookup
+    if args.drafter == "eagle" and args.draft is None:
+        drafting["draft"] = "none"  # one answer, drafted by the head: the pair's draft model would load for nothing
+    engine = modelargs.load_engine(args, **drafting)
     quiet_unless_main(engine)
     # as mlx-lm: no template, raw text (and the text before the insertion point is raw text)
     raw = args.no_chat_template or args.suffix is not None or not has_chat_template(engine.tokenizer)

@@ -157,7 +157,7 @@ def load_engine(args, **kw):
     check_pair(args)
     ref = args.pair or args.target or DEFAULT_PAIR
     kw.setdefault("distributed", getattr(args, "distributed", False))
-    return load(ref, args.draft, dtype=args.dtype, max_kv_size=getattr(args, "max_kv_size", None),
+    return load(ref, kw.pop("draft", args.draft), dtype=args.dtype, max_kv_size=getattr(args, "max_kv_size", None),
                 head=getattr(args, "head", None), adapter_path=args.adapter_path, **kv_options(args), **kw)
 
 
