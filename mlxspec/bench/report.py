@@ -132,7 +132,7 @@ def _f(v: Optional[float], fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def _print_table(console, title: str, columns, rows) -> None:
+def _print_table(console, title: str, columns, rows, caption: str = None) -> None:
     """A table whose figures are never cut. A console too narrow for it whole gets its columns
     in several tables, each led by the first column, every column as wide as its longest word
     (a value's or its header's, which wraps between words): at 80 columns the one table had cut
@@ -156,7 +156,8 @@ def _print_table(console, title: str, columns, rows) -> None:
         groups[-1].append(i)
         used += need[i]
     for n, group in enumerate(groups):
-        t = Table(title=title + (f" ({n + 1} of {len(groups)})" if len(groups) > 1 else ""))
+        t = Table(title=title + (f" ({n + 1} of {len(groups)})" if len(groups) > 1 else ""),
+                  caption=caption if n == len(groups) - 1 else None)
         for i in group:
             t.add_column(columns[i], justify="left" if i == 0 else "right", no_wrap=i == 0,
                          width=None if fits else need[i] - 3)
@@ -200,7 +201,9 @@ def print_report(doc: dict, console) -> None:
         _print_table(console, "Acceptance and speedup by draft length k",
                      ("drafter", "k", *(("temp",) if many_t else ()), "accept", "per token", "tok/pass", "vs vanilla",
                       "vs mlx-lm", *(("lookup rounds (accept)",) if lookups else ()), "chosen k (rounds)",
-                      "accepted per round (rounds)"), table)
+                      "accepted per round (rounds)"), table,
+                     caption="accept: accepted / drafted, every round; per token: of the drafter's own chain "
+                             "drafts the target judged, the fraction accepted (tree and lookup rounds aside)")
 
     d = s["default_setting"]
     chain = label(Setting("speculative", d["drafter"], d["num_draft"], "off", d.get("lookup", "on")))
