@@ -278,7 +278,7 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     # Compiling every pass shape takes seconds on a CPU and minutes on a GPU's first process: say so.
     warming = "warming up: every pass shape compiles once, untimed"
     with Progress(*columns, console=err, transient=True, disable=log is not None) as bar:
-        task = bar.add_task(warming, total=total)
+        task = bar.add_task(f"{warming}; the bar counts the {total} timed runs after it", total=total)
         if log is not None:
             err.print(f"bench: {warming}…", soft_wrap=True, highlight=False)
 
