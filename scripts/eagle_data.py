@@ -212,23 +212,29 @@ def partial(rows, args) -> str:
 ANSWER_SETTINGS = ("max_new", "temperature", "seed", "held_out")  # with the target: what the answers depend on
 
 
-def check_work(work: Path, args, target: str) -> None:
+def check_work(work: Path, args, target: str, named: str = None) -> None:
     """Keep a --work folder to one target and one way of answering (`ANSWER_SETTINGS`): its
     shards, vocabulary and runs are named by prompts and training settings only, so another
     target or other answers would silently reuse them. The first run records them
-    (work/answers.json); a later run that differs is refused, naming what differs."""
+    (work/answers.json); a later run that differs is refused, naming what differs. `target`:
+    the target's identity (a fingerprint); `named`: how it was given, recorded and said beside
+    it, never compared (one model may be named several ways)."""
     path = work / "answers.json"
     mine = {"target": target, **{k: getattr(args, k) for k in ANSWER_SETTINGS}}
     if path.exists():
         theirs = train_common.read_work(path, lambda p: json.loads(p.read_text(encoding="utf-8")))
         differ = [f"{k} {theirs.get(k)!r} there, {v!r} now" for k, v in mine.items() if theirs.get(k) != v]
+        if theirs.get("target") != target and named:
+            differ[0] = (f"target {theirs.get('target_named') or theirs.get('target')!r} there, {named!r} now "
+                         f"(another model: {theirs.get('target')} vs {target})")
         if differ:
             raise SystemExit(f"{work} holds answers made otherwise ({'; '.join(differ)}): its shards, vocabulary "
                              f"and heads would be reused as if they were this run's. Give another --work folder, "
                              f"or the settings it was made with")
         return
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(mine, indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps({**mine, **({"target_named": named} if named else {})}, indent=1) + "\n",
+                   encoding="utf-8")
     os.replace(tmp, path)
 
 

@@ -264,7 +264,7 @@ def main(args) -> None:
     log(f"loading {args.target} (MLX, {backend()})")
     model, tok, name = load_target(args.target, args.adapter_path)
     args.adapter_digest = adapter_digest(args.adapter_path) if args.adapter_path else None  # read once
-    check_work(work, args, gen_dir(work, model, args.adapter_digest).name)  # named by the target's fingerprint
+    check_work(work, args, gen_dir(work, model, args.adapter_digest).name, named=args.target)  # by its fingerprint
     tcfg = target_config(model)
     args.vocab_size, args.intermediate = tcfg["vocab_size"], args.intermediate or tcfg["intermediate_size"]
     args.init_head = init_head(args.init, args.target, Path(args.out)) if args.init else None
