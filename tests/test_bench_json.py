@@ -350,3 +350,16 @@ def test_report_tables_cut_no_figure_on_a_narrow_terminal(bench_json, width):
         if r["speedup_vs_vanilla"] is not None:
             assert f"{r['speedup_vs_vanilla']:.2f}x" in text
     assert ("(1 of 2)" in text) == (width < 140)
+
+
+def test_a_report_table_without_rows_or_words_prints_its_header():
+    import io
+
+    from rich.console import Console
+
+    from mlxspec.bench.report import _print_table
+
+    out = io.StringIO()
+    _print_table(Console(file=out, width=80), "By category", ("category", "vs vanilla"), [])  # no category measured
+    _print_table(Console(file=out, width=80), "Blank", ("setting", "x"), [("vanilla", "")])
+    assert "category" in out.getvalue() and "vanilla" in out.getvalue()

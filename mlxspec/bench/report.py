@@ -142,12 +142,12 @@ def _print_table(console, title: str, columns, rows, caption: str = None) -> Non
 
     cells = [[str(v) for v in row] for row in rows]
     plain = [[Text.from_markup(v).plain for v in row] for row in cells]
-    whole = sum(max(len(columns[i]), *(len(row[i]) for row in plain)) + 3 for i in range(len(columns))) + 1
+    whole = sum(max([len(columns[i])] + [len(row[i]) for row in plain]) + 3 for i in range(len(columns))) + 1
     fits = whole <= console.width
     # each column's width: its longest word, the first column's whole values (never wrapped); +3: rule, padding
-    need = [max(*(len(w) for row in plain for w in row[i].split()), *map(len, columns[i].split())) + 3
+    need = [max([len(w) for row in plain for w in row[i].split()] + [len(w) for w in columns[i].split()]) + 3
             for i in range(len(columns))]
-    need[0] = max(len(columns[0]), *(len(row[0]) for row in plain)) + 3
+    need[0] = max([len(columns[0])] + [len(row[0]) for row in plain]) + 3
     groups, used = [[0]], need[0] + 1
     for i in range(1, len(columns)):
         if not fits and used + need[i] > console.width and len(groups[-1]) > 1:

@@ -22,7 +22,8 @@ def register(subparsers) -> None:
         help="generate text for one prompt with speculative decoding",
         description=textwrap.fill((
             "Generate an answer to PROMPT. A drafter (an EAGLE head reading the target's features, a "
-            "small model, or an n-gram drafter) proposes tokens and the target verifies them in one pass, so the output is what the target alone "
+            "small model, or an n-gram drafter) proposes tokens and the target verifies them in one "
+            "pass, so the output is what the target alone "
             "would produce (greedy: token for token, up to rounding at near-ties in low precision) or "
             "sample (the same distribution). Text streams to stdout; stderr gets one line on what was "
             "loaded before it and one stats line (the prompt's tokens and tokens/s, then tokens/s, "
