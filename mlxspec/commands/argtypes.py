@@ -22,36 +22,29 @@ def num_draft(s: str):
     return n
 
 
-def non_negative(s: str) -> float:
+def _number(s: str, ok, allowed: str) -> float:
+    """`s` as a float that `ok` accepts (NaN never is), or what is allowed, said."""
     try:
         x = float(s)
     except ValueError:
-        x = -1.0
-    if not 0 <= x < float("inf"):  # NaN fails too
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {s!r}")
+        x = float("nan")
+    if not ok(x):
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {s!r}")
     return x
+
+
+def non_negative(s: str) -> float:
+    return _number(s, lambda x: 0 <= x < float("inf"), "a finite number >= 0")
 
 
 def top_p(s: str) -> float:
-    """A nucleus threshold in (0, 1]."""
-    try:
-        x = float(s)
-    except ValueError:
-        x = -1.0
-    if not 0 < x <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], 1 disabling it, got {s!r}")
-    return x
+    """A nucleus threshold."""
+    return _number(s, lambda x: 0 < x <= 1, "a number in (0, 1], 1 disabling it")
 
 
 def min_p(s: str) -> float:
-    """A fraction of the top probability in [0, 1)."""
-    try:
-        x = float(s)
-    except ValueError:
-        x = -1.0
-    if not 0 <= x < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), 0 disabling it, got {s!r}")
-    return x
+    """A fraction of the top probability."""
+    return _number(s, lambda x: 0 <= x < 1, "a number in [0, 1), 0 disabling it")
 
 
 def positive(s: str) -> int:
