@@ -493,7 +493,7 @@ def test_both_sides_continue_the_conversation_the_history_shows():
 
 
 @async_test
-async def test_a_message_sent_while_answering_stays_in_the_box_and_clear_waits():
+async def test_a_message_sent_while_answering_stays_in_the_box_and_clear_waits(tmp_path):
     app = make_app(tiny_engine(), max_tokens=100_000)
     async with app.run_test(size=SIZE) as pilot:
         await send(app, pilot, "long", wait=False)
@@ -504,13 +504,18 @@ async def test_a_message_sent_while_answering_stays_in_the_box_and_clear_waits()
         await pilot.pause()
         assert prompt.value == "my next question"  # not thrown away
         assert "still answering" in history_text(app)
-        await send(app, pilot, "/clear", wait=False)
-        await pilot.pause()
+        for line in ("/clear", f"/load {tmp_path / 'x'}"):  # these need the answer stopped: kept in the box too
+            prompt.value = line
+            await pilot.press("enter")
+            await pilot.pause()
+            assert prompt.value == line and history_text(app).splitlines()[-1].endswith(line.split()[0][1:])
         text = history_text(app)
-        assert "stop the answer first" in text and "conversation cleared" not in text
+        assert "then Enter to clear" in text and "conversation cleared" not in text
         await pilot.press("escape")
         await wait_idle(app, pilot, timeout=10)
         assert len(app.conversation.turns) == 1  # the turn was kept, not cleared
+        await send(app, pilot, "/clear")
+        assert app.conversation.turns == []
 
 
 @async_test
