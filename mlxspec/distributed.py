@@ -163,7 +163,8 @@ class Coordinator:
         if differ:
             raise DistributedError(
                 f"the ranks' {', '.join(differ)} differ (rank {self.rank} of {self.size}); every rank must load "
-                f"the same checkpoint and tokenizer: copy the same files to every host")
+                f"the same checkpoint, tokenizer and head with the same options: copy the same files to every host "
+                f"and start every rank with the same command")
 
     def watched(self, fn: Callable) -> Callable:
         """`fn` itself in a single process; else `fn` under the watchdog (it waits on the other ranks)."""

@@ -160,6 +160,21 @@ def main(out_dir: Path, scenario: str) -> None:
     except DistributedError as e:
         out["agree_differing"] = str(e)
 
+    # Options that differ between ranks (another --dtype) are found at load too: once, rank 1 read
+    # the decisions against float16 bytes and "finished" at once while rank 0 lost its peer.
+    from tiny_gguf import write_tiny_gguf
+
+    import mlxspec
+
+    gguf = out_dir / f"rank{rank}-files" / "t.gguf"  # the same file on every rank, as on every host
+    gguf.parent.mkdir()
+    write_tiny_gguf(gguf)
+    try:
+        mlxspec.load(str(gguf), "none", dtype="float16" if rank else "float32", distributed=True)
+        out["load_differing"] = "no error"
+    except DistributedError as e:
+        out["load_differing"] = str(e)
+
     # Drafts that differ between ranks (a broken replica) are caught by the history check.
     if rank == 1:
         ngram = engine.drafters["ngram"]

@@ -126,6 +126,7 @@ def test_close_on_rank_zero_ends_every_rank_and_keeps_caches_aligned(ranks):
 def test_differing_weights_and_diverging_drafts_raise_on_every_rank(ranks):
     for r in ranks:
         assert "target weights differ" in r["agree_differing"]
+        assert "the ranks' --dtype differ" in r["load_differing"], r["load_differing"]  # the files are the same
         assert "diverged" in r["diverged"]
 
 

@@ -149,8 +149,10 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
                                        f"{group.size()} ranks; fuse it into the target first (mlx_lm.fuse "
                                        f"--adapter-path {adapter_path}) and load the fused model")
 
+        settings = {"--dtype": dtype, "--max-kv-size": max_kv_size,
+                    "--kv-bits": [kv_bits, kv_group_size, quantized_kv_start] if kv_bits is not None else None}
         target_model, tokenizer, target_info, draft_model, draft_tokenizer, draft_info = load_sharded(
-            target_ref, draft_ref, group=group, dtype=dtype, download=download)
+            target_ref, draft_ref, group=group, dtype=dtype, download=download, settings=settings, head=head_path)
     else:
         group = None
         target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download,

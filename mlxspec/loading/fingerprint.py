@@ -1,4 +1,4 @@
-"""Cheap fingerprints that distributed ranks compare at load: same weights, same tokenizer.
+"""Cheap fingerprints that distributed ranks compare at load: same weights, same tokenizer, same settings.
 
 A sharded target is only right when every rank loaded the same checkpoint; a rank with
 other weights or another tokenizer would silently feed the collectives different numbers.
@@ -41,6 +41,11 @@ def files_fingerprint(path) -> int:
                 fh.seek(size * i // BLOCKS)
                 h.update(fh.read(BLOCK_BYTES))
     return _int(h)
+
+
+def value_fingerprint(value) -> int:
+    """A JSON-able setting (a dtype, a window, a quantization...)."""
+    return _int(hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()))
 
 
 def tokenizer_fingerprint(tokenizer) -> int:

@@ -20,15 +20,19 @@ from ..distributed import Coordinator
 from ..errors import MlxSpecError
 from ..modelmeta import weights_bytes
 from ..shard import shard_model
-from .fingerprint import files_fingerprint, tokenizer_fingerprint
+from .fingerprint import files_fingerprint, tokenizer_fingerprint, value_fingerprint
 from .model import load_model
 
 log = logging.getLogger("mlxspec.loading")
 LOAD_TIMEOUT = 900.0  # seconds a rank waits for the others to load: a slow disk reads a large checkpoint
 
 
-def load_sharded(target_ref, draft_ref, *, group, dtype=None, download=True):
+def load_sharded(target_ref, draft_ref, *, group, dtype=None, download=True, settings=None, head=None):
     """(target_model, tokenizer, target_info, draft_model, draft_tokenizer, draft_info) with the target sharded.
+
+    `settings`: the options every rank must share besides the files (flag -> value: --dtype,
+    --max-kv-size, the KV quantization...), compared with the files' fingerprints; `head`: the
+    EAGLE head's folder, whose files are compared too (a rank without it could not follow).
 
     `target_info.sharding` says how ("tensor", "pipeline", "tensor-mlp"); its `weights_bytes`
     is this rank's share.
@@ -39,7 +43,10 @@ def load_sharded(target_ref, draft_ref, *, group, dtype=None, download=True):
         ModelNotFoundError, MlxSpecError: this rank failed to load (the others raise DistributedError).
     """
     coord = Coordinator(group, timeout=LOAD_TIMEOUT)
-    prints = {"target weights": 0, "tokenizer": 0, "draft weights": 0}
+    # A rank with another --dtype once read the decisions' int64 all-sum against float16 bytes and
+    # "finished" its request at once: options are compared as the files are.
+    prints = {"target weights": 0, "tokenizer": 0, "draft weights": 0, "head files": 0,
+              **{name: value_fingerprint(value) for name, value in (settings or {}).items()}}
     error = None
     draft_model = draft_tokenizer = draft_info = None
     try:
@@ -49,6 +56,8 @@ def load_sharded(target_ref, draft_ref, *, group, dtype=None, download=True):
         if draft_ref is not None:
             draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download)
             prints["draft weights"] = files_fingerprint(draft_info.path)
+        if head is not None:
+            prints["head files"] = files_fingerprint(head)
     except (MlxSpecError, OSError) as e:
         error = e
         # Said here, before the ranks compare notes: `agree` then raises the group's verdict,
