@@ -50,6 +50,15 @@ def is_distributed(engine) -> bool:
     return bool(getattr(getattr(engine, "coord", None), "active", False))
 
 
+def launched_rank() -> int:
+    """This process's rank as mlx.launch numbered it (MLX_RANK), known before the group is
+    joined; 0 for a process it did not start."""
+    try:
+        return int(os.environ.get("MLX_RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def history_hash(tokens: Sequence[int], h: int = 0) -> int:
     """A rolling hash of token ids, never 0 (0 means "no check" to `decide`); extend with `h`."""
     for t in tokens:

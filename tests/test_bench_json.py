@@ -363,3 +363,25 @@ def test_a_report_table_without_rows_or_words_prints_its_header():
     _print_table(Console(file=out, width=80), "By category", ("category", "vs vanilla"), [])  # no category measured
     _print_table(Console(file=out, width=80), "Blank", ("setting", "x"), [("vanilla", "")])
     assert "category" in out.getvalue() and "vanilla" in out.getvalue()
+
+
+def test_a_sharded_target_is_said_in_the_json_and_the_headline(bench_json):
+    """Two ranks' figures must not pass for one process's: the JSON says how the target was
+    sharded, and the headline that memory figures are rank 0's."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from mlxspec.bench.report import pair_info, print_report
+
+    doc = json.loads(json.dumps(bench_json[1]))
+    assert doc["pair"]["sharded"] is None  # one process
+    engine = tiny_engine()
+    engine.coord = SimpleNamespace(active=True, size=2)  # what load(..., distributed=True) leaves over 2 ranks
+    engine.target_info = SimpleNamespace(ref="t", sharding="tensor-mlp", adapter=None)
+    doc["pair"] = pair_info(engine, ["ngram"])
+    assert doc["pair"]["sharded"] == {"ranks": 2, "how": "tensor-mlp"}
+    out = io.StringIO()
+    print_report(doc, Console(file=out, width=300))
+    assert "the target sharded over 2 ranks, memory figures rank 0's" in out.getvalue()

@@ -56,6 +56,9 @@ def test_a_bench_piped_to_a_file_says_its_progress_in_lines_and_one_prompt_in_th
     bench_cli_json(monkeypatch, tmp_path, "--limit", "1", "--max-tokens", "4", "--drafter", "ngram", "--no-peer")
     captured = capsys.readouterr()  # neither is a terminal here
     assert "loading models…" in captured.err
+    monkeypatch.setenv("MLX_RANK", "1")  # another rank of a sharded run (mlx.launch numbers them): rank 0 says it
+    bench_cli_json(monkeypatch, tmp_path, "--limit", "1", "--max-tokens", "4", "--drafter", "ngram", "--no-peer")
+    assert "loading models…" not in capsys.readouterr().err
     assert "bench: 2/2 runs (" in captured.err  # vanilla and the n-gram drafter on the one prompt
     lines = captured.err.splitlines()  # the warm-up is said before it starts and when it ends, before any run
     warming = lines.index("bench: warming up: every pass shape compiles once, untimed…")

@@ -16,6 +16,8 @@ speculative setting), summary.peer_warmup_seconds (mlx-lm's untimed runs), summa
 runs"), none of it inside any timed run. The `curve` is the warm-up's V(j) (source "warm-up");
 its `prior` is the path of the `mlxspec calibrate` file the cost models started from, or null.
 Adapter (added): pair.adapter, the fine-tuned adapter on the target ({path, kind}) or null.
+Sharding (added): pair.sharded, {ranks, how} for a target sharded over ranks (`--distributed`;
+memory figures are rank 0's) or null.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Optional
 
 from .. import __version__, blas
 from ..device import describe as describe_device
+from ..distributed import is_distributed
 from ..files import write_atomic
 from ..reference import dtype_name, working_dtype
 from ..stats import plural
@@ -50,11 +53,13 @@ def device_line(device: dict) -> str:
 
 
 def pair_info(engine, drafters) -> dict:
-    """{"name", "target", "draft", "drafters", "working_dtype", "kv_cache", "adapter", "head", "head_note"}
-    from a loaded engine (loader attributes if present); kv_cache: its KV quantization (`--kv-bits`),
-    None for full precision; adapter: the fine-tuned adapter on the target (`--adapter-path`: {"path",
-    "kind"}), None for none; head: the EAGLE head's reference, None for none; head_note: how the
-    adapter it was trained under differs from the target's, in words, None when they agree."""
+    """{"name", "target", "draft", "drafters", "working_dtype", "kv_cache", "adapter", "head", "head_note",
+    "sharded"} from a loaded engine (loader attributes if present); kv_cache: its KV quantization
+    (`--kv-bits`), None for full precision; adapter: the fine-tuned adapter on the target
+    (`--adapter-path`: {"path", "kind"}), None for none; head: the EAGLE head's reference, None for
+    none; head_note: how the adapter it was trained under differs from the target's, in words, None
+    when they agree; sharded: {"ranks", "how"} for a target sharded over ranks (`--distributed`;
+    memory figures are then rank 0's), None for one process."""
     t_info, d_info = getattr(engine, "target_info", None), getattr(engine, "draft_info", None)
     target = getattr(t_info, "ref", None) or type(engine.target_model).__module__.rsplit(".", 1)[-1]
     draft = None
@@ -67,7 +72,9 @@ def pair_info(engine, drafters) -> dict:
                                                     "quantized_kv_start": quant.start},
             "adapter": ({"path": t_info.adapter, "kind": t_info.adapter_kind}
                         if getattr(t_info, "adapter", None) else None),
-            "head": getattr(engine, "head_ref", None), "head_note": getattr(engine, "head_note", None)}
+            "head": getattr(engine, "head_ref", None), "head_note": getattr(engine, "head_note", None),
+            "sharded": ({"ranks": engine.coord.size, "how": getattr(t_info, "sharding", None)}
+                        if is_distributed(engine) else None)}
 
 
 def to_json(result: BenchResult, *, pair: dict, curve: Optional[dict] = None, prompts_source: str = "builtin") -> dict:
@@ -231,7 +238,9 @@ def print_report(doc: dict, console) -> None:
             + (f", {_x(s['speedup_vs_mlx_lm'])} mlx-lm" if s["speedup_vs_mlx_lm"] is not None else "")
             + f"[/bold] (median of per-prompt ratios, {plural(doc['settings']['prompt_count'], 'prompt')}"
             + (f" x {doc['settings']['repeats']} passes" if doc['settings'].get('repeats', 1) > 1 else "") + ", "
-            f"{doc['settings']['max_tokens']} tokens, {device_line(doc['device'])})")
+            f"{doc['settings']['max_tokens']} tokens, {device_line(doc['device'])}"
+            + (f"; the target sharded over {doc['pair']['sharded']['ranks']} ranks, memory figures rank 0's"
+               if (doc.get("pair") or {}).get("sharded") else "") + ")")
     console.print(head)
     spread = interval_line(doc)
     if spread:

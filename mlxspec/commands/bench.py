@@ -149,11 +149,11 @@ def run(args) -> int:
         except ImportError:
             raise InvalidArgumentError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
 
-    from ..distributed import is_distributed
+    from ..distributed import is_distributed, launched_rank
     from . import modelargs
 
     err = Console(stderr=True)
-    if not err.is_terminal:  # a log gets lines, not a spinner it cannot show
+    if not err.is_terminal and launched_rank() == 0:  # a log gets lines, not a spinner; one rank says it
         err.print("loading models…")
     with err.status("loading models"):
         engine = modelargs.load_engine(args)
