@@ -175,13 +175,14 @@ class Coordinator:
                 f"the same checkpoint, tokenizer and head with the same options: copy the same files to every host "
                 f"and start every rank with the same command")
 
-    def watched(self, fn: Callable) -> Callable:
-        """`fn` itself in a single process; else `fn` under the watchdog (it waits on the other ranks)."""
+    def watched(self, fn: Callable, what: str) -> Callable:
+        """`fn` itself in a single process; else `fn` under the watchdog (it waits on the other
+        ranks), which names `what` it waited for if they do not come."""
         if not self.active:
             return fn
 
         def call(*args, **kwargs):
-            return self._wait(lambda: fn(*args, **kwargs), getattr(fn, "__name__", "a collective"))
+            return self._wait(lambda: fn(*args, **kwargs), what)
 
         return call
 

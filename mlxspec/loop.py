@@ -123,7 +123,7 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
     seed = draw_seed() if seed is None else seed
     coord = engine.coord
     dist = coord.active
-    read_pass = coord.watched(read)
+    read_pass = coord.watched(read, "a target pass's result")
     # Not with several ranks: each rank's cost models would pick differently.
     companion = LOOKUP if lookup and drafter.uses_model and k_fixed is None and not dist else None
     if hasattr(drafter, "copying"):  # its chains copy where the text repeats (`drafters.chaincopy`)
@@ -144,8 +144,8 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
     # its chunks (not with several ranks, which run each chunk's collectives together).
     stopping = cancel.is_set if cancel is not None and not dist else None
     fed = len(target.tokens)
-    cancelled = (not coord.watched(target.prefill)(todo[:-1], stop=stopping, rows=scorer and scorer.rows)
-                 or bool(stopping and stopping()))
+    prefill = coord.watched(target.prefill, "the prompt's prefill")
+    cancelled = not prefill(todo[:-1], stop=stopping, rows=scorer and scorer.rows) or bool(stopping and stopping())
     stats.prefilled_tokens = stats.prompt_timed_tokens = len(target.tokens) - fed
     if not cancelled:
         if hasattr(drafter, "prefill"):
@@ -203,7 +203,7 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
     t_resume = t_read
     # With several ranks a pass is a collective, and on MLX's CPU backend enqueuing one waits for
     # the pass in flight: watched like a read, so a rank that hangs there cannot hang the others.
-    enqueue = coord.watched(enqueue)
+    enqueue = coord.watched(enqueue, "a target pass to start")
     step = agree(plan()) if dist else plan()
     pending: Optional[Pass] = enqueue(step) if step else None
 

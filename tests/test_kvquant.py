@@ -300,7 +300,11 @@ def test_generate_says_which_cache_it_runs():
                              kv_quant=KVQuant(4, 64, 5000))
     assert load_line(engine).endswith("; drafter ngram; KV cache 4-bit from 5000 tokens")
     engine.kv_quant = None
-    assert "KV cache" not in load_line(engine)
+    assert "KV cache" not in load_line(engine) and "sharded" not in load_line(engine)
+    engine.target_info = SimpleNamespace(**vars(info), sharding="tensor-mlp")  # --distributed over 2 ranks
+    engine.coord = SimpleNamespace(size=2)
+    assert load_line(engine).startswith("target t.gguf (1 MiB float32 on this rank, sharded over 2 ranks "
+                                        "(tensor-mlp), stored Q4_1)")
 
 
 def test_passes_of_several_rows_read_a_dequantized_copy_through_fused_attention():

@@ -82,7 +82,7 @@ def test_single_process_coordinator_is_the_identity():
     assert c.decide([0, 7], check=123) == [0, 7]
     request = {"ids": [1, 2], "seed": 3}
     assert c.share(request) is request
-    assert c.watched(len) is len
+    assert c.watched(len, "a length") is len
     c.agree({"weights": 1})  # nothing to compare with
     assert c.decisions == 0
 

@@ -280,7 +280,11 @@ def load_line(engine) -> str:
     """One line on what was loaded (references, precision, weights sizes) and which drafter drafts."""
     def one(info):
         adapter = f" + adapter {info.adapter} ({info.adapter_kind})" if getattr(info, "adapter", None) else ""
-        return f"{info.ref} ({info.weights_bytes / 2**20:.0f} MiB {info.dtype}, stored {info.quantization}){adapter}"
+        sharded = getattr(info, "sharding", "none")  # its weights_bytes are then this rank's share
+        share = (f" on this rank, sharded over {engine.coord.size} ranks ({sharded})"
+                 if sharded not in (None, "none") else "")
+        return (f"{info.ref} ({info.weights_bytes / 2**20:.0f} MiB {info.dtype}{share}, stored {info.quantization})"
+                f"{adapter}")
 
     prefix = f"pair {engine.pair_name}: " if engine.pair_name else ""
     draft = one(engine.draft_info) if engine.draft_info else "no draft model"
