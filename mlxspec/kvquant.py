@@ -47,24 +47,26 @@ class KVQuant(NamedTuple):
 
 def kv_quant(kv_bits, kv_group_size=DEFAULT_KV_GROUP_SIZE, quantized_kv_start=DEFAULT_QUANTIZED_KV_START, *,
              model=None, max_kv_size=None) -> Optional[KVQuant]:
-    """Check mlx-lm's three KV-quantization settings; None when `kv_bits` is None (no quantization).
+    """Check mlx-lm's three KV-quantization settings (all three, also without `kv_bits`); None when
+    `kv_bits` is None (no quantization).
 
     Raises:
         InvalidArgumentError: a value out of range, a group size the model's head dimension does
             not divide, a sliding window (`max_kv_size`), or a model whose attention has sinks
             (quantized attention cannot add them).
     """
-    if kv_bits is None:
-        return None
-    if isinstance(kv_bits, bool) or kv_bits not in KV_BITS:
-        raise InvalidArgumentError(f"kv_bits must be one of {', '.join(map(str, KV_BITS))} (bits per cached key "
-                                   f"and value), got {shown(kv_bits)}")
+    # The two settings kv_bits qualifies are checked without it too: a typo in them is said, not ignored.
     if isinstance(kv_group_size, bool) or kv_group_size not in KV_GROUP_SIZES:
         raise InvalidArgumentError(f"kv_group_size must be one of {', '.join(map(str, KV_GROUP_SIZES))}, got "
                                    f"{shown(kv_group_size)}")
     if isinstance(quantized_kv_start, bool) or not isinstance(quantized_kv_start, int) or quantized_kv_start < 0:
         raise InvalidArgumentError(f"quantized_kv_start must be an integer >= 0 (the context length from which the "
                                    f"KV cache is quantized), got {shown(quantized_kv_start)}")
+    if kv_bits is None:
+        return None
+    if isinstance(kv_bits, bool) or kv_bits not in KV_BITS:
+        raise InvalidArgumentError(f"kv_bits must be one of {', '.join(map(str, KV_BITS))} (bits per cached key "
+                                   f"and value), got {shown(kv_bits)}")
     if max_kv_size is not None:
         raise InvalidArgumentError(f"kv_bits cannot be combined with max_kv_size (got max_kv_size={max_kv_size}): a "
                                    f"quantized cache grows; drop one of the two (mlx-lm refuses the pair too)")

@@ -37,7 +37,7 @@ def _message_text(content, i: int) -> str:
     text = text_of(content)
     if text is None:
         raise InvalidArgumentError(f"message {i}'s content must be a string or a list of "
-                                   f"{{'type': 'text', 'text': str}} parts, got {str(content)[:40]!r}")
+                                   f"{{'type': 'text', 'text': str}} parts, got {shown(content)}")
     return text
 
 
@@ -116,6 +116,8 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = No
         for i, t in enumerate(ids):
             if isinstance(t, bool) or not isinstance(t, int):
                 try:
+                    if isinstance(t, bool):  # True is an int to Python, never a token id
+                        raise TypeError
                     t = operator.index(t)  # numpy / mlx integer scalars; not 5.7
                 except (TypeError, ValueError):
                     raise InvalidArgumentError(f"prompt token {i} is {shown(t)}; token ids must be integers") from None
@@ -260,7 +262,8 @@ def check_num_draft(num_draft) -> Optional[int]:
         return None
     if isinstance(num_draft, bool) or not isinstance(num_draft, int) or not 0 <= num_draft <= MAX_DRAFT:
         raise InvalidArgumentError(
-            f"num_draft must be 'auto', None (JSON null) or an integer in [0, {MAX_DRAFT}], got {shown(num_draft)}")
+            f"num_draft must be 'auto', None (JSON null) or an integer in [0, {MAX_DRAFT}] (0: plain decoding), got "
+            f"{shown(num_draft)}")
     return num_draft
 
 

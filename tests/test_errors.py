@@ -60,12 +60,14 @@ def test_bad_generation_arguments(engine, kwargs, match):
     ([5, 99_999], "outside the vocabulary"),
     ([5, -1], "outside the vocabulary"),
     ([5, "x"], "integers"),
+    ([True, False], "prompt token 0 is True; token ids must be integers"),  # bools are ints to Python only
     ([{"role": "user"}], "content"),
     (3.14, "prompt must be"),
     (mx.array([[5, 6]]), r"a list \(or 1-D array\) of token ids .*got array of shape \(1, 2\)"),  # a batch
     ("a\ud800", "not valid Unicode text"),
     ([{"role": "user", "content": "\udc00"}], "message 0's content is not valid Unicode"),
-    ([{"role": "user", "content": None}], "message 0's content must be a string"),
+    ([{"role": "user", "content": None}], "message 0's content must be a string.* got None$"),  # not 'None'
+    ([{"role": "user", "content": 5}], "got 5$"),
     ([{"role": "system", "content": "be brief"}, {"role": "user", "content": 5}], "message 1's content"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "parts, got"),
 ])

@@ -171,9 +171,13 @@ def test_attention_sinks_are_refused():
 
 
 def test_kv_bits_none_changes_nothing(target):
-    e = Engine(target, drafter="none", kv_bits=None, kv_group_size=48, quantized_kv_start=-5)  # unused, unchecked
+    e = Engine(target, drafter="none", kv_bits=None, kv_group_size=128, quantized_kv_start=0)  # unused
     e.generate(IDS, max_tokens=4)
     assert e.kv_quant is None and type(e.target.caches[0]).__name__ == "GrowingKVCache"
+    for kw, match in ((dict(kv_group_size=48), "kv_group_size must be one of 32, 64, 128, got 48"),
+                      (dict(quantized_kv_start=-5), "quantized_kv_start must be an integer >= 0")):
+        with pytest.raises(InvalidArgumentError, match=match):  # a typo in them is said, not ignored
+            Engine(target, drafter="none", kv_bits=None, **kw)
 
 
 def test_the_near_tie_reference_reads_the_same_quantized_cache(target):
