@@ -162,12 +162,20 @@ def _print_table(console, title: str, columns, rows, caption: str = None) -> Non
             used = need[0] + 1
         groups[-1].append(i)
         used += need[i]
+    natural = [max([len(columns[i])] + [len(row[i]) for row in plain]) for i in range(len(columns))]
     for n, group in enumerate(groups):
+        # the console's width left over goes to the columns that wrap (histograms, headers), each as
+        # much as it would use, or a share in proportion to that
+        width = {i: need[i] - 3 for i in group}
+        want = {i: max(0, natural[i] - width[i]) for i in group}
+        slack = console.width - 1 - sum(need[i] for i in group)
+        for i in group:
+            width[i] += want[i] if sum(want.values()) <= slack else slack * want[i] // sum(want.values())
         t = Table(title=title + (f" ({n + 1} of {len(groups)})" if len(groups) > 1 else ""),
                   caption=caption if n == len(groups) - 1 else None)
         for i in group:
             t.add_column(columns[i], justify="left" if i == 0 else "right", no_wrap=i == 0,
-                         width=None if fits else need[i] - 3)
+                         width=None if fits else width[i])
         for row in cells:
             t.add_row(*(row[i] for i in group))
         console.print(t)
