@@ -112,16 +112,10 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = No
     elif isinstance(prompt, (list, tuple)):
         if not prompt:
             raise InvalidArgumentError("prompt is empty: give a non-empty string, token-id list or message list")
-        ids = list(prompt)
-        for i, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, int):
-                try:
-                    if isinstance(t, bool):  # True is an int to Python, never a token id
-                        raise TypeError
-                    t = operator.index(t)  # numpy / mlx integer scalars; not 5.7
-                except (TypeError, ValueError):
-                    raise InvalidArgumentError(f"prompt token {i} is {shown(t)}; token ids must be integers") from None
-                ids[i] = t
+        ids = [_integer(t) for t in prompt]
+        if None in ids:
+            i = ids.index(None)
+            raise InvalidArgumentError(f"prompt token {i} is {shown(prompt[i])}; token ids must be integers")
     else:
         shape = f" of shape {tuple(prompt.shape)}" if getattr(prompt, "shape", None) is not None else ""
         raise InvalidArgumentError(f"prompt must be a str, a list (or 1-D array) of token ids or a list of chat "
@@ -245,12 +239,20 @@ def check_fits(n_tokens: int, context: Optional[int], *, what: str = "the prompt
             f"past its trained context, as with mlx-lm's --max-kv-size)")
 
 
+def _integer(value) -> Optional[int]:
+    """`value` as an int: Python's, numpy's and mlx's integer scalars; None for anything else, a
+    bool (an int to Python, never a count or an id) and 5.7 included."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def check_max_tokens(max_tokens) -> int:
     """An integer >= 1 (numpy and mlx integer scalars too, as token ids are taken)."""
-    try:
-        n = operator.index(max_tokens) if not isinstance(max_tokens, bool) else None
-    except TypeError:
-        n = None
+    n = _integer(max_tokens)
     if n is None or n < 1:
         raise InvalidArgumentError(f"max_tokens must be an integer >= 1, got {shown(max_tokens)}")
     return n
