@@ -141,17 +141,17 @@ def _f(v: Optional[float], fmt: str = "{:.1f}") -> str:
 
 def _print_table(console, title: str, columns, rows, caption: str = None) -> None:
     """A table whose figures are never cut. A console too narrow for it whole gets its columns
-    in several tables, each led by the first column, every column as wide as its longest word
-    (a value's or its header's, which wraps between words): at 80 columns the one table had cut
-    every figure to "1.…"."""
+    in several tables, each led by the first column, every column at least as wide as its longest
+    word (a value's or its header's, which wraps between words) and the width left over shared
+    by those that wrap: at 80 columns the one table had cut every figure to "1.…"."""
     from rich.table import Table
     from rich.text import Text
 
     cells = [[str(v) for v in row] for row in rows]
     plain = [[Text.from_markup(v).plain for v in row] for row in cells]
-    whole = sum(max([len(columns[i])] + [len(row[i]) for row in plain]) + 3 for i in range(len(columns))) + 1
-    fits = whole <= console.width
-    # each column's width: its longest word, the first column's whole values (never wrapped); +3: rule, padding
+    natural = [max([len(columns[i])] + [len(row[i]) for row in plain]) for i in range(len(columns))]  # unwrapped
+    fits = sum(n + 3 for n in natural) + 1 <= console.width  # +3 a column: its rule and padding
+    # each column's least width: its longest word, the first column's whole values (never wrapped)
     need = [max([len(w) for row in plain for w in row[i].split()] + [len(w) for w in columns[i].split()]) + 3
             for i in range(len(columns))]
     need[0] = max([len(columns[0])] + [len(row[0]) for row in plain]) + 3
@@ -162,7 +162,6 @@ def _print_table(console, title: str, columns, rows, caption: str = None) -> Non
             used = need[0] + 1
         groups[-1].append(i)
         used += need[i]
-    natural = [max([len(columns[i])] + [len(row[i]) for row in plain]) for i in range(len(columns))]
     for n, group in enumerate(groups):
         # the console's width left over goes to the columns that wrap (histograms, headers), each as
         # much as it would use, or a share in proportion to that
