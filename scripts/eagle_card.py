@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
+from typing import Optional
 
 from draft_prompts import read_prompt_file
 from eagle_training import train_steps
@@ -33,16 +34,24 @@ def training_record(args, meta: dict, script: str, **more) -> dict:
             **({"init": meta["init"]} if meta.get("init") else {})}
 
 
-def write_card(out: Path, record: dict, target: str, history: list) -> Path:
+TITLE = "# An EAGLE head for "  # how a card this writes begins
+
+
+def write_card(out: Path, record: dict, target: str, history: list) -> Optional[Path]:
     """README.md in `out`: the head's target, data, training time and held-out agreement (the
-    head's first and later drafting steps right, teacher-forced, on the held-out prompts' answers)."""
+    head's first and later drafting steps right, teacher-forced, on the held-out prompts' answers).
+    A README.md that this did not write (the shipped head's card, one of yours) is left as it is:
+    None then."""
+    path = out / "README.md"
+    if path.exists() and not path.read_text(encoding="utf-8").startswith(TITLE):
+        return None
     data = record["data"]
     files = "".join(f"; `{name}`: {n} prompts" for name, n in data["prompt_files"].items())
     cut = (f" (cut by --train-minutes from {record['steps_planned']:,})" if "steps_planned" in record else "")
     rows = "\n".join(f"| {h['step']:,} | {h['held_loss']:.4f} | "
                      + " / ".join(f"{a:.3f}" for a in h["held_top1"]) + " |" for h in history)
     lines = [
-        f"# An EAGLE head for {target}",
+        f"{TITLE}{target}",
         "",
         f"Written by `{record['script']}` on {record['date']} (mlxspec {record['mlxspec']}, seed {record['seed']}).",
         f"Draft with it: `mlxspec generate --target {target} --drafter eagle --head {out}`; measure what it",
@@ -74,7 +83,6 @@ def write_card(out: Path, record: dict, target: str, history: list) -> Path:
         rows,
         "",
     ]
-    path = out / "README.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
 

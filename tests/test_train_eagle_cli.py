@@ -432,3 +432,24 @@ def test_a_fitted_total_keeps_the_schedule_whole_and_the_budget_still_ends_it():
     assert total == 1001
     step, total = _steps(budget, clock, total, 1000, 0.001, step=step)
     assert step == total and abs(step - 600) <= 1
+
+
+def test_a_card_is_written_beside_the_head_but_never_over_one_written_by_hand(tmp_path):
+    """The shipped head's card (and any a user wrote) stays; a card this wrote is brought up to date."""
+    import eagle_card
+
+    record = {"script": "scripts/train_eagle.py", "date": "2026-12-05", "mlxspec": "0.1.0", "seed": 0,
+              "data": {"templated_prompts": 4, "held_out_prompts": 2, "prompt_files": {}, "max_new_tokens": 8,
+                       "temperature": 0.0},
+              "sequences": 4, "entries": 236, "epochs": 1.0, "batch": 2, "lr": 1e-3, "steps": 2, "train_minutes": 0.01}
+    history = [{"step": 2, "held_loss": 6.5, "held_top1": [0.0625, 0.0625]}]
+    card = eagle_card.write_card(tmp_path, record, "t.gguf", history)
+    assert card.read_text().startswith("# An EAGLE head for t.gguf") and "| 2 | 6.5000 | 0.062 / 0.062 |" in card.read_text()
+    assert "all greedy" in card.read_text() and "1 epoch, batch 2" in card.read_text()
+    eagle_card.write_card(tmp_path, dict(record, steps=3), "t.gguf", history)
+    assert "3 steps in" in card.read_text()  # its own card: rewritten
+    card.write_text("---\nlicense: apache-2.0\n---\n# my head\n")
+    assert eagle_card.write_card(tmp_path, record, "t.gguf", history) is None
+    assert card.read_text().endswith("# my head\n")  # one written by hand: left alone
+    shipped = train_eagle.SHIPPED / "README.md"
+    assert not shipped.read_text().startswith(eagle_card.TITLE)  # so the shipped head's card is kept
