@@ -145,11 +145,12 @@ class ChatApp(App):
         if not text:
             box.take(event.value)  # blanks only: nothing to send, nothing worth keeping
             return
-        waits = text.split()[0].lower() in ("/clear", "/load")  # commands that need the answer stopped
+        first = text.split()[0].lower()
+        waits = first in ("/clear", "/load")  # commands that need the answer stopped
         if self.busy and (waits or not text.startswith("/")):
             # The line stays in the box, to send once the answer is done (or stopped).
             self.notice(f"still answering: press Esc to stop it first, then Enter to "
-                        f"{text.split()[0].lower()[1:] if waits else 'send your message'}", error=True)
+                        f"{first[1:] if waits else 'send your message'}", error=True)
             return
         box.take(event.value)
         if text.startswith("/"):

@@ -130,8 +130,8 @@ async def create_response(request: Request) -> Response:
     def builder_of(state, req, body):
         keep = body.get("store") is not False
         return responses_output.ResponseBuilder(state.model_id, body,
-                                             (lambda r: store.remember(r, conversation, inputs)) if keep else None,
-                                             token_bytes=state.token_bytes)
+                                                (lambda r: store.remember(r, conversation, inputs)) if keep else None,
+                                                token_bytes=state.token_bytes)
 
     return await _one_answer(request, translate, builder_of, "responses", "input", responses_api.renamed)
 

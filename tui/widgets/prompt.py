@@ -73,10 +73,9 @@ class PromptInput(Input):
         event.prevent_default()  # not Input's handler too (it would add the first line)
         event.stop()
 
-    def message(self, value: Optional[str] = None) -> str:
-        """`value` (default: the box's text) with every paste marker still in it replaced by what
-        was pasted."""
-        value = self.value if value is None else value
+    def message(self, value: str) -> str:
+        """`value` (the box's text when Enter was pressed) with every paste marker still in it
+        replaced by what was pasted."""
         for marker, text in self._pastes.items():
             value = value.replace(marker, text)
         return value
