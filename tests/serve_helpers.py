@@ -117,6 +117,24 @@ def openai_client(base_url: str, api_key: str = "unused", **kw):
     return openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=TIMEOUT, **kw)
 
 
+def scrape_metrics(url: str, headers: Optional[dict] = None) -> dict:
+    """GET /metrics as {sample name with its labels: value}, its text format checked on the way."""
+    import re
+
+    import httpx
+
+    r = httpx.get(f"{url}/metrics", headers=headers or {}, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for line in r.text.splitlines():
+        if line.startswith("#"):
+            assert re.fullmatch(r"# (HELP|TYPE) mlxspec_\w+ .+", line), line
+            continue
+        name, value = line.rsplit(" ", 1)
+        samples[name] = float(value)
+    return samples
+
+
 def wait_until(predicate, what: str, timeout: float = TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -8,7 +8,7 @@ import logging
 import httpx
 import pytest
 
-from serve_helpers import TIMEOUT, running_server, tiny_engine
+from serve_helpers import TIMEOUT, running_server, scrape_metrics, tiny_engine
 from mlxspec.serve.local import is_loopback
 
 HI = [{"role": "user", "content": "hi"}]
@@ -41,9 +41,7 @@ def test_requests_not_addressed_to_this_machine_are_refused(server, headers, why
 
 def test_refusals_are_counted_in_the_metrics(server):
     def refused():
-        r = httpx.get(f"{server[0]}/metrics", timeout=TIMEOUT)
-        return sum(float(line.rsplit(" ", 1)[1]) for line in r.text.splitlines()
-                   if line.startswith('mlxspec_errors_total{status="403"}'))
+        return scrape_metrics(server[0]).get('mlxspec_errors_total{status="403"}', 0)
 
     before = refused()
     assert httpx.get(f"{server[0]}/v1/models", headers={"Origin": "https://x.example"}, timeout=TIMEOUT).status_code == 403

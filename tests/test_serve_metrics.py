@@ -1,34 +1,15 @@
 """GET /metrics: Prometheus' text format, its counters the sums of what the answers said."""
 
-import re
-
 import httpx
 
-from serve_helpers import TIMEOUT, running_server, sse_events, tiny_engine
+from serve_helpers import TIMEOUT, running_server, scrape_metrics, sse_events, tiny_engine
 
 ASK = [{"role": "user", "content": "Tell me about rivers and the sea."}]
 
 
-def scrape(url) -> dict:
-    return scrape_with(url, {})
-
-
-def scrape_with(url, headers) -> dict:
-    r = httpx.get(f"{url}/metrics", headers=headers, timeout=TIMEOUT)
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    samples = {}
-    for line in r.text.splitlines():
-        if line.startswith("#"):
-            assert re.fullmatch(r"# (HELP|TYPE) mlxspec_\w+ .+", line), line
-            continue
-        name, value = line.rsplit(" ", 1)
-        samples[name] = float(value)
-    return samples
-
-
 def test_the_counters_add_up_what_the_answers_said():
     with running_server(tiny_engine(drafter="ngram"), model_id="t") as (url, _):
-        before = scrape(url)
+        before = scrape_metrics(url)
         assert before["mlxspec_requests_total{endpoint=\"chat\"}"] == 0
         assert before['mlxspec_info{model="t",drafter="ngram"}'] == 1
         # (a fixed num_draft: something is drafted whatever the cost model makes of this machine's timings)
@@ -41,7 +22,7 @@ def test_the_counters_add_up_what_the_answers_said():
             answers.append(sse_events(r)[-2])
         assert httpx.post(f"{url}/v1/completions", json={"prompt": ""}, timeout=TIMEOUT).status_code == 400
         assert httpx.get(f"{url}/v1/nothing", timeout=TIMEOUT).status_code == 404
-        m = scrape(url)
+        m = scrape_metrics(url)
     assert m['mlxspec_requests_total{endpoint="chat"}'] == 2 and m['mlxspec_requests_total{endpoint="completion"}'] == 1
     for key, total in (("prompt_tokens", "prompt_tokens"), ("generation_tokens", "completion_tokens")):
         assert m[f"mlxspec_{key}_total"] == sum(a["usage"][total] for a in answers)
@@ -61,5 +42,5 @@ def test_metrics_need_the_api_key_when_one_is_set():
     with running_server(tiny_engine(), model_id="t", api_key="k") as (url, _):
         assert httpx.get(f"{url}/metrics", timeout=TIMEOUT).status_code == 401
         assert httpx.get(f"{url}/v1/models", timeout=TIMEOUT).status_code == 401
-        m = scrape_with(url, {"Authorization": "Bearer k"})
+        m = scrape_metrics(url, {"Authorization": "Bearer k"})
     assert m['mlxspec_errors_total{status="401"}'] == 2  # refused by the middleware, counted all the same
