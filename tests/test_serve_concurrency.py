@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from serve_helpers import (TIMEOUT, GatedEngine, openai_client, running_server, sse_events, tiny_engine,
-                           wait_until)
+from serve_helpers import (TIMEOUT, GatedEngine, openai_client, running_server, scrape_metrics, sse_events,
+                           tiny_engine, wait_until)
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -97,8 +97,6 @@ def test_a_client_that_gives_up_while_waiting_leaves_the_queue():
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_leaves_is_counted_and_logged_as_cancelled_not_answered(path, stream, caplog):
-    from test_serve_metrics import scrape
-
     engine = GatedEngine(tiny_engine(), per_token_seconds=0.02)
     body = {"messages": HI, "max_tokens": 1000, "stream": stream}
     with running_server(engine) as (url, server), caplog.at_level(logging.INFO, logger="mlxspec.serve"):
@@ -110,8 +108,8 @@ def test_a_client_that_leaves_is_counted_and_logged_as_cancelled_not_answered(pa
                 httpx.post(f"{url}{path}", json=body, timeout=0.5)
         wait_until(lambda: engine.produced, "the cancelled generation ends")
         assert engine.produced[0] < 1000
-        wait_until(lambda: scrape(url)["mlxspec_requests_cancelled_total"] == 1, "the request counts as cancelled")
-        m = scrape(url)
+        wait_until(lambda: scrape_metrics(url)["mlxspec_requests_cancelled_total"] == 1, "the request counts as cancelled")
+        m = scrape_metrics(url)
     assert sum(v for k, v in m.items() if k.startswith("mlxspec_requests_total")) == 0
     assert m["mlxspec_generation_tokens_total"] == 0 == m["mlxspec_generations_total"]
     assert len([r for r in caplog.records if "the client went away" in r.getMessage()]) == 1
