@@ -1,7 +1,7 @@
 """`Engine`: a target (+ a drafter) with rollback caches, ready to generate.
 
-The engine owns the state (caches, drafters, the cost model) and checks every request's
-arguments before any work; `mlxspec.loop` is the one generation loop that runs a request,
+The engine owns the state (caches, drafters, the cost model); every request's arguments are
+checked before any work (`mlxspec.request`); `mlxspec.loop` is the one generation loop that runs a request,
 plain or speculative. `warmup()` runs every shape once so no timed run pays first-use
 compilation (see `mlxspec.warmup`).
 
@@ -27,25 +27,24 @@ from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .drafters.eagle import head_window
 from .errors import IncompatibleModelsError, InvalidArgumentError
-from .fim import FimFormat, check_suffix, fim_format, fim_prompt
-from .grammar import JSON_OPTIONS, AfterThinking, Constraint, check_response_format, token_table
+from .fim import FimFormat, fim_format
+from .grammar import AfterThinking, Constraint, token_table
 from .kvquant import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, kv_quant
-from .logprobs import check_logprobs
 from .loop import draw_seed, generate
 from .modelmeta import context_length, logit_width, weights_bytes
 from .occupancy import Occupancy
-from .penalties import Penalties, check_penalty, check_repetition
+from .penalties import Penalties
 from .prompt_cache import PromptCache
-from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup, check_max_tokens,
+from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup,
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
-                      check_endings, check_fits, check_seed, check_stop, check_template_kwargs,
-                      check_tree, encode_prompt)
-from .reasoning import thinking_end
-from .sampling import SamplingParams, bias_row, check_logit_bias
+                      check_tree)
+from .request import check_request
+from .sampling import SamplingParams, bias_row
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
 from .target_curve import TargetCurve
-from .tools import ToolFormat, call_grammar, check_tool_choice, check_tools, tool_format
+from .tools import ToolFormat, tool_format
+
 
 class Engine:
     """Target model (+ optional draft model) with rollback caches, ready to generate.
@@ -376,70 +375,17 @@ class Engine:
                 `min_tokens` tokens, the ones that would end it are banned.
         """
         check_no_other_options(other, STREAM_OPTIONS)
-        params = SamplingParams(temperature, top_p, top_k, min_p)
-        max_tokens = check_max_tokens(max_tokens)
-        k_fixed = check_num_draft(num_draft) if num_draft is not None else self.num_draft
-        tree = check_tree(tree) if tree is not None else self.tree
-        lookup = check_lookup(lookup) if lookup is not None else self.lookup
-        stop = check_stop(stop)
-        for flag, value in (("speculative", speculative), ("include_stop_str_in_output", include_stop_str_in_output),
-                            ("continue_final_message", continue_final_message)):
-            if not isinstance(value, bool):
-                raise InvalidArgumentError(f"{flag} must be True or False, got {value!r}")
-        seed = check_seed(seed)
+        # every keyword by name (the signature above is the contract); `cancel` stays on this rank
+        options = {name: value for name, value in locals().items() if name in STREAM_OPTIONS and name != "cancel"}
         cancel = check_cancel(cancel)
-        logprobs = check_logprobs(logprobs)
-        prompt_logprobs = check_logprobs(prompt_logprobs, "prompt_logprobs")
-        fmt = check_response_format(response_format)
-        bias = check_logit_bias(logit_bias, self.vocab_size)
-        penalty = dict(presence=check_penalty(presence_penalty, "presence_penalty"),
-                       frequency=check_penalty(frequency_penalty, "frequency_penalty"))
-        penalty["repetition"], penalty["context"] = check_repetition(repetition_penalty, repetition_context_size)
-        if not (penalty["presence"] or penalty["frequency"] or penalty["repetition"]):
-            penalty = None
-        endings = dict(zip(("stop_ids", "ignore_eos", "min_tokens"),
-                           check_endings(stop_token_ids, ignore_eos, min_tokens, max_tokens, self.vocab_size)))
-        tools = check_tools(tools)
-        choice = check_tool_choice(tool_choice, tools)
-        forcing = choice not in (None, "auto", "none")  # a call the grammar writes
-        if choice == "none":
-            tools = None
-        elif forcing and fmt is not None:
-            raise InvalidArgumentError(f"tool_choice {choice!r} and response_format both say what the answer must be; "
-                                       f"send one of them")
-        if drafter is not None and drafter not in self.drafters:  # also when speculative=False ignores it
-            check_drafter(drafter)  # a name that is no drafter at all is told so first
-            raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
-                                       f"{', '.join(self.drafters)}")
-        name = "none" if not speculative else (drafter or self.default_drafter)  # the default is always there
-        template_kwargs = check_template_kwargs(chat_template_kwargs)
-        if check_suffix(suffix, prompt) is None:
-            ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, tools=tools, template_kwargs=template_kwargs,
-                                continue_final=continue_final_message)
-        else:
-            ids = fim_prompt(self.fim_format, self.tokenizer, prompt, suffix, self.vocab_size,
-                             chat_only=bool(tools or template_kwargs or continue_final_message))
-            endings["stop_ids"] = sorted(set(endings["stop_ids"]) | set(self.fim_format.ends))
-        check_fits(len(ids), self.context)
-        if forcing:  # (after the prompt: a template that ignores tools is said first)
-            fmt = check_response_format(call_grammar(self.tool_format, tools, choice, JSON_OPTIONS, self.tokenizer))
-        # a grammar applies after the thinking block, except harmony's calls, whose grammar reads the analysis
-        harmony_call = forcing and self.tool_format.name == "harmony"
-        think_end = thinking_end(self.tokenizer, ids) if fmt is not None and not harmony_call else None
-        # built now: a schema the compiler refuses is said before anything runs
-        constraint = self._constraint(fmt, think_end)
-        request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
-                       k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
-                       response_format=fmt, logit_bias=bias, penalty=penalty, endings=endings,
-                       prompt_logprobs=prompt_logprobs, think_end=think_end,
-                       include_stop=include_stop_str_in_output)
+        request, constraint = check_request(self, prompt, **options)
         if self.coord.active:
             # A tree's shape is pruned by each rank's own cost model; rank 0 broadcasts only a
             # chain's length, so sharded targets verify chains.
             request["tree"] = 0
-            if seed is None:  # one seed for every rank: the sampled tokens must agree
+            if request["seed"] is None:  # one seed for every rank: the sampled tokens must agree
                 request["seed"] = draw_seed()
-            request["params"] = astuple(params)
+            request["params"] = astuple(request["params"])
             return self._shared(request, cancel)
         return self._run(**request, cancel=cancel, constraint=constraint)
 
@@ -448,7 +394,7 @@ class Engine:
         """The model's fill-in-the-middle markers (`mlxspec.fim`), or None when it has none."""
         return fim_format(self.tokenizer)
 
-    def _constraint(self, fmt: Optional[dict], think_end: Optional[List[int]] = None):
+    def constraint(self, fmt: Optional[dict], think_end: Optional[List[int]] = None):
         """A fresh grammar state for a checked response_format (None for free text); with
         `think_end`, one that applies after those tokens (`grammar.AfterThinking`)."""
         if fmt is None:
@@ -499,7 +445,7 @@ class Engine:
              logit_bias=None, penalty=None, endings=None, prompt_logprobs=None,
              think_end=None, include_stop=False) -> Iterator[TokenEvent]:
         if constraint is None:  # a rank other than 0 builds its own from the shared request
-            constraint = self._constraint(response_format, think_end)
+            constraint = self.constraint(response_format, think_end)
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
                                 kernels=kernels.backend_name(), target_weights_bytes=self.target_weights_bytes,
                                 draft_weights_bytes={"model": self.draft_weights_bytes,

@@ -1,0 +1,85 @@
+"""A request's arguments, checked before anything runs: `Engine.stream`'s keywords become the
+prompt's token ids and the settings the loop runs (`Engine._run`'s keywords). Every check raises
+`InvalidArgumentError` (or `ContextOverflowError`) saying what was wrong and what is allowed,
+before a token is computed; with a sharded target, rank 0 checks and shares the result."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from .errors import InvalidArgumentError
+from .fim import check_suffix, fim_prompt
+from .grammar import JSON_OPTIONS, check_response_format
+from .logprobs import check_logprobs
+from .penalties import check_penalty, check_repetition
+from .prompts import (check_drafter, check_endings, check_fits, check_lookup, check_max_tokens, check_num_draft,
+                      check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
+from .reasoning import thinking_end
+from .sampling import SamplingParams, check_logit_bias
+from .tools import call_grammar, check_tool_choice, check_tools
+
+
+def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_p, seed, speculative, num_draft,
+                  stop, drafter, tree, lookup, tools, logprobs, response_format, tool_choice, chat_template_kwargs,
+                  logit_bias, presence_penalty, frequency_penalty, repetition_penalty, repetition_context_size,
+                  stop_token_ids, ignore_eos, min_tokens, prompt_logprobs, suffix, include_stop_str_in_output,
+                  continue_final_message) -> Tuple[dict, Optional[object]]:
+    """`engine.stream`'s arguments, checked (see its docstring for each). Returns the request (what
+    `Engine._run` takes, shareable between ranks) and the grammar state for its response_format
+    (None for free text), built now so a schema the compiler refuses is said first."""
+    params = SamplingParams(temperature, top_p, top_k, min_p)
+    max_tokens = check_max_tokens(max_tokens)
+    k_fixed = check_num_draft(num_draft) if num_draft is not None else engine.num_draft
+    tree = check_tree(tree) if tree is not None else engine.tree
+    lookup = check_lookup(lookup) if lookup is not None else engine.lookup
+    stop = check_stop(stop)
+    for flag, value in (("speculative", speculative), ("include_stop_str_in_output", include_stop_str_in_output),
+                        ("continue_final_message", continue_final_message)):
+        if not isinstance(value, bool):
+            raise InvalidArgumentError(f"{flag} must be True or False, got {value!r}")
+    seed = check_seed(seed)
+    logprobs = check_logprobs(logprobs)
+    prompt_logprobs = check_logprobs(prompt_logprobs, "prompt_logprobs")
+    fmt = check_response_format(response_format)
+    bias = check_logit_bias(logit_bias, engine.vocab_size)
+    penalty = dict(presence=check_penalty(presence_penalty, "presence_penalty"),
+                   frequency=check_penalty(frequency_penalty, "frequency_penalty"))
+    penalty["repetition"], penalty["context"] = check_repetition(repetition_penalty, repetition_context_size)
+    if not (penalty["presence"] or penalty["frequency"] or penalty["repetition"]):
+        penalty = None
+    endings = dict(zip(("stop_ids", "ignore_eos", "min_tokens"),
+                       check_endings(stop_token_ids, ignore_eos, min_tokens, max_tokens, engine.vocab_size)))
+    tools = check_tools(tools)
+    choice = check_tool_choice(tool_choice, tools)
+    forcing = choice not in (None, "auto", "none")  # a call the grammar writes
+    if choice == "none":
+        tools = None
+    elif forcing and fmt is not None:
+        raise InvalidArgumentError(f"tool_choice {choice!r} and response_format both say what the answer must be; "
+                                   f"send one of them")
+    if drafter is not None and drafter not in engine.drafters:  # also when speculative=False ignores it
+        check_drafter(drafter)  # a name that is no drafter at all is told so first
+        raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
+                                   f"{', '.join(engine.drafters)}")
+    name = "none" if not speculative else (drafter or engine.default_drafter)  # the default is always there
+    template_kwargs = check_template_kwargs(chat_template_kwargs)
+    if check_suffix(suffix, prompt) is None:
+        ids = encode_prompt(prompt, engine.tokenizer, engine.vocab_size, tools=tools, template_kwargs=template_kwargs,
+                            continue_final=continue_final_message)
+    else:
+        ids = fim_prompt(engine.fim_format, engine.tokenizer, prompt, suffix, engine.vocab_size,
+                         chat_only=bool(tools or template_kwargs or continue_final_message))
+        endings["stop_ids"] = sorted(set(endings["stop_ids"]) | set(engine.fim_format.ends))
+    check_fits(len(ids), engine.context)
+    if forcing:  # (after the prompt: a template that ignores tools is said first)
+        fmt = check_response_format(call_grammar(engine.tool_format, tools, choice, JSON_OPTIONS, engine.tokenizer))
+    # a grammar applies after the thinking block, except harmony's calls, whose grammar reads the analysis
+    harmony_call = forcing and engine.tool_format.name == "harmony"
+    think_end = thinking_end(engine.tokenizer, ids) if fmt is not None and not harmony_call else None
+    constraint = engine.constraint(fmt, think_end)
+    request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
+                   k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
+                   response_format=fmt, logit_bias=bias, penalty=penalty, endings=endings,
+                   prompt_logprobs=prompt_logprobs, think_end=think_end,
+                   include_stop=include_stop_str_in_output)
+    return request, constraint
