@@ -793,16 +793,23 @@ def test_generate_refuses_a_grammar_llguidance_cannot_parse_before_loading(argv,
 
 def test_generate_with_the_head_loads_no_draft_model(monkeypatch, capsys):
     """One answer drafted by the EAGLE head: the pair's draft model would load for nothing (tens
-    of MiB on the demo pair, hundreds on a 7B pair's); a draft given with --draft is still loaded."""
+    of MiB on the demo pair, hundreds on a 7B pair's), also when the head is the pair's default
+    drafter here (the demo pair's on a CPU); a draft given with --draft is still loaded, and over
+    several ranks (where the pair's default gives way to the n-gram drafter) nothing changes."""
     from mlxspec.errors import MlxSpecError
+    from mlxspec.loading.resolve import resolve_pair
 
-    drafts = []
+    assert resolve_pair("demo").drafter_on("cpu") == "eagle"
+    loads = []
 
     def load(target, draft=None, **kw):
-        drafts.append(draft)
+        loads.append((draft, kw.get("drafter")))
         raise MlxSpecError("stopped before loading")
 
     monkeypatch.setattr("mlxspec.loading.load", load)
-    for argv in (["--drafter", "eagle"], ["--drafter", "model"], [], ["--drafter", "eagle", "--draft", "x"]):
+    monkeypatch.setattr("mlxspec.device.backend", lambda: "cpu")
+    for argv in (["--drafter", "eagle"], ["--drafter", "model"], [], ["--drafter", "eagle", "--draft", "x"],
+                 ["--drafter", "ngram"], ["--distributed"]):
         assert main(["generate", *argv, "hi"]) == 1
-    assert drafts == ["none", None, None, "x"]
+    assert loads == [("none", "eagle"), (None, "model"), ("none", "eagle"), ("x", "eagle"), (None, "ngram"),
+                     (None, None)]

@@ -86,8 +86,9 @@ def run(args) -> int:
     for note in modelargs.drafting_notes(args):
         print(f"note: {note}", file=sys.stderr)
     drafting = modelargs.drafting_options(args)  # the engine keeps lookup
-    if args.drafter == "eagle" and args.draft is None:
-        drafting["draft"] = "none"  # one answer, drafted by the head: the pair's draft model would load for nothing
+    if args.draft is None and (args.drafter or _pair_drafter(args)) == "eagle":
+        # one answer, drafted by the head: the pair's draft model would load for nothing
+        drafting.update(drafter="eagle", draft="none")
     engine = modelargs.load_engine(args, **drafting)
     quiet_unless_main(engine)
     # as mlx-lm: no template, raw text (and the text before the insertion point is raw text)
@@ -149,6 +150,17 @@ def _reasoning_splitter(tokenizer, messages, template_kwargs=None):
         return None
     return make_splitter(markers, inside=chat_starts_inside(messages, tokenizer, markers,
                                                             template_kwargs=template_kwargs))
+
+
+def _pair_drafter(args) -> str:
+    """The drafter the pair drafts with here when --drafter is not given ("" for its draft model,
+    or when the reference is no pair). Over several ranks a pair's head gives way to the n-gram
+    drafter (`mlxspec.load`): "" there."""
+    from ..device import backend
+    from ..loading.resolve import resolve_pair
+
+    pair = None if args.distributed else resolve_pair(args.pair or args.target or modelargs.DEFAULT_PAIR)
+    return pair.drafter_on(backend()) if pair else ""
 
 
 def _check_options(args) -> None:
