@@ -120,7 +120,7 @@ def parse_args(argv=None):
                         "features (draft with the head under the same adapter: mlxspec --adapter-path, or a pair naming "
                         "both; default: none)")
     p.add_argument("--work", required=True, help="work dir for cached stages (shared with train_draft.py)")
-    p.add_argument("--out", help="the head folder to write (required; mlxspec/data/smollm2-eagle, the shipped "
+    p.add_argument("--out", metavar="FOLDER", help="the head folder to write (required; mlxspec/data/smollm2-eagle, the shipped "
                                  "demo head's, only for the demo target)")
     p.add_argument("--seed", type=train_common.non_negative_int, default=0,
                    help="seeds the templated prompts' choice, the sampled answers and training (default 0)")

@@ -56,15 +56,15 @@ def register(subparsers) -> None:
                    "'prompt' (or 'messages', a whole conversation in OpenAI's chat format ending with the turn to "
                    "answer) and optional 'id', 'category' (default: the builtin suite)")
     p.add_argument("--full", action="store_true", help="all 24 builtin prompts (default: 8 covering every category; a --prompts file always runs in full)")
-    p.add_argument("--limit", type=int, default=None, help="run only the first N selected prompts")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=f"tokens per run (default {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--temperature", default="0", help="a value or comma list, e.g. 0,0.7 (default 0)")
-    p.add_argument("--num-draft", default="auto", help="draft lengths, e.g. auto,1,2,4 (default auto)")
-    p.add_argument("--drafter", default=None, help="drafters, a comma list, e.g. ngram,model (default: the "
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="run only the first N selected prompts")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N", help=f"tokens per run (default {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--temperature", default="0", metavar="T[,T...]", help="a value or comma list, e.g. 0,0.7 (default 0)")
+    p.add_argument("--num-draft", default="auto", metavar="K[,K...]", help="draft lengths, e.g. auto,1,2,4 (default auto)")
+    p.add_argument("--drafter", default=None, metavar="NAME[,NAME...]", help="drafters, a comma list, e.g. ngram,model (default: the "
                    "pair's default drafter on this device, and its draft model too when it has one)")
-    p.add_argument("--tree", default="auto", help="draft trees: auto (the cost model sizes them), off "
+    p.add_argument("--tree", default="auto", metavar="TREE[,TREE...]", help="draft trees: auto (the cost model sizes them), off "
                    "(chains only) or a node cap; a comma list compares them, e.g. auto,off (default auto)")
-    p.add_argument("--lookup", default="on", help="a model drafter's (model, eagle) lookup companion: on (rounds "
+    p.add_argument("--lookup", default="on", metavar="on|off[,...]", help="a model drafter's (model, eagle) lookup companion: on (rounds "
                    "where prompt lookup is expected to draft faster go to it; the model's or head's chains also copy where "
                    "the text repeats) or off (the model drafts alone); "
                    "a comma list compares them, e.g. on,off (default on)")
@@ -89,7 +89,7 @@ def register(subparsers) -> None:
                    "random weights means nothing: it compares loops, not drafts")
     p.add_argument("--synthetic-draft", metavar="SHAPE", help="with --synthetic: a draft of this shape, to compare "
                    "speculation at k=3 with mlx-lm's speculative decoding on the same draft, and the cost model's k")
-    p.add_argument("--repeats", type=argtypes.positive, default=None,
+    p.add_argument("--repeats", type=argtypes.positive, default=None, metavar="N",
                    help="passes over the prompts, each speculative run paired with the vanilla run of its own "
                    "pass and the medians taken over every pair: steadier per-category figures on a noisy "
                    "machine, at N times the time (default 1); with --synthetic: interleaved repetitions "

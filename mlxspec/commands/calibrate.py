@@ -26,10 +26,10 @@ def register(subparsers) -> None:
                               description=__doc__)
     # the curve is timed without a window; a head is not timed; the drafter plays no part
     add_model_args(p, window=False, head=False, drafter=False)
-    p.add_argument("--max-j", type=pass_length, default=MAX_J,
+    p.add_argument("--max-j", type=pass_length, default=MAX_J, metavar="J",
                    help=f"longest pass timed, tokens, at most 33 (default {MAX_J})")
-    p.add_argument("--prefix", type=positive, default=PREFIX, help=f"KV tokens before each pass (default {PREFIX})")
-    p.add_argument("--repeats", type=positive, default=REPEATS, help=f"timings per length, median kept (default {REPEATS})")
+    p.add_argument("--prefix", type=positive, default=PREFIX, metavar="N", help=f"KV tokens before each pass (default {PREFIX})")
+    p.add_argument("--repeats", type=positive, default=REPEATS, metavar="N", help=f"timings per length, median kept (default {REPEATS})")
     p.add_argument("--no-save", action="store_true", help="print the curve without saving it")
     p.set_defaults(func=run)
 
