@@ -3,27 +3,49 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Dict, Iterator
 
 
 def write_atomic(path, text: str) -> None:
     """Write `text` to `path` through a temporary file of its own in the same folder and an atomic
     rename: an interrupted run leaves the old file or the new one, and two writers at once leave
     one of theirs, never a mix. The file gets the usual mode (0666 less the umask)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
+    write_all_atomic({path: text})
+
+
+def write_all_atomic(texts: Dict[object, str]) -> None:
+    """Write several files (path -> text) as `write_atomic` does, all or none: every text goes to
+    its temporary file first, and only then do they replace the old files, in the order given.
+    A full disk, or a folder where a file should be, leaves every old file as it was.
+
+    Raises:
+        OSError: naming the file (`filename`) whose writing failed.
+    """
+    staged = []  # (temporary, final)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make a shared cache file private
-        os.replace(tmp, path)
+        for path, text in texts.items():
+            path = Path(path)
+            if path.is_dir():  # os.replace would fail only after the files before it were replaced
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
+                staged.append((tmp, path))
+                with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                    f.write(text)
+            except OSError as e:  # a full disk's error names no file
+                raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make a shared cache file private
+        for tmp, path in staged:
+            os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxspec.files import write_atomic
+from mlxspec.files import write_all_atomic, write_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +35,51 @@ def test_the_file_gets_the_usual_mode_not_a_temporary_file_s(tmp_path):
     finally:
         os.umask(umask)
     assert (tmp_path / "f").stat().st_mode & 0o777 == 0o644
+
+
+def test_several_files_are_written_all_or_none(tmp_path, monkeypatch):
+    """A full disk while the second file is written, or a folder where it should be, leaves the
+    first file's old text (a chat's /save writes its .md and .json so), and no temporary file;
+    the error names the file that failed."""
+    first, second = tmp_path / "chat.md", tmp_path / "chat.json"
+    write_all_atomic({first: "old md\n", second: "old json\n"})
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+    writes = []
+
+    def fdopen(fd, *a, **kw):
+        writes.append(fd)
+        return Full(real_fdopen(fd, *a, **kw)) if len(writes) == 2 else real_fdopen(fd, *a, **kw)
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    with pytest.raises(OSError) as e:
+        write_all_atomic({first: "new md\n", second: "new json\n"})
+    assert e.value.errno == 28 and e.value.filename == str(second)
+    monkeypatch.undo()
+    assert first.read_text() == "old md\n" and second.read_text() == "old json\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.json", "chat.md"]
+
+    second.unlink()
+    second.mkdir()
+    with pytest.raises(IsADirectoryError) as e:
+        write_all_atomic({first: "new md\n", second: "new json\n"})
+    assert e.value.filename == str(second) and first.read_text() == "old md\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.json", "chat.md"]
+    write_all_atomic({first: "new md\n"})
+    assert first.read_text() == "new md\n"
 
 
 SAVER = """

@@ -249,6 +249,27 @@ async def test_save_to_an_unwritable_place_says_so(tmp_path):
 
 
 @async_test
+async def test_a_failed_save_leaves_the_earlier_one_whole(tmp_path):
+    """/save writes PATH.md and PATH.json both or neither: where the .md cannot be written (a
+    folder in its place here; a full disk alike), the earlier save's .json is not overwritten,
+    and the message names the file."""
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "what is MLX?")
+        await send(app, pilot, f"/save {tmp_path / 'chat'}")
+        before = (tmp_path / "chat.json").read_text()
+        (tmp_path / "chat.md").unlink()
+        (tmp_path / "chat.md").mkdir()
+        await send(app, pilot, "and speculative decoding?")
+        await send(app, pilot, f"/save {tmp_path / 'chat'}")
+        last = history_text(app).splitlines()[-1]
+        assert f"could not write {tmp_path / 'chat.md'}" in last and "nothing was changed" in last
+        assert app.is_running
+    assert (tmp_path / "chat.json").read_text() == before and len(json.loads(before)["turns"]) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.json", "chat.md"]
+
+
+@async_test
 async def test_a_saved_conversation_loads_and_goes_on_as_if_never_left(tmp_path):
     """/load in a fresh app: the history shows the saved turns, and the next answer is the one
     the first app gave after them (greedy): the model read the saved turns."""

@@ -306,7 +306,9 @@ class ChatApp(App):
                                             pair=asdict(info) if info else None,
                                             pair_line=info.line() if info else "")
         except OSError as e:
-            self.notice(f"/save {path}: could not write ({e.strerror or e})", error=True)
+            where = f" {e.filename}" if e.filename else ""
+            self.notice(f"/save {path}: could not write{where} ({e.strerror or e}); nothing was changed",
+                        error=True)
             return
         except InvalidArgumentError as e:  # a folder, not a file name
             self.notice(f"/save {path}: {e}", error=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from mlxspec.errors import InvalidArgumentError
+from mlxspec.files import write_all_atomic
 from mlxspec.reasoning import make_splitter, split_whole
 from mlxspec.stats import plural
 
@@ -179,10 +180,11 @@ class Conversation:
 
     def save(self, path: str, *, settings: Optional[dict] = None, pair: Optional[dict] = None,
              pair_line: str = "") -> Tuple[Path, Path]:
-        """Write PATH.json and PATH.md (a trailing .json or .md on PATH is dropped). Returns both paths."""
+        """Write PATH.json and PATH.md (a trailing .json or .md on PATH is dropped), both or neither:
+        a failed /save leaves an earlier one whole. Returns both paths."""
         js, md = saved_paths(path)
-        js.write_text(json.dumps(self.as_dict(settings, pair), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        md.write_text(self.to_markdown(pair_line) + "\n", encoding="utf-8")
+        write_all_atomic({md: self.to_markdown(pair_line) + "\n",
+                          js: json.dumps(self.as_dict(settings, pair), indent=2, ensure_ascii=False) + "\n"})
         return js, md
 
 
