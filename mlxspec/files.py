@@ -49,6 +49,14 @@ def write_all_atomic(texts: Dict[object, str]) -> None:
         raise
 
 
+def staged_path(path) -> Path:
+    """Where a file is written whole before one rename makes it `path`: beside it, hidden, its
+    suffix kept last (MLX's safetensors writer adds one otherwise): model.safetensors ->
+    .model.tmp.safetensors. For a writer that is alone (a fixed name, not `write_atomic`'s)."""
+    path = Path(path)
+    return path.with_name(f".{path.stem}.tmp{path.suffix}")
+
+
 @contextlib.contextmanager
 def locked(path) -> Iterator[None]:
     """Hold an exclusive lock on `<path>.lock` (POSIX advisory; none where fcntl is missing) for a

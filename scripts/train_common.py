@@ -66,6 +66,21 @@ def run_main(main) -> None:
         sys.exit(1)
 
 
+def unwritable_folder(folder: Path) -> str:
+    """Why no file can be written in `folder`, made if missing ("" when one can): said before
+    the hours of work that end writing there, not after them."""
+    if folder.exists() and not folder.is_dir():
+        return "is a file, not a folder"
+    there = folder
+    while not there.exists():  # the nearest part of the path that is there
+        there = there.parent
+    if not there.is_dir():
+        return f"{there} is a file, so no folder can be made under it"
+    if not os.access(there, os.W_OK | os.X_OK):
+        return "is not writable" if there == folder else f"{there} is not writable, so no folder can be made in it"
+    return ""
+
+
 HEARTBEAT = 30.0  # seconds between progress lines inside one batch of answers (minutes on a CPU)
 
 

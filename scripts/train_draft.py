@@ -317,7 +317,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", required=True, help="the target's GGUF (SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--work", required=True, help="work dir for cached stages")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "mlxspec/data/smollm2-draft"))
+    p.add_argument("--out", metavar="FOLDER", help="the draft model's folder to write (required; "
+                   "mlxspec/data/smollm2-draft is the shipped demo draft's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--stop-after", choices=["prompts", "generate", "train", "export"], default="export")
@@ -342,7 +343,14 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--max-len", type=int, default=320, help="prompt + answer tokens per training sequence")
     p.add_argument("--bits", type=int, default=8, choices=[4, 8, 16], help="export precision (16 = bf16)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.out:  # no default: a trial run must not replace the shipped draft
+        p.error("--out is required: the folder to write the draft model to (--out mlxspec/data/smollm2-draft "
+                "replaces the shipped demo draft)")
+    for flag, folder in (("--out", args.out), ("--work", args.work)):
+        if why := train_common.unwritable_folder(Path(folder)):
+            p.error(f"{flag} {folder}: {why}")
+    return args
 
 
 def main(argv=None):

@@ -71,6 +71,7 @@ from eagle_card import training_record, write_card  # noqa: E402
 from eagle_training import WINDOW, init_head, settle_draft_vocab, tapped_layers, window_config  # noqa: E402
 from train_common import log  # noqa: E402
 
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -232,12 +233,16 @@ def parse_args(argv=None):
     if not args.out:  # no default: a trial run must not replace a head anyone relies on
         p.error("--out is required: the folder to write the head to (--out mlxspec/data/smollm2-eagle replaces the "
                 "shipped demo head, which only the demo target may)")
-    if args.out and (why := unwritable_out(Path(args.out))):
+    for flag, folder in (("--out", args.out), ("--work", args.work)):
+        if why := train_common.unwritable_folder(Path(folder)):
+            p.error(f"{flag} {folder}: {why}")
+    if why := unwritable_out(Path(args.out)):
         p.error(f"--out {args.out}: {why}")
     return args
 
 
 SHIPPED = ROOT / "mlxspec/data/smollm2-eagle"
+STAGED_WEIGHTS, STAGED_CONFIG = ".model.tmp.safetensors", ".config.tmp.json"
 
 
 def check_out(args, digest: str) -> None:
@@ -251,12 +256,16 @@ def check_out(args, digest: str) -> None:
 
 
 def unwritable_out(out: Path) -> str:
-    """Why a head may not be written to `out` ("" when it may): a file, or a folder holding
-    something other than an EAGLE head (a model, say), would be overwritten."""
-    if out.is_file():
-        return "is a file; give a folder for the head"
+    """Why a head may not be written to folder `out` ("" when it may): one holding something
+    other than an EAGLE head (a model, say) would be overwritten."""
     config = out / "config.json"
-    if out.is_dir() and any(out.iterdir()):
+    names = {f.name for f in out.iterdir()} if out.is_dir() else set()
+    # save_head stages .model.tmp.safetensors and .config.tmp.json (`mlxspec.files.staged_path`;
+    # not imported: mlxspec loads before torch would slow it), then renames them: an export cut
+    # short leaves only those, or the weights renamed beside the staged config
+    if STAGED_CONFIG in names:
+        names.discard("model.safetensors")
+    if names - {STAGED_WEIGHTS, STAGED_CONFIG}:
         try:
             kind = json.loads(config.read_text(encoding="utf-8")).get("model_type")
         except (OSError, ValueError, AttributeError):

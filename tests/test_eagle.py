@@ -197,6 +197,28 @@ def test_a_two_layer_head_runs_its_layers_in_order(deep_target, tmp_path):
     assert r2.stats.accepted < 0.9 * r2.stats.drafted
 
 
+def test_a_failed_export_leaves_the_earlier_head_and_no_staged_file(target, tmp_path, monkeypatch):
+    """save_head writes both files whole before renaming them: a full disk while the config is
+    written leaves the earlier head loadable and nothing staged (which would block the rerun)."""
+    from pathlib import Path
+
+    from mlxspec.drafters.eagle import save_head
+
+    folder = tiny.make_eagle_head(target, tmp_path / "head", copy=True)
+    before = {f.name: f.read_bytes() for f in folder.iterdir()}
+    head, ids, _ = load_head(folder, target)
+
+    def full(self, *a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match="No space"):
+        save_head(folder, head, ids, target, dtype=mx.float16)
+    monkeypatch.undo()
+    assert {f.name: f.read_bytes() for f in folder.iterdir()} == before
+    load_head(folder, target)
+
+
 def test_num_layers_must_be_a_whole_number(target, two_layer_head, tmp_path):
     cfg = json.loads((two_layer_head / "config.json").read_text())
     (tmp_path / "model.safetensors").write_bytes((two_layer_head / "model.safetensors").read_bytes())

@@ -13,12 +13,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import draft_answers  # noqa: E402
 import train_draft  # noqa: E402
 
-ARGS = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w"])
+ARGS = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--out", "o"])
 SHARDS = [Path("w/gen") / f"train-t0-{i:03d}.npz" for i in range(4)] + [Path("w/gen/held_out-t0-000.npz")]
 
 
 def _tag(shards=SHARDS, **kw):
-    args = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w"])
+    args = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--out", "o"])
     for k, v in kw.items():
         setattr(args, k, v)
     return train_draft.run_tag(args, shards)
@@ -46,7 +46,7 @@ def _prompts(n_train, n_held, files=()):
 def test_generate_plan_answers_every_prompt_once_files_last(tmp_path):
     f = tmp_path / "mine.jsonl"
     f.write_text("".join(json.dumps({"prompt": f"mine {i}"}) + "\n" for i in range(7)))
-    args = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--prompt-file", str(f), "--gen-batch", "3"])
+    args = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--out", "o", "--prompt-file", str(f), "--gen-batch", "3"])
     files = train_draft.logged_prompt_files(args.prompt_file)
     (key,) = files
     plain = draft_answers.plan_batches(args, _prompts(10, 2))
@@ -68,9 +68,9 @@ def test_generate_plan_answers_every_prompt_once_files_last(tmp_path):
 def test_another_batch_size_never_takes_the_defaults_shards():
     """Shard n of 48 prompts is not shard n of 96: another --gen-batch writes shards of its own
     names (a work dir answered at 48 keeps its names and resumes), never reading 48's as done."""
-    default = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w"])
+    default = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--out", "o"])
     assert default.gen_batch == 48
-    wide = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--gen-batch", "96"])
+    wide = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--out", "o", "--gen-batch", "96"])
     plan = {a.gen_batch: draft_answers.plan_batches(a, _prompts(200, 4)) for a in (default, wide)}
     assert plan[48][0][0] == "held_out-t0-000" and plan[48][1][0] == "train-t0-000"
     assert not {b[0] for b in plan[48]} & {b[0] for b in plan[96]}
@@ -80,5 +80,18 @@ def test_another_batch_size_never_takes_the_defaults_shards():
 @pytest.mark.parametrize("bad", ["0", "-4", "x", "1.5"])
 def test_a_batch_size_must_be_a_whole_number(bad, capsys):
     with pytest.raises(SystemExit):
-        train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--gen-batch", bad])
+        train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--out", "o", "--gen-batch", bad])
     assert "give a whole number of at least 1" in capsys.readouterr().err
+
+
+def test_out_is_required_and_folders_that_cannot_be_written_are_said_first(tmp_path, capsys):
+    """No default --out: a trial run must not replace the shipped draft; a folder under a file is
+    refused when parsed, not at export."""
+    with pytest.raises(SystemExit):
+        train_draft.parse_args(["--gguf", "t.gguf", "--work", "w"])
+    assert "--out is required" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    for argv in (["--work", "w", "--out", str(tmp_path / "file" / "o")], ["--work", str(tmp_path / "file"), "--out", "o"]):
+        with pytest.raises(SystemExit):
+            train_draft.parse_args(["--gguf", "t.gguf", *argv])
+        assert "is a file" in capsys.readouterr().err

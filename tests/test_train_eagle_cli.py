@@ -282,6 +282,40 @@ def test_out_never_overwrites_a_file_or_a_folder_that_is_no_head(tmp_path, capsy
         assert train_eagle.parse_args(["--target", "demo", "--work", "w", "--out", str(fine)]).out == str(fine)
 
 
+def test_out_and_work_that_cannot_be_written_are_said_before_any_work(tmp_path, capsys):
+    """A folder under a file (or a read-only one) is refused when parsed, not after hours of
+    answers and training at export, with a traceback."""
+    (tmp_path / "file").write_text("x")
+    under = tmp_path / "file" / "head"
+    for argv, says in ((["--work", "w", "--out", str(under)], f"--out {under}: {tmp_path / 'file'} is a file, so "
+                        "no folder can be made under it"),
+                       (["--work", str(under), "--out", str(tmp_path / "o")], f"--work {under}: {tmp_path / 'file'} "
+                        "is a file")):
+        for which in (["--gguf", "x.gguf"], ["--target", "demo"]):
+            with pytest.raises(SystemExit):
+                train_eagle.parse_args([*which, *argv])
+            assert says in capsys.readouterr().err
+
+
+def test_an_export_cut_short_does_not_block_the_next_one(tmp_path):
+    """save_head stages its two files, then renames them: a run killed before (or between) the
+    renames leaves only those, and the rerun may write there; a failed write leaves nothing."""
+    from mlxspec.files import staged_path
+
+    weights, config = (staged_path(name).name for name in ("model.safetensors", "config.json"))  # save_head's
+    assert (weights, config) == (train_eagle.STAGED_WEIGHTS, train_eagle.STAGED_CONFIG)
+    for left in ([weights], [weights, config], ["model.safetensors", config]):
+        out = tmp_path / f"cut{len(left)}{left[0][0]}"
+        out.mkdir()
+        for name in left:
+            (out / name).write_bytes(b"partial")
+        assert train_eagle.unwritable_out(out) == ""
+    alone = tmp_path / "weights-only"  # no staged config beside it: someone's model, maybe
+    alone.mkdir()
+    (alone / "model.safetensors").write_bytes(b"x")
+    assert "holds files but no EAGLE head" in train_eagle.unwritable_out(alone)
+
+
 def test_out_is_required_and_the_shipped_head_is_the_demo_target_s_only(tmp_path, capsys):
     for which in (["--gguf", "x.gguf"], ["--target", "demo"]):  # a trial run must not replace the shipped head
         with pytest.raises(SystemExit):

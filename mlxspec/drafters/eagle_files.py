@@ -15,6 +15,7 @@ from mlx_lm.models.llama import ModelArgs
 
 from ..backbone import hidden_size, layers_fit
 from ..errors import IncompatibleModelsError, ModelNotFoundError, shown
+from ..files import staged_path
 from .context import check_context
 from .eagle_head import EagleHead
 
@@ -64,9 +65,6 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
     weights = {k: v.astype(dtype) for k, v in tree_flatten(head.parameters())}
     if draft_ids is not None:
         weights["draft_ids"] = draft_ids.astype(mx.int32)
-    # Both files are written whole beside the old ones first, then renamed, config last: an
-    # interruption leaves the old head or the new one, short of the instant between two renames.
-    mx.save_safetensors(str(path / ".model.tmp.safetensors"), weights)
     cfg = {"model_type": "eagle_head",
            "layer": {k: getattr(head.args, k) for k in LAYER_FIELDS},
            "num_layers": len(head.layers),
@@ -76,9 +74,19 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
            "target": {"name": name, "vocab_size": target_vocab(target_model), "hidden_size": hidden_size(target_model),
                       "embedding_fingerprint": embedding_fingerprint(target_model)},
            **(extra or {})}
-    (path / ".config.json.tmp").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
-    os.replace(path / ".model.tmp.safetensors", path / "model.safetensors")
-    os.replace(path / ".config.json.tmp", path / "config.json")
+    # Both files are written whole beside the old ones first, then renamed, config last: an
+    # interruption leaves the old head or the new one, short of the instant between two renames
+    # (and a failed write, a full disk say, leaves no staged file behind).
+    weights_file, config_file = staged_path(path / "model.safetensors"), staged_path(path / "config.json")
+    try:
+        mx.save_safetensors(str(weights_file), weights)
+        config_file.write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
+    except BaseException:
+        weights_file.unlink(missing_ok=True)
+        config_file.unlink(missing_ok=True)
+        raise
+    os.replace(weights_file, path / "model.safetensors")
+    os.replace(config_file, path / "config.json")
 
 
 # -- loading ------------------------------------------------------------------------------------
