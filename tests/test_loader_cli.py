@@ -497,8 +497,19 @@ def test_a_missing_head_is_said_in_a_heads_terms_before_loading(monkeypatch, tmp
     with pytest.raises(ModelNotFoundError, match=r"EAGLE head 'my-head' not found: give a head folder .*"
                                                  r"builtin:smollm2-eagle\)$"):
         api.load("demo", drafter="eagle", head="my-head")
-    with pytest.raises(ModelNotFoundError, match="has no config.json"):  # a folder that is there says what it lacks
+    with pytest.raises(ModelNotFoundError, match="config.json is missing; a head folder holds"):  # what it lacks
         api.load("demo", drafter="eagle", head=str(tmp_path))
+    (tmp_path / "head").mkdir()
+    (tmp_path / "head" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "head" / "config.json").write_text('{"model_type": "eagle_head", ')  # damaged
+    with pytest.raises(ModelNotFoundError, match=r"config.json is not valid JSON .*; write the head again"):
+        api.load("demo", drafter="eagle", head=str(tmp_path / "head"))
+    model = tmp_path / "model"  # an mlx-lm model's folder, not a head's: said before loading too
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelNotFoundError, match="has model_type 'llama', expected 'eagle_head'"):
+        api.load("demo", drafter="eagle", head=str(model))
 
 
 @pytest.mark.parametrize("role", ["draft", "target"])

@@ -91,6 +91,34 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
 
 # -- loading ------------------------------------------------------------------------------------
 
+# what to do about a damaged head (a locally trained one; a shipped one comes back with mlxspec)
+REWRITE = ("write the head again (scripts/train_eagle.py with the run's --work folder only exports it again; a "
+           "shipped head comes back when mlxspec is reinstalled)")
+
+
+def head_config(path) -> dict:
+    """A head folder's config.json, checked to be a head's: cheap, so a loader says a folder that
+    is no head (or a damaged one) before the minutes of loading a target.
+
+    Raises:
+        ModelNotFoundError: a file is missing, config.json is no JSON or no head's.
+    """
+    path = Path(path)
+    cfg_path = path / "config.json"
+    for f in (cfg_path, path / "model.safetensors"):
+        if not f.is_file():
+            raise ModelNotFoundError(f"[eagle] {f} is missing; a head folder holds config.json and model.safetensors "
+                                     f"(as scripts/train_eagle.py writes it)")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(f"[eagle] {cfg_path} is not valid JSON ({e}); {REWRITE}") from e
+    if not isinstance(cfg, dict) or cfg.get("model_type") != "eagle_head":
+        kind = cfg.get("model_type") if isinstance(cfg, dict) else f"a JSON {type(cfg).__name__}"
+        raise ModelNotFoundError(f"[eagle] {cfg_path} has model_type {kind!r}, expected 'eagle_head'")
+    return cfg
+
+
 def load_head(path, target_model, coord=None) -> Tuple[EagleHead, Optional[mx.array], dict]:
     """Load a head folder (config.json + model.safetensors) trained for `target_model`.
 
@@ -106,17 +134,11 @@ def load_head(path, target_model, coord=None) -> Tuple[EagleHead, Optional[mx.ar
     path = Path(path)
     V = target_vocab(target_model)
     cfg_path, w_path = path / "config.json", path / "model.safetensors"
-    for f in (cfg_path, w_path):
-        if not f.is_file():
-            raise ModelNotFoundError(f"[eagle] {f} is missing; a head folder holds config.json and model.safetensors")
+    cfg = head_config(path)
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         weights = mx.load(str(w_path))
     except (OSError, ValueError, RuntimeError) as e:
-        raise ModelNotFoundError(f"[eagle] cannot read the head in {path}: {e}") from e
-    if not isinstance(cfg, dict) or cfg.get("model_type") != "eagle_head":
-        kind = cfg.get("model_type") if isinstance(cfg, dict) else f"a JSON {type(cfg).__name__}"
-        raise ModelNotFoundError(f"[eagle] {cfg_path} has model_type {kind!r}, expected 'eagle_head'")
+        raise ModelNotFoundError(f"[eagle] cannot read the head's weights {w_path}: {e}; {REWRITE}") from e
     target = cfg.get("target")
     _check_target(target if isinstance(target, dict) else {}, target_model, path)
     depth = cfg.get("num_layers", 1)  # heads written before deeper ones existed have one layer

@@ -256,13 +256,18 @@ def _report_memory(target_info, draft_info, max_kv_size, quant=None) -> int:
 
 def _head_folder(ref: str, download: bool):
     """An EAGLE head's folder; ModelNotFoundError in a head's terms (not a model's) when there is none."""
+    from ..drafters.eagle_files import head_config
     from .resolve import BUILTIN, BUILTIN_DIR
 
-    try:
-        return resolve_model(ref, download=download).path
-    except ModelNotFoundError as e:
-        shipped = ", ".join(sorted(BUILTIN + p.name for p in BUILTIN_DIR.iterdir() if _is_head(p)))
-        found = f"; {e}" if Path(ref).expanduser().exists() else ""  # a folder that is there, but no head
-        raise ModelNotFoundError(
-            f"EAGLE head {ref!r} not found: give a head folder (config.json + model.safetensors, as "
-            f"scripts/train_eagle.py writes it) or a shipped one ({shipped}){found}") from None
+    folder = Path(ref).expanduser()
+    if not folder.is_dir():
+        try:
+            folder = resolve_model(ref, download=download).path
+        except ModelNotFoundError as e:
+            shipped = ", ".join(sorted(BUILTIN + p.name for p in BUILTIN_DIR.iterdir() if _is_head(p)))
+            found = f"; {e}" if folder.exists() else ""  # a file that is there, but no head
+            raise ModelNotFoundError(
+                f"EAGLE head {ref!r} not found: give a head folder (config.json + model.safetensors, as "
+                f"scripts/train_eagle.py writes it) or a shipped one ({shipped}){found}") from None
+    head_config(folder)  # a folder that is there but is no head, or a damaged one, said in a head's terms
+    return folder
