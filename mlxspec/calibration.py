@@ -186,7 +186,7 @@ def save(entry: dict, path: Optional[Path] = None, *, replace_unreadable: bool =
                 if not replace_unreadable:
                     raise
                 doc = {"models": {}}
-                path.replace(path.with_name(path.name + ".bad"))
+                path.replace(bad_copy(path))
             old = doc["models"].get(entry["key"])
             if isinstance(old, dict) and entry.get("draft_key") is None and old.get("draft_key"):
                 model_cost = _model_cost(old)
@@ -199,6 +199,31 @@ def save(entry: dict, path: Optional[Path] = None, *, replace_unreadable: bool =
 
     _write_step(update, path)
     return path
+
+
+def bad_copy(path: Path) -> Path:
+    """Where an unreadable calibration file is kept when a new one replaces it: <name>.bad, or
+    .bad.2, .bad.3... beside an earlier one (never over it)."""
+    n, candidate = 1, path.with_name(path.name + ".bad")
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.bad.{n}")
+    return candidate
+
+
+def implausible(entry: dict, *, slack: float = 0.85) -> list:
+    """The lengths whose timing is implausible in a calibration: a pass over j tokens that took
+    under `slack` of a shorter pass's time. More tokens never cost less; a timing that fast or
+    that slow was disturbed (another process, a clock change), and a curve with it would seed the
+    cost model wrong. Returns "V(j)/V(1) r after V(i)/V(1) q" descriptions (empty: plausible)."""
+    ratios = {int(j): float(r) for j, r in entry["ratios"].items()}
+    said, top, at = [], 0.0, 1
+    for j in sorted(ratios):
+        if ratios[j] < slack * top:
+            said.append(f"V({j})/V(1) {ratios[j]:.2f} after V({at})/V(1) {top:.2f}")
+        if ratios[j] > top:
+            top, at = ratios[j], j
+    return said
 
 
 def _write_step(step, path: Path) -> None:
@@ -242,7 +267,7 @@ def load_prior(model, path: Optional[Path] = None) -> Optional[Dict[int, float]]
 
     Pass the result as `Engine(..., cost_prior=load_prior(target_model))`.
     """
-    return _ratios(load_entry(model, path))
+    return _ratios(load_entry(model, path), path)
 
 
 def check_ratios(ratios) -> Optional[Dict[int, float]]:
@@ -262,15 +287,16 @@ def check_ratios(ratios) -> Optional[Dict[int, float]]:
     return out
 
 
-def _ratios(entry: Optional[dict]) -> Optional[Dict[int, float]]:
-    """An entry's V(j)/V(1) ratios, or None when it has none (a damaged curve: ignored, with a warning)."""
+def _ratios(entry: Optional[dict], path: Optional[Path] = None) -> Optional[Dict[int, float]]:
+    """An entry's V(j)/V(1) ratios, or None when it has none (a damaged curve: ignored, with a
+    warning naming the file, `path` or the default one)."""
     if not entry or entry.get("ratios") is None:
         return None
     try:
         return check_ratios(entry["ratios"]) or None
     except InvalidArgumentError as e:
-        warnings.warn(f"ignoring the saved calibration of this model ({e}); run `mlxspec calibrate` again",
-                      stacklevel=3)
+        warnings.warn(f"ignoring the saved calibration of this model in {Path(path) if path else calibration_path()} "
+                      f"({e}); run `mlxspec calibrate` again", stacklevel=3)
         return None
 
 

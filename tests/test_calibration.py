@@ -18,6 +18,17 @@ def home(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def steady(monkeypatch):
+    """Timings of a quiet machine (each pass 10 % dearer than the one shorter): the CLI tests
+    below are about files and words, and a tiny model's microsecond passes on a busy CI machine
+    are as likely to look disturbed (`implausible`) as not."""
+    def timed(model, *, max_j=cal.MAX_J, **kw):
+        return {j: 1e-3 * (1 + 0.1 * (j - 1)) for j in range(1, max_j + 1)}
+
+    monkeypatch.setattr(cal, "measure_verify_seconds", timed)
+
+
 def test_home_follows_the_environment(home):
     assert cal.calibration_path() == home / "calibration.json"
 
@@ -67,7 +78,7 @@ def test_bench_uses_the_saved_curve(home):
     assert eng.curve.prior_ratios == ratios
 
 
-def test_cli_prints_and_saves(home, monkeypatch, capsys):
+def test_cli_prints_and_saves(home, steady, monkeypatch, capsys):
     eng = tiny_engine()
     monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: eng)
     assert cli.main(["calibrate", "--max-j", "3", "--prefix", "4", "--repeats", "1"]) == 0
@@ -143,7 +154,7 @@ def test_engine_cost_prior_is_checked():
         e.set_cost_prior({1: 1.0, 3: float("inf")})
 
 
-def test_calibrate_replaces_an_unreadable_file_and_says_so_before_measuring(home, monkeypatch, capsys):
+def test_calibrate_replaces_an_unreadable_file_and_says_so_before_measuring(home, steady, monkeypatch, capsys):
     eng = tiny_engine()
     monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: eng)
     (home / "calibration.json").write_text("{ broken")
@@ -152,6 +163,47 @@ def test_calibrate_replaces_an_unreadable_file_and_says_so_before_measuring(home
     assert "not a readable calibration file" in err and "calibration.json.bad" in err
     assert (home / "calibration.json.bad").read_text() == "{ broken"
     assert len(cal.load_prior(eng.target_model)) == 2
+
+
+def test_an_earlier_unreadable_file_kept_aside_is_never_overwritten(home, steady, monkeypatch, capsys):
+    eng = tiny_engine()
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: eng)
+    (home / "calibration.json.bad").write_text("first")
+    (home / "calibration.json").write_text("second")
+    assert cli.main(["calibrate", "--max-j", "2", "--prefix", "4", "--repeats", "1"]) == 0
+    assert "kept beside it, as calibration.json.bad.2" in capsys.readouterr().err
+    assert (home / "calibration.json.bad").read_text() == "first"
+    assert (home / "calibration.json.bad.2").read_text() == "second"
+
+
+def test_a_curve_where_more_tokens_cost_less_is_said_and_not_saved(home, monkeypatch, capsys):
+    """A pass over 3 tokens timed at 0.75 of a pass over 2 (0.90 of one token's) was disturbed (a busy machine): it
+    is said, exit status 1, and the curve saved before stays."""
+    assert cal.implausible({"ratios": {"1": 1.0, "2": 1.1, "3": 1.2, "4": 1.3}}) == []
+    assert cal.implausible({"ratios": {"1": 1.0, "2": 0.9, "3": 1.05}}) == []  # within noise
+    assert cal.implausible({"ratios": {"1": 1.0, "2": 1.2, "3": 0.9, "4": 1.3}}) == ["V(3)/V(1) 0.90 after V(2)/V(1) 1.20"]
+    assert cal.implausible({"ratios": {"1": 1.0, "2": 0.5}}) == ["V(2)/V(1) 0.50 after V(1)/V(1) 1.00"]
+    # against the dearest shorter pass, not the last one
+    assert cal.implausible({"ratios": {"1": 1.0, "2": 1.5, "3": 1.0, "4": 1.1}}) == [
+        "V(3)/V(1) 1.00 after V(2)/V(1) 1.50", "V(4)/V(1) 1.10 after V(2)/V(1) 1.50"]
+    eng = tiny_engine()
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: eng)
+    (home / "calibration.json").write_text('{"models": {}}')
+    disturbed = {1: 1e-3, 2: 1.2e-3, 3: 0.9e-3}
+    monkeypatch.setattr(cal, "measure_verify_seconds", lambda model, *, max_j=3, **kw: {
+        j: disturbed[j] for j in range(1, max_j + 1)})
+    assert cli.main(["calibrate", "--max-j", "3", "--prefix", "4", "--repeats", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "V(3)/V(1) 0.90 after V(2)/V(1)" in err and "Not saved" in err
+    assert (home / "calibration.json").read_text() == '{"models": {}}'
+    assert cli.main(["calibrate", "--max-j", "3", "--prefix", "4", "--repeats", "1", "--no-save"]) == 0
+
+
+def test_a_damaged_saved_curve_is_ignored_naming_the_file(home):
+    eng = tiny_engine()
+    cal.save(_saved_entry(eng.target_model, ratios={"1": 1.0, "2": "abc"}))
+    with pytest.warns(UserWarning, match=rf"ignoring the saved calibration of this model in {home / 'calibration.json'}"):
+        assert cal.load_prior(eng.target_model) is None
 
 
 def test_calibrating_again_without_the_draft_keeps_its_saved_cost(home):

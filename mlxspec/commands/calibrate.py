@@ -49,7 +49,7 @@ def run(args) -> int:
 def calibrate_engine(engine, args, *, out, err) -> int:
     from rich.table import Table
 
-    from ..calibration import calibrate, calibration_path, save, unreadable
+    from ..calibration import bad_copy, calibrate, calibration_path, implausible, save, unreadable
 
     from ..errors import InvalidArgumentError
     from ..modelmeta import context_length
@@ -63,7 +63,7 @@ def calibrate_engine(engine, args, *, out, err) -> int:
     broken = False if args.no_save else bool(unreadable())
     if broken:  # said before minutes of timing, not after
         err.print(f"warning: {calibration_path()} is not a readable calibration file; this calibration "
-                  f"replaces it (the old one is kept beside it as calibration.json.bad)")
+                  f"replaces it (the old one is kept beside it, as {bad_copy(calibration_path()).name})")
     with err.status("timing target passes"):
         entry = calibrate(engine.target_model, engine.draft_model, max_j=args.max_j, prefix=args.prefix,
                           repeats=args.repeats)
@@ -77,8 +77,16 @@ def calibrate_engine(engine, args, *, out, err) -> int:
     for name, c in entry["draft_cost"].items():
         out.print(f"drafter {name}: {c:.3f} target steps per drafted token")
     out.print("(an EAGLE head is not timed here: the engine times its steps as it drafts)")
+    disturbed = implausible(entry)
+    if disturbed:  # more tokens never cost less: something else ran beside the timing
+        err.print(f"warning: this curve has timings no pass can have ({'; '.join(disturbed)}): more tokens never "
+                  f"cost less, so something disturbed the timing (another process?). "
+                  + ("Run `mlxspec calibrate` again on an idle machine." if args.no_save else
+                     "Not saved (the saved curve, if any, stays): run `mlxspec calibrate` again on an idle machine."))
     if args.no_save:
         return 0
+    if disturbed:
+        return 1
     path = save(entry, replace_unreadable=broken)
     err.print(f"saved to {path}")
     return 0
