@@ -352,6 +352,10 @@ async def test_clear_forgets_the_conversation_and_resets_the_caches():
     app = make_app(tiny_engine(), max_tokens=6)
     async with app.run_test(size=SIZE) as pilot:
         await send(app, pilot, "one")
+        await pilot.press("ctrl+l")  # a terminal habit (redraw) must not drop unsaved turns: it asks first
+        await pilot.pause()
+        assert len(app.conversation.turns) == 1
+        assert "Ctrl-L again clears it: 1 turn of this conversation is not saved" in history_text(app)
         await pilot.press("ctrl+l")
         await pilot.pause()
         assert app.conversation.turns == [] and app.pane(SPEC).text == ""
@@ -549,6 +553,37 @@ async def test_quitting_during_an_answer_stops_it():
         await pilot.press("ctrl+q")
         await pilot.pause()
         assert app.cancel.is_set()  # the worker stops at its next step: the process does not outlive its screen
+
+
+@async_test
+async def test_quitting_with_turns_not_saved_asks_for_a_second_press(tmp_path, monkeypatch):
+    """Ctrl-Q quits at once with nothing to lose; with turns /save has not written, on a second
+    press within CONFIRM_SECONDS (a press long after the first asks again)."""
+    import tui.app as tui_app
+
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "one")
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert app.is_running and "Ctrl-Q again quits: 1 turn of this conversation is not saved" in \
+            history_text(app)
+        monkeypatch.setattr(tui_app, "CONFIRM_SECONDS", 0.0)  # the first press has expired
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert app.is_running
+        monkeypatch.setattr(tui_app, "CONFIRM_SECONDS", 10.0)
+        await send(app, pilot, f"/save {tmp_path / 'chat'}")  # saved: nothing to lose
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert not app.is_running
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "one")
+        await pilot.press("ctrl+q")
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert not app.is_running
 
 
 @async_test

@@ -7,6 +7,7 @@ The UI thread never runs a model. A thread worker loads the engines, another run
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import asdict, replace
 from typing import Callable, Optional
 
@@ -33,6 +34,9 @@ from .worker import TurnRequest, on_own_thread, run_turn
 SETTLE_TIMEOUT = 1.0  # seconds the worker waits for the screen at most
 
 
+CONFIRM_SECONDS = 10.0  # Ctrl-Q or Ctrl-L pressed again within this acts (when turns are not saved)
+
+
 class ChatApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "mlxspec chat"
@@ -40,7 +44,7 @@ class ChatApp(App):
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+c", "interrupt", "Stop", show=False, priority=True),
         Binding("ctrl+t", "toggle_colour", "Colours", priority=True),
-        Binding("ctrl+l", "clear", "Clear", priority=True),
+        Binding("ctrl+l", "clear_key", "Clear", priority=True),
         Binding("ctrl+q", "quit", "Quit", priority=True),
         Binding("pageup", "scroll_chat(-1)", "Scroll chat", show=False),  # the history never takes focus
         Binding("pagedown", "scroll_chat(1)", "Scroll chat", show=False),
@@ -61,6 +65,8 @@ class ChatApp(App):
         self._resume = resume  # a saved conversation to go on with, shown once the engines are ready
         self.cancel = threading.Event()
         self.busy = False
+        self.saved_turns = 0  # turns /save wrote (or /load read): the others are lost by clearing or quitting
+        self._armed = (None, 0.0)  # a key that asked to be pressed again, and when (`_confirmed`)
 
     # -- layout ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -85,7 +91,7 @@ class ChatApp(App):
 
     def check_action(self, action: str, parameters) -> Optional[bool]:
         """Chat keys only mean something once the engines are ready (not on the loading/error screens)."""
-        if action in ("stop", "interrupt", "toggle_colour", "clear"):
+        if action in ("stop", "interrupt", "toggle_colour", "clear", "clear_key"):
             return bool(self.engines) and not isinstance(self.screen, (LoadingScreen, ErrorScreen))
         return True
 
@@ -252,7 +258,23 @@ class ChatApp(App):
         else:
             self.notice("nothing to stop: Ctrl-Q quits")
 
+    def _confirmed(self, key: str, does: str) -> bool:
+        """A single key that would lose turns not saved acts on its second press within
+        CONFIRM_SECONDS (one press of a terminal habit, Ctrl-L to redraw say, must not drop the
+        conversation); with nothing unsaved, on the first."""
+        unsaved = len(self.conversation.turns) - self.saved_turns
+        armed, at = self._armed
+        if unsaved <= 0 or (armed == key and time.monotonic() - at < CONFIRM_SECONDS):
+            self._armed = (None, 0.0)
+            return True
+        self._armed = (key, time.monotonic())
+        self.notice(f"{key} again {does}: {plural(unsaved, 'turn')} of this conversation "
+                    f"{'is' if unsaved == 1 else 'are'} not saved (/save PATH keeps them)", error=True)
+        return False
+
     async def action_quit(self) -> None:
+        if not self._confirmed("Ctrl-Q", "quits"):
+            return
         self.cancel.set()  # else the process outlives its screen until the answer is done
         await super().action_quit()
 
@@ -263,11 +285,16 @@ class ChatApp(App):
         self.colour = not self.colour
         await self.pane(SPEC).set_colour(self.colour)
 
+    async def action_clear_key(self) -> None:
+        if self.busy or self._confirmed("Ctrl-L", "clears it"):
+            await self.action_clear()  # (which says to stop the answer first)
+
     async def action_clear(self) -> None:
         if self.busy:
             self.notice("stop the answer first (Esc), then clear", error=True)
             return
         self.conversation.clear()
+        self.saved_turns = 0
         for engine in self.engines.values():
             engine.reset()
         self.query_one(ChatHistory).clear()
@@ -313,6 +340,7 @@ class ChatApp(App):
         except InvalidArgumentError as e:  # a folder, not a file name
             self.notice(f"/save {path}: {e}", error=True)
             return
+        self.saved_turns = len(self.conversation.turns)
         self.notice(f"saved {js} and {md}")
 
     async def load(self, path: str) -> None:
@@ -332,6 +360,7 @@ class ChatApp(App):
         """Make `saved` the conversation: its turns in the history, its system prompt, and the next
         message answered after them (the engines reuse whatever prefix their caches share with it)."""
         self.conversation.turns[:] = saved.turns
+        self.saved_turns = len(saved.turns)
         self.conversation.system = saved.system
         self.settings = replace(self.settings, system=saved.system)
         history = self.query_one(ChatHistory)

@@ -26,7 +26,8 @@ HELP = """\
 /clear           forget the conversation (also Ctrl-L)
 /help            this list
 Keys: Enter send · Up/Down earlier messages · PgUp/PgDn scroll the chat · Esc or Ctrl-C stop
-      Ctrl-T token colours · Ctrl-L clear · Ctrl-Q quit"""
+      Ctrl-T token colours · Ctrl-L clear · Ctrl-Q quit
+      (Ctrl-L and Ctrl-Q ask for a second press while turns are not saved)"""
 
 
 class CommandError(ValueError):
