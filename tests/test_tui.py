@@ -572,7 +572,10 @@ async def test_quitting_with_turns_not_saved_asks_for_a_second_press(tmp_path, m
         await pilot.press("ctrl+q")
         await pilot.pause()
         assert app.is_running
-        monkeypatch.setattr(tui_app, "CONFIRM_SECONDS", 10.0)
+    monkeypatch.setattr(tui_app, "CONFIRM_SECONDS", 10.0)
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "one")
         await send(app, pilot, f"/save {tmp_path / 'chat'}")  # saved: nothing to lose
         await pilot.press("ctrl+q")
         await pilot.pause()
