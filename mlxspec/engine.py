@@ -1,8 +1,8 @@
 """`Engine`: a target (+ a drafter) with rollback caches, ready to generate.
 
 The engine owns the state (caches, drafters, the cost model); every request's arguments are
-checked before any work (`mlxspec.request`); `mlxspec.loop` is the one generation loop that runs a request,
-plain or speculative. `warmup()` runs every shape once so no timed run pays first-use
+checked before any work (`mlxspec.request`); `mlxspec.loop` is the one generation loop that
+runs a request, plain or speculative. `warmup()` runs every shape once so no timed run pays first-use
 compilation (see `mlxspec.warmup`).
 
 Given an `mx.distributed` group of several ranks, the target is taken as sharded over it
