@@ -156,6 +156,40 @@ def test_an_unclassified_divergence_says_why():
     assert "differ from character" in turn.verdict() and "unclassified: no float32 reference" in turn.verdict()
 
 
+def test_the_wait_for_a_pass_left_in_flight_counts_on_its_side(monkeypatch):
+    """The loop times its own steps; the pass it leaves in flight at a switch is waited for in
+    `pause`, outside them: that wait is the side's work and its tok/s (stats.seconds) includes
+    it, so each side's figure is its whole compute, as the race's clock has it."""
+    import mlx.core as mx
+
+    import tui.race
+
+    monkeypatch.setattr(tui.race, "time", types.SimpleNamespace(perf_counter=CLOCK))
+
+    def in_flight():  # the pass left in flight finishes 5 ms after the switch
+        CLOCK.t += 0.005
+
+    monkeypatch.setattr(mx, "synchronize", in_flight)
+
+    def timed_stream(rounds, seconds_per_round):  # as the loop times: its steps only
+        stats = GenerationStats()
+        for r, n_accepted in enumerate(rounds):
+            CLOCK.t += seconds_per_round
+            stats.seconds += seconds_per_round
+            for i in range(n_accepted + 1):
+                last = r == len(rounds) - 1 and i == n_accepted
+                yield TokenEvent(0, "x", i < n_accepted, r, n_accepted, stats, "length" if last else None)
+
+    spec, van = timed_stream([3] * 6, 0.02), timed_stream([0] * 24, 0.01)
+    seen = {}
+    for side, evs in race({SPEC: spec, VANILLA: van}, cancel=threading.Event()):
+        seen[side] = evs[-1].stats
+    spec_pauses = 6  # one after each round: vanilla is still running then
+    assert abs(seen[SPEC].seconds - (6 * 0.02 + spec_pauses * 0.005)) < 1e-9
+    van_pauses = round((seen[VANILLA].seconds - 24 * 0.01) / 0.005)
+    assert van_pauses >= 5 and abs(seen[VANILLA].seconds - (24 * 0.01 + van_pauses * 0.005)) < 1e-9
+
+
 def test_between_runs_only_where_no_side_is_timed(monkeypatch):
     """The caller draws in `between()`: at each switch of sides (after the side that stops has
     waited for its pass), never in the middle of a side's run, where drawing would be on its
