@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple, Union
 
 
-def acceptance_text(accepted: int, drafted: int) -> str:
-    """Acceptance for people: "62% (31/50)", or "- (nothing drafted)": a rate of nothing is not 0%."""
-    return f"{accepted / drafted:.0%} ({accepted}/{drafted})" if drafted else "- (nothing drafted)"
+def acceptance_text(accepted: int, drafted: int, past_end: int = 0) -> str:
+    """Acceptance for people: "62% (31/50)", or "- (nothing drafted)": a rate of nothing is not 0%.
+    `past_end`: accepted drafts the answer's end cut off (`GenerationStats.accepted_past_end`),
+    said beside it: "100% (9/9; 7 past the end)"."""
+    if not drafted:
+        return "- (nothing drafted)"
+    rate = f"{accepted / drafted:.0%}"
+    if rate == "100%" and accepted < drafted:  # not all were: 99.9% (rounded down), not 100%
+        rate = f"{math.floor(1000 * accepted / drafted) / 10:.1f}%"
+    elif rate == "0%" and accepted:  # some were: 0.1% (rounded up), not 0%
+        rate = f"{math.ceil(1000 * accepted / drafted) / 10:.1f}%"
+    return f"{rate} ({accepted}/{drafted}" + (f"; {past_end} past the end)" if past_end else ")")
 
 
 def plural(n: int, word: str) -> str:
@@ -85,6 +95,13 @@ class GenerationStats:
         return sum(self.step_accepted) / reached if reached else 0.0
 
     @property
+    def accepted_past_end(self) -> int:
+        """Accepted drafts after the answer's end: a stop string found inside a round's accepted
+        run ends the text there. They count in the acceptance (the target did accept them), not
+        in `tokens`, and so not in tokens per target pass either."""
+        return min(self.accepted, max(0, self.rounds + self.accepted - self.tokens))  # (a scoring pass: no token)
+
+    @property
     def tokens_per_target_pass(self) -> float:
         return self.tokens / self.rounds if self.rounds else 0.0
 
@@ -135,7 +152,7 @@ class GenerationStats:
         d["k_histogram"] = {str(k): v for k, v in sorted(self.k_histogram.items())}
         d["tree_histogram"] = {str(k): v for k, v in sorted(self.tree_histogram.items())}
         d.update(tokens_per_second=self.tokens_per_second, acceptance_rate=self.acceptance_rate,
-                 tokens_per_target_pass=self.tokens_per_target_pass,
+                 tokens_per_target_pass=self.tokens_per_target_pass, accepted_past_end=self.accepted_past_end,
                  step_acceptance=self.step_acceptance, judged_acceptance=self.judged_acceptance,
                  prompt_tokens_per_second=self.prompt_tokens_per_second,
                  host_seconds_per_round=self.host_seconds_per_round)
@@ -156,7 +173,7 @@ class GenerationStats:
 
     def summary_line(self) -> str:
         return (f"{plural(self.tokens, 'token')}, {self.tokens_per_second:.1f} tok/s, acceptance "
-                f"{acceptance_text(self.accepted, self.drafted)}, "
+                f"{acceptance_text(self.accepted, self.drafted, self.accepted_past_end)}, "
                 f"{self.tokens_per_target_pass:.2f} tokens/target pass, "
                 f"peak memory {self.peak_memory_bytes / 2**20:.0f} MiB")
 

@@ -7,6 +7,7 @@ import tiny
 from mlxspec.engine import Engine
 from mlxspec.errors import InvalidArgumentError
 from mlxspec.prompts import encode_prompt
+from mlxspec.stats import GenerationStats
 from serve_helpers import openai_client, running_server
 
 ASK = [{"role": "user", "content": "say it"}]
@@ -159,3 +160,20 @@ def test_continue_final_message_prefills_the_answer():
                             ({"continue_final_message": True, "messages": ASK}, "continue_final_message")):
             r = httpx.post(f"{url}/v1/chat/completions", json=dict({"messages": prefilled, "max_tokens": 2}, **body))
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_drafts_accepted_past_a_stop_string_are_counted_and_said_apart():
+    """A stop string found inside a round's accepted run ends the text there: the drafts accepted
+    after it count in the acceptance (the target accepted them) but not in the tokens, and the
+    stats say how many, so acceptance and tokens per target pass do not seem to disagree."""
+    text = "one two three " * 5
+    engine, _ = scripted(text)
+    whole = engine.generate(ASK, max_tokens=60, num_draft=8).stats
+    assert whole.accepted_past_end == 0 and whole.tokens == whole.rounds + whole.accepted
+    engine.reset()
+    cut = engine.generate(ASK, max_tokens=60, num_draft=8, stop="three one two three one two three one").stats
+    assert cut.accepted_past_end > 0 and cut.tokens == cut.rounds + cut.accepted - cut.accepted_past_end
+    assert f"; {cut.accepted_past_end} past the end)" in cut.summary_line()
+    assert cut.as_dict()["accepted_past_end"] == cut.accepted_past_end
+    scoring = GenerationStats(rounds=1)  # a pass that scores the prompt and emits nothing
+    assert scoring.accepted_past_end == 0 and "past the end" not in scoring.summary_line()

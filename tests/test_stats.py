@@ -55,6 +55,10 @@ def test_a_rate_of_nothing_is_printed_as_none_not_zero():
 
     assert acceptance_text(31, 50) == "62% (31/50)"
     assert acceptance_text(0, 0) == "- (nothing drafted)"
+    # a rate is never rounded to all or none when it is not
+    assert acceptance_text(7650, 7659) == "99.8% (7650/7659)" and acceptance_text(9999, 10000) == "99.9% (9999/10000)"
+    assert acceptance_text(1, 10000) == "0.1% (1/10000)" and acceptance_text(5, 5) == "100% (5/5)"
+    assert acceptance_text(0, 5) == "0% (0/5)" and acceptance_text(199, 200) == "99.5% (199/200)"
     s = GenerationStats(tokens=1, seconds=0.5, rounds=1)
     assert s.summary_line().startswith("1 token, 2.0 tok/s, acceptance - (nothing drafted), 1.00 tokens/target pass")
 

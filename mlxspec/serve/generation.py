@@ -210,4 +210,4 @@ def answered(state: ServerState, request_id: str, endpoint: str, req: schema.Gen
     log.info("%s: %s%d prompt tokens (%d cached), %d tokens, %.1f tok/s, drafter %s, acceptance %s, "
              "%.2f tokens/target pass", request_id, f"{len(runs)} choices, " if len(runs) > 1 else "",
              s.prompt_tokens, s.prompt_tokens - s.prefilled_tokens, s.tokens, s.tokens_per_second, s.drafter,
-             acceptance_text(s.accepted, s.drafted), s.tokens_per_target_pass)
+             acceptance_text(s.accepted, s.drafted, s.accepted_past_end), s.tokens_per_target_pass)
