@@ -326,12 +326,13 @@ def stats_line(stats) -> str:
         return _stat(stats, key, default)
 
     prompt, reused = int(get("prompt_tokens")), int(get("prompt_tokens")) - int(get("prefilled_tokens"))
+    accepted = acceptance_text(int(get("accepted")), int(get("drafted")), int(get("accepted_past_end")))
     return (
         (f"prompt {plural(prompt, 'token')}"
          + (f" at {get('prompt_tokens_per_second'):.0f} tok/s" if get("prompt_timed_tokens") else "")
          + (f" ({reused} reused)" if reused > 0 else "") + "; " if prompt else "")
         + f"{plural(int(get('tokens')), 'token')} in {get('seconds'):.2f} s, {get('tokens_per_second'):.1f} tok/s, "
-        f"acceptance {acceptance_text(int(get('accepted')), int(get('drafted')), int(get('accepted_past_end')))}, "
+        f"acceptance {accepted}, "
         f"{get('tokens_per_target_pass'):.2f} tokens/target pass, "
         + (f"{plural(int(get('lookup_rounds')), 'round')} by lookup ({int(get('lookup_accepted'))}/{int(get('lookup_drafted'))}), "
            if get('lookup_rounds') else "")
