@@ -1,5 +1,7 @@
 """GET /metrics: Prometheus' text format, its counters the sums of what the answers said."""
 
+import logging
+
 import httpx
 
 from serve_helpers import TIMEOUT, running_server, scrape_metrics, sse_events, tiny_engine
@@ -7,7 +9,8 @@ from serve_helpers import TIMEOUT, running_server, scrape_metrics, sse_events, t
 ASK = [{"role": "user", "content": "Tell me about rivers and the sea."}]
 
 
-def test_the_counters_add_up_what_the_answers_said():
+def test_the_counters_add_up_what_the_answers_said(caplog):
+    caplog.set_level(logging.INFO, logger="mlxspec.serve")
     with running_server(tiny_engine(drafter="ngram"), model_id="t") as (url, _):
         before = scrape_metrics(url)
         assert before["mlxspec_requests_total{endpoint=\"chat\"}"] == 0
@@ -20,12 +23,23 @@ def test_the_counters_add_up_what_the_answers_said():
         body = {"messages": ASK, "max_tokens": 12, "stream": True, "stream_options": {"include_usage": True}}
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
             answers.append(sse_events(r)[-2])
+        # a prompt only scored (echo, max_tokens 0): no token returned, so no generation reported or counted
+        answers.append(httpx.post(f"{url}/v1/completions", json={"prompt": "The sea", "max_tokens": 0, "echo": True,
+                                                                  "logprobs": 0}, timeout=TIMEOUT).json())
+        scored = answers[-1]["mlxspec"]
+        assert answers[-1]["usage"]["completion_tokens"] == 0
+        assert scored["target_passes"] == scored["tokens_per_second"] == scored["tokens_per_target_pass"] == 0
+        assert scored["seconds"] == scored["first_token_seconds"] == 0 and scored["prompt_seconds"] > 0
         assert httpx.post(f"{url}/v1/completions", json={"prompt": ""}, timeout=TIMEOUT).status_code == 400
         assert httpx.get(f"{url}/v1/nothing", timeout=TIMEOUT).status_code == 404
         m = scrape_metrics(url)
-    assert m['mlxspec_requests_total{endpoint="chat"}'] == 2 and m['mlxspec_requests_total{endpoint="completion"}'] == 1
+    assert m['mlxspec_requests_total{endpoint="chat"}'] == 2 and m['mlxspec_requests_total{endpoint="completion"}'] == 2
     for key, total in (("prompt_tokens", "prompt_tokens"), ("generation_tokens", "completion_tokens")):
         assert m[f"mlxspec_{key}_total"] == sum(a["usage"][total] for a in answers)
+    # the log says the prompt as usage counts it: once, not once per choice
+    first = answers[0]["usage"]
+    said = f"2 choices, {first['prompt_tokens']} prompt tokens ({first['prompt_tokens_details']['cached_tokens']} cached)"
+    assert any(said in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
     figures = [a["mlxspec"] for a in answers]
     assert m["mlxspec_drafted_tokens_total"] == sum(f["drafted"] for f in figures) > 0
     assert m["mlxspec_accepted_tokens_total"] == sum(f["accepted"] for f in figures)

@@ -22,7 +22,7 @@ from .choice import Choice, best
 from .errors import APIError, from_engine, internal
 from .options import ServeOptions
 from .queue import EngineQueue, Job
-from .responses import DONE, Shapes, combined, sse, usage
+from .responses import DONE, Shapes, combined, prompt_only, sse, usage
 
 if TYPE_CHECKING:
     from .app import ServerState
@@ -81,7 +81,7 @@ def openai_route(parse: Callable) -> Callable:
             if not job.complete:  # cancelled: the client is gone
                 return gone(state, shapes.id)
             answered(state, shapes.id, req.kind, req, job)
-            return JSONResponse(shapes.completion(best(choices, req), usage_of(job, req), combined(job.stats)))
+            return JSONResponse(shapes.completion(best(choices, req), usage_of(job, req), combined(runs_of(job, req))))
         finally:
             watcher.cancel()  # a stream's disconnects are watched by StreamingResponse itself
             if not streaming:
@@ -104,6 +104,11 @@ async def thinking_start(state: ServerState, req: schema.GenerationRequest) -> O
 
 def usage_of(job: Job, req: schema.GenerationRequest) -> dict:
     return usage(job.stats, req.per_prompt, generated=not req.score_only)
+
+
+def runs_of(job: Job, req: schema.GenerationRequest) -> list:
+    """The job's generations as reported: a scored prompt's without the token it did not return."""
+    return [prompt_only(s) for s in job.stats] if req.score_only else job.stats
 
 
 async def by_choice(job: Job, first, prompt_param: str):
@@ -184,7 +189,7 @@ async def sse_events(state: ServerState, job: Job, shapes: Shapes, first, req: s
             gone(state, shapes.id)
             return
         if req.include_usage:
-            yield sse(shapes.usage_chunk(usage_of(job, req), combined(job.stats)))
+            yield sse(shapes.usage_chunk(usage_of(job, req), combined(runs_of(job, req))))
         answered(state, shapes.id, req.kind, req, job)
     except APIError as e:  # the engine failed (or the server is stopping) mid-stream
         state.metrics.errors[e.status] += 1
@@ -204,10 +209,11 @@ async def cancel_on_disconnect(request: Request, queue: EngineQueue, job: Job) -
 
 def answered(state: ServerState, request_id: str, endpoint: str, req: schema.GenerationRequest, job: Job) -> None:
     """A request answered whole: logged, and counted in the metrics."""
-    runs = job.stats
-    state.metrics.answered(endpoint, usage_of(job, req), runs)
+    runs, used = runs_of(job, req), usage_of(job, req)
+    state.metrics.answered(endpoint, used, runs)
     s = combined(runs)
+    # the prompt as `usage` counts it: once per prompt, not once per choice
     log.info("%s: %s%d prompt tokens (%d cached), %d tokens, %.1f tok/s, drafter %s, acceptance %s, "
              "%.2f tokens/target pass", request_id, f"{len(runs)} choices, " if len(runs) > 1 else "",
-             s.prompt_tokens, s.prompt_tokens - s.prefilled_tokens, s.tokens, s.tokens_per_second, s.drafter,
-             acceptance_text(s.accepted, s.drafted, s.accepted_past_end), s.tokens_per_target_pass)
+             used["prompt_tokens"], used["prompt_tokens_details"]["cached_tokens"], s.tokens, s.tokens_per_second,
+             s.drafter, acceptance_text(s.accepted, s.drafted, s.accepted_past_end), s.tokens_per_target_pass)

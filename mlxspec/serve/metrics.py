@@ -48,8 +48,8 @@ class Metrics:
             t["lookup_rounds"] += s.lookup_rounds
             t["prompt_seconds"] += s.prompt_seconds
             t["generation_seconds"] += s.seconds
-            t["generations"] += 1
-            if s.tokens:
+            if s.tokens:  # (a prompt only scored generated nothing)
+                t["generations"] += 1
                 self.ttft[bisect.bisect_left(TTFT_BUCKETS, s.first_token_seconds)] += 1
                 self.ttft_sum += s.first_token_seconds
 

@@ -30,6 +30,14 @@ def combined(runs: List[GenerationStats]) -> GenerationStats:
     return total
 
 
+def prompt_only(stats: GenerationStats) -> GenerationStats:
+    """A scored prompt's figures (echo with max_tokens 0): the token generated with its pass is not
+    returned, so no generation is reported either (tokens, passes, drafts, times: 0)."""
+    return dataclasses.replace(stats, tokens=0, seconds=0.0, first_token_seconds=0.0, rounds=0, drafted=0,
+                               accepted=0, wait_seconds=0.0, tree_rounds=0, lookup_rounds=0, lookup_drafted=0,
+                               lookup_accepted=0, forced_rounds=0, forced_drafted=0, forced_accepted=0)
+
+
 def usage(runs: List[GenerationStats], n: int = 1, generated: bool = True) -> dict:
     """OpenAI `usage` of a request's generations, each prompt's `n` choices in turn: each prompt
     counted once, every choice's tokens (none when the prompt was only scored: echo with
