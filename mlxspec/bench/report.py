@@ -216,8 +216,9 @@ def print_report(doc: dict, console) -> None:
                      ("drafter", "k", *(("temp",) if many_t else ()), "accept", "per token", "tok/pass", "vs vanilla",
                       "vs mlx-lm", *(("lookup rounds (accept)",) if lookups else ()), "chosen k (rounds)",
                       "accepted per round (rounds)"), table,
-                     caption="accept: accepted / drafted, every round; per token: of the drafter's own chain "
-                             "drafts the target judged, the fraction accepted (tree and lookup rounds aside)")
+                     caption="accept: accepted / drafted, every round (the median of the runs' rates); per "
+                             "token: of the drafter's own chain drafts the target judged, the fraction accepted "
+                             "(tree and lookup rounds aside; pooled over the runs, as are lookup rounds' accept)")
 
     d = s["default_setting"]
     chain = label(Setting("speculative", d["drafter"], d["num_draft"], "off", d.get("lookup", "on")))
