@@ -46,7 +46,7 @@ class GenerationStats:
     k_histogram: dict = field(default_factory=dict)  # draft length per round -> rounds (0 = plain step)
     # mx.get_peak_memory() over the generation: it resets MLX's process-wide peak as it starts
     # (and includes the draft model's and head's weights)
-    peak_memory_bytes: int = 0
+    peak_memory_bytes: int = 0  # MLX's peak since the generation began (it resets MLX's process-wide counter)
     target_weights_bytes: int = 0
     draft_weights_bytes: int = 0
     target_kv_bytes: int = 0
