@@ -32,6 +32,7 @@ class PromptCache:
     def __init__(self, size: int = 0, max_bytes: Optional[int] = None):
         self.size, self.max_bytes = size, max_bytes
         self.parked: List[Dict[str, SeqState]] = []  # least recently used first
+        self.evicted = 0  # histories dropped to make room (`size` or `max_bytes`): a server's metrics say it
 
     def clear(self) -> None:
         self.parked = []
@@ -84,9 +85,12 @@ class PromptCache:
         # a parked history that is a prefix of this one is covered by it
         self.parked = [s for s in self.parked if shared_prefix(s["target"].tokens, tokens) < len(s["target"].tokens)]
         self.parked.append(slot)
-        del self.parked[: max(0, len(self.parked) - self.size)]
+        over = max(0, len(self.parked) - self.size)
+        del self.parked[:over]
+        self.evicted += over
         while self.max_bytes is not None and self.parked and self.nbytes > self.max_bytes:
             del self.parked[0]
+            self.evicted += 1
 
 
 def _forget_features(engine) -> None:

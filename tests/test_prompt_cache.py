@@ -74,8 +74,9 @@ def test_the_least_recently_used_leaves_first():
     for i in range(3):  # each request parks the one before it
         engine.generate(prompt(i), max_tokens=2)
     assert first_tokens(engine) == [3, 4]
+    assert engine.prompt_cache.evicted == 0
     engine.generate(prompt(3), max_tokens=2)  # conversation 0 leaves
-    assert first_tokens(engine) == [4, 5]
+    assert first_tokens(engine) == [4, 5] and engine.prompt_cache.evicted == 1
     r = engine.generate(prompt(1) + [9, 9], max_tokens=2)  # 1 comes back: swapped in, 3 parked in its place
     assert r.stats.prefilled_tokens < 5 and first_tokens(engine) == [5, 6]
     r = engine.generate(prompt(0), max_tokens=2)  # gone: prefilled in full
@@ -131,12 +132,13 @@ def test_a_byte_bound_keeps_the_most_recent_that_fit():
     for i in range(3):
         bounded.generate(prompt(i), max_tokens=2)
     assert first_tokens(bounded) == [4] and bounded.prompt_cache.nbytes == one
+    assert bounded.prompt_cache.evicted == 1 and engine.prompt_cache.evicted == 0
     with pytest.raises(InvalidArgumentError, match="prompt_cache_bytes must be None or an integer >= 0"):
         Engine(tiny.make_llama(0), tiny.make_tokenizer(), prompt_cache_bytes=-5)
 
 
 def test_a_server_s_interleaved_conversations_report_their_cached_tokens():
-    from serve_helpers import openai_client, running_server
+    from serve_helpers import openai_client, running_server, scrape_metrics
 
     engine = Engine(tiny.make_llama(0, tie_embeddings=False), tiny.make_tokenizer(), drafter="ngram",
                     prompt_cache_size=4)
@@ -150,6 +152,10 @@ def test_a_server_s_interleaved_conversations_report_their_cached_tokens():
         again = client.chat.completions.create(model="t", messages=chat, max_tokens=8)
         cached = again.usage.prompt_tokens_details.cached_tokens
         assert cached >= first.usage.prompt_tokens and again.usage.prompt_tokens - cached < 64
+        m = scrape_metrics(url)  # what an operator sizing --prompt-cache-size reads
+        assert m["mlxspec_prompt_cache_parked"] == len(engine.prompt_cache.parked) >= 1
+        assert m["mlxspec_prompt_cache_bytes"] == engine.prompt_cache.nbytes > 0
+        assert m["mlxspec_prompt_cache_evictions_total"] == 0
 
 
 class FailingOnce:

@@ -192,7 +192,8 @@ async def metrics(request: Request) -> Response:
     """Prometheus' text format (`serve/metrics.py`)."""
     state: ServerState = request.app.state.mlxspec
     q = state.queue
-    return PlainTextResponse(state.metrics.render(q.running is not None, q.waiting, q.limit),
+    return PlainTextResponse(state.metrics.render(q.running is not None, q.waiting, q.limit,
+                                                  getattr(state.engine, "prompt_cache", None)),
                              media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

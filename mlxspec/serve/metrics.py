@@ -53,7 +53,8 @@ class Metrics:
                 self.ttft[bisect.bisect_left(TTFT_BUCKETS, s.first_token_seconds)] += 1
                 self.ttft_sum += s.first_token_seconds
 
-    def render(self, running: bool, waiting: int, limit: int) -> str:
+    def render(self, running: bool, waiting: int, limit: int, prompt_cache=None) -> str:
+        """The text format; `prompt_cache`: the engine's parked histories (`mlxspec.prompt_cache`)."""
         out: List[str] = []
 
         def metric(name: str, kind: str, text: str, samples: Dict[str, float]) -> None:
@@ -95,6 +96,13 @@ class Metrics:
         metric("requests_running", "gauge", "Requests the engine is running (0 or 1).", {"": int(running)})
         metric("requests_waiting", "gauge", "Requests waiting for the engine.", {"": waiting})
         metric("queue_limit", "gauge", "Requests that may wait (serve --queue).", {"": limit})
+        if prompt_cache is not None:
+            metric("prompt_cache_parked", "gauge", "Conversations parked for when they come back "
+                   "(serve --prompt-cache-size).", {"": len(prompt_cache.parked)})
+            metric("prompt_cache_bytes", "gauge", "Memory the parked conversations hold.", {"": prompt_cache.nbytes})
+            metric("prompt_cache_evictions_total", "counter", "Parked conversations dropped to make room: one "
+                   "that comes back is prefilled whole (a larger --prompt-cache-size keeps more).",
+                   {"": prompt_cache.evicted})
         return "\n".join(out) + "\n"
 
 
