@@ -26,6 +26,8 @@ def write_all_atomic(texts: Dict[object, str]) -> None:
         OSError: naming the file (`filename`) whose writing failed.
     """
     staged = []  # (temporary, final)
+    umask = os.umask(0)  # (read by setting it: put back at once)
+    os.umask(umask)
     try:
         for path, text in texts.items():
             path = Path(path)
@@ -38,8 +40,6 @@ def write_all_atomic(texts: Dict[object, str]) -> None:
                     f.write(text)
             except OSError as e:  # a full disk's error names no file
                 raise OSError(e.errno, e.strerror or str(e), str(path)) from e
-            umask = os.umask(0)
-            os.umask(umask)
             os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make a shared cache file private
         for tmp, path in staged:
             os.replace(tmp, path)
