@@ -686,6 +686,23 @@ async def test_on_an_80x24_screen_help_shows_from_its_top_and_pageup_scrolls_the
 
 
 @async_test
+async def test_what_comes_after_help_shows_at_the_bottom_again():
+    """/help scrolls to its own top; the next notice and turn must not land out of sight below it."""
+    app = make_app(tiny_engine(), max_tokens=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await send(app, pilot, "/help")
+        await send(app, pilot, "/drafter bogus")
+        await pilot.pause()
+        error = list(app.query_one(ChatHistory).query(Static))[-1]
+        assert "bogus" in str(error.render())
+        assert error.virtual_region.height - 1 in shown_lines(app, error)  # its last line shows
+        await send(app, pilot, "hello")
+        await pilot.pause()
+        verdict = list(app.query_one(ChatHistory).query(Static))[-1]
+        assert verdict.virtual_region.height - 1 in shown_lines(app, verdict)
+
+
+@async_test
 async def test_a_long_message_is_shortened_in_the_history_not_in_the_conversation():
     app = make_app(tiny_engine(), max_tokens=4)
     async with app.run_test(size=SIZE) as pilot:

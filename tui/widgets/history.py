@@ -37,7 +37,7 @@ class ChatHistory(VerticalScroll):
         """`from_its_top`: scrolled so the notice's first line shows (a long one, as /help's, on a
         short screen), not its last."""
         entry = self._add(Text(text), "error" if error else "notice")
-        if entry is not None and from_its_top:
+        if entry is not None and from_its_top:  # this releases the anchor: `_add` sets it again
             self.call_after_refresh(self.scroll_to_widget, entry, top=True, animate=False)
 
     def clear(self) -> None:
@@ -47,5 +47,6 @@ class ChatHistory(VerticalScroll):
         if not self.is_attached:  # a turn that ends while the app quits has no screen left to show it on
             return None
         entry = Static(text, classes=f"entry {kind}")
+        self.anchor()  # what is added shows, also after a scroll (yours, or /help's to its top)
         self.mount(entry)
         return entry
