@@ -118,8 +118,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"{command}: error: {for_command_line(str(e))}", file=sys.stderr)
         return 1
-    except (PermissionError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError) as e:
-        # A folder it cannot use (MLXSPEC_HOME read-only, a path through a file): what and where, not a traceback.
+    except BrokenPipeError:  # the reader left (`mlxspec models | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot raise again
+        return 141  # 128 + SIGPIPE
+    except OSError as e:
+        # A folder it cannot use (MLXSPEC_HOME read-only, a path through a file), or output to a
+        # full disk (`> /dev/full`): what and where, not a traceback.
         from .paths import cache_dir
 
         where = f": {e.filename}" if e.filename else ""
@@ -131,10 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader left (`mlxspec models | head`): stop quietly, as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot raise again
-        return 141  # 128 + SIGPIPE
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import types
@@ -421,7 +422,6 @@ def test_default_drafter_follows_load_s_rule():
 
 
 def test_a_reader_that_leaves_early_ends_the_command_quietly():
-    import os
     import subprocess
 
     read, write = os.pipe()
@@ -432,6 +432,17 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
     finally:
         os.close(write)
     assert done.returncode == 141 and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_output_to_a_full_disk_is_an_error_line_not_a_traceback():
+    import subprocess
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "mlxspec", "models"], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == "mlxspec models: error: No space left on device", done.stderr
 
 
 def test_pull_errors_are_reported_not_raised(monkeypatch, tmp_path, capsys):
