@@ -136,5 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted", file=sys.stderr)
         return 130
 
+
 if __name__ == "__main__":
     sys.exit(main())
