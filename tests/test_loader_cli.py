@@ -535,6 +535,21 @@ def test_a_head_given_as_a_model_is_said_before_loading(monkeypatch, role):
         api.load(**refs)
 
 
+def test_a_near_miss_of_none_is_suggested_for_a_draft_only():
+    from mlxspec.errors import ModelNotFoundError
+    from mlxspec.loading.resolve import resolve_model
+
+    with pytest.raises(ModelNotFoundError) as target:
+        resolve_model("nome", download=False)
+    assert "model 'nome' not found" in str(target.value) and "did you mean" not in str(target.value)
+    with pytest.raises(ModelNotFoundError, match=r"as a draft, did you mean 'none' \(no model\)\?"):
+        resolve_model("nome", download=False, draft=True)
+    from mlxspec.loading.model import load_model
+
+    with pytest.raises(ModelNotFoundError, match="as a draft, did you mean 'none'"):
+        load_model("nome", download=False, draft=True)
+
+
 def test_a_pair_name_that_is_no_pair_lists_the_pairs(made, capsys):
     assert main(["generate", "--pair", "qwen2.5-7", "hi"]) == 1
     err = capsys.readouterr().err

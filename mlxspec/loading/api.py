@@ -159,7 +159,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
                                                           adapter_path=adapter_path)
         draft_model = draft_tokenizer = draft_info = None
         if draft_ref is not None:
-            draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download)
+            draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download, draft=True)
     if pair_default:  # the pair's default here; its draft model stays loaded and selectable
         # A head drafting over several ranks was never measured: those keep the n-gram drafter.
         drafter = "ngram" if pair_default == "eagle" and group is not None else pair_default

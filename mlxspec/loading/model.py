@@ -35,7 +35,7 @@ class ModelInfo:
 
 
 def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = True, lazy: bool = False,
-               adapter_path: str | Path | None = None):
+               adapter_path: str | Path | None = None, draft: bool = False):
     """Resolve `ref` (see `mlxspec.loading.resolve`) and load model + tokenizer.
 
     Args:
@@ -47,6 +47,7 @@ def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = Tr
             part). Default: False.
         adapter_path: an `mlx_lm.lora` adapter folder to apply after the precision, unfused, as
             mlx-lm's `load(..., adapter_path=...)` does. Default: None.
+        draft: `ref` is a draft (its not-found error may suggest "none" or "ngram"). Default: False.
 
     Returns:
         `(model, tokenizer, info)`: an mlx-lm model, an mlx-lm `TokenizerWrapper`, a `ModelInfo`.
@@ -54,7 +55,7 @@ def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = Tr
     Raises:
         ModelNotFoundError, MlxSpecError, IncompatibleModelsError, InvalidArgumentError.
     """
-    res = resolve_model(ref, download=download)
+    res = resolve_model(ref, download=download, draft=draft)
     if res.format == "gguf":
         dtype = gguf_dtype(res.path, dtype)
         model, tokenizer, quant, context = _load_gguf(res, dtype)

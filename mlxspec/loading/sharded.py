@@ -54,7 +54,7 @@ def load_sharded(target_ref, draft_ref, *, group, dtype=None, download=True, set
         prints["target weights"] = files_fingerprint(target_info.path)
         prints["tokenizer"] = tokenizer_fingerprint(tokenizer)
         if draft_ref is not None:
-            draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download)
+            draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download, draft=True)
             prints["draft weights"] = files_fingerprint(draft_info.path)
         if head is not None:
             prints["head files"] = files_fingerprint(head)
