@@ -206,10 +206,10 @@ async def test_drafter_model_without_a_draft_model_is_refused():
     async with app.run_test(size=SIZE) as pilot:
         await send(app, pilot, "/drafter model")
         assert app.settings.drafter is None
-        assert "this pair has no draft model" in history_text(app)
+        assert "this chat loaded no draft model (--draft)" in history_text(app)
         await send(app, pilot, "/drafter eagle")
         assert app.settings.drafter is None
-        assert "this pair has no EAGLE head" in history_text(app)
+        assert "this chat loaded no EAGLE head (--head)" in history_text(app)
 
 
 @async_test

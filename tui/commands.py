@@ -84,8 +84,11 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
             got = f", got {arg!r}" if arg else f" (drafting now: {settings.drafter or 'the pair default'})"
             raise CommandError(f"/drafter needs one of {', '.join(allowed)}{got}")
         if arg not in drafters:
-            missing = "EAGLE head" if arg == "eagle" else "draft model"
-            raise CommandError(f"/drafter {arg}: this pair has no {missing}; available: {', '.join(allowed)}")
+            # Not loaded is not the same as the pair having none: `--drafter ngram` loads neither.
+            missing = "no EAGLE head (--head)" if arg == "eagle" else "no draft model (--draft)"
+            raise CommandError(f"/drafter {arg}: this chat loaded {missing}; available: {', '.join(allowed)} "
+                               f"(a pair's head and draft model are loaded unless the chat starts with --drafter ngram, "
+                               f"--drafter none or --draft ngram/none)")
         return Outcome(replace(settings, drafter=arg), f"drafter set to {arg}")
     if name == "/tree":
         t = _parsed(name, arg, tree)
