@@ -122,6 +122,17 @@ def test_a_pair_with_a_weightless_draft_and_a_head_defaults_to_its_head(fake_eng
     assert a["drafter"] == "ngram" and a["eagle_head"] is not None and plain.default_drafter("cpu") == "ngram"
 
 
+def test_a_head_given_here_drafts_unless_told_otherwise(fake_engine, tiny_gguf_path):
+    from mlxspec.loading import load
+
+    head, target = "builtin:smollm2-eagle", str(tiny_gguf_path)
+    a = load(target, head=head).args  # as --draft: what is named here is what drafts
+    assert a["drafter"] == "eagle" and a["eagle_head"] is not None
+    assert load(target, head=head, drafter="ngram").args["eagle_head"] is None
+    given = load(target, target, head=head).args  # a draft named too: the draft drafts, as before
+    assert given["drafter"] is None and given["draft_model"] is not None and given["eagle_head"] is not None
+
+
 def test_distributed_outside_a_launcher_says_the_target_runs_here_whole(fake_engine, tiny_gguf_path, recwarn):
     import warnings
 

@@ -45,8 +45,8 @@ def add_model_args(p, *, window: bool = True, head: bool = True, drafter: bool =
                             f"(default: {DEFAULT_QUANTIZED_KV_START}, as mlx-lm)")
     if head:
         p.add_argument("--head", metavar="REF", default=None,
-                       help="EAGLE head folder or builtin:NAME trained for the target (default: the pair's, if it "
-                            "names one)")
+                       help="EAGLE head folder or builtin:NAME trained for the target; a head given here drafts, "
+                            "unless --drafter or --draft says otherwise (default: the pair's, if it names one)")
 
 
 def add_drafting_args(p, *, none: bool = True, per_request: bool = False) -> None:

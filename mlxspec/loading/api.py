@@ -35,11 +35,12 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         dtype: precision of both models: None/"auto", "quantized", "bfloat16", "float16",
             "float32". Default: None (the backend's default, see `mlxspec.loading.precision`).
         drafter: "ngram", "model", "eagle", "none", or None. Default: None ("ngram"
-            or "none" when the draft says so; "model" when `draft` names a model; else the pair's
-            default on this backend, `drafter` in models.toml; otherwise the engine drafts with
-            the draft model).
+            or "none" when the draft says so; "model" when `draft` names a model; "eagle" when
+            `head` is given; else the pair's default on this backend, `drafter` in models.toml;
+            otherwise the engine drafts with the draft model).
         head: an EAGLE head ("builtin:<name>" or a folder) trained for the target. Default: None
-            (the pair's head when `target` names a pair that has one). Not loaded when `drafter`
+            (the pair's head when `target` names a pair that has one). A head given here drafts
+            (`drafter` "eagle") unless `drafter` or `draft` says otherwise. Not loaded when `drafter`
             is "ngram" or "none": the target's passes then keep no hidden states.
         max_kv_size: KV window passed to the engine. Default: None (grow without bound).
         num_draft: passed to the engine ("auto", an int or None). Default: None.
@@ -105,6 +106,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
     target_ref = pair.target if pair else target
     draft_ref = draft if draft is not None else (pair.draft if pair else None)
     asked = drafter or (draft if draft in WEIGHTLESS_DRAFTERS else None)  # a weightless drafter asked for here
+    if drafter is None and head is not None and draft is None:  # a head given here drafts, as a draft does
+        drafter = "eagle"
     # The pair's default drafter, unless one is asked for or a draft given here replaces the pair's.
     pair_default = pair.drafter_on(backend()) if drafter is None and pair and draft is None else ""
     if draft_ref in WEIGHTLESS_DRAFTERS:
