@@ -31,7 +31,7 @@ from .fim import FimFormat, fim_format
 from .grammar import AfterThinking, Constraint, token_table
 from .kvquant import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, kv_quant
 from .loop import draw_seed, generate
-from .modelmeta import context_length, logit_width, weights_bytes
+from .modelmeta import check_model, context_length, logit_width, weights_bytes
 from .occupancy import Occupancy
 from .penalties import Penalties
 from .prompt_cache import PromptCache
@@ -106,6 +106,9 @@ class Engine:
                  cost_prior: Optional[Dict[int, float]] = None, group=None, eagle_head=None, lookup: bool = True,
                  prompt_cache_size: int = 0, prompt_cache_bytes: Optional[int] = None, kv_bits: Optional[int] = None,
                  kv_group_size: int = DEFAULT_KV_GROUP_SIZE, quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START):
+        check_model("target_model", target_model)
+        if draft_model is not None:
+            check_model("draft_model", draft_model)
         if drafter is None:
             drafter = "model" if draft_model is not None else "ngram"
         check_drafter(drafter)

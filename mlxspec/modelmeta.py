@@ -7,6 +7,17 @@ from typing import Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from .errors import InvalidArgumentError
+
+
+def check_model(name: str, model) -> None:
+    """Raise InvalidArgumentError unless `model` can run (a name or path given to `Engine`
+    instead of a model would fail later as "'str' object is not callable")."""
+    if not callable(model):
+        hint = f"; to load one by name or path, use mlxspec.load({model!r})" if isinstance(model, str) else ""
+        raise InvalidArgumentError(f"{name} must be an mlx-lm model (as mlx_lm.load returns), "
+                                   f"got {type(model).__name__}{hint}")
+
 
 def weights_bytes(model) -> int:
     """Bytes held by the model's parameters (packed weights, scales and biases included)."""

@@ -95,6 +95,11 @@ def test_engine_construction_errors():
     for bad in (0, -1, "x", True):
         with pytest.raises(InvalidArgumentError, match="prefill_step must be an integer >= 1"):
             Engine(t, prefill_step=bad)
+    with pytest.raises(InvalidArgumentError, match=r"target_model must be an mlx-lm model \(as mlx_lm.load returns\), "
+                                                   r"got str; to load one by name or path, use mlxspec.load\('demo'\)"):
+        Engine("demo")
+    with pytest.raises(InvalidArgumentError, match=r"draft_model must be an mlx-lm model .*, got int$"):
+        Engine(t, draft_model=3)
 
 
 @pytest.mark.parametrize("kwargs,match", [({"num_draft": 99}, "num_draft"), ({"tree": 0}, "tree"),
