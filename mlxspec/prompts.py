@@ -234,7 +234,8 @@ def check_fits(n_tokens: int, context: Optional[int], *, what: str = "the prompt
     """ContextLengthError when a prompt of `n_tokens` does not fit a model's `context` (None: any does)."""
     if context is not None and n_tokens >= context:
         raise ContextLengthError(
-            f"{what} has {n_tokens} tokens but the model's context is {context}; {remedy} or set "
+            f"{what} has {n_tokens} tokens but the model's context is {context}, so at most {context - 1} fit "
+            f"(one position is left for the answer); {remedy} or set "
             f"max_kv_size=<window> below it to decode on with a sliding window (the model then reads positions "
             f"past its trained context, as with mlx-lm's --max-kv-size)")
 

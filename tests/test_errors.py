@@ -122,8 +122,10 @@ def test_prompt_longer_than_context():
     t = tiny.make_llama(1)
     t.args.max_position_embeddings = 16
     e = Engine(t)
-    with pytest.raises(ContextLengthError, match="16"):
+    with pytest.raises(ContextLengthError, match="has 20 tokens but the model's context is 16, so at most 15 fit"):
         e.generate(list(range(5, 25)))
+    with pytest.raises(ContextLengthError, match="has 16 tokens .* at most 15 fit"):  # as long as the context
+        e.generate(list(range(5, 21)))
     # With a sliding window the same prompt is fine.
     assert len(Engine(t, max_kv_size=8).generate(list(range(5, 25)), max_tokens=3).tokens) == 3
     # Generation stops at the context's end with finish_reason "length".
