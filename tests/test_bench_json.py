@@ -245,14 +245,19 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path, caps
     (["--temperature", "0,-1"], "--temperature: '-1' is not valid: expected a finite number >= 0"),
     (["--temperature", "inf"], "--temperature: 'inf' is not valid: expected a finite number >= 0"),
     (["--drafter", "ngram,none"], "--drafter: 'none' is not valid: expected ngram, model or eagle"),
-    (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+    (["--max-tokens", "0"], "--max-tokens: expected an integer >= 1, got '0'"),
+    (["--limit", "0"], "--limit: expected an integer >= 1, got '0'"),
     (["--lookup", "on,maybe"], "--lookup: 'maybe' is not valid: expected 'on' or 'off'"),
     (["--tree", "auto,99"], "--tree: '99' is not valid: expected 'auto', 'off' or an integer in 1.."),
+    (["--num-draft", ","], "--num-draft: needs at least one value, got ','"),
 ])
-def test_bad_options_are_rejected_before_loading(monkeypatch, capsys, argv, words):
+def test_bad_options_are_rejected_with_the_usage_before_loading(monkeypatch, capsys, argv, words):
+    """As every command's: exit 2 with the usage (README, "Use it")."""
     monkeypatch.setattr(modelargs, "load_engine", lambda *a, **k: pytest.fail("must fail before loading"))
-    assert cli.main(["bench", *argv]) == 1
-    assert words in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: mlxspec bench") and words in err
 
 
 @pytest.mark.parametrize("blas, hint", [("reference", True), ("openblas", False)])

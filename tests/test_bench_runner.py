@@ -316,10 +316,10 @@ def test_repeats_pass_over_the_suite_again_and_pair_runs_within_a_pass(engine):
 
 def test_repeated_values_and_fixed_lengths_run_each_distinct_setting_once(engine):
     from mlxspec.commands.argtypes import non_negative, num_draft
-    from mlxspec.commands.bench import parse_list
+    from mlxspec.commands.bench import comma_list
 
-    assert parse_list("0,0.0,0.7", "temperature", non_negative) == [0.0, 0.7]
-    assert parse_list("2,02,auto", "num-draft", num_draft) == [2, None]
+    assert comma_list(non_negative)("0,0.0,0.7") == [0.0, 0.7]
+    assert comma_list(num_draft)("2,02,auto") == [2, None]
     got = settings_for(engine, drafters=["model", "model", "ngram"], num_drafts=["auto", 2, "2"],
                        trees=["auto", "off", "off"], lookups=["on", "off"], peer=False)
     spec = [s for s in got if s.mode == "speculative"]

@@ -56,15 +56,21 @@ def register(subparsers) -> None:
                    "'prompt' (or 'messages', a whole conversation in OpenAI's chat format ending with the turn to "
                    "answer) and optional 'id', 'category' (default: the builtin suite)")
     p.add_argument("--full", action="store_true", help="all 24 builtin prompts (default: 8 covering every category; a --prompts file always runs in full)")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="run only the first N selected prompts")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N", help=f"tokens per run (default {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--temperature", default="0", metavar="T[,T...]", help="a value or comma list, e.g. 0,0.7 (default 0)")
-    p.add_argument("--num-draft", default="auto", metavar="K[,K...]", help="draft lengths, e.g. auto,1,2,4 (default auto)")
-    p.add_argument("--drafter", default=None, metavar="NAME[,NAME...]", help="drafters, a comma list, e.g. ngram,model (default: the "
+    p.add_argument("--limit", type=argtypes.positive, default=None, metavar="N", help="run only the first N selected prompts")
+    p.add_argument("--max-tokens", type=argtypes.positive, default=DEFAULT_MAX_TOKENS, metavar="N",
+                   help=f"tokens per run (default {DEFAULT_MAX_TOKENS})")
+    # The comma lists are read by argparse too: a bad value exits 2 with the usage, as a bad flag does.
+    p.add_argument("--temperature", type=comma_list(argtypes.non_negative), default="0", metavar="T[,T...]",
+                   help="a value or comma list, e.g. 0,0.7 (default 0)")
+    p.add_argument("--num-draft", type=comma_list(argtypes.num_draft), default="auto", metavar="K[,K...]",
+                   help="draft lengths, e.g. auto,1,2,4 (default auto)")
+    p.add_argument("--drafter", type=comma_list(_drafter_name), default=None, metavar="NAME[,NAME...]",
+                   help="drafters, a comma list, e.g. ngram,model (default: the "
                    "pair's default drafter on this device, and its draft model too when it has one)")
-    p.add_argument("--tree", default="auto", metavar="TREE[,TREE...]", help="draft trees: auto (the cost model sizes them), off "
+    p.add_argument("--tree", type=comma_list(argtypes.tree), default="auto", metavar="TREE[,TREE...]",
+                   help="draft trees: auto (the cost model sizes them), off "
                    "(chains only) or a node cap; a comma list compares them, e.g. auto,off (default auto)")
-    p.add_argument("--lookup", default="on", metavar="on|off[,...]", help="a model drafter's (model, eagle) lookup companion: on (rounds "
+    p.add_argument("--lookup", type=comma_list(argtypes.on_off), default="on", metavar="on|off[,...]", help="a model drafter's (model, eagle) lookup companion: on (rounds "
                    "where prompt lookup is expected to draft faster go to it; the model's or head's chains also copy where "
                    "the text repeats) or off (the model drafts alone); "
                    "a comma list compares them, e.g. on,off (default on)")
@@ -98,18 +104,20 @@ def register(subparsers) -> None:
     p.set_defaults(bench_defaults=vars(p.parse_args([])))  # what --synthetic refuses when changed
 
 
-def parse_list(text: str, what: str, convert) -> list:
-    """Comma list -> values; InvalidArgumentError naming the option and the bad item."""
-    items = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not items:
-        raise InvalidArgumentError(f"--{what} needs at least one value, got {text!r}")
-    out = []
-    for x in items:
-        try:
-            out.append(convert(x))
-        except (ValueError, argparse.ArgumentTypeError) as e:  # the converter's message says what is allowed
-            raise InvalidArgumentError(f"--{what}: {x!r} is not valid: {e}") from None
-    return list(dict.fromkeys(out))  # "0,0.0" or "2,02" run once: a repeat would pool its runs twice
+def comma_list(convert):
+    """An argparse type: comma list -> values, each read by `convert`; the error names the bad item."""
+    def parse(text: str) -> list:
+        items = [x.strip() for x in str(text).split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"needs at least one value, got {text!r}")
+        out = []
+        for x in items:
+            try:
+                out.append(convert(x))
+            except (ValueError, argparse.ArgumentTypeError) as e:  # the converter's message says what is allowed
+                raise argparse.ArgumentTypeError(f"{x!r} is not valid: {e}") from None
+        return list(dict.fromkeys(out))  # "0,0.0" or "2,02" run once: a repeat would pool its runs twice
+    return parse
 
 
 def _drafter_name(name: str) -> str:
@@ -125,15 +133,9 @@ def run(args) -> int:
     from ..bench.report import STDOUT, report_console
     from ..bench.prompts import builtin_suite, load_prompts, select
 
-    if args.max_tokens < 1:
-        raise InvalidArgumentError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if args.synthetic or args.synthetic_draft:
         return run_synthetic(args)
-    temps = parse_list(args.temperature, "temperature", argtypes.non_negative)
-    ks = parse_list(args.num_draft, "num-draft", argtypes.num_draft)
-    trees = parse_list(args.tree, "tree", argtypes.tree)
-    lookups = parse_list(args.lookup, "lookup", argtypes.on_off)
-    drafters = parse_list(args.drafter, "drafter", _drafter_name) if args.drafter else None
+    temps, ks, trees, lookups, drafters = args.temperature, args.num_draft, args.tree, args.lookup, args.drafter
     named = [(flag, path) for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot))
              if path]
     for i, (flag, path) in enumerate(named):
