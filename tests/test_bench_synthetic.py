@@ -93,6 +93,7 @@ def test_run_synthetic_reports_every_setting_and_ratio(tiny_shapes):
     assert doc["curve_ms"] and all(v > 0 for v in doc["curve_ms"].values())
     # greedy model drafts at a fixed k verify the same drafts as the peer: accepted fractions are real numbers
     assert 0.0 <= doc["settings"]["engine model k=3"]["acceptance_rate"] <= 1.0
+    assert doc["settings"]["engine plain"]["acceptance_rate"] is None  # nothing drafted: "-", not 0 %
     # The loop's own time per round is told apart from the passes' only where a pass does not run
     # while it is enqueued: not on MLX's CPU backend.
     from mlxspec.device import backend

@@ -73,7 +73,8 @@ def engine_run(engine, ids: List[int], n: int, **kw) -> Dict:
     # from the passes' there, so the figure is left out rather than printed as the loop's.
     host = None if backend() == "cpu" else 1e3 * s.host_seconds_per_round
     return {"tokens_per_second": s.tokens_per_second, "host_ms_per_round": host,
-            "acceptance_rate": s.acceptance_rate, "tokens_per_target_pass": s.tokens_per_target_pass}
+            "acceptance_rate": s.acceptance_rate if s.drafted else None,  # a rate of nothing is not 0 %
+            "tokens_per_target_pass": s.tokens_per_target_pass}
 
 
 def run_synthetic(target: str, draft: Optional[str] = None, *, max_tokens: int = 128, prompt_tokens: int = 128,
