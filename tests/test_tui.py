@@ -46,6 +46,7 @@ async def test_a_message_fills_both_panes_with_rates_and_a_verdict():
         for side in (SPEC, VANILLA):
             assert RATE.search(stats_line(app, side)), stats_line(app, side)
         assert "accepted" in stats_line(app, SPEC) and "tok/pass" in stats_line(app, SPEC)
+        assert re.search(r" · last (lookup )?(draft|tree) \d+$", stats_line(app, SPEC)), stats_line(app, SPEC)
         assert "accepted" not in stats_line(app, VANILLA)
         assert re.search(r"speedup \d+\.\d\d×", verdict(app)) and "identical" in verdict(app)
         (turn,) = app.conversation.turns

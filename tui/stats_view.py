@@ -47,7 +47,8 @@ class StatsView:
         if speculative:
             accepted = f"{self.acceptance_rate:.0%}" if self.drafted else "-"  # a rate of nothing is not 0%
             s += (f" · accepted {accepted} · {self.tokens_per_target_pass:.2f} tok/pass"
-                  f" · {'lookup ' if self.last_lookup else ''}{'tree' if self.last_tree else 'draft'} {self.last_k}")
+                  f" · last {'lookup ' if self.last_lookup else ''}{'tree' if self.last_tree else 'draft'} "
+                  f"{self.last_k}")  # the last round's length: "draft 0" alone read as a count of drafts
         return s
 
 
