@@ -635,6 +635,9 @@ def test_an_unknown_keyword_is_told_with_every_keyword_load_takes(monkeypatch):
         api.load("demo", bogus=1)
     named = set(inspect.signature(api.load).parameters) - {"target", "kw"}
     assert set(str(e.value).split("allowed: ")[1].split(", ")) == named | {"download"}
+    with pytest.raises(InvalidArgumentError, match=r"\['draft_model', 'num_draft_tokens'\] \(mlx-lm's draft_model is "
+                                                   r"draft= here\) \(mlx-lm's num_draft_tokens is num_draft= here\); "):
+        api.load("demo", draft_model="x", num_draft_tokens=3)
 
 
 def test_memory_warning_when_metal_working_set_is_exceeded(fake_engine, tiny_gguf_path, monkeypatch):

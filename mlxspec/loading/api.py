@@ -18,6 +18,8 @@ from .resolve import resolve_model, resolve_pair
 
 log = logging.getLogger("mlxspec.loading")
 KV_TOKENS_FOR_WARNING = 4096  # tokens of KV counted in the memory check when max_kv_size is None
+# mlx-lm's names (speculative generation's) for what `load` takes under its own
+MLX_LM_NAMES = {"draft_model": "draft", "num_draft_tokens": "num_draft"}
 
 
 def load(target: str, draft: str | None = None, *, dtype: str | None = None, drafter=None,
@@ -82,8 +84,9 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
 
     download = kw.pop("download", True)
     if kw:
-        raise InvalidArgumentError(f"[load] unknown keyword argument{'s' if len(kw) > 1 else ''} {sorted(kw)}; "
-                                   f"allowed: {', '.join(_keywords())}")
+        hints = "".join(f" (mlx-lm's {k} is {MLX_LM_NAMES[k]}= here)" for k in sorted(kw) if k in MLX_LM_NAMES)
+        raise InvalidArgumentError(f"[load] unknown keyword argument{'s' if len(kw) > 1 else ''} {sorted(kw)}"
+                                   f"{hints}; allowed: {', '.join(_keywords())}")
     from ..prompts import (check_drafter, check_lookup, check_num_draft, check_prompt_cache_bytes,
                            check_prompt_cache_size, check_tree)
 
