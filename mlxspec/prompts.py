@@ -255,7 +255,8 @@ def check_max_tokens(max_tokens) -> int:
     """An integer >= 1 (numpy and mlx integer scalars too, as token ids are taken)."""
     n = _integer(max_tokens)
     if n is None or n < 1:
-        raise InvalidArgumentError(f"max_tokens must be an integer >= 1, got {shown(max_tokens)}")
+        unbounded = " (mlx-lm's -1, no limit, is not taken: give the most you want)" if n == -1 else ""
+        raise InvalidArgumentError(f"max_tokens must be an integer >= 1, got {shown(max_tokens)}{unbounded}")
     return n
 
 

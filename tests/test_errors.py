@@ -26,6 +26,7 @@ def engine():
 @pytest.mark.parametrize("kwargs,match", [
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": -3}, "max_tokens"),
+    ({"max_tokens": -1}, r"got -1 \(mlx-lm.s -1, no limit, is not taken"),
     ({"max_tokens": 2.5}, "max_tokens"),
     ({"temperature": -0.1}, "temperature"),
     ({"temperature": math.nan}, "temperature"),
