@@ -189,6 +189,24 @@ def test_ctrl_c_in_generate_prints_what_came_and_its_figures_then_exits_130(fake
     assert err.rstrip().endswith("interrupted")
 
 
+def test_ctrl_c_in_generate_json_still_prints_the_object_with_what_came(fake_engine, tiny_gguf_path, monkeypatch,
+                                                                        capsys):
+    import os
+    import signal
+
+    def generate(self, prompt, cancel=None, **options):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the answer
+        stopped = cancel is not None and cancel.is_set()
+        return types.SimpleNamespace(text="Par" if stopped else "Paris", tokens=[1], stats={"tokens": 1},
+                                     finish_reason="cancelled" if stopped else "stop")
+
+    monkeypatch.setattr(FakeEngine, "generate", generate)
+    assert main(["generate", "--target", str(tiny_gguf_path), "--drafter", "ngram", "--json", "Capital?"]) == 130
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["text"] == "Par" and doc["finish_reason"] == "cancelled" and doc["stats"] == {"tokens": 1}
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
 @pytest.mark.parametrize("prompt_tokens, said", [(8, True), (7, False)])
 @pytest.mark.parametrize("json_out", [False, True])
 def test_generate_says_when_the_context_not_max_tokens_ended_the_answer(fake_engine, tiny_gguf_path, monkeypatch,

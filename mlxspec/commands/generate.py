@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 import textwrap
+import threading
 
 from ..errors import InvalidArgumentError
 from ..prompts import has_chat_template
@@ -112,7 +115,9 @@ def run(args) -> int:
     # a thinking model's reasoning apart from its answer, as the server splits them
     splitter = None if raw else _reasoning_splitter(engine.tokenizer, prompt, template_kwargs)
     if args.json:
-        result = engine.generate(prompt, **options)
+        cancel = threading.Event()
+        with _ctrl_c_sets(cancel):  # Ctrl-C: the object still comes, with what was generated
+            result = engine.generate(prompt, cancel=cancel, **options)
         text, extra = result.text, {}
         if splitter is not None:
             reasoning, text = split_whole(splitter, text)
@@ -122,7 +127,7 @@ def run(args) -> int:
                           "target": _describe(engine.target_info), "draft": _describe(engine.draft_info),
                           "head": _head(engine)}))
         _note_context(result.stats, args.max_tokens, getattr(engine, "context", None))
-        return 0
+        return 130 if cancel.is_set() else 0
     no_template = raw != args.no_chat_template and args.suffix is None
     note = "; the model has no chat template: PROMPT is sent as raw text" if no_template else ""
     print(load_line(engine) + note, file=sys.stderr, flush=True)
@@ -220,6 +225,23 @@ def _prompt_text(prompt: str) -> str:
         raise InvalidArgumentError("PROMPT is empty: give the message as PROMPT, or pipe it in with '-' "
                                    "(e.g. `echo 'Hello' | mlxspec generate -`)")
     return check_text(text, "PROMPT")
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets(cancel: threading.Event):
+    """While inside, the first Ctrl-C sets `cancel` (the engine ends the answer at its next round,
+    finish_reason "cancelled"); a second one interrupts as usual."""
+    previous = signal.getsignal(signal.SIGINT)
+
+    def first(*_):
+        cancel.set()
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _stream(engine, prompt, options, splitter=None):
