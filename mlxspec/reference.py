@@ -62,6 +62,9 @@ ROUNDING_ULPS = 4.0
 FLOAT32_MEMORY_SHARE = 0.5  # a float32 copy may take at most this share of the available memory
 PREFILL_STEP = 512  # reference passes longer than this (or windowed) go through a chunked cache
 SHAPE_PROBE_STEPS = (PREFILL_STEP, 64, 16, 3)  # a quantized KV cache's judge feeds the context so (`judge_quantized_kv`)
+# ...and runs the position as the first row of passes this wide, as a verify pass of k + 1 rows does:
+# in bfloat16 the pass's width alone can move a gap of one ulp to zero (then the lower id wins)
+SHAPE_PROBE_ROWS = (2, 5, 9)
 
 ROUNDING, BUG, UNCLASSIFIED = "rounding", "bug", "unclassified"
 
@@ -236,22 +239,25 @@ def judge(model, context: List[int], expected: int, got: int, *, max_kv_size: Op
 def judge_quantized_kv(model, context: List[int], expected: int, got: int, kv_quant,
                        noise_gap: float = 0.0) -> Judgement:
     """`judge` for a target whose KV cache is quantized: the gap g = z[expected] - z[got] after
-    `context` in the working dtype, with the context fed in chunks of each of SHAPE_PROBE_STEPS.
-    Rounding iff one of them ranks `got` first (g <= 0), or the chunking alone moves g by at least
-    its smallest value (max g - min g >= min g); bug otherwise."""
+    `context` in the working dtype, with the context fed in chunks of each of SHAPE_PROBE_STEPS and
+    then, in chunks of PREFILL_STEP, the position run as the first row of passes of each of
+    SHAPE_PROBE_ROWS rows. Rounding iff one of them ranks `got` first (g <= 0), or the shapes alone
+    move g by at least its smallest value (max g - min g >= min g); bug otherwise."""
     from .sequence import Sequence
 
     gaps = []
-    for step in SHAPE_PROBE_STEPS:
-        seq = Sequence(model, max_kv_size=None, headroom=1, prefill_step=step, kv_quant=kv_quant)
+    shapes = [(step, 1) for step in SHAPE_PROBE_STEPS] + [(PREFILL_STEP, rows) for rows in SHAPE_PROBE_ROWS]
+    for step, rows in shapes:
+        seq = Sequence(model, max_kv_size=None, headroom=rows, prefill_step=step, kv_quant=kv_quant)
         seq.prefill(list(context[:-1]))
-        z = seq.forward(list(context[-1:]))[-1].astype(mx.float32)
+        z = seq.forward(list(context[-1:]) + [got] * (rows - 1))[0].astype(mx.float32)  # rows after it: the width only
         gaps.append(float(z[expected]) - float(z[got]) - noise_gap)
     low, spread = min(gaps), max(gaps) - min(gaps)
     kind = ROUNDING if low <= 0 or spread >= low else BUG
     shown = ", ".join(f"{g:+.4f}" for g in gaps)
-    why = (f"quantized KV cache: gap {shown} fed in chunks of {', '.join(map(str, SHAPE_PROBE_STEPS))} tokens; "
-           + ("one feeding ranks them like the other path" if low <= 0 else
-              f"the chunking moves it by {spread:.4f}, {'at least' if kind == ROUNDING else 'less than'} its "
+    why = (f"quantized KV cache: gap {shown} fed in chunks of {', '.join(map(str, SHAPE_PROBE_STEPS))} tokens, "
+           f"then as the first of {', '.join(map(str, SHAPE_PROBE_ROWS))} rows; "
+           + ("one shape ranks them like the other path" if low <= 0 else
+              f"the shapes move it by {spread:.4f}, {'at least' if kind == ROUNDING else 'less than'} its "
               f"smallest value"))
     return Judgement(kind, dtype_name(working_dtype(model)), gaps[0], None, spread, why)

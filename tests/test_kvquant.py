@@ -232,6 +232,30 @@ def test_a_divergence_is_judged_by_the_target_fed_in_several_shapes(target):
     assert swapped.kind == ROUNDING and swapped.float32_gap < 0
 
 
+def test_bfloat16_divergences_with_a_quantized_cache_are_judged_rounding():
+    """In bfloat16 a verify pass's width alone can move a one-ulp gap to a tie (the lower id then
+    wins): probing chunkings only, one of these was called a bug."""
+    import random
+
+    from mlxspec.bench.neartie import check_greedy
+    from mlxspec.kvquant import kv_quant
+
+    t = tiny.make_llama(11, hidden=128, heads=2, kv_heads=1, tie_embeddings=False, dtype=mx.bfloat16)
+    d = tiny.make_llama(12, hidden=64, heads=2, kv_heads=1, layers=1, tie_embeddings=False, dtype=mx.bfloat16)
+    tok, kw = tiny.make_tokenizer(), dict(kv_bits=4, quantized_kv_start=0)
+    plain, spec = Engine(t, tok, **kw), Engine(t, tok, d, drafter="model", num_draft=4, **kw)
+    judged = []
+    for s in range(12):
+        rng = random.Random(s)
+        prompt = [rng.randrange(3, 259) for _ in range(rng.choice([3, 20, 80]))]
+        ref = plain.generate(prompt, max_tokens=32, speculative=False).tokens
+        got = spec.generate(prompt, max_tokens=32).tokens
+        if ref != got:
+            judged.append(check_greedy(t, prompt, ref, got, kv_quant=kv_quant(4, 64, 0)).judgement)
+    assert judged, "no divergence to judge: the premise (bfloat16 + 4-bit cache parts at near-ties) failed"
+    assert all(j.kind == "rounding" for j in judged), [j.reason for j in judged if j.kind != "rounding"]
+
+
 def test_the_bench_says_what_cache_it_ran(target):
     from mlxspec.bench.report import greedy_line, pair_info
 
