@@ -14,7 +14,7 @@ import tiny
 from tests.tui_helpers import async_test, send, tiny_engine, wait_idle
 from tui import make_app
 from tui.conversation import SPEC, VANILLA
-from tui.screens import ErrorScreen
+from tui.screens import ErrorScreen, LoadingScreen
 from tui.widgets import ChatHistory
 from tui.widgets.pane import DRAFT_STYLE, TARGET_STYLE
 
@@ -407,6 +407,22 @@ async def test_loading_in_a_worker_then_chatting():
         assert app.engines[SPEC] is engine and app.engines[VANILLA] is not engine
         await send(app, pilot, "hi")
         assert app.pane(VANILLA).text
+
+
+@async_test
+async def test_ctrl_c_while_loading_quits():
+    import threading
+
+    release = threading.Event()
+    app = make_app(loader=lambda: release.wait(10) and tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, LoadingScreen)
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        quitting = app._exit  # asked to exit (run_test's own exit comes only after this block)
+        release.set()
+    assert quitting
 
 
 @async_test

@@ -91,6 +91,8 @@ class ChatApp(App):
 
     def check_action(self, action: str, parameters) -> Optional[bool]:
         """Chat keys only mean something once the engines are ready (not on the loading/error screens)."""
+        if action == "interrupt" and isinstance(self.screen, LoadingScreen):
+            return True  # Ctrl-C while loading quits, as a terminal user expects
         if action in ("stop", "interrupt", "toggle_colour", "clear", "clear_key"):
             return bool(self.engines) and not isinstance(self.screen, (LoadingScreen, ErrorScreen))
         return True
@@ -251,9 +253,12 @@ class ChatApp(App):
             # A step, or a 512-token chunk of a long prompt, ends first: seconds on a slow CPU.
             self.query_one("#verdict", Static).update("stopping…")
 
-    def action_interrupt(self) -> None:
-        """Ctrl-C: stop the answer, as Esc does; with none running, say how to quit instead."""
-        if self.busy:
+    async def action_interrupt(self) -> None:
+        """Ctrl-C: stop the answer, as Esc does; with none running, say how to quit instead; while
+        loading (nothing to stop, nothing to lose), quit."""
+        if isinstance(self.screen, LoadingScreen):
+            await self.action_quit()
+        elif self.busy:
             self.action_stop()
         else:
             self.notice("nothing to stop: Ctrl-Q quits")
