@@ -430,6 +430,7 @@ def test_models_fits_a_narrow_terminal_and_names_the_head(monkeypatch, tmp_path,
     demo = out.split("\n\n")[0].splitlines()
     assert demo[0] == "demo  (cached: no)"
     assert f"  head     {pairs()['demo'].head}" in demo
+    assert any(line.startswith("  size     ") and " GB on disk, context " in line for line in demo), demo
     assert f"  drafter  {pairs()['demo'].default_drafter(backend())} on {backend()}" in demo
     assert [block.split()[0] for block in out.split("\n\n")] == list(pairs())
 

@@ -51,7 +51,7 @@ def run(args) -> int:
         for r in rows:
             print(json.dumps(r))
         return 0
-    table = [("NAME", "TARGET", "DRAFT", "HEAD", "SIZE GB", "CONTEXT", "WINDOW", f"DRAFTER ({here.upper()})",
+    table = [("NAME", "TARGET", "DRAFT", "HEAD", "DISK GB", "CONTEXT", "WINDOW", f"DRAFTER ({here.upper()})",
               "CACHED")] + [_cells(r) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     if sum(widths) + 2 * (len(widths) - 1) <= shutil.get_terminal_size().columns:
@@ -64,7 +64,7 @@ def run(args) -> int:
         print(("\n" if i else "") + f"{r['name']}  (cached: {'yes' if r['cached'] else 'no'})")
         print(f"  target   {r['target']}" + (f"\n  adapter  {r['adapter']}" if r["adapter"] else "")
               + f"\n  draft    {r['draft']}" + (f"\n  head     {r['head']}" if r["head"] else ""))
-        print(f"  size     {_size(r)} GB, context {r['context'] or '?'}{window}")
+        print(f"  size     {_size(r)} GB on disk, context {r['context'] or '?'}{window}")
         print(f"  drafter  {r['drafter_here']} on {here}")
     return 0
 
@@ -76,7 +76,8 @@ def _cells(r: dict) -> tuple:
 
 
 def _size(r: dict) -> str:
-    """Target + draft GB; "?" where a user's own pair leaves the size out (0)."""
+    """Target + draft GB as stored (a quantized GGUF loads larger, dequantized); "?" where a user's
+    own pair leaves the size out (0)."""
     if not r["target_gb"]:
         return "?"
     return f"{r['target_gb']:g} + {r['draft_gb']:g}"
