@@ -161,8 +161,9 @@ def test_either_key_header_is_taken_and_a_wrong_key_is_anthropic_s_401(served):
     body = {"model": "t", "max_tokens": 2, "messages": ASK}
     for headers in ({"x-api-key": "k"}, {"Authorization": "Bearer k"}):
         assert httpx.post(f"{url}/v1/messages", json=body, headers=headers, timeout=TIMEOUT).status_code == 200
-    r = httpx.post(f"{url}/v1/messages", json=body, headers={"x-api-key": "wrong"}, timeout=TIMEOUT)
-    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    for path in ("/v1/messages", "/messages"):  # served without /v1 too
+        r = httpx.post(f"{url}{path}", json=body, headers={"x-api-key": "wrong"}, timeout=TIMEOUT)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     assert json.loads(httpx.post(f"{url}/v1/chat/completions", json=body, headers={"x-api-key": "wrong"},
                                  timeout=TIMEOUT).text)["error"]["code"] == "invalid_api_key"  # OpenAI's shape there
 

@@ -44,6 +44,7 @@ CHAT_CASES = [
     ({"messages": HI, "temperature": 2.5}, "temperature", "in 0..2"),  # OpenAI's range
     ({"messages": HI, "top_p": 0}, "top_p", "(0, 1]"),
     ({"messages": HI, "top_k": 1.5}, "top_k", "integer"),
+    ({"messages": HI, "top_k": -2}, "top_k", "top_k must be an integer >= 0, or -1 for off"),  # -1: vLLM's off
     ({"messages": HI, "min_p": 1}, "min_p", "[0, 1)"),
     ({"messages": HI, "temperature": 10**400}, "temperature", "finite number"),  # past float's range
     ({"messages": HI, "top_p": -(10**400)}, "top_p", "(0, 1]"),
@@ -78,6 +79,12 @@ CHAT_CASES = [
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "string"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[0]", "only text"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "messages[0].content[0].text", "messages[0].content[0].text must be a string, got 5"),
+    ({"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]},
+     "messages[0].content[0]", "only text"),  # the assistant's only
+    ({"messages": [{"role": "assistant", "content": [{"type": "refusal", "refusal": None}]}]},
+     "messages[0].content[0].refusal", "must be a string"),
     # tools: checked here; this model's template does not show them, which the engine finds
     ({"messages": HI, "tools": [{"type": "retrieval"}]}, "tools", "only function tools"),
     ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "does not render tools"),
@@ -194,7 +201,7 @@ def test_other_servers_fields_at_their_neutral_values_are_accepted(server):
     body = {"messages": HI, "max_tokens": 3, "repetition_penalty": 1, "typical_p": 1.0, "min_tokens": 0,
             "ignore_eos": False, "stop_token_ids": [], "modalities": ["text"], "guided_json": None,
             "xtc_probability": 0.0, "xtc_threshold": 0.1, "chat_template_kwargs": {}, "adapters": None,
-            "num_draft_tokens": None, "repetition_context_size": 20}
+            "num_draft_tokens": None, "repetition_context_size": 20, "top_k": -1}  # vLLM's top_k off
     r = post(server[0], "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
     body = {"messages": HI, "max_tokens": 3, "repetition_penalty": 0}  # mlx-lm's server's default: off

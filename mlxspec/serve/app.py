@@ -3,6 +3,7 @@
     POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   POST /v1/messages[/count_tokens]
     GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items   GET /v1/models[/{id}]   GET /health
     POST /tokenize   POST /detokenize   GET /metrics
+    (the /v1 routes also without /v1, as mlx-lm's server answers /chat/completions)
 
 Every request is answered on the event loop; the model runs on the queue's worker thread.
 A request is checked (schema.py), queued, and answered once its first tokens exist
@@ -37,6 +38,7 @@ from .auth import BearerAuth
 from .body import read_json
 from .cors import CrossOrigin, Origins
 from .errors import APIError, internal
+from .fields import API_PREFIX
 from .fingerprint import system_fingerprint
 from .generation import openai_route
 from .local import LoopbackOnly, is_loopback
@@ -50,8 +52,8 @@ from .translated import (count_message_tokens, create_message, create_response, 
 
 log = logging.getLogger("mlxspec.serve")
 ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE "
-               "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models, "
-               "GET /health, POST /tokenize, POST /detokenize, GET /metrics")
+               "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models "
+               "(each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET /metrics")
 
 
 class ServerState:
@@ -128,17 +130,22 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         finally:
             await asyncio.to_thread(state.queue.stop)
 
-    routes = [
-        Route("/v1/chat/completions", openai_route(schema.parse_chat), methods=["POST"]),
-        Route("/v1/completions", openai_route(schema.parse_completion), methods=["POST"]),
-        Route("/v1/responses", create_response, methods=["POST"]),
-        Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
-        Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
-        Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
-        Route("/v1/messages", create_message, methods=["POST"]),
-        Route("/v1/messages/count_tokens", count_message_tokens, methods=["POST"]),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+    api = [
+        ("/chat/completions", openai_route(schema.parse_chat), "POST"),
+        ("/completions", openai_route(schema.parse_completion), "POST"),
+        ("/responses", create_response, "POST"),
+        ("/responses/{response_id}", get_response, "GET"),
+        ("/responses/{response_id}", delete_response, "DELETE"),
+        ("/responses/{response_id}/input_items", list_input_items, "GET"),
+        ("/messages", create_message, "POST"),
+        ("/messages/count_tokens", count_message_tokens, "POST"),
+        ("/models", list_models, "GET"),
+        ("/models/{model_id:path}", get_model, "GET"),
+    ]
+    # Under /v1, and without it as mlx-lm's server answers them (clients whose base URL lacks /v1)
+    routes = [Route(prefix + path, endpoint, methods=[method])
+              for prefix in (API_PREFIX, "") for path, endpoint, method in api]
+    routes += [
         Route("/health", health, methods=["GET"]),
         Route("/", root, methods=["GET"]),
         Route("/tokenize", tokenize_route, methods=["POST"]),

@@ -8,6 +8,7 @@ from starlette.datastructures import Headers
 
 from . import anthropic
 from .errors import APIError
+from .fields import api_route
 from .metrics import count_error
 
 OPEN_PATHS = ("/health", "/")  # answered without the API key (load balancers, scripts and agents probe them)
@@ -38,5 +39,5 @@ async def refuse(error: APIError, scope, receive, send) -> None:
     """A middleware's error answer: in Anthropic's shape on its routes, and counted in /metrics
     (Starlette puts the app in the scope before its middleware runs)."""
     count_error(scope.get("app"), error.status)
-    anthropic_path = scope["path"].startswith("/v1/messages")
+    anthropic_path = api_route(scope["path"]).startswith("/v1/messages")
     await (anthropic.error_response(error) if anthropic_path else error.response())(scope, receive, send)

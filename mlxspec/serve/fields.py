@@ -32,6 +32,12 @@ OTHERS = {  # vLLM's, mlx-lm's and llama.cpp's that are read (or refused with a 
 OWN = {"speculative", "num_draft", "drafter", "tree", "lookup"}  # the engine's, per request
 KNOWN = frozenset(OPENAI | ANTHROPIC | OTHERS | OWN | set(EXTENSIONS) | set(GUIDED) | set(RENAMED))
 SHOWN = 8  # names per log line: a body of junk keys makes one short line, not a long one
+API_PREFIX = "/v1"  # OpenAI's and Anthropic's routes are served with it and without it (`app.py`)
+
+
+def api_route(path: str) -> str:
+    """The route a request's path names, as the tables here key it: with the /v1 it may be sent without."""
+    return path if path.startswith(API_PREFIX + "/") else API_PREFIX + path
 
 
 def _reads() -> dict:
@@ -56,7 +62,7 @@ def unread(route: str, body: dict) -> List[str]:
     """The top-level keys of `body` that `route` does not read, in the order sent: those no endpoint
     here reads, and on a route that translates another API (Responses, Anthropic's Messages) the
     other APIs' fields too (`n` or `logit_bias` on /v1/messages)."""
-    reads = READS.get(route)
+    reads = READS.get(api_route(route))
     return [key for key in body if key not in KNOWN or (reads is not None and key not in reads)]
 
 
@@ -81,5 +87,5 @@ MOVED = {
 def moved(route: str, body: dict) -> Optional[Tuple[str, str]]:
     """(field, what `route` reads instead) for the first field of `body` that another API names so
     (null ones are as good as left out), or None."""
-    names = MOVED.get(route, {})
+    names = MOVED.get(api_route(route), {})
     return next(((key, names[key]) for key in body if key in names and body[key] is not None), None)

@@ -44,9 +44,10 @@ def chat_messages(messages) -> List[dict]:
         if calls:
             message["tool_calls"] = tool_calls(calls, f"{param}.tool_calls")
             content = m.get("content")
-            message["content"] = None if content is None else message_content(content, f"{param}.content")
+            message["content"] = None if content is None else message_content(content, f"{param}.content",
+                                                                                  assistant=True)
         else:
-            message["content"] = message_content(m.get("content"), f"{param}.content")
+            message["content"] = message_content(m.get("content"), f"{param}.content", assistant=role == "assistant")
         if role == "tool":
             call_id = m.get("tool_call_id")
             if not isinstance(call_id, str):
@@ -87,21 +88,27 @@ def tool_calls(calls, param: str) -> List[dict]:
     return out
 
 
-def message_content(content, param: str) -> str:
-    """A string, or a list of {"type": "text", "text": ...} parts (joined with newlines)."""
+def message_content(content, param: str, assistant: bool = False) -> str:
+    """A string, or a list of {"type": "text", "text": ...} parts (joined with newlines); an
+    assistant's {"type": "refusal", "refusal": ...} parts are its text too (OpenAI's history holds them)."""
     if isinstance(content, str):
         return checked(lambda text: check_text(text, param), content, param)
     if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise invalid(f"{param}[{j}] must be a text part {{\"type\": \"text\", \"text\": \"...\"}}; "
-                              f"only text is supported, got {_show(kind)}", f"{param}[{j}]")
-            where = f"{param}[{j}].text"
-            texts.append(checked(lambda text: check_text(text, where), part["text"], where))
-        return "\n".join(texts)
+        kinds = ("text", "refusal") if assistant else ("text",)
+        return "\n".join(_part_text(part, f"{param}[{j}]", kinds) for j, part in enumerate(content))
     raise invalid(f"{param} must be a string or a list of text parts, got {_show(content)}", param)
+
+
+def _part_text(part, param: str, kinds: tuple) -> str:
+    """A content part's text: the string under its type's key ("text", or an assistant's "refusal")."""
+    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    if not isinstance(part, dict) or kind not in kinds:
+        raise invalid(f"{param} must be a text part {{\"type\": \"text\", \"text\": \"...\"}}; "
+                      f"only text is supported, got {_show(kind)}", param)
+    where = f"{param}.{kind}"
+    if not isinstance(part.get(kind), str):
+        raise invalid(f"{where} must be a string, got {_show(part.get(kind))}", where)
+    return checked(lambda text: check_text(text, where), part[kind], where)
 
 
 def completion_prompts(prompt) -> list:

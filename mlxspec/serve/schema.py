@@ -31,6 +31,7 @@ from .options import ServeOptions
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
 MAX_CHOICES = 128  # choices per request: n (OpenAI's most) times the prompts of a completions batch
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+TOP_K_OFF = -1  # vLLM's top_k for "off", read as the library's (and mlx-lm's) 0
 MAX_TEMPERATURE = 2  # OpenAI's bound (the engine takes any finite temperature: a request past it is a typo)
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
 # would change the answer, with the value that changes nothing: a client that sends another is told.
@@ -272,6 +273,8 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
             value = defaults.temperature if key == "temperature" else off
         if isinstance(value, bool):
             raise invalid(f"{key} must be a number, got {_show(value)}", key)
+        if key == "top_k":
+            value = _top_k(value)
         # One field at a time (the others at their neutral value), so the error names its field.
         checked(lambda v, key=key: validate_sampling(**dict(SAMPLING_DEFAULTS, **{key: v})), value, key)
         if key == "temperature" and body.get(key) is not None and value > MAX_TEMPERATURE:
@@ -321,6 +324,14 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
     if bias:
         opts["logit_bias"] = bias
     return opts
+
+
+def _top_k(value) -> int:
+    """top_k in the HTTP terms: vLLM's -1 ("off") is the library's 0."""
+    if not isinstance(value, int) or value < TOP_K_OFF:
+        raise invalid(f"top_k must be an integer >= 0, or {TOP_K_OFF} for off (0 is off too), got {_show(value)}",
+                      "top_k")
+    return max(value, 0)
 
 
 def _response_format(body: dict) -> Optional[dict]:
