@@ -107,7 +107,7 @@ def test_completion_logprobs_in_the_legacy_shape(served):
                    timeout=TIMEOUT).json()
     lp = r["choices"][0]["logprobs"]
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == r["usage"]["completion_tokens"]
-    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    assert lp["text_offset"][0] == len("Once upon a time") and lp["text_offset"] == sorted(lp["text_offset"])
     expected = engine.generate("Once upon a time", max_tokens=6, logprobs=3)
     assert lp["token_logprobs"] == pytest.approx(expected.logprobs, abs=1e-5)
     assert all(1 <= len(top) <= 4 for top in lp["top_logprobs"])  # tokens that print alike share a key
@@ -149,7 +149,7 @@ def test_served_logprobs_spell_the_text_byte_for_byte():
         assert kept == "Café ☕ ok "
         assert [t for t in lp["tokens"] if t.startswith("bytes:")] == ["bytes:\\xc3", "bytes:\\xa9", "bytes:\\xe2",
                                                                           "bytes:\\x98", "bytes:\\x95"]
-        # each token's offset is the character it starts in
-        assert lp["text_offset"] == [0, 1, 2, 3, 3, 4, 5, 5, 5, 6, 7, 8, 9]
+        # each token's offset is the character it starts in, counted from the prompt's start (OpenAI's)
+        assert lp["text_offset"] == [len(prompt) + i for i in (0, 1, 2, 3, 3, 4, 5, 5, 5, 6, 7, 8, 9)]
         assert all(lp["token_logprobs"][i] == pytest.approx(max(top.values())) for i, top in
                    enumerate(lp["top_logprobs"]))  # the chosen token is the best, and never overwritten

@@ -232,6 +232,24 @@ def test_the_server_puts_the_reasoning_where_it_is_told(scripted, key):
     assert not any("reasoning" in d for d in deltas)
 
 
+@pytest.mark.parametrize("key, counted", [("reasoning", 10), ("none", 0)])
+def test_usage_counts_the_reasoning_s_tokens_where_it_is_split_off(scripted, key, counted):
+    # OpenAI's completion_tokens_details.reasoning_tokens: "Add them.\n" is 10 byte tokens (the marker not
+    # among them); 0 when the reasoning stays in the content
+    tok, model, server = scripted(OPENING, reasoning_key=key)
+    with server as (url, _):
+        model.say(tok.encode("Add them.\n</think>\n\nIt is 4.", add_special_tokens=False),
+                  len(encode_prompt(ASK, tok, VOCAB)))
+        whole = ask(url, n=2).json()["usage"]
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=TIMEOUT,
+                          json={"messages": ASK, "max_tokens": 80, "n": 2, "stream": True,
+                                "stream_options": {"include_usage": True}}) as r:
+            streamed = [c for c in iter_sse(r) if c and c.get("usage")][-1]["usage"]
+    details = {"reasoning_tokens": 2 * counted, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0,
+               "audio_tokens": 0}  # both choices'
+    assert whole["completion_tokens_details"] == streamed["completion_tokens_details"] == details
+
+
 def test_an_unknown_reasoning_key_is_refused():
     from mlxspec.serve import ServeOptions
     from mlxspec.serve.app import make_app

@@ -36,6 +36,8 @@ def test_chat_completion_shape_usage_and_figures(client):
     assert u.prompt_tokens > 0 and 0 < u.completion_tokens <= 12
     assert u.total_tokens == u.prompt_tokens + u.completion_tokens
     assert 0 <= u.prompt_tokens_details.cached_tokens < u.prompt_tokens
+    d = u.completion_tokens_details  # OpenAI's; no reasoning from a model that does not think
+    assert (d.reasoning_tokens, d.accepted_prediction_tokens, d.rejected_prediction_tokens, d.audio_tokens) == (0,) * 4
     figures = r.model_extra["mlxspec"]
     assert figures["drafter"] == "ngram" and 0 <= figures["acceptance_rate"] <= 1
     assert figures["tokens_per_target_pass"] >= 1 and figures["tokens_per_second"] > 0
@@ -259,6 +261,34 @@ def test_models_and_health(client, server):
     assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["model"] == MODEL
     missing = httpx.get(f"{server[0]}/v1/models/other", timeout=TIMEOUT)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_an_assistant_s_refusal_part_is_its_text(client):
+    # OpenAI's history holds the refusals its models gave; they are the assistant's content
+    said = [{"role": "user", "content": "Do it."}, {"role": "assistant", "content": "No."}] + HELLO
+    parts = [said[0], {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]}] + HELLO
+    a, b = (client.chat.completions.create(model=MODEL, messages=m, max_tokens=4) for m in (said, parts))
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_the_api_routes_answer_without_v1_too(client, server):
+    # as mlx-lm's server answers /chat/completions: for clients whose base URL lacks /v1
+    import openai
+
+    bare = openai.OpenAI(base_url=server[0], api_key="unused", max_retries=0, timeout=TIMEOUT)
+    for api in (bare, client):
+        assert [m.id for m in api.models.list().data] == [MODEL] and api.models.retrieve(MODEL).id == MODEL
+    answers = [(api.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6).choices[0].message.content,
+                api.completions.create(model=MODEL, prompt="Rivers", max_tokens=4).choices[0].text,
+                api.responses.create(model=MODEL, input="Hi", max_output_tokens=4, store=False).output_text)
+               for api in (bare, client)]
+    assert answers[0] == answers[1]
+    # the route's own field names, as under /v1
+    r = httpx.post(f"{server[0]}/responses", json={"input": "Hi", "max_tokens": 4}, timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = httpx.post(f"{server[0]}/messages", json={"messages": HELLO, "max_tokens": 2}, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.json()["type"] == "message"
 
 
 class CallLog(GatedEngine):

@@ -136,6 +136,33 @@ def test_echo_with_logprobs_scores_every_prompt_token(served, stream):
     assert "".join(lp["tokens"][:len(ids)]) == prompt  # byte tokens: each names its character
 
 
+def completion_logprobs(url, body, stream) -> dict:
+    """Each choice's legacy logprobs by index, a stream's chunks put together."""
+    if not stream:
+        return {c["index"]: c["logprobs"] for c in post(url, "/v1/completions", body)["choices"]}
+    with httpx.stream("POST", f"{url}/v1/completions", json=dict(body, stream=True), timeout=TIMEOUT) as r:
+        parts = [e["choices"][0] for e in sse_events(r)[:-1]]
+    keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    return {i: {key: [v for p in parts if p["index"] == i and p["logprobs"] for v in p["logprobs"][key]]
+                for key in keys} for i in {p["index"] for p in parts}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_text_offsets_count_from_the_prompt_s_start_echoed_or_not(served, stream):
+    # OpenAI's: an answer's first offset is the prompt's length; each prompt of a batch counts from its own
+    url, ref = served
+    prompts = ["Once upon a time", [ord(c) for c in "The sea is"]]
+    body = {"prompt": prompts, "max_tokens": 5, "n": 2, "logprobs": 0}
+    plain = completion_logprobs(url, body, stream)
+    echoed = completion_logprobs(url, dict(body, echo=True), False)
+    for i in range(2 * len(prompts)):  # each prompt's 2 choices in turn
+        prompt = prompts[i // 2]
+        start = len(prompt if isinstance(prompt, str) else ref.tokenizer.decode(prompt))
+        offsets = plain[i]["text_offset"]
+        assert offsets[0] == start and offsets == sorted(offsets)
+        assert offsets == echoed[i]["text_offset"][-len(offsets):]  # where echo puts the answer's tokens
+
+
 def test_max_tokens_0_with_echo_scores_the_prompt_alone(served):
     url, ref = served
     r = post(url, "/v1/completions", {"prompt": "The sea is wide", "max_tokens": 0, "echo": True, "logprobs": 0})

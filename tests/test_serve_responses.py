@@ -45,6 +45,14 @@ def test_a_response_is_the_chat_answer_with_instructions_as_the_system_message(s
     assert r.model_extra["mlxspec"]["drafter"] == "ngram"
 
 
+def test_the_response_echoes_the_sampling_it_was_answered_with(served):
+    client = openai_client(served[0])
+    r = client.responses.create(model="t", input="Hi", max_output_tokens=2, store=False)
+    assert (r.temperature, r.top_p) == (0.0, 1.0)  # the server's defaults (greedy), not null
+    r = client.responses.create(model="t", input="Hi", max_output_tokens=2, temperature=0.7, top_p=0.9, store=False)
+    assert (r.temperature, r.top_p) == (0.7, 0.9)
+
+
 def test_the_stream_s_events_spell_the_same_answer(served):
     url, _ = served
     client = openai_client(url)
@@ -149,9 +157,11 @@ def test_a_thinking_model_s_reasoning_is_a_reasoning_item():
         r = client.responses.create(model="thinker", input=ask, max_output_tokens=60)
         assert [item.type for item in r.output] == ["reasoning", "message"]
         assert r.output[0].content[0].text == "Add them." and r.output_text == "It is 4."
+        assert r.usage.output_tokens_details.reasoning_tokens == len("Add them.")  # byte tokens
         events = list(client.responses.create(model="thinker", input=ask, max_output_tokens=60, stream=True))
         assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "Add them."
         assert [item.type for item in events[-1].response.output] == ["reasoning", "message"]
+        assert events[-1].response.usage.output_tokens_details.reasoning_tokens == len("Add them.")
         # logprobs cover every generated token, reasoning included, as chat's do
         r = client.responses.create(model="thinker", input=ask, max_output_tokens=60, include=LOGPROBS)
         assert "".join(lp.token for lp in r.output[-1].content[0].logprobs) == "Add them.</think>It is 4."

@@ -23,23 +23,43 @@ def tool_reader(fmt, req: schema.GenerationRequest) -> Optional[ToolCallReader]:
     return ToolCallReader(fmt, req.tools) if fmt is not None and req.tools else None
 
 
-def read_answer(text: str, splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader],
-                last: bool = False) -> tuple:
-    """(reasoning, answer text, tool calls) of new text: a thinking model's reasoning split off
-    first, then the calls read from the answer (`last`: and what either held back to the end)."""
-    reasoning = ""
-    if splitter is not None:
-        reasoning, text = splitter.feed(text)
+class AnswerReader:
+    """An answer's events -> (reasoning, answer text, tool calls): a thinking model's reasoning
+    split off first, then the calls read from the answer. It counts the reasoning's tokens
+    (OpenAI's reasoning_tokens): those whose text came out as reasoning, where a token whose text
+    came out later (held back: part of a word or a marker, a marker itself) counts with the text
+    that let it out."""
+
+    def __init__(self, splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader]):
+        self.splitter, self.reader = splitter, reader
+        self.reasoning_tokens = 0
+        self._held = 0  # tokens whose text the splitter has not let out yet
+
+    def read(self, events=(), last: bool = False) -> tuple:
+        """(reasoning, answer text, tool calls) of new events (`last`: and what either held back to the end)."""
+        if self.splitter is None:
+            reasoning, text = "", "".join(ev.text for ev in events)
+        else:  # token by token, to count them
+            pieces = [self._count(self.splitter.feed(ev.text), 1) for ev in events]
+            if last:
+                pieces.append(self._count(self.splitter.finish(), 0))
+            reasoning, text = "".join(r for r, _ in pieces), "".join(a for _, a in pieces)
+        if self.reader is None:
+            return reasoning, text, []
+        text, calls = self.reader.feed(text)
         if last:
-            r, a = splitter.finish()
-            reasoning, text = reasoning + r, text + a
-    if reader is None:
-        return reasoning, text, []
-    text, calls = reader.feed(text)
-    if last:
-        tail, more = reader.finish()
-        text, calls = text + tail, calls + more
-    return reasoning, text, calls
+            tail, more = self.reader.finish()
+            text, calls = text + tail, calls + more
+        return reasoning, text, calls
+
+    def _count(self, piece: tuple, tokens: int) -> tuple:
+        """The splitter's (reasoning, answer) after `tokens` more tokens: the held ones count with what came out."""
+        self._held += tokens
+        if piece[0]:
+            self.reasoning_tokens += self._held
+        if piece[0] or piece[1]:
+            self._held = 0
+        return piece
 
 
 class Choice:
@@ -49,15 +69,16 @@ class Choice:
     def __init__(self, index: int, prompt, req: schema.GenerationRequest, state: ServerState, shapes: Shapes,
                  thinking: Optional[tuple]):
         self.index, self.shapes, self.state = index, shapes, state
-        self.splitter = make_splitter(*thinking, merged=state.merged) if thinking is not None else None
-        self.reader = tool_reader(state.tool_format, req)
+        splitter = make_splitter(*thinking, merged=state.merged) if thinking is not None else None
+        self.answer = AnswerReader(splitter, tool_reader(state.tool_format, req))
         self.echo = echoed(prompt, state) if req.echo else ""
         self.drop = req.score_only  # the prompt was only scored: the token generated with it is not shown
         shown = req.logprobs and not req.ranking_logprobs
-        self.logprobs = LogprobStream(shapes.chat, state.token_bytes, len(self.echo)) if shown else None
+        # OpenAI's text_offset counts from the prompt's start, echoed or not (chat's logprobs have none)
+        offset = len(self.echo or echoed(prompt, state)) if shown and not shapes.chat else 0
+        self.logprobs = LogprobStream(shapes.chat, state.token_bytes, offset) if shown else None
         self.usage = req.include_usage
         self.prompt_lp: Optional[dict] = None
-        self.pieces: list = []
         self.events: list = []
         self.finish: Optional[str] = None
         self.stop_reason = None  # the stop string or stop token that ended it (vLLM's)
@@ -69,7 +90,6 @@ class Choice:
         """A whole answer's events, batch by batch."""
         self._note(events)
         if not self.drop:
-            self.pieces.extend(ev.text for ev in events)
             self.events.extend(events)
 
     @property
@@ -78,7 +98,7 @@ class Choice:
         return sum(ev.logprob for ev in self.events) / max(1, len(self.events))
 
     def whole(self) -> dict:
-        reasoning, text, calls = read_answer("".join(self.pieces), self.splitter, self.reader, last=True)
+        reasoning, text, calls = self.answer.read(self.events, last=True)
         lp = self.logprobs.whole(self.events) if self.logprobs is not None else None
         return self.shapes.choice(self.index, self.echo + text, openai_finish(self.finish, calls), calls,
                                   joined(self.prompt_lp, lp), reasoning, self.stop_reason)
@@ -96,9 +116,9 @@ class Choice:
                 yield sse(self.shapes.chunk(self.echo, logprobs=self.prompt_lp, include_usage=self.usage,
                                             index=self.index))
         if not self.drop:
-            yield from self._deltas(*read_answer("".join(ev.text for ev in events), self.splitter, self.reader), events)
+            yield from self._deltas(*self.answer.read(events), events)
         if self.finish is not None:
-            yield from self._deltas(*read_answer("", self.splitter, self.reader, last=True))  # what was held back
+            yield from self._deltas(*self.answer.read(last=True))  # what was held back
             yield sse(self.shapes.chunk(finish_reason=openai_finish(self.finish, self.called), stats=self.stats,
                                         include_usage=self.usage, index=self.index, stop_reason=self.stop_reason))
 

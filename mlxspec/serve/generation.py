@@ -81,7 +81,9 @@ def openai_route(parse: Callable) -> Callable:
             if not job.complete:  # cancelled: the client is gone
                 return gone(state, shapes.id)
             answered(state, shapes.id, req.kind, req, job)
-            return JSONResponse(shapes.completion(best(choices, req), usage_of(job, req), combined(runs_of(job, req))))
+            whole = best(choices, req)  # read first: their reasoning tokens are counted as they are read
+            return JSONResponse(shapes.completion(whole, usage_of(job, req, reasoning_of(choices)),
+                                                  combined(runs_of(job, req))))
         finally:
             watcher.cancel()  # a stream's disconnects are watched by StreamingResponse itself
             if not streaming:
@@ -102,8 +104,14 @@ async def thinking_start(state: ServerState, req: schema.GenerationRequest) -> O
     return state.thinking, inside
 
 
-def usage_of(job: Job, req: schema.GenerationRequest) -> dict:
-    return usage(job.stats, req.per_prompt, generated=not req.score_only)
+def usage_of(job: Job, req: schema.GenerationRequest, reasoning: int = 0) -> dict:
+    """The request's `usage`; `reasoning`: its answers' reasoning tokens (`AnswerReader`)."""
+    return usage(job.stats, req.per_prompt, generated=not req.score_only, reasoning=reasoning)
+
+
+def reasoning_of(choices: list) -> int:
+    """The reasoning tokens of a request's choices, as far as they have been read."""
+    return sum(c.answer.reasoning_tokens for c in choices)
 
 
 def runs_of(job: Job, req: schema.GenerationRequest) -> list:
@@ -189,7 +197,7 @@ async def sse_events(state: ServerState, job: Job, shapes: Shapes, first, req: s
             gone(state, shapes.id)
             return
         if req.include_usage:
-            yield sse(shapes.usage_chunk(usage_of(job, req), combined(runs_of(job, req))))
+            yield sse(shapes.usage_chunk(usage_of(job, req, reasoning_of(choices)), combined(runs_of(job, req))))
         answered(state, shapes.id, req.kind, req, job)
     except APIError as e:  # the engine failed (or the server is stopping) mid-stream
         state.metrics.errors[e.status] += 1

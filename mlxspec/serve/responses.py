@@ -38,15 +38,18 @@ def prompt_only(stats: GenerationStats) -> GenerationStats:
                                lookup_accepted=0, forced_rounds=0, forced_drafted=0, forced_accepted=0)
 
 
-def usage(runs: List[GenerationStats], n: int = 1, generated: bool = True) -> dict:
+def usage(runs: List[GenerationStats], n: int = 1, generated: bool = True, reasoning: int = 0) -> dict:
     """OpenAI `usage` of a request's generations, each prompt's `n` choices in turn: each prompt
     counted once, every choice's tokens (none when the prompt was only scored: echo with
-    max_tokens 0). `cached_tokens` is the part of the prompts the engine's caches already held."""
+    max_tokens 0). `cached_tokens` is the part of the prompts the engine's caches already held;
+    `reasoning`: the completion's tokens of a thinking model's reasoning, where it was split off."""
     prompts = runs[::n]
     prompt = sum(s.prompt_tokens for s in prompts)
     completion = sum(s.tokens for s in runs) if generated else 0
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(s.prompt_tokens - s.prefilled_tokens for s in prompts)}}
+            "prompt_tokens_details": {"cached_tokens": sum(s.prompt_tokens - s.prefilled_tokens for s in prompts)},
+            "completion_tokens_details": {"reasoning_tokens": reasoning, "accepted_prediction_tokens": 0,
+                                          "rejected_prediction_tokens": 0, "audio_tokens": 0}}
 
 
 def figures(stats: GenerationStats) -> dict:
@@ -145,7 +148,7 @@ class LogprobStream:
 
     def __init__(self, chat: bool, token_bytes: Callable[[int], bytes], offset: int = 0):
         self.chat, self.token_bytes = chat, token_bytes
-        self.offset = offset  # characters before the answer's text (an echoed prompt's)
+        self.offset = offset  # characters before the answer's text: the prompt's, echoed or not
         self._waiting: deque = deque()
         self._text = bytearray()  # the answer's text so far
         self._at = 0  # byte offset of the next waiting token

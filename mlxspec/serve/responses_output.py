@@ -1,6 +1,6 @@
 """The Responses API's answer (POST /v1/responses): what the model wrote as output items.
 
-`ResponseBuilder` shapes what the model wrote (reasoning, text, tool calls, as `choice.read_answer`
+`ResponseBuilder` shapes what the model wrote (reasoning, text, tool calls, as `choice.AnswerReader`
 splits them) into output items: a `reasoning` item, a `message` with one `output_text`, and
 one `function_call` item per call; streamed, as the Responses' typed events. The request's
 side (translating it into a chat request) is `responses_api`.
@@ -76,11 +76,12 @@ class ResponseBuilder:
                "top_logprobs": b.get("top_logprobs"),
                "usage": None}
         if usage is not None:
+            reasoning = usage["completion_tokens_details"]["reasoning_tokens"]
             out["usage"] = {"input_tokens": usage["prompt_tokens"],
                             "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
                                                      "cache_write_tokens": 0},
                             "output_tokens": usage["completion_tokens"],
-                            "output_tokens_details": {"reasoning_tokens": 0},
+                            "output_tokens_details": {"reasoning_tokens": reasoning},
                             "total_tokens": usage["total_tokens"]}
         if stats is not None:
             out["mlxspec"] = figures(stats)

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..errors import InvalidArgumentError
 from ..prompts import encode_prompt
-from ..reasoning import ReasoningSplitter, make_splitter
-from ..tools import ToolCallReader
+from ..reasoning import make_splitter
 from . import anthropic, response_items, responses_api, responses_output, schema
 from .body import read_json
-from .choice import read_answer, tool_reader
+from .choice import AnswerReader, tool_reader
 from .errors import APIError, invalid
 from .generation import (EventStream, answered, cancel_on_disconnect, closer, gone, guarded, job_events,
                          parsed, thinking_start, usage_of)
@@ -46,7 +45,7 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
     job = state.queue.submit(req.prompt, req.options)
     thinking = await thinking_start(state, req)
     splitter = make_splitter(*thinking, merged=state.merged) if thinking is not None else None
-    reader = tool_reader(state.tool_format, req)
+    answer = AnswerReader(splitter, tool_reader(state.tool_format, req))
     builder = builder_of(state, req, body)
 
     async def next_events():
@@ -61,20 +60,20 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
         first = await next_events()
         if req.stream:
             streaming = True
-            return EventStream(_built_events(state, job, builder, first, req, splitter, reader, next_events, endpoint),
+            return EventStream(_built_events(state, job, builder, first, req, answer, next_events, endpoint),
                                on_close=closer(state, job, builder.id))
-        pieces, end, events = [], None, first
+        written, end, events = [], None, first
         while events:
-            pieces.extend(ev.text for ev in events)
+            written.extend(events)
             builder.tokens(events)  # the events behind the text (logprobs)
             end = events[-1] if events[-1].finish_reason else end
             events = await next_events()
         if not job.complete or end is None:  # cancelled: the client is gone
             return gone(state, builder.id)
         answered(state, builder.id, endpoint, req, job)
-        reasoning, text, calls = read_answer("".join(pieces), splitter, reader, last=True)
-        return JSONResponse(builder.whole(reasoning, text, calls, end.finish_reason, usage_of(job, req), job.stats[-1],
-                                          end.stop_reason))
+        reasoning, text, calls = answer.read(written, last=True)
+        return JSONResponse(builder.whole(reasoning, text, calls, end.finish_reason,
+                                          usage_of(job, req, answer.reasoning_tokens), job.stats[-1], end.stop_reason))
     finally:
         watcher.cancel()
         if not streaming:
@@ -82,8 +81,7 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
 
 
 async def _built_events(state: ServerState, job: Job, builder, first, req: schema.GenerationRequest,
-                        splitter: Optional[ReasoningSplitter], reader: Optional[ToolCallReader],
-                        next_events: Callable, endpoint: str):
+                        answer: AnswerReader, next_events: Callable, endpoint: str):
     """A single answer's stream in its API's events (`_one_answer`)."""
     stats = first[0].stats if first else None  # (none: cancelled already)
     # (the whole prompt, and the part of it the caches held)
@@ -95,15 +93,16 @@ async def _built_events(state: ServerState, job: Job, builder, first, req: schem
         while events:
             end = events[-1] if events[-1].finish_reason else end
             builder.tokens(events)
-            for chunk in builder.feed(*read_answer("".join(ev.text for ev in events), splitter, reader)):
+            for chunk in builder.feed(*answer.read(events)):
                 yield chunk
             events = await next_events()
         if not job.complete or end is None:  # cancelled without an error: the client is gone
             gone(state, builder.id)
             return
-        for chunk in builder.feed(*read_answer("", splitter, reader, last=True)):
+        for chunk in builder.feed(*answer.read(last=True)):
             yield chunk
-        for chunk in builder.finish(end.finish_reason, usage_of(job, req), job.stats[-1], end.stop_reason):
+        used = usage_of(job, req, answer.reasoning_tokens)
+        for chunk in builder.finish(end.finish_reason, used, job.stats[-1], end.stop_reason):
             yield chunk
         answered(state, builder.id, endpoint, req, job)
     except APIError as e:  # the engine failed (or the server is stopping) mid-stream
@@ -129,7 +128,9 @@ async def create_response(request: Request) -> Response:
 
     def builder_of(state, req, body):
         keep = body.get("store") is not False
-        return responses_output.ResponseBuilder(state.model_id, body,
+        # the response echoes the sampling it was answered with: the server's defaults where the body has none
+        used = {key: req.options[key] for key in ("temperature", "top_p")}
+        return responses_output.ResponseBuilder(state.model_id, dict(body, **used),
                                                 (lambda r: store.remember(r, conversation, inputs)) if keep else None,
                                                 token_bytes=state.token_bytes)
 
