@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
+import operator
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -41,6 +43,10 @@ class SamplingParams:
 
     def __post_init__(self):
         validate(self.temperature, self.top_p, self.top_k, self.min_p)
+        # Python's own numbers from numpy's (np.float32(0.7)): an mx array divided by a numpy
+        # scalar would become numpy's
+        for key, kind in (("temperature", float), ("top_p", float), ("top_k", operator.index), ("min_p", float)):
+            object.__setattr__(self, key, kind(getattr(self, key)))
         if 0 < self.temperature < TINY_TEMPERATURE:  # the same T -> 0 limit, in numbers float32 has
             object.__setattr__(self, "temperature", TINY_TEMPERATURE)
 
@@ -56,7 +62,7 @@ def validate(temperature, top_p, top_k, min_p) -> None:
         raise InvalidArgumentError(f"temperature must be a finite number >= 0 (0 = greedy), got {shown(temperature)}")
     if p is None or not 0.0 < p <= 1.0:
         raise InvalidArgumentError(f"top_p must be in (0, 1] (1 disables it), got {shown(top_p)}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
         raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 disables it), got {shown(top_k)}")
     if m is None or not 0.0 <= m < 1.0:
         raise InvalidArgumentError(f"min_p must be in [0, 1) (0 disables it), got {shown(min_p)}")
@@ -65,7 +71,7 @@ def validate(temperature, top_p, top_k, min_p) -> None:
 def _real(value):
     """`value` as a float (an int too large for one becomes +-inf), or None if it is not a number
     (True is no temperature, though Python counts it as 1)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):  # numpy's scalars too
         return None
     try:
         return float(value)

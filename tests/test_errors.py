@@ -181,3 +181,16 @@ def test_text_parts_read_as_the_joined_string():
     joined = [{"role": "user", "content": "hello\nworld"}]
     assert encode_prompt(parts, tok, tiny.VOCAB) == encode_prompt(joined, tok, tiny.VOCAB)
     assert parts[0]["content"][0]["text"] == "hello"  # the caller's messages are not changed
+
+
+def test_numpy_scalars_are_taken_as_python_numbers(engine):
+    import numpy as np
+
+    from mlxspec.sampling import SamplingParams
+
+    p = SamplingParams(np.float32(0.5), np.float64(0.9), np.int64(3), np.float32(0.0))
+    assert p == SamplingParams(0.5, 0.9, 3, 0.0) and type(p.temperature) is float and type(p.top_k) is int
+    numpy_args = engine.generate("hello", max_tokens=4, temperature=np.float32(0.5), top_k=np.int64(5), seed=1)
+    assert numpy_args.tokens == engine.generate("hello", max_tokens=4, temperature=0.5, top_k=5, seed=1).tokens
+    with pytest.raises(InvalidArgumentError, match="top_k must be an integer"):
+        SamplingParams(0.5, 1.0, np.float32(3.0), 0.0)
