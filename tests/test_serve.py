@@ -267,9 +267,10 @@ def test_an_assistant_s_refusal_part_is_its_text(client):
     # OpenAI's history holds the refusals its models gave; they are the assistant's content
     said = [{"role": "user", "content": "Do it."}, {"role": "assistant", "content": "No."}] + HELLO
     parts = [said[0], {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]}] + HELLO
-    a, b = (client.chat.completions.create(model=MODEL, messages=m, max_tokens=4) for m in (said, parts))
-    assert a.usage.prompt_tokens == b.usage.prompt_tokens
-    assert a.choices[0].message.content == b.choices[0].message.content
+    field = [said[0], {"role": "assistant", "content": None, "refusal": "No."}] + HELLO  # as the API returns it
+    a, b, c = (client.chat.completions.create(model=MODEL, messages=m, max_tokens=4) for m in (said, parts, field))
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens == c.usage.prompt_tokens
+    assert a.choices[0].message.content == b.choices[0].message.content == c.choices[0].message.content
 
 
 def test_the_api_routes_answer_without_v1_too(client, server):

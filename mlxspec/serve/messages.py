@@ -47,7 +47,10 @@ def chat_messages(messages) -> List[dict]:
             message["content"] = None if content is None else message_content(content, f"{param}.content",
                                                                                   assistant=True)
         else:
-            message["content"] = message_content(m.get("content"), f"{param}.content", assistant=role == "assistant")
+            content = m.get("content")
+            if role == "assistant" and content is None and isinstance(m.get("refusal"), str):
+                content = m["refusal"]  # an answer OpenAI's model refused: the refusal is what it said
+            message["content"] = message_content(content, f"{param}.content", assistant=role == "assistant")
         if role == "tool":
             call_id = m.get("tool_call_id")
             if not isinstance(call_id, str):
