@@ -64,6 +64,18 @@ def has_chat_template(tokenizer) -> bool:
     return getattr(tokenizer, "chat_template", None) is not None
 
 
+def unread_template_variables(tokenizer, names) -> list:
+    """Of `names` (chat template variables), those the tokenizer's chat template never mentions,
+    so that setting them changes nothing (reasoning_effort for a model without reasoning); [] when
+    the template's text is not known."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: any of them may be the one used
+        template = " ".join(t for t in template.values() if isinstance(t, str))
+    if not isinstance(template, str):
+        return []
+    return [name for name in names if name not in template]
+
+
 # What mlxspec passes to a chat template itself: chat_template_kwargs may not set these.
 TEMPLATE_OWN = ("messages", "conversation", "tools", "add_generation_prompt", "tokenize", "return_dict",
                 "continue_final_message", "chat_template")

@@ -764,6 +764,9 @@ def test_generate_passes_chat_template_variables(made, tiny_gguf_path, capsys):
     main(["generate", "--target", str(tiny_gguf_path), "--reasoning-effort", "low", "--chat-template-args",
           '{"reasoning_effort": "medium"}', "Capital?"])
     assert made[1].calls[0][1]["chat_template_kwargs"] == {"reasoning_effort": "medium"}  # the JSON wins
+    template = made[1].tokenizer.chat_template
+    said = "note: this model's chat template does not read reasoning_effort: it changes nothing here"
+    assert (said in capsys.readouterr().err) == ("reasoning_effort" not in template), template
     main(["generate", "--target", str(tiny_gguf_path), "Capital?"])
     assert made[2].calls[0][1]["chat_template_kwargs"] is None
     for raw in (["--no-chat-template"], ["--suffix", "x"]):

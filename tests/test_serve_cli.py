@@ -84,6 +84,18 @@ def test_flags_reach_the_server_options(captured, monkeypatch):
                                    "prompt_cache_bytes": None}
 
 
+def test_template_variables_the_model_does_not_read_are_said_at_start(captured, monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from mlxspec.commands import modelargs
+
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(chat_template="{% if enable_thinking %}<think>{% endif %}"))
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: engine)
+    assert main(["serve", "--reasoning-effort", "high", "--chat-template-args", '{"enable_thinking": false}']) == 0
+    said = [r.getMessage() for r in caplog.records if "does not read" in r.getMessage()]
+    assert said == ["this model's chat template does not read reasoning_effort: it changes nothing"]
+
+
 def test_allowed_origins_reach_the_server_options(captured):
     assert main(["serve", "--allow-origin", "https://chat.example.com/", "--allow-origin", "http://10.0.0.2:3000"]) == 0
     assert captured["serve"].allow_origins == ("https://chat.example.com", "http://10.0.0.2:3000")

@@ -978,6 +978,31 @@ async def test_template_variables_reach_both_sides_and_the_split():
             assert pane.reasoning == "Add them." and pane.query_one(Markdown).source == "It is 4."
 
 
+@async_test
+async def test_a_template_variable_the_model_does_not_read_is_said_to_change_nothing():
+    app = make_app(tiny_engine(), max_tokens=4)  # tiny's template reads messages and add_generation_prompt only
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "/effort high")
+        assert "reasoning effort set to high (this model's chat template does not read reasoning_effort: it " \
+               "changes nothing)" in history_text(app)
+        await send(app, pilot, '/template {"add_generation_prompt_x": 1, "messages_y": 2}')
+        assert "does not read add_generation_prompt_x, messages_y" in history_text(app)
+        await send(app, pilot, "/effort")  # clearing one sets nothing new: no note
+        assert history_text(app).count("does not read") == 2
+
+
+def test_unread_template_variables_are_those_the_template_never_names():
+    from types import SimpleNamespace
+
+    from mlxspec.prompts import unread_template_variables
+
+    tok = SimpleNamespace(chat_template="{% if enable_thinking %}<think>{% endif %}")
+    assert unread_template_variables(tok, ["enable_thinking", "reasoning_effort"]) == ["reasoning_effort"]
+    named = SimpleNamespace(chat_template={"default": "{{ a }}", "tool_use": "{{ b }}"})
+    assert unread_template_variables(named, ["a", "b", "c"]) == ["c"]
+    assert unread_template_variables(SimpleNamespace(chat_template=None), ["a"]) == []  # unknown: no claim
+
+
 def test_template_and_effort_commands():
     from tui.commands import CommandError, Settings, run_command
 
