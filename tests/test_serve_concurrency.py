@@ -182,3 +182,29 @@ def test_stream_and_usage_events_per_client_are_not_interleaved():
         expected = reference.generate(f"stream {i}", max_tokens=12)
         assert text == expected.text
         assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == expected.stats.tokens
+
+
+@pytest.mark.parametrize("route, body, last", [
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 4, "stream": True}, "data: [DONE]"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 4, "stream": True}, "event: response.incomplete"),
+    ("/v1/messages", {"model": "m", "messages": HI, "max_tokens": 4, "stream": True}, "event: message_stop"),
+])
+def test_a_stream_whose_first_tokens_are_slow_is_kept_alive_with_comments(monkeypatch, route, body, last):
+    """Queued behind another request or in a long prefill, a stream answers at once and sends SSE
+    comments until its first tokens, so that a client's read timeout does not fire."""
+    from mlxspec.serve import generation
+
+    monkeypatch.setattr(generation, "HEADERS_AFTER", 0.05)
+    monkeypatch.setattr(generation, "KEEPALIVE_EVERY", 0.05)
+    engine = GatedEngine(tiny_engine())
+    engine.gate.clear()
+    with running_server(engine) as (url, _):
+        with httpx.stream("POST", url + route, json=body, timeout=TIMEOUT) as r:  # returns once the headers came
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            lines = r.iter_lines()
+            assert next(lines) == ": waiting for the first tokens" and engine.produced == []
+            engine.gate.set()
+            rest = [line for line in lines if line]
+    events = [line for line in rest if not line.startswith(":")]
+    assert rest[rest.index(events[0]):] == events  # comments only before the first event
+    assert last in events and len(events) > 3

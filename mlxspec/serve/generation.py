@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Awaitable, Callable, Optional
 
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -28,6 +28,13 @@ if TYPE_CHECKING:
     from .app import ServerState
 
 log = logging.getLogger("mlxspec.serve")
+# A stream whose first tokens take longer than HEADERS_AFTER seconds (queued behind another request,
+# a long prompt's prefill) starts without them, and sends an SSE comment every KEEPALIVE_EVERY
+# seconds until they come: a client's read timeout then does not fire while nothing is wrong.
+# An error by HEADERS_AFTER (a prompt past the context, say) is still a plain error answer.
+HEADERS_AFTER = 5.0
+KEEPALIVE_EVERY = 5.0
+KEEPALIVE = b": waiting for the first tokens\n\n"
 
 
 def guarded(handler: Callable) -> Callable:
@@ -71,11 +78,12 @@ def openai_route(parse: Callable) -> Callable:
         watcher = asyncio.create_task(cancel_on_disconnect(request, state.queue, job))
         streaming = False
         try:
-            first = await job_events(job, req.prompt_param)
             if req.stream:
+                first = await first_of(job_events(job, req.prompt_param))
                 streaming = True
                 return EventStream(sse_events(state, job, shapes, first, req, choices),
                                    on_close=closer(state, job, shapes.id))
+            first = await job_events(job, req.prompt_param)
             async for index, events in by_choice(job, first, req.prompt_param):
                 choices[index].add(events)
             if not job.complete:  # cancelled: the client is gone
@@ -117,6 +125,27 @@ def reasoning_of(choices: list) -> int:
 def runs_of(job: Job, req: schema.GenerationRequest) -> list:
     """The job's generations as reported: a scored prompt's without the token it did not return."""
     return [prompt_only(s) for s in job.stats] if req.score_only else job.stats
+
+
+async def first_of(events: Awaitable) -> asyncio.Task:
+    """A stream's first events as a task, awaited up to HEADERS_AFTER: one that has failed by then
+    raises here, before the stream's headers go out."""
+    task = asyncio.ensure_future(events)
+    await asyncio.wait({task}, timeout=HEADERS_AFTER)
+    if task.done():
+        task.result()
+    return task
+
+
+async def kept_alive(task: asyncio.Task):
+    """SSE comments, one every KEEPALIVE_EVERY seconds, until `task` is done (cancelled if the
+    stream ends first: the client left)."""
+    try:
+        while not task.done():
+            if not (await asyncio.wait({task}, timeout=KEEPALIVE_EVERY))[0]:
+                yield KEEPALIVE
+    finally:
+        task.cancel()  # a no-op once done
 
 
 async def by_choice(job: Job, first, prompt_param: str):
@@ -185,12 +214,15 @@ def gone(state: ServerState, request_id: str, when: str = "before its answer was
     return Response(status_code=499)
 
 
-async def sse_events(state: ServerState, job: Job, shapes: Shapes, first, req: schema.GenerationRequest,
-                     choices: list):
-    """The SSE body: each choice's chunks in turn (`Choice.stream`), usage, [DONE]. With logprobs
-    a chunk carries those of the tokens whose text is out by then (`LogprobStream`)."""
+async def sse_events(state: ServerState, job: Job, shapes: Shapes, first: asyncio.Task,
+                     req: schema.GenerationRequest, choices: list):
+    """The SSE body: comments while `first` (the first events, `first_of`) is awaited, then each
+    choice's chunks in turn (`Choice.stream`), usage, [DONE]. With logprobs a chunk carries those
+    of the tokens whose text is out by then (`LogprobStream`)."""
     try:
-        async for index, events in by_choice(job, first, req.prompt_param):
+        async for comment in kept_alive(first):
+            yield comment
+        async for index, events in by_choice(job, first.result(), req.prompt_param):
             for chunk in choices[index].stream(events):
                 yield chunk
         if not job.complete:  # cancelled without an error: the client is gone

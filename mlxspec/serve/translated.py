@@ -18,8 +18,8 @@ from . import anthropic, response_items, responses_api, responses_output, schema
 from .body import read_json
 from .choice import AnswerReader, tool_reader
 from .errors import APIError, invalid
-from .generation import (EventStream, answered, cancel_on_disconnect, closer, gone, guarded, job_events,
-                         parsed, thinking_start, usage_of)
+from .generation import (EventStream, answered, cancel_on_disconnect, closer, first_of, gone, guarded, job_events,
+                         kept_alive, parsed, thinking_start, usage_of)
 from .metrics import count_error
 from .queue import Job
 
@@ -57,12 +57,12 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
     watcher = asyncio.create_task(cancel_on_disconnect(request, state.queue, job))
     streaming = False
     try:
-        first = await next_events()
         if req.stream:
+            first = await first_of(next_events())
             streaming = True
             return EventStream(_built_events(state, job, builder, first, req, answer, next_events, endpoint),
                                on_close=closer(state, job, builder.id))
-        written, end, events = [], None, first
+        written, end, events = [], None, await next_events()
         while events:
             written.extend(events)
             builder.tokens(events)  # the events behind the text (logprobs)
@@ -80,16 +80,19 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
             state.queue.cancel(job)
 
 
-async def _built_events(state: ServerState, job: Job, builder, first, req: schema.GenerationRequest,
+async def _built_events(state: ServerState, job: Job, builder, first: asyncio.Task, req: schema.GenerationRequest,
                         answer: AnswerReader, next_events: Callable, endpoint: str):
-    """A single answer's stream in its API's events (`_one_answer`)."""
-    stats = first[0].stats if first else None  # (none: cancelled already)
-    # (the whole prompt, and the part of it the caches held)
-    prompt = (stats.prompt_tokens, stats.prompt_tokens - stats.prefilled_tokens) if stats else (0, 0)
-    for chunk in builder.start(*prompt):
-        yield chunk
+    """A single answer's stream in its API's events (`_one_answer`), after comments while `first`
+    (its first events, `first_of`) is awaited."""
     try:
-        events, end = first, None
+        async for comment in kept_alive(first):
+            yield comment
+        events, end = first.result(), None
+        stats = events[0].stats if events else None  # (none: cancelled already)
+        # (the whole prompt, and the part of it the caches held)
+        prompt = (stats.prompt_tokens, stats.prompt_tokens - stats.prefilled_tokens) if stats else (0, 0)
+        for chunk in builder.start(*prompt):
+            yield chunk
         while events:
             end = events[-1] if events[-1].finish_reason else end
             builder.tokens(events)
