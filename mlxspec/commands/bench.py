@@ -70,10 +70,10 @@ def register(subparsers) -> None:
     p.add_argument("--tree", type=comma_list(argtypes.tree), default="auto", metavar="TREE[,TREE...]",
                    help="draft trees: auto (the cost model sizes them), off "
                    "(chains only) or a node cap; a comma list compares them, e.g. auto,off (default auto)")
-    p.add_argument("--lookup", type=comma_list(argtypes.on_off), default="on", metavar="on|off[,...]", help="a model drafter's (model, eagle) lookup companion: on (rounds "
-                   "where prompt lookup is expected to draft faster go to it; the model's or head's chains also copy where "
-                   "the text repeats) or off (the model drafts alone); "
-                   "a comma list compares them, e.g. on,off (default on)")
+    p.add_argument("--lookup", type=comma_list(argtypes.on_off), default="on", metavar="on|off[,...]",
+                   help="a model drafter's (model, eagle) lookup companion: on (rounds where prompt lookup is "
+                   "expected to draft faster go to it; the model's or head's chains also copy where the text "
+                   "repeats) or off (the model drafts alone); a comma list compares them, e.g. on,off (default on)")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="sampling seed, the same for every run (default 0)")
     p.add_argument("--no-peer", action="store_true", help="skip mlx-lm's speculative decoding (always skipped "
                    "with --max-kv-size, where it cannot roll back a wrapped window, and for models with "
