@@ -12,8 +12,10 @@ differing token the target recomputes that position in float32 (outside the timi
 the divergence is classified: "rounding" when float32 ranks the two tokens like the
 speculative path, or their float32 gap is within what the working dtype's rounding allows
 at that logit magnitude (bfloat16/float16: a few ulps; float32: 1e-3); "bug" otherwise;
-"unclassified" when a float32 copy of the weights would not fit in memory. Bugs print a
-loud line; rounding divergences are counted. With --check the exit status is 1 when there
+"unclassified" when a float32 copy of the weights would not fit in memory. With --kv-bits
+the target itself, run in several shapes (context chunkings, verify-pass widths), is the
+reference: "rounding" when one shape ranks the two tokens like the speculative path, or the
+shapes alone move their gap by at least its size. Bugs print a loud line; rounding divergences are counted. With --check the exit status is 1 when there
 is a bug (rounding divergences never fail it); without it, 0. Sampled outputs (--temperature
 above 0) are checked the same way: with the bench's --seed every sampled token is the winner
 of a race whose noise the seed and the position fix, which drafters run too, so a speculative
