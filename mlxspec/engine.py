@@ -441,7 +441,8 @@ class Engine:
         # Lazily, like `generate`: the request is shared when iteration starts, on every rank alike.
         # (`cancel` stays on rank 0, which tells the others when it ends the request.)
         request = self.coord.share(request)
-        yield from self._run(**dict(request, params=SamplingParams(*request["params"])), cancel=cancel)
+        mine = cancel if self.coord.is_main else None  # another rank's would leave it out of step
+        yield from self._run(**dict(request, params=SamplingParams(*request["params"])), cancel=mine)
 
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
              cancel=None, logprobs=None, response_format=None, constraint=None,

@@ -153,6 +153,17 @@ def main(out_dir: Path, scenario: str) -> None:
     out["after_close_reference"] = reference.generate(PROMPT + "    ", max_tokens=MAX_TOKENS,
                                                       speculative=False).tokens
 
+    # A cancel set on rank 1 only (a terminal's Ctrl-C reaches each rank at its own token) is
+    # rank 0's to act on: rank 1 reads on in step, to the same end.
+    import threading
+
+    elsewhere = threading.Event()
+    if rank == 1:
+        elsewhere.set()
+    out["cancelled_elsewhere"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram",
+                                                        cancel=elsewhere))
+    out["cancelled_elsewhere_reference"] = reference.generate(PROMPT, max_tokens=MAX_TOKENS, speculative=False).tokens
+
     # Weights that differ between ranks are found at load (fingerprints), on every rank.
     try:
         Coordinator(group).agree({"target weights": model_fingerprint(make_llama(rank))})

@@ -123,6 +123,12 @@ def test_close_on_rank_zero_ends_every_rank_and_keeps_caches_aligned(ranks):
     assert ranks[0]["decisions"] == ranks[1]["decisions"]
 
 
+def test_a_cancel_on_a_rank_other_than_zero_is_rank_zero_s_to_act_on(ranks):
+    for r in ranks:
+        assert r["cancelled_elsewhere"]["tokens"] == r["cancelled_elsewhere_reference"]
+    assert ranks[0]["cancelled_elsewhere"] == ranks[1]["cancelled_elsewhere"]
+
+
 def test_differing_weights_and_diverging_drafts_raise_on_every_rank(ranks):
     for r in ranks:
         assert "target weights differ" in r["agree_differing"]
