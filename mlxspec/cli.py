@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     except MlxSpecError as e:
         from .commands.wording import for_command_line
 
-        print(f"{command}: error: {for_command_line(str(e))}", file=sys.stderr)
+        print(f"{command}: error: {for_command_line(str(e))}", file=_errors())
         return 1
     except BrokenPipeError:  # the reader left (`mlxspec models | head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush cannot raise again
@@ -130,11 +130,17 @@ def main(argv: list[str] | None = None) -> int:
         home = str(cache_dir())
         hint = (f" (mlxspec keeps its files in {home}; set MLXSPEC_HOME to a folder it can write)"
                 if str(e.filename or "").startswith(home) else "")
-        print(f"{command}: error: {e.strerror or e}{where}{hint}", file=sys.stderr)
+        print(f"{command}: error: {e.strerror or e}{where}{hint}", file=_errors())
         return 1
     except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+        print("\ninterrupted", file=_errors())
         return 130
+
+
+def _errors():
+    """Where an error line goes: stderr, or the real one where a rank other than 0 silenced it
+    (`modelargs.quiet_unless_main`): what ended a rank must still be seen."""
+    return sys.__stderr__ if getattr(sys.stderr, "name", None) == os.devnull else sys.stderr
 
 
 if __name__ == "__main__":

@@ -886,3 +886,27 @@ def test_generate_with_the_head_loads_no_draft_model(monkeypatch, capsys):
         assert main(["generate", *argv, "hi"]) == 1
     assert loads == [("none", "eagle"), (None, "model"), ("none", "eagle"), ("x", "eagle"), (None, "ngram"),
                      (None, None)]
+
+
+def test_a_silenced_rank_s_fatal_error_still_reaches_the_real_stderr(fake_engine, tiny_gguf_path, monkeypatch, capfd):
+    """Ranks other than 0 silence their output (it repeats rank 0's), not what ended them."""
+    from types import SimpleNamespace
+
+    from mlxspec.commands import generate, modelargs
+    from mlxspec.distributed import DistributedError
+
+    def quieted(engine, args=None):
+        engine.coord = SimpleNamespace(is_main=False)
+        return modelargs.quiet_unless_main(engine, args)
+
+    def lost(self, prompt, **options):
+        raise DistributedError("rank 1: lost rank 0 while waiting for a target pass to start")
+        yield
+
+    monkeypatch.setattr(generate, "quiet_unless_main", quieted)
+    monkeypatch.setattr(FakeEngine, "stream", lost)
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # put back after the rank's silencing
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    assert main(["generate", "--target", str(tiny_gguf_path), "--drafter", "ngram", "hi"]) == 1
+    err = capfd.readouterr().err
+    assert "mlxspec generate: error: rank 1: lost rank 0 while waiting" in err and "pair " not in err

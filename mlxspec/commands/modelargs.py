@@ -133,7 +133,8 @@ def quiet_unless_main(engine, args=None) -> bool:
     """On ranks other than 0, silence stdout/stderr and drop output files; True on rank 0.
 
     The other ranks run the same command in lockstep (every target pass is collective); their
-    output would repeat rank 0's. The watchdog and fatal errors still reach the real stderr.
+    output would repeat rank 0's. The watchdog and the error that ends a command (`cli.main`) still
+    reach the real stderr.
     """
     coord = getattr(engine, "coord", None)
     if coord is None or coord.is_main:
