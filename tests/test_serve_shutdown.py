@@ -121,3 +121,32 @@ def test_a_second_ctrl_c_cuts_the_stream_off_quietly_and_exits_130():
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
     assert "ERROR" not in log, log  # uvicorn's "returned without completing response": the cut was asked for
     assert "a second Ctrl-C" in log
+
+
+def test_a_sharded_target_that_lost_its_ranks_stops_the_server_with_a_503():
+    """Once the group is broken no request can run: the one that found it gets a 503 saying so,
+    and the server stops (it used to say it kept serving, then hang the next request)."""
+    from types import SimpleNamespace
+
+    from mlxspec.distributed import DistributedError
+    from serve_helpers import running_server, tiny_engine
+
+    class Orphan:
+        def __init__(self, engine):
+            self.engine, self.coord = engine, SimpleNamespace(active=False, broken=False, is_main=True)
+
+        def __getattr__(self, name):
+            return getattr(self.engine, name)
+
+        def stream(self, prompt, **kw):
+            self.coord.broken = True
+            raise DistributedError("rank 0: lost the other ranks while waiting for a target pass to start")
+
+    with running_server(Orphan(tiny_engine())) as (url, server):
+        r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                           "max_tokens": 4}, timeout=TIMEOUT)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "distributed_error"
+        said = r.json()["error"]["message"]
+        assert "lost the other ranks" in said and "restart every rank" in said
+        wait_until(lambda: server.should_exit, "the server stops on its own")
+        assert server.mlxspec.queue.closed and server.mlxspec.queue.fatal is not None

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..device import clear_streams, is_gpu
 from ..errors import MlxSpecError
@@ -150,6 +150,10 @@ class EngineQueue:
         self._thread: Optional[threading.Thread] = None
         self._mean_seconds = 2.0  # running mean of a job's duration, for Retry-After
         self.ready: Future = Future()  # the warm-up's seconds, once the worker has warmed the engine up
+        # A sharded target that lost its other ranks cannot run again: the queue closes, and the
+        # server is told (`on_fatal`, from the worker thread) to stop
+        self.fatal: Optional[APIError] = None
+        self.on_fatal: Optional[Callable[[], None]] = None
 
     @property
     def waiting(self) -> int:
@@ -248,6 +252,11 @@ class EngineQueue:
                     job.state = DONE
                     self.running = None
                 job._put(end)
+                if self.fatal is not None:
+                    self._close()
+                    if self.on_fatal is not None:
+                        self.on_fatal()
+                    return
         finally:
             clear_streams()
 
@@ -283,7 +292,10 @@ class EngineQueue:
                     if last.finish_reason or job._cancel.is_set():
                         break
             except Exception as e:
-                if not isinstance(e, MlxSpecError):  # an unforeseen failure: log it, start the next job clean
+                if getattr(getattr(self.engine, "coord", None), "broken", False):
+                    self.fatal = e = APIError(503, f"{e}: a sharded target cannot run without every rank, so this "
+                                                   f"server stops; restart every rank", code="distributed_error")
+                elif not isinstance(e, MlxSpecError):  # an unforeseen failure: log it, start the next job clean
                     log.error("the engine failed on a request", exc_info=e)
                     self.engine.reset()
                 return _End(done, error=e)

@@ -45,7 +45,13 @@ class Server(uvicorn.Server):
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
+        self.mlxspec.queue.on_fatal = lambda: self._loop.call_soon_threadsafe(self._stop_broken)
         await super().startup(sockets=sockets)
+
+    def _stop_broken(self) -> None:
+        """The engine cannot run again (`EngineQueue.fatal`): stop serving (the queue refuses already)."""
+        log.error("%s", self.mlxspec.queue.fatal.message)
+        self.should_exit = True
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -143,7 +149,7 @@ def serve(engine, options: ServeOptions) -> int:
     if server.force_exit:
         print("stopped at once (a second Ctrl-C): the running request was cut off", file=sys.stderr)
         return 130
-    return 0 if server.started else 1
+    return 0 if server.started and server.mlxspec.queue.fatal is None else 1
 
 
 def check_address(host: str, port: int) -> None:
