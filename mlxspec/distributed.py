@@ -242,5 +242,17 @@ def check_timeout(value) -> float:
 
 
 def init_group(backend: str = "any"):
-    """Join the group `mlx.launch` set up; a group of one when the process was not launched that way."""
-    return mx.distributed.init(backend=backend)
+    """Join the group `mlx.launch` set up; a group of one when the process was not launched that way.
+    A launched rank whose peers never join (a host not started, or started without --distributed)
+    ends after the watchdog's timeout, with a dump of where it waited, rather than wait forever."""
+    if "MLX_RANK" not in os.environ:  # not launched: nothing to wait for
+        return mx.distributed.init(backend=backend)
+    import faulthandler
+
+    # MLX holds the GIL while it waits here, so no Python thread can watch it: faulthandler's own does
+    faulthandler.dump_traceback_later(check_timeout(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT), exit=True,
+                                      file=sys.__stderr__)
+    try:
+        return mx.distributed.init(backend=backend)
+    finally:
+        faulthandler.cancel_dump_traceback_later()

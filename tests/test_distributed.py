@@ -147,3 +147,24 @@ def test_a_dead_or_hung_rank_ends_rank_zero_with_an_error(tmp_path, scenario, me
     assert any(m in proc.stderr for m in messages), _errors(proc.stderr)
     assert not (tmp_path / "rank0.json").exists()
     assert seconds < LAUNCH_TIMEOUT
+
+
+def test_a_rank_whose_peers_never_join_ends_after_the_timeout(tmp_path):
+    """A host not started (or started without --distributed) must not leave the others waiting
+    forever to form the group: MLX holds the GIL there, so the watchdog is faulthandler's."""
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in ports]))
+    code = "from mlxspec.distributed import init_group; init_group('ring')"
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
+                          env={**os.environ, "MLX_RANK": "0", "MLX_HOSTFILE": str(hosts),
+                               "MLXSPEC_DISTRIBUTED_TIMEOUT": "2"})
+    assert proc.returncode == 1 and "Timeout (0:00:02)!" in proc.stderr and "init_group" in proc.stderr, proc.stderr
+    assert time.perf_counter() - t < 30
