@@ -76,6 +76,9 @@ def _hints(extra: list, args: argparse.Namespace) -> list:
         if not arg.startswith("-") and not value:
             words.append(arg)
         value = bool(hint) and "=" not in arg  # the word after such a flag is its value, not more prompt
+    if getattr(args, "command", None) == "chat" and "--distributed" in extra:
+        hints.append("chat does not shard its target, since it races two engines in one process; generate, bench "
+                     "and serve take --distributed")
     if getattr(args, "command", None) == "generate" and words:
         prompt = getattr(args, "prompt", None)
         hints.append("the prompt is one argument: quote it")

@@ -729,6 +729,10 @@ def test_an_unknown_option_is_told_with_its_command_s_usage(capsys):
     with pytest.raises(SystemExit):
         main(["--bogus"])
     assert "mlxspec: error: unrecognized arguments: --bogus" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["chat", "--distributed"])
+    assert "(chat does not shard its target, since it races two engines in one process; generate, bench and " \
+           "serve take --distributed)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, says, not_says", [
