@@ -208,11 +208,11 @@ def test_gguf_file_resolves(tmp_path):
     assert load_model(str(upper))[2].format == "gguf"
 
 
-@pytest.mark.parametrize("typo,close", [("dem", "'demo'"), ("Demo", "'demo'"), ("qwen2.5-7", "'qwen2.5-7b'"),
-                                        ("ngramm", "'ngram'")])
-def test_a_name_close_to_a_pair_s_is_suggested(typo, close):
+@pytest.mark.parametrize("typo,close,draft", [("dem", "'demo'", False), ("Demo", "'demo'", False),
+                                              ("qwen2.5-7", "'qwen2.5-7b'", False), ("ngramm", "'ngram'", True)])
+def test_a_name_close_to_a_pair_s_is_suggested(typo, close, draft):
     with pytest.raises(ModelNotFoundError, match=f"did you mean {close}"):
-        resolve_model(typo)
+        resolve_model(typo, draft=draft)
 
 
 def test_a_repo_id_shaped_path_whose_folder_exists_says_so(tmp_path, monkeypatch):
