@@ -53,13 +53,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     import mlxspec
     from mlxspec.commands.argtypes import on_off
-    from mlxspec.commands.bench import parse_list
-    from mlxspec.errors import InvalidArgumentError
+    from mlxspec.commands.bench import comma_list
 
     try:
-        lookups = parse_list(args.lookup, "lookup", on_off)  # as `mlxspec bench --lookup` reads it
-    except InvalidArgumentError as e:
-        p.error(str(e))
+        lookups = comma_list(on_off)(args.lookup)  # as `mlxspec bench --lookup` reads it
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--lookup: {e}")
     shapes = [x.strip() for x in args.shapes.split(",") if x.strip()]
     if not shapes or set(shapes) - {"static", "read"}:
         p.error(f"--shapes {args.shapes!r}: a comma list of static and read")

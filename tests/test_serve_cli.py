@@ -149,8 +149,9 @@ def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, capsys):
     assert bind_warning("0.0.0.0", "key") is None
     for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
         assert bind_warning(host, None) is None
+    queue = types.SimpleNamespace(stop=lambda: None, fatal=None)
     stub = types.SimpleNamespace(run=lambda: None, started=True, force_exit=False,
-                                 mlxspec=types.SimpleNamespace(queue=types.SimpleNamespace(stop=lambda: None)))
+                                 mlxspec=types.SimpleNamespace(queue=queue))
     monkeypatch.setattr(server_module, "build_server", lambda engine, options: stub)
     assert server_module.serve("engine", ServeOptions(host="0.0.0.0")) == 0
     assert "warning: serving on 0.0.0.0 without --api-key" in capsys.readouterr().err
