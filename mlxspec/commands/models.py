@@ -51,7 +51,7 @@ def run(args) -> int:
         for r in rows:
             print(json.dumps(r))
         return 0
-    table = [("NAME", "TARGET", "DRAFT", "HEAD", "DISK GB", "CONTEXT", "WINDOW", f"DRAFTER ({here.upper()})",
+    table = [("NAME", "TARGET", "DRAFT", "HEAD", "SIZE GB", "CONTEXT", "WINDOW", f"DRAFTER ({here.upper()})",
               "CACHED")] + [_cells(r) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     if sum(widths) + 2 * (len(widths) - 1) <= shutil.get_terminal_size().columns:
