@@ -76,6 +76,16 @@ def unread_template_variables(tokenizer, names) -> list:
     return [name for name in names if name not in template]
 
 
+def unread_template_note(tokenizer, names) -> str:
+    """What to tell a user who set chat template variables `names` that the template never reads
+    (`unread_template_variables`), or ""."""
+    unread = unread_template_variables(tokenizer, names)
+    if not unread:
+        return ""
+    return (f"this model's chat template does not read {', '.join(unread)}: "
+            f"{'it changes' if len(unread) == 1 else 'they change'} nothing")
+
+
 # What mlxspec passes to a chat template itself: chat_template_kwargs may not set these.
 TEMPLATE_OWN = ("messages", "conversation", "tools", "add_generation_prompt", "tokenize", "return_dict",
                 "continue_final_message", "chat_template")

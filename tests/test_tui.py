@@ -986,7 +986,7 @@ async def test_a_template_variable_the_model_does_not_read_is_said_to_change_not
         assert "reasoning effort set to high (this model's chat template does not read reasoning_effort: it " \
                "changes nothing)" in history_text(app)
         await send(app, pilot, '/template {"add_generation_prompt_x": 1, "messages_y": 2}')
-        assert "does not read add_generation_prompt_x, messages_y" in history_text(app)
+        assert "does not read add_generation_prompt_x, messages_y: they change nothing" in history_text(app)
         await send(app, pilot, "/effort")  # clearing one sets nothing new: no note
         assert history_text(app).count("does not read") == 2
 

@@ -19,7 +19,7 @@ from textual.containers import Horizontal
 from textual.widgets import Footer, Input, Static
 
 from mlxspec.errors import InvalidArgumentError
-from mlxspec.prompts import unread_template_variables
+from mlxspec.prompts import unread_template_note
 from mlxspec.reasoning import chat_starts_inside, thinking_markers
 from mlxspec.stats import plural
 
@@ -321,8 +321,8 @@ class ChatApp(App):
         self.settings = outcome.settings
         self.conversation.system = outcome.settings.system
         reply = outcome.reply
-        if unread := unread_template_variables(self.engines[SPEC].tokenizer, new) if self.engines else []:
-            reply += f" (this model's chat template does not read {', '.join(unread)}: it changes nothing)"
+        if unread := unread_template_note(self.engines[SPEC].tokenizer, new) if self.engines else "":
+            reply += f" ({unread})"
         if drafter_changed and self.busy:  # the running answer keeps its drafter, and the header says so
             reply += " (from the next answer on)"
         elif drafter_changed:

@@ -11,7 +11,7 @@ import textwrap
 import threading
 
 from ..errors import InvalidArgumentError
-from ..prompts import has_chat_template, unread_template_variables
+from ..prompts import has_chat_template, unread_template_note
 from ..reasoning import chat_starts_inside, make_splitter, split_whole, thinking_markers
 from ..stats import acceptance_text, plural
 from .argtypes import count, min_p, non_negative, positive, seed, top_p
@@ -103,9 +103,8 @@ def run(args) -> int:
     if raw and template_kwargs:
         raise InvalidArgumentError("--chat-template-args and --reasoning-effort are chat template variables, and "
                                    "PROMPT goes without the template here; leave them out")
-    if unread := unread_template_variables(engine.tokenizer, template_kwargs or {}):
-        print(f"note: this model's chat template does not read {', '.join(unread)}: "
-              f"{'it changes' if len(unread) == 1 else 'they change'} nothing here", file=sys.stderr)
+    if unread := unread_template_note(engine.tokenizer, template_kwargs or {}):
+        print(f"note: {unread} here", file=sys.stderr)
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
     if args.prompt == "-" and not raw:
         # the newline that ends what `echo` or a file piped in: not part of the message (raw text keeps it,

@@ -150,11 +150,10 @@ def run(args) -> int:
     from .generate import load_line
 
     logging.getLogger("mlxspec.serve").info("%s", load_line(engine))  # what serves, before warm-up
-    from ..prompts import unread_template_variables
+    from ..prompts import unread_template_note
 
-    if unread := unread_template_variables(getattr(engine, "tokenizer", None), modelargs.template_options(args) or {}):
-        logging.warning("this model's chat template does not read %s: %s nothing", ", ".join(unread),
-                        "it changes" if len(unread) == 1 else "they change")
+    if unread := unread_template_note(getattr(engine, "tokenizer", None), modelargs.template_options(args) or {}):
+        logging.warning("%s", unread)
     options = ServeOptions(host=args.host, port=args.port, api_key=args.api_key, queue=args.queue,
                            max_tokens=args.max_tokens, temperature=args.temperature,
                            max_body_size=args.max_body_size, shutdown_grace=args.shutdown_grace,
