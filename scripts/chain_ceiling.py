@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
-from train_common import non_negative_float, non_negative_int, positive_int  # noqa: E402
+from train_common import non_negative_float, non_negative_int, positive_int, run_main  # noqa: E402
 
 CURVES = {"h100": ([1.0, 1.13, 1.13, 1.7], 0.0485), "flat": ([1.0] + [1.13 + 0.01 * i for i in range(16)], 0.0485),
           "cpu": ([1.0 + 0.125 * i for i in range(17)], 0.06)}
@@ -282,4 +282,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, "interrupted")

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 
 from draft_prompts import eval_suite  # noqa: E402
+from train_common import run_main  # noqa: E402
 from mlxspec.prompts import encode_prompt  # noqa: E402
 
 
@@ -114,4 +115,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, "interrupted")

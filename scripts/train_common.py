@@ -50,20 +50,24 @@ def save_array(path: Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def run_main(main) -> None:
-    """`main()`, with Ctrl-C said in one line and the usual exit status (130), and mlxspec's own
-    errors (a model or head not found, a head made for another target) in one line, exit status 1."""
+RESUMES = "interrupted: the same command resumes from the last finished stage, shard or checkpoint"
+
+
+def run_main(main, interrupted: str = RESUMES) -> None:
+    """`main()`, with Ctrl-C said in one line (`interrupted`: the trainers resume, a measurement
+    does not) and the usual exit status (130), and mlxspec's own errors (a model or head not
+    found, a head made for another target) in one line, exit status 1; else main()'s status."""
     from mlxspec.errors import MlxSpecError
 
     try:
-        main()
+        status = main()
     except KeyboardInterrupt:
-        print("\ninterrupted: the same command resumes from the last finished stage, shard or checkpoint",
-              file=sys.stderr)
+        print(f"\n{interrupted}", file=sys.stderr)
         sys.exit(130)
     except MlxSpecError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    sys.exit(status)
 
 
 def unwritable_folder(folder: Path) -> str:
