@@ -1,6 +1,6 @@
 """Measure the shipped EAGLE head against the demo target, through mlxspec's own engine.
 
-    python scripts/eval_eagle.py [--suite held-out|bench|FILE.jsonl] [--prompts 32] [--max-tokens 64] [--k 4]
+    python scripts/eval_eagle.py [--suite held-out|bench|FILE.jsonl] [--prompts 32] [--max-tokens 64] [--k 4] [--json FILE]
 
 Greedy: the engine decodes each chat-formatted prompt with `drafter="eagle"` and a fixed
 draft length k, so every round is real (the head drafts on its own predicted features, the
@@ -39,7 +39,7 @@ import mlx.core as mx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 from draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
-from train_common import non_negative_int, positive_float, positive_int, run_main  # noqa: E402
+from train_common import non_negative_int, positive_float, positive_int, run_main, unwritable_folder  # noqa: E402
 from mlxspec.bench.interval import ratio_interval  # noqa: E402
 from compare_eagle import FIGURES, ROW_KEYS  # noqa: E402  (what a prompt's row holds, and each figure from it)
 from mlxspec.loading import demo  # noqa: E402
@@ -157,6 +157,31 @@ def step_times(engine, ids, reps: int):
     return statistics.median(tt[2:]), statistics.median(th[2:])
 
 
+def summary(res: dict, head: str) -> str:
+    """eval_eagle's figures as a person reads them (the --json file has them all, per prompt too)."""
+    lo, hi = res["judged_acceptance_interval"]
+    tlo, thi = res["tokens_per_target_pass_interval"]
+    lines = [
+        f"head {head} on {res['suite']}: {res['prompts']} prompts x {res['max_tokens']} tokens, "
+        f"k = {res['k']}, lookup {res['lookup']}",
+        f"  per token (judged acceptance)  {res['judged_acceptance']:.3f}  (95 % over prompts {lo:.3f}-{hi:.3f})",
+        f"    by draft step                {' '.join(f'{a:.2f}' for a in res['step_acceptance'])}",
+        f"  tokens per target pass         {res['tokens_per_target_pass']:.2f}   (95 % {tlo:.2f}-{thi:.2f})",
+        f"  accepted / drafted             {res['acceptance']:.3f}  ({res['drafted']} drafted)",
+        f"  first step, teacher-forced     top-1 {res['first_step_top1']:.3f}, top-5 {res['first_step_top5']:.3f}; "
+        f"the draft vocabulary holds {res['draft_vocab_coverage']:.3f} of the target's tokens",
+        f"  T = {res['temperature']:g}                        first step sum min(p, q) "
+        f"{res['first_step_sum_min_pq']:.3f}; sampled accepted / drafted {res['sampled_acceptance']:.3f}",
+        f"  head step / target step        {res['head_step_ms']:.2f} / {res['target_step_ms']:.2f} ms "
+        f"= {100 * res['head_over_target']:.1f} %",
+    ]
+    if len(res["per_kind"]) > 1:
+        lines.append("  by kind: per token, tokens per pass")
+        lines += [f"    {kind:28s} {f['judged_acceptance']:.3f}  {f['tokens_per_pass']:.2f}"
+                  for kind, f in res["per_kind"].items()]
+    return "\n".join(lines)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", "--gguf", dest="target", metavar="REF",
@@ -177,8 +202,13 @@ def main(argv=None):
     p.add_argument("--lookup", choices=("on", "off"), default="on",
                    help="chains copy where the text repeats (the engine's default, on), or the head drafts "
                         "alone (off); at a fixed k no round is handed to prompt lookup either way")
-    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--json", metavar="FILE", help="write every figure here, with a row per prompt "
+                   "(scripts/compare_eagle.py compares two such files); the screen shows a summary")
     args = p.parse_args(argv)
+    if args.json:  # said now, not after minutes of decoding
+        why = "is a folder" if Path(args.json).is_dir() else unwritable_folder(Path(args.json).resolve().parent)
+        if why:
+            p.error(f"--json {args.json}: {why}")
     import mlxspec
 
     target = args.target or str(demo.gguf_path())
@@ -191,7 +221,8 @@ def main(argv=None):
     agreement = Agreement(engine.drafters["eagle"])
     t0 = time.time()
     lookup = args.lookup == "on"
-    for i, ex in enumerate(suite[: args.prompts]):
+    suite = suite[: args.prompts]
+    for i, ex in enumerate(suite):
         ids = chat_ids(tok, ex["prompt"])
         g = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle", lookup=lookup)
         s = engine.generate(ids, max_tokens=args.max_tokens, num_draft=args.k, drafter="eagle",
@@ -204,7 +235,7 @@ def main(argv=None):
                      "reached": steps(g.stats.step_reached, args.k), "step_acc": steps(g.stats.step_accepted, args.k),
                      "tokens": g.stats.tokens, "passes": g.stats.rounds, "t_drafted": s.stats.drafted,
                      "t_accepted": s.stats.accepted, "overlap_sum": sum(ov), "overlap_n": len(ov), **counts})
-        print(f"[{i + 1}/{args.prompts}] {ex['kind']:13s} greedy acceptance {g.stats.accepted / max(g.stats.drafted, 1):.2f}"
+        print(f"[{i + 1}/{len(suite)}] {ex['kind']:13s} greedy acceptance {g.stats.accepted / max(g.stats.drafted, 1):.2f}"
               f" (judged {g.stats.judged_acceptance:.2f})"
               f" tokens/pass {g.stats.tokens / g.stats.rounds:.2f}; T={args.temperature} sampled "
               f"{s.stats.accepted / max(s.stats.drafted, 1):.2f}, sum min(p,q) {sum(ov) / len(ov):.2f} "
@@ -245,11 +276,13 @@ def main(argv=None):
                                  "first_step_top1": sum(r["top1"] for r in rs) / n,
                                  "draft_vocab_coverage": sum(r["in_vocab"] for r in rs) / n,
                                  "first_step_top1_by_confidence": by_confidence(rs)}
-    print(json.dumps(res, indent=1))
+    print(summary(res, args.head))
     if args.json:
         # With the rows per prompt, so two heads measured on one suite compare paired (compare_eagle.py).
         res["rows"] = [{key: r[key] for key in ROW_KEYS} for r in rows]
+        Path(args.json).resolve().parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+        print(f"every figure, and a row per prompt: {args.json}")
 
 
 if __name__ == "__main__":

@@ -47,3 +47,27 @@ def test_confidence_buckets_merge_over_prompts_by_position_not_by_prompt():
     assert merged["0.9-1"] == {"share": 4 / 10, "top1": 3 / 4}
     assert merged["0.3-0.5"] == {"share": 5 / 10, "top1": 2 / 5}
     assert merged["0-0.3"] == {"share": 1 / 10, "top1": 0.0}
+
+
+def _figures(kinds):
+    return {"suite": "held-out", "prompts": 6, "max_tokens": 48, "k": 4, "lookup": "on",
+            "judged_acceptance": 0.5834, "judged_acceptance_interval": [0.5121, 0.6543], "step_acceptance": [0.5, 0.625],
+            "tokens_per_target_pass": 2.1789, "tokens_per_target_pass_interval": [1.9, 2.41], "acceptance": 0.3125,
+            "drafted": 480, "first_step_top1": 0.577, "first_step_top5": 0.79, "draft_vocab_coverage": 0.91,
+            "temperature": 0.7, "first_step_sum_min_pq": 0.569, "sampled_acceptance": 0.237, "head_step_ms": 3.1,
+            "target_step_ms": 72.5, "head_over_target": 3.1 / 72.5,
+            "per_kind": {k: {"judged_acceptance": 0.25 * (i + 1), "tokens_per_pass": 1.5 + i} for i, k in enumerate(kinds)}}
+
+
+def test_the_screen_shows_every_headline_figure_with_its_interval():
+    text = eval_eagle.summary(_figures(["code", "math"]), "my-head")
+    assert "head my-head on held-out: 6 prompts x 48 tokens, k = 4, lookup on" in text
+    for shown in ("0.583  (95 % over prompts 0.512-0.654)", "0.50 0.62", "2.18   (95 % 1.90-2.41)", "0.312  (480 drafted)",
+                  "top-1 0.577, top-5 0.790", "holds 0.910", "sum min(p, q) 0.569", "sampled accepted / drafted 0.237",
+                  "3.10 / 72.50 ms = 4.3 %"):
+        assert shown in text, shown
+    assert [line.split() for line in text.splitlines()[-2:]] == [["code", "0.250", "1.50"], ["math", "0.500", "2.50"]]
+
+
+def test_one_kind_gets_no_table_of_kinds():
+    assert "by kind" not in eval_eagle.summary(_figures(["code"]), "h")
