@@ -6,14 +6,13 @@ shards under --work that a rerun finds finished; their batch plan is train_eagle
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 
 from draft_prompts import chat_ids
 from torch_target import cache_kw, kv_cache, left_padded, load_target
-from train_common import log, read_work
+from train_common import AnswerClock, log, read_work
 
 
 EOS = 2  # <|im_end|>
@@ -115,7 +114,7 @@ def stage_generate(args, work: Path, prompts: dict) -> list:
     gen_dir.mkdir(exist_ok=True)
     batches = plan_batches(args, prompts)
     tok, model = None, None
-    t0, made = time.time(), 0
+    clock = AnswerClock(len(batches), sum(not (gen_dir / f"{b[0]}.npz").exists() for b in batches))
     for n, (name, temp, js) in enumerate(batches):
         path = gen_dir / f"{name}.npz"
         if path.exists():
@@ -133,9 +132,7 @@ def stage_generate(args, work: Path, prompts: dict) -> list:
             out[f"{k}_meta"] = np.asarray([1 if j[0] == "held_out" else 0, j[1], int(temp * 1000)], np.int32)
         np.savez(path.with_suffix(".tmp.npz"), **out)
         os.replace(path.with_suffix(".tmp.npz"), path)
-        made += sum(len(r[0]) for r in rows)
-        el = time.time() - t0
-        log(f"generate {n + 1}/{len(batches)} {name}: {made} answer tokens in {el:.0f}s ({made / el:.1f} tok/s)")
+        clock.done(n, name, sum(len(r[0]) for r in rows))
     return [gen_dir / f"{b[0]}.npz" for b in batches]
 
 

@@ -311,7 +311,7 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
     out_dir.mkdir(exist_ok=True)
     batches = gen_batches(args, prompts)
     tok = model = None
-    t0, made = time.time(), 0
+    clock = train_common.AnswerClock(len(batches), sum(not (out_dir / f"{b[0]}.npz").exists() for b in batches))
     paths = []
     for n, (name, temp, jobs) in enumerate(batches):
         path = out_dir / f"{name}.npz"
@@ -334,10 +334,7 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
                                   progress=lambda step, finished: say(f"step {step}/{args.max_new}, "
                                                                       f"{finished}/{len(ids)} answers finished"))
         save_shard(path, rows, ids, temp, layers)
-        made += sum(len(r[0]) - len(p) for r, p in zip(rows, ids))
-        el = time.time() - t0
-        log(f"generate {n + 1}/{len(batches)} {name} (T={temp:g}): {made} answer tokens in {el:.0f}s "
-            f"({made / el:.1f} tok/s)")
+        clock.done(n, f"{name} (T={temp:g})", sum(len(r[0]) - len(p) for r, p in zip(rows, ids)))
     return paths
 
 

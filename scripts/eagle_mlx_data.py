@@ -19,7 +19,6 @@ import numpy as np
 
 from draft_prompts import chat_ids
 import train_common
-from train_common import log
 
 
 # ---------------------------------------------------------------- the target
@@ -140,8 +139,9 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
 
     out_dir = gen_dir(work, model, getattr(args, "adapter_digest", None))
     out_dir.mkdir(parents=True, exist_ok=True)
-    t0, made, paths = time.time(), 0, []
+    paths = []
     batches = gen_batches(args, prompts)
+    clock = train_common.AnswerClock(len(batches), sum(not (out_dir / f"{b[0]}.npz").exists() for b in batches))
     for n, (name, temp, jobs) in enumerate(batches):
         path = out_dir / f"{name}.npz"
         if path.exists():
@@ -164,10 +164,7 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
         rows = features(model, [s[:-1] for s in seqs], layers)  # the last token is never fed
         save_shard(path, [(s, f, t) for s, (f, t) in zip(seqs, rows)], ids, temp, layers)
         paths.append(path)
-        made += sum(len(a) for a in answers)
-        el = time.time() - t0
-        log(f"generate {n + 1}/{len(batches)} {name} (T={temp:g}): {made} answer tokens in {el:.0f}s "
-            f"({made / el:.1f} tok/s)")
+        clock.done(n, f"{name} (T={temp:g})", sum(len(a) for a in answers))
     return paths
 
 

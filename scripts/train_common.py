@@ -98,6 +98,27 @@ def batch_progress(n: int, count: int, name: str):
     return say
 
 
+def _duration(seconds: float) -> str:
+    return "under a minute" if seconds < 60 else f"about {seconds / 60:.0f} min"
+
+
+class AnswerClock:
+    """The answer stage's line per batch written: that batch's answer tokens, the run's so far and
+    their rate, and how long the batches still to make (`todo` at the start) would take at this
+    run's pace per batch: a guide, since batches of longer prompts come later."""
+
+    def __init__(self, count: int, todo: int, clock=time.time):
+        self.count, self.todo, self.clock, self.made, self.batches = count, todo, clock, 0, 0
+        self.t0 = clock()
+
+    def done(self, n: int, name: str, tokens: int) -> None:
+        self.made, self.batches, self.todo = self.made + tokens, self.batches + 1, self.todo - 1
+        el = max(self.clock() - self.t0, 1e-9)
+        left = f"; {self.todo} to go, {_duration(el / self.batches * self.todo)} at this pace" if self.todo > 0 else ""
+        log(f"generate {n + 1}/{self.count} {name}: {tokens} answer tokens; {self.made} in {el:.0f}s so far "
+            f"({self.made / el:.1f} tok/s){left}")
+
+
 def lr_scale(step: int, total: int, warm: int) -> float:
     """The learning rate's fraction of its peak at `step` of `total`: linear warm-up over `warm`
     steps, then a cosine to the end, never below 2 % (every trainer here uses this schedule)."""
