@@ -16,7 +16,8 @@ import train_common
 import train_draft
 from eagle_data import load_target, step_arithmetic, target_config
 from eagle_training import (TimeBudget, batch_tensors, context_mask, epoch_batches, first_loss_entry, head_config,
-                            run_tag, split_context, step_mask, train_steps, widened, wider_mlp, window_starts)
+                            note_checkpoint, run_tag, say_other_runs, split_context, step_mask, train_steps, widened,
+                            wider_mlp, window_starts)
 from train_common import log
 
 
@@ -244,6 +245,8 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
         gen.set_state(ck["gen"])
         total = ck.get("total", total)  # a run cut by --train-minutes resumes to its cut
         log(f"resumed at step {step}/{total}")
+    else:
+        say_other_runs(ckpt, args)
     budget = TimeBudget(args.train_minutes, step) if args.train_minutes else None
     t0 = time.time() - elapsed
     run = [0.0, [0.0] * args.unroll, 0]
@@ -281,6 +284,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
                             "elapsed": time.time() - t0, "history": history, "epoch_state": epoch_state,
                             "in_epoch": in_epoch, "gen": gen.get_state(), "total": total}, ckpt.with_suffix(".tmp"))
                 os.replace(ckpt.with_suffix(".tmp"), ckpt)
+                note_checkpoint(ckpt, args, step, total)
         epoch_state, in_epoch = rng.getstate(), 0
     torch.save({"cfg": cfg, "head": head.state_dict(), "train_seconds": time.time() - t0, "steps": total,
                 "sequences": len(train), "entries": ntok, "history": history,

@@ -246,6 +246,58 @@ def epoch_batches(train, batch: int, rng: random.Random) -> list:
     return out
 
 
+def run_flags(args) -> dict:
+    """The flags that make a run what it is (those `run_tag` names it by), as a person types them."""
+    init = getattr(args, "init_head", None)
+    return {"--draft-vocab": args.draft_vocab, "--intermediate": args.intermediate, "--epochs": args.epochs,
+            "--batch": args.batch, "--lr": args.lr, "--noise": args.noise, "--unroll": args.unroll,
+            "--unroll-weight": args.unroll_weight, "--ce-weight": args.ce_weight, "--loss-on": args.loss_on,
+            "--seed": args.seed, "--feature-layers": args.layers or None, "--init": init["folder"] if init else None,
+            "--head-layers": args.head_layers, "--context": getattr(args, "context", "head"),
+            "--precision": getattr(args, "precision", "float32"), "--train-minutes": getattr(args, "train_minutes", None)}
+
+
+def _run_note(ckpt: Path) -> Path:
+    return ckpt.with_suffix(".run.json")
+
+
+def _run_data(note: Path) -> tuple:
+    """(the answers it trained on, its trainer) from a run's file name: head_ckpt-<data>-<hash>[-mlx]."""
+    name = note.name.removesuffix(".run.json")
+    mlx = name.endswith("-mlx")
+    return name.removesuffix("-mlx").rsplit("-", 1)[0], mlx
+
+
+def note_checkpoint(ckpt: Path, args, step: int, total: int) -> None:
+    """Beside a run's checkpoint: its flags and how far it got, which a run started later on the same
+    answers with other flags reads (`say_other_runs`)."""
+    note = _run_note(ckpt)
+    note.write_text(json.dumps({"flags": run_flags(args), "step": step, "total": total}, default=str) + "\n")
+
+
+def say_other_runs(ckpt: Path, args) -> None:
+    """A run that starts from step 0 says which unfinished runs of its trainer on the same answers it
+    is not resuming, and the flags that part them from it: a rerun with one flag changed starts
+    over, and hours of training should not be set aside without a word."""
+    mine, flags = _run_note(ckpt), run_flags(args)
+    for note in sorted(ckpt.parent.glob("head_ckpt-*.run.json")):
+        if note == mine or _run_data(note) != _run_data(mine):
+            continue
+        try:
+            other = json.loads(note.read_text())
+            if other["step"] >= other["total"]:
+                continue
+            shown = {k: "not given" if v is None else str(v) for k, v in other["flags"].items()}
+            differ = [f"{k} {shown.get(k, 'not given')} there, {'not given' if v is None else v} here"
+                      for k, v in flags.items() if shown.get(k, "not given") != ("not given" if v is None else str(v))]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a note from another version, or half-written: it only ever informs
+        why = f" ({'; '.join(differ)})" if differ else ""
+        log(f"not resuming the run in {note.parent} that stopped at step {other['step']} of {other['total']}: "
+            f"its flags differ{why}; this run starts at step 0, and the same command with that run's flags "
+            "resumes it instead")
+
+
 def run_tag(args, train) -> str:
     """Names a training run's files by its data and settings: resuming continues the same run,
     and new shards or other settings start a new one instead of reusing a stale head."""

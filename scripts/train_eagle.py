@@ -33,7 +33,8 @@ resumes from its last checkpoint):
                 Inputs get noise, and unrolled steps feed the head its own predicted features
                 with the attention a drafting step has (EAGLE's robustness to drafting on its
                 own output). Checkpoints are named by the data size and settings, so a rerun
-                resumes the same run and never reuses a head trained on other data.
+                resumes the same run and never reuses a head trained on other data; a run
+                that starts over beside an unfinished one names it and the flags between them.
                 With --init HEAD the run continues an exported head instead (its shape and
                 draft vocabulary, which a larger --draft-vocab widens), e.g. the shipped one on
                 your own --prompt-file.

@@ -26,9 +26,9 @@ import eagle_objective as obj
 from eagle_card import training_record, write_card
 from eagle_data import check_work, feature_layers, load_features, stage_vocab
 from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
-from eagle_training import (TimeBudget, epoch_batches, head_config, init_head, padded_batch, reads_target, run_tag,
-                            settle_draft_vocab, split_context, tapped_layers, train_steps, widened, wider_mlp,
-                            window_config)
+from eagle_training import (TimeBudget, epoch_batches, head_config, init_head, note_checkpoint, padded_batch,
+                            reads_target, run_tag, say_other_runs, settle_draft_vocab, split_context, tapped_layers,
+                            train_steps, widened, wider_mlp, window_config)
 import train_common
 import train_draft
 from train_common import log
@@ -174,7 +174,9 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
         step, elapsed, history, epoch, in_epoch = (meta[k] for k in ("step", "elapsed", "history", "epoch", "in_epoch"))
         total = meta.get("total", total)  # a run cut by --train-minutes resumes to its cut
         log(f"resumed at step {step}/{total}")
-    elif not history:
+    else:
+        say_other_runs(ckpt, args)
+    if not history:
         vl, va = evaluate(head, model, w_draft, held, args)
         history.append({"step": 0, "held_loss": round(vl, 5), "held_top1": va})
         log(f"held-out before training: loss {vl:.4f}, top-1 per step {' '.join(map(str, va))}")
@@ -218,6 +220,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
                           **{f"opt.{k}": v for k, v in tree_flatten(opt.state)}}
                 _save(ckpt, arrays, {"step": step, "elapsed": time.time() - t0, "history": history,
                                      "epoch": epoch, "in_epoch": in_epoch, "total": total})
+                note_checkpoint(ckpt, args, step, total)
         epoch, in_epoch = epoch + 1, 0
     _save(final, dict(tree_flatten(head.parameters())),
           {"cfg": cfg, "train_seconds": time.time() - t0, "steps": total, "sequences": len(train),

@@ -487,3 +487,39 @@ def test_a_card_is_written_beside_the_head_but_never_over_one_written_by_hand(tm
     assert card.read_text().endswith("# my head\n")  # one written by hand: left alone
     shipped = train_eagle.SHIPPED / "README.md"
     assert not shipped.read_text().startswith(eagle_card.TITLE)  # so the shipped head's card is kept
+
+
+def _ckpt(work, args, n=10, mlx=True):
+    return work / f"head_ckpt-{eagle_training.run_tag(args, [None] * n)}{'-mlx' if mlx else ''}.safetensors"
+
+
+def test_every_setting_that_names_a_run_is_a_flag_a_new_run_can_name():
+    """Two runs apart by their tag are apart by a flag run_flags shows, so a new run can say which."""
+    base = _args()
+    for change in (dict(unroll=4), dict(layers=[2, 14, 26]), dict(lr=3e-3), dict(head_layers=2), dict(context="target"),
+                   dict(precision="bfloat16"), dict(train_minutes=2.5), dict(draft_vocab=8192), dict(intermediate=3072),
+                   dict(epochs=8), dict(batch=16), dict(noise=0.2), dict(unroll_weight=0.5), dict(ce_weight=1.0),
+                   dict(loss_on="all"), dict(seed=1)):
+        assert eagle_training.run_flags(_args(**change)) != eagle_training.run_flags(base), change
+
+
+def test_a_new_run_names_the_unfinished_run_it_does_not_resume_and_the_flags_between(tmp_path, capsys):
+    old, new = _args(epochs=8), _args(epochs=8, lr=5e-4, train_minutes=10)
+    eagle_training.note_checkpoint(_ckpt(tmp_path, old), old, 400, 2000)
+    eagle_training.say_other_runs(_ckpt(tmp_path, new), new)
+    out = capsys.readouterr().out
+    assert "not resuming the run in" in out and "stopped at step 400 of 2000" in out, out
+    assert "(--lr 0.001 there, 0.0005 here; --train-minutes not given there, 10 here)" in out, out
+    assert "the same command with that run's flags resumes it" in out
+
+
+def test_finished_runs_other_answers_and_the_other_trainer_s_runs_are_not_named(tmp_path, capsys):
+    old, new = _args(), _args(lr=5e-4)
+    eagle_training.note_checkpoint(_ckpt(tmp_path, _args(seed=3)), _args(seed=3), 2000, 2000)  # finished
+    eagle_training.note_checkpoint(_ckpt(tmp_path, old, n=11), old, 40, 2000)  # other answers
+    eagle_training.note_checkpoint(_ckpt(tmp_path, old, mlx=False).with_suffix(".pt"), old, 40, 2000)  # PyTorch's
+    (tmp_path / "head_ckpt-n10-0000beef-mlx.run.json").write_text("{not json")  # half-written: says nothing
+    eagle_training.say_other_runs(_ckpt(tmp_path, new), new)
+    eagle_training.note_checkpoint(_ckpt(tmp_path, new), new, 20, 2000)
+    eagle_training.say_other_runs(_ckpt(tmp_path, new), new)  # its own note is not another run
+    assert capsys.readouterr().out == ""
