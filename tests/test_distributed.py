@@ -41,8 +41,10 @@ def _launch(out_dir: Path, scenario: str, *, env=None):
         pytest.skip("mlx.launch is not installed")
     cmd = [*launcher, "--backend", "ring", "-n", "2", "--", sys.executable, str(WORKER), str(out_dir), scenario]
     t = time.perf_counter()
+    # TMPDIR: mlx.launch leaves a pid file and a host file per rank in it (its mktemp), so here they
+    # stay in this test's folder rather than pile up in /tmp
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, "TMPDIR": str(out_dir), **(env or {})})
     return proc, time.perf_counter() - t
 
 

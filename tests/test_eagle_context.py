@@ -5,7 +5,6 @@ drafting has."""
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -148,7 +147,7 @@ def test_teacher_forced_rows_are_each_entrys_first_step(target, random_head):
 
 
 @pytest.mark.parametrize("window", [0, 5])
-def test_the_mlx_trainer_computes_what_drafting_does(window):
+def test_the_mlx_trainer_computes_what_drafting_does(window, tmp_path):
     """scripts/eagle_objective.py with a context (how `train_eagle.py --target --context target`
     trains): steps 0 and 1 of every entry at once, from the target's keys made of its last layer's
     tapped input, equal the head drafting step by step over the target's cache (the round's first
@@ -157,7 +156,7 @@ def test_the_mlx_trainer_computes_what_drafting_does(window):
 
     t = tiny.make_llama(4, layers=2)
     history = PROMPT + [3, 4, 5, 6]
-    head, _, _ = load_head(tiny.make_eagle_head(t, Path(tempfile.mkdtemp()) / "h", seed=2, context="target"), t)
+    head, _, _ = load_head(tiny.make_eagle_head(t, tmp_path / "h", seed=2, context="target"), t)
     seq = Sequence(t, max_kv_size=None, headroom=17, keep_hidden=True)
     drafter = EagleDrafter(head, None, seq, max_kv_size=None, headroom=17)
     seq.forward(history[:-1])
