@@ -246,15 +246,22 @@ def epoch_batches(train, batch: int, rng: random.Random) -> list:
     return out
 
 
+# The settings every run is named by (`run_tag`), beside those it names only when not the default.
+RUN_KEYS = ("draft_vocab", "intermediate", "epochs", "batch", "lr", "noise", "unroll", "unroll_weight",
+            "ce_weight", "loss_on", "seed")
+
+
 def run_flags(args) -> dict:
     """The flags that make a run what it is (those `run_tag` names it by), as a person types them."""
     init = getattr(args, "init_head", None)
-    return {"--draft-vocab": args.draft_vocab, "--intermediate": args.intermediate, "--epochs": args.epochs,
-            "--batch": args.batch, "--lr": args.lr, "--noise": args.noise, "--unroll": args.unroll,
-            "--unroll-weight": args.unroll_weight, "--ce-weight": args.ce_weight, "--loss-on": args.loss_on,
-            "--seed": args.seed, "--feature-layers": args.layers or None, "--init": init["folder"] if init else None,
+    return {**{"--" + k.replace("_", "-"): getattr(args, k) for k in RUN_KEYS},
+            "--feature-layers": args.layers or None, "--init": init["folder"] if init else None,
             "--head-layers": args.head_layers, "--context": getattr(args, "context", "head"),
             "--precision": getattr(args, "precision", "float32"), "--train-minutes": getattr(args, "train_minutes", None)}
+
+
+def _shown(value) -> str:
+    return "not given" if value is None else str(value)
 
 
 def _run_note(ckpt: Path) -> Path:
@@ -287,9 +294,9 @@ def say_other_runs(ckpt: Path, args) -> None:
             other = json.loads(note.read_text())
             if other["step"] >= other["total"]:
                 continue
-            shown = {k: "not given" if v is None else str(v) for k, v in other["flags"].items()}
-            differ = [f"{k} {shown.get(k, 'not given')} there, {'not given' if v is None else v} here"
-                      for k, v in flags.items() if shown.get(k, "not given") != ("not given" if v is None else str(v))]
+            theirs = other["flags"]
+            differ = [f"{k} {_shown(theirs.get(k))} there, {_shown(v)} here"
+                      for k, v in flags.items() if _shown(theirs.get(k)) != _shown(v)]
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # a note from another version, or half-written: it only ever informs
         why = f" ({'; '.join(differ)})" if differ else ""
@@ -301,10 +308,8 @@ def say_other_runs(ckpt: Path, args) -> None:
 def run_tag(args, train) -> str:
     """Names a training run's files by its data and settings: resuming continues the same run,
     and new shards or other settings start a new one instead of reusing a stale head."""
-    keys = ("draft_vocab", "intermediate", "epochs", "batch", "lr", "noise", "unroll", "unroll_weight",
-            "ce_weight", "loss_on", "seed")
     init = getattr(args, "init_head", None)  # continuing another head is another run
-    settings = json.dumps([len(train)] + [getattr(args, k) for k in keys]
+    settings = json.dumps([len(train)] + [getattr(args, k) for k in RUN_KEYS]
                           + ([args.layers] if args.layers else []) + ([init["digest"]] if init else [])
                           + ([f"L{args.head_layers}"] if args.head_layers != 1 else [])
                           + (["context-target"] if reads_target(args) else [])
