@@ -16,8 +16,8 @@ import train_common
 import train_draft
 from eagle_data import load_target, step_arithmetic, target_config
 from eagle_training import (TimeBudget, batch_tensors, context_mask, epoch_batches, first_loss_entry, head_config,
-                            note_checkpoint, run_tag, say_other_runs, split_context, step_mask, train_steps, widened,
-                            wider_mlp, window_starts)
+                            note_checkpoint, run_tag, say_data, say_other_runs, split_context, step_mask, train_steps,
+                            widened, wider_mlp, window_starts)
 from train_common import log
 
 
@@ -227,8 +227,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
         init_from_target(head, gguf)
     nparams = sum(p.numel() for p in head.parameters())
     ntok = sum(len(t[0]) - 1 for t in train)
-    log(f"head: {nparams / 1e6:.2f}M parameters; {len(train)} sequences, {ntok} entries; "
-        f"held out {len(held)}")
+    say_data(train, held, nparams, args)
     context = context_kv(gguf, cfg) if cfg.get("context") == "target" else None
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = random.Random(args.seed)

@@ -27,7 +27,7 @@ from eagle_card import training_record, write_card
 from eagle_data import check_work, feature_layers, load_features, stage_vocab
 from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
 from eagle_training import (TimeBudget, epoch_batches, head_config, init_head, note_checkpoint, padded_batch,
-                            reads_target, run_tag, say_other_runs, settle_draft_vocab, split_context, tapped_layers,
+                            reads_target, run_tag, say_data, say_other_runs, settle_draft_vocab, split_context, tapped_layers,
                             train_steps, widened, wider_mlp, window_config)
 import train_common
 import train_draft
@@ -161,8 +161,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     w_draft = output_rows(model, mx.array(vocab)).astype(mx.float32)  # (N, H)
     post = logit_map(model)  # Gemma 2's cap, Granite's or Cohere's scale: the laws are the target's
     nparams = sum(v.size for _, v in tree_flatten(head.parameters()))
-    log(f"head: {nparams / 1e6:.2f}M parameters; {len(train)} sequences, "
-        f"{sum(len(t[0]) - 1 for t in train)} entries; held out {len(held)}")
+    say_data(train, held, nparams, args)
     opt = optimizer(args.lr)
     total, warm = train_steps(len(train), args)
     step, elapsed, history, epoch, in_epoch = 0, 0.0, [], 0, 0

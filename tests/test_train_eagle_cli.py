@@ -523,3 +523,15 @@ def test_finished_runs_other_answers_and_the_other_trainer_s_runs_are_not_named(
     eagle_training.note_checkpoint(_ckpt(tmp_path, new), new, 20, 2000)
     eagle_training.say_other_runs(_ckpt(tmp_path, new), new)  # its own note is not another run
     assert capsys.readouterr().out == ""
+
+
+def test_a_head_trained_from_scratch_on_few_answers_is_called_a_trial(capsys):
+    few = [(list(range(30)), None, 10, None)] * 3  # 20 answer tokens each
+    eagle_training.say_data(few, few[:1], 4_200_000, _args())
+    out = capsys.readouterr().out
+    assert "head: 4.20M parameters; 3 sequences, 87 entries (60 answer tokens); held out 1" in out
+    assert "only 60 answer tokens to learn from" in out and "take this run as a trial" in out
+    eagle_training.say_data(few, few[:1], 4_200_000, _args(init_head={"folder": "h"}))  # adapting a head: no word
+    many = [(list(range(1010)), None, 10, None)] * 100  # 100,000 answer tokens
+    eagle_training.say_data(many, few[:1], 4_200_000, _args())
+    assert "trial" not in capsys.readouterr().out
