@@ -246,8 +246,9 @@ def epoch_batches(train, batch: int, rng: random.Random) -> list:
     return out
 
 
-# Answer tokens under which a head is a trial: the demo head's MLX trial on 240 prompts (25 K answer
-# tokens) drafted 0.15-0.17 per token, its recipe's 600 K answer tokens 0.54 (smollm2-eagle's card).
+# Answer tokens under which a head is a trial: the demo head's trials on 240 prompts (25 K answer
+# tokens) drafted 0.15-0.18 per token on the templated held-out prompts, its recipe's 600 K answer tokens 0.54
+# there (smollm2-eagle's card).
 FEW_ANSWER_TOKENS = 100_000
 
 
@@ -260,7 +261,7 @@ def say_data(train, held, nparams: int, args) -> None:
         f"entries ({answers} answer tokens); held out {len(held)}")
     if answers < FEW_ANSWER_TOKENS and not getattr(args, "init_head", None):
         log(f"only {answers:,} answer tokens to learn from: the demo head learnt from 600 K and drafts 0.54 per "
-            "token, a trial of it on 25 K drafted 0.16; take this run as a trial, or give more --prompts "
+            "token, trials of it on 25 K drafted 0.15-0.18; take this run as a trial, or give more --prompts "
             "and --prompt-file prompts")
 
 
