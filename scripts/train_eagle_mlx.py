@@ -27,8 +27,8 @@ from eagle_card import training_record, write_card
 from eagle_data import check_work, feature_layers, load_features, stage_vocab
 from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
 from eagle_training import (TimeBudget, epoch_batches, head_config, init_head, note_checkpoint, padded_batch,
-                            reads_target, run_tag, say_data, say_other_runs, settle_draft_vocab, split_context, tapped_layers,
-                            train_steps, widened, wider_mlp, window_config)
+                            reads_target, run_tag, say_data, say_other_runs, settle_draft_vocab, split_context,
+                            tapped_layers, train_steps, widened, wider_mlp, window_config)
 import train_common
 import train_draft
 from train_common import log
