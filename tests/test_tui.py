@@ -26,8 +26,12 @@ def stats_line(app, side) -> str:
     return str(app.pane(side).query_one(".stats", Static).render())
 
 
+def history_entries(app) -> list:
+    return list(app.query_one(ChatHistory).query(Static))
+
+
 def history_text(app) -> str:
-    return "\n".join(str(s.render()) for s in app.query_one(ChatHistory).query(Static))
+    return "\n".join(str(s.render()) for s in history_entries(app))
 
 
 def verdict(app) -> str:
@@ -687,7 +691,7 @@ async def test_on_an_80x24_screen_help_shows_from_its_top_and_pageup_scrolls_the
         await send(app, pilot, "hello")
         await send(app, pilot, "/help")
         await pilot.pause()
-        entries = list(app.query_one(ChatHistory).query(Static))
+        entries = history_entries(app)
         you, help_ = entries[0], entries[-1]
         assert "/temp T" in str(help_.render()) and help_.virtual_region.height > 10
         assert 0 in shown_lines(app, help_) and len(shown_lines(app, help_)) < 10  # its top, on a short screen
@@ -710,12 +714,12 @@ async def test_what_comes_after_help_shows_at_the_bottom_again():
         await send(app, pilot, "/help")
         await send(app, pilot, "/drafter bogus")
         await pilot.pause()
-        error = list(app.query_one(ChatHistory).query(Static))[-1]
+        error = history_entries(app)[-1]
         assert "bogus" in str(error.render())
         assert error.virtual_region.height - 1 in shown_lines(app, error)  # its last line shows
         await send(app, pilot, "hello")
         await pilot.pause()
-        verdict = list(app.query_one(ChatHistory).query(Static))[-1]
+        verdict = history_entries(app)[-1]
         assert verdict.virtual_region.height - 1 in shown_lines(app, verdict)
 
 
