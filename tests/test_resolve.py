@@ -288,6 +288,33 @@ def test_offline_and_not_cached_says_what_to_run(monkeypatch, tmp_path):
         resolve_model(repo)
 
 
+def test_a_pairs_model_not_cached_says_to_pull_the_pair(empty_cache, mlx_folder, monkeypatch):
+    """`mlxspec pull PAIR` fetches all of a pair's models: the message for one of them missing says
+    that, not a repo id its user never typed; a model given beside the pair keeps its own."""
+    from mlxspec import load
+    from mlxspec.loading.resolve import NotCachedError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = "mlx-community/no-such-model-for-mlxspec-tests"
+    home = empty_cache / "mlxspec-home"
+    home.mkdir()
+    folder = mlx_folder[0]
+    pull_mine = r"HF_HUB_OFFLINE is set\. With network access run `mlxspec pull mine`"
+    for role, entry in (("target", f'target = "{repo}"'), ("draft", f'target = "{folder}"\ndraft = "{repo}"'),
+                        ("head", f'target = "{folder}"\nhead = "{repo}"')):
+        (home / "models.toml").write_text(f'[[pair]]\nname = "mine"\n{entry}\n')
+        with pytest.raises(NotCachedError, match=rf"'{repo}', the {role} of the pair 'mine', .*{pull_mine}"):
+            load("mine")
+    (home / "models.toml").write_text(f'[[pair]]\nname = "mine"\ntarget = "{repo}"\n')
+    with pytest.raises(NotCachedError, match=rf"the target of the pair 'mine', .*{pull_mine}"):
+        resolve_model("mine")
+    (home / "models.toml").write_text(f'[[pair]]\nname = "mine"\ntarget = "{folder}"\n')
+    with pytest.raises(NotCachedError, match=rf"^model '{repo}' is not in .*`mlxspec pull {repo}`"):
+        load("mine", draft=repo)
+    with pytest.raises(NotCachedError, match=rf"^model '{repo}' is not in .*`mlxspec pull {repo}`"):
+        load("mine", head=repo)  # not cached is not "no such head"
+
+
 # --- precision ----------------------------------------------------------------------------
 
 def test_dtype_choices():

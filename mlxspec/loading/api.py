@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
@@ -14,7 +15,7 @@ from ..device import backend
 from ..errors import IncompatibleModelsError, InvalidArgumentError, ModelNotFoundError, shown
 from .model import load_model
 from .precision import resolve_dtype
-from .resolve import resolve_model, resolve_pair
+from .resolve import NotCachedError, resolve_model, resolve_pair
 
 log = logging.getLogger("mlxspec.loading")
 KV_TOKENS_FOR_WARNING = 4096  # tokens of KV counted in the memory check when max_kv_size is None
@@ -130,7 +131,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         draft_ref = head_ref = None
     for role, ref in (("target", target_ref), ("draft", draft_ref)):
         _refuse_a_head(role, ref)
-    head_path = _head_folder(head_ref, download) if head_ref is not None else None  # before minutes of loading
+    with _pull_by_pair(pair):
+        head_path = _head_folder(head_ref, download) if head_ref is not None else None  # before minutes of loading
     if adapter_path is not None:
         from .adapters import adapter_folder, read_config
 
@@ -147,25 +149,27 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             warnings.warn("--distributed (distributed=True) is set, but this process is the only rank "
                           "(mx.distributed found no group: start every rank with mlx.launch, e.g. `mlx.launch "
                           "--hosts mac1,mac2 -- mlxspec ... --distributed`); the whole target runs here")
-    if group is not None and group.size() > 1:
-        from .sharded import load_sharded
+    with _pull_by_pair(pair):
+        if group is not None and group.size() > 1:
+            from .sharded import load_sharded
 
-        if adapter_path is not None:  # its LoRA layers would wrap the sharded linears: not built
-            raise InvalidArgumentError(f"[load] adapter_path cannot be applied to a target sharded over "
-                                       f"{group.size()} ranks; fuse it into the target first (mlx_lm.fuse "
-                                       f"--adapter-path {adapter_path}) and load the fused model")
+            if adapter_path is not None:  # its LoRA layers would wrap the sharded linears: not built
+                raise InvalidArgumentError(f"[load] adapter_path cannot be applied to a target sharded over "
+                                           f"{group.size()} ranks; fuse it into the target first (mlx_lm.fuse "
+                                           f"--adapter-path {adapter_path}) and load the fused model")
 
-        settings = {"--dtype": dtype, "--max-kv-size": max_kv_size,
-                    "--kv-bits": [kv_bits, kv_group_size, quantized_kv_start] if kv_bits is not None else None}
-        target_model, tokenizer, target_info, draft_model, draft_tokenizer, draft_info = load_sharded(
-            target_ref, draft_ref, group=group, dtype=dtype, download=download, settings=settings, head=head_path)
-    else:
-        group = None
-        target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download,
-                                                          adapter_path=adapter_path)
-        draft_model = draft_tokenizer = draft_info = None
-        if draft_ref is not None:
-            draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download, draft=True)
+            settings = {"--dtype": dtype, "--max-kv-size": max_kv_size,
+                        "--kv-bits": [kv_bits, kv_group_size, quantized_kv_start] if kv_bits is not None else None}
+            target_model, tokenizer, target_info, draft_model, draft_tokenizer, draft_info = load_sharded(
+                target_ref, draft_ref, group=group, dtype=dtype, download=download, settings=settings, head=head_path)
+        else:
+            group = None
+            target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download,
+                                                              adapter_path=adapter_path)
+            draft_model = draft_tokenizer = draft_info = None
+            if draft_ref is not None:
+                draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download,
+                                                                      draft=True)
     if pair_default:  # the pair's default here; its draft model stays loaded and selectable
         # A head drafting over several ranks was never measured: those keep the n-gram drafter.
         drafter = "ngram" if pair_default == "eagle" and group is not None else pair_default
@@ -199,6 +203,17 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         engine.head_note = head_mismatch(training.get("adapter") if isinstance(training, dict) else None, adapter_path)
     engine.pair_name = pair.name if pair else None
     return engine
+
+
+@contextmanager
+def _pull_by_pair(pair):
+    """A model of `pair` not cached yet: the message says `mlxspec pull PAIR` (every model of it)."""
+    try:
+        yield
+    except NotCachedError as e:
+        if pair is None:
+            raise
+        raise e.for_pair(pair) from None
 
 
 def _is_head(folder: Path) -> bool:
@@ -269,6 +284,8 @@ def _head_folder(ref: str, download: bool):
     if not folder.is_dir():
         try:
             folder = resolve_model(ref, download=download).path
+        except NotCachedError:  # there, but not fetched yet: its message says how
+            raise
         except ModelNotFoundError as e:
             shipped = ", ".join(sorted(BUILTIN + p.name for p in BUILTIN_DIR.iterdir() if _is_head(p)))
             found = f"; {e}" if folder.exists() else ""  # a file that is there, but no head

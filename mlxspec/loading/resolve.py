@@ -51,9 +51,22 @@ class NotCachedError(ModelNotFoundError):
     """Not in the Hugging Face cache, and the hub was not asked (`why`: offline, not downloading,
     unreachable); its message tells to fetch it with `mlxspec pull`, which `pull` itself rewords."""
 
-    def __init__(self, message: str, why: str):
+    def __init__(self, message: str, why: str, ref: str | None = None):
         super().__init__(message)
         self.why = why
+        self.ref = ref  # what `mlxspec pull` fetches it by
+
+    def for_pair(self, pair) -> "NotCachedError":
+        """Reworded where `pair` names the missing model: `mlxspec pull PAIR` fetches all of its
+        models at once, which is what its user wants (not one repo id they never typed)."""
+        roles = [role for role, ref in (("target", pair.target), ("draft", pair.draft), ("head", pair.head))
+                 if ref and ref == self.ref]
+        if not roles:  # a model given beside the pair, not one of its own
+            return self
+        return NotCachedError(
+            f"{self.ref!r}, the {roles[0]} of the pair {pair.name!r}, is not in the Hugging Face cache and "
+            f"{self.why}. With network access run `mlxspec pull {pair.name}` (it fetches every model of the "
+            "pair), or pass a local folder or .gguf file instead", self.why, pair.name)
 
 
 @dataclass(frozen=True)
@@ -98,7 +111,10 @@ def resolve_model(ref: str | Path, *, download: bool = True, draft: bool = False
     """
     ref = str(ref)
     if (pair := resolve_pair(ref)) is not None:
-        return resolve_model(pair.target, download=download)
+        try:
+            return resolve_model(pair.target, download=download)
+        except NotCachedError as e:
+            raise e.for_pair(pair) from None
     if ref.startswith(demo.PREFIX):
         if not download and not demo.is_cached(ref):
             raise NotCachedError(f"the demo model {ref!r} is not in the cache; run `mlxspec pull demo`",
@@ -206,7 +222,7 @@ def _hub_snapshot(repo_id: str, *, download: bool) -> Path:
         raise NotCachedError(
             f"model {repo_id!r} is not in the Hugging Face cache and {why}. With network access "
             f"run `mlxspec pull {repo_id}` (or `huggingface-cli download {repo_id}`), or pass a "
-            "local folder or .gguf file instead", why
+            "local folder or .gguf file instead", why, repo_id
         ) from e
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise ModelNotFoundError(f"cannot fetch {repo_id!r} from the Hugging Face hub: {e}") from e
@@ -228,7 +244,7 @@ def _hub_gguf(repo_id: str, tag: str, *, download: bool) -> Path:
         missing = (f"{repo_id!r} has no GGUF file {'called' if exact else 'whose name has the quantization'} "
                    f"{tag!r} {where}" + (f"; there: {', '.join(tags)}" if tags else ""))
         if local_only:  # the hub may have it
-            raise NotCachedError(f"{missing} (with network access, `mlxspec pull {repo_id}:{tag}` fetches it)", why)
+            raise NotCachedError(f"{missing} (with network access, `mlxspec pull {repo_id}:{tag}` fetches it)", why, f"{repo_id}:{tag}")
         raise ModelNotFoundError(missing)
     parts = [SPLIT_PART.match(n) for n in found]
     if all(parts) and len({m.group(1) for m in parts}) == 1:  # the parts of one split file
@@ -253,7 +269,7 @@ def _hub_file(repo_id: str, name: str, tag: str, local_only: bool, why: str) -> 
         return Path(hf_hub_download(repo_id, name, local_files_only=local_only))
     except LocalEntryNotFoundError as e:
         raise NotCachedError(f"{repo_id}/{name} is not in the Hugging Face cache; run "
-                             f"`mlxspec pull {repo_id}:{tag}` with network access", why) from e
+                             f"`mlxspec pull {repo_id}:{tag}` with network access", why, f"{repo_id}:{tag}") from e
     except (HfHubHTTPError, OSError, ValueError) as e:
         raise ModelNotFoundError(f"cannot fetch {name} of {repo_id!r} from the Hugging Face hub: {e}") from e
 
