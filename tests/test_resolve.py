@@ -174,6 +174,41 @@ def test_models_says_a_pair_whose_head_is_missing_is_not_cached(empty_cache, mon
     assert rows["mine"]["cached"] is False and rows["demo"]["cached"] is True
 
 
+def test_models_fills_an_own_pairs_size_and_context_from_its_files(empty_cache, mlx_folder, capsys):
+    """An own pair may leave sizes and context out; `mlxspec models` reads them from its cached
+    files (a GGUF split in parts counts every part) rather than printing "?"."""
+    import json as _json
+
+    from tiny_gguf import write_tiny_gguf
+
+    from mlxspec.cli import main
+    from mlxspec.paths import user_pairs_path
+
+    whole, split = empty_cache / "tiny.gguf", empty_cache / "parts" / "tiny.gguf"
+    write_tiny_gguf(whole)
+    split.parent.mkdir()
+    write_tiny_gguf(split, split=4)
+    first = sorted(split.parent.glob("*.gguf"))
+    assert len(first) > 1
+    mine = user_pairs_path()
+    mine.parent.mkdir(parents=True)
+    folder = mlx_folder[0]
+    mine.write_text(f'[[pair]]\nname = "gguf"\ntarget = "{whole}"\n\n[[pair]]\nname = "split"\ntarget = "{first[0]}"\n'
+                    f'\n[[pair]]\nname = "folder"\ntarget = "{folder}"\ndraft = "{whole}"\n'
+                    f'\n[[pair]]\nname = "said"\ntarget = "{whole}"\ntarget_gb = 5.0\ncontext = 100\n'
+                    f'\n[[pair]]\nname = "gone"\ntarget = "{empty_cache / "gone.gguf"}"\n')
+    assert main(["models", "--json"]) == 0
+    rows = {r["name"]: r for r in map(_json.loads, capsys.readouterr().out.splitlines())}
+    gb = lambda *paths: float(f"{sum(p.stat().st_size for p in paths) / 1e9:.3g}")
+    assert (rows["gguf"]["target_gb"], rows["gguf"]["draft_gb"], rows["gguf"]["context"]) == (gb(whole), 0.0, 256)
+    assert 0 < gb(whole) < gb(whole, whole) < 1e-3
+    assert (rows["split"]["target_gb"], rows["split"]["context"]) == (gb(*first), 256)
+    assert (rows["folder"]["target_gb"], rows["folder"]["draft_gb"], rows["folder"]["context"]) == \
+        (gb(*folder.glob("*.safetensors")), gb(whole), mlx_folder[1].args.max_position_embeddings)
+    assert (rows["said"]["target_gb"], rows["said"]["context"]) == (5.0, 100)  # written in models.toml: kept
+    assert (rows["gone"]["target_gb"], rows["gone"]["context"], rows["gone"]["cached"]) == (0.0, 0, False)
+
+
 # --- resolution order -------------------------------------------------------------------
 
 def test_pair_name_comes_first():

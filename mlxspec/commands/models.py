@@ -12,7 +12,8 @@ def register(subparsers) -> None:
         help="list the curated target/draft pairs and which are cached",
         description=(
             "List the target/draft pairs of models.toml: approximate weights sizes, the target's "
-            "context and sliding window, who drafts by default on this machine's backend (the draft "
+            "context and sliding window (for your own pairs that leave them out, read from their cached "
+            "files), who drafts by default on this machine's backend (the draft "
             "model, the n-gram drafter or the pair's EAGLE head: whichever the bench measured faster "
             "there; in one process: a target sharded with --distributed drafts with n-gram where this "
             "says eagle), and whether the weights are already in the local cache (no network is used). "
@@ -46,7 +47,7 @@ def run(args) -> int:
     rows = []
     for p in pairs().values():
         cached = is_cached(p.target) and is_cached(p.draft) and (not p.head or is_cached(p.head))
-        rows.append({**p.__dict__, "drafter_here": p.default_drafter(here), "cached": cached})
+        rows.append({**p.__dict__, **_on_disk(p), "drafter_here": p.default_drafter(here), "cached": cached})
     if args.json:
         for r in rows:
             print(json.dumps(r))
@@ -67,6 +68,28 @@ def run(args) -> int:
         print(f"  size     {_size(r)} GB on disk, context {r['context'] or '?'}{window}")
         print(f"  drafter  {r['drafter_here']} on {here}")
     return 0
+
+
+def _on_disk(p) -> dict:
+    """A user's own pair leaves sizes and context out (0): what its cached files say instead."""
+    from ..errors import MlxSpecError
+    from ..loading.ondisk import trained_context, weights_bytes_on_disk
+    from ..loading.resolve import resolve_model
+
+    if p.target_gb:  # a curated pair: its figures as written
+        return {}
+    try:
+        target = resolve_model(p.target, download=False)
+        draft = resolve_model(p.draft, download=False) if p.draft_is_model else None
+        return {"target_gb": _gb(weights_bytes_on_disk(target)),
+                "draft_gb": _gb(weights_bytes_on_disk(draft)) if draft else 0.0,
+                "context": p.context or trained_context(target) or 0}
+    except (MlxSpecError, OSError, ValueError):  # not cached (said in CACHED), or unreadable: loading says why
+        return {}
+
+
+def _gb(size: int) -> float:
+    return float(f"{size / 1e9:.3g}")  # three figures, as the curated sizes are written
 
 
 def _cells(r: dict) -> tuple:

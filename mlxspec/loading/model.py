@@ -13,6 +13,7 @@ from mlx.utils import tree_flatten
 
 from ..errors import MlxSpecError, one_line
 from ..modelmeta import declared_vocab, weights_bytes
+from .ondisk import config_context
 from .precision import apply_dtype, auto_dtype_for, resolve_dtype
 from .resolve import Resolved, resolve_model
 
@@ -141,9 +142,7 @@ def _load_mlx(res: Resolved, *, lazy: bool = False):
         quant = f"MLX {q.get('bits')}-bit, group {q.get('group_size')}"
     else:
         quant = str(config.get("torch_dtype") or config.get("dtype") or "float")
-    text = config.get("text_config") or {}
-    context = config.get("max_position_embeddings") or text.get("max_position_embeddings")
-    return model, tokenizer, quant, context
+    return model, tokenizer, quant, config_context(config)
 
 
 def _kv_bytes_per_token(model) -> int | None:
