@@ -43,17 +43,21 @@ def shard_model(model, group: "mx.distributed.Group") -> str:
     if hasattr(model, "shard") and heads and heads % n == 0 and kv_heads % n == 0:
         model.shard(group)
         return "tensor"
+    whys = []
+    if hasattr(model, "shard"):
+        whys.append(f"its {heads} attention heads ({kv_heads} KV) do not divide by {n} ranks")
     if hasattr(getattr(model, "model", None), "pipeline"):
-        if len(model.model.layers) < n:
-            raise IncompatibleModelsError(
-                f"{model_name(model)} has {len(model.model.layers)} layers, fewer than the {n} ranks to pipeline them over")
-        model.model.pipeline(group)
-        return "pipeline"
-    mlp_why = _shard_mlps(model, group) if hasattr(model, "shard") else ""
-    if mlp_why is True:
-        return "tensor-mlp"
-    why = (f"its {heads} attention heads ({kv_heads} KV) do not divide by {n} ranks and {mlp_why}"
-           if hasattr(model, "shard") else "it has neither `shard` nor `model.pipeline`")
+        layers = len(model.model.layers)
+        if layers >= n:
+            model.model.pipeline(group)
+            return "pipeline"
+        whys.append(f"its {layers} layer{' is' if layers == 1 else 's are'} too few to pipeline over {n} ranks")
+    if hasattr(model, "shard"):  # the MLPs alone, which the others could not place
+        mlp_why = _shard_mlps(model, group)
+        if mlp_why is True:
+            return "tensor-mlp"
+        whys.append(mlp_why)
+    why = ", ".join(whys[:-1]) + " and " + whys[-1] if whys else "it has neither `shard` nor `model.pipeline`"
     raise IncompatibleModelsError(
         f"the target {model_name(model)} cannot be sharded over {n} ranks: {why}; use a model whose mlx-lm "
         f"class supports tensor parallelism (llama, qwen2, mistral, ...) or pipelining")

@@ -48,6 +48,22 @@ def test_an_mlp_that_does_not_split_says_so():
         shard_model(model, FakeGroup(5))
 
 
+def test_too_few_layers_to_pipeline_shard_the_mlps():
+    """qwen2 pipelines where its heads do not divide; with fewer layers than ranks its MLPs still split."""
+    from tiny import make_qwen2
+
+    model = make_qwen2(0, layers=2)  # 4 heads, 2 KV heads, MLP inner size 128
+    assert shard_model(model, FakeGroup(4)) == "tensor-mlp"
+    assert isinstance(model.model.layers[0].mlp.down_proj, ShardedToAllLinear)
+    assert shard_model(make_qwen2(0, layers=4), FakeGroup(4)) == "pipeline"
+    with pytest.raises(IncompatibleModelsError, match=r"qwen2 cannot be sharded over 3 ranks: its 4 attention heads "
+                       r"\(2 KV\) do not divide by 3 ranks, its 2 layers are too few to pipeline over 3 ranks and "
+                       r"its MLPs' inner size 128 does not split into 3 equal parts;"):
+        shard_model(make_qwen2(0, layers=2), FakeGroup(3))
+    with pytest.raises(IncompatibleModelsError, match=r"its 1 layer is too few"):
+        shard_model(make_qwen2(0, layers=1), FakeGroup(3))
+
+
 @pytest.mark.parametrize("bad", ["abc", "0", "-1", "inf", "nan"])
 def test_the_watchdog_timeout_must_be_positive_seconds(bad, monkeypatch):
     from mlxspec.distributed import TIMEOUT_ENV, check_timeout
