@@ -12,7 +12,7 @@ import re
 import shlex
 
 # keywords of `load` and `Engine.generate` that a flag of the same name (with dashes) sets
-FLAG_KEYWORDS = ("target", "draft", "drafter", "head", "dtype", "max_kv_size", "kv_bits", "kv_group_size",
+FLAG_KEYWORDS = ("target", "draft", "drafter", "head", "adapter_path", "dtype", "max_kv_size", "kv_bits", "kv_group_size",
                  "quantized_kv_start", "num_draft", "tree", "lookup", "max_tokens", "temperature", "top_p",
                  "top_k", "min_p", "seed", "stop")
 _TAG = re.compile(r"^\[[a-z_]+\] ")

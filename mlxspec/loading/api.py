@@ -154,9 +154,9 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             from .sharded import load_sharded
 
             if adapter_path is not None:  # its LoRA layers would wrap the sharded linears: not built
-                raise InvalidArgumentError(f"[load] adapter_path cannot be applied to a target sharded over "
-                                           f"{group.size()} ranks; fuse it into the target first (mlx_lm.fuse "
-                                           f"--adapter-path {adapter_path}) and load the fused model")
+                raise InvalidArgumentError(f"[load] adapter_path={str(adapter_path)!r} cannot be applied to a target "
+                                           f"sharded over {group.size()} ranks; fuse it into the target first "
+                                           f"(mlx_lm.fuse --adapter-path {adapter_path}) and load the fused model")
 
             settings = {"--dtype": dtype, "--max-kv-size": max_kv_size,
                         "--kv-bits": [kv_bits, kv_group_size, quantized_kv_start] if kv_bits is not None else None}
