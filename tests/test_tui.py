@@ -8,10 +8,11 @@ import re
 from dataclasses import replace
 
 import pytest
+from textual.events import Paste
 from textual.widgets import Markdown, Static
 
 import tiny
-from tests.tui_helpers import async_test, send, tiny_engine, wait_idle
+from tests.tui_helpers import async_test, send, tiny_engine, until, wait_idle
 from tui import make_app
 from tui.conversation import SPEC, VANILLA
 from tui.screens import ErrorScreen, LoadingScreen
@@ -411,6 +412,50 @@ async def test_loading_in_a_worker_then_chatting():
         assert app.engines[SPEC] is engine and app.engines[VANILLA] is not engine
         await send(app, pilot, "hi")
         assert app.pane(VANILLA).text
+
+
+@async_test
+async def test_a_message_typed_while_loading_is_sent_once_the_models_are_ready():
+    import threading
+
+    release = threading.Event()
+    app = make_app(loader=lambda: release.wait(10) and tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, LoadingScreen)
+        await pilot.press(*"hello there", "enter")
+        await pilot.press(*"more")  # after Enter: not part of it
+        await pilot.pause()
+        early = app.screen.query_one("#early")
+        assert app.screen.queued and early.disabled and early.value == "hello there"
+        release.set()
+        await until(lambda: app.conversation.turns, 20, "the queued message was not sent", 0.02)
+        await wait_idle(app, pilot)
+        (turn,) = app.conversation.turns
+        assert turn.user == "hello there" and app.pane(VANILLA).text
+        assert app.query_one("#prompt").value == "" and "hello there" in history_text(app)
+
+
+@async_test
+async def test_text_typed_while_loading_waits_in_the_box_unsent():
+    import threading
+
+    release = threading.Event()
+    app = make_app(loader=lambda: release.wait(10) and tiny_engine(), max_tokens=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press(*"half a thought")  # typed, not sent
+        app.screen.query_one("#early").post_message(Paste("line one\nline two"))
+        await pilot.pause()
+        release.set()
+        await until(lambda: app.engines, 20, "the models did not load", 0.02)
+        await pilot.pause()
+        prompt = app.query_one("#prompt")
+        assert prompt.value == "half a thought[pasted text #1: 2 lines]" and prompt.has_focus
+        assert prompt.message(prompt.value) == "half a thoughtline one\nline two"  # the paste came along
+        assert not app.conversation.turns and not app.busy
+        await pilot.press(*"!")  # the cursor is at its end
+        assert prompt.value.endswith("lines]!")
 
 
 @async_test

@@ -127,7 +127,9 @@ class ChatApp(App):
             self.pane(side).markers = self.conversation.markers
         self.info = self.info or describe(engine)
         self.query_one(PairHeader).set_info(self.info)
-        if isinstance(self.screen, LoadingScreen):
+        loading = self.screen if isinstance(self.screen, LoadingScreen) else None
+        if loading is not None:
+            early = loading.query_one("#early", PromptInput)
             self.pop_screen()
         self.refresh_bindings()
         if self._resume is not None:
@@ -137,9 +139,13 @@ class ChatApp(App):
         if note:
             self.notice(f"note: the EAGLE head was {note}, so it may draft less often right here (the answers "
                         f"are the target's all the same; /drafter ngram drafts without it)")
-        prompt = self.query_one("#prompt", Input)
+        prompt = self.query_one("#prompt", PromptInput)
         prompt.disabled = False
         prompt.focus()
+        if loading is not None:  # what was typed while loading: in the box, and sent if Enter was pressed
+            early.hand_over(prompt)
+            if loading.queued:
+                prompt.post_message(Input.Submitted(prompt, prompt.value))
 
     def on_load_failed(self, message: LoadFailed) -> None:
         self.switch_screen(ErrorScreen(message.detail)) if isinstance(self.screen, LoadingScreen) \

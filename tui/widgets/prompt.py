@@ -22,6 +22,7 @@ class PromptInput(Input):
                 Binding("down", "recall(1)", "Next", show=False)]
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("select_on_focus", False)  # focus comes back to go on typing, not to overwrite
         super().__init__(*args, **kwargs)
         self._pastes: Dict[str, str] = {}
         self._sent: List[Tuple[str, Dict[str, str]]] = []  # (the box's text, its pastes), oldest first
@@ -42,6 +43,11 @@ class PromptInput(Input):
             self.cursor_position = len(rest)
         else:
             self.clear()
+
+    def hand_over(self, to: "PromptInput") -> None:
+        """Give `to` this box's text, its pastes and its cursor (the loading screen's box to the chat's)."""
+        to.value, to._pastes = self.value, dict(self._pastes)
+        to.cursor_position = self.cursor_position
 
     def action_recall(self, step: int) -> None:
         """Up (-1): the line sent before the one shown; Down (+1): the one after, and past the
