@@ -246,6 +246,10 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
         log(f"resumed at step {step}/{total}")
     else:
         say_other_runs(ckpt, args)
+    if not history:  # the baseline the card's rows are read against (with --init: the head continued)
+        vl, va = evaluate(head, emb, w_draft, held, args, context)
+        history.append({"step": 0, "held_loss": vl, "held_top1": va})
+        log(f"held-out before training: loss {vl:.4f}, top-1 per step {' '.join(f'{a:.3f}' for a in va)}")
     budget = TimeBudget(args.train_minutes, step) if args.train_minutes else None
     t0 = time.time() - elapsed
     run = [0.0, [0.0] * args.unroll, 0]
