@@ -185,6 +185,11 @@ def main(out_dir: Path, scenario: str) -> None:
         out["load_differing"] = "no error"
     except DistributedError as e:
         out["load_differing"] = str(e)
+    try:  # each rank drafts for itself, so the drafter is one of those options
+        mlxspec.load(str(gguf), "none" if rank else "ngram", distributed=True)
+        out["drafter_differing"] = "no error"
+    except DistributedError as e:
+        out["drafter_differing"] = str(e)
 
     # Drafts that differ between ranks (a broken replica) are caught by the history check.
     if rank == 1:

@@ -135,6 +135,7 @@ def test_differing_weights_and_diverging_drafts_raise_on_every_rank(ranks):
     for r in ranks:
         assert "target weights differ" in r["agree_differing"]
         assert "the ranks' --dtype differ" in r["load_differing"], r["load_differing"]  # the files are the same
+        assert "the ranks' --drafter differ" in r["drafter_differing"], r["drafter_differing"]
         assert "diverged" in r["diverged"]
 
 

@@ -158,7 +158,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
                                            f"sharded over {group.size()} ranks; fuse it into the target first "
                                            f"(mlx_lm.fuse --adapter-path {adapter_path}) and load the fused model")
 
-            settings = {"--dtype": dtype, "--max-kv-size": max_kv_size,
+            settings = {"--dtype": dtype, "--max-kv-size": max_kv_size, "--drafter": drafter,
                         "--kv-bits": [kv_bits, kv_group_size, quantized_kv_start] if kv_bits is not None else None}
             target_model, tokenizer, target_info, draft_model, draft_tokenizer, draft_info = load_sharded(
                 target_ref, draft_ref, group=group, dtype=dtype, download=download, settings=settings, head=head_path)
