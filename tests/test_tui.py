@@ -414,12 +414,17 @@ async def test_loading_in_a_worker_then_chatting():
         assert app.pane(VANILLA).text
 
 
-@async_test
-async def test_a_message_typed_while_loading_is_sent_once_the_models_are_ready():
+def loading_until_released():
+    """An app whose models load once `release` is set: (app, release)."""
     import threading
 
     release = threading.Event()
-    app = make_app(loader=lambda: release.wait(10) and tiny_engine(), max_tokens=4)
+    return make_app(loader=lambda: release.wait(10) and tiny_engine(), max_tokens=4), release
+
+
+@async_test
+async def test_a_message_typed_while_loading_is_sent_once_the_models_are_ready():
+    app, release = loading_until_released()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert isinstance(app.screen, LoadingScreen)
@@ -438,10 +443,7 @@ async def test_a_message_typed_while_loading_is_sent_once_the_models_are_ready()
 
 @async_test
 async def test_text_typed_while_loading_waits_in_the_box_unsent():
-    import threading
-
-    release = threading.Event()
-    app = make_app(loader=lambda: release.wait(10) and tiny_engine(), max_tokens=4)
+    app, release = loading_until_released()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press(*"half a thought")  # typed, not sent
@@ -460,10 +462,7 @@ async def test_text_typed_while_loading_waits_in_the_box_unsent():
 
 @async_test
 async def test_ctrl_c_while_loading_quits():
-    import threading
-
-    release = threading.Event()
-    app = make_app(loader=lambda: release.wait(10) and tiny_engine(), max_tokens=4)
+    app, release = loading_until_released()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert isinstance(app.screen, LoadingScreen)
