@@ -12,9 +12,9 @@ import re
 import shlex
 
 # keywords of `load` and `Engine.generate` that a flag of the same name (with dashes) sets
-FLAG_KEYWORDS = ("target", "draft", "drafter", "head", "adapter_path", "dtype", "max_kv_size", "kv_bits", "kv_group_size",
-                 "quantized_kv_start", "num_draft", "tree", "lookup", "max_tokens", "temperature", "top_p",
-                 "top_k", "min_p", "seed", "stop")
+FLAG_KEYWORDS = ("target", "draft", "drafter", "head", "adapter_path", "dtype", "max_kv_size", "kv_bits",
+                 "kv_group_size", "quantized_kv_start", "num_draft", "tree", "lookup", "max_tokens", "temperature",
+                 "top_p", "top_k", "min_p", "seed", "stop")
 _TAG = re.compile(r"^\[[a-z_]+\] ")
 # keyword=value with a quoted value, a <placeholder>, or a bare word
 _KEYWORD = re.compile(r"(?<![\w.-])(" + "|".join(FLAG_KEYWORDS) + r")=(?:'([^']*)'|(<[^>]*>)|([\w.:/-]+))")

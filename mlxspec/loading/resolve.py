@@ -244,7 +244,8 @@ def _hub_gguf(repo_id: str, tag: str, *, download: bool) -> Path:
         missing = (f"{repo_id!r} has no GGUF file {'called' if exact else 'whose name has the quantization'} "
                    f"{tag!r} {where}" + (f"; there: {', '.join(tags)}" if tags else ""))
         if local_only:  # the hub may have it
-            raise NotCachedError(f"{missing} (with network access, `mlxspec pull {repo_id}:{tag}` fetches it)", why, f"{repo_id}:{tag}")
+            raise NotCachedError(f"{missing} (with network access, `mlxspec pull {repo_id}:{tag}` fetches it)", why,
+                                 f"{repo_id}:{tag}")
         raise ModelNotFoundError(missing)
     parts = [SPLIT_PART.match(n) for n in found]
     if all(parts) and len({m.group(1) for m in parts}) == 1:  # the parts of one split file
