@@ -390,3 +390,26 @@ def test_a_sharded_target_is_said_in_the_json_and_the_headline(bench_json):
     out = io.StringIO()
     print_report(doc, Console(file=out, width=300))
     assert "the target sharded over 2 ranks, memory figures rank 0's" in out.getvalue()
+
+
+def test_ctrl_c_prints_the_report_of_what_ran_whole_and_writes_no_file(monkeypatch, tmp_path, capsys):
+    from mlxspec.bench import runner
+
+    real, runs = runner._run_one, []
+
+    def run_one(*a, **kw):
+        if len(runs) == 3:  # the second prompt's second run (vanilla and model k=2 for each)
+            raise KeyboardInterrupt
+        runs.append(real(*a, **kw))
+        return runs[-1]
+
+    monkeypatch.setattr(runner, "_run_one", run_one)
+    out = tmp_path / "b.json"
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(modelargs, "load_engine", lambda args, **kw: tiny_engine())
+    code = cli.main(["bench", "--limit", "2", "--max-tokens", "5", "--num-draft", "2", "--no-peer", "--drafter",
+                     "model", "--json", str(out)])
+    assert code == 130 and not out.exists()
+    said = capsys.readouterr().out
+    assert "Settings (medians over prompts" in said
+    assert "interrupted: the figures above cover 2 of the 4 runs planned" in said and "--json not written" in said

@@ -331,3 +331,33 @@ def test_repeated_values_and_fixed_lengths_run_each_distinct_setting_once(engine
                                                        Setting("speculative", "ngram", "2", "auto", "on")]
     assert {(s.tree, s.lookup) for s in spec if s.drafter == "model" and s.num_draft == "auto"} == {
         ("auto", "on"), ("auto", "off"), ("off", "on"), ("off", "off")}
+
+
+def test_ctrl_c_keeps_the_prompts_run_whole_and_drops_the_one_cut_short():
+    """Ctrl-C mid-suite: every prompt run under every setting is kept (and checked), the prompt it
+    cut short is dropped whole, and the engine's own cost models are back; before any prompt ran
+    whole there is nothing to show, so the interrupt goes on up."""
+    eng = tiny_engine()
+    start = eng.costs
+    seen = []
+
+    def stop_at(n):
+        def on_run(rec):
+            seen.append(rec)
+            if len(seen) == n:
+                raise KeyboardInterrupt
+        return on_run
+
+    per_prompt = len(settings_for(eng, drafters=["model"]))
+    res = run_bench(eng, PROMPTS, max_tokens=MAX, warmup=False, drafters=["model"], on_run=stop_at(per_prompt + 2))
+    assert res.planned_runs == len(PROMPTS) * per_prompt == 2 * per_prompt
+    assert len(res.runs) == per_prompt and {r.prompt_id for r in res.runs} == {PROMPTS[0].id}
+    assert all(r.matches_vanilla is True for r in res.runs)  # checked, as a whole suite's are
+    assert eng.costs is start
+    summarize(res)  # a report over what ran
+    seen.clear()
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(eng, PROMPTS, max_tokens=MAX, warmup=False, drafters=["model"], on_run=stop_at(per_prompt - 1))
+    assert eng.costs is start
+    whole = run_bench(eng, PROMPTS[:1], max_tokens=MAX, warmup=False, drafters=["model"])
+    assert len(whole.runs) == whole.planned_runs == per_prompt

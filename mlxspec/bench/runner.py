@@ -110,6 +110,7 @@ class BenchResult:
     peer_warmup_seconds: Dict[float, float] = field(default_factory=dict)  # temperature -> the peer's untimed runs
     engine_warmup_seconds: Optional[float] = None  # `engine.warmup()`: covers every mlxspec setting
     curve: Dict[int, float] = field(default_factory=dict)  # j -> seconds of a target pass, timed by the warm-up
+    planned_runs: int = 0  # runs the suite asked for; more than len(runs) when Ctrl-C cut it short
 
     def warmup_seconds(self, s: Setting, temperature: float) -> Optional[float]:
         """Seconds of the warm-up that covered `s`: the peer's own runs, else the shared `engine.warmup()`."""
@@ -262,10 +263,24 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
     # Each setting learns into cost models of its own (the warm-up's timings to start from), so
     # two settings of one drafter (lookup on/off, trees auto/off) do not teach each other and
     # the one that runs second starts from nothing the first learnt. The device curve is shared.
-    start, own = engine.costs, {}
+    start = engine.costs
     runs: List[RunRecord] = []
     passes = [(rep, p, ids) for rep in range(repeats) for p, ids in zip(prompts, encoded)]
-    block = 0
+    try:
+        _run_blocks(engine, passes, temps, settings, start, runs, max_tokens, seed, on_run, on_mismatch)
+    except KeyboardInterrupt:  # Ctrl-C: the prompts run whole still compare fairly; none yet, nothing to show
+        if not runs:
+            raise
+    finally:
+        engine.costs = start
+    return BenchResult(runs, settings, temps, max_tokens, seed, default_setting(engine, settings), peer_warm,
+                       engine_warm, curve, planned_runs=len(passes) * len(temps) * len(settings))
+
+
+def _run_blocks(engine, passes, temps, settings, start, runs, max_tokens, seed, on_run, on_mismatch) -> None:
+    """Each prompt (and temperature) under every setting, appended to `runs` a whole block at a
+    time: a block cut short (Ctrl-C) leaves nothing half-measured or unchecked behind."""
+    block, own = 0, {}
     for rep, p, ids in passes:
         for t in temps:
             # The order rotates from one prompt to the next, so drift within a prompt's block
@@ -278,8 +293,7 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                     own[s, t] = copy.deepcopy(start, {id(engine.curve): engine.curve})
                 engine.costs = own[s, t]
                 rec = _run_one(engine, s, p, ids, max_tokens, t, seed)
-                rec.order, rec.repeat = len(runs), rep
-                runs.append(rec)
+                rec.order, rec.repeat = len(runs) + len(done), rep
                 done.append(rec)
                 if on_run is not None:
                     on_run(rec)
@@ -300,9 +314,7 @@ def run_bench(engine, prompts: List[BenchPrompt], *, max_tokens: int = 64, tempe
                         rec.mismatch = _mismatch_dict(check, engine.tokenizer)
                     if not check.ok and on_mismatch is not None:
                         on_mismatch(rec)
-    engine.costs = start
-    return BenchResult(runs, settings, temps, max_tokens, seed, default_setting(engine, settings), peer_warm,
-                       engine_warm, curve)
+            runs.extend(done)
 
 
 def _warm_up_peer(engine, s: Setting, p: BenchPrompt, ids: List[int], max_tokens: int, temperature: float,

@@ -316,6 +316,12 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
     if prior:
         out.print(f"the cost models started from the calibration file {prior} (mlxspec calibrate)", soft_wrap=True,
                   highlight=False)
+    if len(result.runs) < result.planned_runs:  # Ctrl-C: what ran whole is shown, and no file holds less than asked
+        unwritten = [flag for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)) if path]
+        out.print(f"interrupted: the figures above cover {len(result.runs)} of the {result.planned_runs} runs "
+                  f"planned (each prompt's runs under every setting, or none of them)"
+                  + (f"; {', '.join(unwritten)} not written" if unwritten else ""), soft_wrap=True, highlight=False)
+        return 130
 
     def write_plot(doc, path):
         from ..bench.plot import write_plot as plot
