@@ -358,7 +358,9 @@ class Engine:
                 not shown), "required" (the answer is one or more calls) or {"type": "function",
                 "function": {"name": ...}} (one call of that function), forced by a grammar in the
                 model's call format (Qwen2.5's and Hermes' <tool_call> JSON), its arguments
-                following the tool's parameters schema.
+                following the tool's parameters schema; or {"type": "allowed_tools",
+                "allowed_tools": {"mode": "auto" or "required", "tools": [{"type": "function",
+                "function": {"name": ...}}, ...]}}: that mode over those tools, the others not shown.
             continue_final_message: the answer continues the last message, the assistant's (a
                 prefill: the template renders no new turn; vLLM's, and what Anthropic's API does
                 with a last assistant message); needs chat messages.

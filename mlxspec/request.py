@@ -16,7 +16,7 @@ from .prompts import (check_drafter, check_endings, check_fits, check_lookup, ch
                       check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
 from .reasoning import thinking_end
 from .sampling import SamplingParams, check_logit_bias
-from .tools import call_grammar, check_tool_choice, check_tools
+from .tools import call_grammar, check_tool_choice, check_tools, narrowed
 
 
 def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_p, seed, speculative, num_draft,
@@ -50,7 +50,7 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     endings = dict(zip(("stop_ids", "ignore_eos", "min_tokens"),
                        check_endings(stop_token_ids, ignore_eos, min_tokens, max_tokens, engine.vocab_size)))
     tools = check_tools(tools)
-    choice = check_tool_choice(tool_choice, tools)
+    tools, choice = narrowed(tools, check_tool_choice(tool_choice, tools))
     forcing = choice not in (None, "auto", "none")  # a call the grammar writes
     if choice == "none":
         tools = None

@@ -95,9 +95,15 @@ FORCEABLE = ("json_tools", "harmony")
 
 def check_tool_choice(choice, tools: Optional[List[dict]]):
     """OpenAI's `tool_choice`: None or "auto" (the model decides), "none" (the tools are not
-    shown), "required" (at least one call) or {"type": "function", "function": {"name": ...}}
-    (one call of that function). Returns it, checked against `tools` (checked already)."""
+    shown), "required" (at least one call), {"type": "function", "function": {"name": ...}}
+    (one call of that function) or {"type": "allowed_tools", "allowed_tools": {"mode": "auto" or
+    "required", "tools": [{"type": "function", "function": {"name": ...}}, ...]}} (as "auto" or
+    "required" over those tools alone: `narrowed`). Returns it, checked against `tools` (checked
+    already)."""
     if choice is None or choice in ("auto", "none"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        _allowed_names(choice, tools)
         return choice
     named = (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
              and isinstance(choice["function"].get("name"), str))
@@ -112,6 +118,38 @@ def check_tool_choice(choice, tools: Optional[List[dict]]):
             raise InvalidArgumentError(f"tool_choice names function {choice['function']['name']!r}, which is not "
                                        f"among the tools; allowed: {', '.join(names)}")
     return choice
+
+
+def narrowed(tools: Optional[List[dict]], choice):
+    """`(tools, choice)` with an allowed_tools choice made plain: the model is shown the allowed
+    tools alone (it can call no other), under "auto" or "required"; other choices as they are."""
+    if not (isinstance(choice, dict) and choice.get("type") == "allowed_tools"):
+        return tools, choice
+    names = _allowed_names(choice, tools)
+    return [t for t in tools if t["function"]["name"] in names], choice["allowed_tools"]["mode"]
+
+
+def _allowed_names(choice: dict, tools: Optional[List[dict]]) -> set:
+    shape = ('{"type": "allowed_tools", "allowed_tools": {"mode": "auto" or "required", "tools": [{"type": '
+             '"function", "function": {"name": ...}}, ...]}}')
+    allowed = choice.get("allowed_tools")
+    if not isinstance(allowed, dict) or allowed.get("mode") not in ("auto", "required") \
+            or not isinstance(allowed.get("tools"), list) or not allowed["tools"]:
+        raise InvalidArgumentError(f"tool_choice of type allowed_tools must be {shape}, got {shown(choice)}")
+    if not tools:
+        raise InvalidArgumentError(f"tool_choice {shown(choice)} needs tools to call; send tools (or no tool_choice)")
+    names, known = set(), [t["function"]["name"] for t in tools]
+    for i, tool in enumerate(allowed["tools"]):
+        name = tool.get("function", {}).get("name") if isinstance(tool, dict) and tool.get("type") == "function" \
+            and isinstance(tool.get("function"), dict) else None
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"tool_choice.allowed_tools.tools[{i}] must be {{\"type\": \"function\", "
+                                       f"\"function\": {{\"name\": ...}}}} (only function tools exist), got {shown(tool)}")
+        if name not in known:
+            raise InvalidArgumentError(f"tool_choice.allowed_tools.tools[{i}] names function {name!r}, which is not "
+                                       f"among the tools; allowed: {', '.join(known)}")
+        names.add(name)
+    return names
 
 
 def call_grammar(fmt: Optional[ToolFormat], tools: List[dict], choice, json_options: dict,

@@ -101,6 +101,43 @@ def test_bad_tool_choices_are_refused(kw, says):
         engine_for().stream(ASK, max_tokens=4, **kw)
 
 
+def allowed(mode, *names):
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": [
+        {"type": "function", "function": {"name": n}} for n in names]}}
+
+
+def test_allowed_tools_shows_the_model_those_alone_in_the_mode_it_names():
+    """"required" over both tools calls get_time (above); allowed get_unit alone, get_unit is called,
+    and "auto" over it is "auto" with it the only tool shown."""
+    engine = engine_for()
+    r = engine.generate(ASK, tools=[UNIT, TIME], tool_choice=allowed("required", "get_unit"), max_tokens=400)
+    calls, _ = calls_in(engine, r.text)
+    assert calls and {c["function"]["name"] for c in calls} == {"get_unit"}
+    engine.reset()
+    only = engine.generate(ASK, tools=[UNIT], max_tokens=12)
+    engine.reset()
+    assert engine.generate(ASK, tools=[UNIT, TIME], tool_choice=allowed("auto", "get_unit"),
+                           max_tokens=12).tokens == only.tokens
+    engine.reset()
+    assert engine.generate(ASK, tools=[UNIT, TIME], max_tokens=12).tokens != only.tokens  # the prompt differs
+
+
+@pytest.mark.parametrize("choice, says", [
+    (allowed("always", "get_unit"), "tool_choice of type allowed_tools must be {\"type\": \"allowed_tools\""),
+    (allowed("auto"), "tool_choice of type allowed_tools must be"),
+    ({"type": "allowed_tools", "mode": "auto", "tools": []}, "tool_choice of type allowed_tools must be"),
+    (allowed("auto", "nope"), "tool_choice.allowed_tools.tools[0] names function 'nope', which is not among the "
+                              "tools; allowed: get_unit, get_time"),
+    ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"type": "mcp", "server_label": "x"}]}},
+     "tool_choice.allowed_tools.tools[0] must be {\"type\": \"function\""),
+])
+def test_bad_allowed_tools_are_refused(choice, says):
+    with pytest.raises(InvalidArgumentError, match=__import__("re").escape(says)):
+        engine_for().stream(ASK, tools=[UNIT, TIME], max_tokens=4, tool_choice=choice)
+    with pytest.raises(InvalidArgumentError, match="needs tools to call"):
+        engine_for().stream(ASK, max_tokens=4, tool_choice=allowed("auto", "get_unit"))
+
+
 def test_a_format_no_grammar_forces_is_refused_and_none_hides_the_tools():
     engine = engine_for()
     engine.__dict__["tool_format"] = ToolFormat("[TOOL_CALLS]", "", lambda body, tools: None, "mistral")
@@ -130,3 +167,18 @@ def test_forced_calls_through_the_openai_client():
         with pytest.raises(Exception) as err:
             client.chat.completions.create(model="t", messages=ASK, tool_choice="required", max_tokens=5)
         assert err.value.status_code == 400 and err.value.body["param"] == "tool_choice"
+        # allowed_tools, in chat's shape and in the Responses API's flat one: get_unit alone is called (this
+        # model writes calls until max_tokens cuts it, so the answer ends "length", its whole calls read back)
+        r = client.chat.completions.create(model="t", messages=ASK, tools=[UNIT, TIME], max_tokens=400,
+                                           tool_choice=allowed("required", "get_unit"))
+        assert {c.function.name for c in r.choices[0].message.tool_calls} == {"get_unit"}
+        flat = [{"type": "function", **t["function"]} for t in (UNIT, TIME)]
+        out = client.responses.create(model="t", input=ASK, tools=flat, max_output_tokens=400, store=False,
+                                      tool_choice={"type": "allowed_tools", "mode": "required",
+                                                   "tools": [{"type": "function", "name": "get_unit"}]}).output
+        assert out and {item.name for item in out if item.type == "function_call"} == {"get_unit"}
+        with pytest.raises(Exception) as err:
+            client.chat.completions.create(model="t", messages=ASK, tools=[UNIT], max_tokens=5,
+                                           tool_choice=allowed("required", "get_time"))
+        assert err.value.status_code == 400 and err.value.body["param"] == "tool_choice"
+        assert "'get_time', which is not among the tools" in err.value.body["message"]

@@ -196,8 +196,14 @@ def namespaces(tools) -> Dict[str, str]:
 
 
 def _tool_choice(choice):
+    """The Responses' shapes (names at the top) -> chat's."""
     if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
         return {"type": "function", "function": {"name": choice.get("name")}}
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools" and "allowed_tools" not in choice:
+        tools = choice.get("tools")
+        return {"type": "allowed_tools", "allowed_tools": {
+            "mode": choice.get("mode"),
+            "tools": [_tool_choice(t) for t in tools] if isinstance(tools, list) else tools}}
     return choice
 
 
