@@ -16,7 +16,7 @@ from .prompts import (check_drafter, check_endings, check_fits, check_lookup, ch
                       check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
 from .reasoning import thinking_end
 from .sampling import SamplingParams, check_logit_bias
-from .tools import call_grammar, check_tool_choice, check_tools, narrowed
+from .tools import call_grammar, calls_or_answer, check_tool_choice, check_tools, narrowed
 
 
 def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_p, seed, speculative, num_draft,
@@ -54,9 +54,6 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     forcing = choice not in (None, "auto", "none")  # a call the grammar writes
     if choice == "none":
         tools = None
-    elif forcing and fmt is not None:
-        raise InvalidArgumentError(f"tool_choice {choice!r} and response_format both say what the answer must be; "
-                                   f"send one of them")
     if drafter is not None and drafter not in engine.drafters:  # also when speculative=False ignores it
         check_drafter(drafter)  # a name that is no drafter at all is told so first
         raise InvalidArgumentError(f"drafter {drafter!r} is not available on this engine; allowed: "
@@ -71,8 +68,11 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
                          chat_only=bool(tools or template_kwargs or continue_final_message))
         endings["stop_ids"] = sorted(set(endings["stop_ids"]) | set(engine.fim_format.ends))
     check_fits(len(ids), engine.context)
-    if forcing:  # (after the prompt: a template that ignores tools is said first)
+    if forcing:  # (after the prompt: a template that ignores tools is said first); a response_format
+        # is then for a later answer: this one is the calls
         fmt = check_response_format(call_grammar(engine.tool_format, tools, choice, JSON_OPTIONS, engine.tokenizer))
+    elif tools and fmt is not None:  # the model chooses: calls, or an answer in the format
+        fmt = check_response_format(calls_or_answer(engine.tool_format, tools, fmt, JSON_OPTIONS))
     # a grammar applies after the thinking block, except harmony's calls, whose grammar reads the analysis
     harmony_call = forcing and engine.tool_format.name == "harmony"
     think_end = thinking_end(engine.tokenizer, ids) if fmt is not None and not harmony_call else None

@@ -170,16 +170,38 @@ def call_grammar(fmt: Optional[ToolFormat], tools: List[dict], choice, json_opti
 
         constrain = tokenizer is not None and harmony.knows(tokenizer, [harmony.CONSTRAIN])
         return {"type": "lark", "lark": harmony.call_lark(wanted, json_options, constrain)}
+    more = " (ws? call)*" if choice == "required" else ""
+    return {"type": "lark", "lark": f"start: call{more}\n" + _call_rules(fmt, wanted, json_options)}
+
+
+def calls_or_answer(fmt: Optional[ToolFormat], tools: List[dict], answer: dict, json_options: dict) -> dict:
+    """tool_choice "auto" with a JSON `response_format` (checked): the answer is one or more tool
+    calls in the model's format, or JSON that follows the format, as OpenAI's API lets the model
+    choose (an agent with tools and an output type sends both)."""
+    if fmt is None or fmt.name != "json_tools" or answer["type"] not in ("json_object", "json_schema"):
+        why = (f"this model's tool-call format is {(fmt.name or 'unnamed') if fmt else 'unknown'}, and only "
+               f"json_tools' (Qwen2.5's and Hermes' <tool_call> JSON) can share a grammar with an answer"
+               if fmt is None or fmt.name != "json_tools" else
+               f"a {answer['type']} format cannot share a grammar with tool calls (json_object and json_schema can)")
+        raise InvalidArgumentError(f"response_format with tools (tool_choice \"auto\"): {why}; send one or the "
+                                   f"other, or tool_choice \"required\" or a named function (the calls, then)")
+    schema = answer["json_schema"]["schema"] if answer["type"] == "json_schema" else {"type": "object"}
+    schema = dict(schema) if isinstance(schema, dict) else ({} if schema else {"not": {}})
+    return {"type": "lark", "lark": f"start: answer | call (ws? call)*\n"
+                                    f"answer: %json {json.dumps({**schema, 'x-guidance': json_options})}\n"
+                                    + _call_rules(fmt, [t["function"] for t in tools], json_options)}
+
+
+def _call_rules(fmt: ToolFormat, wanted: List[dict], json_options: dict) -> str:
+    """Lark rules for `call`: one call of a `wanted` function between the format's markers, its
+    arguments following the function's `parameters` schema."""
     schema = {"anyOf": [{"type": "object", "properties": {"name": {"const": f["name"]},
                                                           "arguments": f.get("parameters") or {"type": "object"}},
                          "required": ["name", "arguments"], "additionalProperties": False} for f in wanted],
               "x-guidance": json_options}
-    more = " (ws? call)*" if choice == "required" else ""
-    lark = (f"start: call{more}\n"
-            f"call: {json.dumps(fmt.start)} ws? body ws? {json.dumps(fmt.end)}\n"
+    return (f"call: {json.dumps(fmt.start)} ws? body ws? {json.dumps(fmt.end)}\n"
             f"ws: /[ \\t\\n]{{1,4}}/\n"
             f"body: %json {json.dumps(schema)}\n")
-    return {"type": "lark", "lark": lark}
 
 
 class ToolCallSplitter:

@@ -143,8 +143,6 @@ UNSUPPORTED = [
     ({"messages": HI, "functions": [{"name": "f"}]}, "functions"),
     ({"messages": HI, "function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages[0]"),
-    ({"messages": HI, "response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {
-        "name": "f"}}]}, "response_format"),
     # other servers' sampling fields change the answer: told, not silently ignored
     ({"messages": HI, "typical_p": 0.5}, "typical_p"),
     ({"messages": HI, "guided_grammar": "root ::= \"a\""}, "guided_grammar"),

@@ -93,8 +93,8 @@ def test_required_makes_calls_of_the_tools_only():
      "'nope', which is not among the tools; allowed: get_unit"),
     ({"tools": [UNIT], "tool_choice": "always"}, "tool_choice must be \"auto\""),
     ({"tools": [UNIT], "tool_choice": {"function": {"name": "get_unit"}}}, "tool_choice must be"),
-    ({"tools": [UNIT], "tool_choice": "required", "response_format": {"type": "json_object"}},
-     "send one of them"),
+    ({"tools": [UNIT], "response_format": {"type": "regex", "regex": "a+"}},
+     "a regex format cannot share a grammar with tool calls (json_object and json_schema can); send one or the other"),
 ])
 def test_bad_tool_choices_are_refused(kw, says):
     with pytest.raises(InvalidArgumentError, match=__import__("re").escape(says)):
@@ -138,11 +138,47 @@ def test_bad_allowed_tools_are_refused(choice, says):
         engine_for().stream(ASK, max_tokens=4, tool_choice=allowed("auto", "get_unit"))
 
 
+CITY = {"type": "json_schema", "json_schema": {"name": "city", "schema": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+    "additionalProperties": False}}}
+
+
+def test_tools_with_a_response_format_answer_in_calls_or_in_the_format():
+    """OpenAI lets a request send both (an agent with tools and an output type does): under "auto"
+    the answer is tool calls or JSON that follows the format, the model's choice (both come, over
+    these seeds), and speculation keeps it constrained plain decoding's; forced calls are this
+    turn's answer, whatever the format."""
+    engine = engine_for()
+    kinds = set()
+    for seed in range(4):
+        kw = dict(tools=[UNIT, TIME], response_format=CITY, max_tokens=200, temperature=1.0, seed=seed)
+        engine.reset()
+        plain = engine.generate(ASK, speculative=False, **kw)
+        engine.reset()
+        r = engine.generate(ASK, **kw)
+        assert r.tokens == plain.tokens
+        if engine.tool_format.start in r.text:
+            calls, rest = calls_in(engine, r.text)
+            assert calls and {c["function"]["name"] for c in calls} <= {"get_unit", "get_time"}
+            assert not rest.strip() or r.finish_reason == "length"
+            kinds.add("calls")
+        else:
+            assert r.finish_reason == "stop" and json.loads(r.text)["city"] in ("Paris", "Rome")
+            kinds.add("answer")
+    assert kinds == {"calls", "answer"}
+    engine.reset()
+    forced = engine.generate(ASK, tools=[UNIT, TIME], response_format=CITY, tool_choice=NAMED, max_tokens=200)
+    (call,), _ = calls_in(engine, forced.text)
+    assert call["function"]["name"] == "get_time"
+
+
 def test_a_format_no_grammar_forces_is_refused_and_none_hides_the_tools():
     engine = engine_for()
     engine.__dict__["tool_format"] = ToolFormat("[TOOL_CALLS]", "", lambda body, tools: None, "mistral")
     with pytest.raises(InvalidArgumentError, match="this model's is mistral: send tool_choice \"auto\""):
         engine.stream(ASK, tools=[UNIT], tool_choice="required")
+    with pytest.raises(InvalidArgumentError, match="this model's tool-call format is mistral, and only json_tools"):
+        engine.stream(ASK, tools=[UNIT], response_format=CITY)
     plain = engine.generate(ASK, max_tokens=8)
     engine.reset()
     assert engine.generate(ASK, tools=[UNIT], tool_choice="none", max_tokens=8).tokens == plain.tokens
@@ -182,3 +218,23 @@ def test_forced_calls_through_the_openai_client():
                                            tool_choice=allowed("required", "get_time"))
         assert err.value.status_code == 400 and err.value.body["param"] == "tool_choice"
         assert "'get_time', which is not among the tools" in err.value.body["message"]
+
+
+def test_tools_with_a_response_format_through_the_openai_client():
+    """An agent's request with tools and an output type: an answer in the format (seed 3 here) or
+    tool calls (seed 1), on chat completions and on the Responses API (text.format)."""
+    engine = engine_for()
+    with running_server(engine, model_id="t") as (url, _):
+        client = openai_client(url)
+        kw = dict(model="t", messages=ASK, tools=[UNIT, TIME], response_format=CITY, max_tokens=200, temperature=1.0)
+        answer = client.chat.completions.create(seed=3, **kw).choices[0]
+        assert answer.finish_reason == "stop" and not answer.message.tool_calls
+        assert json.loads(answer.message.content)["city"] in ("Paris", "Rome")
+        called = client.chat.completions.create(seed=1, **kw).choices[0]
+        assert called.finish_reason == "tool_calls" and called.message.tool_calls[0].function.name == "get_time"
+        flat = [{"type": "function", **t["function"]} for t in (UNIT, TIME)]
+        out = client.responses.create(model="t", input=ASK, tools=flat, max_output_tokens=200, store=False,
+                                      temperature=1.0, extra_body={"seed": 3},
+                                      text={"format": {"type": "json_schema", "name": "city",
+                                                       "schema": CITY["json_schema"]["schema"]}})
+        assert json.loads(out.output_text)["city"] in ("Paris", "Rome")

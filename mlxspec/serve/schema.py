@@ -111,10 +111,6 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
         req.options["tools"] = tools
         if choice not in (None, "auto"):
             req.options["tool_choice"] = choice
-        if req.options.get("response_format"):
-            raise unsupported("response_format with tools is not supported by this server: its grammar would leave "
-                              "the model no way to write a tool call; send one or the other (or tool_choice "
-                              "\"none\")", "response_format")
     # vLLM's prefill: the answer continues the last (assistant) message instead of a new turn
     if _continues(body):
         req.options["continue_final_message"] = True
