@@ -103,7 +103,7 @@ def check_tool_choice(choice, tools: Optional[List[dict]]):
     if choice is None or choice in ("auto", "none"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        _allowed_names(choice, tools)
+        _check_allowed(choice, tools)
         return choice
     named = (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
              and isinstance(choice["function"].get("name"), str))
@@ -125,11 +125,11 @@ def narrowed(tools: Optional[List[dict]], choice):
     tools alone (it can call no other), under "auto" or "required"; other choices as they are."""
     if not (isinstance(choice, dict) and choice.get("type") == "allowed_tools"):
         return tools, choice
-    names = _allowed_names(choice, tools)
+    names = {t["function"]["name"] for t in choice["allowed_tools"]["tools"]}  # (checked by check_tool_choice)
     return [t for t in tools if t["function"]["name"] in names], choice["allowed_tools"]["mode"]
 
 
-def _allowed_names(choice: dict, tools: Optional[List[dict]]) -> set:
+def _check_allowed(choice: dict, tools: Optional[List[dict]]) -> None:
     shape = ('{"type": "allowed_tools", "allowed_tools": {"mode": "auto" or "required", "tools": [{"type": '
              '"function", "function": {"name": ...}}, ...]}}')
     allowed = choice.get("allowed_tools")
@@ -138,18 +138,17 @@ def _allowed_names(choice: dict, tools: Optional[List[dict]]) -> set:
         raise InvalidArgumentError(f"tool_choice of type allowed_tools must be {shape}, got {shown(choice)}")
     if not tools:
         raise InvalidArgumentError(f"tool_choice {shown(choice)} needs tools to call; send tools (or no tool_choice)")
-    names, known = set(), [t["function"]["name"] for t in tools]
+    known = [t["function"]["name"] for t in tools]
     for i, tool in enumerate(allowed["tools"]):
-        name = tool.get("function", {}).get("name") if isinstance(tool, dict) and tool.get("type") == "function" \
+        where = f"tool_choice.allowed_tools.tools[{i}]"
+        name = tool["function"].get("name") if isinstance(tool, dict) and tool.get("type") == "function" \
             and isinstance(tool.get("function"), dict) else None
         if not isinstance(name, str):
-            raise InvalidArgumentError(f"tool_choice.allowed_tools.tools[{i}] must be {{\"type\": \"function\", "
-                                       f"\"function\": {{\"name\": ...}}}} (only function tools exist), got {shown(tool)}")
+            raise InvalidArgumentError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": "
+                                       f"...}}}} (only function tools exist), got {shown(tool)}")
         if name not in known:
-            raise InvalidArgumentError(f"tool_choice.allowed_tools.tools[{i}] names function {name!r}, which is not "
-                                       f"among the tools; allowed: {', '.join(known)}")
-        names.add(name)
-    return names
+            raise InvalidArgumentError(f"{where} names function {name!r}, which is not among the tools; allowed: "
+                                       f"{', '.join(known)}")
 
 
 def call_grammar(fmt: Optional[ToolFormat], tools: List[dict], choice, json_options: dict,
@@ -178,15 +177,17 @@ def calls_or_answer(fmt: Optional[ToolFormat], tools: List[dict], answer: dict, 
     """tool_choice "auto" with a JSON `response_format` (checked): the answer is one or more tool
     calls in the model's format, or JSON that follows the format, as OpenAI's API lets the model
     choose (an agent with tools and an output type sends both)."""
-    if fmt is None or fmt.name != "json_tools" or answer["type"] not in ("json_object", "json_schema"):
+    why = None
+    if fmt is None or fmt.name != "json_tools":
         why = (f"this model's tool-call format is {(fmt.name or 'unnamed') if fmt else 'unknown'}, and only "
-               f"json_tools' (Qwen2.5's and Hermes' <tool_call> JSON) can share a grammar with an answer"
-               if fmt is None or fmt.name != "json_tools" else
-               f"a {answer['type']} format cannot share a grammar with tool calls (json_object and json_schema can)")
+               f"json_tools' (Qwen2.5's and Hermes' <tool_call> JSON) can share a grammar with an answer")
+    elif answer["type"] not in ("json_object", "json_schema"):
+        why = f"a {answer['type']} format cannot share a grammar with tool calls (json_object and json_schema can)"
+    if why:
         raise InvalidArgumentError(f"response_format with tools (tool_choice \"auto\"): {why}; send one or the "
                                    f"other, or tool_choice \"required\" or a named function (the calls, then)")
+    # (a checked json_schema format's schema is an object: check_response_format refuses true and false)
     schema = answer["json_schema"]["schema"] if answer["type"] == "json_schema" else {"type": "object"}
-    schema = dict(schema) if isinstance(schema, dict) else ({} if schema else {"not": {}})
     return {"type": "lark", "lark": f"start: answer | call (ws? call)*\n"
                                     f"answer: %json {json.dumps({**schema, 'x-guidance': json_options})}\n"
                                     + _call_rules(fmt, [t["function"] for t in tools], json_options)}
