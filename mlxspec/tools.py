@@ -122,7 +122,8 @@ def check_tool_choice(choice, tools: Optional[List[dict]]):
 
 def narrowed(tools: Optional[List[dict]], choice):
     """`(tools, choice)` with an allowed_tools choice made plain: the model is shown the allowed
-    tools alone (it can call no other), under "auto" or "required"; other choices as they are."""
+    tools alone, under "auto" or "required" (whose grammar then calls those alone); other choices
+    as they are."""
     if not (isinstance(choice, dict) and choice.get("type") == "allowed_tools"):
         return tools, choice
     names = {t["function"]["name"] for t in choice["allowed_tools"]["tools"]}  # (checked by check_tool_choice)
