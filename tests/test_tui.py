@@ -487,8 +487,31 @@ async def test_a_failed_load_shows_a_readable_error_screen():
         assert isinstance(app.screen, ErrorScreen)
         detail = str(app.screen.query_one("#error-detail", Static).render())
         assert "no such model: 'nope/missing'" in detail and "Traceback" not in detail
+        hint = str(app.screen.query_one("#error-hint", Static).render())
+        assert hint == "The line above says what went wrong. Press q to quit."
         await pilot.press("q")
     assert app.return_code == 1  # mlxspec chat exits with it
+
+
+@pytest.mark.parametrize("error, hint", [
+    ("not cached", "Fetch it as said above (with network access), then start the chat again."),
+    ("not found", "Check the model names (mlxspec models lists them) and try again."),
+])
+@async_test
+async def test_a_failed_load_says_what_to_do_about_it(error, hint):
+    from mlxspec.errors import ModelNotFoundError
+    from mlxspec.loading.resolve import NotCachedError
+
+    def loader():
+        if error == "not cached":
+            raise NotCachedError("'a/b' is not in the Hugging Face cache; run `mlxspec pull a/b`", "offline", "a/b")
+        raise ModelNotFoundError("model 'nope' not found")
+
+    app = make_app(loader=loader)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: isinstance(app.screen, ErrorScreen), 4, "no error screen", 0.02)
+        assert str(app.screen.query_one("#error-hint", Static).render()) == f"{hint} Press q to quit."
+        await pilot.press("q")
 
 
 def test_chat_command_options():

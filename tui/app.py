@@ -108,7 +108,7 @@ class ChatApp(App):
         try:
             engine = on_own_thread(_load_evaluated, self._loader, temps, self._loading_step)
         except Exception as e:  # shown on the error screen, not as a traceback
-            self.post_message(LoadFailed(_readable(e)))
+            self.post_message(LoadFailed(_readable(e), _what_now(e)))
         else:
             self.post_message(EngineReady(engine))
 
@@ -148,8 +148,8 @@ class ChatApp(App):
                 prompt.post_message(Input.Submitted(prompt, prompt.value))
 
     def on_load_failed(self, message: LoadFailed) -> None:
-        self.switch_screen(ErrorScreen(message.detail)) if isinstance(self.screen, LoadingScreen) \
-            else self.push_screen(ErrorScreen(message.detail))
+        screen = ErrorScreen(message.detail, message.hint)
+        self.switch_screen(screen) if isinstance(self.screen, LoadingScreen) else self.push_screen(screen)
 
     # -- sending --------------------------------------------------------------------------
     @on(Input.Submitted, "#prompt")
@@ -413,6 +413,19 @@ def _load_evaluated(loader, temperatures=(0.0,), step=lambda label: None):
     step("Compiling and timing each pass length (once per load)…")
     engine.warmup(temperatures=temperatures)
     return engine
+
+
+def _what_now(e: Exception) -> str:
+    """The error screen's hint for a failed load: a model not fetched yet needs the network, not
+    another name."""
+    from mlxspec.errors import ModelNotFoundError
+    from mlxspec.loading.resolve import NotCachedError
+
+    if isinstance(e, NotCachedError):
+        return "Fetch it as said above (with network access), then start the chat again."
+    if isinstance(e, ModelNotFoundError):
+        return "Check the model names (mlxspec models lists them) and try again."
+    return "The line above says what went wrong."
 
 
 def _readable(e: Exception) -> str:

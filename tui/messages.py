@@ -24,9 +24,11 @@ class EngineReady(Message):
 
 @dataclass
 class LoadFailed(Message):
-    """The loader worker failed; `detail` is a readable explanation, not a traceback."""
+    """The loader worker failed; `detail` is a readable explanation, not a traceback, and `hint`
+    what to do about it."""
 
     detail: str
+    hint: str = ""
 
 
 @dataclass

@@ -49,16 +49,15 @@ class LoadingScreen(Screen):
 class ErrorScreen(Screen):
     BINDINGS = [Binding("q,escape", "quit", "Quit")]
 
-    def __init__(self, detail: str):
+    def __init__(self, detail: str, hint: str = ""):
         super().__init__()
-        self.detail = detail
+        self.detail, self.hint = detail, hint
 
     def compose(self) -> ComposeResult:
         with Vertical(id="error-box"):
             yield Static(Text("Could not start the chat", style="bold red"))
             yield Static(Text(self.detail), id="error-detail")
-            yield Static("Check the model names (mlxspec models lists them) and try again. Press q to quit.",
-                         classes="hint")
+            yield Static(Text(f"{self.hint} Press q to quit.".lstrip()), classes="hint", id="error-hint")
         yield Footer()
 
     def action_quit(self) -> None:
