@@ -103,21 +103,45 @@ def check_tool_choice(choice, tools: Optional[List[dict]]):
     if choice is None or choice in ("auto", "none"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        _check_allowed(choice, tools)
-        return choice
-    named = (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
-             and isinstance(choice["function"].get("name"), str))
-    if choice != "required" and not named:
+        named = _allowed_entries(choice)
+    elif choice == "required":
+        named = []
+    elif _function_name(choice) is not None:
+        named = [("tool_choice", choice)]
+    else:
         raise InvalidArgumentError(f"tool_choice must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
                                    f"\"function\": {{\"name\": ...}}}}, got {shown(choice)}")
     if not tools:
         raise InvalidArgumentError(f"tool_choice {shown(choice)} needs tools to call; send tools (or no tool_choice)")
-    if named:
-        names = [t["function"]["name"] for t in tools]
-        if choice["function"]["name"] not in names:
-            raise InvalidArgumentError(f"tool_choice names function {choice['function']['name']!r}, which is not "
-                                       f"among the tools; allowed: {', '.join(names)}")
+    known = [t["function"]["name"] for t in tools]
+    for where, entry in named:  # each names one function, which must be among the tools
+        name = _function_name(entry)
+        if name is None:
+            raise InvalidArgumentError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": "
+                                       f"...}}}} (only function tools exist), got {shown(entry)}")
+        if name not in known:
+            raise InvalidArgumentError(f"{where} names function {name!r}, which is not among the tools; allowed: "
+                                       f"{', '.join(known)}")
     return choice
+
+
+def _function_name(choice) -> Optional[str]:
+    """The name in {"type": "function", "function": {"name": ...}}; None for any other shape."""
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def _allowed_entries(choice: dict) -> List[Tuple[str, object]]:
+    """An allowed_tools choice's entries, each with where it is (`check_tool_choice` checks them)."""
+    shape = ('{"type": "allowed_tools", "allowed_tools": {"mode": "auto" or "required", "tools": [{"type": '
+             '"function", "function": {"name": ...}}, ...]}}')
+    allowed = choice.get("allowed_tools")
+    if not isinstance(allowed, dict) or allowed.get("mode") not in ("auto", "required") \
+            or not isinstance(allowed.get("tools"), list) or not allowed["tools"]:
+        raise InvalidArgumentError(f"tool_choice of type allowed_tools must be {shape}, got {shown(choice)}")
+    return [(f"tool_choice.allowed_tools.tools[{i}]", tool) for i, tool in enumerate(allowed["tools"])]
 
 
 def narrowed(tools: Optional[List[dict]], choice):
@@ -128,28 +152,6 @@ def narrowed(tools: Optional[List[dict]], choice):
         return tools, choice
     names = {t["function"]["name"] for t in choice["allowed_tools"]["tools"]}  # (checked by check_tool_choice)
     return [t for t in tools if t["function"]["name"] in names], choice["allowed_tools"]["mode"]
-
-
-def _check_allowed(choice: dict, tools: Optional[List[dict]]) -> None:
-    shape = ('{"type": "allowed_tools", "allowed_tools": {"mode": "auto" or "required", "tools": [{"type": '
-             '"function", "function": {"name": ...}}, ...]}}')
-    allowed = choice.get("allowed_tools")
-    if not isinstance(allowed, dict) or allowed.get("mode") not in ("auto", "required") \
-            or not isinstance(allowed.get("tools"), list) or not allowed["tools"]:
-        raise InvalidArgumentError(f"tool_choice of type allowed_tools must be {shape}, got {shown(choice)}")
-    if not tools:
-        raise InvalidArgumentError(f"tool_choice {shown(choice)} needs tools to call; send tools (or no tool_choice)")
-    known = [t["function"]["name"] for t in tools]
-    for i, tool in enumerate(allowed["tools"]):
-        where = f"tool_choice.allowed_tools.tools[{i}]"
-        name = tool["function"].get("name") if isinstance(tool, dict) and tool.get("type") == "function" \
-            and isinstance(tool.get("function"), dict) else None
-        if not isinstance(name, str):
-            raise InvalidArgumentError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": "
-                                       f"...}}}} (only function tools exist), got {shown(tool)}")
-        if name not in known:
-            raise InvalidArgumentError(f"{where} names function {name!r}, which is not among the tools; allowed: "
-                                       f"{', '.join(known)}")
 
 
 def call_grammar(fmt: Optional[ToolFormat], tools: List[dict], choice, json_options: dict,
