@@ -138,8 +138,7 @@ def run(args) -> int:
     if args.synthetic or args.synthetic_draft:
         return run_synthetic(args)
     temps, ks, trees, lookups, drafters = args.temperature, args.num_draft, args.tree, args.lookup, args.drafter
-    named = [(flag, path) for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot))
-             if path]
+    named = _files(args)
     for i, (flag, path) in enumerate(named):
         for other, second in named[i + 1:]:
             if os.path.abspath(path) == os.path.abspath(second):
@@ -169,6 +168,11 @@ def run(args) -> int:
                         out=report_console(stderr=STDOUT in (args.json, args.csv)),
                         prompts_source=args.prompts or "builtin")
     return code
+
+
+def _files(args) -> list:
+    """The files asked for, as (flag, path), in the order they are written."""
+    return [(flag, path) for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)) if path]
 
 
 # What --synthetic reads; any other option changed from its default is refused there.
@@ -317,7 +321,7 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
         out.print(f"the cost models started from the calibration file {prior} (mlxspec calibrate)", soft_wrap=True,
                   highlight=False)
     if len(result.runs) < result.planned_runs:  # Ctrl-C: what ran whole is shown, and no file holds less than asked
-        unwritten = [flag for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)) if path]
+        unwritten = [flag for flag, _ in _files(args)]
         out.print(f"interrupted: the figures above cover {len(result.runs)} of the {result.planned_runs} runs "
                   f"planned (each prompt's runs under every setting, or none of them)"
                   + (f"; {', '.join(unwritten)} not written" if unwritten else ""), soft_wrap=True, highlight=False)
@@ -329,10 +333,9 @@ def bench_engine(engine, prompts, args, *, temps, ks, drafters, err, out, prompt
         plot(doc, path)
 
     failed = False
-    for flag, path, write, what in (("--json", args.json, write_json, doc), ("--csv", args.csv, write_csv, result),
-                                    ("--plot", args.plot, write_plot, doc)):
-        if not path:
-            continue
+    writers = {"--json": (write_json, doc), "--csv": (write_csv, result), "--plot": (write_plot, doc)}
+    for flag, path in _files(args):
+        write, what = writers[flag]
         try:
             write(what, path)
         except OSError as e:  # the folder was checked at the start; it can still fail now: say which file
