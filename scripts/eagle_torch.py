@@ -246,10 +246,14 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
         log(f"resumed at step {step}/{total}")
     else:
         say_other_runs(ckpt, args)
-    if not history:  # the baseline the card's rows are read against (with --init: the head continued)
+
+    def held_out(at: int, when: str) -> None:  # measured, kept for the card's rows, and said
         vl, va = evaluate(head, emb, w_draft, held, args, context)
-        history.append({"step": 0, "held_loss": vl, "held_top1": va})
-        log(f"held-out before training: loss {vl:.4f}, top-1 per step {' '.join(f'{a:.3f}' for a in va)}")
+        history.append({"step": at, "held_loss": vl, "held_top1": va})
+        log(f"held-out {when}: loss {vl:.4f}, top-1 per step {' '.join(f'{a:.3f}' for a in va)}")
+
+    if not history:  # the baseline the card's rows are read against (with --init: the head continued)
+        held_out(0, "before training")
     budget = TimeBudget(args.train_minutes, step) if args.train_minutes else None
     t0 = time.time() - elapsed
     run = [0.0, [0.0] * args.unroll, 0]
@@ -280,9 +284,7 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
                     f"eta {el / step * (total - step) / 60:.1f} min")
                 run = [0.0, [0.0] * args.unroll, 0]
             if step % args.ckpt_every == 0 or step == total:
-                vl, va = evaluate(head, emb, w_draft, held, args, context)
-                history.append({"step": step, "held_loss": vl, "held_top1": va})
-                log(f"held-out after step {step}: loss {vl:.4f}, top-1 per step {' '.join(f'{a:.3f}' for a in va)}")
+                held_out(step, f"after step {step}")
                 torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step,
                             "elapsed": time.time() - t0, "history": history, "epoch_state": epoch_state,
                             "in_epoch": in_epoch, "gen": gen.get_state(), "total": total}, ckpt.with_suffix(".tmp"))

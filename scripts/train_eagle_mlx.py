@@ -175,10 +175,14 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
         log(f"resumed at step {step}/{total}")
     else:
         say_other_runs(ckpt, args)
-    if not history:
+
+    def held_out(at: int, when: str) -> None:  # measured, kept for the card's rows, and said
         vl, va = evaluate(head, model, w_draft, held, args)
-        history.append({"step": 0, "held_loss": round(vl, 5), "held_top1": va})
-        log(f"held-out before training: loss {vl:.4f}, top-1 per step {' '.join(map(str, va))}")
+        history.append({"step": at, "held_loss": round(vl, 5), "held_top1": va})
+        log(f"held-out {when}: loss {vl:.4f}, top-1 per step {' '.join(map(str, va))}")
+
+    if not history:
+        held_out(0, "before training")
 
     def step_loss(emb, feat, tgt, w, first, ctx):
         return obj.loss(head, emb, feat, tgt, w, w_draft, steps=args.unroll, first=first,
@@ -212,9 +216,7 @@ def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
                     f"eta {el / step * (total - step) / 60:.1f} min")
                 run = [0.0, np.zeros(args.unroll), 0.0]
             if step % args.ckpt_every == 0 or step == total:
-                vl, va = evaluate(head, model, w_draft, held, args)
-                history.append({"step": step, "held_loss": round(vl, 5), "held_top1": va})
-                log(f"held-out after step {step}: loss {vl:.4f}, top-1 per step {' '.join(map(str, va))}")
+                held_out(step, f"after step {step}")
                 arrays = {**{f"head.{k}": v for k, v in tree_flatten(head.parameters())},
                           **{f"opt.{k}": v for k, v in tree_flatten(opt.state)}}
                 _save(ckpt, arrays, {"step": step, "elapsed": time.time() - t0, "history": history,
