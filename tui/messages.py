@@ -28,7 +28,7 @@ class LoadFailed(Message):
     what to do about it."""
 
     detail: str
-    hint: str = ""
+    hint: str
 
 
 @dataclass

@@ -49,7 +49,7 @@ class LoadingScreen(Screen):
 class ErrorScreen(Screen):
     BINDINGS = [Binding("q,escape", "quit", "Quit")]
 
-    def __init__(self, detail: str, hint: str = ""):
+    def __init__(self, detail: str, hint: str):
         super().__init__()
         self.detail, self.hint = detail, hint
 
@@ -57,7 +57,7 @@ class ErrorScreen(Screen):
         with Vertical(id="error-box"):
             yield Static(Text("Could not start the chat", style="bold red"))
             yield Static(Text(self.detail), id="error-detail")
-            yield Static(Text(f"{self.hint} Press q to quit.".lstrip()), classes="hint", id="error-hint")
+            yield Static(Text(f"{self.hint} Press q to quit."), classes="hint", id="error-hint")
         yield Footer()
 
     def action_quit(self) -> None:
