@@ -509,7 +509,9 @@ async def test_a_failed_load_says_what_to_do_about_it(error, hint):
 
     app = make_app(loader=loader)
     async with app.run_test(size=SIZE) as pilot:
-        await until(lambda: isinstance(app.screen, ErrorScreen), 4, "no error screen", 0.02)
+        # (the screen is current before its widgets are mounted: wait for the hint itself)
+        await until(lambda: isinstance(app.screen, ErrorScreen) and app.screen.query("#error-hint"), 10,
+                    "no error screen with its hint", 0.02)
         assert str(app.screen.query_one("#error-hint", Static).render()) == f"{hint} Press q to quit."
         await pilot.press("q")
 
