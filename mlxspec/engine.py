@@ -304,7 +304,7 @@ class Engine:
                repetition_context_size: int = 20, stop_token_ids=None, ignore_eos: bool = False,
                min_tokens: int = 0, prompt_logprobs: Optional[int] = None, suffix: Optional[str] = None,
                include_stop_str_in_output: bool = False, continue_final_message: bool = False,
-               **other) -> Iterator[TokenEvent]:
+               parallel_tool_calls: bool = True, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -361,6 +361,10 @@ class Engine:
                 following the tool's parameters schema; or {"type": "allowed_tools",
                 "allowed_tools": {"mode": "auto" or "required", "tools": [{"type": "function",
                 "function": {"name": ...}}, ...]}}: that mode over those tools, the others not shown.
+            parallel_tool_calls: OpenAI's: True (default), the model writes the calls it writes;
+                False, one call at most: a forced call's grammar writes one, and in free text the
+                answer ends with the first call's end marker (a format whose calls share one body,
+                as Mistral's list does, may still hold several: the server reads the first alone).
             continue_final_message: the answer continues the last message, the assistant's (a
                 prefill: the template renders no new turn; vLLM's, and what Anthropic's API does
                 with a last assistant message); needs chat messages.

@@ -94,7 +94,8 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
              lookup: bool = False, cancel=None, logprobs: Optional[int] = None,
              constraint=None, bias: Optional[mx.array] = None, penalties=None, stop_ids=(),
              ignore_eos: bool = False, min_tokens: int = 0,
-             prompt_logprobs: Optional[int] = None, include_stop: bool = False) -> Iterator[TokenEvent]:
+             prompt_logprobs: Optional[int] = None, include_stop: bool = False,
+             end_after: str = "") -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
     may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
     with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
@@ -110,7 +111,8 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
     tokens that would end it are banned (-inf) at every row that comes before. `prompt_logprobs`:
     the first event also carries every prompt token's log-probability and that many top choices,
     from a prefill that computes every row (nothing taken from a cache). `include_stop`: the text
-    ends with the stop string found, not before it."""
+    ends with the stop string found, not before it. `end_after`: text that ends the answer, kept
+    in it (a tool call's end marker, when the answer may call one tool only)."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -119,7 +121,7 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
     ban = None  # min_tokens: the ending tokens' row of -inf
     if min_tokens and eos:
         ban = mx.zeros((engine.vocab_size,), dtype=mx.float32).at[mx.array(sorted(eos))].add(-mx.inf)
-    text = TextAssembler(engine.tokenizer, stop, include_stop)
+    text = TextAssembler(engine.tokenizer, stop, include_stop, end_after)
     seed = draw_seed() if seed is None else seed
     coord = engine.coord
     dist = coord.active

@@ -23,7 +23,7 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
                   stop, drafter, tree, lookup, tools, logprobs, response_format, tool_choice, chat_template_kwargs,
                   logit_bias, presence_penalty, frequency_penalty, repetition_penalty, repetition_context_size,
                   stop_token_ids, ignore_eos, min_tokens, prompt_logprobs, suffix, include_stop_str_in_output,
-                  continue_final_message) -> Tuple[dict, Optional[object]]:
+                  continue_final_message, parallel_tool_calls) -> Tuple[dict, Optional[object]]:
     """`engine.stream`'s arguments, checked (see its docstring for each). Returns the request (what
     `Engine._run` takes, shareable between ranks) and the grammar state for its response_format
     (None for free text), built now so a schema the compiler refuses is said first."""
@@ -34,7 +34,8 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     lookup = check_lookup(lookup) if lookup is not None else engine.lookup
     stop = check_stop(stop)
     for flag, value in (("speculative", speculative), ("include_stop_str_in_output", include_stop_str_in_output),
-                        ("continue_final_message", continue_final_message)):
+                        ("continue_final_message", continue_final_message),
+                        ("parallel_tool_calls", parallel_tool_calls)):
         if not isinstance(value, bool):
             raise InvalidArgumentError(f"{flag} must be True or False, got {value!r}")
     seed = check_seed(seed)
@@ -68,11 +69,15 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
                          chat_only=bool(tools or template_kwargs or continue_final_message))
         endings["stop_ids"] = sorted(set(endings["stop_ids"]) | set(engine.fim_format.ends))
     check_fits(len(ids), engine.context)
+    one = tools is not None and not parallel_tool_calls  # one call at most
     if forcing:  # (after the prompt: a template that ignores tools is said first); a response_format
         # is then for a later answer: this one is the calls
-        fmt = check_response_format(call_grammar(engine.tool_format, tools, choice, JSON_OPTIONS, engine.tokenizer))
+        fmt = check_response_format(call_grammar(engine.tool_format, tools, choice, JSON_OPTIONS, engine.tokenizer,
+                                                 one=one))
     elif tools and fmt is not None:  # the model chooses: calls, or an answer in the format
-        fmt = check_response_format(calls_or_answer(engine.tool_format, tools, fmt, JSON_OPTIONS))
+        fmt = check_response_format(calls_or_answer(engine.tool_format, tools, fmt, JSON_OPTIONS, one=one))
+    elif one and engine.tool_format is not None:  # free text: it ends where its first call does
+        endings["end_after"] = engine.tool_format.end
     # a grammar applies after the thinking block, except harmony's calls, whose grammar reads the analysis
     harmony_call = forcing and engine.tool_format.name == "harmony"
     think_end = thinking_end(engine.tokenizer, ids) if fmt is not None and not harmony_call else None

@@ -2,7 +2,7 @@
 
 Text is emitted only once it is final: an incomplete UTF-8 sequence at the end (decoded
 as U+FFFD) and any tail that could still grow into a stop string are held back. When a
-stop string appears, the text is cut right before it.
+stop string appears, the text is cut right before it (after it, for an `end_after` string).
 
 Each token decodes only a short window (the tokens since the last complete character, plus
 the chunk before them as context, as vLLM's incremental detokeniser does), not the whole
@@ -24,12 +24,18 @@ def partial_marker(text: str, marker: str) -> int:
 
 
 class TextAssembler:
-    def __init__(self, tokenizer, stop: Optional[Sequence[str]] = None, keep_stop: bool = False):
+    def __init__(self, tokenizer, stop: Optional[Sequence[str]] = None, keep_stop: bool = False,
+                 end_after: str = ""):
         """`keep_stop`: the text ends with the stop string found instead of before it (vLLM's
-        include_stop_str_in_output)."""
+        include_stop_str_in_output). `end_after`: one more string that ends the text, kept in it
+        and not reported as `matched` (a tool call's end marker, when one call is all the answer
+        may have); a stop string it also is stays the caller's."""
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
         self.keep_stop = keep_stop
+        self._after = end_after if end_after and end_after not in self.stop else ""
+        if self._after:
+            self.stop.append(self._after)
         self.matched: Optional[str] = None  # the stop string that ended the text (the one found earliest)
         self._longest_stop = max(map(len, self.stop), default=0)
         self.tokens: List[int] = []
@@ -61,9 +67,10 @@ class TextAssembler:
             search_from = max(0, self.emitted - self._longest_stop)
             hits = [(i, s) for s, i in ((s, body.find(s, search_from)) for s in self.stop) if i >= 0]
             if hits:
-                cut, self.matched = min(hits, key=lambda hit: hit[0])
-                if self.keep_stop:
-                    cut += len(self.matched)
+                cut, found = min(hits, key=lambda hit: hit[0])
+                if self.keep_stop or found == self._after:
+                    cut += len(found)
+                self.matched = None if found == self._after else found
                 piece = self.text[self.emitted : cut] if cut > self.emitted else ""
                 self.text = self.text[:cut]
                 self.emitted = len(self.text)

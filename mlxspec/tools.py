@@ -155,11 +155,11 @@ def narrowed(tools: Optional[List[dict]], choice):
 
 
 def call_grammar(fmt: Optional[ToolFormat], tools: List[dict], choice, json_options: dict,
-                 tokenizer=None) -> dict:
+                 tokenizer=None, one: bool = False) -> dict:
     """A `response_format` (Lark, see `mlxspec.grammar`) that makes the model write tool calls in
-    its own format: one or more of any tool for "required" (harmony: one, its turn ends with it),
-    one of the named function otherwise. Each call's arguments follow its tool's `parameters`
-    schema. `tokenizer`: the model's (harmony's grammar names its special tokens)."""
+    its own format: one or more of any tool for "required" (`one`, or harmony, whose turn ends
+    with its call: one), one of the named function otherwise. Each call's arguments follow its
+    tool's `parameters` schema. `tokenizer`: the model's (harmony's grammar names its special tokens)."""
     if fmt is None or fmt.name not in FORCEABLE:
         raise InvalidArgumentError(
             f"tool_choice {shown(choice)} needs a tool-call format mlxspec can force with a grammar "
@@ -172,14 +172,15 @@ def call_grammar(fmt: Optional[ToolFormat], tools: List[dict], choice, json_opti
 
         constrain = tokenizer is not None and harmony.knows(tokenizer, [harmony.CONSTRAIN])
         return {"type": "lark", "lark": harmony.call_lark(wanted, json_options, constrain)}
-    more = " (ws? call)*" if choice == "required" else ""
+    more = " (ws? call)*" if choice == "required" and not one else ""
     return {"type": "lark", "lark": f"start: call{more}\n" + _call_rules(fmt, wanted, json_options)}
 
 
-def calls_or_answer(fmt: Optional[ToolFormat], tools: List[dict], answer: dict, json_options: dict) -> dict:
+def calls_or_answer(fmt: Optional[ToolFormat], tools: List[dict], answer: dict, json_options: dict,
+                    one: bool = False) -> dict:
     """tool_choice "auto" with a JSON `response_format` (checked): the answer is one or more tool
-    calls in the model's format, or JSON that follows the format, as OpenAI's API lets the model
-    choose (an agent with tools and an output type sends both)."""
+    calls (`one`: one) in the model's format, or JSON that follows the format, as OpenAI's API lets
+    the model choose (an agent with tools and an output type sends both)."""
     why = None
     if fmt is None or fmt.name != "json_tools":
         why = (f"this model's tool-call format is {(fmt.name or 'unnamed') if fmt else 'unknown'}, and only "
@@ -191,7 +192,8 @@ def calls_or_answer(fmt: Optional[ToolFormat], tools: List[dict], answer: dict, 
                                    f"other, or tool_choice \"required\" or a named function (the calls, then)")
     # (a checked json_schema format's schema is an object: check_response_format refuses true and false)
     schema = answer["json_schema"]["schema"] if answer["type"] == "json_schema" else {"type": "object"}
-    return {"type": "lark", "lark": f"start: answer | call (ws? call)*\n"
+    more = "" if one else " (ws? call)*"
+    return {"type": "lark", "lark": f"start: answer | call{more}\n"
                                     f"answer: %json {json.dumps({**schema, 'x-guidance': json_options})}\n"
                                     + _call_rules(fmt, [t["function"] for t in tools], json_options)}
 
@@ -287,11 +289,13 @@ class ToolCallReader:
     """Generated text -> (plain text, OpenAI tool calls), as it streams.
 
     A call its format cannot read, or one cut off by `max_tokens`, stays in the text as the
-    model wrote it, markers included: nothing generated is dropped. Whitespace that only
+    model wrote it, markers included: nothing generated is dropped, except, with `one`
+    (parallel_tool_calls false), the calls after the first (a format whose calls share one body,
+    as Mistral's list does, can hold several; vLLM drops them too). Whitespace that only
     separates calls (or trails them) is not text."""
 
-    def __init__(self, fmt: ToolFormat, tools: Optional[list]):
-        self.fmt, self.tools = fmt, tools
+    def __init__(self, fmt: ToolFormat, tools: Optional[list], one: bool = False):
+        self.fmt, self.tools, self.one = fmt, tools, one
         self.calls = 0  # calls read so far
         self._splitter = ToolCallSplitter(fmt)
         self._space = ""  # whitespace held until text follows it (or the end, when no call came)
@@ -314,7 +318,7 @@ class ToolCallReader:
             if kind != "text":
                 parsed = parse_calls(body, self.fmt, self.tools) if kind == "call" else None
                 if parsed is not None:
-                    calls.extend(parsed)
+                    calls.extend(parsed[: 1 - self.calls - len(calls)] if self.one else parsed)
                     # the whitespace before it separates the text around it, if text comes after
                     self._gap = self._gap or self._space
                     self._space, self._after_call = "", True

@@ -120,6 +120,14 @@ def test_tool_use_and_the_tool_result_in_the_next_turn():
         say("It is sunny.", as_chat)
         r = client.messages.create(model="s", max_tokens=100, tools=[WEATHER], messages=turn)
         assert r.content[0].text == "It is sunny." and r.stop_reason == "end_turn"
+        # disable_parallel_tool_use: the answer ends with its first call
+        say("Let me look.\n" + PARIS + "\n" + PARIS.replace("Paris", "Rome"), ask)
+        assert [b.type for b in client.messages.create(model="s", max_tokens=300, tools=[WEATHER],
+                                                       messages=ask).content] == ["text", "tool_use", "tool_use"]
+        r = client.messages.create(model="s", max_tokens=300, tools=[WEATHER], messages=ask,
+                                   tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+        assert [b.type for b in r.content] == ["text", "tool_use"] and r.content[1].input == {"city": "Paris"}
+        assert r.stop_reason == "tool_use"
 
 
 def test_a_thinking_model_s_reasoning_is_a_thinking_block():
@@ -143,6 +151,8 @@ def test_a_thinking_model_s_reasoning_is_a_thinking_block():
     ({"max_tokens": 5, "messages": ASK, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
      "only client tools"),
     ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "sometimes"}}, "tool_choice must be"),
+    ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}},
+     "tool_choice.disable_parallel_tool_use must be true or false, got 'yes'"),
     ({"max_tokens": 5, "messages": ASK, "temperature": 1.5}, "temperature must be a number in 0..1"),  # Anthropic's
     ({"max_tokens": 5, "messages": ASK, "temperature": "warm"}, "temperature must be a number in 0..1"),
 ])

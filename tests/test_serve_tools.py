@@ -13,6 +13,7 @@ import pytest
 import tiny
 from mlxspec.engine import Engine
 from mlxspec.prompts import encode_prompt
+from mlxspec.tools import ToolFormat
 from serve_helpers import TIMEOUT, GatedEngine, iter_sse, openai_client, running_server
 
 pytest.importorskip("openai")
@@ -129,3 +130,37 @@ def test_the_calls_and_their_results_go_back_to_the_model(client, say):
     r = client.chat.completions.create(model="scripted", messages=turns, tools=[WEATHER], max_tokens=200)
     assert r.choices[0].message.content == "Paris: 18 C and sunny." and r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens == second
+
+
+def test_parallel_tool_calls_false_gives_the_first_call_alone(client, say):
+    """The answer ends with its first call (whole and streamed), and fewer tokens are generated."""
+    say("Let me check.\n" + PARIS + "\n" + ROME)
+    both = client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=200)
+    r = client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=200,
+                                       parallel_tool_calls=False)
+    (call,) = r.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Paris"} and r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].message.content == "Let me check."
+    assert r.usage.completion_tokens == len("Let me check.\n" + PARIS) < both.usage.completion_tokens
+    chunks = list(client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=200,
+                                                 parallel_tool_calls=False, stream=True))
+    streamed = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
+    assert [json.loads(tc.function.arguments) for tc in streamed] == [{"city": "Paris"}]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_parallel_tool_calls_false_reads_one_of_a_list_of_calls():
+    """A format whose calls share one body (Mistral's list): the server reads the first call alone."""
+    tok = tiny.make_tokenizer(tiny.TOOLS_TEMPLATE)
+    model = tiny.ScriptedModel()
+    engine = Engine(model, tok)
+    engine.__dict__["tool_format"] = ToolFormat("[CALLS]", "", lambda body, tools: json.loads(body), "list")
+    calls = [{"name": "get_weather", "arguments": {"city": c}} for c in ("Paris", "Rome")]
+    model.say(tok.encode("[CALLS]" + json.dumps(calls), add_special_tokens=False),
+              len(encode_prompt(ASK, tok, tiny.VOCAB, tools=[WEATHER])))
+    with running_server(engine, model_id="scripted") as (url, _):
+        client = openai_client(url)
+        for parallel, cities in ((True, ["Paris", "Rome"]), (False, ["Paris"])):
+            r = client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=200,
+                                               parallel_tool_calls=parallel)
+            assert [json.loads(c.function.arguments)["city"] for c in r.choices[0].message.tool_calls] == cities

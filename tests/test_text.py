@@ -152,3 +152,20 @@ def test_the_stop_string_found_is_named_and_kept_when_asked(text, stops, matched
             break
     assert stopped and asm.matched == matched
     assert out == text[:cut] + (matched if keep else "")
+
+
+@pytest.mark.parametrize("stops, text, out, matched", [
+    ([], "a </c> b </c>", "a </c>", None),  # kept, and no stop string of the caller's is named
+    (["b"], "a b </c>", "a ", "b"),  # the caller's stop string comes first: it cuts as ever
+    (["</c>"], "a </c> b", "a ", "</c>"),  # the caller's own stop string it also is: the caller's rule
+])
+def test_an_end_after_string_ends_the_text_with_it(stops, text, out, matched):
+    tok = make_tokenizer()
+    asm = TextAssembler(tok, stops, end_after="</c>")
+    got, stopped = "", False
+    for t in tok.encode(text, add_special_tokens=False):
+        piece, stopped = asm.add(t)
+        got += piece
+        if stopped:
+            break
+    assert stopped and got == out and asm.matched == matched

@@ -87,6 +87,28 @@ def test_required_makes_calls_of_the_tools_only():
             assert call["function"]["name"] == "get_time" and args["zone"] in ("utc", "cet")
 
 
+def test_one_call_at_most_when_parallel_calls_are_off():
+    """parallel_tool_calls=False: "required" (which this model fills with calls until cut) writes one
+    call and ends; a format beside the tools, one call or the answer; speculation keeps it plain's."""
+    engine = engine_for()
+    kw = dict(tools=[UNIT, TIME], tool_choice="required", max_tokens=300, parallel_tool_calls=False)
+    plain = engine.generate(ASK, speculative=False, **kw)
+    engine.reset()
+    r = engine.generate(ASK, **kw)
+    (call,), rest = calls_in(engine, r.text)
+    assert r.tokens == plain.tokens and r.finish_reason == "stop" and not rest.strip()
+    assert call["function"]["name"] in ("get_unit", "get_time")
+    for seed in range(4):
+        engine.reset()
+        r = engine.generate(ASK, tools=[UNIT, TIME], response_format=CITY, max_tokens=300, temperature=1.0,
+                            seed=seed, parallel_tool_calls=False)
+        assert r.finish_reason == "stop"
+        if engine.tool_format.start in r.text:
+            assert len(calls_in(engine, r.text)[0]) == 1
+        else:
+            assert json.loads(r.text)["city"] in ("Paris", "Rome")
+
+
 @pytest.mark.parametrize("kw, says", [
     ({"tool_choice": "required"}, "needs tools to call"),
     ({"tools": [UNIT], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
@@ -213,6 +235,16 @@ def test_forced_calls_through_the_openai_client():
                                       tool_choice={"type": "allowed_tools", "mode": "required",
                                                    "tools": [{"type": "function", "name": "get_unit"}]}).output
         assert out and {item.name for item in out if item.type == "function_call"} == {"get_unit"}
+        # parallel_tool_calls false: one call, the answer ends with it (whole, streamed, and on Responses)
+        r = client.chat.completions.create(model="t", messages=ASK, tools=[UNIT, TIME], max_tokens=400,
+                                           tool_choice="required", parallel_tool_calls=False)
+        assert r.choices[0].finish_reason == "tool_calls" and len(r.choices[0].message.tool_calls) == 1
+        chunks = list(client.chat.completions.create(model="t", messages=ASK, tools=[UNIT, TIME], max_tokens=400,
+                                                     tool_choice="required", parallel_tool_calls=False, stream=True))
+        assert sum(len(c.choices[0].delta.tool_calls or []) for c in chunks if c.choices) == 1
+        out = client.responses.create(model="t", input=ASK, tools=flat, max_output_tokens=400, store=False,
+                                      tool_choice="required", parallel_tool_calls=False)
+        assert [item.type for item in out.output] == ["function_call"] and out.parallel_tool_calls is False
         with pytest.raises(Exception) as err:
             client.chat.completions.create(model="t", messages=ASK, tools=[UNIT], max_tokens=5,
                                            tool_choice=allowed("required", "get_time"))

@@ -166,3 +166,40 @@ def test_text_a_call_parts_keeps_one_separator(text, expected):
     for _ in range(50):
         got, calls = read_in_pieces(ToolCallReader(JSON_CALLS, None), text, rng)
         assert got == expected and calls
+
+
+def test_one_call_reads_the_first_call_alone():
+    """parallel_tool_calls false: a format whose calls share a body (a list) gives its first; a
+    second body's calls are dropped too; the text around them is kept."""
+    as_list = ToolFormat("[CALLS]", "", lambda body, tools: json.loads(body))
+    text = 'Two: [CALLS][{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}]'
+    rng = random.Random(5)
+    for _ in range(30):
+        got, calls = read_in_pieces(ToolCallReader(as_list, None, one=True), text, rng)
+        assert got == "Two:" and [c["function"]["name"] for c in calls] == ["a"]
+        got, calls = read_in_pieces(ToolCallReader(JSON_CALLS, None, one=True),
+                                    "x " + call_text("f", {}) + call_text("g", {}) + " y", rng)
+        assert got == "x y" and [c["function"]["name"] for c in calls] == ["f"]
+    assert len(read_in_pieces(ToolCallReader(as_list, None), text, rng)[1]) == 2
+
+
+@pytest.mark.parametrize("options", [{}, {"speculative": False}, {"tree": "off", "num_draft": 4}])
+def test_one_call_at_most_ends_the_answer_with_the_first_call(options):
+    """parallel_tool_calls=False: the engine stops where the first call's end marker is written,
+    the marker kept (the server reads the call from it), with no stop_reason; True writes on."""
+    tok = tiny.make_tokenizer(tiny.TOOLS_TEMPLATE)
+    model = tiny.ScriptedModel()
+    engine = Engine(model, tok, drafter="ngram")
+    first = "Checking. " + call_text("get_weather", {"city": "Paris"})
+    script = first + "\n" + call_text("get_weather", {"city": "Rome"}) + " And more."
+    model.say(tok.encode(script, add_special_tokens=False), len(encode_prompt(ASK, tok, tiny.VOCAB, tools=[WEATHER])))
+    r = engine.generate(ASK, tools=[WEATHER], max_tokens=200, parallel_tool_calls=False, **options)
+    assert (r.text, r.finish_reason, r.stop_reason) == (first, "stop", None)
+    events = list(engine.stream(ASK, tools=[WEATHER], max_tokens=200, parallel_tool_calls=False, **options))
+    assert "".join(ev.text for ev in events) == first and events[-1].stop_reason is None
+    assert engine.generate(ASK, tools=[WEATHER], max_tokens=200, **options).text == script
+    # without tools it is nothing to the answer; a bad value is refused
+    model.say(tok.encode(script, add_special_tokens=False), len(encode_prompt(ASK, tok, tiny.VOCAB)))
+    assert engine.generate(ASK, max_tokens=200, parallel_tool_calls=False, **options).text == script
+    with pytest.raises(InvalidArgumentError, match="parallel_tool_calls must be True or False, got 'no'"):
+        engine.generate(ASK, tools=[WEATHER], parallel_tool_calls="no")

@@ -4,8 +4,8 @@ for clients and agents that speak it (Claude Code with a custom base URL, the `a
 A request is translated into a chat request (`to_chat`): `system` becomes the system message,
 `text` blocks become content, an assistant's `tool_use` blocks its tool calls and a user's
 `tool_result` blocks the tool messages that answer them, `tools` (`input_schema`) become
-chat tools, `tool_choice` auto/any/tool/none becomes auto/required/named/none,
-`stop_sequences` becomes `stop`. `MessageBuilder` shapes what the model wrote into content
+chat tools, `tool_choice` auto/any/tool/none becomes auto/required/named/none (its
+`disable_parallel_tool_use`, parallel_tool_calls false), `stop_sequences` becomes `stop`. `MessageBuilder` shapes what the model wrote into content
 blocks (`thinking`, `text`, `tool_use`), whole or as Anthropic's stream events. Errors take
 Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`).
 """
@@ -62,6 +62,12 @@ def to_chat(body: dict) -> dict:
             chat.pop("tools", None)
         else:
             chat["tool_choice"] = choice
+            one = body["tool_choice"].get("disable_parallel_tool_use", False)
+            if not isinstance(one, bool):
+                raise invalid(f"tool_choice.disable_parallel_tool_use must be true or false, got {shown(one)}",
+                              "tool_choice")
+            if one:  # at most one tool_use block
+                chat["parallel_tool_calls"] = False
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") == "disabled":  # as the template names it
         chat["chat_template_kwargs"] = dict(chat.get("chat_template_kwargs") or {}, enable_thinking=False)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def tool_reader(fmt, req: schema.GenerationRequest) -> Optional[ToolCallReader]:
     """Reads the model's tool calls back when the request showed it tools and its format `fmt` is
     known (a template that renders tools in a format mlx-lm does not know: the calls stay text)."""
-    return ToolCallReader(fmt, req.tools) if fmt is not None and req.tools else None
+    return ToolCallReader(fmt, req.tools, one=req.one_call) if fmt is not None and req.tools else None
 
 
 class AnswerReader:

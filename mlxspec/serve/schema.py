@@ -89,6 +89,11 @@ class GenerationRequest:
         return self.options.get("tools")
 
     @property
+    def one_call(self) -> bool:
+        """parallel_tool_calls false: the answer's first tool call alone is read back."""
+        return self.options.get("parallel_tool_calls") is False
+
+    @property
     def logprobs(self) -> bool:
         """Whether the answer carries its tokens' logprobs (options["logprobs"]: how many alternatives)."""
         return self.options.get("logprobs") is not None
@@ -105,12 +110,13 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
     tools = checked(check_tools, body.get("tools"), "tools")
     # "required" and a named function are forced by a grammar in the model's call format (the engine's)
     choice = checked(lambda c: check_tool_choice(c, tools), body.get("tool_choice"), "tool_choice")
-    if body.get("parallel_tool_calls") is not None:
-        _flag(body, "parallel_tool_calls", True)  # checked, not enforced: the model writes the calls it writes
+    parallel = _flag(body, "parallel_tool_calls", True)
     if tools and choice != "none":  # "none": the model is not shown them, so it cannot call them
         req.options["tools"] = tools
         if choice not in (None, "auto"):
             req.options["tool_choice"] = choice
+        if not parallel:  # one call at most (the engine ends the answer with it; `one_call` reads one)
+            req.options["parallel_tool_calls"] = False
     # vLLM's prefill: the answer continues the last (assistant) message instead of a new turn
     if _continues(body):
         req.options["continue_final_message"] = True
