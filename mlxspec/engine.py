@@ -193,6 +193,7 @@ class Engine:
                                       decay=MODEL_DECAY if d.uses_model else DECAY,
                                       prior_draft_ratio=self._prior_draft if name == "model" else None)
                       for name, d in self.drafters.items()}
+        self.drafters["ngram"].judge = self.costs["ngram"].alpha_of  # a prediction's drafts against the history's
         self.prompt_cache = PromptCache(0 if self.coord.active else self.prompt_cache_size, self.prompt_cache_bytes)
         self.last_stats: Optional[GenerationStats] = None
         # The open generation's release (`loop.generate`): a later request calls it to end that one.
@@ -304,7 +305,7 @@ class Engine:
                repetition_context_size: int = 20, stop_token_ids=None, ignore_eos: bool = False,
                min_tokens: int = 0, prompt_logprobs: Optional[int] = None, suffix: Optional[str] = None,
                include_stop_str_in_output: bool = False, continue_final_message: bool = False,
-               parallel_tool_calls: bool = True, **other) -> Iterator[TokenEvent]:
+               parallel_tool_calls: bool = True, prediction=None, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -365,6 +366,12 @@ class Engine:
                 False, one call at most: a forced call's grammar writes one, and in free text the
                 answer ends with the first call's end marker (a format whose calls share one body,
                 as Mistral's list does, may still hold several: the server reads the first alone).
+            prediction: None, or what the answer is expected to largely repeat (OpenAI's Predicted
+                Outputs: a file being edited, a text being corrected), as a string or token ids.
+                Rounds draft from it where the answer's tail matches it (the n-gram drafter's, or a
+                model drafter's lookup rounds); the output is the target's all the same. The last
+                event's stats count its tokens that appear in the answer (`prediction_accepted`)
+                and the rest (`prediction_rejected`).
             continue_final_message: the answer continues the last message, the assistant's (a
                 prefill: the template renders no new turn; vLLM's, and what Anthropic's API does
                 with a last assistant message); needs chat messages.
@@ -453,7 +460,7 @@ class Engine:
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
              cancel=None, logprobs=None, response_format=None, constraint=None,
              logit_bias=None, penalty=None, endings=None, prompt_logprobs=None,
-             think_end=None, include_stop=False) -> Iterator[TokenEvent]:
+             think_end=None, include_stop=False, prediction=None) -> Iterator[TokenEvent]:
         if constraint is None:  # a rank other than 0 builds its own from the shared request
             constraint = self.constraint(response_format, think_end)
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
@@ -464,7 +471,8 @@ class Engine:
                         stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs,
                         constraint=constraint, bias=bias_row(logit_bias, self.vocab_size) if logit_bias else None,
                         penalties=Penalties(self.vocab_size, **penalty) if penalty else None,
-                        prompt_logprobs=prompt_logprobs, include_stop=include_stop, **(endings or {}))
+                        prompt_logprobs=prompt_logprobs, include_stop=include_stop, prediction=prediction,
+                        **(endings or {}))
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

@@ -35,6 +35,7 @@ from .errors import CacheRollbackError, NumericalError, StreamOvertakenError
 from .logprobs import PromptScorer
 from . import treeplan
 from .planner import Planner
+from .prediction import prediction_counts
 from .rounds import Pass, plain_step, read, tree_round, verify_round
 from .sampling import SamplingParams
 from .stats import GenerationStats, TokenEvent
@@ -95,7 +96,7 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
              constraint=None, bias: Optional[mx.array] = None, penalties=None, stop_ids=(),
              ignore_eos: bool = False, min_tokens: int = 0,
              prompt_logprobs: Optional[int] = None, include_stop: bool = False,
-             end_after: str = "") -> Iterator[TokenEvent]:
+             end_after: str = "", prediction: Optional[List[int]] = None) -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
     may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
     with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
@@ -112,7 +113,9 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
     the first event also carries every prompt token's log-probability and that many top choices,
     from a prefill that computes every row (nothing taken from a cache). `include_stop`: the text
     ends with the stop string found, not before it. `end_after`: text that ends the answer, kept
-    in it (a tool call's end marker, when the answer may call one tool only)."""
+    in it (a tool call's end marker, when the answer may call one tool only). `prediction`: token ids
+    the answer is expected to largely repeat (OpenAI's Predicted Outputs), which lookup drafts
+    from (`NgramDrafter.predict`); a model drafter's lookup rounds then run even with `lookup` off."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -127,7 +130,7 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
     dist = coord.active
     read_pass = coord.watched(read, "a target pass's result")
     # Not with several ranks: each rank's cost models would pick differently.
-    companion = LOOKUP if lookup and drafter.uses_model and k_fixed is None and not dist else None
+    companion = LOOKUP if (lookup or prediction) and drafter.uses_model and k_fixed is None and not dist else None
     if hasattr(drafter, "copying"):  # its chains copy where the text repeats (`drafters.chaincopy`)
         drafter.copying = lookup
     clock = time.perf_counter
@@ -163,6 +166,7 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
     cost.guess_probes = params.greedy  # a greedy probe is a guess checked for free (`Planner.probe_instead`)
 
     hist = list(ids)  # the committed history, extended in place as tokens are committed
+    engine.drafters[LOOKUP].predict(prediction, start=len(ids))  # (and forgotten in `release`)
     planner = Planner(engine, ids, hist, params, seed, name=name, k_fixed=k_fixed, tree=tree, companion=companion,
                       longest=longest_draft(engine), max_tokens=max_tokens, constraint=constraint,
                       penalties=penalties, bias=bias, ban=ban, min_tokens=min_tokens, static_trees=STATIC_TREES)
@@ -213,6 +217,7 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
         """End this generation's hold on the engine: at its end, or when a later request overtakes it."""
         nonlocal pending
         engine.generation = None
+        engine.drafters[LOOKUP].predict(None)
         if pending is not None:  # abandoned mid-round: the in-flight pass never happened
             try:
                 target.rollback(pending.fed)
@@ -340,6 +345,9 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
                     stats.first_token_seconds = stats.prompt_seconds + stats.seconds
                 if end:
                     engine.finish_stats(stats, name)
+                    if prediction:  # (after the timings: a diff of the two texts)
+                        stats.prediction_accepted, stats.prediction_rejected = prediction_counts(
+                            prediction, hist[len(ids):len(ids) + stats.tokens])
                 lp, top = done.logprobs[i] if done.logprobs is not None else (None, None)
                 yield TokenEvent(tok, piece, i < n, stats.rounds - 1, done.k, stats, end, lp, top,
                                  scorer.read() if scorer is not None and stats.tokens == 1 else None, why)

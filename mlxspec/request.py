@@ -12,6 +12,7 @@ from .fim import check_suffix, fim_prompt
 from .grammar import JSON_OPTIONS, check_response_format
 from .logprobs import check_logprobs
 from .penalties import check_penalty, check_repetition
+from .prediction import check_prediction
 from .prompts import (check_drafter, check_endings, check_fits, check_lookup, check_max_tokens, check_num_draft,
                       check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
 from .reasoning import thinking_end
@@ -23,7 +24,7 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
                   stop, drafter, tree, lookup, tools, logprobs, response_format, tool_choice, chat_template_kwargs,
                   logit_bias, presence_penalty, frequency_penalty, repetition_penalty, repetition_context_size,
                   stop_token_ids, ignore_eos, min_tokens, prompt_logprobs, suffix, include_stop_str_in_output,
-                  continue_final_message, parallel_tool_calls) -> Tuple[dict, Optional[object]]:
+                  continue_final_message, parallel_tool_calls, prediction) -> Tuple[dict, Optional[object]]:
     """`engine.stream`'s arguments, checked (see its docstring for each). Returns the request (what
     `Engine._run` takes, shareable between ranks) and the grammar state for its response_format
     (None for free text), built now so a schema the compiler refuses is said first."""
@@ -69,6 +70,7 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
                          chat_only=bool(tools or template_kwargs or continue_final_message))
         endings["stop_ids"] = sorted(set(endings["stop_ids"]) | set(engine.fim_format.ends))
     check_fits(len(ids), engine.context)
+    predicted = check_prediction(prediction, engine.tokenizer, engine.vocab_size)
     one = tools is not None and not parallel_tool_calls  # one call at most
     if forcing:  # (after the prompt: a template that ignores tools is said first); a response_format
         # is then for a later answer: this one is the calls
@@ -86,5 +88,5 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
                    k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
                    response_format=fmt, logit_bias=bias, penalty=penalty, endings=endings,
                    prompt_logprobs=prompt_logprobs, think_end=think_end,
-                   include_stop=include_stop_str_in_output)
+                   include_stop=include_stop_str_in_output, prediction=predicted)
     return request, constraint

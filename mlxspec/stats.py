@@ -66,6 +66,9 @@ class GenerationStats:
     forced_rounds: int = 0  # rounds whose drafts were a grammar's forced tokens (response_format), in rounds
     forced_drafted: int = 0  # of `drafted`, tokens those rounds proposed
     forced_accepted: int = 0  # of `accepted`, tokens of those rounds accepted
+    # OpenAI's Predicted Outputs: the prediction's tokens that appear in the answer, in order, and the rest
+    prediction_accepted: int = 0
+    prediction_rejected: int = 0
     # The drafter's own chain rounds (no tree, no lookup) by draft position i (index i - 1): rounds
     # whose i-th draft the target judged (every earlier one accepted), and those that accepted it.
     step_reached: list = field(default_factory=list)

@@ -6,11 +6,18 @@ the current history, extended periodically where it reaches the end of the histo
 the history and in earlier histories (previous requests, earlier turns that a re-rendered
 chat template no longer extends), into a trie: the chain is its first branch and the other
 branches come with their frequencies, how many occurrences continued that way.
+
+A request may bring a prediction of its answer (`predict`, OpenAI's Predicted Outputs): its
+chains then continue the prediction where the answer's tail matches it (its start, before the
+answer has a token), unless the history's own match looks better (`_predicted_first`). Among
+the prediction's occurrences of the tail, the one that matches furthest back wins, then the
+one nearest after the last used: an edited file is written in order.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+import bisect
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .base import Draft, depth_first
 
@@ -23,6 +30,8 @@ SIDE_DEPTH = 8  # levels of the other occurrences' continuations merged (the cha
 # (2.5 of 8 tokens on average), of 4-7 tokens 75 % (3.6), of 8 or more 94 % (5.8). Copying
 # (an edit of the prompt's code) gives long matches; a phrase that recurs, short ones.
 EXTENT_KINDS = (8, 4)  # extents that get kinds of their own, longest first
+PREDICTED_REACH = 16  # how far back a match in the prediction is compared with the answer
+PREDICTED_NEAR = 32  # occurrences of the tail in the prediction weighed, those nearest the last used
 
 
 class NgramDrafter:
@@ -39,14 +48,63 @@ class NgramDrafter:
 
     def __init__(self, max_n: int = 3, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n
+        # kind -> expected acceptance (the engine's cost model for this drafter): where both the
+        # prediction and the history match, the kind that has been accepted more drafts
+        self.judge: Optional[Callable[[str], float]] = None
         self.reset()
 
     def reset(self) -> None:
+        self.predict(None)
         self._corpus: List[int] = []  # earlier histories, each followed by SEP, then the current one
         self._base = 0  # where the current history starts in the corpus
         self._index: Dict[Tuple[int, ...], List[int]] = {}
         self._indexed = 0  # n-grams ending at corpus positions < _indexed are in the index
         self._history = None  # the history last indexed: the loop's only grows, so it need not be compared
+
+    def predict(self, tokens: Optional[List[int]], start: int = 0) -> None:
+        """This request's predicted answer (token ids), or None; `start`: where the answer starts
+        in the histories to come (the prompt's length)."""
+        self._predicted = list(tokens) if tokens else None
+        self._answer_start, self._predicted_at = start, 0
+        self._predicted_index: Dict[Tuple[int, ...], List[int]] = {}
+        for end in range(1, len(self._predicted or ())):  # n-grams followed by a token, as the history's
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self._predicted_index.setdefault(tuple(self._predicted[end - n:end]), []).append(end)
+
+    def _from_prediction(self, history) -> Optional[Tuple[int, int]]:
+        """(extent, end): the prediction's best occurrence of the history's tail, `extent` tokens
+        of it matching (at most PREDICTED_REACH), continued from `end`; (0, 0) before the answer
+        has a token; None without a prediction or a match."""
+        p = self._predicted
+        if p is None:
+            return None
+        if len(history) <= self._answer_start:
+            return 0, 0
+        for n in range(self.max_n, self.min_n - 1, -1):
+            ends = self._predicted_index.get(tuple(history[-n:])) if len(history) >= n else None
+            if not ends:
+                continue
+            i = bisect.bisect_left(ends, self._predicted_at)
+            best = None
+            for end in ends[max(0, i - PREDICTED_NEAR // 4): i + PREDICTED_NEAR]:
+                extent = n
+                while extent < PREDICTED_REACH and end - extent > 0 and extent < len(history) \
+                        and p[end - extent - 1] == history[-extent - 1]:
+                    extent += 1
+                key = (extent, end >= self._predicted_at, -abs(end - self._predicted_at))
+                if best is None or key > best[0]:
+                    best = key, end
+            return best[0][0], best[1]
+        return None
+
+    def _predicted_chain(self, end: int, k: int) -> List[int]:
+        self._predicted_at = end
+        return self._predicted[end:end + k]
+
+    @staticmethod
+    def _predicted_kind(extent: int) -> str:
+        """"p0" at the answer's start, "p1".."p3", "p4" (4-7 tokens match), "p8" (8 or more)."""
+        return "p" + str(next((e for e in EXTENT_KINDS if extent >= e), extent))
 
     def _extend(self, history: List[int]) -> None:
         n_old = len(self._corpus) - self._base
@@ -115,6 +173,9 @@ class NgramDrafter:
         recur earlier in it, and the k tokens that followed there (`propose`'s chain); (0, [])
         where nothing recurs. A model drafter's chain weighs its own steps against this copy."""
         m = self._current(history) if k > 0 and len(history) >= 2 else None
+        predicted = self._predicted_first(history, m) if k > 0 else None
+        if predicted is not None:
+            return min(predicted[0], top), self._predicted_chain(predicted[1], k)
         if m is None:
             return 0, []
         n, end = m
@@ -122,10 +183,31 @@ class NgramDrafter:
 
     def propose(self, history, k, params=None, seed=0) -> Draft:
         m = self._current(history) if k > 0 and len(history) >= 2 else None
+        predicted = self._predicted_first(history, m) if k > 0 else None
+        if predicted is not None:
+            return Draft(self._predicted_chain(predicted[1], k), kind=self._predicted_kind(predicted[0]))
         if m is None:
             return Draft([])
         n, end = m
         return Draft(self._chain(end, k), kind=self._kind(history, n, end, True))
+
+    def _predicted_first(self, history, m: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:
+        """The prediction's (extent, end) when it has a token to propose there, unless the history's
+        own match `m` ((n, end) or None) looks better: its kind has been accepted more (`judge`),
+        or as much and it matches further back (text that repeats itself, a loop, may follow
+        itself better than a prediction; an unrelated prediction matches short). At the answer's
+        start, the prediction's start."""
+        predicted = self._from_prediction(history)
+        if predicted is None or predicted[1] >= len(self._predicted):
+            return None
+        if m is None or not predicted[0]:
+            return predicted
+        extent = self._extent(history, *m, top=PREDICTED_REACH)
+        if self.judge is None:
+            return predicted if predicted[0] >= extent else None
+        ours = (self.judge(self._predicted_kind(predicted[0])), predicted[0])
+        theirs = (self.judge(self._kind(history, *m, True)), extent)
+        return predicted if ours >= theirs else None
 
     def _chain(self, end: int, k: int) -> List[int]:
         # What followed the match; past the end of the history the text repeats with period
@@ -149,17 +231,21 @@ class NgramDrafter:
         branches are the continuations of other occurrences, the most frequent first; each
         node's score is the fraction of the occurrences below its parent that continue
         through it (`Draft.scores`). Kind: `_kind`'s ("n{n}", "n4", "n8"; "a..." for an earlier
-        history only).
+        history only). With a prediction that wins (`_predicted_first`), its chain is the first
+        branch and every occurrence's continuation a side one; its kind "p...".
         """
         if depth <= 0 or size <= 0 or len(history) < 2:
             return Draft([])
         self._extend(history)
         m = self._match(history)
-        if m is None:
+        predicted = self._predicted_first(history, m[:2] if m is not None and m[2] else None)
+        if predicted is not None:  # the prediction's chain first, every occurrence's beside it
+            chain, kind, end = self._predicted_chain(predicted[1], depth), self._predicted_kind(predicted[0]), None
+        elif m is None:
             return Draft([])
-        n, end, current = m
-        chain = self._chain(end, depth)
-        ends = self._index[tuple(history[-n:])][-MAX_OCCURRENCES:]
+        else:
+            chain, kind, end = self._chain(m[1], depth), self._kind(history, *m), m[1]
+        ends = self._index[tuple(history[-m[0]:])][-MAX_OCCURRENCES:] if m is not None else []
         # A trie of continuations: node -> {token: child}, with how many occurrences pass through.
         trie = {"count": 0, "kids": {}}
         for e in ends:
@@ -172,7 +258,7 @@ class NgramDrafter:
                 tok = self._corpus[e + i]
                 node = node["kids"].setdefault(tok, {"count": 0, "kids": {}})
                 node["count"] += 1
-        return _flatten(chain, trie, size, kind=self._kind(history, n, end, current))
+        return _flatten(chain, trie, size, kind=kind)
 
 
 def _flatten(chain: List[int], trie: dict, size: int, *, kind: str) -> Draft:

@@ -35,7 +35,8 @@ def prompt_only(stats: GenerationStats) -> GenerationStats:
     returned, so no generation is reported either (tokens, passes, drafts, times: 0)."""
     return dataclasses.replace(stats, tokens=0, seconds=0.0, first_token_seconds=0.0, rounds=0, drafted=0,
                                accepted=0, wait_seconds=0.0, tree_rounds=0, lookup_rounds=0, lookup_drafted=0,
-                               lookup_accepted=0, forced_rounds=0, forced_drafted=0, forced_accepted=0)
+                               lookup_accepted=0, forced_rounds=0, forced_drafted=0, forced_accepted=0,
+                               prediction_accepted=0, prediction_rejected=0)
 
 
 def usage(runs: List[GenerationStats], n: int = 1, generated: bool = True, reasoning: int = 0) -> dict:
@@ -48,8 +49,10 @@ def usage(runs: List[GenerationStats], n: int = 1, generated: bool = True, reaso
     completion = sum(s.tokens for s in runs) if generated else 0
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": sum(s.prompt_tokens - s.prefilled_tokens for s in prompts)},
-            "completion_tokens_details": {"reasoning_tokens": reasoning, "accepted_prediction_tokens": 0,
-                                          "rejected_prediction_tokens": 0, "audio_tokens": 0}}
+            "completion_tokens_details": {"reasoning_tokens": reasoning,
+                                          "accepted_prediction_tokens": sum(s.prediction_accepted for s in runs),
+                                          "rejected_prediction_tokens": sum(s.prediction_rejected for s in runs),
+                                          "audio_tokens": 0}}
 
 
 def figures(stats: GenerationStats) -> dict:

@@ -18,7 +18,7 @@ from ..errors import InvalidArgumentError, shown as _show
 from ..fim import check_suffix
 from ..grammar import check_response_format
 from ..prompts import (MAX_SEED, check_drafter, check_max_tokens, check_num_draft, check_seed, check_stop,
-                       check_template_kwargs, check_text, check_tree)
+                       check_template_kwargs, check_text, check_tree, text_of)
 from ..penalties import CONTEXT, check_penalty, check_repetition
 from ..reasoning import EFFORTS
 from ..sampling import check_logit_bias, validate as validate_sampling
@@ -117,6 +117,9 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
             req.options["tool_choice"] = choice
         if not parallel:  # one call at most (the engine ends the answer with it; `one_call` reads one)
             req.options["parallel_tool_calls"] = False
+    # OpenAI's Predicted Outputs: text the answer is expected to largely repeat, drafted from
+    if body.get("prediction") is not None:
+        req.options["prediction"] = _prediction(body["prediction"])
     # vLLM's prefill: the answer continues the last (assistant) message instead of a new turn
     if _continues(body):
         req.options["continue_final_message"] = True
@@ -363,6 +366,16 @@ def _response_format(body: dict) -> Optional[dict]:
         return check_response_format(value)
     except InvalidArgumentError as e:
         raise invalid(str(e).replace("response_format " + GUIDED[key], key, 1), key) from None
+
+
+def _prediction(value) -> str:
+    """OpenAI's {"type": "content", "content": text or text parts} -> the text."""
+    text = text_of(value.get("content")) if isinstance(value, dict) and value.get("type") == "content" else None
+    if text is None:
+        raise invalid(f'prediction must be {{"type": "content", "content": ...}}, its content a string or a list of '
+                      f'{{"type": "text", "text": ...}} parts (what the answer is expected to largely repeat), '
+                      f'got {_show(value)}', "prediction")
+    return text
 
 
 def _flag(body: dict, key: str, default: bool, param: Optional[str] = None) -> bool:
