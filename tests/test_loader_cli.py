@@ -288,6 +288,11 @@ def test_generate_fills_in_the_middle_with_a_suffix(made, tiny_gguf_path, capsys
     assert "--suffix sends PROMPT as raw text" in capsys.readouterr().err and len(made) == 1  # before loading
 
 
+def test_generate_passes_a_prediction(made, tiny_gguf_path):
+    main(["generate", "--target", str(tiny_gguf_path), "--prediction", "def f(x):\n    return x\n", "Edit it"])
+    assert made[0].calls[0][1]["prediction"] == "def f(x):\n    return x\n"
+
+
 def test_generate_passes_stop_strings(made, tiny_gguf_path):
     main(["generate", "--target", str(tiny_gguf_path), "--stop", "END", "--stop", "\n\n", "Capital?"])
     assert made[0].calls[0][1]["stop"] == ["END", "\n\n"]

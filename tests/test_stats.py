@@ -105,3 +105,5 @@ def test_the_cli_stats_line_counts_tree_and_lookup_rounds():
     one = GenerationStats(tokens=5, seconds=1.0, rounds=3, drafted=2, accepted=1, lookup_rounds=1, lookup_drafted=2,
                           lookup_accepted=1)
     assert "1 round by lookup (1/2)" in stats_line(one)
+    predicted = GenerationStats(tokens=5, seconds=1.0, rounds=2, prediction_accepted=4, prediction_rejected=3)
+    assert "prediction 4 of 7 tokens in the answer, " in stats_line(predicted) and "prediction" not in stats_line(one)

@@ -40,7 +40,8 @@ def register(subparsers) -> None:
                "  mlxspec generate --target model.gguf --drafter ngram --json 'Hello'\n"
                "  mlxspec generate --json-schema cat.schema.json 'Describe a cat as JSON'\n"
                "  mlxspec generate --target Qwen3-8B-Q4_K_M.gguf --chat-template-args '{\"enable_thinking\": false}' 'Hi'\n"
-               "  mlxspec generate --pair qwen2.5-coder-7b --suffix \"$(cat after.py)\" \"$(cat before.py)\"",
+               "  mlxspec generate --pair qwen2.5-coder-7b --suffix \"$(cat after.py)\" \"$(cat before.py)\"\n"
+               "  mlxspec generate --prediction \"$(cat app.py)\" \"Rename foo to bar: $(cat app.py)\"",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("prompt", metavar="PROMPT", help="the user message ('-' reads it from stdin; the newline "
@@ -66,6 +67,10 @@ def register(subparsers) -> None:
                    help="fill in the middle: PROMPT is the text before the insertion point (raw, without the "
                         "chat template) and TEXT the text after it; the model writes what goes between. Needs "
                         "a code model trained for it (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder, Codestral)")
+    p.add_argument("--prediction", metavar="TEXT", default=None,
+                   help="text the answer is expected to largely repeat, such as the file an edit rewrites "
+                        "(OpenAI's Predicted Outputs): rounds draft from it where the answer follows it, "
+                        "the answer stays the target's; the stats line says how much of it the answer holds")
     p.add_argument("--json", action="store_true", help="print one JSON object (text and stats) instead of streaming")
     grammar = p.add_mutually_exclusive_group()
     grammar.add_argument("--json-schema", metavar="SCHEMA", default=None,
@@ -113,7 +118,8 @@ def run(args) -> int:
     prompt = text if raw else system + [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
-                   stop=args.stop, response_format=fmt, suffix=args.suffix, chat_template_kwargs=template_kwargs)
+                   stop=args.stop, response_format=fmt, suffix=args.suffix, chat_template_kwargs=template_kwargs,
+                   prediction=args.prediction)
     # a thinking model's reasoning apart from its answer, as the server splits them
     splitter = None if raw else _reasoning_splitter(engine.tokenizer, prompt, template_kwargs)
     if args.json:
@@ -361,5 +367,7 @@ def stats_line(stats) -> str:
         + (f"{plural(int(get('lookup_rounds')), 'round')} by lookup ({int(get('lookup_accepted'))}/{int(get('lookup_drafted'))}), "
            if get('lookup_rounds') else "")
         + (f"{plural(int(get('tree_rounds')), 'tree round')}, " if get('tree_rounds') else "")
+        + (f"prediction {int(get('prediction_accepted'))} of {plural(predicted, 'token')} in the answer, "
+           if (predicted := int(get('prediction_accepted')) + int(get('prediction_rejected'))) else "")
         + f"peak memory {get('peak_memory_bytes') / 2**20:.0f} MiB"
     )
