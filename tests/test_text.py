@@ -142,16 +142,21 @@ def test_each_token_decodes_a_window_not_the_whole_output():
     ("x END y", ["END"], "END", 2),
 ])
 def test_the_stop_string_found_is_named_and_kept_when_asked(text, stops, matched, cut, keep):
-    tok = make_tokenizer()
-    asm = TextAssembler(tok, stops, keep_stop=keep)
+    asm = TextAssembler(make_tokenizer(), stops, keep_stop=keep)
+    out, stopped = fed_until_stopped(asm, text)
+    assert stopped and asm.matched == matched
+    assert out == text[:cut] + (matched if keep else "")
+
+
+def fed_until_stopped(asm, text):
+    """(the text `asm` gives out for `text`, fed token by token until it stops, whether it stopped)."""
     out, stopped = "", False
-    for t in tok.encode(text, add_special_tokens=False):
+    for t in asm.tokenizer.encode(text, add_special_tokens=False):
         piece, stopped = asm.add(t)
         out += piece
         if stopped:
             break
-    assert stopped and asm.matched == matched
-    assert out == text[:cut] + (matched if keep else "")
+    return out, stopped
 
 
 @pytest.mark.parametrize("stops, text, out, matched", [
@@ -160,12 +165,6 @@ def test_the_stop_string_found_is_named_and_kept_when_asked(text, stops, matched
     (["</c>"], "a </c> b", "a ", "</c>"),  # the caller's own stop string it also is: the caller's rule
 ])
 def test_an_end_after_string_ends_the_text_with_it(stops, text, out, matched):
-    tok = make_tokenizer()
-    asm = TextAssembler(tok, stops, end_after="</c>")
-    got, stopped = "", False
-    for t in tok.encode(text, add_special_tokens=False):
-        piece, stopped = asm.add(t)
-        got += piece
-        if stopped:
-            break
+    asm = TextAssembler(make_tokenizer(), stops, end_after="</c>")
+    got, stopped = fed_until_stopped(asm, text)
     assert stopped and got == out and asm.matched == matched
