@@ -5,9 +5,10 @@ A request is translated into a chat request (`to_chat`): `system` becomes the sy
 `text` blocks become content, an assistant's `tool_use` blocks its tool calls and a user's
 `tool_result` blocks the tool messages that answer them, `tools` (`input_schema`) become
 chat tools, `tool_choice` auto/any/tool/none becomes auto/required/named/none (its
-`disable_parallel_tool_use`, parallel_tool_calls false), `stop_sequences` becomes `stop`. `MessageBuilder` shapes what the model wrote into content
-blocks (`thinking`, `text`, `tool_use`), whole or as Anthropic's stream events. Errors take
-Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`).
+`disable_parallel_tool_use`, parallel_tool_calls false), `stop_sequences` becomes `stop`.
+`MessageBuilder` shapes what the model wrote into content blocks (`thinking`, `text`,
+`tool_use`), whole or as Anthropic's stream events. Errors take Anthropic's shape
+(`{"type": "error", "error": {"type", "message"}}`).
 """
 
 from __future__ import annotations
