@@ -87,10 +87,7 @@ class NgramDrafter:
             i = bisect.bisect_left(ends, self._predicted_at)
             best = None
             for end in ends[max(0, i - PREDICTED_NEAR // 4): i + PREDICTED_NEAR]:
-                extent = n
-                while extent < PREDICTED_REACH and end - extent > 0 and extent < len(history) \
-                        and p[end - extent - 1] == history[-extent - 1]:
-                    extent += 1
+                extent = _reach(p, end, history, n, PREDICTED_REACH)
                 key = (extent, end >= self._predicted_at, -abs(end - self._predicted_at))
                 if best is None or key > best[0]:
                     best = key, end
@@ -104,7 +101,7 @@ class NgramDrafter:
     @staticmethod
     def _predicted_kind(extent: int) -> str:
         """"p0" at the answer's start, "p1".."p3", "p4" (4-7 tokens match), "p8" (8 or more)."""
-        return "p" + str(next((e for e in EXTENT_KINDS if extent >= e), extent))
+        return "p" + str(_bucket(extent, extent))
 
     def _extend(self, history: List[int]) -> None:
         n_old = len(self._corpus) - self._base
@@ -144,22 +141,14 @@ class NgramDrafter:
     def _extent(self, history, n: int, end: int, top: int = EXTENT_KINDS[0]) -> int:
         """How far back (at most `top`) the occurrence ending at `end` matches the history's tail,
         given that its last n tokens do."""
-        extent, c = n, self._corpus
-        if n == self.max_n:
-            # History tokens are never SEP, so the walk stops at the start of the occurrence's history.
-            while extent < top and end - extent - 1 >= 0 and extent < len(history) \
-                    and c[end - extent - 1] == history[-extent - 1]:
-                extent += 1
-        return extent
+        # History tokens are never SEP, so the walk stops at the start of the occurrence's history.
+        return _reach(self._corpus, end, history, n, top) if n == self.max_n else n
 
-    def _kind(self, history, n: int, end: int, current: bool) -> str:
-        """"n{n}" ("a{n}" for an earlier history); a max_n match that extends further back is
-        "n4" (4-7 tokens) or "n8" (8 or more): its continuation is likelier to hold."""
-        extent = n
-        if n == self.max_n:
-            reach = self._extent(history, n, end)
-            extent = next((e for e in EXTENT_KINDS if reach >= e), n)
-        return ("n" if current else "a") + str(extent)
+    def _kind(self, n: int, extent: int, current: bool) -> str:
+        """"n{n}" ("a{n}" for an earlier history); a max_n match that extends further back
+        (`extent`, `_extent`'s) is "n4" (4-7 tokens) or "n8" (8 or more): its continuation is
+        likelier to hold."""
+        return ("n" if current else "a") + str(_bucket(extent, n) if n == self.max_n else n)
 
     def _current(self, history) -> Optional[Tuple[int, int]]:
         """Index the history, then (n, end) of its longest tail seen earlier in itself (`_match`),
@@ -189,7 +178,7 @@ class NgramDrafter:
         if m is None:
             return Draft([])
         n, end = m
-        return Draft(self._chain(end, k), kind=self._kind(history, n, end, True))
+        return Draft(self._chain(end, k), kind=self._kind(n, self._extent(history, n, end), True))
 
     def _predicted_first(self, history, m: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:
         """The prediction's (extent, end) when it has a token to propose there, unless the history's
@@ -206,7 +195,7 @@ class NgramDrafter:
         if self.judge is None:
             return predicted if predicted[0] >= extent else None
         ours = (self.judge(self._predicted_kind(predicted[0])), predicted[0])
-        theirs = (self.judge(self._kind(history, *m, True)), extent)
+        theirs = (self.judge(self._kind(m[0], extent, True)), extent)
         return predicted if ours >= theirs else None
 
     def _chain(self, end: int, k: int) -> List[int]:
@@ -244,7 +233,8 @@ class NgramDrafter:
         elif m is None:
             return Draft([])
         else:
-            chain, kind, end = self._chain(m[1], depth), self._kind(history, *m), m[1]
+            n, end, current = m
+            chain, kind = self._chain(end, depth), self._kind(n, self._extent(history, n, end), current)
         ends = self._index[tuple(history[-m[0]:])][-MAX_OCCURRENCES:] if m is not None else []
         # A trie of continuations: node -> {token: child}, with how many occurrences pass through.
         trie = {"count": 0, "kids": {}}
@@ -259,6 +249,20 @@ class NgramDrafter:
                 node = node["kids"].setdefault(tok, {"count": 0, "kids": {}})
                 node["count"] += 1
         return _flatten(chain, trie, size, kind=kind)
+
+
+def _reach(seq: List[int], end: int, history, n: int, top: int) -> int:
+    """How far back (at most `top`) `seq[:end]` matches the history's tail, given that its last n
+    tokens do."""
+    extent = n
+    while extent < top and end - extent > 0 and extent < len(history) and seq[end - extent - 1] == history[-extent - 1]:
+        extent += 1
+    return extent
+
+
+def _bucket(extent: int, below: int) -> int:
+    """The kind a match of `extent` tokens counts as: 8 (8 or more), 4 (4-7), else `below`."""
+    return next((e for e in EXTENT_KINDS if extent >= e), below)
 
 
 def _flatten(chain: List[int], trie: dict, size: int, *, kind: str) -> Draft:
