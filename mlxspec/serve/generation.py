@@ -170,12 +170,13 @@ async def job_events(job: Job, prompt_param: str):
 
 
 class EventStream(StreamingResponse):
-    """Server-sent events that call `on_close(ended)` however they end (done, failed, client gone,
-    never started); `ended`: the body ran to its end (the client left after, if at all)."""
+    """Server-sent events (or Ollama's JSON lines) that call `on_close(ended)` however they end
+    (done, failed, client gone, never started); `ended`: the body ran to its end (the client left
+    after, if at all)."""
 
-    def __init__(self, content, *, on_close: Callable[[bool], None]):
+    def __init__(self, content, *, on_close: Callable[[bool], None], media_type: str = "text/event-stream"):
         self.ended = False
-        super().__init__(self._watched(content), media_type="text/event-stream",
+        super().__init__(self._watched(content), media_type=media_type,
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.on_close = on_close
 

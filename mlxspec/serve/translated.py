@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -29,16 +29,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlxspec.serve")
 
 
-async def _one_answer(request: Request, translate: Callable, builder_of: Callable, endpoint: str, param: str,
-                      rename: Callable = lambda e: e) -> Response:
-    """A request of another API, answered as a chat: `translate` makes its body a chat body,
-    `builder_of(state, req, body)` shapes the answer (`tokens` takes each batch of events before
-    its text; whole: `whole`; streamed: `start`, `feed`, `finish`, `error`, each giving SSE
-    bytes); `rename` puts a chat error in its API's terms."""
+async def one_answer(request: Request, translate: Callable, builder_of: Callable, endpoint: str, param: str,
+                     rename: Callable = lambda e: e, parse: Callable = schema.parse_chat, ndjson: bool = False,
+                     body: Optional[dict] = None) -> Response:
+    """A request of another API, answered as a chat: `translate` makes its body (read here unless
+    given) a chat body (or what `parse` reads), `builder_of(state, req, body)` shapes the answer
+    (`tokens` takes each batch of events before its text; whole: `whole`; streamed: `start`,
+    `feed`, `finish`, `error`, each giving SSE bytes, or with `ndjson` JSON lines); `rename` puts a
+    chat error in its API's terms."""
     state: ServerState = request.app.state.mlxspec
-    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    if body is None:
+        body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
     try:
-        req = await parsed(schema.parse_chat, translate(body), state.options)
+        req = await parsed(parse, translate(body), state.options)
     except APIError as e:
         raise rename(e) from None
     state.note_model(req.model)
@@ -60,8 +63,9 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
         if req.stream:
             first = await first_of(next_events())
             streaming = True
-            return EventStream(_built_events(state, job, builder, first, req, answer, next_events, endpoint),
-                               on_close=closer(state, job, builder.id))
+            return EventStream(_built_events(state, job, builder, first, req, answer, next_events, endpoint, ndjson),
+                               on_close=closer(state, job, builder.id),
+                               media_type="application/x-ndjson" if ndjson else "text/event-stream")
         written, end, events = [], None, await next_events()
         while events:
             written.extend(events)
@@ -81,12 +85,15 @@ async def _one_answer(request: Request, translate: Callable, builder_of: Callabl
 
 
 async def _built_events(state: ServerState, job: Job, builder, first: asyncio.Task, req: schema.GenerationRequest,
-                        answer: AnswerReader, next_events: Callable, endpoint: str):
-    """A single answer's stream in its API's events (`_one_answer`), after comments while `first`
-    (its first events, `first_of`) is awaited."""
+                        answer: AnswerReader, next_events: Callable, endpoint: str, ndjson: bool = False):
+    """A single answer's stream in its API's events (`one_answer`), after comments while `first`
+    (its first events, `first_of`) is awaited (JSON lines have no comments: nothing then)."""
     try:
-        async for comment in kept_alive(first):
-            yield comment
+        if ndjson:
+            await first
+        else:
+            async for comment in kept_alive(first):
+                yield comment
         events, end = first.result(), None
         stats = events[0].stats if events else None  # (none: cancelled already)
         # (the whole prompt, and the part of it the caches held)
@@ -137,7 +144,7 @@ async def create_response(request: Request) -> Response:
                                                 (lambda r: store.remember(r, conversation, inputs)) if keep else None,
                                                 token_bytes=state.token_bytes)
 
-    return await _one_answer(request, translate, builder_of, "responses", "input", responses_api.renamed)
+    return await one_answer(request, translate, builder_of, "responses", "input", responses_api.renamed)
 
 
 async def get_response(request: Request) -> Response:
@@ -175,9 +182,9 @@ def _anthropic_errors(handler: Callable) -> Callable:
 @_anthropic_errors
 async def create_message(request: Request) -> Response:
     """POST /v1/messages: Anthropic's Messages API, answered as a chat (`serve/anthropic.py`)."""
-    return await _one_answer(request, anthropic.to_chat,
-                             lambda state, req, body: anthropic.MessageBuilder(req.model or state.model_id),
-                             "messages", "messages")
+    return await one_answer(request, anthropic.to_chat,
+                            lambda state, req, body: anthropic.MessageBuilder(req.model or state.model_id),
+                            "messages", "messages")
 
 
 @_anthropic_errors
