@@ -52,6 +52,24 @@ def test_demo_pair_answers_the_openai_client_with_figures_and_reuses_the_convers
     assert chunks[-2].model_extra["mlxspec"]["drafter"] == DEFAULT
 
 
+def test_demo_pair_answers_the_ollama_client_as_ollama_describes_its_models(demo_server):
+    ollama = pytest.importorskip("ollama")
+    from mlxspec.loading.gguf import gguf_parts
+
+    url, _ = demo_server
+    client = ollama.Client(host=url, timeout=TIMEOUT)
+    (listed,) = client.list().models
+    stored = sum(p.stat().st_size for p in gguf_parts(demo.gguf_path()))
+    assert listed.model == "demo" and listed.size == stored  # the GGUF's bytes, as Ollama lists its own
+    assert (listed.details.format, listed.details.parameter_size, listed.details.quantization_level) == (
+        "gguf", "135M", "Q4_1")
+    (loaded,) = client.ps().models
+    assert loaded.size == loaded.size_vram > stored  # (in memory: dequantized to the working precision)
+    assert client.show("demo").modelinfo["llama.context_length"] == 8192
+    r = client.chat(model="demo", messages=QUESTION, options={"num_predict": 16})
+    assert "def " in r.message.content and r.eval_count == 16 and r.done_reason == "length"
+
+
 def test_demo_server_exits_0_on_ctrl_c(demo_server):
     url, proc = demo_server
     proc.send_signal(signal.SIGINT)
@@ -60,6 +78,7 @@ def test_demo_server_exits_0_on_ctrl_c(demo_server):
     assert "Traceback" not in log
     # what serves, before the warm-up, and where its clients reach it
     assert "pair demo: target demo:smollm2-135m (" in log and f"; drafter {DEFAULT}" in log
-    assert f"serving 'demo': OpenAI clients' base URL {url}/v1, Anthropic's {url} (" in log
+    assert f"serving 'demo': OpenAI clients' base URL {url}/v1, Anthropic's and Ollama's {url} (" in log
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=TIMEOUT)
+

@@ -24,11 +24,13 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description=(
-            "Serve one target (+ draft) over the OpenAI API (and Anthropic's Messages API):\n"
+            "Serve one target (+ draft) over the OpenAI API (and Anthropic's and Ollama's):\n"
             "  POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   GET /v1/models\n"
             "  GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items\n"
             "  POST /v1/messages[/count_tokens]   POST /tokenize\n"
-            "  POST /detokenize   GET /metrics   GET /health\n\n"
+            "  POST /detokenize   GET /metrics   GET /health\n"
+            "  POST /api/chat   POST /api/generate   GET /api/tags   POST /api/show   GET /api/ps\n"
+            "  GET /api/version   (Ollama's, for editors and apps that speak it)\n\n"
             "Requests run one at a time on one engine, in arrival order; a conversation resent in full\n"
             "reuses the caches of its previous turn (usage.prompt_tokens_details.cached_tokens), also\n"
             "after other conversations in between (--prompt-cache-size). Tool calls, logprobs and\n"
@@ -43,8 +45,9 @@ def register(subparsers) -> None:
         epilog=("examples:\n  mlxspec serve\n"
                 "  mlxspec serve --pair qwen2.5-coder-7b --drafter ngram --max-kv-size 8192\n"
                 "  mlxspec serve --host 0.0.0.0 --api-key \"$(openssl rand -hex 16)\"\n\n"
-                "then point any OpenAI client at http://127.0.0.1:8080/v1 (Anthropic's clients at\n"
-                "http://127.0.0.1:8080)"),
+                "  mlxspec serve --port 11434            # Ollama's port, where its clients look first\n\n"
+                "then point any OpenAI client at http://127.0.0.1:8080/v1 (Anthropic's and Ollama's\n"
+                "clients at http://127.0.0.1:8080)"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     add_drafting_args(p, per_request=True)

@@ -3,6 +3,7 @@
     app.py        the Starlette app: routes, middleware, error shapes, shared state
     generation.py chat and text completions, whole or as server-sent events
     translated.py the Responses and Messages APIs, answered as chats
+    ollama.py     Ollama's bodies in and answers out; ollama_routes.py its routes
     choice.py     one choice's answer: reasoning split off, tool calls, logprobs
     body.py       request bodies: size limit, JSON, unread fields
     auth.py       the API key

@@ -44,6 +44,7 @@ from .generation import openai_route
 from .local import LoopbackOnly, is_loopback
 from .messages import chat_messages
 from .metrics import Metrics, count_error
+from . import ollama_routes
 from .options import REASONING_KEYS, ServeOptions
 from .queue import EngineQueue
 from .response_store import ResponseStore
@@ -53,7 +54,8 @@ from .translated import (count_message_tokens, create_message, create_response, 
 log = logging.getLogger("mlxspec.serve")
 ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE "
                "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models "
-               "(each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET /metrics")
+               "(each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET /metrics, and Ollama's "
+               "POST /api/chat, POST /api/generate, GET /api/tags, POST /api/show, GET /api/ps, GET /api/version")
 
 
 class ServerState:
@@ -123,7 +125,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         seconds = await asyncio.wrap_future(state.queue.start())  # before uvicorn accepts connections
         log.info("engine warmed up in %.1f s", seconds)
         log.info("serving %r%s (a request naming another model is answered by it too)", state.model_id,
-                 f": OpenAI clients' base URL {_base_url(options)}/v1, Anthropic's {_base_url(options)}"
+                 f": OpenAI clients' base URL {_base_url(options)}/v1, Anthropic's and Ollama's {_base_url(options)}"
                  if options.port else "")
         try:
             yield
@@ -152,6 +154,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/detokenize", detokenize_route, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
+    routes += [Route(path, endpoint, methods=methods) for path, endpoint, methods in ollama_routes.ROUTES]
     # Outermost first: the host and origin check, then CORS (a preflight carries no API key), then the key.
     origins = Origins(options.allow_origins)
     middleware = [Middleware(CrossOrigin, origins=origins)]

@@ -29,21 +29,23 @@ OTHERS = {  # vLLM's, mlx-lm's and llama.cpp's that are read (or refused with a 
     "include_stop_str_in_output", "continue_final_message", "add_generation_prompt", "chat_template_kwargs",
     "xtc_threshold", "add_special_tokens", "return_token_strs", "with_pieces", "content", "tokens",
 }
+OLLAMA = {"options", "format", "think", "keep_alive", "raw", "template", "context", "images", "name", "verbose"}
 OWN = {"speculative", "num_draft", "drafter", "tree", "lookup"}  # the engine's, per request
-KNOWN = frozenset(OPENAI | ANTHROPIC | OTHERS | OWN | set(EXTENSIONS) | set(GUIDED) | set(RENAMED))
+KNOWN = frozenset(OPENAI | ANTHROPIC | OTHERS | OLLAMA | OWN | set(EXTENSIONS) | set(GUIDED) | set(RENAMED))
 SHOWN = 8  # names per log line: a body of junk keys makes one short line, not a long one
 API_PREFIX = "/v1"  # OpenAI's and Anthropic's routes are served with it and without it (`app.py`)
+OLLAMA_PREFIX = "/api/"  # Ollama's routes, served as Ollama names them
 
 
 def api_route(path: str) -> str:
     """The route a request's path names, as the tables here key it: with the /v1 it may be sent without."""
-    return path if path.startswith(API_PREFIX + "/") else API_PREFIX + path
+    return path if path.startswith((API_PREFIX + "/", OLLAMA_PREFIX)) else API_PREFIX + path
 
 
 def _reads() -> dict:
     """What the routes that translate another API's request read (their own fields, and those the
     API defines that are accepted and change nothing here): any other API's field is dropped there."""
-    from . import anthropic, responses_api
+    from . import anthropic, ollama, responses_api
 
     messages = set(anthropic.PASSED) | {"messages", "system", "stop_sequences", "tools", "tool_choice", "thinking",
                                         "metadata", "service_tier", "container", "mcp_servers", "context_management"}
@@ -52,7 +54,9 @@ def _reads() -> dict:
         "previous_response_id", "conversation", "background", "truncation", "metadata", "user", "max_tool_calls",
         "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier", "stream_options",
         "top_logprobs"}
-    return {"/v1/messages": messages, "/v1/messages/count_tokens": messages, "/v1/responses": responses}
+    return {"/v1/messages": messages, "/v1/messages/count_tokens": messages, "/v1/responses": responses,
+            "/api/chat": ollama.CHAT_FIELDS, "/api/generate": ollama.GENERATE_FIELDS,
+            "/api/show": {"model", "name", "verbose"}}
 
 
 READS = _reads()
@@ -72,6 +76,12 @@ def unread(route: str, body: dict) -> List[str]:
 _TO_MESSAGES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens", "max_output_tokens": "max_tokens",
                 "instructions": "system"}
 _SYSTEM = "a first message with role \"system\""
+# (Ollama's own server drops these unseen: a client porting from OpenAI's API would get its defaults)
+_TO_OLLAMA = {"max_tokens": "options.num_predict", "max_completion_tokens": "options.num_predict",
+              "temperature": "options.temperature", "top_p": "options.top_p", "top_k": "options.top_k",
+              "min_p": "options.min_p", "seed": "options.seed", "stop": "options.stop", "response_format": "format",
+              "presence_penalty": "options.presence_penalty", "frequency_penalty": "options.frequency_penalty",
+              "repetition_penalty": "options.repeat_penalty"}
 MOVED = {
     "/v1/chat/completions": {"max_output_tokens": "max_completion_tokens (or max_tokens)", "stop_sequences": "stop",
                              "instructions": _SYSTEM, "system": _SYSTEM},
@@ -81,6 +91,8 @@ MOVED = {
                       "system": "instructions", "stop_sequences": "stop"},
     "/v1/messages": _TO_MESSAGES,
     "/v1/messages/count_tokens": _TO_MESSAGES,
+    "/api/chat": _TO_OLLAMA,
+    "/api/generate": _TO_OLLAMA,
 }
 
 
