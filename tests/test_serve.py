@@ -316,4 +316,4 @@ def test_the_engine_warms_up_once_before_the_server_accepts_requests(caplog):
     assert engine.calls == ["warmup", "stream"]
     assert any(r.getMessage().startswith("engine warmed up in ") for r in caplog.records)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serving ")]
-    assert len(said) == 1 and f"OpenAI clients' base URL {url}/v1, Anthropic's {url} " in said[0], said
+    assert len(said) == 1 and f"OpenAI clients' base URL {url}/v1, Anthropic's and Ollama's {url} " in said[0], said

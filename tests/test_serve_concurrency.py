@@ -1,7 +1,9 @@
 """One engine, many clients: arrival order, 429 past the queue, disconnects, and a load test."""
 
+import json
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -94,11 +96,13 @@ def test_a_client_that_gives_up_while_waiting_leaves_the_queue():
         assert engine.started == 2  # the abandoned request never reached the engine
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/api/chat"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_leaves_is_counted_and_logged_as_cancelled_not_answered(path, stream, caplog):
     engine = GatedEngine(tiny_engine(), per_token_seconds=0.02)
     body = {"messages": HI, "max_tokens": 1000, "stream": stream}
+    if path == "/api/chat":  # Ollama's name for the limit
+        body["options"] = {"num_predict": body.pop("max_tokens")}
     with running_server(engine) as (url, server), caplog.at_level(logging.INFO, logger="mlxspec.serve"):
         if stream:  # reads a few events, then hangs up
             with httpx.stream("POST", f"{url}{path}", json=body, timeout=TIMEOUT) as r:
@@ -208,3 +212,24 @@ def test_a_stream_whose_first_tokens_are_slow_is_kept_alive_with_comments(monkey
     events = [line for line in rest if not line.startswith(":")]
     assert rest[rest.index(events[0]):] == events  # comments only before the first event
     assert last in events and len(events) > 3
+
+
+def test_an_ollama_stream_whose_first_tokens_are_slow_sends_only_json_lines(monkeypatch):
+    """Ollama's streams have no comments: a slow start sends the headers, then nothing until the
+    first tokens (its clients read every line as JSON)."""
+    from mlxspec.serve import generation
+
+    monkeypatch.setattr(generation, "HEADERS_AFTER", 0.05)
+    monkeypatch.setattr(generation, "KEEPALIVE_EVERY", 0.05)
+    engine = GatedEngine(tiny_engine())
+    engine.gate.clear()
+    body = {"model": "m", "messages": HI, "options": {"num_predict": 4}}
+    with running_server(engine) as (url, _):
+        with httpx.stream("POST", url + "/api/chat", json=body, timeout=TIMEOUT) as r:
+            assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
+            time.sleep(0.3)  # several keep-alive periods
+            assert engine.produced == []
+            engine.gate.set()
+            lines = list(r.iter_lines())
+    bodies = [json.loads(line) for line in lines]
+    assert bodies[-1]["done"] is True and len(bodies) > 1

@@ -143,6 +143,12 @@ def test_a_tool_s_answer_is_paired_with_its_call_by_name():
         {"role": "tool", "content": "B", "tool_name": "b"}, {"role": "tool", "content": "A", "tool_name": "a"}])
     assert [c["id"] for c in messages[0]["tool_calls"]] == ["call_0_0", "call_0_1"]
     assert [(m["tool_call_id"], m["name"]) for m in messages[1:]] == [("call_0_1", "b"), ("call_0_0", "a")]
+    # an id given is taken, and its call is answered: a later answer without a name takes the other
+    messages = ol._messages([
+        {"role": "assistant", "tool_calls": [{"id": "x", "function": {"name": "a", "arguments": {}}},
+                                             {"id": "y", "function": {"name": "a", "arguments": {}}}]},
+        {"role": "tool", "content": "1", "tool_call_id": "x"}, {"role": "tool", "content": "2"}])
+    assert [m["tool_call_id"] for m in messages[1:]] == ["x", "y"]
 
 
 def test_a_thinking_model_s_reasoning_is_its_thinking():
@@ -212,6 +218,7 @@ def test_the_model_is_described_as_ollama_describes_its_own(served):
     shown = client.show("t")
     assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.context_length"] == 4096
     assert shown.capabilities == ["completion"] and shown.details.parameter_size.endswith("K")
+    assert shown.parameters.split("\n") == ["temperature 0", "num_predict 512", "num_ctx 4096"]
     (loaded,) = client.ps().models
     assert loaded.model == "t" and loaded.context_length == 4096
     assert httpx.get(f"{url}/api/version", timeout=TIMEOUT).json() == {"version": ol.VERSION}
@@ -243,6 +250,7 @@ def test_a_request_with_nothing_to_answer_loads_the_model(served):
     ("chat", {"messages": [{"role": "user", "content": "Look", "images": ["aGk="]}]}, 400, "images are not supported"),
     ("chat", {"messages": ASK, "format": "yaml"}, 400, "format must be \"json\" or a JSON schema"),
     ("chat", {"messages": ASK, "think": "very"}, 400, "think must be true, false"),
+    ("chat", {"messages": ASK, "top_logprobs": 2}, 400, "top_logprobs needs \"logprobs\": true"),
     ("chat", {"messages": "hi"}, 400, "messages must be a list"),
     ("chat", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role must be one of"),
     ("generate", {"prompt": "hi", "template": "{{ .Prompt }}"}, 400, "template is not supported"),

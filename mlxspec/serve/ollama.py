@@ -94,7 +94,7 @@ def loads_only(body: dict, kind: str) -> bool:
 def _common(body: dict, context: Optional[int]) -> Tuple[dict, List[str]]:
     """What both routes share: model, stream (Ollama's default: on), options, format, think, logprobs."""
     out: Dict[str, Any] = {key: body[key] for key in ("model", *OWN) if key in body}
-    out["stream"] = body.get("stream", True)
+    out["stream"] = True if body.get("stream") is None else body["stream"]
     if body.get("images"):
         raise unsupported("images are not supported by this server: its models read text only", "images")
     ignored = _options(body.get("options"), out, context)
@@ -114,8 +114,8 @@ def _common(body: dict, context: Optional[int]) -> Tuple[dict, List[str]]:
         raise invalid(f"think must be true, false, \"low\", \"medium\" or \"high\", got {shown(think)}", "think")
     if _flag(body, "logprobs"):
         out["logprobs"] = True
-        if body.get("top_logprobs") is not None:
-            out["top_logprobs"] = body["top_logprobs"]
+    if body.get("top_logprobs") is not None:  # (without logprobs: refused, saying so)
+        out["top_logprobs"] = body["top_logprobs"]
     return out, ignored
 
 
@@ -183,7 +183,7 @@ def _messages(given: list) -> List[dict]:
             message["tool_calls"] = calls  # the chat path says what is wrong with them
         if m.get("role") == "tool":
             name = m.get("tool_name", m.get("name"))
-            message["tool_call_id"] = m.get("tool_call_id") or _answered(waiting, name) or f"call_{i}"
+            message["tool_call_id"] = _answered(waiting, name, m.get("tool_call_id")) or f"call_{i}"
             if isinstance(name, str):
                 message["name"] = name
         out.append(message)
@@ -198,8 +198,11 @@ def _call(call, where: str, default_id: str) -> dict:
             "function": {"name": fn.get("name"), "arguments": fn.get("arguments", {})}}
 
 
-def _answered(waiting: List[Tuple[str, Any]], name) -> Optional[str]:
-    """The id of the call a tool message answers, taken off `waiting`."""
+def _answered(waiting: List[Tuple[str, Any]], name, given=None) -> Optional[str]:
+    """The id of the call a tool message answers (`given`: the id it names), taken off `waiting`."""
+    if given is not None:
+        waiting[:] = [w for w in waiting if w[0] != given]
+        return given
     if not waiting:
         return None
     at = next((i for i, (_, called) in enumerate(waiting) if called == name), 0)
@@ -348,7 +351,10 @@ def show(state) -> dict:
     if state.thinking is not None:
         capabilities.append("thinking")
     target = getattr(getattr(engine, "target_info", None), "ref", None) or state.model_id
+    # the defaults a request without options gets, in a Modelfile's words (clients read num_ctx)
     parameters = f"temperature {state.options.temperature:g}\nnum_predict {state.options.max_tokens}"
+    if context:
+        parameters += f"\nnum_ctx {context}"
     return {"license": "", "modelfile": f"# served by mlxspec\nFROM {target}\n", "parameters": parameters,
             "template": getattr(engine.tokenizer, "chat_template", None) or "", "details": details(engine),
             "model_info": info, "capabilities": capabilities, "modified_at": model_entry(state)["modified_at"]}
