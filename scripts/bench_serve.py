@@ -2,6 +2,7 @@
 
     python scripts/bench_serve.py [--pair demo] [--max-tokens 64] [--limit 8] [--repeats 3]
     python scripts/bench_serve.py --pair tiny          # a tiny random pair: per-token overhead magnified
+    python scripts/bench_serve.py --api ollama         # through Ollama's /api/chat (JSON lines) instead
 
 The server runs as users run it: `mlxspec serve` in its own process, on loopback. This
 process loads the same pair and calls `Engine.stream` directly. For each prompt of the
@@ -11,7 +12,8 @@ prompts, so both reuse their caches alike. Both engines are warmed up (`Engine.w
 the server runs at start), then both sides run every prompt once untimed.
 
 Measured per run, wall clock on the client side:
-  streamed tok/s = completion tokens / (request sent -> `data: [DONE]` read), for the server
+  streamed tok/s = completion tokens / (request sent -> `data: [DONE]` read, or Ollama's last
+                   line), for the server
                    completion tokens / (stream() called -> last event), for the engine
 and the engine's own tokens/s inside each (GenerationStats.tokens_per_second). Prints the
 per-prompt medians and the ratio server / engine (the target is >= 0.97).
@@ -41,6 +43,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per prompt and side (default: 3)")
     ap.add_argument("--num-draft", default=None, help="fixed draft length on both sides, or 0 for plain decoding "
                     "(default: auto; a fixed length keeps the two cost models from choosing differently)")
+    ap.add_argument("--api", choices=("openai", "ollama"), default="openai",
+                    help="the server's route: /v1/chat/completions (SSE) or Ollama's /api/chat (JSON lines)")
     ap.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
     ap.add_argument("--serve-tiny", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the tiny server process
     args = ap.parse_args()
@@ -58,7 +62,8 @@ def main() -> None:
     try:
         name, engine = load(None if args.pair == "tiny" else args.pair)
         engine.warmup()  # as the server does at start: compiled shapes, a seeded cost model
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        url = f"http://127.0.0.1:{port}" + ("/api/chat" if args.api == "ollama" else "/v1/chat/completions")
+        through_server = through_ollama if args.api == "ollama" else through_openai
         with httpx.Client(timeout=600) as http:
             extra = request_extra(args.num_draft)
             for messages in prompts:  # warm-up: first-use allocation on both sides
@@ -87,7 +92,7 @@ def request_extra(num_draft) -> dict:
     return {"speculative": False} if num_draft == "0" else {"num_draft": int(num_draft)}
 
 
-def through_server(http, url: str, messages, max_tokens: int, extra: dict) -> dict:
+def through_openai(http, url: str, messages, max_tokens: int, extra: dict) -> dict:
     body = {"messages": messages, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
             **extra}
     t0 = time.perf_counter()
@@ -101,6 +106,21 @@ def through_server(http, url: str, messages, max_tokens: int, extra: dict) -> di
                     pieces.append(last["choices"][0]["delta"].get("content") or "")
     wall = time.perf_counter() - t0
     tokens = last["usage"]["completion_tokens"]
+    return {"tokens": tokens, "tps": tokens / wall, "engine_tps": last["mlxspec"]["tokens_per_second"],
+            "text": "".join(pieces)}
+
+
+def through_ollama(http, url: str, messages, max_tokens: int, extra: dict) -> dict:
+    body = {"messages": messages, "options": {"num_predict": max_tokens}, **extra}  # (streamed: Ollama's default)
+    t0 = time.perf_counter()
+    last, pieces = None, []
+    with http.stream("POST", url, json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            last = json.loads(line)
+            pieces.append(last["message"]["content"])
+    wall = time.perf_counter() - t0
+    tokens = last["eval_count"]
     return {"tokens": tokens, "tps": tokens / wall, "engine_tps": last["mlxspec"]["tokens_per_second"],
             "text": "".join(pieces)}
 
@@ -119,7 +139,8 @@ def report(name, engine, runs, prompts, args) -> None:
     """Per prompt, medians of both sides: streamed tok/s (what a client sees) and the engine's own tok/s
     (what the engine did, so a difference between the engines' choices shows apart from the server's cost)."""
     print(f"{name}: {len(prompts)} prompts x {args.repeats} repeats x {args.max_tokens} tokens, greedy, "
-          f"drafter {engine.default_drafter}, num_draft {args.num_draft or 'auto'}; server and engine interleaved")
+          f"drafter {engine.default_drafter}, num_draft {args.num_draft or 'auto'}; server ({args.api}'s route) and "
+          f"engine interleaved")
     print(f"{'prompt':>6} {'server tok/s':>13} {'engine tok/s':>13} {'ratio':>7}   {'inner ratio':>11}")
     ratios, inner = [], []
     for i in range(len(prompts)):
