@@ -22,6 +22,26 @@ class FimFormat:
     suffix: int
     middle: Optional[int]  # None: the middle follows the prefix (suffix first, Codestral's)
     ends: Tuple[int, ...]  # tokens that end a middle besides EOS (present in this vocabulary)
+    repo: Optional[int] = None  # the repository-level markers (Qwen2.5-Coder's, StarCoder2's), where it has them
+    file_sep: Optional[int] = None
+
+    def context(self, tokenizer, files: List[Tuple[str, str]]) -> List[int]:
+        """The ids of other files' (name, text) that go before the prompt, laid out as llama.cpp's
+        /infill lays out its `input_extra`: with the repository-level markers, a project, each
+        file under its name, then the name of the file being edited; without a file marker, each
+        text after a snippet line."""
+        ids: List[int] = []
+        if self.repo is not None:
+            ids += [self.repo, *_text_ids(tokenizer, "myproject\n")]
+        for name, text in files:
+            if self.file_sep is not None:
+                ids += [self.file_sep, *_text_ids(tokenizer, name + "\n")]
+            else:
+                ids += _text_ids(tokenizer, SNIPPET)
+            ids += _text_ids(tokenizer, text)
+        if self.file_sep is not None:
+            ids += [self.file_sep, *_text_ids(tokenizer, "filename\n")]
+        return ids
 
     def encode(self, tokenizer, prefix: str, suffix: str) -> List[int]:
         """The ids of a fill-in-the-middle prompt (the tokenizer's BOS first where it adds one)."""
@@ -43,6 +63,10 @@ STYLES = (
     ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),  # DeepSeek-Coder
     ("[PREFIX]", "[SUFFIX]", None),  # Codestral: [SUFFIX] suffix [PREFIX] prefix
 )
+# Repository-level markers (a project's name; each file's name and text): Qwen2.5-Coder's, StarCoder2's.
+REPO_NAMES = ("<|repo_name|>", "<reponame>")
+FILE_SEPS = ("<|file_sep|>", "<file_sep>")
+SNIPPET = "\n\n--- snippet ---\n\n"  # between other files' texts where there are no such markers (llama.cpp's)
 # Tokens a model writes when the middle is done (besides its EOS), where its vocabulary has them.
 ENDS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|im_end|>", "<file_sep>",
         "<|end▁of▁sentence|>", "<EOT>", "</s>", "<eos>", "<|file_separator|>")
@@ -58,8 +82,13 @@ def fim_format(tokenizer) -> Optional[FimFormat]:
             prefix, suffix, middle = (vocab.get(name) if name is not None else None for name in style)
             markers = {i for i in (prefix, suffix, middle) if i is not None}
             ends = tuple(sorted({vocab[name] for name in ENDS if name in vocab} | markers))
-            return FimFormat(prefix, suffix, middle, ends)
+            repo, file_sep = (next((vocab[n] for n in names if n in vocab), None) for names in (REPO_NAMES, FILE_SEPS))
+            return FimFormat(prefix, suffix, middle, ends, repo, file_sep)
     return None
+
+
+def _text_ids(tokenizer, text: str) -> List[int]:
+    return tokenizer.encode(text, add_special_tokens=False) if text else []
 
 
 def check_suffix(suffix, prompt) -> Optional[str]:

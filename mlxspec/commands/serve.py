@@ -24,13 +24,14 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description=(
-            "Serve one target (+ draft) over the OpenAI API (and Anthropic's and Ollama's):\n"
+            "Serve one target (+ draft) over the OpenAI API (and Anthropic's, Ollama's and llama.cpp's):\n"
             "  POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   GET /v1/models\n"
             "  GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items\n"
             "  POST /v1/messages[/count_tokens]   POST /tokenize\n"
             "  POST /detokenize   GET /metrics   GET /health\n"
             "  POST /api/chat   POST /api/generate   GET /api/tags   POST /api/show   GET /api/ps\n"
-            "  GET /api/version   (Ollama's, for editors and apps that speak it)\n\n"
+            "  GET /api/version   (Ollama's, for editors and apps that speak it)\n"
+            "  POST /infill   (llama.cpp's, for code completion at the cursor: llama.vscode, llama.vim)\n\n"
             "Requests run one at a time on one engine, in arrival order; a conversation resent in full\n"
             "reuses the caches of its previous turn (usage.prompt_tokens_details.cached_tokens), also\n"
             "after other conversations in between (--prompt-cache-size). Tool calls, logprobs and\n"

@@ -4,6 +4,7 @@
     generation.py chat and text completions, whole or as server-sent events
     translated.py the Responses and Messages APIs, answered as chats
     ollama.py     Ollama's bodies in and answers out; ollama_routes.py its routes
+    infill.py     llama.cpp's /infill: code completion at the cursor
     choice.py     one choice's answer: reasoning split off, tool calls, logprobs
     body.py       request bodies: size limit, JSON, unread fields
     auth.py       the API key

@@ -41,6 +41,7 @@ from .errors import APIError, internal
 from .fields import API_PREFIX
 from .fingerprint import system_fingerprint
 from .generation import openai_route
+from .infill import infill
 from .local import LoopbackOnly, is_loopback
 from .messages import chat_messages
 from .metrics import Metrics, count_error
@@ -54,7 +55,8 @@ from .translated import (count_message_tokens, create_message, create_response, 
 log = logging.getLogger("mlxspec.serve")
 ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE "
                "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models "
-               "(each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET /metrics, and Ollama's "
+               "(each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET /metrics, llama.cpp's "
+               "POST /infill, and Ollama's "
                "POST /api/chat, POST /api/generate, GET /api/tags, POST /api/show, GET /api/ps, GET /api/version")
 
 
@@ -153,6 +155,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/tokenize", tokenize_route, methods=["POST"]),
         Route("/detokenize", detokenize_route, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/infill", infill, methods=["POST"]),
     ]
     routes += [Route(path, endpoint, methods=methods) for path, endpoint, methods in ollama_routes.ROUTES]
     # Outermost first: the host and origin check, then CORS (a preflight carries no API key), then the key.

@@ -30,8 +30,15 @@ OTHERS = {  # vLLM's, mlx-lm's and llama.cpp's that are read (or refused with a 
     "xtc_threshold", "add_special_tokens", "return_token_strs", "with_pieces", "content", "tokens",
 }
 OLLAMA = {"options", "format", "think", "keep_alive", "raw", "template", "context", "images", "name", "verbose"}
+LLAMA_CPP = {"input_prefix", "input_suffix", "input_extra", "n_predict", "response_fields", "repeat_last_n",
+             "cache_prompt", "samplers", "t_max_prompt_ms", "t_max_predict_ms", "id_slot", "n_indent"}  # /infill's
+# What /infill reads (`infill.py`); the rest of llama.cpp's fields (cache_prompt, samplers, t_max_predict_ms,
+# id_slot, n_indent...) change nothing here, and the log names them once.
+INFILL = {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "stream", "response_fields",
+          "repeat_penalty", "repeat_last_n", "temperature", "top_k", "top_p", "min_p", "seed", "stop",
+          "presence_penalty", "frequency_penalty"}
 OWN = {"speculative", "num_draft", "drafter", "tree", "lookup"}  # the engine's, per request
-KNOWN = frozenset(OPENAI | ANTHROPIC | OTHERS | OLLAMA | OWN | set(EXTENSIONS) | set(GUIDED) | set(RENAMED))
+KNOWN = frozenset(OPENAI | ANTHROPIC | OTHERS | OLLAMA | LLAMA_CPP | OWN | set(EXTENSIONS) | set(GUIDED) | set(RENAMED))
 SHOWN = 8  # names per log line: a body of junk keys makes one short line, not a long one
 API_PREFIX = "/v1"  # OpenAI's and Anthropic's routes are served with it and without it (`app.py`)
 OLLAMA_PREFIX = "/api/"  # Ollama's routes, served as Ollama names them
@@ -56,7 +63,7 @@ def _reads() -> dict:
         "top_logprobs"}
     return {"/v1/messages": messages, "/v1/messages/count_tokens": messages, "/v1/responses": responses,
             "/api/chat": ollama.CHAT_FIELDS, "/api/generate": ollama.GENERATE_FIELDS,
-            "/api/show": {"model", "name", "verbose"}}
+            "/api/show": {"model", "name", "verbose"}, "/v1/infill": INFILL | OWN}
 
 
 READS = _reads()
@@ -93,6 +100,7 @@ MOVED = {
     "/v1/messages/count_tokens": _TO_MESSAGES,
     "/api/chat": _TO_OLLAMA,
     "/api/generate": _TO_OLLAMA,
+    "/v1/infill": {"max_tokens": "n_predict", "suffix": "input_suffix"},
 }
 
 
