@@ -30,8 +30,7 @@ OTHERS = {  # vLLM's, mlx-lm's and llama.cpp's that are read (or refused with a 
     "xtc_threshold", "add_special_tokens", "return_token_strs", "with_pieces", "content", "tokens",
 }
 OLLAMA = {"options", "format", "think", "keep_alive", "raw", "template", "context", "images", "name", "verbose"}
-LLAMA_CPP = {"input_prefix", "input_suffix", "input_extra", "n_predict", "response_fields", "repeat_last_n",
-             "cache_prompt", "samplers", "t_max_prompt_ms", "t_max_predict_ms", "id_slot", "n_indent"}  # /infill's
+LLAMA_CPP = {"input_prefix", "input_suffix", "input_extra", "n_predict", "response_fields", "repeat_last_n"}
 # What /infill reads (`infill.py`); the rest of llama.cpp's fields (cache_prompt, samplers, t_max_predict_ms,
 # id_slot, n_indent...) change nothing here, and the log names them once.
 INFILL = {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "stream", "response_fields",
