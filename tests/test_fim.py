@@ -95,12 +95,17 @@ def test_a_model_without_markers_is_refused_saying_why():
         engine.generate(PREFIX, suffix=SUFFIX, max_tokens=2)
 
 
-def test_the_server_s_suffix_through_the_official_client():
+def area_coder() -> Engine:
+    """A code model that fills PREFIX ... SUFFIX with "3.14159 * r * r", then its end of middle."""
     tok = qwen_tokenizer()
     model = tiny.ScriptedModel(vocab=tiny.VOCAB + len(QWEN))
     model.say(tok.encode("3.14159 * r * r", add_special_tokens=False) + ids_of(tok, ["<|fim_pad|>"]),
               len(fim_format(tok).encode(tok, PREFIX, SUFFIX)))
-    with running_server(Engine(model, tok, drafter="ngram"), model_id="coder") as (url, _):
+    return Engine(model, tok, drafter="ngram")
+
+
+def test_the_server_s_suffix_through_the_official_client():
+    with running_server(area_coder(), model_id="coder") as (url, _):
         client = openai_client(url)
         r = client.completions.create(model="coder", prompt=PREFIX, suffix=SUFFIX, max_tokens=40)
         assert r.choices[0].text == "3.14159 * r * r" and r.choices[0].finish_reason == "stop"

@@ -9,10 +9,9 @@ import pytest
 
 import tiny
 from mlxspec.engine import Engine
-from mlxspec.fim import fim_format
 from mlxspec.serve import ollama as ol
 from serve_helpers import TIMEOUT, openai_client, running_server, scripted_server, tiny_engine
-from test_fim import PREFIX, QWEN, SUFFIX, ids_of, qwen_tokenizer
+from test_fim import PREFIX, SUFFIX, area_coder
 from test_grammar import MOOD
 from test_reasoning import scripted_thinker
 
@@ -185,11 +184,7 @@ def test_no_limit_is_the_context_or_none(context, limit):
 
 
 def test_suffix_fills_in_the_middle():
-    tok = qwen_tokenizer()
-    model = tiny.ScriptedModel(vocab=tiny.VOCAB + len(QWEN))
-    model.say(tok.encode("3.14159 * r * r", add_special_tokens=False) + ids_of(tok, ["<|fim_pad|>"]),
-              len(fim_format(tok).encode(tok, PREFIX, SUFFIX)))
-    with running_server(Engine(model, tok, drafter="ngram"), model_id="coder") as (url, _):
+    with running_server(area_coder(), model_id="coder") as (url, _):
         client = ollama.Client(host=url, timeout=TIMEOUT)
         r = client.generate(model="coder", prompt=PREFIX, suffix=SUFFIX, options={"num_predict": 40})
         assert r.response == "3.14159 * r * r" and r.done_reason == "stop"

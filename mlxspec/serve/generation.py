@@ -20,6 +20,7 @@ from . import schema
 from .body import read_json
 from .choice import Choice, best
 from .errors import APIError, from_engine, internal
+from .metrics import count_error
 from .options import ServeOptions
 from .queue import EngineQueue, Job
 from .responses import DONE, Shapes, combined, prompt_only, sse, usage
@@ -53,6 +54,24 @@ def guarded(handler: Callable) -> Callable:
             raise internal(e) from e
 
     return endpoint
+
+
+def guarded_as(to_response: Callable[[APIError], Response]) -> Callable:
+    """`guarded`, with the route's refusals answered in its API's shape by `to_response` (and
+    counted like the others)."""
+    def decorate(handler: Callable) -> Callable:
+        inner = guarded(handler)
+
+        async def route(request: Request) -> Response:
+            try:
+                return await inner(request)
+            except APIError as e:
+                count_error(request.app, e.status)
+                return to_response(e)
+
+        return route
+
+    return decorate
 
 
 async def parsed(parse: Callable, body: dict, options: ServeOptions) -> "schema.GenerationRequest":

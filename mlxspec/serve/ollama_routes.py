@@ -7,7 +7,7 @@ Ollama's shape, `{"error": message}`.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -16,7 +16,7 @@ from ..errors import shown
 from . import ollama, schema
 from .body import read_json
 from .errors import APIError
-from .generation import guarded
+from .generation import guarded_as
 from .metrics import count_error
 from .translated import one_answer
 
@@ -31,18 +31,8 @@ ELSEWHERE = {"pull": "fetch models with `mlxspec pull NAME` and serve one with `
              "embed": NO_EMBEDDINGS, "embeddings": NO_EMBEDDINGS}
 
 
-def _ollama_errors(handler: Callable) -> Callable:
-    """A `guarded` route whose errors take Ollama's shape (counted like the others)."""
-    inner = guarded(handler)
-
-    async def route(request: Request) -> Response:
-        try:
-            return await inner(request)
-        except APIError as e:
-            count_error(request.app, e.status)
-            return JSONResponse(ollama.error_response_body(e), status_code=e.status, headers=e.headers)
-
-    return route
+_ollama_errors = guarded_as(lambda e: JSONResponse(ollama.error_response_body(e), status_code=e.status,
+                                                   headers=e.headers))  # routes whose errors take Ollama's shape
 
 
 @_ollama_errors

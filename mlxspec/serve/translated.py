@@ -18,9 +18,8 @@ from . import anthropic, response_items, responses_api, responses_output, schema
 from .body import read_json
 from .choice import AnswerReader, tool_reader
 from .errors import APIError, invalid
-from .generation import (EventStream, answered, cancel_on_disconnect, closer, first_of, gone, guarded, job_events,
-                         kept_alive, parsed, thinking_start, usage_of)
-from .metrics import count_error
+from .generation import (EventStream, answered, cancel_on_disconnect, closer, first_of, gone, guarded, guarded_as,
+                         job_events, kept_alive, parsed, thinking_start, usage_of)
 from .queue import Job
 
 if TYPE_CHECKING:
@@ -165,18 +164,7 @@ async def delete_response(request: Request) -> Response:
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
-def _anthropic_errors(handler: Callable) -> Callable:
-    """A `guarded` route whose errors take Anthropic's shape (counted like the others)."""
-    inner = guarded(handler)
-
-    async def route(request: Request) -> Response:
-        try:
-            return await inner(request)
-        except APIError as e:
-            count_error(request.app, e.status)
-            return anthropic.error_response(e)
-
-    return route
+_anthropic_errors = guarded_as(anthropic.error_response)  # routes whose errors take Anthropic's shape
 
 
 @_anthropic_errors
