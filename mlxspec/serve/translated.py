@@ -1,5 +1,6 @@
 """Other APIs' single answers, each answered as a chat: OpenAI's Responses API (stored for
 `previous_response_id`) and Anthropic's Messages API, whole or streamed in their own events.
+`one_answer` serves Ollama's routes (`ollama_routes.py`) and llama.cpp's /infill too.
 """
 
 from __future__ import annotations
