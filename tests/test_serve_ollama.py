@@ -71,6 +71,17 @@ def test_generate_is_a_chat_of_system_and_prompt_and_raw_is_the_prompt_as_it_is(
     assert "".join(p.response for p in streamed) == raw.response
 
 
+def test_a_base_model_s_prompt_is_taken_as_it_is():
+    tok = tiny.make_tokenizer(chat_template=None)
+    engine = Engine(tiny.make_llama(0, tie_embeddings=False), tok)
+    want = tiny_engine().generate("Rivers run", max_tokens=12).text
+    with running_server(engine, model_id="base") as (url, _):
+        client = ollama.Client(host=url, timeout=TIMEOUT)
+        assert client.generate(model="base", prompt="Rivers run", options={"num_predict": 12}).response == want
+        with pytest.raises(ollama.ResponseError, match="no chat template"):  # a chat needs one
+            client.chat(model="base", messages=ASK)
+
+
 def test_options_are_the_engine_s_settings(served):
     client, _, ref = served
     r = client.chat(model="t", messages=ASK, options={"num_predict": 30, "repeat_penalty": 1.5, "repeat_last_n": 8})

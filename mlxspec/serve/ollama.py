@@ -59,8 +59,10 @@ def to_chat(body: dict, context: Optional[int]) -> Tuple[dict, List[str]]:
     return chat, ignored
 
 
-def to_generate(body: dict, context: Optional[int]) -> Tuple[str, dict, List[str]]:
-    """An /api/generate body -> ("chat" or "completion", the body that answers it, ignored options)."""
+def to_generate(body: dict, context: Optional[int], templated: bool = True) -> Tuple[str, dict, List[str]]:
+    """An /api/generate body -> ("chat" or "completion", the body that answers it, ignored options).
+    `templated`: the model has a chat template (a base model's prompt is taken as it is, as Ollama's
+    "{{ .Prompt }}" template for one does)."""
     out, ignored = _common(body, context)
     for key, why in (("template", "the model's own chat template is used: send raw true with the prompt laid out "
                                   "as you want it"),
@@ -70,7 +72,7 @@ def to_generate(body: dict, context: Optional[int]) -> Tuple[str, dict, List[str
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise invalid(f"prompt must be a string, got {shown(prompt)}", "prompt")
-    if body.get("suffix") is not None or _flag(body, "raw"):  # the prompt as it is, or filled in the middle
+    if body.get("suffix") is not None or _flag(body, "raw") or not templated:  # as it is, or filled in the middle
         if out.pop("logprobs", None):  # completions' logprobs: how many alternatives
             out["logprobs"] = out.pop("top_logprobs", 0)
         out["prompt"] = prompt

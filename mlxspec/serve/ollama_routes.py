@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..errors import shown
+from ..prompts import has_chat_template
 from . import ollama, schema
 from .body import read_json
 from .errors import APIError
@@ -60,7 +61,8 @@ async def _answer(request: Request, route: str) -> Response:
         if route == "chat":
             out, ignored = ollama.to_chat(body, state.engine.context)
         else:
-            kind[0], out, ignored = ollama.to_generate(body, state.engine.context)
+            kind[0], out, ignored = ollama.to_generate(body, state.engine.context,
+                                                       has_chat_template(state.engine.tokenizer))
         if ignored and state.first_told(f"{request.url.path} options", ignored):
             log.info("%s: ignored options this server does not read (Ollama's runner's settings: the model here is "
                      "loaded once, as mlxspec serve was told): %s", request.url.path, ", ".join(map(shown, ignored)))
