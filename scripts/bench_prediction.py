@@ -42,6 +42,7 @@ def main() -> None:
     if not prompts:
         raise SystemExit("no prompt has a ``` block to predict the answer from")
     engine = mlxspec.load(args.pair)
+    engine.warmup()  # as the server and `mlxspec bench` do: every pass shape compiled, the cost curve timed
     drafters = [engine.default_drafter] + (["ngram"] if engine.default_drafter != "ngram" else [])
     # the plain answers: the reference every mode must equal, and the ceiling's prediction
     answers = []
