@@ -56,8 +56,7 @@ log = logging.getLogger("mlxspec.serve")
 ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE "
                "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models "
                "(each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET /metrics, llama.cpp's "
-               "POST /infill, and Ollama's "
-               "POST /api/chat, POST /api/generate, GET /api/tags, POST /api/show, GET /api/ps, GET /api/version")
+               f"POST /infill, and Ollama's {ollama_routes.ROUTES_TEXT}")
 
 
 class ServerState:

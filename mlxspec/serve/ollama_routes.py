@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from .app import ServerState
 
 log = logging.getLogger("mlxspec.serve")
-SERVED = {"chat": "POST", "generate": "POST", "tags": "GET", "show": "POST", "ps": "GET", "version": "GET"}
 # Ollama's routes that manage models or embed text: what a client is told there instead.
 NO_EMBEDDINGS = "this server does not compute embeddings"
 ELSEWHERE = {"pull": "fetch models with `mlxspec pull NAME` and serve one with `mlxspec serve`",
@@ -118,7 +117,7 @@ async def elsewhere(request: Request) -> Response:
         status = 405
     else:
         why = ELSEWHERE.get(rest, "this server serves one model, chosen when it starts")
-        message = f"/api/{rest} is not served here: {why}; its Ollama routes are {ollama.ROUTES}"
+        message = f"/api/{rest} is not served here: {why}; its Ollama routes are {ROUTES_TEXT}"
         status = 404
     count_error(request.app, status)
     return JSONResponse({"error": message}, status_code=status)
@@ -127,3 +126,5 @@ async def elsewhere(request: Request) -> Response:
 ROUTES = [("/api/chat", chat, ["POST"]), ("/api/generate", generate, ["POST"]), ("/api/tags", tags, ["GET"]),
           ("/api/show", show, ["POST"]), ("/api/ps", running, ["GET"]), ("/api/version", version, ["GET"]),
           ("/api/{rest:path}", elsewhere, ["GET", "POST", "PUT", "PATCH", "DELETE"])]
+SERVED = {path[len("/api/"):]: methods[0] for path, _, methods in ROUTES[:-1]}  # name -> its method
+ROUTES_TEXT = ", ".join(f"{methods[0]} {path}" for path, _, methods in ROUTES[:-1])
