@@ -33,11 +33,17 @@ OLLAMA = {"options", "format", "think", "keep_alive", "raw", "template", "contex
 LLAMA_CPP = {"input_prefix", "input_suffix", "input_extra", "n_predict", "response_fields", "repeat_last_n"}
 # What /infill reads (`infill.py`); the rest of llama.cpp's fields (cache_prompt, samplers, t_max_predict_ms,
 # id_slot, n_indent...) change nothing here, and the log names them once.
+INFILL_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
 INFILL = {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "stream", "response_fields",
-          "repeat_penalty", "repeat_last_n", "temperature", "top_k", "top_p", "min_p", "seed", "stop",
-          "presence_penalty", "frequency_penalty"}
+          "repeat_penalty", "repeat_last_n", *INFILL_SAMPLING}
 OWN = {"speculative", "num_draft", "drafter", "tree", "lookup"}  # the engine's, per request
-KNOWN = frozenset(OPENAI | ANTHROPIC | OTHERS | OLLAMA | LLAMA_CPP | OWN | set(EXTENSIONS) | set(GUIDED) | set(RENAMED))
+# What Ollama's /api/chat and /api/generate read (`ollama.py`); `options`' own names are ollama.OPTIONS
+OLLAMA_CHAT = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
+               "top_logprobs", *OWN}
+OLLAMA_GENERATE = {"model", "prompt", "suffix", "system", "template", "context", "raw", "images", "format", "options",
+                   "stream", "keep_alive", "think", "logprobs", "top_logprobs", *OWN}
+KNOWN = frozenset(OPENAI | ANTHROPIC | OTHERS | OLLAMA | LLAMA_CPP | OWN | set(EXTENSIONS) | set(GUIDED)
+                  | set(RENAMED))
 SHOWN = 8  # names per log line: a body of junk keys makes one short line, not a long one
 API_PREFIX = "/v1"  # OpenAI's and Anthropic's routes are served with it and without it (`app.py`)
 OLLAMA_PREFIX = "/api/"  # Ollama's routes, served as Ollama names them
@@ -51,7 +57,7 @@ def api_route(path: str) -> str:
 def _reads() -> dict:
     """What the routes that translate another API's request read (their own fields, and those the
     API defines that are accepted and change nothing here): any other API's field is dropped there."""
-    from . import anthropic, ollama, responses_api
+    from . import anthropic, responses_api
 
     messages = set(anthropic.PASSED) | {"messages", "system", "stop_sequences", "tools", "tool_choice", "thinking",
                                         "metadata", "service_tier", "container", "mcp_servers", "context_management"}
@@ -61,7 +67,7 @@ def _reads() -> dict:
         "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier", "stream_options",
         "top_logprobs"}
     return {"/v1/messages": messages, "/v1/messages/count_tokens": messages, "/v1/responses": responses,
-            "/api/chat": ollama.CHAT_FIELDS, "/api/generate": ollama.GENERATE_FIELDS,
+            "/api/chat": OLLAMA_CHAT, "/api/generate": OLLAMA_GENERATE,
             "/api/show": {"model", "name", "verbose"}, "/v1/infill": INFILL | OWN}
 
 

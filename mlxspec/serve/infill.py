@@ -24,14 +24,14 @@ from . import schema
 from .body import read_json
 from .errors import APIError, invalid
 from .generation import guarded
-from .ollama import OWN, REPEAT_LAST_N, UNBOUNDED
+from .fields import INFILL_SAMPLING, OWN
+from .ollama import REPEAT_LAST_N, UNBOUNDED
 from .responses import figures, sse
 from .translated import one_answer
 
 if TYPE_CHECKING:
     from .app import ServerState
 
-SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
 
 
 @guarded
@@ -42,7 +42,7 @@ async def infill(request: Request) -> Response:
     limit = _limit(body.get("n_predict"), state)
     ids, cut = await asyncio.to_thread(layout, state.engine, body, max(limit, 1))  # (tokenizing: off the loop)
     fmt = state.engine.fim_format
-    completion = {key: body[key] for key in (*SAMPLING, *OWN) if body.get(key) is not None}
+    completion = {key: body[key] for key in (*INFILL_SAMPLING, *OWN) if body.get(key) is not None}
     completion.update(prompt=ids, max_tokens=max(limit, 1), stream=body.get("stream", False),
                       stop_token_ids=list(fmt.ends))
     if body.get("repeat_penalty") is not None:  # llama.cpp's names for mlx-lm's (its look-back: 64 by default)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ..errors import shown
 from ..tools import arguments_object
 from .errors import APIError, invalid, unsupported
+from .fields import OWN
 from .responses import figures
 
 # The Ollama release whose API these routes follow (/api/version): clients check it before using one.
@@ -38,12 +39,6 @@ OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "mi
            "tfs_z": "tfs_z", "mirostat": "mirostat"}
 REPEAT_LAST_N = 64  # Ollama's default look-back of repeat_penalty
 UNBOUNDED = 1 << 30  # num_predict -1 (no limit) and -2 (until the context is full): the context ends it
-OWN = ("speculative", "num_draft", "drafter", "tree", "lookup")  # this server's, passed as they are
-CHAT_FIELDS = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
-               "top_logprobs", *OWN}
-GENERATE_FIELDS = {"model", "prompt", "suffix", "system", "template", "context", "raw", "images", "format", "options",
-                   "stream", "keep_alive", "think", "logprobs", "top_logprobs", *OWN}
-ROUTES = "POST /api/chat, POST /api/generate, GET /api/tags, POST /api/show, GET /api/ps, GET /api/version"
 
 
 def to_chat(body: dict, context: Optional[int]) -> Tuple[dict, List[str]]:
