@@ -23,6 +23,7 @@ from . import kernels
 from .cache import WindowKVCache
 from .calibration import check_ratios, prior_slope, priors_for
 from .costmodel import DECAY, MODEL_DECAY, CostModel
+from .device import is_gpu
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .drafters.eagle import head_window
@@ -188,7 +189,8 @@ class Engine:
             self.drafters["eagle"] = EagleDrafter(head, draft_ids, self.target, max_kv_size=self.max_kv_size,
                                                   headroom=headroom, prefill_step=self.prefill_step,
                                                   copier=self.drafters["ngram"], window=head_window(cfg))
-        self.curve = TargetCurve(prior_ratios=self._cost_prior, prior_slope=self._prior_slope)
+        self.curve = TargetCurve(prior_ratios=self._cost_prior, prior_slope=self._prior_slope,
+                                 first_use_compiles=is_gpu())
         self.costs = {name: CostModel(self.curve, draft_is_free=not d.uses_model,
                                       decay=MODEL_DECAY if d.uses_model else DECAY,
                                       prior_draft_ratio=self._prior_draft if name == "model" else None)

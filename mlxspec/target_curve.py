@@ -14,7 +14,14 @@ of one row took 1.7x as long after 3,000 positions as after 64, and a request th
 the old pace, had its new lengths learnt 1.7x too dear and then scaled by the new pace again.
 
 A length never timed is interpolated from the timed ones (or a calibration curve). Warm-up's
-timings seed the curve until the loop's own replace them.
+timings seed the curve until the loop's own replace them. Where a length's first pass compiles
+its kernels (a GPU's), a length the loop timed only once, at that first use, is *unsure*: a
+moderate stall is not held back as one (on an H100 an engine not warmed timed V(5) at 18 ms,
+about 1.8x its cost, once; every longer length, priced by continuing that slope, looked too dear
+to be tried, so none was re-timed, and the engine drafted 2 tokens a round where a warmed one
+drafted 15). Other lengths are not priced from an unsure one, and the cost model re-times it
+(`doubted_seconds`). On a CPU nothing compiles per shape: a first timing is as good as any, and
+pricing new lengths without it made the head try a chain of each longer length in turn.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ JUMP_TOKENS, JUMP_RATIO = 512, 1.5
 class TargetCurve:
     """The target's costs on this device: V(j) for rounds of j fed tokens, and the pipelined step P."""
 
-    def __init__(self, *, prior_ratios: Optional[Dict[int, float]] = None, prior_slope: float = 0.5):
+    def __init__(self, *, prior_ratios: Optional[Dict[int, float]] = None, prior_slope: float = 0.5,
+                 first_use_compiles: bool = False):
         self._interp: Dict[int, Optional[float]] = {}
         self.prior_ratios = prior_ratios  # V(j)/V(1), e.g. from `mlxspec calibrate`
         self.prior_slope = prior_slope  # V(j)/V(1) = 1 + slope*(j-1) when nothing better is known
@@ -55,6 +63,9 @@ class TargetCurve:
         self.pace_open = False
         self._growth = 1.0  # after a jump, how much longer the context got (the first sample's stall bar)
         self._fresh = False  # since the jump, fewer than 3 pace samples: the pace is their minimum
+        self._timed: set = set()  # lengths ever timed (or held back as stalls), warm-up's included
+        self._unsure: set = set()  # lengths whose one sample is their first use's (maybe compiling)
+        self.first_use_compiles = first_use_compiles  # a GPU's: a length's first pass builds its kernels
 
     @property
     def prior_ratios(self) -> Dict[int, float]:
@@ -93,7 +104,13 @@ class TargetCurve:
             e = self.v[j] = Estimate()
         # A first sample is judged against what the other lengths predict.
         guess = self.verify_base(j) if not len(e) and not trusted else None
+        first_use = j not in self._timed
+        self._timed.add(j)
         if e.add(x, self.now, provisional=trusted, guess=guess):
+            if first_use and not trusted and self.first_use_compiles:
+                self._unsure.add(j)
+            else:
+                self._unsure.discard(j)
             self._known, self._interp = None, {}
 
     def at_context(self, n: int) -> None:
@@ -139,6 +156,21 @@ class TargetCurve:
         if e is not None and len(e):
             e.when = self.now
             e.provisional = False
+
+    def unsure(self, j: int) -> bool:
+        """V(j)'s one timing is its first use's, which may have compiled kernels (not warmed)."""
+        return j in self._unsure
+
+    def doubted_seconds(self, j: int) -> Optional[float]:
+        """V(j) as a re-timing judges it: for an unsure length, the lower of its one timing and
+        what the other lengths predict (a first use's compile made it dear, which kept it from
+        being chosen, so from being timed again); else `verify_seconds`."""
+        v = self.verify_seconds(j)
+        if v is None or j not in self._unsure:
+            return v
+        anchors = {x: t for x, t in self._anchors().items() if x != j}
+        guess = self._interpolate(j, anchors) if anchors else None
+        return v if guess is None else min(v, guess * self.pace)
 
     def provisional(self, j: int) -> bool:
         """V(j) is warm-up's timing, not yet confirmed by a round of the loop."""
@@ -196,14 +228,23 @@ class TargetCurve:
         known = self.measured()
         if j in known:
             return known[j]
+        if j not in self._interp:
+            self._interp[j] = self._interpolate(j, self._anchors())
+        return self._interp[j]
+
+    def _anchors(self) -> Dict[int, float]:
+        """The timings other lengths are priced from, at pace 1: the measured ones but the unsure
+        (while any other is known), the pipelined step standing in for V(1) when cheaper."""
         p = self.plain.value()
         if p is not None and (self._anchor is None or abs(p - self._anchor) > 0.1 * self._anchor):
             self._anchor, self._interp = p, {}  # refresh the cached guesses when the step time moved
-        if j not in self._interp:
-            if self._anchor is not None and self._anchor < known.get(1, float("inf")):
-                known = {**known, 1: self._anchor}
-            self._interp[j] = self._interpolate(j, known)
-        return self._interp[j]
+        known = self.measured()
+        sure = {x: t for x, t in known.items() if x not in self._unsure}
+        if sure or self._anchor is not None:
+            known = sure
+        if self._anchor is not None and self._anchor < known.get(1, float("inf")):
+            known = {**known, 1: self._anchor}
+        return known
 
     def _interpolate(self, j: int, known: Dict[int, float]) -> Optional[float]:
         if not known:

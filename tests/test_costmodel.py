@@ -369,6 +369,79 @@ def test_a_stalled_first_pass_of_a_new_length_does_not_stick():
     assert m.curve.verify_seconds(5) == pytest.approx(1.2) and m.choose(4) == 4
 
 
+def h100_first_uses(rounds: int = 600):
+    """An H100's engine not warmed, as measured there: a pipelined step of 6.15 ms, rounds of 2 and 3
+    tokens 1.10x and 1.18x of it, 4 or more 1.6x (+0.02x a token), and each length's first pass
+    1.8x its cost (compiling; not held back as a stall). Lookup drafted its short matches first,
+    then one round of 4; the text is then predictable (0.95 a token). Returns the model, the lengths
+    chosen and the rounds' timer."""
+    p = 6.15e-3
+    cost = lambda j: p * (1.0 if j == 1 else 1.10 if j == 2 else 1.18 if j == 3 else 1.6 + 0.02 * (j - 4))  # noqa: E731
+    seen = set()
+
+    def run(j):
+        first = j not in seen
+        seen.add(j)
+        return cost(j) * (1.8 if first else 1.0)
+
+    curve = TargetCurve(prior_slope=0.1, first_use_compiles=True)
+    m = CostModel(curve, k_max=15, draft_is_free=True)
+    m.counts[""] = [0.95 * 40, 0.05 * 40]
+    for _ in range(20):
+        curve.observe_plain(p)
+    for _ in range(10):
+        for j in (2, 3):
+            m.observe_round(j - 1, run(j))
+            curve.observe_plain(p)
+    m.observe_round(4, run(5))
+    assert curve.unsure(5) and not curve.unsure(3)
+    picks = []
+    for _ in range(rounds):
+        picks.append(m.choose())
+        if picks[-1]:
+            m.observe_round(picks[-1], run(picks[-1] + 1))
+        else:
+            curve.observe_plain(p)
+    return m, picks, run
+
+
+def test_a_first_uses_timing_does_not_price_the_lengths_beyond_it():
+    """On an H100, an engine not warmed timed V(5) once, at 18 ms, while it compiled; every longer
+    length was priced by continuing the slope through it (V(16) = 89 ms, 12x a plain step), so
+    none was tried or re-timed, and every round drafted 2 (2.97 tokens a pass; 13.6 warmed). A
+    length timed once at its first use prices no other, and is re-timed when it could pay."""
+    m, picks, _ = h100_first_uses()
+    curve = m.curve
+    assert curve.verify_seconds(16) < 2.5 * curve.plain_seconds()  # not continued through V(5)'s 18 ms
+    assert picks[-100:].count(15) >= 95, sorted(set(picks))
+    assert not curve.unsure(16) and curve.verify_seconds(16) == pytest.approx(6.15e-3 * 1.84)
+    # An unsure length is judged at what the others predict when that is lower.
+    assert curve.doubted_seconds(5) < 0.6 * curve.verify_seconds(5)
+
+
+def test_an_unsure_length_is_re_timed_when_it_could_pay_and_then_trusted():
+    """Where drafts are less sure (0.6 a token), the best chain is short (k = 2 on these costs). A
+    length stalled at its first use is re-timed where, a quarter cheaper than the sure lengths
+    predict, it could win; its second timing replaces the first, and k = 2 is then chosen on the
+    merits of each length's real cost, not of its compile."""
+    m, _, run = h100_first_uses(rounds=0)
+    m.counts[""] = [0.6 * 400, 0.4 * 400]
+    picks = []
+    for _ in range(4 * EXPLORE_EVERY):
+        picks.append(m.choose(4))
+        if picks[-1]:
+            m.observe_round(picks[-1], run(picks[-1] + 1))
+        else:
+            m.curve.observe_plain(6.15e-3)
+    p = 6.15e-3
+    assert picks[0] == 3 and picks.count(3) == 2  # V(4) was only interpolated, then unsure: re-timed
+    assert not m.curve.unsure(4) and m.curve.verify_seconds(4) == pytest.approx(1.6 * p)
+    assert picks[-2 * EXPLORE_EVERY:] == [2] * (2 * EXPLORE_EVERY)
+    # V(5) still has only its first use's 17.9 ms; judged at what V(3) and V(4) predict (12.4 ms), a
+    # quarter cheaper it could not beat k = 2, and at its real cost (1.62x) it does not either.
+    assert m.curve.unsure(5) and m.curve.doubted_seconds(5) == pytest.approx(p * (1.6 + 1.6 - 1.18))
+
+
 def test_stale_lengths_are_retimed_when_they_could_pay():
     m = trained({}, 0.0, 0.9, free=True)
     for _ in range(3):

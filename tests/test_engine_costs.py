@@ -107,6 +107,16 @@ def test_drafting_resumes_after_first_use_stalls(target, clock):
     assert [ev.token for ev in first] == plain
 
 
+@pytest.mark.parametrize("gpu", [True, False])
+def test_the_curve_doubts_first_uses_where_they_compile(target, monkeypatch, gpu):
+    from mlxspec import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "is_gpu", lambda: gpu)
+    e = Engine(target, None)
+    e.curve.observe(2, 1e-3)
+    assert e.curve.first_use_compiles == gpu and e.curve.unsure(2) == gpu
+
+
 def test_warmup_compiles_every_length_and_seeds_the_curve(target, clock):
     stalling = StallingModel(target, clock, stall=0.05)
     e = Engine(stalling, None, drafter="ngram")

@@ -185,3 +185,19 @@ def test_past_the_longest_timed_length_a_noisy_dip_is_no_discount():
     c.observe(2, 1.2)
     c.observe(3, 1.0)
     assert c.verify_seconds(6) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("compiles", [True, False])
+def test_only_a_first_use_that_compiles_is_unsure_and_never_warm_ups(compiles):
+    """Warm-up compiled its lengths: their loop timings are sure. On a CPU nothing compiles per
+    shape, so a first use's timing is as good as any and prices the lengths beyond it."""
+    curve = TargetCurve(first_use_compiles=compiles)
+    for j in (1, 2, 3):
+        curve.observe(j, 1e-3 * j, trusted=True)
+    curve.observe(2, 2.5e-3)  # the loop's first timing of a length warm-up compiled
+    curve.observe(4, 9e-3)  # a length warm-up did not run: its first use
+    assert not curve.unsure(2) and curve.unsure(4) == compiles
+    # V(6) continues the slope of the last two lengths that price it: V(2)-V(3), or V(3)-V(4).
+    assert curve.verify_seconds(6) == pytest.approx(3e-3 + 3 * 0.5e-3 if compiles else 9e-3 + 2 * 6e-3)
+    curve.observe(4, 4e-3)
+    assert not curve.unsure(4) and curve.verify_seconds(4) == pytest.approx(4e-3)
