@@ -307,7 +307,8 @@ class Engine:
                repetition_context_size: int = 20, stop_token_ids=None, ignore_eos: bool = False,
                min_tokens: int = 0, prompt_logprobs: Optional[int] = None, suffix: Optional[str] = None,
                include_stop_str_in_output: bool = False, continue_final_message: bool = False,
-               parallel_tool_calls: bool = True, prediction=None, **other) -> Iterator[TokenEvent]:
+               parallel_tool_calls: bool = True, prediction=None, min_indent: int = 0,
+               soft_time_limit: Optional[float] = None, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -391,6 +392,13 @@ class Engine:
             stop_token_ids, ignore_eos, min_tokens: vLLM's: more token ids that end the answer as
                 EOS does (not shown in the text); the model's EOS does not end it; before
                 `min_tokens` tokens, the ones that would end it are banned.
+            min_indent, soft_time_limit: llama.cpp's n_indent and t_max_predict_ms, for
+                completions at an editor's cursor, each ending the answer with finish_reason
+                "length": a line after the first whose first character other than spaces and
+                tabs comes after fewer than `min_indent` of them ends it before that character
+                (the cursor's indentation keeps the completion in its block; a blank line decides
+                nothing); after `soft_time_limit` seconds of generation (the prompt's not
+                counted), the next line end ends it (whole lines soon, not a long answer late).
         """
         check_no_other_options(other, STREAM_OPTIONS)
         # every keyword by name (the signature above is the contract); `cancel` stays on this rank

@@ -96,7 +96,8 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
              constraint=None, bias: Optional[mx.array] = None, penalties=None, stop_ids=(),
              ignore_eos: bool = False, min_tokens: int = 0,
              prompt_logprobs: Optional[int] = None, include_stop: bool = False,
-             end_after: str = "", prediction: Optional[List[int]] = None) -> Iterator[TokenEvent]:
+             end_after: str = "", prediction: Optional[List[int]] = None, min_indent: int = 0,
+             soft_time_limit: Optional[float] = None) -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
     may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
     with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
@@ -115,7 +116,9 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
     ends with the stop string found, not before it. `end_after`: text that ends the answer, kept
     in it (a tool call's end marker, when the answer may call one tool only). `prediction`: token ids
     the answer is expected to largely repeat (OpenAI's Predicted Outputs), which lookup drafts
-    from (`NgramDrafter.predict`); a model drafter's lookup rounds then run even with `lookup` off."""
+    from (`NgramDrafter.predict`); a model drafter's lookup rounds then run even with `lookup` off.
+    `min_indent`, `soft_time_limit`: llama.cpp's n_indent and t_max_predict_ms (`Engine.stream`);
+    the answer ends at such a limit with finish_reason "length"."""
     target = engine.target
     drafter, cost = engine.drafters[name], engine.costs[name]
     eos = set(getattr(engine.tokenizer, "eos_token_ids", None) or []) if engine.tokenizer is not None else set()
@@ -124,10 +127,12 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
     ban = None  # min_tokens: the ending tokens' row of -inf
     if min_tokens and eos:
         ban = mx.zeros((engine.vocab_size,), dtype=mx.float32).at[mx.array(sorted(eos))].add(-mx.inf)
-    text = TextAssembler(engine.tokenizer, stop, include_stop, end_after)
+    text = TextAssembler(engine.tokenizer, stop, include_stop, end_after, min_indent)
     seed = draw_seed() if seed is None else seed
     coord = engine.coord
     dist = coord.active
+    # Time is rank 0's alone: it ends the request as a closed stream would, and tells the others.
+    deadline = soft_time_limit if not dist or coord.is_main else None
     read_pass = coord.watched(read, "a target pass's result")
     # Not with several ranks: each rank's cost models would pick differently.
     companion = LOOKUP if (lookup or prediction) and drafter.uses_model and k_fixed is None and not dist else None
@@ -331,8 +336,9 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
                     piece, end = text.add(None)[0] + text.flush(), "stop"
                     why = tok if tok in asked_ids else None
                 else:
-                    piece, stopped = text.add(tok)
-                    end = "stop" if stopped else None
+                    late = deadline is not None and stats.seconds + clock() - t_resume >= deadline
+                    piece, stopped = text.add(tok, late)
+                    end = ("length" if text.limited else "stop") if stopped else None
                     why = text.matched if stopped else None
                     if finish and last and not end:
                         piece, end = piece + text.flush(), finish

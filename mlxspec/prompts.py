@@ -237,6 +237,18 @@ def check_endings(stop_token_ids, ignore_eos, min_tokens, max_tokens: int, vocab
     return sorted(set(ids)), ignore_eos, min_tokens
 
 
+def check_line_limits(min_indent, soft_time_limit) -> dict:
+    """llama.cpp's n_indent and t_max_predict_ms, as `Engine.stream` takes them, checked."""
+    if isinstance(min_indent, bool) or not isinstance(min_indent, int) or min_indent < 0:
+        raise InvalidArgumentError(f"min_indent must be an integer >= 0 (the spaces or tabs each line after the "
+                                   f"first needs; 0: any), got {shown(min_indent)}")
+    if soft_time_limit is not None and (isinstance(soft_time_limit, bool) or not isinstance(soft_time_limit, (int, float))
+                                        or not 0 < soft_time_limit < float("inf")):
+        raise InvalidArgumentError(f"soft_time_limit must be a number of seconds > 0 (after which the answer ends "
+                                   f"at its next line end), or None, got {shown(soft_time_limit)}")
+    return dict(min_indent=min_indent, soft_time_limit=soft_time_limit)
+
+
 def check_prompt_cache_size(size) -> int:
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise InvalidArgumentError(f"prompt_cache_size must be an integer >= 0 (earlier conversations whose caches "

@@ -13,8 +13,8 @@ from .grammar import JSON_OPTIONS, check_response_format
 from .logprobs import check_logprobs
 from .penalties import check_penalty, check_repetition
 from .prediction import check_prediction
-from .prompts import (check_drafter, check_endings, check_fits, check_lookup, check_max_tokens, check_num_draft,
-                      check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
+from .prompts import (check_drafter, check_endings, check_fits, check_line_limits, check_lookup, check_max_tokens,
+                      check_num_draft, check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
 from .reasoning import thinking_end
 from .sampling import SamplingParams, check_logit_bias
 from .tools import call_grammar, calls_or_answer, check_tool_choice, check_tools, narrowed
@@ -24,7 +24,8 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
                   stop, drafter, tree, lookup, tools, logprobs, response_format, tool_choice, chat_template_kwargs,
                   logit_bias, presence_penalty, frequency_penalty, repetition_penalty, repetition_context_size,
                   stop_token_ids, ignore_eos, min_tokens, prompt_logprobs, suffix, include_stop_str_in_output,
-                  continue_final_message, parallel_tool_calls, prediction) -> Tuple[dict, Optional[object]]:
+                  continue_final_message, parallel_tool_calls, prediction, min_indent=0,
+                  soft_time_limit=None) -> Tuple[dict, Optional[object]]:
     """`engine.stream`'s arguments, checked (see its docstring for each). Returns the request (what
     `Engine._run` takes, shareable between ranks) and the grammar state for its response_format
     (None for free text), built now so a schema the compiler refuses is said first."""
@@ -51,6 +52,7 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
         penalty = None
     endings = dict(zip(("stop_ids", "ignore_eos", "min_tokens"),
                        check_endings(stop_token_ids, ignore_eos, min_tokens, max_tokens, engine.vocab_size)))
+    endings.update(check_line_limits(min_indent, soft_time_limit))
     tools = check_tools(tools)
     tools, choice = narrowed(tools, check_tool_choice(tool_choice, tools))
     forcing = choice not in (None, "auto", "none")  # a call the grammar writes

@@ -172,6 +172,60 @@ def test_stop_string_inside_a_draft_run(target):
     assert e.generate(prompt, max_tokens=40, stop=stop).text == text[:cut]
 
 
+NEWLINE, SPACE = 3 + 10, 3 + 32  # the byte tokenizer's "\n" and " "
+
+
+def limited(text: str, min_indent: int) -> str:
+    """`text` ended where min_indent ends it: before the first character of the first line after the
+    first whose first non-blank character comes after fewer than `min_indent` spaces or tabs."""
+    start = text.find("\n") + 1
+    while start:
+        line = text[start:].split("\n")[0]
+        body = line.lstrip(" \t")
+        if body and len(line) - len(body) < min_indent:
+            return text[: start + len(line) - len(body)]
+        start = text.find("\n", start) + 1
+    return text
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_min_indent_and_a_soft_time_limit_end_the_answer_at_a_line(target, speculative):
+    """llama.cpp's n_indent and t_max_predict_ms, for an editor's completions: the answer is plain
+    decoding's, ended at the limit with finish_reason "length", whatever drafted."""
+    tok = tiny.make_tokenizer()
+    # Lines, some indented (the tiny model writes random bytes), sampled: for a seed the text is
+    # plain decoding's whatever drafts.
+    asked = dict(max_tokens=120, logit_bias={NEWLINE: 2.5, SPACE: 3.5}, temperature=1.0, seed=5)
+    plain = Engine(target, tok).generate("def f(x):\n    ", speculative=False, **asked)
+    text = plain.text
+    assert text.count("\n") >= 3
+    want = limited(text, 2)
+    assert want != text and "\n   \ufffd" in want  # a line indented enough, and then one indented less
+    e = Engine(target, tok, target, num_draft=4)
+    r = e.generate("def f(x):\n    ", min_indent=2, speculative=speculative, **asked)
+    assert r.text == want and r.finish_reason == "length"
+    assert r.tokens == plain.tokens[: len(r.tokens)]
+    # Time's up from the start: the first line end ends it (a whole line, nothing after).
+    r = e.generate("def f(x):\n    ", soft_time_limit=1e-9, speculative=speculative, **asked)
+    assert r.text == text[: text.index("\n") + 1] and r.finish_reason == "length"
+    long = e.generate("def f(x):\n    ", soft_time_limit=3600.0, speculative=speculative, **asked)
+    assert long.text == text and long.finish_reason == plain.finish_reason
+
+
+@pytest.mark.parametrize("bad, says", [
+    (dict(min_indent=-1), "min_indent must be an integer >= 0"),
+    (dict(min_indent=2.0), "min_indent must be an integer >= 0"),
+    (dict(soft_time_limit=0), "soft_time_limit must be a number of seconds > 0"),
+    (dict(soft_time_limit=float("nan")), "soft_time_limit must be a number of seconds > 0"),
+    (dict(soft_time_limit=True), "soft_time_limit must be a number of seconds > 0"),
+])
+def test_line_limits_are_checked(target, bad, says):
+    from mlxspec.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=says):
+        Engine(target, tiny.make_tokenizer()).generate("x", max_tokens=4, **bad)
+
+
 def test_streamed_text_equals_decoded_tokens(target):
     tok = tiny.make_tokenizer()
     e = Engine(target, tok, drafter="ngram")

@@ -168,3 +168,37 @@ def test_an_end_after_string_ends_the_text_with_it(stops, text, out, matched):
     asm = TextAssembler(make_tokenizer(), stops, end_after="</c>")
     got, stopped = fed_until_stopped(asm, text)
     assert stopped and got == out and asm.matched == matched
+
+
+@pytest.mark.parametrize("text, indent, out", [
+    # the cursor's line is never judged; a line indented less ends the text before its first character
+    ("x = 1\n    y = 2\n    z = 3\nprint(x)\n", 4, "x = 1\n    y = 2\n    z = 3\n"),
+    ("if a:\n        b\n    c\n", 8, "if a:\n        b\n    "),  # (llama.cpp keeps the short line's blanks)
+    ("if a:\n\tb\n\tc\nd", 1, "if a:\n\tb\n\tc\n"),  # a tab is one character, as llama.cpp counts
+    ("a\n    b\n\n    c\n  \n    d\ne", 4, "a\n    b\n\n    c\n  \n    d\n"),  # blank lines decide nothing
+    ("no\nlimit\n", 0, "no\nlimit\n"),
+    ("stop here\n    x", 4, "stop"),  # a stop string before the limit wins
+])
+def test_a_line_indented_less_than_min_indent_ends_the_text(text, indent, out):
+    asm = TextAssembler(make_tokenizer(), [" here"] if "here" in text else [], min_indent=indent)
+    got, stopped = fed_until_stopped(asm, text)
+    if got != text:
+        got += "" if stopped else asm.flush()
+    assert got == out and stopped == (out != text)
+    assert asm.limited == (stopped and "here" not in text)
+
+
+def test_late_ends_the_text_after_the_first_line_end_not_given_out():
+    asm = TextAssembler(make_tokenizer(), ["zz"], min_indent=0)
+    tokens = asm.tokenizer.encode("ab\ncd z\nef\ngh", add_special_tokens=False)
+    out = ""
+    for i, t in enumerate(tokens):
+        piece, stopped = asm.add(t, late=i >= 4)  # the time is up from "c" on: "ab\n" went out before
+        out += piece
+        if stopped:
+            break
+    assert stopped and asm.limited and asm.matched is None
+    assert out == "ab\ncd z\n"  # the held-back " z" (it may grow into "zz") went out with its line end
+    whole = TextAssembler(make_tokenizer())
+    assert whole.add(tokens[0])[0] == "a" and whole.add(tokens[1], late=True) == ("b", False)  # no line end yet
+    assert whole.add(tokens[2], late=True) == ("\n", True) and whole.limited  # the line end that comes next
