@@ -87,6 +87,27 @@ def test_the_middle_is_the_model_s_in_llama_cpp_s_shape():
         assert (r["tokens_predicted"], r["stop_type"]) == (3, "limit")
 
 
+def test_n_indent_and_t_max_predict_ms_end_the_middle_at_a_line_as_llama_cpp_does():
+    """llama.vscode sends the cursor's indentation (n_indent) and a time limit (t_max_predict_ms):
+    the completion stays in the cursor's block, and ends at a line end once the time is up."""
+    tok, model = coder()
+    ids, _ = layout(SimpleNamespace(fim_format=fim_format(tok), tokenizer=tok, context=None), BODY, 40)
+    lines = "x = 1\n    y = 2\n\n    z = 3\nprint(x)\n"
+    with running_server(Engine(model, tok, drafter="ngram"), model_id="coder") as (url, _):
+        def answer(**fields):
+            model.say(text_ids(tok, lines) + ids_of(tok, ["<|fim_pad|>"]), len(ids))
+            return httpx.post(f"{url}/infill", json=dict(BODY, n_predict=40, **fields), timeout=TIMEOUT).json()
+
+        r = answer(n_indent=4)
+        assert (r["content"], r["stop_type"]) == ("x = 1\n    y = 2\n\n    z = 3\n", "limit")
+        assert answer(n_indent=0)["content"] == answer(n_indent=-1)["content"] == lines
+        r = answer(t_max_predict_ms=1e-6)  # the time is up from the first token: its first line
+        assert (r["content"], r["stop_type"]) == ("x = 1\n", "limit")
+        r = answer(t_max_predict_ms=60_000, n_indent=2)  # the indentation ends it long before
+        assert (r["content"], r["stop_type"]) == ("x = 1\n    y = 2\n\n    z = 3\n", "limit")
+        assert answer(t_max_predict_ms=-1)["stop_type"] == "eos"
+
+
 def test_speculation_answers_what_plain_decoding_of_the_layout_does():
     tok = tiny.make_tokenizer(added=MARKERS)
     vocab = tiny.VOCAB + len(MARKERS)
@@ -109,6 +130,8 @@ def test_speculation_answers_what_plain_decoding_of_the_layout_does():
     (dict(BODY, max_tokens=5), "max_tokens", "send n_predict instead"),
     (dict(BODY, repeat_penalty=-1.0), "repeat_penalty", "repeat_penalty must be"),
     (dict(BODY, temperature="warm"), "temperature", "temperature must be"),
+    (dict(BODY, n_indent=1.5), "n_indent", "n_indent must be an integer"),
+    (dict(BODY, t_max_predict_ms="soon"), "t_max_predict_ms", "t_max_predict_ms must be a number of milliseconds"),
 ])
 def test_bad_requests_are_refused_naming_the_field(body, param, says):
     tok, model = coder()

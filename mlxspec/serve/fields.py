@@ -30,12 +30,13 @@ OTHERS = {  # vLLM's, mlx-lm's and llama.cpp's that are read (or refused with a 
     "xtc_threshold", "add_special_tokens", "return_token_strs", "with_pieces", "content", "tokens",
 }
 OLLAMA = {"options", "format", "think", "keep_alive", "raw", "template", "context", "images", "name", "verbose"}
-LLAMA_CPP = {"input_prefix", "input_suffix", "input_extra", "n_predict", "response_fields", "repeat_last_n"}
-# What /infill reads (`infill.py`); the rest of llama.cpp's fields (cache_prompt, samplers, t_max_predict_ms,
-# id_slot, n_indent...) change nothing here, and the log names them once.
+LLAMA_CPP = {"input_prefix", "input_suffix", "input_extra", "n_predict", "response_fields", "repeat_last_n", "n_indent",
+             "t_max_predict_ms"}
+# What /infill reads (`infill.py`); the rest of llama.cpp's fields (cache_prompt, samplers, t_max_prompt_ms, which
+# llama.cpp does not implement either, id_slot...) change nothing here, and the log names them once.
 INFILL_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
 INFILL = {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "stream", "response_fields",
-          "repeat_penalty", "repeat_last_n", *INFILL_SAMPLING}
+          "repeat_penalty", "repeat_last_n", "n_indent", "t_max_predict_ms", *INFILL_SAMPLING}
 OWN = {"speculative", "num_draft", "drafter", "tree", "lookup"}  # the engine's, per request
 # What Ollama's /api/chat and /api/generate read (`ollama.py`); `options`' own names are ollama.OPTIONS
 OLLAMA_CHAT = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",

@@ -8,11 +8,15 @@ out as llama.cpp lays them out, with the model's own fill-in-the-middle and repo
 answer room in the context. The ids are answered by the completions path, ending at the model's
 end-of-middle tokens, in llama.cpp's /completion shape: one object, or server-sent events whose
 last has `"stop": true` and the timings. `response_fields` picks (and flattens) what comes back.
+`n_indent` (the cursor's indentation, which llama.vscode sends) ends the answer before a line
+indented less, and `t_max_predict_ms` at the first line end after that much generating (the
+engine's `min_indent` and `soft_time_limit`), each with `stop_type` `limit`, as in llama.cpp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
@@ -49,12 +53,18 @@ async def infill(request: Request) -> Response:
         completion.update(repetition_penalty=body["repeat_penalty"],
                           repetition_context_size=body.get("repeat_last_n", REPEAT_LAST_N))
     fields = _fields(body.get("response_fields"))
+    limits = _line_limits(body)
+
+    def parse(body: dict, defaults) -> schema.GenerationRequest:
+        req = schema.parse_completion(body, defaults)
+        req.options.update(limits)
+        return req
 
     def builder_of(state: ServerState, req: schema.GenerationRequest, body: dict) -> InfillBuilder:
         return InfillBuilder(state.model_id, fields, warm_only=limit == 0, truncated=cut)
 
     return await one_answer(request, lambda _: completion, builder_of, "infill", "input_prefix", _renamed,
-                            parse=schema.parse_completion, body=body)
+                            parse=parse, body=body)
 
 
 def layout(engine, body: dict, max_tokens: int) -> Tuple[List[int], bool]:
@@ -81,6 +91,27 @@ def _limit(n_predict, state: ServerState) -> int:
         raise invalid(f"n_predict must be an integer >= -1 (-1: no limit, 0: read the prompt only), got "
                       f"{shown(n_predict)}", "n_predict")
     return (state.engine.context or UNBOUNDED) if n_predict == -1 else n_predict
+
+
+def _line_limits(body: dict) -> dict:
+    """llama.cpp's n_indent and t_max_predict_ms as the engine's min_indent and soft_time_limit;
+    each is off where it is not positive, as there (-1 is llama.cpp's default)."""
+    out = {}
+    n = body.get("n_indent")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise invalid(f"n_indent must be an integer (the spaces or tabs every line after the first needs; 0 or "
+                          f"less: no limit), got {shown(n)}", "n_indent")
+        if n > 0:
+            out["min_indent"] = n
+    t = body.get("t_max_predict_ms")
+    if t is not None:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t):
+            raise invalid(f"t_max_predict_ms must be a number of milliseconds (after which the answer ends at its next "
+                          f"line end; 0 or less: no limit), got {shown(t)}", "t_max_predict_ms")
+        if 0 < t < math.inf:
+            out["soft_time_limit"] = t / 1e3
+    return out
 
 
 def _text(body: dict, key: str) -> str:
