@@ -37,6 +37,16 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
+    def named(self, param: str, also: Optional[Dict[str, str]] = None) -> APIError:
+        """This error in another API's terms: about `param`, its name for the field (a message that
+        starts with the field's name here starts with it), and `also` other names in the message."""
+        message = self.message
+        if self.param and message.startswith(self.param):
+            message = param + message[len(self.param):]
+        for old, new in (also or {}).items():
+            message = message.replace(old, new)
+        return APIError(self.status, message, param=param, code=self.code, headers=self.headers)
+
 
 def invalid(message: str, param: Optional[str] = None, code: str = "invalid_value") -> APIError:
     """A 400: the request is well-formed HTTP but a field is wrong."""

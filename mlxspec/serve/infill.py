@@ -151,10 +151,7 @@ def _renamed(error: APIError) -> APIError:
     names = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty",
              "repetition_context_size": "repeat_last_n"}
     name = names.get(error.param or "")
-    if name is None:
-        return error
-    message = error.message.replace(error.param, name, 1)
-    return APIError(error.status, message, param=name, code=error.code, headers=error.headers)
+    return error if name is None else error.named(name)
 
 
 class InfillBuilder:

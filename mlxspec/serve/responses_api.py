@@ -224,9 +224,4 @@ def _format(fmt) -> dict:
 def renamed(error: APIError) -> APIError:
     """A chat request's error in the Responses' terms (`messages[2]` -> `input`...)."""
     param = param_of(error.param)
-    if param == error.param:
-        return error
-    message = error.message
-    if error.param and message.startswith(error.param):
-        message = param + message[len(error.param):]
-    return APIError(error.status, message, param=param, code=error.code, headers=error.headers)
+    return error if param == error.param else error.named(param)
