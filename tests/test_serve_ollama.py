@@ -59,7 +59,7 @@ def test_the_stream_is_json_lines_spelling_the_same_answer(served):
 
 
 def test_generate_is_a_chat_of_system_and_prompt_and_raw_is_the_prompt_as_it_is(served):
-    client, _, ref = served
+    client, url, ref = served
     r = client.generate(model="t", system="Be brief.", prompt="Name a river.", options={"num_predict": 16})
     want = ref.generate([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a river."}],
                         max_tokens=16)
@@ -69,6 +69,12 @@ def test_generate_is_a_chat_of_system_and_prompt_and_raw_is_the_prompt_as_it_is(
     assert raw.response == want.text and raw.prompt_eval_count == want.stats.prompt_tokens
     streamed = client.generate(model="t", prompt="Rivers run", raw=True, options={"num_predict": 16}, stream=True)
     assert "".join(p.response for p in streamed) == raw.response
+    # null is false, as Ollama's server (Go) reads it for its booleans
+    body = {"model": "t", "prompt": "Name a river.", "raw": None, "logprobs": None, "stream": False,
+            "options": {"num_predict": 16}}
+    r = httpx.post(f"{url}/api/generate", json=body, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.json()["response"] == client.generate(
+        model="t", prompt="Name a river.", options={"num_predict": 16}).response
 
 
 def test_a_base_model_s_prompt_is_taken_as_it_is():

@@ -28,6 +28,7 @@ from ..tools import arguments_object
 from .errors import APIError, invalid, unsupported
 from .fields import OWN
 from .responses import figures
+from .schema import _flag
 
 # The Ollama release whose API these routes follow (/api/version): clients check it before using one.
 VERSION = "0.12.0"
@@ -67,7 +68,7 @@ def to_generate(body: dict, context: Optional[int], templated: bool = True) -> T
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise invalid(f"prompt must be a string, got {shown(prompt)}", "prompt")
-    if body.get("suffix") is not None or _flag(body, "raw") or not templated:  # as it is, or filled in the middle
+    if body.get("suffix") is not None or _flag(body, "raw", False) or not templated:  # as it is, or filled in the middle
         if out.pop("logprobs", None):  # completions' logprobs: how many alternatives
             out["logprobs"] = out.pop("top_logprobs", 0)
         out["prompt"] = prompt
@@ -109,7 +110,7 @@ def _common(body: dict, context: Optional[int]) -> Tuple[dict, List[str]]:
         out["reasoning_effort"] = think
     elif think is not None:
         raise invalid(f"think must be true, false, \"low\", \"medium\" or \"high\", got {shown(think)}", "think")
-    if _flag(body, "logprobs"):
+    if _flag(body, "logprobs", False):
         out["logprobs"] = True
     if body.get("top_logprobs") is not None:  # (without logprobs: refused, saying so)
         out["top_logprobs"] = body["top_logprobs"]
@@ -143,19 +144,7 @@ def renamed(error: APIError) -> APIError:
     name = {field: name for name, field in OPTIONS.items()}.get(error.param or "")
     if name is None:
         return error
-    message = error.message
-    if message.startswith(error.param):
-        message = message[len(error.param):]
-    message = message.replace("repetition_context_size", "options.repeat_last_n")
-    return APIError(error.status, f"options.{name}{message}", param=f"options.{name}", code=error.code,
-                    headers=error.headers)
-
-
-def _flag(body: dict, key: str) -> bool:
-    value = body.get(key, False)
-    if not isinstance(value, bool):
-        raise invalid(f"{key} must be true or false, got {shown(value)}", key)
-    return value
+    return error.named(f"options.{name}", {"repetition_context_size": "options.repeat_last_n"})
 
 
 def _messages(given: list) -> List[dict]:
