@@ -242,8 +242,8 @@ def check_line_limits(min_indent, soft_time_limit) -> dict:
     if isinstance(min_indent, bool) or not isinstance(min_indent, int) or min_indent < 0:
         raise InvalidArgumentError(f"min_indent must be an integer >= 0 (the spaces or tabs each line after the "
                                    f"first needs; 0: any), got {shown(min_indent)}")
-    if soft_time_limit is not None and (isinstance(soft_time_limit, bool) or not isinstance(soft_time_limit, (int, float))
-                                        or not 0 < soft_time_limit < float("inf")):
+    t = soft_time_limit
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")):
         raise InvalidArgumentError(f"soft_time_limit must be a number of seconds > 0 (after which the answer ends "
                                    f"at its next line end), or None, got {shown(soft_time_limit)}")
     return dict(min_indent=min_indent, soft_time_limit=soft_time_limit)

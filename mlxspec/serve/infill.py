@@ -55,8 +55,8 @@ async def infill(request: Request) -> Response:
     fields = _fields(body.get("response_fields"))
     limits = _line_limits(body)
 
-    def parse(body: dict, defaults) -> schema.GenerationRequest:
-        req = schema.parse_completion(body, defaults)
+    def parse(given: dict, defaults) -> schema.GenerationRequest:
+        req = schema.parse_completion(given, defaults)
         req.options.update(limits)
         return req
 

@@ -68,7 +68,7 @@ def to_generate(body: dict, context: Optional[int], templated: bool = True) -> T
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise invalid(f"prompt must be a string, got {shown(prompt)}", "prompt")
-    if body.get("suffix") is not None or _flag(body, "raw", False) or not templated:  # as it is, or filled in the middle
+    if body.get("suffix") is not None or _flag(body, "raw", False) or not templated:  # as it is, or filled in
         if out.pop("logprobs", None):  # completions' logprobs: how many alternatives
             out["logprobs"] = out.pop("top_logprobs", 0)
         out["prompt"] = prompt
