@@ -42,6 +42,7 @@ from .fields import API_PREFIX
 from .fingerprint import system_fingerprint
 from .generation import openai_route
 from .infill import infill
+from . import llama_cpp
 from .local import LoopbackOnly, is_loopback
 from .messages import chat_messages
 from .metrics import Metrics, count_error
@@ -56,7 +57,7 @@ log = logging.getLogger("mlxspec.serve")
 ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE "
                "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models "
                "(each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET /metrics, llama.cpp's "
-               f"POST /infill, and Ollama's {ollama_routes.ROUTES_TEXT}")
+               f"POST /completion and POST /infill, and Ollama's {ollama_routes.ROUTES_TEXT}")
 
 
 class ServerState:
@@ -155,6 +156,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/detokenize", detokenize_route, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/infill", infill, methods=["POST"]),
+        Route("/completion", llama_cpp.completion, methods=["POST"]),
     ]
     routes += [Route(path, endpoint, methods=methods) for path, endpoint, methods in ollama_routes.ROUTES]
     # Outermost first: the host and origin check, then CORS (a preflight carries no API key), then the key.

@@ -31,12 +31,14 @@ OTHERS = {  # vLLM's, mlx-lm's and llama.cpp's that are read (or refused with a 
 }
 OLLAMA = {"options", "format", "think", "keep_alive", "raw", "template", "context", "images", "name", "verbose"}
 LLAMA_CPP = {"input_prefix", "input_suffix", "input_extra", "n_predict", "response_fields", "repeat_last_n", "n_indent",
-             "t_max_predict_ms"}
-# What /infill reads (`infill.py`); the rest of llama.cpp's fields (cache_prompt, samplers, t_max_prompt_ms, which
-# llama.cpp does not implement either, id_slot...) change nothing here, and the log names them once.
-INFILL_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
-INFILL = {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "stream", "response_fields",
-          "repeat_penalty", "repeat_last_n", "n_indent", "t_max_predict_ms", *INFILL_SAMPLING}
+             "t_max_predict_ms", "json_schema", "grammar"}
+# What /completion and /infill read (`llama_cpp.py`, `infill.py`); the rest of llama.cpp's fields (cache_prompt,
+# samplers, t_max_prompt_ms, which llama.cpp does not implement either, id_slot...) change nothing here, and the
+# log names them once.
+LLAMA_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
+LLAMA_COMPLETION = {"prompt", "n_predict", "stream", "response_fields", "repeat_penalty", "repeat_last_n", "n_indent",
+                    "t_max_predict_ms", "json_schema", "grammar", "logit_bias", *LLAMA_SAMPLING}
+INFILL = {"input_prefix", "input_suffix", "input_extra", *LLAMA_COMPLETION}
 OWN = {"speculative", "num_draft", "drafter", "tree", "lookup"}  # the engine's, per request
 # What Ollama's /api/chat and /api/generate read (`ollama.py`); `options`' own names are ollama.OPTIONS
 OLLAMA_CHAT = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs",
@@ -69,7 +71,8 @@ def _reads() -> dict:
         "top_logprobs"}
     return {"/v1/messages": messages, "/v1/messages/count_tokens": messages, "/v1/responses": responses,
             "/api/chat": OLLAMA_CHAT, "/api/generate": OLLAMA_GENERATE,
-            "/api/show": {"model", "name", "verbose"}, "/v1/infill": INFILL | OWN}
+            "/api/show": {"model", "name", "verbose"}, "/v1/infill": INFILL | OWN,
+            "/v1/completion": LLAMA_COMPLETION | OWN}
 
 
 READS = _reads()
@@ -107,6 +110,8 @@ MOVED = {
     "/api/chat": _TO_OLLAMA,
     "/api/generate": _TO_OLLAMA,
     "/v1/infill": {"max_tokens": "n_predict", "suffix": "input_suffix"},
+    "/v1/completion": {"max_tokens": "n_predict", "max_completion_tokens": "n_predict",
+                       "repetition_penalty": "repeat_penalty", "response_format": "json_schema"},
 }
 
 

@@ -1,0 +1,205 @@
+"""llama.cpp's own API: POST /completion, and the request fields and answer shape it shares with
+/infill (`infill.py`), for the apps and editor extensions that speak llama-server's native API
+(Continue's and SillyTavern's llama.cpp providers, llama.vscode, llama.vim).
+
+A request is answered by the completions path: `prompt` (a string, or token ids), `n_predict`
+(-1: until the context ends it; 0: only read the prompt, which readies the caches), llama.cpp's
+sampling fields, `repeat_penalty` over `repeat_last_n`, `logit_bias` (by token id) and
+`json_schema` (a grammar the answer follows). `n_indent` ends the answer before a line indented
+less (the cursor's indentation, which llama.vscode sends) and `t_max_predict_ms` at the first
+line end after that much generating (the engine's `min_indent` and `soft_time_limit`), each with
+`stop_type` `limit`, as in llama.cpp. The answer is one object, or server-sent events whose last
+has `"stop": true` and the timings; `response_fields` picks (and flattens) what comes back.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import TYPE_CHECKING, List, Optional
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..errors import shown
+from . import schema
+from .body import read_json
+from .errors import APIError, invalid, unsupported
+from .fields import LLAMA_SAMPLING, OWN
+from .generation import guarded
+from .ollama import REPEAT_LAST_N, UNBOUNDED
+from .responses import figures, sse
+from .translated import one_answer
+
+if TYPE_CHECKING:
+    from .app import ServerState
+
+
+@guarded
+async def completion(request: Request) -> Response:
+    """POST /completion."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    prompt = body.get("prompt")
+    ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    if not (isinstance(prompt, str) or ids) or not prompt:
+        raise invalid(f"prompt must be a non-empty string or a list of token ids (one prompt per request: llama.cpp's "
+                      f"lists of prompts and of mixed pieces are not read here), got {shown(prompt)}", "prompt")
+    return await answer(request, body, prompt, n_predict(body.get("n_predict"), state), endpoint="completion",
+                        param="prompt")
+
+
+async def answer(request: Request, body: dict, prompt, limit: int, *, endpoint: str, param: str,
+                 truncated: bool = False, stop_token_ids: Optional[List[int]] = None) -> Response:
+    """`body`'s llama.cpp fields answered for `prompt` (text or ids) by the completions path, in
+    llama.cpp's shape; `limit` is `n_predict`'s, `param` the field a bad prompt is named by."""
+    if body.get("grammar") is not None:
+        raise unsupported("grammar (GBNF) is not read here; send json_schema instead (a JSON schema the answer "
+                          "follows)", "grammar")
+    completion = {key: body[key] for key in (*LLAMA_SAMPLING, *OWN) if body.get(key) is not None}
+    completion.update(prompt=prompt, max_tokens=max(limit, 1), stream=body.get("stream", False))
+    if stop_token_ids:
+        completion["stop_token_ids"] = stop_token_ids
+    if body.get("json_schema") is not None:
+        completion["guided_json"] = body["json_schema"]
+    if body.get("logit_bias") is not None:
+        completion["logit_bias"] = _bias(body["logit_bias"])
+    if body.get("repeat_penalty") is not None:  # llama.cpp's names for mlx-lm's (its look-back: 64 by default)
+        completion.update(repetition_penalty=body["repeat_penalty"],
+                          repetition_context_size=body.get("repeat_last_n", REPEAT_LAST_N))
+    fields = _fields(body.get("response_fields"))
+    limits = _line_limits(body)
+
+    def parse(given: dict, defaults) -> schema.GenerationRequest:
+        req = schema.parse_completion(given, defaults)
+        req.options.update(limits)
+        return req
+
+    def builder_of(state: ServerState, req: schema.GenerationRequest, body: dict) -> LlamaBuilder:
+        return LlamaBuilder(endpoint, state.model_id, fields, warm_only=limit == 0, truncated=truncated)
+
+    return await one_answer(request, lambda _: completion, builder_of, endpoint, param, _renamed, parse=parse,
+                            body=body)
+
+
+def n_predict(value, state: ServerState) -> int:
+    """The answer's length: llama.cpp's n_predict (-1: until the context ends it; 0: only read the
+    prompt, which readies the caches for the next request), the server's --max-tokens if left out."""
+    if value is None:
+        return state.options.max_tokens
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise invalid(f"n_predict must be an integer >= -1 (-1: no limit, 0: read the prompt only), got "
+                      f"{shown(value)}", "n_predict")
+    return (state.engine.context or UNBOUNDED) if value == -1 else value
+
+
+def _line_limits(body: dict) -> dict:
+    """llama.cpp's n_indent and t_max_predict_ms as the engine's min_indent and soft_time_limit;
+    each is off where it is not positive, as there (-1 is llama.cpp's default)."""
+    out = {}
+    n = body.get("n_indent")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise invalid(f"n_indent must be an integer (the spaces or tabs every line after the first needs; 0 or "
+                          f"less: no limit), got {shown(n)}", "n_indent")
+        if n > 0:
+            out["min_indent"] = n
+    t = body.get("t_max_predict_ms")
+    if t is not None:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t):
+            raise invalid(f"t_max_predict_ms must be a number of milliseconds (after which the answer ends at its next "
+                          f"line end; 0 or less: no limit), got {shown(t)}", "t_max_predict_ms")
+        if 0 < t < math.inf:
+            out["soft_time_limit"] = t / 1e3
+    return out
+
+
+def _bias(given) -> dict:
+    """llama.cpp's logit_bias, `[[id, bias], ...]` or `{"id": bias}` (a bias of false bans the
+    token), as OpenAI's `{"id": bias}` (-100 bans)."""
+    pairs = given.items() if isinstance(given, dict) else given if isinstance(given, list) else None
+    out = {}
+    for pair in pairs if pairs is not None else [None]:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or isinstance(pair[0], bool) \
+                or not isinstance(pair[0], (int, str)) or isinstance(pair[0], str) and not pair[0].isdigit():
+            raise invalid(f"logit_bias must be [[token id, bias], ...] or {{\"token id\": bias}} (a bias of false bans "
+                          f"the token; tokens are named by id here, not by text), got {shown(given)}", "logit_bias")
+        out[str(pair[0])] = -100 if pair[1] is False else pair[1]
+    return out
+
+
+def _fields(fields) -> Optional[List[str]]:
+    if fields is None or fields == []:
+        return None
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise invalid(f"response_fields must be a list of field names (\"content\", \"timings/prompt_n\"...), got "
+                      f"{shown(fields)}", "response_fields")
+    return fields
+
+
+def _renamed(error: APIError) -> APIError:
+    """A completions error in llama.cpp's terms."""
+    names = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty",
+             "repetition_context_size": "repeat_last_n", "guided_json": "json_schema"}
+    name = names.get(error.param or "")
+    return error if name is None else error.named(name)
+
+
+class LlamaBuilder:
+    """One answer in llama.cpp's /completion shape, whole or as server-sent events."""
+
+    def __init__(self, endpoint: str, model: str, fields: Optional[List[str]], warm_only: bool, truncated: bool):
+        self.id = f"{endpoint}-" + uuid.uuid4().hex[:24]  # for the log
+        self.model, self.fields = model, fields
+        self.warm_only, self.truncated = warm_only, truncated
+
+    def tokens(self, events: list) -> None:
+        """(llama.cpp's answers carry no probabilities here)"""
+
+    def whole(self, reasoning: str, text: str, calls: list, finish: str, usage: dict, stats, stopped_by=None) -> dict:
+        return self._picked(self._final("" if self.warm_only else text, finish, usage, stats, stopped_by))
+
+    def start(self, prompt_tokens: int, cached_tokens: int = 0) -> List[bytes]:
+        return []
+
+    def feed(self, reasoning: str, text: str, calls: list) -> List[bytes]:
+        if not text or self.warm_only:
+            return []
+        return [sse(self._picked({"index": 0, "content": text, "stop": False}))]
+
+    def finish(self, finish: str, usage: dict, stats, stopped_by=None) -> List[bytes]:
+        return [sse(self._picked(self._final("", finish, usage, stats, stopped_by)))]
+
+    @staticmethod
+    def error(e: APIError) -> bytes:
+        return sse(e.body())
+
+    def _final(self, text: str, finish: str, usage: dict, stats, stopped_by) -> dict:
+        generated = 0 if self.warm_only else usage["completion_tokens"]
+        word = stopped_by if isinstance(stopped_by, str) else ""
+        kind = "limit" if finish == "length" and not self.warm_only else "word" if word else "eos"
+        prompt_ms, predicted_ms = stats.prompt_seconds * 1e3, stats.seconds * 1e3
+        timings = {"prompt_n": stats.prefilled_tokens, "prompt_ms": prompt_ms,
+                   "prompt_per_token_ms": prompt_ms / max(stats.prefilled_tokens, 1),
+                   "prompt_per_second": stats.prefilled_tokens / max(stats.prompt_seconds, 1e-9),
+                   "predicted_n": generated, "predicted_ms": predicted_ms,
+                   "predicted_per_token_ms": predicted_ms / max(generated, 1),
+                   "predicted_per_second": generated / max(stats.seconds, 1e-9)}
+        return {"index": 0, "content": text, "stop": True, "model": self.model, "tokens_predicted": generated,
+                "tokens_evaluated": usage["prompt_tokens"], "has_new_line": "\n" in text,
+                "truncated": self.truncated, "stop_type": kind, "stopping_word": word,
+                "tokens_cached": usage["prompt_tokens_details"]["cached_tokens"], "timings": timings,
+                "mlxspec": figures(stats)}
+
+    def _picked(self, body: dict) -> dict:
+        """`response_fields`: those fields alone, a nested one named by its path ("timings/prompt_n")."""
+        if self.fields is None:
+            return body
+        out = {}
+        for path in self.fields:
+            value = body
+            for key in path.split("/"):
+                value = value.get(key) if isinstance(value, dict) else None
+            if value is not None:
+                out[path] = value
+        return out
