@@ -139,7 +139,10 @@ def test_warmup_runs_tree_passes_and_a_gpu_loop_stays_within_the_passes_warmed(t
     GPU the rounds the cost model sizes stay within the passes warmed (on an H200 one 64-token
     reply took 14 s instead of about 0.35, most likely compiling its one tree of 18 nodes).
     On the CPU nothing compiles per shape, and drafts may be longer."""
+    from mlxspec import engine as engine_mod
+
     monkeypatch.setattr(warmup, "is_gpu", lambda: gpu)
+    monkeypatch.setattr(engine_mod, "is_gpu", lambda: gpu)
     stalling = StallingModel(target, clock, stall=0.05)
     e = Engine(stalling, None, drafter="ngram")
     moved = []  # a tree kept along a side branch moves its rows next to the root: gathers of their own
@@ -155,6 +158,7 @@ def test_warmup_runs_tree_passes_and_a_gpu_loop_stays_within_the_passes_warmed(t
     if gpu:
         assert stalling.seen - seen <= {len(PROMPT) - 1} and stalling.tree_seen == tree_seen
         assert longest == 5  # the cyclic text would draft longer (below)
+        assert not any(e.curve.unsure(j) for j in e.curve.v)  # every length warmed: no first use to doubt
     else:
         assert longest > 5
     assert r.tokens == Engine(target, None).generate(PROMPT, max_tokens=120, speculative=False).tokens
