@@ -80,3 +80,13 @@ def test_bad_requests_are_refused_naming_the_field(served, body, param, says):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and says in error["message"], error
+
+
+def test_props_say_the_context_the_slots_and_the_template(served):
+    url, ref = served
+    p = httpx.get(f"{url}/props", timeout=TIMEOUT).json()
+    settings = p["default_generation_settings"]
+    assert settings["n_ctx"] == ref.context and p["total_slots"] == 1 and not settings["is_processing"]
+    assert settings["params"]["n_predict"] == 512 and settings["params"]["temperature"] == 0.0  # the server's defaults
+    assert p["chat_template"] == ref.tokenizer.chat_template and p["model_alias"] == "t"
+    assert p["modalities"] == {"vision": False, "audio": False} and p["build_info"].startswith("mlxspec ")

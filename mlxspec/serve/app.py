@@ -57,7 +57,7 @@ log = logging.getLogger("mlxspec.serve")
 ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE "
                "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models "
                "(each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET /metrics, llama.cpp's "
-               f"POST /completion and POST /infill, and Ollama's {ollama_routes.ROUTES_TEXT}")
+               f"POST /completion, POST /infill and GET /props, and Ollama's {ollama_routes.ROUTES_TEXT}")
 
 
 class ServerState:
@@ -157,6 +157,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/infill", infill, methods=["POST"]),
         Route("/completion", llama_cpp.completion, methods=["POST"]),
+        Route("/props", llama_cpp.props, methods=["GET"]),
     ]
     routes += [Route(path, endpoint, methods=methods) for path, endpoint, methods in ollama_routes.ROUTES]
     # Outermost first: the host and origin check, then CORS (a preflight carries no API key), then the key.

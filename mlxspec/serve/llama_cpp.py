@@ -1,6 +1,7 @@
 """llama.cpp's own API: POST /completion, and the request fields and answer shape it shares with
-/infill (`infill.py`), for the apps and editor extensions that speak llama-server's native API
-(Continue's and SillyTavern's llama.cpp providers, llama.vscode, llama.vim).
+/infill (`infill.py`), and GET /props, for the apps and editor extensions that speak
+llama-server's native API (Continue's and SillyTavern's llama.cpp providers, llama.vscode,
+llama.vim).
 
 A request is answered by the completions path: `prompt` (a string, or token ids), `n_predict`
 (-1: until the context ends it; 0: only read the prompt, which readies the caches), llama.cpp's
@@ -19,7 +20,7 @@ import uuid
 from typing import TYPE_CHECKING, List, Optional
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from ..errors import shown
 from . import schema
@@ -47,6 +48,32 @@ async def completion(request: Request) -> Response:
                       f"lists of prompts and of mixed pieces are not read here), got {shown(prompt)}", "prompt")
     return await answer(request, body, prompt, n_predict(body.get("n_predict"), state), endpoint="completion",
                         param="prompt")
+
+
+async def props(request: Request) -> Response:
+    """GET /props: what llama-server says of itself, as its clients read it (the context in
+    `default_generation_settings.n_ctx`, `total_slots`, the chat template, the model's path)."""
+    from .. import __version__
+
+    state: ServerState = request.app.state.mlxspec
+    engine, options = state.engine, state.options
+    info = getattr(engine, "target_info", None)
+    tokenizer = getattr(engine, "tokenizer", None)
+    context = getattr(engine, "context", None) or getattr(info, "context_length", None)
+    # The defaults a request that leaves a field out gets here (n_predict: the server's --max-tokens).
+    params = {"n_predict": options.max_tokens, "seed": -1, "temperature": options.temperature, "top_k": 0,
+              "top_p": 1.0, "min_p": 0.0, "repeat_last_n": REPEAT_LAST_N, "repeat_penalty": 1.0,
+              "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": []}
+    return JSONResponse({
+        "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": context, "speculative": True,
+                                        "is_processing": state.queue.running is not None, "params": params},
+        "total_slots": 1,  # one request generates at a time
+        "model_path": getattr(info, "path", None) or state.model_id, "model_alias": state.model_id,
+        "chat_template": getattr(tokenizer, "chat_template", None) or "",
+        "bos_token": getattr(tokenizer, "bos_token", None) or "",
+        "eos_token": getattr(tokenizer, "eos_token", None) or "",
+        "modalities": {"vision": False, "audio": False}, "build_info": f"mlxspec {__version__}", "is_sleeping": False,
+        "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True})
 
 
 async def answer(request: Request, body: dict, prompt, limit: int, *, endpoint: str, param: str,
