@@ -28,7 +28,7 @@ from ..tools import arguments_object
 from .errors import APIError, invalid, unsupported
 from .fields import OWN
 from .responses import figures
-from .schema import _flag
+from .schema import flag
 
 # The Ollama release whose API these routes follow (/api/version): clients check it before using one.
 VERSION = "0.12.0"
@@ -68,7 +68,7 @@ def to_generate(body: dict, context: Optional[int], templated: bool = True) -> T
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise invalid(f"prompt must be a string, got {shown(prompt)}", "prompt")
-    if body.get("suffix") is not None or _flag(body, "raw", False) or not templated:  # as it is, or filled in
+    if body.get("suffix") is not None or flag(body, "raw", False) or not templated:  # as it is, or filled in
         if out.pop("logprobs", None):  # completions' logprobs: how many alternatives
             out["logprobs"] = out.pop("top_logprobs", 0)
         out["prompt"] = prompt
@@ -110,7 +110,7 @@ def _common(body: dict, context: Optional[int]) -> Tuple[dict, List[str]]:
         out["reasoning_effort"] = think
     elif think is not None:
         raise invalid(f"think must be true, false, \"low\", \"medium\" or \"high\", got {shown(think)}", "think")
-    if _flag(body, "logprobs", False):
+    if flag(body, "logprobs", False):
         out["logprobs"] = True
     if body.get("top_logprobs") is not None:  # (without logprobs: refused, saying so)
         out["top_logprobs"] = body["top_logprobs"]

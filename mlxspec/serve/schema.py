@@ -110,7 +110,7 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
     tools = checked(check_tools, body.get("tools"), "tools")
     # "required" and a named function are forced by a grammar in the model's call format (the engine's)
     choice = checked(lambda c: check_tool_choice(c, tools), body.get("tool_choice"), "tool_choice")
-    parallel = _flag(body, "parallel_tool_calls", True)
+    parallel = flag(body, "parallel_tool_calls", True)
     if tools and choice != "none":  # "none": the model is not shown them, so it cannot call them
         req.options["tools"] = tools
         if choice not in (None, "auto"):
@@ -124,7 +124,7 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
     if _continues(body):
         req.options["continue_final_message"] = True
     # vLLM's chat echo: the answer's content starts with the last message's, when that is the assistant's
-    req.echo = _flag(body, "echo", False)
+    req.echo = flag(body, "echo", False)
     # vLLM's and mlx-lm's template variables ({"enable_thinking": false}), over the server's (--chat-template-args)
     kwargs = dict((defaults or ServeOptions()).chat_template_args or {})
     # OpenAI's reasoning_effort: the template variable of that name (gpt-oss's template reads it, as
@@ -140,7 +140,7 @@ def parse_chat(body: dict, defaults: Optional[ServeOptions] = None) -> Generatio
         req.options["chat_template_kwargs"] = kwargs
     # OpenAI's chat: logprobs true, and top_logprobs (0..20) alternatives per token with it
     top = body.get("top_logprobs")
-    if _flag(body, "logprobs", False):
+    if flag(body, "logprobs", False):
         req.options["logprobs"] = 0 if top is None else check_top_logprobs(top)
     elif top is not None:
         raise invalid(f"top_logprobs needs \"logprobs\": true, got top_logprobs={_show(top)} without it",
@@ -157,8 +157,8 @@ def check_top_logprobs(top) -> int:
 
 def _continues(body: dict) -> bool:
     """vLLM's continue_final_message (with add_generation_prompt false, or left out)."""
-    keep_going = _flag(body, "continue_final_message", False)
-    new_turn = _flag(body, "add_generation_prompt", True)
+    keep_going = flag(body, "continue_final_message", False)
+    new_turn = flag(body, "add_generation_prompt", True)
     if keep_going and body.get("add_generation_prompt") is True:
         raise invalid("continue_final_message continues the last message, and add_generation_prompt starts a new "
                       "turn: send add_generation_prompt false (or leave it out) with it", "add_generation_prompt")
@@ -172,7 +172,7 @@ def _continues(body: dict) -> bool:
 def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> GenerationRequest:
     """POST /v1/completions body -> GenerationRequest."""
     _refuse_unsupported(body, chat=False)
-    echo = _flag(body, "echo", False)
+    echo = flag(body, "echo", False)
     # OpenAI's way to score a text: echo it with max_tokens 0 (one token is generated, and dropped)
     score_only = echo and body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
     if score_only:
@@ -204,7 +204,7 @@ def _common(body: dict, kind: str, prompt, defaults: ServeOptions) -> Generation
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise invalid(f"model must be a string, got {_show(model)}", "model")
-    stream = _flag(body, "stream", False)
+    stream = flag(body, "stream", False)
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise invalid(f"stream_options must be an object like {{\"include_usage\": true}}, got {_show(stream_options)}",
@@ -212,7 +212,7 @@ def _common(body: dict, kind: str, prompt, defaults: ServeOptions) -> Generation
     if stream_options is not None and not stream:  # as OpenAI refuses it: it would change nothing here
         raise invalid("stream_options is only allowed when stream is true: send \"stream\": true with it, or leave "
                       "it out", "stream_options")
-    include_usage = _flag(stream_options or {}, "include_usage", False, "stream_options.include_usage")
+    include_usage = flag(stream_options or {}, "include_usage", False, "stream_options.include_usage")
     return GenerationRequest(kind, prompt, _options(body, defaults), stream=stream, include_usage=include_usage,
                              model=model, n=_choices(body))
 
@@ -291,7 +291,7 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
     if len(stop) > MAX_STOP:
         raise invalid(f"stop takes at most {MAX_STOP} strings, got {len(stop)}", "stop")
     opts["stop"] = stop
-    opts["speculative"] = _flag(body, "speculative", True)
+    opts["speculative"] = flag(body, "speculative", True)
     opts["num_draft"] = checked(check_num_draft, body.get("num_draft"), "num_draft")
     # The engine's own settings, per request when given (None: the server's); whether this engine
     # has the drafter asked for is the engine's to say.
@@ -319,10 +319,10 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
     if body.get("stop_token_ids") is not None:
         opts["stop_token_ids"] = body["stop_token_ids"]
     if body.get("ignore_eos") is not None:
-        opts["ignore_eos"] = _flag(body, "ignore_eos", False)
+        opts["ignore_eos"] = flag(body, "ignore_eos", False)
     if body.get("min_tokens") is not None:
         opts["min_tokens"] = body["min_tokens"]
-    if _flag(body, "include_stop_str_in_output", False):
+    if flag(body, "include_stop_str_in_output", False):
         opts["include_stop_str_in_output"] = True
     # Its shape here; whether its ids are in the vocabulary is the engine's to say.
     bias = checked(lambda b: check_logit_bias(b, None), body.get("logit_bias"), "logit_bias")
@@ -378,7 +378,8 @@ def _prediction(value) -> str:
     return text
 
 
-def _flag(body: dict, key: str, default: bool, param: Optional[str] = None) -> bool:
+def flag(body: dict, key: str, default: bool, param: Optional[str] = None) -> bool:
+    """`body[key]`, true or false (null, or left out: `default`), else a 400 naming `param` or `key`."""
     value = body.get(key)
     if value is None:
         return default

@@ -13,6 +13,7 @@ from ..errors import InvalidArgumentError, shown
 from ..prompts import check_template_kwargs, check_text, encode_prompt
 from ..tools import check_tools
 from .errors import checked, invalid
+from .schema import flag
 
 
 def tokenize(engine, body: dict, messages) -> dict:
@@ -31,10 +32,10 @@ def tokenize(engine, body: dict, messages) -> dict:
             if not isinstance(text, str):
                 raise invalid(f"prompt must be a string, got {shown(text)}", "prompt")
             check_text(text)
-            ids = (encode_prompt(text, tokenizer, engine.vocab_size) if _flag(body, "add_special_tokens", True)
+            ids = (encode_prompt(text, tokenizer, engine.vocab_size) if flag(body, "add_special_tokens", True)
                    else tokenizer.encode(text, add_special_tokens=False)) if text else []
         else:
-            keep_going = _flag(body, "continue_final_message", False)
+            keep_going = flag(body, "continue_final_message", False)
             if body.get("add_generation_prompt") is False and not keep_going:
                 raise invalid("add_generation_prompt false alone is not supported: a chat is tokenized as the model "
                               "reads it, its generation prompt included (or, with continue_final_message true, "
@@ -46,7 +47,7 @@ def tokenize(engine, body: dict, messages) -> dict:
     except InvalidArgumentError as e:
         raise invalid(str(e), "messages" if text is None else "prompt") from None
     out = {"count": len(ids), "max_model_len": getattr(engine, "context", None), "tokens": ids, "token_strs": None}
-    if _flag(body, "return_token_strs", False) or _flag(body, "with_pieces", False):
+    if flag(body, "return_token_strs", False) or flag(body, "with_pieces", False):
         out["token_strs"] = tokenizer.convert_ids_to_tokens(ids)
     return out
 
@@ -62,15 +63,6 @@ def detokenize(engine, body: dict) -> dict:
         raise invalid(f"token id {bad} is outside the vocabulary: ids must be in [0, {vocab})", "tokens")
     text = engine.tokenizer.decode(tokens) if tokens else ""
     return {"prompt": text, "content": text}
-
-
-def _flag(body: dict, key: str, default: bool) -> bool:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid(f"{key} must be true or false, got {shown(value)}", key)
-    return value
 
 
 def model_param(body: dict) -> Optional[str]:
