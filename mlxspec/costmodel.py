@@ -18,9 +18,9 @@ prior by a round of 1 after C_STALE rounds, and a lower timing replaces it, as a
 round's does (a slower spell's or stalls' cost would otherwise never be timed again); one timed
 fewer than three times, within a few rounds (one slow round is not yet a cost). Re-timing rounds
 are the model drafter's even where lookup would draft instead. Lengths whose estimate is old,
-only interpolated, still warm-up's or timed once at their first use (`TargetCurve.unsure`) are
-re-timed now and then when they could beat the current choice, so neither a stall nor a stale
-number can lock drafting out.
+only interpolated or still warm-up's are re-timed now and then when they could beat the current
+choice, so neither a stall nor a stale number can lock drafting out (a length timed only at its
+first use on a GPU is priced at what the other lengths predict when lower: `TargetCurve.unsure`).
 A model drafter's rounds teach its draft cost (the typical round of that shape, the median
 of the recent ones, less V(k + 1)); a typical round that beats V(k + 1) alone shows that V
 too high, and corrects it instead; a round at a length never timed times V(k + 1) (the
@@ -148,10 +148,10 @@ class CostModel:
             # make a pass look free.
             floor = curve.plain.value() or 0.0
             c = self._draft()
-            if curve.age(k + 1) is None:
-                # V(k + 1) is only a guess (interpolated, or the prior's): this round is its first
-                # timing, less the drafting's current estimate. Teaching the draft cost instead
-                # would leave the length untimed, its guess never corrected.
+            if curve.age(k + 1) is None or curve.unsure(k + 1):
+                # V(k + 1) is only a guess (interpolated, or the prior's), or a first use's timing
+                # doubted: this round times it, less the drafting's current estimate. Teaching the
+                # draft cost instead would leave the length untimed, its guess never corrected.
                 extra = steps * c + self._over(over)
                 curve.add_verify(k + 1, max(seconds / curve.pace - extra, floor))
                 return
@@ -374,9 +374,8 @@ class CostModel:
         return best_m
 
     def _explore(self, reach: Sequence[float], best: float, stopped: bool = False) -> int:
-        """A size whose V is only interpolated, stale, warm-up's (provisional) or its first use's
-        (unsure, judged at what the other lengths predict when lower) and that could beat `best`
-        if its pass were a quarter cheaper than estimated; at most one every
+        """A size whose V is only interpolated, stale or warm-up's (provisional) and that could
+        beat `best` if its pass were a quarter cheaper than estimated; at most one every
         EXPLORE_EVERY rounds. `stopped`: the estimates say not to draft at all."""
         # A draft cost timed fewer than 3 times is one noisy sample's (the minimum of two): it may
         # not stop a drafter until rounds confirm it, so it is re-timed within UNSURE_EVERY rounds,
@@ -399,13 +398,11 @@ class CostModel:
         at_prior = stale_c or unsure_c  # any length may re-time it, fresh or not
         if at_prior:
             c = min(c, (self.prior_draft_ratio or 0.1) * (self.curve.plain_seconds() or 0.0))
-        curve = self.curve
         for m in range(1, len(reach) + 1):
-            age = curve.age(m + 1)
-            if (not at_prior and age is not None and age < STALE_ROUNDS and not curve.provisional(m + 1)
-                    and not curve.unsure(m + 1)):
+            age = self.curve.age(m + 1)
+            if not at_prior and age is not None and age < STALE_ROUNDS and not self.curve.provisional(m + 1):
                 continue
-            v = curve.doubted_seconds(m + 1)
+            v = self.curve.verify_seconds(m + 1)
             s = None if v is None else (1.0 + sum(reach[:m])) / (m * c + 0.75 * v)
             if s is not None and s > pick_speed:
                 pick, pick_speed = m, s

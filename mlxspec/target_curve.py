@@ -16,12 +16,14 @@ the old pace, had its new lengths learnt 1.7x too dear and then scaled by the ne
 A length never timed is interpolated from the timed ones (or a calibration curve). Warm-up's
 timings seed the curve until the loop's own replace them. Where a length's first pass compiles
 its kernels (a GPU's), a length the loop timed only once, at that first use, is *unsure*: a
-moderate stall is not held back as one (on an H100 an engine not warmed timed V(5) at 18 ms,
-about 1.8x its cost, once; every longer length, priced by continuing that slope, looked too dear
-to be tried, so none was re-timed, and the engine drafted 2 tokens a round where a warmed one
-drafted 15). Other lengths are not priced from an unsure one, and the cost model re-times it
-(`doubted_seconds`). On a CPU nothing compiles per shape: a first timing is as good as any, and
-pricing new lengths without it made the head try a chain of each longer length in turn.
+moderate stall is not held back as one (on an H100 an engine not warmed timed V(5) once, at 18
+ms, while it compiled; every longer length, priced by continuing that slope, looked too dear to
+be tried, so none was re-timed, and the engine drafted 2 tokens a round where a warmed one
+drafted 15). Other lengths are not priced from an unsure one, and its own price is the lower of
+its timing and what the other lengths predict, so a round that could pay there re-times it (its
+second timing replaces the first where lower; `CostModel.observe_round` teaches it V, not the
+draft cost). On a CPU nothing compiles per shape: a first timing is as good as any, and pricing
+new lengths without it made the head try a chain of each longer length in turn.
 """
 
 from __future__ import annotations
@@ -161,17 +163,6 @@ class TargetCurve:
         """V(j)'s one timing is its first use's, which may have compiled kernels (not warmed)."""
         return j in self._unsure
 
-    def doubted_seconds(self, j: int) -> Optional[float]:
-        """V(j) as a re-timing judges it: for an unsure length, the lower of its one timing and
-        what the other lengths predict (a first use's compile made it dear, which kept it from
-        being chosen, so from being timed again); else `verify_seconds`."""
-        v = self.verify_seconds(j)
-        if v is None or j not in self._unsure:
-            return v
-        anchors = {x: t for x, t in self._anchors().items() if x != j}
-        guess = self._interpolate(j, anchors) if anchors else None
-        return v if guess is None else min(v, guess * self.pace)
-
     def provisional(self, j: int) -> bool:
         """V(j) is warm-up's timing, not yet confirmed by a round of the loop."""
         e = self.v.get(j)
@@ -226,10 +217,15 @@ class TargetCurve:
         which includes it, then measures it.
         """
         known = self.measured()
-        if j in known:
+        if j in known and j not in self._unsure:
             return known[j]
         if j not in self._interp:
-            self._interp[j] = self._interpolate(j, self._anchors())
+            anchors = self._anchors()
+            if j not in known:
+                self._interp[j] = self._interpolate(j, anchors)
+            else:  # unsure: the lower of its one timing (maybe a compile's) and what the others predict
+                guess = self._interpolate(j, anchors)
+                self._interp[j] = known[j] if guess is None else min(known[j], guess)
         return self._interp[j]
 
     def _anchors(self) -> Dict[int, float]:

@@ -415,8 +415,27 @@ def test_a_first_uses_timing_does_not_price_the_lengths_beyond_it():
     assert curve.verify_seconds(16) < 2.5 * curve.plain_seconds()  # not continued through V(5)'s 18 ms
     assert picks[-100:].count(15) >= 95, sorted(set(picks))
     assert not curve.unsure(16) and curve.verify_seconds(16) == pytest.approx(6.15e-3 * 1.84)
-    # An unsure length is judged at what the others predict when that is lower.
-    assert curve.doubted_seconds(5) < 0.6 * curve.verify_seconds(5)
+    # An unsure length is priced at what the others predict when that is lower than its timing.
+    assert curve.verify_seconds(5) < 0.6 * curve.measured()[5] * curve.pace
+
+
+def test_a_model_drafters_round_at_an_unsure_length_times_the_length_not_its_draft_cost():
+    """A head's round at a length timed only at its first use (priced at what the others predict,
+    below its real cost here) re-times V; taught as draft cost, the difference would make every
+    later round of the head look dear while the length stayed unsure."""
+    p, c = 6.15e-3, 0.3e-3
+    curve = TargetCurve(prior_slope=0.1, first_use_compiles=True)
+    m = CostModel(curve, k_max=8)
+    for _ in range(3):
+        m.observe_draft(1, c)
+        curve.observe_plain(p)
+        for k, ratio in ((1, 1.10), (2, 1.18)):
+            m.observe_round(k, p * ratio + k * c)
+    m.observe_round(4, 1.8 * 1.62 * p + 4 * c)  # V(5)'s first use, compiling
+    assert curve.unsure(5) and curve.verify_seconds(5) < 1.62 * p  # priced as V(2) and V(3) predict
+    m.observe_round(4, 1.62 * p + 4 * c)
+    assert not curve.unsure(5) and curve.verify_seconds(5) == pytest.approx(1.62 * p)
+    assert m.draft_seconds() == pytest.approx(c)
 
 
 def test_an_unsure_length_is_re_timed_when_it_could_pay_and_then_trusted():
@@ -439,7 +458,7 @@ def test_an_unsure_length_is_re_timed_when_it_could_pay_and_then_trusted():
     assert picks[-2 * EXPLORE_EVERY:] == [2] * (2 * EXPLORE_EVERY)
     # V(5) still has only its first use's 17.9 ms; judged at what V(3) and V(4) predict (12.4 ms), a
     # quarter cheaper it could not beat k = 2, and at its real cost (1.62x) it does not either.
-    assert m.curve.unsure(5) and m.curve.doubted_seconds(5) == pytest.approx(p * (1.6 + 1.6 - 1.18))
+    assert m.curve.unsure(5) and m.curve.verify_seconds(5) == pytest.approx(p * (1.6 + 1.6 - 1.18))
 
 
 def test_stale_lengths_are_retimed_when_they_could_pay():
