@@ -65,7 +65,6 @@ class TargetCurve:
         self.pace_open = False
         self._growth = 1.0  # after a jump, how much longer the context got (the first sample's stall bar)
         self._fresh = False  # since the jump, fewer than 3 pace samples: the pace is their minimum
-        self._timed: set = set()  # lengths ever timed (or held back as stalls), warm-up's included
         self._unsure: set = set()  # lengths whose one sample is their first use's (maybe compiling)
         self.first_use_compiles = first_use_compiles  # a GPU's: a length's first pass builds its kernels
 
@@ -102,12 +101,11 @@ class TargetCurve:
             # make a free drafter's rounds cost nothing.
             return
         e = self.v.get(j)
+        first_use = e is None  # (every length timed, or held back as a stall, has its estimate)
         if e is None:
             e = self.v[j] = Estimate()
         # A first sample is judged against what the other lengths predict.
         guess = self.verify_base(j) if not len(e) and not trusted else None
-        first_use = j not in self._timed
-        self._timed.add(j)
         if e.add(x, self.now, provisional=trusted, guess=guess):
             if first_use and not trusted and self.first_use_compiles:
                 self._unsure.add(j)
@@ -219,22 +217,19 @@ class TargetCurve:
         known = self.measured()
         if j in known and j not in self._unsure:
             return known[j]
-        if j not in self._interp:
-            anchors = self._anchors()
-            if j not in known:
-                self._interp[j] = self._interpolate(j, anchors)
-            else:  # unsure: the lower of its one timing (maybe a compile's) and what the others predict
-                guess = self._interpolate(j, anchors)
-                self._interp[j] = known[j] if guess is None else min(known[j], guess)
-        return self._interp[j]
-
-    def _anchors(self) -> Dict[int, float]:
-        """The timings other lengths are priced from, at pace 1: the measured ones but the unsure
-        (while any other is known), the pipelined step standing in for V(1) when cheaper."""
         p = self.plain.value()
         if p is not None and (self._anchor is None or abs(p - self._anchor) > 0.1 * self._anchor):
             self._anchor, self._interp = p, {}  # refresh the cached guesses when the step time moved
-        known = self.measured()
+        if j not in self._interp:
+            guess = self._interpolate(j, self._anchors(known))
+            if j in known:  # unsure: the lower of its one timing (maybe a compile's) and what the others predict
+                guess = known[j] if guess is None else min(known[j], guess)
+            self._interp[j] = guess
+        return self._interp[j]
+
+    def _anchors(self, known: Dict[int, float]) -> Dict[int, float]:
+        """The timings other lengths are priced from, at pace 1: the measured ones but the unsure
+        (while any other is known), the pipelined step standing in for V(1) when cheaper."""
         sure = {x: t for x, t in known.items() if x not in self._unsure}
         if sure or self._anchor is not None:
             known = sure

@@ -201,3 +201,13 @@ def test_only_a_first_use_that_compiles_is_unsure_and_never_warm_ups(compiles):
     assert curve.verify_seconds(6) == pytest.approx(3e-3 + 3 * 0.5e-3 if compiles else 9e-3 + 2 * 6e-3)
     curve.observe(4, 4e-3)
     assert not curve.unsure(4) and curve.verify_seconds(4) == pytest.approx(4e-3)
+
+
+def test_guesses_follow_the_plain_step_when_it_moves():
+    """Lengths never timed are guessed from the pipelined step (V(1) stands in for it): when the
+    step's estimate moves, the cached guesses are made again."""
+    c = TargetCurve()
+    c.observe_plain(5e-3)
+    assert c.verify_base(1) == pytest.approx(5e-3) and c.verify_base(4) == pytest.approx(12.5e-3)
+    c.observe_plain(2.5e-3)  # (fewer than 3 samples: the estimate is their minimum)
+    assert c.verify_base(1) == pytest.approx(2.5e-3) and c.verify_base(4) == pytest.approx(6.25e-3)
