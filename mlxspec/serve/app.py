@@ -98,6 +98,13 @@ class ServerState:
                             "max_kv_size": getattr(engine, "max_kv_size", None),
                             "kv_bits": getattr(getattr(engine, "kv_quant", None), "bits", None)}}
 
+    @property
+    def context(self) -> Optional[int]:
+        """The context a request may fill, as clients are told it: the engine's, else (its window
+        is shorter than the model's) the context the weights declare."""
+        engine = self.engine
+        return getattr(engine, "context", None) or getattr(getattr(engine, "target_info", None), "context_length", None)
+
     def note_model(self, name: Optional[str]) -> None:
         """Any model name is served by the one loaded model; say so once per unknown name."""
         if name and name != self.model_id and self._other_names.first(name):

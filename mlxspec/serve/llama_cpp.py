@@ -59,13 +59,12 @@ async def props(request: Request) -> Response:
     engine, options = state.engine, state.options
     info = getattr(engine, "target_info", None)
     tokenizer = getattr(engine, "tokenizer", None)
-    context = getattr(engine, "context", None) or getattr(info, "context_length", None)
     # The defaults a request that leaves a field out gets here (n_predict: the server's --max-tokens).
     params = {"n_predict": options.max_tokens, "seed": -1, "temperature": options.temperature, "top_k": 0,
               "top_p": 1.0, "min_p": 0.0, "repeat_last_n": REPEAT_LAST_N, "repeat_penalty": 1.0,
               "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": []}
     return JSONResponse({
-        "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": context, "speculative": True,
+        "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": state.context, "speculative": True,
                                         "is_processing": state.queue.running is not None, "params": params},
         "total_slots": 1,  # one request generates at a time
         "model_path": getattr(info, "path", None) or state.model_id, "model_alias": state.model_id,

@@ -321,7 +321,7 @@ def show(state) -> dict:
     args = getattr(getattr(engine, "target_model", None), "args", None)
     info = {"general.architecture": family, "general.basename": state.model_id,
             "general.parameter_count": _parameters(engine)}
-    context = getattr(engine, "context", None) or getattr(getattr(engine, "target_info", None), "context_length", None)
+    context = state.context
     if context:
         info[f"{family}.context_length"] = context
     for key, attr in (("embedding_length", "hidden_size"), ("block_count", "num_hidden_layers"),

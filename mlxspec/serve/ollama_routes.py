@@ -86,8 +86,7 @@ async def tags(request: Request) -> Response:
 async def running(request: Request) -> Response:
     """GET /api/ps: the models loaded (the one served, always)."""
     state: ServerState = request.app.state.mlxspec
-    context = state.engine.context or getattr(getattr(state.engine, "target_info", None), "context_length", None)
-    return JSONResponse({"models": [dict(ollama.model_entry(state, loaded=True), context_length=context)]})
+    return JSONResponse({"models": [dict(ollama.model_entry(state, loaded=True), context_length=state.context)]})
 
 
 @_ollama_errors
