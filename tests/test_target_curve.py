@@ -203,9 +203,9 @@ def test_only_a_first_use_that_compiles_is_unsure_and_never_warm_ups(compiles):
     assert not curve.unsure(4) and curve.verify_seconds(4) == pytest.approx(4e-3)
 
 
-def test_guesses_follow_the_plain_step_when_it_moves():
-    """Lengths never timed are guessed from the pipelined step (V(1) stands in for it): when the
-    step's estimate moves, the cached guesses are made again."""
+def test_guesses_cached_before_the_plain_step_moved_are_made_again():
+    """As above, with V(1)'s guess read (so cached) before the step moved: the step moving is what
+    makes the guesses again, not a length read for the first time since."""
     c = TargetCurve()
     c.observe_plain(5e-3)
     assert c.verify_base(1) == pytest.approx(5e-3) and c.verify_base(4) == pytest.approx(12.5e-3)
