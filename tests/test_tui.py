@@ -619,7 +619,7 @@ async def test_a_message_sent_while_answering_stays_in_the_box_and_clear_waits(t
         await pilot.pause()
         assert prompt.value == "my next question"  # not thrown away
         assert "still answering" in history_text(app)
-        for line in ("/clear", f"/load {tmp_path / 'x'}"):  # these need the answer stopped: kept in the box too
+        for line in ("/clear", f"/load {tmp_path / 'x'}", "/retry", "/undo"):  # these need the answer stopped: kept too
             prompt.value = line
             await pilot.press("enter")
             await pilot.pause()
@@ -1238,3 +1238,73 @@ def test_a_speedup_over_a_few_tokens_is_flagged_as_noise():
 
     assert turn(8).verdict().startswith("speedup 1.25× (20.0 vs 16.0 tok/s) · 8 tokens: too few to time well ·")
     assert "too few" not in turn(16).verdict()
+
+
+def struck(app) -> list:
+    return [str(e.render()) for e in history_entries(app) if e.has_class("taken-back")]
+
+
+@async_test
+async def test_retry_races_the_last_turn_again_in_its_place_with_the_settings_now():
+    app = make_app(tiny_engine(), max_tokens=16)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "/retry")
+        assert "/retry: no answered turn to take back yet" in history_text(app) and not app.conversation.turns
+        await send(app, pilot, "first")
+        await send(app, pilot, "second")
+        (_, old) = app.conversation.turns
+        assert old.answers[SPEC].stats.drafter == "model"
+        await send(app, pilot, "/drafter ngram")
+        await send(app, pilot, "/retry")
+        first, new = app.conversation.turns
+        assert new is not old and new.user == "second" and new.answers[SPEC].stats.drafter == "ngram"
+        # greedy: another drafter, the same answer on both sides, from caches that held the old one
+        for side in (SPEC, VANILLA):
+            assert new.answers[side].tokens == old.answers[side].tokens and len(old.answers[side].tokens) == 16, side
+            assert new.answers[side].text == old.answers[side].text, side
+        assert new.identical
+        # the old race stays in sight, struck out: its message, answer and verdict; nothing else
+        taken = struck(app)
+        assert len(taken) == 3 and taken[0].endswith("second") and "speedup" in taken[2], taken
+        assert ("racing turn 2 again (drafter ngram, greedy, draft length auto); the struck-out race above leaves "
+                "the conversation; prompt lookup remembers its answer, so drafts may copy it") in history_text(app)
+        await send(app, pilot, "/retry now")
+        assert "/retry takes no argument, got 'now'" in history_text(app) and len(struck(app)) == 3
+        await send(app, pilot, "/drafter model")
+        await send(app, pilot, "/lookup off")
+        await send(app, pilot, "/retry")
+        said = [line for line in history_text(app).splitlines() if line.startswith("racing turn 2")][-1]
+        assert said == "racing turn 2 again (drafter model, greedy, draft length auto); the struck-out race above " \
+                       "leaves the conversation"  # the model drafts alone: it remembers no earlier answer
+        assert app.conversation.turns[-1].answers[SPEC].tokens == old.answers[SPEC].tokens and len(struck(app)) == 6
+
+
+@async_test
+async def test_undo_gives_the_last_message_back_to_edit_and_the_next_turn_answers_without_it(tmp_path):
+    app = make_app(tiny_engine(), max_tokens=12)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "first")
+        after_first = app.conversation.turns[0].answers[SPEC].text
+        prompt = app.query_one("#prompt")
+        prompt.post_message(Paste("line one\nline two"))
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_idle(app, pilot)
+        await send(app, pilot, f"/save {tmp_path / 'chat'}")
+        assert app.saved_turns == 2
+        prompt.value = "/undo"
+        await pilot.press("enter")
+        await until(lambda: prompt.value == "[pasted text #1: 2 lines]", 10, "the message did not come back", 0.01)
+        (kept,) = app.conversation.turns
+        assert kept.answers[SPEC].text == after_first and app.saved_turns == 1
+        assert "took back turn 2: its message is in the box" in history_text(app)
+        assert len(struck(app)) == 3
+        prompt.insert_text_at_cursor(" and three")
+        await pilot.press("enter")
+        await wait_idle(app, pilot)
+        first, edited = app.conversation.turns
+        assert edited.user == "line one\nline two and three" and edited.identical
+        # what the new turn answered: the first turn, then the edited message (the undone one is gone)
+        said = [m["content"] for m in app.conversation.messages(SPEC)]
+        assert said[:3] == ["first", after_first, "line one\nline two and three"] and len(said) == 4
+        assert app.saved_turns == 1  # the edited turn is not in the saved file: quitting asks twice

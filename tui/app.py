@@ -161,7 +161,7 @@ class ChatApp(App):
             box.take(event.value)  # blanks only: nothing to send, nothing worth keeping
             return
         first = text.split()[0].lower()
-        waits = first in ("/clear", "/load")  # commands that need the answer stopped
+        waits = first in ("/clear", "/load", "/retry", "/undo")  # commands that need the answer stopped
         if self.busy and (waits or not text.startswith("/")):
             # The line stays in the box, to send once the answer is done (or stopped).
             self.notice(f"still answering: press Esc to stop it first, then Enter to "
@@ -341,6 +341,40 @@ class ChatApp(App):
             self.save(outcome.argument)
         elif outcome.action == "load":
             await self.load(outcome.argument)
+        elif outcome.action in ("retry", "undo"):
+            await self.take_back(outcome.action)
+
+    async def take_back(self, how: str) -> None:
+        """/retry: race the last turn's message again, with the settings now, in place of its
+        answers; /undo: take the last turn out and give its message back to the box. Either way
+        the turn stays in the history, struck out (the engines answer the shorter conversation
+        from the prefix their caches share with it)."""
+        if not self.conversation.turns:  # (while answering, `send` keeps the line in the box)
+            self.notice(f"/{how}: no answered turn to take back yet", error=True)
+            return
+        number = len(self.conversation.turns)
+        turn = self.conversation.turns.pop()
+        self.saved_turns = min(self.saved_turns, len(self.conversation.turns))  # a retried turn is not saved
+        self.query_one(ChatHistory).take_back(turn)
+        if how == "undo":
+            self.query_one("#prompt", PromptInput).put_back(turn.user)
+            await self._clear_race()  # the panes showed the race taken back
+            self.notice(f"took back turn {number}: its message is in the box, to edit and send (Enter)")
+            return
+        self.notice(self._retry_note(number))
+        await self.start_turn(turn.user)
+
+    def _retry_note(self, number: int) -> str:
+        """What /retry says: the settings the race runs with, and where a drafter may remember the
+        answer it replaces (prompt lookup keeps earlier histories: a speedup can show that)."""
+        s = self.settings
+        drafter = s.drafter or self.engines[SPEC].default_drafter
+        how = ", ".join([f"drafter {drafter}", "greedy" if s.temperature == 0 else f"T={s.temperature:g}",
+                         f"draft length {'auto' if s.num_draft is None else s.num_draft}"])
+        note = f"racing turn {number} again ({how}); the struck-out race above leaves the conversation"
+        if drafter == "ngram" or (drafter in ("model", "eagle") and s.lookup is not False):
+            note += "; prompt lookup remembers its answer, so drafts may copy it"
+        return note
 
     def save(self, path: str) -> None:
         info = self.info

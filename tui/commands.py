@@ -23,6 +23,9 @@ HELP = """\
                  (/effort alone clears it; /template keeps it unless its JSON sets it)
 /save PATH       write the conversation and its stats to PATH.json and PATH.md
 /load PATH       go on with a conversation /save wrote (PATH.json), in place of this one
+/retry           race the last turn again with the settings now, in place of its answers
+                 (/drafter model then /retry: the same message, another drafter)
+/undo            take the last turn back: its message returns to the box, to edit and send
 /clear           forget the conversation (also Ctrl-L)
 /help            this list
 Keys: Enter send · Up/Down earlier messages · PgUp/PgDn scroll the chat · Esc or Ctrl-C stop
@@ -55,7 +58,7 @@ class Settings:
 class Outcome:
     settings: Settings
     reply: str  # shown in the chat
-    action: Optional[str] = None  # "save" | "load" | "clear" | None
+    action: Optional[str] = None  # "save" | "load" | "clear" | "retry" | "undo" | None
     argument: str = ""
 
 
@@ -63,7 +66,7 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
     """Apply one slash command. `drafters` are the drafter names the speculative engine has."""
     name, _, arg = line.strip().partition(" ")
     name, arg = name.lower(), arg.strip()
-    if name in ("/help", "/clear") and arg:
+    if name in ("/help", "/clear", "/retry", "/undo") and arg:
         raise CommandError(f"{name} takes no argument, got {arg!r}")
     if name == "/help":
         return Outcome(settings, HELP)
@@ -133,6 +136,8 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
         return Outcome(settings, "", action="load", argument=arg)
     if name == "/clear":
         return Outcome(settings, "conversation cleared", action="clear")
+    if name in ("/retry", "/undo"):  # the app says what it did: it knows the turns
+        return Outcome(settings, "", action=name[1:])
     raise CommandError(f"unknown command {name!r}; type /help for the list")
 
 

@@ -44,6 +44,17 @@ class PromptInput(Input):
         else:
             self.clear()
 
+    def put_back(self, message: str) -> None:
+        """Show `message` (one sent before: /undo gives it back) in the box, to edit and send again,
+        before anything typed since; one of several lines shows as a paste, and is sent whole."""
+        if "\n" in message:
+            marker = f"[pasted text #{len(self._pastes) + 1}: {message.count(chr(10)) + 1} lines]"
+            self._pastes[marker] = message
+            message = marker
+        self._at = None
+        self.value = message + self.value
+        self.cursor_position = len(message)
+
     def hand_over(self, to: "PromptInput") -> None:
         """Give `to` this box's text, its pastes and its cursor (the loading screen's box to the chat's)."""
         to.value, to._pastes = self.value, dict(self._pastes)
