@@ -27,7 +27,8 @@ class ChatHistory(VerticalScroll):
     def add_user(self, text: str) -> None:
         if len(text) > PREVIEW:  # a long paste: the model reads it whole, /save keeps it whole
             text = text[:PREVIEW] + f"… ({len(text):,} characters)"
-        self._asked = [e for e in [self._add(Text.assemble(("you ", "bold"), text), "user")] if e is not None]
+        entry = self._add(Text.assemble(("you ", "bold"), text), "user")
+        self._asked = [entry] if entry is not None else []
 
     def add_turn(self, turn: Turn, markers=None) -> None:
         """The turn's answer (without its reasoning, where `markers` say where that is) and verdict."""
@@ -38,7 +39,6 @@ class ChatHistory(VerticalScroll):
         entries = self._asked + [self._add(Text.assemble(("model ", "bold"), answer or empty), "answer"),
                                  self._add(Text(turn.verdict()), "verdict")]
         self._shown.append((turn, [e for e in entries if e is not None]))
-        self._asked = []
 
     def take_back(self, turn: Turn) -> None:
         """Strike out `turn`'s message, answer and verdict: /retry or /undo took it out of the
