@@ -340,11 +340,11 @@ class Engine:
                 (`Engine.tool_format` says which; the server turns them into `tool_calls`).
             logprobs: None (default), or each event also carries `logprob`, the target's
                 log-probability of its token (of the raw logits: before temperature and the
-                filters, as mlx-lm reports it), and `top_logprobs`, that many (0..20) of the
+                filters, as mlx-lm reports it), and `top_logprobs`, that many (0..1000) of the
                 best (token, logprob) of its position. Computed in the pass that picks the token.
             prompt_logprobs: None (default), or the first event also carries `prompt_logprobs`:
                 per prompt token (token, log-probability given the tokens before it, that many
-                (0..20) best (token, logprob) there), the first token's log-probability None
+                (0..1000) best (token, logprob) there), the first token's log-probability None
                 (vLLM's; OpenAI's echo with logprobs). The prompt's every row is then computed:
                 its prefill takes nothing from a cache.
             suffix: None (default), or fill in the middle: `prompt` (a string) is the text before

@@ -17,6 +17,7 @@ import mlx.core as mx
 from .errors import InvalidArgumentError, shown
 
 MAX_TOP = 20  # top choices per token, as OpenAI's top_logprobs allows
+MOST_TOP = 1000  # what the engine gives (llama.cpp's n_probs asks for more than OpenAI's)
 
 TokenLogprob = Tuple[float, List[Tuple[int, float]]]  # (the token's, its row's best (id, logprob), best first)
 
@@ -26,6 +27,7 @@ def row_logprobs(rows: mx.array, tokens: mx.array, top: int) -> Tuple[mx.array, 
     their log p (S, top)); lazy."""
     x = rows.astype(mx.float32)
     lp = x - mx.logsumexp(x, axis=-1, keepdims=True)  # (S, V)
+    top = min(top, x.shape[-1])  # (llama.cpp's n_probs may ask for more than a small vocabulary has)
     chosen = mx.take_along_axis(lp, tokens.astype(mx.int32)[:, None], axis=-1)[:, 0]
     if top <= 0:
         empty = mx.zeros((rows.shape[0], 0), mx.int32)
@@ -70,17 +72,17 @@ class PromptScorer:
         return out
 
 
-def is_top_count(n) -> bool:
-    """Whether `n` is a count of top choices per token: an integer in 0..MAX_TOP."""
-    return not isinstance(n, bool) and isinstance(n, int) and 0 <= n <= MAX_TOP
+def is_top_count(n, most: int = MAX_TOP) -> bool:
+    """Whether `n` is a count of top choices per token: an integer in 0..most."""
+    return not isinstance(n, bool) and isinstance(n, int) and 0 <= n <= most
 
 
 def check_logprobs(logprobs, name: str = "logprobs") -> Optional[int]:
-    """None (off), or how many top choices to give per token, 0..MAX_TOP (0: the token's own only)."""
+    """None (off), or how many top choices to give per token, 0..MOST_TOP (0: the token's own only)."""
     if logprobs is None:
         return None
-    if not is_top_count(logprobs):
-        raise InvalidArgumentError(f"{name} must be None (off) or an integer in 0..{MAX_TOP} (top choices per "
+    if not is_top_count(logprobs, MOST_TOP):
+        raise InvalidArgumentError(f"{name} must be None (off) or an integer in 0..{MOST_TOP} (top choices per "
                                    f"token besides its own), got {shown(logprobs)}")
     return logprobs
 

@@ -3,10 +3,12 @@ or token ids, answered as plain decoding answers it, in llama.cpp's shape, whole
 json_schema, limits and errors."""
 
 import json
+import math
 
 import httpx
 import pytest
 
+import tiny
 from serve_helpers import TIMEOUT, running_server, sse_events, tiny_engine
 from test_grammar import MOOD
 
@@ -73,6 +75,10 @@ def test_a_json_schema_is_followed_and_time_ends_the_answer_at_a_line(served):
     ({"prompt": PROMPT, "max_tokens": 4}, "max_tokens", "send n_predict instead"),
     ({"prompt": PROMPT, "logit_bias": [["Hello", 1.0]]}, "logit_bias", "tokens are named by id here"),
     ({"prompt": PROMPT, "logit_bias": {"13": 500}}, "logit_bias", "logit_bias"),
+    ({"prompt": PROMPT, "n_probs": 1001}, "n_probs", "n_probs must be an integer in 0..1000"),
+    ({"prompt": PROMPT, "n_probs": "5"}, "n_probs", "n_probs must be an integer"),
+    ({"prompt": PROMPT, "n_probs": 5, "post_sampling_probs": True}, "post_sampling_probs", "before temperature"),
+    ({"prompt": PROMPT, "return_tokens": "yes"}, "return_tokens", "return_tokens must be true or false"),
 ])
 def test_bad_requests_are_refused_naming_the_field(served, body, param, says):
     url, _ = served
@@ -90,3 +96,50 @@ def test_props_say_the_context_the_slots_and_the_template(served):
     assert settings["params"]["n_predict"] == 512 and settings["params"]["temperature"] == 0.0  # the server's defaults
     assert p["chat_template"] == ref.tokenizer.chat_template and p["model_alias"] == "t"
     assert p["modalities"] == {"vision": False, "audio": False} and p["build_info"].startswith("mlxspec ")
+
+
+def spelt(rows) -> str:
+    """The text `completion_probabilities` rows spell (a random model writes bytes that are no UTF-8,
+    which the text has as U+FFFD)."""
+    return b"".join(bytes(row["bytes"]) for row in rows).decode("utf-8", "replace")
+
+
+def test_n_probs_are_the_model_s_own_for_the_tokens_that_spell_the_text(served):
+    """llama.cpp's completion_probabilities (its post_sampling_probs false): each token's log-probability
+    and its position's best, under the raw logits, as plain decoding computes them; with return_tokens
+    the ids. Whole or streamed, the tokens listed spell the text sent with them, a stop string's aside."""
+    url, ref = served
+    want = ref.generate(PROMPT, max_tokens=24, speculative=False, logprobs=3)
+    tol = tiny.float32_tol(1e-4) * 10  # log-softmax of logits of magnitude ~10, verify rows against plain steps
+    r = post(url, prompt=PROMPT, n_predict=24, n_probs=3, return_tokens=True).json()
+    rows = r["completion_probabilities"]
+    assert r["content"] == want.text and r["tokens"] == want.tokens[:len(rows)] == [row["id"] for row in rows]
+    assert spelt(rows) == r["content"]
+    for row, lp, best in zip(rows, want.logprobs, want.top_logprobs):
+        assert abs(row["logprob"] - lp) <= tol and len(row["top_logprobs"]) == 3
+        assert [t["id"] for t in row["top_logprobs"]] == [t for t, _ in best]
+        assert all(abs(t["logprob"] - v) <= tol for t, (_, v) in zip(row["top_logprobs"], best))
+        assert all(t["token"] == bytes(t["bytes"]).decode("utf-8", "replace") for t in row["top_logprobs"])
+    with httpx.stream("POST", f"{url}/completion", json={"prompt": PROMPT, "n_predict": 24, "stream": True,
+                                                          "n_probs": 3, "return_tokens": True}, timeout=TIMEOUT) as s:
+        events = sse_events(s)
+    *parts, last = events
+    for part in parts:  # each chunk's tokens spell its own text
+        assert part["tokens"] == [row["id"] for row in part["completion_probabilities"]]
+        assert spelt(part["completion_probabilities"]) == part["content"]
+    assert [t for part in parts for t in part["tokens"]] == r["tokens"] and last["tokens"] == []
+    plain = post(url, prompt=PROMPT, n_predict=8).json()  # neither asked: no ids, no probabilities
+    assert plain["tokens"] == [] and "completion_probabilities" not in plain
+    at = next(i for i in range(4, len(want.text) - 2) if want.text.find(want.text[i:i + 2]) == i)
+    stop = want.text[at:at + 2]  # its first place is past the answer's start
+    cut = post(url, prompt=PROMPT, n_predict=24, n_probs=1, stop=[stop]).json()
+    assert cut["stopping_word"] == stop and cut["content"] == want.text[:at]
+    assert spelt(cut["completion_probabilities"]) == cut["content"] and len(cut["completion_probabilities"]) < len(rows)
+
+
+def test_n_probs_past_the_vocabulary_list_all_of_it(served):
+    url, _ = served
+    (row,) = post(url, prompt=PROMPT, n_predict=1, n_probs=1000).json()["completion_probabilities"]
+    assert len(row["top_logprobs"]) == tiny.VOCAB and len({t["id"] for t in row["top_logprobs"]}) == tiny.VOCAB
+    assert math.isclose(sum(math.exp(t["logprob"]) for t in row["top_logprobs"]), 1.0, rel_tol=1e-4)
+    assert row["top_logprobs"][0]["logprob"] == max(t["logprob"] for t in row["top_logprobs"])

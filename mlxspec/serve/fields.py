@@ -31,13 +31,14 @@ OTHERS = {  # vLLM's, mlx-lm's and llama.cpp's that are read (or refused with a 
 }
 OLLAMA = {"options", "format", "think", "keep_alive", "raw", "template", "context", "images", "name", "verbose"}
 LLAMA_CPP = {"input_prefix", "input_suffix", "input_extra", "n_predict", "response_fields", "repeat_last_n", "n_indent",
-             "t_max_predict_ms", "json_schema", "grammar"}
+             "t_max_predict_ms", "json_schema", "grammar", "n_probs", "post_sampling_probs", "return_tokens"}
 # What /completion and /infill read (`llama_cpp.py`, `infill.py`); the rest of llama.cpp's fields (cache_prompt,
 # samplers, t_max_prompt_ms, which llama.cpp does not implement either, id_slot...) change nothing here, and the
 # log names them once.
 LLAMA_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
 LLAMA_COMPLETION = {"prompt", "n_predict", "stream", "response_fields", "repeat_penalty", "repeat_last_n", "n_indent",
-                    "t_max_predict_ms", "json_schema", "grammar", "logit_bias", *LLAMA_SAMPLING}
+                    "t_max_predict_ms", "json_schema", "grammar", "logit_bias", "n_probs", "post_sampling_probs",
+                    "return_tokens", *LLAMA_SAMPLING}
 INFILL = {"input_prefix", "input_suffix", "input_extra", *LLAMA_COMPLETION}
 OWN = {"speculative", "num_draft", "drafter", "tree", "lookup"}  # the engine's, per request
 # What Ollama's /api/chat and /api/generate read (`ollama.py`); `options`' own names are ollama.OPTIONS

@@ -9,7 +9,10 @@ sampling fields, `repeat_penalty` over `repeat_last_n`, `logit_bias` (by token i
 `json_schema` (a grammar the answer follows). `n_indent` ends the answer before a line indented
 less (the cursor's indentation, which llama.vscode sends) and `t_max_predict_ms` at the first
 line end after that much generating (the engine's `min_indent` and `soft_time_limit`), each with
-`stop_type` `limit`, as in llama.cpp. The answer is one object, or server-sent events whose last
+`stop_type` `limit`, as in llama.cpp. `n_probs` gives each token's probability and its position's
+best alternatives (`completion_probabilities`: the model's own, before temperature and the sampling
+filters, as llama.cpp's `post_sampling_probs` false) and `return_tokens` the tokens' ids, each for
+the tokens that spell the answer's text. The answer is one object, or server-sent events whose last
 has `"stop": true` and the timings; `response_fields` picks (and flattens) what comes back.
 """
 
@@ -23,13 +26,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..errors import shown
+from ..logprobs import MOST_TOP, is_top_count
 from . import schema
 from .body import read_json
 from .errors import APIError, invalid, unsupported
 from .fields import LLAMA_SAMPLING, OWN
 from .generation import guarded
 from .ollama import REPEAT_LAST_N, UNBOUNDED
-from .responses import figures, sse
+from .responses import LogprobStream, figures, sse
 from .translated import one_answer
 
 if TYPE_CHECKING:
@@ -95,6 +99,9 @@ async def answer(request: Request, body: dict, prompt, limit: int, *, endpoint: 
                           repetition_context_size=body.get("repeat_last_n", REPEAT_LAST_N))
     fields = _fields(body.get("response_fields"))
     limits = _line_limits(body)
+    probs, ids = _n_probs(body), schema.flag(body, "return_tokens", False)
+    if probs:  # (past OpenAI's 20, which parse_completion's logprobs holds to)
+        limits["logprobs"] = probs
 
     def parse(given: dict, defaults) -> schema.GenerationRequest:
         req = schema.parse_completion(given, defaults)
@@ -102,7 +109,9 @@ async def answer(request: Request, body: dict, prompt, limit: int, *, endpoint: 
         return req
 
     def builder_of(state: ServerState, req: schema.GenerationRequest, body: dict) -> LlamaBuilder:
-        return LlamaBuilder(endpoint, state.model_id, fields, warm_only=limit == 0, truncated=truncated)
+        tokens = LogprobStream(True, state.token_bytes) if (probs or ids) and limit else None
+        return LlamaBuilder(endpoint, state.model_id, fields, warm_only=limit == 0, truncated=truncated,
+                            tokens=tokens, probs=bool(probs), ids=ids)
 
     return await one_answer(request, lambda _: completion, builder_of, endpoint, param, _renamed, parse=parse,
                             body=body)
@@ -140,6 +149,21 @@ def _line_limits(body: dict) -> dict:
     return out
 
 
+def _n_probs(body: dict) -> int:
+    """llama.cpp's n_probs (0: none), refused past what the engine gives, and with
+    post_sampling_probs, whose probabilities (after the sampling chain) are not computed here."""
+    n = body.get("n_probs")
+    n = 0 if n is None else n
+    if not is_top_count(n, MOST_TOP):
+        raise invalid(f"n_probs must be an integer in 0..{MOST_TOP} (the best tokens listed per position; 0: none), "
+                      f"got {shown(n)}", "n_probs")
+    if n and schema.flag(body, "post_sampling_probs", False):
+        raise unsupported("post_sampling_probs is not served here: the probabilities are the model's own, before "
+                          "temperature and the sampling filters (leave it out, or false, for those)",
+                          "post_sampling_probs")
+    return n
+
+
 def _bias(given) -> dict:
     """llama.cpp's logit_bias, `[[id, bias], ...]` or `{"id": bias}` (a bias of false bans the
     token), as OpenAI's `{"id": bias}` (-100 bans)."""
@@ -174,16 +198,22 @@ def _renamed(error: APIError) -> APIError:
 class LlamaBuilder:
     """One answer in llama.cpp's /completion shape, whole or as server-sent events."""
 
-    def __init__(self, endpoint: str, model: str, fields: Optional[List[str]], warm_only: bool, truncated: bool):
+    def __init__(self, endpoint: str, model: str, fields: Optional[List[str]], warm_only: bool, truncated: bool,
+                 tokens: Optional[LogprobStream] = None, probs: bool = False, ids: bool = False):
         self.id = f"{endpoint}-" + uuid.uuid4().hex[:24]  # for the log
         self.model, self.fields = model, fields
         self.warm_only, self.truncated = warm_only, truncated
+        self.stream, self.probs, self.ids = tokens, probs, ids  # the tokens that spell the text, as they go out
+        self._ready: list = []  # (event, its bytes, offset) whose text is out, not sent yet
 
     def tokens(self, events: list) -> None:
-        """(llama.cpp's answers carry no probabilities here)"""
+        """The events behind the text fed next: their ids and probabilities go out with it."""
+        if self.stream is not None:
+            self._ready += self.stream.ready(events)
 
     def whole(self, reasoning: str, text: str, calls: list, finish: str, usage: dict, stats, stopped_by=None) -> dict:
-        return self._picked(self._final("" if self.warm_only else text, finish, usage, stats, stopped_by))
+        final = self._final("" if self.warm_only else text, finish, usage, stats, stopped_by)
+        return self._picked(dict(final, **self._taken()))
 
     def start(self, prompt_tokens: int, cached_tokens: int = 0) -> List[bytes]:
         return []
@@ -191,10 +221,25 @@ class LlamaBuilder:
     def feed(self, reasoning: str, text: str, calls: list) -> List[bytes]:
         if not text or self.warm_only:
             return []
-        return [sse(self._picked({"index": 0, "content": text, "stop": False}))]
+        return [sse(self._picked({"index": 0, "content": text, "tokens": [], "stop": False, **self._taken()}))]
 
     def finish(self, finish: str, usage: dict, stats, stopped_by=None) -> List[bytes]:
         return [sse(self._picked(self._final("", finish, usage, stats, stopped_by)))]
+
+    def _taken(self) -> dict:
+        """The ids (`return_tokens`) and `completion_probabilities` (`n_probs`) of the tokens whose
+        text is out and not yet sent, as llama.cpp gives them."""
+        ready, self._ready = self._ready, []
+        out = {"tokens": [ev.token for ev, _, _ in ready]} if self.ids else {}
+        if self.probs:
+            def entry(token: int, raw: bytes, logprob: float) -> dict:
+                return {"id": token, "token": raw.decode("utf-8", "replace"), "bytes": list(raw), "logprob": logprob}
+
+            out["completion_probabilities"] = [
+                dict(entry(ev.token, raw, ev.logprob),
+                     top_logprobs=[entry(t, self.stream.token_bytes(t), lp) for t, lp in ev.top_logprobs])
+                for ev, raw, _ in ready]
+        return out
 
     @staticmethod
     def error(e: APIError) -> bytes:
@@ -211,7 +256,8 @@ class LlamaBuilder:
                    "predicted_n": generated, "predicted_ms": predicted_ms,
                    "predicted_per_token_ms": predicted_ms / max(generated, 1),
                    "predicted_per_second": generated / max(stats.seconds, 1e-9)}
-        return {"index": 0, "content": text, "stop": True, "model": self.model, "tokens_predicted": generated,
+        return {"index": 0, "content": text, "tokens": [], "stop": True, "model": self.model,
+                "tokens_predicted": generated,
                 "tokens_evaluated": usage["prompt_tokens"], "has_new_line": "\n" in text,
                 "truncated": self.truncated, "stop_type": kind, "stopping_word": word,
                 "tokens_cached": usage["prompt_tokens_details"]["cached_tokens"], "timings": timings,

@@ -163,6 +163,12 @@ class LogprobStream:
 
     def feed(self, events) -> Optional[dict]:
         """The logprobs of `events` (and earlier ones) whose text is out now; None if none is."""
+        ready = self.ready(events)
+        return self._shape(ready) if ready else None
+
+    def ready(self, events) -> list:
+        """(event, its token's bytes, their offset in the text) of `events` (and earlier ones) whose
+        text is out now."""
         self._waiting.extend(events)
         self._text += "".join(ev.text for ev in events).encode()
         ready = []
@@ -174,7 +180,7 @@ class LogprobStream:
                 break
             ready.append((self._waiting.popleft(), raw, max(self._at - self._skew, 0)))
             self._at += len(raw)
-        return self._shape(ready) if ready else None
+        return ready
 
     def _shape(self, ready) -> dict:
         if self.chat:
