@@ -1308,3 +1308,53 @@ async def test_undo_gives_the_last_message_back_to_edit_and_the_next_turn_answer
         said = [m["content"] for m in app.conversation.messages(SPEC)]
         assert said[:3] == ["first", after_first, "line one\nline two and three"] and len(said) == 4
         assert app.saved_turns == 1  # the edited turn is not in the saved file: quitting asks twice
+
+
+@async_test
+async def test_ctrl_c_copies_text_selected_with_the_mouse_and_copy_the_last_answer(monkeypatch):
+    from textual.selection import Selection
+
+    from tui import clipboard
+
+    monkeypatch.setattr(clipboard.sys, "platform", "linux")  # the terminal's copy alone, on any machine
+    app = make_app(tiny_engine(), max_tokens=12)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "/copy")
+        assert "/copy: no answer to copy yet" in history_text(app) and app.clipboard == ""
+        await send(app, pilot, "rivers")
+        entry = next(e for e in history_entries(app) if str(e.render()) == "you rivers")
+        app.screen.selections = {entry: Selection(None, None)}  # as a mouse drag over it leaves them
+        await pilot.pause()
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        assert app.clipboard == "you rivers" and app.is_running and not app.screen.selections
+        assert "copied the selected text (10 characters) through the terminal" in history_text(app)
+        await pilot.press("ctrl+c")  # nothing selected, nothing running: as before
+        await pilot.pause()
+        assert "nothing to stop: Ctrl-Q quits" in history_text(app)
+        await send(app, pilot, "/copy")
+        answer = app.conversation.turns[-1].answers[SPEC].text.strip()
+        assert app.clipboard == answer and f"copied the last answer ({len(answer)} character" in history_text(app)
+        await send(app, pilot, "/copy all")
+        assert "/copy takes no argument" in history_text(app)
+
+
+def test_on_a_mac_the_clipboard_is_pbcopy_s_too(monkeypatch, tmp_path):
+    """The terminal's copy (OSC 52) does not reach the clipboard in macOS's Terminal: pbcopy does."""
+    from tui import clipboard
+
+    fake = tmp_path / "pbcopy"
+    fake.write_text(f"#!/bin/sh\ncat > {tmp_path / 'copied'}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(clipboard.sys, "platform", "darwin")
+    monkeypatch.setenv("PATH", str(tmp_path), prepend=":")
+
+    class App:
+        def copy_to_clipboard(self, text):
+            self.osc52 = text
+
+    app = App()
+    assert clipboard.copy(app, "héllo\nworld") == "with pbcopy"
+    assert (tmp_path / "copied").read_text(encoding="utf-8") == "héllo\nworld" and app.osc52 == "héllo\nworld"
+    fake.write_text("#!/bin/sh\nexit 1\n")  # pbcopy failing: the terminal's copy is what went out, and is said
+    assert clipboard.copy(app, "x").startswith("through the terminal")

@@ -23,8 +23,9 @@ from mlxspec.prompts import unread_template_note
 from mlxspec.reasoning import chat_starts_inside, thinking_markers
 from mlxspec.stats import plural
 
+from . import clipboard
 from .commands import HELP, CommandError, Settings, run_command
-from .conversation import SPEC, VANILLA, Conversation, Saved, read_saved
+from .conversation import SPEC, VANILLA, Conversation, Saved, answer_part, read_saved
 from .info import PairInfo, describe
 from .messages import EngineReady, LoadFailed, Settle, StatsUpdated, TokensAdded, TurnFinished
 from .screens import ErrorScreen, LoadingScreen
@@ -261,14 +262,20 @@ class ChatApp(App):
             self.query_one("#verdict", Static).update("stopping…")
 
     async def action_interrupt(self) -> None:
-        """Ctrl-C: stop the answer, as Esc does; with none running, say how to quit instead; while
-        loading (nothing to stop, nothing to lose), quit."""
+        """Ctrl-C: copy the text selected with the mouse, as Textual's own Ctrl-C does; else stop the
+        answer, as Esc does; with none running, say how to quit instead; while loading (nothing to
+        stop, nothing to lose), quit."""
+        selected = getattr(self.screen, "get_selected_text", lambda: None)()
         if isinstance(self.screen, LoadingScreen):
             await self.action_quit()
+        elif selected:
+            how = clipboard.copy(self, selected)
+            self.screen.clear_selection()
+            self.notice(f"copied the selected text ({plural(len(selected), 'character')}) {how}")
         elif self.busy:
             self.action_stop()
         else:
-            self.notice("nothing to stop: Ctrl-Q quits")
+            self.notice("nothing to stop: Ctrl-Q quits (select text with the mouse first, and Ctrl-C copies it)")
 
     def _confirmed(self, key: str, does: str) -> bool:
         """A single key that would lose turns not saved acts on its second press within
@@ -343,6 +350,17 @@ class ChatApp(App):
             await self.load(outcome.argument)
         elif outcome.action in ("retry", "undo"):
             await self.take_back(outcome.action)
+        elif outcome.action == "copy":
+            self.copy_answer()
+
+    def copy_answer(self) -> None:
+        """/copy: the last answer, whole (without its reasoning), on the clipboard."""
+        if not self.conversation.turns:
+            self.notice("/copy: no answer to copy yet", error=True)
+            return
+        text = answer_part(self.conversation.turns[-1].answers[SPEC].text, self.conversation.markers).strip()
+        how = clipboard.copy(self, text)
+        self.notice(f"copied the last answer ({plural(len(text), 'character')}) {how}")
 
     async def take_back(self, how: str) -> None:
         """/retry: race the last turn's message again, with the settings now, in place of its

@@ -26,10 +26,11 @@ HELP = """\
 /retry           race the last turn again with the settings now, in place of its answers
                  (/drafter model then /retry: the same message, another drafter)
 /undo            take the last turn back: its message returns to the box, to edit and send
+/copy            the last answer to the clipboard (or select text with the mouse, then Ctrl-C)
 /clear           forget the conversation (also Ctrl-L)
 /help            this list
 Keys: Enter send · Up/Down earlier messages · PgUp/PgDn scroll the chat · Esc or Ctrl-C stop
-      Ctrl-T token colours · Ctrl-L clear · Ctrl-Q quit
+      Ctrl-C copies text selected with the mouse · Ctrl-T token colours · Ctrl-L clear · Ctrl-Q quit
       (Ctrl-L and Ctrl-Q ask for a second press while turns are not saved)"""
 
 
@@ -58,7 +59,7 @@ class Settings:
 class Outcome:
     settings: Settings
     reply: str  # shown in the chat
-    action: Optional[str] = None  # "save" | "load" | "clear" | "retry" | "undo" | None
+    action: Optional[str] = None  # "save" | "load" | "clear" | "retry" | "undo" | "copy" | None
     argument: str = ""
 
 
@@ -66,7 +67,7 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
     """Apply one slash command. `drafters` are the drafter names the speculative engine has."""
     name, _, arg = line.strip().partition(" ")
     name, arg = name.lower(), arg.strip()
-    if name in ("/help", "/clear", "/retry", "/undo") and arg:
+    if name in ("/help", "/clear", "/retry", "/undo", "/copy") and arg:
         raise CommandError(f"{name} takes no argument, got {arg!r}")
     if name == "/help":
         return Outcome(settings, HELP)
@@ -136,7 +137,7 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
         return Outcome(settings, "", action="load", argument=arg)
     if name == "/clear":
         return Outcome(settings, "conversation cleared", action="clear")
-    if name in ("/retry", "/undo"):  # the app says what it did: it knows the turns
+    if name in ("/retry", "/undo", "/copy"):  # the app says what it did: it knows the turns
         return Outcome(settings, "", action=name[1:])
     raise CommandError(f"unknown command {name!r}; type /help for the list")
 
