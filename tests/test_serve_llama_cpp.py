@@ -143,3 +143,25 @@ def test_n_probs_past_the_vocabulary_list_all_of_it(served):
     assert len(row["top_logprobs"]) == tiny.VOCAB and len({t["id"] for t in row["top_logprobs"]}) == tiny.VOCAB
     assert math.isclose(sum(math.exp(t["logprob"]) for t in row["top_logprobs"]), 1.0, rel_tol=1e-4)
     assert row["top_logprobs"][0]["logprob"] == max(t["logprob"] for t in row["top_logprobs"])
+
+
+def test_apply_template_gives_the_text_completion_answers_as_the_chat_is_answered(served):
+    url, ref = served
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why do rivers flow?"}]
+    r = httpx.post(f"{url}/apply-template", json={"messages": chat}, timeout=TIMEOUT)
+    prompt = r.json()["prompt"]
+    assert r.status_code == 200 and set(r.json()) == {"prompt"}
+    assert ref.tokenizer.encode(prompt, add_special_tokens=False) == httpx.post(
+        f"{url}/tokenize", json={"messages": chat}, timeout=TIMEOUT).json()["tokens"]
+    answered = httpx.post(f"{url}/v1/chat/completions", json={"messages": chat, "max_tokens": 16, "temperature": 0},
+                          timeout=TIMEOUT).json()["choices"][0]["message"]["content"]
+    assert post(url, prompt=prompt, n_predict=16, temperature=0).json()["content"] == answered
+    begun = chat + [{"role": "assistant", "content": "Because"}]
+    kept = httpx.post(f"{url}/apply-template", json={"messages": begun, "continue_final_message": True},
+                      timeout=TIMEOUT).json()["prompt"]
+    assert kept.startswith(prompt) and kept.endswith("Because")  # the answer goes on inside that message
+    for body, says in (({}, "messages is required"),
+                       ({"messages": "hi"}, "messages"),
+                       ({"messages": chat, "add_generation_prompt": False}, "add_generation_prompt false alone")):
+        r = httpx.post(f"{url}/apply-template", json=body, timeout=TIMEOUT)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text

@@ -57,7 +57,8 @@ log = logging.getLogger("mlxspec.serve")
 ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE "
                "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models "
                "(each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET /metrics, llama.cpp's "
-               f"POST /completion, POST /infill and GET /props, and Ollama's {ollama_routes.ROUTES_TEXT}")
+               f"POST /completion, POST /infill, POST /apply-template and GET /props, and Ollama's "
+               f"{ollama_routes.ROUTES_TEXT}")
 
 
 class ServerState:
@@ -165,6 +166,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/infill", infill, methods=["POST"]),
         Route("/completion", llama_cpp.completion, methods=["POST"]),
         Route("/props", llama_cpp.props, methods=["GET"]),
+        Route("/apply-template", apply_template_route, methods=["POST"]),
     ]
     routes += [Route(path, endpoint, methods=methods) for path, endpoint, methods in ollama_routes.ROUTES]
     # Outermost first: the host and origin check, then CORS (a preflight carries no API key), then the key.
@@ -200,6 +202,14 @@ async def tokenize_route(request: Request) -> Response:
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
     state.note_model(tokenize.model_param(body))
     return JSONResponse(await asyncio.to_thread(tokenize.tokenize, state.engine, body, chat_messages))
+
+
+async def apply_template_route(request: Request) -> Response:
+    """A chat as the text the model reads (llama.cpp's POST /apply-template)."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    state.note_model(tokenize.model_param(body))
+    return JSONResponse(await asyncio.to_thread(tokenize.apply_template, state.engine, body, chat_messages))
 
 
 async def detokenize_route(request: Request) -> Response:

@@ -1,6 +1,7 @@
 """POST /tokenize and /detokenize: the model's own token ids of a prompt or chat, and back
 (vLLM's shapes; llama.cpp's `content` is taken too), so a client can count tokens against
-the context or build token-id prompts without a copy of the tokenizer.
+the context or build token-id prompts without a copy of the tokenizer; and llama.cpp's POST
+/apply-template: a chat as the text the model reads, to send to /completion as a prompt.
 
 Run off the event loop (`asyncio.to_thread`): a long chat renders and encodes for a while.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..errors import InvalidArgumentError, shown
-from ..prompts import check_template_kwargs, check_text, encode_prompt
+from ..prompts import check_template_kwargs, check_text, encode_prompt, render_chat
 from ..tools import check_tools
 from .errors import checked, invalid
 from .schema import flag
@@ -35,21 +36,41 @@ def tokenize(engine, body: dict, messages) -> dict:
             ids = (encode_prompt(text, tokenizer, engine.vocab_size) if flag(body, "add_special_tokens", True)
                    else tokenizer.encode(text, add_special_tokens=False)) if text else []
         else:
-            keep_going = flag(body, "continue_final_message", False)
-            if body.get("add_generation_prompt") is False and not keep_going:
-                raise invalid("add_generation_prompt false alone is not supported: a chat is tokenized as the model "
-                              "reads it, its generation prompt included (or, with continue_final_message true, "
-                              "ending inside its last message)", "add_generation_prompt")
-            tools = checked(check_tools, body.get("tools"), "tools") or None
-            kwargs = checked(check_template_kwargs, body.get("chat_template_kwargs"), "chat_template_kwargs")
-            ids = encode_prompt(messages(body["messages"]), tokenizer, engine.vocab_size, tools=tools,
-                                template_kwargs=kwargs, continue_final=keep_going)
+            chat, tools, kwargs, keep_going = _chat(body, messages)
+            ids = encode_prompt(chat, tokenizer, engine.vocab_size, tools=tools, template_kwargs=kwargs,
+                                continue_final=keep_going)
     except InvalidArgumentError as e:
         raise invalid(str(e), "messages" if text is None else "prompt") from None
     out = {"count": len(ids), "max_model_len": getattr(engine, "context", None), "tokens": ids, "token_strs": None}
     if flag(body, "return_token_strs", False) or flag(body, "with_pieces", False):
         out["token_strs"] = tokenizer.convert_ids_to_tokens(ids)
     return out
+
+
+def apply_template(engine, body: dict, messages) -> dict:
+    """{"messages": [...]} (with `tools`, `chat_template_kwargs`) -> {"prompt": the text the model
+    reads}, which /completion answers as the chat routes answer the messages."""
+    if engine.tokenizer is None:
+        raise invalid("this server's model has no tokenizer", None)
+    if body.get("messages") is None:
+        raise invalid("messages is required: the chat to render, as for /v1/chat/completions", "messages")
+    try:
+        chat, tools, kwargs, keep_going = _chat(body, messages)
+        return {"prompt": render_chat(chat, engine.tokenizer, tools, kwargs, keep_going)}
+    except InvalidArgumentError as e:
+        raise invalid(str(e), "messages") from None
+
+
+def _chat(body: dict, messages) -> tuple:
+    """The chat `body` sends, checked: (its messages, tools, template variables, continue_final_message)."""
+    keep_going = flag(body, "continue_final_message", False)
+    if body.get("add_generation_prompt") is False and not keep_going:
+        raise invalid("add_generation_prompt false alone is not supported: a chat is rendered as the model reads it, "
+                      "its generation prompt included (or, with continue_final_message true, ending inside its last "
+                      "message)", "add_generation_prompt")
+    tools = checked(check_tools, body.get("tools"), "tools") or None
+    kwargs = checked(check_template_kwargs, body.get("chat_template_kwargs"), "chat_template_kwargs")
+    return messages(body["messages"]), tools, kwargs, keep_going
 
 
 def detokenize(engine, body: dict) -> dict:
