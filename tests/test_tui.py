@@ -1358,3 +1358,49 @@ def test_on_a_mac_the_clipboard_is_pbcopy_s_too(monkeypatch, tmp_path):
     assert (tmp_path / "copied").read_text(encoding="utf-8") == "héllo\nworld" and app.osc52 == "héllo\nworld"
     fake.write_text("#!/bin/sh\nexit 1\n")  # pbcopy failing: the terminal's copy is what went out, and is said
     assert clipboard.copy(app, "x").startswith("through the terminal")
+
+
+def test_the_summary_adds_up_the_race_over_the_conversation():
+    from tui.conversation import Answer, Conversation, Turn
+    from tui.stats_view import StatsView
+
+    def turn(text, spec, vanilla, temperature=0.0, other=None, divergence=None):
+        (tokens, seconds, drafted, rate, drafter), (v_tokens, v_seconds) = spec, vanilla
+        s = StatsView(tokens=tokens, seconds=seconds, tokens_per_second=tokens / seconds, drafted=drafted,
+                      acceptance_rate=rate, drafter=drafter)
+        v = StatsView(tokens=v_tokens, seconds=v_seconds, tokens_per_second=v_tokens / v_seconds)
+        return Turn("q", {SPEC: Answer(text=text, stats=s), VANILLA: Answer(text=other or text, stats=v)},
+                    temperature=temperature, divergence=divergence)
+
+    conv = Conversation()
+    assert conv.summary() == "no turns yet"
+    conv.turns += [turn("a", (100, 2.0, 80, 0.5, "eagle"), (100, 5.0)),  # 2.5x
+                   turn("b", (50, 2.5, 40, 0.25, "eagle"), (50, 2.0), temperature=0.7),  # 0.8x
+                   turn("c", (30, 1.0, 0, 0.0, "ngram"), (30, 1.5), other="d",  # 1.5x, parted at a near-tie
+                        divergence={"divergence": "rounding", "tokens": 3})]
+    assert conv.summary().splitlines() == [
+        "3 turns (2 greedy, 1 sampled)",
+        "speculative: 180 tokens in 5.5 s, 32.7 tok/s",
+        "vanilla: 180 tokens in 8.5 s, 21.2 tok/s",
+        "speedup 1.55× over all tokens; per turn median 1.50×, from 0.80× to 2.50×",
+        "outputs identical in 2 of 3, 1 more up to rounding",
+        "drafted by eagle (2), ngram (1); accepted 42% of 120 drafts"]
+    conv.turns[2].divergence = None
+    assert "outputs identical in 2 of 3, 1 differ (see their verdicts)" in conv.summary()
+    md = conv.to_markdown()
+    assert md.endswith("\n".join(f"- {line}" for line in conv.summary().splitlines()) + "\n")
+    assert "## Summary" in md
+
+
+@async_test
+async def test_stats_sums_up_the_conversation_in_the_chat():
+    app = make_app(tiny_engine(), max_tokens=16)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(app, pilot, "/stats")
+        assert history_text(app).endswith("no turns yet")
+        await send(app, pilot, "hello")
+        await send(app, pilot, "again")
+        await send(app, pilot, "/stats")
+        text = history_text(app)
+        assert "2 turns (2 greedy)" in text and "speculative: 32 tokens in" in text and "vanilla: 32 tokens" in text
+        assert "outputs identical in 2 of 2" in text and re.search(r"per turn median \d+\.\d\d×", text)

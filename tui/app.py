@@ -352,6 +352,8 @@ class ChatApp(App):
             await self.take_back(outcome.action)
         elif outcome.action == "copy":
             self.copy_answer()
+        elif outcome.action == "stats":
+            self.notice(self.conversation.summary())
 
     def copy_answer(self) -> None:
         """/copy: the last answer, whole (without its reasoning), on the clipboard."""

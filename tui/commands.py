@@ -27,6 +27,7 @@ HELP = """\
                  (/drafter model then /retry: the same message, another drafter)
 /undo            take the last turn back: its message returns to the box, to edit and send
 /copy            the last answer to the clipboard (or select text with the mouse, then Ctrl-C)
+/stats           the race over the whole conversation: rates, speedups, identical outputs
 /clear           forget the conversation (also Ctrl-L)
 /help            this list
 Keys: Enter send · Up/Down earlier messages · PgUp/PgDn scroll the chat · Esc or Ctrl-C stop
@@ -59,7 +60,7 @@ class Settings:
 class Outcome:
     settings: Settings
     reply: str  # shown in the chat
-    action: Optional[str] = None  # "save" | "load" | "clear" | "retry" | "undo" | "copy" | None
+    action: Optional[str] = None  # "save" | "load" | "clear" | "retry" | "undo" | "copy" | "stats" | None
     argument: str = ""
 
 
@@ -67,7 +68,7 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
     """Apply one slash command. `drafters` are the drafter names the speculative engine has."""
     name, _, arg = line.strip().partition(" ")
     name, arg = name.lower(), arg.strip()
-    if name in ("/help", "/clear", "/retry", "/undo", "/copy") and arg:
+    if name in ("/help", "/clear", "/retry", "/undo", "/copy", "/stats") and arg:
         raise CommandError(f"{name} takes no argument, got {arg!r}")
     if name == "/help":
         return Outcome(settings, HELP)
@@ -137,7 +138,7 @@ def run_command(line: str, settings: Settings, *, drafters: Sequence[str]) -> Ou
         return Outcome(settings, "", action="load", argument=arg)
     if name == "/clear":
         return Outcome(settings, "conversation cleared", action="clear")
-    if name in ("/retry", "/undo", "/copy"):  # the app says what it did: it knows the turns
+    if name in ("/retry", "/undo", "/copy", "/stats"):  # the app says what it did: it knows the turns
         return Outcome(settings, "", action=name[1:])
     raise CommandError(f"unknown command {name!r}; type /help for the list")
 

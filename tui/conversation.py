@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import statistics
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -141,6 +143,40 @@ class Conversation:
     def clear(self) -> None:
         self.turns.clear()
 
+    def summary(self) -> str:
+        """The race over the whole conversation, in a few lines: each side's tokens over its
+        generating seconds, the speedup turn by turn, how many outputs agreed, who drafted."""
+        turns = self.turns
+        if not turns:
+            return "no turns yet"
+        sampled = sum(t.temperature > 0 for t in turns)
+        kinds = ", ".join(part for part in (f"{len(turns) - sampled} greedy" if len(turns) > sampled else "",
+                                            f"{sampled} sampled" if sampled else "") if part)
+        lines = [f"{plural(len(turns), 'turn')} ({kinds})"]
+        rates = {}
+        for side in SIDES:
+            stats = [t.answers[side].stats for t in turns]
+            tokens, seconds = sum(s.tokens for s in stats), sum(s.seconds for s in stats)
+            rates[side] = tokens / seconds if seconds > 0 else 0.0
+            lines.append(f"{side}: {plural(tokens, 'token')} in {seconds:.1f} s, {rates[side]:.1f} tok/s")
+        speedups = [t.speedup for t in turns if t.speedup is not None]
+        if speedups and rates[VANILLA] > 0:
+            lines.append(f"speedup {rates[SPEC] / rates[VANILLA]:.2f}× over all tokens; per turn median "
+                         f"{statistics.median(speedups):.2f}×, from {min(speedups):.2f}× to {max(speedups):.2f}×")
+        rounding = sum(1 for t in turns if not t.identical and t.divergence
+                       and t.divergence["divergence"] == "rounding")
+        same = sum(t.identical for t in turns)
+        lines.append(f"outputs identical in {same} of {len(turns)}"
+                     + (f", {rounding} more up to rounding" if rounding else "")
+                     + ("" if same + rounding == len(turns) else f", {len(turns) - same - rounding} differ "
+                        "(see their verdicts)"))
+        drafted = sum(t.answers[SPEC].stats.drafted for t in turns)
+        accepted = sum(round(t.answers[SPEC].stats.acceptance_rate * t.answers[SPEC].stats.drafted) for t in turns)
+        who = Counter(t.answers[SPEC].stats.drafter for t in turns)
+        lines.append("drafted by " + ", ".join(f"{name} ({n})" for name, n in who.most_common())
+                     + (f"; accepted {accepted / drafted:.0%} of {plural(drafted, 'draft')}" if drafted else ""))
+        return "\n".join(lines)
+
     # -- saving ---------------------------------------------------------------------------
     def as_dict(self, settings: Optional[dict] = None, pair: Optional[dict] = None) -> dict:
         return {
@@ -176,6 +212,8 @@ class Conversation:
                 out += [f"### {side.capitalize()}{end}", "", hard_breaks(a.text) or "_(empty)_", "",
                         f"_{a.stats.line(side == SPEC)}_", ""]
             out += [f"**Verdict:** {t.verdict()}", ""]
+        if self.turns:
+            out += ["## Summary", ""] + [f"- {line}" for line in self.summary().splitlines()] + [""]
         return "\n".join(out)
 
     def save(self, path: str, *, settings: Optional[dict] = None, pair: Optional[dict] = None,
