@@ -77,6 +77,7 @@ def test_summary_keys_and_types(bench_json):
     assert isinstance(s["mismatches"], int) and s["mismatches"] == 0
     for cat, entry in s["by_category"].items():
         assert isinstance(cat, str) and isinstance(entry["speedup_vs_vanilla"], float)
+        assert entry["prompts"] == len({r["prompt_id"] for r in bench_json[1]["runs"] if r["category"] == cat})
 
 
 def test_greedy_checks_and_warm_up_are_reported(bench_json):
@@ -413,3 +414,27 @@ def test_ctrl_c_prints_the_report_of_what_ran_whole_and_writes_no_file(monkeypat
     said = capsys.readouterr().out
     assert "Settings (medians over prompts" in said
     assert "interrupted: the figures above cover 2 of the 4 runs planned" in said and "--json not written" in said
+
+
+def test_the_category_table_counts_its_prompts_and_says_when_one_run_is_all_it_has(bench_json):
+    from rich.console import Console
+
+    from mlxspec.bench.report import print_report
+
+    def report(doc) -> str:
+        console = Console(record=True, width=300)
+        print_report(doc, console)
+        return console.export_text()
+
+    doc = json.loads(json.dumps(bench_json[1]))
+    assert {e["prompts"] for e in doc["summary"]["by_category"].values()} == {1}  # --limit 2: two categories
+    text = report(doc)
+    row = next(line for line in text.splitlines() if line.startswith("┃ category"))
+    assert row.split("┃")[2].strip() == "prompts"
+    assert "a category of one prompt, timed once, moves with this machine's noise" in text
+    doc["settings"]["repeats"] = 3  # each timed three times: its median is steadier
+    assert "a category of one prompt" not in report(doc)
+    doc["settings"]["repeats"] = 1
+    for entry in doc["summary"]["by_category"].values():
+        entry["prompts"] = 4
+    assert "a category of one prompt" not in report(doc)

@@ -310,6 +310,7 @@ def test_repeats_pass_over_the_suite_again_and_pair_runs_within_a_pass(engine):
     chat = sorted(r.tokens_per_second / van[r.repeat, r.prompt_id] for r in res.runs
                   if r.mode == "speculative" and r.category == "chat")
     assert s["by_category"]["chat"]["speedup_vs_vanilla"] == pytest.approx(sum(chat) / 2)
+    assert s["by_category"]["chat"]["prompts"] == sum(p.category == "chat" for p in PROMPTS)  # not once a pass
     with pytest.raises(InvalidArgumentError, match="repeats"):
         run_bench(engine, PROMPTS, max_tokens=MAX, repeats=0)
 

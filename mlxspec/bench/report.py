@@ -227,11 +227,15 @@ def print_report(doc: dict, console) -> None:
               if s["by_category"] and x in next(iter(s["by_category"].values()))["tokens_per_second"]]
     vs_chain = s.get("speedup_vs_chain") is not None
     _print_table(console, f"By category (temperature {d['temperature']:g}; speedups of {label_of(d)})",
-                 ("category", *(f"{x} tok/s" for x in labels), "vs vanilla", *(("vs chain",) if vs_chain else ()),
-                  "vs mlx-lm"),
-                 [(cat, *(_f(e["tokens_per_second"][x]) for x in labels), _x(e["speedup_vs_vanilla"]),
+                 ("category", "prompts", *(f"{x} tok/s" for x in labels), "vs vanilla",
+                  *(("vs chain",) if vs_chain else ()), "vs mlx-lm"),
+                 [(cat, str(e.get("prompts", "")), *(_f(e["tokens_per_second"][x]) for x in labels),
+                   _x(e["speedup_vs_vanilla"]),
                    *((_x(e["speedup_vs_chain"]),) if vs_chain else ()), _x(e["speedup_vs_mlx_lm"]))
                   for cat, e in s["by_category"].items()])
+    if doc["settings"].get("repeats", 1) == 1 and any(e.get("prompts") == 1 for e in s["by_category"].values()):
+        console.print("a category of one prompt, timed once, moves with this machine's noise from run to run "
+                      "(--full: four prompts each; --repeats N: each run N times)")
 
     curve = doc.get("curve")
     if curve and curve.get("ratios"):

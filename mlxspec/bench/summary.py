@@ -198,6 +198,7 @@ def summarize(result: BenchResult) -> dict:
             label(x): median(r.tokens_per_second for r in result.runs
                              if r.category == c and setting_of(r) == x and r.temperature == t0)
             for x in result.settings}
+        entry["prompts"] = len({r.prompt_id for r in result.runs if r.category == c})
         by_category[c] = entry
     return {
         **speedups(),
