@@ -253,7 +253,8 @@ def test_every_command_that_loads_a_target_takes_adapter_path(command, capsys, m
     monkeypatch.setattr(sys, "argv", ["mlxspec"])
     with pytest.raises(SystemExit):
         main([command, "--help"])
-    assert "--adapter-path PATH" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--adapter-path PATH" in out and "--fuse-adapter" in out
 
 
 def test_an_own_pair_may_name_an_adapter_beside_its_file(tiny_gguf, tmp_path, monkeypatch, capsys):
@@ -354,3 +355,62 @@ def test_the_bench_says_when_its_head_was_trained_under_another_adapter(tiny_ggu
         assert main(["generate", "--target", str(tiny_gguf), "--head", str(head), "--drafter", "eagle", "--max-tokens",
                      "2", "--json", "abc", *(["--adapter-path", str(adapter)] if adapter else [])]) == 0
         assert json.loads(capsys.readouterr().out)["head"] == {"ref": str(head), "weights_bytes": ANY, "note": note}
+
+
+def test_a_fused_adapter_is_the_adapted_target_in_plain_layers_and_decodes_losslessly(tmp_path):
+    from mlx_lm.tuner.dora import DoRALinear
+    from mlx_lm.tuner.lora import LoRALinear
+
+    from mlxspec.loading.adapters import fuse_adapter
+
+    for kind in ("lora", "dora"):
+        folder = write_adapter(base, tmp_path / kind, kind=kind)
+        unfused, fused = base(), base()
+        apply_adapter(unfused, folder)
+        apply_adapter(fused, folder)
+        assert fuse_adapter(fused) == "fused"
+        assert not [m for _, m in fused.named_modules() if isinstance(m, (LoRALinear, DoRALinear))]
+        assert sorted(n for n, _ in tree_flatten(fused.parameters())) == sorted(
+            n for n, _ in tree_flatten(base().parameters()))  # the base's layers and names, nothing added
+        ids = mx.array(PROMPTS[2])[None]
+        a, b = unfused(ids), fused(ids)
+        assert mx.allclose(a, b, atol=tiny.float32_tol() * 10 * mx.abs(a).max().item()).item(), kind
+        head = tiny.make_eagle_head(base(), tmp_path / f"head-{kind}", copy=True, noise=0.05)
+        engine = Engine(fused, tiny.make_tokenizer(), draft_model=base(), eagle_head=head)
+        for ids in PROMPTS:
+            want = mlx_lm_greedy(fused, ids, 24)
+            for drafter in ("model", "eagle", "ngram"):
+                assert engine.generate(ids, max_tokens=24, drafter=drafter, num_draft=4).tokens == want, (kind, drafter)
+    full = write_adapter(base, tmp_path / "full", kind="full")
+    target = base()
+    apply_adapter(target, full)
+    assert fuse_adapter(target) == ""  # a full fine-tune's weights are the target's: nothing to fold
+
+
+def test_load_fuses_on_request_and_says_so_quantized_layers_quantized_again(tiny_gguf, tmp_path, capsys):
+    import mlx.nn as nn
+
+    from mlxspec import load
+    from mlxspec.loading.model import load_model
+    from mlxspec.serve.fingerprint import system_fingerprint
+
+    quantized = lambda: load_model(str(tiny_gguf), dtype="quantized")[0]  # noqa: E731
+    folder = write_adapter(quantized, tmp_path / "q", num_layers=2)
+    engine = load(str(tiny_gguf), drafter="ngram", dtype="quantized", adapter_path=str(folder), fuse_adapter=True)
+    assert engine.target_info.adapter_kind == "LoRA rank 4 on 2 layers, fused and re-quantized"
+    layers = [m for _, m in engine.target_model.named_modules() if isinstance(m, (nn.Linear, nn.QuantizedLinear))]
+    assert sum(isinstance(m, nn.QuantizedLinear) for m in layers) == len(
+        [m for _, m in quantized().named_modules() if isinstance(m, nn.QuantizedLinear)])  # as many as before
+    ids = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    want = mlx_lm_greedy(engine.target_model, ids, 24)
+    assert engine.generate(ids, max_tokens=24, num_draft=3).tokens == want  # lossless against the fused target
+    unfused = load(str(tiny_gguf), drafter="ngram", dtype="quantized", adapter_path=str(folder))
+    assert system_fingerprint(engine) != system_fingerprint(unfused)  # its text may round otherwise
+    with pytest.raises(InvalidArgumentError, match=r"fuse_adapter=True, but there is no adapter to fuse"):
+        load(str(tiny_gguf), drafter="ngram", fuse_adapter=True)
+    assert main(["generate", "--target", str(tiny_gguf), "--drafter", "ngram", "--fuse-adapter", "abc"]) == 1
+    assert "error: --fuse-adapter, but there is no adapter to fuse: give --adapter-path <folder>" in \
+        capsys.readouterr().err
+    assert main(["generate", "--target", str(tiny_gguf), "--drafter", "ngram", "--adapter-path", str(folder),
+                 "--fuse-adapter", "--max-tokens", "4", "--no-chat-template", "abc"]) == 0
+    assert f"+ adapter {folder} (LoRA rank 4 on 2 layers, fused);" in capsys.readouterr().err

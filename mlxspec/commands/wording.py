@@ -15,7 +15,9 @@ import shlex
 FLAG_KEYWORDS = ("target", "draft", "drafter", "head", "adapter_path", "dtype", "max_kv_size", "kv_bits",
                  "kv_group_size", "quantized_kv_start", "num_draft", "tree", "lookup", "max_tokens", "temperature",
                  "top_p", "top_k", "min_p", "seed", "stop")
+SWITCHES = ("fuse_adapter",)  # keywords a flag without a value sets (keyword=True reads as the flag)
 _TAG = re.compile(r"^\[[a-z_]+\] ")
+_SWITCH = re.compile(r"(?<![\w.-])(" + "|".join(SWITCHES) + r")=True\b")
 # keyword=value with a quoted value, a <placeholder>, or a bare word
 _KEYWORD = re.compile(r"(?<![\w.-])(" + "|".join(FLAG_KEYWORDS) + r")=(?:'([^']*)'|(<[^>]*>)|([\w.:/-]+))")
 
@@ -27,4 +29,5 @@ def for_command_line(message: str) -> str:
         value = shlex.quote(quoted) if quoted is not None else placeholder or bare
         return f"--{m.group(1).replace('_', '-')} {value}"
 
-    return _KEYWORD.sub(flag, _TAG.sub("", message))
+    message = _SWITCH.sub(lambda m: "--" + m.group(1).replace("_", "-"), _TAG.sub("", message))
+    return _KEYWORD.sub(flag, message)

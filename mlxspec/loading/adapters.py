@@ -7,6 +7,13 @@ the model mlx-lm runs, and speculative decoding stays lossless against it (a dra
 head trained for the base target still drafts; it may be right less often). What mlx-lm leaves
 unchecked is checked first: the folder's two files, the config's kind, and that the file holds
 every tensor the config implies (a missing DoRA magnitude would silently change the model).
+
+`fuse_adapter` then folds those layers into the weights they wrap, as `mlx_lm.fuse` does: each
+adapted linear is one matmul again instead of three (the demo target with LoRA on 16 layers
+decoded 8 % slower unfused on a 2-core CPU, 2 % fused; where a pass is launch-bound, as on a GPU,
+the extra small kernels cost more). The output is then the fused model's: its float sums round
+otherwise than the unfused layers' (greedy text may part from mlx-lm's unfused at a near-tie),
+and quantized layers are quantized again after the fold, as `mlx_lm.fuse` does.
 """
 
 from __future__ import annotations
@@ -124,6 +131,24 @@ def apply_adapter(model, path) -> str:
     layers = len({name.split(".layers.", 1)[1].split(".", 1)[0] for name in added if ".layers." in name})
     rank = config["lora_parameters"].get("rank")
     return f"{'DoRA' if kind == 'dora' else 'LoRA'}{f' rank {rank}' if rank else ''} on {layers} layers"
+
+
+def fuse_adapter(model) -> str:
+    """Fold the LoRA / DoRA layers `apply_adapter` put on `model` into the weights they wrap, in
+    place (`mlx_lm.fuse`'s way); returns how, for the adapter's description: "fused", "fused and
+    re-quantized" where quantized layers were folded, or "" when there was nothing to fold (a full
+    fine-tune's weights are the target's own)."""
+    from mlx.utils import tree_unflatten
+
+    from .precision import quantized_layers
+
+    wrapped = [(name, m) for name, m in model.named_modules() if callable(getattr(m, "fuse", None))]
+    if not wrapped:
+        return ""
+    quantized = any(isinstance(getattr(m, "linear", getattr(m, "embedding", None)), quantized_layers())
+                    for _, m in wrapped)
+    model.update_modules(tree_unflatten([(name, m.fuse()) for name, m in wrapped]))
+    return "fused and re-quantized" if quantized else "fused"
 
 
 def _short(message: str, lines: int = 4) -> str:

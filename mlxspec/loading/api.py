@@ -27,7 +27,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
          max_kv_size: int | None = None, num_draft=None, tree=None, head: str | None = None, distributed: bool = False,
          lookup: bool | None = None, prompt_cache_size: int = 0, prompt_cache_bytes: int | None = None,
          kv_bits: int | None = None, kv_group_size: int = DEFAULT_KV_GROUP_SIZE,
-         quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START, adapter_path: str | os.PathLike | None = None, **kw):
+         quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START, adapter_path: str | os.PathLike | None = None,
+         fuse_adapter: bool = False, **kw):
     """Load a target (and a draft) and return a ready `mlxspec.engine.Engine`.
 
     Args:
@@ -62,6 +63,11 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             used as they are (trained for the base target, they may draft less well). Not with a
             target sharded over several ranks. Default: None (the pair's `adapter`, when `target`
             names a pair that has one).
+        fuse_adapter: fold that adapter into the target's weights at load, as `mlx_lm.fuse` does:
+            decoding runs about as fast as the base target's (unfused, each adapted linear adds two
+            small matmuls), and the output is the fused model's (float sums rounded otherwise, so
+            greedy text may part from mlx-lm's unfused at a near-tie; quantized layers quantized
+            again). Default: False.
         distributed: join the `mx.distributed` group this process was launched in (`mlx.launch`)
             and shard the target over it (tensor-parallel or pipeline, see `mlxspec.shard`); the
             draft is loaded whole on every rank. Every rank must then make the same calls (or
@@ -137,6 +143,9 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         from .adapters import adapter_folder, read_config
 
         read_config(adapter_folder(adapter_path))  # before minutes of loading
+    elif fuse_adapter:
+        raise InvalidArgumentError("[load] fuse_adapter=True, but there is no adapter to fuse: give "
+                                   "adapter_path=<folder>, or a pair that names one")
 
     group = None
     if distributed:
@@ -165,7 +174,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         else:
             group = None
             target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download,
-                                                              adapter_path=adapter_path)
+                                                              adapter_path=adapter_path, fuse_adapter=fuse_adapter)
             draft_model = draft_tokenizer = draft_info = None
             if draft_ref is not None:
                 draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download,

@@ -36,7 +36,7 @@ class ModelInfo:
 
 
 def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = True, lazy: bool = False,
-               adapter_path: str | Path | None = None, draft: bool = False):
+               adapter_path: str | Path | None = None, fuse_adapter: bool = False, draft: bool = False):
     """Resolve `ref` (see `mlxspec.loading.resolve`) and load model + tokenizer.
 
     Args:
@@ -48,6 +48,7 @@ def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = Tr
             part). Default: False.
         adapter_path: an `mlx_lm.lora` adapter folder to apply after the precision, unfused, as
             mlx-lm's `load(..., adapter_path=...)` does. Default: None.
+        fuse_adapter: fold that adapter into the weights (`adapters.fuse_adapter`). Default: False.
         draft: `ref` is a draft (its not-found error may suggest "none" or "ngram"). Default: False.
 
     Returns:
@@ -68,6 +69,11 @@ def load_model(ref: str | Path, *, dtype: str | None = None, download: bool = Tr
         from .adapters import apply_adapter
 
         adapter_kind = apply_adapter(model, adapter_path)
+        if fuse_adapter:
+            from .adapters import fuse_adapter as fuse
+
+            how = fuse(model)
+            adapter_kind += f", {how}" if how else ""
     info = ModelInfo(
         ref=str(ref), source=res.source, format=res.format, path=str(res.path), quantization=quant,
         dtype=applied, weights_bytes=weights_bytes(model), vocab_size=declared_vocab(model),

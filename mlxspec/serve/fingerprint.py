@@ -32,4 +32,6 @@ def system_fingerprint(engine) -> str:
              "kv": None if quant is None else [quant.bits, quant.group_size, quant.start]}
     if adapter := getattr(info, "adapter", None):  # only then: servers without one keep their fingerprints
         parts["adapter"] = adapter
+        if "fused" in (info.adapter_kind or ""):  # folded into the weights, it rounds otherwise
+            parts["adapter_kind"] = info.adapter_kind
     return "fp_" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
