@@ -191,6 +191,32 @@ def main(out_dir: Path, scenario: str) -> None:
     except DistributedError as e:
         out["drafter_differing"] = str(e)
 
+    # An adapter, folded into the weights before they are sharded: the fused target's text.
+    from mlxspec.errors import InvalidArgumentError
+    from mlxspec.loading.model import load_model
+    from test_adapters import write_adapter
+
+    untied = gguf.parent / "untied.gguf"  # (whose text an adapter changes: test_adapters.py's)
+    write_tiny_gguf(untied, tied=False)
+    gguf = untied
+    mx.random.seed(3)  # (a LoRA layer's first weights are drawn): the same adapter files on every rank
+    adapter = write_adapter(lambda: load_model(str(gguf))[0], gguf.parent / "adapter", num_layers=2)
+    ids = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    # (float32: this process's MLX took no fast BLAS, so the default here is bfloat16, whose sums the
+    # shards round otherwise than the whole target at this random model's near-ties)
+    sharded = mlxspec.load(str(gguf), "ngram", dtype="float32", adapter_path=str(adapter), fuse_adapter=True,
+                           distributed=True)
+    out["adapter"] = {"kind": sharded.target_info.adapter_kind, "sharding": sharded.target_info.sharding,
+                      "greedy": record(sharded.generate(ids, max_tokens=MAX_TOKENS, num_draft=3))}
+    whole = mlxspec.load(str(gguf), "none", dtype="float32", adapter_path=str(adapter), fuse_adapter=True)  # alone
+    out["adapter_reference"] = whole.generate(ids, max_tokens=MAX_TOKENS).tokens
+    out["adapter_base"] = mlxspec.load(str(gguf), "none", dtype="float32").generate(ids, max_tokens=MAX_TOKENS).tokens
+    try:
+        mlxspec.load(str(gguf), "ngram", adapter_path=str(adapter), distributed=True)
+        out["adapter_unfused"] = "no error"
+    except InvalidArgumentError as e:
+        out["adapter_unfused"] = str(e)
+
     # Drafts that differ between ranks (a broken replica) are caught by the history check.
     if rank == 1:
         ngram = engine.drafters["ngram"]

@@ -220,19 +220,21 @@ def test_load_checks_the_folder_before_loading_any_model(tiny_gguf, tmp_path, mo
         load(str(tiny_gguf), drafter="ngram", adapter_path=str(tmp_path / "bad"))
 
 
-def test_a_target_sharded_over_ranks_refuses_an_adapter_and_says_to_fuse_it(tiny_gguf, tmp_path, monkeypatch,
-                                                                           capsys):
+def test_a_target_sharded_over_ranks_refuses_an_unfused_adapter_and_says_to_fuse_it(tiny_gguf, tmp_path, monkeypatch,
+                                                                                   capsys):
     from mlxspec import load
 
     folder = write_adapter(base, tmp_path / "a")
     monkeypatch.setattr("mlxspec.distributed.init_group", lambda: types.SimpleNamespace(size=lambda: 2))
-    with pytest.raises(InvalidArgumentError, match=rf"^\[load\] adapter_path='{folder}' cannot be applied to a target "
-                       r"sharded over 2 ranks; fuse it into the target first \(mlx_lm.fuse"):
+    with pytest.raises(InvalidArgumentError, match=rf"^\[load\] adapter_path='{folder}' cannot be applied unfused to a "
+                       r"target sharded over 2 ranks; fold it into the weights before they are sharded "
+                       r"\(fuse_adapter=True\)"):
         load(str(tiny_gguf), drafter="ngram", adapter_path=str(folder), distributed=True)
     # at the command line, in its flag's words
     assert main(["generate", "--target", str(tiny_gguf), "--drafter", "ngram", "--adapter-path", str(folder),
                  "--distributed", "abc"]) == 1
-    assert f"error: --adapter-path {folder} cannot be applied to a target sharded" in capsys.readouterr().err
+    assert (f"error: --adapter-path {folder} cannot be applied unfused to a target sharded over 2 ranks; fold it "
+            f"into the weights before they are sharded (--fuse-adapter)") in capsys.readouterr().err
 
 
 def test_generate_takes_adapter_path_and_names_the_adapter(tiny_gguf, tmp_path, capsys):

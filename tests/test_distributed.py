@@ -131,6 +131,16 @@ def test_a_cancel_on_a_rank_other_than_zero_is_rank_zero_s_to_act_on(ranks):
     assert ranks[0]["cancelled_elsewhere"] == ranks[1]["cancelled_elsewhere"]
 
 
+def test_an_adapter_is_fused_before_the_target_is_sharded(ranks):
+    for r in ranks:
+        fused = r["adapter"]
+        assert fused["kind"] == "LoRA rank 4 on 2 layers, fused" and fused["sharding"] != "none"
+        assert fused["greedy"]["tokens"] == r["adapter_reference"] != r["adapter_base"]  # the adapter's own text
+        assert fused["greedy"]["drafted"] > 0
+        assert "cannot be applied unfused to a target sharded over 2 ranks" in r["adapter_unfused"]
+    assert ranks[0]["adapter"] == ranks[1]["adapter"]  # the same decisions on both ranks
+
+
 def test_differing_weights_and_diverging_drafts_raise_on_every_rank(ranks):
     for r in ranks:
         assert "target weights differ" in r["agree_differing"]

@@ -60,8 +60,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         adapter_path: a fine-tuned adapter folder written by `mlx_lm.lora` (adapter_config.json and
             adapters.safetensors), applied to the target as `mlx_lm.load(..., adapter_path=...)`
             applies it, unfused; the output is then the adapted target's. The draft and head are
-            used as they are (trained for the base target, they may draft less well). Not with a
-            target sharded over several ranks. Default: None (the pair's `adapter`, when `target`
+            used as they are (trained for the base target, they may draft less well). A target
+            sharded over several ranks takes it fused only (`fuse_adapter`). Default: None (the pair's `adapter`, when `target`
             names a pair that has one).
         fuse_adapter: fold that adapter into the target's weights at load, as `mlx_lm.fuse` does:
             decoding runs about as fast as the base target's (unfused, each adapted linear adds two
@@ -162,15 +162,16 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         if group is not None and group.size() > 1:
             from .sharded import load_sharded
 
-            if adapter_path is not None:  # its LoRA layers would wrap the sharded linears: not built
-                raise InvalidArgumentError(f"[load] adapter_path={str(adapter_path)!r} cannot be applied to a target "
-                                           f"sharded over {group.size()} ranks; fuse it into the target first "
-                                           f"(mlx_lm.fuse --adapter-path {adapter_path}) and load the fused model")
+            if adapter_path is not None and not fuse_adapter:  # LoRA layers would wrap the sharded linears
+                raise InvalidArgumentError(f"[load] adapter_path={str(adapter_path)!r} cannot be applied unfused to a "
+                                           f"target sharded over {group.size()} ranks; fold it into the weights "
+                                           f"before they are sharded (fuse_adapter=True)")
 
             settings = {"--dtype": dtype, "--max-kv-size": max_kv_size, "--drafter": drafter,
                         "--kv-bits": [kv_bits, kv_group_size, quantized_kv_start] if kv_bits is not None else None}
             target_model, tokenizer, target_info, draft_model, draft_tokenizer, draft_info = load_sharded(
-                target_ref, draft_ref, group=group, dtype=dtype, download=download, settings=settings, head=head_path)
+                target_ref, draft_ref, group=group, dtype=dtype, download=download, settings=settings, head=head_path,
+                adapter=adapter_path)
         else:
             group = None
             target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download,

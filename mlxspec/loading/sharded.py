@@ -27,12 +27,14 @@ log = logging.getLogger("mlxspec.loading")
 LOAD_TIMEOUT = 900.0  # seconds a rank waits for the others to load: a slow disk reads a large checkpoint
 
 
-def load_sharded(target_ref, draft_ref, *, group, dtype=None, download=True, settings=None, head=None):
+def load_sharded(target_ref, draft_ref, *, group, dtype=None, download=True, settings=None, head=None, adapter=None):
     """(target_model, tokenizer, target_info, draft_model, draft_tokenizer, draft_info) with the target sharded.
 
     `settings`: the options every rank must share besides the files (flag -> value: --dtype,
     --max-kv-size, the KV quantization...), compared with the files' fingerprints; `head`: the
-    EAGLE head's folder, whose files are compared too (a rank without it could not follow).
+    EAGLE head's folder, whose files are compared too (a rank without it could not follow);
+    `adapter`: an `mlx_lm.lora` adapter folder, folded into the target's weights before they are
+    sharded (`adapters.fuse_adapter`), its files compared too.
 
     `target_info.sharding` says how ("tensor", "pipeline", "tensor-mlp"); its `weights_bytes`
     is this rank's share.
@@ -45,13 +47,18 @@ def load_sharded(target_ref, draft_ref, *, group, dtype=None, download=True, set
     coord = Coordinator(group, timeout=LOAD_TIMEOUT)
     # A rank with another --dtype once read the decisions' int64 all-sum against float16 bytes and
     # "finished" its request at once: options are compared as the files are.
-    prints = {"target weights": 0, "tokenizer": 0, "draft weights": 0, "head files": 0,
+    prints = {"target weights": 0, "tokenizer": 0, "draft weights": 0, "head files": 0, "adapter files": 0,
               **{name: value_fingerprint(value) for name, value in (settings or {}).items()}}
     error = None
     draft_model = draft_tokenizer = draft_info = None
     try:
-        target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download, lazy=True)
+        target_model, tokenizer, target_info = load_model(target_ref, dtype=dtype, download=download, lazy=True,
+                                                          adapter_path=adapter, fuse_adapter=adapter is not None)
         prints["target weights"] = files_fingerprint(target_info.path)
+        if adapter is not None:
+            from .adapters import adapter_digest
+
+            prints["adapter files"] = value_fingerprint(adapter_digest(adapter))
         prints["tokenizer"] = tokenizer_fingerprint(tokenizer)
         if draft_ref is not None:
             draft_model, draft_tokenizer, draft_info = load_model(draft_ref, dtype=dtype, download=download, draft=True)
