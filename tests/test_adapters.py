@@ -280,6 +280,16 @@ def test_an_own_pair_may_name_an_adapter_beside_its_file(tiny_gguf, tmp_path, mo
     monkeypatch.setenv("COLUMNS", "1000")
     assert main(["models"]) == 0
     assert f"{tiny_gguf} + adapter {folder}" in capsys.readouterr().out.splitlines()[-1]
+    (tmp_path / "models.toml").write_text(f'[[pair]]\nname = "mine"\ntarget = "{tiny_gguf}"\nadapter = "./pirate"\n'
+                                          f'fuse_adapter = true\n')
+    assert load("mine").target_info.adapter_kind == "LoRA rank 2 on 1 layers, fused"
+    assert main(["models"]) == 0
+    assert f"+ adapter {folder} (fused at load)" in capsys.readouterr().out.splitlines()[-1]
+    assert main(["models", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["fuse_adapter"] is True
+    (tmp_path / "models.toml").write_text(f'[[pair]]\nname = "mine"\ntarget = "{tiny_gguf}"\nfuse_adapter = "yes"\n')
+    with pytest.raises(MlxSpecError, match="field 'fuse_adapter' must be bool, got 'yes'"):
+        load("mine")
 
 
 def test_a_request_naming_an_adapter_is_told_the_server_applies_its_own():

@@ -63,7 +63,7 @@ def run(args) -> int:
     for i, r in enumerate(rows):
         window = f", window {r['window']}" if r["window"] else ""
         print(("\n" if i else "") + f"{r['name']}  (cached: {'yes' if r['cached'] else 'no'})")
-        print(f"  target   {r['target']}" + (f"\n  adapter  {r['adapter']}" if r["adapter"] else "")
+        print(f"  target   {r['target']}" + (f"\n  adapter  {r['adapter']}{_fused(r)}" if r["adapter"] else "")
               + f"\n  draft    {r['draft']}" + (f"\n  head     {r['head']}" if r["head"] else ""))
         print(f"  size     {_size(r)} GB on disk, context {r['context'] or '?'}{window}")
         print(f"  drafter  {r['drafter_here']} on {here}")
@@ -88,12 +88,16 @@ def _on_disk(p) -> dict:
         return {}
 
 
+def _fused(r: dict) -> str:
+    return " (fused at load)" if r.get("fuse_adapter") else ""
+
+
 def _gb(size: int) -> float:
     return float(f"{size / 1e9:.3g}")  # three figures, as the curated sizes are written
 
 
 def _cells(r: dict) -> tuple:
-    target = f"{r['target']} + adapter {r['adapter']}" if r["adapter"] else r["target"]
+    target = f"{r['target']} + adapter {r['adapter']}{_fused(r)}" if r["adapter"] else r["target"]
     return (r["name"], target, r["draft"], r["head"] or "-", _size(r),
             str(r["context"] or "?"), str(r["window"] or "-"), r["drafter_here"], "yes" if r["cached"] else "no")
 

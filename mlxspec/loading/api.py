@@ -67,7 +67,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             decoding runs about as fast as the base target's (unfused, each adapted linear adds two
             small matmuls), and the output is the fused model's (float sums rounded otherwise, so
             greedy text may part from mlx-lm's unfused at a near-tie; quantized layers quantized
-            again). Default: False.
+            again). Default: False (the pair's `fuse_adapter`, when its adapter is the one applied).
         distributed: join the `mx.distributed` group this process was launched in (`mlx.launch`)
             and shard the target over it (tensor-parallel or pipeline, see `mlxspec.shard`); the
             draft is loaded whole on every rank. Every rank must then make the same calls (or
@@ -129,7 +129,7 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
         )
     head_ref = head if head is not None else (pair.head if pair and pair.head else None)
     if adapter_path is None and pair and pair.adapter:  # the pair's fine-tuned target
-        adapter_path = pair.adapter
+        adapter_path, fuse_adapter = pair.adapter, fuse_adapter or pair.fuse_adapter
     if drafter == "eagle" and head_ref is None:
         raise InvalidArgumentError(
             "[load] drafter='eagle' needs a head: pass head=<folder or builtin:name> or a pair that names one")

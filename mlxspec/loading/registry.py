@@ -41,6 +41,7 @@ class Pair:
     drafter: str = ""
     head: str = ""  # optional EAGLE head ("builtin:<name>" or a folder) trained for the target
     adapter: str = ""  # optional fine-tuned adapter folder (mlx_lm.lora's) applied to the target
+    fuse_adapter: bool = False  # fold that adapter into the target's weights at load (`--fuse-adapter`)
 
     @property
     def draft_is_model(self) -> bool:
@@ -107,8 +108,8 @@ def load_pairs(path: str | Path = PACKAGED, *, own: bool = False) -> dict[str, P
                     raise MlxSpecError(f"{where}: field 'drafter' must be a string or a table of strings keyed by "
                                        f"backend ({', '.join(BACKENDS)}), got {value!r}")
                 continue
-            want = {"str": str, "int": int, "float": (int, float)}[known[key]]
-            if not isinstance(value, want) or isinstance(value, bool):
+            want = {"str": str, "int": int, "float": (int, float), "bool": bool}[known[key]]
+            if not isinstance(value, want) or isinstance(value, bool) != (known[key] == "bool"):
                 raise MlxSpecError(f"{where}: field {key!r} must be {known[key]}, got {value!r}")
         if entry["name"] in out:
             raise MlxSpecError(f"{where}: the name {entry['name']!r} appears twice")
