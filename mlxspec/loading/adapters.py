@@ -11,9 +11,10 @@ every tensor the config implies (a missing DoRA magnitude would silently change 
 `fuse_adapter` then folds those layers into the weights they wrap, as `mlx_lm.fuse` does: each
 adapted linear is one matmul again instead of three (the demo target with LoRA on 16 layers, on
 a 2-core CPU: unfused 0.92x the base target's plain decoding, fused 1.02x; the README has the
-figures. Where a pass is launch-bound, as on a GPU, the extra small kernels should cost more). The output is then the fused model's: its float sums round
-otherwise than the unfused layers' (greedy text may part from mlx-lm's unfused at a near-tie),
-and quantized layers are quantized again after the fold, as `mlx_lm.fuse` does.
+figures. Where a pass is launch-bound, as on a GPU, the extra small kernels should cost more).
+The output is then the fused model's: its float sums round otherwise than the unfused layers'
+(greedy text may part from mlx-lm's unfused at a near-tie), and quantized layers are quantized
+again after the fold, as `mlx_lm.fuse` does.
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ def load(target: str, draft: str | None = None, *, dtype: str | None = None, dra
             adapters.safetensors), applied to the target as `mlx_lm.load(..., adapter_path=...)`
             applies it, unfused; the output is then the adapted target's. The draft and head are
             used as they are (trained for the base target, they may draft less well). A target
-            sharded over several ranks takes it fused only (`fuse_adapter`). Default: None (the pair's `adapter`, when `target`
-            names a pair that has one).
+            sharded over several ranks takes it fused only (`fuse_adapter`). Default: None (the
+            pair's `adapter`, when `target` names a pair that has one).
         fuse_adapter: fold that adapter into the target's weights at load, as `mlx_lm.fuse` does:
             decoding runs about as fast as the base target's (unfused, each adapted linear adds two
             small matmuls), and the output is the fused model's (float sums rounded otherwise, so
