@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -1316,7 +1317,7 @@ async def test_ctrl_c_copies_text_selected_with_the_mouse_and_copy_the_last_answ
 
     from tui import clipboard
 
-    monkeypatch.setattr(clipboard.sys, "platform", "linux")  # the terminal's copy alone, on any machine
+    monkeypatch.setattr(clipboard, "tools", lambda: [])  # the terminal's copy alone, on any machine
     app = make_app(tiny_engine(), max_tokens=12)
     async with app.run_test(size=SIZE) as pilot:
         await send(app, pilot, "/copy")
@@ -1339,25 +1340,35 @@ async def test_ctrl_c_copies_text_selected_with_the_mouse_and_copy_the_last_answ
         assert "/copy takes no argument" in history_text(app)
 
 
-def test_on_a_mac_the_clipboard_is_pbcopy_s_too(monkeypatch, tmp_path):
-    """The terminal's copy (OSC 52) does not reach the clipboard in macOS's Terminal: pbcopy does."""
+@pytest.mark.parametrize("platform, env, tool", [("darwin", {}, "pbcopy"), ("linux", {"WAYLAND_DISPLAY": "w"}, "wl-copy"),
+                                                  ("linux", {"DISPLAY": ":0"}, "xclip")])
+def test_the_desktop_s_clipboard_tool_copies_too(monkeypatch, tmp_path, platform, env, tool):
+    """The terminal's copy (OSC 52) does not reach the clipboard in macOS's Terminal or GNOME's:
+    the desktop's own tool does, where there is one."""
     from tui import clipboard
 
-    fake = tmp_path / "pbcopy"
-    fake.write_text(f"#!/bin/sh\ncat > {tmp_path / 'copied'}\n")
+    fake = tmp_path / tool
+    fake.write_text(f"#!/bin/sh\n{shutil.which('cat')} > {tmp_path / 'copied'}\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(clipboard.sys, "platform", "darwin")
-    monkeypatch.setenv("PATH", str(tmp_path), prepend=":")
+    monkeypatch.setattr(clipboard.sys, "platform", platform)
+    for name in ("DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PATH", str(tmp_path))  # this tool alone
 
     class App:
         def copy_to_clipboard(self, text):
             self.osc52 = text
 
     app = App()
-    assert clipboard.copy(app, "héllo\nworld") == "with pbcopy"
+    assert clipboard.copy(app, "héllo\nworld") == f"with {tool}"
     assert (tmp_path / "copied").read_text(encoding="utf-8") == "héllo\nworld" and app.osc52 == "héllo\nworld"
-    fake.write_text("#!/bin/sh\nexit 1\n")  # pbcopy failing: the terminal's copy is what went out, and is said
+    fake.write_text("#!/bin/sh\nexit 1\n")  # the tool failing: the terminal's copy is what went out, and is said
     assert clipboard.copy(app, "x").startswith("through the terminal")
+    for name in env:  # no display (over SSH, say): the terminal's copy alone
+        monkeypatch.delenv(name)
+    assert platform == "darwin" or clipboard.copy(app, "x").startswith("through the terminal")
 
 
 def test_the_summary_adds_up_the_race_over_the_conversation():
