@@ -30,11 +30,9 @@ OTHERS = {  # vLLM's, mlx-lm's and llama.cpp's that are read (or refused with a 
     "xtc_threshold", "add_special_tokens", "return_token_strs", "with_pieces", "content", "tokens",
 }
 OLLAMA = {"options", "format", "think", "keep_alive", "raw", "template", "context", "images", "name", "verbose"}
-LLAMA_CPP = {"input_prefix", "input_suffix", "input_extra", "n_predict", "response_fields", "repeat_last_n", "n_indent",
-             "t_max_predict_ms", "json_schema", "grammar", "n_probs", "post_sampling_probs", "return_tokens"}
-# What /completion and /infill read (`llama_cpp.py`, `infill.py`); the rest of llama.cpp's fields (cache_prompt,
-# samplers, t_max_prompt_ms, which llama.cpp does not implement either, id_slot...) change nothing here, and the
-# log names them once.
+# What llama.cpp's /completion and /infill read (`llama_cpp.py`, `infill.py`), llama.cpp's own fields among them;
+# the rest of llama.cpp's fields (cache_prompt, samplers, t_max_prompt_ms, which llama.cpp does not implement
+# either, id_slot...) change nothing here, and the log names them once.
 LLAMA_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
 LLAMA_COMPLETION = {"prompt", "n_predict", "stream", "response_fields", "repeat_penalty", "repeat_last_n", "n_indent",
                     "t_max_predict_ms", "json_schema", "grammar", "logit_bias", "n_probs", "post_sampling_probs",
@@ -46,7 +44,7 @@ OLLAMA_CHAT = {"model", "messages", "tools", "format", "options", "stream", "kee
                "top_logprobs", *OWN}
 OLLAMA_GENERATE = {"model", "prompt", "suffix", "system", "template", "context", "raw", "images", "format", "options",
                    "stream", "keep_alive", "think", "logprobs", "top_logprobs", *OWN}
-KNOWN = frozenset(OPENAI | ANTHROPIC | OTHERS | OLLAMA | LLAMA_CPP | OWN | set(EXTENSIONS) | set(GUIDED)
+KNOWN = frozenset(OPENAI | ANTHROPIC | OTHERS | OLLAMA | INFILL | OWN | set(EXTENSIONS) | set(GUIDED)
                   | set(RENAMED))
 SHOWN = 8  # names per log line: a body of junk keys makes one short line, not a long one
 API_PREFIX = "/v1"  # OpenAI's and Anthropic's routes are served with it and without it (`app.py`)
