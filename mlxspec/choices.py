@@ -9,3 +9,4 @@ KV_BITS = (2, 3, 4, 5, 6, 8)  # bits per cached key and value (what mx.quantize 
 KV_GROUP_SIZES = (32, 64, 128)  # values sharing a scale and a bias
 DEFAULT_KV_GROUP_SIZE = 64  # mlx-lm's
 DEFAULT_QUANTIZED_KV_START = 5000  # mlx-lm's command line: short contexts stay exact
+POOLINGS = ("mean", "last")  # how embeddings pool the final hidden states (mlxspec.embed)

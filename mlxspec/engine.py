@@ -21,12 +21,14 @@ import mlx.core as mx
 
 from . import kernels
 from .cache import WindowKVCache
+from .backbone import split_model
 from .calibration import check_ratios, prior_slope, priors_for
 from .costmodel import DECAY, MODEL_DECAY, CostModel
 from .device import is_gpu
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .drafters.eagle import head_window
+from .embed import Embeddings, check_normalize, check_pooling, encode_inputs, normalized, pooled
 from .errors import IncompatibleModelsError, InvalidArgumentError
 from .fim import FimFormat, fim_format
 from .grammar import AfterThinking, Constraint, token_table
@@ -137,6 +139,7 @@ class Engine:
 
             self.eagle = load_head(eagle_head, target_model, self.coord)
         self.draft_tokenizer = draft_tokenizer
+        self._backbone = None  # the target's backbone, split off its head for embeddings (`embed`)
         self._grammar_table = None  # llguidance's view of the tokenizer, built by `prepare_grammar`
         self.max_kv_size = max_kv_size
         self.vocab_size = logit_width(target_model)
@@ -415,6 +418,44 @@ class Engine:
             return self._shared(request, cancel)
         return self._run(**request, cancel=cancel, constraint=constraint)
 
+    def embed(self, inputs, *, pooling: str = "mean", normalize: int = 2, truncate: bool = False,
+              cancel=None) -> Optional[Embeddings]:
+        """The target's embeddings of `inputs`: its final hidden states pooled (`mlxspec.embed`).
+
+        Args:
+            inputs: a string, a list of token ids, or a list of strings or token-id lists (one
+                vector each); strings are encoded as prompts are (no chat template).
+            pooling: "mean" (default: every position averaged, llama.cpp's for generative
+                models) or "last" (the last position: decoder-based embedding models).
+            normalize: llama.cpp's embd_normalize: 2 (default: unit length, as OpenAI's), -1
+                none, 0 max absolute scaled to the int16 range, 1 taxicab, p > 2 p-norm.
+            truncate: an input past the context keeps its first tokens (Ollama's) instead of
+                raising ContextLengthError.
+            cancel: as `stream`'s: when set, the call stops between two chunks and returns None.
+
+        Returns:
+            Embeddings: `vectors` (N, H) float32 in the inputs' order, `tokens` per input. The
+            caches are not touched: an open stream may go on after it.
+        """
+        pooling, normalize, cancel = check_pooling(pooling), check_normalize(normalize), check_cancel(cancel)
+        ids = encode_inputs(inputs, self.tokenizer, self.vocab_size, self.context or context_length(self.target_model),
+                            truncate=bool(truncate))
+        self.occupancy.enter()
+        try:
+            if self.coord.active:  # every rank runs the same passes (rank 0's inputs); rank 0 alone could not
+                shared = self.coord.share({"embed": ids, "pooling": pooling})
+                ids, pooling = shared["embed"], shared["pooling"]
+                cancel = None  # stopping on rank 0 only would leave the others a pass behind
+            vectors = self._pooled(ids, pooling, cancel)
+        finally:
+            self.occupancy.leave()
+        return None if vectors is None else Embeddings(normalized(vectors, normalize), [len(i) for i in ids])
+
+    def _pooled(self, ids, pooling: str, cancel=None) -> Optional[mx.array]:
+        if self._backbone is None:  # checked once: backbone + head must reproduce the model's logits
+            self._backbone = split_model(self.target_model)[0]
+        return pooled(self._backbone, self.target_model, ids, pooling, step=self.prefill_step, cancel=cancel)
+
     @functools.cached_property
     def fim_format(self) -> Optional[FimFormat]:
         """The model's fill-in-the-middle markers (`mlxspec.fim`), or None when it has none."""
@@ -450,6 +491,10 @@ class Engine:
         """
         count = 0
         while (request := self.coord.share(None)) is not None:
+            if "embed" in request:
+                self._pooled(request["embed"], request["pooling"])
+                count += 1
+                continue
             for _ in self._run(**dict(request, params=SamplingParams(*request["params"]))):
                 pass
             count += 1

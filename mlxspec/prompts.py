@@ -134,7 +134,7 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = No
     elif isinstance(prompt, (list, tuple)):
         if not prompt:
             raise InvalidArgumentError("prompt is empty: give a non-empty string, token-id list or message list")
-        ids = [_integer(t) for t in prompt]
+        ids = [as_integer(t) for t in prompt]
         if None in ids:
             i = ids.index(None)
             raise InvalidArgumentError(f"prompt token {i} is {shown(prompt[i])}; token ids must be integers")
@@ -274,7 +274,7 @@ def check_fits(n_tokens: int, context: Optional[int], *, what: str = "the prompt
             f"past its trained context, as with mlx-lm's --max-kv-size)")
 
 
-def _integer(value) -> Optional[int]:
+def as_integer(value) -> Optional[int]:
     """`value` as an int: Python's, numpy's and mlx's integer scalars; None for anything else, a
     bool (an int to Python, never a count or an id) and 5.7 included."""
     if isinstance(value, bool):
@@ -287,7 +287,7 @@ def _integer(value) -> Optional[int]:
 
 def check_max_tokens(max_tokens) -> int:
     """An integer >= 1 (numpy and mlx integer scalars too, as token ids are taken)."""
-    n = _integer(max_tokens)
+    n = as_integer(max_tokens)
     if n is None or n < 1:
         unbounded = " (mlx-lm's -1, no limit, is not taken: give the most you want)" if n == -1 else ""
         raise InvalidArgumentError(f"max_tokens must be an integer >= 1, got {shown(max_tokens)}{unbounded}")

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import make_llama, make_tokenizer  # noqa: E402
@@ -163,6 +164,21 @@ def main(out_dir: Path, scenario: str) -> None:
     out["cancelled_elsewhere"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram",
                                                         cancel=elsewhere))
     out["cancelled_elsewhere_reference"] = reference.generate(PROMPT, max_tokens=MAX_TOKENS, speculative=False).tokens
+
+    # Embeddings: every rank runs the passes, on rank 0's inputs (rank 1 was given others), equal to
+    # the unsharded target's; then rank 1 follows rank 0's requests, embeddings and generations, as
+    # behind a server, until rank 0 releases it.
+    texts = ["def add(a, b):", "return a - b", PROMPT]
+    got = engine.embed(texts if rank == 0 else ["other"], pooling="last", normalize=-1, cancel=elsewhere)
+    out["embedded"] = {"vectors": np.array(got.vectors).tolist(), "tokens": got.tokens}
+    out["embedded_reference"] = np.array(reference.embed(texts, pooling="last", normalize=-1).vectors).tolist()
+    if rank == 0:
+        out["followed_embedding"] = np.array(engine.embed(texts[:2]).vectors).tolist()
+        out["followed_greedy"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram"))
+        engine.release()
+    else:
+        out["followed"] = engine.follow()
+    out["followed_embedding_reference"] = np.array(reference.embed(texts[:2]).vectors).tolist()
 
     # Weights that differ between ranks are found at load (fingerprints), on every rank.
     try:

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tiny
@@ -129,6 +130,18 @@ def test_a_cancel_on_a_rank_other_than_zero_is_rank_zero_s_to_act_on(ranks):
     for r in ranks:
         assert r["cancelled_elsewhere"]["tokens"] == r["cancelled_elsewhere_reference"]
     assert ranks[0]["cancelled_elsewhere"] == ranks[1]["cancelled_elsewhere"]
+
+
+def test_embeddings_run_on_every_rank_on_rank_zero_s_inputs_and_are_followed(ranks):
+    tol = tiny.float32_tol() * 10  # sharded matmuls sum in another order
+    for r in ranks:
+        got, want = np.array(r["embedded"]["vectors"]), np.array(r["embedded_reference"])
+        assert got.shape == want.shape == (3, 64) and r["embedded"]["tokens"][2] > 20
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+    zero, one = ranks
+    np.testing.assert_allclose(zero["followed_embedding"], zero["followed_embedding_reference"], rtol=tol, atol=tol)
+    assert zero["followed_greedy"]["tokens"] == zero["reference"]
+    assert one["followed"] == 2  # the embedding and the generation, then released
 
 
 def test_an_adapter_is_fused_before_the_target_is_sharded(ranks):
