@@ -50,6 +50,7 @@ class _End:
     stats: Optional[List[GenerationStats]] = None  # per generation run to its end, copies, final
     error: Optional[BaseException] = None
     complete: bool = False  # every generation reached its finish_reason (none was cut short by a cancel)
+    value: Any = None  # a call's result (`EngineQueue.submit_call`)
 
 
 class Job:
@@ -57,8 +58,10 @@ class Job:
     back in one slot of the queue): their arguments, their events, and how to stop them.
     Each generation's last event carries a finish_reason and its own final copy of the stats."""
 
-    def __init__(self, prompt, options: Dict[str, Any], loop: asyncio.AbstractEventLoop, then: tuple = ()):
+    def __init__(self, prompt, options: Dict[str, Any], loop: asyncio.AbstractEventLoop, then: tuple = (),
+                 call: Optional[Callable[[threading.Event], Any]] = None):
         self.runs = [(prompt, options), *then]  # (prompt, Engine.stream options) per generation
+        self.call = call  # instead of generations: run on the engine's thread, given the cancel event
         self.state = WAITING
         self.stats: Optional[List[GenerationStats]] = None  # final statistics per generation, once the job has ended
         # Once the job has ended: whether every generation ran to its end. A cancelled one still
@@ -115,6 +118,12 @@ class Job:
                 return None
             await self._wait(self._flush_at)
 
+    async def result(self) -> Any:
+        """A call's result, once it has run (raises its exception, or the cancel's APIError)."""
+        while await self.next_events() is not None:
+            pass
+        return self._end.value
+
     async def _wait(self, until: float) -> None:
         """Wait for the worker's wake-up, and at most until `until` (a time.monotonic()) if that is ahead."""
         delay = until - time.monotonic()
@@ -170,6 +179,14 @@ class EngineQueue:
     def submit(self, prompt, options: Dict[str, Any], then: tuple = ()) -> Job:
         """Queue a generation (and the (prompt, options) generations `then`, run right after it in
         the same slot); raises APIError 429 when `limit` jobs wait already, 503 when closed."""
+        return self._enqueue(lambda loop: Job(prompt, options, loop, then))
+
+    def submit_call(self, call: Callable[[threading.Event], Any]) -> Job:
+        """Queue `call(cancel)` (other work on the engine: embeddings), in line with the
+        generations; `await job.result()` gives what it returned. Refused as `submit` is."""
+        return self._enqueue(lambda loop: Job(None, {}, loop, call=call))
+
+    def _enqueue(self, make: Callable[[asyncio.AbstractEventLoop], Job]) -> Job:
         if self.closed:
             raise shutting_down()
         with self._lock:
@@ -181,7 +198,7 @@ class EngineQueue:
                 raise APIError(429, f"the server is busy: {ahead} requests wait for the model already "
                                f"(--queue {self.limit}); retry after about {retry} s", code="queue_full",
                                headers={"Retry-After": str(retry)})
-            job = Job(prompt, options, asyncio.get_running_loop(), then)
+            job = make(asyncio.get_running_loop())
             self._waiting.append(job)
         self._jobs.put(job)
         return job
@@ -278,6 +295,13 @@ class EngineQueue:
 
     def _run(self, job: Job) -> _End:
         """Stream the job's generations into it, one after another; stop between tokens when cancelled."""
+        if job.call is not None:
+            try:
+                value = job.call(job._cancel)
+            except Exception as e:
+                return _End(error=self._failed(e))
+            stopped = job._cancel.is_set()
+            return _End(error=job._cancel_error if stopped else None, complete=not stopped, value=value)
         done: List[GenerationStats] = []
         finished = 0  # generations that reached their finish_reason
         for prompt, options in job.runs:
@@ -292,13 +316,7 @@ class EngineQueue:
                     if last.finish_reason or job._cancel.is_set():
                         break
             except Exception as e:
-                if getattr(getattr(self.engine, "coord", None), "broken", False):
-                    self.fatal = e = APIError(503, f"{e}: a sharded target cannot run without every rank, so this "
-                                                   f"server stops; restart every rank", code="distributed_error")
-                elif not isinstance(e, MlxSpecError):  # an unforeseen failure: log it, start the next job clean
-                    log.error("the engine failed on a request", exc_info=e)
-                    self.engine.reset()
-                return _End(done, error=e)
+                return _End(done, error=self._failed(e))
             finally:
                 if events is not None:
                     events.close()  # the engine's own cleanup: caches consistent for the next job
@@ -310,3 +328,13 @@ class EngineQueue:
                 break
         return _End(done, error=job._cancel_error if job._cancel.is_set() else None,
                     complete=finished == len(job.runs))
+
+    def _failed(self, e: Exception) -> Exception:
+        """What a job that raised `e` answers; a broken sharded target also closes the queue."""
+        if getattr(getattr(self.engine, "coord", None), "broken", False):
+            self.fatal = e = APIError(503, f"{e}: a sharded target cannot run without every rank, so this "
+                                           f"server stops; restart every rank", code="distributed_error")
+        elif not isinstance(e, MlxSpecError):  # an unforeseen failure: log it, start the next job clean
+            log.error("the engine failed on a request", exc_info=e)
+            self.engine.reset()
+        return e
