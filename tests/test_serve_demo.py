@@ -70,6 +70,18 @@ def test_demo_pair_answers_the_ollama_client_as_ollama_describes_its_models(demo
     assert "def " in r.message.content and r.eval_count == 16 and r.done_reason == "length"
 
 
+def test_demo_embeddings_put_a_paraphrase_nearer_than_another_topic(demo_server):
+    import numpy as np
+
+    url, _ = demo_server
+    texts = ["How do I sort a list in Python?", "What is the way to order a Python list?",
+             "The weather in Paris is rainy today."]
+    r = openai_client(url).embeddings.create(model="demo", input=texts)
+    v = np.array([d.embedding for d in r.data])
+    assert v.shape == (3, 576) and np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-5)
+    assert v[0] @ v[1] > v[0] @ v[2] + 0.1  # 0.91 against 0.66 when measured
+
+
 def test_demo_server_exits_0_on_ctrl_c(demo_server):
     url, proc = demo_server
     proc.send_signal(signal.SIGINT)

@@ -270,7 +270,9 @@ def test_a_request_with_nothing_to_answer_loads_the_model(served):
     ("generate", {"prompt": 5}, 400, "prompt must be a string"),
     ("generate", {"prompt": "hi", "raw": "yes"}, 400, "raw must be true or false"),
     ("pull", {"model": "llama3"}, 404, "mlxspec pull"),
-    ("embed", {"model": "t", "input": "hi"}, 404, "does not compute embeddings"),
+    ("create", {"model": "mine", "from": "t"}, 404, "this server serves one model"),
+    ("embed", {"model": "t", "input": []}, 400, "input must be a non-empty string"),
+    ("embeddings", {"model": "t", "prompt": ["hi"]}, 400, "prompt must be a string"),
 ])
 def test_errors_take_ollama_s_shape(served, route, body, status, says):
     _, url, _ = served

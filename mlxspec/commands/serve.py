@@ -18,6 +18,7 @@ API_KEY_ENV = "MLXSPEC_API_KEY"
 
 
 def register(subparsers) -> None:
+    from ..choices import POOLINGS
     from ..serve.options import DEFAULT_MAX_BODY, DEFAULT_PROMPT_CACHE, REASONING_KEYS, ServeOptions
 
     d = ServeOptions()
@@ -27,12 +28,13 @@ def register(subparsers) -> None:
             "Serve one target (+ draft) over the OpenAI API (and Anthropic's, Ollama's and llama.cpp's):\n"
             "  POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   GET /v1/models\n"
             "  GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items\n"
-            "  POST /v1/messages[/count_tokens]   POST /tokenize\n"
+            "  POST /v1/messages[/count_tokens]   POST /v1/embeddings   POST /tokenize\n"
             "  POST /detokenize   GET /metrics   GET /health\n"
-            "  POST /api/chat   POST /api/generate   GET /api/tags   POST /api/show   GET /api/ps\n"
-            "  GET /api/version   (Ollama's, for editors and apps that speak it)\n"
-            "  POST /completion   POST /infill   GET /props   (llama.cpp's: its native completions, code\n"
-            "  completion at the cursor for llama.vscode and llama.vim, and what the server is)\n\n"
+            "  POST /api/chat   POST /api/generate   POST /api/embed   GET /api/tags   POST /api/show\n"
+            "  GET /api/ps   GET /api/version   (Ollama's, for editors and apps that speak it)\n"
+            "  POST /completion   POST /infill   POST /embedding   GET /props   (llama.cpp's: its native\n"
+            "  completions, code completion at the cursor for llama.vscode and llama.vim, embeddings,\n"
+            "  and what the server is)\n\n"
             "Requests run one at a time on one engine, in arrival order; a conversation resent in full\n"
             "reuses the caches of its previous turn (usage.prompt_tokens_details.cached_tokens), also\n"
             "after other conversations in between (--prompt-cache-size). Tool calls, logprobs and\n"
@@ -100,6 +102,11 @@ def register(subparsers) -> None:
     p.add_argument("--shutdown-grace", type=non_negative, default=d.shutdown_grace, metavar="S",
                    help=f"after SIGINT/SIGTERM, seconds a running request may take to finish before it is "
                         f"cancelled (default: {d.shutdown_grace:g})")
+    p.add_argument("--pooling", choices=POOLINGS, default=d.pooling,
+                   help="how embeddings (/v1/embeddings, /api/embed, /embedding) pool the model's final hidden "
+                        "states: 'mean' over every token (llama.cpp's for generative models) or 'last', the last "
+                        "token's (what decoder-based embedding models such as Qwen3-Embedding are trained for) "
+                        f"(default: {d.pooling})")
     add_distributed_arg(p)
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=d.log_level,
                    help=f"server log detail (default: {d.log_level})")
@@ -165,7 +172,8 @@ def run(args) -> int:
                            max_body_size=args.max_body_size, shutdown_grace=args.shutdown_grace,
                            log_level=args.log_level, allow_origins=tuple(args.allow_origin),
                            client_timeout=args.client_timeout, chat_template_args=modelargs.template_options(args),
-                           reasoning_key=args.reasoning_key, responses_dir=args.responses_dir)
+                           reasoning_key=args.reasoning_key, responses_dir=args.responses_dir,
+                           pooling=args.pooling)
     try:
         return serve(engine, options)
     finally:

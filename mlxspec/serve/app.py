@@ -2,7 +2,7 @@
 
     POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   POST /v1/messages[/count_tokens]
     GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items   GET /v1/models[/{id}]   GET /health
-    POST /tokenize   POST /detokenize   GET /metrics
+    POST /v1/embeddings   POST /tokenize   POST /detokenize   GET /metrics
     (the /v1 routes also without /v1, as mlx-lm's server answers /chat/completions)
 
 Every request is answered on the event loop; the model runs on the queue's worker thread.
@@ -29,11 +29,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from .. import harmony
+from ..embed import check_pooling
 from ..errors import InvalidArgumentError, shown as _show
 from ..logprobs import token_bytes
 from ..once import SaidOnce
 from ..reasoning import thinking_markers
-from . import schema, tokenize
+from . import embeddings, schema, tokenize
 from .auth import BearerAuth
 from .body import read_json
 from .cors import CrossOrigin, Origins
@@ -55,9 +56,10 @@ from .translated import (count_message_tokens, create_message, create_response, 
 
 log = logging.getLogger("mlxspec.serve")
 ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE "
-               "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models "
-               "(each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET /metrics, llama.cpp's "
-               f"POST /completion, POST /infill, POST /apply-template and GET /props, and Ollama's "
+               "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models, "
+               "POST /v1/embeddings (each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET "
+               "/metrics, llama.cpp's POST /completion, POST /infill, POST /embedding, POST /apply-template and GET "
+               f"/props, and Ollama's "
                f"{ollama_routes.ROUTES_TEXT}")
 
 
@@ -128,6 +130,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
     if options.reasoning_key not in REASONING_KEYS:
         raise InvalidArgumentError(f"reasoning_key must be one of {', '.join(REASONING_KEYS)}, got "
                                    f"{_show(options.reasoning_key)}")
+    check_pooling(options.pooling)
     state = ServerState(engine, options)
 
     @contextlib.asynccontextmanager
@@ -153,6 +156,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         ("/messages/count_tokens", count_message_tokens, "POST"),
         ("/models", list_models, "GET"),
         ("/models/{model_id:path}", get_model, "GET"),
+        ("/embeddings", embeddings.openai_embeddings, "POST"),
     ]
     # Under /v1, and without it as mlx-lm's server answers them (clients whose base URL lacks /v1)
     routes = [Route(prefix + path, endpoint, methods=[method])
@@ -167,6 +171,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         Route("/completion", llama_cpp.completion, methods=["POST"]),
         Route("/props", llama_cpp.props, methods=["GET"]),
         Route("/apply-template", apply_template_route, methods=["POST"]),
+        Route("/embedding", embeddings.llama_cpp_embedding, methods=["POST"]),
     ]
     routes += [Route(path, endpoint, methods=methods) for path, endpoint, methods in ollama_routes.ROUTES]
     # Outermost first: the host and origin check, then CORS (a preflight carries no API key), then the key.

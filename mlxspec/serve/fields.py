@@ -44,8 +44,13 @@ OLLAMA_CHAT = {"model", "messages", "tools", "format", "options", "stream", "kee
                "top_logprobs", *OWN}
 OLLAMA_GENERATE = {"model", "prompt", "suffix", "system", "template", "context", "raw", "images", "format", "options",
                    "stream", "keep_alive", "think", "logprobs", "top_logprobs", *OWN}
+# What the embeddings routes read (`embeddings.py`): OpenAI's, llama.cpp's (/embedding, and /embeddings
+# with `content`) and Ollama's /api/embed and /api/embeddings
+EMBEDDINGS = {"model", "input", "encoding_format", "dimensions", "user"}
+LLAMA_EMBEDDING = {"model", "content", "input", "embd_normalize"}
+OLLAMA_EMBED = {"model", "input", "truncate", "dimensions", "options", "keep_alive"}
 KNOWN = frozenset(OPENAI | ANTHROPIC | OTHERS | OLLAMA | INFILL | OWN | set(EXTENSIONS) | set(GUIDED)
-                  | set(RENAMED))
+                  | set(RENAMED) | EMBEDDINGS | LLAMA_EMBEDDING | OLLAMA_EMBED)
 SHOWN = 8  # names per log line: a body of junk keys makes one short line, not a long one
 API_PREFIX = "/v1"  # OpenAI's and Anthropic's routes are served with it and without it (`app.py`)
 OLLAMA_PREFIX = "/api/"  # Ollama's routes, served as Ollama names them
@@ -71,7 +76,9 @@ def _reads() -> dict:
     return {"/v1/messages": messages, "/v1/messages/count_tokens": messages, "/v1/responses": responses,
             "/api/chat": OLLAMA_CHAT, "/api/generate": OLLAMA_GENERATE,
             "/api/show": {"model", "name", "verbose"}, "/v1/infill": INFILL | OWN,
-            "/v1/completion": LLAMA_COMPLETION | OWN}
+            "/v1/completion": LLAMA_COMPLETION | OWN, "/v1/embeddings": EMBEDDINGS | LLAMA_EMBEDDING,
+            "/v1/embedding": LLAMA_EMBEDDING, "/api/embed": OLLAMA_EMBED,
+            "/api/embeddings": {"model", "prompt", "options", "keep_alive"}}
 
 
 READS = _reads()

@@ -53,6 +53,11 @@ class Metrics:
                 self.ttft[bisect.bisect_left(TTFT_BUCKETS, s.first_token_seconds)] += 1
                 self.ttft_sum += s.first_token_seconds
 
+    def embedded(self, tokens: int) -> None:
+        """An embeddings request answered whole, of `tokens` input tokens."""
+        self.requests["embeddings"] += 1
+        self.totals["embedding_tokens"] += tokens
+
     def render(self, running: bool, waiting: int, limit: int, prompt_cache=None) -> str:
         """The text format; `prompt_cache`: the engine's parked histories (`mlxspec.prompt_cache`)."""
         out: List[str] = []
@@ -66,7 +71,8 @@ class Metrics:
         metric("info", "gauge", "The model served and its default drafter.",
                {_labels(model=self.model, drafter=self.drafter or "none"): 1})
         metric("requests_total", "counter", "Requests answered whole, by endpoint.",
-               {_labels(endpoint=e): self.requests[e] for e in ("chat", "completion", "responses", "messages")})
+               {_labels(endpoint=e): self.requests[e] for e in ("chat", "completion", "responses", "messages",
+                                                                  "embeddings")})
         metric("requests_cancelled_total", "counter", "Requests whose client left before the end.",
                {"": self.cancelled})
         metric("errors_total", "counter", "Error answers, by HTTP status.",
@@ -74,6 +80,7 @@ class Metrics:
         for name, text in (("prompt_tokens", "Prompt tokens (each prompt once, as usage counts them)."),
                            ("cached_prompt_tokens", "Prompt tokens the caches already held."),
                            ("generation_tokens", "Generated tokens."),
+                           ("embedding_tokens", "Input tokens embedded."),
                            ("drafted_tokens", "Draft tokens proposed."),
                            ("accepted_tokens", "Draft tokens the target accepted."),
                            ("target_passes", "Target passes after the prompt (one per round)."),

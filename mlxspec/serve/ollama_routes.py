@@ -1,6 +1,7 @@
 """Ollama's routes (bodies translated by `serve/ollama.py`): /api/chat and /api/generate answered
 as chats or completions, whole or as JSON lines; /api/tags, /api/show, /api/ps and /api/version
-describe the one model served; Ollama's other routes answer what to do instead. Errors take
+describe the one model served; /api/embed and /api/embeddings embed text (`serve/embeddings.py`);
+Ollama's other routes answer what to do instead. Errors take
 Ollama's shape, `{"error": message}`.
 """
 
@@ -16,6 +17,7 @@ from ..errors import shown
 from ..prompts import has_chat_template
 from . import ollama, schema
 from .body import read_json
+from .embeddings import ollama_embed, ollama_embeddings
 from .errors import APIError
 from .generation import guarded_as
 from .metrics import count_error
@@ -25,10 +27,8 @@ if TYPE_CHECKING:
     from .app import ServerState
 
 log = logging.getLogger("mlxspec.serve")
-# Ollama's routes that manage models or embed text: what a client is told there instead.
-NO_EMBEDDINGS = "this server does not compute embeddings"
-ELSEWHERE = {"pull": "fetch models with `mlxspec pull NAME` and serve one with `mlxspec serve`",
-             "embed": NO_EMBEDDINGS, "embeddings": NO_EMBEDDINGS}
+# Ollama's routes that manage models: what a client is told there instead.
+ELSEWHERE = {"pull": "fetch models with `mlxspec pull NAME` and serve one with `mlxspec serve`"}
 
 
 _ollama_errors = guarded_as(lambda e: JSONResponse(ollama.error_response_body(e), status_code=e.status,
@@ -123,7 +123,9 @@ async def elsewhere(request: Request) -> Response:
 
 
 ROUTES = [("/api/chat", chat, ["POST"]), ("/api/generate", generate, ["POST"]), ("/api/tags", tags, ["GET"]),
-          ("/api/show", show, ["POST"]), ("/api/ps", running, ["GET"]), ("/api/version", version, ["GET"]),
+          ("/api/show", show, ["POST"]), ("/api/embed", ollama_embed, ["POST"]),
+          ("/api/embeddings", ollama_embeddings, ["POST"]), ("/api/ps", running, ["GET"]),
+          ("/api/version", version, ["GET"]),
           ("/api/{rest:path}", elsewhere, ["GET", "POST", "PUT", "PATCH", "DELETE"])]
 SERVED = {path[len("/api/"):]: methods[0] for path, _, methods in ROUTES[:-1]}  # name -> its method
 ROUTES_TEXT = ", ".join(f"{methods[0]} {path}" for path, _, methods in ROUTES[:-1])

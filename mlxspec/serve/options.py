@@ -29,4 +29,5 @@ class ServeOptions:
     reasoning_key: str = "reasoning"  # one of REASONING_KEYS
     model_id: Optional[str] = None  # the name /v1/models lists; default: the pair's name or the target
     responses_dir: Optional[str] = None  # where stored Responses API responses are also written (None: memory only)
+    pooling: str = "mean"  # how embeddings pool the hidden states: one of mlxspec.embed.POOLINGS
     log_level: str = "info"

@@ -1,0 +1,195 @@
+"""Embeddings in three APIs' shapes, computed by `Engine.embed` on the queue's worker.
+
+    POST /v1/embeddings (and /embeddings)   OpenAI's: unit vectors, as floats or base64 (the
+        official client asks for base64 and decodes it), `dimensions` keeps the first N of each,
+        normalized again, as OpenAI does for its own models.
+    POST /embedding (and /embeddings with `content`)   llama.cpp's: `embd_normalize` (default 2,
+        unit length), a bare list of {"index", "embedding": [[...]]}.
+    POST /api/embed   Ollama's: unit vectors; an input past the context is cut to it unless
+        `truncate` is false. POST /api/embeddings, its older route: one vector, not normalized.
+
+The vectors are the served model's final hidden states pooled (`serve --pooling`: mean by
+default). A generative model was not trained for this, so they suit search over text like its
+own far less than a model trained for embeddings does; serving one (Qwen3-Embedding with
+`--pooling last`) gives its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..embed import normalized
+from ..errors import ContextLengthError, InvalidArgumentError, shown
+from .body import read_json
+from .errors import APIError, from_engine, invalid
+from .generation import cancel_on_disconnect, gone, guarded, guarded_as
+
+if TYPE_CHECKING:
+    from .app import ServerState
+
+log = logging.getLogger("mlxspec.serve")
+ENCODINGS = ("float", "base64")
+
+
+async def embedded(request: Request, body: dict, inputs, param: str, *, normalize: int = 2,
+                   truncate: bool = False, dimensions: Optional[int] = None) -> Optional[Tuple[np.ndarray, List[int]]]:
+    """(vectors (N, H) float32, tokens per input) of `inputs`, queued as generations are; None when
+    the client left before the answer (counted as gone). `dimensions`: the first N of each vector,
+    normalized again (euclidean)."""
+    state: ServerState = request.app.state.mlxspec
+    state.note_model(body.get("model") if isinstance(body.get("model"), str) else None)
+    pooling = state.options.pooling
+
+    def work(cancel):  # on the engine's thread: MLX runs nowhere else
+        out = state.engine.embed(inputs, pooling=pooling, normalize=normalize if dimensions is None else -1,
+                                 truncate=truncate, cancel=cancel)
+        if out is None:
+            return None
+        vectors = out.vectors
+        if dimensions is not None:
+            if dimensions > vectors.shape[1]:
+                raise InvalidArgumentError(f"dimensions must be 1..{vectors.shape[1]} (this model's embeddings "
+                                           f"have {vectors.shape[1]}), got {dimensions}")
+            vectors = normalized(vectors[:, :dimensions], 2)
+        return np.array(vectors, dtype=np.float32), out.tokens
+
+    job = state.queue.submit_call(work)
+    watcher = asyncio.create_task(cancel_on_disconnect(request, state.queue, job))
+    try:
+        out = await job.result()
+    except (InvalidArgumentError, ContextLengthError) as e:
+        raise _input_error(e, param) from None
+    except Exception as e:
+        raise from_engine(e, param) from e
+    finally:
+        watcher.cancel()
+        state.queue.cancel(job)  # a no-op once done; frees the engine if this task was cancelled
+    if out is None:  # cancelled: the client is gone
+        gone(state, f"{request.method} {request.url.path}")
+        return None
+    state.metrics.embedded(sum(out[1]))
+    return out
+
+
+def _input_error(e: Exception, param: str) -> APIError:
+    """The engine's message names the input ("input 3 ..."); here under this API's field name."""
+    message = str(e)
+    if message.startswith("dimensions"):
+        return invalid(message, "dimensions")
+    if message.startswith("input"):
+        message = param + message[len("input"):]
+    if isinstance(e, ContextLengthError):
+        return APIError(400, message, param=param, code="context_length_exceeded")
+    return invalid(message, param)
+
+
+def _dimensions(body: dict) -> Optional[int]:
+    value = body.get("dimensions")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise invalid(f"dimensions must be an integer >= 1 (the first N of each vector, normalized again), got "
+                      f"{shown(value)}", "dimensions")
+    return value
+
+
+# -- OpenAI ------------------------------------------------------------------------------------------
+@guarded
+async def openai_embeddings(request: Request) -> Response:
+    """POST /v1/embeddings; /embeddings with llama.cpp's `content` is llama.cpp's route."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    if "content" in body and "input" not in body:
+        return await _llama_cpp(request, body)
+    if "input" not in body:
+        raise invalid("input is required: a string, a list of token ids, or a list of strings or token-id lists",
+                      "input")
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ENCODINGS:
+        raise invalid(f"encoding_format must be one of {', '.join(ENCODINGS)}, got {shown(fmt)}", "encoding_format")
+    out = await embedded(request, body, body["input"], "input", dimensions=_dimensions(body))
+    if out is None:
+        return Response(status_code=499)  # nobody reads it
+    rows, tokens = out
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(row.astype("<f4").tobytes()).decode() if fmt == "base64" else row.tolist()}
+            for i, row in enumerate(rows)]
+    used = sum(tokens)
+    return JSONResponse({"object": "list", "data": data, "model": state.model_id,
+                         "usage": {"prompt_tokens": used, "total_tokens": used}})
+
+
+# -- llama.cpp ---------------------------------------------------------------------------------------
+@guarded
+async def llama_cpp_embedding(request: Request) -> Response:
+    """POST /embedding."""
+    state: ServerState = request.app.state.mlxspec
+    return await _llama_cpp(request, await read_json(request, state.options.max_body_size,
+                                                     state.options.client_timeout))
+
+
+async def _llama_cpp(request: Request, body: dict) -> Response:
+    param = "content" if "content" in body else "input"
+    if param not in body:
+        raise invalid("content is required: a string, a list of token ids, or a list of strings or token-id lists",
+                      "content")
+    p = body.get("embd_normalize", 2)
+    if isinstance(p, bool) or not isinstance(p, int) or p < -1:
+        raise invalid(f"embd_normalize must be an integer >= -1 (-1 none, 0 max absolute in the int16 range, 1 "
+                      f"taxicab, 2 euclidean, p > 2 p-norm), got {shown(p)}", "embd_normalize")
+    out = await embedded(request, body, body[param], param, normalize=p)
+    if out is None:
+        return Response(status_code=499)  # nobody reads it
+    return JSONResponse([{"index": i, "embedding": [row]} for i, row in enumerate(out[0].tolist())])
+
+
+# -- Ollama ------------------------------------------------------------------------------------------
+_ollama = guarded_as(lambda e: JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers))
+
+
+@_ollama
+async def ollama_embed(request: Request) -> Response:
+    """POST /api/embed."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    if "input" not in body:
+        raise invalid("input is required: a string or a list of strings", "input")
+    truncate = body.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise invalid(f"truncate must be true or false, got {shown(truncate)}", "truncate")
+    t0 = time.perf_counter_ns()
+    out = await embedded(request, body, body["input"], "input", truncate=truncate, dimensions=_dimensions(body))
+    if out is None:
+        return Response(status_code=499)  # nobody reads it
+    return JSONResponse({"model": _name(body, state), "embeddings": out[0].tolist(),
+                         "total_duration": time.perf_counter_ns() - t0, "load_duration": 0,
+                         "prompt_eval_count": sum(out[1])})
+
+
+@_ollama
+async def ollama_embeddings(request: Request) -> Response:
+    """POST /api/embeddings (Ollama's older route): one prompt, its vector as the model gives it."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise invalid(f"prompt must be a string, got {shown(prompt)}", "prompt")
+    if not prompt:  # Ollama answers an empty prompt so
+        return JSONResponse({"embedding": []})
+    out = await embedded(request, body, prompt, "prompt", normalize=-1, truncate=True)
+    if out is None:
+        return Response(status_code=499)  # nobody reads it
+    return JSONResponse({"embedding": out[0][0].tolist()})
+
+
+def _name(body: dict, state: "ServerState") -> str:
+    name = body.get("model")
+    return name if isinstance(name, str) and name else state.model_id
