@@ -250,6 +250,21 @@ class Engine:
         finally:
             self.occupancy.leave()
 
+    def forget_answer(self) -> bool:
+        """Drop the last generation's answer from what prompt lookup remembers (the n-gram
+        drafter's, also a model drafter's and the head's companion), as if it had never been
+        generated: a retried turn then races without drafts copied from the answer it replaces.
+        The caches are left as they are (the next request rolls them back to what it shares).
+        Returns whether there was an answer to forget."""
+        stats = self.last_stats
+        if stats is None:
+            return False
+        self.occupancy.enter(then=self.end_open_stream)
+        try:
+            return self.drafters["ngram"].forget(self.target.tokens, stats.prompt_tokens)
+        finally:
+            self.occupancy.leave()
+
     def end_open_stream(self) -> None:
         """A stream still open ends here, as if closed (`StreamOvertakenError` if it resumes)."""
         if self.generation is not None:

@@ -108,3 +108,28 @@ def test_ngram_keeps_a_bounded_corpus_of_earlier_histories(monkeypatch):
         assert len(d._corpus) <= 100
     t = d.propose_tree([2000, 5, 6], 1, 4)
     assert len(t) >= 1  # the latest earlier histories are still there to branch from
+
+
+def _state(d: NgramDrafter):
+    return d._corpus, d._base, d._indexed, {k: list(v) for k, v in d._index.items()}
+
+
+def test_ngram_forgets_what_followed_a_prompt_as_if_never_seen():
+    prompt = [5, 6, 7, 8, 5, 6]
+    answer = [7, 9, 10, 11, 5, 6, 7, 9, 10]
+    d = NgramDrafter()
+    d.propose([1, 2, 3, 1], 2, G, None)  # an earlier history, kept
+    d.propose(prompt + answer, 2, G, None)
+    fresh = NgramDrafter()
+    fresh.propose([1, 2, 3, 1], 2, G, None)
+    fresh.propose(prompt, 2, G, None)
+    assert _state(d) != _state(fresh)
+    assert not d.forget(prompt + [7, 9, 0], len(prompt))  # another history: nothing dropped
+    assert d.forget(prompt + answer + [12], len(prompt))  # (the history may go on past the last proposal)
+    assert _state(d) == _state(fresh)  # the answer's tokens and n-grams are gone, the rest kept
+    assert not d.forget(prompt + answer, len(prompt))  # nothing follows the prompt any more
+    # the retry's history grows from the prompt again, as it would have without the answer
+    retry = prompt + [7, 12, 5, 6]
+    assert d.propose(retry, 3, G, None).tokens == fresh.propose(retry, 3, G, None).tokens
+    assert d.propose_tree(retry, 3, 8).tokens == fresh.propose_tree(retry, 3, 8).tokens
+    assert _state(d) == _state(fresh)

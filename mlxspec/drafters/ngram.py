@@ -61,6 +61,25 @@ class NgramDrafter:
         self._indexed = 0  # n-grams ending at corpus positions < _indexed are in the index
         self._history = None  # the history last indexed: the loop's only grows, so it need not be compared
 
+    def forget(self, history: List[int], start: int) -> bool:
+        """If the current history is `history` (as far as either goes) and goes on past `start`,
+        drop its tokens from `start` on from the corpus and the index, as if they had never been
+        seen (a retried answer's, which drafts would otherwise copy). Returns whether it did."""
+        held = self._corpus[self._base:]
+        n = min(len(held), len(history))
+        cut = self._base + start
+        if cut >= len(self._corpus) or held[:n] != list(history[:n]):
+            return False
+        del self._corpus[cut:]
+        for key in list(self._index):
+            ends = self._index[key]
+            while ends and ends[-1] >= cut:  # (each list is in corpus order: the dropped ends are last)
+                ends.pop()
+            if not ends:
+                del self._index[key]
+        self._indexed = min(self._indexed, cut - 1)
+        return True
+
     def predict(self, tokens: Optional[List[int]], start: int = 0) -> None:
         """This request's predicted answer (token ids), or None; `start`: where the answer starts
         in the histories to come (the prompt's length)."""
