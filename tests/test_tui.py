@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import shutil
+import threading
 from dataclasses import replace
 
 import pytest
@@ -1256,7 +1257,11 @@ async def test_retry_races_the_last_turn_again_in_its_place_with_the_settings_no
         (_, old) = app.conversation.turns
         assert old.answers[SPEC].stats.drafter == "model"
         await send(app, pilot, "/drafter ngram")
+        forgot, forget = [], app.engines[SPEC].forget_answer
+        app.engines[SPEC].forget_answer = lambda: forgot.append(threading.current_thread()) or forget()
         await send(app, pilot, "/retry")
+        # prompt lookup first forgot the answer taken back, on the engines' thread, not the event loop's
+        assert len(forgot) == 1 and forgot[0] is not threading.main_thread()
         first, new = app.conversation.turns
         assert new is not old and new.user == "second" and new.answers[SPEC].stats.drafter == "ngram"
         # greedy: another drafter, the same answer on both sides, from caches that held the old one
@@ -1268,7 +1273,7 @@ async def test_retry_races_the_last_turn_again_in_its_place_with_the_settings_no
         taken = struck(app)
         assert len(taken) == 3 and taken[0].endswith("second") and "speedup" in taken[2], taken
         assert ("racing turn 2 again (drafter ngram, greedy, draft length auto); the struck-out race above leaves "
-                "the conversation; prompt lookup remembers its answer, so drafts may copy it") in history_text(app)
+                "the conversation; prompt lookup forgets its answer, so drafts cannot copy it") in history_text(app)
         await send(app, pilot, "/retry now")
         assert "/retry takes no argument, got 'now'" in history_text(app) and len(struck(app)) == 3
         await send(app, pilot, "/drafter model")
@@ -1276,7 +1281,7 @@ async def test_retry_races_the_last_turn_again_in_its_place_with_the_settings_no
         await send(app, pilot, "/retry")
         said = [line for line in history_text(app).splitlines() if line.startswith("racing turn 2")][-1]
         assert said == "racing turn 2 again (drafter model, greedy, draft length auto); the struck-out race above " \
-                       "leaves the conversation"  # the model drafts alone: it remembers no earlier answer
+                       "leaves the conversation"  # the model drafts alone: it holds no earlier answer
         assert app.conversation.turns[-1].answers[SPEC].tokens == old.answers[SPEC].tokens and len(struck(app)) == 6
 
 

@@ -182,7 +182,7 @@ class ChatApp(App):
                 self.info = replace(self.info, draft=d.draft, draft_weights_bytes=d.draft_weights_bytes)
                 self.query_one(PairHeader).set_info(self.info)
 
-    async def start_turn(self, text: str) -> None:
+    async def start_turn(self, text: str, forget: bool = False) -> None:
         self._show_drafter()  # a /drafter sent during the last answer
         # busy before the first await: clearing the panes yields to the event loop, and a key
         # or a test that looks in between must already see this turn as under way
@@ -198,7 +198,7 @@ class ChatApp(App):
             user=text, messages=messages,
             temperature=s.temperature, max_tokens=s.max_tokens, num_draft=s.num_draft, drafter=s.drafter,
             tree=s.tree, lookup=s.lookup, sequential=self.sequential, seed=self.seed,
-            template_kwargs=s.template_kwargs)
+            template_kwargs=s.template_kwargs, forget=forget)
         self._generate(request, self.cancel)
 
     @work(thread=True, exclusive=True, group="generate")
@@ -382,18 +382,19 @@ class ChatApp(App):
             self.notice(f"took back turn {number}: its message is in the box, to edit and send (Enter)")
             return
         self.notice(self._retry_note(number))
-        await self.start_turn(turn.user)
+        await self.start_turn(turn.user, forget=True)
 
     def _retry_note(self, number: int) -> str:
-        """What /retry says: the settings the race runs with, and where a drafter may remember the
-        answer it replaces (prompt lookup keeps earlier histories: a speedup can show that)."""
+        """What /retry says: the settings the race runs with, and where a drafter looks up, that it
+        forgets the answer it replaces (prompt lookup keeps earlier histories, and a speedup from
+        copying the old answer would measure that memory, not the drafter)."""
         s = self.settings
         drafter = s.drafter or self.engines[SPEC].default_drafter
         how = ", ".join([f"drafter {drafter}", "greedy" if s.temperature == 0 else f"T={s.temperature:g}",
                          f"draft length {'auto' if s.num_draft is None else s.num_draft}"])
         note = f"racing turn {number} again ({how}); the struck-out race above leaves the conversation"
         if drafter == "ngram" or (drafter in ("model", "eagle") and s.lookup is not False):
-            note += "; prompt lookup remembers its answer, so drafts may copy it"
+            note += "; prompt lookup forgets its answer, so drafts cannot copy it"
         return note
 
     def save(self, path: str) -> None:

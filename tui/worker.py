@@ -34,6 +34,7 @@ class TurnRequest:
     sequential: bool = False
     seed: Optional[int] = None
     template_kwargs: Optional[dict] = None  # the chat template's variables
+    forget: bool = False  # a retried turn: prompt lookup first forgets the answer it replaces
 
 
 def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading.Event,
@@ -65,6 +66,8 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
     # difference is judged like a greedy one.
     seed = request.seed if request.seed is not None or request.temperature == 0 else draw_seed()
     try:
+        if request.forget:  # (here, on the engines' thread)
+            engines[SPEC].forget_answer()
         # `cancel` also stops a side in the middle of a long prompt, before its first token (Esc).
         common = dict(max_tokens=request.max_tokens, temperature=request.temperature, seed=seed,
                       chat_template_kwargs=request.template_kwargs, cancel=cancel)
