@@ -167,3 +167,19 @@ def test_an_embedding_waits_its_turn_behind_a_generation_and_one_given_up_never_
         chat.join(TIMEOUT)
         waiter.join(TIMEOUT)
         assert answer[0].status_code == 200 and engine.embedded == 1  # the abandoned one never ran
+
+
+def test_a_model_without_hidden_states_to_pool_is_501_and_the_server_goes_on(monkeypatch):
+    import mlxspec.engine
+    from mlxspec.errors import IncompatibleModelsError
+
+    def unsplittable(model, check=True):
+        raise IncompatibleModelsError("[backbone] odd has no `model` backbone; hidden states are unavailable")
+
+    monkeypatch.setattr(mlxspec.engine, "split_model", unsplittable)
+    with running_server(tiny_engine()) as (url, _):
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, timeout=TIMEOUT)
+        assert r.status_code == 501 and r.json()["error"]["code"] == "unsupported_model"
+        assert "this model gives no embeddings: [backbone] odd has no `model` backbone" in r.json()["error"]["message"]
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=TIMEOUT).status_code == 200

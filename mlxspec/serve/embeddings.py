@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..embed import normalized
-from ..errors import ContextLengthError, InvalidArgumentError, shown
+from ..errors import ContextLengthError, IncompatibleModelsError, InvalidArgumentError, shown
 from .body import read_json
 from .errors import APIError, from_engine, invalid
 from .generation import cancel_on_disconnect, gone, guarded, guarded_as
@@ -67,6 +67,8 @@ async def embedded(request: Request, body: dict, inputs, param: str, *, normaliz
         out = await job.result()
     except (InvalidArgumentError, ContextLengthError) as e:
         raise _input_error(e, param) from None
+    except IncompatibleModelsError as e:  # a model whose logits are not a head over its hidden states
+        raise APIError(501, f"this model gives no embeddings: {e}", code="unsupported_model") from None
     except Exception as e:
         raise from_engine(e, param) from e
     finally:
