@@ -20,8 +20,8 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 import mlx.core as mx
 
 from . import kernels
-from .cache import WindowKVCache
 from .backbone import split_model
+from .cache import WindowKVCache
 from .calibration import check_ratios, prior_slope, priors_for
 from .costmodel import DECAY, MODEL_DECAY, CostModel
 from .device import is_gpu
