@@ -40,7 +40,7 @@ from .penalties import Penalties
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup,
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
-                      check_tree)
+                      check_tree, encode_prompt)
 from .request import check_request
 from .sampling import SamplingParams, bias_row
 from .sequence import Sequence
@@ -250,18 +250,17 @@ class Engine:
         finally:
             self.occupancy.leave()
 
-    def forget_answer(self) -> bool:
-        """Drop the last generation's answer from what prompt lookup remembers (the n-gram
-        drafter's, also a model drafter's and the head's companion), as if it had never been
-        generated: a retried turn then races without drafts copied from the answer it replaces.
-        The caches are left as they are (the next request rolls them back to what it shares).
-        Returns whether there was an answer to forget."""
-        stats = self.last_stats
-        if stats is None:
-            return False
+    def forget_beyond(self, prompt, *, chat_template_kwargs=None) -> bool:
+        """Prompt lookup (the n-gram drafter's, also a model drafter's and the head's companion)
+        forgets what the history it holds has past its shared prefix with `prompt` (the next
+        request's: a string, token ids or chat messages), as if it had never been generated:
+        after turns are taken back from a conversation (a chat's /retry or /undo), the next
+        answer's drafts cannot copy the answers it replaces. The caches are left as they are
+        (the next request rolls them back to what it shares). Returns whether it forgot any."""
+        ids = encode_prompt(prompt, self.tokenizer, self.vocab_size, template_kwargs=chat_template_kwargs)
         self.occupancy.enter(then=self.end_open_stream)
         try:
-            return self.drafters["ngram"].forget(self.target.tokens, stats.prompt_tokens)
+            return self.drafters["ngram"].forget_beyond(ids)
         finally:
             self.occupancy.leave()
 

@@ -114,7 +114,7 @@ def _state(d: NgramDrafter):
     return d._corpus, d._base, d._indexed, {k: list(v) for k, v in d._index.items()}
 
 
-def test_ngram_forgets_what_followed_a_prompt_as_if_never_seen():
+def test_ngram_forgets_what_the_next_prompt_does_not_share_as_if_never_seen():
     prompt = [5, 6, 7, 8, 5, 6]
     answer = [7, 9, 10, 11, 5, 6, 7, 9, 10]
     d = NgramDrafter()
@@ -124,10 +124,16 @@ def test_ngram_forgets_what_followed_a_prompt_as_if_never_seen():
     fresh.propose([1, 2, 3, 1], 2, G, None)
     fresh.propose(prompt, 2, G, None)
     assert _state(d) != _state(fresh)
-    assert not d.forget(prompt + [7, 9, 0], len(prompt))  # another history: nothing dropped
-    assert d.forget(prompt + answer + [12], len(prompt))  # (the history may go on past the last proposal)
+    assert not d.forget_beyond(prompt + answer + [12])  # a prompt that holds it all: nothing dropped
+    assert d.forget_beyond(prompt + [7, 12])  # it parts after the prompt's [7]
+    assert d._corpus[d._base:] == prompt + [7]
+    assert d.forget_beyond(prompt + [0]) and d._corpus[d._base:] == prompt  # down to the last token
+    d = NgramDrafter()
+    d.propose([1, 2, 3, 1], 2, G, None)
+    d.propose(prompt + answer, 2, G, None)
+    assert d.forget_beyond(prompt)  # the answer taken back, the same prompt again
     assert _state(d) == _state(fresh)  # the answer's tokens and n-grams are gone, the rest kept
-    assert not d.forget(prompt + answer, len(prompt))  # nothing follows the prompt any more
+    assert not d.forget_beyond(prompt)  # nothing past it any more
     # the retry's history grows from the prompt again, as it would have without the answer
     retry = prompt + [7, 12, 5, 6]
     assert d.propose(retry, 3, G, None).tokens == fresh.propose(retry, 3, G, None).tokens

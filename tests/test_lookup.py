@@ -181,24 +181,22 @@ def test_a_round_that_re_times_a_length_is_a_chain(target, weak_head, timed, mon
     assert r.tokens == plain and r.stats.tree_rounds > 0
 
 
-def test_forget_answer_drops_the_last_answer_from_prompt_lookup_and_nothing_else():
+def test_forget_beyond_drops_the_answers_taken_back_from_prompt_lookup_and_nothing_else():
     from mlxspec.drafters import NgramDrafter
 
-    engine = Engine(tiny.make_llama(3, tie_embeddings=False), tiny.make_tokenizer(), drafter="ngram")
-    assert not engine.forget_answer()  # nothing generated yet
-    prompt = "Rivers run to the sea because the sea is low"
-    first = engine.generate(prompt, max_tokens=40, num_draft=4)
+    engine = Engine(tiny.make_llama(3, tie_embeddings=False), tiny.make_tokenizer(tiny.CHAT_TEMPLATE), drafter="ngram")
+    assert not engine.forget_beyond("anything")  # nothing held yet
+    chat = [{"role": "user", "content": "Rivers run to the sea because"}]
+    first = engine.generate(chat, max_tokens=40, num_draft=4)
     ngram = engine.drafters["ngram"]
-    ids = engine.tokenizer.encode(prompt)
-    assert len(ngram._corpus) > len(ids)  # it had indexed the answer
-    assert engine.forget_answer()
+    ids = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(chat, tokenize=False,
+                                                                       add_generation_prompt=True))
+    assert len(ngram._corpus) > len(ids) and ngram._corpus[:len(ids)] == ids  # it had indexed the answer
+    assert not engine.forget_beyond(ids + first.tokens + [5, 6])  # a prompt that holds it all: all kept
+    assert engine.forget_beyond(chat)  # the turn retried: its answer is forgotten
     fresh = NgramDrafter()
     fresh.propose(ids, 1)
     assert (ngram._corpus, ngram._index) == (fresh._corpus, fresh._index)  # as if the answer never was
-    assert not engine.forget_answer()  # nothing left to forget
-    again = engine.generate(prompt, max_tokens=40, num_draft=4)
+    assert not engine.forget_beyond(chat)  # nothing left to forget
+    again = engine.generate(chat, max_tokens=40, num_draft=4)
     assert again.tokens == first.tokens  # greedy, from caches that still held the old answer
-    # a plain generation of another prompt: what lookup holds is not its history, and stays
-    held = list(ngram._corpus)
-    engine.generate("Something else", max_tokens=8, speculative=False)
-    assert not engine.forget_answer() and ngram._corpus == held

@@ -67,6 +67,9 @@ class ChatApp(App):
         self._resume = resume  # a saved conversation to go on with, shown once the engines are ready
         self.cancel = threading.Event()
         self.busy = False
+        # An answer was taken back (/retry, /undo): the next turn's prompt lookup first forgets it,
+        # or that turn's drafts could copy an answer the conversation no longer holds
+        self._forget = False
         self.saved_turns = 0  # turns /save wrote (or /load read): the others are lost by clearing or quitting
         self._armed = (None, 0.0)  # a key that asked to be pressed again, and when (`_confirmed`)
 
@@ -182,7 +185,7 @@ class ChatApp(App):
                 self.info = replace(self.info, draft=d.draft, draft_weights_bytes=d.draft_weights_bytes)
                 self.query_one(PairHeader).set_info(self.info)
 
-    async def start_turn(self, text: str, forget: bool = False) -> None:
+    async def start_turn(self, text: str) -> None:
         self._show_drafter()  # a /drafter sent during the last answer
         # busy before the first await: clearing the panes yields to the event loop, and a key
         # or a test that looks in between must already see this turn as under way
@@ -198,7 +201,8 @@ class ChatApp(App):
             user=text, messages=messages,
             temperature=s.temperature, max_tokens=s.max_tokens, num_draft=s.num_draft, drafter=s.drafter,
             tree=s.tree, lookup=s.lookup, sequential=self.sequential, seed=self.seed,
-            template_kwargs=s.template_kwargs, forget=forget)
+            template_kwargs=s.template_kwargs, forget=self._forget)
+        self._forget = False
         self._generate(request, self.cancel)
 
     @work(thread=True, exclusive=True, group="generate")
@@ -376,13 +380,14 @@ class ChatApp(App):
         turn = self.conversation.turns.pop()
         self.saved_turns = min(self.saved_turns, len(self.conversation.turns))  # a retried turn is not saved
         self.query_one(ChatHistory).take_back(turn)
+        self._forget = True
         if how == "undo":
             self.query_one("#prompt", PromptInput).put_back(turn.user)
             await self._clear_race()  # the panes showed the race taken back
             self.notice(f"took back turn {number}: its message is in the box, to edit and send (Enter)")
             return
         self.notice(self._retry_note(number))
-        await self.start_turn(turn.user, forget=True)
+        await self.start_turn(turn.user)
 
     def _retry_note(self, number: int) -> str:
         """What /retry says: the settings the race runs with, and where a drafter looks up, that it

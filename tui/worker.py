@@ -34,7 +34,7 @@ class TurnRequest:
     sequential: bool = False
     seed: Optional[int] = None
     template_kwargs: Optional[dict] = None  # the chat template's variables
-    forget: bool = False  # a retried turn: prompt lookup first forgets the answer it replaces
+    forget: bool = False  # turns were taken back: prompt lookup first forgets what this prompt no longer holds
 
 
 def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading.Event,
@@ -67,7 +67,7 @@ def run_turn(request: TurnRequest, engines: Dict[str, object], cancel: threading
     seed = request.seed if request.seed is not None or request.temperature == 0 else draw_seed()
     try:
         if request.forget:  # (here, on the engines' thread)
-            engines[SPEC].forget_answer()
+            engines[SPEC].forget_beyond(request.messages[SPEC], chat_template_kwargs=request.template_kwargs)
         # `cancel` also stops a side in the middle of a long prompt, before its first token (Esc).
         common = dict(max_tokens=request.max_tokens, temperature=request.temperature, seed=seed,
                       chat_template_kwargs=request.template_kwargs, cancel=cancel)

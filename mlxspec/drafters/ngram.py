@@ -61,15 +61,15 @@ class NgramDrafter:
         self._indexed = 0  # n-grams ending at corpus positions < _indexed are in the index
         self._history = None  # the history last indexed: the loop's only grows, so it need not be compared
 
-    def forget(self, history: List[int], start: int) -> bool:
-        """If the current history is `history` (as far as either goes) and goes on past `start`,
-        drop its tokens from `start` on from the corpus and the index, as if they had never been
-        seen (a retried answer's, which drafts would otherwise copy). Returns whether it did."""
+    def forget_beyond(self, prompt: List[int]) -> bool:
+        """Drop the current history's tokens past what it shares with `prompt` (the next request's)
+        from the corpus and the index, as if they had never been seen: turns taken back from a
+        conversation, whose answers drafts would otherwise copy. Returns whether it dropped any."""
         held = self._corpus[self._base:]
-        n = min(len(held), len(history))
-        cut = self._base + start
-        if cut >= len(self._corpus) or held[:n] != list(history[:n]):
+        shared = next((i for i, (a, b) in enumerate(zip(held, prompt)) if a != b), min(len(held), len(prompt)))
+        if shared == len(held):
             return False
+        cut = self._base + shared
         del self._corpus[cut:]
         for key in list(self._index):
             ends = self._index[key]
