@@ -73,7 +73,9 @@ def test_flags_reach_the_server_options(captured, monkeypatch):
     assert (opts.host, opts.port, opts.queue, opts.max_tokens, opts.temperature, opts.api_key) == \
            ("127.0.0.1", 9001, 3, 64, 0.5, None)
     assert opts.shutdown_grace == 2 and opts.client_timeout == 30
-    assert opts.chat_template_args is None
+    assert opts.chat_template_args is None and opts.pooling == "mean"
+    captured.pop("serve")
+    assert main(["serve", "--pooling", "last"]) == 0 and captured["serve"].pooling == "last"
     captured.pop("serve")
     assert main(["serve", "--chat-template-args", '{"enable_thinking": false}']) == 0
     assert captured["serve"].chat_template_args == {"enable_thinking": False}
@@ -136,7 +138,7 @@ def test_api_key_comes_from_the_environment_when_not_given(captured, monkeypatch
                                   ["--prompt-cache-bytes", "5TB"], ["--allow-origin", "chat.example.com"],
                                   ["--allow-origin", "https://x.example/api"], ["--allow-origin", "http://x:0"],
                                   ["--chat-template-args", "think"], ["--chat-template-args", '{"tools": []}'],
-                                  ["--chat-template-args", "[1]"]])
+                                  ["--chat-template-args", "[1]"], ["--pooling", "cls"]])
 def test_bad_flags_fail_with_what_is_allowed(captured, argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", *argv])

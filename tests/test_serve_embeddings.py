@@ -183,3 +183,17 @@ def test_a_model_without_hidden_states_to_pool_is_501_and_the_server_goes_on(mon
         assert "this model gives no embeddings: [backbone] odd has no `model` backbone" in r.json()["error"]["message"]
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         assert httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=TIMEOUT).status_code == 200
+
+
+def test_the_server_pools_as_it_was_told_and_refuses_a_pooling_it_does_not_know():
+    from mlxspec.errors import InvalidArgumentError
+    from mlxspec.serve import ServeOptions
+    from mlxspec.serve.app import make_app
+
+    ref = tiny_engine()
+    with running_server(tiny_engine(), pooling="last") as (url, _):
+        got = openai_client(url).embeddings.create(model="t", input=TEXTS).data
+    np.testing.assert_allclose([d.embedding for d in got], _vectors(ref, TEXTS, pooling="last"), rtol=TOL, atol=TOL)
+    assert not np.allclose([d.embedding for d in got], _vectors(ref, TEXTS), atol=1e-3)  # not the mean
+    with pytest.raises(InvalidArgumentError, match="pooling must be one of mean, last, got 'cls'"):
+        make_app(ref, ServeOptions(pooling="cls"))
