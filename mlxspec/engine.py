@@ -452,8 +452,7 @@ class Engine:
             caches are not touched: an open stream may go on after it.
         """
         pooling, normalize, cancel = check_pooling(pooling), check_normalize(normalize), check_cancel(cancel)
-        ids = encode_inputs(inputs, self.tokenizer, self.vocab_size, self.context or context_length(self.target_model),
-                            truncate=bool(truncate))
+        ids = self.embedding_inputs(inputs, truncate=truncate)
         self.occupancy.enter()
         try:
             if self.coord.active:  # every rank runs the same passes (rank 0's inputs); rank 0 alone could not
@@ -464,6 +463,11 @@ class Engine:
         finally:
             self.occupancy.leave()
         return None if vectors is None else Embeddings(normalized(vectors, normalize), [len(i) for i in ids])
+
+    def embedding_inputs(self, inputs, *, truncate: bool = False) -> List[List[int]]:
+        """The token ids `embed` reads for `inputs` (checked, cut to the context with `truncate`)."""
+        return encode_inputs(inputs, self.tokenizer, self.vocab_size, self.context or context_length(self.target_model),
+                             truncate=bool(truncate))
 
     def _pooled(self, ids, pooling: str, cancel=None) -> Optional[mx.array]:
         if self._backbone is None:  # checked once: backbone + head must reproduce the model's logits

@@ -197,3 +197,51 @@ def test_the_server_pools_as_it_was_told_and_refuses_a_pooling_it_does_not_know(
     assert not np.allclose([d.embedding for d in got], _vectors(ref, TEXTS), atol=1e-3)  # not the mean
     with pytest.raises(InvalidArgumentError, match="pooling must be one of mean, last, got 'cls'"):
         make_app(ref, ServeOptions(pooling="cls"))
+
+
+class OrderedEngine(GatedEngine):
+    """Records the order of its embeddings and generations; embeddings wait for `embed_gate`."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.calls = []
+        self.embed_gate = threading.Event()
+
+    def embed(self, *args, **kw):
+        self.calls.append("embed")
+        assert self.embed_gate.wait(TIMEOUT), "the test never opened the gate"
+        return self.engine.embed(*args, **kw)
+
+    def stream(self, prompt, **kw):
+        self.calls.append("chat")
+        return super().stream(prompt, **kw)
+
+
+def test_a_long_embeddings_request_takes_turns_with_a_chat_slice_by_slice(monkeypatch):
+    from mlxspec.serve import embeddings
+
+    monkeypatch.setattr(embeddings, "SLICE_TOKENS", 10)  # 8 tokens an input: one input a slice
+    texts = ["abcdefgh", "ijklmnop", "qrstuvwx", "yzabcdef"]
+    engine = OrderedEngine(tiny_engine())
+    with running_server(engine, queue=1) as (url, server):  # (a full queue does not cut a request taken)
+        answers = {}
+
+        def ask(name, path, body):
+            answers[name] = httpx.post(f"{url}{path}", json=body, timeout=TIMEOUT)
+
+        first = threading.Thread(target=ask, args=("embed", "/v1/embeddings", {"input": texts}), daemon=True)
+        first.start()
+        wait_until(lambda: engine.calls == ["embed"], "the first slice holds the engine")
+        chat = threading.Thread(target=ask, args=("chat", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}), daemon=True)
+        chat.start()
+        wait_until(lambda: server.mlxspec.queue.waiting == 1, "the chat waits")
+        engine.embed_gate.set()
+        first.join(TIMEOUT)
+        chat.join(TIMEOUT)
+    assert engine.calls == ["embed", "chat", "embed", "embed", "embed"]  # the chat ran after the first slice
+    assert answers["chat"].status_code == 200
+    got = answers["embed"].json()
+    assert [d["index"] for d in got["data"]] == [0, 1, 2, 3] and got["usage"]["prompt_tokens"] == 32
+    np.testing.assert_allclose([d["embedding"] for d in got["data"]], _vectors(tiny_engine(), texts),
+                               rtol=TOL, atol=TOL)

@@ -89,3 +89,17 @@ def test_the_queue_limit_counts_waiting_jobs_not_the_one_about_to_run():
         n, error = asyncio.run(main(running))
         assert n == expected
         assert error.status == 429 and "1 requests wait" in error.message
+
+
+def test_a_call_admitted_already_is_queued_past_the_limit_a_new_one_is_not():
+    async def main():
+        queue = q.EngineQueue(engine=None, limit=1)
+        queue.running = q.Job("busy", {}, asyncio.get_running_loop())
+        queue.submit("a", {})  # the one place that may wait is taken
+        with pytest.raises(APIError) as refused:
+            queue.submit_call(lambda cancel: None)
+        job = queue.submit_call(lambda cancel: None, admitted=True)  # the next slice of a request taken
+        return refused.value, job, queue.waiting
+
+    refused, job, waiting = asyncio.run(main())
+    assert refused.status == 429 and job.call is not None and waiting == 2

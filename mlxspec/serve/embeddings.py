@@ -36,48 +36,75 @@ if TYPE_CHECKING:
     from .app import ServerState
 
 ENCODINGS = ("float", "base64")
+# An embeddings request runs in slices of about this many tokens, each queued anew behind what
+# arrived meanwhile: an indexer sending thousands of documents takes turns with the chats
+# instead of holding the model for minutes.
+SLICE_TOKENS = 8192
 
 
 async def embedded(request: Request, body: dict, inputs, param: str, *, normalize: int = 2,
                    truncate: bool = False, dimensions: Optional[int] = None) -> Optional[Tuple[np.ndarray, List[int]]]:
-    """(vectors (N, H) float32, tokens per input) of `inputs`, queued as generations are; None when
-    the client left before the answer (counted as gone). `dimensions`: the first N of each vector,
-    normalized again (euclidean)."""
+    """(vectors (N, H) float32, tokens per input) of `inputs`, queued as generations are, in slices
+    of about SLICE_TOKENS tokens; None when the client left before the answer (counted as gone).
+    `dimensions`: the first N of each vector, normalized again (euclidean)."""
     state: ServerState = request.app.state.mlxspec
     state.note_model(body.get("model") if isinstance(body.get("model"), str) else None)
-    pooling = state.options.pooling
-
-    def work(cancel):  # on the engine's thread: MLX runs nowhere else
-        out = state.engine.embed(inputs, pooling=pooling, normalize=normalize if dimensions is None else -1,
-                                 truncate=truncate, cancel=cancel)
-        if out is None:
-            return None
-        vectors = out.vectors
-        if dimensions is not None:
-            if dimensions > vectors.shape[1]:
-                raise InvalidArgumentError(f"dimensions must be 1..{vectors.shape[1]} (this model's embeddings "
-                                           f"have {vectors.shape[1]}), got {dimensions}")
-            vectors = normalized(vectors[:, :dimensions], 2)
-        return np.array(vectors, dtype=np.float32), out.tokens
-
-    job = state.queue.submit_call(work)
-    watcher = asyncio.create_task(cancel_on_disconnect(request, state.queue, job))
-    try:
-        out = await job.result()
+    engine, pooling = state.engine, state.options.pooling
+    try:  # every input checked before any runs: a bad one fails the request, not its last slice
+        ids = await asyncio.to_thread(engine.embedding_inputs, inputs, truncate=truncate)
     except (InvalidArgumentError, ContextLengthError) as e:
         raise _input_error(e, param) from None
-    except IncompatibleModelsError as e:  # a model whose logits are not a head over its hidden states
-        raise APIError(501, f"this model gives no embeddings: {e}", code="unsupported_model") from None
-    except Exception as e:
-        raise from_engine(e, param) from e
-    finally:
-        watcher.cancel()
-        state.queue.cancel(job)  # a no-op once done; frees the engine if this task was cancelled
-    if out is None:  # cancelled: the client is gone
-        gone(state, f"{request.method} {request.url.path}")
-        return None
-    state.metrics.embedded(sum(out[1]))
-    return out
+
+    def work(group):
+        def run(cancel):  # on the engine's thread: MLX runs nowhere else
+            out = engine.embed(group, pooling=pooling, normalize=normalize if dimensions is None else -1,
+                               cancel=cancel)
+            if out is None:
+                return None
+            vectors = out.vectors
+            if dimensions is not None:
+                if dimensions > vectors.shape[1]:
+                    raise InvalidArgumentError(f"dimensions must be 1..{vectors.shape[1]} (this model's embeddings "
+                                               f"have {vectors.shape[1]}), got {dimensions}")
+                vectors = normalized(vectors[:, :dimensions], 2)
+            return np.array(vectors, dtype=np.float32)
+        return run
+
+    parts = []
+    for n, group in enumerate(_slices(ids)):
+        job = state.queue.submit_call(work(group), admitted=n > 0)
+        watcher = asyncio.create_task(cancel_on_disconnect(request, state.queue, job))
+        try:
+            part = await job.result()
+        except (InvalidArgumentError, ContextLengthError) as e:
+            raise _input_error(e, param) from None
+        except IncompatibleModelsError as e:  # a model whose logits are not a head over its hidden states
+            raise APIError(501, f"this model gives no embeddings: {e}", code="unsupported_model") from None
+        except Exception as e:
+            raise from_engine(e, param) from e
+        finally:
+            watcher.cancel()
+            state.queue.cancel(job)  # a no-op once done; frees the engine if this task was cancelled
+        if part is None:  # cancelled: the client is gone
+            gone(state, f"{request.method} {request.url.path}")
+            return None
+        parts.append(part)
+    tokens = [len(i) for i in ids]
+    state.metrics.embedded(sum(tokens))
+    return np.concatenate(parts), tokens
+
+
+def _slices(ids: List[List[int]]) -> List[List[List[int]]]:
+    """Consecutive inputs in groups of at most SLICE_TOKENS tokens (an input longer than that alone)."""
+    groups: List[List[List[int]]] = []
+    size = SLICE_TOKENS
+    for one in ids:
+        if size + len(one) > SLICE_TOKENS:
+            groups.append([])
+            size = 0
+        groups[-1].append(one)
+        size += len(one)
+    return groups
 
 
 def _input_error(e: Exception, param: str) -> APIError:

@@ -181,19 +181,20 @@ class EngineQueue:
         the same slot); raises APIError 429 when `limit` jobs wait already, 503 when closed."""
         return self._enqueue(lambda loop: Job(prompt, options, loop, then))
 
-    def submit_call(self, call: Callable[[threading.Event], Any]) -> Job:
+    def submit_call(self, call: Callable[[threading.Event], Any], *, admitted: bool = False) -> Job:
         """Queue `call(cancel)` (other work on the engine: embeddings), in line with the
-        generations; `await job.result()` gives what it returned. Refused as `submit` is."""
-        return self._enqueue(lambda loop: Job(None, {}, loop, call=call))
+        generations; `await job.result()` gives what it returned. Refused as `submit` is, unless
+        `admitted`: the next slice of a request already taken, which a full queue must not cut off."""
+        return self._enqueue(lambda loop: Job(None, {}, loop, call=call), limited=not admitted)
 
-    def _enqueue(self, make: Callable[[asyncio.AbstractEventLoop], Job]) -> Job:
+    def _enqueue(self, make: Callable[[asyncio.AbstractEventLoop], Job], limited: bool = True) -> Job:
         if self.closed:
             raise shutting_down()
         with self._lock:
             # With no job running, the first in line is about to run (the worker has yet to take
             # it): it waits for no slot, so `--queue 1` accepts one running and one waiting.
             ahead = len(self._waiting) - (self.running is None)
-            if ahead >= self.limit:
+            if limited and ahead >= self.limit:
                 retry = self.retry_after()
                 raise APIError(429, f"the server is busy: {ahead} requests wait for the model already "
                                f"(--queue {self.limit}); retry after about {retry} s", code="queue_full",
