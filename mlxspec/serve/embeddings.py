@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import time
 from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
@@ -49,42 +50,14 @@ async def embedded(request: Request, body: dict, inputs, param: str, *, normaliz
     `dimensions`: the first N of each vector, normalized again (euclidean)."""
     state: ServerState = request.app.state.mlxspec
     state.note_model(body.get("model") if isinstance(body.get("model"), str) else None)
-    engine, pooling = state.engine, state.options.pooling
     try:  # every input checked before any runs: a bad one fails the request, not its last slice
-        ids = await asyncio.to_thread(engine.embedding_inputs, inputs, truncate=truncate)
+        ids = await asyncio.to_thread(state.engine.embedding_inputs, inputs, truncate=truncate)
     except (InvalidArgumentError, ContextLengthError) as e:
         raise _input_error(e, param) from None
-
-    def work(group):
-        def run(cancel):  # on the engine's thread: MLX runs nowhere else
-            out = engine.embed(group, pooling=pooling, normalize=normalize if dimensions is None else -1,
-                               cancel=cancel)
-            if out is None:
-                return None
-            vectors = out.vectors
-            if dimensions is not None:
-                if dimensions > vectors.shape[1]:
-                    raise InvalidArgumentError(f"dimensions must be 1..{vectors.shape[1]} (this model's embeddings "
-                                               f"have {vectors.shape[1]}), got {dimensions}")
-                vectors = normalized(vectors[:, :dimensions], 2)
-            return np.array(vectors, dtype=np.float32)
-        return run
-
     parts = []
     for n, group in enumerate(_slices(ids)):
-        job = state.queue.submit_call(work(group), admitted=n > 0)
-        watcher = asyncio.create_task(cancel_on_disconnect(request, state.queue, job))
-        try:
-            part = await job.result()
-        except (InvalidArgumentError, ContextLengthError) as e:
-            raise _input_error(e, param) from None
-        except IncompatibleModelsError as e:  # a model whose logits are not a head over its hidden states
-            raise APIError(501, f"this model gives no embeddings: {e}", code="unsupported_model") from None
-        except Exception as e:
-            raise from_engine(e, param) from e
-        finally:
-            watcher.cancel()
-            state.queue.cancel(job)  # a no-op once done; frees the engine if this task was cancelled
+        call = functools.partial(_vectors, state.engine, group, state.options.pooling, normalize, dimensions)
+        part = await _queued(request, call, param, admitted=n > 0)
         if part is None:  # cancelled: the client is gone
             gone(state, f"{request.method} {request.url.path}")
             return None
@@ -92,6 +65,39 @@ async def embedded(request: Request, body: dict, inputs, param: str, *, normaliz
     tokens = [len(i) for i in ids]
     state.metrics.embedded(sum(tokens))
     return np.concatenate(parts), tokens
+
+
+def _vectors(engine, group: List[List[int]], pooling: str, normalize: int, dimensions: Optional[int],
+             cancel) -> Optional[np.ndarray]:
+    """One slice's vectors, on the engine's thread (MLX runs nowhere else); None when cancelled."""
+    out = engine.embed(group, pooling=pooling, normalize=normalize if dimensions is None else -1, cancel=cancel)
+    if out is None:
+        return None
+    vectors = out.vectors
+    if dimensions is not None:
+        if dimensions > vectors.shape[1]:
+            raise InvalidArgumentError(f"dimensions must be 1..{vectors.shape[1]} (this model's embeddings have "
+                                       f"{vectors.shape[1]}), got {dimensions}")
+        vectors = normalized(vectors[:, :dimensions], 2)
+    return np.array(vectors, dtype=np.float32)
+
+
+async def _queued(request: Request, call: Callable, param: str, *, admitted: bool):
+    """`call(cancel)`'s result, run in the queue (cancelled if the client goes away: then None)."""
+    state: ServerState = request.app.state.mlxspec
+    job = state.queue.submit_call(call, admitted=admitted)
+    watcher = asyncio.create_task(cancel_on_disconnect(request, state.queue, job))
+    try:
+        return await job.result()
+    except (InvalidArgumentError, ContextLengthError) as e:
+        raise _input_error(e, param) from None
+    except IncompatibleModelsError as e:  # a model whose logits are not a head over its hidden states
+        raise APIError(501, f"this model gives no embeddings: {e}", code="unsupported_model") from None
+    except Exception as e:
+        raise from_engine(e, param) from e
+    finally:
+        watcher.cancel()
+        state.queue.cancel(job)  # a no-op once done; frees the engine if this task was cancelled
 
 
 def _slices(ids: List[List[int]]) -> List[List[List[int]]]:
