@@ -22,7 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from .choices import POOLINGS
 from .errors import ContextLengthError, InvalidArgumentError, shown
-from .prompts import as_integer, check_text
+from .prompts import as_integer, check_text, encode_text
 
 MAX_INPUTS = 2048  # inputs per call, as OpenAI's embeddings endpoint allows
 # Padded tokens per batch. On a 2-core x86 CPU (demo target, 64 inputs of 10-150 words) batches
@@ -72,8 +72,7 @@ def encode_inputs(inputs, tokenizer, vocab_size: int, context: Optional[int] = N
             check_text(item, where)
             if tokenizer is None:
                 raise InvalidArgumentError(f"{where} is text, and this engine has no tokenizer: send token ids")
-            bos = getattr(tokenizer, "bos_token", None)
-            ids = tokenizer.encode(item, add_special_tokens=bos is None or not item.startswith(bos)) if item else []
+            ids = encode_text(item, tokenizer) if item else []
         elif isinstance(item, (list, tuple)):
             ids = [as_integer(t) for t in item]
             if None in ids:

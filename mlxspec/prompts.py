@@ -126,8 +126,7 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = No
         check_text(prompt)
         if tokenizer is None:
             raise InvalidArgumentError("a text prompt needs a tokenizer; this engine has none (pass token ids)")
-        bos = getattr(tokenizer, "bos_token", None)
-        ids = tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+        ids = encode_text(prompt, tokenizer)
     elif chat:
         ids = tokenizer.encode(render_chat(prompt, tokenizer, tools, template_kwargs, continue_final),
                                add_special_tokens=False)
@@ -149,6 +148,13 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = No
     if bad is not None:
         raise InvalidArgumentError(f"prompt token id {bad} is outside the vocabulary: ids must be in [0, {vocab_size})")
     return ids
+
+
+def encode_text(text: str, tokenizer) -> List[int]:
+    """A text prompt's ids: with the tokenizer's special tokens (its BOS), unless the text already
+    starts with its BOS (a template rendered by hand), which would then be there twice."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return tokenizer.encode(text, add_special_tokens=bos is None or not text.startswith(bos))
 
 
 def is_chat(prompt) -> bool:
