@@ -9,10 +9,10 @@ from .argtypes import count, folder, kv_window, num_draft, on_off, reference, tr
 DEFAULT_PAIR = "demo"
 
 
-def add_model_args(p, *, window: bool = True, head: bool = True, drafter: bool = True) -> None:
-    """--pair/--target/--draft/--dtype, and --max-kv-size, the KV quantization flags and --head unless
-    the command has no use for them; `drafter`: whether the command has --drafter, which --draft's
-    help names."""
+def add_model_args(p, *, window: bool = True, head: bool = True, drafter: bool = True, draft: bool = True) -> None:
+    """--pair/--target/--draft/--dtype, and --max-kv-size, the KV quantization flags, --head and
+    --draft unless the command has no use for them; `drafter`: whether the command has --drafter,
+    which --draft's help names."""
     src = p.add_mutually_exclusive_group()  # argparse says "not allowed with" at parse time
     src.add_argument("--pair", metavar="NAME", type=reference,
                      help=f"a models.toml pair name, see `mlxspec models` (default: {DEFAULT_PAIR!r} unless --target "
@@ -20,9 +20,10 @@ def add_model_args(p, *, window: bool = True, head: bool = True, drafter: bool =
     src.add_argument("--target", metavar="REF", type=reference,
                      help="target model: a folder, a .gguf file, a Hugging Face repo id, or one GGUF file "
                           "of a repo as owner/name:QUANT, e.g. :Q4_K_M (default: the pair's target)")
-    p.add_argument("--draft", metavar="REF", type=reference,
-                   help="draft model reference, or 'ngram' / 'none' (default: the pair's draft; a model given here "
-                        "replaces it" + (" and drafts, unless --drafter says otherwise)" if drafter else ")"))
+    if draft:
+        p.add_argument("--draft", metavar="REF", type=reference,
+                       help="draft model reference, or 'ngram' / 'none' (default: the pair's draft; a model given here "
+                            "replaces it" + (" and drafts, unless --drafter says otherwise)" if drafter else ")"))
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="weights precision of both models: keep quantized or dequantize (default: auto, per device)")
     p.add_argument("--adapter-path", metavar="PATH", type=folder, default=None,
@@ -163,7 +164,8 @@ def load_engine(args, **kw):
     check_pair(args)
     ref = args.pair or args.target or DEFAULT_PAIR
     kw.setdefault("distributed", getattr(args, "distributed", False))
-    return load(ref, kw.pop("draft", args.draft), dtype=args.dtype, max_kv_size=getattr(args, "max_kv_size", None),
+    draft = kw.pop("draft", getattr(args, "draft", None))
+    return load(ref, draft, dtype=args.dtype, max_kv_size=getattr(args, "max_kv_size", None),
                 head=getattr(args, "head", None), adapter_path=args.adapter_path,
                 fuse_adapter=getattr(args, "fuse_adapter", False), **kv_options(args), **kw)
 
