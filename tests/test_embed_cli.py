@@ -33,7 +33,7 @@ def test_json_lines_are_the_engine_s_vectors_of_texts_stdin_and_a_file(gguf, ref
                                                                         capsys):
     listed = tmp_path / "docs.txt"
     listed.write_text(f"{TEXTS[2]}\n\n")  # (blank lines are not inputs)
-    monkeypatch.setattr("sys.stdin", io.StringIO(f"{TEXTS[1]}\n"))
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"\n{TEXTS[1]}\n  \n"))
     assert main(["embed", "--target", gguf, "--dtype", "float32", TEXTS[0], "-", "--file", str(listed)]) == 0
     out, err = capsys.readouterr()
     lines = [json.loads(line) for line in out.splitlines()]
@@ -50,8 +50,10 @@ def test_json_lines_are_the_engine_s_vectors_of_texts_stdin_and_a_file(gguf, ref
                                rtol=tiny.float32_tol(), atol=1e-6)
 
 
-def test_similarity_is_a_table_of_cosines(gguf, reference, capsys):
-    assert main(["embed", "--target", gguf, "--dtype", "float32", "--similarity", *TEXTS]) == 0
+@pytest.mark.parametrize("normalize", ["2", "-1"])  # cosines whatever the vectors' lengths
+def test_similarity_is_a_table_of_cosines(gguf, reference, capsys, normalize):
+    assert main(["embed", "--target", gguf, "--dtype", "float32", "--similarity", "--normalize", normalize,
+                 *TEXTS]) == 0
     header, *rows = capsys.readouterr().out.splitlines()
     assert header.split() == ["1", "2", "3"] and len(rows) == 3
     v = np.array(reference.embed(TEXTS).vectors)
