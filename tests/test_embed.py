@@ -27,7 +27,10 @@ def _alone(backbone, ids, pooling):
     return np.array(h.mean(axis=0) if pooling == "mean" else h[-1])
 
 
-@pytest.mark.parametrize("make", [tiny.make_llama, tiny.make_gemma3], ids=["llama", "gemma3-sliding-window"])
+@pytest.mark.parametrize("make", [tiny.make_llama, tiny.make_gemma3, tiny.make_qwen2, tiny.make_gemma2, tiny.make_gpt_oss,
+                                  tiny.make_granite, tiny.make_cohere],
+                         ids=["llama", "gemma3-sliding-window", "qwen2", "gemma2-softcap", "gpt-oss-sinks", "granite",
+                              "cohere"])
 @pytest.mark.parametrize("pooling", ["mean", "last"])
 def test_batched_padded_chunked_rows_are_each_input_alone(make, pooling):
     model = make(0)
