@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -44,9 +45,17 @@ def _launch(out_dir: Path, scenario: str, *, env=None):
     t = time.perf_counter()
     # TMPDIR: mlx.launch leaves a pid file and a host file per rank in it (its mktemp), so here they
     # stay in this test's folder rather than pile up in /tmp
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
-                          env={**os.environ, "TMPDIR": str(out_dir), **(env or {})})
-    return proc, time.perf_counter() - t
+    # A session of its own: on a timeout the launcher and every rank go (killing the launcher
+    # alone left a hung rank spinning on after the test, slowing every test that came next)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(out_dir), **(env or {})})
+    try:
+        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the ranks did not end within {LAUNCH_TIMEOUT} s:\n{out[-2000:]}\n{_errors(err)}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.perf_counter() - t
 
 
 def _errors(stderr: str, tail: int = 3000) -> str:
