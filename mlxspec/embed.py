@@ -22,7 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from .choices import POOLINGS
 from .errors import ContextLengthError, InvalidArgumentError, shown
-from .prompts import as_integer, check_text, encode_text
+from .prompts import as_integer, as_token_ids, check_in_vocab, check_text, encode_text
 
 MAX_INPUTS = 2048  # inputs per call, as OpenAI's embeddings endpoint allows
 # Padded tokens per batch. On a 2-core x86 CPU (demo target, 64 inputs of 10-150 words) batches
@@ -74,18 +74,13 @@ def encode_inputs(inputs, tokenizer, vocab_size: int, context: Optional[int] = N
                 raise InvalidArgumentError(f"{where} is text, and this engine has no tokenizer: send token ids")
             ids = encode_text(item, tokenizer) if item else []
         elif isinstance(item, (list, tuple)):
-            ids = [as_integer(t) for t in item]
-            if None in ids:
-                j = ids.index(None)
-                raise InvalidArgumentError(f"{where}: token {j} is {shown(item[j])}; token ids must be integers")
+            ids = as_token_ids(item, where)
         else:
             raise InvalidArgumentError(f"{where} must be a string or a list of token ids, got {shown(item)}")
         ids = [int(t) for t in ids]
         if not ids:
             raise InvalidArgumentError(f"{where} is empty: there is nothing to embed")
-        bad = next((t for t in ids if t < 0 or t >= vocab_size), None)
-        if bad is not None:
-            raise InvalidArgumentError(f"{where} has token id {bad}, outside the vocabulary (0..{vocab_size - 1})")
+        check_in_vocab(ids, vocab_size, where)
         if context is not None and len(ids) > context:
             if not truncate:
                 raise ContextLengthError(f"{where} has {len(ids)} tokens, more than the model's context of {context}: "

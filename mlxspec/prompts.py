@@ -133,10 +133,7 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = No
     elif isinstance(prompt, (list, tuple)):
         if not prompt:
             raise InvalidArgumentError("prompt is empty: give a non-empty string, token-id list or message list")
-        ids = [as_integer(t) for t in prompt]
-        if None in ids:
-            i = ids.index(None)
-            raise InvalidArgumentError(f"prompt token {i} is {shown(prompt[i])}; token ids must be integers")
+        ids = as_token_ids(prompt)
     else:
         shape = f" of shape {tuple(prompt.shape)}" if getattr(prompt, "shape", None) is not None else ""
         raise InvalidArgumentError(f"prompt must be a str, a list (or 1-D array) of token ids or a list of chat "
@@ -144,10 +141,25 @@ def encode_prompt(prompt, tokenizer, vocab_size: int, tools: Optional[list] = No
     ids = [int(t) for t in ids]
     if not ids:
         raise InvalidArgumentError("prompt encodes to no tokens: give a longer prompt")
+    check_in_vocab(ids, vocab_size)
+    return ids
+
+
+def as_token_ids(values, what: str = "prompt") -> List[int]:
+    """`values` (a list of token ids) as ints, numpy's and mlx's integer scalars too;
+    InvalidArgumentError naming `what` and the first that is not an integer."""
+    ids = [as_integer(t) for t in values]
+    if None in ids:
+        i = ids.index(None)
+        raise InvalidArgumentError(f"{what} token {i} is {shown(values[i])}; token ids must be integers")
+    return ids
+
+
+def check_in_vocab(ids: List[int], vocab_size: int, what: str = "prompt") -> None:
+    """InvalidArgumentError naming `what` and the first of `ids` outside [0, vocab_size)."""
     bad = next((t for t in ids if t < 0 or t >= vocab_size), None)
     if bad is not None:
-        raise InvalidArgumentError(f"prompt token id {bad} is outside the vocabulary: ids must be in [0, {vocab_size})")
-    return ids
+        raise InvalidArgumentError(f"{what} token id {bad} is outside the vocabulary: ids must be in [0, {vocab_size})")
 
 
 def encode_text(text: str, tokenizer) -> List[int]:

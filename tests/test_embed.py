@@ -131,7 +131,7 @@ def test_another_thread_generating_makes_it_busy_not_interleaved():
 
 @pytest.mark.parametrize("inputs, says", [
     ([], "non-empty"), ("", "input is empty"), (["ok", ""], "input 1 is empty"), ([[]], "input is empty"),
-    ([[3, 4], [5, 9999]], "input 1 has token id 9999, outside the vocabulary"), ([[3, 1.5]], "token 1 is 1.5"),
+    ([[3, 4], [5, 9999]], "input 1 token id 9999 is outside the vocabulary"), ([[3, 1.5]], "token 1 is 1.5"),
     ([3, "x"], "input 0 must be a string or a list of token ids, got 3"), (5, "got 5"),
     ({"input": "x"}, "got {'input': 'x'}"), (["a\ud800"], "not valid Unicode"),
 ])

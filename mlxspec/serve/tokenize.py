@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..errors import InvalidArgumentError, shown
-from ..prompts import check_template_kwargs, check_text, encode_prompt, render_chat
+from ..prompts import check_in_vocab, check_template_kwargs, check_text, encode_prompt, render_chat
 from ..tools import check_tools
 from .errors import checked, invalid
 from .schema import flag
@@ -79,9 +79,7 @@ def detokenize(engine, body: dict) -> dict:
     vocab = engine.vocab_size
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise invalid(f"tokens must be a list of token ids, got {shown(tokens)}", "tokens")
-    bad = next((t for t in tokens if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise invalid(f"token id {bad} is outside the vocabulary: ids must be in [0, {vocab})", "tokens")
+    checked(lambda ids: check_in_vocab(ids, vocab, "tokens:"), tokens, "tokens")
     text = engine.tokenizer.decode(tokens) if tokens else ""
     return {"prompt": text, "content": text}
 
