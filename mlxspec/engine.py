@@ -316,7 +316,8 @@ class Engine:
                                 lps if asked else None, tops if asked else None, scored, why)
 
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, min_p: float = 0.0, seed: Optional[int] = None, speculative: bool = True,
+               top_k: int = 0, min_p: float = 0.0, typical_p: float = 1.0, xtc_probability: float = 0.0,
+               xtc_threshold: float = 0.1, seed: Optional[int] = None, speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
                lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
                response_format=None, tool_choice=None, chat_template_kwargs=None, logit_bias=None,
@@ -333,6 +334,12 @@ class Engine:
             max_tokens: at most this many tokens (default 256); fewer when the model's context
                 fills first (finish_reason "length"; no limit with a sliding window below it).
             temperature, top_p, top_k, min_p: sampling (default greedy); applied to target and draft alike.
+            typical_p: locally typical sampling's mass, in (0, 1] (1, the default, disables it).
+            xtc_probability, xtc_threshold: XTC (mlx-lm's and llama.cpp's "exclude top choices"):
+                at each position, with that probability (0, the default, disables it), every token
+                above the threshold (in [0, 0.5], default 0.1) but the least likely of them is
+                dropped; newline and EOS never are. Which positions it fires at is a function of
+                the seed, so a seeded answer is still plain decoding's whatever was drafted.
             seed: makes sampling reproducible; None uses MLX's global random state.
             speculative: False decodes plainly (drafter "none").
             num_draft: fixed draft length, or None/"auto" for the engine's setting (cost model by default).
@@ -473,6 +480,15 @@ class Engine:
         if self._backbone is None:  # checked once: backbone + head must reproduce the model's logits
             self._backbone = split_model(self.target_model)[0]
         return pooled(self._backbone, self.target_model, ids, pooling, step=self.prefill_step, cancel=cancel)
+
+    @functools.cached_property
+    def xtc_special(self) -> tuple:
+        """The tokens XTC never drops, as mlx-lm has them: the newline's and EOS (an answer XTC made
+        unable to end a line or itself would run on)."""
+        if self.tokenizer is None:
+            return ()
+        eos = getattr(self.tokenizer, "eos_token_ids", None) or []
+        return tuple(sorted({*self.tokenizer.encode("\n", add_special_tokens=False), *eos}))
 
     @functools.cached_property
     def fim_format(self) -> Optional[FimFormat]:

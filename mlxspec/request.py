@@ -20,7 +20,8 @@ from .sampling import SamplingParams, check_logit_bias
 from .tools import call_grammar, calls_or_answer, check_tool_choice, check_tools, narrowed
 
 
-def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_p, seed, speculative, num_draft,
+def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_p, typical_p, xtc_probability,
+                  xtc_threshold, seed, speculative, num_draft,
                   stop, drafter, tree, lookup, tools, logprobs, response_format, tool_choice, chat_template_kwargs,
                   logit_bias, presence_penalty, frequency_penalty, repetition_penalty, repetition_context_size,
                   stop_token_ids, ignore_eos, min_tokens, prompt_logprobs, suffix, include_stop_str_in_output,
@@ -29,7 +30,8 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     """`engine.stream`'s arguments, checked (see its docstring for each). Returns the request (what
     `Engine._run` takes, shareable between ranks) and the grammar state for its response_format
     (None for free text), built now so a schema the compiler refuses is said first."""
-    params = SamplingParams(temperature, top_p, top_k, min_p)
+    params = SamplingParams(temperature, top_p, top_k, min_p, typical_p, xtc_probability, xtc_threshold,
+                            engine.xtc_special if xtc_probability else ())
     max_tokens = check_max_tokens(max_tokens)
     k_fixed = check_num_draft(num_draft) if num_draft is not None else engine.num_draft
     tree = check_tree(tree) if tree is not None else engine.tree

@@ -25,7 +25,7 @@ from . import kernels
 from .drafters import Draft
 from .grammar import masked
 from .logprobs import read_rows, row_logprobs
-from .sampling import SamplingParams, position_keys, sample_race
+from .sampling import SamplingParams, position_keys, sample_race, xtc_fires
 from .verify import walk_tree
 
 
@@ -93,8 +93,9 @@ def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
         nxt, ok = _argmax_checked(_constrained(logits, mask, bias))
     else:
         row = logits[0, -1]
-        p = kernels.probabilities(_constrained(logits, mask, bias)[0, -1], params)
-        nxt = sample_race(p[None], position_keys(seed, [out_pos])).astype(mx.uint32)
+        keys = position_keys(seed, [out_pos])
+        p = kernels.probabilities(_constrained(logits, mask, bias)[0, -1], params, xtc_fires(params, keys))
+        nxt = sample_race(p[None], keys).astype(mx.uint32)
         ok = _finite(row)
     lp = None if logprobs is None else row_logprobs(logits[0], nxt, logprobs)
     mx.async_eval(nxt, ok, *(lp or ()))
@@ -116,10 +117,10 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
         tokens, ok = _argmax_checked(_constrained(logits, mask, bias))
     else:
         rows = logits[0]
-        positions = mx.arange(out_pos, out_pos + k + 1)
-        p = kernels.probabilities(_constrained(logits, mask, bias)[0], params)
+        keys = position_keys(seed, mx.arange(out_pos, out_pos + k + 1))
+        p = kernels.probabilities(_constrained(logits, mask, bias)[0], params, xtc_fires(params, keys))
         ok = _finite(rows)
-        tokens = sample_race(p, position_keys(seed, positions))
+        tokens = sample_race(p, keys)
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
     lp = None if logprobs is None else row_logprobs(logits[0], tokens, logprobs)
     mx.async_eval(*out, *(lp or ()))
@@ -144,9 +145,9 @@ def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: in
         tokens, ok = _argmax_checked(_constrained(logits, None, bias))
     else:
         rows = logits[0]
-        positions = (out_pos + depths(draft.parents)).tolist()
-        tokens = sample_race(kernels.probabilities(_constrained(logits, None, bias)[0], params),
-                             position_keys(seed, positions))
+        keys = position_keys(seed, (out_pos + depths(draft.parents)).tolist())
+        tokens = sample_race(kernels.probabilities(_constrained(logits, None, bias)[0], params,
+                                                   xtc_fires(params, keys)), keys)
         ok = _finite(rows)
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
     lp = None if logprobs is None else row_logprobs(logits[0], tokens, logprobs)

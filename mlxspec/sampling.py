@@ -1,10 +1,17 @@
-"""Logits -> processed probabilities (temperature, top-k, top-p, min-p).
+"""Logits -> processed probabilities (temperature, top-k, top-p, min-p, typical-p, XTC).
 
 Target and draft rows go through the *same* function, so a drafter's race (below) and the
-target's compare like with like. Order: temperature, then top-k, top-p and min-p, each a
-threshold on the temperature-scaled probabilities, then renormalisation. Ties at a threshold
-are kept (a threshold is a value, not a rank), which a one-pass GPU kernel can reproduce
-exactly. Temperature 0 is greedy: a one-hot row at the argmax (the first index on ties).
+target's compare like with like. Order: temperature, then top-k, top-p, min-p and typical-p,
+each a threshold on the temperature-scaled probabilities, then renormalisation, then XTC on
+what is left. Ties at a threshold are kept (a threshold is a value, not a rank), which a
+one-pass GPU kernel can reproduce exactly. Temperature 0 is greedy: a one-hot row at the argmax
+(the first index on ties), which no filter changes.
+
+XTC ("exclude top choices", as mlx-lm and llama.cpp have it) fires at a position with
+probability `xtc_probability`; where it fires, every token above `xtc_threshold` but the least
+likely of them is dropped (the tokens in `xtc_special`, newline and EOS, never are). Whether it
+fires is a hash of the seed and the position, like the race's noise: a function of the position,
+so plain decoding and every round see the same distribution there, and speculation stays lossless.
 
 Randomness is keyed by position: the token at absolute position o is picked by an
 exponential race (`race`) whose noise is a hash of (seed, o, token id), so a seeded
@@ -40,13 +47,20 @@ class SamplingParams:
     top_p: float = 1.0  # in (0, 1]; 1 disables
     top_k: int = 0  # >= 0; 0 disables
     min_p: float = 0.0  # in [0, 1); 0 disables
+    typical_p: float = 1.0  # in (0, 1]; 1 disables
+    xtc_probability: float = 0.0  # in [0, 1]; 0 disables
+    xtc_threshold: float = 0.1  # in [0, 0.5]
+    xtc_special: tuple = ()  # token ids XTC never drops (the engine's newline and EOS)
 
     def __post_init__(self):
-        validate(self.temperature, self.top_p, self.top_k, self.min_p)
+        validate(self.temperature, self.top_p, self.top_k, self.min_p, self.typical_p, self.xtc_probability,
+                 self.xtc_threshold)
         # Python's own numbers from numpy's (np.float32(0.7)): an mx array divided by a numpy
         # scalar would become numpy's
-        for key, kind in (("temperature", float), ("top_p", float), ("top_k", operator.index), ("min_p", float)):
+        for key, kind in (("temperature", float), ("top_p", float), ("top_k", operator.index), ("min_p", float),
+                          ("typical_p", float), ("xtc_probability", float), ("xtc_threshold", float)):
             object.__setattr__(self, key, kind(getattr(self, key)))
+        object.__setattr__(self, "xtc_special", tuple(int(t) for t in self.xtc_special))  # (a list, shared as JSON)
         if 0 < self.temperature < TINY_TEMPERATURE:  # the same T -> 0 limit, in numbers float32 has
             object.__setattr__(self, "temperature", TINY_TEMPERATURE)
 
@@ -54,8 +68,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def xtc(self) -> bool:
+        """Whether XTC may fire (sampling with a positive xtc_probability)."""
+        return self.xtc_probability > 0.0 and not self.greedy
 
-def validate(temperature, top_p, top_k, min_p) -> None:
+
+def validate(temperature, top_p, top_k, min_p, typical_p=1.0, xtc_probability=0.0, xtc_threshold=0.1) -> None:
     """Raise InvalidArgumentError naming the bad value and the allowed range."""
     t, p, m = _real(temperature), _real(top_p), _real(min_p)
     if t is None or not 0.0 <= t < math.inf:  # NaN fails every comparison
@@ -66,6 +85,13 @@ def validate(temperature, top_p, top_k, min_p) -> None:
         raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 disables it), got {shown(top_k)}")
     if m is None or not 0.0 <= m < 1.0:
         raise InvalidArgumentError(f"min_p must be in [0, 1) (0 disables it), got {shown(min_p)}")
+    typical, xp, xt = _real(typical_p), _real(xtc_probability), _real(xtc_threshold)
+    if typical is None or not 0.0 < typical <= 1.0:
+        raise InvalidArgumentError(f"typical_p must be in (0, 1] (1 disables it), got {shown(typical_p)}")
+    if xp is None or not 0.0 <= xp <= 1.0:
+        raise InvalidArgumentError(f"xtc_probability must be in [0, 1] (0 disables XTC), got {shown(xtc_probability)}")
+    if xt is None or not 0.0 <= xt <= 0.5:  # above 0.5 no two tokens can pass it: XTC would never drop one
+        raise InvalidArgumentError(f"xtc_threshold must be in [0, 0.5], got {shown(xtc_threshold)}")
 
 
 def _real(value):
@@ -255,8 +281,25 @@ def bias_row(bias: Dict[int, float], vocab_size: int) -> mx.array:
     return row
 
 
-def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
-    """Rows of logits (..., V) -> float32 probabilities (..., V) after all processing."""
+_XTC_SALT = 0x5851F42D  # keys the XTC coin apart from the race's noise of any token id
+
+
+def xtc_fires(params: SamplingParams, keys: mx.array) -> Optional[mx.array]:
+    """Whether XTC fires at each position of `keys` (R,) from `position_keys`: bool (R,), True with
+    probability xtc_probability; None where XTC is off. A function of the seed and the position only."""
+    if not params.xtc:
+        return None
+    h = _fmix32(keys.astype(mx.uint32) ^ mx.array(_XTC_SALT, dtype=mx.uint32))
+    return (h.astype(mx.float32) + 0.5) * (1.0 / 2.0**32) < params.xtc_probability
+
+
+def probabilities(logits: mx.array, params: SamplingParams, fires: Optional[mx.array] = None,
+                  ids: Optional[mx.array] = None) -> mx.array:
+    """Rows of logits (..., V) -> float32 probabilities (..., V) after all processing.
+
+    `fires`: XTC's coin per row (`xtc_fires`, broadcast against the rows' leading shape); None: XTC
+    is not applied. `ids`: the token ids of the columns (a drafter's smaller vocabulary), for the
+    tokens XTC keeps; None: column j is token j."""
     logits = logits.astype(mx.float32)
     if params.greedy:
         idx = mx.argmax(logits, axis=-1, keepdims=True)
@@ -280,7 +323,41 @@ def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
     if params.min_p > 0.0:
         k3 = probs >= params.min_p * mx.max(probs, axis=-1, keepdims=True)
         keep = k3 if keep is None else keep & k3
+    if params.typical_p < 1.0:
+        k4 = _typical(probs, params.typical_p)
+        keep = k4 if keep is None else keep & k4
     if keep is not None:
         probs = mx.where(keep, probs, 0.0)
         probs = probs / mx.sum(probs, axis=-1, keepdims=True)
+    if fires is not None:
+        probs = _exclude_top_choices(probs, params, fires, ids)
     return probs
+
+
+def _typical(probs: mx.array, mass: float) -> mx.array:
+    """Locally typical sampling's keep mask (Meister et al. 2022, as Hugging Face and llama.cpp
+    have it): tokens by |-log p - H| ascending, H the row's entropy, until their mass reaches `mass`;
+    ties with the last one kept stay too."""
+    logp = mx.log(probs)  # -inf where p = 0: its distance is inf, never kept before a real token
+    entropy = -mx.sum(mx.where(probs > 0, probs * logp, 0.0), axis=-1, keepdims=True)
+    distance = mx.abs(-logp - entropy)
+    order = mx.argsort(distance, axis=-1)
+    sorted_distance = mx.take_along_axis(distance, order, axis=-1)
+    reached = cumsum_precise(mx.take_along_axis(probs, order, axis=-1))  # the mass up to each, inclusive
+    last = mx.minimum(mx.sum(reached < mass, axis=-1, keepdims=True), probs.shape[-1] - 1)
+    return distance <= mx.take_along_axis(sorted_distance, last, axis=-1)
+
+
+def _exclude_top_choices(probs: mx.array, params: SamplingParams, fires: mx.array,
+                         ids: Optional[mx.array]) -> mx.array:
+    """XTC where `fires`: of the tokens above the threshold, all but the least likely are dropped
+    (nothing is when fewer than two pass it), except `params.xtc_special`; renormalised."""
+    least = mx.min(mx.where(probs > params.xtc_threshold, probs, mx.inf), axis=-1, keepdims=True)
+    drop = probs > least
+    if params.xtc_special:
+        cols = _all_ids(probs.shape[-1]) if ids is None else ids.astype(mx.uint32)
+        special = mx.array(params.xtc_special, dtype=mx.uint32)
+        drop = drop & ~mx.any(cols[:, None] == special[None, :], axis=-1)
+    drop = drop & fires.reshape(*fires.shape, *([1] * (probs.ndim - fires.ndim)))
+    kept = mx.where(drop, 0.0, probs)
+    return kept / mx.sum(kept, axis=-1, keepdims=True)

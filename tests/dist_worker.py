@@ -117,6 +117,10 @@ def main(out_dir: Path, scenario: str) -> None:
     for name in ("ngram", "model"):
         out[f"sampled_{name}"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter=name,
                                                         temperature=0.9, seed=11))
+    # typical-p and XTC (its coin keyed by the seed) on top: shared with the request, the same on every rank
+    filters = dict(temperature=0.9, seed=11, typical_p=0.9, xtc_probability=0.5, xtc_threshold=0.05)
+    out["filtered"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="model", **filters))
+    out["filtered_plain"] = engine.generate(PROMPT, max_tokens=MAX_TOKENS, speculative=False, **filters).tokens
 
     # A grammar: each rank masks its own rows the same way, and equals constrained plain decoding.
     grammar = {"type": "regex", "regex": r"[a-z(), :+*\n-]{1,40}"}

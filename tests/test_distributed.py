@@ -99,6 +99,12 @@ def test_seeded_sampling_is_identical_on_every_rank(ranks, drafter):
     assert len(set(a["tokens"])) > 1
 
 
+def test_typical_p_and_xtc_alike_on_every_rank(ranks):
+    a, b = (r["filtered"] for r in ranks)
+    assert a == b and a["tokens"] == ranks[0]["filtered_plain"]  # the sharded target's own plain sample
+    assert a["tokens"] != ranks[0]["sampled_model"]["tokens"]  # the filters changed it
+
+
 def test_a_grammar_is_followed_alike_on_every_rank(ranks):
     a, b = (r["constrained"] for r in ranks)
     assert a == b and a["tokens"] == ranks[0]["constrained_reference"] and a["drafted"] > 0

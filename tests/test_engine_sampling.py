@@ -18,20 +18,39 @@ PROMPT = [3, 7, 1, 3, 7]  # the tail [3, 7] recurs: the n-gram drafter proposes 
 N = 1500
 
 
+def law(rows, params):
+    """The law of a sampled position: with XTC, the mixture of its rows with and without it (it
+    fires with probability xtc_probability, independently at each position)."""
+    p = np.array(probabilities(rows, params), dtype=np.float64)
+    if not params.xtc:
+        return p
+    fired = np.array(probabilities(rows, params, mx.ones(rows.shape[:-1], dtype=mx.bool_)), dtype=np.float64)
+    return (1 - params.xtc_probability) * p + params.xtc_probability * fired
+
+
 def exact_joint(model, params, prompt=PROMPT):
-    first = np.array(probabilities(model(mx.array([prompt]))[0, -1], params), dtype=np.float64)
+    first = law(model(mx.array([prompt]))[0, -1], params)
     batch = mx.array([prompt + [t] for t in range(VOCAB)])
-    second = np.array(probabilities(model(batch)[:, -1], params), dtype=np.float64)
+    second = law(model(batch)[:, -1], params)
     return first[:, None] * second  # (t1, t2)
+
+
+SAMPLERS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "xtc_probability", "xtc_threshold")
 
 
 @pytest.mark.parametrize("params,drafter", [
     (SamplingParams(0.8, top_p=0.9, top_k=8), "model"),
     (SamplingParams(1.0, min_p=0.05), "ngram"),
+    (SamplingParams(1.0, typical_p=0.7), "model"),
+    (SamplingParams(1.0, xtc_probability=0.6, xtc_threshold=0.08), "model"),
+    (SamplingParams(0.9, top_k=10, xtc_probability=0.5, xtc_threshold=0.1), "ngram"),
 ])
 def test_first_two_tokens_follow_the_target(params, drafter):
     target = tiny.make_llama(5, vocab_size=VOCAB, hidden=32)
     draft = tiny.make_llama(6, vocab_size=VOCAB, hidden=16, layers=1)
+    if params.typical_p < 1 or params.xtc:  # the filter changes this target's law, or the test shows nothing
+        plain = law(target(mx.array([PROMPT]))[0, -1], SamplingParams(params.temperature, top_k=params.top_k))
+        assert 0.5 * np.abs(law(target(mx.array([PROMPT]))[0, -1], params) - plain).sum() > 0.05
     assert_first_two_follow_the_target(Engine(target, None, draft, drafter=drafter, num_draft=2), target, params)
 
 
@@ -42,8 +61,7 @@ def assert_first_two_follow_the_target(engine, target, params):
     counts = np.zeros((VOCAB, VOCAB))
     drafted = 0
     for seed in range(N):
-        r = engine.generate(PROMPT, max_tokens=2, temperature=params.temperature, top_p=params.top_p,
-                            top_k=params.top_k, min_p=params.min_p, seed=seed)
+        r = engine.generate(PROMPT, max_tokens=2, seed=seed, **{k: getattr(params, k) for k in SAMPLERS})
         counts[r.tokens[0], r.tokens[1]] += 1
         drafted += r.stats.drafted
     assert drafted > 0
@@ -55,17 +73,18 @@ def assert_first_two_follow_the_target(engine, target, params):
 
 @pytest.mark.parametrize("drafter", ["ngram", "model", "eagle"])
 @pytest.mark.parametrize("num_draft", [3, None])
-def test_seeded_speculation_samples_the_plain_tokens(num_draft, drafter, tmp_path):
+@pytest.mark.parametrize("filters", [{}, {"typical_p": 0.8, "xtc_probability": 0.5}])
+def test_seeded_speculation_samples_the_plain_tokens(num_draft, drafter, filters, tmp_path):
     """Every draft is checked against the token plain decoding would sample at that position (the
     race's noise is keyed by seed, position and token), and a model drafter races its q with that
     same noise, so a seed gives the same text with and without speculation, whatever drafted and
-    whatever the draft lengths were."""
+    whatever the draft lengths were. XTC's coin is keyed by seed and position too."""
     model = tiny.make_llama(seed=5, vocab_size=VOCAB, hidden=32)
     kw = {"ngram": {}, "model": {"draft_model": tiny.make_llama(6, vocab_size=VOCAB, hidden=16, layers=1)},
           "eagle": {"eagle_head": tiny.make_eagle_head(model, tmp_path, seed=7)}}[drafter]
     engine = Engine(model, None, drafter=drafter, **kw)
     prompt = PROMPT * 4
-    params = dict(max_tokens=32, temperature=0.9, top_p=0.95)
+    params = dict(max_tokens=32, temperature=0.9, top_p=0.95, **filters)
     drafted = accepted = 0
     for seed in range(4):
         plain = engine.generate(prompt, speculative=False, seed=seed, **params).tokens
@@ -78,17 +97,19 @@ def test_seeded_speculation_samples_the_plain_tokens(num_draft, drafter, tmp_pat
 
 
 @pytest.mark.parametrize("drafter", ["model", "eagle"])
-def test_a_drafter_with_the_targets_law_has_every_sampled_draft_accepted(drafter, tmp_path):
+@pytest.mark.parametrize("filters", [{}, {"typical_p": 0.9, "xtc_probability": 0.5, "xtc_threshold": 0.05}])
+def test_a_drafter_with_the_targets_law_has_every_sampled_draft_accepted(drafter, filters, tmp_path):
     """The coupling: a drafter whose q is the target's p (the target's copy, or a head built from
     its one layer that attends to its keys) runs the very race the target runs at each
     position, so at a temperature its drafts are all accepted, as greedy drafts of a copy are.
-    A drafter racing with other noise would match about sum p^2 of the time."""
+    A drafter racing with other noise would match about sum p^2 of the time. With XTC, only a
+    drafter that tosses the target's coin at each position keeps that."""
     model = tiny.make_llama(seed=5, vocab_size=VOCAB, hidden=32, layers=1)
     kw = {"model": {"draft_model": tiny.make_llama(seed=5, vocab_size=VOCAB, hidden=32, layers=1)},
           "eagle": {"eagle_head": tiny.make_eagle_head(model, tmp_path, copy=True, context="target")}}[drafter]
     engine = Engine(model, None, drafter=drafter, num_draft=3, **kw)
     drafted = accepted = 0
     for seed in range(6):
-        s = engine.generate(PROMPT, max_tokens=24, temperature=1.0, seed=seed).stats
+        s = engine.generate(PROMPT, max_tokens=24, temperature=1.0, seed=seed, **filters).stats
         drafted, accepted = drafted + s.drafted, accepted + s.accepted
     assert drafted >= 6 * 3 * 5 and accepted == drafted

@@ -32,7 +32,7 @@ import mlx.core as mx
 from .. import kernels
 from ..backbone import LogitMap, logit_map, output_rows
 from ..cache import make_cache
-from ..sampling import SamplingParams, position_keys, sample_race, sample_race_two
+from ..sampling import SamplingParams, position_keys, sample_race, sample_race_two, xtc_fires
 from ..sequence import shared_prefix
 from . import chaincopy
 from .context import ContextCache
@@ -302,7 +302,8 @@ class EagleDrafter:
                 # The target's own race at this position, run on q over the draft vocabulary
                 # (the target's ids key the noise; tokens outside it have q = 0 and never win
                 # it, though a copy may propose them).
-                q = kernels.probabilities(self.logits(h[0]).astype(mx.float32), params)  # (N,)
+                q = kernels.probabilities(self.logits(h[0]).astype(mx.float32), params,  # (N,)
+                                          xtc_fires(params, keys[i : i + 1]), self.race_ids)
                 if i < static:  # with the race's runner-up, the side leaf beside this step
                     local, other = sample_race_two(q[None], keys[i : i + 1], self.race_ids)[0]
                 else:

@@ -7,7 +7,7 @@ from typing import List, Optional
 import mlx.core as mx
 
 from .. import kernels
-from ..sampling import SamplingParams, position_keys, sample_race, sample_race_two
+from ..sampling import SamplingParams, position_keys, sample_race, sample_race_two, xtc_fires
 from ..sequence import Sequence
 from . import chaincopy
 from .base import Draft
@@ -138,7 +138,7 @@ class ModelDrafter:
             else:
                 # The target's own race at this position, run on q (`sampling.race`): the draft
                 # is what the target samples whenever q ranks the winner as p does.
-                q = kernels.probabilities(logits, params)[None]
+                q = kernels.probabilities(logits, params, xtc_fires(params, keys[i : i + 1]))[None]
                 if i < static:  # with the race's runner-up, the side leaf beside this step
                     winner, other = sample_race_two(q, keys[i : i + 1])[0]
                 else:

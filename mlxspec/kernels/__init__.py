@@ -46,11 +46,12 @@ def backend_name() -> str:
     raise InvalidArgumentError(f"{ENV} must be one of {', '.join(MODES)}, got {mode!r}")
 
 
-def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
-    """Rows of logits (..., V) -> float32 processed probabilities, as `mlxspec.sampling.probabilities`."""
-    if backend_name() == "metal":
+def probabilities(logits: mx.array, params: SamplingParams, fires=None, ids=None) -> mx.array:
+    """Rows of logits (..., V) -> float32 processed probabilities, as `mlxspec.sampling.probabilities`
+    (the kernel fuses temperature, top-k, top-p and min-p; typical-p and XTC run the reference)."""
+    if backend_name() == "metal" and params.typical_p == 1.0 and fires is None:
         return _softmax.probabilities_metal(logits, params)
-    return _softmax.probabilities_reference(logits, params)
+    return _softmax.probabilities_reference(logits, params, fires, ids)
 
 
 def verify_with_uniforms(target_probs: mx.array, draft_probs: mx.array, draft_tokens: mx.array,
