@@ -396,7 +396,8 @@ MLX_LM_KEYWORDS = {
     "quantized_kv_start": "Engine(..., quantized_kv_start=) or mlxspec.load(..., quantized_kv_start=)",
     "prefill_step_size": "Engine(..., prefill_step=)",
     "prompt_cache": "nothing: the engine keeps the cache of its previous request and reuses the shared prefix",
-    "sampler": "temperature=, top_p=, top_k=, min_p= (the same rule must sample target and draft)",
+    "sampler": "temperature=, top_p=, top_k=, min_p=, typical_p=, xtc_probability=, xtc_threshold= (the same "
+               "rule must sample target and draft)",
     "logits_processors": "nothing yet: a processor would change the target's distribution, which speculation keeps",
     "verbose": "the stats of the result (r.stats) or of the last event",
 }

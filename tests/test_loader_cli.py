@@ -248,10 +248,12 @@ def made(fake_engine, monkeypatch):
 
 
 def test_generate_passes_a_chat_message_and_the_options(made, tiny_gguf_path):
-    main(["generate", "--target", str(tiny_gguf_path), "--top-k", "7", "--min-p", "0.1", "Capital?"])
+    main(["generate", "--target", str(tiny_gguf_path), "--top-k", "7", "--min-p", "0.1", "--typical-p", "0.9",
+          "--xtc-probability", "0.5", "--xtc-threshold", "0.2", "Capital?"])
     prompt, options = made[0].calls[0]
     assert prompt == [{"role": "user", "content": "Capital?"}]
     assert options["top_k"] == 7 and options["min_p"] == 0.1 and options["max_tokens"] == 256
+    assert (options["typical_p"], options["xtc_probability"], options["xtc_threshold"]) == (0.9, 0.5, 0.2)
     assert options["stop"] is None
 
 
@@ -527,6 +529,9 @@ def test_generate_refuses_bad_settings_before_loading(option, value, says, made,
     (["generate", "--top-k", "-1", "hi"], "--top-k: expected an integer >= 0"),
     (["generate", "--min-p", "1", "hi"], "--min-p: expected a number in [0, 1)"),
     (["generate", "--min-p", "x", "hi"], "--min-p: expected a number in [0, 1)"),
+    (["generate", "--typical-p", "0", "hi"], "--typical-p: expected a number in (0, 1]"),
+    (["generate", "--xtc-probability", "1.5", "hi"], "--xtc-probability: expected a number in [0, 1]"),
+    (["generate", "--xtc-threshold", "0.6", "hi"], "--xtc-threshold: expected a number in [0, 0.5]"),
     (["generate", "--max-kv-size", "4", "hi"], "--max-kv-size: expected an integer >= 5"),
     (["serve", "--max-kv-size", "x"], "--max-kv-size: expected an integer >= 1"),
 ])

@@ -144,12 +144,12 @@ UNSUPPORTED = [
     ({"messages": HI, "function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages[0]"),
     # other servers' sampling fields change the answer: told, not silently ignored
-    ({"messages": HI, "typical_p": 0.5}, "typical_p"),
+    ({"messages": HI, "tfs_z": 0.5}, "tfs_z"),
     ({"messages": HI, "guided_grammar": "root ::= \"a\""}, "guided_grammar"),
     ({"messages": HI, "grammar": "root ::= \"a\""}, "grammar"),
     ({"messages": HI, "modalities": ["text", "audio"]}, "modalities"),
     # mlx-lm's server's and vLLM's
-    ({"messages": HI, "xtc_probability": 0.5, "xtc_threshold": 0.1}, "xtc_probability"),
+    ({"messages": HI, "mirostat": 2}, "mirostat"),
     ({"messages": HI, "adapters": "my-lora"}, "adapters"),
     ({"messages": HI, "role_mapping": {"user": "Q:"}}, "role_mapping"),
     ({"messages": HI, "num_draft_tokens": 3}, "num_draft_tokens"),

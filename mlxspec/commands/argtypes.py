@@ -47,6 +47,15 @@ def min_p(s: str) -> float:
     return _number(s, lambda x: 0 <= x < 1, "a number in [0, 1), 0 disabling it")
 
 
+def probability(s: str) -> float:
+    """XTC's chance of firing at a position."""
+    return _number(s, lambda x: 0 <= x <= 1, "a number in [0, 1], 0 disabling it")
+
+
+def xtc_threshold(s: str) -> float:
+    return _number(s, lambda x: 0 <= x <= 0.5, "a number in [0, 0.5]")
+
+
 def positive(s: str) -> int:
     try:
         n = int(s)

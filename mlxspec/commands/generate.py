@@ -14,7 +14,7 @@ from ..errors import InvalidArgumentError
 from ..prompts import has_chat_template, unread_template_note
 from ..reasoning import chat_starts_inside, make_splitter, split_whole, thinking_markers
 from ..stats import acceptance_text, plural
-from .argtypes import count, min_p, non_negative, positive, seed, top_p
+from .argtypes import count, min_p, non_negative, positive, probability, seed, top_p, xtc_threshold
 from . import modelargs
 from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, add_template_args, quiet_unless_main
 
@@ -53,6 +53,14 @@ def register(subparsers) -> None:
     p.add_argument("--top-p", type=top_p, default=1.0, metavar="P", help="nucleus threshold in (0, 1]; 1 disables (default: 1)")
     p.add_argument("--top-k", type=count, default=0, metavar="K", help="keep the K most likely tokens; 0 disables (default: 0)")
     p.add_argument("--min-p", type=min_p, default=0.0, metavar="P", help="drop tokens below P x the top probability; 0 disables (default: 0)")
+    p.add_argument("--typical-p", type=top_p, default=1.0, metavar="P",
+                   help="locally typical sampling: keep the tokens whose surprise is nearest the entropy, up to "
+                        "mass P; 1 disables (default: 1)")
+    p.add_argument("--xtc-probability", type=probability, default=0.0, metavar="P",
+                   help="XTC (exclude top choices): at each token, with chance P, drop every token above "
+                        "--xtc-threshold but the least likely of them (newline and EOS stay); 0 disables (default: 0)")
+    p.add_argument("--xtc-threshold", type=xtc_threshold, default=0.1, metavar="X",
+                   help="XTC's threshold in [0, 0.5] (default: 0.1)")
     p.add_argument("--seed", type=seed, default=None,
                    help="random seed for sampling (default: none). The same seed gives the same text "
                         "whatever drafts it, plain decoding included (README: Seeds)")
@@ -117,7 +125,9 @@ def run(args) -> int:
         text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
     prompt = text if raw else system + [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                   top_k=args.top_k, min_p=args.min_p, seed=args.seed, num_draft=args.num_draft,
+                   top_k=args.top_k, min_p=args.min_p, typical_p=args.typical_p,
+                   xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold, seed=args.seed,
+                   num_draft=args.num_draft,
                    stop=args.stop, response_format=fmt, suffix=args.suffix, chat_template_kwargs=template_kwargs,
                    prediction=args.prediction)
     # a thinking model's reasoning apart from its answer, as the server splits them
@@ -181,7 +191,8 @@ def _check_options(args) -> None:
     from ..prompts import check_max_tokens, check_stop
     from ..sampling import SamplingParams
 
-    SamplingParams(args.temperature, args.top_p, args.top_k, args.min_p)
+    SamplingParams(args.temperature, args.top_p, args.top_k, args.min_p, args.typical_p, args.xtc_probability,
+                   args.xtc_threshold)
     check_max_tokens(args.max_tokens)
     check_stop(args.stop)
     if (args.no_chat_template or args.suffix is not None) and (args.chat_template_args or args.reasoning_effort):

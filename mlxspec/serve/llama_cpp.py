@@ -65,7 +65,8 @@ async def props(request: Request) -> Response:
     tokenizer = getattr(engine, "tokenizer", None)
     # The defaults a request that leaves a field out gets here (n_predict: the server's --max-tokens).
     params = {"n_predict": options.max_tokens, "seed": -1, "temperature": options.temperature, "top_k": 0,
-              "top_p": 1.0, "min_p": 0.0, "repeat_last_n": REPEAT_LAST_N, "repeat_penalty": 1.0,
+              "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
+              "repeat_last_n": REPEAT_LAST_N, "repeat_penalty": 1.0,
               "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": []}
     return JSONResponse({
         "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": state.context, "speculative": True,

@@ -1,0 +1,73 @@
+"""Typical-p and XTC through every API that names them: OpenAI-style chat and completions (mlx-lm's
+server's and TGI's fields), llama.cpp's /completion (SillyTavern's) and Ollama's options
+(typical_p). Each answer is the engine's own for those settings, and differs from the answer
+without them, so the field was read; bad values are a 400 naming the field."""
+
+import httpx
+import pytest
+
+from serve_helpers import TIMEOUT, running_server, tiny_engine
+
+ASK = [{"role": "user", "content": "Tell me about rivers"}]
+PROMPT = "Rivers run to the sea because"
+SAMPLED = {"temperature": 0.5, "seed": 3}
+FILTERS = [{"typical_p": 0.4}, {"xtc_probability": 1.0, "xtc_threshold": 0.02},
+           {"typical_p": 0.8, "xtc_probability": 0.5, "xtc_threshold": 0.02}]
+
+
+@pytest.fixture(scope="module")
+def served():
+    with running_server(tiny_engine(drafter="ngram"), model_id="t") as (url, _):
+        yield url, tiny_engine()
+
+
+def post(url, path, body):
+    return httpx.post(f"{url}{path}", json=body, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("filters", FILTERS)
+def test_openai_routes_sample_with_them(served, filters):
+    url, ref = served
+    want = ref.generate(ASK, max_tokens=24, **SAMPLED, **filters).text
+    assert want != ref.generate(ASK, max_tokens=24, **SAMPLED).text  # the filters change this answer
+    r = post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 24, **SAMPLED, **filters})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == want
+    r = post(url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, **SAMPLED, **filters})
+    assert r.json()["choices"][0]["text"] == ref.generate(PROMPT, max_tokens=24, **SAMPLED, **filters).text
+
+
+@pytest.mark.parametrize("filters", FILTERS)
+def test_llama_cpp_s_completion_samples_with_them(served, filters):
+    url, ref = served
+    want = ref.generate(PROMPT, max_tokens=24, **SAMPLED, **filters).text
+    assert want != ref.generate(PROMPT, max_tokens=24, **SAMPLED).text
+    r = post(url, "/completion", {"prompt": PROMPT, "n_predict": 24, **SAMPLED, **filters})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"] == want
+
+
+def test_props_say_their_defaults_and_ollama_s_typical_p_is_read(served):
+    url, ref = served
+    params = httpx.get(f"{url}/props", timeout=TIMEOUT).json()["default_generation_settings"]["params"]
+    assert (params["typical_p"], params["xtc_probability"], params["xtc_threshold"]) == (1.0, 0.0, 0.1)
+    r = post(url, "/api/chat", {"model": "t", "messages": ASK, "stream": False,
+                                "options": {"num_predict": 24, "temperature": 0.5, "seed": 3, "typical_p": 0.4}})
+    assert r.status_code == 200, r.text
+    assert r.json()["message"]["content"] == ref.generate(ASK, max_tokens=24, **SAMPLED, typical_p=0.4).text
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": ASK, "max_tokens": 2}),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2}),
+    ("/completion", {"prompt": PROMPT, "n_predict": 2}),
+])
+@pytest.mark.parametrize("field,value,says", [
+    ("typical_p", 0, "(0, 1]"), ("typical_p", "high", "(0, 1]"), ("xtc_probability", 1.5, "[0, 1]"),
+    ("xtc_threshold", 0.7, "[0, 0.5]"), ("xtc_threshold", -1, "[0, 0.5]"),
+])
+def test_bad_values_are_a_400_naming_the_field(served, path, body, field, value, says):
+    r = post(served[0], path, {**body, field: value})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and says in err["message"] and field in err["message"]
