@@ -36,6 +36,7 @@ from .kvquant import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, kv_quant
 from .loop import draw_seed, generate
 from .modelmeta import check_model, context_length, logit_width, weights_bytes
 from .occupancy import Occupancy
+from .dry import Dry, breaking_tokens
 from .penalties import Penalties
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup,
@@ -322,7 +323,9 @@ class Engine:
                lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
                response_format=None, tool_choice=None, chat_template_kwargs=None, logit_bias=None,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty=None,
-               repetition_context_size: int = 20, stop_token_ids=None, ignore_eos: bool = False,
+               repetition_context_size: int = 20, dry_multiplier: float = 0.0, dry_base: float = 1.75,
+               dry_allowed_length: int = 2, dry_penalty_last_n: int = -1, dry_sequence_breakers=None,
+               stop_token_ids=None, ignore_eos: bool = False,
                min_tokens: int = 0, prompt_logprobs: Optional[int] = None, suffix: Optional[str] = None,
                include_stop_str_in_output: bool = False, continue_final_message: bool = False,
                parallel_tool_calls: bool = True, prediction=None, min_indent: int = 0,
@@ -413,6 +416,14 @@ class Engine:
             repetition_penalty, repetition_context_size: mlx-lm's: the logits of the tokens among
                 the last `repetition_context_size` (prompt included) are divided by the penalty
                 where positive, multiplied where negative (None, 0 or 1: off), row by row alike.
+            dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, dry_sequence_breakers:
+                llama.cpp's DRY (`mlxspec.dry`): where the text ends with a repeat of n >=
+                dry_allowed_length tokens (default 2), the token that followed it before loses
+                dry_multiplier (0, the default: off) x dry_base (default 1.75) ** (n -
+                dry_allowed_length) of its logit; the look-back is the last dry_penalty_last_n
+                tokens (-1, the default: all; 0: off), and repeats never run across a token whose
+                text holds a breaker string (None: newline, ":", '"', "*"). Plain steps then wait
+                for their predecessor's token (DRY reads it on the host).
             stop_token_ids, ignore_eos, min_tokens: vLLM's: more token ids that end the answer as
                 EOS does (not shown in the text); the model's EOS does not end it; before
                 `min_tokens` tokens, the ones that would end it are banned.
@@ -559,9 +570,28 @@ class Engine:
         return generate(self, ids, params, max_tokens=max_tokens, seed=seed, name=name, k_fixed=k_fixed,
                         stop=stop, stats=stats, tree=tree, lookup=lookup, cancel=cancel, logprobs=logprobs,
                         constraint=constraint, bias=bias_row(logit_bias, self.vocab_size) if logit_bias else None,
-                        penalties=Penalties(self.vocab_size, **penalty) if penalty else None,
+                        penalties=self._penalties(penalty) if penalty else None,
                         prompt_logprobs=prompt_logprobs, include_stop=include_stop, prediction=prediction,
                         **(endings or {}))
+
+    def _penalties(self, penalty: dict) -> Penalties:
+        """A checked request's penalties (`request.check_request`), DRY's breakers as token ids."""
+        dry = penalty.get("dry")
+        if dry is not None:
+            dry = Dry(dry["multiplier"], dry["base"], dry["allowed_length"], dry["last_n"],
+                      breaking_tokens(self.token_texts, dry["breakers"]))
+        return Penalties(self.vocab_size, **dict(penalty, dry=dry))
+
+    @functools.cached_property
+    def token_texts(self) -> List[str]:
+        """Each token id's text, decoded alone ("" past the tokenizer's ids, or without one)."""
+        if self.tokenizer is None:
+            return [""] * self.vocab_size
+        n = min(self.vocab_size, len(self.tokenizer.vocab) if hasattr(self.tokenizer, "vocab") else self.vocab_size)
+        ids = [[i] for i in range(n)]
+        batch = getattr(self.tokenizer, "batch_decode", None)
+        texts = batch(ids) if batch is not None else [self.tokenizer.decode(i) for i in ids]
+        return list(texts) + [""] * (self.vocab_size - n)
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""

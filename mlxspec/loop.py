@@ -242,7 +242,8 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
             model_k = None
             chained = 0.0
             guess = pending.shadow  # a proposal's guess of the token pending will give
-            if pending.k == 0 and room() >= 2 and not dist and constraint is None:
+            if pending.k == 0 and room() >= 2 and not dist and constraint is None and \
+                    (penalties is None or penalties.dry is None):  # (both read the tokens on the host)
                 chain, early_guess, model_k = planner.decide_early()
                 guess = early_guess or guess
                 if chain:

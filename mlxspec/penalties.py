@@ -5,11 +5,13 @@
   answer so far, not the prompt).
 - mlx-lm's repetition penalty: the logits of the tokens among the last `context` ones (prompt
   included) are divided by it where positive and multiplied where negative.
+- DRY (`mlxspec.dry`): the token that would extend a repeat loses a logit growing with its length.
 
 In a pass, row i follows the drafts before it, so its counts and its window include
 `drafts[:i]`: every row gets the penalties plain decoding would give it there, and output stays
 the penalised target's whatever drafts. A plain step chained before its predecessor is read
-counts that predecessor's token on the device.
+counts that predecessor's token on the device (DRY reads the tokens on the host: with it, plain
+steps are not chained).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 from typing import Callable, List, Optional
 
 import mlx.core as mx
+import numpy as np
 
+from .dry import Dry
 from .errors import InvalidArgumentError, shown
 
 LIMIT = 2.0  # OpenAI's range for presence and frequency: -2 to 2
@@ -48,9 +52,9 @@ class Penalties:
     """One generation's counts of its tokens, and each pass's penalties."""
 
     def __init__(self, vocab_size: int, presence: float = 0.0, frequency: float = 0.0,
-                 repetition: Optional[float] = None, context: int = CONTEXT):
+                 repetition: Optional[float] = None, context: int = CONTEXT, dry: Optional[Dry] = None):
         self.presence, self.frequency, self.vocab_size = presence, frequency, vocab_size
-        self.repetition, self.context = repetition, context
+        self.repetition, self.context, self.dry = repetition, context, dry
         self._row = mx.zeros((vocab_size,), dtype=mx.float32)  # the answer's counts so far, on the device
 
     def rows(self, history: List[int], drafts: List[int], pending: Optional[mx.array] = None) -> Callable:
@@ -67,6 +71,12 @@ class Penalties:
                 t = [drafts[j] for i in range(1, S) for j in range(i)]
                 c = c.at[mx.array(r), mx.array(t)].add(1.0)
             additive = -(self.frequency * c + self.presence * (c > 0))
+        if self.dry is not None:
+            if pending is not None:
+                raise ValueError("[penalties] DRY reads every token on the host: plain steps are not chained with it")
+            dry = self._dry(history, drafts)
+            if dry is not None:
+                additive = dry if additive is None else additive + dry
         seen = None
         if self.repetition is not None:
             tail = history[-self.context:]
@@ -85,6 +95,21 @@ class Penalties:
             return logits if additive is None else logits + additive
 
         return apply
+
+    def _dry(self, history: List[int], drafts: List[int]) -> Optional[mx.array]:
+        """DRY's (1 + len(drafts), V) additive penalties, row i after drafts[:i]; None: none."""
+        last_n = self.dry.last_n
+        tail = np.asarray(history[-last_n:] if last_n > 0 else history, dtype=np.int64)
+        rows, tokens, amounts = [], [], []
+        for i in range(len(drafts) + 1):
+            for token, amount in self.dry.penalties(np.concatenate([tail, drafts[:i]]) if i else tail).items():
+                rows.append(i)
+                tokens.append(token)
+                amounts.append(-amount)
+        if not rows:
+            return None
+        out = mx.zeros((len(drafts) + 1, self.vocab_size), dtype=mx.float32)
+        return out.at[mx.array(rows), mx.array(tokens)].add(mx.array(amounts, dtype=mx.float32))
 
     def commit(self, tokens: List[int]) -> None:
         """Count generated tokens."""

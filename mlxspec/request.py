@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+from .dry import check_dry
 from .errors import InvalidArgumentError
 from .fim import check_suffix, fim_prompt
 from .grammar import JSON_OPTIONS, check_response_format
@@ -24,6 +25,7 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
                   xtc_threshold, seed, speculative, num_draft,
                   stop, drafter, tree, lookup, tools, logprobs, response_format, tool_choice, chat_template_kwargs,
                   logit_bias, presence_penalty, frequency_penalty, repetition_penalty, repetition_context_size,
+                  dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, dry_sequence_breakers,
                   stop_token_ids, ignore_eos, min_tokens, prompt_logprobs, suffix, include_stop_str_in_output,
                   continue_final_message, parallel_tool_calls, prediction, min_indent=0,
                   soft_time_limit=None) -> Tuple[dict, Optional[object]]:
@@ -50,7 +52,9 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     penalty = dict(presence=check_penalty(presence_penalty, "presence_penalty"),
                    frequency=check_penalty(frequency_penalty, "frequency_penalty"))
     penalty["repetition"], penalty["context"] = check_repetition(repetition_penalty, repetition_context_size)
-    if not (penalty["presence"] or penalty["frequency"] or penalty["repetition"]):
+    penalty["dry"] = check_dry(dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+                               dry_sequence_breakers)
+    if not (penalty["presence"] or penalty["frequency"] or penalty["repetition"] or penalty["dry"]):
         penalty = None
     endings = dict(zip(("stop_ids", "ignore_eos", "min_tokens"),
                        check_endings(stop_token_ids, ignore_eos, min_tokens, max_tokens, engine.vocab_size)))

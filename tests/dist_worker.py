@@ -130,7 +130,8 @@ def main(out_dir: Path, scenario: str) -> None:
                                                       response_format=grammar).tokens
 
     # A logit_bias (shared as JSON: string keys) and penalties, row by row alike on every rank.
-    shaped = dict(logit_bias={want[0]: -100, want[1]: 2.5}, frequency_penalty=0.5, repetition_penalty=1.3)
+    shaped = dict(logit_bias={want[0]: -100, want[1]: 2.5}, frequency_penalty=0.5, repetition_penalty=1.3,
+                  dry_multiplier=0.8, dry_allowed_length=1)
     out["shaped"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram", **shaped))
     out["shaped_reference"] = reference.generate(PROMPT, max_tokens=MAX_TOKENS, speculative=False, **shaped).tokens
 

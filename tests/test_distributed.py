@@ -111,7 +111,7 @@ def test_a_grammar_is_followed_alike_on_every_rank(ranks):
     assert a["tokens"] != ranks[0]["reference"][:len(a["tokens"])]  # the grammar changed the text
 
 
-def test_logit_bias_and_penalties_alike_on_every_rank(ranks):
+def test_logit_bias_and_penalties_alike_on_every_rank(ranks):  # (DRY among them)
     a, b = (r["shaped"] for r in ranks)
     assert a == b and a["tokens"] == ranks[0]["shaped_reference"] and a["tokens"] != ranks[0]["reference"]
 
