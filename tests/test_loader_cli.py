@@ -254,6 +254,17 @@ def test_generate_passes_a_chat_message_and_the_options(made, tiny_gguf_path):
     assert prompt == [{"role": "user", "content": "Capital?"}]
     assert options["top_k"] == 7 and options["min_p"] == 0.1 and options["max_tokens"] == 256
     assert (options["typical_p"], options["xtc_probability"], options["xtc_threshold"]) == (0.9, 0.5, 0.2)
+    assert options["dry_multiplier"] == 0 and options["dry_sequence_breakers"] is None  # (off: the defaults)
+    main(["generate", "--target", str(tiny_gguf_path), "--dry-multiplier", "0.8", "--dry-base", "2",
+          "--dry-allowed-length", "3", "--dry-penalty-last-n", "64", "--dry-sequence-breaker", "\n",
+          "--dry-sequence-breaker", "###", "Capital?"])
+    _, options = made[1].calls[0]
+    assert {k: v for k, v in options.items() if k.startswith("dry_")} == {
+        "dry_multiplier": 0.8, "dry_base": 2.0, "dry_allowed_length": 3, "dry_penalty_last_n": 64,
+        "dry_sequence_breakers": ["\n", "###"]}
+    main(["generate", "--target", str(tiny_gguf_path), "--dry-multiplier", "0.8", "--dry-sequence-breaker", "none",
+          "Capital?"])
+    assert made[2].calls[0][1]["dry_sequence_breakers"] == []
     assert options["stop"] is None
 
 
@@ -532,6 +543,9 @@ def test_generate_refuses_bad_settings_before_loading(option, value, says, made,
     (["generate", "--typical-p", "0", "hi"], "--typical-p: expected a number in (0, 1]"),
     (["generate", "--xtc-probability", "1.5", "hi"], "--xtc-probability: expected a number in [0, 1]"),
     (["generate", "--xtc-threshold", "0.6", "hi"], "--xtc-threshold: expected a number in [0, 0.5]"),
+    (["generate", "--dry-base", "0.5", "hi"], "--dry-base: expected a finite number >= 1"),
+    (["generate", "--dry-penalty-last-n", "-2", "hi"], "--dry-penalty-last-n: expected an integer >= -1"),
+    (["generate", "--dry-allowed-length", "0", "hi"], "--dry-allowed-length: expected an integer >= 1"),
     (["generate", "--max-kv-size", "4", "hi"], "--max-kv-size: expected an integer >= 5"),
     (["serve", "--max-kv-size", "x"], "--max-kv-size: expected an integer >= 1"),
 ])

@@ -71,3 +71,37 @@ def test_bad_values_are_a_400_naming_the_field(served, path, body, field, value,
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == field and says in err["message"] and field in err["message"]
+
+
+DRY = {"dry_multiplier": 2.0, "dry_allowed_length": 1, "dry_sequence_breakers": ["\n"]}
+REPEATS = "ab ab ab ab ab ab ab ab"
+
+
+def test_dry_is_read_by_the_openai_routes_and_llama_cpp_s(served):
+    url, ref = served
+    want = ref.generate(REPEATS, max_tokens=24, **DRY).text
+    assert want != ref.generate(REPEATS, max_tokens=24).text  # DRY changes this answer
+    r = post(url, "/v1/completions", {"prompt": REPEATS, "max_tokens": 24, **DRY})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == want
+    # text-generation-webui's and TabbyAPI's breakers: one string
+    r = post(url, "/completion", {"prompt": REPEATS, "n_predict": 24, **DRY, "dry_sequence_breakers": '"\\n"'})
+    assert r.json()["content"] == want
+    chat = ref.generate(ASK, max_tokens=24, **SAMPLED, **DRY).text
+    r = post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 24, **SAMPLED, **DRY})
+    assert r.json()["choices"][0]["message"]["content"] == chat
+    params = httpx.get(f"{url}/props", timeout=TIMEOUT).json()["default_generation_settings"]["params"]
+    assert params["dry_multiplier"] == 0.0 and params["dry_sequence_breakers"] == ["\n", ":", "\"", "*"]
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("dry_multiplier", -1, ">= 0"), ("dry_base", 0.5, ">= 1"), ("dry_allowed_length", 0, ">= 1"),
+    ("dry_penalty_last_n", -5, ">= -1"), ("dry_sequence_breakers", [1], "strings"),
+])
+def test_bad_dry_settings_are_a_400_naming_the_field(served, field, value, says):
+    for path, body in (("/v1/chat/completions", {"messages": ASK, "max_tokens": 2}),
+                       ("/completion", {"prompt": PROMPT, "n_predict": 2})):
+        r = post(served[0], path, {**body, "dry_multiplier": 0.8, field: value})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == field and says in err["message"]

@@ -56,6 +56,21 @@ def xtc_threshold(s: str) -> float:
     return _number(s, lambda x: 0 <= x <= 0.5, "a number in [0, 0.5]")
 
 
+def at_least_one(s: str) -> float:
+    return _number(s, lambda x: 1 <= x < float("inf"), "a finite number >= 1")
+
+
+def look_back(s: str) -> int:
+    """A count of tokens looked back over: -1 all of them, 0 none."""
+    try:
+        n = int(s)
+    except ValueError:
+        n = -2
+    if n < -1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= -1 (-1: all the tokens, 0: off), got {s!r}")
+    return n
+
+
 def positive(s: str) -> int:
     try:
         n = int(s)

@@ -14,7 +14,8 @@ from ..errors import InvalidArgumentError
 from ..prompts import has_chat_template, unread_template_note
 from ..reasoning import chat_starts_inside, make_splitter, split_whole, thinking_markers
 from ..stats import acceptance_text, plural
-from .argtypes import count, min_p, non_negative, positive, probability, seed, top_p, xtc_threshold
+from .argtypes import (at_least_one, count, look_back, min_p, non_negative, positive, probability, seed, top_p,
+                       xtc_threshold)
 from . import modelargs
 from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, add_template_args, quiet_unless_main
 
@@ -61,6 +62,18 @@ def register(subparsers) -> None:
                         "--xtc-threshold but the least likely of them (newline and EOS stay); 0 disables (default: 0)")
     p.add_argument("--xtc-threshold", type=xtc_threshold, default=0.1, metavar="X",
                    help="XTC's threshold in [0, 0.5] (default: 0.1)")
+    p.add_argument("--dry-multiplier", type=non_negative, default=0.0, metavar="M",
+                   help="DRY: where the text ends with a repeat of N >= --dry-allowed-length tokens, the token "
+                        "that followed it before loses M x --dry-base ** (N - --dry-allowed-length) of its logit; "
+                        "0 disables (default: 0; 0.8 is the usual setting)")
+    p.add_argument("--dry-base", type=at_least_one, default=1.75, metavar="B", help="DRY's base (default: 1.75)")
+    p.add_argument("--dry-allowed-length", type=positive, default=2, metavar="N",
+                   help="the longest repeat DRY lets be (default: 2)")
+    p.add_argument("--dry-penalty-last-n", type=look_back, default=-1, metavar="N",
+                   help="the tokens DRY looks back over, prompt included; -1 all, 0 disables (default: -1)")
+    p.add_argument("--dry-sequence-breaker", action="append", default=None, metavar="TEXT", dest="dry_breakers",
+                   help="a string that ends a repeat (a token holding it is never penalised); repeat for several; "
+                        "replaces the defaults (newline, ':', '\"', '*'); 'none' for none")
     p.add_argument("--seed", type=seed, default=None,
                    help="random seed for sampling (default: none). The same seed gives the same text "
                         "whatever drafts it, plain decoding included (README: Seeds)")
@@ -126,7 +139,8 @@ def run(args) -> int:
     prompt = text if raw else system + [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, typical_p=args.typical_p,
-                   xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold, seed=args.seed,
+                   xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold, **_dry(args),
+                   seed=args.seed,
                    num_draft=args.num_draft,
                    stop=args.stop, response_format=fmt, suffix=args.suffix, chat_template_kwargs=template_kwargs,
                    prediction=args.prediction)
@@ -186,11 +200,22 @@ def _pair_drafter(args) -> str:
     return pair.drafter_on(backend()) if pair else ""
 
 
+def _dry(args) -> dict:
+    """DRY's flags as `Engine.stream` takes them (llama.cpp's `--dry-sequence-breaker none`: no breakers)."""
+    breakers = args.dry_breakers
+    if breakers is not None and breakers == ["none"]:
+        breakers = []
+    return dict(dry_multiplier=args.dry_multiplier, dry_base=args.dry_base, dry_allowed_length=args.dry_allowed_length,
+                dry_penalty_last_n=args.dry_penalty_last_n, dry_sequence_breakers=breakers)
+
+
 def _check_options(args) -> None:
     """The request's settings, by the engine's own rules (it checks them again), before the load."""
+    from ..dry import check_dry
     from ..prompts import check_max_tokens, check_stop
     from ..sampling import SamplingParams
 
+    check_dry(**_dry(args))
     SamplingParams(args.temperature, args.top_p, args.top_k, args.min_p, args.typical_p, args.xtc_probability,
                    args.xtc_threshold)
     check_max_tokens(args.max_tokens)

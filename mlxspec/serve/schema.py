@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ..dry import FIELDS as DRY_FIELDS, check_dry
 from ..errors import InvalidArgumentError, shown as _show
 from ..fim import check_suffix
 from ..grammar import check_response_format
@@ -316,6 +317,11 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
                                  body.get("repetition_penalty"), "repetition_penalty")
     if repetition is not None:
         opts.update(repetition_penalty=repetition, repetition_context_size=context)
+    # llama.cpp's DRY, each field checked alone so that an error names it
+    dry = {key: body[key] for key in DRY_FIELDS if body.get(key) is not None}
+    for key, value in dry.items():
+        checked(lambda v, key=key: check_dry(**dict(DRY_FIELDS, **{key: v})), value, key)
+    opts.update(dry)
     # vLLM's: more ending tokens, EOS ignored, a minimum length (the ids' range is the engine's to check)
     if body.get("stop_token_ids") is not None:
         opts["stop_token_ids"] = body["stop_token_ids"]
