@@ -318,7 +318,8 @@ class Engine:
 
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, typical_p: float = 1.0, xtc_probability: float = 0.0,
-               xtc_threshold: float = 0.1, seed: Optional[int] = None, speculative: bool = True,
+               xtc_threshold: float = 0.1, mirostat: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+               seed: Optional[int] = None, speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
                lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
                response_format=None, tool_choice=None, chat_template_kwargs=None, logit_bias=None,
@@ -343,6 +344,10 @@ class Engine:
                 above the threshold (in [0, 0.5], default 0.1) but the least likely of them is
                 dropped; newline and EOS never are. Which positions it fires at is a function of
                 the seed, so a seeded answer is still plain decoding's whatever was drafted.
+            mirostat, mirostat_tau, mirostat_eta: llama.cpp's (and Ollama's) mirostat, version 1 or
+                2 (0, the default: off), in place of the filters above: it aims at tau bits of
+                surprise (default 5) with a threshold that moves by eta (default 0.1) per token
+                (`mlxspec.mirostat`). Rounds then draft chains.
             seed: makes sampling reproducible; None uses MLX's global random state.
             speculative: False decodes plainly (drafter "none").
             num_draft: fixed draft length, or None/"auto" for the engine's setting (cost model by default).

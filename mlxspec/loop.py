@@ -33,6 +33,7 @@ from .distributed import history_hash
 from .drafters import Draft
 from .errors import CacheRollbackError, NumericalError, StreamOvertakenError
 from .logprobs import PromptScorer
+from .mirostat import initial_mu
 from . import treeplan
 from .planner import Planner
 from .prediction import prediction_counts
@@ -189,16 +190,18 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
             return None
         return (k, *step[1:])
 
+    mu = initial_mu(params)  # mirostat's threshold after the committed tokens (None: no mirostat)
+
     def enqueue(step: tuple) -> Pass:
         """The step's pass, drafted on the exact history and enqueued on the device."""
         k, _, shadow, src = step
         d = planner.draft(step)
         if not len(d.draft):
-            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, d.mask, d.added)
+            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, d.mask, d.added, mu)
         elif d.draft.parents is not None:
             p = tree_round(target, hist[-1], d.draft, params, seed, len(hist), logprobs, d.added)
         else:
-            p = verify_round(target, hist[-1], d.draft, params, seed, len(hist), logprobs, d.mask, d.added)
+            p = verify_round(target, hist[-1], d.draft, params, seed, len(hist), logprobs, d.mask, d.added, mu)
         p.shadow, p.drafted, p.src, p.read_first, p.static = shadow, d.drafted, src, d.read_first, d.static
         p.retime = src == name and bool(k) and cost.exploring
         p.forced = d.forced
@@ -249,7 +252,8 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
                 if chain:
                     t_chain = clock()
                     nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs,
-                                     bias=planner.shaping(Draft([]), pending.token))
+                                     bias=planner.shaping(Draft([]), pending.token),
+                                     mu=None if mu is None else pending.mu[0])
                     nxt.pipelined, nxt.src = True, name
                     chained = clock() - t_chain
 
@@ -278,6 +282,8 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
                 constraint.commit(new)
             if penalties is not None:
                 penalties.commit(new)
+            if mu is not None:
+                mu = pending.mu[n]  # (lazy: the next pass reads it on the device)
             # Read and committed: from here on only the chained plain step (if any) is in flight,
             # which is all `finally` may roll back, whatever ends the request.
             done, pending = pending, nxt

@@ -63,7 +63,8 @@ class Planner:
         self.max_tokens, self.context = max_tokens, engine.context
         self.constraint, self.penalties = constraint, penalties
         self.bias, self.ban, self.min_tokens = bias, ban, min_tokens
-        self.tree = min(tree, longest) if constraint is None and penalties is None else 0
+        # (each row of a tree would need its own path's grammar state, penalties or mirostat threshold)
+        self.tree = min(tree, longest) if constraint is None and penalties is None and not params.mirostat_on else 0
         # A model drafter's tree: its chain plus runners-up (`drafters.sidetree`). Fixed-shape trees at
         # any temperature (sampled: its race's winners, each step's runner-up beside them,
         # `sampling.sample_race_two`); trees whose leaves are picked by probability, greedy only.

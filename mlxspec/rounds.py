@@ -21,7 +21,7 @@ from typing import List, Optional
 
 import mlx.core as mx
 
-from . import kernels
+from . import kernels, mirostat
 from .drafters import Draft
 from .grammar import masked
 from .logprobs import read_rows, row_logprobs
@@ -50,6 +50,7 @@ class Pass:
     src: str = ""  # the drafter whose pass this is (the loop sets it: a model drafter's lookup companion, or itself)
     lp: Optional[tuple] = None  # lazy `logprobs.row_logprobs` of every row, when asked for
     logprobs: Optional[list] = None  # once read: each committed token's (logprob, top choices)
+    mu: Optional[mx.array] = None  # mirostat: the threshold after each row's token, lazy (S,) (`mlxspec.mirostat`)
 
 
 @mx.compile
@@ -80,17 +81,23 @@ def _constrained(logits: mx.array, mask: Optional[mx.array], bias=None) -> mx.ar
 
 def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
                logprobs: Optional[int] = None, mask: Optional[mx.array] = None,
-               bias: Optional[mx.array] = None) -> Pass:
+               bias: Optional[mx.array] = None, mu: Optional[mx.array] = None) -> Pass:
     """Feed one token (an int, or the lazy output of the previous step) and pick the next.
     `logprobs` (here and in the other rounds): also the log-probabilities of the picked tokens
     and that many top choices (`mlxspec.logprobs`); None: not computed. `mask` (here and in
     `verify_round`): the tokens a grammar allows at each row, (S, V) bool (`mlxspec.grammar`).
     `bias` (in every round): the request's logit_bias row, added to every row, or a function of
-    the logits that applies it and the penalties (`mlxspec.penalties`)."""
+    the logits that applies it and the penalties (`mlxspec.penalties`). `mu` (here and in
+    `verify_round`): mirostat's threshold before the first row, lazy (None: no mirostat)."""
     start = len(target.tokens)
     logits = target.forward(token if isinstance(token, mx.array) else [token], batched=True)
+    mu_after = None
     if params.greedy:
         nxt, ok = _argmax_checked(_constrained(logits, mask, bias))
+    elif mu is not None:
+        p = kernels.probabilities(_constrained(logits, mask, bias)[0, -1:], params)
+        nxt, mu_after = mirostat.sample(p, mu, [], seed, out_pos, params)
+        nxt, ok = nxt.astype(mx.uint32), _finite(logits[0, -1])
     else:
         row = logits[0, -1]
         keys = position_keys(seed, [out_pos])
@@ -98,13 +105,13 @@ def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
         nxt = sample_race(p[None], keys).astype(mx.uint32)
         ok = _finite(row)
     lp = None if logprobs is None else row_logprobs(logits[0], nxt, logprobs)
-    mx.async_eval(nxt, ok, *(lp or ()))
-    return Pass(start, 1, 0, (nxt, ok), nxt, [], lp=lp)
+    mx.async_eval(nxt, ok, *(lp or ()), *([] if mu_after is None else [mu_after]))
+    return Pass(start, 1, 0, (nxt, ok), nxt, [], lp=lp, mu=mu_after)
 
 
 def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int,
                  logprobs: Optional[int] = None, mask: Optional[mx.array] = None,
-                 bias: Optional[mx.array] = None) -> Pass:
+                 bias: Optional[mx.array] = None, mu: Optional[mx.array] = None) -> Pass:
     """Feed [last] + drafts and pick the target's tokens for every row; the host compares the rows
     with the drafts after the read."""
     start = len(target.tokens)
@@ -113,8 +120,13 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
     feed = [last, *draft.tokens] if on_host else mx.concatenate([mx.array([last], mx.uint32),
                                                                  draft.tokens.astype(mx.uint32)])
     logits = target.forward(feed, batched=True)  # (1, k+1, V)
+    mu_after = None
     if params.greedy:
         tokens, ok = _argmax_checked(_constrained(logits, mask, bias))
+    elif mu is not None:
+        p = kernels.probabilities(_constrained(logits, mask, bias)[0], params)
+        tokens, mu_after = mirostat.sample(p, mu, draft.tokens, seed, out_pos, params)
+        ok = _finite(logits[0])
     else:
         rows = logits[0]
         keys = position_keys(seed, mx.arange(out_pos, out_pos + k + 1))
@@ -123,8 +135,9 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
         tokens = sample_race(p, keys)
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
     lp = None if logprobs is None else row_logprobs(logits[0], tokens, logprobs)
-    mx.async_eval(*out, *(lp or ()))
-    return Pass(start, k + 1, k, out, None, list(draft.tokens) if on_host else None, draft.kind, lp=lp)
+    mx.async_eval(*out, *(lp or ()), *([] if mu_after is None else [mu_after]))
+    return Pass(start, k + 1, k, out, None, list(draft.tokens) if on_host else None, draft.kind, lp=lp,
+                mu=mu_after)
 
 
 def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int,

@@ -5,7 +5,8 @@ target's compare like with like. Order: temperature, then top-k, top-p, min-p an
 each a threshold on the temperature-scaled probabilities, then renormalisation, then XTC on
 what is left. Ties at a threshold are kept (a threshold is a value, not a rank), which a
 one-pass GPU kernel can reproduce exactly. Temperature 0 is greedy: a one-hot row at the argmax
-(the first index on ties), which no filter changes.
+(the first index on ties), which no filter changes. With mirostat (`mlxspec.mirostat`) the rows
+are the temperature-scaled ones, which it truncates with its running threshold.
 
 XTC ("exclude top choices", as mlx-lm and llama.cpp have it) fires at a position with
 probability `xtc_probability`; where it fires, every token above `xtc_threshold` but the least
@@ -51,14 +52,18 @@ class SamplingParams:
     xtc_probability: float = 0.0  # in [0, 1]; 0 disables
     xtc_threshold: float = 0.1  # in [0, 0.5]
     xtc_special: tuple = ()  # token ids XTC never drops (the engine's newline and EOS)
+    mirostat: int = 0  # 0 off, 1 or 2: llama.cpp's versions (`mlxspec.mirostat`), in place of the filters
+    mirostat_tau: float = 5.0  # the surprise it aims at, in bits
+    mirostat_eta: float = 0.1  # how fast its threshold moves
 
     def __post_init__(self):
         validate(self.temperature, self.top_p, self.top_k, self.min_p, self.typical_p, self.xtc_probability,
-                 self.xtc_threshold)
+                 self.xtc_threshold, self.mirostat, self.mirostat_tau, self.mirostat_eta)
         # Python's own numbers from numpy's (np.float32(0.7)): an mx array divided by a numpy
         # scalar would become numpy's
         for key, kind in (("temperature", float), ("top_p", float), ("top_k", operator.index), ("min_p", float),
-                          ("typical_p", float), ("xtc_probability", float), ("xtc_threshold", float)):
+                          ("typical_p", float), ("xtc_probability", float), ("xtc_threshold", float),
+                          ("mirostat", operator.index), ("mirostat_tau", float), ("mirostat_eta", float)):
             object.__setattr__(self, key, kind(getattr(self, key)))
         object.__setattr__(self, "xtc_special", tuple(int(t) for t in self.xtc_special))  # (a list, shared as JSON)
         if 0 < self.temperature < TINY_TEMPERATURE:  # the same T -> 0 limit, in numbers float32 has
@@ -69,12 +74,18 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def mirostat_on(self) -> bool:
+        """Whether mirostat samples (it takes the filters' place)."""
+        return self.mirostat != 0 and not self.greedy
+
+    @property
     def xtc(self) -> bool:
-        """Whether XTC may fire (sampling with a positive xtc_probability)."""
-        return self.xtc_probability > 0.0 and not self.greedy
+        """Whether XTC may fire (sampling with a positive xtc_probability, and no mirostat)."""
+        return self.xtc_probability > 0.0 and not self.greedy and not self.mirostat
 
 
-def validate(temperature, top_p, top_k, min_p, typical_p=1.0, xtc_probability=0.0, xtc_threshold=0.1) -> None:
+def validate(temperature, top_p, top_k, min_p, typical_p=1.0, xtc_probability=0.0, xtc_threshold=0.1, mirostat=0,
+             mirostat_tau=5.0, mirostat_eta=0.1) -> None:
     """Raise InvalidArgumentError naming the bad value and the allowed range."""
     t, p, m = _real(temperature), _real(top_p), _real(min_p)
     if t is None or not 0.0 <= t < math.inf:  # NaN fails every comparison
@@ -92,6 +103,12 @@ def validate(temperature, top_p, top_k, min_p, typical_p=1.0, xtc_probability=0.
         raise InvalidArgumentError(f"xtc_probability must be in [0, 1] (0 disables XTC), got {shown(xtc_probability)}")
     if xt is None or not 0.0 <= xt <= 0.5:  # above 0.5 no two tokens can pass it: XTC would never drop one
         raise InvalidArgumentError(f"xtc_threshold must be in [0, 0.5], got {shown(xtc_threshold)}")
+    if isinstance(mirostat, bool) or not isinstance(mirostat, numbers.Integral) or mirostat not in (0, 1, 2):
+        raise InvalidArgumentError(f"mirostat must be 0 (off), 1 or 2 (its version), got {shown(mirostat)}")
+    for name, value in (("mirostat_tau", mirostat_tau), ("mirostat_eta", mirostat_eta)):
+        x = _real(value)
+        if x is None or not 0.0 <= x < math.inf:
+            raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {shown(value)}")
 
 
 def _real(value):
@@ -308,6 +325,8 @@ def probabilities(logits: mx.array, params: SamplingParams, fires: Optional[mx.a
     # NaN), while (logits - max) / t only reaches -inf, which the softmax maps to 0.
     shifted = logits - mx.max(logits, axis=-1, keepdims=True)
     probs = mx.softmax(shifted / params.temperature, axis=-1, precise=True)
+    if params.mirostat:  # it truncates in their place (`mlxspec.mirostat`), with its running threshold
+        return probs
     keep = None
     if params.top_k > 0 and params.top_k < probs.shape[-1]:
         kth = mx.sort(probs, axis=-1)[..., -params.top_k][..., None]
