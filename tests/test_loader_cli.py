@@ -263,8 +263,10 @@ def test_generate_passes_a_chat_message_and_the_options(made, tiny_gguf_path):
         "dry_multiplier": 0.8, "dry_base": 2.0, "dry_allowed_length": 3, "dry_penalty_last_n": 64,
         "dry_sequence_breakers": ["\n", "###"]}
     main(["generate", "--target", str(tiny_gguf_path), "--dry-multiplier", "0.8", "--dry-sequence-breaker", "none",
-          "Capital?"])
-    assert made[2].calls[0][1]["dry_sequence_breakers"] == []
+          "--mirostat", "2", "--mirostat-ent", "3", "--mirostat-lr", "0.2", "Capital?"])
+    options = made[2].calls[0][1]
+    assert options["dry_sequence_breakers"] == []
+    assert (options["mirostat"], options["mirostat_tau"], options["mirostat_eta"]) == (2, 3.0, 0.2)
     assert options["stop"] is None
 
 
@@ -544,6 +546,7 @@ def test_generate_refuses_bad_settings_before_loading(option, value, says, made,
     (["generate", "--xtc-probability", "1.5", "hi"], "--xtc-probability: expected a number in [0, 1]"),
     (["generate", "--xtc-threshold", "0.6", "hi"], "--xtc-threshold: expected a number in [0, 0.5]"),
     (["generate", "--dry-base", "0.5", "hi"], "--dry-base: expected a finite number >= 1"),
+    (["generate", "--mirostat", "3", "hi"], "--mirostat: invalid choice: 3"),
     (["generate", "--dry-penalty-last-n", "-2", "hi"], "--dry-penalty-last-n: expected an integer >= -1"),
     (["generate", "--dry-allowed-length", "0", "hi"], "--dry-allowed-length: expected an integer >= 1"),
     (["generate", "--max-kv-size", "4", "hi"], "--max-kv-size: expected an integer >= 5"),

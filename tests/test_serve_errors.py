@@ -149,7 +149,7 @@ UNSUPPORTED = [
     ({"messages": HI, "grammar": "root ::= \"a\""}, "grammar"),
     ({"messages": HI, "modalities": ["text", "audio"]}, "modalities"),
     # mlx-lm's server's and vLLM's
-    ({"messages": HI, "mirostat": 2}, "mirostat"),
+    ({"messages": HI, "use_beam_search": True}, "use_beam_search"),
     ({"messages": HI, "adapters": "my-lora"}, "adapters"),
     ({"messages": HI, "role_mapping": {"user": "Q:"}}, "role_mapping"),
     ({"messages": HI, "num_draft_tokens": 3}, "num_draft_tokens"),

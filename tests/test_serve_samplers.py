@@ -105,3 +105,36 @@ def test_bad_dry_settings_are_a_400_naming_the_field(served, field, value, says)
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert err["param"] == field and says in err["message"]
+
+
+MIROSTAT = {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2}
+
+
+def test_mirostat_is_read_by_ollama_s_options_llama_cpp_s_and_the_openai_routes(served):
+    url, ref = served
+    want = ref.generate(ASK, max_tokens=24, **SAMPLED, **MIROSTAT).text
+    assert want != ref.generate(ASK, max_tokens=24, **SAMPLED).text  # mirostat changes this answer
+    r = post(url, "/api/chat", {"model": "t", "messages": ASK, "stream": False,
+                                "options": {"num_predict": 24, "temperature": 0.5, "seed": 3, **MIROSTAT}})
+    assert r.status_code == 200, r.text
+    assert r.json()["message"]["content"] == want
+    r = post(url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 24, **SAMPLED, **MIROSTAT})
+    assert r.json()["choices"][0]["message"]["content"] == want
+    r = post(url, "/completion", {"prompt": PROMPT, "n_predict": 24, **SAMPLED, "mirostat": 1})
+    assert r.json()["content"] == ref.generate(PROMPT, max_tokens=24, **SAMPLED, mirostat=1).text
+    params = httpx.get(f"{url}/props", timeout=TIMEOUT).json()["default_generation_settings"]["params"]
+    assert (params["mirostat"], params["mirostat_tau"], params["mirostat_eta"]) == (0, 5.0, 0.1)
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("mirostat", 3, "0 (off), 1 or 2"), ("mirostat_tau", -1, ">= 0"), ("mirostat_eta", "fast", ">= 0"),
+])
+def test_bad_mirostat_settings_are_a_400_naming_the_field(served, field, value, says):
+    for path, body in (("/v1/chat/completions", {"messages": ASK, "max_tokens": 2}),
+                       ("/completion", {"prompt": PROMPT, "n_predict": 2})):
+        r = post(served[0], path, {**body, field: value})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == field and says in err["message"]
+    r = post(served[0], "/api/chat", {"model": "t", "messages": ASK, "stream": False, "options": {field: value}})
+    assert r.status_code == 400 and says in r.text

@@ -62,6 +62,13 @@ def register(subparsers) -> None:
                         "--xtc-threshold but the least likely of them (newline and EOS stay); 0 disables (default: 0)")
     p.add_argument("--xtc-threshold", type=xtc_threshold, default=0.1, metavar="X",
                    help="XTC's threshold in [0, 0.5] (default: 0.1)")
+    p.add_argument("--mirostat", type=int, choices=(0, 1, 2), default=0, metavar="{0,1,2}",
+                   help="mirostat, llama.cpp's version 1 or 2, in place of --top-k, --top-p, --min-p, --typical-p "
+                        "and XTC: it keeps the text's surprise near --mirostat-ent bits; 0 disables (default: 0)")
+    p.add_argument("--mirostat-ent", type=non_negative, default=5.0, metavar="TAU",
+                   help="mirostat's target surprise in bits (default: 5)")
+    p.add_argument("--mirostat-lr", type=non_negative, default=0.1, metavar="ETA",
+                   help="mirostat's learning rate (default: 0.1)")
     p.add_argument("--dry-multiplier", type=non_negative, default=0.0, metavar="M",
                    help="DRY: where the text ends with a repeat of N >= --dry-allowed-length tokens, the token "
                         "that followed it before loses M x --dry-base ** (N - --dry-allowed-length) of its logit; "
@@ -139,7 +146,8 @@ def run(args) -> int:
     prompt = text if raw else system + [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, min_p=args.min_p, typical_p=args.typical_p,
-                   xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold, **_dry(args),
+                   xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold, mirostat=args.mirostat,
+                   mirostat_tau=args.mirostat_ent, mirostat_eta=args.mirostat_lr, **_dry(args),
                    seed=args.seed,
                    num_draft=args.num_draft,
                    stop=args.stop, response_format=fmt, suffix=args.suffix, chat_template_kwargs=template_kwargs,

@@ -33,11 +33,11 @@ from .schema import flag
 # The Ollama release whose API these routes follow (/api/version): clients check it before using one.
 VERSION = "0.12.0"
 # Ollama's options that are OpenAI-style fields here: sampling, length, stops, penalties. The
-# chat path checks them (and refuses mirostat and tfs_z other than off).
+# chat path checks them (and refuses tfs_z other than off).
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
            "stop": "stop", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
            "num_predict": "max_tokens", "repeat_penalty": "repetition_penalty", "typical_p": "typical_p",
-           "tfs_z": "tfs_z", "mirostat": "mirostat"}
+           "tfs_z": "tfs_z", "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"}
 REPEAT_LAST_N = 64  # Ollama's default look-back of repeat_penalty
 UNBOUNDED = 1 << 30  # num_predict -1 (no limit) and -2 (until the context is full): the context ends it
 

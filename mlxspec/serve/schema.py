@@ -32,13 +32,14 @@ from .options import ServeOptions
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
 MAX_CHOICES = 128  # choices per request: n (OpenAI's most) times the prompts of a completions batch
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0,
-                     "xtc_probability": 0.0, "xtc_threshold": 0.1}  # (the last three: mlx-lm's and TGI's)
+                     "xtc_probability": 0.0, "xtc_threshold": 0.1,  # (TGI's, and mlx-lm's XTC)
+                     "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}  # (llama.cpp's and Ollama's)
 TOP_K_OFF = -1  # vLLM's top_k for "off", read as the library's (and mlx-lm's) 0
 MAX_TEMPERATURE = 2  # OpenAI's bound (the engine takes any finite temperature: a request past it is a typo)
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
 # would change the answer, with the value that changes nothing: a client that sends another is told.
 EXTENSIONS = {"repeat_penalty": 1.0, "tfs_z": 1.0, "length_penalty": 1.0,
-              "use_beam_search": False, "mirostat": 0, "guided_grammar": None, "grammar": None,
+              "use_beam_search": False, "guided_grammar": None, "grammar": None,
               "audio": None, "modalities": ["text"], "chat_template": None,
               "role_mapping": {}, "bad_words": [], "allowed_token_ids": None,
               "truncate_prompt_tokens": None}
