@@ -20,7 +20,9 @@ from mlxspec import Engine
 from mlxspec.bench.neartie import check_greedy
 
 EOS = 2  # the tiny tokenizer's <|im_end|>
-PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty")
+PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty", "dry_multiplier")
+FILTERS = (("top_p", [0.5, 0.9]), ("top_k", [5, 40]), ("min_p", [0.05, 0.2]), ("typical_p", [0.5, 0.9]),
+           ("xtc_probability", [0.5, 1.0]), ("mirostat", [1, 2]))
 REQUESTS = 30
 
 
@@ -57,10 +59,10 @@ def next_options(rng):
         kw["drafter"] = drafter
     if rng.random() < 0.5:
         kw.update(temperature=rng.choice([0.3, 0.8, 1.0, 1.5]), seed=rng.randrange(1000))
-        for name, values in (("top_p", [0.5, 0.9]), ("top_k", [5, 40]), ("min_p", [0.05, 0.2])):
-            if rng.random() < 0.3:
+        for name, values in FILTERS:
+            if rng.random() < 0.2:
                 kw[name] = rng.choice(values)
-    for name, values in zip(PENALTIES, ([1.1, 1.5], [0.5, -0.5], [0.5, 1.0])):
+    for name, values in zip(PENALTIES, ([1.1, 1.5], [0.5, -0.5], [0.5, 1.0], [0.8, 2.0])):
         if rng.random() < 0.2:
             kw[name] = rng.choice(values)
     return kw
@@ -107,7 +109,7 @@ def test_a_mix_of_requests_answers_each_as_decoding_alone(target, tmp_path, seed
         else:
             ref = mlx_lm_greedy(target, ids, kw["max_tokens"], window)
         if got != ref:  # only rounding at a near-tie may part them (never on this CPU in float32)
-            exact = temperature == 0 or not any(k in kw for k in ("top_p", "top_k", "min_p"))
+            exact = temperature == 0 or not any(k in kw for k, _ in FILTERS)
             check = check_greedy(target, ids, ref, got, max_kv_size=window, temperature=temperature,
                                  seed=kw.get("seed")) if exact and not any(k in kw for k in PENALTIES) else None
             assert check is not None and check.ok, f"request {i} {kw}, {len(ids)} prompt tokens: got {got}, want {ref}"
