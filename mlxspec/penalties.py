@@ -55,6 +55,7 @@ class Penalties:
                  repetition: Optional[float] = None, context: int = CONTEXT, dry: Optional[Dry] = None):
         self.presence, self.frequency, self.vocab_size = presence, frequency, vocab_size
         self.repetition, self.context, self.dry = repetition, context, dry
+        self._seen = np.zeros(0, dtype=np.int64)  # the history as DRY last read it, as an array
         self._row = mx.zeros((vocab_size,), dtype=mx.float32)  # the answer's counts so far, on the device
 
     def rows(self, history: List[int], drafts: List[int], pending: Optional[mx.array] = None) -> Callable:
@@ -99,10 +100,12 @@ class Penalties:
     def _dry(self, history: List[int], drafts: List[int]) -> Optional[mx.array]:
         """DRY's (1 + len(drafts), V) additive penalties, row i after drafts[:i]; None: none."""
         last_n = self.dry.last_n
-        tail = np.asarray(history[-last_n:] if last_n > 0 else history, dtype=np.int64)
+        tail = self._array(history)
+        tail = tail[-last_n:] if last_n > 0 else tail
+        both = np.concatenate([tail, np.asarray(drafts, dtype=np.int64)])
         rows, tokens, amounts = [], [], []
         for i in range(len(drafts) + 1):
-            for token, amount in self.dry.penalties(np.concatenate([tail, drafts[:i]]) if i else tail).items():
+            for token, amount in self.dry.penalties(both[:len(tail) + i]).items():
                 rows.append(i)
                 tokens.append(token)
                 amounts.append(-amount)
@@ -110,6 +113,16 @@ class Penalties:
             return None
         out = mx.zeros((len(drafts) + 1, self.vocab_size), dtype=mx.float32)
         return out.at[mx.array(rows), mx.array(tokens)].add(mx.array(amounts, dtype=mx.float32))
+
+    def _array(self, history: List[int]) -> np.ndarray:
+        """`history` as an int64 array, converting only what was appended since the last call (a
+        generation's history only grows; a list of 100k ids takes milliseconds to convert whole)."""
+        n = len(self._seen)
+        if len(history) < n or (n and history[n - 1] != self._seen[-1]):  # not an extension: start over
+            self._seen = np.asarray(history, dtype=np.int64)
+        elif len(history) > n:
+            self._seen = np.concatenate([self._seen, np.asarray(history[n:], dtype=np.int64)])
+        return self._seen
 
     def commit(self, tokens: List[int]) -> None:
         """Count generated tokens."""

@@ -113,6 +113,13 @@ def test_each_row_of_a_pass_gets_the_penalties_of_its_own_position():
             want[t] = -amount
         np.testing.assert_allclose(out[i], want, rtol=1e-6)
     assert (out != 0).sum() >= 3  # the rows did have repeats to penalise
+    # the history is converted incrementally: one that grew, and one that is another, read right
+    for later in (history + [3, 4, 1, 2], [9, 8, 9, 8], [1, 2, 3, 4, 1, 2, 3]):
+        got = np.array(penalties.rows(later, [])(mx.zeros((1, 1, 10))))[0, 0]
+        want = np.zeros(10)
+        for t, amount in dry.penalties(later).items():
+            want[t] = -amount
+        np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "model", "eagle"])
