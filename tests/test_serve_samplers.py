@@ -138,3 +138,19 @@ def test_bad_mirostat_settings_are_a_400_naming_the_field(served, field, value, 
         assert err["param"] == field and says in err["message"]
     r = post(served[0], "/api/chat", {"model": "t", "messages": ASK, "stream": False, "options": {field: value}})
     assert r.status_code == 400 and says in r.text
+
+
+def test_the_openai_client_sends_them_in_extra_body_whole_and_streamed(served):
+    from serve_helpers import openai_client
+
+    url, ref = served
+    extra = {"xtc_probability": 0.5, "xtc_threshold": 0.02, "typical_p": 0.8, **DRY}
+    want = ref.generate(ASK, max_tokens=24, **SAMPLED, **extra).text
+    client = openai_client(url)
+    r = client.chat.completions.create(model="t", messages=ASK, max_tokens=24, temperature=0.5, seed=3,
+                                       extra_body=extra)
+    assert r.choices[0].message.content == want
+    chunks = client.chat.completions.create(model="t", messages=ASK, max_tokens=24, temperature=0.5, seed=3,
+                                            stream=True, extra_body={**MIROSTAT, "mirostat_tau": 2.0})
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ref.generate(ASK, max_tokens=24, **SAMPLED, **{**MIROSTAT, "mirostat_tau": 2.0}).text
