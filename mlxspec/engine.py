@@ -329,7 +329,8 @@ class Engine:
                stop_token_ids=None, ignore_eos: bool = False,
                min_tokens: int = 0, prompt_logprobs: Optional[int] = None, suffix: Optional[str] = None,
                include_stop_str_in_output: bool = False, continue_final_message: bool = False,
-               parallel_tool_calls: bool = True, prediction=None, min_indent: int = 0,
+               parallel_tool_calls: bool = True, prediction=None, post_sampling_probs: bool = False,
+               min_indent: int = 0,
                soft_time_limit: Optional[float] = None, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
@@ -374,6 +375,9 @@ class Engine:
                 log-probability of its token (of the raw logits: before temperature and the
                 filters, as mlx-lm reports it), and `top_logprobs`, that many (0..1000) of the
                 best (token, logprob) of its position. Computed in the pass that picks the token.
+            post_sampling_probs: llama.cpp's: with `logprobs`, they are of the distribution each token
+                was drawn from (after temperature, the filters, penalties and logit_bias; greedy:
+                the chosen token's 0, every other -inf), not of the raw logits.
             prompt_logprobs: None (default), or the first event also carries `prompt_logprobs`:
                 per prompt token (token, log-probability given the tokens before it, that many
                 (0..1000) best (token, logprob) there), the first token's log-probability None
@@ -565,7 +569,7 @@ class Engine:
     def _run(self, *, ids, params, max_tokens, seed, name, k_fixed, stop, tree, lookup=False,
              cancel=None, logprobs=None, response_format=None, constraint=None,
              logit_bias=None, penalty=None, endings=None, prompt_logprobs=None,
-             think_end=None, include_stop=False, prediction=None) -> Iterator[TokenEvent]:
+             think_end=None, include_stop=False, prediction=None, post_sampling=False) -> Iterator[TokenEvent]:
         if constraint is None:  # a rank other than 0 builds its own from the shared request
             constraint = self.constraint(response_format, think_end)
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
@@ -577,7 +581,7 @@ class Engine:
                         constraint=constraint, bias=bias_row(logit_bias, self.vocab_size) if logit_bias else None,
                         penalties=self._penalties(penalty) if penalty else None,
                         prompt_logprobs=prompt_logprobs, include_stop=include_stop, prediction=prediction,
-                        **(endings or {}))
+                        post_sampling=post_sampling, **(endings or {}))
 
     def _penalties(self, penalty: dict) -> Penalties:
         """A checked request's penalties (`request.check_request`), DRY's breakers as token ids."""

@@ -9,6 +9,7 @@ drafts equal).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import List, Optional, Tuple
 
@@ -37,11 +38,13 @@ def row_logprobs(rows: mx.array, tokens: mx.array, top: int) -> Tuple[mx.array, 
 
 
 def read_rows(lp: Optional[tuple], rows: List[int]) -> Optional[List[TokenLogprob]]:
-    """The host's copy of the chosen rows of `row_logprobs`' output, top choices best first."""
+    """The host's copy of the chosen rows of `row_logprobs`' output, top choices best first; a
+    token of no probability is no choice (rows after the sampling filters have many)."""
     if lp is None:
         return None
     chosen, ids, vals = (a.tolist() for a in lp)
-    return [(chosen[r], sorted(zip(ids[r], vals[r]), key=lambda iv: -iv[1])) for r in rows]
+    return [(chosen[r], sorted(((i, v) for i, v in zip(ids[r], vals[r]) if v > -math.inf), key=lambda iv: -iv[1]))
+            for r in rows]
 
 
 PromptLogprob = Tuple[int, Optional[float], List[Tuple[int, float]]]  # (token, its log p or None, best choices)

@@ -98,12 +98,13 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
              ignore_eos: bool = False, min_tokens: int = 0,
              prompt_logprobs: Optional[int] = None, include_stop: bool = False,
              end_after: str = "", prediction: Optional[List[int]] = None, min_indent: int = 0,
-             soft_time_limit: Optional[float] = None) -> Iterator[TokenEvent]:
+             soft_time_limit: Optional[float] = None, post_sampling: bool = False) -> Iterator[TokenEvent]:
     """`tree`: most nodes of a draft tree (0: chains only). `lookup`: a model drafter's rounds
     may draft by prompt lookup instead where that is expected to be faster. `cancel` (an object
     with `is_set()`, e.g. a threading.Event, set from any thread): the generation ends as if
     its stream were closed, between two chunks of the prompt or after the next event.
-    `logprobs`: each event also carries its token's log-probability and that many top choices.
+    `logprobs`: each event also carries its token's log-probability and that many top choices;
+    with `post_sampling`, of the distribution it was drawn from rather than the raw logits.
     `constraint` (`mlxspec.grammar.Constraint`): a grammar every token follows. Each pass's masks
     are computed on the host from the committed tokens, so plain steps are not chained ahead of
     their read, and rounds draft chains (a tree's rows would need one mask per branch). `bias`: the
@@ -197,11 +198,12 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
         k, _, shadow, src = step
         d = planner.draft(step)
         if not len(d.draft):
-            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, d.mask, d.added, mu)
+            p = plain_step(target, hist[-1], params, seed, len(hist), logprobs, d.mask, d.added, mu, post_sampling)
         elif d.draft.parents is not None:
-            p = tree_round(target, hist[-1], d.draft, params, seed, len(hist), logprobs, d.added)
+            p = tree_round(target, hist[-1], d.draft, params, seed, len(hist), logprobs, d.added, post_sampling)
         else:
-            p = verify_round(target, hist[-1], d.draft, params, seed, len(hist), logprobs, d.mask, d.added, mu)
+            p = verify_round(target, hist[-1], d.draft, params, seed, len(hist), logprobs, d.mask, d.added, mu,
+                             post_sampling)
         p.shadow, p.drafted, p.src, p.read_first, p.static = shadow, d.drafted, src, d.read_first, d.static
         p.retime = src == name and bool(k) and cost.exploring
         p.forced = d.forced
@@ -253,7 +255,7 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
                     t_chain = clock()
                     nxt = plain_step(target, pending.token, params, seed, len(hist) + 1, logprobs,
                                      bias=planner.shaping(Draft([]), pending.token),
-                                     mu=None if mu is None else pending.mu[0])
+                                     mu=None if mu is None else pending.mu[0], processed=post_sampling)
                     nxt.pipelined, nxt.src = True, name
                     chained = clock() - t_chain
 

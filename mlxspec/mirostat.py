@@ -66,7 +66,8 @@ def _after(q: mx.array, tokens: mx.array, mu: mx.array, params: SamplingParams) 
 def sample(probs: mx.array, mu: mx.array, drafts, seed: int, out_pos: int, params: SamplingParams):
     """A pass's tokens by mirostat: rows (1 + k, V) of temperature-scaled probabilities, `mu` the
     threshold before row 0, `drafts` the k tokens fed after it (a list or an array). Returns (the
-    sampled token of every row (S,) int32, the mu after each row's sampled token (S,))."""
+    sampled token of every row (S,) int32, the mu after each row's sampled token (S,), the rows
+    the tokens were drawn from (S, V))."""
     S = probs.shape[0]
     drafts = mx.array(drafts, dtype=mx.int32) if isinstance(drafts, list) else drafts.astype(mx.int32)
     mus = [mu.reshape(1)]
@@ -77,4 +78,4 @@ def sample(probs: mx.array, mu: mx.array, drafts, seed: int, out_pos: int, param
     mu_rows = mx.where(mx.isnan(mu_rows), -math.inf, mu_rows)  # (a draft of no mass: the rows after it are unused)
     q = truncated(probs, mu_rows, params)
     tokens = sample_race(q, position_keys(seed, mx.arange(out_pos, out_pos + S)))
-    return tokens, _after(q, tokens, mu_rows, params)
+    return tokens, _after(q, tokens, mu_rows, params), q

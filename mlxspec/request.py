@@ -27,7 +27,7 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
                   logit_bias, presence_penalty, frequency_penalty, repetition_penalty, repetition_context_size,
                   dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, dry_sequence_breakers,
                   stop_token_ids, ignore_eos, min_tokens, prompt_logprobs, suffix, include_stop_str_in_output,
-                  continue_final_message, parallel_tool_calls, prediction, min_indent=0,
+                  continue_final_message, parallel_tool_calls, prediction, post_sampling_probs, min_indent=0,
                   soft_time_limit=None) -> Tuple[dict, Optional[object]]:
     """`engine.stream`'s arguments, checked (see its docstring for each). Returns the request (what
     `Engine._run` takes, shareable between ranks) and the grammar state for its response_format
@@ -41,7 +41,7 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     stop = check_stop(stop)
     for flag, value in (("speculative", speculative), ("include_stop_str_in_output", include_stop_str_in_output),
                         ("continue_final_message", continue_final_message),
-                        ("parallel_tool_calls", parallel_tool_calls)):
+                        ("parallel_tool_calls", parallel_tool_calls), ("post_sampling_probs", post_sampling_probs)):
         if not isinstance(value, bool):
             raise InvalidArgumentError(f"{flag} must be True or False, got {value!r}")
     seed = check_seed(seed)
@@ -96,5 +96,5 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
                    k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
                    response_format=fmt, logit_bias=bias, penalty=penalty, endings=endings,
                    prompt_logprobs=prompt_logprobs, think_end=think_end,
-                   include_stop=include_stop_str_in_output, prediction=predicted)
+                   include_stop=include_stop_str_in_output, prediction=predicted, post_sampling=post_sampling_probs)
     return request, constraint

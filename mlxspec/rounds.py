@@ -79,39 +79,55 @@ def _constrained(logits: mx.array, mask: Optional[mx.array], bias=None) -> mx.ar
     return logits if mask is None else masked(logits[0], mask)[None]
 
 
+def _scored(logits: mx.array, p: Optional[mx.array], tokens: mx.array, logprobs: Optional[int], processed: bool):
+    """`logprobs.row_logprobs` of a pass's rows (lazy; None when not asked for): of the raw logits,
+    or with `processed` of the rows the tokens were drawn from, `p` (greedy, None: the one-hot of
+    the chosen token, which had all the mass)."""
+    if logprobs is None:
+        return None
+    if not processed:
+        return row_logprobs(logits[0], tokens, logprobs)
+    if p is None:
+        cols = mx.arange(logits.shape[-1])
+        return row_logprobs(mx.where(cols == tokens.astype(mx.int32)[:, None], 0.0, -mx.inf), tokens, logprobs)
+    return row_logprobs(mx.log(p), tokens, logprobs)  # (log-softmax of log p is log p)
+
+
 def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
                logprobs: Optional[int] = None, mask: Optional[mx.array] = None,
-               bias: Optional[mx.array] = None, mu: Optional[mx.array] = None) -> Pass:
+               bias: Optional[mx.array] = None, mu: Optional[mx.array] = None, processed: bool = False) -> Pass:
     """Feed one token (an int, or the lazy output of the previous step) and pick the next.
     `logprobs` (here and in the other rounds): also the log-probabilities of the picked tokens
     and that many top choices (`mlxspec.logprobs`); None: not computed. `mask` (here and in
     `verify_round`): the tokens a grammar allows at each row, (S, V) bool (`mlxspec.grammar`).
     `bias` (in every round): the request's logit_bias row, added to every row, or a function of
     the logits that applies it and the penalties (`mlxspec.penalties`). `mu` (here and in
-    `verify_round`): mirostat's threshold before the first row, lazy (None: no mirostat)."""
+    `verify_round`): mirostat's threshold before the first row, lazy (None: no mirostat).
+    `processed` (in every round): the logprobs are of the distribution each token was drawn from
+    (llama.cpp's post_sampling_probs), not of the raw logits."""
     start = len(target.tokens)
     logits = target.forward(token if isinstance(token, mx.array) else [token], batched=True)
-    mu_after = None
+    mu_after = p = None
     if params.greedy:
         nxt, ok = _argmax_checked(_constrained(logits, mask, bias))
     elif mu is not None:
         p = kernels.probabilities(_constrained(logits, mask, bias)[0, -1:], params)
-        nxt, mu_after = mirostat.sample(p, mu, [], seed, out_pos, params)
+        nxt, mu_after, p = mirostat.sample(p, mu, [], seed, out_pos, params)
         nxt, ok = nxt.astype(mx.uint32), _finite(logits[0, -1])
     else:
         row = logits[0, -1]
         keys = position_keys(seed, [out_pos])
-        p = kernels.probabilities(_constrained(logits, mask, bias)[0, -1], params, xtc_fires(params, keys))
-        nxt = sample_race(p[None], keys).astype(mx.uint32)
+        p = kernels.probabilities(_constrained(logits, mask, bias)[0, -1:], params, xtc_fires(params, keys))
+        nxt = sample_race(p, keys).astype(mx.uint32)
         ok = _finite(row)
-    lp = None if logprobs is None else row_logprobs(logits[0], nxt, logprobs)
+    lp = _scored(logits, p, nxt, logprobs, processed)
     mx.async_eval(nxt, ok, *(lp or ()), *([] if mu_after is None else [mu_after]))
     return Pass(start, 1, 0, (nxt, ok), nxt, [], lp=lp, mu=mu_after)
 
 
 def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int,
                  logprobs: Optional[int] = None, mask: Optional[mx.array] = None,
-                 bias: Optional[mx.array] = None, mu: Optional[mx.array] = None) -> Pass:
+                 bias: Optional[mx.array] = None, mu: Optional[mx.array] = None, processed: bool = False) -> Pass:
     """Feed [last] + drafts and pick the target's tokens for every row; the host compares the rows
     with the drafts after the read."""
     start = len(target.tokens)
@@ -120,12 +136,12 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
     feed = [last, *draft.tokens] if on_host else mx.concatenate([mx.array([last], mx.uint32),
                                                                  draft.tokens.astype(mx.uint32)])
     logits = target.forward(feed, batched=True)  # (1, k+1, V)
-    mu_after = None
+    mu_after = p = None
     if params.greedy:
         tokens, ok = _argmax_checked(_constrained(logits, mask, bias))
     elif mu is not None:
         p = kernels.probabilities(_constrained(logits, mask, bias)[0], params)
-        tokens, mu_after = mirostat.sample(p, mu, draft.tokens, seed, out_pos, params)
+        tokens, mu_after, p = mirostat.sample(p, mu, draft.tokens, seed, out_pos, params)
         ok = _finite(logits[0])
     else:
         rows = logits[0]
@@ -134,14 +150,14 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
         ok = _finite(rows)
         tokens = sample_race(p, keys)
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
-    lp = None if logprobs is None else row_logprobs(logits[0], tokens, logprobs)
+    lp = _scored(logits, p, tokens, logprobs, processed)
     mx.async_eval(*out, *(lp or ()), *([] if mu_after is None else [mu_after]))
     return Pass(start, k + 1, k, out, None, list(draft.tokens) if on_host else None, draft.kind, lp=lp,
                 mu=mu_after)
 
 
 def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: int, out_pos: int,
-               logprobs: Optional[int] = None, bias: Optional[mx.array] = None) -> Pass:
+               logprobs: Optional[int] = None, bias: Optional[mx.array] = None, processed: bool = False) -> Pass:
     """Feed [last] + a tree of deterministic drafts in one pass (mlxspec.tree) and pick the
     target's token for every row; the host walks the tree along them after the read.
 
@@ -154,16 +170,17 @@ def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: in
     feed = [last, *draft.tokens] if on_host else mx.concatenate([mx.array([last], mx.uint32),
                                                                  draft.tokens.astype(mx.uint32)])
     logits = target.forward_tree(feed, draft.parents)  # (1, 1+N, V)
+    p = None
     if params.greedy:
         tokens, ok = _argmax_checked(_constrained(logits, None, bias))
     else:
         rows = logits[0]
         keys = position_keys(seed, (out_pos + depths(draft.parents)).tolist())
-        tokens = sample_race(kernels.probabilities(_constrained(logits, None, bias)[0], params,
-                                                   xtc_fires(params, keys)), keys)
+        p = kernels.probabilities(_constrained(logits, None, bias)[0], params, xtc_fires(params, keys))
+        tokens = sample_race(p, keys)
         ok = _finite(rows)
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
-    lp = None if logprobs is None else row_logprobs(logits[0], tokens, logprobs)
+    lp = _scored(logits, p, tokens, logprobs, processed)
     mx.async_eval(*out, *(lp or ()))
     return Pass(start, len(draft) + 1, len(draft), out, None, list(draft.tokens) if on_host else None, draft.kind,
                 parents=list(draft.parents), lp=lp)

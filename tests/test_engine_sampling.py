@@ -5,6 +5,8 @@ cells), so it can be computed exactly from the target and compared with the engi
 empirical law. Tolerance: 4x the expected total-variation of N draws from the true law.
 """
 
+import math
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -113,3 +115,28 @@ def test_a_drafter_with_the_targets_law_has_every_sampled_draft_accepted(drafter
         s = engine.generate(PROMPT, max_tokens=24, temperature=1.0, seed=seed, **filters).stats
         drafted, accepted = drafted + s.drafted, accepted + s.accepted
     assert drafted >= 6 * 3 * 5 and accepted == drafted
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model", "eagle"])
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "top_k": 4}, {"temperature": 1.5, "mirostat": 2,
+                                                                              "mirostat_tau": 2.0}])
+def test_post_sampling_logprobs_are_the_rows_the_tokens_were_drawn_from(drafter, sampling, tmp_path):
+    """With post_sampling_probs, each token's logprob and its top choices are of the processed row it
+    was drawn from, drafted or not: the same as plain decoding's, the top choices only tokens of
+    some mass (top_k's four), summing to 1; greedy, the chosen token's 0 alone."""
+    model = tiny.make_llama(seed=5, vocab_size=VOCAB, hidden=32)
+    kw = {"ngram": {}, "model": {"draft_model": tiny.make_llama(6, vocab_size=VOCAB, hidden=16, layers=1)},
+          "eagle": {"eagle_head": tiny.make_eagle_head(model, tmp_path, seed=7)}}[drafter]
+    engine = Engine(model, None, drafter=drafter, **kw)
+    options = dict(max_tokens=24, logprobs=6, post_sampling_probs=True, seed=2, **sampling)
+    spec = engine.generate(PROMPT * 4, num_draft=3, **options)
+    plain = engine.generate(PROMPT * 4, speculative=False, **options)
+    assert spec.tokens == plain.tokens and spec.stats.drafted > 0
+    tol = tiny.float32_tol(1e-4) * 10
+    for lp, want, top, want_top in zip(spec.logprobs, plain.logprobs, spec.top_logprobs, plain.top_logprobs):
+        assert abs(lp - want) <= tol and [i for i, _ in top] == [i for i, _ in want_top]
+        assert math.isclose(sum(math.exp(v) for _, v in top), 1.0, rel_tol=1e-4) or len(top) == 6
+        if not sampling:
+            assert lp == 0.0 and len(top) == 1
+        elif "top_k" in sampling:
+            assert len(top) == 4
