@@ -77,7 +77,6 @@ def test_a_json_schema_is_followed_and_time_ends_the_answer_at_a_line(served):
     ({"prompt": PROMPT, "logit_bias": {"13": 500}}, "logit_bias", "logit_bias"),
     ({"prompt": PROMPT, "n_probs": 1001}, "n_probs", "n_probs must be an integer in 0..1000"),
     ({"prompt": PROMPT, "n_probs": "5"}, "n_probs", "n_probs must be an integer"),
-    ({"prompt": PROMPT, "n_probs": 5, "post_sampling_probs": True}, "post_sampling_probs", "before temperature"),
     ({"prompt": PROMPT, "return_tokens": "yes"}, "return_tokens", "return_tokens must be true or false"),
 ])
 def test_bad_requests_are_refused_naming_the_field(served, body, param, says):
@@ -143,6 +142,30 @@ def test_n_probs_past_the_vocabulary_list_all_of_it(served):
     assert len(row["top_logprobs"]) == tiny.VOCAB and len({t["id"] for t in row["top_logprobs"]}) == tiny.VOCAB
     assert math.isclose(sum(math.exp(t["logprob"]) for t in row["top_logprobs"]), 1.0, rel_tol=1e-4)
     assert row["top_logprobs"][0]["logprob"] == max(t["logprob"] for t in row["top_logprobs"])
+
+
+def test_post_sampling_probs_are_the_distribution_each_token_was_drawn_from(served):
+    """llama.cpp's post_sampling_probs: `prob` and `top_probs`, linear, after temperature and the
+    filters: only the tokens top_k kept, summing to 1; greedy, the chosen token's 1 alone. Equal to
+    the engine's own, plain decoding's, whatever drafted."""
+    url, ref = served
+    sampled = dict(temperature=0.9, seed=4, top_k=3)
+    want = ref.generate(PROMPT, max_tokens=12, speculative=False, logprobs=5, post_sampling_probs=True, **sampled)
+    r = post(url, prompt=PROMPT, n_predict=12, n_probs=5, post_sampling_probs=True, **sampled).json()
+    rows = r["completion_probabilities"]
+    assert r["content"] == want.text and rows and spelt(rows) == r["content"]
+    tol = tiny.float32_tol(1e-4) * 10  # probabilities of logits ~10, verify rows against plain steps
+    for row, lp, best in zip(rows, want.logprobs, want.top_logprobs):
+        assert "logprob" not in row and "top_logprobs" not in row
+        assert len(row["top_probs"]) == 3  # top_k's three, though five were asked for
+        assert math.isclose(sum(t["prob"] for t in row["top_probs"]), 1.0, rel_tol=1e-5)
+        assert abs(row["prob"] - math.exp(lp)) <= tol and row["prob"] in [t["prob"] for t in row["top_probs"]]
+        assert [t["id"] for t in row["top_probs"]] == [t for t, _ in best]
+    raw = post(url, prompt=PROMPT, n_predict=12, n_probs=5, **sampled).json()["completion_probabilities"]
+    assert all(len(row["top_logprobs"]) == 5 for row in raw)  # without it, the model's own: five listed
+    greedy = post(url, prompt=PROMPT, n_predict=4, n_probs=5, post_sampling_probs=True).json()
+    for row in greedy["completion_probabilities"]:
+        assert row["prob"] == 1.0 and row["top_probs"] == [{k: row[k] for k in ("id", "token", "bytes", "prob")}]
 
 
 def test_apply_template_gives_the_text_completion_answers_as_the_chat_is_answered(served):

@@ -11,7 +11,8 @@ less (the cursor's indentation, which llama.vscode sends) and `t_max_predict_ms`
 line end after that much generating (the engine's `min_indent` and `soft_time_limit`), each with
 `stop_type` `limit`, as in llama.cpp. `n_probs` gives each token's probability and its position's
 best alternatives (`completion_probabilities`: the model's own, before temperature and the sampling
-filters, as llama.cpp's `post_sampling_probs` false) and `return_tokens` the tokens' ids, each for
+filters, as llama.cpp's `post_sampling_probs` false; with it true, `prob` and `top_probs` of the
+distribution each token was drawn from) and `return_tokens` the tokens' ids, each for
 the tokens that spell the answer's text. The answer is one object, or server-sent events whose last
 has `"stop": true` and the timings; `response_fields` picks (and flattens) what comes back.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -67,7 +68,7 @@ async def props(request: Request) -> Response:
     # The defaults a request that leaves a field out gets here (n_predict: the server's --max-tokens).
     params = {"n_predict": options.max_tokens, "seed": -1, "temperature": options.temperature, "top_k": 0,
               "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
-              "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+              "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "post_sampling_probs": False,
               **dict(DRY_FIELDS, dry_sequence_breakers=list(BREAKERS)),
               "repeat_last_n": REPEAT_LAST_N, "repeat_penalty": 1.0,
               "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": []}
@@ -103,9 +104,9 @@ async def answer(request: Request, body: dict, prompt, limit: int, *, endpoint: 
                           repetition_context_size=body.get("repeat_last_n", REPEAT_LAST_N))
     fields = _fields(body.get("response_fields"))
     limits = _line_limits(body)
-    probs, ids = _n_probs(body), schema.flag(body, "return_tokens", False)
+    (probs, post), ids = _n_probs(body), schema.flag(body, "return_tokens", False)
     if probs:  # (past OpenAI's 20, which parse_completion's logprobs holds to)
-        limits["logprobs"] = probs
+        limits.update(logprobs=probs, post_sampling_probs=post)
 
     def parse(given: dict, defaults) -> schema.GenerationRequest:
         req = schema.parse_completion(given, defaults)
@@ -115,7 +116,7 @@ async def answer(request: Request, body: dict, prompt, limit: int, *, endpoint: 
     def builder_of(state: ServerState, req: schema.GenerationRequest, body: dict) -> LlamaBuilder:
         tokens = LogprobStream(True, state.token_bytes) if (probs or ids) and limit else None
         return LlamaBuilder(endpoint, state.model_id, fields, warm_only=limit == 0, truncated=truncated,
-                            tokens=tokens, probs=bool(probs), ids=ids)
+                            tokens=tokens, probs=bool(probs), ids=ids, post=post)
 
     return await one_answer(request, lambda _: completion, builder_of, endpoint, param, _renamed, parse=parse,
                             body=body)
@@ -153,19 +154,15 @@ def _line_limits(body: dict) -> dict:
     return out
 
 
-def _n_probs(body: dict) -> int:
-    """llama.cpp's n_probs (0: none), refused past what the engine gives, and with
-    post_sampling_probs, whose probabilities (after the sampling chain) are not computed here."""
+def _n_probs(body: dict) -> Tuple[int, bool]:
+    """llama.cpp's n_probs (0: none), refused past what the engine gives, and post_sampling_probs
+    (the probabilities after the sampling chain, as `prob` and `top_probs`, not the model's own)."""
     n = body.get("n_probs")
     n = 0 if n is None else n
     if not is_top_count(n, MOST_TOP):
         raise invalid(f"n_probs must be an integer in 0..{MOST_TOP} (the best tokens listed per position; 0: none), "
                       f"got {shown(n)}", "n_probs")
-    if n and schema.flag(body, "post_sampling_probs", False):
-        raise unsupported("post_sampling_probs is not served here: the probabilities are the model's own, before "
-                          "temperature and the sampling filters (leave it out, or false, for those)",
-                          "post_sampling_probs")
-    return n
+    return n, schema.flag(body, "post_sampling_probs", False)
 
 
 def _bias(given) -> dict:
@@ -203,8 +200,9 @@ class LlamaBuilder:
     """One answer in llama.cpp's /completion shape, whole or as server-sent events."""
 
     def __init__(self, endpoint: str, model: str, fields: Optional[List[str]], warm_only: bool, truncated: bool,
-                 tokens: Optional[LogprobStream] = None, probs: bool = False, ids: bool = False):
+                 tokens: Optional[LogprobStream] = None, probs: bool = False, ids: bool = False, post: bool = False):
         self.id = f"{endpoint}-" + uuid.uuid4().hex[:24]  # for the log
+        self.post = post  # post_sampling_probs: `prob` and `top_probs`, linear, as llama.cpp names them
         self.model, self.fields = model, fields
         self.warm_only, self.truncated = warm_only, truncated
         self.stream, self.probs, self.ids = tokens, probs, ids  # the tokens that spell the text, as they go out
@@ -236,12 +234,15 @@ class LlamaBuilder:
         ready, self._ready = self._ready, []
         out = {"tokens": [ev.token for ev, _, _ in ready]} if self.ids else {}
         if self.probs:
+            key, top = ("prob", "top_probs") if self.post else ("logprob", "top_logprobs")
+
             def entry(token: int, raw: bytes, logprob: float) -> dict:
-                return {"id": token, "token": raw.decode("utf-8", "replace"), "bytes": list(raw), "logprob": logprob}
+                return {"id": token, "token": raw.decode("utf-8", "replace"), "bytes": list(raw),
+                        key: math.exp(logprob) if self.post else logprob}
 
             out["completion_probabilities"] = [
                 dict(entry(ev.token, raw, ev.logprob),
-                     top_logprobs=[entry(t, self.stream.token_bytes(t), lp) for t, lp in ev.top_logprobs])
+                     **{top: [entry(t, self.stream.token_bytes(t), lp) for t, lp in ev.top_logprobs]})
                 for ev, raw, _ in ready]
         return out
 
