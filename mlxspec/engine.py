@@ -317,7 +317,8 @@ class Engine:
                                 lps if asked else None, tops if asked else None, scored, why)
 
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, min_p: float = 0.0, typical_p: float = 1.0, xtc_probability: float = 0.0,
+               top_k: int = 0, min_p: float = 0.0, typical_p: float = 1.0, top_n_sigma: float = 0.0,
+               xtc_probability: float = 0.0,
                xtc_threshold: float = 0.1, mirostat: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
                seed: Optional[int] = None, speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
@@ -340,6 +341,8 @@ class Engine:
                 fills first (finish_reason "length"; no limit with a sliding window below it).
             temperature, top_p, top_k, min_p: sampling (default greedy); applied to target and draft alike.
             typical_p: locally typical sampling's mass, in (0, 1] (1, the default, disables it).
+            top_n_sigma: llama.cpp's top-n-sigma: the tokens whose logit is at least the top one
+                less that many standard deviations of the logits (0 or less, the default: off).
             xtc_probability, xtc_threshold: XTC (mlx-lm's and llama.cpp's "exclude top choices"):
                 at each position, with that probability (0, the default, disables it), every token
                 above the threshold (in [0, 0.5], default 0.1) but the least likely of them is

@@ -21,8 +21,8 @@ from .sampling import SamplingParams, check_logit_bias
 from .tools import call_grammar, calls_or_answer, check_tool_choice, check_tools, narrowed
 
 
-def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_p, typical_p, xtc_probability,
-                  xtc_threshold, mirostat, mirostat_tau, mirostat_eta, seed, speculative, num_draft,
+def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_p, typical_p, top_n_sigma,
+                  xtc_probability, xtc_threshold, mirostat, mirostat_tau, mirostat_eta, seed, speculative, num_draft,
                   stop, drafter, tree, lookup, tools, logprobs, response_format, tool_choice, chat_template_kwargs,
                   logit_bias, presence_penalty, frequency_penalty, repetition_penalty, repetition_context_size,
                   dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, dry_sequence_breakers,
@@ -33,7 +33,8 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     `Engine._run` takes, shareable between ranks) and the grammar state for its response_format
     (None for free text), built now so a schema the compiler refuses is said first."""
     params = SamplingParams(temperature, top_p, top_k, min_p, typical_p, xtc_probability, xtc_threshold,
-                            engine.xtc_special if xtc_probability else (), mirostat, mirostat_tau, mirostat_eta)
+                            engine.xtc_special if xtc_probability else (), mirostat, mirostat_tau, mirostat_eta,
+                            top_n_sigma)
     max_tokens = check_max_tokens(max_tokens)
     k_fixed = check_num_draft(num_draft) if num_draft is not None else engine.num_draft
     tree = check_tree(tree) if tree is not None else engine.tree

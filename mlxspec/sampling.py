@@ -1,8 +1,9 @@
-"""Logits -> processed probabilities (temperature, top-k, top-p, min-p, typical-p, XTC).
+"""Logits -> processed probabilities (temperature, top-k, top-p, min-p, typical-p, top-n-sigma, XTC).
 
 Target and draft rows go through the *same* function, so a drafter's race (below) and the
-target's compare like with like. Order: temperature, then top-k, top-p, min-p and typical-p,
-each a threshold on the temperature-scaled probabilities, then renormalisation, then XTC on
+target's compare like with like. Order: temperature, then top-k, top-p, min-p, typical-p and
+top-n-sigma, each a threshold on the temperature-scaled probabilities (top-n-sigma's, on their
+logits, is the same whatever the temperature), then renormalisation, then XTC on
 what is left. Ties at a threshold are kept (a threshold is a value, not a rank), which a
 one-pass GPU kernel can reproduce exactly. Temperature 0 is greedy: a one-hot row at the argmax
 (the first index on ties), which no filter changes. With mirostat (`mlxspec.mirostat`) the rows
@@ -55,15 +56,17 @@ class SamplingParams:
     mirostat: int = 0  # 0 off, 1 or 2: llama.cpp's versions (`mlxspec.mirostat`), in place of the filters
     mirostat_tau: float = 5.0  # the surprise it aims at, in bits
     mirostat_eta: float = 0.1  # how fast its threshold moves
+    top_n_sigma: float = 0.0  # > 0: keep the logits within that many standard deviations of the top; <= 0 disables
 
     def __post_init__(self):
         validate(self.temperature, self.top_p, self.top_k, self.min_p, self.typical_p, self.xtc_probability,
-                 self.xtc_threshold, self.mirostat, self.mirostat_tau, self.mirostat_eta)
+                 self.xtc_threshold, self.mirostat, self.mirostat_tau, self.mirostat_eta, self.top_n_sigma)
         # Python's own numbers from numpy's (np.float32(0.7)): an mx array divided by a numpy
         # scalar would become numpy's
         for key, kind in (("temperature", float), ("top_p", float), ("top_k", operator.index), ("min_p", float),
                           ("typical_p", float), ("xtc_probability", float), ("xtc_threshold", float),
-                          ("mirostat", operator.index), ("mirostat_tau", float), ("mirostat_eta", float)):
+                          ("mirostat", operator.index), ("mirostat_tau", float), ("mirostat_eta", float),
+                          ("top_n_sigma", float)):
             object.__setattr__(self, key, kind(getattr(self, key)))
         object.__setattr__(self, "xtc_special", tuple(int(t) for t in self.xtc_special))  # (a list, shared as JSON)
         if 0 < self.temperature < TINY_TEMPERATURE:  # the same T -> 0 limit, in numbers float32 has
@@ -85,7 +88,7 @@ class SamplingParams:
 
 
 def validate(temperature, top_p, top_k, min_p, typical_p=1.0, xtc_probability=0.0, xtc_threshold=0.1, mirostat=0,
-             mirostat_tau=5.0, mirostat_eta=0.1) -> None:
+             mirostat_tau=5.0, mirostat_eta=0.1, top_n_sigma=0.0) -> None:
     """Raise InvalidArgumentError naming the bad value and the allowed range."""
     t, p, m = _real(temperature), _real(top_p), _real(min_p)
     if t is None or not 0.0 <= t < math.inf:  # NaN fails every comparison
@@ -105,6 +108,10 @@ def validate(temperature, top_p, top_k, min_p, typical_p=1.0, xtc_probability=0.
         raise InvalidArgumentError(f"xtc_threshold must be in [0, 0.5], got {shown(xtc_threshold)}")
     if isinstance(mirostat, bool) or not isinstance(mirostat, numbers.Integral) or mirostat not in (0, 1, 2):
         raise InvalidArgumentError(f"mirostat must be 0 (off), 1 or 2 (its version), got {shown(mirostat)}")
+    sigma = _real(top_n_sigma)
+    if sigma is None or not -math.inf < sigma < math.inf:
+        raise InvalidArgumentError(f"top_n_sigma must be a finite number (> 0: how many standard deviations of the "
+                                   f"logits below the top are kept; 0 or less disables it), got {shown(top_n_sigma)}")
     for name, value in (("mirostat_tau", mirostat_tau), ("mirostat_eta", mirostat_eta)):
         x = _real(value)
         if x is None or not 0.0 <= x < math.inf:
@@ -324,7 +331,8 @@ def probabilities(logits: mx.array, params: SamplingParams, fires: Optional[mx.a
     # The maximum first, then the temperature: logits / 1e-40 would overflow to inf (and the row to
     # NaN), while (logits - max) / t only reaches -inf, which the softmax maps to 0.
     shifted = logits - mx.max(logits, axis=-1, keepdims=True)
-    probs = mx.softmax(shifted / params.temperature, axis=-1, precise=True)
+    scaled = shifted / params.temperature
+    probs = mx.softmax(scaled, axis=-1, precise=True)
     if params.mirostat:  # it truncates in their place (`mlxspec.mirostat`), with its running threshold
         return probs
     keep = None
@@ -345,6 +353,9 @@ def probabilities(logits: mx.array, params: SamplingParams, fires: Optional[mx.a
     if params.typical_p < 1.0:
         k4 = _typical(probs, params.typical_p)
         keep = k4 if keep is None else keep & k4
+    if params.top_n_sigma > 0.0:
+        k5 = _within_sigmas(scaled, params.top_n_sigma)
+        keep = k5 if keep is None else keep & k5
     if keep is not None:
         probs = mx.where(keep, probs, 0.0)
         probs = probs / mx.sum(probs, axis=-1, keepdims=True)
@@ -365,6 +376,16 @@ def _typical(probs: mx.array, mass: float) -> mx.array:
     reached = cumsum_precise(mx.take_along_axis(probs, order, axis=-1))  # the mass up to each, inclusive
     last = mx.minimum(mx.sum(reached < mass, axis=-1, keepdims=True), probs.shape[-1] - 1)
     return distance <= mx.take_along_axis(sorted_distance, last, axis=-1)
+
+
+def _within_sigmas(scaled: mx.array, n: float) -> mx.array:
+    """Top-n-sigma's keep mask (Tang et al. 2024, as llama.cpp has it): the logits at least the top
+    one less n standard deviations of them (the -inf ones, banned, left out of the deviation)."""
+    live = scaled > -mx.inf
+    count = mx.maximum(mx.sum(live, axis=-1, keepdims=True), 1)
+    mean = mx.sum(mx.where(live, scaled, 0.0), axis=-1, keepdims=True) / count
+    std = mx.sqrt(mx.sum(mx.where(live, (scaled - mean) ** 2, 0.0), axis=-1, keepdims=True) / count)
+    return scaled >= mx.max(scaled, axis=-1, keepdims=True) - n * std
 
 
 def _exclude_top_choices(probs: mx.array, params: SamplingParams, fires: mx.array,

@@ -37,20 +37,21 @@ def exact_joint(model, params, prompt=PROMPT):
     return first[:, None] * second  # (t1, t2)
 
 
-SAMPLERS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "xtc_probability", "xtc_threshold")
+SAMPLERS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "xtc_probability", "xtc_threshold", "top_n_sigma")
 
 
 @pytest.mark.parametrize("params,drafter", [
     (SamplingParams(0.8, top_p=0.9, top_k=8), "model"),
     (SamplingParams(1.0, min_p=0.05), "ngram"),
     (SamplingParams(1.0, typical_p=0.7), "model"),
+    (SamplingParams(1.2, top_n_sigma=1.0), "ngram"),
     (SamplingParams(1.0, xtc_probability=0.6, xtc_threshold=0.08), "model"),
     (SamplingParams(0.9, top_k=10, xtc_probability=0.5, xtc_threshold=0.1), "ngram"),
 ])
 def test_first_two_tokens_follow_the_target(params, drafter):
     target = tiny.make_llama(5, vocab_size=VOCAB, hidden=32)
     draft = tiny.make_llama(6, vocab_size=VOCAB, hidden=16, layers=1)
-    if params.typical_p < 1 or params.xtc:  # the filter changes this target's law, or the test shows nothing
+    if params.typical_p < 1 or params.xtc or params.top_n_sigma > 0:  # it changes the law, or the test shows nothing
         plain = law(target(mx.array([PROMPT]))[0, -1], SamplingParams(params.temperature, top_k=params.top_k))
         assert 0.5 * np.abs(law(target(mx.array([PROMPT]))[0, -1], params) - plain).sum() > 0.05
     assert_first_two_follow_the_target(Engine(target, None, draft, drafter=drafter, num_draft=2), target, params)

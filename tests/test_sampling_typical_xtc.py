@@ -1,5 +1,6 @@
-"""Typical-p and XTC: each against a direct NumPy statement of its rule (Hugging Face's
-TypicalLogitsWarper; mlx-lm's apply_xtc), and XTC's coin keyed by seed and position."""
+"""Typical-p, top-n-sigma and XTC: each against a direct NumPy statement of its rule (Hugging Face's
+TypicalLogitsWarper; llama.cpp's top-n-sigma sampler; mlx-lm's apply_xtc), and XTC's coin keyed by
+seed and position."""
 
 import math
 
@@ -65,6 +66,27 @@ def test_typical_p_keeps_a_token_near_the_entropy_over_the_likeliest():
     assert got[0] == 0 and got[1:].sum() == pytest.approx(1.0, abs=1e-6)
 
 
+def np_top_n_sigma(logits, t, n):
+    """llama.cpp's top-n-sigma on the logits (-inf ones left out of the mean and deviation), then
+    the softmax at temperature t of what is kept."""
+    live = logits[np.isfinite(logits)]
+    keep = logits >= live.max() - n * live.std()
+    z = np.where(keep, logits / t, -np.inf)
+    q = np.exp(z - z.max())
+    return q / q.sum()
+
+
+@pytest.mark.parametrize("t,n", [(1.0, 1.0), (0.5, 1.0), (1.5, 0.3), (1.0, 2.5)])
+def test_top_n_sigma_matches_llama_cpp_whatever_the_temperature(t, n):
+    rows = ROWS.copy()
+    rows[1, :7] = -np.inf  # banned tokens (a logit_bias of -100) count in neither the mean nor the deviation
+    got = np.array(probabilities(mx.array(rows), SamplingParams(t, top_n_sigma=n)))
+    for row, g in zip(rows, got):
+        want = np_top_n_sigma(row.astype(np.float64), t, n)
+        np.testing.assert_allclose(g, want, atol=1e-6)
+        assert 1 <= (g > 0).sum() < len(g)
+
+
 @pytest.mark.parametrize("threshold,special", [(0.1, ()), (0.05, (3, 7)), (0.02, ()), (0.5, ())])
 def test_xtc_where_it_fires_matches_numpy(threshold, special):
     params = SamplingParams(1.0, xtc_probability=1.0, xtc_threshold=threshold, xtc_special=special)
@@ -122,10 +144,11 @@ def test_xtc_coin_is_not_the_races_noise():
 
 
 @pytest.mark.parametrize("field,value,allowed", [
-    ("typical_p", 0.0, r"\(0, 1\]"), ("typical_p", 1.5, r"\(0, 1\]"), ("typical_p", "0.5", r"\(0, 1\]"),
-    ("xtc_probability", -0.1, r"\[0, 1\]"), ("xtc_probability", float("nan"), r"\[0, 1\]"),
-    ("xtc_threshold", 0.6, r"\[0, 0.5\]"), ("xtc_threshold", True, r"\[0, 0.5\]"),
+    ("typical_p", 0.0, r"in \(0, 1\]"), ("typical_p", 1.5, r"in \(0, 1\]"), ("typical_p", "0.5", r"in \(0, 1\]"),
+    ("xtc_probability", -0.1, r"in \[0, 1\]"), ("xtc_probability", float("nan"), r"in \[0, 1\]"),
+    ("xtc_threshold", 0.6, r"in \[0, 0.5\]"), ("xtc_threshold", True, r"in \[0, 0.5\]"),
+    ("top_n_sigma", float("inf"), "a finite number"), ("top_n_sigma", "1", "a finite number"),
 ])
 def test_bad_values_are_said_with_their_range(field, value, allowed):
-    with pytest.raises(InvalidArgumentError, match=f"{field} must be in {allowed}"):
+    with pytest.raises(InvalidArgumentError, match=f"{field} must be {allowed}"):
         SamplingParams(1.0, **{field: value})
