@@ -249,11 +249,13 @@ def made(fake_engine, monkeypatch):
 
 def test_generate_passes_a_chat_message_and_the_options(made, tiny_gguf_path):
     main(["generate", "--target", str(tiny_gguf_path), "--top-k", "7", "--min-p", "0.1", "--typical-p", "0.9",
+          "--top-n-sigma", "1.5",
           "--xtc-probability", "0.5", "--xtc-threshold", "0.2", "Capital?"])
     prompt, options = made[0].calls[0]
     assert prompt == [{"role": "user", "content": "Capital?"}]
     assert options["top_k"] == 7 and options["min_p"] == 0.1 and options["max_tokens"] == 256
     assert (options["typical_p"], options["xtc_probability"], options["xtc_threshold"]) == (0.9, 0.5, 0.2)
+    assert options["top_n_sigma"] == 1.5
     assert options["dry_multiplier"] == 0 and options["dry_sequence_breakers"] is None  # (off: the defaults)
     main(["generate", "--target", str(tiny_gguf_path), "--dry-multiplier", "0.8", "--dry-base", "2",
           "--dry-allowed-length", "3", "--dry-penalty-last-n", "64", "--dry-sequence-breaker", "\n",

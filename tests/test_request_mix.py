@@ -22,7 +22,7 @@ from mlxspec.bench.neartie import check_greedy
 EOS = 2  # the tiny tokenizer's <|im_end|>
 PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty", "dry_multiplier")
 FILTERS = (("top_p", [0.5, 0.9]), ("top_k", [5, 40]), ("min_p", [0.05, 0.2]), ("typical_p", [0.5, 0.9]),
-           ("xtc_probability", [0.5, 1.0]), ("mirostat", [1, 2]))
+           ("xtc_probability", [0.5, 1.0]), ("mirostat", [1, 2]), ("top_n_sigma", [0.5, 2.0]))
 REQUESTS = 30
 
 

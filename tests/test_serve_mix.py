@@ -24,7 +24,8 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 FIELDS = {
     "max_tokens": [1, 5, 12], "max_completion_tokens": [3, 9], "temperature": [0, 0.5, 1.0, 2.0],
     "top_p": [0.5, 1.0], "top_k": [0, 5], "min_p": [0.0, 0.1], "seed": [0, 7, 99], "n": [1, 2, 3],
-    "typical_p": [0.5, 1.0], "xtc_probability": [0.0, 0.5], "xtc_threshold": [0.05, 0.1], "mirostat": [0, 2],
+    "typical_p": [0.5, 1.0], "top_n_sigma": [-1, 1.0], "xtc_probability": [0.0, 0.5], "xtc_threshold": [0.05, 0.1],
+    "mirostat": [0, 2],
     "dry_multiplier": [0.0, 0.8], "dry_sequence_breakers": [["\n"], '"\\n", ":"'],
     "stop": ["a", ["a", "b"], []], "logprobs": [True, False], "top_logprobs": [0, 2, 4],
     "presence_penalty": [0.5], "frequency_penalty": [0.5, -0.5], "repetition_penalty": [1.1],

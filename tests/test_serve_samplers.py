@@ -11,7 +11,7 @@ from serve_helpers import TIMEOUT, running_server, tiny_engine
 ASK = [{"role": "user", "content": "Tell me about rivers"}]
 PROMPT = "Rivers run to the sea because"
 SAMPLED = {"temperature": 0.5, "seed": 3}
-FILTERS = [{"typical_p": 0.4}, {"xtc_probability": 1.0, "xtc_threshold": 0.02},
+FILTERS = [{"typical_p": 0.4}, {"xtc_probability": 1.0, "xtc_threshold": 0.02}, {"top_n_sigma": 0.5},
            {"typical_p": 0.8, "xtc_probability": 0.5, "xtc_threshold": 0.02}]
 
 
@@ -64,7 +64,7 @@ def test_props_say_their_defaults_and_ollama_s_typical_p_is_read(served):
 ])
 @pytest.mark.parametrize("field,value,says", [
     ("typical_p", 0, "(0, 1]"), ("typical_p", "high", "(0, 1]"), ("xtc_probability", 1.5, "[0, 1]"),
-    ("xtc_threshold", 0.7, "[0, 0.5]"), ("xtc_threshold", -1, "[0, 0.5]"),
+    ("xtc_threshold", 0.7, "[0, 0.5]"), ("xtc_threshold", -1, "[0, 0.5]"), ("top_n_sigma", "wide", "finite number"),
 ])
 def test_bad_values_are_a_400_naming_the_field(served, path, body, field, value, says):
     r = post(served[0], path, {**body, field: value})

@@ -57,6 +57,9 @@ def register(subparsers) -> None:
     p.add_argument("--typical-p", type=top_p, default=1.0, metavar="P",
                    help="locally typical sampling: keep the tokens whose surprise is nearest the entropy, up to "
                         "mass P; 1 disables (default: 1)")
+    p.add_argument("--top-n-sigma", type=float, default=0.0, metavar="N",
+                   help="keep the tokens whose logit is at least the top one less N standard deviations of the "
+                        "logits; 0 or less disables (default: 0)")
     p.add_argument("--xtc-probability", type=probability, default=0.0, metavar="P",
                    help="XTC (exclude top choices): at each token, with chance P, drop every token above "
                         "--xtc-threshold but the least likely of them (newline and EOS stay); 0 disables (default: 0)")
@@ -145,7 +148,7 @@ def run(args) -> int:
         text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
     prompt = text if raw else system + [{"role": "user", "content": text}]
     options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                   top_k=args.top_k, min_p=args.min_p, typical_p=args.typical_p,
+                   top_k=args.top_k, min_p=args.min_p, typical_p=args.typical_p, top_n_sigma=args.top_n_sigma,
                    xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold, mirostat=args.mirostat,
                    mirostat_tau=args.mirostat_ent, mirostat_eta=args.mirostat_lr, **_dry(args),
                    seed=args.seed,
@@ -225,7 +228,8 @@ def _check_options(args) -> None:
 
     check_dry(**_dry(args))
     SamplingParams(args.temperature, args.top_p, args.top_k, args.min_p, args.typical_p, args.xtc_probability,
-                   args.xtc_threshold)
+                   args.xtc_threshold, mirostat=args.mirostat, mirostat_tau=args.mirostat_ent,
+                   mirostat_eta=args.mirostat_lr, top_n_sigma=args.top_n_sigma)
     check_max_tokens(args.max_tokens)
     check_stop(args.stop)
     if (args.no_chat_template or args.suffix is not None) and (args.chat_template_args or args.reasoning_effort):

@@ -31,7 +31,7 @@ from .options import ServeOptions
 
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
 MAX_CHOICES = 128  # choices per request: n (OpenAI's most) times the prompts of a completions batch
-SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0,
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0, "top_n_sigma": 0.0,
                      "xtc_probability": 0.0, "xtc_threshold": 0.1,  # (TGI's, and mlx-lm's XTC)
                      "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}  # (llama.cpp's and Ollama's)
 TOP_K_OFF = -1  # vLLM's top_k for "off", read as the library's (and mlx-lm's) 0
