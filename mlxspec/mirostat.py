@@ -21,7 +21,7 @@ from typing import Optional
 
 import mlx.core as mx
 
-from .sampling import SamplingParams, position_keys, sample_race
+from .sampling import SamplingParams, sample_race
 
 ZIPF_TOKENS = 100  # v1 fits its exponent on this many likeliest tokens (llama.cpp's m)
 
@@ -63,13 +63,13 @@ def _after(q: mx.array, tokens: mx.array, mu: mx.array, params: SamplingParams) 
     return mu - params.mirostat_eta * (-mx.log2(p) - params.mirostat_tau)
 
 
-def sample(probs: mx.array, mu: mx.array, drafts, seed: int, out_pos: int, params: SamplingParams):
+def sample(probs: mx.array, mu: mx.array, drafts, keys: mx.array, params: SamplingParams):
     """A pass's tokens by mirostat: rows (1 + k, V) of temperature-scaled probabilities, `mu` the
-    threshold before row 0, `drafts` the k tokens fed after it (a list or an array). Returns (the
-    sampled token of every row (S,) int32, the mu after each row's sampled token (S,), the rows
-    the tokens were drawn from (S, V))."""
+    threshold before row 0, `drafts` the k tokens fed after it (a list or an array), `keys` the
+    rows' positions' (`sampling.position_keys`). Returns (the sampled token of every row (S,) int32,
+    the rows the tokens were drawn from (S, V), the mu after each row's sampled token (S,))."""
     S = probs.shape[0]
-    drafts = mx.array(drafts, dtype=mx.int32) if isinstance(drafts, list) else drafts.astype(mx.int32)
+    drafts = drafts.astype(mx.int32) if isinstance(drafts, mx.array) else mx.array(list(drafts), dtype=mx.int32)
     mus = [mu.reshape(1)]
     for i in range(S - 1):  # the mu each row starts from, were the drafts before it accepted
         row = truncated(probs[i : i + 1], mus[-1], params)
@@ -77,5 +77,5 @@ def sample(probs: mx.array, mu: mx.array, drafts, seed: int, out_pos: int, param
     mu_rows = mx.concatenate(mus)
     mu_rows = mx.where(mx.isnan(mu_rows), -math.inf, mu_rows)  # (a draft of no mass: the rows after it are unused)
     q = truncated(probs, mu_rows, params)
-    tokens = sample_race(q, position_keys(seed, mx.arange(out_pos, out_pos + S)))
-    return tokens, _after(q, tokens, mu_rows, params), q
+    tokens = sample_race(q, keys)
+    return tokens, q, _after(q, tokens, mu_rows, params)

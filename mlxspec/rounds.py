@@ -79,6 +79,17 @@ def _constrained(logits: mx.array, mask: Optional[mx.array], bias=None) -> mx.ar
     return logits if mask is None else masked(logits[0], mask)[None]
 
 
+def _sample(rows: mx.array, params: SamplingParams, seed: int, positions, mu: Optional[mx.array] = None, drafts=()):
+    """A pass's sampled tokens: rows (S, V) of (constrained) logits at absolute `positions`, a chain's
+    `drafts` after its first row. Returns (tokens (S,), the rows they were drawn from, mirostat's
+    thresholds after each row or None)."""
+    keys = position_keys(seed, positions)
+    if mu is not None:
+        return mirostat.sample(kernels.probabilities(rows, params), mu, drafts, keys, params)
+    p = kernels.probabilities(rows, params, xtc_fires(params, keys))
+    return sample_race(p, keys), p, None
+
+
 def _scored(logits: mx.array, p: Optional[mx.array], tokens: mx.array, logprobs: Optional[int], processed: bool):
     """`logprobs.row_logprobs` of a pass's rows (lazy; None when not asked for): of the raw logits,
     or with `processed` of the rows the tokens were drawn from, `p` (greedy, None: the one-hot of
@@ -110,16 +121,9 @@ def plain_step(target, token, params: SamplingParams, seed: int, out_pos: int,
     mu_after = p = None
     if params.greedy:
         nxt, ok = _argmax_checked(_constrained(logits, mask, bias))
-    elif mu is not None:
-        p = kernels.probabilities(_constrained(logits, mask, bias)[0, -1:], params)
-        nxt, mu_after, p = mirostat.sample(p, mu, [], seed, out_pos, params)
-        nxt, ok = nxt.astype(mx.uint32), _finite(logits[0, -1])
     else:
-        row = logits[0, -1]
-        keys = position_keys(seed, [out_pos])
-        p = kernels.probabilities(_constrained(logits, mask, bias)[0, -1:], params, xtc_fires(params, keys))
-        nxt = sample_race(p, keys).astype(mx.uint32)
-        ok = _finite(row)
+        nxt, p, mu_after = _sample(_constrained(logits, mask, bias)[0, -1:], params, seed, [out_pos], mu)
+        nxt, ok = nxt.astype(mx.uint32), _finite(logits[0, -1])
     lp = _scored(logits, p, nxt, logprobs, processed)
     mx.async_eval(nxt, ok, *(lp or ()), *([] if mu_after is None else [mu_after]))
     return Pass(start, 1, 0, (nxt, ok), nxt, [], lp=lp, mu=mu_after)
@@ -139,16 +143,10 @@ def verify_round(target, last: int, draft: Draft, params: SamplingParams, seed: 
     mu_after = p = None
     if params.greedy:
         tokens, ok = _argmax_checked(_constrained(logits, mask, bias))
-    elif mu is not None:
-        p = kernels.probabilities(_constrained(logits, mask, bias)[0], params)
-        tokens, mu_after, p = mirostat.sample(p, mu, draft.tokens, seed, out_pos, params)
-        ok = _finite(logits[0])
     else:
-        rows = logits[0]
-        keys = position_keys(seed, mx.arange(out_pos, out_pos + k + 1))
-        p = kernels.probabilities(_constrained(logits, mask, bias)[0], params, xtc_fires(params, keys))
-        ok = _finite(rows)
-        tokens = sample_race(p, keys)
+        tokens, p, mu_after = _sample(_constrained(logits, mask, bias)[0], params, seed,
+                                      mx.arange(out_pos, out_pos + k + 1), mu, draft.tokens)
+        ok = _finite(logits[0])
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
     lp = _scored(logits, p, tokens, logprobs, processed)
     mx.async_eval(*out, *(lp or ()), *([] if mu_after is None else [mu_after]))
@@ -173,12 +171,10 @@ def tree_round(target, last: int, draft: Draft, params: SamplingParams, seed: in
     p = None
     if params.greedy:
         tokens, ok = _argmax_checked(_constrained(logits, None, bias))
-    else:
-        rows = logits[0]
-        keys = position_keys(seed, (out_pos + depths(draft.parents)).tolist())
-        p = kernels.probabilities(_constrained(logits, None, bias)[0], params, xtc_fires(params, keys))
-        tokens = sample_race(p, keys)
-        ok = _finite(rows)
+    else:  # (no mirostat: its rounds draft chains)
+        tokens, p, _ = _sample(_constrained(logits, None, bias)[0], params, seed,
+                               (out_pos + depths(draft.parents)).tolist())
+        ok = _finite(logits[0])
     out = (tokens, ok) if on_host else (tokens, ok, draft.tokens)
     lp = _scored(logits, p, tokens, logprobs, processed)
     mx.async_eval(*out, *(lp or ()))
