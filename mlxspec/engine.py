@@ -28,6 +28,7 @@ from .device import is_gpu
 from .distributed import Coordinator
 from .drafters import EagleDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from .drafters.eagle import head_window
+from .dry import Dry, breaking_tokens
 from .embed import Embeddings, check_normalize, check_pooling, encode_inputs, normalized, pooled
 from .errors import IncompatibleModelsError, InvalidArgumentError
 from .fim import FimFormat, fim_format
@@ -36,7 +37,6 @@ from .kvquant import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START, kv_quant
 from .loop import draw_seed, generate
 from .modelmeta import check_model, context_length, logit_width, weights_bytes
 from .occupancy import Occupancy
-from .dry import Dry, breaking_tokens
 from .penalties import Penalties
 from .prompt_cache import PromptCache
 from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafter, check_lookup,
@@ -47,6 +47,7 @@ from .sampling import SamplingParams, bias_row
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
 from .target_curve import TargetCurve
+from .text import token_texts
 from .tools import ToolFormat, tool_format
 
 
@@ -318,21 +319,20 @@ class Engine:
 
     def stream(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, typical_p: float = 1.0, top_n_sigma: float = 0.0,
-               xtc_probability: float = 0.0,
-               xtc_threshold: float = 0.1, mirostat: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
-               seed: Optional[int] = None, speculative: bool = True,
+               xtc_probability: float = 0.0, xtc_threshold: float = 0.1, mirostat: int = 0,
+               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, seed: Optional[int] = None,
+               speculative: bool = True,
                num_draft=None, stop=None, drafter: Optional[str] = None, tree=None,
                lookup: Optional[bool] = None, cancel=None, tools=None, logprobs: Optional[int] = None,
                response_format=None, tool_choice=None, chat_template_kwargs=None, logit_bias=None,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty=None,
                repetition_context_size: int = 20, dry_multiplier: float = 0.0, dry_base: float = 1.75,
                dry_allowed_length: int = 2, dry_penalty_last_n: int = -1, dry_sequence_breakers=None,
-               stop_token_ids=None, ignore_eos: bool = False,
-               min_tokens: int = 0, prompt_logprobs: Optional[int] = None, suffix: Optional[str] = None,
+               stop_token_ids=None, ignore_eos: bool = False, min_tokens: int = 0,
+               prompt_logprobs: Optional[int] = None, suffix: Optional[str] = None,
                include_stop_str_in_output: bool = False, continue_final_message: bool = False,
                parallel_tool_calls: bool = True, prediction=None, post_sampling_probs: bool = False,
-               min_indent: int = 0,
-               soft_time_limit: Optional[float] = None, **other) -> Iterator[TokenEvent]:
+               min_indent: int = 0, soft_time_limit: Optional[float] = None, **other) -> Iterator[TokenEvent]:
         """Yield one TokenEvent per generated token. Arguments are checked before anything runs.
 
         Args:
@@ -596,14 +596,8 @@ class Engine:
 
     @functools.cached_property
     def token_texts(self) -> List[str]:
-        """Each token id's text, decoded alone ("" past the tokenizer's ids, or without one)."""
-        if self.tokenizer is None:
-            return [""] * self.vocab_size
-        n = min(self.vocab_size, len(self.tokenizer.vocab) if hasattr(self.tokenizer, "vocab") else self.vocab_size)
-        ids = [[i] for i in range(n)]
-        batch = getattr(self.tokenizer, "batch_decode", None)
-        texts = batch(ids) if batch is not None else [self.tokenizer.decode(i) for i in ids]
-        return list(texts) + [""] * (self.vocab_size - n)
+        """Each token id's text, decoded alone (`text.token_texts`), for DRY's breakers."""
+        return token_texts(self.tokenizer, self.vocab_size)
 
     def finish_stats(self, stats: GenerationStats, name: str) -> None:
         """Memory figures of a finished (or abandoned) generation."""
