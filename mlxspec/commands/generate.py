@@ -38,6 +38,7 @@ def register(subparsers) -> None:
         ), width=79),
         epilog="examples:\n  mlxspec generate 'What is the capital of France?'\n"
                "  mlxspec generate --pair qwen2.5-7b --temperature 0.7 --seed 1 'Write a haiku'\n"
+               "  mlxspec generate --temperature 1 --min-p 0.05 --xtc-probability 0.5 --dry-multiplier 0.8 'A story'\n"
                "  mlxspec generate --target model.gguf --drafter ngram --json 'Hello'\n"
                "  mlxspec generate --json-schema cat.schema.json 'Describe a cat as JSON'\n"
                "  mlxspec generate --target Qwen3-8B-Q4_K_M.gguf --chat-template-args '{\"enable_thinking\": false}' 'Hi'\n"
