@@ -89,6 +89,7 @@ def test_settings_are_checked_and_breakers_read_in_every_client_s_shape():
     assert on == {"multiplier": 0.8, "base": 1.75, "allowed_length": 2, "last_n": -1, "breakers": list(BREAKERS)}
     assert check_breakers('"\\n", ":", "\\"", "*"') == ["\n", ":", "\"", "*"]  # text-generation-webui's string
     assert check_breakers('["\\n"]') == ["\n"]
+    assert check_breakers("\n") == ["\n"] and check_breakers("###") == ["###"]  # no list: one breaker
     for args, says in [((-1, 1.75, 2, -1, None), "dry_multiplier must be a number >= 0"),
                        ((0.8, 0.5, 2, -1, None), "dry_base must be a number >= 1"),
                        ((0.8, 1.75, 0, -1, None), "dry_allowed_length must be an integer >= 1"),
@@ -96,7 +97,8 @@ def test_settings_are_checked_and_breakers_read_in_every_client_s_shape():
                        ((0.8, 1.75, 2, -2, None), "dry_penalty_last_n must be an integer >= -1"),
                        ((0.8, 1.75, 2, -1, [""]), "non-empty strings"),
                        ((0.8, 1.75, 2, -1, ["x" * 41]), "at most 40 characters"),
-                       ((0.8, 1.75, 2, -1, "not json"), "dry_sequence_breakers must be a list of strings"),
+                       ((0.8, 1.75, 2, -1, [1]), "dry_sequence_breakers must be a list of non-empty strings"),
+                       ((0.8, 1.75, 2, -1, ""), "non-empty strings"),
                        ((float("nan"), 1.75, 2, -1, None), "dry_multiplier")]:
         with pytest.raises(InvalidArgumentError, match=says):
             check_dry(*args)
