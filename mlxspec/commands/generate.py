@@ -67,8 +67,9 @@ def register(subparsers) -> None:
     p.add_argument("--xtc-threshold", type=xtc_threshold, default=0.1, metavar="X",
                    help="XTC's threshold in [0, 0.5] (default: 0.1)")
     p.add_argument("--mirostat", type=int, choices=(0, 1, 2), default=0, metavar="{0,1,2}",
-                   help="mirostat, llama.cpp's version 1 or 2, in place of --top-k, --top-p, --min-p, --typical-p "
-                        "and XTC: it keeps the text's surprise near --mirostat-ent bits; 0 disables (default: 0)")
+                   help="mirostat, llama.cpp's version 1 or 2, in place of --top-k, --top-p, --min-p, --typical-p, "
+                        "--top-n-sigma and XTC: it keeps the text's surprise near --mirostat-ent bits; 0 disables "
+                        "(default: 0)")
     p.add_argument("--mirostat-ent", type=non_negative, default=5.0, metavar="TAU",
                    help="mirostat's target surprise in bits (default: 5)")
     p.add_argument("--mirostat-lr", type=non_negative, default=0.1, metavar="ETA",
