@@ -25,6 +25,7 @@ drafter give the very same tokens for a seed, whatever draft lengths the cost mo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -75,6 +76,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def fused(self) -> bool:
+        """Whether the fused kernel computes these rows whole: it applies temperature, top-k, top-p
+        and min-p, not typical-p, top-n-sigma, XTC or mirostat."""
+        return self.typical_p == 1.0 and self.top_n_sigma <= 0.0 and not self.xtc and not self.mirostat
 
     @property
     def mirostat_on(self) -> bool:
@@ -266,6 +273,10 @@ def cumsum_precise(x: mx.array, block: int = 256) -> mx.array:
     offsets = mx.cumsum(totals, axis=-1) - totals
     return (inner + offsets[..., None]).reshape(*x.shape[:-1], -1)[..., :V]
 
+
+# A request's sampling fields, as `Engine.stream` and the server name them, and their defaults: the
+# parameters' own (xtc_special is the engine's, never a request's).
+REQUEST_FIELDS = {f.name: f.default for f in dataclasses.fields(SamplingParams) if f.name != "xtc_special"}
 
 BIAS_LIMIT = 100.0  # OpenAI's range for logit_bias; -100 bans a token outright
 

@@ -50,8 +50,7 @@ def probabilities(logits: mx.array, params: SamplingParams, fires=None, ids=None
     """Rows of logits (..., V) -> float32 processed probabilities, as `mlxspec.sampling.probabilities`
     (the kernel fuses temperature, top-k, top-p and min-p; typical-p, top-n-sigma, XTC and mirostat run the
     reference)."""
-    if backend_name() == "metal" and params.typical_p == 1.0 and params.top_n_sigma <= 0 and fires is None \
-            and not params.mirostat:
+    if backend_name() == "metal" and params.fused:
         return _softmax.probabilities_metal(logits, params)
     return _softmax.probabilities_reference(logits, params, fires, ids)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 from ..dry import FIELDS as DRY_FIELDS
-from .schema import EXTENSIONS, GUIDED, RENAMED
+from .schema import EXTENSIONS, GUIDED, RENAMED, SAMPLING_DEFAULTS
 
 OPENAI = {  # chat completions, completions and the Responses API (several ignored here on purpose)
     "model", "messages", "prompt", "suffix", "echo", "best_of", "n", "max_tokens", "max_completion_tokens",
@@ -28,16 +28,13 @@ ANTHROPIC = {"system", "stop_sequences", "thinking", "top_k", "container", "mcp_
 OTHERS = {  # vLLM's, mlx-lm's and llama.cpp's that are read (or refused with a reason) here
     "min_p", "repetition_penalty", "repetition_context_size", "stop_token_ids", "ignore_eos", "min_tokens",
     "include_stop_str_in_output", "continue_final_message", "add_generation_prompt", "chat_template_kwargs",
-    "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta",
-    "add_special_tokens", "return_token_strs", "with_pieces", "content", "tokens", *DRY_FIELDS,
+    "add_special_tokens", "return_token_strs", "with_pieces", "content", "tokens", *SAMPLING_DEFAULTS, *DRY_FIELDS,
 }
 OLLAMA = {"options", "format", "think", "keep_alive", "raw", "template", "context", "images", "name", "verbose"}
 # What llama.cpp's /completion and /infill read (`llama_cpp.py`, `infill.py`), llama.cpp's own fields among them;
 # the rest of llama.cpp's fields (cache_prompt, samplers, t_max_prompt_ms, which llama.cpp does not implement
 # either, id_slot...) change nothing here, and the log names them once.
-LLAMA_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
-                  "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "mirostat", "mirostat_tau",
-                  "mirostat_eta", *DRY_FIELDS)
+LLAMA_SAMPLING = (*SAMPLING_DEFAULTS, "seed", "stop", "presence_penalty", "frequency_penalty", *DRY_FIELDS)
 LLAMA_COMPLETION = {"prompt", "n_predict", "stream", "response_fields", "repeat_penalty", "repeat_last_n", "n_indent",
                     "t_max_predict_ms", "json_schema", "grammar", "logit_bias", "n_probs", "post_sampling_probs",
                     "return_tokens", *LLAMA_SAMPLING}

@@ -66,10 +66,8 @@ async def props(request: Request) -> Response:
     info = getattr(engine, "target_info", None)
     tokenizer = getattr(engine, "tokenizer", None)
     # The defaults a request that leaves a field out gets here (n_predict: the server's --max-tokens).
-    params = {"n_predict": options.max_tokens, "seed": -1, "temperature": options.temperature, "top_k": 0,
-              "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0,
-              "xtc_threshold": 0.1,
-              "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "post_sampling_probs": False,
+    params = {"n_predict": options.max_tokens, "seed": -1, **schema.SAMPLING_DEFAULTS,
+              "temperature": options.temperature, "post_sampling_probs": False,
               **dict(DRY_FIELDS, dry_sequence_breakers=list(BREAKERS)),
               "repeat_last_n": REPEAT_LAST_N, "repeat_penalty": 1.0,
               "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": []}

@@ -22,7 +22,7 @@ from ..prompts import (MAX_SEED, check_drafter, check_max_tokens, check_num_draf
                        check_template_kwargs, check_text, check_tree, text_of)
 from ..penalties import CONTEXT, check_penalty, check_repetition
 from ..reasoning import EFFORTS
-from ..sampling import check_logit_bias, validate as validate_sampling
+from ..sampling import REQUEST_FIELDS, check_logit_bias, validate as validate_sampling
 from ..logprobs import MAX_TOP, is_top_count
 from ..tools import check_tool_choice, check_tools
 from .errors import checked, invalid, unsupported
@@ -31,9 +31,7 @@ from .options import ServeOptions
 
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4; editors sometimes send more)
 MAX_CHOICES = 128  # choices per request: n (OpenAI's most) times the prompts of a completions batch
-SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0, "top_n_sigma": 0.0,
-                     "xtc_probability": 0.0, "xtc_threshold": 0.1,  # (TGI's, and mlx-lm's XTC)
-                     "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}  # (llama.cpp's and Ollama's)
+SAMPLING_DEFAULTS = REQUEST_FIELDS  # (typical_p: TGI's; XTC: mlx-lm's; top_n_sigma and mirostat: llama.cpp's)
 TOP_K_OFF = -1  # vLLM's top_k for "off", read as the library's (and mlx-lm's) 0
 MAX_TEMPERATURE = 2  # OpenAI's bound (the engine takes any finite temperature: a request past it is a typo)
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
