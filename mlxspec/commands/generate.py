@@ -149,13 +149,9 @@ def run(args) -> int:
         # where the model continues after it)
         text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
     prompt = text if raw else system + [{"role": "user", "content": text}]
-    options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                   top_k=args.top_k, min_p=args.min_p, typical_p=args.typical_p, top_n_sigma=args.top_n_sigma,
-                   xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold, mirostat=args.mirostat,
-                   mirostat_tau=args.mirostat_ent, mirostat_eta=args.mirostat_lr, **_dry(args),
-                   seed=args.seed,
-                   num_draft=args.num_draft,
-                   stop=args.stop, response_format=fmt, suffix=args.suffix, chat_template_kwargs=template_kwargs,
+    options = dict(max_tokens=args.max_tokens, **_sampling(args), **_dry(args), seed=args.seed,
+                   num_draft=args.num_draft, stop=args.stop, response_format=fmt, suffix=args.suffix,
+                   chat_template_kwargs=template_kwargs,
                    prediction=args.prediction)
     # a thinking model's reasoning apart from its answer, as the server splits them
     splitter = None if raw else _reasoning_splitter(engine.tokenizer, prompt, template_kwargs)
@@ -213,11 +209,17 @@ def _pair_drafter(args) -> str:
     return pair.drafter_on(backend()) if pair else ""
 
 
+def _sampling(args) -> dict:
+    """The sampling flags as `Engine.stream` takes them (`SamplingParams`' fields)."""
+    return dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                typical_p=args.typical_p, top_n_sigma=args.top_n_sigma, xtc_probability=args.xtc_probability,
+                xtc_threshold=args.xtc_threshold, mirostat=args.mirostat, mirostat_tau=args.mirostat_ent,
+                mirostat_eta=args.mirostat_lr)
+
+
 def _dry(args) -> dict:
     """DRY's flags as `Engine.stream` takes them (llama.cpp's `--dry-sequence-breaker none`: no breakers)."""
-    breakers = args.dry_breakers
-    if breakers is not None and breakers == ["none"]:
-        breakers = []
+    breakers = [] if args.dry_breakers == ["none"] else args.dry_breakers
     return dict(dry_multiplier=args.dry_multiplier, dry_base=args.dry_base, dry_allowed_length=args.dry_allowed_length,
                 dry_penalty_last_n=args.dry_penalty_last_n, dry_sequence_breakers=breakers)
 
@@ -229,9 +231,7 @@ def _check_options(args) -> None:
     from ..sampling import SamplingParams
 
     check_dry(**_dry(args))
-    SamplingParams(args.temperature, args.top_p, args.top_k, args.min_p, args.typical_p, args.xtc_probability,
-                   args.xtc_threshold, mirostat=args.mirostat, mirostat_tau=args.mirostat_ent,
-                   mirostat_eta=args.mirostat_lr, top_n_sigma=args.top_n_sigma)
+    SamplingParams(**_sampling(args))
     check_max_tokens(args.max_tokens)
     check_stop(args.stop)
     if (args.no_chat_template or args.suffix is not None) and (args.chat_template_args or args.reasoning_effort):
