@@ -47,6 +47,10 @@ def min_p(s: str) -> float:
     return _number(s, lambda x: 0 <= x < 1, "a number in [0, 1), 0 disabling it")
 
 
+def finite(s: str) -> float:
+    return _number(s, lambda x: abs(x) < float("inf"), "a finite number")
+
+
 def probability(s: str) -> float:
     """XTC's chance of firing at a position."""
     return _number(s, lambda x: 0 <= x <= 1, "a number in [0, 1], 0 disabling it")

@@ -14,8 +14,8 @@ from ..errors import InvalidArgumentError
 from ..prompts import has_chat_template, unread_template_note
 from ..reasoning import chat_starts_inside, make_splitter, split_whole, thinking_markers
 from ..stats import acceptance_text, plural
-from .argtypes import (at_least_one, count, look_back, min_p, non_negative, positive, probability, seed, top_p,
-                       xtc_threshold)
+from .argtypes import (at_least_one, count, finite, look_back, min_p, non_negative, positive, probability, seed,
+                       top_p, xtc_threshold)
 from . import modelargs
 from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, add_template_args, quiet_unless_main
 
@@ -58,7 +58,7 @@ def register(subparsers) -> None:
     p.add_argument("--typical-p", type=top_p, default=1.0, metavar="P",
                    help="locally typical sampling: keep the tokens whose surprise is nearest the entropy, up to "
                         "mass P; 1 disables (default: 1)")
-    p.add_argument("--top-n-sigma", type=float, default=0.0, metavar="N",
+    p.add_argument("--top-n-sigma", type=finite, default=0.0, metavar="N",
                    help="keep the tokens whose logit is at least the top one less N standard deviations of the "
                         "logits; 0 or less disables (default: 0)")
     p.add_argument("--xtc-probability", type=probability, default=0.0, metavar="P",
