@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
-from train_common import non_negative_float, non_negative_int, positive_int, run_main  # noqa: E402
+from mlxspec.training.train_common import non_negative_float, non_negative_int, positive_int, run_main  # noqa: E402
 
 CURVES = {"h100": ([1.0, 1.13, 1.13, 1.7], 0.0485), "flat": ([1.0] + [1.13 + 0.01 * i for i in range(16)], 0.0485),
           "cpu": ([1.0 + 0.125 * i for i in range(17)], 0.06)}
@@ -172,7 +172,7 @@ def report(answers, curve, step, read, depth) -> List[str]:
 def collect(args) -> List[dict]:
     import mlxspec
     import mlx.core as mx
-    from draft_prompts import chat_ids, eval_suite
+    from mlxspec.training.draft_prompts import chat_ids, eval_suite
     from mlxspec.drafters import chaincopy
     from mlxspec.loading import demo
 
@@ -219,7 +219,7 @@ def collect(args) -> List[dict]:
 
 def check(engine, args, suite, answers) -> None:
     """Tokens per pass through the engine at a fixed k against the replay's, per prompt."""
-    from draft_prompts import chat_ids
+    from mlxspec.training.draft_prompts import chat_ids
 
     for ex, a in zip(suite[: args.check], answers):
         ids = chat_ids(engine.tokenizer, ex["prompt"])
@@ -247,7 +247,7 @@ def main(argv=None):
     p.add_argument("--head", default=str(ROOT / "mlxspec" / "data" / "smollm2-eagle"), help="default: the shipped head")
     p.add_argument("--adapter-path", metavar="PATH", default=None,
                    help="a fine-tuned adapter folder (mlx_lm.lora's) on the target, as mlxspec --adapter-path")
-    from draft_prompts import SUITE_HELP
+    from mlxspec.training.draft_prompts import SUITE_HELP
 
     p.add_argument("--suite", default="bench", metavar="held-out|bench|FILE.jsonl", help=SUITE_HELP)
     p.add_argument("--prompts", type=positive_int, default=24, help="prompts of the suite (default 24)")

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_prompts import TOPICS, chat_ids, write_jsonl  # noqa: E402
+from mlxspec.training.draft_prompts import TOPICS, chat_ids, write_jsonl  # noqa: E402
 
 INTENTS = [
     "asking for practical advice about {t}",
@@ -118,7 +118,7 @@ def main(argv=None):
 
     import torch
 
-    import eagle_data
+    from mlxspec.training import eagle_data
 
     torch.set_num_threads(args.threads)
     tok, model = eagle_data.load_target(gguf)

@@ -21,7 +21,7 @@ import sysconfig
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_prompts import write_jsonl  # noqa: E402
+from mlxspec.training.draft_prompts import write_jsonl  # noqa: E402
 
 EDIT = [  # (kind, request): the function follows in a fenced block
     ("code-edit", "Add type hints to every parameter and the return value of this function. "

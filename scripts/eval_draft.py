@@ -31,7 +31,7 @@ import mlx.core as mx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
-from draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
+from mlxspec.training.draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
 from mlxspec.loading import demo  # noqa: E402
 
 DRAFT = ROOT / "mlxspec" / "data" / "smollm2-draft"

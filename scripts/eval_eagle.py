@@ -38,8 +38,8 @@ import mlx.core as mx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
-from draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
-from train_common import non_negative_int, positive_float, positive_int, run_main, unwritable_folder  # noqa: E402
+from mlxspec.training.draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
+from mlxspec.training.train_common import non_negative_int, positive_float, positive_int, run_main, unwritable_folder  # noqa: E402
 from mlxspec.bench.interval import ratio_interval  # noqa: E402
 from compare_eagle import FIGURES, ROW_KEYS  # noqa: E402  (what a prompt's row holds, and each figure from it)
 from mlxspec.loading import demo  # noqa: E402

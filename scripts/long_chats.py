@@ -26,8 +26,8 @@ import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core bi
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 
-from draft_prompts import eval_suite  # noqa: E402
-from train_common import run_main  # noqa: E402
+from mlxspec.training.draft_prompts import eval_suite  # noqa: E402
+from mlxspec.training.train_common import run_main  # noqa: E402
 from mlxspec.prompts import encode_prompt  # noqa: E402
 
 

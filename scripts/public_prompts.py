@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_prompts import write_jsonl  # noqa: E402
+from mlxspec.training.draft_prompts import write_jsonl  # noqa: E402
 
 GPTEACHER = {  # kind -> file inside a GPTeacher checkout
     "code": "Codegen/codegen-instruct.json",

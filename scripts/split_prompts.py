@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_prompts import write_jsonl  # noqa: E402
+from mlxspec.training.draft_prompts import write_jsonl  # noqa: E402
 
 
 def split(lines: list, held_out: int, by: str = None, seed: int = 0):

@@ -30,8 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
-from draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
-from train_common import run_main  # noqa: E402
+from mlxspec.training.draft_prompts import SUITE_HELP, chat_ids, eval_suite  # noqa: E402
+from mlxspec.training.train_common import run_main  # noqa: E402
 
 
 def main(argv=None):

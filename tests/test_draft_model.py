@@ -16,7 +16,7 @@ TEXTS = [
     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n",
 ]
 MESSAGES = [{"role": "user", "content": "Write a haiku about the sea."}]
-# Three of the draft's held-out prompts (never trained on; scripts/draft_prompts.py, seed 0).
+# Three of the draft's held-out prompts (never trained on; mlxspec/training/draft_prompts.py, seed 0).
 PROMPTS = [
     "How would you teach volunteering to a beginner? Use bullet points.",
     "Give me three interesting facts about the immune system. Keep it short.",

@@ -4,8 +4,6 @@ target positions past the history, and the training masks (scripts/train_eagle.p
 drafting has."""
 
 import json
-import sys
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -23,9 +21,8 @@ from test_eagle import GREEDY, PROMPT, drafter_for
 from test_engine import assert_same_greedy, reference
 from test_engine_sampling import VOCAB as SAMPLING_VOCAB, assert_first_two_follow_the_target
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import eagle_torch  # noqa: E402  (numpy only at import)
-import eagle_training  # noqa: E402
+from mlxspec.training import eagle_torch  # noqa: E402  (numpy only at import)
+from mlxspec.training import eagle_training
 
 
 @pytest.fixture(scope="module")
@@ -148,11 +145,11 @@ def test_teacher_forced_rows_are_each_entrys_first_step(target, random_head):
 
 @pytest.mark.parametrize("window", [0, 5])
 def test_the_mlx_trainer_computes_what_drafting_does(window, tmp_path):
-    """scripts/eagle_objective.py with a context (how `train_eagle.py --target --context target`
+    """mlxspec/training/eagle_objective.py with a context (how `train_eagle.py --target --context target`
     trains): steps 0 and 1 of every entry at once, from the target's keys made of its last layer's
     tapped input, equal the head drafting step by step over the target's cache (the round's first
     entry, then a drafted one); with the loss starting late (`window`), its windows too."""
-    import eagle_objective as obj
+    from mlxspec.training import eagle_objective as obj
 
     t = tiny.make_llama(4, layers=2)
     history = PROMPT + [3, 4, 5, 6]

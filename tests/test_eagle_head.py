@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-# PROMPTS: the training scripts' held-out prompts (scripts/draft_prompts.py, seed 0: never trained on).
+# PROMPTS: the training scripts' held-out prompts (mlxspec/training/draft_prompts.py, seed 0: never trained on).
 from test_draft_model import PROMPTS, demo_gguf
 
 HEAD = Path(__file__).resolve().parent.parent / "mlxspec" / "data" / "smollm2-eagle"

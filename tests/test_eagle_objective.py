@@ -1,8 +1,6 @@
-"""The MLX training objective (scripts/eagle_objective.py) computes what drafting computes: its
+"""The MLX training objective (mlxspec/training/eagle_objective.py) computes what drafting computes: its
 unrolled steps, with their masks, equal the head run step by step through its KV cache, as the
 engine drafts; the loss and agreement counts follow their definitions."""
-import sys
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -12,8 +10,7 @@ from mlx_lm.models.llama import ModelArgs
 
 from mlxspec.drafters.eagle import EagleHead
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import eagle_objective as obj  # noqa: E402
+from mlxspec.training import eagle_objective as obj
 
 H, L = 32, 9
 TOL = 1e-4  # float32 on every backend: the two paths differ only in summation order
@@ -156,9 +153,9 @@ def test_matches_the_pytorch_objective_on_the_same_weights_and_batch(layers):
     torch = pytest.importorskip("torch")
     import argparse
 
-    import eagle_torch
+    from mlxspec.training import eagle_torch
     import tiny
-    import train_eagle_mlx
+    from mlxspec.training import train_eagle_mlx
     from mlx.utils import tree_flatten
 
     model = tiny.make_llama(3, tie_embeddings=False, hidden=H, heads=4, kv_heads=2)
@@ -225,8 +222,8 @@ def test_bfloat16_steps_compute_the_float32_loss_to_bfloat16s_precision():
     torch = pytest.importorskip("torch")
     import argparse
 
-    import eagle_data
-    import eagle_torch
+    from mlxspec.training import eagle_data
+    from mlxspec.training import eagle_torch
 
     torch.manual_seed(0)
     head = eagle_torch.make_head(_torch_cfg(1))

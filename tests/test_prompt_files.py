@@ -13,8 +13,8 @@ import chat_prompts  # noqa: E402
 import code_prompts  # noqa: E402
 import public_prompts  # noqa: E402
 import split_prompts  # noqa: E402
-import draft_prompts  # noqa: E402
-from draft_prompts import chat_ids, read_prompt_file  # noqa: E402
+from mlxspec.training import draft_prompts  # noqa: E402
+from mlxspec.training.draft_prompts import chat_ids, read_prompt_file  # noqa: E402
 
 
 def _write(tmp_path, lines, name="p.jsonl"):

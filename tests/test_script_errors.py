@@ -26,8 +26,7 @@ def test_a_missing_head_or_target_is_one_line_and_exit_status_1(tmp_path, script
 
 
 def test_a_measurement_stopped_by_ctrl_c_says_so_without_promising_a_resume(capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import train_common
+    from mlxspec.training import train_common
 
     def stopped():
         raise KeyboardInterrupt
@@ -39,8 +38,7 @@ def test_a_measurement_stopped_by_ctrl_c_says_so_without_promising_a_resume(caps
 
 
 def test_run_main_passes_on_main_s_exit_status():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import train_common
+    from mlxspec.training import train_common
 
     for status in (0, 3, None):
         with pytest.raises(SystemExit) as e:

@@ -1,12 +1,9 @@
-"""scripts/train_common.py: what the training scripts say while their answer stage runs."""
+"""mlxspec/training/train_common.py: what the training scripts say while their answer stage runs."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import train_common  # noqa: E402
+from mlxspec.training import train_common
 
 
 def test_each_batch_line_counts_its_own_tokens_then_the_run_s_and_the_time_still_to_go(capsys):

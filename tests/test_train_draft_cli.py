@@ -4,14 +4,12 @@ stale draft, and a rerun with the same ones reuses its own) and its generate pla
 --prompt-file (every prompt answered once, files after the templates, shards named by content
 and by a batch size other than the default)."""
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import draft_answers  # noqa: E402
-import train_draft  # noqa: E402
+from mlxspec.training import draft_answers
+from mlxspec.training import train_draft
 
 ARGS = train_draft.parse_args(["--gguf", "t.gguf", "--work", "w", "--out", "o"])
 SHARDS = [Path("w/gen") / f"train-t0-{i:03d}.npz" for i in range(4)] + [Path("w/gen/held_out-t0-000.npz")]

@@ -3,16 +3,16 @@ forms, their errors, and run tags that keep other settings' heads apart (resumin
 continue a run trained with other settings), and what the --gguf path needs (torch, a llama file)."""
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import eagle_data  # noqa: E402
-import eagle_training  # noqa: E402
-import train_eagle  # noqa: E402
+from mlxspec.training import eagle_args, eagle_data
+from mlxspec.training import eagle_training
+from mlxspec.training import train_eagle
 
 
 @pytest.mark.parametrize("spec,want", [("final", []), ("auto", [2, 14, 26]), ("0,15,29", [0, 15, 29]), ("7", [7])])
@@ -202,18 +202,28 @@ def test_init_reads_the_shipped_head_for_the_demo_target(tmp_path):
         eagle_training.init_head("builtin:smollm2-eagle", gguf, BUILTIN_DIR / "smollm2-eagle")
 
 
-def test_importing_the_pytorch_trainer_loads_no_mlx():
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS: MLX links Accelerate, no BLAS is loaded")
+@pytest.mark.parametrize("script, flag, pytorch", [
+    ("train_eagle.py", "--gguf", True), ("train_eagle.py", "--gguf=x.gguf", True), ("train_eagle.py", "--gg", True),
+    ("train_eagle.py", "--target", False), ("train_draft.py", "--gguf", True)])
+def test_the_pytorch_trainers_keep_mlxspec_s_blas_out_of_their_process(script, flag, pytorch):
     """`import mlxspec` puts the system OpenBLAS in the global symbol scope (mlxspec.blas), and
     torch loaded after it then runs its matmuls there (3.5x slower here: the --gguf path's
-    first batch of answers took 116 s instead of 32). So train_eagle.py imports MLX only in
-    its export stage, after torch."""
+    first batch of answers took 116 s instead of 32). The trainers live in mlxspec.training, so
+    scripts/train_eagle.py --gguf keeps MLX on its own BLAS (it runs MLX only to export); with
+    --target, MLX trains and gets the faster one. scripts/train_draft.py is PyTorch's only."""
     import subprocess
 
-    code = ("import sys; sys.path.insert(0, 'scripts'); import train_eagle; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'mlx', 'mlxspec', 'mlx_lm'}))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
-                         capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    root = Path(__file__).resolve().parents[1]
+    code = ("import runpy, sys\n"
+            f"sys.argv = [{script!r}, {flag!r}, 'x.gguf', '--help']\n"
+            f"try:\n    runpy.run_path('scripts/{script}', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "from mlxspec import blas\nprint(blas.info()['note'])")
+    env = {k: v for k, v in os.environ.items() if k != "MLXSPEC_BLAS"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert (out.strip().splitlines()[-1] == "MLXSPEC_BLAS=off") == pytorch, out
 
 
 def test_a_grown_last_batch_is_not_taken_for_the_shorter_one():
@@ -263,7 +273,7 @@ def test_a_window_is_at_least_5_or_0_for_none(capsys):
     args = train_eagle.parse_args(["--gguf", "x.gguf", "--work", "w", "--out", "o", "--window", "0"])
     assert eagle_training.window_config(args) == {}  # the exported head attends to all its entries
     args = train_eagle.parse_args(["--gguf", "x.gguf", "--work", "w", "--out", "o"])
-    assert eagle_training.window_config(args) == {"window": eagle_training.WINDOW}
+    assert eagle_training.window_config(args) == {"window": eagle_args.WINDOW}
 
 
 def test_out_never_overwrites_a_file_or_a_folder_that_is_no_head(tmp_path, capsys):
@@ -278,7 +288,7 @@ def test_out_never_overwrites_a_file_or_a_folder_that_is_no_head(tmp_path, capsy
     head = tmp_path / "head"
     head.mkdir()
     (head / "config.json").write_text('{"model_type": "eagle_head"}')
-    for fine in (head, tmp_path / "new", train_eagle.SHIPPED):  # an earlier head, a new folder, the shipped one
+    for fine in (head, tmp_path / "new", eagle_args.SHIPPED):  # an earlier head, a new folder, the shipped one
         assert train_eagle.parse_args(["--target", "demo", "--work", "w", "--out", str(fine)]).out == str(fine)
 
 
@@ -303,17 +313,16 @@ def test_an_export_cut_short_does_not_block_the_next_one(tmp_path):
     from mlxspec.files import staged_path
 
     weights, config = (staged_path(name).name for name in ("model.safetensors", "config.json"))  # save_head's
-    assert (weights, config) == (train_eagle.STAGED_WEIGHTS, train_eagle.STAGED_CONFIG)
     for left in ([weights], [weights, config], ["model.safetensors", config]):
         out = tmp_path / f"cut{len(left)}{left[0][0]}"
         out.mkdir()
         for name in left:
             (out / name).write_bytes(b"partial")
-        assert train_eagle.unwritable_out(out) == ""
+        assert eagle_args.unwritable_out(out) == ""
     alone = tmp_path / "weights-only"  # no staged config beside it: someone's model, maybe
     alone.mkdir()
     (alone / "model.safetensors").write_bytes(b"x")
-    assert "holds files but no EAGLE head" in train_eagle.unwritable_out(alone)
+    assert "holds files but no EAGLE head" in eagle_args.unwritable_out(alone)
 
 
 def test_out_is_required_and_the_shipped_head_is_the_demo_target_s_only(tmp_path, capsys):
@@ -325,12 +334,12 @@ def test_out_is_required_and_the_shipped_head_is_the_demo_target_s_only(tmp_path
     other.write_bytes(b"GGUF" + bytes(100))
     digest = eagle_data.target_digest(other)
     with pytest.raises(SystemExit, match="only the demo target may replace"):
-        train_eagle.check_out(argparse.Namespace(out=str(train_eagle.SHIPPED), gguf=str(other)), digest)
+        train_eagle.check_out(argparse.Namespace(out=str(eagle_args.SHIPPED), gguf=str(other)), digest)
     train_eagle.check_out(argparse.Namespace(out="mine", gguf=str(other)), digest)  # any other folder
     from mlxspec.loading.demo import MODELS
 
     demo = next(iter(MODELS.values())).gguf_sha256
-    train_eagle.check_out(argparse.Namespace(out=str(train_eagle.SHIPPED), gguf="demo.gguf"), demo)
+    train_eagle.check_out(argparse.Namespace(out=str(eagle_args.SHIPPED), gguf="demo.gguf"), demo)
 
 
 @pytest.mark.parametrize("script,argv,says", [
@@ -349,7 +358,7 @@ def test_evaluation_scripts_refuse_numbers_that_cannot_work(script, argv, says):
 
 
 def test_without_torch_the_gguf_path_says_what_to_install_or_use_instead(tmp_path, monkeypatch):
-    import train_draft
+    from mlxspec.training import train_draft
 
     monkeypatch.setitem(sys.modules, "torch", None)  # as where torch is not installed
     args = ["--gguf", str(tmp_path / "x.gguf"), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")]
@@ -363,7 +372,7 @@ def test_without_torch_the_gguf_path_says_what_to_install_or_use_instead(tmp_pat
 def test_the_gguf_path_takes_llama_files_only(tmp_path, monkeypatch):
     """The PyTorch trainer starts the head from the target's last block by llama's names: another
     architecture is refused before anything runs, with --target named instead."""
-    import train_common
+    from mlxspec.training import train_common
     from tiny_gguf import write_tiny_gguf
 
     monkeypatch.setattr(train_common, "start", lambda args: (tmp_path / "w", 0.0))  # no torch needed up to the check
@@ -470,7 +479,7 @@ def test_a_fitted_total_keeps_the_schedule_whole_and_the_budget_still_ends_it():
 
 def test_a_card_is_written_beside_the_head_but_never_over_one_written_by_hand(tmp_path):
     """The shipped head's card (and any a user wrote) stays; a card this wrote is brought up to date."""
-    import eagle_card
+    from mlxspec.training import eagle_card
 
     record = {"script": "scripts/train_eagle.py", "date": "2026-12-05", "mlxspec": "0.1.0", "seed": 0,
               "data": {"templated_prompts": 4, "held_out_prompts": 2, "prompt_files": {}, "max_new_tokens": 8,
@@ -485,7 +494,7 @@ def test_a_card_is_written_beside_the_head_but_never_over_one_written_by_hand(tm
     card.write_text("---\nlicense: apache-2.0\n---\n# my head\n")
     assert eagle_card.write_card(tmp_path, record, "t.gguf", history) is None
     assert card.read_text().endswith("# my head\n")  # one written by hand: left alone
-    shipped = train_eagle.SHIPPED / "README.md"
+    shipped = eagle_args.SHIPPED / "README.md"
     assert not shipped.read_text().startswith(eagle_card.TITLE)  # so the shipped head's card is kept
 
 

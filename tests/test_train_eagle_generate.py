@@ -1,8 +1,6 @@
 """scripts/train_eagle.py's batched answer generation (the --gguf path, PyTorch): a prompt's
 answer and features in a left-padded batch whose finished rows leave it are what the prompt
 alone gives. Skipped without torch (CI has none)."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,10 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import eagle_data  # noqa: E402
-import torch_target  # noqa: E402
-import train_common  # noqa: E402
+from mlxspec.training import eagle_data
+from mlxspec.training import torch_target
+from mlxspec.training import train_common
 
 PAD, V = 0, 64
 TOL = 1e-4  # float32; padding only changes the summation layout of masked attention

@@ -5,7 +5,6 @@ trains (the held-out loss falls), exports a head that loads and drafts losslessl
 its cached stages, and refuses bad input with a message that says what is allowed."""
 import json
 import re
-import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -18,12 +17,11 @@ import mlxspec
 from mlxspec.loading.adapters import adapter_digest
 import tiny
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import eagle_mlx_data  # noqa: E402
-import eagle_training  # noqa: E402
-import train_common  # noqa: E402
-import train_eagle  # noqa: E402
-import train_eagle_mlx  # noqa: E402
+from mlxspec.training import eagle_args, eagle_mlx_data
+from mlxspec.training import eagle_training
+from mlxspec.training import train_common
+from mlxspec.training import train_eagle
+from mlxspec.training import train_eagle_mlx
 
 PROMPTS = ["count to ten", "name three colours", "what is rain?", "say hello twice", "spell cat",
            "list two fruits", "why is the sky blue?", "add 2 and 3", "a word that rhymes with moon",
@@ -85,7 +83,7 @@ def test_trains_a_head_that_loads_learns_and_drafts_losslessly(family, tmp_path,
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["model_type"] == "eagle_head" and cfg["draft_vocab_size"] <= 96
     assert cfg["training"]["script"] == "scripts/train_eagle.py --target"
-    assert cfg["window"] == eagle_training.WINDOW  # the head attends to its latest entries (`--window`)
+    assert cfg["window"] == eagle_args.WINDOW  # the head attends to its latest entries (`--window`)
     (final,) = (tmp_path / "work").glob("head_final-*-mlx.json")
     history = json.loads(final.read_text())["history"]
     assert history[0]["step"] == 0 and history[-1]["held_loss"] < 0.9 * history[0]["held_loss"]
@@ -367,7 +365,7 @@ def test_a_damaged_work_file_is_named_with_what_to_do(tmp_path):
 
 
 def test_ctrl_c_is_one_line_and_exit_status_130(capsys):
-    import train_common
+    from mlxspec.training import train_common
 
     def stopped():
         raise KeyboardInterrupt
@@ -379,8 +377,8 @@ def test_ctrl_c_is_one_line_and_exit_status_130(capsys):
 
 def test_mlxspec_s_own_errors_are_one_line_and_exit_status_1(tmp_path, capsys):
     """--init with a head for another target, or one that is not there: mlxspec's error, no traceback."""
-    import train_common
-    import train_eagle
+    from mlxspec.training import train_common
+    from mlxspec.training import train_eagle
 
     target = _save(tmp_path / "target", tiny.make_llama(14))
     argv = ["--target", str(target), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),

@@ -1,15 +1,12 @@
 """scripts/train_eagle.py's --gguf path (PyTorch) end to end on a tiny GGUF: it trains a head that
 loads, and says where it started, as the MLX path does. Skipped without torch (CI has none)."""
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import train_eagle  # noqa: E402
+from mlxspec.training import train_eagle
 
 
 def test_the_gguf_path_records_the_held_out_figures_before_training(tmp_path, capsys):

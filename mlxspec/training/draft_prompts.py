@@ -274,6 +274,3 @@ def chat_ids(tok, prompt) -> list:
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tok.encode(text, add_special_tokens=False)
 
-
-if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
-    raise SystemExit("scripts/draft_prompts.py is imported by train_draft.py, train_eagle.py and the prompt scripts, and is no command of its own: run one of those (--help)")

@@ -13,12 +13,11 @@ import json
 import time
 from pathlib import Path
 
-import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one)
 import mlx.core as mx
 import numpy as np
 
-from draft_prompts import chat_ids
-import train_common
+from .draft_prompts import chat_ids
+from . import train_common
 
 
 # ---------------------------------------------------------------- the target
@@ -135,7 +134,7 @@ def features(model, seqs: list, layers=(), max_tokens: int = 4096) -> list:
 
 def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> list:
     """train_eagle.py's shards (same batches, names and format), made by the MLX target."""
-    from eagle_data import gen_batches, layers_path, save_layers, save_shard
+    from .eagle_data import gen_batches, layers_path, save_layers, save_shard
 
     out_dir = gen_dir(work, model, getattr(args, "adapter_digest", None))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -167,6 +166,3 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
         clock.done(n, f"{name} (T={temp:g})", sum(len(a) for a in answers))
     return paths
 
-
-if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
-    raise SystemExit("scripts/eagle_mlx_data.py is imported by train_eagle.py, and is no command of its own: run that (--help)")

@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 
 def log(msg: str) -> None:
@@ -37,18 +36,24 @@ def read_work(path, reader):
 
 def read_arrays(path, *keys) -> tuple:
     """The arrays `keys` of an .npz work file, or `damaged(path)` raised if it cannot be read."""
+    import numpy as np
+
     def read(p):
         z = np.load(p)
         return tuple(z[k] for k in keys)
     return read_work(path, read)
 
 
-def save_array(path: Path, array: np.ndarray) -> None:
-    """Write an .npy work file whole or not at all: a later run trusts it because it exists."""
+def save_array(path: Path, array) -> None:
+    """Write an .npy work file (a NumPy array) whole or not at all: a later run trusts it because it exists."""
+    import numpy as np
+
     tmp = path.with_suffix(".tmp.npy")
     np.save(tmp, array)
     os.replace(tmp, path)
 
+
+GEN_BATCH = 48  # the answers' default batch: its shards keep the names they always had
 
 RESUMES = "interrupted: the same command resumes from the last finished stage, shard or checkpoint"
 
@@ -163,6 +168,3 @@ def start(args):
     work.mkdir(parents=True, exist_ok=True)
     return work, time.time()
 
-
-if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
-    raise SystemExit("scripts/train_common.py is imported by train_draft.py, train_eagle.py and the evaluation scripts, and is no command of its own: run one of those (--help)")

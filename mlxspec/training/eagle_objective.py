@@ -1,6 +1,6 @@
 """The EAGLE head's training objective in MLX: teacher-forced and unrolled drafting steps.
 
-The same objective as scripts/eagle_torch.py's PyTorch `losses`, on mlxspec's own `EagleHead`
+The same objective as mlxspec/training/eagle_torch.py's PyTorch `losses`, on mlxspec's own `EagleHead`
 (so a trained head is exported as is). Entry j of a sequence reads the token x[j+1] and a
 feature, and predicts f[j+1]:
   step 0   every entry reads the target's real f[j] (teacher forcing, with input noise);
@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one)
 import mlx.core as mx
 import mlx.nn as nn
-from eagle_training import context_mask, first_loss_entry, step_mask, window_starts  # noqa: F401  (numpy, shared)
+from .eagle_training import context_mask, first_loss_entry, step_mask, window_starts  # noqa: F401  (numpy, shared)
 
 
 def context_kv(model, rows: mx.array) -> Tuple[mx.array, mx.array]:
@@ -132,6 +131,3 @@ def loss(head, emb, feat, tgt, weights, w_draft, *, steps: int, unroll_weight: f
         agree.append(((mx.argmax(logq, axis=-1) == top_t[:, d:]) * weights[:, d:]).sum())
     return total, mx.stack(agree)
 
-
-if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
-    raise SystemExit("scripts/eagle_objective.py is imported by train_eagle.py, and is no command of its own: run that (--help)")

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-import train_common
-import train_draft
-from eagle_data import load_target, step_arithmetic, target_config
-from eagle_training import (TimeBudget, batch_tensors, context_mask, epoch_batches, first_loss_entry, head_config,
+from . import train_common
+from . import train_draft
+from .eagle_data import load_target, step_arithmetic, target_config
+from .eagle_training import (TimeBudget, batch_tensors, context_mask, epoch_batches, first_loss_entry, head_config,
                             note_checkpoint, run_tag, say_data, say_other_runs, split_context, step_mask, train_steps,
                             widened, wider_mlp, window_starts)
-from train_common import log
+from .train_common import log
 
 
 def rope(x, pos, theta: float):
@@ -311,6 +311,3 @@ def evaluate(head, emb, w_draft, held, args, context=None):
     head.train()
     return tot / max(n, 1), [a / max(n, 1) for a in agree]
 
-
-if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
-    raise SystemExit("scripts/eagle_torch.py is imported by train_eagle.py, and is no command of its own: run that (--help)")

@@ -14,15 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from eagle_data import data_tag
-from train_common import log
+from .eagle_data import data_tag
+from .train_common import log
 
-
-# The exported head's window (`--window`): about as long as most sequences the demo recipe trains
-# on (a prompt, median 64 tokens, and up to 128 answer tokens). After 3,000 tokens of conversation
-# the demo head drafted far better with a window of 256 than with none, and a little better than
-# with 512 (model card, "Long conversations").
-WINDOW = 256
 
 
 def head_config(args, target_cfg) -> dict:
@@ -377,6 +371,3 @@ def window_config(args) -> dict:
     """The exported config's `window` (none for a head that reads the target's cache, or with 0)."""
     return {"window": args.window} if args.window and args.context != "target" else {}
 
-
-if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
-    raise SystemExit("scripts/eagle_training.py is imported by train_eagle.py, and is no command of its own: run that (--help)")

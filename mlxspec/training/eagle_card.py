@@ -11,8 +11,8 @@ import datetime
 from pathlib import Path
 from typing import Optional
 
-from draft_prompts import read_prompt_file
-from eagle_training import train_steps
+from .draft_prompts import read_prompt_file
+from .eagle_training import train_steps
 
 
 def training_record(args, meta: dict, script: str, **more) -> dict:
@@ -86,6 +86,3 @@ def write_card(out: Path, record: dict, target: str, history: list) -> Optional[
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
 
-
-if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
-    raise SystemExit("scripts/eagle_card.py is imported by train_eagle.py, and is no command of its own: run that (--help)")

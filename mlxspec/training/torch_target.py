@@ -81,6 +81,3 @@ def left_padded(prompts_ids, pad: int):
         mask[i, L - len(p):] = 1
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
-
-if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
-    raise SystemExit("scripts/torch_target.py is imported by train_draft.py and train_eagle.py, and is no command of its own: run one of those (--help)")

@@ -15,23 +15,22 @@ import random
 import time
 from pathlib import Path
 
-import mlxspec  # noqa: F401  (first: it picks MLX's CPU BLAS before mlx.core binds one)
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-import eagle_objective as obj
-from eagle_card import training_record, write_card
-from eagle_data import check_work, feature_layers, load_features, stage_vocab
-from eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
-from eagle_training import (TimeBudget, epoch_batches, head_config, init_head, note_checkpoint, padded_batch,
+from . import eagle_objective as obj
+from .eagle_card import training_record, write_card
+from .eagle_data import check_work, feature_layers, load_features, stage_vocab
+from .eagle_mlx_data import gen_dir, load_target, stage_generate, target_config
+from .eagle_training import (TimeBudget, epoch_batches, head_config, init_head, note_checkpoint, padded_batch,
                             reads_target, run_tag, say_data, say_other_runs, settle_draft_vocab, split_context,
                             tapped_layers, train_steps, widened, wider_mlp, window_config)
-import train_common
-import train_draft
-from train_common import log
+from . import train_common
+from . import train_draft
+from .train_common import log
 
 # Families whose decoder block is llama's (names, shapes and computation), so the head can
 # start from the target's last layer; qwen2's attention biases are left out. Others start random.
@@ -144,7 +143,7 @@ def _save(path: Path, arrays: dict, meta: dict) -> None:
 def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
     """The head trained as eagle_torch.stage_train trains it, in MLX; returns its final file."""
     from mlxspec.backbone import logit_map, output_rows
-    from train_common import lr_scale
+    from .train_common import lr_scale
 
     tag = run_tag(args, train) + "-mlx"
     final, ckpt = work / f"head_final-{tag}.safetensors", work / f"head_ckpt-{tag}.safetensors"
@@ -294,6 +293,3 @@ def main(args) -> None:
     stage_export(args, final, vocab, model, name)
     log(f"export done: {args.out} ({time.time() - t0:.0f}s in all)")
 
-
-if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
-    raise SystemExit("scripts/train_eagle_mlx.py is imported by train_eagle.py (--target), and is no command of its own: run that (--help)")

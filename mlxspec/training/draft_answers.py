@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from draft_prompts import chat_ids
-from torch_target import cache_kw, kv_cache, left_padded, load_target
-from train_common import AnswerClock, log, read_work
+from .draft_prompts import chat_ids
+from .torch_target import cache_kw, kv_cache, left_padded, load_target
+from .train_common import GEN_BATCH, AnswerClock, log, read_work
 
 
 EOS = 2  # <|im_end|>
@@ -67,7 +67,6 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_
     return rows
 
 
-GEN_BATCH = 48  # the answers' default batch: its shards keep the names they always had
 
 
 def batch_mark(args) -> str:
@@ -152,6 +151,3 @@ def load_generated(paths):
         v.sort(key=lambda r: (r["index"], r["temp"]))
     return data
 
-
-if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
-    raise SystemExit("scripts/draft_answers.py is imported by train_draft.py and train_eagle.py, and is no command of its own: run one of those (--help)")

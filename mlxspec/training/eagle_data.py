@@ -13,11 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-import draft_answers
-import torch_target
-import train_common
-from draft_prompts import chat_ids
-from train_common import log
+from . import draft_answers
+from .eagle_args import ANSWER_SETTINGS
+from . import torch_target
+from . import train_common
+from .draft_prompts import chat_ids
+from .train_common import log
 
 
 def step_arithmetic(precision: str):
@@ -209,7 +210,6 @@ def partial(rows, args) -> str:
     return "" if len(rows) == args.gen_batch else f"-n{len(rows)}"
 
 
-ANSWER_SETTINGS = ("max_new", "temperature", "seed", "held_out")  # with the target: what the answers depend on
 
 
 def check_work(work: Path, args, target: str, named: str = None) -> None:
@@ -284,8 +284,8 @@ def answer_marks(args) -> list:
     (other answers and features), a --gen-batch other than 48 (other prompts sampled at T, other
     padding). Empty for the defaults, so earlier work dirs keep their names."""
     prec = getattr(args, "generate_precision", "float32")
-    size = getattr(args, "gen_batch", draft_answers.GEN_BATCH)
-    return ([] if prec == "float32" else [prec]) + ([] if size == draft_answers.GEN_BATCH else [f"batch{size}"])
+    size = getattr(args, "gen_batch", train_common.GEN_BATCH)
+    return ([] if prec == "float32" else [prec]) + ([] if size == train_common.GEN_BATCH else [f"batch{size}"])
 
 
 def data_tag(args) -> str:
@@ -390,6 +390,3 @@ def target_config(gguf: Path) -> dict:
     out["rope_theta"] = float(rope.get("rope_theta") or getattr(c, "rope_theta"))
     return out
 
-
-if __name__ == "__main__":  # imported, never run: say so rather than exit 0 having done nothing
-    raise SystemExit("scripts/eagle_data.py is imported by train_eagle.py, and is no command of its own: run that (--help)")
