@@ -13,7 +13,7 @@ import os
 import sys
 
 # Order shown in --help.
-COMMANDS = ["generate", "chat", "serve", "embed", "bench", "calibrate", "models", "pull"]
+COMMANDS = ["generate", "chat", "serve", "embed", "bench", "calibrate", "train_eagle", "models", "pull"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,104 @@
+"""`mlxspec train-eagle`: the MLX trainer (mlxspec/training/) as a command of the installed package."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tiny
+from test_train_eagle_mlx import _prompt_file, _save
+
+from mlxspec.cli import main
+from mlxspec.training import eagle_args, train_eagle
+
+SMALL = ["--prompts", "8", "--held-out", "4", "--max-new", "16", "--gen-batch", "6", "--epochs", "2", "--batch", "4",
+         "--ckpt-every", "8", "--draft-vocab", "96"]
+
+
+def test_trains_a_head_into_mlxspec_s_cache_by_default_and_a_rerun_resumes(tmp_path, monkeypatch, capsys):
+    from mlxspec.drafters.eagle import load_head
+    from mlxspec.loading.model import load_model
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
+    target = _save(tmp_path / "target", tiny.make_llama(21, tie_embeddings=False))
+    argv = ["train-eagle", "--target", str(target), "--out", str(tmp_path / "head"),
+            "--prompt-file", str(_prompt_file(tmp_path / "p.jsonl")), *SMALL]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    works = list((tmp_path / "home" / "train-eagle").iterdir())
+    assert len(works) == 1 and works[0].name.startswith("target-") and f"work folder {works[0]}" in first
+    assert (works[0] / "answers.json").exists()
+    model = load_model(str(target))[0]
+    head = load_head(tmp_path / "head", model)  # made for this target: loads against it
+    assert head is not None
+    # the same command again finds every stage done: no answer is generated anew
+    assert main(argv) == 0
+    again = capsys.readouterr().out
+    assert "generate 1/" in first and "generate 1/" not in again, again
+    assert list((tmp_path / "home" / "train-eagle").iterdir()) == works
+
+
+def _args(**kw):
+    base = dict(target="org/model", gguf=None, adapter_path=None, max_new=128, temperature=0.7, seed=0, held_out=32,
+                epochs=3.5, lr=1e-3)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_the_default_work_folder_changes_with_what_the_answers_depend_on_only(tmp_path, monkeypatch):
+    """Another target, adapter or way of answering gets its own folder (one folder holds one way of
+    answering: `eagle_data.check_work` refuses the others); training settings share the answers."""
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    base = eagle_args.default_work(_args())
+    assert base.parent == tmp_path / "train-eagle" and base.name.startswith("model-")
+    assert eagle_args.default_work(_args(epochs=8, lr=3e-4)) == base
+    others = [_args(target="org/other"), _args(adapter_path=str(tmp_path)), _args(max_new=64),
+              _args(temperature=0.0), _args(seed=1), _args(held_out=8)]
+    assert len({base, *map(eagle_args.default_work, others)}) == 1 + len(others)
+
+
+def test_help_lists_the_command_without_the_pytorch_trainer_and_stays_light():
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-m", "mlxspec", "train-eagle", "--help"], capture_output=True, text=True,
+                         cwd=root, check=True)
+    assert "--target REF" in run.stdout and "--prompt-file" in run.stdout and "--gguf SmolLM2" not in run.stdout
+    assert not any(line.lstrip().startswith(("--gguf", "--threads", "--precision")) for line in run.stdout.splitlines())
+    assert "train-eagle" in subprocess.run([sys.executable, "-m", "mlxspec", "--help"], capture_output=True, text=True,
+                                           cwd=root, check=True).stdout
+    # every command builds its parser at start-up: this one's imports no NumPy (nor the trainers)
+    code = ("import sys; from mlxspec.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in sys.modules if m == 'numpy' or m.startswith('mlxspec.training.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True).stdout
+    assert out.strip() == "['mlxspec.training.draft_prompts', 'mlxspec.training.eagle_args', " \
+                          "'mlxspec.training.train_common']", out
+
+
+def test_a_refusal_is_one_line_exit_status_1_and_ctrl_c_says_the_command_resumes(tmp_path, monkeypatch, capsys):
+    target = _save(tmp_path / "target", tiny.make_llama(22))
+    argv = ["train-eagle", "--target", str(target), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+            *SMALL]
+    assert main([*argv[:-len(SMALL)], "--prompts", "0", "--held-out", "1", "--max-new", "4"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mlxspec train-eagle: error: no train answers") and len(err.strip().splitlines()) == 1, err
+
+    def stopped(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_eagle, "run", stopped)
+    assert main(argv) == 130
+    assert "interrupted: the same command resumes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--target", "t", "--gguf", "x.gguf"], "unrecognized arguments: --gguf"),
+    (["--target", "t", "--precision", "bfloat16"], "unrecognized arguments: --precision"),
+    (["--out", "o"], "the following arguments are required: --target"),
+    (["--target", "t"], "--out is required"),
+])
+def test_bad_flags_are_refused_before_any_work(argv, says, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train-eagle", *argv])
+    assert e.value.code == 2 and says in capsys.readouterr().err
