@@ -32,6 +32,8 @@ def test_trains_a_head_into_mlxspec_s_cache_by_default_and_a_rerun_resumes(tmp_p
     works = list((tmp_path / "home" / "train-eagle").iterdir())
     assert len(works) == 1 and works[0].name.startswith("target-") and f"work folder {works[0]}" in first
     assert (works[0] / "answers.json").exists()
+    assert f"draft with it: mlxspec generate --target {target} --head {tmp_path / 'head'}" in first
+    assert f"The work folder {works[0]} holds" in first
     model = load_model(str(target))[0]
     head = load_head(tmp_path / "head", model)  # made for this target: loads against it
     assert head is not None
@@ -90,6 +92,14 @@ def test_a_refusal_is_one_line_exit_status_1_and_ctrl_c_says_the_command_resumes
     monkeypatch.setattr(train_eagle, "run", stopped)
     assert main(argv) == 130
     assert "interrupted: the same command resumes" in capsys.readouterr().err
+
+
+def test_a_target_not_found_is_one_line_and_leaves_no_work_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "home"))
+    assert main(["train-eagle", "--target", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mlxspec train-eagle: error: ") and "no-such-model" in err and "Traceback" not in err, err
+    assert not (tmp_path / "home" / "train-eagle").exists() and not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("argv, says", [

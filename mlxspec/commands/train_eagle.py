@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -23,7 +24,7 @@ def run(p: argparse.ArgumentParser, args) -> int:
 
     train_common.log(f"work folder {args.work} (the stages' results: a rerun resumes from them)")
     try:
-        return train_eagle.run(args) or 0
+        status = train_eagle.run(args) or 0
     except KeyboardInterrupt:
         print(f"\n{train_common.RESUMES}", file=sys.stderr)
         return 130
@@ -32,3 +33,18 @@ def run(p: argparse.ArgumentParser, args) -> int:
             print(f"mlxspec train-eagle: error: {e.code}", file=sys.stderr)
             return 1
         raise
+    if args.stop_after == "export":
+        train_common.log(next_steps(args))
+    return status
+
+
+def next_steps(args) -> str:
+    """What to do with the exported head, and what the work folder costs on disk."""
+    import shlex
+
+    adapter = f" --adapter-path {shlex.quote(args.adapter_path)}" if args.adapter_path else ""
+    size = sum(f.stat().st_size for f in Path(args.work).rglob("*") if f.is_file())
+    return (f"draft with it: mlxspec generate --target {shlex.quote(args.target)}{adapter} --head "
+            f"{shlex.quote(args.out)} \"PROMPT\" (or name it as `head` in a pair of your models.toml). The work "
+            f"folder {args.work} holds {size / 1e9:.2f} GB of answers and features, which a rerun (more epochs, "
+            f"--init) reuses: delete it when you are done")

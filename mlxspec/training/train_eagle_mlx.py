@@ -261,11 +261,11 @@ def main(args) -> None:
 
     random.seed(args.seed)
     work, t0 = Path(args.work), time.time()
+    log(f"loading {args.target} (MLX, {backend()})")
+    model, tok, name = load_target(args.target, args.adapter_path)  # first: a target not found leaves no folder
     work.mkdir(parents=True, exist_ok=True)
     prompts = train_draft.stage_prompts(args, work)
     prompts.update(train_draft.logged_prompt_files(args.prompt_file))
-    log(f"loading {args.target} (MLX, {backend()})")
-    model, tok, name = load_target(args.target, args.adapter_path)
     args.adapter_digest = adapter_digest(args.adapter_path) if args.adapter_path else None  # read once
     check_work(work, args, gen_dir(work, model, args.adapter_digest).name, named=args.target)  # by its fingerprint
     tcfg = target_config(model)
