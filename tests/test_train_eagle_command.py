@@ -44,6 +44,38 @@ def test_trains_a_head_into_mlxspec_s_cache_by_default_and_a_rerun_resumes(tmp_p
     assert list((tmp_path / "home" / "train-eagle").iterdir()) == works
 
 
+def test_pair_adds_the_head_to_the_user_s_models_toml_once_and_a_clash_is_refused_before_any_work(
+        tmp_path, monkeypatch, capsys):
+    import mlxspec
+    from mlxspec.loading.registry import pairs
+
+    home = tmp_path / "home"
+    home.mkdir()
+    mine = '[[pair]]\nname = "theirs"  # a comment kept\ntarget = "org/model"\n'
+    (home / "models.toml").write_text(mine)
+    monkeypatch.setenv("MLXSPEC_HOME", str(home))
+    target = _save(tmp_path / "target", tiny.make_llama(23, tie_embeddings=False))
+    argv = ["train-eagle", "--target", str(target), "--out", str(tmp_path / "head"), "--pair", "my pair",
+            "--prompt-file", str(_prompt_file(tmp_path / "p.jsonl")), *SMALL]
+    assert main(argv) == 0
+    assert f"pair 'my pair' added to {home / 'models.toml'}" in capsys.readouterr().out
+    text = (home / "models.toml").read_text()
+    assert text.startswith(mine) and text.count("[[pair]]") == 2  # the user's own lines kept as they were
+    pair = pairs()["my pair"]
+    assert (pair.target, pair.head, pair.drafter, pair.draft) == (str(target), str(tmp_path / "head"), "eagle", "ngram")
+    engine = mlxspec.load("my pair")
+    assert engine.eagle is not None and engine.generate("count to ten", max_tokens=4).text
+    assert main(argv) == 0  # the same command again: resumed, the pair left as it is
+    assert "already in" in capsys.readouterr().out and (home / "models.toml").read_text() == text
+    works = sorted((home / "train-eagle").iterdir())
+    for clash, says in ((["--out", str(tmp_path / "other"), "--max-new", "12"], "already has a pair 'my pair'"),
+                        (["--pair", "demo", "--out", str(tmp_path / "other")], "curated pair's name")):
+        assert main([*argv, *clash]) == 1
+        assert says in capsys.readouterr().err
+        assert sorted((home / "train-eagle").iterdir()) == works and not (tmp_path / "other").exists()
+    assert (home / "models.toml").read_text() == text
+
+
 def _args(**kw):
     base = dict(target="org/model", gguf=None, adapter_path=None, max_new=128, temperature=0.7, seed=0, held_out=32,
                 epochs=3.5, lr=1e-3)
@@ -112,3 +144,16 @@ def test_bad_flags_are_refused_before_any_work(argv, says, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["train-eagle", *argv])
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, head", [('say "hi"', "/tmp/a\\b"), ("é café", "/tmp/ü"), ("tab\there", "/x y/h")])
+def test_an_added_pair_reads_back_as_written_whatever_its_characters(name, head, tmp_path, monkeypatch):
+    """TOML's basic strings take JSON's escapes: a quote, a backslash or a tab in a name or path
+    cannot break the user's file."""
+    from mlxspec.loading.registry import add_own_pair, pairs
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path / "new" / "home"))  # made if missing
+    entry = {"name": name, "target": "org/model", "head": head, "drafter": "eagle"}
+    assert add_own_pair(entry) is True and add_own_pair(entry) is False
+    got = pairs()[name]
+    assert (got.name, got.target, got.head, got.drafter) == (name, "org/model", head, "eagle")

@@ -44,7 +44,8 @@ def next_steps(args) -> str:
 
     adapter = f" --adapter-path {shlex.quote(args.adapter_path)}" if args.adapter_path else ""
     size = sum(f.stat().st_size for f in Path(args.work).rglob("*") if f.is_file())
-    return (f"draft with it: mlxspec generate --target {shlex.quote(args.target)}{adapter} --head "
-            f"{shlex.quote(args.out)} \"PROMPT\" (or name it as `head` in a pair of your models.toml). The work "
-            f"folder {args.work} holds {size / 1e9:.2f} GB of answers and features, which a rerun (more epochs, "
-            f"--init) reuses: delete it when you are done")
+    how = (f"mlxspec generate --pair {shlex.quote(args.pair)} \"PROMPT\"" if args.pair else
+           f"mlxspec generate --target {shlex.quote(args.target)}{adapter} --head {shlex.quote(args.out)} \"PROMPT\" "
+           "(or --pair NAME next time: a pair of your models.toml naming it)")
+    return (f"draft with it: {how}. The work folder {args.work} holds {size / 1e9:.2f} GB of answers and features, "
+            "which a rerun (more epochs, --init) reuses: delete it when you are done")

@@ -158,6 +158,50 @@ def pairs() -> dict[str, Pair]:
     return out
 
 
+def own_pair_state(entry: dict) -> str:
+    """Whether the user's models.toml may get the pair `entry` (fields of a [[pair]]): "new", or
+    "same" when a pair of that name with these fields is there already (a rerun).
+
+    Raises:
+        MlxSpecError: the name is blank or a curated pair's, a pair of that name says otherwise, or
+            the file cannot be read as a registry.
+    """
+    name, path = entry["name"], user_pairs_path()
+    if not name.strip():
+        raise MlxSpecError("the pair's name is blank; give the name to choose it by (mlxspec chat --pair NAME)")
+    if name in _parsed(PACKAGED, ()):
+        raise MlxSpecError(f"{name!r} is a curated pair's name (mlxspec models); give your pair a name of its own")
+    mine = load_pairs(path, own=True) if path.exists() else {}
+    if name not in mine:
+        return "new"
+    have = mine[name]
+    if all(getattr(have, k) == v for k, v in entry.items()):
+        return "same"
+    raise MlxSpecError(f"{path} already has a pair {name!r} (target {have.target!r}, head {have.head!r}): give "
+                       f"another name, or remove that entry first")
+
+
+def add_own_pair(entry: dict) -> bool:
+    """Append the pair `entry` (string fields) to the user's models.toml, made if missing, whole
+    or not at all; False when it was there already (`own_pair_state`, which also says what
+    refuses it)."""
+    import json
+
+    from ..files import write_atomic
+
+    if own_pair_state(entry) == "same":
+        return False
+    path = user_pairs_path()
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    # JSON's string escapes are TOML's basic strings' (\\, \", \uXXXX)
+    table = "[[pair]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in entry.items())
+    text = old.rstrip("\n") + "\n\n" + table if old.strip() else table
+    tomllib.loads(text)  # never write a file that would not parse
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text)
+    return True
+
+
 def get_pair(name: str) -> Pair | None:
     """The pair called `name` (the user's own first, see `pairs`), or None when there is none."""
     return pairs().get(name)

@@ -190,6 +190,11 @@ def add_arguments(p: argparse.ArgumentParser, *, pytorch: bool = True) -> None:
     p.add_argument("--ckpt-every", type=train_common.positive_int, default=100,
                    help="steps between checkpoints (and held-out agreement lines; default 100): a rerun resumes "
                         "from the last one")
+    p.add_argument("--pair", metavar="NAME",
+                   help="after the export, add a pair NAME to your own models.toml ($MLXSPEC_HOME/models.toml): "
+                        "this target (and --adapter-path), the head, drafter eagle; then `mlxspec chat --pair NAME` "
+                        "or `serve --pair NAME` drafts with it. A name that is there for another target or head, "
+                        "or a curated pair's, is refused before any work (default: none added)")
     p.add_argument("--init", metavar="HEAD",
                    help="continue training this exported head (a folder or builtin:NAME, e.g. builtin:smollm2-eagle) "
                         "instead of starting from the target's last layer: its shape, feature layers and draft "
@@ -224,6 +229,18 @@ def check(p: argparse.ArgumentParser, args) -> None:
             p.error(f"{flag} {folder}: {why}")
     if why := unwritable_out(Path(args.out)):
         p.error(f"--out {args.out}: {why}")
+
+
+def pair_entry(args) -> dict | None:
+    """The [[pair]] that --pair adds (None without it): paths absolute, since the file is elsewhere."""
+    if not args.pair:
+        return None
+    ref = args.target or args.gguf
+    entry = {"name": args.pair, "target": str(Path(ref).resolve()) if Path(ref).exists() else ref,
+             "head": str(Path(args.out).resolve()), "drafter": "eagle"}
+    if args.adapter_path:
+        entry["adapter"] = str(Path(args.adapter_path).resolve())
+    return entry
 
 
 def default_work(args) -> Path:

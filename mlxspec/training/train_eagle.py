@@ -65,11 +65,27 @@ def main(argv=None):
 
 
 def run(args):
-    """Every stage up to --stop-after, for arguments `parse_args` (or the command's parser) checked."""
+    """Every stage up to --stop-after, for arguments `parse_args` (or the command's parser) checked;
+    then the --pair, if one is asked for."""
+    from mlxspec.loading import registry
+
+    entry = eagle_args.pair_entry(args)
+    if entry:
+        registry.own_pair_state(entry)  # refused now, not after the hours of work
     if args.target:
         from . import train_eagle_mlx
 
-        return train_eagle_mlx.main(args)
+        train_eagle_mlx.main(args)
+    else:
+        run_pytorch(args)
+    if entry and args.stop_after == "export":
+        added = registry.add_own_pair(entry)
+        log(f"pair {entry['name']!r} {'added to' if added else 'already in'} {registry.user_pairs_path()}: "
+            f"mlxspec chat --pair {entry['name']} drafts with this head")
+
+
+def run_pytorch(args) -> None:
+    """The stages with --gguf: the target in PyTorch (eagle_data.py, eagle_torch.py)."""
     work, t0 = train_common.start(args)
     digest = target_digest(Path(args.gguf))  # the whole file read once
     llama_gguf(Path(args.gguf))
