@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ def test_trains_a_head_into_mlxspec_s_cache_by_default_and_a_rerun_resumes(tmp_p
     assert f"draft with it: mlxspec generate --target {target} --head {tmp_path / 'head'}" in first
     assert f"The work folder {works[0]} holds" in first
     model = load_model(str(target))[0]
+    assert json.loads((tmp_path / "head" / "config.json").read_text())["training"]["script"] == "mlxspec train-eagle"
+    assert "Written by `mlxspec train-eagle`" in (tmp_path / "head" / "README.md").read_text()
     head = load_head(tmp_path / "head", model)  # made for this target: loads against it
     assert head is not None
     # the same command again finds every stage done: no answer is generated anew

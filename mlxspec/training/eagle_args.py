@@ -11,7 +11,8 @@ Gemma 2's or scaled as Granite's and Cohere's: the head's laws are capped or sca
 Every stage runs in MLX on its default device: a Mac's GPU, an NVIDIA GPU through MLX's CUDA
 backend, or the CPU. With your own chats as --prompt-file (the prompts your users send), the head
 drafts what your target answers to them. How long: a head that drafts as well as the demo one
-took 11 minutes on an NVIDIA H200, 164 on 2 x86 cores with PyTorch (mlxspec/data/smollm2-eagle/README.md).
+took 11 minutes on an NVIDIA H200, 164 on 2 x86 cores with PyTorch (its model card:
+mlxspec/data/smollm2-eagle/README.md).
 In a checkout, scripts/train_eagle.py takes the same flags, and --gguf: the PyTorch trainer the
 demo head was made with on a 2-core x86 CPU, where MLX's CPU backend is slower.
 
@@ -88,19 +89,21 @@ def add_arguments(p: argparse.ArgumentParser, *, pytorch: bool = True) -> None:
         which.add_argument("--target", **target)
     else:
         p.add_argument("--target", required=True, **target)
-        p.set_defaults(gguf=None, threads=None, precision="float32", generate_precision="float32")
+        p.set_defaults(gguf=None, threads=None, precision="float32", generate_precision="float32",
+                       made_by="mlxspec train-eagle")  # the head's training record names its maker
     p.add_argument("--adapter-path", metavar="PATH",
                    help="with --target: a fine-tuned adapter folder written by mlx_lm.lora, applied to the target "
                         "as mlxspec --adapter-path applies it; the head learns the adapted target's answers and "
-                        "features (draft with the head under the same adapter: mlxspec --adapter-path, or a pair naming "
-                        "both; default: none)")
+                        "features (draft with the head under the same adapter: mlxspec --adapter-path, or a pair "
+                        "naming both; default: none)")
     p.add_argument("--work", metavar="FOLDER",
-                   help="where the stages' results are cached, so a rerun resumes (shared with train_draft.py). "
+                   help="where the stages' results are cached, so a rerun resumes. "
                         "Default: a folder of mlxspec's cache ($MLXSPEC_HOME) named by the target, the adapter and "
                         "the answers' settings; the log says which. It can hold gigabytes of features: delete it "
                         "once the head is exported")
-    p.add_argument("--out", metavar="FOLDER", help="the head folder to write (required; mlxspec/data/smollm2-eagle, the shipped "
-                                 "demo head's, only for the demo target)")
+    p.add_argument("--out", metavar="FOLDER",
+                   help="the head folder to write (required; mlxspec/data/smollm2-eagle, the shipped demo head's, "
+                        "only for the demo target)")
     p.add_argument("--seed", type=train_common.non_negative_int, default=0,
                    help="seeds the templated prompts' choice, the sampled answers and training (default 0)")
     if pytorch:
@@ -129,8 +132,9 @@ def add_arguments(p: argparse.ArgumentParser, *, pytorch: bool = True) -> None:
     p.add_argument("--draft-vocab", type=train_common.positive_int,
                    help="tokens the head may propose: the data's most frequent (default 4096; with --init, the "
                    "head's own, and a larger number widens it by the data's most frequent tokens it lacks)")
-    p.add_argument("--intermediate", type=train_common.positive_int, help="the head's MLP width (default: the target's). A wider one still starts as "
-                   "the target's last layer, its extra units silent. The shipped demo head is 2x (3072): after 8 "
+    p.add_argument("--intermediate", type=train_common.positive_int,
+                   help="the head's MLP width (default: the target's). A wider one still starts as the target's last "
+                   "layer, its extra units silent. The shipped demo head is 2x (3072): after 8 "
                    "epochs and 4 more with --init at --lr 3e-4 it gained 0.020 per token over the 1x head and "
                    "ran x1.05 as fast on a 2-core CPU, at 1.5x the head step and training time (model card)")
     p.add_argument("--head-layers", type=train_common.positive_int, default=1,
@@ -139,8 +143,9 @@ def add_arguments(p: argparse.ArgumentParser, *, pytorch: bool = True) -> None:
                    help="what the head's attention reads for the positions the target has run: its own keys and "
                         "values of them (EAGLE; the shipped demo head), or the target's own last-layer keys and "
                         "values from the target's cache (as GLIDE does; Du et al. 2024): then the head keeps only "
-                        "the current round's entries, and training taps the input of the target's last layer. For the "
-                        "demo target it learnt faster at first and ended 0.011 per token behind (the demo head's EXPERIMENTS.md)")
+                        "the current round's entries, and training taps the input of the target's last layer. For "
+                        "the demo target it learnt faster at first and ended 0.011 per token behind (the demo head's "
+                        "EXPERIMENTS.md)")
     p.add_argument("--window", type=train_common.non_negative_int, default=WINDOW,
                    help="entries of its own cache the exported head attends to (its latest, plus the first 4), "
                         "written to its config as `window`; 0: all of them. A head learns on sequences of a few "
@@ -155,14 +160,15 @@ def add_arguments(p: argparse.ArgumentParser, *, pytorch: bool = True) -> None:
     # training
     p.add_argument("--epochs", type=train_common.positive_float, default=3.5,
                    help="passes over the answers; the demo head before the wider one used 8 on 5,323 prompts, 86 "
-                        "minutes from scratch on 2 CPU cores (bench-suite per-token acceptance 0.40 after 4, 0.42 after "
-                        "8; 4 more with --init at --lr 3e-4 gave 0.43 but no speed); the shipped, twice as wide head "
-                        "8 and then 4 more that way")
+                        "minutes from scratch on 2 CPU cores (bench-suite per-token acceptance 0.40 after 4, 0.42 "
+                        "after 8; 4 more with --init at --lr 3e-4 gave 0.43 but no speed); the shipped, twice as "
+                        "wide head 8 and then 4 more that way")
     p.add_argument("--train-minutes", type=train_common.positive_float, metavar="M",
                    help="a wall-clock budget for the train stage: after timing its first steps, a run that would "
                         "take longer is cut to the steps that fit, its learning-rate schedule ending there (the log "
-                        "says where); for a GPU lent by the hour. A cut run is a run of its own: the same command without the "
-                        "budget trains all --epochs rather than reusing it. Default: no budget, all --epochs")
+                        "says where); for a GPU lent by the hour. A cut run is a run of its own: the same command "
+                        "without the budget trains all --epochs rather than reusing it. Default: no budget, all "
+                        "--epochs")
     p.add_argument("--batch", type=train_common.positive_int, default=8, help="sequences per step (default 8)")
     p.add_argument("--lr", type=train_common.positive_float, default=1e-3,
                    help="AdamW's peak learning rate, after a 3 %% warm-up, then cosine (default 1e-3)")
@@ -182,10 +188,11 @@ def add_arguments(p: argparse.ArgumentParser, *, pytorch: bool = True) -> None:
                             "the optimiser stay float32; about 1.5x faster on CPUs with bfloat16 dot products "
                             "(AVX512-BF16), slower on those without. Held-out checks run in float32")
         p.add_argument("--generate-precision", choices=["float32", "bfloat16"], default="float32",
-                       help="arithmetic of the target's passes that write the answers and their features (--gguf only): "
-                            "bfloat16 autocasts them, 4.1x as fast on a 2-core CPU with bfloat16 dot products. Its "
-                            "features differ from float32's by about 1 %% RMS (the training noise is 5.8 %%) and about "
-                            "half its greedy answers part from float32's at a near tie; its answers are kept apart "
+                       help="arithmetic of the target's passes that write the answers and their features (--gguf "
+                            "only): bfloat16 autocasts them, 4.1x as fast on a 2-core CPU with bfloat16 dot "
+                            "products. Its features differ from float32's by about 1 %% RMS (the training noise is "
+                            "5.8 %%) and about half its greedy answers part from float32's at a near tie; its answers "
+                            "are kept apart "
                             "(eagle-gen-bfloat16 in --work) and never mixed with float32's")
     p.add_argument("--ckpt-every", type=train_common.positive_int, default=100,
                    help="steps between checkpoints (and held-out agreement lines; default 100): a rerun resumes "

@@ -242,7 +242,8 @@ def stage_export(args, final: Path, vocab, model, name: str) -> None:
     # the adapted target's head: which adapter (a folder's name, its digest)
     adapter = {"adapter": {"name": Path(args.adapter_path).name, "digest": args.adapter_digest}} \
         if args.adapter_path else {}
-    record = training_record(args, meta, "scripts/train_eagle.py --target", backend=backend(), **adapter)
+    maker = getattr(args, "made_by", "scripts/train_eagle.py --target")
+    record = training_record(args, meta, maker, backend=backend(), **adapter)
     out = Path(args.out)
     save_head(out, head, mx.array(vocab), model, name=name, extra={**window_config(args), "training": record},
               feature_layers=cfg.get("feature_layers") or [])
