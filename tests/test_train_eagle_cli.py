@@ -226,6 +226,18 @@ def test_the_pytorch_trainers_keep_mlxspec_s_blas_out_of_their_process(script, f
     assert (out.strip().splitlines()[-1] == "MLXSPEC_BLAS=off") == pytorch, out
 
 
+def test_importing_the_trainer_loads_no_mlx():
+    """--gguf's stages import torch before MLX (its export stage): the trainer's modules load
+    neither MLX nor mlx-lm at import."""
+    import subprocess
+
+    code = ("import sys; from mlxspec.training import train_eagle; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'mlx', 'mlx_lm', 'torch'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_a_grown_last_batch_is_not_taken_for_the_shorter_one():
     """--prompts 3 then 6 (batches of 2): batch 1 held one prompt, then two; its shard must be made anew."""
     small = {"held_out": [{"prompt": "h"}], "train": [{"prompt": "t"}] * 3}

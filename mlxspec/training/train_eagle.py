@@ -19,7 +19,7 @@ from .eagle_training import init_head, settle_draft_vocab, tapped_layers, window
 from .train_common import log
 
 
-# ---------------------------------------------------------------- stage 5: export (stages 2-3: eagle_data.py; 4: eagle_torch.py)
+# ------------------------------------------------- stage 5: export (stages 2-3: eagle_data.py; 4: eagle_torch.py)
 
 def stage_export(args, final: Path, vocab) -> None:
     import mlx.core as mx
@@ -67,10 +67,10 @@ def main(argv=None):
 def run(args):
     """Every stage up to --stop-after, for arguments `parse_args` (or the command's parser) checked;
     then the --pair, if one is asked for."""
-    from mlxspec.loading import registry
-
     entry = eagle_args.pair_entry(args)
-    if entry:
+    if entry:  # (imports MLX: only then, since --gguf's stages import torch first)
+        from mlxspec.loading import registry
+
         registry.own_pair_state(entry)  # refused now, not after the hours of work
     if args.target:
         from . import train_eagle_mlx
