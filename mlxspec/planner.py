@@ -31,6 +31,7 @@ from . import treeplan
 from .drafters import Draft
 from .prompts import MAX_DRAFT
 from .sampling import SamplingParams
+from .tree import depths
 
 
 @dataclass
@@ -215,7 +216,10 @@ class Planner:
         # rows still before min_tokens
         early = self.min_tokens - (len(self.hist) - self.prompt_len) - (pending is not None)
         if self.ban is not None and early > 0:
-            rows = mx.arange(len(draft) + 1)[:, None] < early
+            # a row's position: a chain's is its index, a tree's its node's depth (side leaves come
+            # after the chain, so a shallow node may sit at a high index)
+            at = mx.arange(len(draft) + 1) if draft.parents is None else mx.array(depths(draft.parents))
+            rows = at[:, None] < early
             added = mx.where(rows, self.ban, 0.0) + (0.0 if added is None else added)
         if self.penalties is None:
             return added

@@ -61,6 +61,29 @@ def test_min_tokens_bans_the_end_until_then_on_every_row(drafter, options):
     assert fast.tokens == plain.tokens
 
 
+@pytest.mark.parametrize("options", [{}, {"temperature": 0.7, "seed": 3}])
+def test_min_tokens_bans_the_end_on_a_tree_s_rows_by_their_depth(options):
+    """A tree's side leaves come after its chain: a node one token deep may be row 6. Each row's
+    ban is its node's position's (a ban by row index let a side leaf's successor end the answer
+    early, depending on which trees the cost model chose)."""
+    from test_engine_trees import flat_curve
+
+    target, tok = tiny.make_llama(0, tie_embeddings=False), tiny.make_tokenizer()
+    free = Engine(target, tok, drafter="none").generate(ASK, max_tokens=30, **options).tokens
+    trees = 0
+    for at in range(6):
+        for least in range(at + 1, at + 8):
+            kw = dict(max_tokens=30, stop_token_ids=[free[at]], min_tokens=least, **options)
+            plain = Engine(target, tok, drafter="none").generate(ASK, **kw)
+            # verifying is as cheap for many rows as for one (`flat_curve`): every round a tree
+            engine = Engine(target, tok, drafter="model", draft_model=tiny.make_llama(0, tie_embeddings=False))
+            r = flat_curve(engine).generate(ASK, **kw)
+            assert r.tokens == plain.tokens, (at, least)
+            assert free[at] not in r.tokens[:least]
+            trees += r.stats.tree_rounds
+    assert trees > 0
+
+
 @pytest.mark.parametrize("kw, says", [
     ({"stop_token_ids": [tiny.VOCAB]}, "stop_token_ids must be a list of token ids in [0, 259)"),
     ({"stop_token_ids": 5}, "stop_token_ids must be a list"),
