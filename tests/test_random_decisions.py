@@ -19,6 +19,10 @@ from mlxspec import Engine
 from mlxspec.costmodel import CostModel
 
 ASK = [{"role": "user", "content": "say it say it again"}]
+WORDS = {"type": "regex", "regex": r"[a-z ]{20,40}\."}
+MOOD = {"type": "json_schema", "json_schema": {"name": "mood", "schema": {
+    "type": "object", "properties": {"ok": {"type": "boolean"}, "mood": {"enum": ["calm", "stormy", "grey"]}},
+    "required": ["ok", "mood"], "additionalProperties": False}}}
 FILTERS = {"top_p": 0.9, "typical_p": 0.8, "top_n_sigma": 1.5, "xtc_probability": 0.5, "min_p": 0.05, "top_k": 20}
 
 
@@ -44,8 +48,9 @@ def chance(monkeypatch):
 
 
 def request(rng: random.Random, free: list) -> dict:
-    """Random options of a request: sampling and its filters or mirostat, logit_bias, an ending
-    token with min_tokens, ignore_eos, logprobs, penalties or DRY, a prediction."""
+    """Random options of a request: sampling and its filters or mirostat, logit_bias, ending
+    tokens with min_tokens, ignore_eos, logprobs, a grammar, post-sampling probabilities,
+    penalties or DRY."""
     kw = {"max_tokens": rng.choice([8, 24, 40])}
     if rng.random() < 0.5:
         kw.update(temperature=rng.choice([0.5, 1.0]), seed=rng.randrange(100))
@@ -59,6 +64,10 @@ def request(rng: random.Random, free: list) -> dict:
         at = rng.randrange(6)
         kw.update(stop_token_ids=free[at:at + 4], min_tokens=min(at + 1 + rng.randrange(8), kw["max_tokens"]))
     kw.update({"logprobs": 3} if rng.random() < 0.3 else {}, **({"ignore_eos": True} if rng.random() < 0.2 else {}))
+    if rng.random() < 0.15:
+        kw["response_format"] = rng.choice([WORDS, MOOD])
+    if rng.random() < 0.15:
+        kw["post_sampling_probs"] = True
     shaping = rng.random()
     if shaping < 0.15:
         kw["presence_penalty"] = 0.5
