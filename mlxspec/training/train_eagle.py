@@ -80,8 +80,7 @@ def run(args):
         run_pytorch(args)
     if entry and args.stop_after == "export":
         added = registry.add_own_pair(entry)
-        log(f"pair {entry['name']!r} {'added to' if added else 'already in'} {registry.user_pairs_path()}: "
-            f"mlxspec chat --pair {entry['name']} drafts with this head")
+        log(f"pair {entry['name']!r} {'added to' if added else 'already in'} {registry.user_pairs_path()}")
 
 
 def run_pytorch(args) -> None:
