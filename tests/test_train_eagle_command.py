@@ -160,3 +160,13 @@ def test_an_added_pair_reads_back_as_written_whatever_its_characters(name, head,
     assert add_own_pair(entry) is True and add_own_pair(entry) is False
     got = pairs()[name]
     assert (got.name, got.target, got.head, got.drafter) == (name, "org/model", head, "eagle")
+
+
+def test_a_local_target_is_named_by_its_absolute_path_a_repo_id_as_given(tmp_path, monkeypatch):
+    """The pair and the default work folder name the same target wherever the command was run from."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    here = _args(target="model", pair="p", out="head")
+    assert eagle_args.pair_entry(here)["target"] == str(tmp_path / "model")
+    assert eagle_args.pair_entry(_args(target="org/model", pair="p", out="head"))["target"] == "org/model"
+    assert eagle_args.default_work(_args(target=str(tmp_path / "model"))) == eagle_args.default_work(here)

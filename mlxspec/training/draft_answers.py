@@ -67,8 +67,6 @@ def generate_batch(model, prompts_ids, *, max_new: int, temperature: float, top_
     return rows
 
 
-
-
 def batch_mark(args) -> str:
     """The suffix of shards a --gen-batch other than the default writes. Batch n of another size
     holds other prompts, so it must never pass for a finished shard of this size."""

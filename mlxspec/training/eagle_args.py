@@ -242,23 +242,26 @@ def pair_entry(args) -> dict | None:
     """The [[pair]] that --pair adds (None without it): paths absolute, since the file is elsewhere."""
     if not args.pair:
         return None
-    ref = args.target or args.gguf
-    entry = {"name": args.pair, "target": str(Path(ref).resolve()) if Path(ref).exists() else ref,
-             "head": str(Path(args.out).resolve()), "drafter": "eagle"}
+    entry = {"name": args.pair, "target": target_ref(args), "head": str(Path(args.out).resolve()), "drafter": "eagle"}
     if args.adapter_path:
         entry["adapter"] = str(Path(args.adapter_path).resolve())
     return entry
 
 
+def target_ref(args) -> str:
+    """The target as one reference wherever the command runs from: a local file or folder made
+    absolute (a --gguf always is one), else as given (a Hugging Face repo id)."""
+    ref = args.target or args.gguf
+    return str(Path(ref).resolve()) if args.gguf or Path(ref).exists() else ref
+
+
 def default_work(args) -> Path:
-    """The work folder when --work is not given: one per target (as given), adapter and way of
+    """The work folder when --work is not given: one per target (`target_ref`), adapter and way of
     answering, so that changing one starts a folder of its own rather than being refused by the
     first run's (`eagle_data.check_work`)."""
     from mlxspec.paths import cache_dir
 
-    ref = args.target or str(Path(args.gguf).resolve())
-    if args.target and Path(args.target).exists():
-        ref = str(Path(args.target).resolve())
+    ref = target_ref(args)
     key = json.dumps([ref, args.adapter_path and str(Path(args.adapter_path).resolve()),
                       *(getattr(args, k) for k in ANSWER_SETTINGS)])
     name = Path(ref.rstrip("/")).name or "target"
