@@ -15,14 +15,11 @@ import random
 import pytest
 
 import tiny
+from test_grammar import MOOD, WORDS  # its regex and JSON schema
 from mlxspec import Engine
 from mlxspec.costmodel import CostModel
 
 ASK = [{"role": "user", "content": "say it say it again"}]
-WORDS = {"type": "regex", "regex": r"[a-z ]{20,40}\."}
-MOOD = {"type": "json_schema", "json_schema": {"name": "mood", "schema": {
-    "type": "object", "properties": {"ok": {"type": "boolean"}, "mood": {"enum": ["calm", "stormy", "grey"]}},
-    "required": ["ok", "mood"], "additionalProperties": False}}}
 FILTERS = {"top_p": 0.9, "typical_p": 0.8, "top_n_sigma": 1.5, "xtc_probability": 0.5, "min_p": 0.05, "top_k": 20}
 
 
