@@ -340,11 +340,16 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
 
 def load_features(shards: list, layers=()):
     """Train and held-out [(ids (L,), features (L, H) float16, prompt length, layer features
-    (L, len(layers) * H) float16 or None)]; f[j] belongs to ids[j]."""
+    (L, len(layers) * H) float16 or None)]; f[j] belongs to ids[j]. The features are views of
+    memory maps of the shards (as many as the limit on open files allows; the rest are read whole):
+    batches copy what they read, and the rest stays on disk."""
     train, held = [], []
-    for shard in shards:
-        ids, feats, lens, plens = train_common.read_arrays(shard, "ids", "feats", "lens", "plens")
-        multi = train_common.read_work(layers_path(shard, layers), np.load) if layers else None
+    files = 2 if layers else 1
+    room = train_common.room_for_maps(len(shards) * files) // files
+    for k, shard in enumerate(shards):
+        ids, lens, plens = train_common.read_arrays(shard, "ids", "lens", "plens")
+        feats, = train_common.read_arrays(shard, "feats", mapped=k < room)
+        multi = train_common.read_array(layers_path(shard, layers), mapped=k < room) if layers else None
         o = 0
         for n, p in zip(lens, plens):
             m = multi[o:o + n] if layers else None

@@ -34,14 +34,71 @@ def read_work(path, reader):
         raise damaged(path, e) from None
 
 
-def read_arrays(path, *keys) -> tuple:
-    """The arrays `keys` of an .npz work file, or `damaged(path)` raised if it cannot be read."""
+def read_arrays(path, *keys, mapped: bool = False) -> tuple:
+    """The arrays `keys` of an .npz work file, or `damaged(path)` raised if it cannot be read.
+
+    `mapped`: each a read-only memory map of the file instead. A large target's features are
+    gigabytes (600 K entries x 3,584 wide in float16 are 4.3 GB), which batches then read from
+    disk as they need them instead of all of them staying in memory. A compressed member is read whole."""
+    import struct
+    import zipfile
+
     import numpy as np
 
-    def read(p):
+    def whole(p):
         z = np.load(p)
         return tuple(z[k] for k in keys)
-    return read_work(path, read)
+
+    def read(p):
+        out = []
+        with zipfile.ZipFile(p) as z, open(p, "rb") as f:
+            for k in keys:
+                info = z.getinfo(k + ".npy")
+                if info.compress_type != zipfile.ZIP_STORED:
+                    out.append(np.load(p)[k])
+                    continue
+                f.seek(info.header_offset)
+                local = f.read(30)  # the member's local header: its name and extra field lengths end it
+                if local[:4] != b"PK\x03\x04":
+                    raise ValueError(f"no local header for {k}.npy")
+                start = info.header_offset + 30 + sum(struct.unpack("<HH", local[26:30]))
+                f.seek(start)
+                major, _ = np.lib.format.read_magic(f)
+                read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read_header(f)
+                if dtype.hasobject or f.tell() - start + int(np.prod(shape)) * dtype.itemsize > info.file_size:
+                    raise ValueError(f"{k}.npy holds less than its header says")
+                out.append(np.memmap(p, dtype=dtype, mode="r", shape=shape, order="F" if fortran else "C",
+                                     offset=f.tell()) if np.prod(shape) else np.zeros(shape, dtype))
+        return tuple(out)
+    return read_work(path, read if mapped else whole)
+
+
+def room_for_maps(n: int) -> int:
+    """How many of n memory maps may be made. Each keeps its file open (Python's mmap holds a
+    descriptor of its own), so the soft limit on open files (256 on macOS by default) is raised
+    towards n more than the process needs for itself, as far as the hard limit allows."""
+    import resource
+
+    own = 128  # the process's libraries, logs, checkpoints and what its libraries open
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= n + own:
+        return n
+    for limit in (n + own if hard == resource.RLIM_INFINITY else min(n + own, hard), 10240):
+        try:  # macOS refuses more than its per-process maximum even under an unlimited hard limit
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(limit, soft), hard))
+            soft = max(limit, soft)
+            break
+        except (ValueError, OSError):
+            continue
+    return max(0, min(n, soft - own))
+
+
+def read_array(path, mapped: bool = False):
+    """An .npy work file (`mapped`: as a read-only memory map, see `read_arrays`), or `damaged(path)` raised."""
+    import numpy as np
+
+    return read_work(path, lambda p: np.load(p, mmap_mode="r" if mapped else None))
 
 
 def save_array(path: Path, array) -> None:
