@@ -111,7 +111,7 @@ def measure_ngram_seconds(*, history: int = 512, k: int = 8, repeats: int = 50) 
     base = [(7 * i) % 97 for i in range(history // 2)]
     hist = base + base
     d = NgramDrafter()
-    params = SamplingParams(0.0, 1.0, 0, 0.0)
+    params = SamplingParams()
     d.propose(hist, k, params, None)  # builds the index once, as the engine's first round does
     times = []
     for i in range(repeats):

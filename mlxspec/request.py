@@ -32,9 +32,10 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     """`engine.stream`'s arguments, checked (see its docstring for each). Returns the request (what
     `Engine._run` takes, shareable between ranks) and the grammar state for its response_format
     (None for free text), built now so a schema the compiler refuses is said first."""
-    params = SamplingParams(temperature, top_p, top_k, min_p, typical_p, xtc_probability, xtc_threshold,
-                            engine.xtc_special if xtc_probability else (), mirostat, mirostat_tau, mirostat_eta,
-                            top_n_sigma)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p,
+                            xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                            xtc_special=engine.xtc_special if xtc_probability else (), mirostat=mirostat,
+                            mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, top_n_sigma=top_n_sigma)
     max_tokens = check_max_tokens(max_tokens)
     k_fixed = check_num_draft(num_draft) if num_draft is not None else engine.num_draft
     tree = check_tree(tree) if tree is not None else engine.tree

@@ -44,6 +44,12 @@ from .errors import InvalidArgumentError, shown
 TINY_TEMPERATURE = 1.1754944e-38
 
 
+# SamplingParams' numbers, each with the Python type it keeps (`validate` takes these keywords)
+_NUMBERS = (("temperature", float), ("top_p", float), ("top_k", operator.index), ("min_p", float),
+            ("typical_p", float), ("xtc_probability", float), ("xtc_threshold", float),
+            ("mirostat", operator.index), ("mirostat_tau", float), ("mirostat_eta", float), ("top_n_sigma", float))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
@@ -60,14 +66,10 @@ class SamplingParams:
     top_n_sigma: float = 0.0  # > 0: keep the logits within that many standard deviations of the top; <= 0 disables
 
     def __post_init__(self):
-        validate(self.temperature, self.top_p, self.top_k, self.min_p, self.typical_p, self.xtc_probability,
-                 self.xtc_threshold, self.mirostat, self.mirostat_tau, self.mirostat_eta, self.top_n_sigma)
+        validate(**{key: getattr(self, key) for key, _ in _NUMBERS})
         # Python's own numbers from numpy's (np.float32(0.7)): an mx array divided by a numpy
         # scalar would become numpy's
-        for key, kind in (("temperature", float), ("top_p", float), ("top_k", operator.index), ("min_p", float),
-                          ("typical_p", float), ("xtc_probability", float), ("xtc_threshold", float),
-                          ("mirostat", operator.index), ("mirostat_tau", float), ("mirostat_eta", float),
-                          ("top_n_sigma", float)):
+        for key, kind in _NUMBERS:
             object.__setattr__(self, key, kind(getattr(self, key)))
         object.__setattr__(self, "xtc_special", tuple(int(t) for t in self.xtc_special))  # (a list, shared as JSON)
         if 0 < self.temperature < TINY_TEMPERATURE:  # the same T -> 0 limit, in numbers float32 has
