@@ -14,7 +14,7 @@ import tiny
 from test_train_eagle_mlx import _prompt_file, _save
 
 from mlxspec.cli import main
-from mlxspec.training import eagle_args, train_eagle
+from mlxspec.training import eagle_args, train_common, train_eagle
 
 SMALL = ["--prompts", "8", "--held-out", "4", "--max-new", "16", "--gen-batch", "6", "--epochs", "2", "--batch", "4",
          "--ckpt-every", "8", "--draft-vocab", "96"]
@@ -170,3 +170,55 @@ def test_a_local_target_is_named_by_its_absolute_path_a_repo_id_as_given(tmp_pat
     assert eagle_args.pair_entry(here)["target"] == str(tmp_path / "model")
     assert eagle_args.pair_entry(_args(target="org/model", pair="p", out="head"))["target"] == "org/model"
     assert eagle_args.default_work(_args(target=str(tmp_path / "model"))) == eagle_args.default_work(here)
+
+
+def test_the_disk_need_is_said_first_and_a_full_disk_ends_in_one_line_that_frees_the_partial_file_and_resumes(
+        tmp_path, monkeypatch, capsys):
+    import errno
+    import re
+    import shutil
+
+    import numpy as np
+
+    from mlxspec.training import eagle_data
+
+    target = _save(tmp_path / "target", tiny.make_llama(25, tie_embeddings=False))
+    work = tmp_path / "work"
+    (work / "mine.tmp").parent.mkdir()
+    (work / "mine.tmp").write_text("the user's own")  # not a name the stages write: kept
+    argv = ["train-eagle", "--target", str(target), "--out", str(tmp_path / "head"), "--work", str(work),
+            "--prompt-file", str(_prompt_file(tmp_path / "p.jsonl")), *SMALL]
+    real_savez, real_usage, shards = np.savez, shutil.disk_usage, []
+
+    def savez(path, **arrays):  # the third shard's write fills the disk halfway through
+        shards.append(path)
+        if len(shards) == 3:
+            Path(path).write_bytes(b"\0" * 5000)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_savez(path, **arrays)
+    real_say, need = train_common.say_space, []
+
+    def say_space(folder, entries, per_entry):
+        need.append(entries * per_entry)
+        real_say(folder, entries, per_entry)
+    monkeypatch.setattr(train_common, "say_space", say_space)
+    monkeypatch.setattr(eagle_data.np, "savez", savez)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 10**4, 10**4))
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    said = re.search(r"still to write take up to [\d.]+ MB in (\S+) \(0\.0 MB free there\)", out)
+    assert said and said.group(1) == str(next(work.glob("eagle-gen-mlx-*"))), out
+    assert "warning: they may not fit on that disk" in out
+    assert err.count("\n") == 1 and err.startswith("mlxspec train-eagle: error: the disk is full")
+    assert "was removed (0.0 MB)" in err and "the same command resumes" in err
+    assert not [f for f in work.rglob("*.tmp.npz")] and (work / "mine.tmp").exists()
+    assert len(list(work.rglob("*.npz"))) == 2
+
+    monkeypatch.setattr(eagle_data.np, "savez", real_savez)
+    monkeypatch.setattr(shutil, "disk_usage", real_usage)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "warning" not in out and "generate 1/" not in out and "generate 3/" in out, out
+    # the need said before the first run bounds what its shards hold (every answer at --max-new)
+    written = sum(p.stat().st_size for p in work.rglob("*.npz"))
+    assert len(need) == 2 and need[1] < need[0] and written / 3 < need[0] and written <= need[0] + 2000 * len(shards)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 
@@ -33,6 +34,15 @@ def run(p: argparse.ArgumentParser, args) -> int:
             print(f"mlxspec train-eagle: error: {e.code}", file=sys.stderr)
             return 1
         raise
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        freed = train_common.drop_unfinished(Path(args.work))
+        print(f"mlxspec train-eagle: error: the disk is full ({e.filename or args.work}); the file being written "
+              f"was removed{f' ({train_common.sized(freed)})' if freed else ''}. Free some space, or move {args.work} "
+              f"to another disk and give it as --work: the same command resumes from the last finished stage, "
+              "shard or checkpoint", file=sys.stderr)
+        return 1
     if args.stop_after == "export":
         train_common.log(next_steps(args))
     return status
@@ -42,10 +52,12 @@ def next_steps(args) -> str:
     """What to do with the exported head, and what the work folder costs on disk."""
     import shlex
 
+    from ..training.train_common import sized
+
     adapter = f" --adapter-path {shlex.quote(args.adapter_path)}" if args.adapter_path else ""
     size = sum(f.stat().st_size for f in Path(args.work).rglob("*") if f.is_file())
     how = (f"mlxspec generate --pair {shlex.quote(args.pair)} \"PROMPT\"" if args.pair else
            f"mlxspec generate --target {shlex.quote(args.target)}{adapter} --head {shlex.quote(args.out)} \"PROMPT\" "
            "(or --pair NAME next time: a pair of your models.toml naming it)")
-    return (f"draft with it: {how}. The work folder {args.work} holds {size / 1e9:.2f} GB of answers and features, "
+    return (f"draft with it: {how}. The work folder {args.work} holds {sized(size)} of answers and features, "
             "which a rerun (more epochs, --init) reuses: delete it when you are done")

@@ -140,7 +140,11 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     batches = gen_batches(args, prompts)
-    clock = train_common.AnswerClock(len(batches), sum(not (out_dir / f"{b[0]}.npz").exists() for b in batches))
+    todo = [] if args.finished_only else [b for b in batches if not (out_dir / f"{b[0]}.npz").exists()]
+    ids_of = {job: prompt_ids(tok, prompts[job[0]][job[1]]["prompt"]) for _, _, jobs in todo for job in jobs}
+    train_common.say_space(out_dir, sum(len(ids) + args.max_new for ids in ids_of.values()),
+                           train_common.entry_bytes(target_config(model)["hidden_size"], layers))
+    clock = train_common.AnswerClock(len(batches), len(todo))
     for n, (name, temp, jobs) in enumerate(batches):
         path = out_dir / f"{name}.npz"
         if path.exists():
@@ -153,7 +157,7 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
             continue
         if args.finished_only:
             continue
-        ids = [prompt_ids(tok, prompts[sp][i]["prompt"]) for sp, i in jobs]
+        ids = [ids_of[job] for job in jobs]
         say = train_common.batch_progress(n, len(batches), name)
         answers = answer(model, tok, ids, max_new=args.max_new, temperature=temp,
                          seed=args.seed * 100003 + n, batch=args.gen_batch,

@@ -110,6 +110,48 @@ def save_array(path: Path, array) -> None:
     os.replace(tmp, path)
 
 
+def sized(n: int) -> str:
+    """Bytes as people read them on a disk: GB from a tenth of one, else MB."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def entry_bytes(hidden: int, layers=()) -> int:
+    """What one kept entry of an answer shard takes on disk: its id (int32) and its features
+    (float16), the final hidden state and each tapped layer's output."""
+    return 4 + 2 * hidden * (1 + len(layers))
+
+
+def say_space(folder: Path, entries: int, per_entry: int) -> None:
+    """Before the answers are written: how much disk they take at most (every answer as long as
+    --max-new allows), and a warning where the disk holding `folder` has less free, before the
+    hours that would end there rather than after them."""
+    import shutil
+
+    if not entries:
+        return
+    need, free = entries * per_entry, shutil.disk_usage(folder).free
+    log(f"the answers and features still to write take up to {sized(need)} in {folder} ({sized(free)} free there)")
+    if need > free:
+        log("warning: they may not fit on that disk: free some space, give --work on another disk, or fewer "
+            "prompts or a smaller --max-new; a run stopped by a full disk resumes from its last finished shard")
+
+
+# The temporary files the stages write before renaming them (`save_array`, the shards, checkpoints,
+# the data's JSON): only these, as a --work folder may hold the user's own files too.
+TEMPORARY = (".tmp.npy", ".tmp.npz", ".tmp.safetensors", ".json.tmp", ".jsonl.tmp")
+
+
+def drop_unfinished(work: Path) -> int:
+    """Remove the temporary files that stopped writes left in the work folder (never read back:
+    a rerun writes them anew) and return the bytes they held, which a full disk gets back."""
+    freed = 0
+    for f in work.rglob("*tmp*"):
+        if f.is_file() and f.name.endswith(TEMPORARY):
+            freed += f.stat().st_size
+            f.unlink()
+    return freed
+
+
 GEN_BATCH = 48  # the answers' default batch: its shards keep the names they always had
 
 RESUMES = "interrupted: the same command resumes from the last finished stage, shard or checkpoint"
