@@ -49,6 +49,24 @@ def write_all_atomic(texts: Dict[object, str]) -> None:
         raise
 
 
+def save_safetensors(path, arrays: dict) -> None:
+    """`mx.save_safetensors`, whose failed write (a RuntimeError without an errno) is raised as
+    the OSError it was: ENOSPC where the disk has less free than the arrays take, else EIO, with
+    the file named, so the callers' full-disk handling and the command line's one line apply."""
+    import shutil
+
+    import mlx.core as mx
+
+    try:
+        mx.save_safetensors(str(path), arrays)
+    except RuntimeError as e:
+        if "write" not in str(e).lower():
+            raise
+        free = shutil.disk_usage(Path(path).parent).free
+        code = errno.ENOSPC if free < sum(a.nbytes for a in arrays.values()) else errno.EIO
+        raise OSError(code, f"{os.strerror(code)} ({e})", str(path)) from None
+
+
 def staged_path(path) -> Path:
     """Where a file is written whole before one rename makes it `path`: beside it, hidden, its
     suffix kept last (MLX's safetensors writer adds one otherwise): model.safetensors ->

@@ -98,3 +98,32 @@ def test_two_processes_saving_calibrations_at_once_keep_every_entry(tmp_path):
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     keys = set(json.loads(path.read_text())["models"])
     assert keys == {f"{n}-{i}" for n in "ab" for i in range(100)}
+
+
+def test_a_failed_safetensors_write_is_the_oserror_it_was_with_the_file_named(tmp_path, monkeypatch):
+    import errno
+    import shutil
+
+    import mlx.core as mx
+
+    from mlxspec.files import save_safetensors
+
+    arrays = {"w": mx.zeros((10, 10))}  # 400 bytes
+    save_safetensors(tmp_path / "ok.safetensors", arrays)
+    assert mx.array_equal(mx.load(str(tmp_path / "ok.safetensors"))["w"], arrays["w"])
+
+    def fails(path, _):  # what MLX raises when its write falls short
+        raise RuntimeError("[write] Unable to write 400 bytes to file.")
+    monkeypatch.setattr(mx, "save_safetensors", fails)
+    for free, code in ((399, errno.ENOSPC), (10**9, errno.EIO)):
+        monkeypatch.setattr(shutil, "disk_usage", lambda p, free=free: shutil._ntuple_diskusage(10**10, 0, free))
+        with pytest.raises(OSError) as e:
+            save_safetensors(tmp_path / "w.safetensors", arrays)
+        assert e.value.errno == code and e.value.filename == str(tmp_path / "w.safetensors")
+        assert "Unable to write 400 bytes" in str(e.value)
+
+    def other(path, _):
+        raise RuntimeError("[save_safetensors] unsupported dtype")
+    monkeypatch.setattr(mx, "save_safetensors", other)
+    with pytest.raises(RuntimeError, match="unsupported dtype"):
+        save_safetensors(tmp_path / "w.safetensors", arrays)

@@ -222,3 +222,30 @@ def test_the_disk_need_is_said_first_and_a_full_disk_ends_in_one_line_that_frees
     # the need said before the first run bounds what its shards hold (every answer at --max-new)
     written = sum(p.stat().st_size for p in work.rglob("*.npz"))
     assert len(need) == 2 and need[1] < need[0] and written / 3 < need[0] and written <= need[0] + 2000 * len(shards)
+
+
+def test_a_disk_that_fills_at_a_checkpoint_ends_in_the_same_one_line_and_the_rerun_finishes(
+        tmp_path, monkeypatch, capsys):
+    import shutil
+
+    import mlx.core as mx
+
+    target = _save(tmp_path / "target", tiny.make_llama(26, tie_embeddings=False))
+    work = tmp_path / "work"
+    argv = ["train-eagle", "--target", str(target), "--out", str(tmp_path / "head"), "--work", str(work),
+            "--prompt-file", str(_prompt_file(tmp_path / "p.jsonl")), *SMALL]
+    real_save, real_usage = mx.save_safetensors, shutil.disk_usage
+
+    def save(path, arrays):  # MLX's own failure: half a file, and a RuntimeError with no errno
+        Path(path).write_bytes(b"\0" * 3000)
+        raise RuntimeError("[write] Unable to write 12345 bytes to file.")
+    monkeypatch.setattr(mx, "save_safetensors", save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 10**4, 10**4))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: the disk is full" in err and "ckpt" in err and "(0.0 MB)" in err, err
+    assert not list(work.glob("*tmp*")) and list(work.rglob("*.npz"))  # the answers are kept
+    monkeypatch.setattr(mx, "save_safetensors", real_save)
+    monkeypatch.setattr(shutil, "disk_usage", real_usage)
+    assert main(argv) == 0
+    assert "generate 1/" not in capsys.readouterr().out and (tmp_path / "head" / "model.safetensors").exists()

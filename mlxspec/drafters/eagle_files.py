@@ -15,7 +15,7 @@ from mlx_lm.models.llama import ModelArgs
 
 from ..backbone import hidden_size, layers_fit
 from ..errors import IncompatibleModelsError, ModelNotFoundError, shown
-from ..files import staged_path
+from ..files import save_safetensors, staged_path
 from .context import check_context
 from .eagle_head import EagleHead
 
@@ -79,7 +79,7 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
     # (and a failed write, a full disk say, leaves no staged file behind).
     weights_file, config_file = staged_path(path / "model.safetensors"), staged_path(path / "config.json")
     try:
-        mx.save_safetensors(str(weights_file), weights)
+        save_safetensors(weights_file, weights)
         config_file.write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
     except BaseException:
         weights_file.unlink(missing_ok=True)
