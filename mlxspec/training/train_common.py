@@ -39,39 +39,44 @@ def read_arrays(path, *keys, mapped: bool = False) -> tuple:
 
     `mapped`: each a read-only memory map of the file instead. A large target's features are
     gigabytes (600 K entries x 3,584 wide in float16 are 4.3 GB), which batches then read from
-    disk as they need them instead of all of them staying in memory. A compressed member is read whole."""
-    import struct
-    import zipfile
-
+    disk as they need them instead of all of them staying in memory."""
     import numpy as np
 
     def whole(p):
         z = np.load(p)
         return tuple(z[k] for k in keys)
+    return read_work(path, (lambda p: tuple(_mapped_member(p, k) for k in keys)) if mapped else whole)
 
-    def read(p):
-        out = []
-        with zipfile.ZipFile(p) as z, open(p, "rb") as f:
-            for k in keys:
-                info = z.getinfo(k + ".npy")
-                if info.compress_type != zipfile.ZIP_STORED:
-                    out.append(np.load(p)[k])
-                    continue
-                f.seek(info.header_offset)
-                local = f.read(30)  # the member's local header: its name and extra field lengths end it
-                if local[:4] != b"PK\x03\x04":
-                    raise ValueError(f"no local header for {k}.npy")
-                start = info.header_offset + 30 + sum(struct.unpack("<HH", local[26:30]))
-                f.seek(start)
-                major, _ = np.lib.format.read_magic(f)
-                read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-                shape, fortran, dtype = read_header(f)
-                if dtype.hasobject or f.tell() - start + int(np.prod(shape)) * dtype.itemsize > info.file_size:
-                    raise ValueError(f"{k}.npy holds less than its header says")
-                out.append(np.memmap(p, dtype=dtype, mode="r", shape=shape, order="F" if fortran else "C",
-                                     offset=f.tell()) if np.prod(shape) else np.zeros(shape, dtype))
-        return tuple(out)
-    return read_work(path, read if mapped else whole)
+
+def _mapped_member(path, key: str):
+    """The array `key` of an .npz file as a read-only memory map of the file, where np.savez
+    stored it uncompressed (a compressed one is read whole)."""
+    import struct
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(key + ".npy")
+    if info.compress_type != zipfile.ZIP_STORED:
+        return np.load(path)[key]
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        local = f.read(30)  # the member's local header: its name's and extra field's lengths end it
+        if local[:4] != b"PK\x03\x04":
+            raise ValueError(f"no local header for {key}.npy")
+        start = info.header_offset + 30 + sum(struct.unpack("<HH", local[26:30]))
+        f.seek(start)
+        major, _ = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(f)
+        offset = f.tell()
+    size = int(np.prod(shape)) * dtype.itemsize
+    if dtype.hasobject or offset - start + size > info.file_size:
+        raise ValueError(f"{key}.npy holds less than its header says")
+    if not size:
+        return np.zeros(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape, order="F" if fortran else "C", offset=offset)
 
 
 def room_for_maps(n: int) -> int:
