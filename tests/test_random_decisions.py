@@ -1,7 +1,8 @@
 """Lossless whatever the cost model decides. Its decisions follow timings, so a path taken only on
 some machine, or under load, is a path these tests must take too: every length, tree, side leaf,
 probe and guess is chosen at random here, with every request option that shapes a row, and each
-answer must be plain decoding's (greedy: its tokens; seeded sampling: its tokens too).
+answer must be plain decoding's (greedy: its tokens; seeded sampling: its tokens too), also on the
+caches an earlier answer left (the same request again, and a reply to it).
 
 (A min_tokens ban by row index instead of depth let tree rounds end answers early, seen once as a
 flaky test under load; these requests found it in about one in eighty of those that set
@@ -90,17 +91,23 @@ def test_random_decisions_keep_every_drafter_s_answer_plain_decoding_s(seed, cha
                                                              noise=0.05)}}
     free = Engine(target, tok, drafter="none").generate(ASK, max_tokens=20).tokens
     rng = random.Random(100 + seed)
-    trees = drafted = 0
+    trees = drafted = replies = reused = 0
     for _ in range(30):
         kw = request(rng, free)
         if rng.random() < 0.15:
             kw["prediction"] = tok.decode(free[:12])
         window = rng.choice([None, None, 16])
         plain = Engine(target, tok, drafter="none", max_kv_size=window).generate(ASK, **kw).tokens
+        # a reply to the answer: its prompt starts with the first turn's, whose cached entries it reuses
+        more = ASK + [{"role": "assistant", "content": tok.decode(plain)}, {"role": "user", "content": "again"}]
+        plain_more = Engine(target, tok, drafter="none", max_kv_size=window).generate(more, **kw).tokens
         for name, models in drafters.items():
             engine = Engine(target, tok, drafter=name.split()[0], max_kv_size=window, **models)
-            for turn in range(2):  # the second on caches the first left
-                r = engine.generate(ASK, **kw)
-                assert r.tokens == plain, (name, window, turn, kw)
+            for turn, (ask, want) in enumerate([(ASK, plain), (ASK, plain), (more, plain_more)]):
+                r = engine.generate(ask, **kw)  # the second and third on caches the one before left
+                assert r.tokens == want, (name, window, turn, kw)
                 trees, drafted = trees + r.stats.tree_rounds, drafted + r.stats.drafted
+                replies += turn == 2
+                reused += (r.stats.prompt_tokens - r.stats.prefilled_tokens) if turn == 2 else 0
     assert trees > 20 and drafted > 500  # the paths were taken
+    assert reused > 10 * replies  # the replies reused their first turn's entries
