@@ -2,7 +2,8 @@
 some machine, or under load, is a path these tests must take too: every length, tree, side leaf,
 probe and guess is chosen at random here, with every request option that shapes a row, and each
 answer must be plain decoding's (greedy: its tokens; seeded sampling: its tokens too), also on the
-caches an earlier answer left (the same request again, and a reply to it).
+caches an earlier answer left (the same request again, and a reply to it), also after a stream
+that its reader left early.
 
 (A min_tokens ban by row index instead of depth let tree rounds end answers early, seen once as a
 flaky test under load; these requests found it in about one in eighty of those that set
@@ -91,7 +92,7 @@ def test_random_decisions_keep_every_drafter_s_answer_plain_decoding_s(seed, cha
                                                              noise=0.05)}}
     free = Engine(target, tok, drafter="none").generate(ASK, max_tokens=20).tokens
     rng = random.Random(100 + seed)
-    trees = drafted = replies = reused = 0
+    trees = drafted = replies = reused = left = 0
     for _ in range(30):
         kw = request(rng, free)
         if rng.random() < 0.15:
@@ -103,6 +104,12 @@ def test_random_decisions_keep_every_drafter_s_answer_plain_decoding_s(seed, cha
         plain_more = Engine(target, tok, drafter="none", max_kv_size=window).generate(more, **kw).tokens
         for name, models in drafters.items():
             engine = Engine(target, tok, drafter=name.split()[0], max_kv_size=window, **models)
+            if rng.random() < 0.3:  # a stream its reader leaves early: the next answer starts on what it left
+                stream = engine.stream(more if rng.random() < 0.5 else ASK, **kw)
+                for _ in zip(range(rng.randint(1, 4)), stream):
+                    pass
+                stream.close()
+                left += 1
             for turn, (ask, want) in enumerate([(ASK, plain), (ASK, plain), (more, plain_more)]):
                 r = engine.generate(ask, **kw)  # the second and third on caches the one before left
                 assert r.tokens == want, (name, window, turn, kw)
@@ -111,3 +118,4 @@ def test_random_decisions_keep_every_drafter_s_answer_plain_decoding_s(seed, cha
                 reused += (r.stats.prompt_tokens - r.stats.prefilled_tokens) if turn == 2 else 0
     assert trees > 20 and drafted > 500  # the paths were taken
     assert reused > 10 * replies  # the replies reused their first turn's entries
+    assert left > 10
