@@ -48,8 +48,8 @@ def chance(monkeypatch):
 
 def request(rng: random.Random, free: list) -> dict:
     """Random options of a request: sampling and its filters or mirostat, logit_bias, ending
-    tokens with min_tokens, ignore_eos, logprobs, a grammar, post-sampling probabilities,
-    penalties or DRY."""
+    tokens with min_tokens, ignore_eos, logprobs, a grammar, post-sampling probabilities, a fixed
+    draft length, trees off or capped, lookup, penalties or DRY."""
     kw = {"max_tokens": rng.choice([8, 24, 40])}
     if rng.random() < 0.5:
         kw.update(temperature=rng.choice([0.5, 1.0]), seed=rng.randrange(100))
@@ -67,6 +67,12 @@ def request(rng: random.Random, free: list) -> dict:
         kw["response_format"] = rng.choice([WORDS, MOOD])
     if rng.random() < 0.15:
         kw["post_sampling_probs"] = True
+    if rng.random() < 0.2:  # a fixed draft length, then no cost model for it
+        kw["num_draft"] = rng.randint(1, 6)
+    if rng.random() < 0.2:
+        kw["tree"] = rng.choice(["off", 3])
+    if rng.random() < 0.2:
+        kw["lookup"] = rng.random() < 0.5
     shaping = rng.random()
     if shaping < 0.15:
         kw["presence_penalty"] = 0.5
@@ -92,12 +98,16 @@ def test_random_decisions_keep_every_drafter_s_answer_plain_decoding_s(seed, cha
                                                              noise=0.05)}}
     free = Engine(target, tok, drafter="none").generate(ASK, max_tokens=20).tokens
     rng = random.Random(100 + seed)
-    trees = drafted = replies = reused = left = 0
+    trees = drafted = replies = reused = left = stops = 0
     for _ in range(30):
         kw = request(rng, free)
         if rng.random() < 0.15:
             kw["prediction"] = tok.decode(free[:12])
         window = rng.choice([None, None, 16])
+        if rng.random() < 0.2:  # a stop string: two tokens of what plain decoding writes without it
+            probe = Engine(target, tok, drafter="none", max_kv_size=window).generate(ASK, **kw).tokens
+            at = rng.randrange(max(1, len(probe) - 1))
+            kw["stop"] = [tok.decode(probe[at:at + 2]) or "x"]  # (a stop string is never empty)
         plain = Engine(target, tok, drafter="none", max_kv_size=window).generate(ASK, **kw).tokens
         # a reply to the answer: its prompt starts with the first turn's, whose cached entries it reuses
         more = ASK + [{"role": "assistant", "content": tok.decode(plain)}, {"role": "user", "content": "again"}]
@@ -115,7 +125,8 @@ def test_random_decisions_keep_every_drafter_s_answer_plain_decoding_s(seed, cha
                 assert r.tokens == want, (name, window, turn, kw)
                 trees, drafted = trees + r.stats.tree_rounds, drafted + r.stats.drafted
                 replies += turn == 2
+                stops += r.stop_reason in (kw.get("stop") or ())
                 reused += (r.stats.prompt_tokens - r.stats.prefilled_tokens) if turn == 2 else 0
     assert trees > 20 and drafted > 500  # the paths were taken
     assert reused > 10 * replies  # the replies reused their first turn's entries
-    assert left > 10
+    assert left > 10 and stops > 10
