@@ -7,7 +7,7 @@ import errno
 import os
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Dict, Iterator, List
 
 
 def write_atomic(path, text: str) -> None:
@@ -73,6 +73,33 @@ def staged_path(path) -> Path:
     .model.tmp.safetensors. For a writer that is alone (a fixed name, not `write_atomic`'s)."""
     path = Path(path)
     return path.with_name(f".{path.stem}.tmp{path.suffix}")
+
+
+@contextlib.contextmanager
+def staged(*paths) -> Iterator[List[Path]]:
+    """Write files whole or not at all, for one writer alone: yields, for each of `paths`, the
+    `staged_path` to write it to. When the block ends they replace `paths`, back to back in the
+    order given; when it raises (a full disk, Ctrl-C) they are removed, so neither half a file
+    (which a later run would trust because it exists) nor a stray temporary one is left. A write
+    error that names no file, or a temporary one (a full disk's), is raised naming the file meant.
+
+        with staged(path) as [tmp]:
+            np.save(tmp, array)
+    """
+    finals = [Path(p) for p in paths]
+    tmps = [staged_path(p) for p in finals]
+    try:
+        yield tmps
+    except BaseException as e:
+        begun = [f for f, t in zip(finals, tmps) if t.exists()]
+        for t in tmps:
+            t.unlink(missing_ok=True)
+        meant = dict(zip(map(str, tmps), finals)).get(str(e.filename)) if isinstance(e, OSError) else None
+        if isinstance(e, OSError) and (meant or e.filename is None):
+            raise OSError(e.errno, e.strerror or str(e), str(meant or (begun or finals)[-1])) from e
+        raise
+    for t, f in zip(tmps, finals):
+        os.replace(t, f)
 
 
 @contextlib.contextmanager

@@ -127,3 +127,55 @@ def test_a_failed_safetensors_write_is_the_oserror_it_was_with_the_file_named(tm
     monkeypatch.setattr(mx, "save_safetensors", other)
     with pytest.raises(RuntimeError, match="unsupported dtype"):
         save_safetensors(tmp_path / "w.safetensors", arrays)
+
+
+def test_staged_files_replace_theirs_together_or_leave_them_as_they_were(tmp_path):
+    import errno
+
+    from mlxspec.files import staged
+
+    a, b = tmp_path / "w.npz", tmp_path / "w.json"
+    a.write_text("old a")
+    b.write_text("old b")
+    with staged(a, b) as [ta, tb]:
+        assert ta.parent == tmp_path and ta.name.startswith(".") and ta.suffix == ".npz" and tb.suffix == ".json"
+        ta.write_text("new a")
+        tb.write_text("new b")
+        assert a.read_text() == "old a"  # nothing replaced before the block ends
+    assert (a.read_text(), b.read_text()) == ("new a", "new b") and sorted(tmp_path.iterdir()) == [b, a]
+
+    def fails(error, writes=2):
+        with staged(a, b) as [ta, tb]:
+            ta.write_text("half")
+            if writes == 2:
+                tb.write_text("half")
+            raise error
+
+    for error in (KeyboardInterrupt(), ValueError("no"), OSError(errno.EACCES, "denied", "/elsewhere")):
+        with pytest.raises(type(error)) as e:
+            fails(error)
+        assert e.value is error  # other errors, and files named elsewhere, pass as they were
+        assert (a.read_text(), b.read_text()) == ("new a", "new b") and sorted(tmp_path.iterdir()) == [b, a]
+    # a full disk names no file: the one being written (the last begun) is named, never a temporary one
+    for writes, meant in ((1, a), (2, b)):
+        with pytest.raises(OSError) as e:
+            fails(OSError(errno.ENOSPC, "No space left on device"), writes)
+        assert e.value.errno == errno.ENOSPC and e.value.filename == str(meant), e.value
+        assert sorted(tmp_path.iterdir()) == [b, a]
+    with pytest.raises(OSError) as e:
+        with staged(a) as [ta]:
+            raise OSError(errno.EIO, "I/O error", str(ta))
+    assert e.value.filename == str(a) and e.value.errno == errno.EIO
+
+
+def test_staged_suffixes_survive_writers_that_add_their_own(tmp_path):
+    import numpy as np
+
+    from mlxspec.files import staged
+
+    for name, write in (("x.npy", lambda t: np.save(t, np.arange(3))), ("x.npz", lambda t: np.savez(t, v=np.arange(3)))):
+        with staged(tmp_path / name) as [tmp]:
+            write(tmp)
+        assert (tmp_path / name).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy", "x.npz"]
+    assert np.load(tmp_path / "x.npz")["v"].tolist() == [0, 1, 2]

@@ -44,3 +44,25 @@ def test_run_main_passes_on_main_s_exit_status():
         with pytest.raises(SystemExit) as e:
             train_common.run_main(lambda: status)
         assert e.value.code == status
+
+
+def test_a_trainer_stopped_by_a_full_disk_says_so_in_one_line_a_measurement_does_not_promise_a_resume(capsys):
+    import errno
+
+    from mlxspec.training import train_common
+
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device", "work/eagle-gen/train-000.npz")
+
+    with pytest.raises(SystemExit) as e:
+        train_common.run_main(full)
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("\n") == 1 and "the disk is full (writing work/eagle-gen/train-000.npz)" in err
+    assert "the same command resumes" in err
+    with pytest.raises(OSError):  # a measurement resumes nothing: its traceback is not turned into that promise
+        train_common.run_main(full, "interrupted")
+
+    def denied():
+        raise PermissionError(errno.EACCES, "Permission denied", "work")
+    with pytest.raises(PermissionError):  # only a full disk is said so
+        train_common.run_main(denied)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import sys
 from pathlib import Path
 
@@ -35,13 +34,9 @@ def run(p: argparse.ArgumentParser, args) -> int:
             return 1
         raise
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if e.errno not in train_common.FULL_DISK:
             raise
-        freed = train_common.drop_unfinished(Path(args.work))
-        print(f"mlxspec train-eagle: error: the disk is full ({e.filename or args.work}); the file being written "
-              f"was removed{f' ({train_common.sized(freed)})' if freed else ''}. Free some space, or move {args.work} "
-              f"to another disk and give it as --work: the same command resumes from the last finished stage, "
-              "shard or checkpoint", file=sys.stderr)
+        print(f"mlxspec train-eagle: error: {train_common.full_disk(e, args.work)}", file=sys.stderr)
         return 1
     if args.stop_after == "export":
         train_common.log(next_steps(args))

@@ -5,7 +5,6 @@ model.safetensors, written whole or not at all; read back only into the target i
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -15,7 +14,7 @@ from mlx_lm.models.llama import ModelArgs
 
 from ..backbone import hidden_size, layers_fit
 from ..errors import IncompatibleModelsError, ModelNotFoundError, shown
-from ..files import save_safetensors, staged_path
+from ..files import save_safetensors, staged
 from .context import check_context
 from .eagle_head import EagleHead
 
@@ -77,16 +76,9 @@ def save_head(path, head: EagleHead, draft_ids: Optional[mx.array], target_model
     # Both files are written whole beside the old ones first, then renamed, config last: an
     # interruption leaves the old head or the new one, short of the instant between two renames
     # (and a failed write, a full disk say, leaves no staged file behind).
-    weights_file, config_file = staged_path(path / "model.safetensors"), staged_path(path / "config.json")
-    try:
+    with staged(path / "model.safetensors", path / "config.json") as [weights_file, config_file]:
         save_safetensors(weights_file, weights)
         config_file.write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
-    except BaseException:
-        weights_file.unlink(missing_ok=True)
-        config_file.unlink(missing_ok=True)
-        raise
-    os.replace(weights_file, path / "model.safetensors")
-    os.replace(config_file, path / "config.json")
 
 
 # -- loading ------------------------------------------------------------------------------------

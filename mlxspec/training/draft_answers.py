@@ -5,7 +5,6 @@ shards under --work that a rerun finds finished; their batch plan is train_eagle
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -127,8 +126,10 @@ def stage_generate(args, work: Path, prompts: dict) -> list:
             out[f"{k}_prompt"] = np.asarray(p, np.int32)
             out[f"{k}_answer"], out[f"{k}_topid"], out[f"{k}_toplp"] = ans, tid, tlp
             out[f"{k}_meta"] = np.asarray([1 if j[0] == "held_out" else 0, j[1], int(temp * 1000)], np.int32)
-        np.savez(path.with_suffix(".tmp.npz"), **out)
-        os.replace(path.with_suffix(".tmp.npz"), path)
+        from mlxspec.files import staged
+
+        with staged(path) as [tmp]:
+            np.savez(tmp, **out)
         clock.done(n, name, sum(len(r[0]) for r in rows))
     return [gen_dir / f"{b[0]}.npz" for b in batches]
 

@@ -232,12 +232,9 @@ def write_jsonl(path, rows) -> None:
         raise SystemExit(f"{path} is a folder: give the file to write")
     if not path.parent.is_dir():
         raise SystemExit(f"{path}: the folder {path.parent} does not exist")
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text("".join(json.dumps(x) + "\n" for x in rows), encoding="utf-8")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    from mlxspec.files import write_atomic
+
+    write_atomic(path, "".join(json.dumps(x) + "\n" for x in rows))
 
 
 PROMPT_FILE_HELP = ('more train prompts, one JSON object per line: {"prompt": ...} or {"messages": [...]} '

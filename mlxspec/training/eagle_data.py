@@ -7,7 +7,6 @@ vocabulary, the data's most frequent tokens (stage 3).
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -232,10 +231,9 @@ def check_work(work: Path, args, target: str, named: str = None) -> None:
                              f"and heads would be reused as if they were this run's. Give another --work folder, "
                              f"or the settings it was made with")
         return
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({**mine, **({"target_named": named} if named else {})}, indent=1) + "\n",
-                   encoding="utf-8")
-    os.replace(tmp, path)
+    from mlxspec.files import write_atomic
+
+    write_atomic(path, json.dumps({**mine, **({"target_named": named} if named else {})}, indent=1) + "\n")
 
 
 def llama_gguf(path: Path) -> None:
@@ -272,11 +270,12 @@ def save_shard(path: Path, rows, prompts_ids, temp: float, layers=()) -> None:
     layers' file is written first and the shard atomically, so a shard never exists without them."""
     if layers:
         save_layers(path, layers, np.concatenate([r[2] for r in rows]))
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, ids=np.concatenate([np.asarray(r[0][:-1], np.int32) for r in rows]),
-             feats=np.concatenate([r[1] for r in rows]), lens=np.array([len(r[0]) - 1 for r in rows], np.int32),
-             plens=np.array([len(p) for p in prompts_ids], np.int32), temp=np.float32(temp))
-    os.replace(tmp, path)
+    from mlxspec.files import staged
+
+    with staged(path) as [tmp]:
+        np.savez(tmp, ids=np.concatenate([np.asarray(r[0][:-1], np.int32) for r in rows]),
+                 feats=np.concatenate([r[1] for r in rows]), lens=np.array([len(r[0]) - 1 for r in rows], np.int32),
+                 plens=np.array([len(p) for p in prompts_ids], np.int32), temp=np.float32(temp))
 
 
 def answer_marks(args) -> list:

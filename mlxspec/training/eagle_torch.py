@@ -5,7 +5,6 @@ train stage, resumable from its checkpoints.
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from pathlib import Path
@@ -204,6 +203,8 @@ def context_kv_of(norm, k_proj, v_proj, cfg: dict):
 def stage_train(args, work: Path, train, held, vocab) -> Path:
     import torch
 
+    from mlxspec.files import staged
+
     tag = run_tag(args, train)
     final = work / f"head_final-{tag}.pt"
     if final.exists():
@@ -285,15 +286,16 @@ def stage_train(args, work: Path, train, held, vocab) -> Path:
                 run = [0.0, [0.0] * args.unroll, 0]
             if step % args.ckpt_every == 0 or step == total:
                 held_out(step, f"after step {step}")
-                torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step,
-                            "elapsed": time.time() - t0, "history": history, "epoch_state": epoch_state,
-                            "in_epoch": in_epoch, "gen": gen.get_state(), "total": total}, ckpt.with_suffix(".tmp"))
-                os.replace(ckpt.with_suffix(".tmp"), ckpt)
+                with staged(ckpt) as [tmp]:
+                    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step,
+                                "elapsed": time.time() - t0, "history": history, "epoch_state": epoch_state,
+                                "in_epoch": in_epoch, "gen": gen.get_state(), "total": total}, tmp)
                 note_checkpoint(ckpt, args, step, total)
         epoch_state, in_epoch = rng.getstate(), 0
-    torch.save({"cfg": cfg, "head": head.state_dict(), "train_seconds": time.time() - t0, "steps": total,
-                "sequences": len(train), "entries": ntok, "history": history,
-                "init": init["lineage"] if init else None, "precision": args.precision}, final)
+    with staged(final) as [tmp]:  # whole or absent: a rerun returns it because it exists
+        torch.save({"cfg": cfg, "head": head.state_dict(), "train_seconds": time.time() - t0, "steps": total,
+                    "sequences": len(train), "entries": ntok, "history": history,
+                    "init": init["lineage"] if init else None, "precision": args.precision}, tmp)
     return final
 
 

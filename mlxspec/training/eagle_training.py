@@ -292,7 +292,9 @@ def note_checkpoint(ckpt: Path, args, step: int, total: int) -> None:
     """Beside a run's checkpoint: its flags and how far it got, which a run started later on the same
     answers with other flags reads (`say_other_runs`)."""
     note = _run_note(ckpt)
-    note.write_text(json.dumps({"flags": run_flags(args), "step": step, "total": total}, default=str) + "\n")
+    from mlxspec.files import write_atomic
+
+    write_atomic(note, json.dumps({"flags": run_flags(args), "step": step, "total": total}, default=str) + "\n")
 
 
 def say_other_runs(ckpt: Path, args) -> None:

@@ -6,6 +6,7 @@ schedule, and a start and an end (Ctrl-C) that say what to do.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import random
@@ -110,9 +111,10 @@ def save_array(path: Path, array) -> None:
     """Write an .npy work file (a NumPy array) whole or not at all: a later run trusts it because it exists."""
     import numpy as np
 
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, array)
-    os.replace(tmp, path)
+    from mlxspec.files import staged
+
+    with staged(path) as [tmp]:
+        np.save(tmp, array)
 
 
 def sized(n: int) -> str:
@@ -141,20 +143,16 @@ def say_space(folder: Path, entries: int, per_entry: int) -> None:
             "prompts or a smaller --max-new; a run stopped by a full disk resumes from its last finished shard")
 
 
-# The temporary files the stages write before renaming them (`save_array`, the shards, checkpoints,
-# the data's JSON): only these, as a --work folder may hold the user's own files too.
-TEMPORARY = (".tmp.npy", ".tmp.npz", ".tmp.safetensors", ".json.tmp", ".jsonl.tmp")
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
 
-def drop_unfinished(work: Path) -> int:
-    """Remove the temporary files that stopped writes left in the work folder (never read back:
-    a rerun writes them anew) and return the bytes they held, which a full disk gets back."""
-    freed = 0
-    for f in work.rglob("*tmp*"):
-        if f.is_file() and f.name.endswith(TEMPORARY):
-            freed += f.stat().st_size
-            f.unlink()
-    return freed
+def full_disk(e: OSError, work=None) -> str:
+    """What a trainer stopped by a full disk says, in one line: every write is staged
+    (`mlxspec.files.staged`), so the unfinished file is gone and the finished ones are kept."""
+    move = f"move {work} to another disk and give it as --work" if work else \
+        "move the --work folder to another disk and give it as --work"
+    return (f"the disk is full (writing {e.filename or work}); the unfinished file was removed. Free some space, "
+            f"or {move}: the same command resumes from the last finished stage, shard or checkpoint")
 
 
 GEN_BATCH = 48  # the answers' default batch: its shards keep the names they always had
@@ -175,6 +173,11 @@ def run_main(main, interrupted: str = RESUMES) -> None:
         sys.exit(130)
     except MlxSpecError as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:
+        if e.errno not in FULL_DISK or interrupted != RESUMES:
+            raise
+        print(f"error: {full_disk(e)}", file=sys.stderr)
         sys.exit(1)
     sys.exit(status)
 

@@ -252,8 +252,11 @@ def stage_train(args, work: Path, shards: list) -> None:
             if step % steps_per_epoch == 0 or step == total:
                 vl, va = evaluate(model, val_ex, args.batch)
                 log(f"held-out after step {step}: loss {vl:.3f}, top-1 agreement {va:.3f}")
-    torch.save({"config": cfg, "state_dict": model.state_dict(), "train_seconds": time.time() - t0,
-                "answers": len(train_ex), "answer_tokens": ntok, "steps": total}, final)
+    from mlxspec.files import staged
+
+    with staged(final) as [tmp]:  # whole or absent: a rerun keeps it because it exists
+        torch.save({"config": cfg, "state_dict": model.state_dict(), "train_seconds": time.time() - t0,
+                    "answers": len(train_ex), "answer_tokens": ntok, "steps": total}, tmp)
 
 
 # ---------------------------------------------------------------- stage 4: export

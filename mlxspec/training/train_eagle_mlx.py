@@ -10,7 +10,6 @@ are train_eagle.py's own; only the stages' insides differ.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..files import save_safetensors
+from ..files import save_safetensors, staged
 from . import eagle_objective as obj
 from .eagle_card import training_record, write_card
 from .eagle_data import check_work, feature_layers, load_features, stage_vocab
@@ -134,11 +133,9 @@ def evaluate(head, model, w_draft, held, args):
 def _save(path: Path, arrays: dict, meta: dict) -> None:
     # Both written whole first, then renamed back to back: an interruption cannot leave one
     # checkpoint's weights beside another's step count (short of the instant between the renames).
-    tmp, tmpj = path.with_name(path.stem + ".tmp.safetensors"), path.with_suffix(".json.tmp")
-    save_safetensors(tmp, arrays)
-    tmpj.write_text(json.dumps(meta))
-    os.replace(tmp, path)
-    os.replace(tmpj, path.with_suffix(".json"))
+    with staged(path, path.with_suffix(".json")) as [tmp, tmpj]:
+        save_safetensors(tmp, arrays)
+        tmpj.write_text(json.dumps(meta))
 
 
 def stage_train(args, work: Path, train, held, vocab, model, cfg) -> Path:
