@@ -32,3 +32,40 @@ def test_the_gguf_path_records_the_held_out_figures_before_training(tmp_path, ca
     card = (tmp_path / "head" / "README.md").read_text()
     for h in history:  # the card's rows start from the untrained head, as the MLX path's do
         assert f"| {h['step']:,} | {h['held_loss']:.4f} |" in card
+
+
+def test_the_gguf_path_says_the_disk_it_needs_and_a_full_disk_ends_in_one_line_then_resumes(
+        tmp_path, capsys, monkeypatch):
+    import errno
+    import re
+
+    import numpy as np
+    from tiny_gguf import write_tiny_gguf
+
+    from mlxspec.training import train_common
+
+    gguf, work = tmp_path / "tiny.gguf", tmp_path / "work"
+    write_tiny_gguf(gguf, tied=False)
+    argv = ["--gguf", str(gguf), "--work", str(work), "--out", str(tmp_path / "head"), "--prompts", "8",
+            "--held-out", "4", "--max-new", "8", "--gen-batch", "4", "--stop-after", "generate", "--threads", "2"]
+    real_savez, shards = np.savez, []
+
+    def savez(path, **arrays):  # the second shard's write fills the disk halfway through
+        shards.append(path)
+        if len(shards) == 2:
+            open(path, "wb").write(b"\0" * 5000)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_savez(path, **arrays)
+    monkeypatch.setattr(np, "savez", savez)
+    with pytest.raises(SystemExit) as e:
+        train_common.run_main(lambda: train_eagle.main(argv))
+    said = capsys.readouterr()
+    last = said.err.strip().splitlines()[-1]  # (transformers' progress bars come before it)
+    assert e.value.code == 1 and last.startswith("error: the disk is full (writing ") and "Traceback" not in said.err
+    assert re.search(r"still to write take up to [\d.]+ MB in \S+eagle-gen", said.out), said.out
+    (kept,) = list(work.rglob("*.npz"))
+    assert not [f for f in work.rglob("*tmp*")] and str(shards[1]).startswith(str(kept.parent / "."))
+    monkeypatch.setattr(np, "savez", real_savez)
+    train_eagle.main(argv)
+    out = capsys.readouterr().out
+    assert "generate 1/" not in out and "generate 2/" in out and len(list(work.rglob("*.npz"))) == 3, out

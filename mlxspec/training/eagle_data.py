@@ -309,8 +309,14 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
     out_dir = gen_dir(args, work)
     out_dir.mkdir(exist_ok=True)
     batches = gen_batches(args, prompts)
-    tok = model = None
-    clock = train_common.AnswerClock(len(batches), sum(not (out_dir / f"{b[0]}.npz").exists() for b in batches))
+    todo = [] if args.finished_only else [b for b in batches if not (out_dir / f"{b[0]}.npz").exists()]
+    if todo:
+        log("loading the target (dequantizing the GGUF, weights rounded to bfloat16)")
+        tok, model = load_target(Path(args.gguf))
+        ids_of = {job: chat_ids(tok, prompts[job[0]][job[1]]["prompt"]) for _, _, jobs in todo for job in jobs}
+        train_common.say_space(out_dir, sum(len(ids) + args.max_new for ids in ids_of.values()),
+                               train_common.entry_bytes(model.config.hidden_size, layers))
+    clock = train_common.AnswerClock(len(batches), len(todo))
     paths = []
     for n, (name, temp, jobs) in enumerate(batches):
         path = out_dir / f"{name}.npz"
@@ -320,10 +326,7 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
         if args.finished_only:
             paths.pop()
             continue
-        if model is None:
-            log("loading the target (dequantizing the GGUF, weights rounded to bfloat16)")
-            tok, model = load_target(Path(args.gguf))
-        ids = [chat_ids(tok, prompts[sp][i]["prompt"]) for sp, i in jobs]
+        ids = [ids_of[job] for job in jobs]
         gen = torch.Generator().manual_seed(args.seed * 100003 + n)
         eos = tok.eos_token_id
         with step_arithmetic(args.generate_precision):
