@@ -93,3 +93,39 @@ def test_out_is_required_and_folders_that_cannot_be_written_are_said_first(tmp_p
         with pytest.raises(SystemExit):
             train_draft.parse_args(["--gguf", "t.gguf", *argv])
         assert "is a file" in capsys.readouterr().err
+
+
+def test_the_draft_takes_the_targets_vocabulary_special_tokens_context_and_rope_from_its_gguf(tmp_path):
+    import gguf
+    import numpy as np
+
+    from mlxspec.training.train_draft import target_tokens
+
+    def write(path, **ids):
+        w = gguf.GGUFWriter(str(path), "llama")
+        w.add_context_length(512)
+        w.add_rope_freq_base(5e5)
+        for key, value in ids.items():
+            w.add_uint32(f"tokenizer.ggml.{key}", value)
+        w.add_tensor("token_embd.weight", np.zeros((11, 4), np.float32))  # 11 rows of 4
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    got = target_tokens(write(tmp_path / "a.gguf", bos_token_id=5, eos_token_id=7, padding_token_id=9))
+    assert got == {"vocab_size": 11, "bos_token_id": 5, "eos_token_id": 7, "pad_token_id": 9,
+                   "max_position_embeddings": 512, "rope_theta": 5e5}
+    assert target_tokens(write(tmp_path / "b.gguf", bos_token_id=5, eos_token_id=7))["pad_token_id"] == 7
+
+
+def test_quantized_widths_that_are_not_multiples_of_64_are_refused_before_any_work(tmp_path, capsys):
+    for flags in (["--hidden", "96"], ["--intermediate", "100"]):
+        with pytest.raises(SystemExit) as e:
+            train_draft.parse_args(["--gguf", "x.gguf", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+                                    *flags])
+        assert e.value.code == 2 and f"{flags[0]} {flags[1]}: --bits 8 quantizes in groups of 64" in \
+            capsys.readouterr().err
+    assert train_draft.parse_args(["--gguf", "x.gguf", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+                                   "--hidden", "96", "--bits", "16"]).hidden == 96

@@ -63,17 +63,36 @@ def logged_prompt_files(paths) -> dict:
 
 # ---------------------------------------------------------------- stage 3: train (stage 2: draft_answers.py)
 
-def draft_config(args) -> dict:
-    """The draft's mlx-lm / transformers llama config (the target's tokenizer, rope, bos/eos)."""
+def draft_config(args, target: dict) -> dict:
+    """The draft's mlx-lm / transformers llama config: its own shape (the flags), and what it
+    shares with the target (`target_tokens`: the vocabulary, special tokens, context and rope)."""
     return {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"],
         "hidden_size": args.hidden, "num_hidden_layers": args.layers, "intermediate_size": args.intermediate,
         "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads,
-        "head_dim": args.hidden // args.heads, "rms_norm_eps": 1e-5, "vocab_size": 49152,
-        "rope_theta": 100000.0, "max_position_embeddings": 8192, "tie_word_embeddings": True,
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "hidden_act": "silu",
-        "attention_bias": False, "mlp_bias": False,
+        "head_dim": args.hidden // args.heads, "rms_norm_eps": 1e-5, **target,
+        "tie_word_embeddings": True, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
     }
+
+
+def target_tokens(gguf: Path) -> dict:
+    """What a draft shares with its target, from the GGUF's header: the vocabulary size (its
+    embedding's rows), the special tokens' ids (no padding id: the end's, as the demo's has),
+    the context length and the rope base (the demo target's: 49,152, 1/2/2, 8,192, 100,000).
+    Imports mlxspec: call it after torch."""
+    from mlxspec.loading.gguf_header import read_header
+
+    meta, tensors = read_header(gguf)
+    arch = meta.get("general.architecture", "llama")
+    rows = next(t.shape[-1] for t in tensors if t.name == "token_embd.weight")
+
+    def number(key, default, kind=int):
+        return kind(meta[key].item()) if key in meta else default
+    eos = number("tokenizer.ggml.eos_token_id", 2)
+    return {"vocab_size": rows, "bos_token_id": number("tokenizer.ggml.bos_token_id", 1), "eos_token_id": eos,
+            "pad_token_id": number("tokenizer.ggml.padding_token_id", eos),
+            "max_position_embeddings": number(f"{arch}.context_length", 8192),
+            "rope_theta": number(f"{arch}.rope.freq_base", 10000.0, float)}
 
 
 def target_embedding(gguf: Path, *, output: bool = False) -> np.ndarray:
@@ -201,7 +220,7 @@ def stage_train(args, work: Path, shards: list) -> None:
     log(f"train: {len(train_ex)} answers, {ntok} answer tokens; held out: {len(val_ex)} answers")
 
     torch.manual_seed(args.seed)
-    cfg = draft_config(args)
+    cfg = draft_config(args, target_tokens(Path(args.gguf)))
     model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"}))
     with torch.no_grad():
         emb = pca_embedding(target_embedding(Path(args.gguf)), args.hidden)
@@ -316,7 +335,8 @@ def stage_export(args, work: Path, shards: list) -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gguf", required=True, help="the target's GGUF (SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--gguf", required=True, help="the target's GGUF, whose vocabulary, special tokens, context and rope "
+                   "the draft takes (the shipped draft's: SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--work", required=True, help="work dir for cached stages")
     p.add_argument("--out", metavar="FOLDER", help="the draft model's folder to write (required; "
                    "mlxspec/data/smollm2-draft is the shipped demo draft's)")
@@ -348,6 +368,11 @@ def parse_args(argv=None):
     if not args.out:  # no default: a trial run must not replace the shipped draft
         p.error("--out is required: the folder to write the draft model to (--out mlxspec/data/smollm2-draft "
                 "replaces the shipped demo draft)")
+    if args.bits < 16:  # MLX quantizes rows in groups of 64: said now, not after the training
+        for flag, width in (("--hidden", args.hidden), ("--intermediate", args.intermediate)):
+            if width % 64:
+                p.error(f"{flag} {width}: --bits {args.bits} quantizes in groups of 64, so it must be a multiple of "
+                        "64 (or give --bits 16)")
     for flag, folder in (("--out", args.out), ("--work", args.work)):
         if why := train_common.unwritable_folder(Path(folder)):
             p.error(f"{flag} {folder}: {why}")
