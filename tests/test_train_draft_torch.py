@@ -12,15 +12,29 @@ pytest.importorskip("transformers")
 from mlxspec.training import train_draft  # noqa: E402
 
 
-def test_a_draft_trained_for_another_gguf_takes_its_shape_from_it_and_drafts_for_it_losslessly(tmp_path):
+def test_a_draft_trained_for_another_gguf_takes_its_shape_from_it_and_drafts_for_it_losslessly(
+        tmp_path, monkeypatch):
     import mlxspec
+    import transformers
     from tiny_gguf import THETA, write_tiny_gguf
 
     gguf, out = tmp_path / "tiny.gguf", tmp_path / "draft"
     write_tiny_gguf(gguf, tied=False)
-    train_draft.main(["--gguf", str(gguf), "--work", str(tmp_path / "work"), "--out", str(out), "--prompts", "8",
-                      "--held-out", "4", "--max-new", "8", "--epochs", "1", "--batch", "4", "--hidden", "64",
-                      "--layers", "1", "--heads", "2", "--kv-heads", "1", "--intermediate", "128", "--threads", "2"])
+    argv = ["--gguf", str(gguf), "--work", str(tmp_path / "work"), "--out", str(out), "--prompts", "8",
+            "--held-out", "4", "--max-new", "8", "--epochs", "1", "--batch", "4", "--hidden", "64",
+            "--layers", "1", "--heads", "2", "--kv-heads", "1", "--intermediate", "128", "--threads", "2"]
+    train_draft.main(argv)
+    files = {f.name: f.read_bytes() for f in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(files)
+
+    def stopped(*a, **k):  # Ctrl-C in the export's last part (after the weights and config are written)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        train_draft.main([*argv, "--bits", "4"])  # (4 bits: other weights, were they to land)
+    monkeypatch.undo()
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == files and sorted(tmp_path.iterdir()) == sorted(
+        [gguf, out, tmp_path / "work"])  # the draft as it was, no staged folder left
     cfg = json.loads((out / "config.json").read_text())
     target = mlxspec.load(str(gguf), "none")
     tok = target.tokenizer

@@ -23,7 +23,9 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -286,8 +288,6 @@ def stage_export(args, work: Path, shards: list) -> None:
     import mlx.nn as nn
     import torch
     from mlx_lm.models import llama
-    from mlx_lm.utils import save_config, save_model
-    from transformers import AutoTokenizer
 
     ck = read_work(final_path(args, work, shards), lambda p: torch.load(p, weights_only=False))
     cfg = dict(ck["config"])
@@ -300,10 +300,34 @@ def stage_export(args, work: Path, shards: list) -> None:
     if args.bits < 16:
         nn.quantize(model, group_size=64, bits=args.bits)
         cfg["quantization"] = {"group_size": 64, "bits": args.bits}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for old in ("model.safetensors", "model.safetensors.index.json", "chat_template.jinja"):
-        (out / old).unlink(missing_ok=True)
+    final = Path(args.out)
+    final.mkdir(parents=True, exist_ok=True)
+    # Written whole in a folder beside it first, then moved in file by file (config last): an
+    # export cut short leaves the old draft loading, never its config beside no weights.
+    out = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    try:
+        write_draft(out, model, cfg, args)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    for old in ("model.safetensors.index.json", "chat_template.jinja"):
+        (final / old).unlink(missing_ok=True)
+    for f in sorted(out.iterdir(), key=lambda f: f.name == "config.json"):
+        os.replace(f, final / f.name)
+    out.rmdir()
+    meta = {k: ck[k] for k in ("train_seconds", "answers", "answer_tokens", "steps")}
+    (work / "export.json").write_text(json.dumps(meta, indent=1))
+    size = sum(f.stat().st_size for f in final.iterdir() if f.is_file())
+    log(f"exported {final}: {size / 1e6:.1f} MB; training took {meta['train_seconds'] / 60:.1f} min")
+
+
+def write_draft(out: Path, model, cfg: dict, args) -> None:
+    """The mlx-lm folder's files in `out`: weights, config, the GGUF's tokenizer and chat template."""
+    from mlx_lm.utils import save_config, save_model
+    from transformers import AutoTokenizer
+
     save_model(out, model)
     (out / "model.safetensors.index.json").unlink(missing_ok=True)  # one shard: the index adds nothing
     cfg["architectures"] = ["LlamaForCausalLM"]
@@ -325,10 +349,6 @@ def stage_export(args, work: Path, shards: list) -> None:
     specials = {"bos_token": tok.bos_token, "eos_token": tok.eos_token, "unk_token": tok.unk_token,
                 "pad_token": tok.pad_token}
     (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
-    meta = {k: ck[k] for k in ("train_seconds", "answers", "answer_tokens", "steps")}
-    (work / "export.json").write_text(json.dumps(meta, indent=1))
-    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-    log(f"exported {out}: {size / 1e6:.1f} MB; training took {meta['train_seconds'] / 60:.1f} min")
 
 
 # ---------------------------------------------------------------- main
