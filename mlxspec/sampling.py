@@ -4,7 +4,7 @@ Target and draft rows go through the *same* function, so a drafter's race (below
 target's compare like with like. Order: temperature, then top-k, top-p, min-p, typical-p and
 top-n-sigma, each a threshold on the temperature-scaled probabilities (top-n-sigma's, on their
 logits, is the same whatever the temperature), then renormalisation, then XTC on
-what is left. Ties at a threshold are kept (a threshold is a value, not a rank), which a
+what is left. Where typical-p keeps no token the others keep, the likeliest one stays. Ties at a threshold are kept (a threshold is a value, not a rank), which a
 one-pass GPU kernel can reproduce exactly. Temperature 0 is greedy: a one-hot row at the argmax
 (the first index on ties), which no filter changes. With mirostat (`mlxspec.mirostat`) the rows
 are the temperature-scaled ones, which it truncates with its running threshold.
@@ -369,6 +369,12 @@ def probabilities(logits: mx.array, params: SamplingParams, fires: Optional[mx.a
     if params.top_n_sigma > 0.0:
         k5 = _within_sigmas(scaled, params.top_n_sigma)
         keep = k5 if keep is None else keep & k5
+    if params.typical_p < 1.0 and keep is not k4:
+        # Every other filter keeps the likeliest token, and typical-p may drop it: where they have
+        # no token in common (a NaN row else), the likeliest stays, as llama.cpp's chain (top-n-sigma
+        # and top-k before typical-p, at least one token kept) would leave it.
+        top = probs >= mx.max(probs, axis=-1, keepdims=True)
+        keep = keep | (top & ~mx.any(keep, axis=-1, keepdims=True))
     if keep is not None:
         probs = mx.where(keep, probs, 0.0)
         probs = probs / mx.sum(probs, axis=-1, keepdims=True)

@@ -130,3 +130,20 @@ def test_random_decisions_keep_every_drafter_s_answer_plain_decoding_s(seed, cha
     assert trees > 20 and drafted > 500  # the paths were taken
     assert reused > 10 * replies  # the replies reused their first turn's entries
     assert left > 10 and stops > 10
+
+
+def test_typical_p_beside_top_n_sigma_under_a_grammar_decodes_and_every_drafter_agrees(chance, tmp_path):
+    """Found by these requests with another seed: typical-p and top-n-sigma kept no token in
+    common, the row was NaN, and plain decoding wrote a token the grammar bans (an error)."""
+    target, tok = tiny.make_llama(5, tie_embeddings=False, layers=2), tiny.make_tokenizer()
+    kw = {"max_tokens": 8, "temperature": 1.0, "seed": 16, "typical_p": 0.8, "top_n_sigma": 1.5, "min_p": 0.05,
+          "response_format": WORDS, "presence_penalty": 0.5}
+    said = tok.decode([35, 115, 115, 113, 109, 115, 115, 115])
+    ask = ASK + [{"role": "assistant", "content": said}, {"role": "user", "content": "again"}]
+    plain = Engine(target, tok, drafter="none").generate(ask, **kw)
+    assert plain.finish_reason == "length" and len(plain.tokens) == 8
+    drafters = {"model": {"draft_model": tiny.make_llama(5, tie_embeddings=False, layers=2)}, "ngram": {},
+                "eagle": {"eagle_head": tiny.make_eagle_head(target, tmp_path / "head", seed=4, copy=True)}}
+    for name, models in drafters.items():
+        for _ in range(3):
+            assert Engine(target, tok, drafter=name, **models).generate(ask, **kw).tokens == plain.tokens, name

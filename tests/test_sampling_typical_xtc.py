@@ -152,3 +152,25 @@ def test_xtc_coin_is_not_the_races_noise():
 def test_bad_values_are_said_with_their_range(field, value, allowed):
     with pytest.raises(InvalidArgumentError, match=f"{field} must be {allowed}"):
         SamplingParams(1.0, **{field: value})
+
+
+@pytest.mark.parametrize("other", [{"top_k": 1}, {"top_n_sigma": 0.1}, {"min_p": 0.5}, {"top_p": 0.05}])
+def test_where_typical_p_keeps_nothing_the_others_keep_the_likeliest_token_stays(other):
+    # One token at 0.13, fifty at 0.017: typical-p 0.5 keeps only the tail, each filter beside it
+    # only the top. Their intersection is empty: the row would be 0 / 0 (NaN, then any token,
+    # one a grammar bans included) without the likeliest kept.
+    row = np.array([[2.0] + [0.0] * 50, [0.0] * 25 + [2.0] + [0.0] * 25], np.float32)
+    alone = np.array(probabilities(mx.array(row), SamplingParams(1.0, typical_p=0.5)))
+    assert alone[0, 0] == 0 and alone[1, 25] == 0  # typical-p alone drops the top
+    got = np.array(probabilities(mx.array(row), SamplingParams(1.0, typical_p=0.5, **other)))
+    np.testing.assert_array_equal(got, np.eye(51, dtype=np.float32)[[0, 25]])
+    keys = position_keys(3, [0, 1])
+    assert np.array(sample_race(mx.array(got), keys)).tolist() == [0, 25]
+
+
+def test_where_typical_p_and_the_others_share_tokens_only_those_stay():
+    # the same row with a top-k wide enough to reach the tail's ties: their common tokens, as before
+    row = np.array([2.0] + [0.0] * 50, np.float32)
+    got = np.array(probabilities(mx.array(row), SamplingParams(1.0, typical_p=0.5, top_k=5)))
+    p = np_probs(row.astype(np.float64), 1.0)
+    np.testing.assert_allclose(got, np_typical(p, 0.5), atol=1e-6)
