@@ -438,7 +438,8 @@ class Engine:
                 for their predecessor's token (DRY reads it on the host).
             stop_token_ids, ignore_eos, min_tokens: vLLM's: more token ids that end the answer as
                 EOS does (not shown in the text); the model's EOS does not end it; before
-                `min_tokens` tokens, the ones that would end it are banned.
+                `min_tokens` tokens, the ones that would end it are banned (unless a response_format
+                allows nothing else: it is complete, and the answer ends).
             min_indent, soft_time_limit: llama.cpp's n_indent and t_max_predict_ms, for
                 completions at an editor's cursor, each ending the answer with finish_reason
                 "length": a line after the first whose first character other than spaces and

@@ -206,12 +206,14 @@ class Planner:
             draft, mask, forced = self.constrain(draft)
         if self.penalties is not None and not isinstance(draft.tokens, list):
             draft = Draft(draft.tokens.tolist(), kind=draft.kind)
-        return Drafted(draft, mask, self.shaping(draft), drafted, read_first, static, forced)
+        return Drafted(draft, mask, self.shaping(draft, mask=mask), drafted, read_first, static, forced)
 
-    def shaping(self, draft: Draft, pending: Optional[mx.array] = None):
+    def shaping(self, draft: Draft, pending: Optional[mx.array] = None, mask: Optional[mx.array] = None):
         """What a pass adds to its logits before the target's choice: the request's logit_bias,
         min_tokens' ban on the rows that come before it, and the penalties (`rounds` takes an
-        array to add, or a function of the logits). `pending`: a chained step's predecessor."""
+        array to add, or a function of the logits). `pending`: a chained step's predecessor;
+        `mask`: the grammar's rows, where one that allows nothing but an ending lifts the ban (the
+        grammar is complete: the answer ends there, shorter than min_tokens, as it must)."""
         added = self.bias
         # rows still before min_tokens
         early = self.min_tokens - (len(self.hist) - self.prompt_len) - (pending is not None)
@@ -220,6 +222,8 @@ class Planner:
             # after the chain, so a shallow node may sit at a high index)
             at = mx.arange(len(draft) + 1) if draft.parents is None else mx.array(depths(draft.parents))
             rows = at[:, None] < early
+            if mask is not None:
+                rows = rows & mx.any(mask & (self.ban == 0), axis=-1, keepdims=True)
             added = mx.where(rows, self.ban, 0.0) + (0.0 if added is None else added)
         if self.penalties is None:
             return added

@@ -84,6 +84,22 @@ def test_min_tokens_bans_the_end_on_a_tree_s_rows_by_their_depth(options):
     assert trees > 0
 
 
+@pytest.mark.parametrize("options", [{}, {"temperature": 1.0, "seed": 1}])
+def test_a_complete_grammar_ends_the_answer_before_min_tokens_one_that_may_go_on_does_not(options):
+    """The ban and the grammar together allowed no token at all once a regex was matched: greedy
+    decoding stopped on 'NaN logits', sampling with the grammar matcher's error."""
+    target, tok = tiny.make_llama(5, tie_embeddings=False, layers=2), tiny.make_tokenizer()
+    drafters = {"none": {}, "ngram": {}, "model": {"draft_model": tiny.make_llama(5, tie_embeddings=False, layers=2)}}
+    for regex, text in (("ab", "ab"), ("a+", None)):
+        kw = dict(max_tokens=12, min_tokens=6, response_format={"type": "regex", "regex": regex}, **options)
+        for name, models in drafters.items():
+            r = Engine(target, tok, drafter=name, **models).generate(ASK, **kw)
+            if text:  # complete after two tokens: it ends there
+                assert (r.text, r.finish_reason, r.tokens[-1]) == (text, "stop", EOS), name
+            else:  # "a" may go on: no end before the sixth token
+                assert len(r.tokens) >= 6 and EOS not in r.tokens[:6] and set(r.text) == {"a"}, name
+
+
 @pytest.mark.parametrize("kw, says", [
     ({"stop_token_ids": [tiny.VOCAB]}, "stop_token_ids must be a list of token ids in [0, 259)"),
     ({"stop_token_ids": 5}, "stop_token_ids must be a list"),
