@@ -43,7 +43,7 @@ from .prompts import (MAX_DRAFT, as_mlx_lm_tokenizer, check_cancel, check_drafte
                       check_no_other_options, check_num_draft, check_prompt_cache_bytes, check_prompt_cache_size,
                       check_tree, encode_prompt)
 from .request import check_request
-from .sampling import SamplingParams, bias_row
+from .sampling import SamplingParams, banned, bias_row
 from .sequence import Sequence
 from .stats import GenerationResult, GenerationStats, TokenEvent
 from .target_curve import TargetCurve
@@ -519,15 +519,16 @@ class Engine:
         """The model's fill-in-the-middle markers (`mlxspec.fim`), or None when it has none."""
         return fim_format(self.tokenizer)
 
-    def constraint(self, fmt: Optional[dict], think_end: Optional[List[int]] = None):
+    def constraint(self, fmt: Optional[dict], think_end: Optional[List[int]] = None, refused=()):
         """A fresh grammar state for a checked response_format (None for free text); with
-        `think_end`, one that applies after those tokens (`grammar.AfterThinking`)."""
+        `think_end`, one that applies after those tokens (`grammar.AfterThinking`); `refused`: the
+        tokens a logit_bias bans (`sampling.banned`), which no row allows."""
         if fmt is None:
             return None
         if self.tokenizer is None:
             raise InvalidArgumentError("response_format needs the model's tokenizer, and this engine has none")
         eos = getattr(self.tokenizer, "eos_token_ids", None) or []
-        constraint = Constraint(fmt, self.prepare_grammar(), eos, self.vocab_size)
+        constraint = Constraint(fmt, self.prepare_grammar(), eos, self.vocab_size, refused)
         return constraint if think_end is None else AfterThinking(constraint, think_end)
 
     def prepare_grammar(self):
@@ -575,7 +576,7 @@ class Engine:
              logit_bias=None, penalty=None, endings=None, prompt_logprobs=None,
              think_end=None, include_stop=False, prediction=None, post_sampling=False) -> Iterator[TokenEvent]:
         if constraint is None:  # a rank other than 0 builds its own from the shared request
-            constraint = self.constraint(response_format, think_end)
+            constraint = self.constraint(response_format, think_end, banned(logit_bias))
         stats = GenerationStats(prompt_tokens=len(ids), drafter=name, temperature=params.temperature,
                                 kernels=kernels.backend_name(), target_weights_bytes=self.target_weights_bytes,
                                 draft_weights_bytes={"model": self.draft_weights_bytes,

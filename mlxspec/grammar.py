@@ -134,8 +134,9 @@ def token_table(tokenizer, eos: Iterable[int]):
 class Constraint:
     """One generation's grammar state: masks for a pass's rows, and the committed tokens."""
 
-    def __init__(self, fmt: dict, table, eos: Iterable[int], width: int):
-        """`width`: the logits' width (an embedding may have padding rows past the tokenizer's ids)."""
+    def __init__(self, fmt: dict, table, eos: Iterable[int], width: int, refused: Iterable[int] = ()):
+        """`width`: the logits' width (an embedding may have padding rows past the tokenizer's ids);
+        `refused`: the tokens the request bans outright (a logit_bias of -100), left out of every row."""
         from llguidance import LLMatcher
 
         self.matcher = LLMatcher(table, grammar_of(fmt), log_level=0)
@@ -145,6 +146,10 @@ class Constraint:
         self.words = (table.vocab_size + 31) // 32
         self.width = width
         self.eos = set(eos)
+        self.refused = None
+        if refused:
+            self.refused = np.zeros(width, dtype=np.bool_)
+            self.refused[list(refused)] = True
 
     def allowed(self, tokens: List[int]) -> int:
         """How many leading `tokens` the grammar allows from here."""
@@ -157,11 +162,17 @@ class Constraint:
         return self.matcher.compute_ff_tokens()
 
     def rows(self, drafts: List[int]) -> mx.array:
-        """(1 + len(drafts), width) bool: row i, the tokens allowed after `drafts[:i]`.
+        """(1 + n, width) bool: row i, the tokens allowed after `drafts[:i]`, for the longest n
+        (up to len(drafts)) whose rows each allow some token; the caller drafts `drafts[:n]`.
 
         Rows past a draft the grammar refuses allow every token: the refused draft is never
         accepted (its row gives it no mass), so nothing is taken from them. So do rows past an
-        end-of-sequence draft, where generation ends (the matcher cannot roll one back)."""
+        end-of-sequence draft, where generation ends (the matcher cannot roll one back).
+
+        Raises:
+            InvalidArgumentError: the first row allows no token (the request's logit_bias bans
+                every one the grammar allows next): nothing can be written.
+        """
         m = self.matcher
         n = m.validate_tokens(drafts)
         n = next((i for i, t in enumerate(drafts[:n]) if t in self.eos), n)
@@ -179,7 +190,23 @@ class Constraint:
                              bitorder="little").view(np.bool_)
         if bits.shape[1] < self.width:  # padding rows: no token
             bits = np.pad(bits, [(0, 0), (0, self.width - bits.shape[1])])
-        return mx.array(bits)
+        return mx.array(self._unrefused(bits))
+
+    def _unrefused(self, bits: np.ndarray) -> np.ndarray:
+        """`rows`' bits less the refused tokens, cut before the first row left with none (a
+        draft leading there is cut, so the target never reaches it: plain decoding stops there
+        with the error too, after the same tokens)."""
+        if self.refused is None:
+            return bits
+        grammar = bits[0].copy()
+        bits &= ~self.refused
+        dead = np.flatnonzero(~bits.any(axis=1))
+        if len(dead) and dead[0] == 0:
+            ids = np.flatnonzero(grammar).tolist()
+            raise InvalidArgumentError(
+                "nothing can be written: logit_bias bans (-100) every token the response_format allows next "
+                f"({', '.join(map(str, ids[:8]))}{', ...' if len(ids) > 8 else ''})")
+        return bits[:dead[0]] if len(dead) else bits
 
     def commit(self, tokens: List[int]) -> None:
         """Advance over generated tokens (up to the first end-of-sequence one)."""

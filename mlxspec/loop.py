@@ -31,7 +31,7 @@ import mlx.core as mx
 from .device import clear_streams_at_thread_exit
 from .distributed import history_hash
 from .drafters import Draft
-from .errors import CacheRollbackError, NumericalError, StreamOvertakenError
+from .errors import CacheRollbackError, InvalidArgumentError, NumericalError, StreamOvertakenError
 from .logprobs import PromptScorer
 from .mirostat import initial_mu
 from . import treeplan
@@ -241,6 +241,7 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
         engine.finish_stats(stats, name)
 
     engine.generation = release
+    cannot = None  # why no token can follow the committed ones (raised once they are yielded)
     try:
         while pending is not None:
             nxt = None
@@ -334,7 +335,10 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
                     target.rollback(nxt.fed)
                 pending = None
             else:
-                pending = nxt if nxt is not None else enqueue(step if dist else plan(model_k))
+                try:
+                    pending = nxt if nxt is not None else enqueue(step if dist else plan(model_k))
+                except InvalidArgumentError as e:  # nothing can follow (`Constraint.rows`): said after these
+                    pending, cannot = None, e
 
             # The work that can wait, while the device computes the next pass.
             for i, tok in enumerate(new):
@@ -372,6 +376,8 @@ def _generate(engine, ids: List[int], params: SamplingParams, *, max_tokens: int
                     raise StreamOvertakenError(OVERTAKEN)
                 t_resume = clock()
                 consumer += t_resume - t_yield
+            if cannot is not None:
+                raise cannot
     finally:
         if engine.generation is release:  # not if overtaken: the engine has a new owner
             release()

@@ -244,4 +244,5 @@ class Planner:
             ff = constraint.forced()[:max(0, min(self.room() - 1, self.longest))]
             if ff and tokens[:len(ff)] != ff:
                 tokens, forced = ff, True
-        return Draft(tokens, kind=draft.kind), constraint.rows(tokens), forced
+        mask = constraint.rows(tokens)
+        return Draft(tokens[:mask.shape[0] - 1], kind=draft.kind), mask, forced

@@ -17,7 +17,7 @@ from .prediction import check_prediction
 from .prompts import (check_drafter, check_endings, check_fits, check_line_limits, check_lookup, check_max_tokens,
                       check_num_draft, check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
 from .reasoning import thinking_end
-from .sampling import SamplingParams, check_logit_bias
+from .sampling import SamplingParams, banned, check_logit_bias
 from .tools import call_grammar, calls_or_answer, check_tool_choice, check_tools, narrowed
 
 
@@ -93,7 +93,7 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     # a grammar applies after the thinking block, except harmony's calls, whose grammar reads the analysis
     harmony_call = forcing and engine.tool_format.name == "harmony"
     think_end = thinking_end(engine.tokenizer, ids) if fmt is not None and not harmony_call else None
-    constraint = engine.constraint(fmt, think_end)
+    constraint = engine.constraint(fmt, think_end, banned(bias))
     request = dict(ids=ids, params=params, max_tokens=max_tokens, seed=seed, name=name,
                    k_fixed=k_fixed, stop=stop, tree=tree, lookup=lookup, logprobs=logprobs,
                    response_format=fmt, logit_bias=bias, penalty=penalty, endings=endings,

@@ -31,7 +31,7 @@ import math
 import numbers
 import operator
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import mlx.core as mx
 
@@ -306,6 +306,11 @@ def check_logit_bias(bias, vocab_size: Optional[int]) -> Optional[Dict[int, floa
             raise InvalidArgumentError(f"logit_bias[{key}] must be a number in [-100, 100], got {shown(value)}")
         out[token] = v
     return out or None
+
+
+def banned(bias: Optional[Dict[int, float]]) -> List[int]:
+    """The tokens a checked logit_bias bans outright (-100)."""
+    return [int(t) for t, v in (bias or {}).items() if v <= -BIAS_LIMIT]
 
 
 def bias_row(bias: Dict[int, float], vocab_size: int) -> mx.array:

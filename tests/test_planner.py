@@ -4,6 +4,7 @@ these choices decide only speed, so the loop's tests cannot see them go wrong.""
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from mlxspec import planner as planner_mod
@@ -140,7 +141,7 @@ def test_a_grammar_s_forced_tokens_leave_room_for_the_pass_s_own():
     """A pass verifies its drafts and adds the target's token: forced tokens fill at most room - 1."""
     forced = list(range(10, 20))
     constraint = SimpleNamespace(allowed=lambda tokens: len(tokens), forced=lambda: forced,
-                                 rows=lambda tokens: None)
+                                 rows=lambda tokens: np.ones((len(tokens) + 1, 8), bool))  # every row allows
     p = make({"m": StubDrafter([], uses_model=True)}, {"m": StubCost(0)}, name="m", max_tokens=4,
              constraint=constraint)
     draft, _, was_forced = p.constrain(Draft([1, 2]))
