@@ -139,6 +139,7 @@ class Constraint:
         `refused`: the tokens the request bans outright (a logit_bias of -100), left out of every row."""
         from llguidance import LLMatcher
 
+        self.table = table
         self.matcher = LLMatcher(table, grammar_of(fmt), log_level=0)
         if self.matcher.is_error():
             what = {"json_object": "", "json_schema": " (its JSON schema)"}.get(fmt["type"], f" (its {fmt['type']})")
@@ -146,6 +147,7 @@ class Constraint:
         self.words = (table.vocab_size + 31) // 32
         self.width = width
         self.eos = set(eos)
+        self._ended = None  # the stopped matcher's mask words (`_ended_words`)
         self.refused = None
         if refused:
             self.refused = np.zeros(width, dtype=np.bool_)
@@ -166,8 +168,10 @@ class Constraint:
         (up to len(drafts)) whose rows each allow some token; the caller drafts `drafts[:n]`.
 
         Rows past a draft the grammar refuses allow every token: the refused draft is never
-        accepted (its row gives it no mass), so nothing is taken from them. So do rows past an
-        end-of-sequence draft, where generation ends (the matcher cannot roll one back).
+        accepted (its row gives it no mass), so nothing is taken from them. Rows past an
+        end-of-sequence draft allow what the matcher allows once it has ended (the end again):
+        with ignore_eos the answer goes on there, as plain decoding's does on the ended matcher
+        (which cannot roll back an end, so it is not fed one here).
 
         Raises:
             InvalidArgumentError: the first row allows no token (the request's logit_bias bans
@@ -175,7 +179,8 @@ class Constraint:
         """
         m = self.matcher
         n = m.validate_tokens(drafts)
-        n = next((i for i, t in enumerate(drafts[:n]) if t in self.eos), n)
+        end = next((i for i, t in enumerate(drafts[:n]) if t in self.eos), None)
+        n = n if end is None else end
         out = np.full((len(drafts) + 1, self.words), -1, dtype=np.int32)
         for i in range(n + 1):
             m.unsafe_compute_mask_ptr(out[i].ctypes.data, out.shape[1] * 4)
@@ -183,6 +188,8 @@ class Constraint:
                 m.consume_token(drafts[i])
         if n:
             m.rollback(n)
+        if end is not None:
+            out[end + 1:] = self._ended_words(drafts[end])
         self._check()
         # Unpacked here: numpy does it in microseconds, where a gather of bits on the device took
         # 4 ms for 5 rows of 49k on a 2-core CPU (against 1 ms for the `where` that applies them).
@@ -207,6 +214,18 @@ class Constraint:
                 "nothing can be written: logit_bias bans (-100) every token the response_format allows next "
                 f"({', '.join(map(str, ids[:8]))}{', ...' if len(ids) > 8 else ''})")
         return bits[:dead[0]] if len(dead) else bits
+
+    def _ended_words(self, eos: int) -> np.ndarray:
+        """The mask words of a matcher that has taken an end-of-sequence token, from one of its own
+        that took `eos` (once: every ended matcher allows the same)."""
+        if self._ended is None:
+            from llguidance import LLMatcher
+
+            ended = LLMatcher(self.table, LLMatcher.grammar_from_regex(""), log_level=0)
+            ended.consume_token(eos)
+            self._ended = np.zeros(self.words, dtype=np.int32)
+            ended.unsafe_compute_mask_ptr(self._ended.ctypes.data, self._ended.nbytes)
+        return self._ended
 
     def commit(self, tokens: List[int]) -> None:
         """Advance over generated tokens (up to the first end-of-sequence one)."""

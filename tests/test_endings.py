@@ -1,6 +1,7 @@
 """vLLM's stop_token_ids, ignore_eos and min_tokens: what ends an answer, and when it may, the same
 whatever drafts (benchmark tools send ignore_eos to get answers of a fixed length)."""
 
+import numpy as np
 import pytest
 
 import tiny
@@ -98,6 +99,39 @@ def test_a_complete_grammar_ends_the_answer_before_min_tokens_one_that_may_go_on
                 assert (r.text, r.finish_reason, r.tokens[-1]) == (text, "stop", EOS), name
             else:  # "a" may go on: no end before the sixth token
                 assert len(r.tokens) >= 6 and EOS not in r.tokens[:6] and set(r.text) == {"a"}, name
+
+
+@pytest.mark.parametrize("options", [{}, {"temperature": 1.0, "seed": 4}])
+def test_ignore_eos_past_a_complete_grammar_writes_the_end_again_whatever_drafts(options):
+    """Once a grammar is complete only the end may follow, and with ignore_eos the answer goes on
+    with it. A pass's rows past a drafted end allowed every token, where plain decoding's ended
+    matcher allows only the end: the target then picked another token there (found by the
+    random-decision requests with another seed, where a penalty on the repeated end did it)."""
+    target, tok = tiny.make_llama(5, tie_embeddings=False, layers=2), tiny.make_tokenizer()
+    kw = dict(max_tokens=12, ignore_eos=True, logit_bias={EOS: -20}, response_format={"type": "regex", "regex": "ab"},
+              **options)
+    plain = Engine(target, tok, drafter="none").generate(ASK, **kw)
+    assert plain.tokens == [ord("a") + 3, ord("b") + 3] + [EOS] * 10 and plain.finish_reason == "length"
+    draft = tiny.ScriptedModel()  # drafts "ab", then the end at every later position
+    draft.say(tok.encode("ab", add_special_tokens=False), len(encode_prompt(ASK, tok, tiny.VOCAB)))
+    for tree in ("off", 3):
+        engine = Engine(target, tok, drafter="model", num_draft=4, tree=tree, draft_model=draft)
+        for _ in range(2):
+            r = engine.generate(ASK, **kw)
+            assert r.tokens == plain.tokens and r.stats.accepted > 0, tree
+
+
+def test_a_pass_s_rows_past_a_drafted_end_are_the_ended_matcher_s():
+    engine = Engine(tiny.make_llama(5, tie_embeddings=False), tiny.make_tokenizer(), drafter="none")
+    a, b = (ord(ch) + 3 for ch in "ab")
+    drafted = engine.constraint({"type": "regex", "regex": "ab"})
+    rows = np.array(drafted.rows([a, b, EOS, EOS]))
+    plain = engine.constraint({"type": "regex", "regex": "ab"})
+    plain.commit([a, b, EOS])
+    ended = np.array(plain.rows([]))[0]
+    assert np.flatnonzero(ended).tolist() == [EOS]
+    for row in rows[3:]:
+        np.testing.assert_array_equal(row, ended)
 
 
 @pytest.mark.parametrize("kw, says", [
