@@ -4,7 +4,8 @@ Target and draft rows go through the *same* function, so a drafter's race (below
 target's compare like with like. Order: temperature, then top-k, top-p, min-p, typical-p and
 top-n-sigma, each a threshold on the temperature-scaled probabilities (top-n-sigma's, on their
 logits, is the same whatever the temperature), then renormalisation, then XTC on
-what is left. Where typical-p keeps no token the others keep, the likeliest one stays. Ties at a threshold are kept (a threshold is a value, not a rank), which a
+what is left. Where typical-p keeps no token the others keep, the likeliest one stays.
+Ties at a threshold are kept (a threshold is a value, not a rank), which a
 one-pass GPU kernel can reproduce exactly. Temperature 0 is greedy: a one-hot row at the argmax
 (the first index on ties), which no filter changes. With mirostat (`mlxspec.mirostat`) the rows
 are the temperature-scaled ones, which it truncates with its running threshold.

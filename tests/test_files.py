@@ -173,7 +173,8 @@ def test_staged_suffixes_survive_writers_that_add_their_own(tmp_path):
 
     from mlxspec.files import staged
 
-    for name, write in (("x.npy", lambda t: np.save(t, np.arange(3))), ("x.npz", lambda t: np.savez(t, v=np.arange(3)))):
+    writers = {"x.npy": lambda t: np.save(t, np.arange(3)), "x.npz": lambda t: np.savez(t, v=np.arange(3))}
+    for name, write in writers.items():
         with staged(tmp_path / name) as [tmp]:
             write(tmp)
         assert (tmp_path / name).is_file()

@@ -57,7 +57,8 @@ def test_a_trainer_stopped_by_a_full_disk_says_so_in_one_line_a_measurement_does
     with pytest.raises(SystemExit) as e:
         train_common.run_main(full)
     err = capsys.readouterr().err
-    assert e.value.code == 1 and err.count("\n") == 1 and "the disk is full (writing work/eagle-gen/train-000.npz)" in err
+    assert e.value.code == 1 and err.count("\n") == 1
+    assert "the disk is full (writing work/eagle-gen/train-000.npz)" in err
     assert "the same command resumes" in err
     with pytest.raises(OSError):  # a measurement resumes nothing: its traceback is not turned into that promise
         train_common.run_main(full, "interrupted")

@@ -355,8 +355,8 @@ def write_draft(out: Path, model, cfg: dict, args) -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gguf", required=True, help="the target's GGUF, whose vocabulary, special tokens, context and rope "
-                   "the draft takes (the shipped draft's: SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--gguf", required=True, help="the target's GGUF, whose vocabulary, special tokens, context "
+                   "and rope the draft takes (the shipped draft's: SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--work", required=True, help="work dir for cached stages")
     p.add_argument("--out", metavar="FOLDER", help="the draft model's folder to write (required; "
                    "mlxspec/data/smollm2-draft is the shipped demo draft's)")
