@@ -27,6 +27,7 @@ from tiny import make_llama, make_tokenizer  # noqa: E402
 
 from mlxspec import Engine  # noqa: E402
 from mlxspec.distributed import Coordinator, DistributedError  # noqa: E402
+from mlxspec.errors import InvalidArgumentError  # noqa: E402
 from mlxspec.loading.fingerprint import model_fingerprint  # noqa: E402
 from mlxspec.shard import shard_model  # noqa: E402
 
@@ -129,6 +130,22 @@ def main(out_dir: Path, scenario: str) -> None:
     out["constrained_reference"] = reference.generate(PROMPT, max_tokens=MAX_TOKENS, speculative=False,
                                                       response_format=grammar).tokens
 
+    # A logit_bias of -100 on all the grammar allows after "a": the tokens before the conflict are
+    # streamed, then every rank ends with the same error, as the unsharded target does.
+    a, b, c = (ord(ch) + 3 for ch in "abc")  # the tiny tokenizer's byte tokens
+    eos = tok.eos_token_id
+    for case, (regex, bias) in enumerate([("a(b|c)", {b: -100, c: -100}), ("ab", {eos: -100})]):
+        conflict = dict(max_tokens=8, response_format={"type": "regex", "regex": regex}, logit_bias=bias)
+        for name, who in (("ngram", engine), ("model", engine), ("reference", reference)):
+            got, error = [], None
+            try:
+                for event in who.stream(PROMPT, drafter=name if who is engine else "none", **conflict):
+                    got.append(event.token)
+            except InvalidArgumentError as e:
+                error = str(e)
+            out[f"conflict{case}_{name}"] = {"tokens": got, "error": error}
+    out["after_conflict"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram"))
+
     # A logit_bias (shared as JSON: string keys) and penalties, row by row alike on every rank.
     shaped = dict(logit_bias={want[0]: -100, want[1]: 2.5}, frequency_penalty=0.5, repetition_penalty=1.3,
                   dry_multiplier=0.8, dry_allowed_length=1)
@@ -213,7 +230,6 @@ def main(out_dir: Path, scenario: str) -> None:
         out["drafter_differing"] = str(e)
 
     # An adapter, folded into the weights before they are sharded: the fused target's text.
-    from mlxspec.errors import InvalidArgumentError
     from mlxspec.loading.model import load_model
     from test_adapters import write_adapter
 

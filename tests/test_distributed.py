@@ -111,6 +111,17 @@ def test_a_grammar_is_followed_alike_on_every_rank(ranks):
     assert a["tokens"] != ranks[0]["reference"][:len(a["tokens"])]  # the grammar changed the text
 
 
+def test_a_ban_on_all_the_grammar_allows_next_ends_every_rank_after_the_tokens_before_it(ranks):
+    for case, before in enumerate(["a", "ab"]):
+        want = ranks[0][f"conflict{case}_reference"]
+        assert want["tokens"] == [ord(ch) + 3 for ch in before]
+        assert want["error"].startswith("nothing can be written: logit_bias bans")
+        got = [r[f"conflict{case}_{name}"] for r in ranks for name in ("ngram", "model")]
+        assert all(g == want for g in got), (case, got)
+    # and the next request, on the caches the error left, is the unsharded target's again
+    assert all(r["after_conflict"]["tokens"] == ranks[0]["reference"] for r in ranks)
+
+
 def test_logit_bias_and_penalties_alike_on_every_rank(ranks):  # (DRY among them)
     a, b = (r["shaped"] for r in ranks)
     assert a == b and a["tokens"] == ranks[0]["shaped_reference"] and a["tokens"] != ranks[0]["reference"]
