@@ -314,7 +314,7 @@ def stage_generate(args, work: Path, prompts: dict, layers=()) -> list:
         log("loading the target (dequantizing the GGUF, weights rounded to bfloat16)")
         tok, model = load_target(Path(args.gguf))
         ids_of = {job: chat_ids(tok, prompts[job[0]][job[1]]["prompt"]) for _, _, jobs in todo for job in jobs}
-        train_common.say_space(out_dir, sum(len(ids) + args.max_new for ids in ids_of.values()),
+        train_common.say_space(out_dir, ids_of.values(), args.max_new,
                                train_common.entry_bytes(model.config.hidden_size, layers))
     clock = train_common.AnswerClock(len(batches), len(todo))
     paths = []

@@ -142,7 +142,7 @@ def stage_generate(args, work: Path, prompts: dict, model, tok, layers=()) -> li
     batches = gen_batches(args, prompts)
     todo = [] if args.finished_only else [b for b in batches if not (out_dir / f"{b[0]}.npz").exists()]
     ids_of = {job: prompt_ids(tok, prompts[job[0]][job[1]]["prompt"]) for _, _, jobs in todo for job in jobs}
-    train_common.say_space(out_dir, sum(len(ids) + args.max_new for ids in ids_of.values()),
+    train_common.say_space(out_dir, ids_of.values(), args.max_new,
                            train_common.entry_bytes(target_config(model)["hidden_size"], layers))
     clock = train_common.AnswerClock(len(batches), len(todo))
     for n, (name, temp, jobs) in enumerate(batches):

@@ -128,12 +128,13 @@ def entry_bytes(hidden: int, layers=()) -> int:
     return 4 + 2 * hidden * (1 + len(layers))
 
 
-def say_space(folder: Path, entries: int, per_entry: int) -> None:
-    """Before the answers are written: how much disk they take at most (every answer as long as
-    --max-new allows), and a warning where the disk holding `folder` has less free, before the
-    hours that would end there rather than after them."""
+def say_space(folder: Path, prompts, max_new: int, per_entry: int) -> None:
+    """Before the answers are written: how much disk they take at most (every one of `prompts`,
+    token ids, kept with an answer as long as `max_new` allows), and a warning where the disk
+    holding `folder` has less free, before the hours that would end there rather than after them."""
     import shutil
 
+    entries = sum(len(ids) + max_new for ids in prompts)
     if not entries:
         return
     need, free = entries * per_entry, shutil.disk_usage(folder).free
