@@ -163,3 +163,21 @@ def test_inverse_cdf_never_lands_in_zero_tail():
     for u in [0.0, 0.25, 0.5, 0.999999, 1.0 - 1e-9]:
         t = int(V.sample_inverse_cdf(w, mx.array(u)).item())
         assert t in (1, 2)
+
+
+def test_a_draft_the_target_gives_no_mass_is_rejected_whatever_the_uniform():
+    """q(x) = p(x) = 0 (a draft token outside both supports, as a filter or grammar leaves it):
+    u * q(x) < p(x) is false even at u = 0, so the round stops there and draws from the residual."""
+    p = mx.array([[0.0, 0.6, 0.4], [0.5, 0.5, 0.0]])
+    q = mx.array([[0.0, 0.4, 0.6]])
+    for u in (0.0, 0.5):
+        n, nxt = V.verify_with_uniforms(p, q, mx.array([0]), mx.array([u, 0.1])).tolist()
+        assert n == 0 and nxt == 1  # the residual max(p - q, 0) is all on token 1
+
+
+def test_a_rejection_with_no_residual_mass_draws_from_the_target_row():
+    """p == q leaves max(p - q, 0) = 0; a rejection there (u = 1 exactly) draws from p itself."""
+    p = mx.array([[0.25, 0.75, 0.0], [1.0, 0.0, 0.0]])
+    for u_next, want in ((0.1, 0), (0.9, 1)):
+        n, nxt = V.verify_with_uniforms(p, p[:1], mx.array([1]), mx.array([1.0, u_next])).tolist()
+        assert (n, nxt) == (0, want)

@@ -143,3 +143,40 @@ def test_mx_inputs_and_bad_shapes():
         verify_tree(p, [1, 2], [-1, 1])
     with pytest.raises(InvalidArgumentError, match=r"\(N\+1, V\)"):
         verify_tree(p, [1], [-1])
+
+
+def test_a_node_the_target_gives_no_mass_is_rejected_whatever_the_uniform():
+    """p(x) = 0 at a node: rejected even at u = 0 (deterministic candidates and q alike); the
+    next token comes from the rest of the row."""
+    p = np.array([[0.0, 0.7, 0.3, 0.0, 0.0, 0.0]] + [[1 / V] * V] * 2)
+    q = np.zeros((2, V))
+    q[0, 0] = q[1, 3] = 1.0
+    for rows in (None, q):
+        path, nxt = verify_tree_with_uniforms(p, [0, 3], [-1, -1], rows, [0.0, 0.0, 0.5])
+        assert path == [] and nxt == 1
+
+
+def test_a_rejection_with_no_residual_mass_keeps_the_row():
+    """r == q at a rejected node leaves max(r - q, 0) = 0: the next sibling is tried, and the
+    token drawn, against r itself."""
+    row = np.array([0.25, 0.75, 0.0, 0.0, 0.0, 0.0])
+    p = np.array([row, [1 / V] * V])
+    path, nxt = verify_tree_with_uniforms(p, [1], [-1], row[None], [1.0, 0.1])
+    assert path == [] and nxt == 0
+    path, nxt = verify_tree_with_uniforms(p, [1], [-1], row[None], [1.0, 0.9])
+    assert path == [] and nxt == 1
+
+
+def test_a_draw_never_lands_on_a_token_of_no_weight():
+    """u close to 1 with a trailing zero-weight tail: the last token with weight (rounding of the
+    cumulative sum must not carry it past)."""
+    from mlxspec.verify import _draw
+
+    w = np.array([0.1, 0.2, 0.7, 0.0, 0.0])
+    assert all(_draw(w, u) == 2 for u in (0.95, 1.0 - 1e-12, 1.0))
+
+
+def test_q_of_the_wrong_shape_is_refused():
+    p = np.full((3, V), 1 / V)
+    with pytest.raises(InvalidArgumentError, match=r"q must have shape \(N, V\) = \(2, 6\)"):
+        verify_tree(p, [1, 2], [-1, 0], q=np.full((2, V - 1), 1 / (V - 1)))
