@@ -70,6 +70,14 @@ def test_truncation_matches_llama_cpp(version, seed):
     assert len(set(kept)) > 1 and exact >= 3  # the thresholds cut differently, and away from boundaries
 
 
+def test_v2_keeps_a_token_whose_surprise_is_exactly_mu():
+    """llama.cpp cuts where the surprise passes mu: one equal to it stays (0.25 at mu = 2 bits,
+    exact in float32)."""
+    p = mx.array([[0.5, 0.25, 0.25, 0.0], [0.5, 0.25, 0.25, 0.0]])
+    got = truncated(p, mx.array([2.0, 1.5]), SamplingParams(1.0, mirostat=2))
+    assert got.tolist() == [[0.5, 0.25, 0.25, 0.0], [1.0, 0.0, 0.0, 0.0]]
+
+
 def reference(model, prompt, n, params, seed):
     """Mirostat one position at a time, every row computed from scratch: mu from 2 tau, each token
     the race's winner in the truncated row, mu moved by its surprise."""
