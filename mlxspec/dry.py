@@ -96,7 +96,7 @@ def _integer(value, name: str, low: int, allowed: str) -> int:
 def check_breakers(breakers) -> List[str]:
     """DRY's sequence breakers: a list of strings, or text-generation-webui's and TabbyAPI's one
     string of them in JSON (`"\\n", ":"`, with or without the brackets); a string that is no such
-    list is one breaker ("\\n" itself). None: the defaults."""
+    list is one breaker ("\\n" itself). None: the defaults; an empty list, or "[]": none."""
     if breakers is None:
         return list(BREAKERS)
     if isinstance(breakers, str):
@@ -105,7 +105,7 @@ def check_breakers(breakers) -> List[str]:
             listed = json.loads(text if text.startswith("[") else f"[{text}]") if text else None
         except ValueError:
             listed = None
-        breakers = listed if isinstance(listed, list) and listed else [breakers]
+        breakers = listed if isinstance(listed, list) else [breakers]
     if not isinstance(breakers, list) or not all(isinstance(b, str) and b for b in breakers):
         raise InvalidArgumentError(f"dry_sequence_breakers must be a list of non-empty strings, got "
                                    f"{shown(breakers)}")

@@ -68,6 +68,9 @@ def test_a_repeat_is_penalised_by_its_length_and_a_breaker_stops_it():
     assert dry.penalties([5, 6, 7, 9, 1, 5, 6, 7]) == {}  # 9 is a breaker: never penalised
     assert dry.penalties([5, 9, 7, 8, 1, 5, 9, 7]) == {}  # the repeat stops at the breaker: 1 token, allowed
     assert dry.penalties([5, 6, 7, 8, 1, 6, 7]) == {8: 1.0}  # length 2: the multiplier alone
+    assert Dry(1.0, 2.0, 1).penalties([5, 5]) == {5: 1.0}  # the shortest context with a repeat
+    # a token past the breakers' table (a model's padded vocabulary) is no breaker
+    assert Dry(1.0, 2.0, 1, -1, np.array([False, False, True])).penalties([3, 1, 3]) == {1: 1.0}
 
 
 def test_breaking_tokens_are_those_whose_text_holds_a_breaker():
@@ -90,6 +93,8 @@ def test_settings_are_checked_and_breakers_read_in_every_client_s_shape():
     assert check_breakers('"\\n", ":", "\\"", "*"') == ["\n", ":", "\"", "*"]  # text-generation-webui's string
     assert check_breakers('["\\n"]') == ["\n"]
     assert check_breakers("\n") == ["\n"] and check_breakers("###") == ["###"]  # no list: one breaker
+    assert check_breakers([]) == check_breakers("[]") == [] and check_breakers("[ ]") == []  # none, however sent
+    assert len(check_breakers(["x" * 40] * 32)) == 32  # the most taken
     for args, says in [((-1, 1.75, 2, -1, None), "dry_multiplier must be a number >= 0"),
                        ((0.8, 0.5, 2, -1, None), "dry_base must be a number >= 1"),
                        ((0.8, 1.75, 0, -1, None), "dry_allowed_length must be an integer >= 1"),
@@ -99,6 +104,8 @@ def test_settings_are_checked_and_breakers_read_in_every_client_s_shape():
                        ((0.8, 1.75, 2, -1, ["x" * 41]), "at most 40 characters"),
                        ((0.8, 1.75, 2, -1, [1]), "dry_sequence_breakers must be a list of non-empty strings"),
                        ((0.8, 1.75, 2, -1, ""), "non-empty strings"),
+                       ((0.8, 1.75, 2, -1, ["x"] * 33), "at most 32 strings"),
+                       ((True, 1.75, 2, -1, None), "dry_multiplier must be a number >= 0"),
                        ((float("nan"), 1.75, 2, -1, None), "dry_multiplier")]:
         with pytest.raises(InvalidArgumentError, match=says):
             check_dry(*args)
