@@ -7,7 +7,7 @@ import pytest
 import tiny
 from mlxspec.engine import Engine
 from mlxspec.errors import InvalidArgumentError
-from mlxspec.penalties import Penalties
+from mlxspec.penalties import Penalties, check_penalty
 from mlxspec.prompts import encode_prompt
 from serve_helpers import openai_client, running_server, tiny_engine
 
@@ -76,6 +76,12 @@ def test_bad_penalties_are_refused(kw, says, tmp_path):
     engine, _ = engine_for("none", tmp_path)
     with pytest.raises(InvalidArgumentError, match=__import__("re").escape(says)):
         engine.stream(ASK, **kw)
+
+
+def test_the_ends_of_openai_s_range_are_taken():
+    assert [check_penalty(v, "presence_penalty") for v in (-2, 2.0, None)] == [-2.0, 2.0, 0.0]
+    with pytest.raises(InvalidArgumentError, match=r"in \[-2, 2\]"):
+        check_penalty(-2.0001, "presence_penalty")
 
 
 def test_penalties_through_the_openai_client():
