@@ -140,6 +140,7 @@ def test_each_token_decodes_a_window_not_the_whole_output():
     ("say ab then abc", ["abc", "ab"], "ab", 4),  # the earliest found wins
     ("say abc", ["bc", "abc"], "abc", 4),  # both end with the same token: the one that starts first
     ("x END y", ["END"], "END", 2),
+    ("END y", ["END"], "END", 0),  # at the very start: nothing before it
 ])
 def test_the_stop_string_found_is_named_and_kept_when_asked(text, stops, matched, cut, keep):
     asm = TextAssembler(make_tokenizer(), stops, keep_stop=keep)
@@ -178,6 +179,7 @@ def test_an_end_after_string_ends_the_text_with_it(stops, text, out, matched):
     ("a\n    b\n\n    c\n  \n    d\ne", 4, "a\n    b\n\n    c\n  \n    d\n"),  # blank lines decide nothing
     ("no\nlimit\n", 0, "no\nlimit\n"),
     ("stop here\n    x", 4, "stop"),  # a stop string before the limit wins
+    ("\nprint(x)", 4, "\n"),  # an empty cursor line: the next is judged from the first character
 ])
 def test_a_line_indented_less_than_min_indent_ends_the_text(text, indent, out):
     asm = TextAssembler(make_tokenizer(), [" here"] if "here" in text else [], min_indent=indent)
@@ -202,3 +204,18 @@ def test_late_ends_the_text_after_the_first_line_end_not_given_out():
     whole = TextAssembler(make_tokenizer())
     assert whole.add(tokens[0])[0] == "a" and whole.add(tokens[1], late=True) == ("b", False)  # no line end yet
     assert whole.add(tokens[2], late=True) == ("\n", True) and whole.limited  # the line end that comes next
+
+
+@pytest.mark.parametrize("before", ["", "ab"])
+def test_late_cuts_right_after_a_line_end_that_was_held_back(before):
+    """A line end held back (it may begin the stop string "\nzz") is the first not given out: the
+    time up, the text ends right after it, not after what follows it."""
+    asm = TextAssembler(make_tokenizer(), ["\nzz"])
+    out = ""
+    for t in asm.tokenizer.encode(before + "\nz", add_special_tokens=False):
+        piece, stopped = asm.add(t)
+        assert not stopped
+        out += piece
+    assert out == before
+    piece, stopped = asm.add(asm.tokenizer.encode("q", add_special_tokens=False)[0], late=True)
+    assert stopped and asm.limited and out + piece == before + "\n"
