@@ -54,6 +54,24 @@ def test_choice_is_the_argmax_of_expected_speed():
     assert m.choose(k_cap=1) in (0, 1)
 
 
+def test_speed_is_the_expected_tokens_over_the_drafting_and_the_pass_of_k_plus_one():
+    m = trained({j: 0.1 + 0.03 * (j - 1) for j in range(1, 10)}, 0.01, 0.7)
+    assert m.speed(0) == pytest.approx(1 / 0.1)
+    for k in (1, 2, 5):  # the pass verifies the k drafts and the token before them: V(k + 1)
+        assert m.speed(k) == pytest.approx(m.expected_tokens(k) / (k * 0.01 + 0.1 + 0.03 * k))
+
+
+def test_a_widening_pays_where_its_extra_rows_cost_less_than_the_tokens_they_add():
+    # k = 2 yields 2 tokens a round; each extra candidate lengthens the pass past V(3)
+    flat_to_4 = trained({1: .1, 2: .1, 3: .1, 4: .1, 5: .3, 6: .3}, 0.01, 0.7)
+    assert flat_to_4.choose_widening(2, 2.0, [0.5, 0.4, 0.3]) == 1  # V(4) is free, V(5) is not
+    assert flat_to_4.choose_widening(2, 2.0, [0.0, 0.4]) == 0  # a free row that adds nothing is not taken
+    assert flat_to_4.choose_widening(2, 2.0, [0.5], extra=1.0) == 0  # a tree's own cost outweighs it
+    steep = trained({1: .1, 2: .1, 3: .1, 4: .2}, 0.01, 0.7)
+    assert steep.choose_widening(2, 2.0, [0.3]) == 0  # 2.3 / 0.22 < 2 / 0.12
+    assert steep.choose_widening(2, 2.0, [0.3, 0.9]) == 0  # V(5), from the slope: 0.3; 3.2 / 0.32 < 2 / 0.12
+
+
 def test_non_monotonic_7b_curve_drafts_past_the_hump_when_acceptance_is_high():
     m = trained(CURVE_7B, 0.0, 0.9, free=True, k_max=15)
     k = m.choose()
