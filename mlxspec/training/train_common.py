@@ -128,20 +128,22 @@ def entry_bytes(hidden: int, layers=()) -> int:
     return 4 + 2 * hidden * (1 + len(layers))
 
 
-def say_space(folder: Path, prompts, max_new: int, per_entry: int) -> None:
+def say_space(folder: Path, prompts, max_new: int, per_entry: int) -> int:
     """Before the answers are written: how much disk they take at most (every one of `prompts`,
     token ids, kept with an answer as long as `max_new` allows), and a warning where the disk
-    holding `folder` has less free, before the hours that would end there rather than after them."""
+    holding `folder` has less free, before the hours that would end there rather than after them.
+    Returns that many bytes."""
     import shutil
 
     entries = sum(len(ids) + max_new for ids in prompts)
     if not entries:
-        return
+        return 0
     need, free = entries * per_entry, shutil.disk_usage(folder).free
     log(f"the answers and features still to write take up to {sized(need)} in {folder} ({sized(free)} free there)")
     if need > free:
         log("warning: they may not fit on that disk: free some space, give --work on another disk, or fewer "
             "prompts or a smaller --max-new; a run stopped by a full disk resumes from its last finished shard")
+    return need
 
 
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
