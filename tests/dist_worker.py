@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny import make_llama, make_tokenizer  # noqa: E402
+from tiny import make_llama, make_tokenizer, streamed  # noqa: E402
 
 from mlxspec import Engine  # noqa: E402
 from mlxspec.distributed import Coordinator, DistributedError  # noqa: E402
@@ -136,13 +136,9 @@ def main(out_dir: Path, scenario: str) -> None:
     eos = tok.eos_token_id
     for case, (regex, bias) in enumerate([("a(b|c)", {b: -100, c: -100}), ("ab", {eos: -100})]):
         conflict = dict(max_tokens=8, response_format={"type": "regex", "regex": regex}, logit_bias=bias)
-        for name, who in (("ngram", engine), ("model", engine), ("reference", reference)):
-            got, error = [], None
-            try:
-                for event in who.stream(PROMPT, drafter=name if who is engine else "none", **conflict):
-                    got.append(event.token)
-            except InvalidArgumentError as e:
-                error = str(e)
+        for name, who, drafter in (("ngram", engine, "ngram"), ("model", engine, "model"),
+                                   ("reference", reference, "none")):
+            got, error = streamed(who, PROMPT, drafter=drafter, **conflict)
             out[f"conflict{case}_{name}"] = {"tokens": got, "error": error}
     out["after_conflict"] = record(engine.generate(PROMPT, max_tokens=MAX_TOKENS, drafter="ngram"))
 

@@ -8,7 +8,6 @@ import pytest
 
 import tiny
 from mlxspec import Engine
-from mlxspec.errors import InvalidArgumentError
 
 ASK = [{"role": "user", "content": "say it say it again"}]
 EOS = tiny.SPECIALS.index("<|im_end|>")
@@ -27,17 +26,6 @@ def engines(tmp_path):
                           eagle_head=tiny.make_eagle_head(TARGET, tmp_path / "head", seed=4, copy=True))
 
 
-def streamed(engine, **kw):
-    """(the tokens streamed, the error that ended the stream or None)."""
-    got = []
-    try:
-        for event in engine.stream(ASK, **kw):
-            got.extend(event.tokens if hasattr(event, "tokens") else [event.token])
-    except InvalidArgumentError as e:
-        return got, str(e)
-    return got, None
-
-
 @pytest.mark.parametrize("options", [{}, {"temperature": 1.0, "seed": 2}])
 def test_a_ban_on_all_the_grammar_allows_next_is_said_where_it_happens_the_same_for_every_drafter(
         tmp_path, options):
@@ -48,7 +36,7 @@ def test_a_ban_on_all_the_grammar_allows_next_is_said_where_it_happens_the_same_
     for regex, bias, before, names in cases:
         kw = dict(max_tokens=8, response_format={"type": "regex", "regex": regex}, logit_bias=bias, **options)
         for name, engine in engines(tmp_path):
-            got, error = streamed(engine, **kw)
+            got, error = tiny.streamed(engine, ASK, **kw)
             assert got == before and error == ("nothing can be written: logit_bias bans (-100) every token the "
                                                f"response_format allows next {names}"), (name, regex, got, error)
             # the next request, on the caches the error left, as on a fresh engine

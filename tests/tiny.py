@@ -240,6 +240,20 @@ def accept_every_draft(p):
     return drafts + [rows[p.k]], p.k, finite, drafts
 
 
+def streamed(engine, prompt, **kw):
+    """(the tokens `engine.stream(prompt, **kw)` gave, the InvalidArgumentError's message that
+    ended the stream or None)."""
+    from mlxspec.errors import InvalidArgumentError
+
+    got = []
+    try:
+        for event in engine.stream(prompt, **kw):
+            got.append(event.token)
+    except InvalidArgumentError as e:
+        return got, str(e)
+    return got, None
+
+
 def make_tokenizer(chat_template: str = CHAT_TEMPLATE, added=()):
     """A real Hugging Face byte-level BPE tokenizer (no merges) wrapped like mlx-lm wraps tokenizers.
     `added`: tokens after the bytes (ids VOCAB, VOCAB + 1...), e.g. a thinking model's markers."""
