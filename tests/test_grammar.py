@@ -52,6 +52,19 @@ def test_rows_unpack_the_bitmask_to_the_logits_width(width):
     assert np.array_equal(out, np.where(rows, np.array(logits), -np.inf))
 
 
+
+def test_rows_past_an_end_of_sequence_draft_allow_the_end_again():
+    """With ignore_eos an answer goes on past the end: plain decoding's ended matcher then allows
+    only the end again, and so do a draft's rows after its end token."""
+    tok = tiny.make_tokenizer()
+    eos = min(tok.eos_token_ids)
+    c = Constraint(check_response_format({"type": "regex", "regex": "[a-c]x"}), token_table(tok, tok.eos_token_ids),
+                   tok.eos_token_ids, 290)
+    rows = np.array(c.rows([ord("b") + 3, ord("x") + 3, eos, ord("a") + 3]))
+    assert [np.nonzero(r)[0].tolist() for r in rows] == [[ord(ch) + 3 for ch in "abc"], [ord("x") + 3]] + [[eos]] * 3
+    assert c.allowed([ord("b") + 3, ord("x") + 3]) == 2  # the rows left the matcher where it was
+
+
 @pytest.mark.parametrize("drafter", ["none", "ngram", "model", "eagle"])
 @pytest.mark.parametrize("options", [{}, {"num_draft": 4}, {"temperature": 0.8, "seed": 3, "num_draft": 3}])
 @pytest.mark.parametrize("fmt", [WORDS, MOOD], ids=["regex", "json_schema"])
@@ -173,7 +186,13 @@ def test_the_matcher_refuses_a_token_outside_the_grammar():
     ({"type": "json_schema", "json_schema": {"schema": [1]}}, "must be a JSON Schema object"),
     ({"type": "json_schema", "json_schema": {"schema": {"type": "objectt"}}}, "refused"),
     ({"type": "regex", "regex": "(("}, "refused"),
+    ({"type": "json_schema", "json_schema": {"schema": {"const": b"x"}}},  # (from Python, not JSON)
+     "response_format's JSON schema was refused: Value is not JSON serializable"),
     ({"type": "regex"}, "regex must be a non-empty string"),
+    ({"type": "regex", "regex": ""}, "regex must be a non-empty string"),
+    ({"type": "regex", "regex": 5}, "regex must be a non-empty string, got 5"),
+    ({"type": "choice", "choice": []}, "non-empty list of non-empty strings"),
+    ({"type": "choice", "choice": "yes"}, "non-empty list of non-empty strings"),
     ({"type": "choice", "choice": ["a", ""]}, "non-empty list of non-empty strings"),
     ({"type": "lark", "lark": "start: nothing_here"}, "refused"),
 ])
@@ -245,6 +264,12 @@ def test_the_demo_target_answers_in_json_with_every_drafter():
         assert set(cat) == {"name", "age"} and isinstance(cat["age"], int) and r.finish_reason == "stop"
         outputs.append(r.tokens)
     assert all(o == outputs[0] for o in outputs)
+    # Free text allows the tokenizer's last ids too: the bitmask's words cover all 49,152.
+    tok = engine.tokenizer
+    free = Constraint(check_response_format({"type": "regex", "regex": "(?s:.+)"}),
+                      token_table(tok, tok.eos_token_ids), tok.eos_token_ids, engine.vocab_size)
+    row = np.array(free.rows([]))[0]
+    assert row.shape == (engine.vocab_size,) and row[-1000:].all() and row.sum() > 0.99 * engine.vocab_size
 
 
 @pytest.mark.parametrize("fmt,says", [
@@ -255,8 +280,10 @@ def test_the_demo_target_answers_in_json_with_every_drafter():
 ])
 def test_a_bad_grammar_is_refused_by_the_check_alone(fmt, says):
     """No tokenizer or model needed: `generate --regex` and the server say it before loading or queueing."""
-    with pytest.raises(InvalidArgumentError, match=re.escape(says)):
+    with pytest.raises(InvalidArgumentError, match=re.escape(says)) as e:
         check_response_format(fmt)
+    # on one line, without llguidance's caret lines or the grammar it wrapped the user's in
+    assert "\n" not in str(e.value) and "^" not in str(e.value) and "start:" not in str(e.value)
     good = {"regex": {"type": "regex", "regex": "[a-z]+"}, "lark": {"type": "lark", "lark": 'start: "a"'},
             "json_schema": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}[fmt["type"]]
     assert check_response_format(good) == good
