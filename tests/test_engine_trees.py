@@ -83,3 +83,14 @@ def test_tree_off_and_caps(target):
         e.generate(PROMPT, tree="wide")
     with pytest.raises(InvalidArgumentError, match="tree"):
         Engine(target, drafter="ngram", tree=0)
+
+
+@pytest.mark.parametrize("shaping", [dict(repetition_penalty=1.3),
+                                     dict(temperature=0.8, mirostat=2, mirostat_tau=4.0, seed=3)])
+def test_rows_shaped_by_the_path_so_far_are_verified_as_chains_not_trees(target, shaping):
+    """Penalties and mirostat shape each row by the tokens before it, which a tree's branches do not
+    share: such requests verify chains (longer than one token where drafts pay), never trees."""
+    plain = Engine(target, drafter="ngram").generate(PROMPT, max_tokens=40, speculative=False, **shaping)
+    r = flat_curve(Engine(target, drafter="ngram")).generate(PROMPT, max_tokens=40, **shaping)
+    assert r.tokens == plain.tokens
+    assert r.stats.tree_rounds == 0 and max(r.stats.k_histogram) > 1

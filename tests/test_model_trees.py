@@ -338,3 +338,13 @@ def test_sampled_rounds_verify_fixed_shape_trees_of_the_races_runners_up(target,
         assert through_a_side_leaf(paths), "no runner-up was accepted"
     else:
         assert trees == 0 and shape["read"] == 0
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle"])
+def test_a_fixed_draft_length_verifies_chains_of_it(target, draft, tied, head, drafter):
+    """`num_draft` fixes k: the drafter's chain of k, never a tree the cost model would widen it into."""
+    model = target if drafter == "model" else tied
+    kw = dict(drafter="model", draft_model=draft) if drafter == "model" else dict(drafter="eagle", eagle_head=head)
+    r = flat_curve(Engine(model, None, num_draft=3, **kw)).generate(PROMPT, max_tokens=40, lookup=False)
+    assert r.tokens == Engine(model, drafter="none").generate(PROMPT, max_tokens=40).tokens
+    assert r.stats.tree_rounds == 0 and max(r.stats.k_histogram) == 3
