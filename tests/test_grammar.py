@@ -14,7 +14,7 @@ import pytest
 import tiny
 from mlxspec.engine import Engine
 from mlxspec.errors import InvalidArgumentError
-from mlxspec.grammar import Constraint, check_response_format, masked, token_table
+from mlxspec.grammar import Constraint, _said, check_response_format, masked, token_table
 from mlxspec.prompts import encode_prompt
 from serve_helpers import openai_client, running_server, tiny_engine
 
@@ -58,10 +58,11 @@ def test_rows_past_an_end_of_sequence_draft_allow_the_end_again():
     only the end again, and so do a draft's rows after its end token."""
     tok = tiny.make_tokenizer()
     eos = min(tok.eos_token_ids)
-    c = Constraint(check_response_format({"type": "regex", "regex": "[a-c]x"}), token_table(tok, tok.eos_token_ids),
+    c = Constraint(check_response_format({"type": "regex", "regex": "[a-c]x+"}), token_table(tok, tok.eos_token_ids),
                    tok.eos_token_ids, 290)
-    rows = np.array(c.rows([ord("b") + 3, ord("x") + 3, eos, ord("a") + 3]))
-    assert [np.nonzero(r)[0].tolist() for r in rows] == [[ord(ch) + 3 for ch in "abc"], [ord("x") + 3]] + [[eos]] * 3
+    x = ord("x") + 3
+    rows = np.array(c.rows([ord("b") + 3, x, eos, ord("a") + 3]))
+    assert [np.nonzero(r)[0].tolist() for r in rows] == [[ord(ch) + 3 for ch in "abc"], [x], [eos, x]] + [[eos]] * 2
     assert c.allowed([ord("b") + 3, ord("x") + 3]) == 2  # the rows left the matcher where it was
 
 
@@ -287,3 +288,14 @@ def test_a_bad_grammar_is_refused_by_the_check_alone(fmt, says):
     good = {"regex": {"type": "regex", "regex": "[a-z]+"}, "lark": {"type": "lark", "lark": 'start: "a"'},
             "json_schema": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}[fmt["type"]]
     assert check_response_format(good) == good
+
+
+def test_a_long_refusal_is_cut_to_400_characters():
+    """llguidance quotes the whole regex: a long one would flood a terminal or an API error."""
+    head = "response_format was refused (its regex): "
+    with pytest.raises(InvalidArgumentError) as e:
+        check_response_format({"type": "regex", "regex": "(" + "a" * 600})
+    said = str(e.value)
+    assert said.startswith(head + 'invalid regex "(aaa') and len(said) == len(head) + 400 and said.endswith("a…")
+    assert _said("x" * 400) == "x" * 400 and _said("x" * 401) == "x" * 399 + "…"
+    assert _said(" two\n  lines ") == "two lines" and _said(" ") == "unknown error"
