@@ -110,6 +110,17 @@ def test_a_free_drafter_that_drafts_nothing_leaves_its_guess():
     assert (k, shadow) == (2, None) and draft.tokens == [7, 8]
 
 
+def test_a_free_drafter_s_whole_proposal_is_cut_to_its_k_when_drafted():
+    """`plan` carries the whole lookup (with several ranks, rank 0's k may be longer); the pass
+    verifies the k chosen, not the rest."""
+    lookup = StubDrafter([7, 8, 9, 10], uses_model=False, kind="copy")
+    p = make({"ngram": lookup}, {"ngram": StubCost(2)}, name="ngram")
+    step = p.plan()
+    assert step[0] == 2 and step[1].tokens == [7, 8, 9, 10]
+    d = p.draft(step)
+    assert d.draft.tokens == [7, 8] and d.draft.kind == "copy" and d.mask is None and not d.forced
+
+
 def test_a_round_is_no_longer_than_the_longest_warmed_up():
     cost = StubCost(15)
     p = make({"m": StubDrafter([1] * 15, uses_model=True)}, {"m": cost}, name="m", longest=5)
