@@ -153,3 +153,12 @@ def test_served_logprobs_spell_the_text_byte_for_byte():
         assert lp["text_offset"] == [len(prompt) + i for i in (0, 1, 2, 3, 3, 4, 5, 5, 5, 6, 7, 8, 9)]
         assert all(lp["token_logprobs"][i] == pytest.approx(max(top.values())) for i, top in
                    enumerate(lp["top_logprobs"]))  # the chosen token is the best, and never overwritten
+
+
+def test_the_byte_alphabet_is_gpt2_s():
+    """Byte-level BPE's printable stand-ins for the 256 bytes, as its tokenizers write them."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from mlxspec.logprobs import BYTE_DECODER
+
+    assert BYTE_DECODER == {char: byte for byte, char in bytes_to_unicode().items()}
