@@ -41,6 +41,19 @@ def test_ignore_eos_runs_to_max_tokens(drafter):
     assert len(r.tokens) == 40 and r.finish_reason == "length" and r.tokens[5:] == [EOS] * 35
 
 
+@pytest.mark.parametrize("drafter", ["none", "ngram"])
+def test_min_tokens_up_to_the_answer_s_own_length_changes_nothing(drafter):
+    """The end is banned on rows before min_tokens only: an answer that ends at token 6 on its own
+    (5 letters, then EOS at row 5) ends there with any min_tokens up to 5, also where plain steps
+    are chained (the chained row's position counts the token still in flight)."""
+    for least in range(6):
+        engine, _ = scripted("short", drafter)
+        r = engine.generate(ASK, max_tokens=40, min_tokens=least)
+        assert r.text == "short" and r.tokens[-1] == EOS and len(r.tokens) == 6, least
+    engine, _ = scripted("short", drafter)
+    assert len(engine.generate(ASK, max_tokens=40, min_tokens=6).tokens) > 6  # row 5 banned: it goes on
+
+
 @pytest.mark.parametrize("drafter", ["none", "ngram", "model"])
 @pytest.mark.parametrize("options", [{}, {"num_draft": 4}, {"temperature": 0.7, "seed": 1}])
 def test_min_tokens_bans_the_end_until_then_on_every_row(drafter, options):
