@@ -162,3 +162,19 @@ def test_the_byte_alphabet_is_gpt2_s():
     from mlxspec.logprobs import BYTE_DECODER
 
     assert BYTE_DECODER == {char: byte for byte, char in bytes_to_unicode().items()}
+
+
+def test_a_token_that_is_part_of_a_character_is_spelled_by_its_piece():
+    """Decoded alone such a token is U+FFFD: its bytes come from the vocabulary piece instead."""
+    from types import SimpleNamespace
+
+    from mlxspec.logprobs import token_bytes
+
+    def tokenizer(pieces):
+        return SimpleNamespace(decode=lambda ids: "\ufffd" if pieces[ids[0]] != "ok" else "ok",
+                               convert_ids_to_tokens=lambda i: pieces[i])
+
+    sentencepiece = tokenizer({0: "<0xE2>", 1: "<0x0a>", 2: "ok", 3: "\u2581"})  # (3: no byte spelling: kept)
+    assert [token_bytes(sentencepiece, i) for i in range(4)] == [b"\xe2", b"\n", b"ok", "\ufffd".encode()]
+    byte_level = tokenizer({0: "âĢ", 1: "Ġ", 2: "\u2581Ġ"})  # GPT-2's stand-ins for 0xE2 0x80, and for a space
+    assert [token_bytes(byte_level, i) for i in range(3)] == [b"\xe2\x80", b" ", "\ufffd".encode()]
