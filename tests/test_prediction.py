@@ -147,12 +147,15 @@ def test_text_predictions_and_bad_ones():
     assert r.tokens == plain.tokens and r.stats.prediction_rejected == 0
     assert r.stats.prediction_accepted == len(engine.tokenizer.encode(plain.text, add_special_tokens=False))
     for bad, says in ((5, "prediction must be the text the answer is expected to repeat (a string) or its token ids"),
-                      ([1, -2], "integers in [0, 259)"),
+                      ([1, -2], "integers in [0, 259)"), ([1, 259], "integers in [0, 259)"),
+                      ([1, True], "integers in [0, 259)"),
                       ([0] * (MAX_PREDICTION + 1), f"at most {MAX_PREDICTION} are taken")):
         with pytest.raises(InvalidArgumentError, match=__import__("re").escape(says)):
             engine.generate("Say it:", prediction=bad)
     with pytest.raises(InvalidArgumentError, match="a prediction as text needs the model's tokenizer"):
         Engine(target(), drafter="ngram").generate(PROMPT, prediction="text")
+    longest = engine.generate("Say it:", max_tokens=2, prediction=[0] * MAX_PREDICTION)  # the most taken
+    assert longest.stats.prediction_rejected == MAX_PREDICTION - longest.stats.prediction_accepted
 
 
 def test_prediction_counts_are_the_prediction_s_tokens_in_the_answer_in_order():
@@ -160,6 +163,11 @@ def test_prediction_counts_are_the_prediction_s_tokens_in_the_answer_in_order():
     assert prediction_counts([1, 2, 3, 4], [0, 1, 2, 9, 4, 5]) == (3, 1)
     assert prediction_counts([1, 2, 3], []) == (0, 3)
     assert prediction_counts([3, 2, 1], [1, 2, 3]) == (1, 2)  # in order: one of them
+    # A long answer of common tokens: none of them is a diff's "junk" (difflib's autojunk would drop
+    # the tokens that fill over 1 % of it, and count most of this answer's prediction rejected)
+    rng = __import__("random").Random(0)
+    answer = [rng.choice([0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]) for _ in range(250)]
+    assert prediction_counts(answer[:99] + [42] + answer[99:], answer) == (250, 1)
 
 
 # -- the server -------------------------------------------------------------------------------------
