@@ -107,3 +107,21 @@ def test_the_cli_stats_line_counts_tree_and_lookup_rounds():
     assert "1 round by lookup (1/2)" in stats_line(one)
     predicted = GenerationStats(tokens=5, seconds=1.0, rounds=2, prediction_accepted=4, prediction_rejected=3)
     assert "prediction 4 of 7 tokens in the answer, " in stats_line(predicted) and "prediction" not in stats_line(one)
+
+
+def test_plain_decoding_counts_no_drafting_and_the_memory_it_holds():
+    """Every count of drafting starts at zero for each generation (a default of 1 would print a lookup,
+    tree or forced round that never ran); the memory figures are measured, not left at zero."""
+    s = Engine(tiny.make_llama(1), drafter="none").generate(PROMPT, max_tokens=12).stats
+    assert (s.tokens, s.rounds, s.prompt_tokens, s.prefilled_tokens, s.prompt_timed_tokens) == (12, 12, 11, 11, 10)
+    drafting = ("drafted", "accepted", "tree_rounds", "lookup_rounds", "lookup_drafted", "lookup_accepted",
+                "forced_rounds", "forced_drafted", "forced_accepted", "prediction_accepted",
+                "prediction_rejected", "last_k", "draft_weights_bytes", "draft_kv_bytes", "parked_kv_bytes")
+    assert {name: getattr(s, name) for name in drafting} == dict.fromkeys(drafting, 0)
+    assert not s.last_tree and not s.last_lookup and s.step_reached == [] and s.tree_histogram == {}
+    assert s.target_weights_bytes > 0 and s.target_kv_bytes > 0 and s.peak_memory_bytes > 0
+
+
+def test_host_time_per_round_is_what_the_loop_did_not_wait():
+    s = GenerationStats(seconds=2.0, wait_seconds=0.5, rounds=3)
+    assert s.host_seconds_per_round == pytest.approx(0.5) and GenerationStats().host_seconds_per_round == 0.0
