@@ -89,6 +89,8 @@ def test_time_to_first_token_is_the_prompt_and_the_first_pass():
     e = Engine(tiny.make_llama(1), None, drafter="ngram")
     s = e.generate(PROMPT, max_tokens=6).stats
     assert s.prompt_seconds < s.first_token_seconds < s.prompt_seconds + s.seconds
+    first = next(iter(e.stream(PROMPT + [14], max_tokens=6)))  # known when the first token is
+    assert first.stats.first_token_seconds == first.stats.prompt_seconds + first.stats.seconds > 0
     stop = __import__("threading").Event()
     stop.set()
     assert e.generate(PROMPT + [13], max_tokens=6, cancel=stop).stats.first_token_seconds == 0.0
