@@ -127,3 +127,15 @@ def test_plain_decoding_counts_no_drafting_and_the_memory_it_holds():
 def test_host_time_per_round_is_what_the_loop_did_not_wait():
     s = GenerationStats(seconds=2.0, wait_seconds=0.5, rounds=3)
     assert s.host_seconds_per_round == pytest.approx(0.5) and GenerationStats().host_seconds_per_round == 0.0
+
+
+def test_each_event_names_the_pass_that_gave_it():
+    """`round` counts target passes from 0: a round's accepted drafts and the target's own token
+    after them share one, and the next pass is the next number."""
+    e = Engine(tiny.make_llama(1), None, drafter="ngram", num_draft=3)
+    events = list(e.stream(PROMPT, max_tokens=30))
+    rounds = [ev.round for ev in events]
+    assert rounds[0] == 0 and rounds[-1] == events[-1].stats.rounds - 1
+    assert all(b - a in (0, 1) for a, b in zip(rounds, rounds[1:])) and len(set(rounds)) < len(rounds)
+    for a, b in zip(events, events[1:]):  # a pass gives its accepted drafts, then the target's own token
+        assert b.round == (a.round if a.from_draft else a.round + 1)
