@@ -25,6 +25,16 @@ def test_step_counts_by_hand():
     assert s.acceptance_rate == pytest.approx((0 + 2 + 4 + 1 + 3 + 4) / (4 + 4 + 4 + 2 + 5 + 4))
     d = s.as_dict()
     assert d["step_acceptance"] == s.step_acceptance and d["judged_acceptance"] == s.judged_acceptance
+    # the counts the CLI, the bench and the chat print
+    s.record_round(5, 2, tree=True)
+    s.record_round(3, 3, forced=True)
+    assert (s.rounds, s.drafted, s.accepted) == (9, 4 + 4 + 4 + 2 + 5 + 4 + 5 + 3, 0 + 2 + 4 + 1 + 3 + 4 + 2 + 3)
+    assert (s.tree_rounds, s.lookup_rounds, s.forced_rounds) == (2, 1, 1)
+    assert (s.lookup_drafted, s.lookup_accepted, s.forced_drafted, s.forced_accepted) == (4, 4, 3, 3)
+    assert s.tree_histogram == {5: 2} and s.k_histogram == {4: 4, 2: 1, 5: 2, 0: 1, 3: 1}
+    assert s.accept_histogram == {0: 1, 2: 2, 4: 2, 1: 1, 3: 2}  # drafting rounds only
+    assert (s.last_k, s.last_tree, s.last_lookup) == (3, False, False)
+    assert s.as_dict()["tree_histogram"] == {"5": 2} and s.as_dict()["accept_histogram"]["4"] == 2
     assert GenerationStats().judged_acceptance == 0.0 and GenerationStats().step_acceptance == []
 
 
