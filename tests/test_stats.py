@@ -35,6 +35,10 @@ def test_step_counts_by_hand():
     assert s.accept_histogram == {0: 1, 2: 2, 4: 2, 1: 1, 3: 2}  # drafting rounds only
     assert (s.last_k, s.last_tree, s.last_lookup) == (3, False, False)
     assert s.as_dict()["tree_histogram"] == {"5": 2} and s.as_dict()["accept_histogram"]["4"] == 2
+    # mapping-style access: stats["judged_acceptance"] as stats.judged_acceptance
+    assert "judged_acceptance" in s and "nope" not in s and s["judged_acceptance"] == s.judged_acceptance
+    with pytest.raises(KeyError, match="nope"):
+        s["nope"]
     assert GenerationStats().judged_acceptance == 0.0 and GenerationStats().step_acceptance == []
 
 
