@@ -52,7 +52,6 @@ def test_rows_unpack_the_bitmask_to_the_logits_width(width):
     assert np.array_equal(out, np.where(rows, np.array(logits), -np.inf))
 
 
-
 def test_rows_past_an_end_of_sequence_draft_allow_the_end_again():
     """With ignore_eos an answer goes on past the end: plain decoding's ended matcher then allows
     only the end again, and so do a draft's rows after its end token."""
@@ -63,7 +62,7 @@ def test_rows_past_an_end_of_sequence_draft_allow_the_end_again():
     x = ord("x") + 3
     rows = np.array(c.rows([ord("b") + 3, x, eos, ord("a") + 3]))
     assert [np.nonzero(r)[0].tolist() for r in rows] == [[ord(ch) + 3 for ch in "abc"], [x], [eos, x]] + [[eos]] * 2
-    assert c.allowed([ord("b") + 3, ord("x") + 3]) == 2  # the rows left the matcher where it was
+    assert c.allowed([ord("b") + 3, x]) == 2  # the rows left the matcher where it was
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "model", "eagle"])
