@@ -67,6 +67,9 @@ def _argmax_checked(logits: mx.array):
 
 def _finite(rows: mx.array) -> mx.array:
     # NaN or inf anywhere makes the sum non-finite: one reduction instead of an all(isfinite).
+    # float16 sums in float32: a vocabulary of ordinary logits adds up past float16's 65504.
+    if rows.dtype == mx.float16:
+        rows = rows.astype(mx.float32)
     return mx.isfinite(mx.sum(rows, keepdims=True))[0]
 
 

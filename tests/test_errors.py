@@ -140,10 +140,11 @@ def test_prompt_longer_than_context():
 
 
 class Poisoned:
-    """A model wrapper that returns NaN logits while `on` is set."""
+    """A model wrapper that returns NaN logits while `on` is set (`poison`: what the logits are
+    multiplied by then), and its logits plus `shift` always."""
 
-    def __init__(self, model):
-        self.model, self.on = model, False
+    def __init__(self, model, poison=mx.nan, shift: float = 0.0):
+        self.model, self.on, self.poison, self.shift = model, False, poison, shift
         self.args, self.layers = model.args, model.layers
 
     def make_cache(self):
@@ -153,16 +154,19 @@ class Poisoned:
         return self.model.parameters()
 
     def __call__(self, x, cache=None):
-        out = self.model(x, cache=cache)
-        return out * mx.nan if self.on else out
+        out = self.model(x, cache=cache) + self.shift
+        return out * self.poison if self.on else out
 
 
-def test_nan_logits_raise_and_engine_recovers():
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("poison", [mx.nan, mx.inf])
+def test_nan_logits_raise_and_engine_recovers(temperature, poison):
     t = tiny.make_llama(1)
-    fresh = Engine(t, None, t, num_draft=3).generate(PROMPT, max_tokens=10).tokens
-    p = Poisoned(t)
+    kw = dict(max_tokens=10, temperature=temperature, seed=3)
+    fresh = Engine(t, None, t, num_draft=3).generate(PROMPT, **kw).tokens
+    p = Poisoned(t, poison)
     e = Engine(p, None, t, num_draft=3)
-    gen = e.stream(PROMPT, max_tokens=10)
+    gen = e.stream(PROMPT, **kw)
     first = next(gen)
     p.on = True
     with pytest.raises(NumericalError, match="NaN"):
@@ -170,7 +174,22 @@ def test_nan_logits_raise_and_engine_recovers():
             pass
     p.on = False
     assert first.token == fresh[0]
-    assert e.generate(PROMPT, max_tokens=10).tokens == fresh
+    assert e.generate(PROMPT, **kw).tokens == fresh
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_float16_logits_that_add_up_past_its_range_are_finite(speculative):
+    """Sampled rounds check a whole row of logits at once by its sum. In float16 a vocabulary of
+    ordinary logits adds up past 65504 (here 259 logits near 1000): every sampled float16 request
+    stopped at its first token as if the target had produced infinite logits."""
+    t = tiny.make_llama(1, dtype=mx.float16)
+    shifted = Poisoned(t, shift=1000.0)  # the same distribution: a softmax ignores a shift
+    assert shifted(mx.array([PROMPT])).dtype == mx.float16
+    assert mx.sum(shifted(mx.array([PROMPT]))[0, -1]).item() == math.inf
+    e = Engine(shifted, None, tiny.make_llama(2, layers=1, dtype=mx.float16), num_draft=3)
+    out = e.generate(PROMPT, max_tokens=12, temperature=0.8, seed=1, speculative=speculative)
+    assert len(out.tokens) == 12 and out.finish_reason == "length"
+    assert out.tokens == e.generate(PROMPT, max_tokens=12, temperature=0.8, seed=1, speculative=not speculative).tokens
 
 
 def test_text_parts_read_as_the_joined_string():
