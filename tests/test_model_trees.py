@@ -75,6 +75,10 @@ def test_widen_keeps_the_chain_and_adds_leaves_only_where_rows_are_cheap():
     steep = treeplan.widen(d, sized(1.0), 15)
     assert steep.tokens == [1, 2, 3, 4] and steep.parents is None
     assert len(treeplan.widen(d, sized(0.01), 5)) == 5  # the cap counts every node
+    odd = grow([1, 2, 3], cands([(1, 0.5), (9, 0.4)], [(2, 0.5), (8, 0.4)], [(3, 0.5), (7, 0.4)]), size=6)
+    assert treeplan.widen(odd, sized(1.0), 15).tokens == [1, 2, 3]  # a chain of odd length: no leaf taken for a step
+    wide = treeplan.widen(odd, sized(0.01), 15)
+    assert wide.tokens[:3] == [1, 2, 3] and wide.parents[:3] == [-1, 0, 1] and len(wide) > 3
 
 
 def test_a_chain_stays_unread_where_no_leaf_could_pay():

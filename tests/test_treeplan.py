@@ -100,3 +100,20 @@ def test_a_subtree_keeps_the_scores_of_the_nodes_it_keeps():
     assert sub.scores == [1.0, 1.0, 0.9, 0.8]
     chain = treeplan.subtree(TREE, [0, 1, 2])
     assert chain.parents is None and chain.tokens == [1, 2, 3]  # no branch: a chain
+
+
+def test_a_first_childs_reach_carries_its_own_score():
+    """A chain step's reach is its parent's x alpha x its drafter score; no score given counts as 1."""
+    d = Draft([1, 2, 3], kind="n3", parents=[-1, 0, -1], scores=[0.5, 0.4, 0.9])
+    assert treeplan.reach(d, Rates(0.8, 0.5)) == pytest.approx([0.4, 0.4 * 0.8 * 0.4, 0.2 * 0.5 * 0.9])
+    bare = Draft([1, 2, 3], kind="n3", parents=[-1, 0, -1])
+    assert treeplan.reach(bare, Rates(0.8, 0.5)) == pytest.approx([0.8, 0.64, 0.1])
+
+
+def test_a_plan_never_passes_its_cap():
+    flat = model(0.02)
+    assert len(treeplan.plan(TREE, flat, 15)) > 6
+    assert [len(treeplan.plan(TREE, flat, cap)) for cap in (0, 1, 2, 5)] == [0, 1, 2, 5]
+    chain = Draft([1, 2, 3, 4, 5, 6], kind="n3")
+    assert len(treeplan.plan(chain, flat, 6)) == 6 and len(treeplan.plan(chain, flat, 2)) == 2
+    assert len(treeplan.plan(Draft([], kind="n3"), flat, 15)) == 0
