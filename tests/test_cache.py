@@ -170,3 +170,32 @@ def test_make_cache_rejects_recurrent_layers():
 def test_bad_window():
     with pytest.raises(InvalidArgumentError, match="max_kv_size"):
         make_cache(tiny.make_llama(), max_kv_size=3)
+
+
+def test_growing_cache_can_roll_back_all_it_holds_and_no_more():
+    c = GrowingKVCache()
+    visible_sets(c, 0, [1, 2, 3, 4, 5])
+    assert [c.can_trim(n) for n in (-1, 0, 1, 5, 6)] == [False, True, True, True, False]
+
+
+@pytest.mark.parametrize("window,keep,headroom,match", [
+    (4, 4, 16, "window must be an integer > keep"),  # nothing would slide
+    (3, 4, 16, "window must be an integer > keep"),
+    (0, 0, 16, "window must be an integer > keep"),
+    (8.0, 0, 16, "window must be an integer > keep"),
+    (8, 0, 0, "headroom must be >= 1"),
+])
+def test_window_cache_arguments_are_checked(window, keep, headroom, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        WindowKVCache(window, keep, headroom)
+
+
+def test_the_narrowest_window_sees_each_query_alone():
+    c = WindowKVCache(1, 0, 1)
+    for pos, tok in enumerate([7, 8, 9]):
+        assert visible_sets(c, pos, [tok]) == [{encode(tok, pos)}]
+    assert c.can_trim(1) and c.trim(1) == 1
+    assert visible_sets(c, 2, [6]) == [{encode(6, 2)}]
+    c5 = WindowKVCache(5, 4, 1)  # one sliding slot behind the four kept
+    seen = [visible_sets(c5, pos, [10 + pos])[0] for pos in range(7)]
+    assert seen[6] == {encode(10 + p, p) for p in (0, 1, 2, 3, 6)}
