@@ -117,3 +117,21 @@ def test_a_plan_never_passes_its_cap():
     chain = Draft([1, 2, 3, 4, 5, 6], kind="n3")
     assert len(treeplan.plan(chain, flat, 6)) == 6 and len(treeplan.plan(chain, flat, 2)) == 2
     assert len(treeplan.plan(Draft([], kind="n3"), flat, 15)) == 0
+
+
+def test_best_first_takes_the_likeliest_ready_node_next():
+    r = treeplan.reach(TREE, Rates(0.8, 0.5))  # the chain 0.8 ... 0.26, then 0.09 (6), 0.072 (7), 0.064 (8)
+    assert treeplan.best_first(TREE.parents, r) == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    low_chain = treeplan.reach(TREE, Rates(0.3, 0.9))  # side branches now beat the chain's deeper steps
+    assert treeplan.best_first(TREE.parents, low_chain) == [0, 6, 7, 1, 8, 2, 3, 4, 5]  # (6 waits for 0, 8 for 1)
+
+
+def test_observe_counts_every_chain_step_walked():
+    """A walk down the chain's first children three times, then past its end: 3 accepted of 4
+    tried, learnt exactly as the cost model's own observation of those counts; no side rate moves."""
+    walked, direct = CostModel(TargetCurve(), draft_is_free=True), CostModel(TargetCurve(), draft_is_free=True)
+    side = walked.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR)
+    treeplan.observe(walked, TREE, [0, 1, 2])
+    direct.observe_acceptance(4, 3, "n3")
+    assert walked.alpha_of("n3") == direct.alpha_of("n3") != CostModel(TargetCurve()).alpha_of("n3")
+    assert walked.alpha_of("n3/side", prior=treeplan.SIDE_PRIOR) == side
