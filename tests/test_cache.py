@@ -23,10 +23,11 @@ def encode(tok, pos):
     return float(tok * 10_000 + pos)
 
 
-def visible_sets(cache, start, tokens):
-    """Write tokens at start.. and return, per query, the set of encoded keys it sees."""
+def visible_sets(cache, start, tokens, window_size=None):
+    """Write tokens at start.. and return, per query, the set of encoded keys it sees (through a
+    layer's own attention window `window_size`, if it passes one)."""
     S = len(tokens)
-    mask = cache.make_mask(S, return_array=False, window_size=None)  # as mlx-lm models call it
+    mask = cache.make_mask(S, return_array=False, window_size=window_size)  # as mlx-lm models call it
     kv = mx.array([encode(t, start + i) for i, t in enumerate(tokens)], dtype=mx.float32).reshape(1, 1, S, 1)
     keys, values = cache.update_and_fetch(kv, kv + 0.5)
     keys = np.array(keys).reshape(-1)
@@ -199,3 +200,16 @@ def test_the_narrowest_window_sees_each_query_alone():
     c5 = WindowKVCache(5, 4, 1)  # one sliding slot behind the four kept
     seen = [visible_sets(c5, pos, [10 + pos])[0] for pos in range(7)]
     assert seen[6] == {encode(10 + p, p) for p in (0, 1, 2, 3, 6)}
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 40])
+def test_a_layers_own_narrower_window_narrows_what_each_query_sees(chunk):
+    """A layer that passes its attention window to a wider cache (a user's max_kv_size) sees only
+    that window, the cache's kept leading positions included."""
+    c = WindowKVCache(24, 4, 8)
+    history = list(range(100, 140))
+    for start in range(0, len(history), chunk):
+        part = history[start:start + chunk]
+        got = visible_sets(c, start, part, window_size=6)
+        for i, keys in enumerate(got):
+            assert keys == expected(history, start + i, 6, 4)
