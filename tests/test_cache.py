@@ -213,3 +213,17 @@ def test_a_layers_own_narrower_window_narrows_what_each_query_sees(chunk):
         got = visible_sets(c, start, part, window_size=6)
         for i, keys in enumerate(got):
             assert keys == expected(history, start + i, 6, 4)
+
+
+def test_a_window_cache_grows_its_buffers_a_step_at_a_time_up_to_its_capacity():
+    """Buffers grow WindowKVCache.step slots at a time, whatever the heads and head size, and
+    never past its capacity (window + headroom slots)."""
+    c = WindowKVCache(600, 4, 16)
+    sizes = []
+    for n in (256, 256, 64, 128, 128):
+        kv = mx.zeros((1, 2, n, 8))
+        c.make_mask(n)
+        c.update_and_fetch(kv, kv)
+        sizes.append(c.keys.shape[2])
+    assert sizes == [256, 512, 616, 616, 616]  # (256 and 512 slots needed exactly: no step more)
+    assert c.values.shape == c.keys.shape == (1, 2, 616, 8) and c.nbytes == 2 * 616 * 2 * 8 * 4

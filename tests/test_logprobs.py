@@ -99,6 +99,9 @@ def test_chat_logprobs_through_the_openai_client(served):
     assert [c.logprob for c in streamed] == pytest.approx(expected.logprobs, abs=1e-5)
     plain = client.chat.completions.create(model="t", messages=ASK, max_tokens=4)
     assert plain.choices[0].logprobs is None
+    bare = client.chat.completions.create(model="t", messages=ASK, max_tokens=12, logprobs=True).choices[0]
+    assert [c.logprob for c in bare.logprobs.content] == pytest.approx(expected.logprobs, abs=1e-5)
+    assert all(c.top_logprobs == [] for c in bare.logprobs.content)  # no top_logprobs: no alternatives (OpenAI's)
 
 
 def test_completion_logprobs_in_the_legacy_shape(served):
