@@ -421,3 +421,19 @@ def test_with_the_key_it_answers(keyed):
     with pytest.raises(openai.AuthenticationError):
         openai_client(keyed, api_key="nope").models.list()
     assert httpx.get(f"{keyed}/health", timeout=TIMEOUT).status_code == 200  # probes need no key
+
+
+def test_explicit_defaults_are_taken_as_left_out():
+    """Clients often send the defaults explicitly (n 1, best_of 1): those requests are the plain ones.
+    A plain completion computes no logprobs (best_of ranks by them only when it exceeds n), and
+    OpenAI's scoring request (echo, max_tokens 0) generates one token, which is dropped."""
+    from mlxspec.serve.schema import parse_chat, parse_completion
+
+    ask = [{"role": "user", "content": "hi"}]
+    assert parse_chat({"messages": ask, "n": 1}).n == 1
+    plain = parse_completion({"prompt": "a", "n": 1, "best_of": 1})
+    assert (plain.n, plain.best_of, plain.ranking_logprobs) == (1, 1, False) and "logprobs" not in plain.options
+    ranked = parse_completion({"prompt": "a", "n": 1, "best_of": 3})
+    assert ranked.ranking_logprobs and ranked.options["logprobs"] == 0
+    score = parse_completion({"prompt": "a", "echo": True, "max_tokens": 0})
+    assert score.score_only and score.options["max_tokens"] == 1
