@@ -227,3 +227,22 @@ def test_a_window_cache_grows_its_buffers_a_step_at_a_time_up_to_its_capacity():
         sizes.append(c.keys.shape[2])
     assert sizes == [256, 512, 616, 616, 616]  # (256 and 512 slots needed exactly: no step more)
     assert c.values.shape == c.keys.shape == (1, 2, 616, 8) and c.nbytes == 2 * 616 * 2 * 8 * 4
+
+
+@pytest.mark.parametrize("keep", [0, 4])
+@pytest.mark.parametrize("headroom", [1, 3, 16])
+@pytest.mark.parametrize("chunk", [40, 60])
+def test_after_a_long_chunk_the_whole_headroom_rolls_back(keep, headroom, chunk):
+    """A chunk longer than the ring (a prefill) stores only its newest positions; those must still
+    hold every key a query needs after rolling back all `headroom` tokens."""
+    window = 12
+    c = WindowKVCache(window, keep, headroom)
+    history = [3 + i % 11 for i in range(chunk)]
+    visible_sets(c, 0, history)
+    assert c.can_trim(headroom)
+    c.trim(headroom)
+    del history[-headroom:]
+    for tok in (50, 51):
+        seen = visible_sets(c, len(history), [tok])
+        history.append(tok)
+        assert seen == [expected(history, len(history) - 1, window, keep)]
