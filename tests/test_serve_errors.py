@@ -437,3 +437,20 @@ def test_explicit_defaults_are_taken_as_left_out():
     assert ranked.ranking_logprobs and ranked.options["logprobs"] == 0
     score = parse_completion({"prompt": "a", "echo": True, "max_tokens": 0})
     assert score.score_only and score.options["max_tokens"] == 1
+
+
+def test_the_largest_allowed_counts_are_taken():
+    """Each limit is inclusive: 128 choices (n, best_of, or n x prompts of a batch), 16 stop strings,
+    and a best_of equal to n, which ranks nothing, also when streamed."""
+    from mlxspec.serve.errors import APIError
+    from mlxspec.serve.schema import MAX_CHOICES, MAX_STOP, parse_completion
+
+    assert MAX_CHOICES == 128 and MAX_STOP == 16
+    assert parse_completion({"prompt": "a", "n": 128}).n == 128
+    assert parse_completion({"prompt": "a", "best_of": 128}).best_of == 128
+    assert len(parse_completion({"prompt": ["a"] * 64, "n": 2}).runs()) == 128
+    assert len(parse_completion({"prompt": "a", "stop": [f"s{i}" for i in range(16)]}).options["stop"]) == 16
+    with pytest.raises(APIError, match="stop takes at most 16 strings, got 17"):
+        parse_completion({"prompt": "a", "stop": [f"s{i}" for i in range(17)]})
+    same = parse_completion({"prompt": "a", "n": 2, "best_of": 2, "stream": True})
+    assert (same.n, same.best_of, same.stream, same.ranking_logprobs) == (2, 2, True, False)
