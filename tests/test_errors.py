@@ -181,7 +181,7 @@ def test_nan_logits_raise_and_engine_recovers(temperature, poison):
 def test_float16_logits_that_add_up_past_its_range_are_finite(speculative):
     """Sampled rounds check a whole row of logits at once by its sum. In float16 a vocabulary of
     ordinary logits adds up past 65504 (here 259 logits near 1000): every sampled float16 request
-    stopped at its first token as if the target had produced infinite logits."""
+    stopped before its first token, as if the target had produced infinite logits."""
     t = tiny.make_llama(1, dtype=mx.float16)
     shifted = Poisoned(t, shift=1000.0)  # the same distribution: a softmax ignores a shift
     assert shifted(mx.array([PROMPT])).dtype == mx.float16
