@@ -246,3 +246,16 @@ def test_after_a_long_chunk_the_whole_headroom_rolls_back(keep, headroom, chunk)
         seen = visible_sets(c, len(history), [tok])
         history.append(tok)
         assert seen == [expected(history, len(history) - 1, window, keep)]
+
+
+@pytest.mark.parametrize("chunks", [(240, 17, 1, 300), (255, 1, 17, 16, 300), (17, 239, 20)])
+def test_writes_across_the_buffers_growth_see_the_window(chunks):
+    """Chunks whose newest slot lands exactly on the buffers' end (256) grow them first; every query,
+    in a window wider than one growth step, still sees exactly its window."""
+    c, history = WindowKVCache(600, 4, 16), []
+    for n in chunks:
+        tokens = [3 + (len(history) + i) % 13 for i in range(n)]
+        start = len(history)
+        seen = visible_sets(c, start, tokens)
+        history.extend(tokens)
+        assert all(s == expected(history, start + i, 600, 4) for i, s in enumerate(seen))
