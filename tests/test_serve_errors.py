@@ -454,3 +454,13 @@ def test_the_largest_allowed_counts_are_taken():
         parse_completion({"prompt": "a", "stop": [f"s{i}" for i in range(17)]})
     same = parse_completion({"prompt": "a", "n": 2, "best_of": 2, "stream": True})
     assert (same.n, same.best_of, same.stream, same.ranking_logprobs) == (2, 2, True, False)
+
+
+@pytest.mark.parametrize("prediction", ["the text itself", ["a", "b"], 7, {"type": "text", "content": "x"}])
+def test_a_prediction_not_in_openais_shape_is_a_400_naming_it(prediction):
+    from mlxspec.serve.errors import APIError
+    from mlxspec.serve.schema import parse_chat
+
+    with pytest.raises(APIError, match='prediction must be {"type": "content"') as e:
+        parse_chat({"messages": HI, "prediction": prediction})
+    assert e.value.status == 400
