@@ -165,7 +165,7 @@ def test_prediction_counts_are_the_prediction_s_tokens_in_the_answer_in_order():
     assert prediction_counts([3, 2, 1], [1, 2, 3]) == (1, 2)  # in order: one of them
     # A long answer of common tokens: none of them is a diff's "junk" (difflib's autojunk would drop
     # the tokens that fill over 1 % of it, and count most of this answer's prediction rejected)
-    rng = __import__("random").Random(0)
+    rng = random.Random(0)
     answer = [rng.choice([0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]) for _ in range(250)]
     assert prediction_counts(answer[:99] + [42] + answer[99:], answer) == (250, 1)
 
