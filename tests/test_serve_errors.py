@@ -5,6 +5,8 @@ import json
 import httpx
 import pytest
 
+from mlxspec.serve.errors import APIError
+from mlxspec.serve.schema import MAX_CHOICES, MAX_STOP, parse_chat, parse_completion
 from serve_helpers import TIMEOUT, GatedEngine, iter_sse, openai_client, poisonable_engine, running_server
 
 HI = [{"role": "user", "content": "hi"}]
@@ -427,10 +429,7 @@ def test_explicit_defaults_are_taken_as_left_out():
     """Clients often send the defaults explicitly (n 1, best_of 1): those requests are the plain ones.
     A plain completion computes no logprobs (best_of ranks by them only when it exceeds n), and
     OpenAI's scoring request (echo, max_tokens 0) generates one token, which is dropped."""
-    from mlxspec.serve.schema import parse_chat, parse_completion
-
-    ask = [{"role": "user", "content": "hi"}]
-    assert parse_chat({"messages": ask, "n": 1}).n == 1
+    assert parse_chat({"messages": HI, "n": 1}).n == 1
     plain = parse_completion({"prompt": "a", "n": 1, "best_of": 1})
     assert (plain.n, plain.best_of, plain.ranking_logprobs) == (1, 1, False) and "logprobs" not in plain.options
     ranked = parse_completion({"prompt": "a", "n": 1, "best_of": 3})
@@ -442,9 +441,6 @@ def test_explicit_defaults_are_taken_as_left_out():
 def test_the_largest_allowed_counts_are_taken():
     """Each limit is inclusive: 128 choices (n, best_of, or n x prompts of a batch), 16 stop strings,
     and a best_of equal to n, which ranks nothing, also when streamed."""
-    from mlxspec.serve.errors import APIError
-    from mlxspec.serve.schema import MAX_CHOICES, MAX_STOP, parse_completion
-
     assert MAX_CHOICES == 128 and MAX_STOP == 16
     assert parse_completion({"prompt": "a", "n": 128}).n == 128
     assert parse_completion({"prompt": "a", "best_of": 128}).best_of == 128
@@ -458,9 +454,6 @@ def test_the_largest_allowed_counts_are_taken():
 
 @pytest.mark.parametrize("prediction", ["the text itself", ["a", "b"], 7, {"type": "text", "content": "x"}])
 def test_a_prediction_not_in_openais_shape_is_a_400_naming_it(prediction):
-    from mlxspec.serve.errors import APIError
-    from mlxspec.serve.schema import parse_chat
-
     with pytest.raises(APIError, match='prediction must be {"type": "content"') as e:
         parse_chat({"messages": HI, "prediction": prediction})
     assert e.value.status == 400
