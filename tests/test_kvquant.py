@@ -348,3 +348,17 @@ def test_passes_of_several_rows_read_a_dequantized_copy_through_fused_attention(
 def test_a_generate_call_with_mlx_lm_s_keyword_is_told_where_it_goes(target):
     with pytest.raises(InvalidArgumentError, match=r"'kv_bits' \(mlx-lm's; here: Engine\(\.\.\., kv_bits=\)"):
         Engine(target, drafter="none").generate(IDS, max_tokens=2, kv_bits=4)
+
+
+def test_lazy_tokens_across_the_switch_hold_one_place_each(target):
+    """A round whose drafts are still on the device, fed across the switch in two parts."""
+    quant = KVQuant(4, 32, 6)
+    ref = stepwise(target, IDS, quant)
+    s = Sequence(target, max_kv_size=None, headroom=8, kv_quant=quant)
+    first = s.forward(IDS[:4])
+    lazy = s.forward(mx.array(IDS[4:13]))
+    assert s.tokens == IDS[:4] + [None] * 9 and s.caches[0].offset == 13
+    s.settle(4, IDS[4:13])
+    got = mx.concatenate([first, lazy, s.forward(IDS[13:])])
+    assert s.tokens == IDS and close(got, ref)
+    assert isinstance(s.caches[0], QuantizedGrowingKVCache)
