@@ -468,3 +468,27 @@ def test_materialize_lets_another_thread_use_what_an_ended_thread_left_lazy():
         else:  # the failure materialize prevents (if MLX ever stops binding arrays to threads, drop this)
             with pytest.raises(Exception, match="no Stream"):
                 on_own_thread(lambda: e.generate(ids, max_tokens=4).tokens)
+
+
+
+@pytest.mark.parametrize("drafter,num_draft,trees", [("none", None, False), ("ngram", 3, False), ("model", 2, False),
+                                                     ("ngram", None, True), ("model", None, True)])
+def test_between_requests_the_target_holds_the_prompt_and_the_answer_fed(target, draft, drafter, num_draft, trees):
+    """A pass that the end made useless (the plain step chained before the last read, a round in
+    flight when the stream closed) is rolled back: the caches hold the prompt and every token
+    committed after it but the last, which no pass has fed yet; no draft that was not checked."""
+    from test_engine_trees import PROMPT as REPEATS, flat_curve
+
+    e = Engine(target, None, draft, drafter=drafter, num_draft=num_draft)
+    if trees:
+        flat_curve(e)
+    r = e.generate(REPEATS, max_tokens=24)
+    assert e.target.tokens == REPEATS + r.tokens[:-1] and e.target.caches[0].offset == len(e.target.tokens)
+    ids = REPEATS + [13]
+    events = e.stream(ids, max_tokens=40)
+    got = [next(events).token for _ in range(9)]
+    events.close()
+    held, s = e.target.tokens, e.last_stats
+    assert held[:len(ids) + 8] == ids + got[:-1] and e.target.caches[0].offset == len(held)
+    assert len(held) == len(ids) + s.rounds + s.accepted - 1  # every round's commits (the last one's maybe not handed out)
+    assert (r.stats.tree_rounds + s.tree_rounds > 0) == trees and (s.drafted > 0) == (drafter != "none")

@@ -110,3 +110,12 @@ def test_a_pass_that_fails_half_way_leaves_the_caches_dirty_until_a_sync_rebuild
     assert seq.tokens == IDS and not seq.dirty
     seq.reset()
     assert not seq.dirty and seq.tokens == [] and seq.common_prefix(IDS) == 0
+    # A tree pass likewise: dirty while it may be half-written, clean once it was fed whole.
+    seq.prefill(IDS[:6])
+    seq.forward_tree(IDS[6:9], [-1, 0])
+    assert not seq.dirty
+    seq.keep_path(6, [0, 1])
+    failing.armed = True
+    with pytest.raises(MemoryError):
+        seq.forward_tree([IDS[9], 1, 2], [-1, -1])
+    assert seq.dirty and seq.tokens == IDS[:9] and seq.sync(IDS) == IDS

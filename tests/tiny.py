@@ -67,11 +67,11 @@ def make_qwen2(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, laye
 
 
 def make_gemma3(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 4,
-                sliding_window: int = 8, pattern: int = 2) -> gemma3_text.Model:
+                sliding_window: int = 8, pattern: int = 2, head_dim: int = 16) -> gemma3_text.Model:
     """A random gemma3_text model whose sliding layers have a small window."""
     args = gemma3_text.ModelArgs(
         model_type="gemma3_text", hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=hidden * 2, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+        intermediate_size=hidden * 2, num_attention_heads=4, num_key_value_heads=1, head_dim=head_dim,
         rms_norm_eps=1e-6, vocab_size=vocab_size, sliding_window=sliding_window,
         sliding_window_pattern=pattern, max_position_embeddings=4096,
     )
