@@ -484,6 +484,7 @@ def test_between_requests_the_target_holds_the_prompt_and_the_answer_fed(target,
         flat_curve(e)
     r = e.generate(REPEATS, max_tokens=24)
     assert e.target.tokens == REPEATS + r.tokens[:-1] and e.target.caches[0].offset == len(e.target.tokens)
+    assert sum(r.from_draft) == r.stats.accepted  # a plain step's token is the target's alone
     ids = REPEATS + [13]
     events = e.stream(ids, max_tokens=40)
     got = [next(events).token for _ in range(9)]
