@@ -54,6 +54,7 @@ def test_hidden_states_follow_prefill_forward_and_rollback(model):
     assert mx.allclose(seq.hidden_since(0), h_ref[:9], atol=tol).item()
     seq.rollback(3)  # positions 6..8 rejected
     assert seq.tokens == IDS[:6] and seq.hidden_since(2).shape[0] == 4
+    assert seq.hidden_since(6).shape == (0, h_ref.shape[1])  # nothing after the last position: no rows, not an error
     seq.forward(IDS[6:])
     assert mx.allclose(seq.hidden_since(0), h_ref, atol=tol).item()
     seq.release_hidden(7)
