@@ -120,3 +120,21 @@ def test_a_pass_that_fails_half_way_leaves_the_caches_dirty_until_a_sync_rebuild
     with pytest.raises(MemoryError):
         seq.forward_tree([IDS[9], 1, 2], [-1, -1])
     assert seq.dirty and seq.tokens == IDS[:9] and seq.sync(IDS) == IDS
+
+
+def test_a_tree_pass_keeps_the_features_of_the_path_it_keeps(model):
+    parents = [-1, -1, 0, 1, 3]  # two branches from the root; the second three deep
+    nodes = [40, 41, 42, 43, 44]
+    path = [1, 3, 4]
+    h_ref, _ = full_pass(model, IDS[:8] + [nodes[i] for i in path])
+    tol = tiny.float32_tol()
+    seq = Sequence(model, max_kv_size=None, headroom=8, keep_hidden=True)
+    assert seq.prefill(IDS, stop=lambda: True) is False and seq.tokens == []  # stopped before its first chunk
+    seq.prefill(IDS[:5])
+    seq.forward(IDS[5:7])
+    seq.forward_tree([IDS[7], *nodes], parents)
+    assert seq.hidden_since(7).shape[0] == 1 + len(nodes)  # every row until a path is kept
+    seq.keep_path(7, path)
+    assert seq.tokens == IDS[:8] + [nodes[i] for i in path]
+    assert seq.hidden_since(7).shape[0] == 1 + len(path)
+    assert mx.allclose(seq.hidden_since(0), h_ref, atol=tol).item()
