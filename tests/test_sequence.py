@@ -61,6 +61,8 @@ def test_hidden_states_follow_prefill_forward_and_rollback(model):
     assert mx.allclose(seq.hidden_since(7), h_ref[7:], atol=tol).item()
     with pytest.raises(ValueError, match="released"):
         seq.hidden_since(3)
+    seq.release_hidden(len(IDS) + 5)  # past every chunk: all go
+    assert seq.first_hidden == len(IDS) and seq.hidden_since(len(IDS)).shape[0] == 0
 
 
 def test_lazy_tokens_are_placeholders_until_settled(model):
