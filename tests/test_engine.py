@@ -470,7 +470,6 @@ def test_materialize_lets_another_thread_use_what_an_ended_thread_left_lazy():
                 on_own_thread(lambda: e.generate(ids, max_tokens=4).tokens)
 
 
-
 @pytest.mark.parametrize("drafter,num_draft,trees", [("none", None, False), ("ngram", 3, False), ("model", 2, False),
                                                      ("ngram", None, True), ("model", None, True)])
 def test_between_requests_the_target_holds_the_prompt_and_the_answer_fed(target, draft, drafter, num_draft, trees):
@@ -491,5 +490,6 @@ def test_between_requests_the_target_holds_the_prompt_and_the_answer_fed(target,
     events.close()
     held, s = e.target.tokens, e.last_stats
     assert held[:len(ids) + 8] == ids + got[:-1] and e.target.caches[0].offset == len(held)
-    assert len(held) == len(ids) + s.rounds + s.accepted - 1  # every round's commits (the last one's maybe not handed out)
+    # every round's commits, the last round's maybe beyond the events handed out
+    assert len(held) == len(ids) + s.rounds + s.accepted - 1
     assert (r.stats.tree_rounds + s.tree_rounds > 0) == trees and (s.drafted > 0) == (drafter != "none")

@@ -1,4 +1,5 @@
-"""Sequence: lazy (pipelined) tokens, hidden states kept beside the cache, rollback of both."""
+"""Sequence: lazy (pipelined) tokens, hidden states kept beside the cache, rollback of both, tree passes and
+passes that fail half-way."""
 
 import mlx.core as mx
 import pytest
