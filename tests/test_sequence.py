@@ -58,12 +58,17 @@ def test_hidden_states_follow_prefill_forward_and_rollback(model):
     assert seq.hidden_since(6).shape == (0, h_ref.shape[1])  # nothing after the last position: no rows, not an error
     seq.forward(IDS[6:])
     assert mx.allclose(seq.hidden_since(0), h_ref, atol=tol).item()
+    seq.release_hidden(5)  # the prompt's chunk (0-3) goes; the next (4-5) holds position 5
+    assert mx.allclose(seq.hidden_since(4), h_ref[4:], atol=tol).item() and seq.first_hidden == 4
     seq.release_hidden(7)
     assert mx.allclose(seq.hidden_since(7), h_ref[7:], atol=tol).item()
     with pytest.raises(ValueError, match="released"):
         seq.hidden_since(3)
     seq.release_hidden(len(IDS) + 5)  # past every chunk: all go
     assert seq.first_hidden == len(IDS) and seq.hidden_since(len(IDS)).shape[0] == 0
+    seq.forward(IDS[:3])  # one chunk, at positions 10-12
+    seq.rollback(11)  # back to position 2, before every kept chunk: none is left to cut
+    assert seq.first_hidden == len(seq.tokens) == 2 and seq.hidden_since(2).shape[0] == 0
 
 
 def test_lazy_tokens_are_placeholders_until_settled(model):
