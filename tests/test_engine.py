@@ -10,6 +10,7 @@ from mlx_lm.models.cache import RotatingKVCache
 import tiny
 from mlxspec import Engine
 from mlxspec.bench.neartie import check_greedy
+from test_engine_trees import PROMPT as REPEATS, flat_curve
 
 PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 11, 12]
 
@@ -476,8 +477,6 @@ def test_between_requests_the_target_holds_the_prompt_and_the_answer_fed(target,
     """A pass that the end made useless (the plain step chained before the last read, a round in
     flight when the stream closed) is rolled back: the caches hold the prompt and every token
     committed after it but the last, which no pass has fed yet; no draft that was not checked."""
-    from test_engine_trees import PROMPT as REPEATS, flat_curve
-
     e = Engine(target, None, draft, drafter=drafter, num_draft=num_draft)
     if trees:
         flat_curve(e)

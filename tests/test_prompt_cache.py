@@ -158,31 +158,12 @@ def test_a_server_s_interleaved_conversations_report_their_cached_tokens():
         assert m["mlxspec_prompt_cache_evictions_total"] == 0
 
 
-class FailingOnce:
-    """The target, failing once at a chosen 32-token prompt chunk after its caches advanced (out of memory, Ctrl-C)."""
-
-    def __init__(self, model):
-        self.model, self.countdown = model, 0  # fail at the countdown-th 32-token chunk from now (0: never)
-
-    def __call__(self, ids, cache=None):
-        out = self.model(ids, cache=cache)
-        if self.countdown and ids.shape[1] == 32:
-            self.countdown -= 1
-            if not self.countdown:
-                mx.eval(out, [c.state for c in cache])
-                raise MemoryError("out of memory")
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-
 @pytest.mark.parametrize("next_request", [{}, {"prompt_logprobs": 0}])
 def test_caches_an_interrupted_pass_left_half_written_are_never_parked(next_request):
     """Whether the next request swaps conversations or computes its prompt whole
     (`prompt_logprobs`, which sets the live history aside), only consistent histories are parked."""
     target = tiny.make_llama(0, tie_embeddings=False)
-    failing = FailingOnce(target)
+    failing = tiny.FailingOnce(target, width=32)
     engine = Engine(failing, tiny.make_tokenizer(), drafter="ngram", prompt_cache_size=3, prefill_step=32)
     plain = Engine(target, tiny.make_tokenizer(), drafter="ngram", prefill_step=32)
     b = prompt(1, 200)

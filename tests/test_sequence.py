@@ -84,32 +84,14 @@ def test_lazy_tokens_are_placeholders_until_settled(model):
     assert seq.sync(IDS[:6] + [int(nxt.item()), 1]) == [1]
 
 
-class FailingAfterTheCaches:
-    """The model, raising once its caches have advanced when `armed` (out of memory, Ctrl-C mid-pass)."""
-
-    def __init__(self, model):
-        self.model, self.armed = model, False
-
-    def __call__(self, ids, cache=None):
-        out = self.model(ids, cache=cache)
-        if self.armed:
-            mx.eval(out, [c.state for c in cache])
-            raise MemoryError("out of memory")
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-
 def test_a_pass_that_fails_half_way_leaves_the_caches_dirty_until_a_sync_rebuilds_them(model):
-    failing = FailingAfterTheCaches(model)
+    failing = tiny.FailingOnce(model)
     seq = Sequence(failing, max_kv_size=None, headroom=8)
     seq.prefill(IDS[:6])
     assert not seq.dirty and seq.common_prefix(IDS) == 6
-    failing.armed = True
+    failing.countdown = 1  # the next pass
     with pytest.raises(MemoryError):
         seq.forward(IDS[6:8])  # the caches hold 8 positions, the token list 6
-    failing.armed = False
     assert seq.dirty and seq.tokens == IDS[:6] and seq.caches[0].offset == 8
     assert seq.common_prefix(IDS) == 0  # nothing it holds can be trusted
     assert seq.sync(IDS) == IDS and not seq.dirty and seq.caches[0].offset == 0  # rebuilt from nothing
@@ -124,7 +106,7 @@ def test_a_pass_that_fails_half_way_leaves_the_caches_dirty_until_a_sync_rebuild
     seq.forward_tree(IDS[6:9], [-1, 0])
     assert not seq.dirty
     seq.keep_path(6, [0, 1])
-    failing.armed = True
+    failing.countdown = 1
     with pytest.raises(MemoryError):
         seq.forward_tree([IDS[9], 1, 2], [-1, -1])
     assert seq.dirty and seq.tokens == IDS[:9] and seq.sync(IDS) == IDS

@@ -352,3 +352,23 @@ class GatedPrefill:
 
     def __getattr__(self, name):
         return getattr(self.model, name)
+
+
+class FailingOnce:
+    """The model, failing once after its caches advanced (out of memory, Ctrl-C mid-pass): at the
+    countdown-th pass from now (0: never) of `width` tokens (None: of any width)."""
+
+    def __init__(self, model, width=None):
+        self.model, self.width, self.countdown = model, width, 0
+
+    def __call__(self, ids, cache=None):
+        out = self.model(ids, cache=cache)
+        if self.countdown and self.width in (None, ids.shape[1]):
+            self.countdown -= 1
+            if not self.countdown:
+                mx.eval(out, [c.state for c in cache])
+                raise MemoryError("out of memory")
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
