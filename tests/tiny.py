@@ -41,7 +41,7 @@ def float32_tol(floor: float = 1e-4) -> float:
 
 def make_llama(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, layers: int = 2,
                heads: int = 4, kv_heads: int = 2, sliding_window=None, layer_types=None,
-               dtype=mx.float32, tie_embeddings: bool = True) -> llama.Model:
+               dtype=mx.float32, tie_embeddings: bool = True, rope_scaling=None) -> llama.Model:
     """A random llama with weights scaled so its next-token distributions are peaked (like a trained model).
 
     With tied embeddings each token mostly predicts itself (greedy text repeats one byte);
@@ -52,6 +52,7 @@ def make_llama(seed: int = 0, *, vocab_size: int = VOCAB, hidden: int = 64, laye
         intermediate_size=hidden * 2, num_attention_heads=heads, num_key_value_heads=kv_heads,
         rms_norm_eps=1e-5, vocab_size=vocab_size, tie_word_embeddings=tie_embeddings,
         sliding_window=sliding_window, layer_types=layer_types, max_position_embeddings=4096,
+        rope_scaling=rope_scaling,
     )
     return _built(llama, args, seed, dtype)
 
