@@ -2,13 +2,15 @@
 speculative decoding equal to plain decoding with the same settings."""
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx_lm.models.cache import QuantizedKVCache
 
 import tiny
 from mlxspec import Engine
 from mlxspec.errors import CacheRollbackError, InvalidArgumentError
-from mlxspec.kvquant import KVQuant, QuantizedGrowingKVCache
+from mlxspec.cache import GrowingKVCache
+from mlxspec.kvquant import KVQuant, QuantizedGrowingKVCache, quant_share, quantize_cache
 from mlxspec.sequence import Sequence
 from test_engine_trees import PROMPT, flat_curve
 from test_loader_cli import fake_engine, made, tiny_gguf_path  # noqa: F401 (fixtures)
@@ -161,11 +163,53 @@ def test_parked_conversations_come_back_quantized(target):
     (dict(kv_bits=4, kv_group_size=48), "kv_group_size must be one of 32, 64, 128, got 48"),
     (dict(kv_bits=4, kv_group_size=64), r"does not divide this model's head dimension \(32\); allowed here: 32"),
     (dict(kv_bits=4, kv_group_size=32, quantized_kv_start=-1), "quantized_kv_start must be an integer >= 0"),
+    (dict(kv_bits=4, kv_group_size=32, quantized_kv_start=True), "quantized_kv_start must be an integer >= 0"),
     (dict(kv_bits=4, kv_group_size=32, max_kv_size=64), "cannot be combined with max_kv_size"),
 ])
 def test_bad_settings_say_what_is_allowed(target, kw, match):
     with pytest.raises(InvalidArgumentError, match=match):
         Engine(target, drafter="none", **kw)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_head_dimension_is_read_from_the_key_projection_where_attention_does_not_name_it(quantized):
+    model = tiny.make_qwen2(0, hidden=128)  # qwen2's attention has no head_dim: 64 key rows over 2 heads
+    if quantized:  # packing shortens the weight's columns, never its rows
+        nn.quantize(model, group_size=64, bits=4)
+    with pytest.raises(InvalidArgumentError, match=r"head dimension \(32\); allowed here: 32$"):
+        Engine(model, drafter="none", kv_bits=4, kv_group_size=64)
+    Engine(model, drafter="none", kv_bits=4, kv_group_size=32)
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (8, 64), (2, 128)])
+def test_quant_share_is_what_a_quantized_cache_stores_per_16_bit_byte(bits, group):
+    keys = mx.zeros((1, 2, 256, 128), dtype=mx.float16)  # one full 256-position step: no spare room
+    c = QuantizedGrowingKVCache(group, bits)
+    c.update_and_fetch(keys, keys)
+    assert c.nbytes / (2 * keys.nbytes) == quant_share(KVQuant(bits, group, 0))
+    assert quant_share(None) == 1.0
+
+
+def test_growing_again_keeps_every_earlier_entry_and_a_copy_round_trips_through_state():
+    keys = mx.random.normal((1, 2, 530, 32))
+    c = QuantizedGrowingKVCache(32, 4)
+    for a, b in ((0, 250), (250, 270), (270, 530)):  # the second and third writes outgrow the buffers
+        c.update_and_fetch(keys[..., a:b, :], keys[..., a:b, :])
+    want = mx.dequantize(*mx.quantize(keys, group_size=32, bits=4), group_size=32, bits=4)
+    assert mx.array_equal(c.stored(530)[0], want).item()
+    copy = QuantizedGrowingKVCache(32, 4)
+    copy.state, copy.offset = c.state, c.offset
+    assert mx.array_equal(copy.stored(530)[1], want).item()
+    assert QuantizedGrowingKVCache(32, 4).state == []
+
+
+def test_a_rollback_may_reach_the_switch_but_not_cross_it():
+    full = GrowingKVCache()
+    full.update_and_fetch(mx.ones((1, 2, 10, 32)), mx.ones((1, 2, 10, 32)))
+    c = quantize_cache(full, KVQuant(4, 32, 10))
+    c.update_and_fetch(mx.ones((1, 2, 5, 32)), mx.ones((1, 2, 5, 32)))
+    assert c.floor == 10 and c.can_trim(0) and c.can_trim(5)
+    assert not c.can_trim(6) and not c.can_trim(-1)
 
 
 def test_attention_sinks_are_refused():
@@ -339,13 +383,13 @@ def test_generate_says_which_cache_it_runs():
 
 
 def test_passes_of_several_rows_read_a_dequantized_copy_through_fused_attention():
-    keys = mx.random.normal((1, 2, 9, 32))
+    keys = mx.random.normal((1, 2, 3, 32))
     c = QuantizedGrowingKVCache(32, 4)
-    k, v = c.update_and_fetch(keys[..., :8, :], keys[..., :8, :])
-    assert not hasattr(c, "bits") and k.dtype == mx.float32 and k.shape == (1, 2, 8, 32)  # mx.fast attention
-    assert mx.array_equal(k, c.stored(8)[0])
-    k, v = c.update_and_fetch(keys[..., 8:, :], keys[..., 8:, :])
-    assert c.bits == 4 and isinstance(k, tuple) and k[0].shape[2] == 9  # mlx-lm's quantized attention
+    k, v = c.update_and_fetch(keys[..., :2, :], keys[..., :2, :])  # two rows: the fewest that read dense
+    assert not hasattr(c, "bits") and k.dtype == mx.float32 and k.shape == (1, 2, 2, 32)  # mx.fast attention
+    assert mx.array_equal(k, c.stored(2)[0])
+    k, v = c.update_and_fetch(keys[..., 2:, :], keys[..., 2:, :])
+    assert c.bits == 4 and isinstance(k, tuple) and k[0].shape[2] == 3  # mlx-lm's quantized attention
 
 
 def test_a_generate_call_with_mlx_lm_s_keyword_is_told_where_it_goes(target):
