@@ -259,3 +259,47 @@ def test_writes_across_the_buffers_growth_see_the_window(chunks):
         seen = visible_sets(c, start, tokens)
         history.extend(tokens)
         assert all(s == expected(history, start + i, 600, 4) for i, s in enumerate(seen))
+
+
+def fed(cache, positions):
+    """Write one entry per position, its key encoding the position (token 1), one write each."""
+    for p in positions:
+        x = mx.full((1, 1, 1, 2), encode(1, p))
+        cache.update_and_fetch(x, x)
+
+
+def key_at(cache, position):
+    keys, _, pos = cache.stored(cache.offset)
+    return float(keys[0, 0, int(np.flatnonzero(pos == position)[0]), 0])
+
+
+def test_moved_entries_land_also_where_the_destinations_wrap_around_the_ring():
+    c = WindowKVCache(6, 2, headroom=4)  # ring slots 2..9: position 10 takes slot 2 again
+    fed(c, range(13))
+    c.move([11, 12], [9, 10])  # destinations in slots 9 and 2: two runs of one
+    assert (key_at(c, 9), key_at(c, 10)) == (encode(1, 11), encode(1, 12))
+    assert key_at(c, 8) == encode(1, 8)  # untouched
+
+
+def test_a_window_cache_answers_mlx_lm_s_questions():
+    c = WindowKVCache(8, 4, headroom=2)
+    assert c.empty() and c.nbytes == 0 and c.state == [] and c.is_trimmable()
+    fed(c, range(3))
+    assert not c.empty() and c.size() == 3 and c.nbytes == 2 * c.keys.nbytes > 0
+    fed(c, range(3, 20))
+    assert c.size() == 8  # the window, not everything fed
+    assert not c.can_trim(-1) and not c.can_trim(21) and c.can_trim(0)
+
+
+def test_a_cache_started_at_a_position_rolls_back_like_one_fed_up_to_it():
+    started, full = WindowKVCache(6, 2, headroom=4), WindowKVCache(6, 2, headroom=4)
+    started.start_at(20)
+    fed(full, range(20))
+    for more in ([], [20], [21, 22]):
+        fed(started, more)
+        fed(full, more)
+        assert [started.can_trim(n) for n in range(24)] == [full.can_trim(n) for n in range(24)]
+    again = WindowKVCache(6, 2)
+    again.start_at(3)
+    with pytest.raises(ValueError, match="start_at needs an empty cache"):
+        again.start_at(5)
