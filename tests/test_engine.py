@@ -310,8 +310,8 @@ class CancelAfter:
 
 
 def check_cancelled_requests(make_engine):
-    """A request cancelled in the middle of its prompt stops between two chunks, before any token;
-    one cancelled while decoding ends after its next event. Either way every later request
+    """A request cancelled in the middle of its prompt stops between two chunks, before any token
+    (also when it is cancelled after the last chunk, before the first pass); one cancelled while decoding ends after its next event. Either way every later request
     decodes as a fresh engine would, and what was fed of the prompt is reused."""
     import threading
 
@@ -336,6 +336,11 @@ def check_cancelled_requests(make_engine):
     assert e.generate(PROMPT, max_tokens=20, cancel=cancel).finish_reason == "cancelled"  # set before it began
     assert e.generate(long_prompt, max_tokens=20).tokens == fresh[tuple(long_prompt)]
     assert e.generate(PROMPT, max_tokens=20, cancel=threading.Event()).tokens == fresh[tuple(PROMPT)]
+    late = make_engine()
+    late.target.prefill_step = 4
+    r = late.generate(long_prompt, max_tokens=20, cancel=CancelAfter(6))  # set once the 6th (last) chunk is fed
+    assert (r.tokens, r.finish_reason) == ([], "cancelled") and late.target.tokens == long_prompt[:-1]
+    assert late.generate(long_prompt, max_tokens=20).tokens == fresh[tuple(long_prompt)]
 
 
 @pytest.mark.parametrize("drafter,num_draft", [("model", 2), ("model", None), ("ngram", None), ("none", None)])
