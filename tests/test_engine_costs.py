@@ -14,6 +14,7 @@ import pytest
 import tiny
 from mlxspec import Engine, loop, warmup
 from mlxspec import cache as cache_mod
+from mlxspec.costmodel import CostModel
 from mlxspec.prompts import MAX_DRAFT
 from mlxspec.tree_forward import TreeView
 
@@ -503,15 +504,22 @@ def test_a_slow_consumer_does_not_make_passes_look_dearer(target, clock, monkeyp
     """The time a consumer spends between events (a terminal redrawing, a client reading slowly)
     is not the device's: the passes' timings and the generation's seconds leave it out."""
     seen = spy_timings(monkeypatch)
+    rounds, observe_round = [], CostModel.observe_round
+
+    def spy_round(self, k, seconds, *args, **kw):
+        rounds.append(seconds)
+        return observe_round(self, k, seconds, *args, **kw)
+
+    monkeypatch.setattr(CostModel, "observe_round", spy_round)
     one = 2e-3 + 1e-4  # a pass over one token
     e = Engine(StallingModel(target, clock, stall=0.0), None, drafter="ngram")
     e.curve.observe(1, one, trusted=True)  # as warm-up would
     events = 0
-    for ev in e.stream(PROMPT, max_tokens=60):
+    for ev in e.stream(PROMPT + PROMPT, max_tokens=60):  # (a prompt that repeats: the first round drafts)
         clock.t += 0.5  # the consumer's half second, 240 passes' worth
         events += 1
-    assert events == 60 and seen["v1"] + seen["plain"]
-    assert all(s < 2 * MAX_DRAFT * one for s in seen["v1"] + seen["plain"]), seen
+    assert events == 60 and seen["v1"] + seen["plain"] and rounds
+    assert all(one / 2 < s < 2 * MAX_DRAFT * one for s in seen["v1"] + seen["plain"] + rounds), seen  # about a pass
     assert ev.stats.seconds < 60 * 2 * MAX_DRAFT * one
 
 
