@@ -311,8 +311,9 @@ class CancelAfter:
 
 def check_cancelled_requests(make_engine):
     """A request cancelled in the middle of its prompt stops between two chunks, before any token
-    (also when it is cancelled after the last chunk, before the first pass); one cancelled while decoding ends after its next event. Either way every later request
-    decodes as a fresh engine would, and what was fed of the prompt is reused."""
+    (also when it is cancelled after the last chunk, before the first pass); one cancelled while
+    decoding ends after its next event. Either way every later request decodes as a fresh engine
+    would, and what was fed of the prompt is reused."""
     import threading
 
     long_prompt = [5 + (i * 7) % 40 for i in range(23)]

@@ -5,8 +5,8 @@ gives; after `keep_path` the caches must behave exactly like caches that were fe
 history one chain at a time. Checked on a full-attention llama (growing cache), the same
 with a sliding window that wraps (`max_kv_size`), gemma3's sliding-window layers, and a RoPE
 variant that cannot take one offset per row in one call, against a Python model of the history.
-A tree of one node (two rows) is checked too. Tolerance: float32 rounding of a different summation order,
-a few hundred ulps of the logits' scale.
+A tree of one node (two rows) is checked too. Tolerance: float32 rounding of a different
+summation order, a few hundred ulps of the logits' scale.
 """
 
 import mlx.core as mx
