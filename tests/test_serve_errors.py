@@ -426,10 +426,17 @@ def test_with_the_key_it_answers(keyed):
 
 
 def test_explicit_defaults_are_taken_as_left_out():
-    """Clients often send the defaults explicitly (n 1, best_of 1): those requests are the plain ones.
+    """Clients often send the defaults explicitly (n 1, best_of 1, other servers' neutral values such as
+    tfs_z 1): those requests are the plain ones.
     A plain completion computes no logprobs (best_of ranks by them only when it exceeds n), and
     OpenAI's scoring request (echo, max_tokens 0) generates one token, which is dropped."""
     assert parse_chat({"messages": HI, "n": 1}).n == 1
+    assert parse_chat({"messages": HI, "best_of": 1}).n == 1  # best_of equal to n: nothing to rank
+    assert parse_chat({"messages": HI, "n": 2, "best_of": 2}).n == 2
+    assert parse_chat({"messages": HI, "tfs_z": 1, "repeat_penalty": 1.0}).n == 1  # 1 and 1.0 alike: neutral
+    for body, param in (({"best_of": 2}, "best_of"), ({"best_of": True}, "best_of"), ({"tfs_z": True}, "tfs_z")):
+        with pytest.raises(APIError, match=param):  # a boolean is not the number 1, nor best_of=2 without n=2
+            parse_chat({"messages": HI, **body})
     plain = parse_completion({"prompt": "a", "n": 1, "best_of": 1})
     assert (plain.n, plain.best_of, plain.ranking_logprobs) == (1, 1, False) and "logprobs" not in plain.options
     ranked = parse_completion({"prompt": "a", "n": 1, "best_of": 3})
