@@ -169,8 +169,10 @@ def test_make_cache_rejects_recurrent_layers():
 
 
 def test_bad_window():
-    with pytest.raises(InvalidArgumentError, match="max_kv_size"):
-        make_cache(tiny.make_llama(), max_kv_size=3)
+    for bad in (3, 4, True, 5.0):
+        with pytest.raises(InvalidArgumentError, match="max_kv_size must be an integer >= 5"):
+            make_cache(tiny.make_llama(), max_kv_size=bad)
+    assert all(c.window == 5 for c in make_cache(tiny.make_llama(), max_kv_size=5))  # the narrowest allowed
 
 
 def test_growing_cache_can_roll_back_all_it_holds_and_no_more():
