@@ -302,6 +302,17 @@ def test_oversized_body_is_413(server):
     assert_error(post(server[0], "/v1/chat/completions", content=chunked()), 413, code="request_too_large")
 
 
+def test_a_body_of_exactly_the_limit_is_read(server):
+    """The limit is inclusive, declared or streamed: LIMIT bytes are read (here a prompt past the
+    tiny model's context, a 400), one byte more is a 413."""
+    head, tail = b'{"messages": [{"role": "user", "content": "', b'"}]}'
+    for size, status, code in ((LIMIT, 400, "context_length_exceeded"), (LIMIT + 1, 413, "request_too_large")):
+        body = head + b"x" * (size - len(head) - len(tail)) + tail
+        for content in (body, iter([body[:1024], body[1024:]])):  # with a Content-Length, then without
+            r = post(server[0], "/v1/chat/completions", content=content)
+            assert (r.status_code, r.json()["error"]["code"]) == (status, code), size
+
+
 @pytest.mark.parametrize("path,body,field,instead", [
     ("/v1/responses", {"input": "hi", "max_tokens": 5}, "max_tokens", "send max_output_tokens instead (got 5)"),
     ("/v1/responses", {"input": "hi", "max_completion_tokens": 5}, "max_completion_tokens", "max_output_tokens"),
