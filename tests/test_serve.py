@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 import tiny
+from mlxspec.serve.fields import SHOWN
 from serve_helpers import TIMEOUT, GatedEngine, openai_client, running_server, sse_events, tiny_engine
 
 pytest.importorskip("openai")
@@ -231,6 +232,15 @@ def test_unknown_fields_are_answered_and_named_once_in_the_log(client, server, c
     messages, responses = ignored()[2:]
     assert "/v1/messages: ignored fields this endpoint does not read: 'n', 'logit_bias' (" in messages
     assert "/v1/responses: ignored fields this endpoint does not read: 'n' (" in responses
+    with caplog.at_level(logging.WARNING, logger="mlxspec.serve"):  # one short line however many: SHOWN named
+        for n in (SHOWN, SHOWN + 1):
+            junk = {f"junk{n}_{i}": 1 for i in range(n)}
+            r = httpx.post(f"{server[0]}/v1/chat/completions", json={"messages": HELLO, "max_tokens": 1, **junk},
+                           timeout=TIMEOUT)
+            assert r.status_code == 200, r.text
+    exact, over = ignored()[4:]
+    assert exact.count("'junk") == SHOWN and " more" not in exact
+    assert over.count("'junk") == SHOWN and "and 1 more" in over
 
 
 def test_multi_turn_prefills_only_the_new_turn(client):
