@@ -45,6 +45,9 @@ def test_an_allowed_page_reads_answers_and_errors(server, origin):
     r = httpx.post(f"{server}/v1/chat/completions", json=BODY, headers=auth, timeout=TIMEOUT)
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
     assert r.headers["access-control-expose-headers"] == "Retry-After"  # a page may read a 429's
+    odd = dict(auth, **{"Access-Control-Request-Method": "POST"})  # only an OPTIONS request is a preflight
+    r = httpx.post(f"{server}/v1/chat/completions", json=BODY, headers=odd, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.json()["choices"]
     with httpx.stream("POST", f"{server}/v1/chat/completions", json=dict(BODY, stream=True), headers=auth,
                       timeout=TIMEOUT) as streamed:
         assert streamed.headers["access-control-allow-origin"] == origin
