@@ -64,3 +64,25 @@ def test_answers_longer_than_the_limit_and_kept_alive_connections_are_served(ser
             assert r.status_code == 200 and time.monotonic() - t0 > LIMIT
         with client.stream("POST", f"{server}/v1/chat/completions", json=dict(body, stream=True)) as streamed:
             assert streamed.read().rstrip().endswith(b"data: [DONE]")
+
+
+def test_a_timeout_of_zero_waits_for_any_client():
+    """--client-timeout 0 waits forever: a head that comes late, on a new or a kept-alive connection, is answered."""
+    with running_server(tiny_engine(), model_id="t", client_timeout=0) as (url, _):
+        with connect(url) as s:
+            for _ in range(2):
+                time.sleep(0.3)  # a client slower than the event loop's next turn
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                assert read_answer(s).startswith(b"HTTP/1.1 200")
+
+
+def read_answer(s: socket.socket) -> bytes:
+    """One whole answer (head and its Content-Length of body), however the bytes are split."""
+    answer = b""
+    while b"\r\n\r\n" not in answer and (chunk := s.recv(4096)):
+        answer += chunk
+    head = answer.split(b"\r\n\r\n")[0].lower()
+    length = int(head.split(b"content-length:")[1].split(b"\r\n")[0]) if b"content-length:" in head else 0
+    while len(answer) < len(head) + 4 + length and (chunk := s.recv(4096)):
+        answer += chunk
+    return answer
