@@ -17,7 +17,9 @@ def served():
 
 
 def post(url, path, body, key="k"):
-    return httpx.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=TIMEOUT)
+    """POST `body`: an object sent as JSON, or a string sent as the JSON text it is."""
+    sent = {"content": body} if isinstance(body, str) else {"json": body}
+    return httpx.post(f"{url}{path}", **sent, headers={"Authorization": f"Bearer {key}"}, timeout=TIMEOUT)
 
 
 def test_a_prompt_and_a_chat_are_the_ids_the_engine_generates_from(served):
@@ -52,6 +54,8 @@ def test_detokenize_gives_the_text_back(served):
     ("/tokenize", {"prompt": "a", "messages": CHAT}, "prompt", "send one of prompt"),
     ("/tokenize", {"prompt": 5}, "prompt", "must be a string"),
     ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens", "true or false"),
+    ("/tokenize", '{"prompt": "a\\ud800"}', "prompt", "not valid Unicode text"),  # JSON text: a lone surrogate
+    ("/apply-template", {}, "messages", "messages is required"),
     ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "must be one of"),
     ("/tokenize", {"messages": CHAT, "add_generation_prompt": False}, "add_generation_prompt", "not supported"),
     ("/tokenize", {"messages": CHAT, "chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs",
