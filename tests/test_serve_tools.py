@@ -114,6 +114,19 @@ def test_tool_choice_none_does_not_show_the_tools(client, say):
     assert r.choices[0].message.content == PARIS and r.choices[0].message.tool_calls is None  # not read as a call
 
 
+def test_tokenize_and_apply_template_render_the_tools(served, client, say):
+    url, _, tok = served
+    shown = say("fine")
+    body = {"messages": ASK, "tools": [WEATHER]}
+    r = httpx.post(f"{url}/tokenize", json=body, timeout=TIMEOUT).json()
+    assert r["tokens"] == encode_prompt(ASK, tok, tiny.VOCAB, tools=[WEATHER]) and r["count"] == shown
+    assert r["count"] > len(encode_prompt(ASK, tok, tiny.VOCAB))  # the tools are in it
+    prompt = httpx.post(f"{url}/apply-template", json=body, timeout=TIMEOUT).json()["prompt"]
+    assert "get_weather" in prompt and tok.encode(prompt, add_special_tokens=False) == r["tokens"]
+    usage = client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=2).usage
+    assert usage.prompt_tokens == r["count"]  # what a request of it counts
+
+
 def test_the_calls_and_their_results_go_back_to_the_model(client, say):
     first = say(PARIS)
     r = client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=200)
