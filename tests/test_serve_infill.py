@@ -58,6 +58,18 @@ def test_other_files_are_cut_from_their_start_to_leave_the_answer_room():
     assert cut and ids == whole[10:] and len(ids) + 16 == context and ids[-len(fim):] == fim
 
 
+def test_n_predict_0_still_leaves_the_one_position_a_prompt_must_leave():
+    tok, _ = coder()
+    fmt = fim_format(tok)
+    whole, _ = layout(SimpleNamespace(fim_format=fmt, tokenizer=tok, context=None), BODY, 0)
+    model = tiny.ScriptedModel(vocab=tiny.VOCAB + len(MARKERS), length=len(whole))  # all of it: no room left
+    with running_server(Engine(model, tok), model_id="coder") as (url, _):
+        r = httpx.post(f"{url}/infill", json=dict(BODY, n_predict=0), timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    r = r.json()
+    assert r["truncated"] and r["tokens_evaluated"] == len(whole) - 1 and r["content"] == ""
+
+
 def test_the_middle_is_the_model_s_in_llama_cpp_s_shape():
     tok, model = coder()
     fmt = fim_format(tok)
