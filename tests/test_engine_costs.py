@@ -538,3 +538,23 @@ def test_the_host_s_wait_for_the_device_is_counted_apart(target, clock, monkeypa
     stats = e.generate(PROMPT, max_tokens=40).stats
     assert stats.wait_seconds == pytest.approx(wait * stats.rounds)
     assert stats.seconds > stats.wait_seconds
+
+
+def test_plain_decoding_teaches_the_cost_model_nothing(target, clock, monkeypatch):
+    """Plain decoding decides nothing, so its passes time no drafter's rounds and teach no
+    acceptance; the drafting request after it learns as usual (the spies are not blind)."""
+    seen = spy_timings(monkeypatch)
+    learnt = []
+    for method in ("observe_round", "observe_acceptance"):
+        real = getattr(CostModel, method)
+
+        def spy(self, *args, _real=real, _method=method, **kw):
+            learnt.append(_method)
+            return _real(self, *args, **kw)
+
+        monkeypatch.setattr(CostModel, method, spy)
+    e = Engine(StallingModel(target, clock, stall=0.0), None, drafter="ngram")
+    plain = e.generate(PROMPT + PROMPT, max_tokens=40, speculative=False)
+    assert plain.stats.tokens == 40 and seen == {"v1": [], "plain": []} and learnt == []
+    e.generate(PROMPT + PROMPT, max_tokens=40)
+    assert seen["plain"] and "observe_round" in learnt and "observe_acceptance" in learnt
