@@ -558,3 +558,22 @@ def test_plain_decoding_teaches_the_cost_model_nothing(target, clock, monkeypatc
     assert plain.stats.tokens == 40 and seen == {"v1": [], "plain": []} and learnt == []
     e.generate(PROMPT + PROMPT, max_tokens=40)
     assert seen["plain"] and "observe_round" in learnt and "observe_acceptance" in learnt
+
+
+def test_when_drafting_does_not_pay_each_plain_step_checks_a_guess_for_free(target, clock, monkeypatch):
+    """Passes whose cost grows 25x per token make every draft too dear, so each step is plain; the
+    drafter's first token is still checked against each one (chained steps included), so its
+    acceptance keeps being learnt at no cost while nothing is drafted."""
+    credits, real = [], CostModel.observe_acceptance
+
+    def spy(self, k, accepted, *args, **kw):
+        credits.append((k, accepted))
+        return real(self, k, accepted, *args, **kw)
+
+    monkeypatch.setattr(CostModel, "observe_acceptance", spy)
+    e = Engine(StallingModel(target, clock, stall=0.0, per_token=0.05), None, drafter="ngram")
+    r = e.generate(PROMPT + PROMPT, max_tokens=60)
+    assert r.stats.drafted <= 1 and r.tokens == Engine(target, None).generate(
+        PROMPT + PROMPT, max_tokens=60, speculative=False).tokens
+    assert len(credits) >= 0.9 * r.stats.rounds and all(k == 1 for k, _ in credits)
+    assert sum(hit for _, hit in credits) >= 0.8 * len(credits)  # the text cycles: the n-grams guess it
