@@ -33,19 +33,35 @@ def _produce(job, n: int, period: float, hold: threading.Event = None) -> None:
     job._put(q._End(stats=GenerationStats()))
 
 
+class CountingLoop:
+    """An event loop that counts the worker's wake-ups (each takes the GIL from the engine's thread)."""
+
+    def __init__(self, loop):
+        self.loop, self.wakeups = loop, 0
+
+    def call_soon_threadsafe(self, *args):
+        self.wakeups += 1
+        return self.loop.call_soon_threadsafe(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.loop, name)
+
+
 def test_events_arrive_in_order_batched_at_most_once_per_flush_interval():
     async def main():
-        job = q.Job("p", {}, asyncio.get_running_loop())
+        loop = CountingLoop(asyncio.get_running_loop())
+        job = q.Job("p", {}, loop)
         t0 = time.monotonic()
         worker = threading.Thread(target=_produce, args=(job, 200, 0.001))
         worker.start()
         batches, _ = await _consume(job)
         worker.join()
-        return batches, time.monotonic() - t0
+        return batches, time.monotonic() - t0, loop.wakeups
 
-    batches, elapsed = asyncio.run(main())
+    batches, elapsed, wakeups = asyncio.run(main())
     assert [t for _, tokens in batches for t in tokens] == list(range(200))
     assert len(batches) <= math.ceil(elapsed / q.FLUSH_SECONDS) + 1
+    assert wakeups <= len(batches) + 1  # one per batch at most, and the end's: not one per token
     gaps = [b[0] - a[0] for a, b in zip(batches, batches[1:])]
     # The last batch came with the end, which does not wait for the window; 0.9: timer resolution.
     assert len(gaps) >= 2 and all(gap >= q.FLUSH_SECONDS * 0.9 for gap in gaps[:-1])
@@ -70,6 +86,66 @@ def test_the_first_tokens_and_the_end_are_not_held_back(monkeypatch):
     first, rest, done, waited = asyncio.run(main())
     assert [ev.token for ev in first + (rest or [])] == [0, 1, 2] and done is None
     assert waited < 10
+
+
+def test_a_consumer_already_waiting_is_woken_by_the_first_token(monkeypatch):
+    monkeypatch.setattr(q, "FLUSH_SECONDS", 30.0)
+
+    async def main():
+        job = q.Job("p", {}, asyncio.get_running_loop())
+        waiting, hold = threading.Event(), threading.Event()
+
+        def produce():
+            waiting.wait(10)
+            time.sleep(0.05)  # the consumer is parked in next_events by now
+            job._put(_event(0))
+            hold.wait(20)  # no end, no second token: only the first token's wake-up can reach it
+            job._put(q._End(stats=GenerationStats()))
+
+        worker = threading.Thread(target=produce)
+        worker.start()
+        waiting.set()
+        try:
+            return await asyncio.wait_for(job.next_events(), 10)
+        finally:
+            hold.set()
+            await asyncio.to_thread(worker.join)
+
+    assert [ev.token for ev in asyncio.run(main())] == [0]
+
+
+def test_a_token_put_inside_the_window_goes_out_when_the_window_closes(monkeypatch):
+    """The worker does not wake the loop for a token inside the window; the loop's own timer
+    for the window's end does, even when nothing else comes."""
+    monkeypatch.setattr(q, "FLUSH_SECONDS", 0.2)
+
+    async def main():
+        job = q.Job("p", {}, asyncio.get_running_loop())
+        got_first, hold = threading.Event(), threading.Event()
+
+        def produce():
+            job._put(_event(0))
+            got_first.wait(10)
+            time.sleep(0.05)  # inside the window the first batch opened
+            job._put(_event(1))
+            hold.wait(20)
+            job._put(q._End(stats=GenerationStats()))
+
+        worker = threading.Thread(target=produce)
+        worker.start()
+        try:
+            first = await asyncio.wait_for(job.next_events(), 10)
+            t_first = time.monotonic()
+            got_first.set()
+            second = await asyncio.wait_for(job.next_events(), 10)
+            return first, second, time.monotonic() - t_first
+        finally:
+            hold.set()
+            await asyncio.to_thread(worker.join)
+
+    first, second, after = asyncio.run(main())
+    assert [ev.token for ev in first + second] == [0, 1]
+    assert after >= q.FLUSH_SECONDS * 0.9  # (timer resolution) held for the window, then sent
 
 
 def test_the_queue_limit_counts_waiting_jobs_not_the_one_about_to_run():
