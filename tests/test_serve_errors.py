@@ -7,7 +7,8 @@ import pytest
 
 from mlxspec.serve.errors import APIError
 from mlxspec.serve.schema import MAX_CHOICES, MAX_STOP, parse_chat, parse_completion
-from serve_helpers import TIMEOUT, GatedEngine, iter_sse, openai_client, poisonable_engine, running_server
+from serve_helpers import (TIMEOUT, GatedEngine, iter_sse, openai_client, poisonable_engine, running_server,
+                           scrape_metrics)
 
 HI = [{"role": "user", "content": "hi"}]
 LIMIT = 64 * 1024  # --max-body-size of the test server
@@ -378,6 +379,9 @@ def test_numerical_error_mid_stream_ends_it_with_an_error_event_and_the_next_req
         assert err["code"] == "numerical_error" and err["type"] == "server_error" and "NaN" in err["message"]
         assert len(events) < 100  # it stopped, far short of 500 tokens
         after = openai_client(url).chat.completions.create(model="m", messages=HI, max_tokens=12)
+        m = scrape_metrics(url)
+    assert m['mlxspec_errors_total{status="500"}'] == 1  # counted, though its status was 200
+    assert m["mlxspec_requests_cancelled_total"] == 0  # the client stayed to the end
     fresh = poisonable_engine().generate(HI, max_tokens=12)
     assert after.choices[0].message.content == fresh.text
 

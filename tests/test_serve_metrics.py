@@ -50,6 +50,7 @@ def test_the_counters_add_up_what_the_answers_said(caplog):
     assert buckets == sorted(buckets)  # cumulative
     assert m['mlxspec_errors_total{status="400"}'] == 1 and m['mlxspec_errors_total{status="404"}'] == 1
     assert m["mlxspec_requests_running"] == 0 and m["mlxspec_queue_limit"] == 16
+    assert m["mlxspec_requests_cancelled_total"] == 0  # the stream was read to its end
 
 
 def test_metrics_need_the_api_key_when_one_is_set():
