@@ -117,6 +117,19 @@ def test_the_reasoning_comes_apart_from_the_answer(scripted, template, says, rea
         assert stream(url) == (reasoning, "It is 4.")
 
 
+def test_a_thinking_model_s_plain_completion_keeps_its_text_whole(scripted):
+    """/v1/completions continues a text, with no chat template to open or expect a block: its
+    text is what the model wrote, markers and all."""
+    tok, model, server = scripted(HYBRID)
+    says, prompt = "<think>\nAdd them.\n</think>\n\nIt is 4.", "Q: What is 2 + 2?\nA:"
+    with server as (url, _):
+        model.say(tok.encode(says, add_special_tokens=False), len(encode_prompt(prompt, tok, VOCAB)))
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 80}, timeout=TIMEOUT).json()
+    choice = r["choices"][0]
+    assert choice["text"] == says and not any("reasoning" in key for key in choice)
+    assert r["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+
+
 def test_a_model_that_does_not_think_has_no_reasoning_key(scripted):
     tok, model, server = scripted(HYBRID)
     with server as (url, _):
