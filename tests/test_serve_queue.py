@@ -4,6 +4,7 @@ import asyncio
 import math
 import threading
 import time
+import types
 
 import pytest
 
@@ -179,3 +180,43 @@ def test_a_call_admitted_already_is_queued_past_the_limit_a_new_one_is_not():
 
     refused, job, waiting = asyncio.run(main())
     assert refused.status == 429 and job.call is not None and waiting == 2
+
+
+def test_the_worker_times_its_warm_up_and_keeps_a_running_mean_of_its_jobs():
+    async def main():
+        queue = q.EngineQueue(engine=types.SimpleNamespace(warmup=lambda **kw: time.sleep(0.1)))
+        t0 = time.monotonic()
+        warm = await asyncio.wrap_future(queue.start())
+        warm_wall = time.monotonic() - t0
+        queue._mean_seconds = 10.0
+        t0 = time.monotonic()
+        job = queue.submit_call(lambda cancel: time.sleep(0.5))
+        await job.result()
+        took = time.monotonic() - t0
+        queue.stop()
+        return warm, warm_wall, queue._mean_seconds, took
+
+    warm, warm_wall, mean, took = asyncio.run(main())
+    assert 0.1 <= warm <= warm_wall
+    assert 0.8 * 10.0 + 0.2 * 0.5 <= mean <= 0.8 * 10.0 + 0.2 * took  # a fifth of the new job's time
+
+
+def test_retry_after_is_the_jobs_ahead_times_the_mean_job_within_1_to_600_s():
+    async def main():
+        queue = q.EngineQueue(engine=None, limit=8)  # not started: the jobs stay where submit put them
+        queue.running = q.Job("busy", {}, asyncio.get_running_loop())
+        for _ in range(3):
+            queue.submit("a", {})
+        said = {}
+        for mean in (2.5, 0.0, 1000.0):
+            queue._mean_seconds = mean
+            said[mean] = queue.retry_after()
+        return said
+
+    assert asyncio.run(main()) == {2.5: 10, 0.0: 1, 1000.0: 600}  # 2.5 s x (3 waiting + the running one)
+
+
+def test_stopping_a_queue_never_started_is_a_no_op():
+    queue = q.EngineQueue(engine=None)
+    queue.stop()
+    assert queue.closed and queue.running is None
