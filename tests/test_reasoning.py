@@ -263,6 +263,22 @@ def test_usage_counts_the_reasoning_s_tokens_where_it_is_split_off(scripted, key
     assert whole["completion_tokens_details"] == streamed["completion_tokens_details"] == details
 
 
+def test_reasoning_held_back_to_the_end_counts_its_own_tokens(scripted):
+    # "</th" may begin the closing marker, so it is held back until the answer ends, then let out as
+    # reasoning: its 4 byte tokens count with it, and nothing more ("Add them.\n" is 10 more)
+    tok, model, server = scripted(OPENING)
+    with server as (url, _):
+        model.say(tok.encode("Add them.\n</th", add_special_tokens=False), len(encode_prompt(ASK, tok, VOCAB)))
+        r = ask(url).json()
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=TIMEOUT,
+                          json={"messages": ASK, "max_tokens": 80, "stream": True,
+                                "stream_options": {"include_usage": True}}) as s:
+            streamed = [c for c in iter_sse(s) if c and c.get("usage")][-1]["usage"]
+    assert r["choices"][0]["message"]["reasoning"] == "Add them.\n</th" and r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens_details"]["reasoning_tokens"] == 14 == \
+        streamed["completion_tokens_details"]["reasoning_tokens"]
+
+
 def test_an_unknown_reasoning_key_is_refused():
     from mlxspec.serve import ServeOptions
     from mlxspec.serve.app import make_app

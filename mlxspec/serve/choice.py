@@ -40,7 +40,7 @@ class AnswerReader:
         if self.splitter is None:
             reasoning, text = "", "".join(ev.text for ev in events)
         else:  # token by token, to count them
-            pieces = [self._count(self.splitter.feed(ev.text), 1) for ev in events]
+            pieces = [self._count(self.splitter.feed(ev.text), 0 if _stop_token(ev) else 1) for ev in events]
             if last:
                 pieces.append(self._count(self.splitter.finish(), 0))
             reasoning, text = "".join(r for r, _ in pieces), "".join(a for _, a in pieces)
@@ -60,6 +60,12 @@ class AnswerReader:
         if piece[0] or piece[1]:
             self._held = 0
         return piece
+
+
+def _stop_token(ev) -> bool:
+    """An event whose token ended the answer and wrote no text (the model's EOS, a stop token id):
+    never a reasoning token, though an answer cut off in its thinking lets held text out after it."""
+    return ev.finish_reason == "stop" and not isinstance(ev.stop_reason, str)
 
 
 class Choice:
