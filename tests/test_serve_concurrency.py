@@ -94,6 +94,9 @@ def test_a_client_that_gives_up_while_waiting_leaves_the_queue():
         holder.join(TIMEOUT)
         assert chat(url, {}).status_code == 200
         assert engine.started == 2  # the abandoned request never reached the engine
+        m = scrape_metrics(url)
+    assert m["mlxspec_requests_cancelled_total"] == 1 and not any(k.startswith("mlxspec_errors_total") and v
+                                                                 for k, v in m.items())  # cancelled, not failed
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/api/chat"])
