@@ -79,12 +79,15 @@ def test_a_batch_of_prompts_gets_each_prompt_s_n_choices_in_order(served):
     assert r["usage"]["completion_tokens"] == sum(w.stats.tokens for w in want)
 
 
-@pytest.mark.parametrize("logprobs", [None, 1])
-def test_best_of_returns_the_n_best_by_logprob_per_token(served, logprobs):
+# With stop "<" the five answers end at different lengths (3 and 10 tokens): ranking them per token
+# then differs from ranking by their whole log-probability, or by that times their length.
+@pytest.mark.parametrize("logprobs, stop", [(None, None), (1, None), (None, "<")])
+def test_best_of_returns_the_n_best_by_logprob_per_token(served, logprobs, stop):
     url, ref = served
-    r = post(url, "/v1/completions", {"prompt": "Rivers", "max_tokens": 10, "n": 2, "best_of": 5,
+    r = post(url, "/v1/completions", {"prompt": "Rivers", "max_tokens": 10, "n": 2, "best_of": 5, "stop": stop,
                                       "temperature": 1.0, "seed": 5, "logprobs": logprobs})
-    runs = [ref.generate("Rivers", max_tokens=10, temperature=1.0, seed=5 + j, logprobs=0) for j in range(5)]
+    runs = [ref.generate("Rivers", max_tokens=10, temperature=1.0, seed=5 + j, logprobs=0, stop=stop)
+            for j in range(5)]
     per_token = [sum(w.logprobs) / len(w.logprobs) for w in runs]
     best = sorted(range(5), key=lambda j: -per_token[j])[:2]
     assert [c["index"] for c in r["choices"]] == [0, 1]
