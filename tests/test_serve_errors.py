@@ -1,6 +1,7 @@
 """Bad input never crashes or hangs the server: every refusal is an OpenAI error object with a status."""
 
 import json
+import logging
 
 import httpx
 import pytest
@@ -405,6 +406,43 @@ def test_an_unforeseen_failure_is_500_and_the_connection_stays_open():
             r = client.post(f"{url}/v1/chat/completions", json=body)  # the same keep-alive connection
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
         assert len(calls) == 2
+
+
+class BuggyEngine(GatedEngine):
+    """An engine whose generation raises a plain RuntimeError (a bug, not an engine error) after
+    its third token while `armed`; counts the resets asked of it."""
+
+    armed = False
+    resets = 0
+
+    def _held(self, events):
+        for i, ev in enumerate(super()._held(events)):
+            if self.armed and i == 3:
+                raise RuntimeError("a bug in a pass")
+            yield ev
+
+    def reset(self):
+        self.resets += 1
+        self.engine.reset()
+
+
+def test_an_unforeseen_engine_failure_is_500_logged_and_the_engine_starts_clean(caplog):
+    engine = BuggyEngine(poisonable_engine())
+    body = {"messages": HI, "max_tokens": 8}
+    with running_server(engine) as (url, _), caplog.at_level(logging.ERROR, logger="mlxspec.serve"):
+        engine.armed = True
+        assert_error(post(url, "/v1/chat/completions", body), 500, code="engine_error", says="a bug in a pass")
+        engine.armed = False
+        assert engine.resets == 1  # whatever state the bug left, the next request starts from none
+        assert any("the engine failed on a request" in r.getMessage() for r in caplog.records)
+        engine.target_model.poisoned = True
+        try:  # an engine error it foresaw (NaN logits): its own cleanup, nothing logged as a bug
+            assert_error(post(url, "/v1/chat/completions", body), 500, code="numerical_error")
+        finally:
+            engine.target_model.poisoned = False
+        assert engine.resets == 1
+        ok = post(url, "/v1/chat/completions", body)
+    assert ok.json()["choices"][0]["message"]["content"] == poisonable_engine().generate(HI, max_tokens=8).text
 
 
 def test_the_server_still_answers_after_all_of_that(server):
