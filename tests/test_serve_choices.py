@@ -203,3 +203,25 @@ def test_an_error_in_a_later_prompt_of_a_batch_fails_the_request(served):
                    timeout=TIMEOUT)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
     assert post(url, "/v1/completions", {"prompt": "fine", "max_tokens": 2})["choices"]  # and the server goes on
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_reason_is_the_stop_string_or_token_that_ended_the_answer(served, stream):
+    """vLLM's stop_reason: the stop string found, the stop_token_ids entry met, None otherwise."""
+    url, ref = served
+    prompt = "Once upon a time"
+    plain = ref.generate(prompt, max_tokens=16)
+    assert "{" in plain.text and plain.finish_reason == "length"  # so both stops below end it early
+    cases = [({"stop": ["{"]}, "{"), ({"stop_token_ids": [plain.tokens[3]]}, plain.tokens[3]), ({}, None)]
+    for extra, reason in cases:
+        body = dict({"prompt": prompt, "max_tokens": 16, "stream": stream}, **extra)
+        if stream:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as r:
+                chunks = [c["choices"][0] for c in sse_events(r) if c and c.get("choices")]
+            text, last = "".join(c["text"] for c in chunks), chunks[-1]
+        else:
+            last = post(url, "/v1/completions", body)["choices"][0]
+            text = last["text"]
+        want = ref.generate(prompt, max_tokens=16, **extra)
+        assert (text, last["finish_reason"], last["stop_reason"]) == (want.text, want.finish_reason, reason), extra
+        assert want.stop_reason == reason
