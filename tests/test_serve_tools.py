@@ -14,7 +14,7 @@ import tiny
 from mlxspec.engine import Engine
 from mlxspec.prompts import encode_prompt
 from mlxspec.tools import ToolFormat
-from serve_helpers import TIMEOUT, GatedEngine, iter_sse, openai_client, running_server
+from serve_helpers import TIMEOUT, GatedEngine, iter_sse, openai_client, running_server, scripted_server
 
 pytest.importorskip("openai")
 
@@ -177,3 +177,17 @@ def test_parallel_tool_calls_false_reads_one_of_a_list_of_calls():
             r = client.chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER], max_tokens=200,
                                                parallel_tool_calls=parallel)
             assert [json.loads(c.function.arguments)["city"] for c in r.choices[0].message.tool_calls] == cities
+
+
+def test_calls_streamed_in_one_batch_are_numbered_in_turn(monkeypatch):
+    from mlxspec.serve import queue
+
+    # The first token goes out at once; with a window this long, every later one comes with the end,
+    # so both calls are read from one batch of events.
+    monkeypatch.setattr(queue, "FLUSH_SECONDS", 30.0)
+    with scripted_server("scripted") as (url, say):
+        say(PARIS + "\n" + ROME, ASK, [WEATHER])
+        chunks = list(openai_client(url).chat.completions.create(model="scripted", messages=ASK, tools=[WEATHER],
+                                                                 max_tokens=200, stream=True))
+    calls = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
+    assert [(tc.index, json.loads(tc.function.arguments)["city"]) for tc in calls] == [(0, "Paris"), (1, "Rome")]
