@@ -119,14 +119,19 @@ def openai_client(base_url: str, api_key: str = "unused", **kw):
 
 def scrape_metrics(url: str, headers: Optional[dict] = None) -> dict:
     """GET /metrics as {sample name with its labels: value}, its text format checked on the way."""
-    import re
-
     import httpx
 
     r = httpx.get(f"{url}/metrics", headers=headers or {}, timeout=TIMEOUT)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return parse_metrics(r.text)
+
+
+def parse_metrics(text: str) -> dict:
+    """Prometheus' text format as {sample name with its labels: value}, its comment lines checked."""
+    import re
+
     samples = {}
-    for line in r.text.splitlines():
+    for line in text.splitlines():
         if line.startswith("#"):
             assert re.fullmatch(r"# (HELP|TYPE) mlxspec_\w+ .+", line), line
             continue

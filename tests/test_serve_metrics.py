@@ -1,10 +1,14 @@
 """GET /metrics: Prometheus' text format, its counters the sums of what the answers said."""
 
 import logging
+import types
 
 import httpx
+import pytest
 
-from serve_helpers import TIMEOUT, running_server, scrape_metrics, sse_events, tiny_engine
+from mlxspec.serve.metrics import TTFT_BUCKETS, Metrics
+from mlxspec.stats import GenerationStats
+from serve_helpers import TIMEOUT, parse_metrics, running_server, scrape_metrics, sse_events, tiny_engine
 
 ASK = [{"role": "user", "content": "Tell me about rivers and the sea."}]
 
@@ -60,3 +64,42 @@ def test_metrics_need_the_api_key_when_one_is_set():
         assert httpx.get(f"{url}/v1/models", timeout=TIMEOUT).status_code == 401
         m = scrape_metrics(url, {"Authorization": "Bearer k"})
     assert m['mlxspec_errors_total{status="401"}'] == 2  # refused by the middleware, counted all the same
+
+
+def _usage(prompt: int, cached: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens": completion}
+
+
+def test_the_rendered_sums_histogram_and_gauges_are_what_was_recorded():
+    m = Metrics('my "model"\\ v2\n', None)
+    ttfts = [0.01, TTFT_BUCKETS[1], TTFT_BUCKETS[1] - 0.01, 2 * TTFT_BUCKETS[-1]]  # one on a bound, one past all
+    runs = [GenerationStats(tokens=5, drafted=4 + i, accepted=2 + i, rounds=3 + i, tree_rounds=i, lookup_rounds=2 * i,
+                            prompt_seconds=0.5 + i, seconds=1.25 + i, first_token_seconds=t)
+            for i, t in enumerate(ttfts)]
+    m.answered("chat", _usage(10, 4, 20), runs[:3])
+    m.answered("completion", _usage(7, 0, 5), runs[3:] + [GenerationStats(prompt_seconds=0.25)])  # (one only scored)
+    m.embedded(9)
+    m.embedded(3)
+    parked = types.SimpleNamespace(parked=[1, 2], nbytes=4096, evicted=3)
+    s = parse_metrics(m.render(running=True, waiting=2, limit=5, prompt_cache=parked))
+    assert s['mlxspec_info{model="my \\"model\\"\\\\ v2\\n",drafter="none"}'] == 1  # escaped as Prometheus says
+    assert [s[f'mlxspec_requests_total{{endpoint="{e}"}}'] for e in ("chat", "completion", "embeddings")] == [1, 1, 2]
+    assert s['mlxspec_errors_total{status="400"}'] == 0  # a series from the start, so rates work
+    want = {"prompt_tokens": 17, "cached_prompt_tokens": 4, "generation_tokens": 25, "embedding_tokens": 12,
+            "drafted_tokens": 4 + 5 + 6 + 7, "accepted_tokens": 2 + 3 + 4 + 5, "target_passes": 3 + 4 + 5 + 6,
+            "tree_rounds": 0 + 1 + 2 + 3, "lookup_rounds": 0 + 2 + 4 + 6, "generations": 4,
+            "prompt_seconds": 0.5 + 1.5 + 2.5 + 3.5 + 0.25, "generation_seconds": 1.25 + 2.25 + 3.25 + 4.25}
+    assert {k: s[f"mlxspec_{k}_total"] for k in want} == pytest.approx(want)
+    below = [sum(t <= bound for t in ttfts) for bound in TTFT_BUCKETS]  # cumulative: le, "less or equal"
+    assert [s[f'mlxspec_time_to_first_token_seconds_bucket{{le="{b!r}"}}'] for b in TTFT_BUCKETS] == below
+    assert s['mlxspec_time_to_first_token_seconds_bucket{le="+Inf"}'] == 4 == \
+        s["mlxspec_time_to_first_token_seconds_count"]
+    assert s["mlxspec_time_to_first_token_seconds_sum"] == pytest.approx(sum(ttfts))
+    assert (s["mlxspec_requests_running"], s["mlxspec_requests_waiting"], s["mlxspec_queue_limit"]) == (1, 2, 5)
+    assert (s["mlxspec_prompt_cache_parked"], s["mlxspec_prompt_cache_bytes"],
+            s["mlxspec_prompt_cache_evictions_total"]) == (2, 4096, 3)
+    m.errors[429] += 2
+    s = parse_metrics(m.render(running=False, waiting=0, limit=5))
+    assert s['mlxspec_errors_total{status="429"}'] == 2 and 'mlxspec_errors_total{status="400"}' not in s
+    assert s["mlxspec_requests_running"] == 0 and not any(k.startswith("mlxspec_prompt_cache") for k in s)
