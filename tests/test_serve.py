@@ -283,6 +283,18 @@ def test_an_assistant_s_refusal_part_is_its_text(client):
     assert a.choices[0].message.content == b.choices[0].message.content == c.choices[0].message.content
 
 
+def test_an_assistant_s_content_wins_over_its_refusal_field_and_a_calling_turn_keeps_refusal_parts():
+    from mlxspec.serve.messages import chat_messages
+
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    out = chat_messages([{"role": "user", "content": "Do it."},
+                         {"role": "assistant", "content": "Sure.", "refusal": "No."},
+                         {"role": "assistant", "content": [{"type": "refusal", "refusal": "Not that."}],
+                          "tool_calls": [call]}])
+    assert out[1] == {"role": "assistant", "content": "Sure."}
+    assert out[2]["content"] == "Not that." and out[2]["tool_calls"][0]["function"] == {"name": "f", "arguments": {}}
+
+
 def test_the_api_routes_answer_without_v1_too(client, server):
     # as mlx-lm's server answers /chat/completions: for clients whose base URL lacks /v1
     import openai
