@@ -33,6 +33,7 @@ def test_queue_overflow_is_429_with_retry_after_and_order_is_kept():
             r = chat(url, {})
             assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
             assert r.json()["error"]["code"] == "queue_full" and "--queue 2" in r.json()["error"]["message"]
+            assert r.json()["error"]["type"] == "rate_limit_error"  # OpenAI's, for a 429
             engine.gate.set()
             results = [f.result(TIMEOUT) for f in futures]
         assert [r.status_code for r in results] == [200, 200, 200]

@@ -12,10 +12,8 @@ from starlette.responses import JSONResponse
 
 from ..errors import ContextLengthError, InvalidArgumentError, NumericalError
 
-# OpenAI's error `type` for each status the server answers with.
-TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-         405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
-         429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+# OpenAI's error `type`: "invalid_request_error" for a 4xx status, "server_error" for a 5xx, but these.
+TYPES = {429: "rate_limit_error"}
 
 
 class APIError(Exception):
