@@ -200,7 +200,8 @@ def test_include_asks_for_logprobs_and_top_logprobs_sizes_their_alternatives(ser
 
 
 @pytest.mark.parametrize("body, param, says", [
-    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id", "is not stored here"),
+    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id", "responses it answered with store "
+     "true, in memory"),
     ({"input": "hi", "conversation": "conv_1"}, "conversation", "not supported"),
     ({"input": []}, "input", "non-empty list"),
     ({"input": [{"type": "image_generation_call"}]}, "input[0]", "not supported"),
@@ -319,4 +320,5 @@ def test_stored_responses_outlive_the_server_and_can_be_deleted(tmp_path):
         client.responses.delete(second.id)  # the official client's call
         r = httpx.delete(f"{url}/v1/responses/{second.id}", timeout=TIMEOUT)
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        assert f"in {folder}" in r.json()["error"]["message"]  # where this server keeps them
     assert list((tmp_path / "responses").glob("*.json")) == []
