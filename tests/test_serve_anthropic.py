@@ -52,7 +52,16 @@ def test_the_stream_spells_the_same_message(served):
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == whole.usage.output_tokens
     with httpx.stream("POST", f"{url}/v1/messages", headers={"x-api-key": "k"}, timeout=TIMEOUT,
                       json={"model": "t", "max_tokens": 8, "messages": ASK, "stream": True}) as r:
-        names = [line[len("event: "):] for line in r.iter_lines() if line.startswith("event: ")]
+        lines = list(r.iter_lines())
+    names = [line[len("event: "):] for line in lines if line.startswith("event: ")]
+    data = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
+    # the prompt as message_start counts it, before any text: what the caches held (the same question
+    # asked just before) read from them, the rest input, as the end says too
+    started, ended = data[0]["message"]["usage"], data[-2]["usage"]
+    assert started["cache_read_input_tokens"] > 0 and started["output_tokens"] == 0
+    assert {k: started[k] for k in ("input_tokens", "cache_read_input_tokens")} == \
+        {k: ended[k] for k in ("input_tokens", "cache_read_input_tokens")}
+    assert started["input_tokens"] + started["cache_read_input_tokens"] == prompt_tokens(whole.usage)
     assert names[:2] == ["message_start", "content_block_start"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert set(names[2:-3]) == {"content_block_delta"}
@@ -120,6 +129,10 @@ def test_tool_use_and_the_tool_result_in_the_next_turn():
         say("It is sunny.", as_chat)
         r = client.messages.create(model="s", max_tokens=100, tools=[WEATHER], messages=turn)
         assert r.content[0].text == "It is sunny." and r.stop_reason == "end_turn"
+        # text held back as the start of a call that never came is the answer's end
+        say("It is <tool_c", ask)
+        r = client.messages.create(model="s", max_tokens=100, tools=[WEATHER], messages=ask)
+        assert [b.text for b in r.content] == ["It is <tool_c"] and r.stop_reason == "end_turn"
         # disable_parallel_tool_use: the answer ends with its first call
         say("Let me look.\n" + PARIS + "\n" + PARIS.replace("Paris", "Rome"), ask)
         assert [b.type for b in client.messages.create(model="s", max_tokens=300, tools=[WEATHER],
