@@ -517,3 +517,19 @@ def test_a_prediction_not_in_openais_shape_is_a_400_naming_it(prediction):
     with pytest.raises(APIError, match='prediction must be {"type": "content"') as e:
         parse_chat({"messages": HI, "prediction": prediction})
     assert e.value.status == 400
+
+
+def test_an_engine_check_s_refusal_names_its_field_once():
+    from mlxspec.errors import InvalidArgumentError
+    from mlxspec.serve.errors import checked
+
+    def refuse(message):
+        def rule(value):
+            raise InvalidArgumentError(message)
+        return rule
+
+    for said, shown in (("stop must be a list", "stop must be a list"), ("must be a list", "stop: must be a list")):
+        with pytest.raises(APIError) as e:
+            checked(refuse(said), ["x"], "stop")
+        assert (e.value.status, e.value.param, e.value.message) == (400, "stop", shown)
+    assert checked(lambda v: v * 2, 21, "n") == 42  # what passes the check is its value
