@@ -533,3 +533,24 @@ def test_an_engine_check_s_refusal_names_its_field_once():
             checked(refuse(said), ["x"], "stop")
         assert (e.value.status, e.value.param, e.value.message) == (400, "stop", shown)
     assert checked(lambda v: v * 2, 21, "n") == 42  # what passes the check is its value
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/messages", {"model": "m", "max_tokens": 500, "messages": HI, "stream": True}),
+    ("/api/chat", {"model": "m", "messages": HI, "options": {"num_predict": 500}}),  # Ollama's: JSON lines
+    ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 500, "stream": True}),
+])
+def test_another_api_s_stream_that_fails_mid_way_says_so_and_is_counted(path, body):
+    engine = GatedEngine(poisonable_engine(), per_token_seconds=0.01)
+    with running_server(engine) as (url, _):
+        with httpx.stream("POST", f"{url}{path}", json=body, timeout=TIMEOUT) as r:
+            assert r.status_code == 200
+            lines = []
+            for line in r.iter_lines():
+                lines.append(line)
+                if len(lines) == 8:
+                    engine.target_model.poisoned = True  # after the first text: the status is sent already
+        engine.target_model.poisoned = False
+        m = scrape_metrics(url)
+    assert any("numerical_error" in line or "NaN" in line for line in lines[-3:]), lines[-3:]
+    assert m['mlxspec_errors_total{status="500"}'] == 1 and m["mlxspec_requests_cancelled_total"] == 0
