@@ -136,3 +136,21 @@ def test_page_by_hand():
     assert ids(p) == ["i3", "i2"] and p["has_more"] and p["first_id"] == "i3"
     empty = response_items.page(items, {"after": "i0"})
     assert empty["data"] == [] and empty["first_id"] is None and not empty["has_more"]
+    many = [{"id": f"i{n}"} for n in range(150)]
+    assert len(response_items.page(many, {})["data"]) == 20  # OpenAI's default page
+    most = response_items.page(many, {"limit": "100", "order": "asc"})
+    assert ids(most) == [f"i{n}" for n in range(100)] and most["has_more"]  # its largest
+
+
+def test_input_as_items_by_hand():
+    items = response_items.as_items([
+        {"type": "message", "role": "assistant", "content": [{"type": "text", "text": "a"},
+                                                             {"type": "refusal", "refusal": "no"}]},
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "function_call_output", "call_id": "c", "output": "x"}])
+    assert items[0]["content"] == [{"type": "output_text", "text": "a", "annotations": []},
+                                   {"type": "refusal", "refusal": "no"}]  # an assistant's text is output
+    assert items[1]["content"] == [{"type": "input_text", "text": "hi"}]  # (no annotations: not output)
+    assert [i.get("status") for i in items] == ["completed", "completed", None, "completed"]  # reasoning has none
+    assert items[2]["id"] == "rs_1" and items[3]["id"].startswith("fco_") and items[0]["id"].startswith("msg_")
