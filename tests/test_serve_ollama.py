@@ -232,7 +232,13 @@ def test_the_model_is_described_as_ollama_describes_its_own(served):
     assert shown.capabilities == ["completion"] and shown.details.parameter_size.endswith("K")
     assert shown.parameters.split("\n") == ["temperature 0", "num_predict 512", "num_ctx 4096"]
     (loaded,) = client.ps().models
-    assert loaded.model == "t" and loaded.context_length == 4096
+    assert loaded.model == "t" and loaded.context_length == 4096 and loaded.size_vram == loaded.size  # all of it
+    assert httpx.post(f"{url}/api/show", json={"name": "t"}, timeout=TIMEOUT).json()["capabilities"] == \
+        ["completion"]  # older clients' field
+    for nameless in ({}, {"model": ""}):
+        r = httpx.post(f"{url}/api/show", json=nameless, timeout=TIMEOUT)
+        assert r.status_code == 400 and r.json() == {"error": "model must be the name of a model (this server "
+                                                              "serves 't'), got " + ("None" if not nameless else "''")}
     assert httpx.get(f"{url}/api/version", timeout=TIMEOUT).json() == {"version": ol.VERSION}
     with scripted_server() as (scripted, _):
         assert ollama.Client(host=scripted, timeout=TIMEOUT).show("s").capabilities == ["completion", "tools"]
