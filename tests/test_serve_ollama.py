@@ -288,6 +288,15 @@ def test_errors_take_ollama_s_shape(served, route, body, status, says):
     assert r.status_code == 405 and r.json() == {"error": "GET is not allowed on /api/chat: send POST"}
 
 
+def test_a_route_not_served_lists_those_that_are(served):
+    r = httpx.post(f"{served[1]}/api/version", timeout=TIMEOUT)  # the last route served
+    assert r.status_code == 405 and r.json() == {"error": "POST is not allowed on /api/version: send GET"}
+    r = httpx.delete(f"{served[1]}/api/delete", timeout=TIMEOUT)
+    assert r.status_code == 404 and r.json()["error"].endswith(
+        "its Ollama routes are POST /api/chat, POST /api/generate, GET /api/tags, POST /api/show, POST /api/embed, "
+        "POST /api/embeddings, GET /api/ps, GET /api/version")
+
+
 def test_the_client_raises_them_as_ollama_s_own(served):
     client = served[0]
     for kw, says in (({"options": {"num_predict": 0}}, "options.num_predict must be"), ({"think": "very"}, "think")):
