@@ -71,9 +71,16 @@ def test_model_names_are_logged_short_and_remembered_only_so_many(server, caplog
     assert all(len(rec.getMessage()) < 300 for rec in caplog.records)
 
 
-def test_a_wrong_method_has_an_error_code(server):
+def test_a_wrong_method_or_path_has_an_error_code_and_says_what_is_served(server):
+    from mlxspec.serve.app import ROUTES_HELP
+
     r = httpx.get(f"{server[0]}/v1/chat/completions", timeout=TIMEOUT)
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert r.json()["error"]["message"] == f"GET is not allowed on /v1/chat/completions; this server answers {ROUTES_HELP}"
+    assert r.headers["allow"] == "POST"  # (Starlette's header, kept)
+    r = httpx.get(f"{server[0]}/v1/nothing", timeout=TIMEOUT)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert r.json()["error"]["message"] == f"no route /v1/nothing; this server answers {ROUTES_HELP}"
 
 
 def test_a_huge_bad_value_is_not_echoed_whole(server):
