@@ -34,6 +34,12 @@ def test_queue_overflow_is_429_with_retry_after_and_order_is_kept():
             assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
             assert r.json()["error"]["code"] == "queue_full" and "--queue 2" in r.json()["error"]["message"]
             assert r.json()["error"]["type"] == "rate_limit_error"  # OpenAI's, for a 429
+            health = httpx.get(f"{url}/health", timeout=TIMEOUT)
+            h = health.json()
+            assert health.status_code == 200 and (h["status"], h["running"], h["waiting"], h["queue"]) == \
+                ("ok", True, 2, 2)
+            m = scrape_metrics(url)
+            assert (m["mlxspec_requests_running"], m["mlxspec_requests_waiting"]) == (1, 2)
             engine.gate.set()
             results = [f.result(TIMEOUT) for f in futures]
         assert [r.status_code for r in results] == [200, 200, 200]
@@ -56,6 +62,15 @@ def test_disconnect_mid_stream_cancels_and_the_next_request_is_clean():
         after = openai_client(url).chat.completions.create(model="m", messages=HI, max_tokens=24)
     fresh = tiny_engine().generate(HI, max_tokens=24)
     assert after.choices[0].message.content == fresh.text
+
+
+def test_health_is_503_once_the_server_is_stopping():
+    with running_server(tiny_engine()) as (url, server):
+        assert httpx.get(f"{url}/health", timeout=TIMEOUT).json()["running"] is False
+        server.mlxspec.queue.closed = True  # as a signal's shutdown leaves it, while connections drain
+        r = httpx.get(f"{url}/health", timeout=TIMEOUT)
+        server.mlxspec.queue.closed = False
+    assert r.status_code == 503 and r.json()["status"] == "shutting_down"  # a balancer sends no more
 
 
 def test_a_client_that_gives_up_during_a_long_prompt_stops_its_prefill():
