@@ -37,6 +37,11 @@ def test_requests_not_addressed_to_this_machine_are_refused(server, headers, why
                            json={"model": "tiny", "max_tokens": 2, "messages": HI})
     assert anthropic.status_code == 403 and anthropic.json()["type"] == "error"  # Anthropic's shape on its route
     assert anthropic.json()["error"]["type"] == "permission_error" and why in anthropic.json()["error"]["message"]
+    # a preflight too: the check comes before CORS, so such a page is never told what it may send
+    preflight = httpx.options(f"{server[0]}/v1/chat/completions", timeout=TIMEOUT,
+                              headers={**headers, "Access-Control-Request-Method": "POST"})
+    assert preflight.status_code == 403 and why in preflight.json()["error"]["message"]
+    assert not any(k.lower().startswith("access-control-") for k in preflight.headers)
 
 
 def test_refusals_are_counted_in_the_metrics(server):
@@ -91,3 +96,15 @@ def test_a_huge_bad_value_is_not_echoed_whole(server):
     r = httpx.post(f"{server[0]}/v1/chat/completions", content=body, timeout=TIMEOUT,
                    headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "stop string 1 is not valid Unicode" in r.json()["error"]["message"]
+
+
+def test_the_host_check_comes_before_cors_even_for_an_allowed_page():
+    # A page let in with --allow-origin, but a request addressed to another host (a rebound name):
+    # refused before CORS could answer its preflight
+    with running_server(tiny_engine(), model_id="tiny", allow_origins=("https://app.example",)) as (url, _):
+        headers = {"Host": "attacker.example:8080", "Origin": "https://app.example",
+                   "Access-Control-Request-Method": "POST"}
+        r = httpx.options(f"{url}/v1/chat/completions", headers=headers, timeout=TIMEOUT)
+        ok = httpx.options(f"{url}/v1/chat/completions", headers={**headers, "Host": "127.0.0.1"}, timeout=TIMEOUT)
+    assert r.status_code == 403 and "addressed to host 'attacker.example:8080'" in r.json()["error"]["message"]
+    assert ok.headers["access-control-allow-origin"] == "https://app.example"  # the page itself is let in
