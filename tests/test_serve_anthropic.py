@@ -133,6 +133,8 @@ def test_tool_use_and_the_tool_result_in_the_next_turn():
         say("It is <tool_c", ask)
         r = client.messages.create(model="s", max_tokens=100, tools=[WEATHER], messages=ask)
         assert [b.text for b in r.content] == ["It is <tool_c"] and r.stop_reason == "end_turn"
+        with client.messages.stream(model="s", max_tokens=100, tools=[WEATHER], messages=ask) as stream:
+            assert "".join(stream.text_stream) == "It is <tool_c"
         # disable_parallel_tool_use: the answer ends with its first call
         say("Let me look.\n" + PARIS + "\n" + PARIS.replace("Paris", "Rome"), ask)
         assert [b.type for b in client.messages.create(model="s", max_tokens=300, tools=[WEATHER],
