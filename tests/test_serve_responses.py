@@ -68,6 +68,12 @@ def test_the_stream_s_events_spell_the_same_answer(served):
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == whole.output_text == events[-1].response.output_text
     assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
+    # one message, one text part: every event about it says index 0; cut by the limit, it is incomplete
+    assert {e.content_index for e in events if hasattr(e, "content_index")} == {0}
+    assert {e.output_index for e in events if hasattr(e, "output_index")} == {0}
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [i.status for i in done] == [whole.output[0].status] == ["incomplete"]
+    assert events[-1].response.output[0].status == "incomplete"
 
 
 def test_function_calls_and_their_outputs_in_the_next_turn(scripted):
