@@ -561,9 +561,9 @@ def test_plain_decoding_teaches_the_cost_model_nothing(target, clock, monkeypatc
 
 
 def test_when_drafting_does_not_pay_each_plain_step_checks_a_guess_for_free(target, clock, monkeypatch):
-    """Passes whose cost grows 25x per token make every draft too dear, so each step is plain; the
-    drafter's first token is still checked against each one (chained steps included), so its
-    acceptance keeps being learnt at no cost while nothing is drafted."""
+    """Passes whose cost nearly doubles with each token they verify make every draft too dear, so
+    each step is plain; the drafter's first token is still checked against each one (chained
+    steps included), so its acceptance keeps being learnt at no cost while nothing is drafted."""
     credits, real = [], CostModel.observe_acceptance
 
     def spy(self, k, accepted, *args, **kw):
