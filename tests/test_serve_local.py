@@ -81,7 +81,8 @@ def test_a_wrong_method_or_path_has_an_error_code_and_says_what_is_served(server
 
     r = httpx.get(f"{server[0]}/v1/chat/completions", timeout=TIMEOUT)
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
-    assert r.json()["error"]["message"] == f"GET is not allowed on /v1/chat/completions; this server answers {ROUTES_HELP}"
+    assert r.json()["error"]["message"] == \
+        f"GET is not allowed on /v1/chat/completions; this server answers {ROUTES_HELP}"
     assert r.headers["allow"] == "POST"  # (Starlette's header, kept)
     r = httpx.get(f"{server[0]}/v1/nothing", timeout=TIMEOUT)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
