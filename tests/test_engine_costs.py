@@ -95,6 +95,18 @@ def spy_timings(monkeypatch) -> dict:
     return seen
 
 
+def spy_calls(monkeypatch, cls, name: str) -> list:
+    """The positional arguments (self left out) of every call of `cls.name` from here on; each call still runs."""
+    calls, real = [], getattr(cls, name)
+
+    def spy(self, *args, **kw):
+        calls.append(args)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(cls, name, spy)
+    return calls
+
+
 def test_drafting_resumes_after_first_use_stalls(target, clock):
     stalling = StallingModel(target, clock, stall=0.25)  # ~100x a pass
     e = Engine(stalling, None, drafter="ngram")
@@ -504,13 +516,7 @@ def test_a_slow_consumer_does_not_make_passes_look_dearer(target, clock, monkeyp
     """The time a consumer spends between events (a terminal redrawing, a client reading slowly)
     is not the device's: the passes' timings and the generation's seconds leave it out."""
     seen = spy_timings(monkeypatch)
-    rounds, observe_round = [], CostModel.observe_round
-
-    def spy_round(self, k, seconds, *args, **kw):
-        rounds.append(seconds)
-        return observe_round(self, k, seconds, *args, **kw)
-
-    monkeypatch.setattr(CostModel, "observe_round", spy_round)
+    rounds = spy_calls(monkeypatch, CostModel, "observe_round")  # (k, seconds, ...)
     one = 2e-3 + 1e-4  # a pass over one token
     e = Engine(StallingModel(target, clock, stall=0.0), None, drafter="ngram")
     e.curve.observe(1, one, trusted=True)  # as warm-up would
@@ -519,7 +525,8 @@ def test_a_slow_consumer_does_not_make_passes_look_dearer(target, clock, monkeyp
         clock.t += 0.5  # the consumer's half second, 240 passes' worth
         events += 1
     assert events == 60 and seen["v1"] + seen["plain"] and rounds
-    assert all(one / 2 < s < 2 * MAX_DRAFT * one for s in seen["v1"] + seen["plain"] + rounds), seen  # about a pass
+    timed = seen["v1"] + seen["plain"] + [args[1] for args in rounds]
+    assert all(one / 2 < s < 2 * MAX_DRAFT * one for s in timed), seen  # about a pass
     assert ev.stats.seconds < 60 * 2 * MAX_DRAFT * one
 
 
@@ -544,36 +551,22 @@ def test_plain_decoding_teaches_the_cost_model_nothing(target, clock, monkeypatc
     """Plain decoding decides nothing, so its passes time no drafter's rounds and teach no
     acceptance; the drafting request after it learns as usual (the spies are not blind)."""
     seen = spy_timings(monkeypatch)
-    learnt = []
-    for method in ("observe_round", "observe_acceptance"):
-        real = getattr(CostModel, method)
-
-        def spy(self, *args, _real=real, _method=method, **kw):
-            learnt.append(_method)
-            return _real(self, *args, **kw)
-
-        monkeypatch.setattr(CostModel, method, spy)
+    rounds, acceptances = (spy_calls(monkeypatch, CostModel, m) for m in ("observe_round", "observe_acceptance"))
     e = Engine(StallingModel(target, clock, stall=0.0), None, drafter="ngram")
     plain = e.generate(PROMPT + PROMPT, max_tokens=40, speculative=False)
-    assert plain.stats.tokens == 40 and seen == {"v1": [], "plain": []} and learnt == []
+    assert plain.stats.tokens == 40 and seen == {"v1": [], "plain": []} and rounds == acceptances == []
     e.generate(PROMPT + PROMPT, max_tokens=40)
-    assert seen["plain"] and "observe_round" in learnt and "observe_acceptance" in learnt
+    assert seen["plain"] and rounds and acceptances
 
 
 def test_when_drafting_does_not_pay_each_plain_step_checks_a_guess_for_free(target, clock, monkeypatch):
     """Passes whose cost nearly doubles with each token they verify make every draft too dear, so
     each step is plain; the drafter's first token is still checked against each one (chained
     steps included), so its acceptance keeps being learnt at no cost while nothing is drafted."""
-    credits, real = [], CostModel.observe_acceptance
-
-    def spy(self, k, accepted, *args, **kw):
-        credits.append((k, accepted))
-        return real(self, k, accepted, *args, **kw)
-
-    monkeypatch.setattr(CostModel, "observe_acceptance", spy)
+    credits = spy_calls(monkeypatch, CostModel, "observe_acceptance")  # (k, accepted, kind)
     e = Engine(StallingModel(target, clock, stall=0.0, per_token=0.05), None, drafter="ngram")
     r = e.generate(PROMPT + PROMPT, max_tokens=60)
     assert r.stats.drafted <= 1 and r.tokens == Engine(target, None).generate(
         PROMPT + PROMPT, max_tokens=60, speculative=False).tokens
-    assert len(credits) >= 0.9 * r.stats.rounds and all(k == 1 for k, _ in credits)
-    assert sum(hit for _, hit in credits) >= 0.8 * len(credits)  # the text cycles: the n-grams guess it
+    assert len(credits) >= 0.9 * r.stats.rounds and all(args[0] == 1 for args in credits)
+    assert sum(args[1] for args in credits) >= 0.8 * len(credits)  # the text cycles: the n-grams guess it
