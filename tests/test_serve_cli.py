@@ -1,10 +1,12 @@
 """`mlxspec serve` on the command line: flags, their defaults, and the warning for an open bind."""
 
+import os
 import types
 
 import pytest
 
 from mlxspec.cli import COMMANDS, main
+from mlxspec.errors import InvalidArgumentError
 from mlxspec.serve import ServeOptions
 from mlxspec.serve import server as server_module
 from mlxspec.serve.server import bind_warning
@@ -159,6 +161,17 @@ def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, capsys):
     assert "warning: serving on 0.0.0.0 without --api-key" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("started, fatal, status", [(True, None, 0), (True, "lost the ranks", 1), (False, None, 1)])
+def test_the_exit_status_says_whether_the_server_served_and_stopped_as_asked(monkeypatch, started, fatal, status):
+    """0 only when it started and stopped on a signal; a failed start-up, or an engine that broke
+    (EngineQueue.fatal), is 1 so that a supervisor restarts it."""
+    queue = types.SimpleNamespace(stop=lambda: None, fatal=fatal)
+    stub = types.SimpleNamespace(run=lambda: None, started=started, force_exit=False,
+                                 mlxspec=types.SimpleNamespace(queue=queue))
+    monkeypatch.setattr(server_module, "build_server", lambda engine, options: stub)
+    assert server_module.serve("engine", ServeOptions()) == status
+
+
 class _Coord:
     def __init__(self, is_main):
         self.active, self.is_main = True, is_main
@@ -219,3 +232,57 @@ def test_a_request_s_reasoning_effort_wins_over_the_server_s():
                                                                          "enable_thinking": False}
     own = parse_chat(dict(ask, reasoning_effort="low"), defaults).options["chat_template_kwargs"]
     assert own == {"reasoning_effort": "low", "enable_thinking": False}
+
+
+def test_a_port_a_stopped_server_left_in_time_wait_is_free_to_serve_again():
+    """Restarting right after a stop: the old connections linger in TIME_WAIT, which uvicorn binds
+    past (SO_REUSEADDR), so the check before loading must not refuse the port either."""
+    import socket
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()  # the server closes first, as on shutdown: its side waits in TIME_WAIT
+    client.close()
+    listener.close()
+    plain = socket.socket()  # without SO_REUSEADDR the port is still taken: the case this test is about
+    try:
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    finally:
+        plain.close()
+    server_module.check_address("127.0.0.1", port)
+
+
+@pytest.mark.parametrize("name, hint", [("EACCES", "ports below 1024 need privileges"), ("EADDRNOTAVAIL", None)])
+def test_a_refused_bind_says_why_only_when_it_knows(monkeypatch, name, hint):
+    import errno
+    import socket
+
+    code = getattr(errno, name)
+
+    class Refusing:
+        def __init__(self, *args):
+            pass
+
+        def setsockopt(self, *args):
+            pass
+
+        def bind(self, address):
+            raise OSError(code, os.strerror(code))
+
+        def close(self):
+            pass
+
+    names = ("getaddrinfo", "gaierror", "SOCK_STREAM", "AI_PASSIVE", "SOL_SOCKET", "SO_REUSEADDR")
+    monkeypatch.setattr(server_module, "socket", types.SimpleNamespace(
+        socket=Refusing, **{name: getattr(socket, name) for name in names}))
+    with pytest.raises(InvalidArgumentError) as e:
+        server_module.check_address("127.0.0.1", 80)
+    said = str(e.value)
+    assert said.startswith(f"cannot listen on 127.0.0.1:80: {os.strerror(code)}")
+    assert (hint in said) if hint else not said.endswith(")"), said

@@ -150,3 +150,55 @@ def test_a_sharded_target_that_lost_its_ranks_stops_the_server_with_a_503():
         assert "lost the other ranks" in said and "restart every rank" in said
         wait_until(lambda: server.should_exit, "the server stops on its own")
         assert server.mlxspec.queue.closed and server.mlxspec.queue.fatal is not None
+
+
+@pytest.mark.parametrize("force_exit", [None, False, True])
+def test_only_a_forced_quit_silences_the_app_s_cancellation_and_lifespan_traceback(force_exit):
+    """A second Ctrl-C cancels what runs, as asked: no traceback for it. Without one (or before the
+    server exists), a cancellation or a failed lifespan shutdown is a fault that uvicorn must see whole."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from mlxspec.serve.server import _QuietWhenForced
+
+    failed = {"type": "lifespan.shutdown.failed", "message": "Traceback: ..."}
+    started = {"type": "lifespan.startup.complete", "extra": 1}
+
+    class App:
+        state = SimpleNamespace()
+
+        async def __call__(self, scope, receive, send):
+            await send(dict(failed))
+            await send(dict(started))
+            raise asyncio.CancelledError
+
+    quiet, sent = _QuietWhenForced(App()), []
+    quiet.server = None if force_exit is None else SimpleNamespace(force_exit=force_exit)
+
+    async def send(message):
+        sent.append(message)
+
+    if force_exit:
+        asyncio.run(quiet({"type": "lifespan"}, None, send))
+    else:
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(quiet({"type": "lifespan"}, None, send))
+    assert sent == [{"type": failed["type"]} if force_exit else failed, started]
+
+
+def test_a_forced_quit_drops_only_uvicorn_s_error_for_the_cut_response():
+    import logging
+    from types import SimpleNamespace
+
+    from mlxspec.serve.server import _ForcedCut
+
+    server = SimpleNamespace(force_exit=False)
+    cut = _ForcedCut(server)
+
+    def record(text):
+        return logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, text, None, None)
+
+    unfinished, other = record("ASGI callable returned without completing response."), record("Exception in ASGI")
+    assert cut.filter(unfinished) and cut.filter(other)  # without a forced quit it is a fault: logged
+    server.force_exit = True
+    assert not cut.filter(unfinished) and cut.filter(other)
