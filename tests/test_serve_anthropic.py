@@ -210,6 +210,29 @@ def test_an_engine_failure_is_an_api_error_whole_or_mid_stream():
         "type": "error", "error": {"type": "overloaded_error", "message": "the server is shutting down"}}
 
 
+@pytest.mark.parametrize("status, kind", [
+    (400, "invalid_request_error"), (401, "authentication_error"), (403, "permission_error"),
+    (404, "not_found_error"), (408, "invalid_request_error"), (413, "request_too_large"),
+    (422, "invalid_request_error"), (429, "rate_limit_error"), (500, "api_error"), (503, "overloaded_error"),
+    (504, "api_error")])
+def test_each_status_has_anthropic_s_error_type(status, kind):
+    """Anthropic's documented types; a stalled body (408) is not one that was too large."""
+    from mlxspec.serve.anthropic import error_body
+    from mlxspec.serve.errors import APIError
+
+    assert error_body(APIError(status, "said")) == {"type": "error", "error": {"type": kind, "message": "said"}}
+
+
+def test_an_error_names_its_field_once():
+    from mlxspec.serve.anthropic import error_body
+    from mlxspec.serve.errors import APIError
+
+    assert error_body(APIError(400, "must be an integer", param="max_tokens"))["error"]["message"] == \
+        "max_tokens: must be an integer"
+    assert error_body(APIError(400, "max_tokens must be an integer", param="max_tokens"))["error"]["message"] == \
+        "max_tokens must be an integer"
+
+
 def test_a_stop_sequence_is_named():
     tok = tiny.make_tokenizer()
     model = tiny.ScriptedModel()

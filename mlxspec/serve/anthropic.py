@@ -28,9 +28,9 @@ from .responses import figures, sse
 # Fields passed to the chat request as they are (OpenAI-style extensions of this server's included).
 PASSED = ("model", "max_tokens", "temperature", "top_p", "top_k", "stream", "seed", "min_p", "speculative",
           "num_draft", "drafter", "tree", "lookup", "chat_template_kwargs")
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 408: "request_too_large", 413: "request_too_large",
-               429: "rate_limit_error", 503: "overloaded_error"}
+# Anthropic's error types by status; any other 4xx is invalid_request_error, as Anthropic's own are, and 5xx api_error.
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+               413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 
 
 def to_chat(body: dict) -> dict:
