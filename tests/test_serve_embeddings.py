@@ -4,6 +4,7 @@ each the engine's vectors, in line with generations in the queue, with clear err
 
 import base64
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -63,6 +64,10 @@ def test_dimensions_keep_the_first_n_normalized_again(served):
     r = httpx.post(f"{url}/v1/embeddings", json={"input": "x", "dimensions": 65}, timeout=TIMEOUT)
     assert r.status_code == 400 and r.json()["error"]["param"] == "dimensions"
     assert "dimensions must be 1..64 (this model's embeddings have 64), got 65" in r.json()["error"]["message"]
+    whole = openai_client(url).embeddings.create(model="t", input=TEXTS, dimensions=64)  # every dimension: allowed
+    np.testing.assert_allclose([d.embedding for d in whole.data], _vectors(ref, TEXTS), rtol=TOL, atol=TOL)
+    one = openai_client(url).embeddings.create(model="t", input=TEXTS, dimensions=1)
+    np.testing.assert_allclose([d.embedding for d in one.data], np.sign(raw[:, :1]), rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize("body, param, says", [
@@ -72,6 +77,8 @@ def test_dimensions_keep_the_first_n_normalized_again(served):
     ({"input": [[3, 99999]]}, "input", "outside the vocabulary"),
     ({"input": "x", "encoding_format": "int8"}, "encoding_format", "encoding_format must be one of float, base64"),
     ({"input": "x", "dimensions": 0}, "dimensions", "dimensions must be an integer >= 1"),
+    ({"input": "x", "dimensions": True}, "dimensions", "dimensions must be an integer >= 1"),
+    ({"input": "x", "dimensions": "8"}, "dimensions", "dimensions must be an integer >= 1"),
 ])
 def test_bad_openai_bodies_are_400_naming_the_field(served, body, param, says):
     url, _ = served
@@ -92,6 +99,9 @@ def test_an_input_past_the_context_is_refused_by_openai_s_route_and_cut_by_ollam
                                rtol=TOL, atol=TOL)
     kept = httpx.post(f"{url}/api/embed", json={"input": long, "truncate": False}, timeout=TIMEOUT)
     assert kept.status_code == 400 and "more than the model's context" in kept.json()["error"]  # Ollama's shape
+    older = httpx.post(f"{url}/api/embeddings", json={"prompt": long}, timeout=TIMEOUT).json()  # cuts, as Ollama
+    np.testing.assert_allclose(older["embedding"], _vectors(ref, [ref.tokenizer.encode(long)[:64]], normalize=-1)[0],
+                               rtol=TOL, atol=TOL)
 
 
 def test_the_ollama_client_gets_unit_vectors_and_the_older_route_raw_ones(served):
@@ -102,6 +112,9 @@ def test_the_ollama_client_gets_unit_vectors_and_the_older_route_raw_ones(served
     np.testing.assert_allclose(r.embeddings, _vectors(ref, TEXTS), rtol=TOL, atol=TOL)
     assert r.model == "t" and r.prompt_eval_count == sum(len(ref.tokenizer.encode(t)) for t in TEXTS)
     assert r.total_duration > 0
+    t0 = time.perf_counter_ns()
+    unnamed = httpx.post(f"{url}/api/embed", json={"model": "", "input": "x"}, timeout=TIMEOUT).json()
+    assert unnamed["model"] == "t" and 0 < unnamed["total_duration"] <= time.perf_counter_ns() - t0
     old = client.embeddings(model="t", prompt=TEXTS[0])
     np.testing.assert_allclose(old.embedding, _vectors(ref, TEXTS[0], normalize=-1)[0], rtol=TOL, atol=TOL)
     assert httpx.post(f"{url}/api/embeddings", json={"prompt": ""}, timeout=TIMEOUT).json() == {"embedding": []}
@@ -120,8 +133,10 @@ def test_llama_cpp_s_route_nests_each_vector_and_normalizes_as_asked(served):
     assert np.abs(taxicab[0]["embedding"][0]).sum() == pytest.approx(1, rel=1e-5)
     unit = httpx.post(f"{url}/embedding", json={"input": TEXTS[0]}, timeout=TIMEOUT).json()  # default 2
     assert np.linalg.norm(unit[0]["embedding"][0]) == pytest.approx(1, rel=1e-5)
-    bad = httpx.post(f"{url}/embedding", json={"content": "x", "embd_normalize": 1.5}, timeout=TIMEOUT)
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "embd_normalize"
+    for p in (1.5, -2, True):
+        bad = httpx.post(f"{url}/embedding", json={"content": "x", "embd_normalize": p}, timeout=TIMEOUT)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "embd_normalize"
+        assert "embd_normalize must be an integer >= -1" in bad.json()["error"]["message"]
 
 
 def test_embeddings_are_counted_in_the_metrics(served):
@@ -245,3 +260,30 @@ def test_a_long_embeddings_request_takes_turns_with_a_chat_slice_by_slice(monkey
     assert [d["index"] for d in got["data"]] == [0, 1, 2, 3] and got["usage"]["prompt_tokens"] == 32
     np.testing.assert_allclose([d["embedding"] for d in got["data"]], _vectors(tiny_engine(), texts),
                                rtol=TOL, atol=TOL)
+
+
+def test_inputs_are_sliced_in_order_by_tokens_a_long_one_alone(monkeypatch):
+    from mlxspec.serve import embeddings
+
+    monkeypatch.setattr(embeddings, "SLICE_TOKENS", 4)
+    ids = [[1] * n for n in (2, 2, 4, 1, 3, 5, 1)]
+    assert [[len(one) for one in group] for group in embeddings._slices(ids)] == [[2, 2], [4], [1, 3], [5], [1]]
+    assert embeddings._slices([]) == []
+
+
+def test_a_new_embeddings_request_is_refused_by_a_full_queue_as_a_chat_is():
+    engine = GatedEngine(tiny_engine())
+    engine.gate.clear()
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with running_server(engine, queue=1) as (url, server):
+        held = [threading.Thread(target=httpx.post, args=(f"{url}/v1/chat/completions",),
+                                 kwargs={"json": chat, "timeout": TIMEOUT}, daemon=True) for _ in range(2)]
+        held[0].start()
+        wait_until(lambda: engine.started == 1, "a generation holds the engine")
+        held[1].start()
+        wait_until(lambda: server.mlxspec.queue.waiting == 1, "another waits: the queue is full")
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": "x"}, timeout=TIMEOUT)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
+        engine.gate.set()
+        for thread in held:
+            thread.join(TIMEOUT)
