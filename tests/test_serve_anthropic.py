@@ -120,6 +120,7 @@ def test_tool_use_and_the_tool_result_in_the_next_turn():
         with client.messages.stream(model="s", max_tokens=100, tools=[WEATHER], messages=ask) as stream:
             final = stream.get_final_message()
         assert [b.type for b in final.content] == ["text", "tool_use"] and final.content[1].input == {"city": "Paris"}
+        assert final.stop_reason == "tool_use"
         turn = ask + [{"role": "assistant", "content": [b.model_dump() for b in r.content]},
                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                     "content": "Sunny, 24 C"}]}]
@@ -264,3 +265,73 @@ def test_a_last_assistant_message_is_a_prefill_the_answer_continues():
 def prompt_tokens(usage) -> int:
     """The whole prompt, as Anthropic's usage splits it."""
     return usage.input_tokens + (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
+
+
+def _chat(**body):
+    from mlxspec.serve.anthropic import to_chat
+
+    return to_chat(dict({"max_tokens": 5, "messages": ASK}, **body))
+
+
+def test_a_turn_s_blocks_become_chat_messages():
+    use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+    turn = [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "a tool", "signature": ""},
+                                              {"type": "redacted_thinking", "data": "x"}, use]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "down",
+                                          "is_error": True}, {"type": "text", "text": "Try again."}]},
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"}]}]
+    call = {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    assert _chat(messages=turn)["messages"] == [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},  # (the thinking dropped, as templates do)
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: down"},
+        {"role": "user", "content": "Try again."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny"}]  # no empty user message after it
+
+
+@pytest.mark.parametrize("message, says", [
+    ("hi", "messages[0] must be {\"role\": \"user\" or \"assistant\""),
+    ({"role": "user", "content": [{"type": "text", "text": 5}]}, "user blocks of type 'text' are not supported"),
+    ({"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+     "user blocks of type 'tool_use' are not supported"),
+    ({"role": "user", "content": [{"type": "thinking", "thinking": "hm"}]}, "user blocks of type 'thinking'"),
+    ({"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]},
+     "assistant blocks of type 'tool_result' are not supported"),
+    ({"role": "assistant", "content": [{"type": "image", "source": {}}]}, "assistant blocks of type 'image'"),
+])
+def test_a_block_that_cannot_be_read_is_refused_naming_it(message, says):
+    from mlxspec.serve.errors import APIError
+
+    with pytest.raises(APIError) as e:
+        _chat(messages=[message])
+    assert e.value.status == 400 and says in e.value.message
+
+
+def test_tool_choice_thinking_and_temperature_become_the_chat_s():
+    auto = _chat(tools=[WEATHER], tool_choice={"type": "auto"})
+    assert auto["tool_choice"] == "auto" and "parallel_tool_calls" not in auto
+    one = _chat(tools=[WEATHER], tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    assert one["tool_choice"] == "required" and one["parallel_tool_calls"] is False
+    named = _chat(tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"})
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert "tools" not in _chat(tools=[WEATHER], tool_choice={"type": "none"})
+    off = _chat(thinking={"type": "disabled"}, chat_template_kwargs={"mode": "brief"})
+    assert off["chat_template_kwargs"] == {"mode": "brief", "enable_thinking": False}  # added to the client's own
+    assert "chat_template_kwargs" not in _chat(thinking={"type": "enabled", "budget_tokens": 1024})
+    for edge in (0, 1):  # Anthropic's range, both ends in it
+        assert _chat(temperature=edge)["temperature"] == edge
+
+
+def test_an_empty_answer_is_one_empty_text_block_whole_or_streamed():
+    from mlxspec.serve.anthropic import MessageBuilder
+    from mlxspec.stats import GenerationStats
+
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}
+    whole = MessageBuilder("m").whole("", "", [], "stop", usage, GenerationStats())
+    assert whole["content"] == [{"type": "text", "text": ""}] and whole["stop_reason"] == "end_turn"
+    events = [e.decode().split("\n")[0] for e in MessageBuilder("m").finish("stop", usage, GenerationStats())]
+    assert events == ["event: content_block_start", "event: content_block_stop", "event: message_delta",
+                      "event: message_stop"]

@@ -333,3 +333,32 @@ def test_ollama_s_fields_are_read_and_others_named_in_the_log():
     generate = {"model": "t", "prompt": "x", "suffix": "y", "raw": True, "system": "s"}
     assert fields.unread("/api/generate", generate) == []
     assert fields.moved("/api/generate", {"prompt": "x", "temperature": 0.5}) == ("temperature", "options.temperature")
+
+
+@pytest.mark.parametrize("last, context, size", [(-1, 4096, 4096), (-1, None, ol.UNBOUNDED), (1, 4096, 1)])
+def test_repeat_last_n_minus_1_is_the_whole_context(last, context, size):
+    chat, ignored = ol.to_chat({"messages": ASK, "options": {"repeat_penalty": 1.2, "repeat_last_n": last,
+                                                             "num_ctx": 8192, "temperature": 0.5}}, context)
+    assert chat["repetition_context_size"] == size and chat["repetition_penalty"] == 1.2
+    assert ignored == ["num_ctx"]  # read: repeat_last_n and those that become a chat field
+
+
+def test_generate_is_a_chat_unless_raw_or_the_model_has_no_template():
+    assert ol.to_generate({"prompt": "hi"}, 64)[0] == "chat"
+    kind, body, _ = ol.to_generate({"prompt": "hi", "raw": True, "logprobs": True}, 64)
+    assert kind == "completion" and body["logprobs"] == 0 and body["prompt"] == "hi"  # no alternatives asked for
+    kind, body, _ = ol.to_generate({"prompt": "hi", "logprobs": True, "top_logprobs": 3}, 64, templated=False)
+    assert kind == "completion" and body["logprobs"] == 3 and "top_logprobs" not in body
+
+
+def test_only_an_assistant_s_list_of_calls_is_read_as_calls():
+    """Anything else goes on as it came, for the chat path to say what is wrong with it."""
+    call = {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    given = [{"role": "user", "content": "a", "tool_calls": [call]},
+             {"role": "assistant", "content": "b", "tool_calls": "soon"},
+             {"role": "assistant", "content": "c", "tool_calls": [call]},
+             {"role": "assistant", "content": "d"}]
+    out = ol.to_chat({"messages": given}, None)[0]["messages"]
+    assert out[0] == given[0] and out[1] == given[1] and out[3] == given[3]
+    assert out[2]["tool_calls"] == [{"id": "call_2_0", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
