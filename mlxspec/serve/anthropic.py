@@ -229,7 +229,7 @@ class MessageBuilder:
             out.append(self._delta({"type": "text_delta", "text": text}))
         for call in calls:
             block = self._tool_use(call)
-            out += self._open("tool_use", dict(block, input={}), force=True)
+            out += self._open("tool_use", dict(block, input={}))
             out.append(self._delta({"type": "input_json_delta", "partial_json": json.dumps(block["input"])}))
             out += self._close()
             self.called = True
@@ -247,8 +247,8 @@ class MessageBuilder:
     def error(e: APIError) -> bytes:
         return sse(error_body(e), "error")
 
-    def _open(self, kind: str, block: dict, force: bool = False) -> List[tuple]:
-        if self.open == kind and not force:
+    def _open(self, kind: str, block: dict) -> List[tuple]:
+        if self.open == kind:  # (a tool_use block is closed at once: the next call opens its own)
             return []
         out = self._close()
         self.open = kind
