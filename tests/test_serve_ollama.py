@@ -3,6 +3,7 @@
 paths, JSON lines, options, formats, tools, thinking, fill in the middle, logprobs and errors."""
 
 import json
+import time
 
 import httpx
 import pytest
@@ -38,8 +39,13 @@ def test_a_chat_is_the_chat_answer_under_the_name_asked_for(served):
     assert r.done and r.done_reason == {"length": "length", "stop": "stop"}[want.finish_reason]
     assert (r.prompt_eval_count, r.eval_count) == (want.stats.prompt_tokens, want.stats.tokens)
     assert r.total_duration >= r.eval_duration > 0 and r.prompt_eval_duration > 0
+    t0 = time.perf_counter_ns()
     body = httpx.post(f"{url}/api/chat", json={"model": "t", "messages": ASK, "stream": False}, timeout=TIMEOUT).json()
-    assert body["mlxspec"]["drafter"] == "ngram"  # how speculation went (the client keeps Ollama's fields only)
+    assert body["total_duration"] <= time.perf_counter_ns() - t0 and body["load_duration"] == 0
+    spent = body["mlxspec"]  # how speculation went (the client keeps Ollama's fields only)
+    assert spent["drafter"] == "ngram"
+    assert (body["prompt_eval_duration"], body["eval_duration"]) == (int(spent["prompt_seconds"] * 1e9),
+                                                                     int(spent["seconds"] * 1e9))
 
 
 def test_the_stream_is_json_lines_spelling_the_same_answer(served):
@@ -224,13 +230,14 @@ def test_logprobs_are_the_chat_path_s(served):
 
 
 def test_the_model_is_described_as_ollama_describes_its_own(served):
-    client, url, _ = served
+    client, url, ref = served
     (listed,) = client.list().models
     assert listed.model == "t" and listed.details.family == "llama" and len(listed.digest) == 64
     shown = client.show("t")
     assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.context_length"] == 4096
     assert shown.capabilities == ["completion"] and shown.details.parameter_size.endswith("K")
     assert shown.parameters.split("\n") == ["temperature 0", "num_predict 512", "num_ctx 4096"]
+    assert shown.modelfile == "# served by mlxspec\nFROM t\n" and shown.template == ref.tokenizer.chat_template
     (loaded,) = client.ps().models
     assert loaded.model == "t" and loaded.context_length == 4096 and loaded.size_vram == loaded.size  # all of it
     assert httpx.post(f"{url}/api/show", json={"name": "t"}, timeout=TIMEOUT).json()["capabilities"] == \
@@ -245,7 +252,7 @@ def test_the_model_is_described_as_ollama_describes_its_own(served):
 
 
 @pytest.mark.parametrize("n, written", [(134_515_008, "135M"), (7_615_616_512, "7.6B"), (1_500_000, "1.5M"),
-                                        (999, "999")])
+                                        (1_000_000, "1.0M"), (1_500, "1.5K"), (999, "999")])
 def test_parameter_counts_are_written_as_ollama_writes_them(n, written):
     assert ol._parameter_size(n) == written
 
@@ -362,3 +369,30 @@ def test_only_an_assistant_s_list_of_calls_is_read_as_calls():
     assert out[0] == given[0] and out[1] == given[1] and out[3] == given[3]
     assert out[2]["tool_calls"] == [{"id": "call_2_0", "type": "function",
                                      "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+
+
+def test_the_model_s_weights_are_described_as_stored_and_as_loaded(tmp_path):
+    from types import SimpleNamespace
+
+    (tmp_path / "model.safetensors").write_bytes(b"w" * 1000)
+    info = SimpleNamespace(ref="some/model", path=str(tmp_path), format="mlx", source="local", weights_bytes=600,
+                           quantization="4-bit")
+    state = SimpleNamespace(engine=SimpleNamespace(target_info=info), model_id="m", created=0, fingerprint="f")
+    listed, loaded = ol.model_entry(state), ol.model_entry(state, loaded=True)
+    assert listed["size"] == 1000 and "size_vram" not in listed  # /api/tags: the bytes on disk
+    assert loaded["size"] == loaded["size_vram"] == 600  # /api/ps: the bytes in memory
+    unknown = SimpleNamespace(engine=SimpleNamespace(), model_id="m", created=0, fingerprint="f")
+    assert ol.model_entry(unknown)["size"] == ol.model_entry(unknown, loaded=True)["size"] == 0
+    assert listed["details"] == {"parent_model": "", "format": "safetensors", "family": "unknown",
+                                 "families": ["unknown"], "parameter_size": "0", "quantization_level": "4-bit"}
+
+
+@pytest.mark.parametrize("fmt, quantization, level", [
+    ("gguf", "GGUF Q4_1 (token_embd Q8_0)", "Q4_1"), ("gguf", "Q8_0", "Q8_0"), ("mlx", "GGUF Q4_1", "GGUF Q4_1"),
+    ("gguf", None, "")])
+def test_a_gguf_s_quantization_is_named_as_ollama_names_it(fmt, quantization, level):
+    from types import SimpleNamespace
+
+    engine = SimpleNamespace(target_info=SimpleNamespace(format=fmt, quantization=quantization))
+    details = ol.details(engine)
+    assert details["quantization_level"] == level and details["format"] == ("gguf" if fmt == "gguf" else "safetensors")
