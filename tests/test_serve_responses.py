@@ -328,3 +328,42 @@ def test_stored_responses_outlive_the_server_and_can_be_deleted(tmp_path):
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
         assert f"in {folder}" in r.json()["error"]["message"]  # where this server keeps them
     assert list((tmp_path / "responses").glob("*.json")) == []
+
+
+def test_a_response_echoes_the_request_s_settings_or_openai_s_defaults():
+    from mlxspec.serve.responses_output import ResponseBuilder
+
+    shown = ResponseBuilder("t", {}).response("stop", None, None)
+    assert {key: shown[key] for key in ("parallel_tool_calls", "tools", "tool_choice", "text", "metadata", "store",
+                                        "truncation", "status", "incomplete_details")} == {
+        "parallel_tool_calls": True, "tools": [], "tool_choice": "auto", "text": {"format": {"type": "text"}},
+        "metadata": {}, "store": True, "truncation": "disabled", "status": "completed", "incomplete_details": None}
+    sent = {"parallel_tool_calls": False, "tools": [{"type": "function", "name": "f", "parameters": {}}],
+            "tool_choice": "required", "text": {"format": {"type": "json_object"}}, "metadata": {"user": "ann"},
+            "store": False}
+    echoed = ResponseBuilder("t", sent).response("length", None, None)
+    assert {key: echoed[key] for key in sent} == sent
+    assert echoed["status"] == "incomplete" and echoed["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def _events(chunks):
+    return [json.loads(chunk.decode().split("data: ", 1)[1]) for chunk in chunks]
+
+
+def test_an_empty_streamed_answer_is_one_empty_message_and_one_after_a_call_is_none():
+    from mlxspec.serve.responses_output import ResponseBuilder
+    from mlxspec.stats import GenerationStats
+
+    builder = ResponseBuilder("t", {})
+    events = _events(builder.finish("stop", None, GenerationStats()))
+    assert [e["type"] for e in events] == ["response.output_item.added", "response.content_part.added",
+                                           "response.output_text.done", "response.content_part.done",
+                                           "response.output_item.done", "response.completed"]
+    assert [(item["type"], item["content"][0]["text"]) for item in events[-1]["response"]["output"]] == [
+        ("message", "")]
+    builder = ResponseBuilder("t", {})
+    call = {"id": "call_1", "function": {"name": "f", "arguments": "{}"}}
+    events = _events(builder.feed("Think.", "", [call]) + builder.finish("stop", None, GenerationStats()))
+    delta = next(e for e in events if e["type"] == "response.reasoning_text.delta")
+    assert (delta["output_index"], delta["content_index"], delta["delta"]) == (0, 0, "Think.")
+    assert [item["type"] for item in events[-1]["response"]["output"]] == ["reasoning", "function_call"]
