@@ -366,4 +366,6 @@ def test_an_empty_streamed_answer_is_one_empty_message_and_one_after_a_call_is_n
     events = _events(builder.feed("Think.", "", [call]) + builder.finish("stop", None, GenerationStats()))
     delta = next(e for e in events if e["type"] == "response.reasoning_text.delta")
     assert (delta["output_index"], delta["content_index"], delta["delta"]) == (0, 0, "Think.")
+    done = next(e for e in events if e["type"] == "response.reasoning_text.done")
+    assert (done["output_index"], done["content_index"], done["text"]) == (0, 0, "Think.")
     assert [item["type"] for item in events[-1]["response"]["output"]] == ["reasoning", "function_call"]
