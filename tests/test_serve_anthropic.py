@@ -335,3 +335,31 @@ def test_an_empty_answer_is_one_empty_text_block_whole_or_streamed():
     events = [e.decode().split("\n")[0] for e in MessageBuilder("m").finish("stop", usage, GenerationStats())]
     assert events == ["event: content_block_start", "event: content_block_stop", "event: message_delta",
                       "event: message_stop"]
+
+
+def test_each_streamed_block_s_events_carry_its_index():
+    from mlxspec.serve.anthropic import MessageBuilder
+    from mlxspec.stats import GenerationStats
+
+    usage = {"prompt_tokens": 3, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}
+    calls = [{"function": {"name": f, "arguments": "{}"}} for f in ("f", "g")]
+    builder = MessageBuilder("m")
+    chunks = (builder.feed("Hm.", "", []) + builder.feed("", "Ok.", []) + builder.feed("", "", calls)
+              + builder.finish("stop", usage, GenerationStats()))
+    events = [json.loads(chunk.decode().split("data: ", 1)[1]) for chunk in chunks]
+    indexed = [(e["type"][len("content_block_"):], e["index"]) for e in events if "index" in e]
+    assert indexed == [(kind, i) for i in range(4) for kind in ("start", "delta", "stop")]
+    assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+
+
+@pytest.mark.parametrize("stopped_by, calls, sequence, reason", [
+    ("</answer>", [], "</answer>", "stop_sequence"), (7, [], None, "end_turn"), (None, [], None, "end_turn"),
+    ("</answer>", [{"function": {"name": "f", "arguments": "{}"}}], None, "tool_use")])
+def test_only_a_stop_string_is_the_stop_sequence(stopped_by, calls, sequence, reason):
+    """A stop token id (the model's end of turn, stop_token_ids) is not a sequence the client sent."""
+    from mlxspec.serve.anthropic import MessageBuilder
+    from mlxspec.stats import GenerationStats
+
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}}
+    whole = MessageBuilder("m").whole("", "x", calls, "stop", usage, GenerationStats(), stopped_by)
+    assert (whole["stop_sequence"], whole["stop_reason"]) == (sequence, reason)

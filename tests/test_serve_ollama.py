@@ -396,3 +396,10 @@ def test_a_gguf_s_quantization_is_named_as_ollama_names_it(fmt, quantization, le
     engine = SimpleNamespace(target_info=SimpleNamespace(format=fmt, quantization=quantization))
     details = ol.details(engine)
     assert details["quantization_level"] == level and details["format"] == ("gguf" if fmt == "gguf" else "safetensors")
+
+
+def test_an_answer_s_tool_call_keeps_the_id_it_was_given():
+    call = {"id": "call_7", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    assert ol.OllamaBuilder._call(call, 2) == {"id": "call_7", "function": {
+        "index": 2, "name": "get_weather", "arguments": {"city": "Paris"}}}
+    assert ol.OllamaBuilder._call(dict(call, id=None), 0)["id"].startswith("call_")
