@@ -71,6 +71,7 @@ def test_a_json_schema_is_followed_and_time_ends_the_answer_at_a_line(served):
     ({"prompt": PROMPT, "grammar": "root ::= \"yes\""}, "grammar", "send json_schema instead"),
     ({"prompt": PROMPT, "json_schema": "an object"}, "json_schema", "json_schema"),
     ({"prompt": PROMPT, "n_predict": -5}, "n_predict", "n_predict must be an integer >= -1"),
+    ({"prompt": PROMPT, "n_predict": True}, "n_predict", "n_predict must be an integer >= -1"),
     ({"prompt": PROMPT, "n_indent": "4"}, "n_indent", "n_indent must be an integer"),
     ({"prompt": PROMPT, "max_tokens": 4}, "max_tokens", "send n_predict instead"),
     ({"prompt": PROMPT, "logit_bias": [["Hello", 1.0]]}, "logit_bias", "tokens are named by id here"),
@@ -95,6 +96,29 @@ def test_props_say_the_context_the_slots_and_the_template(served):
     assert settings["params"]["n_predict"] == 512 and settings["params"]["temperature"] == 0.0  # the server's defaults
     assert p["chat_template"] == ref.tokenizer.chat_template and p["model_alias"] == "t"
     assert p["modalities"] == {"vision": False, "audio": False} and p["build_info"].startswith("mlxspec ")
+    assert {key: settings[key] for key in ("id", "id_task", "speculative")} == {"id": 0, "id_task": -1,
+                                                                            "speculative": True}
+    assert {key: settings["params"][key] for key in ("seed", "post_sampling_probs", "repeat_last_n", "repeat_penalty",
+                                                     "presence_penalty", "frequency_penalty", "stop")} == {
+        "seed": -1, "post_sampling_probs": False, "repeat_last_n": 64, "repeat_penalty": 1.0,
+        "presence_penalty": 0.0, "frequency_penalty": 0.0, "stop": []}  # llama-server's: nothing changes the model's
+    assert (p["model_path"], p["bos_token"], p["eos_token"]) == ("t", ref.tokenizer.bos_token or "",
+                                                                 ref.tokenizer.eos_token)
+    assert (p["is_sleeping"], p["endpoint_slots"], p["endpoint_props"], p["endpoint_metrics"]) == (
+        False, False, False, True)  # what this server answers: /metrics, not /slots or POST /props
+
+
+def test_n_predict_0_reads_the_prompt_only_and_1_writes_one_token(served):
+    url, ref = served
+    warm = post(url, prompt=PROMPT, n_predict=0, n_probs=2, return_tokens=True).json()
+    assert (warm["content"], warm["tokens_predicted"], warm["stop_type"], warm["timings"]["predicted_n"]) == (
+        "", 0, "eos", 0)
+    assert warm["tokens_evaluated"] == len(ref.tokenizer.encode(PROMPT)) and warm["tokens"] == []
+    assert warm["completion_probabilities"] == []
+    one = post(url, prompt=PROMPT, n_predict=1, return_tokens=True).json()
+    want = ref.generate(PROMPT, max_tokens=1, speculative=False)
+    assert (one["content"], one["tokens"], one["tokens_predicted"], one["stop_type"]) == (
+        want.text, want.tokens, 1, "limit")
 
 
 def spelt(rows) -> str:
