@@ -554,3 +554,16 @@ def test_another_api_s_stream_that_fails_mid_way_says_so_and_is_counted(path, bo
         m = scrape_metrics(url)
     assert any("numerical_error" in line or "NaN" in line for line in lines[-3:]), lines[-3:]
     assert m['mlxspec_errors_total{status="500"}'] == 1 and m["mlxspec_requests_cancelled_total"] == 0
+
+
+def test_an_error_in_another_api_s_terms_renames_only_a_leading_field_name():
+    error = APIError(400, "max_tokens must be >= 1 (max_tokens counts tokens)", param="max_tokens", code="c",
+                     headers={"X": "1"})
+    named = error.named("n_predict")
+    assert (named.message, named.param, named.code, named.status, named.headers) == (
+        "n_predict must be >= 1 (max_tokens counts tokens)", "n_predict", "c", 400, {"X": "1"})
+    assert APIError(400, "the answer needs max_tokens >= 1", param="max_tokens").named("n_predict").message == \
+        "the answer needs max_tokens >= 1"  # (not a name at its start: left as it is)
+    unnamed = APIError(400, "repetition_context_size is too large").named("options.repeat_penalty", {
+        "repetition_context_size": "options.repeat_last_n"})
+    assert (unnamed.message, unnamed.param) == ("options.repeat_last_n is too large", "options.repeat_penalty")
