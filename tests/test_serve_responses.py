@@ -2,6 +2,7 @@
 function calls and their outputs in the next turn, structured output, reasoning, and errors."""
 
 import json
+import re
 
 import httpx
 import pytest
@@ -290,6 +291,28 @@ def test_a_folder_keeps_the_store_across_restarts(tmp_path, caplog):
         again.get("resp_1")
     _remember(again, 3)  # the oldest left goes first, file and all
     assert ResponseStore(size=2, folder=tmp_path / "responses").conversation("resp_3")[-1]["content"] == "answer 3"
+
+
+def test_files_that_are_not_this_server_s_stored_responses_are_read_past(tmp_path, caplog):
+    from mlxspec.serve.errors import APIError
+    from mlxspec.serve.response_store import ResponseStore
+
+    good = {"order": 1, "response": {"id": "resp_old", "output": []}, "conversation": []}  # (before input items)
+    files = {"resp_old": good,
+             "resp_moved": dict(good, response={"id": "resp_other"}),
+             "resp_talk": dict(good, response={"id": "resp_talk"}, conversation={"role": "user"}),
+             "resp_late": dict(good, response={"id": "resp_late"}, order="2"),
+             "resp_items": dict(good, response={"id": "resp_items"}, input={"type": "message"})}
+    for name, data in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    store = ResponseStore(folder=tmp_path)
+    assert list(store._items) == ["resp_old"] and store.input_items("resp_old") == []
+    for name in ("resp_moved", "resp_talk", "resp_late", "resp_items"):
+        assert f"skipping {tmp_path / name}.json: not a stored response of this server" in caplog.text
+        assert (tmp_path / f"{name}.json").exists()  # left as it is
+    for kept, where in ((store, f"in {tmp_path}"), (ResponseStore(), "in memory")):
+        with pytest.raises(APIError, match=re.escape(f"answered with store true are, {where})")):
+            kept.get("resp_nope")
 
 
 def test_a_store_that_cannot_write_keeps_answering_from_memory(tmp_path, monkeypatch, caplog):
