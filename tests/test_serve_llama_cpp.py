@@ -212,3 +212,39 @@ def test_apply_template_gives_the_text_completion_answers_as_the_chat_is_answere
                        ({"messages": chat, "add_generation_prompt": False}, "add_generation_prompt false alone")):
         r = httpx.post(f"{url}/apply-template", json=body, timeout=TIMEOUT)
         assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("value, context, limit", [(None, 64, 512), (-1, 64, 64), (-1, None, None), (0, 64, 0),
+                                                   (7, 64, 7)])
+def test_n_predict_is_the_answer_s_length_and_minus_1_the_context_s(value, context, limit):
+    from types import SimpleNamespace
+
+    from mlxspec.serve.llama_cpp import n_predict
+    from mlxspec.serve.ollama import UNBOUNDED
+
+    state = SimpleNamespace(engine=SimpleNamespace(context=context), options=SimpleNamespace(max_tokens=512))
+    assert n_predict(value, state) == (UNBOUNDED if limit is None else limit)
+
+
+@pytest.mark.parametrize("body, limits", [
+    ({"n_indent": 4, "t_max_predict_ms": 250}, {"min_indent": 4, "soft_time_limit": 0.25}),
+    ({"n_indent": 1, "t_max_predict_ms": 0.5}, {"min_indent": 1, "soft_time_limit": 0.0005}),
+    ({"n_indent": 0, "t_max_predict_ms": 0}, {}), ({"n_indent": -1, "t_max_predict_ms": -1}, {}),
+    ({"t_max_predict_ms": float("inf")}, {}), ({}, {})])
+def test_n_indent_and_t_max_predict_ms_are_limits_only_when_positive(body, limits):
+    from mlxspec.serve.llama_cpp import _line_limits
+
+    assert _line_limits(body) == limits
+
+
+@pytest.mark.parametrize("body, param", [({"n_indent": True}, "n_indent"), ({"n_indent": 2.0}, "n_indent"),
+                                         ({"t_max_predict_ms": True}, "t_max_predict_ms"),
+                                         ({"t_max_predict_ms": "5"}, "t_max_predict_ms"),
+                                         ({"t_max_predict_ms": float("nan")}, "t_max_predict_ms")])
+def test_a_line_limit_that_is_not_a_number_is_refused(body, param):
+    from mlxspec.serve.errors import APIError
+    from mlxspec.serve.llama_cpp import _line_limits
+
+    with pytest.raises(APIError) as e:
+        _line_limits(body)
+    assert e.value.status == 400 and e.value.param == param and e.value.message.startswith(f"{param} must be")
