@@ -248,3 +248,22 @@ def test_a_line_limit_that_is_not_a_number_is_refused(body, param):
     with pytest.raises(APIError) as e:
         _line_limits(body)
     assert e.value.status == 400 and e.value.param == param and e.value.message.startswith(f"{param} must be")
+
+
+@pytest.mark.parametrize("given, bias", [
+    ([[13, 2.0], ["14", -1]], {"13": 2.0, "14": -1}), ({"13": False, "7": 0.5}, {"13": -100, "7": 0.5}),
+    ([[13, False]], {"13": -100}), ([], {})])
+def test_logit_bias_in_llama_cpp_s_forms_is_openai_s(given, bias):
+    from mlxspec.serve.llama_cpp import _bias
+
+    assert _bias(given) == bias
+
+
+@pytest.mark.parametrize("given", ["13", [5], [[1, 2, 3]], [[True, 1]], [[1.5, 1]], [["x", 1]], {"-1": 1}])
+def test_logit_bias_that_is_not_pairs_of_token_ids_is_refused(given):
+    from mlxspec.serve.errors import APIError
+    from mlxspec.serve.llama_cpp import _bias
+
+    with pytest.raises(APIError) as e:
+        _bias(given)
+    assert e.value.param == "logit_bias" and "tokens are named by id here" in e.value.message
