@@ -392,3 +392,44 @@ def test_an_empty_streamed_answer_is_one_empty_message_and_one_after_a_call_is_n
     done = next(e for e in events if e["type"] == "response.reasoning_text.done")
     assert (done["output_index"], done["content_index"], done["text"]) == (0, 0, "Think.")
     assert [item["type"] for item in events[-1]["response"]["output"]] == ["reasoning", "function_call"]
+
+
+def test_input_items_become_chat_messages_a_turn_s_calls_in_one():
+    from mlxspec.serve.responses_api import to_chat
+
+    def call(i):
+        return {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": f'{{"n": {i}}}'}
+
+    def as_chat(i):
+        return {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": f'{{"n": {i}}}'}}
+
+    given = [{"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "text", "text": "b"}]},
+             call(1), call(2),
+             {"type": "function_call_output", "call_id": "c1", "output": [{"type": "output_text", "text": "one"}]},
+             {"type": "function_call_output", "call_id": "c2", "output": "two"},
+             {"type": "reasoning", "id": "rs_1", "summary": []},
+             {"type": "message", "role": "assistant", "content": "Let me look again."}, call(3)]
+    chat, conversation = to_chat({"input": given, "reasoning": {"effort": "low"}})
+    assert chat["messages"] == conversation == [
+        {"role": "user", "content": "a\nb"},
+        {"role": "assistant", "content": None, "tool_calls": [as_chat(1), as_chat(2)]},
+        {"role": "tool", "tool_call_id": "c1", "content": "one"},
+        {"role": "tool", "tool_call_id": "c2", "content": "two"},
+        {"role": "assistant", "content": "Let me look again."},
+        {"role": "assistant", "content": None, "tool_calls": [as_chat(3)]}]  # (a message's text holds no calls)
+    assert chat["reasoning_effort"] == "low"
+    assert "reasoning_effort" not in to_chat({"input": "hi", "reasoning": {"summary": "auto"}})[0]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": "hi", "reasoning": "low"}, "reasoning"),
+    ({"input": [{"role": "user", "content": ["hi"]}]}, "input[0].content[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]}, "input[0].content[0]")])
+def test_input_a_chat_cannot_hold_is_refused_naming_where(body, param):
+    from mlxspec.serve.errors import APIError
+    from mlxspec.serve.responses_api import to_chat
+
+    with pytest.raises(APIError) as e:
+        to_chat(body)
+    assert e.value.status == 400 and e.value.param == param
