@@ -79,6 +79,7 @@ def test_a_json_schema_is_followed_and_time_ends_the_answer_at_a_line(served):
     ({"prompt": PROMPT, "n_probs": 1001}, "n_probs", "n_probs must be an integer in 0..1000"),
     ({"prompt": PROMPT, "n_probs": "5"}, "n_probs", "n_probs must be an integer"),
     ({"prompt": PROMPT, "return_tokens": "yes"}, "return_tokens", "return_tokens must be true or false"),
+    ({"prompt": PROMPT, "response_fields": "content"}, "response_fields", "response_fields must be a list"),
 ])
 def test_bad_requests_are_refused_naming_the_field(served, body, param, says):
     url, _ = served
@@ -267,3 +268,32 @@ def test_logit_bias_that_is_not_pairs_of_token_ids_is_refused(given):
     with pytest.raises(APIError) as e:
         _bias(given)
     assert e.value.param == "logit_bias" and "tokens are named by id here" in e.value.message
+
+
+def _builder(warm_only=False):
+    from mlxspec.serve.llama_cpp import LlamaBuilder
+
+    return LlamaBuilder("completion", "t", None, warm_only=warm_only, truncated=False)
+
+
+@pytest.mark.parametrize("warm_only", [False, True])
+def test_timings_are_llama_server_s_from_the_engine_s_seconds(warm_only):
+    from mlxspec.stats import GenerationStats
+
+    stats = GenerationStats(prefilled_tokens=10, prompt_seconds=0.5, seconds=2.0)
+    usage = {"prompt_tokens": 12, "completion_tokens": 8, "prompt_tokens_details": {"cached_tokens": 2}}
+    r = _builder(warm_only).whole("", "abc", [], "length", usage, stats)
+    n = 0 if warm_only else 8
+    assert r["timings"] == {"prompt_n": 10, "prompt_ms": 500.0, "prompt_per_token_ms": 50.0, "prompt_per_second": 20.0,
+                            "predicted_n": n, "predicted_ms": 2000.0, "predicted_per_token_ms": 2000.0 / max(n, 1),
+                            "predicted_per_second": n / 2.0}
+    assert (r["content"], r["tokens_predicted"], r["stop_type"], r["tokens_cached"]) == (
+        "" if warm_only else "abc", n, "eos" if warm_only else "limit", 2)
+    nothing = _builder(warm_only).whole("", "", [], "stop", dict(usage, completion_tokens=0), GenerationStats())
+    assert nothing["timings"]["prompt_per_token_ms"] == nothing["timings"]["predicted_per_token_ms"] == 0.0
+
+
+def test_a_stream_event_carries_text_only_and_none_when_reading_the_prompt_only():
+    assert _builder().feed("", "", []) == [] and _builder(warm_only=True).feed("", "x", []) == []
+    (event,) = _builder().feed("", "x", [])
+    assert json.loads(event.decode()[len("data: "):]) == {"index": 0, "content": "x", "tokens": [], "stop": False}
