@@ -433,3 +433,18 @@ def test_input_a_chat_cannot_hold_is_refused_naming_where(body, param):
     with pytest.raises(APIError) as e:
         to_chat(body)
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_tool_choice_in_the_responses_shape_or_chat_s_is_chat_s():
+    from mlxspec.serve.responses_api import to_chat
+
+    def chosen(choice):
+        return to_chat({"input": "hi", "tool_choice": choice})[0]["tool_choice"]
+
+    named = {"type": "function", "function": {"name": "f"}}
+    assert chosen({"type": "function", "name": "f"}) == named and chosen(named) == named
+    custom = {"type": "custom", "name": "f"}
+    assert chosen("required") == "required" and chosen(custom) == custom  # (the chat path says what is wrong)
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [named]}}
+    assert chosen({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "f"}]}) == allowed
+    assert chosen(allowed) == allowed
