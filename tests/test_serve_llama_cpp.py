@@ -30,7 +30,7 @@ def test_a_prompt_is_answered_as_plain_decoding_answers_it(served):
     want = ref.generate(PROMPT, max_tokens=24, speculative=False)
     r = post(url, prompt=PROMPT, n_predict=24).json()
     assert r["content"] == want.text and r["stop"] and r["tokens_predicted"] == want.stats.tokens
-    assert r["tokens_evaluated"] == want.stats.prompt_tokens and r["model"] == "t"
+    assert r["tokens_evaluated"] == want.stats.prompt_tokens and r["model"] == "t" and r["truncated"] is False
     assert r["stop_type"] == {"length": "limit", "stop": "eos"}[want.finish_reason]
     assert r["timings"]["predicted_n"] == want.stats.tokens and "mlxspec" in r
     ids = ref.tokenizer.encode(PROMPT)
@@ -72,6 +72,7 @@ def test_a_json_schema_is_followed_and_time_ends_the_answer_at_a_line(served):
     ({"prompt": PROMPT, "json_schema": "an object"}, "json_schema", "json_schema"),
     ({"prompt": PROMPT, "n_predict": -5}, "n_predict", "n_predict must be an integer >= -1"),
     ({"prompt": PROMPT, "n_predict": True}, "n_predict", "n_predict must be an integer >= -1"),
+    ({"prompt": PROMPT, "n_predict": -2}, "n_predict", "n_predict must be an integer >= -1"),
     ({"prompt": PROMPT, "n_indent": "4"}, "n_indent", "n_indent must be an integer"),
     ({"prompt": PROMPT, "max_tokens": 4}, "max_tokens", "send n_predict instead"),
     ({"prompt": PROMPT, "logit_bias": [["Hello", 1.0]]}, "logit_bias", "tokens are named by id here"),
