@@ -283,13 +283,13 @@ def test_timings_are_llama_server_s_from_the_engine_s_seconds(warm_only):
 
     stats = GenerationStats(prefilled_tokens=10, prompt_seconds=0.5, seconds=2.0)
     usage = {"prompt_tokens": 12, "completion_tokens": 8, "prompt_tokens_details": {"cached_tokens": 2}}
-    r = _builder(warm_only).whole("", "abc", [], "length", usage, stats)
+    r = _builder(warm_only).whole("", "ab\nc", [], "length", usage, stats)
     n = 0 if warm_only else 8
     assert r["timings"] == {"prompt_n": 10, "prompt_ms": 500.0, "prompt_per_token_ms": 50.0, "prompt_per_second": 20.0,
                             "predicted_n": n, "predicted_ms": 2000.0, "predicted_per_token_ms": 2000.0 / max(n, 1),
                             "predicted_per_second": n / 2.0}
-    assert (r["content"], r["tokens_predicted"], r["stop_type"], r["tokens_cached"]) == (
-        "" if warm_only else "abc", n, "eos" if warm_only else "limit", 2)
+    assert (r["index"], r["content"], r["has_new_line"], r["tokens_predicted"], r["stop_type"], r["tokens_cached"]) == (
+        0, "" if warm_only else "ab\nc", not warm_only, n, "eos" if warm_only else "limit", 2)
     nothing = _builder(warm_only).whole("", "", [], "stop", dict(usage, completion_tokens=0), GenerationStats())
     assert nothing["timings"]["prompt_per_token_ms"] == nothing["timings"]["predicted_per_token_ms"] == 0.0
 

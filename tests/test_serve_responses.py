@@ -408,7 +408,7 @@ def test_input_items_become_chat_messages_a_turn_s_calls_in_one():
              {"type": "function_call_output", "call_id": "c1", "output": [{"type": "output_text", "text": "one"}]},
              {"type": "function_call_output", "call_id": "c2", "output": "two"},
              {"type": "reasoning", "id": "rs_1", "summary": []},
-             {"type": "message", "role": "assistant", "content": "Let me look again."}, call(3)]
+             {"type": "message", "role": "assistant", "content": "Let me look again."}, call(3), call(4)]
     chat, conversation = to_chat({"input": given, "reasoning": {"effort": "low"}})
     assert chat["messages"] == conversation == [
         {"role": "user", "content": "a\nb"},
@@ -416,7 +416,7 @@ def test_input_items_become_chat_messages_a_turn_s_calls_in_one():
         {"role": "tool", "tool_call_id": "c1", "content": "one"},
         {"role": "tool", "tool_call_id": "c2", "content": "two"},
         {"role": "assistant", "content": "Let me look again."},
-        {"role": "assistant", "content": None, "tool_calls": [as_chat(3)]}]  # (a message's text holds no calls)
+        {"role": "assistant", "content": None, "tool_calls": [as_chat(3), as_chat(4)]}]  # (not in the text's)
     assert chat["reasoning_effort"] == "low"
     assert "reasoning_effort" not in to_chat({"input": "hi", "reasoning": {"summary": "auto"}})[0]
 
