@@ -171,6 +171,12 @@ def test_a_thinking_model_s_reasoning_is_a_thinking_block():
      "tool_choice.disable_parallel_tool_use must be true or false, got 'yes'"),
     ({"max_tokens": 5, "messages": ASK, "temperature": 1.5}, "temperature must be a number in 0..1"),  # Anthropic's
     ({"max_tokens": 5, "messages": ASK, "temperature": "warm"}, "temperature must be a number in 0..1"),
+    # the chat path's checks, in Anthropic's names
+    ({"max_tokens": 5, "messages": ASK, "stop_sequences": [1]}, "stop_sequences must be a string or a list of str"),
+    ({"max_tokens": 5, "messages": ASK, "tools": [dict(WEATHER, input_schema="x")]},
+     "tools[0].input_schema must be a JSON Schema object, got 'x'"),
+    ({"max_tokens": 5, "messages": ASK, "tools": [WEATHER, dict(WEATHER, name="get weather")]},
+     "tools[1].name must be 1-64 letters, digits, _ or -"),
 ])
 def test_errors_take_anthropic_s_shape(served, body, says):
     _, url, _ = served
@@ -180,6 +186,10 @@ def test_errors_take_anthropic_s_shape(served, body, says):
     error = r.json()
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert says in error["error"]["message"], error
+    if "tools" in body:  # counted as it would be answered, and refused alike
+        counted = httpx.post(f"{url}/v1/messages/count_tokens", json=dict({"model": "t"}, **body),
+                             headers={"x-api-key": "k"}, timeout=TIMEOUT)
+        assert counted.status_code == 400 and says in counted.json()["error"]["message"], counted.text
 
 
 def test_either_key_header_is_taken_and_a_wrong_key_is_anthropic_s_401(served):

@@ -8,7 +8,7 @@ chat tools, `tool_choice` auto/any/tool/none becomes auto/required/named/none (i
 `disable_parallel_tool_use`, parallel_tool_calls false), `stop_sequences` becomes `stop`.
 `MessageBuilder` shapes what the model wrote into content blocks (`thinking`, `text`,
 `tool_use`), whole or as Anthropic's stream events. Errors take Anthropic's shape
-(`{"type": "error", "error": {"type", "message"}}`).
+(`{"type": "error", "error": {"type", "message"}}`) and its field names (`renamed`).
 """
 
 from __future__ import annotations
@@ -161,6 +161,16 @@ def _tool_choice(choice):
         return {"type": "function", "function": {"name": choice.get("name")}}
     raise invalid(f"tool_choice must be {{\"type\": \"auto\"}}, {{\"type\": \"any\"}}, {{\"type\": \"none\"}} or "
                   f"{{\"type\": \"tool\", \"name\": ...}}, got {shown(choice)}", "tool_choice")
+
+
+def renamed(error: APIError) -> APIError:
+    """A chat request's error in Anthropic's terms: `stop` is `stop_sequences`, and a tool's
+    `function.name` and `function.parameters` are its `name` and `input_schema`."""
+    if error.param == "stop":
+        return error.named("stop_sequences")
+    if error.param == "tools":
+        return error.named("tools", {".function.parameters": ".input_schema", ".function.": "."})
+    return error
 
 
 def error_body(error: APIError) -> dict:

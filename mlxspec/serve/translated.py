@@ -173,7 +173,7 @@ async def create_message(request: Request) -> Response:
     """POST /v1/messages: Anthropic's Messages API, answered as a chat (`serve/anthropic.py`)."""
     return await one_answer(request, anthropic.to_chat,
                             lambda state, req, body: anthropic.MessageBuilder(req.model or state.model_id),
-                            "messages", "messages")
+                            "messages", "messages", anthropic.renamed)
 
 
 @_anthropic_errors
@@ -181,7 +181,10 @@ async def count_message_tokens(request: Request) -> Response:
     """POST /v1/messages/count_tokens: {"input_tokens": the prompt's tokens}, as a request of it counts them."""
     state: ServerState = request.app.state.mlxspec
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
-    req = await parsed(schema.parse_chat, anthropic.to_chat(dict(body, max_tokens=1)), state.options)
+    try:
+        req = await parsed(schema.parse_chat, anthropic.to_chat(dict(body, max_tokens=1)), state.options)
+    except APIError as e:
+        raise anthropic.renamed(e) from None
     engine = state.engine
     try:
         ids = await asyncio.to_thread(encode_prompt, req.prompt, engine.tokenizer, engine.vocab_size, req.tools,
