@@ -215,7 +215,8 @@ def test_include_asks_for_logprobs_and_top_logprobs_sizes_their_alternatives(ser
     ({"input": "hi", "tools": [{"type": "namespace", "name": "x", "tools": 5}]}, "tools[0]", "list of function"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens", ">= 1"),
     ({"input": "hi", "temperature": 2.5}, "temperature", "in 0..2"),
-    ({"input": [{"role": "wizard", "content": "x"}]}, "input", "must be one of"),
+    ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role",
+     "input[0].role must be one of user, assistant, system, developer, got 'wizard'"),
     ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format", "json_schema"),
     ({"input": "hi", "instructions": 5}, "instructions", "must be a string"),
     ({"input": "hi", "include": "message.output_text.logprobs"}, "include", "list of strings"),
@@ -423,6 +424,8 @@ def test_input_items_become_chat_messages_a_turn_s_calls_in_one():
 
 @pytest.mark.parametrize("body, param", [
     ({"input": "hi", "reasoning": "low"}, "reasoning"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+    ({"input": [{"type": "message", "content": "x"}]}, "input[0].role"),
     ({"input": [{"role": "user", "content": ["hi"]}]}, "input[0].content[0]"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]}, "input[0].content[0]")])

@@ -29,6 +29,7 @@ PASSED = ("model", "temperature", "top_p", "parallel_tool_calls", "stream", "see
           "frequency_penalty", "repetition_penalty", "repetition_context_size", "chat_template_kwargs",
           "stop_token_ids", "ignore_eos", "min_tokens")
 LOGPROBS = "message.output_text.logprobs"  # what `include` names to have them (OpenAI's)
+ROLES = ("user", "assistant", "system", "developer")  # an input message's (the chat path reads developer as system)
 
 
 def wants_logprobs(body: dict) -> bool:
@@ -113,6 +114,9 @@ def _input_messages(given) -> List[dict]:
             raise invalid(f"{where} must be an item object, got {shown(item)}", where)
         kind = item.get("type", "message")
         if kind == "message":
+            if item.get("role") not in ROLES:
+                raise invalid(f"{where}.role must be one of {', '.join(ROLES)}, got {shown(item.get('role'))}",
+                              f"{where}.role")
             out.append({"role": item.get("role"), "content": _content(item.get("content"), where)})
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
