@@ -120,7 +120,7 @@ CHAT_CASES = [
     ({"messages": HI, "presence_penalty": 2.5}, "presence_penalty", "in [-2, 2]"),
     ({"messages": HI, "frequency_penalty": "lots"}, "frequency_penalty", "in [-2, 2]"),
     ({"messages": HI, "repetition_penalty": -1}, "repetition_penalty", "number > 0"),
-    ({"messages": HI, "repetition_penalty": 1.2, "repetition_context_size": 0}, "repetition_penalty",
+    ({"messages": HI, "repetition_penalty": 1.2, "repetition_context_size": 0}, "repetition_context_size",
      "repetition_context_size must be an integer >= 1"),
     ({"messages": HI, "repeat_penalty": 1.1}, "repeat_penalty", "not supported"),
     ({"messages": HI, "ignore_eos": 0}, "ignore_eos", "true or false"),

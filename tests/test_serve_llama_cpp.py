@@ -70,6 +70,9 @@ def test_a_json_schema_is_followed_and_time_ends_the_answer_at_a_line(served):
     ({"n_predict": 8}, "prompt", "prompt must be"),
     ({"prompt": PROMPT, "grammar": "root ::= \"yes\""}, "grammar", "send json_schema instead"),
     ({"prompt": PROMPT, "json_schema": "an object"}, "json_schema", "json_schema"),
+    ({"prompt": PROMPT, "json_schema": {"type": "objekt"}}, "json_schema", "json_schema was refused (its JSON schema)"),
+    ({"prompt": PROMPT, "repeat_penalty": 1.1, "repeat_last_n": -2}, "repeat_last_n",
+     "repeat_last_n must be an integer >= -1 (the last tokens repeat_penalty looks back over; -1: the whole context"),
     ({"prompt": PROMPT, "n_predict": -5}, "n_predict", "n_predict must be an integer >= -1"),
     ({"prompt": PROMPT, "n_predict": True}, "n_predict", "n_predict must be an integer >= -1"),
     ({"prompt": PROMPT, "n_predict": -2}, "n_predict", "n_predict must be an integer >= -1"),
@@ -298,3 +301,16 @@ def test_a_stream_event_carries_text_only_and_none_when_reading_the_prompt_only(
     assert _builder().feed("", "", []) == [] and _builder(warm_only=True).feed("", "x", []) == []
     (event,) = _builder().feed("", "x", [])
     assert json.loads(event.decode()[len("data: "):]) == {"index": 0, "content": "x", "tokens": [], "stop": False}
+
+
+def test_repeat_last_n_minus_1_is_the_whole_context_and_0_turns_the_penalty_off(served):
+    """As llama.cpp reads them (SillyTavern sends its penalty range as repeat_last_n, 0 for none)."""
+    url, ref = served
+    plain = ref.generate(PROMPT, max_tokens=30, speculative=False).text
+    window = post(url, prompt=PROMPT, n_predict=30, repeat_penalty=1.5, repeat_last_n=8).json()["content"]
+    assert window == ref.generate(PROMPT, max_tokens=30, repetition_penalty=1.5, repetition_context_size=8).text
+    assert window != plain  # (the penalty changes this answer)
+    whole = post(url, prompt=PROMPT, n_predict=30, repeat_penalty=1.5, repeat_last_n=-1).json()["content"]
+    assert whole == ref.generate(PROMPT, max_tokens=30, repetition_penalty=1.5,
+                                 repetition_context_size=ref.context).text
+    assert post(url, prompt=PROMPT, n_predict=30, repeat_penalty=1.5, repeat_last_n=0).json()["content"] == plain

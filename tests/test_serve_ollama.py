@@ -269,11 +269,14 @@ def test_a_request_with_nothing_to_answer_loads_the_model(served):
     ("chat", {"messages": ASK, "options": {"temperature": "hot"}}, 400, "options.temperature must be"),
     ("chat", {"messages": ASK, "options": {"num_predict": 0}}, 400, "options.num_predict must be an integer >= 1"),
     ("chat", {"messages": ASK, "options": {"repeat_penalty": 1.2, "repeat_last_n": -3}}, 400,
-     "options.repeat_last_n must be an integer >= 1"),
+     "options.repeat_last_n must be an integer >= -1 (the last tokens repeat_penalty looks back over; -1: the "
+     "whole context, 0: off), got -3"),
     ("chat", {"messages": ASK, "options": "warm"}, 400, "options must be an object"),
     ("chat", {"messages": ASK, "max_tokens": 5}, 400, "send options.num_predict instead"),
     ("chat", {"messages": [{"role": "user", "content": "Look", "images": ["aGk="]}]}, 400, "images are not supported"),
     ("chat", {"messages": ASK, "format": "yaml"}, 400, "format must be \"json\" or a JSON schema"),
+    ("chat", {"messages": ASK, "options": {"repeat_penalty": 1.2, "repeat_last_n": True}}, 400,
+     "options.repeat_last_n must be an integer >= -1"),
     ("chat", {"messages": ASK, "think": "very"}, 400, "think must be true, false"),
     ("chat", {"messages": ASK, "top_logprobs": 2}, 400, "top_logprobs needs \"logprobs\": true"),
     ("chat", {"messages": "hi"}, 400, "messages must be a list"),
@@ -403,3 +406,10 @@ def test_an_answer_s_tool_call_keeps_the_id_it_was_given():
     assert ol.OllamaBuilder._call(call, 2) == {"id": "call_7", "function": {
         "index": 2, "name": "get_weather", "arguments": {"city": "Paris"}}}
     assert ol.OllamaBuilder._call(dict(call, id=None), 0)["id"].startswith("call_")
+
+
+def test_a_format_the_grammar_refuses_is_named_format(served):
+    _, url, _ = served
+    r = httpx.post(f"{url}/api/chat", json={"model": "t", "messages": ASK, "stream": False,
+                                            "format": {"type": "objekt"}}, timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"].startswith("format was refused (its JSON schema)"), r.text

@@ -3,18 +3,18 @@
 llama-server's native API (Continue's and SillyTavern's llama.cpp providers, llama.vscode,
 llama.vim).
 
-A request is answered by the completions path: `prompt` (a string, or token ids), `n_predict`
-(-1: until the context ends it; 0: only read the prompt, which readies the caches), llama.cpp's
-sampling fields, `repeat_penalty` over `repeat_last_n`, `logit_bias` (by token id) and
-`json_schema` (a grammar the answer follows). `n_indent` ends the answer before a line indented
-less (the cursor's indentation, which llama.vscode sends) and `t_max_predict_ms` at the first
-line end after that much generating (the engine's `min_indent` and `soft_time_limit`), each with
-`stop_type` `limit`, as in llama.cpp. `n_probs` gives each token's probability and its position's
-best alternatives (`completion_probabilities`: the model's own, before temperature and the sampling
-filters, as llama.cpp's `post_sampling_probs` false; with it true, `prob` and `top_probs` of the
-distribution each token was drawn from) and `return_tokens` the tokens' ids, each for
-the tokens that spell the answer's text. The answer is one object, or server-sent events whose last
-has `"stop": true` and the timings; `response_fields` picks (and flattens) what comes back.
+A request is answered by the completions path: `prompt` (a string, or token ids), `n_predict` (-1:
+until the context ends it; 0: only read the prompt, which readies the caches), llama.cpp's sampling
+fields, `repeat_penalty` over `repeat_last_n` (-1: the whole context, 0: off), `logit_bias` (by
+token id) and `json_schema` (a grammar the answer follows). `n_indent` ends the answer before a line
+indented less (the cursor's indentation, which llama.vscode sends) and `t_max_predict_ms` at the
+first line end after that much generating (the engine's `min_indent` and `soft_time_limit`), each
+with `stop_type` `limit`, as in llama.cpp. `n_probs` gives each token's probability and its
+position's best alternatives (`completion_probabilities`: the model's own, before temperature and
+the sampling filters, as llama.cpp's `post_sampling_probs` false; with it true, `prob` and
+`top_probs` of the distribution each token was drawn from) and `return_tokens` the tokens' ids, each
+for the tokens that spell the answer's text. The answer is one object, or server-sent events whose
+last has `"stop": true` and the timings; `response_fields` picks (and flattens) what comes back.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .body import read_json
 from .errors import APIError, invalid, unsupported
 from .fields import LLAMA_SAMPLING, OWN
 from .generation import guarded
-from .ollama import REPEAT_LAST_N, UNBOUNDED
+from .ollama import REPEAT_LAST_N, UNBOUNDED, repeat_window
 from .responses import LogprobStream, figures, sse
 from .translated import one_answer
 
@@ -99,8 +99,10 @@ async def answer(request: Request, body: dict, prompt, limit: int, *, endpoint: 
     if body.get("logit_bias") is not None:
         completion["logit_bias"] = _bias(body["logit_bias"])
     if body.get("repeat_penalty") is not None:  # llama.cpp's names for mlx-lm's (its look-back: 64 by default)
-        completion.update(repetition_penalty=body["repeat_penalty"],
-                          repetition_context_size=body.get("repeat_last_n", REPEAT_LAST_N))
+        size = repeat_window(body.get("repeat_last_n", REPEAT_LAST_N), request.app.state.mlxspec.engine.context,
+                             "repeat_last_n")
+        if size is not None:
+            completion.update(repetition_penalty=body["repeat_penalty"], repetition_context_size=size)
     fields = _fields(body.get("response_fields"))
     limits = _line_limits(body)
     (probs, post), ids = _n_probs(body), schema.flag(body, "return_tokens", False)
@@ -192,7 +194,9 @@ def _renamed(error: APIError) -> APIError:
     names = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty",
              "repetition_context_size": "repeat_last_n", "guided_json": "json_schema"}
     name = names.get(error.param or "")
-    return error if name is None else error.named(name)
+    if name is None:
+        return error
+    return error.named(name, {"response_format": "json_schema"} if name == "json_schema" else None)
 
 
 class LlamaBuilder:

@@ -131,20 +131,32 @@ def _options(options, out: dict, context: Optional[int]) -> List[str]:
     if out.get("max_tokens") in (-1, -2) and not isinstance(out["max_tokens"], bool):
         out["max_tokens"] = context or UNBOUNDED  # no limit / fill the context: the context ends the answer
     if out.get("repetition_penalty") is not None:
-        last = options.get("repeat_last_n", REPEAT_LAST_N)
-        if last == 0:  # Ollama's "off"
+        size = repeat_window(options.get("repeat_last_n", REPEAT_LAST_N), context, "options.repeat_last_n")
+        if size is None:
             out.pop("repetition_penalty")
         else:
-            out["repetition_context_size"] = (context or UNBOUNDED) if last == -1 else last
+            out["repetition_context_size"] = size
     return [name for name in options if name not in OPTIONS and name != "repeat_last_n"]
 
 
+def repeat_window(last, context: Optional[int], param: str) -> Optional[int]:
+    """llama.cpp's and Ollama's repeat_last_n, the tokens repeat_penalty looks back over (-1: the
+    whole context, 0: off), as the chat path's repetition_context_size; None when off."""
+    if isinstance(last, bool) or not isinstance(last, int) or last < -1:
+        raise invalid(f"{param} must be an integer >= -1 (the last tokens repeat_penalty looks back over; -1: the "
+                      f"whole context, 0: off), got {shown(last)}", param)
+    if last == 0:
+        return None
+    return (context or UNBOUNDED) if last == -1 else last
+
+
 def renamed(error: APIError) -> APIError:
-    """A chat request's error in Ollama's terms: a field that came from `options` is named so."""
+    """A chat request's error in Ollama's terms: a field that came from `options` is named so, and
+    `format` is the response_format it became."""
+    if error.param == "response_format":
+        return error.named("format")
     name = {field: name for name, field in OPTIONS.items()}.get(error.param or "")
-    if name is None:
-        return error
-    return error.named(f"options.{name}", {"repetition_context_size": "options.repeat_last_n"})
+    return error if name is None else error.named(f"options.{name}")
 
 
 def _messages(given: list) -> List[dict]:

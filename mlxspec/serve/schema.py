@@ -184,7 +184,8 @@ def parse_completion(body: dict, defaults: Optional[ServeOptions] = None) -> Gen
     req.best_of = _best_of(body, req.n, req.stream)
     if body.get("suffix") is not None:  # fill in the middle: each prompt is the text before the insertion point
         for i, prompt in enumerate(prompts):
-            checked(lambda p: check_suffix(body["suffix"], p), prompt, "suffix" if len(prompts) == 1 else f"prompt[{i}]")
+            checked(lambda p: check_suffix(body["suffix"], p), prompt,
+                    "suffix" if len(prompts) == 1 else f"prompt[{i}]")
         req.options["suffix"] = checked(lambda text: check_text(text, "suffix"), body["suffix"], "suffix")
     _check_choices(req)
     lp = body.get("logprobs")
@@ -311,9 +312,12 @@ def _options(body: dict, defaults: ServeOptions) -> Dict[str, Any]:
         if penalty:
             opts[key] = penalty
     # mlx-lm's server's repetition penalty (0 or 1: off), over its last repetition_context_size tokens
+    # (each checked under its own name, so that an error names the field that is wrong)
     context = body.get("repetition_context_size")
-    repetition, context = checked(lambda v: check_repetition(v, CONTEXT if context is None else context),
-                                 body.get("repetition_penalty"), "repetition_penalty")
+    context = CONTEXT if context is None else checked(lambda v: check_repetition(None, v)[1], context,
+                                                      "repetition_context_size")
+    repetition, _ = checked(lambda v: check_repetition(v, context), body.get("repetition_penalty"),
+                            "repetition_penalty")
     if repetition is not None:
         opts.update(repetition_penalty=repetition, repetition_context_size=context)
     # llama.cpp's DRY, each field checked alone so that an error names it
