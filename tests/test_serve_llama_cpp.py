@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 import tiny
+from mlxspec.engine import Engine
 from serve_helpers import TIMEOUT, running_server, sse_events, tiny_engine
 from test_grammar import MOOD
 
@@ -314,3 +315,30 @@ def test_repeat_last_n_minus_1_is_the_whole_context_and_0_turns_the_penalty_off(
     assert whole == ref.generate(PROMPT, max_tokens=30, repetition_penalty=1.5,
                                  repetition_context_size=ref.context).text
     assert post(url, prompt=PROMPT, n_predict=30, repeat_penalty=1.5, repeat_last_n=0).json()["content"] == plain
+
+
+def test_what_sillytavern_sends_is_answered(served):
+    """Its llama.cpp body: seed -1 (random, llama.cpp's default), grammar "" (none), runner settings
+    (cache_prompt, samplers, n_keep...) that change nothing here."""
+    url, ref = served
+    body = {"prompt": PROMPT, "n_predict": 12, "temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0.05, "typical_p": 1,
+            "repeat_penalty": 1.1, "repeat_last_n": 0, "presence_penalty": 0, "frequency_penalty": 0, "mirostat": 0,
+            "grammar": "", "n_probs": 0, "seed": -1, "ignore_eos": False, "dry_multiplier": 0, "xtc_probability": 0,
+            "cache_prompt": True, "n_keep": -1, "samplers": ["top_k", "typical_p", "top_p", "min_p", "temperature"],
+            "stop": ["\n\n"], "json_schema": None, "stream": False}
+    r = post(url, **body)
+    assert r.status_code == 200, r.text
+    assert r.json()["content"] == ref.generate(PROMPT, max_tokens=12, stop=["\n\n"], speculative=False).text
+    sampled = [post(url, **dict(body, temperature=1, n_predict=6)).json()["content"] for _ in range(3)]
+    assert len(set(sampled)) > 1  # seed -1: a random seed each time, not one seed
+
+
+def test_ignore_eos_writes_past_the_end_of_text():
+    tok = tiny.make_tokenizer()
+    model = tiny.ScriptedModel()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    model.say(tok.encode("Done.", add_special_tokens=False) + [end], len(tok.encode(PROMPT)))
+    with running_server(Engine(model, tok), model_id="s") as (url, _):
+        assert post(url, prompt=PROMPT, n_predict=20).json()["tokens_predicted"] == 6
+        past = post(url, prompt=PROMPT, n_predict=20, ignore_eos=True).json()
+        assert past["tokens_predicted"] == 20 and past["stop_type"] == "limit"

@@ -413,3 +413,8 @@ def test_a_format_the_grammar_refuses_is_named_format(served):
     r = httpx.post(f"{url}/api/chat", json={"model": "t", "messages": ASK, "stream": False,
                                             "format": {"type": "objekt"}}, timeout=TIMEOUT)
     assert r.status_code == 400 and r.json()["error"].startswith("format was refused (its JSON schema)"), r.text
+
+
+def test_seed_minus_1_is_ollama_s_random_seed():
+    assert "seed" not in ol.to_chat({"messages": ASK, "options": {"seed": -1, "temperature": 1}}, None)[0]
+    assert ol.to_chat({"messages": ASK, "options": {"seed": 7}}, None)[0]["seed"] == 7

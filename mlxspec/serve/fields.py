@@ -34,7 +34,8 @@ OLLAMA = {"options", "format", "think", "keep_alive", "raw", "template", "contex
 # What llama.cpp's /completion and /infill read (`llama_cpp.py`, `infill.py`), llama.cpp's own fields among them;
 # the rest of llama.cpp's fields (cache_prompt, samplers, t_max_prompt_ms, which llama.cpp does not implement
 # either, id_slot...) change nothing here, and the log names them once.
-LLAMA_SAMPLING = (*SAMPLING_DEFAULTS, "seed", "stop", "presence_penalty", "frequency_penalty", *DRY_FIELDS)
+LLAMA_SAMPLING = (*SAMPLING_DEFAULTS, "seed", "stop", "presence_penalty", "frequency_penalty", "ignore_eos",
+                  *DRY_FIELDS)
 LLAMA_COMPLETION = {"prompt", "n_predict", "stream", "response_fields", "repeat_penalty", "repeat_last_n", "n_indent",
                     "t_max_predict_ms", "json_schema", "grammar", "logit_bias", "n_probs", "post_sampling_probs",
                     "return_tokens", *LLAMA_SAMPLING}

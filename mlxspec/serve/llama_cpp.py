@@ -87,10 +87,12 @@ async def answer(request: Request, body: dict, prompt, limit: int, *, endpoint: 
                  truncated: bool = False, stop_token_ids: Optional[List[int]] = None) -> Response:
     """`body`'s llama.cpp fields answered for `prompt` (text or ids) by the completions path, in
     llama.cpp's shape; `limit` is `n_predict`'s, `param` the field a bad prompt is named by."""
-    if body.get("grammar") is not None:
+    if body.get("grammar"):  # (clients send "" for none: SillyTavern does)
         raise unsupported("grammar (GBNF) is not read here; send json_schema instead (a JSON schema the answer "
                           "follows)", "grammar")
     completion = {key: body[key] for key in (*LLAMA_SAMPLING, *OWN) if body.get(key) is not None}
+    if completion.get("seed") == -1:  # llama.cpp's default: a random seed
+        del completion["seed"]
     completion.update(prompt=prompt, max_tokens=max(limit, 1), stream=body.get("stream", False))
     if stop_token_ids:
         completion["stop_token_ids"] = stop_token_ids

@@ -128,6 +128,8 @@ def _options(options, out: dict, context: Optional[int]) -> List[str]:
     for name, field in OPTIONS.items():
         if options.get(name) is not None:
             out[field] = options[name]
+    if out.get("seed") == -1:  # Ollama's default: a random seed
+        del out["seed"]
     if out.get("max_tokens") in (-1, -2) and not isinstance(out["max_tokens"], bool):
         out["max_tokens"] = context or UNBOUNDED  # no limit / fill the context: the context ends the answer
     if out.get("repetition_penalty") is not None:
