@@ -225,3 +225,24 @@ def test_stop_reason_is_the_stop_string_or_token_that_ended_the_answer(served, s
         want = ref.generate(prompt, max_tokens=16, **extra)
         assert (text, last["finish_reason"], last["stop_reason"]) == (want.text, want.finish_reason, reason), extra
         assert want.stop_reason == reason
+
+
+def _event(token, text, logprob=-0.5):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(token=token, text=text, logprob=logprob, top_logprobs=[])
+
+
+@pytest.mark.parametrize("first", [b" Hello", b"Hi"])
+def test_logprobs_go_out_with_their_text_and_a_dropped_first_space_is_not_counted(first):
+    """A SentencePiece decoder drops the text's first space (" Hello" is written "Hello"): the
+    offsets are the text's, and a token waits until some of its own text is out."""
+    from mlxspec.serve.responses import LogprobStream
+
+    pieces = {1: first, 2: b" world", 3: b"!"}
+    written = first.decode().lstrip()  # the text as the decoder writes it
+    stream = LogprobStream(False, pieces.__getitem__)
+    assert stream.feed([_event(1, written)])["text_offset"] == [0]
+    assert stream.feed([_event(2, "")]) is None  # nothing of its text out yet (held back): it waits
+    out = stream.feed([_event(3, " ")])  # the first byte of token 2's text comes out with token 3
+    assert out["tokens"] == [" world"] and out["text_offset"] == [len(written)]
