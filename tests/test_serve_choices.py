@@ -173,6 +173,10 @@ def test_max_tokens_0_with_echo_scores_the_prompt_alone(served):
     assert choice["text"] == "The sea is wide" and choice["finish_reason"] == "length"
     assert r["usage"]["completion_tokens"] == 0
     assert len(choice["logprobs"]["tokens"]) == r["usage"]["prompt_tokens"] == len("The sea is wide")
+    generated = ("drafted", "accepted", "target_passes", "tree_rounds", "lookup_rounds", "seconds",
+                 "first_token_seconds", "tokens_per_second")  # the token of the scoring pass is not returned
+    assert {key: r["mlxspec"][key] for key in generated} == dict.fromkeys(generated, 0)
+    assert r["mlxspec"]["prompt_seconds"] > 0 and r["mlxspec"]["prefilled_tokens"] > 0
     lp = choice["logprobs"]  # logprobs 0: each position's own token alone, as OpenAI's "up to logprobs + 1"
     assert lp["top_logprobs"][1:] == [{name: value} for name, value in zip(lp["tokens"][1:], lp["token_logprobs"][1:])]
 
