@@ -567,3 +567,47 @@ def test_an_error_in_another_api_s_terms_renames_only_a_leading_field_name():
     unnamed = APIError(400, "repetition_context_size is too large").named("options.repeat_penalty", {
         "repetition_context_size": "options.repeat_last_n"})
     assert (unnamed.message, unnamed.param) == ("options.repeat_last_n is too large", "options.repeat_penalty")
+
+
+def test_each_generation_of_a_prompt_samples_with_the_seed_plus_its_place():
+    from mlxspec.prompts import MAX_SEED
+
+    runs = parse_completion({"prompt": ["a", "b"], "n": 3, "seed": MAX_SEED - 1}).runs()
+    assert [(prompt, options["seed"]) for prompt, options in runs] == [
+        ("a", MAX_SEED - 1), ("a", 0), ("a", 1), ("b", MAX_SEED - 1), ("b", 0), ("b", 1)]  # (wrapped in range)
+    assert [options.get("seed") for _, options in parse_completion({"prompt": "a", "n": 2}).runs()] == [None, None]
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("extra, shown, choice, one", [
+    ({}, True, None, False), ({"tool_choice": "auto"}, True, None, False),
+    ({"tool_choice": "none"}, False, None, False), ({"tool_choice": "required"}, True, "required", False),
+    ({"parallel_tool_calls": False}, True, None, True), ({"parallel_tool_calls": True}, True, None, False),
+    ({"tool_choice": "none", "parallel_tool_calls": False}, False, None, False)])
+def test_tools_are_shown_forced_or_limited_to_one_call_as_asked(extra, shown, choice, one):
+    req = parse_chat(dict({"messages": HI, "tools": [WEATHER_TOOL]}, **extra))
+    assert (req.tools is not None, req.options.get("tool_choice"), req.one_call) == (shown, choice, one)
+    assert "parallel_tool_calls" not in parse_chat({"messages": HI, "parallel_tool_calls": False}).options
+
+
+def test_a_chat_s_continuation_echo_effort_and_logprobs_become_options():
+    prefill = HI + [{"role": "assistant", "content": "Hel"}]
+    req = parse_chat({"messages": prefill, "continue_final_message": True, "echo": True, "reasoning_effort": "low",
+                      "logprobs": True})
+    assert req.options["continue_final_message"] is True and req.echo is True
+    assert req.options["chat_template_kwargs"] == {"reasoning_effort": "low"} and req.options["logprobs"] == 0
+    plain = parse_chat({"messages": HI, "logprobs": True, "top_logprobs": 3})
+    assert "continue_final_message" not in plain.options and plain.echo is False and plain.options["logprobs"] == 3
+    assert parse_chat({"messages": prefill, "continue_final_message": True,
+                       "add_generation_prompt": False}).options["continue_final_message"] is True
+    for body, param, says in (
+            ({"continue_final_message": True, "add_generation_prompt": True}, "add_generation_prompt",
+             "send add_generation_prompt false (or leave it out) with it"),
+            ({"add_generation_prompt": False}, "add_generation_prompt", "add_generation_prompt false alone"),
+            ({"reasoning_effort": "max"}, "reasoning_effort",
+             "reasoning_effort must be one of none, minimal, low, medium, high, xhigh, got 'max'")):
+        with pytest.raises(APIError) as e:
+            parse_chat(dict({"messages": prefill}, **body))
+        assert e.value.param == param and says in e.value.message
