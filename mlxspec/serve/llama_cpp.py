@@ -193,8 +193,7 @@ def _fields(fields) -> Optional[List[str]]:
 
 def _renamed(error: APIError) -> APIError:
     """A completions error in llama.cpp's terms."""
-    names = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty",
-             "repetition_context_size": "repeat_last_n", "guided_json": "json_schema"}
+    names = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty", "guided_json": "json_schema"}
     name = names.get(error.param or "")
     if name is None:
         return error
