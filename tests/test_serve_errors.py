@@ -611,3 +611,18 @@ def test_a_chat_s_continuation_echo_effort_and_logprobs_become_options():
         with pytest.raises(APIError) as e:
             parse_chat(dict({"messages": prefill}, **body))
         assert e.value.param == param and says in e.value.message
+
+
+def test_options_left_out_are_the_engine_s_defaults_and_those_sent_are_passed():
+    plain = parse_chat({"messages": HI})
+    assert plain.options["speculative"] is True and plain.include_usage is False
+    for key in ("response_format", "repetition_penalty", "repetition_context_size", "include_stop_str_in_output"):
+        assert key not in plain.options
+    assert parse_chat({"messages": HI, "repetition_penalty": 1}).options.get("repetition_penalty") is None  # 1: off
+    sent = parse_chat({"messages": HI, "stream": True, "stream_options": {"include_usage": True},
+                       "speculative": False, "include_stop_str_in_output": True, "repetition_penalty": 1.3})
+    assert sent.include_usage is True and sent.options["speculative"] is False
+    assert sent.options["include_stop_str_in_output"] is True
+    assert (sent.options["repetition_penalty"], sent.options["repetition_context_size"]) == (1.3, 20)  # mlx-lm's
+    assert parse_chat({"messages": HI, "stream": True, "stream_options": {}}).include_usage is False
+    assert [parse_chat({"messages": HI, "top_k": k}).options["top_k"] for k in (-1, 0, 1, 5)] == [0, 0, 1, 5]
