@@ -49,6 +49,7 @@ def test_streamed_chat_equals_the_whole_answer(client):
     chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16, stream=True,
                                                  stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.role is None for c in chunks[1:] if c.choices)  # the role once, first (OpenAI's)
     assert len({c.id for c in chunks}) == 1 and all(c.object == "chat.completion.chunk" for c in chunks)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
