@@ -39,7 +39,7 @@ def prompt_only(stats: GenerationStats) -> GenerationStats:
                                prediction_accepted=0, prediction_rejected=0)
 
 
-def usage(runs: List[GenerationStats], n: int = 1, generated: bool = True, reasoning: int = 0) -> dict:
+def usage(runs: List[GenerationStats], n: int, generated: bool, reasoning: int) -> dict:
     """OpenAI `usage` of a request's generations, each prompt's `n` choices in turn: each prompt
     counted once, every choice's tokens (none when the prompt was only scored: echo with
     max_tokens 0). `cached_tokens` is the part of the prompts the engine's caches already held;
