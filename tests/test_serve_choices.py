@@ -137,6 +137,7 @@ def test_echo_with_logprobs_scores_every_prompt_token(served, stream):
     assert lp["token_logprobs"][len(ids):] == pytest.approx(answer.logprobs, abs=TOL)
     assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][len(ids)] == len(prompt)
     assert "".join(lp["tokens"][:len(ids)]) == prompt  # byte tokens: each names its character
+    assert lp["text_offset"][:len(ids)] == list(range(len(ids)))  # one character each, from the prompt's start
 
 
 def completion_logprobs(url, body, stream) -> dict:
