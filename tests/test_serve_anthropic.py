@@ -335,11 +335,16 @@ def test_tool_choice_thinking_and_temperature_become_the_chat_s():
         assert _chat(temperature=edge)["temperature"] == edge
 
 
+def _usage(completion_tokens: int) -> dict:
+    """The chat path's usage of an answer to a 3-token prompt, none of it cached."""
+    return {"prompt_tokens": 3, "completion_tokens": completion_tokens, "prompt_tokens_details": {"cached_tokens": 0}}
+
+
 def test_an_empty_answer_is_one_empty_text_block_whole_or_streamed():
     from mlxspec.serve.anthropic import MessageBuilder
     from mlxspec.stats import GenerationStats
 
-    usage = {"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}
+    usage = _usage(1)
     whole = MessageBuilder("m").whole("", "", [], "stop", usage, GenerationStats())
     assert whole["content"] == [{"type": "text", "text": ""}] and whole["stop_reason"] == "end_turn"
     events = [e.decode().split("\n")[0] for e in MessageBuilder("m").finish("stop", usage, GenerationStats())]
@@ -351,7 +356,7 @@ def test_each_streamed_block_s_events_carry_its_index():
     from mlxspec.serve.anthropic import MessageBuilder
     from mlxspec.stats import GenerationStats
 
-    usage = {"prompt_tokens": 3, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}
+    usage = _usage(9)
     calls = [{"function": {"name": f, "arguments": "{}"}} for f in ("f", "g")]
     builder = MessageBuilder("m")
     chunks = (builder.feed("Hm.", "", []) + builder.feed("", "Ok.", []) + builder.feed("", "", calls)
@@ -370,6 +375,6 @@ def test_only_a_stop_string_is_the_stop_sequence(stopped_by, calls, sequence, re
     from mlxspec.serve.anthropic import MessageBuilder
     from mlxspec.stats import GenerationStats
 
-    usage = {"prompt_tokens": 3, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}}
+    usage = _usage(2)
     whole = MessageBuilder("m").whole("", "x", calls, "stop", usage, GenerationStats(), stopped_by)
     assert (whole["stop_sequence"], whole["stop_reason"]) == (sequence, reason)
