@@ -177,6 +177,10 @@ def test_a_thinking_model_s_reasoning_is_a_thinking_block():
      "tools[0].input_schema must be a JSON Schema object, got 'x'"),
     ({"max_tokens": 5, "messages": ASK, "tools": [WEATHER, dict(WEATHER, name="get weather")]},
      "tools[1].name must be 1-64 letters, digits, _ or -"),
+    ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "any"}},
+     "tool_choice {'type': 'any'} needs tools to call; send tools"),
+    ({"max_tokens": 5, "messages": ASK, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
+     "tool_choice names tool 'nope', which is not among the tools; allowed: get_weather"),
 ])
 def test_errors_take_anthropic_s_shape(served, body, says):
     _, url, _ = served
@@ -311,6 +315,8 @@ def test_a_turn_s_blocks_become_chat_messages():
     ({"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]},
      "assistant blocks of type 'tool_result' are not supported"),
     ({"role": "assistant", "content": [{"type": "image", "source": {}}]}, "assistant blocks of type 'image'"),
+    ({"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "x"}]},
+     "messages[0].content[0].input must be an object (the tool's arguments), got 'x'"),
 ])
 def test_a_block_that_cannot_be_read_is_refused_naming_it(message, says):
     from mlxspec.serve.errors import APIError

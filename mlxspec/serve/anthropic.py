@@ -62,6 +62,9 @@ def to_chat(body: dict) -> dict:
         if choice == "none":
             chat.pop("tools", None)
         else:
+            if choice != "auto" and not chat.get("tools"):  # (said here: the chat path's words are OpenAI's)
+                raise invalid(f"tool_choice {shown(body['tool_choice'])} needs tools to call; send tools (or no "
+                              f"tool_choice)", "tool_choice")
             chat["tool_choice"] = choice
             one = body["tool_choice"].get("disable_parallel_tool_use", False)
             if not isinstance(one, bool):
@@ -112,8 +115,11 @@ def _message(message, where: str) -> List[dict]:
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "tool_use" and role == "assistant":
+            given = block.get("input")
+            if given is not None and not isinstance(given, dict):
+                raise invalid(f"{at}.input must be an object (the tool's arguments), got {shown(given)}", f"{at}.input")
             calls.append({"id": block.get("id"), "type": "function",
-                          "function": {"name": block.get("name"), "arguments": block.get("input") or {}}})
+                          "function": {"name": block.get("name"), "arguments": given or {}}})
         elif kind == "tool_result" and role == "user":
             result = block.get("content", "")
             text = result if isinstance(result, str) else _text(result, f"{at}.content")
@@ -164,12 +170,15 @@ def _tool_choice(choice):
 
 
 def renamed(error: APIError) -> APIError:
-    """A chat request's error in Anthropic's terms: `stop` is `stop_sequences`, and a tool's
-    `function.name` and `function.parameters` are its `name` and `input_schema`."""
+    """A chat request's error in Anthropic's terms: `stop` is `stop_sequences`, a tool's
+    `function.name` and `function.parameters` are its `name` and `input_schema`, and tool_choice
+    names a tool, not a function."""
     if error.param == "stop":
         return error.named("stop_sequences")
     if error.param == "tools":
         return error.named("tools", {".function.parameters": ".input_schema", ".function.": "."})
+    if error.param == "tool_choice":
+        return error.named("tool_choice", {"names function": "names tool"})
     return error
 
 
