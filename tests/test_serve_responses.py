@@ -426,6 +426,9 @@ def test_input_items_become_chat_messages_a_turn_s_calls_in_one():
     ({"input": "hi", "reasoning": "low"}, "reasoning"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     ({"input": [{"type": "message", "content": "x"}]}, "input[0].role"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}, "input[0].output"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}]},
+     "input[0].output[0]"),
     ({"input": [{"role": "user", "content": ["hi"]}]}, "input[0].content[0]"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]}, "input[0].content[0]")])

@@ -117,7 +117,7 @@ def _input_messages(given) -> List[dict]:
             if item.get("role") not in ROLES:
                 raise invalid(f"{where}.role must be one of {', '.join(ROLES)}, got {shown(item.get('role'))}",
                               f"{where}.role")
-            out.append({"role": item.get("role"), "content": _content(item.get("content"), where)})
+            out.append({"role": item.get("role"), "content": _content(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
@@ -138,20 +138,20 @@ def _input_messages(given) -> List[dict]:
     return out
 
 
-def _content(content, where: str):
-    """A message's content: a string, or text parts (input_text, output_text, text)."""
+def _content(content, field: str):
+    """A message's content or a call's output (`field` names it): a string, or text parts
+    (input_text, output_text, text)."""
     if isinstance(content, str) or content is None:
         return content
     if not isinstance(content, list):
-        raise invalid(f"{where}.content must be a string or a list of text parts, got {shown(content)}",
-                      f"{where}.content")
+        raise invalid(f"{field} must be a string or a list of text parts, got {shown(content)}", field)
     texts = []
     for j, part in enumerate(content):
         if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
                 or not isinstance(part.get("text"), str):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise invalid(f"{where}.content[{j}] must be a text part {{\"type\": \"input_text\", \"text\": ...}}; "
-                          f"only text is supported, got {shown(kind)}", f"{where}.content[{j}]")
+            raise invalid(f"{field}[{j}] must be a text part {{\"type\": \"input_text\", \"text\": ...}}; "
+                          f"only text is supported, got {shown(kind)}", f"{field}[{j}]")
         texts.append(part["text"])
     return "\n".join(texts)
 
