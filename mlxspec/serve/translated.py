@@ -21,12 +21,23 @@ from .choice import AnswerReader, tool_reader
 from .errors import APIError, invalid
 from .generation import (EventStream, answered, cancel_on_disconnect, closer, first_of, gone, guarded, guarded_as,
                          job_events, kept_alive, parsed, thinking_start, usage_of)
+from .options import ServeOptions
 from .queue import Job
 
 if TYPE_CHECKING:
     from .app import ServerState
 
 log = logging.getLogger("mlxspec.serve")
+
+
+async def parsed_as(parse: Callable, translate: Callable, body: dict, options: ServeOptions,
+                    rename: Callable) -> schema.GenerationRequest:
+    """`body` of another API as the request `parse` reads from `translate(body)`; an error of
+    either in that API's terms (`rename`)."""
+    try:
+        return await parsed(parse, translate(body), options)
+    except APIError as e:
+        raise rename(e) from None
 
 
 async def one_answer(request: Request, translate: Callable, builder_of: Callable, endpoint: str, param: str,
@@ -40,10 +51,7 @@ async def one_answer(request: Request, translate: Callable, builder_of: Callable
     state: ServerState = request.app.state.mlxspec
     if body is None:
         body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
-    try:
-        req = await parsed(parse, translate(body), state.options)
-    except APIError as e:
-        raise rename(e) from None
+    req = await parsed_as(parse, translate, body, state.options, rename)
     state.note_model(req.model)
     job = state.queue.submit(req.prompt, req.options)
     thinking = await thinking_start(state, req)
@@ -181,10 +189,8 @@ async def count_message_tokens(request: Request) -> Response:
     """POST /v1/messages/count_tokens: {"input_tokens": the prompt's tokens}, as a request of it counts them."""
     state: ServerState = request.app.state.mlxspec
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
-    try:
-        req = await parsed(schema.parse_chat, anthropic.to_chat(dict(body, max_tokens=1)), state.options)
-    except APIError as e:
-        raise anthropic.renamed(e) from None
+    req = await parsed_as(schema.parse_chat, lambda given: anthropic.to_chat(dict(given, max_tokens=1)), body,
+                           state.options, anthropic.renamed)
     engine = state.engine
     try:
         ids = await asyncio.to_thread(encode_prompt, req.prompt, engine.tokenizer, engine.vocab_size, req.tools,
