@@ -34,7 +34,7 @@ from .body import read_json
 from .errors import APIError, invalid, unsupported
 from .fields import LLAMA_SAMPLING, OWN
 from .generation import guarded
-from .ollama import REPEAT_LAST_N, UNBOUNDED, repeat_window
+from .ollama import REPEAT_LAST_N, UNBOUNDED, random_seed, repeat_window
 from .responses import LogprobStream, figures, sse
 from .translated import one_answer
 
@@ -91,8 +91,7 @@ async def answer(request: Request, body: dict, prompt, limit: int, *, endpoint: 
         raise unsupported("grammar (GBNF) is not read here; send json_schema instead (a JSON schema the answer "
                           "follows)", "grammar")
     completion = {key: body[key] for key in (*LLAMA_SAMPLING, *OWN) if body.get(key) is not None}
-    if completion.get("seed") == -1:  # llama.cpp's default: a random seed
-        del completion["seed"]
+    random_seed(completion)
     completion.update(prompt=prompt, max_tokens=max(limit, 1), stream=body.get("stream", False))
     if stop_token_ids:
         completion["stop_token_ids"] = stop_token_ids

@@ -128,8 +128,7 @@ def _options(options, out: dict, context: Optional[int]) -> List[str]:
     for name, field in OPTIONS.items():
         if options.get(name) is not None:
             out[field] = options[name]
-    if out.get("seed") == -1:  # Ollama's default: a random seed
-        del out["seed"]
+    random_seed(out)
     if out.get("max_tokens") in (-1, -2) and not isinstance(out["max_tokens"], bool):
         out["max_tokens"] = context or UNBOUNDED  # no limit / fill the context: the context ends the answer
     if out.get("repetition_penalty") is not None:
@@ -139,6 +138,12 @@ def _options(options, out: dict, context: Optional[int]) -> List[str]:
         else:
             out["repetition_context_size"] = size
     return [name for name in options if name not in OPTIONS and name != "repeat_last_n"]
+
+
+def random_seed(fields: dict) -> None:
+    """llama.cpp's and Ollama's seed -1 (their default) is a random seed: no seed here."""
+    if fields.get("seed") == -1:
+        del fields["seed"]
 
 
 def repeat_window(last, context: Optional[int], param: str) -> Optional[int]:
