@@ -201,12 +201,28 @@ def poisonable_engine() -> Engine:
 
 def iter_sse(response) -> Iterator[Optional[dict]]:
     """The JSON bodies of an httpx streaming response's server-sent events, as they come; None stands for [DONE]."""
+    return sse_bodies(response.iter_lines())
+
+
+def sse_bodies(lines) -> Iterator[Optional[dict]]:
+    """The JSON bodies of server-sent events' `data:` lines; None stands for [DONE]."""
     import json
 
-    for line in response.iter_lines():
+    for line in lines:
         if line.startswith("data: "):
             data = line[len("data: "):]
             yield None if data == "[DONE]" else json.loads(data)
+
+
+def built_events(chunks: List[bytes]) -> List[Optional[dict]]:
+    """The JSON bodies of the server-sent events an answer's builder wrote (its SSE bytes)."""
+    return list(sse_bodies(line for chunk in chunks for line in chunk.decode().splitlines()))
+
+
+def usage_body(prompt: int, cached: int, completion: int) -> dict:
+    """The chat path's usage (the fields the other APIs' builders and the metrics read)."""
+    return {"prompt_tokens": prompt, "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens": completion}
 
 
 def sse_events(response) -> List[Optional[dict]]:

@@ -9,7 +9,7 @@ import pytest
 import tiny
 from mlxspec.engine import Engine
 from mlxspec.prompts import encode_prompt
-from serve_helpers import TIMEOUT, running_server, tiny_engine
+from serve_helpers import TIMEOUT, built_events, running_server, tiny_engine, usage_body
 from test_reasoning import scripted_thinker
 
 anthropic = pytest.importorskip("anthropic")
@@ -341,16 +341,11 @@ def test_tool_choice_thinking_and_temperature_become_the_chat_s():
         assert _chat(temperature=edge)["temperature"] == edge
 
 
-def _usage(completion_tokens: int) -> dict:
-    """The chat path's usage of an answer to a 3-token prompt, none of it cached."""
-    return {"prompt_tokens": 3, "completion_tokens": completion_tokens, "prompt_tokens_details": {"cached_tokens": 0}}
-
-
 def test_an_empty_answer_is_one_empty_text_block_whole_or_streamed():
     from mlxspec.serve.anthropic import MessageBuilder
     from mlxspec.stats import GenerationStats
 
-    usage = _usage(1)
+    usage = usage_body(3, 0, 1)
     whole = MessageBuilder("m").whole("", "", [], "stop", usage, GenerationStats())
     assert whole["content"] == [{"type": "text", "text": ""}] and whole["stop_reason"] == "end_turn"
     events = [e.decode().split("\n")[0] for e in MessageBuilder("m").finish("stop", usage, GenerationStats())]
@@ -362,12 +357,12 @@ def test_each_streamed_block_s_events_carry_its_index():
     from mlxspec.serve.anthropic import MessageBuilder
     from mlxspec.stats import GenerationStats
 
-    usage = _usage(9)
+    usage = usage_body(3, 0, 9)
     calls = [{"function": {"name": f, "arguments": "{}"}} for f in ("f", "g")]
     builder = MessageBuilder("m")
     chunks = (builder.feed("Hm.", "", []) + builder.feed("", "Ok.", []) + builder.feed("", "", calls)
               + builder.finish("stop", usage, GenerationStats()))
-    events = [json.loads(chunk.decode().split("data: ", 1)[1]) for chunk in chunks]
+    events = built_events(chunks)
     indexed = [(e["type"][len("content_block_"):], e["index"]) for e in events if "index" in e]
     assert indexed == [(kind, i) for i in range(4) for kind in ("start", "delta", "stop")]
     assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
@@ -381,6 +376,6 @@ def test_only_a_stop_string_is_the_stop_sequence(stopped_by, calls, sequence, re
     from mlxspec.serve.anthropic import MessageBuilder
     from mlxspec.stats import GenerationStats
 
-    usage = _usage(2)
+    usage = usage_body(3, 0, 2)
     whole = MessageBuilder("m").whole("", "x", calls, "stop", usage, GenerationStats(), stopped_by)
     assert (whole["stop_sequence"], whole["stop_reason"]) == (sequence, reason)

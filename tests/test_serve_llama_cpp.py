@@ -10,7 +10,7 @@ import pytest
 
 import tiny
 from mlxspec.engine import Engine
-from serve_helpers import TIMEOUT, running_server, sse_events, tiny_engine
+from serve_helpers import TIMEOUT, built_events, running_server, sse_events, tiny_engine, usage_body
 from test_grammar import MOOD
 
 PROMPT = "Rivers run to the sea because"
@@ -286,7 +286,7 @@ def test_timings_are_llama_server_s_from_the_engine_s_seconds(warm_only):
     from mlxspec.stats import GenerationStats
 
     stats = GenerationStats(prefilled_tokens=10, prompt_seconds=0.5, seconds=2.0)
-    usage = {"prompt_tokens": 12, "completion_tokens": 8, "prompt_tokens_details": {"cached_tokens": 2}}
+    usage = usage_body(12, 2, 8)
     r = _builder(warm_only).whole("", "ab\nc", [], "length", usage, stats)
     n = 0 if warm_only else 8
     assert r["timings"] == {"prompt_n": 10, "prompt_ms": 500.0, "prompt_per_token_ms": 50.0, "prompt_per_second": 20.0,
@@ -301,7 +301,7 @@ def test_timings_are_llama_server_s_from_the_engine_s_seconds(warm_only):
 def test_a_stream_event_carries_text_only_and_none_when_reading_the_prompt_only():
     assert _builder().feed("", "", []) == [] and _builder(warm_only=True).feed("", "x", []) == []
     (event,) = _builder().feed("", "x", [])
-    assert json.loads(event.decode()[len("data: "):]) == {"index": 0, "content": "x", "tokens": [], "stop": False}
+    assert built_events([event]) == [{"index": 0, "content": "x", "tokens": [], "stop": False}]
 
 
 def test_repeat_last_n_minus_1_is_the_whole_context_and_0_turns_the_penalty_off(served):

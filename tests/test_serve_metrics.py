@@ -8,7 +8,8 @@ import pytest
 
 from mlxspec.serve.metrics import TTFT_BUCKETS, Metrics
 from mlxspec.stats import GenerationStats
-from serve_helpers import TIMEOUT, parse_metrics, running_server, scrape_metrics, sse_events, tiny_engine
+from serve_helpers import (TIMEOUT, parse_metrics, running_server, scrape_metrics, sse_events, tiny_engine,
+                           usage_body)
 
 ASK = [{"role": "user", "content": "Tell me about rivers and the sea."}]
 
@@ -66,19 +67,15 @@ def test_metrics_need_the_api_key_when_one_is_set():
     assert m['mlxspec_errors_total{status="401"}'] == 2  # refused by the middleware, counted all the same
 
 
-def _usage(prompt: int, cached: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "prompt_tokens_details": {"cached_tokens": cached},
-            "completion_tokens": completion}
-
-
 def test_the_rendered_sums_histogram_and_gauges_are_what_was_recorded():
     m = Metrics('my "model"\\ v2\n', None)
     ttfts = [0.01, TTFT_BUCKETS[1], TTFT_BUCKETS[1] - 0.01, 2 * TTFT_BUCKETS[-1]]  # one on a bound, one past all
     runs = [GenerationStats(tokens=5, drafted=4 + i, accepted=2 + i, rounds=3 + i, tree_rounds=i, lookup_rounds=2 * i,
                             prompt_seconds=0.5 + i, seconds=1.25 + i, first_token_seconds=t)
             for i, t in enumerate(ttfts)]
-    m.answered("chat", _usage(10, 4, 20), runs[:3])
-    m.answered("completion", _usage(7, 0, 5), runs[3:] + [GenerationStats(prompt_seconds=0.25)])  # (one only scored)
+    m.answered("chat", usage_body(10, 4, 20), runs[:3])
+    scored = GenerationStats(prompt_seconds=0.25)  # a prompt only scored
+    m.answered("completion", usage_body(7, 0, 5), runs[3:] + [scored])
     m.embedded(9)
     m.embedded(3)
     parked = types.SimpleNamespace(parked=[1, 2], nbytes=4096, evicted=3)

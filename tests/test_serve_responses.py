@@ -7,7 +7,7 @@ import re
 import httpx
 import pytest
 
-from serve_helpers import TIMEOUT, openai_client, running_server, scripted_server, tiny_engine
+from serve_helpers import TIMEOUT, built_events, openai_client, running_server, scripted_server, tiny_engine
 from test_reasoning import scripted_thinker
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -370,16 +370,12 @@ def test_a_response_echoes_the_request_s_settings_or_openai_s_defaults():
     assert echoed["status"] == "incomplete" and echoed["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
-def _events(chunks):
-    return [json.loads(chunk.decode().split("data: ", 1)[1]) for chunk in chunks]
-
-
 def test_an_empty_streamed_answer_is_one_empty_message_and_one_after_a_call_is_none():
     from mlxspec.serve.responses_output import ResponseBuilder
     from mlxspec.stats import GenerationStats
 
     builder = ResponseBuilder("t", {})
-    events = _events(builder.finish("stop", None, GenerationStats()))
+    events = built_events(builder.finish("stop", None, GenerationStats()))
     assert [e["type"] for e in events] == ["response.output_item.added", "response.content_part.added",
                                            "response.output_text.done", "response.content_part.done",
                                            "response.output_item.done", "response.completed"]
@@ -387,7 +383,7 @@ def test_an_empty_streamed_answer_is_one_empty_message_and_one_after_a_call_is_n
         ("message", "")]
     builder = ResponseBuilder("t", {})
     call = {"id": "call_1", "function": {"name": "f", "arguments": "{}"}}
-    events = _events(builder.feed("Think.", "", [call]) + builder.finish("stop", None, GenerationStats()))
+    events = built_events(builder.feed("Think.", "", [call]) + builder.finish("stop", None, GenerationStats()))
     delta = next(e for e in events if e["type"] == "response.reasoning_text.delta")
     assert (delta["output_index"], delta["content_index"], delta["delta"]) == (0, 0, "Think.")
     done = next(e for e in events if e["type"] == "response.reasoning_text.done")
