@@ -136,7 +136,8 @@ CHAT_CASES = [
     ({"messages": HI, "response_format": {"type": "json_schema"}}, "response_format", "json_schema must be an object"),
     ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "objectt"}}}}, "response_format", "refused"),
-    ({"messages": HI, "guided_regex": "(("}, "guided_regex", "refused"),  # named as sent (parsed up front)
+    ({"messages": HI, "guided_regex": "(("}, "guided_regex", "guided_regex was refused: "),  # parsed up front
+    ({"messages": HI, "guided_json": {"type": "objectt"}}, "guided_json", "guided_json was refused: "),
     ({"messages": HI, "guided_choice": []}, "guided_choice", "non-empty list"),
     ({"messages": HI, "guided_json": "{nope"}, "guided_json", "JSON schema"),
     ({"messages": HI, "response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex",
@@ -171,13 +172,13 @@ def test_request_bodies_are_checked_off_the_event_loop(server, monkeypatch):
 
     checked_on_loop = []
 
-    def check(fmt):
+    def check(fmt, *flag):
         try:
             asyncio.get_running_loop()
             checked_on_loop.append(True)
         except RuntimeError:
             checked_on_loop.append(False)
-        return real(fmt)
+        return real(fmt, *flag)
 
     real = schema.check_response_format
     monkeypatch.setattr(schema, "check_response_format", check)

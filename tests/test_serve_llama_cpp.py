@@ -71,7 +71,7 @@ def test_a_json_schema_is_followed_and_time_ends_the_answer_at_a_line(served):
     ({"n_predict": 8}, "prompt", "prompt must be"),
     ({"prompt": PROMPT, "grammar": "root ::= \"yes\""}, "grammar", "send json_schema instead"),
     ({"prompt": PROMPT, "json_schema": "an object"}, "json_schema", "json_schema"),
-    ({"prompt": PROMPT, "json_schema": {"type": "objekt"}}, "json_schema", "json_schema was refused (its JSON schema)"),
+    ({"prompt": PROMPT, "json_schema": {"type": "objekt"}}, "json_schema", "json_schema was refused: "),
     ({"prompt": PROMPT, "repeat_penalty": 1.1, "repeat_last_n": -2}, "repeat_last_n",
      "repeat_last_n must be an integer >= -1 (the last tokens repeat_penalty looks back over; -1: the whole context"),
     ({"prompt": PROMPT, "n_predict": -5}, "n_predict", "n_predict must be an integer >= -1"),

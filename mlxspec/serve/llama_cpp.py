@@ -194,9 +194,7 @@ def _renamed(error: APIError) -> APIError:
     """A completions error in llama.cpp's terms."""
     names = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty", "guided_json": "json_schema"}
     name = names.get(error.param or "")
-    if name is None:
-        return error
-    return error.named(name, {"response_format": "json_schema"} if name == "json_schema" else None)
+    return error if name is None else error.named(name)
 
 
 class LlamaBuilder:

@@ -372,10 +372,7 @@ def _response_format(body: dict) -> Optional[dict]:
         value = {"type": "json_schema", "json_schema": {"name": key, "schema": value}}
     else:
         value = {"type": GUIDED[key], GUIDED[key]: value}
-    try:
-        return check_response_format(value)
-    except InvalidArgumentError as e:
-        raise invalid(str(e).replace("response_format " + GUIDED[key], key, 1), key) from None
+    return checked(lambda v: check_response_format(v, key), value, key)
 
 
 def _prediction(value) -> str:
