@@ -61,7 +61,7 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     endings = dict(zip(("stop_ids", "ignore_eos", "min_tokens"),
                        check_endings(stop_token_ids, ignore_eos, min_tokens, max_tokens, engine.vocab_size)))
     endings.update(check_line_limits(min_indent, soft_time_limit))
-    tools = check_tools(tools)
+    given = tools = check_tools(tools)
     tools, choice = narrowed(tools, check_tool_choice(tool_choice, tools))
     forcing = choice not in (None, "auto", "none")  # a call the grammar writes
     if choice == "none":
@@ -84,10 +84,11 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     one = tools is not None and not parallel_tool_calls  # one call at most
     if forcing:  # (after the prompt: a template that ignores tools is said first); a response_format
         # is then for a later answer: this one is the calls
-        fmt = check_response_format(call_grammar(engine.tool_format, tools, choice, JSON_OPTIONS, engine.tokenizer,
-                                                 one=one))
+        called = [t for t in tools if choice == "required" or t["function"]["name"] == choice["function"]["name"]]
+        fmt = _calls_checked(call_grammar(engine.tool_format, tools, choice, JSON_OPTIONS, engine.tokenizer, one=one),
+                             given, called)
     elif tools and fmt is not None:  # the model chooses: calls, or an answer in the format
-        fmt = check_response_format(calls_or_answer(engine.tool_format, tools, fmt, JSON_OPTIONS, one=one))
+        fmt = _calls_checked(calls_or_answer(engine.tool_format, tools, fmt, JSON_OPTIONS, one=one), given, tools)
     elif one and engine.tool_format is not None:  # free text: it ends where its first call does
         endings["end_after"] = engine.tool_format.end
     # a grammar applies after the thinking block, except harmony's calls, whose grammar reads the analysis
@@ -100,3 +101,19 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
                    prompt_logprobs=prompt_logprobs, think_end=think_end,
                    include_stop=include_stop_str_in_output, prediction=predicted, post_sampling=post_sampling_probs)
     return request, constraint
+
+
+def _calls_checked(grammar: dict, given, called) -> dict:
+    """A grammar that writes calls of the `called` tools, checked. Where it is refused, the tool
+    whose `parameters` schema is to blame is named by its place in the request's `tools` (`given`),
+    not as a response_format the request never sent."""
+    try:
+        return check_response_format(grammar)
+    except InvalidArgumentError:
+        names = {t["function"]["name"] for t in called}
+        for i, tool in enumerate(given):
+            schema = tool["function"].get("parameters")
+            if tool["function"]["name"] in names and schema:
+                check_response_format({"type": "json_schema", "json_schema": {"schema": schema}},
+                                      f"tools[{i}].function.parameters")
+        raise

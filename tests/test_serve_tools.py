@@ -191,3 +191,34 @@ def test_calls_streamed_in_one_batch_are_numbered_in_turn(monkeypatch):
                                                                  max_tokens=200, stream=True))
     calls = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
     assert [(tc.index, json.loads(tc.function.arguments)["city"]) for tc in calls] == [(0, "Paris"), (1, "Rome")]
+
+
+BROKEN_SCHEMA = {"type": "object", "properties": {"a": {"type": "strin"}}}  # "strin": no type
+
+
+@pytest.mark.parametrize("path, body, says", [
+    ("/v1/chat/completions", {"messages": ASK, "max_tokens": 4, "tool_choice": "required", "tools": [
+        WEATHER, {"type": "function", "function": {"name": "broken", "parameters": BROKEN_SCHEMA}}]},
+     "tools[1].function.parameters was refused: "),
+    # the Responses' tools are flat, and those the model is not shown (web_search) take places too
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 4, "tool_choice": "required", "tools": [
+        {"type": "web_search"}, {"type": "namespace", "name": "geo", "tools": [
+            {"type": "function", "name": "ok"}, {"type": "function", "name": "broken", "parameters": BROKEN_SCHEMA}]}]},
+     "tools[1].tools[1].parameters was refused: "),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 4, "tools": [
+        {"type": "web_search"}, {"type": "function", "name": "get weather"}]},
+     "tools[1].name must be 1-64 letters, digits, _ or -, got 'get weather'"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 4, "tools": [
+        {"type": "function", "name": "f"}, {"type": "function", "name": "f"}]},
+     "tools[1].name 'f' is given twice"),
+    ("/v1/messages", {"messages": ASK, "max_tokens": 4, "tool_choice": {"type": "any"}, "tools": [
+        {"name": "broken", "input_schema": BROKEN_SCHEMA}]}, "tools[0].input_schema was refused: "),
+])
+def test_a_tool_s_bad_schema_or_name_is_named_in_each_api_s_terms(served, path, body, says):
+    """The schema of a forced call is read when its grammar is built, in the worker: its error
+    names the tool, as the request has it, on every route (not a response_format never sent)."""
+    r = httpx.post(f"{served[0]}{path}", json=dict({"model": "scripted"}, **body), timeout=TIMEOUT)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert says in error["message"] and "response_format" not in error["message"], error
+    assert error.get("param", "tools") == "tools"  # (Anthropic's errors have no param)

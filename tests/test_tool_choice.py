@@ -270,3 +270,36 @@ def test_tools_with_a_response_format_through_the_openai_client():
                                       text={"format": {"type": "json_schema", "name": "city",
                                                        "schema": CITY["json_schema"]["schema"]}})
         assert json.loads(out.output_text)["city"] in ("Paris", "Rome")
+
+
+# llguidance refuses this schema ("strin" is no type); only a grammar that writes its calls reads it
+BROKEN = {"type": "function", "function": {"name": "broken", "parameters": {
+    "type": "object", "properties": {"a": {"type": "strin"}}}}}
+
+
+UNUSED = {"type": "function", "function": dict(BROKEN["function"], name="unused")}
+
+
+@pytest.mark.parametrize("tools, kw, place", [
+    ([UNIT, BROKEN], {"tool_choice": "required"}, 1),
+    ([UNIT, BROKEN], {"tool_choice": {"type": "function", "function": {"name": "broken"}}}, 1),
+    ([UNIT, BROKEN], {"response_format": CITY}, 1),
+    ([UNIT, BROKEN], {"tool_choice": allowed("required", "broken")}, 1),
+    # the one whose calls the grammar writes, not another broken one before it
+    ([UNUSED, UNIT, BROKEN], {"tool_choice": {"type": "function", "function": {"name": "broken"}}}, 2),
+    ([UNUSED, UNIT, BROKEN], {"tool_choice": allowed("required", "get_unit", "broken")}, 2),
+])
+def test_a_schema_the_grammar_refuses_is_named_where_the_request_has_it(tools, kw, place):
+    """Not as a response_format the request never sent: by the tool's place among all the tools
+    sent (allowed_tools shows the model a part of them, but the request's places are the user's)."""
+    with pytest.raises(InvalidArgumentError, match=rf"^tools\[{place}\]\.function\.parameters was refused: .*strin"):
+        engine_for().stream(ASK, tools=tools, max_tokens=4, **kw)
+
+
+def test_a_schema_no_grammar_reads_is_not_refused():
+    engine = engine_for()
+    forced = engine.generate(ASK, tools=[UNIT, BROKEN], tool_choice={"type": "function", "function": {
+        "name": "get_unit"}}, max_tokens=300)
+    (call,), _ = calls_in(engine, forced.text)
+    assert call["function"]["name"] == "get_unit"
+    assert engine.generate(ASK, tools=[UNIT, BROKEN], max_tokens=4).tokens  # free text: the model decides

@@ -6,6 +6,7 @@ Everything the server refuses goes through `APIError`, so a client never sees a 
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Dict, Optional
 
 from starlette.responses import JSONResponse
@@ -86,7 +87,7 @@ def from_engine(exc: BaseException, prompt_param: str) -> APIError:
                         code="context_length_exceeded")
     if isinstance(exc, InvalidArgumentError):  # what only the engine can check: the prompt, the drafter
         message = str(exc)
-        field = message.split(" ", 1)[0].rstrip(":")
+        field = re.split(r"[ :\[]", message, maxsplit=1)[0]  # (tools[0].function.parameters: tools)
         param = prompt_param if field == "prompt" else field if field in ENGINE_CHECKED else None
         return invalid(message, param)
     if isinstance(exc, NumericalError):

@@ -15,6 +15,7 @@ The answer's output items and stream events are `responses_output.ResponseBuilde
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Dict, List, Optional
 
 from ..errors import shown
@@ -171,7 +172,7 @@ def _tools(tools) -> list:
                           f"tools[{i}]")
     out = [{"type": "function", "function": {key: fn[key] for key in ("name", "description", "parameters", "strict")
                                              if key in fn}}
-           for _, fn in _members(tools) if fn.get("type") == "function"]
+           for _, fn, _ in _members(tools) if fn.get("type") == "function"]
     skipped = left_out(tools)
     if skipped:
         log.info("tools the model cannot call here were left out of the prompt: %s", ", ".join(skipped))
@@ -179,24 +180,31 @@ def _tools(tools) -> list:
 
 
 def _members(tools):
-    """(the namespace's name or None, tool) for each tool object of a request, a namespace's
-    members in its place; anything that is not an object is passed over (`_tools` refuses it)."""
-    for tool in tools if isinstance(tools, list) else []:
+    """(the namespace's name or None, tool, where it is: "tools[2]", "tools[1].tools[0]") for each
+    tool object of a request, a namespace's members in its place; anything that is not an object
+    is passed over (`_tools` refuses it)."""
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
         if isinstance(tool, dict) and tool.get("type") == "namespace":
             members = tool.get("tools") if isinstance(tool.get("tools"), list) else []
-            yield from ((tool.get("name"), fn) for fn in members if isinstance(fn, dict))
+            yield from ((tool.get("name"), fn, f"tools[{i}].tools[{j}]") for j, fn in enumerate(members)
+                        if isinstance(fn, dict))
         elif isinstance(tool, dict):
-            yield None, tool
+            yield None, tool, f"tools[{i}]"
 
 
 def left_out(tools) -> List[str]:
     """The tools of a request the model is not shown (`_tools`), by name (or type)."""
-    return [str(fn.get("name") or fn.get("type")) for _, fn in _members(tools) if fn.get("type") != "function"]
+    return [str(fn.get("name") or fn.get("type")) for _, fn, _ in _members(tools) if fn.get("type") != "function"]
 
 
 def namespaces(tools) -> Dict[str, str]:
     """Function name -> the namespace tool it came in (its calls say so)."""
-    return {fn.get("name"): name for name, fn in _members(tools) if name is not None}
+    return {fn.get("name"): name for name, fn, _ in _members(tools) if name is not None}
+
+
+def tool_places(tools) -> List[str]:
+    """Where each chat tool (`_tools`, in its order) was in the request's `tools` (`renamed`)."""
+    return [place for _, fn, place in _members(tools) if fn.get("type") == "function"]
 
 
 def _tool_choice(choice):
@@ -225,7 +233,12 @@ def _format(fmt) -> dict:
     return fmt
 
 
-def renamed(error: APIError) -> APIError:
-    """A chat request's error in the Responses' terms (`messages[2]` -> `input`...)."""
+def renamed(error: APIError, places: List[str] = ()) -> APIError:
+    """A chat request's error in the Responses' terms (`messages[2]` -> `input`...); a chat tool's
+    `tools[i].function.` is where that function was in the request (`places`, `tool_places`): the
+    Responses' tools are flat, and tools the model is not shown take places too."""
     param = param_of(error.param)
+    tool = re.match(r"tools\[(\d+)\]\.function\.", error.message) if param == "tools" else None
+    if tool and int(tool[1]) < len(places):
+        return error.named(param, {tool[0]: places[int(tool[1])] + "."})
     return error if param == error.param else error.named(param)

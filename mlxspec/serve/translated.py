@@ -136,8 +136,10 @@ async def create_response(request: Request) -> Response:
     store = request.app.state.mlxspec.responses
     conversation: list = []
     inputs: list = []
+    places: list = []  # of the chat tools in the request's tools, for errors
 
     def translate(body: dict) -> dict:
+        places[:] = responses_api.tool_places(body.get("tools"))
         previous = body.get("previous_response_id")
         body = dict(body, input=response_items.resolve(body.get("input"), store.find_item))
         chat, conversation[:] = responses_api.to_chat(body, store.conversation(previous) if previous else [])
@@ -152,7 +154,8 @@ async def create_response(request: Request) -> Response:
                                                 (lambda r: store.remember(r, conversation, inputs)) if keep else None,
                                                 token_bytes=state.token_bytes)
 
-    return await one_answer(request, translate, builder_of, "responses", "input", responses_api.renamed)
+    return await one_answer(request, translate, builder_of, "responses", "input",
+                            lambda e: responses_api.renamed(e, places))
 
 
 async def get_response(request: Request) -> Response:
