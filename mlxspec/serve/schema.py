@@ -37,7 +37,7 @@ MAX_TEMPERATURE = 2  # OpenAI's bound (the engine takes any finite temperature: 
 # Fields other OpenAI-style servers (mlx-lm's, vLLM, llama.cpp, text-generation-inference) take that
 # would change the answer, with the value that changes nothing: a client that sends another is told.
 EXTENSIONS = {"repeat_penalty": 1.0, "tfs_z": 1.0, "length_penalty": 1.0,
-              "use_beam_search": False, "guided_grammar": None, "grammar": None,
+              "use_beam_search": False, "guided_grammar": None, "grammar": "",  # (llama.cpp's "": none)
               "audio": None, "modalities": ["text"], "chat_template": None,
               "role_mapping": {}, "bad_words": [], "allowed_token_ids": None,
               "truncate_prompt_tokens": None}
@@ -423,8 +423,8 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
     for key, neutral in EXTENSIONS.items():  # other servers' sampling fields: refused, not silently ignored
         value = body.get(key)
         if value is not None and not _neutral(value, neutral):  # (said in the client's terms: null, false, [])
-            raise unsupported(f"{key} is not supported by this server (only {json.dumps(neutral)}), got "
-                              f"{_show(value)}", key)
+            allowed = "null" if neutral is None else f"null or {json.dumps(neutral)}"
+            raise unsupported(f"{key} is not supported by this server (only {allowed}), got {_show(value)}", key)
     for key, instead in RENAMED.items():
         if body.get(key) is not None:
             raise unsupported(f"{key} is not supported by this server: {instead}; got {_show(body[key])}", key)
