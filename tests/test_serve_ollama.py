@@ -281,6 +281,13 @@ def test_a_request_with_nothing_to_answer_loads_the_model(served):
     ("chat", {"messages": ASK, "top_logprobs": 2}, 400, "top_logprobs needs \"logprobs\": true"),
     ("chat", {"messages": "hi"}, 400, "messages must be a list"),
     ("chat", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role must be one of"),
+    # Ollama's calls: arguments an object, named in its terms (not OpenAI's string, nor an id it never sent)
+    ("chat", {"messages": ASK + [{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": [1]}}]}]}, 400,
+     "messages[1].tool_calls[0].function.arguments must be an object (the call's arguments by name), got [1]"),
+    ("chat", {"messages": ASK + [{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": 5, "arguments": {}}}]}]}, 400,
+     "messages[1].tool_calls[0].function.name must be the function's name (a string), got 5"),
     ("generate", {"prompt": "hi", "template": "{{ .Prompt }}"}, 400, "template is not supported"),
     ("generate", {"prompt": "hi", "context": [1, 2]}, 400, "context is not supported"),
     ("generate", {"prompt": 5}, 400, "prompt must be a string"),

@@ -199,8 +199,14 @@ def _call(call, where: str, default_id: str) -> dict:
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict):
         raise invalid(f"{where} must be {{\"function\": {{\"name\", \"arguments\"}}}}, got {shown(call)}", where)
-    return {"id": call.get("id") or default_id, "type": "function",
-            "function": {"name": fn.get("name"), "arguments": fn.get("arguments", {})}}
+    name, arguments = fn.get("name"), fn.get("arguments", {})
+    if not isinstance(name, str):
+        raise invalid(f"{where}.function.name must be the function's name (a string), got {shown(name)}",
+                      f"{where}.function.name")
+    if not isinstance(arguments, (dict, str)):  # (a string of JSON is read as OpenAI's: the chat path checks it)
+        raise invalid(f"{where}.function.arguments must be an object (the call's arguments by name), got "
+                      f"{shown(arguments)}", f"{where}.function.arguments")
+    return {"id": call.get("id") or default_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def _answered(waiting: List[Tuple[str, Any]], name, given=None) -> Optional[str]:
