@@ -49,11 +49,45 @@ def test_detokenize_gives_the_text_back(served):
     assert post(url, "/detokenize", {"tokens": []}).json()["prompt"] == ""
 
 
+def test_llama_cpp_s_content_takes_its_defaults_and_gives_pieces():
+    """llama.cpp's /tokenize: no BOS unless add_special, special tokens' text read as theirs unless
+    parse_special is false, and with_pieces' tokens as {"id", "piece"}, a piece the token's text or,
+    where its bytes are part of a character, those bytes. vLLM's `prompt` keeps its defaults."""
+    from tokenizers import processors
+
+    engine = tiny_engine()
+    fast = engine.tokenizer._tokenizer  # a tokenizer that starts text with a BOS (id 0), as Llama's does
+    fast._tokenizer.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A",
+                                                                   special_tokens=[("<|endoftext|>", 0)])
+    with running_server(engine, model_id="t") as (url, _):
+        def tokens(**body):
+            r = httpx.post(f"{url}/tokenize", json=body, timeout=TIMEOUT)
+            assert r.status_code == 200, r.text
+            return r.json()["tokens"]
+
+        text = "ok <|im_start|>"
+        plain = engine.tokenizer.encode(text, add_special_tokens=False)
+        assert plain[-1] == 1 and 0 not in plain  # <|im_start|> is read as itself
+        assert tokens(content=text) == plain
+        assert tokens(content=text, add_special=True) == [0] + plain
+        assert tokens(prompt=text) == [0] + plain and tokens(prompt=text, add_special_tokens=False) == plain
+        assert tokens(prompt="") == tokens(content="", add_special=True) == []  # nothing to count, not an error
+        split = tokens(content=text, parse_special=False)
+        assert 1 not in split and engine.tokenizer.decode(split) == text
+        ok = engine.tokenizer.encode("ok é", add_special_tokens=False)
+        assert tokens(content="ok é", with_pieces=True) == [  # the byte tokenizer: é is two tokens
+            {"id": ok[0], "piece": "o"}, {"id": ok[1], "piece": "k"}, {"id": ok[2], "piece": " "},
+            {"id": ok[3], "piece": [0xC3]}, {"id": ok[4], "piece": [0xA9]}]
+
+
 @pytest.mark.parametrize("path, body, param, says", [
     ("/tokenize", {}, "prompt", "send one of prompt"),
     ("/tokenize", {"prompt": "a", "messages": CHAT}, "prompt", "send one of prompt"),
     ("/tokenize", {"prompt": 5}, "prompt", "must be a string"),
     ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens", "true or false"),
+    ("/tokenize", {"content": "a", "add_special": 1}, "add_special", "add_special must be true or false"),
+    ("/tokenize", {"content": "a", "parse_special": "no"}, "parse_special", "parse_special must be true or false"),
+    ("/tokenize", {"content": "a", "with_pieces": "yes"}, "with_pieces", "with_pieces must be true or false"),
     ("/tokenize", '{"prompt": "a\\ud800"}', "prompt", "not valid Unicode text"),  # JSON text: a lone surrogate
     ("/apply-template", {}, "messages", "messages is required"),
     ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "must be one of"),

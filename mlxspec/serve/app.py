@@ -202,7 +202,7 @@ async def get_model(request: Request) -> Response:
 
 
 async def tokenize_route(request: Request) -> Response:
-    """The model's token ids of a prompt or a chat (vLLM's POST /tokenize)."""
+    """The model's token ids of a prompt or a chat (vLLM's POST /tokenize, and llama.cpp's)."""
     state: ServerState = request.app.state.mlxspec
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
     state.note_model(tokenize.model_param(body))

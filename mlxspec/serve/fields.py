@@ -28,7 +28,8 @@ ANTHROPIC = {"system", "stop_sequences", "thinking", "top_k", "container", "mcp_
 OTHERS = {  # vLLM's, mlx-lm's and llama.cpp's that are read (or refused with a reason) here
     "min_p", "repetition_penalty", "repetition_context_size", "stop_token_ids", "ignore_eos", "min_tokens",
     "include_stop_str_in_output", "continue_final_message", "add_generation_prompt", "chat_template_kwargs",
-    "add_special_tokens", "return_token_strs", "with_pieces", "content", "tokens", *SAMPLING_DEFAULTS, *DRY_FIELDS,
+    "add_special_tokens", "return_token_strs", "with_pieces", "add_special", "parse_special", "content", "tokens",
+    *SAMPLING_DEFAULTS, *DRY_FIELDS,
 }
 OLLAMA = {"options", "format", "think", "keep_alive", "raw", "template", "context", "images", "name", "verbose"}
 # What llama.cpp's /completion and /infill read (`llama_cpp.py`, `infill.py`), llama.cpp's own fields among them;

@@ -1,5 +1,5 @@
 """POST /tokenize and /detokenize: the model's own token ids of a prompt or chat, and back
-(vLLM's shapes; llama.cpp's `content` is taken too), so a client can count tokens against
+(vLLM's shapes, and llama.cpp's for its `content`), so a client can count tokens against
 the context or build token-id prompts without a copy of the tokenizer; and llama.cpp's POST
 /apply-template: a chat as the text the model reads, to send to /completion as a prompt.
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..errors import InvalidArgumentError, shown
+from ..logprobs import token_bytes
 from ..prompts import check_in_vocab, check_template_kwargs, check_text, encode_prompt, render_chat
 from ..tools import check_tools
 from .errors import checked, invalid
@@ -19,12 +20,14 @@ from .schema import flag
 
 def tokenize(engine, body: dict, messages) -> dict:
     """{"prompt": text} or {"messages": [...]} (with `tools`, `chat_template_kwargs`) -> {"tokens",
-    "count", "max_model_len"} (and "token_strs" with `return_token_strs`). `messages` is the
-    server's check of chat messages."""
+    "count", "max_model_len"} (and "token_strs" with `return_token_strs`), vLLM's; llama.cpp's
+    {"content": text} without special tokens unless `add_special`, its `parse_special` and
+    `with_pieces` (tokens as {"id", "piece"}). `messages` is the server's check of chat messages."""
     tokenizer = engine.tokenizer
     if tokenizer is None:
         raise invalid("this server's model has no tokenizer", None)
     text = body.get("prompt", body.get("content"))
+    llama = body.get("prompt") is None and text is not None  # llama.cpp's `content`: its defaults
     if (text is None) == (body.get("messages") is None):
         raise invalid("send one of prompt (a string) or messages (a chat), as for /v1/completions and "
                       "/v1/chat/completions", "prompt")
@@ -33,8 +36,14 @@ def tokenize(engine, body: dict, messages) -> dict:
             if not isinstance(text, str):
                 raise invalid(f"prompt must be a string, got {shown(text)}", "prompt")
             check_text(text)
-            ids = (encode_prompt(text, tokenizer, engine.vocab_size) if flag(body, "add_special_tokens", True)
-                   else tokenizer.encode(text, add_special_tokens=False)) if text else []
+            special = flag(body, "add_special", False) if llama else flag(body, "add_special_tokens", True)
+            if not text:
+                ids = []
+            elif not flag(body, "parse_special", True):  # llama.cpp's: "<|im_start|>" is read as its characters
+                ids = tokenizer.encode(text, add_special_tokens=special, split_special_tokens=True)
+            else:
+                ids = encode_prompt(text, tokenizer, engine.vocab_size) if special else \
+                    tokenizer.encode(text, add_special_tokens=False)
         else:
             chat, tools, kwargs, keep_going = _chat(body, messages)
             ids = encode_prompt(chat, tokenizer, engine.vocab_size, tools=tools, template_kwargs=kwargs,
@@ -42,9 +51,18 @@ def tokenize(engine, body: dict, messages) -> dict:
     except InvalidArgumentError as e:
         raise invalid(str(e), "messages" if text is None else "prompt") from None
     out = {"count": len(ids), "max_model_len": getattr(engine, "context", None), "tokens": ids, "token_strs": None}
-    if flag(body, "return_token_strs", False) or flag(body, "with_pieces", False):
+    if flag(body, "return_token_strs", False):
         out["token_strs"] = tokenizer.convert_ids_to_tokens(ids)
+    if flag(body, "with_pieces", False):  # llama.cpp's: each token's text, or its bytes where they are no text
+        out["tokens"] = [{"id": t, "piece": _piece(token_bytes(tokenizer, t))} for t in ids]
     return out
+
+
+def _piece(data: bytes):
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return list(data)
 
 
 def apply_template(engine, body: dict, messages) -> dict:
