@@ -86,7 +86,7 @@ def _chat(body: dict, messages) -> tuple:
         raise invalid("add_generation_prompt false alone is not supported: a chat is rendered as the model reads it, "
                       "its generation prompt included (or, with continue_final_message true, ending inside its last "
                       "message)", "add_generation_prompt")
-    tools = checked(check_tools, body.get("tools"), "tools") or None
+    tools = checked(check_tools, body.get("tools"), "tools")  # (None for none or [])
     kwargs = checked(check_template_kwargs, body.get("chat_template_kwargs"), "chat_template_kwargs")
     return messages(body["messages"]), tools, kwargs, keep_going
 
