@@ -391,6 +391,30 @@ def test_numerical_error_mid_stream_ends_it_with_an_error_event_and_the_next_req
     assert after.choices[0].message.content == fresh.text
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/messages", {"messages": HI, "max_tokens": 500}),
+    ("/v1/responses", {"input": "Hello", "max_output_tokens": 500}),
+    ("/api/chat", {"messages": HI, "options": {"num_predict": 500}}),
+    ("/completion", {"prompt": "Hello", "n_predict": 500}),
+])
+def test_another_api_s_stream_that_fails_midway_ends_with_its_error_and_is_counted(path, body):
+    engine = GatedEngine(poisonable_engine(), per_token_seconds=0.01)
+    with running_server(engine) as (url, _):
+        with httpx.stream("POST", f"{url}{path}", json={**body, "stream": True}, timeout=TIMEOUT) as r:
+            assert r.status_code == 200
+            bodies = []  # SSE's data, or JSON lines (Ollama's)
+            for line in r.iter_lines():
+                if line.startswith(("data: {", "{")):
+                    bodies.append(json.loads(line.removeprefix("data: ")))
+                    engine.target_model.poisoned = len(bodies) >= 3  # the status is sent already
+        engine.target_model.poisoned = False
+        m = scrape_metrics(url)
+    last = bodies[-1]  # each API's error: {"error": ...}, or an event of type "error"
+    assert ("error" in last or last.get("type") == "error") and "NaN" in json.dumps(last), last
+    assert len(bodies) < 100  # it stopped, far short of 500 tokens
+    assert m['mlxspec_errors_total{status="500"}'] == 1 and m["mlxspec_requests_cancelled_total"] == 0
+
+
 def test_an_unforeseen_failure_is_500_and_the_connection_stays_open():
     engine = poisonable_engine()
     with running_server(engine, model_id="tiny") as (url, uv):
