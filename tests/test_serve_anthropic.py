@@ -42,6 +42,16 @@ def test_a_message_is_the_chat_answer_with_system_first(served):
     assert r.model_extra["mlxspec"]["drafter"] == "ngram"
 
 
+def test_the_answer_names_the_model_the_client_asked_for_or_the_served_one(served):
+    """As the chat routes do: the name the client sent comes back, as Anthropic's API echoes it, and
+    a body without one gets the served model's id."""
+    _, url, _ = served
+    for body, model in (({"model": "claude-sonnet-4-5"}, "claude-sonnet-4-5"), ({}, "t")):
+        r = httpx.post(f"{url}/v1/messages", json=dict(body, max_tokens=2, messages=ASK), headers={"x-api-key": "k"},
+                       timeout=TIMEOUT)
+        assert r.status_code == 200 and r.json()["model"] == model, r.text
+
+
 def test_the_stream_spells_the_same_message(served):
     client, url, _ = served
     whole = client.messages.create(model="t", max_tokens=24, messages=ASK)

@@ -93,7 +93,7 @@ async def one_answer(request: Request, translate: Callable, builder_of: Callable
 
 
 async def _built_events(state: ServerState, job: Job, builder, first: asyncio.Task, req: schema.GenerationRequest,
-                        answer: AnswerReader, next_events: Callable, endpoint: str, ndjson: bool = False):
+                        answer: AnswerReader, next_events: Callable, endpoint: str, ndjson: bool):
     """A single answer's stream in its API's events (`one_answer`), after comments while `first`
     (its first events, `first_of`) is awaited (JSON lines have no comments: nothing then)."""
     try:
