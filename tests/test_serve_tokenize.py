@@ -83,12 +83,14 @@ def test_llama_cpp_s_content_takes_its_defaults_and_gives_pieces():
 @pytest.mark.parametrize("path, body, param, says", [
     ("/tokenize", {}, "prompt", "send one of prompt"),
     ("/tokenize", {"prompt": "a", "messages": CHAT}, "prompt", "send one of prompt"),
-    ("/tokenize", {"prompt": 5}, "prompt", "must be a string"),
+    ("/tokenize", {"prompt": 5}, "prompt", "prompt must be a string"),
+    ("/tokenize", {"content": 5}, "content", "content must be a string"),  # llama.cpp's name for it
     ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens", "true or false"),
     ("/tokenize", {"content": "a", "add_special": 1}, "add_special", "add_special must be true or false"),
     ("/tokenize", {"content": "a", "parse_special": "no"}, "parse_special", "parse_special must be true or false"),
     ("/tokenize", {"content": "a", "with_pieces": "yes"}, "with_pieces", "with_pieces must be true or false"),
     ("/tokenize", '{"prompt": "a\\ud800"}', "prompt", "not valid Unicode text"),  # JSON text: a lone surrogate
+    ("/tokenize", '{"content": "a\\ud800"}', "content", "content is not valid Unicode text"),
     ("/apply-template", {}, "messages", "messages is required"),
     ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "must be one of"),
     ("/tokenize", {"messages": CHAT, "add_generation_prompt": False}, "add_generation_prompt", "not supported"),

@@ -28,14 +28,15 @@ def tokenize(engine, body: dict, messages) -> dict:
         raise invalid("this server's model has no tokenizer", None)
     text = body.get("prompt", body.get("content"))
     llama = body.get("prompt") is None and text is not None  # llama.cpp's `content`: its defaults
+    field = "content" if llama else "prompt"
     if (text is None) == (body.get("messages") is None):
         raise invalid("send one of prompt (a string) or messages (a chat), as for /v1/completions and "
                       "/v1/chat/completions", "prompt")
     try:
         if text is not None:
             if not isinstance(text, str):
-                raise invalid(f"prompt must be a string, got {shown(text)}", "prompt")
-            check_text(text)
+                raise invalid(f"{field} must be a string, got {shown(text)}", field)
+            check_text(text, field)
             special = flag(body, "add_special", False) if llama else flag(body, "add_special_tokens", True)
             if not text:
                 ids = []
@@ -49,7 +50,7 @@ def tokenize(engine, body: dict, messages) -> dict:
             ids = encode_prompt(chat, tokenizer, engine.vocab_size, tools=tools, template_kwargs=kwargs,
                                 continue_final=keep_going)
     except InvalidArgumentError as e:
-        raise invalid(str(e), "messages" if text is None else "prompt") from None
+        raise invalid(str(e), "messages" if text is None else field) from None
     out = {"count": len(ids), "max_model_len": getattr(engine, "context", None), "tokens": ids, "token_strs": None}
     if flag(body, "return_token_strs", False):
         out["token_strs"] = tokenizer.convert_ids_to_tokens(ids)
