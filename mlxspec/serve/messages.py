@@ -91,7 +91,7 @@ def tool_calls(calls, param: str) -> List[dict]:
     return out
 
 
-def message_content(content, param: str, assistant: bool = False) -> str:
+def message_content(content, param: str, assistant: bool) -> str:
     """A string, or a list of {"type": "text", "text": ...} parts (joined with newlines); an
     assistant's {"type": "refusal", "refusal": ...} parts are its text too (OpenAI's history holds them)."""
     if isinstance(content, str):
