@@ -147,6 +147,37 @@ def test_previous_response_id_continues_a_stored_conversation(served):
     assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
 
 
+def test_input_tokens_counts_the_prompt_a_response_of_the_same_body_reads(scripted):
+    """POST /v1/responses/input_tokens (the client's responses.input_tokens.count): the stored
+    conversation, instructions and tools counted as `usage.input_tokens` counts them, nothing answered."""
+    url, _ = scripted
+    client = openai_client(url)
+    first = client.responses.create(model="t", input="Tell me about rivers.", max_output_tokens=6)
+    tools = [{"type": "web_search"}, WEATHER]  # (the model is shown the function alone)
+    for body in ({"input": "Hi", "instructions": "Be brief."},
+                 {"input": "And the sea?", "previous_response_id": first.id, "tools": tools},
+                 {"input": [{"role": "developer", "content": "Be kind."}, {"role": "user", "content": "Hi"}],
+                  "reasoning": {"effort": "low"}}):
+        counted = client.responses.input_tokens.count(model="t", **body)
+        answered = client.responses.create(model="t", max_output_tokens=2, store=False, **body)
+        assert counted.object == "response.input_tokens" and counted.input_tokens == answered.usage.input_tokens
+    assert counted.input_tokens != client.responses.input_tokens.count(model="t", input="Hi").input_tokens
+    stored = httpx.get(f"{url}/v1/responses/{first.id}/input_items", timeout=TIMEOUT).json()["data"]
+    assert len(stored) == 1  # counting stored nothing, and did not add to the conversation
+    r = httpx.post(f"{url}/v1/responses/input_tokens", json={"model": "t", "input": "x", "tools": [
+        {"type": "function", "name": "bad name"}]}, timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("tools[0].name must be"), r.text
+    r = httpx.post(f"{url}/v1/responses/input_tokens", json={"model": "t", "input": "x", "previous_response_id":
+                                                             "resp_nope"}, timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id", r.text
+    r = httpx.post(f"{url}/v1/responses/input_tokens", json={"model": "t", "input": "x", "max_tokens": 5},
+                   timeout=TIMEOUT)  # read here as at /v1/responses: another API's name is told
+    assert r.status_code == 400 and "send max_output_tokens instead" in r.json()["error"]["message"], r.text
+    from mlxspec.serve import fields
+
+    assert fields.unread("/v1/responses/input_tokens", {"input": "x", "truncation": "auto", "n": 2}) == ["n"]
+
+
 def test_text_format_makes_the_answer_follow_a_schema(served):
     url, _ = served
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],

@@ -28,6 +28,7 @@ def register(subparsers) -> None:
             "Serve one target (+ draft) over the OpenAI API (and Anthropic's, Ollama's and llama.cpp's):\n"
             "  POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   GET /v1/models\n"
             "  GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items\n"
+            "  POST /v1/responses/input_tokens\n"
             "  POST /v1/messages[/count_tokens]   POST /v1/embeddings   POST /tokenize\n"
             "  POST /detokenize   GET /metrics   GET /health\n"
             "  POST /api/chat   POST /api/generate   POST /api/embed   GET /api/tags   POST /api/show\n"

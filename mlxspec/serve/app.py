@@ -1,7 +1,7 @@
 """The Starlette app: its routes, middleware and error shapes, and the state the routes share.
 
-    POST /v1/chat/completions   POST /v1/completions   POST /v1/responses   POST /v1/messages[/count_tokens]
-    GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items   GET /v1/models[/{id}]   GET /health
+    POST /v1/chat/completions   POST /v1/completions   POST /v1/responses[/input_tokens]
+    POST /v1/messages[/count_tokens]   GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items   GET /v1/models[/{id}]   GET /health
     POST /v1/embeddings   POST /tokenize   POST /detokenize   GET /metrics
     (the /v1 routes also without /v1, as mlx-lm's server answers /chat/completions)
 
@@ -51,12 +51,13 @@ from . import ollama_routes
 from .options import REASONING_KEYS, ServeOptions
 from .queue import EngineQueue
 from .response_store import ResponseStore
-from .translated import (count_message_tokens, create_message, create_response, delete_response, get_response,
-                         list_input_items)
+from .translated import (count_message_tokens, count_response_tokens, create_message, create_response,
+                         delete_response, get_response, list_input_items)
 
 log = logging.getLogger("mlxspec.serve")
-ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET and DELETE "
-               "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, GET /v1/models, "
+ROUTES_HELP = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses[/input_tokens], GET and DELETE "
+               "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages[/count_tokens], "
+               "GET /v1/models, "
                "POST /v1/embeddings (each also without /v1), GET /health, POST /tokenize, POST /detokenize, GET "
                "/metrics, llama.cpp's POST /completion, POST /infill, POST /embedding, POST /apply-template and GET "
                f"/props, and Ollama's "
@@ -149,6 +150,7 @@ def make_app(engine, options: Optional[ServeOptions] = None) -> Starlette:
         ("/chat/completions", openai_route(schema.parse_chat), "POST"),
         ("/completions", openai_route(schema.parse_completion), "POST"),
         ("/responses", create_response, "POST"),
+        ("/responses/input_tokens", count_response_tokens, "POST"),
         ("/responses/{response_id}", get_response, "GET"),
         ("/responses/{response_id}", delete_response, "DELETE"),
         ("/responses/{response_id}/input_items", list_input_items, "GET"),

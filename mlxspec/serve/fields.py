@@ -77,6 +77,7 @@ def _reads() -> dict:
         "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "service_tier", "stream_options",
         "top_logprobs"}
     return {"/v1/messages": messages, "/v1/messages/count_tokens": messages, "/v1/responses": responses,
+            "/v1/responses/input_tokens": responses,
             "/api/chat": OLLAMA_CHAT, "/api/generate": OLLAMA_GENERATE,
             "/api/show": {"model", "name", "verbose"}, "/v1/infill": INFILL | OWN,
             "/v1/completion": LLAMA_COMPLETION | OWN, "/v1/embeddings": EMBEDDINGS | LLAMA_EMBEDDING,
@@ -101,6 +102,9 @@ def unread(route: str, body: dict) -> List[str]:
 _TO_MESSAGES = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens", "max_output_tokens": "max_tokens",
                 "instructions": "system"}
 _SYSTEM = "a first message with role \"system\""
+_TO_RESPONSES = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "messages": "input",
+                 "response_format": "text.format", "reasoning_effort": "reasoning.effort", "system": "instructions",
+                 "stop_sequences": "stop"}
 # (Ollama's own server drops these unseen: a client porting from OpenAI's API would get its defaults)
 _TO_OLLAMA = {"max_tokens": "options.num_predict", "max_completion_tokens": "options.num_predict",
               "temperature": "options.temperature", "top_p": "options.top_p", "top_k": "options.top_k",
@@ -111,9 +115,8 @@ MOVED = {
     "/v1/chat/completions": {"max_output_tokens": "max_completion_tokens (or max_tokens)", "stop_sequences": "stop",
                              "instructions": _SYSTEM, "system": _SYSTEM},
     "/v1/completions": {"max_output_tokens": "max_tokens", "stop_sequences": "stop"},
-    "/v1/responses": {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
-                      "messages": "input", "response_format": "text.format", "reasoning_effort": "reasoning.effort",
-                      "system": "instructions", "stop_sequences": "stop"},
+    "/v1/responses": _TO_RESPONSES,
+    "/v1/responses/input_tokens": _TO_RESPONSES,
     "/v1/messages": _TO_MESSAGES,
     "/v1/messages/count_tokens": _TO_MESSAGES,
     "/api/chat": _TO_OLLAMA,

@@ -1,5 +1,6 @@
 """Other APIs' single answers, each answered as a chat: OpenAI's Responses API (stored for
-`previous_response_id`) and Anthropic's Messages API, whole or streamed in their own events.
+`previous_response_id`) and Anthropic's Messages API, whole or streamed in their own events, and
+what a request of either would count as its prompt's tokens.
 `one_answer` serves Ollama's routes (`ollama_routes.py`) and llama.cpp's /infill too.
 """
 
@@ -139,11 +140,7 @@ async def create_response(request: Request) -> Response:
     places: list = []  # of the chat tools in the request's tools, for errors
 
     def translate(body: dict) -> dict:
-        places[:] = responses_api.tool_places(body.get("tools"))
-        previous = body.get("previous_response_id")
-        body = dict(body, input=response_items.resolve(body.get("input"), store.find_item))
-        chat, conversation[:] = responses_api.to_chat(body, store.conversation(previous) if previous else [])
-        inputs[:] = response_items.as_items(body["input"])
+        chat, conversation[:], inputs[:] = _response_as_chat(store, body, places)
         return chat
 
     def builder_of(state, req, body):
@@ -156,6 +153,40 @@ async def create_response(request: Request) -> Response:
 
     return await one_answer(request, translate, builder_of, "responses", "input",
                             lambda e: responses_api.renamed(e, places))
+
+
+def _response_as_chat(store, body: dict, places: list) -> tuple:
+    """A Responses body -> (its chat body, the conversation it continues and adds to, its input
+    items); `places` gets where each chat tool was in its tools (`responses_api.renamed`)."""
+    places[:] = responses_api.tool_places(body.get("tools"))
+    previous = body.get("previous_response_id")
+    body = dict(body, input=response_items.resolve(body.get("input"), store.find_item))
+    chat, conversation = responses_api.to_chat(body, store.conversation(previous) if previous else [])
+    return chat, conversation, response_items.as_items(body["input"])
+
+
+@guarded
+async def count_response_tokens(request: Request) -> Response:
+    """POST /v1/responses/input_tokens: {"object": "response.input_tokens", "input_tokens": the
+    prompt's tokens}, as a request of the same body counts them (`previous_response_id` included)."""
+    state: ServerState = request.app.state.mlxspec
+    body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
+    places: list = []
+    req = await parsed_as(schema.parse_chat, lambda given: _response_as_chat(state.responses, given, places)[0],
+                          body, state.options, lambda e: responses_api.renamed(e, places))
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": await _prompt_tokens(state, req, "input")})
+
+
+async def _prompt_tokens(state: ServerState, req: schema.GenerationRequest, param: str) -> int:
+    """The tokens of a chat request's prompt, as the engine will encode it (off the event loop)."""
+    engine = state.engine
+    try:
+        ids = await asyncio.to_thread(encode_prompt, req.prompt, engine.tokenizer, engine.vocab_size, req.tools,
+                                      req.options.get("chat_template_kwargs"),
+                                      req.options.get("continue_final_message", False))
+    except InvalidArgumentError as e:
+        raise invalid(str(e), param) from None
+    return len(ids)
 
 
 async def get_response(request: Request) -> Response:
@@ -194,11 +225,4 @@ async def count_message_tokens(request: Request) -> Response:
     body = await read_json(request, state.options.max_body_size, state.options.client_timeout)
     req = await parsed_as(schema.parse_chat, lambda given: anthropic.to_chat(dict(given, max_tokens=1)), body,
                            state.options, anthropic.renamed)
-    engine = state.engine
-    try:
-        ids = await asyncio.to_thread(encode_prompt, req.prompt, engine.tokenizer, engine.vocab_size, req.tools,
-                                      req.options.get("chat_template_kwargs"),
-                                      req.options.get("continue_final_message", False))
-    except InvalidArgumentError as e:
-        raise invalid(str(e), "messages") from None
-    return JSONResponse({"input_tokens": len(ids)})
+    return JSONResponse({"input_tokens": await _prompt_tokens(state, req, "messages")})
