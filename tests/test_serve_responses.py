@@ -106,6 +106,19 @@ def test_function_calls_and_their_outputs_in_the_next_turn(scripted):
     assert r.output_text == "It is sunny in Paris."
 
 
+def test_text_before_a_call_is_a_message_item_before_the_call_whole_or_streamed(scripted):
+    url, say = scripted
+    client = openai_client(url)
+    ask = [{"role": "user", "content": "Weather in Rome?"}]
+    say("Let me check. " + PARIS, ask, [CHAT_WEATHER])
+    r = client.responses.create(model="s", input=ask, tools=[WEATHER], max_output_tokens=100)
+    assert [item.type for item in r.output] == ["message", "function_call"]
+    assert r.output_text == "Let me check." and r.output[1].name == "get_weather"
+    streamed = list(client.responses.create(model="s", input=ask, tools=[WEATHER], max_output_tokens=100, stream=True))
+    assert [item.type for item in streamed[-1].response.output] == ["message", "function_call"]
+    assert streamed[-1].response.output_text == r.output_text
+
+
 def test_namespaced_functions_are_offered_and_tools_run_by_openai_left_out(scripted):
     """As Codex sends them: a namespace of functions (its calls name it) and web_search, which
     only OpenAI runs (the model is not shown it, and the request still works)."""
