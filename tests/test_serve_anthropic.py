@@ -327,6 +327,16 @@ def test_a_turn_s_blocks_become_chat_messages():
     ({"role": "assistant", "content": [{"type": "image", "source": {}}]}, "assistant blocks of type 'image'"),
     ({"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "x"}]},
      "messages[0].content[0].input must be an object (the tool's arguments), got 'x'"),
+    ({"role": "user", "content": [{"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                                                  "data": "JVBERi0="}}]},
+     "messages[0].content[0]: documents whose source is of type 'base64' are not supported"),
+    ({"role": "user", "content": [{"type": "document", "source": {"type": "content", "content": [
+        {"type": "image", "source": {}}]}}]}, "messages[0].content[0].source.content must be a string or a list of "
+                                              "text blocks"),
+    ({"role": "assistant", "content": [{"type": "document", "source": {"type": "text", "data": "x"}}]},
+     "assistant blocks of type 'document' are not supported"),
+    ({"role": "user", "content": [{"type": "document", "title": 7, "source": {"type": "text", "data": "x"}}]},
+     "messages[0].content[0].title must be a string, got 7"),
 ])
 def test_a_block_that_cannot_be_read_is_refused_naming_it(message, says):
     from mlxspec.serve.errors import APIError
@@ -334,6 +344,18 @@ def test_a_block_that_cannot_be_read_is_refused_naming_it(message, says):
     with pytest.raises(APIError) as e:
         _chat(messages=[message])
     assert e.value.status == 400 and says in e.value.message
+
+
+def test_a_plain_text_document_is_read_as_text_under_its_title():
+    """A user's document block whose source is text (or text blocks) is what the model reads, its
+    title above it, in its place among the message's text blocks."""
+    doc = {"type": "document", "title": "Notes", "source": {"type": "text", "media_type": "text/plain",
+                                                             "data": "Rivers flow."}}
+    parts = {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "Seas are salty."},
+                                                                           {"type": "text", "text": "Lakes are not."}]}}
+    asked = [{"role": "user", "content": [doc, parts, {"type": "text", "text": "Summarize."}]}]
+    assert _chat(messages=asked)["messages"] == [
+        {"role": "user", "content": "Notes\n\nRivers flow.\nSeas are salty.\nLakes are not.\nSummarize."}]
 
 
 def test_tool_choice_thinking_and_temperature_become_the_chat_s():

@@ -2,7 +2,8 @@
 for clients and agents that speak it (Claude Code with a custom base URL, the `anthropic` SDK).
 
 A request is translated into a chat request (`to_chat`): `system` becomes the system message,
-`text` blocks become content, an assistant's `tool_use` blocks its tool calls and a user's
+`text` blocks (and a user's plain-text `document` blocks, under their titles) become content, an
+assistant's `tool_use` blocks its tool calls and a user's
 `tool_result` blocks the tool messages that answer them, `tools` (`input_schema`) become
 chat tools, `tool_choice` auto/any/tool/none becomes auto/required/named/none (its
 `disable_parallel_tool_use`, parallel_tool_calls false), `stop_sequences` becomes `stop`.
@@ -95,6 +96,25 @@ def _text(content, where: str) -> str:
     return text
 
 
+def _document(block: dict, where: str) -> str:
+    """A plain-text document block (its source of type "text", or "content" of text blocks) as the
+    text the model reads, under its title when it has one. A PDF or a URL would need a reader."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text" and isinstance(source.get("data"), str):
+        text = source["data"]
+    elif kind == "content":
+        text = _text(source.get("content"), f"{where}.source.content")
+    else:
+        raise unsupported(f"{where}: documents whose source is of type {shown(kind)} are not supported by this "
+                          f"server: its models read text (a source of type \"text\" with its data, or \"content\" "
+                          f"with text blocks)", where)
+    title = block.get("title")
+    if title is not None and not isinstance(title, str):
+        raise invalid(f"{where}.title must be a string, got {shown(title)}", f"{where}.title")
+    return f"{title}\n\n{text}" if title else text
+
+
 def _message(message, where: str) -> List[dict]:
     """One Messages message -> chat messages (a user's tool results become tool messages first)."""
     if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
@@ -127,9 +147,12 @@ def _message(message, where: str) -> List[dict]:
                             "content": ("Error: " + text) if block.get("is_error") else text})
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # earlier reasoning: chat templates drop it too
+        elif kind == "document" and role == "user":
+            texts.append(_document(block, at))
         else:
             raise unsupported(f"{at}: {role} blocks of type {shown(kind)} are not supported by this server (text, "
-                              f"an assistant's tool_use and thinking, a user's tool_result)", at)
+                              f"an assistant's tool_use and thinking, a user's tool_result and plain-text "
+                              f"document)", at)
     out = list(results)
     if role == "assistant":
         reply = {"role": "assistant", "content": "\n".join(texts) or None}
