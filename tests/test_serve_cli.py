@@ -118,6 +118,17 @@ def test_sizes_are_read_with_their_units(text, size):
     assert size_bytes(text) == size
 
 
+def test_the_body_limit_takes_a_size_with_its_unit(captured, capsys):
+    assert main(["serve", "--max-body-size", "16MB"]) == 0 and captured["serve"].max_body_size == 16 * 10**6
+    captured.pop("serve")
+    assert main(["serve", "--max-body-size", "65536"]) == 0 and captured["serve"].max_body_size == 65536
+    for bad in ("0", "16XB"):
+        with pytest.raises(SystemExit):
+            main(["serve", "--max-body-size", bad])
+    err = capsys.readouterr().err
+    assert "expected a size of at least 1 byte" in err and "expected a size such as" in err
+
+
 def test_tree_and_lookup_flags_reach_the_engine(captured):
     assert main(["serve", "--tree", "off", "--lookup", "off"]) == 0
     assert captured["load"][1]["tree"] == "off" and captured["load"][1]["lookup"] is False

@@ -113,6 +113,15 @@ def size_bytes(s: str) -> int:
     return int(n)
 
 
+def positive_size(s: str) -> int:
+    """A size in bytes of at least one (`size_bytes`)."""
+    n = size_bytes(s)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, such as 8388608, 16MB or 64MiB, "
+                                         f"got {s!r}")
+    return n
+
+
 def web_origin(s: str) -> str:
     """A web page's origin, scheme://host[:port] (as browsers send it in `Origin`), or "*" for any."""
     from urllib.parse import urlsplit

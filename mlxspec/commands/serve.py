@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from ..errors import MlxSpecError
-from .argtypes import count, non_negative, positive, size_bytes, web_origin
+from .argtypes import count, non_negative, positive, positive_size, size_bytes, web_origin
 from .modelargs import add_distributed_arg, add_drafting_args, add_model_args, add_template_args
 
 API_KEY_ENV = "MLXSPEC_API_KEY"
@@ -94,8 +94,9 @@ def register(subparsers) -> None:
                         "one JSON file each, so previous_response_id and GET /v1/responses/{id} still work after "
                         "a restart; the conversations are kept there in plain text until DELETE "
                         "/v1/responses/{id} or the last 256 push them out (default: in memory only)")
-    p.add_argument("--max-body-size", type=positive, default=DEFAULT_MAX_BODY, metavar="BYTES",
-                   help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY}, {DEFAULT_MAX_BODY >> 20} MiB)")
+    p.add_argument("--max-body-size", type=positive_size, default=DEFAULT_MAX_BODY, metavar="SIZE",
+                   help=f"larger request bodies get 413 (16MB, 64MiB...; default: {DEFAULT_MAX_BODY}, "
+                        f"{DEFAULT_MAX_BODY >> 20} MiB)")
     p.add_argument("--client-timeout", type=non_negative, default=d.client_timeout, metavar="S",
                    help=f"seconds a client may take to send a request's head, and between two pieces of its "
                         f"body, before it is disconnected (a stalled body gets 408), so stalled connections "
