@@ -1,7 +1,8 @@
 """The Starlette app: its routes, middleware and error shapes, and the state the routes share.
 
     POST /v1/chat/completions   POST /v1/completions   POST /v1/responses[/input_tokens]
-    POST /v1/messages[/count_tokens]   GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items   GET /v1/models[/{id}]   GET /health
+    POST /v1/messages[/count_tokens]   GET|DELETE /v1/responses/{id}   GET /v1/responses/{id}/input_items
+    GET /v1/models[/{id}]   GET /health
     POST /v1/embeddings   POST /tokenize   POST /detokenize   GET /metrics
     (the /v1 routes also without /v1, as mlx-lm's server answers /chat/completions)
 
