@@ -18,7 +18,7 @@ from .prompts import (check_drafter, check_endings, check_fits, check_line_limit
                       check_num_draft, check_seed, check_stop, check_template_kwargs, check_tree, encode_prompt)
 from .reasoning import thinking_end
 from .sampling import SamplingParams, banned, check_logit_bias
-from .tools import call_grammar, calls_or_answer, check_tool_choice, check_tools, narrowed
+from .tools import call_grammar, calls_or_answer, check_tool_choice, check_tools, forced_tools, narrowed
 
 
 def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_p, typical_p, top_n_sigma,
@@ -84,9 +84,8 @@ def check_request(engine, prompt, *, max_tokens, temperature, top_p, top_k, min_
     one = tools is not None and not parallel_tool_calls  # one call at most
     if forcing:  # (after the prompt: a template that ignores tools is said first); a response_format
         # is then for a later answer: this one is the calls
-        called = [t for t in tools if choice == "required" or t["function"]["name"] == choice["function"]["name"]]
         fmt = _calls_checked(call_grammar(engine.tool_format, tools, choice, JSON_OPTIONS, engine.tokenizer, one=one),
-                             given, called)
+                             given, forced_tools(tools, choice))
     elif tools and fmt is not None:  # the model chooses: calls, or an answer in the format
         fmt = _calls_checked(calls_or_answer(engine.tool_format, tools, fmt, JSON_OPTIONS, one=one), given, tools)
     elif one and engine.tool_format is not None:  # free text: it ends where its first call does

@@ -154,6 +154,12 @@ def narrowed(tools: Optional[List[dict]], choice):
     return [t for t in tools if t["function"]["name"] in names], choice["allowed_tools"]["mode"]
 
 
+def forced_tools(tools: List[dict], choice) -> List[dict]:
+    """The tools whose calls a forced `choice` has the grammar write: all of them for "required",
+    else the one it names."""
+    return [t for t in tools if choice == "required" or t["function"]["name"] == choice["function"]["name"]]
+
+
 def call_grammar(fmt: Optional[ToolFormat], tools: List[dict], choice, json_options: dict,
                  tokenizer=None, one: bool = False) -> dict:
     """A `response_format` (Lark, see `mlxspec.grammar`) that makes the model write tool calls in
@@ -165,8 +171,7 @@ def call_grammar(fmt: Optional[ToolFormat], tools: List[dict], choice, json_opti
             f"tool_choice {shown(choice)} needs a tool-call format mlxspec can force with a grammar "
             f"(json_tools: Qwen2.5's and Hermes' <tool_call> JSON; harmony: gpt-oss's); this model's is "
             f"{(fmt.name or 'unnamed') if fmt else 'unknown'}: send tool_choice \"auto\"")
-    wanted = [t["function"] for t in tools
-              if choice == "required" or t["function"]["name"] == choice["function"]["name"]]
+    wanted = [t["function"] for t in forced_tools(tools, choice)]
     if fmt.name == "harmony":  # one call per turn, after any analysis (the grammar reads that too)
         from . import harmony
 
